@@ -1,0 +1,78 @@
+"""The public conversion API: to_spec, from_spec, convert, last_report.
+
+Every direction composes through the spec: convert(x, to) == from_spec(to_spec(x), to).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from schemas import ConversionReport, LayerReport, NormSpec
+
+from .options import ConversionOptions
+from .registry import REGISTRY
+
+_last = threading.local()
+
+
+def _options(options: ConversionOptions | None, opset: int | None, overrides: dict) -> ConversionOptions:
+    base = options or ConversionOptions()
+    changes = dict(overrides)
+    if opset is not None:
+        changes["opset"] = opset
+    return base.model_copy(update=changes) if changes else base
+
+
+def _remember(report: ConversionReport) -> ConversionReport:
+    _last.report = report
+    return report
+
+
+def last_report() -> ConversionReport | None:
+    """The fidelity report of the last to_spec/from_spec/convert call in this thread."""
+    return getattr(_last, "report", None)
+
+
+def read_spec(obj: Any, report: LayerReport | None = None) -> tuple[NormSpec, LayerReport]:
+    """to_spec plus the layer report it filled (used by convert and check)."""
+    framework = REGISTRY.framework_of(obj)
+    kind = framework.kind_of(obj)
+    layer_report = report or LayerReport(layer="?", kind=kind, source_framework=framework.name, target_framework="spec", target_op="NormSpec")
+    spec = REGISTRY.get(framework.name, kind).to_spec(obj, layer_report)
+    layer_report.layer = spec.name
+    return spec, layer_report
+
+
+def to_spec(obj: Any) -> NormSpec:
+    """Read a torch.nn.Module, a Keras layer or an onnx.ModelProto holding one normalization layer."""
+    spec, layer_report = read_spec(obj)
+    _remember(ConversionReport(layers=[layer_report]))
+    return spec
+
+
+def write_spec(spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport | None = None) -> tuple[Any, LayerReport]:
+    """from_spec plus its layer report."""
+    layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
+    layer_report.target_framework = to
+    obj = REGISTRY.get(to, spec.kind).from_spec(spec, options, layer_report)
+    return obj, layer_report
+
+
+def from_spec(spec: NormSpec, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> Any:
+    """Build the target framework's natural layer: "torch" -> nn.Module, "keras" -> built layer, "onnx" -> ModelProto."""
+    obj, layer_report = write_spec(spec, to, _options(options, opset, option_overrides))
+    _remember(ConversionReport(layers=[layer_report]))
+    return obj
+
+
+def convert_with_report(obj: Any, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> tuple[Any, ConversionReport]:
+    """convert() returning the fidelity report alongside the converted object."""
+    spec, layer_report = read_spec(obj)
+    target, layer_report = write_spec(spec, to, _options(options, opset, option_overrides), layer_report)
+    return target, _remember(ConversionReport(layers=[layer_report]))
+
+
+def convert(obj: Any, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> Any:
+    """Convert one normalization layer to framework `to`; the report is in last_report()."""
+    return convert_with_report(obj, to, opset=opset, options=options, **option_overrides)[0]

@@ -1,0 +1,31 @@
+"""Options of a conversion: every choice that is not dictated by the source layer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_OPSET = 23
+MIN_OPSET = 13
+
+
+class ConversionOptions(BaseModel):
+    """What to do where the target cannot hold the source exactly.
+
+    Defaults refuse rather than guess: a train-mode BatchNorm is not written to ONNX
+    unless `onnx_training_mode` is set, and `momentum=None` is an error unless
+    `cumulative_momentum="next_step"`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    opset: int = Field(default=DEFAULT_OPSET, ge=MIN_OPSET, description="ONNX opset to emit; native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23.")
+    onnx_training_mode: bool = Field(default=False, description="Emit training_mode=1 for a train-mode layer instead of refusing.")
+    match_variance_estimator: bool = Field(
+        default=False, description="Emit a small subclass that updates running_var with the source's estimator, so training steps match exactly."
+    )
+    cumulative_momentum: Literal["error", "next_step"] = Field(
+        default="error",
+        description="PyTorch momentum=None: refuse, or emit the momentum 1/(num_batches_tracked+1) that matches the next step only.",
+    )

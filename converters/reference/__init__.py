@@ -1,0 +1,59 @@
+"""Independent NumPy reference of every kind: the oracle the tests and `check` compare against.
+
+All functions take channels-first input for the channel kinds (use `layout.to_channels_first`)
+and compute in float64, whatever the spec's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import batch, group, instance, layer, rms
+
+_KINDS = {"batch": batch, "layer": layer, "rms": rms, "group": group, "instance": instance}
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """Output and updated statistics after one training-mode forward pass."""
+
+    output: np.ndarray
+    running_mean: np.ndarray | None
+    running_var: np.ndarray | None
+    num_batches_tracked: int | None
+
+
+def forward(spec, x: np.ndarray, training: bool | None = None) -> np.ndarray:
+    """Output of the layer described by `spec` on `x` (float64). `training` defaults to spec.training."""
+    mode = spec.training if training is None else training
+    return _KINDS[spec.kind].forward(spec, np.asarray(x, dtype=np.float64), mode)
+
+
+def train_step(spec, x: np.ndarray, variance_estimator: str | None = None) -> TrainStep:
+    """One training-mode step; `variance_estimator` overrides the spec's (to predict another framework)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = _KINDS[spec.kind].forward(spec, x, True)
+    if not spec.track_running_stats:
+        return TrainStep(y, None, None, None)
+    estimator = variance_estimator or spec.variance_estimator
+    batch_mean, batch_var_biased, count = _KINDS[spec.kind].batch_moments(x)
+    batch_var = batch_var_biased * count / (count - 1) if estimator == "unbiased" else batch_var_biased
+    old_mean = spec.tensors["running_mean"].astype(np.float64)
+    old_var = spec.tensors["running_var"].astype(np.float64)
+    nbt = int(spec.tensors["num_batches_tracked"]) if "num_batches_tracked" in spec.tensors else 0
+    nbt += 1
+    weight = 1.0 / nbt if spec.momentum is None else spec.momentum_as("batch_weight")
+    new_mean = (1.0 - weight) * old_mean + weight * batch_mean
+    new_var = (1.0 - weight) * old_var + weight * batch_var
+    return TrainStep(y, new_mean, new_var, nbt)
+
+
+def estimator_gap(spec, x: np.ndarray) -> float:
+    """Max |running_var(unbiased) - running_var(biased)| after one step: what the estimators disagree by."""
+    if not spec.track_running_stats:
+        return 0.0
+    a = train_step(spec, x, "unbiased").running_var
+    b = train_step(spec, x, "biased").running_var
+    return float(np.max(np.abs(a - b)))

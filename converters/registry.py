@@ -1,0 +1,125 @@
+"""The adapter registry, keyed by (framework, kind).
+
+Framework packages are listed here explicitly and imported on first use, so that
+converting a PyTorch layer to ONNX never pays for importing TensorFlow. Each package
+declares its adapters in an explicit `KIND_ADAPTERS` table (no `import *` that could
+silently drop a module); registering a pair twice raises, and asking for a missing
+pair lists what is available.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+from schemas import AdapterNotFoundError, DuplicateAdapterError, UnsupportedObjectError
+
+from .adapter import FrameworkAdapter, KindAdapter
+
+#: framework name -> package holding FRAMEWORK (a FrameworkAdapter) and KIND_ADAPTERS.
+FRAMEWORK_PACKAGES: dict[str, str] = {
+    "torch": "converters.torch_adapter",
+    "keras": "converters.keras_adapter",
+    "onnx": "converters.onnx_adapter",
+}
+
+
+class AdapterRegistry:
+    """Holds framework adapters and (framework, kind) adapters; loads packages lazily."""
+
+    def __init__(self, packages: dict[str, str] | None = None):
+        self._packages = dict(FRAMEWORK_PACKAGES if packages is None else packages)
+        self._frameworks: dict[str, FrameworkAdapter] = {}
+        self._kinds: dict[tuple[str, str], KindAdapter] = {}
+        self._lock = threading.RLock()
+
+    # -- registration ------------------------------------------------------------------
+
+    def add_framework(self, adapter: FrameworkAdapter) -> None:
+        with self._lock:
+            if adapter.name in self._frameworks:
+                raise DuplicateAdapterError(f"framework '{adapter.name}' is already registered.")
+            self._frameworks[adapter.name] = adapter
+
+    def add(self, adapter: KindAdapter) -> None:
+        """Register one (framework, kind) adapter; a second one for the same pair raises."""
+        key = (adapter.framework, adapter.kind)
+        with self._lock:
+            if key in self._kinds:
+                existing = type(self._kinds[key]).__name__
+                raise DuplicateAdapterError(
+                    f"an adapter for {key} is already registered ({existing}); remove one of them."
+                )
+            self._kinds[key] = adapter
+
+    def _load(self, framework: str) -> None:
+        with self._lock:
+            if framework in self._frameworks:
+                return
+            if framework not in self._packages:
+                raise AdapterNotFoundError(
+                    f"unknown framework '{framework}'; currently registered frameworks are {', '.join(sorted(self._packages))}."
+                )
+            module = importlib.import_module(self._packages[framework])
+            self.add_framework(module.FRAMEWORK)
+            for kind, adapter_class in module.KIND_ADAPTERS.items():
+                adapter = adapter_class()
+                if adapter.kind != kind or adapter.framework != framework:
+                    raise DuplicateAdapterError(
+                        f"{adapter_class.__name__} declares ({adapter.framework}, {adapter.kind}) but is listed as ({framework}, {kind})."
+                    )
+                self.add(adapter)
+
+    # -- lookup ------------------------------------------------------------------------
+
+    @property
+    def framework_names(self) -> list[str]:
+        return sorted(self._packages)
+
+    def framework(self, name: str) -> FrameworkAdapter:
+        self._load(name)
+        return self._frameworks[name]
+
+    def get(self, framework: str, kind: str) -> KindAdapter:
+        """The adapter for (framework, kind), or an error listing the registered pairs."""
+        self._load(framework)
+        try:
+            return self._kinds[(framework, kind)]
+        except KeyError:
+            available = ", ".join(f"{f}/{k}" for f, k in sorted(self._kinds))
+            raise AdapterNotFoundError(
+                f"no adapter converts kind '{kind}' for framework '{framework}'; currently registered pairs are {available}."
+            ) from None
+
+    def framework_of(self, obj: Any) -> FrameworkAdapter:
+        """The framework adapter that owns `obj` (checked without importing other frameworks)."""
+        for name in self._packages:
+            package_owns = _owns_by_module(obj, name)
+            if package_owns:
+                adapter = self.framework(name)
+                if adapter.owns(obj):
+                    return adapter
+        raise UnsupportedObjectError(
+            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a torch.nn.Module, a Keras layer or an onnx.ModelProto holding one normalization layer."
+        )
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every registered (framework, kind) pair, loading all frameworks."""
+        for name in self._packages:
+            self._load(name)
+        return sorted(self._kinds)
+
+
+def _owns_by_module(obj: Any, framework: str) -> bool:
+    """Whether any class in obj's MRO comes from the framework's top-level package."""
+    prefix = {"torch": "torch", "keras": "keras", "onnx": "onnx"}.get(framework, framework)
+    for cls in type(obj).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        if module == prefix or module.startswith(prefix + "."):
+            return True
+    return False
+
+
+#: The process-wide registry the public API uses.
+REGISTRY = AdapterRegistry()

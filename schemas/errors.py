@@ -1,0 +1,111 @@
+"""Every error normbridge raises, and the one table that maps them to exit codes.
+
+Messages are one sentence: what was received, what was expected, how to fix it.
+Errors that concern one layer name it and the setting, so a user of a 200-layer
+model can find the culprit without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class NormbridgeError(Exception):
+    """Base class; `code` is the stable machine-readable name (CLI JSON, HTTP)."""
+
+    code = "normbridge_error"
+
+    def __init__(self, message: str, *, layer: str | None = None, setting: str | None = None):
+        self.layer = layer
+        self.setting = setting
+        prefix = ""
+        if layer is not None and setting is not None:
+            prefix = f"layer '{layer}', setting '{setting}': "
+        elif layer is not None:
+            prefix = f"layer '{layer}': "
+        super().__init__(prefix + message)
+        self.message = str(self)
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "message": self.message, "layer": self.layer, "setting": self.setting}
+
+
+class SpecError(NormbridgeError):
+    """The spec (or the state read from a framework) is invalid: shapes, values, missing fields."""
+
+    code = "invalid_spec"
+
+
+class NotExpressibleError(NormbridgeError):
+    """The target framework cannot hold this setting faithfully and no faithful alternative exists."""
+
+    code = "not_expressible"
+
+    def __init__(self, message: str, *, layer: str, setting: str, target: str):
+        self.target = target
+        super().__init__(f"cannot convert to {target}: {message}", layer=layer, setting=setting)
+
+
+class UnsupportedObjectError(NormbridgeError):
+    """`to_spec` got an object that is not a normalization layer normbridge knows."""
+
+    code = "unsupported_object"
+
+
+class AdapterNotFoundError(NormbridgeError):
+    """No adapter is registered for a (framework, kind) pair."""
+
+    code = "adapter_not_found"
+
+
+class DuplicateAdapterError(NormbridgeError):
+    """Two adapters were registered for the same (framework, kind) pair."""
+
+    code = "duplicate_adapter"
+
+
+class InputFileError(NormbridgeError):
+    """A file given to normbridge is missing, corrupt or of a format it refuses to execute."""
+
+    code = "bad_input_file"
+
+
+class CheckFailedError(NormbridgeError):
+    """An equivalence check ran and found a difference; carries the structured result."""
+
+    code = "check_failed"
+
+    def __init__(self, message: str, result=None):
+        self.result = result
+        super().__init__(message)
+
+
+#: One table maps error types to CLI exit codes (and, later, HTTP statuses).
+#: 1 is left to unexpected crashes and 2 to usage errors (Typer/Click's own).
+EXIT_CODES: dict[type[NormbridgeError], int] = {
+    SpecError: 3,
+    NotExpressibleError: 4,
+    UnsupportedObjectError: 5,
+    InputFileError: 6,
+    CheckFailedError: 7,
+    AdapterNotFoundError: 8,
+    DuplicateAdapterError: 8,
+    NormbridgeError: 9,
+}
+
+HTTP_STATUSES: dict[type[NormbridgeError], int] = {
+    SpecError: 422,
+    NotExpressibleError: 422,
+    UnsupportedObjectError: 415,
+    InputFileError: 400,
+    CheckFailedError: 409,
+    AdapterNotFoundError: 501,
+    DuplicateAdapterError: 500,
+    NormbridgeError: 500,
+}
+
+
+def exit_code_for(error: BaseException) -> int:
+    """Exit code for an error: the most specific entry of EXIT_CODES, else 1."""
+    for cls in type(error).__mro__:
+        if cls in EXIT_CODES:
+            return EXIT_CODES[cls]
+    return 1

@@ -1,0 +1,80 @@
+"""Rules shared by several kinds: which fields must be set or absent, tensor shapes and values."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SpecError
+
+
+def require(spec, *fields: str) -> None:
+    """Each field must be set for this kind."""
+    for field in fields:
+        if getattr(spec, field) is None:
+            raise SpecError(f"a {spec.kind} normalizer needs '{field}' (got None).", layer=spec.name, setting=field)
+
+
+def forbid(spec, *fields: str) -> None:
+    """Each field must be unset for this kind: it has no meaning there."""
+    for field in fields:
+        if getattr(spec, field) is not None:
+            raise SpecError(
+                f"'{field}' has no meaning for a {spec.kind} normalizer (got {getattr(spec, field)!r}); leave it None.",
+                layer=spec.name,
+                setting=field,
+            )
+
+
+def forbid_running_stats(spec) -> None:
+    """Kinds without running statistics: no tracking, no momentum, no estimator."""
+    if spec.track_running_stats:
+        raise SpecError(f"a {spec.kind} normalizer has no running statistics; set track_running_stats=False.", layer=spec.name, setting="track_running_stats")
+    forbid(spec, "momentum", "momentum_convention", "variance_estimator")
+
+
+def require_running_stats_fields(spec) -> None:
+    """Tracked statistics need an estimator; momentum None means cumulative average and needs a counter."""
+    if not spec.track_running_stats:
+        return
+    require(spec, "variance_estimator")
+    if spec.momentum is None and "num_batches_tracked" not in spec.tensors:
+        raise SpecError(
+            "momentum=None (cumulative average) needs the num_batches_tracked tensor.", layer=spec.name, setting="momentum"
+        )
+
+
+def expect_tensor_shapes(spec, per_feature_shape: tuple[int, ...]) -> None:
+    """scale/bias follow the affine flags; running stats follow tracking; shapes match the features."""
+    wanted = {"scale": spec.scale, "bias": spec.bias, "running_mean": spec.track_running_stats, "running_var": spec.track_running_stats}
+    for name, present in wanted.items():
+        if present and name not in spec.tensors:
+            raise SpecError(f"tensor '{name}' is missing although the spec needs it.", layer=spec.name, setting=name)
+        if not present and name in spec.tensors:
+            raise SpecError(
+                f"tensor '{name}' is present although the spec's flags exclude it; drop it or set the flag.", layer=spec.name, setting=name
+            )
+        if present and tuple(spec.tensors[name].shape) != per_feature_shape:
+            raise SpecError(
+                f"tensor '{name}' has shape {tuple(spec.tensors[name].shape)}, expected {per_feature_shape}.", layer=spec.name, setting=name
+            )
+
+
+def check_common_tensors(spec) -> None:
+    """dtype, finiteness and sign of every tensor."""
+    for name, array in spec.tensors.items():
+        if name == "num_batches_tracked":
+            if array.shape != () or array.dtype != np.int64 or int(array) < 0:
+                raise SpecError(
+                    f"num_batches_tracked must be a non-negative int64 scalar (got dtype {array.dtype}, shape {array.shape}).",
+                    layer=spec.name,
+                    setting=name,
+                )
+            continue
+        if str(array.dtype) != spec.dtype:
+            raise SpecError(f"tensor '{name}' has dtype {array.dtype}, expected the spec dtype {spec.dtype}.", layer=spec.name, setting=name)
+        if not np.all(np.isfinite(array)):
+            raise SpecError(f"tensor '{name}' holds NaN or Inf values; the layer's state is corrupt.", layer=spec.name, setting=name)
+    if "running_var" in spec.tensors and np.any(spec.tensors["running_var"] < 0):
+        raise SpecError("running_var holds negative values; a variance cannot be negative.", layer=spec.name, setting="running_var")
+    if "num_batches_tracked" in spec.tensors and not spec.track_running_stats:
+        raise SpecError("num_batches_tracked is present but statistics are not tracked.", layer=spec.name, setting="num_batches_tracked")

@@ -1,0 +1,47 @@
+"""The closed vocabularies of the spec: kinds, layouts, conventions, dtypes, frameworks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+#: The normalizer kinds normbridge understands.
+Kind = Literal["batch", "layer", "rms", "group", "instance"]
+KINDS: tuple[str, ...] = ("batch", "layer", "rms", "group", "instance")
+
+#: Kinds whose statistics are per channel (they have a channel axis and a layout).
+CHANNEL_KINDS: tuple[str, ...] = ("batch", "group", "instance")
+#: Kinds normalising over trailing axes (they have a normalized_shape).
+TRAILING_KINDS: tuple[str, ...] = ("layer", "rms")
+
+#: Which axis holds the channels in the layer's own framework.
+Layout = Literal["channels_first", "channels_last"]
+
+#: How a momentum value is meant.
+#: `batch_weight`: running = (1 - m) * running + m * batch   (PyTorch)
+#: `running_weight`: running = m * running + (1 - m) * batch (Keras, ONNX)
+MomentumConvention = Literal["batch_weight", "running_weight"]
+
+#: Which batch-variance estimator updates the running variance.
+#: PyTorch uses the unbiased one (n - 1); Keras 3 and ONNX the biased one (n).
+VarianceEstimator = Literal["unbiased", "biased"]
+
+#: Where the eps value came from: written explicitly, or PyTorch RMSNorm's `eps=None`
+#: (meaning `torch.finfo(dtype).eps`, which we store as its number too).
+EpsOrigin = Literal["explicit", "dtype_eps"]
+
+Framework = Literal["torch", "keras", "onnx", "spec"]
+FRAMEWORKS: tuple[str, ...] = ("torch", "keras", "onnx")
+
+DType = Literal["float16", "float32", "float64"]
+DTYPES: tuple[str, ...] = ("float16", "float32", "float64")
+
+#: Names of the state tensors a spec may carry.
+TensorName = Literal["scale", "bias", "running_mean", "running_var", "num_batches_tracked"]
+TENSOR_NAMES: tuple[str, ...] = ("scale", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype for a spec dtype name."""
+    return np.dtype(dtype)
