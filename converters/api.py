@@ -11,7 +11,7 @@ from typing import Any
 from schemas import ConversionReport, LayerReport, NormSpec
 
 from .options import ConversionOptions
-from .registry import REGISTRY
+from .registry import REGISTRY, AdapterRegistry
 
 _last = threading.local()
 
@@ -34,12 +34,12 @@ def last_report() -> ConversionReport | None:
     return getattr(_last, "report", None)
 
 
-def read_spec(obj: Any, report: LayerReport | None = None) -> tuple[NormSpec, LayerReport]:
+def read_spec(obj: Any, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY) -> tuple[NormSpec, LayerReport]:
     """to_spec plus the layer report it filled (used by convert and check)."""
-    framework = REGISTRY.framework_of(obj)
+    framework = registry.framework_of(obj)
     kind = framework.kind_of(obj)
     layer_report = report or LayerReport(layer="?", kind=kind, source_framework=framework.name, target_framework="spec", target_op="NormSpec")
-    spec = REGISTRY.get(framework.name, kind).to_spec(obj, layer_report)
+    spec = registry.get(framework.name, kind).to_spec(obj, layer_report)
     layer_report.layer = spec.name
     return spec, layer_report
 
@@ -51,11 +51,13 @@ def to_spec(obj: Any) -> NormSpec:
     return spec
 
 
-def write_spec(spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport | None = None) -> tuple[Any, LayerReport]:
+def write_spec(
+    spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY
+) -> tuple[Any, LayerReport]:
     """from_spec plus its layer report."""
     layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
     layer_report.target_framework = to
-    obj = REGISTRY.get(to, spec.kind).from_spec(spec, options, layer_report)
+    obj = registry.get(to, spec.kind).from_spec(spec, options, layer_report)
     return obj, layer_report
 
 

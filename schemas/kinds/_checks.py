@@ -33,8 +33,12 @@ def forbid_running_stats(spec) -> None:
 
 
 def require_running_stats_fields(spec) -> None:
-    """Tracked statistics need an estimator; momentum None means cumulative average and needs a counter."""
+    """Tracked statistics need an estimator; momentum None means cumulative average and needs a counter.
+
+    Without tracked statistics momentum and estimator are never used, so they must be None.
+    """
     if not spec.track_running_stats:
+        forbid(spec, "momentum", "momentum_convention", "variance_estimator")
         return
     require(spec, "variance_estimator")
     if spec.momentum is None and "num_batches_tracked" not in spec.tensors:

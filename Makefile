@@ -1,0 +1,34 @@
+# normbridge: `make demo` runs the quickstart, `make test` the test suite; both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# Test workers: the suite is sized for 2 cores.
+WORKERS ?= 2
+
+.PHONY: setup demo test bench schemas clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	# torch first, pinned to the CPU build (constraints.txt); everything else may not pull another torch.
+	$(PIP) install -q -c constraints.txt "torch==2.13.0"
+	$(PIP) install -q -c constraints.txt -e ".[all,test,bench]"
+	touch $@
+
+demo: setup
+	$(PY) examples/quickstart.py
+
+test: setup
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
+
+bench: setup
+	$(PY) bench/convert.py
+
+schemas: setup
+	$(PY) -m schemas.json_schema
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The `normbridge` command: a thin shell over the converters library."""

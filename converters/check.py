@@ -1,0 +1,140 @@
+"""The equivalence check: convert to every framework and back, compare specs, outputs and one training step.
+
+The NumPy reference is the judge; frameworks are never only compared with each other.
+The registry runs this on every registration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from schemas import CheckResult, FRAMEWORKS, NormSpec, NormbridgeError, NotExpressibleError, OutputComparison, StatsComparison, TargetCheck, spec_differences
+
+from . import reference
+from .api import read_spec, write_spec
+from .layout import from_channels_first, to_channels_first
+from .options import ConversionOptions
+from .probe import probe_input
+from .registry import REGISTRY, AdapterRegistry
+
+#: (atol, rtol) per dtype: |out - ref| <= atol + rtol * |ref| elementwise.
+TOLERANCES: dict[str, tuple[float, float]] = {"float16": (2e-2, 2e-2), "float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9)}
+#: Fields that may differ after going to another framework and back to the source one.
+ROUND_TRIP_IGNORED = ("source", "input_rank")
+
+
+def _errors(out: np.ndarray, ref: np.ndarray, dtype: str) -> tuple[float, float, bool]:
+    atol, rtol = TOLERANCES[dtype]
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != ref.shape:
+        return float("inf"), float("inf"), False
+    diff = np.abs(out - ref)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float((diff / np.maximum(np.abs(ref), np.finfo(np.float64).tiny)).max()) if diff.size else 0.0
+    return max_abs, max_rel, bool(np.all(diff <= atol + rtol * np.abs(ref)))
+
+
+def _runtime_unavailable(error: Exception) -> bool:
+    """onnxruntime lacks some kernels (float64 InstanceNormalization): that is not a conversion failure."""
+    return "NOT_IMPLEMENTED" in str(error)
+
+
+def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, x_cf: np.ndarray, dtype: str) -> StatsComparison:
+    x = from_channels_first(x_cf, target_spec.layout)
+    y, mean, var = framework.run_train_step(obj, x)
+    expected = reference.train_step(target_spec, x_cf)
+    source_step = reference.train_step(spec, x_cf)
+    atol, rtol = TOLERANCES[dtype]
+    err_mean = float(np.max(np.abs(mean - expected.running_mean)))
+    err_var = float(np.max(np.abs(var - expected.running_var)))
+    gap = 0.0 if target_spec.variance_estimator == spec.variance_estimator else float(np.max(np.abs(expected.running_var - source_step.running_var)))
+    observed = float(np.max(np.abs(var - source_step.running_var)))
+    _, _, y_ok = _errors(to_channels_first(y, target_spec.layout), reference.forward(spec, x_cf, training=True), dtype)
+    tol_mean = atol + rtol * float(np.max(np.abs(expected.running_mean)))
+    tol_var = atol + rtol * float(np.max(np.abs(expected.running_var)))
+    passed = y_ok and err_mean <= tol_mean and err_var <= tol_var and observed <= gap + tol_var
+    return StatsComparison(
+        framework=framework.name,
+        variance_estimator=target_spec.variance_estimator or "",
+        max_abs_error_mean=err_mean,
+        max_abs_error_var=err_var,
+        expected_var_difference_vs_source=gap,
+        observed_var_difference_vs_source=observed,
+        passed=passed,
+    )
+
+
+def _check_target(
+    spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult, registry: AdapterRegistry
+) -> None:
+    framework = registry.framework(target)
+    try:
+        obj, layer_report = write_spec(spec, target, options, registry=registry)
+    except NotExpressibleError as error:
+        result.targets.append(TargetCheck(framework=target, status="not_expressible", reason=str(error)))
+        return
+    entry = TargetCheck(framework=target, status="passed", warnings=list(layer_report.warnings))
+    result.targets.append(entry)
+    target_spec, _ = read_spec(obj, registry=registry)
+    entry.spec_differences = [str(d) for d in spec_differences(spec, target_spec)]
+    source = spec.source.framework
+    if source in FRAMEWORKS:
+        back, _ = write_spec(target_spec, source, options, registry=registry)
+        back_spec, _ = read_spec(back, registry=registry)
+        entry.round_trip_differences = [str(d) for d in spec_differences(spec, back_spec, ignore=ROUND_TRIP_IGNORED)]
+    try:
+        out = framework.run_eval(obj, from_channels_first(x_cf, target_spec.layout))
+    except Exception as error:  # runtimes raise their own types
+        if _runtime_unavailable(error):
+            entry.status, entry.reason = "skipped", f"runtime cannot evaluate it: {str(error).splitlines()[0]}"
+            return
+        raise
+    atol, rtol = TOLERANCES[spec.dtype]
+    max_abs, max_rel, ok = _errors(to_channels_first(out, target_spec.layout), y_ref, spec.dtype)
+    result.outputs.append(OutputComparison(framework=target, max_abs_error=max_abs, max_rel_error=max_rel, atol=atol, rtol=rtol, passed=ok))
+    if spec.track_running_stats:
+        try:
+            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype)
+            result.training_step.append(stats)
+            ok = ok and stats.passed
+        except NotExpressibleError as error:
+            entry.warnings.append(f"training step not checked: {error}")
+    if entry.spec_differences or entry.round_trip_differences or not ok:
+        entry.status = "failed"
+
+
+def check(
+    spec_or_obj: Any, frameworks: Iterable[str] = FRAMEWORKS, options: ConversionOptions | None = None, registry: AdapterRegistry = REGISTRY
+) -> CheckResult:
+    """Convert a layer to every framework and back and check it still computes the same function.
+
+    Checks, per target: the portable spec fields survive the trip and the round trip back
+    to the source framework is exact (tensors bit-identical); eval outputs on a fixed probe
+    match the NumPy reference within the dtype's tolerance; one training step moves the
+    running statistics as the reference predicts, and differs from the source framework's
+    step by no more than the stated estimator difference. Targets that cannot express the
+    layer are listed as not_expressible with the reason, not counted as failures.
+    """
+    options = options or ConversionOptions()
+    spec = spec_or_obj if isinstance(spec_or_obj, NormSpec) else read_spec(spec_or_obj, registry=registry)[0]
+    x_cf = probe_input(spec)
+    result = CheckResult(
+        layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, dtype=spec.dtype, passed=False, probe_shape=list(x_cf.shape)
+    )
+    y_ref = reference.forward(spec, x_cf, training=False)
+    for target in frameworks:
+        try:
+            _check_target(spec, target, options, x_cf, y_ref, result, registry)
+        except NormbridgeError as error:
+            result.targets.append(TargetCheck(framework=target, status="failed", reason=str(error)))
+            result.errors.append(f"{target}: {error}")
+    result.passed = (
+        not result.errors
+        and all(t.status != "failed" for t in result.targets)
+        and all(o.passed for o in result.outputs)
+        and all(s.passed for s in result.training_step)
+        and any(t.status == "passed" for t in result.targets)
+    )
+    return result

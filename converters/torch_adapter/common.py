@@ -1,0 +1,108 @@
+"""Helpers every PyTorch kind adapter shares: dtypes, bit-exact tensor copies, affine flags, markers."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from schemas import LayerReport, NormSpec, Source, SpecError
+
+from .. import markers
+
+TORCH_DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
+SPEC_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
+
+
+def spec_dtype(module: torch.nn.Module, name: str) -> str:
+    """The spec dtype of a module's floating state (parameters, then buffers, then torch's default)."""
+    tensors = [t for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)) if t.is_floating_point()]
+    dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
+    if dtype not in TORCH_DTYPES:
+        raise SpecError(
+            f"dtype {dtype} is not supported; use float16, float32 or float64 (module.to(torch.float32)).", layer=name, setting="dtype"
+        )
+    return TORCH_DTYPES[dtype]
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A bit-exact NumPy copy of a tensor (detached, on the CPU)."""
+    return tensor.detach().cpu().clone().numpy()
+
+
+def assign(target: torch.Tensor, array: np.ndarray) -> None:
+    """Overwrite `target` with `array` bit-exactly (dtype must already match)."""
+    source = torch.from_numpy(np.array(array, copy=True))
+    if source.dtype != target.dtype or tuple(source.shape) != tuple(target.shape):
+        raise SpecError(f"cannot write a {source.dtype}{tuple(source.shape)} tensor into a {target.dtype}{tuple(target.shape)} one.")
+    with torch.no_grad():
+        target.copy_(source)
+
+
+def layer_name(module: torch.nn.Module, default: str) -> str:
+    """PyTorch modules carry no name of their own: use the remembered one, else `default`."""
+    return markers.recall(module).get("name") or default
+
+
+def source(module: torch.nn.Module) -> Source:
+    return Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=type(module).__name__)
+
+
+def read_affine(module: torch.nn.Module, report: LayerReport) -> tuple[bool, bool, dict]:
+    """(scale, bias, tensors) from weight/bias; a frozen identity emitted by normbridge counts as absent.
+
+    PyTorch cannot have a bias without a weight, so a spec with bias but no scale is
+    emitted as a frozen weight of ones; it reads back as "no scale" only if it still
+    is all ones and frozen.
+    """
+    frozen = set(markers.recall(module).get("frozen_identity", ()))
+    tensors: dict[str, np.ndarray] = {}
+    flags = {}
+    for spec_name, attr, identity in (("scale", "weight", 1.0), ("bias", "bias", 0.0)):
+        param = getattr(module, attr, None)
+        if param is None:
+            flags[spec_name] = False
+            continue
+        if spec_name in frozen:
+            if not param.requires_grad and bool(torch.all(param == identity)):
+                flags[spec_name] = False
+                continue
+            report.warn(f"'{attr}' was emitted as a frozen identity but has since changed; it is read as a learned {spec_name}.")
+        flags[spec_name] = True
+        tensors[spec_name] = to_numpy(param)
+    return flags["scale"], flags["bias"], tensors
+
+
+def write_affine(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -> None:
+    """Copy scale/bias into weight/bias; absent ones that PyTorch forces become frozen identities."""
+    frozen = []
+    for spec_name, attr, identity in (("scale", "weight", 1.0), ("bias", "bias", 0.0)):
+        param = getattr(module, attr, None)
+        if param is None:
+            continue
+        if getattr(spec, spec_name):
+            assign(param, spec.tensors[spec_name])
+        else:
+            with torch.no_grad():
+                param.fill_(identity)
+            param.requires_grad_(False)
+            frozen.append(spec_name)
+            report.add(spec_name, False, f"frozen {attr} = {identity:g}", "stored", f"PyTorch {type(module).__name__} cannot have a bias without a weight")
+    if frozen:
+        markers.remember(module, frozen_identity=tuple(frozen))
+
+
+def affine_kwargs(spec: NormSpec, affine_name: str = "affine") -> dict:
+    """Constructor flags for (scale, bias): PyTorch has affine plus bias=..., so scale-less bias needs an identity weight."""
+    if not spec.scale and not spec.bias:
+        return {affine_name: False}
+    return {affine_name: True, "bias": spec.bias}
+
+
+def finish(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -> torch.nn.Module:
+    """Mode, name marker and report lines every adapter ends with."""
+    module.train(spec.training)
+    report.add("training", spec.training, note="module.training")
+    markers.remember(module, name=spec.name)
+    report.target_op = type(module).__name__
+    report.native = True
+    return module

@@ -1,0 +1,39 @@
+"""PyTorch LayerNorm <-> NormSpec(kind="layer") over trailing axes."""
+
+from __future__ import annotations
+
+import torch
+
+from schemas import LayerReport, NormSpec
+
+from .. import markers
+from ..adapter import KindAdapter
+from ..options import ConversionOptions
+from ..translate import record_eps, tensor_fate
+from .common import SPEC_TO_TORCH, affine_kwargs, finish, layer_name, read_affine, source, spec_dtype, write_affine
+
+
+class TorchLayerAdapter(KindAdapter):
+    framework = "torch"
+    kind = "layer"
+
+    def to_spec(self, obj: torch.nn.LayerNorm, report: LayerReport) -> NormSpec:
+        name = layer_name(obj, "LayerNorm")
+        scale, bias, tensors = read_affine(obj, report)
+        return NormSpec(
+            name=name, kind="layer", normalized_shape=tuple(obj.normalized_shape),
+            input_rank=markers.recall(obj).get("input_rank"), eps=float(obj.eps), scale=scale, bias=bias,
+            training=bool(obj.training), dtype=spec_dtype(obj, name), source=source(obj), tensors=tensors,
+        )
+
+    def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.LayerNorm:
+        record_eps(report, spec)
+        report.add("normalized_shape", list(spec.normalized_shape))
+        module = torch.nn.LayerNorm(
+            spec.normalized_shape, eps=spec.eps, dtype=SPEC_TO_TORCH[spec.dtype], **affine_kwargs(spec, "elementwise_affine")
+        )
+        write_affine(module, spec, report)
+        tensor_fate(report, spec)
+        if spec.input_rank is not None:
+            markers.remember(module, input_rank=spec.input_rank)
+        return finish(module, spec, report)

@@ -1,0 +1,50 @@
+"""PyTorch RMSNorm <-> NormSpec(kind="rms"), including eps=None (finfo(dtype).eps)."""
+
+from __future__ import annotations
+
+import torch
+
+from schemas import LayerReport, NormSpec
+
+from .. import markers
+from ..adapter import KindAdapter
+from ..options import ConversionOptions
+from ..translate import record_eps, tensor_fate
+from .common import SPEC_TO_TORCH, finish, layer_name, read_affine, source, spec_dtype, write_affine
+
+
+class TorchRmsAdapter(KindAdapter):
+    framework = "torch"
+    kind = "rms"
+
+    def to_spec(self, obj: torch.nn.RMSNorm, report: LayerReport) -> NormSpec:
+        name = layer_name(obj, "RMSNorm")
+        scale, _, tensors = read_affine(obj, report)
+        dtype = spec_dtype(obj, name)
+        if obj.eps is None:
+            # Note [RMSNorm eps=None]: PyTorch then uses torch.finfo(input dtype).eps; store the number and where it came from.
+            eps, origin = float(torch.finfo(SPEC_TO_TORCH[dtype]).eps), "dtype_eps"
+            report.add("eps", None, eps, "translated", f"eps=None means torch.finfo({dtype}).eps")
+        else:
+            eps, origin = float(obj.eps), "explicit"
+        return NormSpec(
+            name=name, kind="rms", normalized_shape=tuple(obj.normalized_shape), input_rank=markers.recall(obj).get("input_rank"),
+            eps=eps, eps_origin=origin, scale=scale, bias=False, training=bool(obj.training), dtype=dtype,
+            source=source(obj), tensors=tensors,
+        )
+
+    def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.RMSNorm:
+        dtype = SPEC_TO_TORCH[spec.dtype]
+        eps = spec.eps
+        if spec.eps_origin == "dtype_eps" and spec.eps == float(torch.finfo(dtype).eps):
+            eps = None
+            report.add("eps", spec.eps, None, "translated", "written as eps=None, which PyTorch resolves to the same finfo(dtype).eps")
+        else:
+            record_eps(report, spec)
+        report.add("normalized_shape", list(spec.normalized_shape))
+        module = torch.nn.RMSNorm(spec.normalized_shape, eps=eps, elementwise_affine=spec.scale, dtype=dtype)
+        write_affine(module, spec, report)
+        tensor_fate(report, spec)
+        if spec.input_rank is not None:
+            markers.remember(module, input_rank=spec.input_rank)
+        return finish(module, spec, report)

@@ -1,0 +1,99 @@
+"""BatchNorm and InstanceNorm share PyTorch's _NormBase: one reader and one builder for both."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from schemas import LayerReport, NormSpec, NotExpressibleError
+
+from .. import markers
+from ..options import ConversionOptions
+from ..translate import emit_momentum, estimator_matches, record_eps, record_layout, tensor_fate
+from .biased_batch_norm import BIASED_CLASSES, biased_class_for
+from .common import SPEC_TO_TORCH, affine_kwargs, assign, finish, layer_name, read_affine, source, spec_dtype, to_numpy, write_affine
+
+
+def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report: LayerReport) -> NormSpec:
+    """NormSpec of a BatchNorm{1,2,3}d / InstanceNorm{1,2,3}d module."""
+    name = layer_name(module, type(module).__name__)
+    scale, bias, tensors = read_affine(module, report)
+    tracked = bool(module.track_running_stats)
+    if tracked:
+        tensors["running_mean"] = to_numpy(module.running_mean)
+        tensors["running_var"] = to_numpy(module.running_var)
+        counter = module.num_batches_tracked
+        # A counter that normbridge created for a source without one reads back as absent while still untouched.
+        invented = markers.recall(module).get("invented_num_batches_tracked") and int(counter) == 0
+        if counter is not None and not invented:
+            tensors["num_batches_tracked"] = np.array(int(counter), dtype=np.int64)
+    estimator = None
+    if tracked:
+        estimator = "biased" if isinstance(module, BIASED_CLASSES) else "unbiased"
+    extras = markers.recall(module)
+    momentum = None if module.momentum is None else float(module.momentum)
+    if not tracked and momentum is not None:
+        # Without tracked statistics momentum is never used: it is not part of what the layer computes.
+        report.add("momentum", momentum, None, "dropped", "unused: statistics are not tracked")
+        momentum = None
+    return NormSpec(
+        name=name,
+        kind=kind,
+        num_features=module.num_features,
+        spatial_rank=spatial_rank,
+        input_rank=extras.get("input_rank"),
+        layout="channels_first",
+        eps=float(module.eps),
+        momentum=momentum,
+        momentum_convention=None if momentum is None else "batch_weight",
+        track_running_stats=tracked,
+        variance_estimator=estimator,
+        scale=scale,
+        bias=bias,
+        training=bool(module.training),
+        dtype=spec_dtype(module, name),
+        source=source(module),
+        tensors=tensors,
+    )
+
+
+def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, report: LayerReport) -> torch.nn.Module:
+    """The PyTorch module for a batch/instance spec, state copied bit-exactly."""
+    record_layout(report, spec, "channels_first")
+    record_eps(report, spec)
+    momentum = None
+    if spec.track_running_stats:
+        if spec.momentum is None:
+            report.add("momentum", None, note="cumulative moving average (momentum=None)")
+            momentum = None
+        else:
+            momentum = emit_momentum(report, spec, "batch_weight", options, "torch")
+    cls = classes[spec.spatial_rank]
+    estimator = estimator_matches(report, spec, "unbiased", "torch", can_match=spec.kind == "batch", options=options)
+    if spec.track_running_stats and estimator == "biased":
+        cls = biased_class_for(cls)
+    module = cls(
+        spec.num_features,
+        eps=spec.eps,
+        momentum=momentum,
+        track_running_stats=spec.track_running_stats,
+        dtype=SPEC_TO_TORCH[spec.dtype],
+        **affine_kwargs(spec),
+    )
+    write_affine(module, spec, report)
+    if spec.track_running_stats:
+        assign(module.running_mean, spec.tensors["running_mean"])
+        assign(module.running_var, spec.tensors["running_var"])
+        if "num_batches_tracked" in spec.tensors:
+            assign(module.num_batches_tracked, spec.tensors["num_batches_tracked"])
+            report.add("num_batches_tracked", int(spec.tensors["num_batches_tracked"]), note="buffer")
+        else:
+            report.add("num_batches_tracked", None, 0, "stored", "absent in the source; set to 0 (used only when momentum=None)")
+            markers.remember(module, invented_num_batches_tracked=True)
+    report.add("track_running_stats", spec.track_running_stats)
+    tensor_fate(report, spec)
+    if spec.input_rank is not None:
+        markers.remember(module, input_rank=spec.input_rank)
+    return finish(module, spec, report)
+
+
