@@ -9,7 +9,7 @@
 """
 
 from .api import convert, convert_with_report, from_spec, last_report, to_spec
-from .check import check
+from .equivalence import check
 from .options import ConversionOptions
 from .registry import REGISTRY
 

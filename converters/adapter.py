@@ -39,6 +39,9 @@ class FrameworkAdapter(abc.ABC):
     """Recognise, describe and run one framework's normalization objects."""
 
     name: ClassVar[str]
+    #: The framework stores scalar attributes (eps, momentum) as float32 (ONNX does): a
+    #: float64 layer's training step then uses float32(momentum), a difference check allows for.
+    float32_attributes: ClassVar[bool] = False
 
     @abc.abstractmethod
     def owns(self, obj: Any) -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 
 from converters import REGISTRY, reference
 from converters.api import read_spec
-from converters.check import TOLERANCES
+from converters.equivalence import output_tolerances
 from converters.layout import from_channels_first, to_channels_first
 from converters.probe import probe_input
 from schemas import NormSpec
@@ -25,5 +25,5 @@ def assert_matches_reference(obj, spec: NormSpec, *, training: bool = False) -> 
     x = probe_input(spec)
     expected = reference.forward(spec, x, training=training)
     actual = framework_output(obj, obj_spec, x).astype(np.float64)
-    atol, rtol = TOLERANCES[spec.dtype]
+    atol, rtol = output_tolerances(REGISTRY.framework_of(obj), spec, float(np.max(np.abs(expected))))
     np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=f"{spec.name}: output differs from the NumPy reference")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import converters
-from converters.check import ROUND_TRIP_IGNORED
+from converters.equivalence import ROUND_TRIP_IGNORED
 from schemas import FRAMEWORKS, NotExpressibleError, spec_differences
 
 from .cases import CASES

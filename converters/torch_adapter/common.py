@@ -16,6 +16,9 @@ SPEC_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 def spec_dtype(module: torch.nn.Module, name: str) -> str:
     """The spec dtype of a module's floating state (parameters, then buffers, then torch's default)."""
     tensors = [t for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)) if t.is_floating_point()]
+    if not tensors and markers.recall(module).get("dtype") in SPEC_TO_TORCH:
+        # A stateless module (no affine, no statistics) has no dtype of its own: use the one it was built for.
+        return markers.recall(module)["dtype"]
     dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
     if dtype not in TORCH_DTYPES:
         raise SpecError(
@@ -47,13 +50,14 @@ def source(module: torch.nn.Module) -> Source:
     return Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=type(module).__name__)
 
 
-def read_affine(module: torch.nn.Module, report: LayerReport) -> tuple[bool, bool, dict]:
+def read_affine(module: torch.nn.Module, name: str, report: LayerReport) -> tuple[bool, bool, dict]:
     """(scale, bias, tensors) from weight/bias; a frozen identity emitted by normbridge counts as absent.
 
     PyTorch cannot have a bias without a weight, so a spec with bias but no scale is
     emitted as a frozen weight of ones; it reads back as "no scale" only if it still
     is all ones and frozen.
     """
+    spec_dtype(module, name)  # refuse unsupported dtypes before touching any tensor
     frozen = set(markers.recall(module).get("frozen_identity", ()))
     tensors: dict[str, np.ndarray] = {}
     flags = {}
@@ -102,7 +106,7 @@ def finish(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -> torc
     """Mode, name marker and report lines every adapter ends with."""
     module.train(spec.training)
     report.add("training", spec.training, note="module.training")
-    markers.remember(module, name=spec.name)
+    markers.remember(module, name=spec.name, dtype=spec.dtype)
     report.target_op = type(module).__name__
     report.native = True
     return module

@@ -19,7 +19,7 @@ class TorchGroupAdapter(KindAdapter):
 
     def to_spec(self, obj: torch.nn.GroupNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "GroupNorm")
-        scale, bias, tensors = read_affine(obj, report)
+        scale, bias, tensors = read_affine(obj, name, report)
         return NormSpec(
             name=name, kind="group", num_features=obj.num_channels, num_groups=obj.num_groups,
             input_rank=markers.recall(obj).get("input_rank"), layout="channels_first",

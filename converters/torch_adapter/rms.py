@@ -19,7 +19,7 @@ class TorchRmsAdapter(KindAdapter):
 
     def to_spec(self, obj: torch.nn.RMSNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "RMSNorm")
-        scale, _, tensors = read_affine(obj, report)
+        scale, _, tensors = read_affine(obj, name, report)
         dtype = spec_dtype(obj, name)
         if obj.eps is None:
             # Note [RMSNorm eps=None]: PyTorch then uses torch.finfo(input dtype).eps; store the number and where it came from.

@@ -17,7 +17,7 @@ from .common import SPEC_TO_TORCH, affine_kwargs, assign, finish, layer_name, re
 def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report: LayerReport) -> NormSpec:
     """NormSpec of a BatchNorm{1,2,3}d / InstanceNorm{1,2,3}d module."""
     name = layer_name(module, type(module).__name__)
-    scale, bias, tensors = read_affine(module, report)
+    scale, bias, tensors = read_affine(module, name, report)
     tracked = bool(module.track_running_stats)
     if tracked:
         tensors["running_mean"] = to_numpy(module.running_mean)

@@ -1,0 +1,94 @@
+"""BatchNormalization <-> batch spec: per-channel statistics, moving averages used at inference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import LayerReport, NormSpec, NotExpressibleError
+
+from ..options import ConversionOptions
+from ..translate import emit_momentum, estimator_matches, record_layout
+from .common import (
+    AFFINE_VARIABLES,
+    RUNNING_WEIGHT,
+    KerasKindAdapter,
+    build_rank,
+    built_input_shape,
+    channel_layout,
+    channels_last_shape,
+    import_keras,
+    read_facts,
+    read_variables,
+    recall_running,
+    remember_running,
+    spatial_rank_of,
+    without_training,
+)
+
+#: Spec tensor -> BatchNormalization variable.
+VARIABLES = {**AFFINE_VARIABLES, "running_mean": "moving_mean", "running_var": "moving_variance"}
+
+
+class KerasBatchAdapter(KerasKindAdapter):
+    """keras.layers.BatchNormalization (and UnbiasedBatchNormalization) <-> kind "batch"."""
+
+    kind = "batch"
+    layer_classes = ("BatchNormalization",)
+
+    def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
+        from .unbiased_batch_normalization import UnbiasedBatchNormalization
+
+        layer = self.layer_of(obj)
+        if layer.renorm:
+            raise NotExpressibleError(
+                "renorm=True (batch renormalisation) corrects training outputs with clipped r and d factors that no PyTorch or ONNX "
+                "layer has; rebuild the layer with renorm=False.",
+                layer=layer.name, setting="renorm", target="NormSpec",
+            )
+        shape = built_input_shape(layer)
+        rank = len(shape)
+        layout = channel_layout(layer, layer.axis, rank)
+        facts = read_facts(layer, report)
+        if not layer.trainable:
+            # keras/src/layers/normalization/batch_normalization.py: `if training and self.trainable`.
+            report.warn(
+                "trainable=False: Keras runs this BatchNormalization in inference mode even when called with training=True "
+                "(moving statistics are used and never updated); the spec records training=False."
+            )
+            facts = without_training(facts)
+        if layer.synchronized:
+            report.warn("synchronized=True: in distributed training the batch statistics are averaged across replicas; the spec describes one replica.")
+        running = recall_running(layer, report, float(layer.momentum))
+        tensors = {**read_variables(layer, VARIABLES), **running.pop("tensors")}
+        return facts.spec(
+            layer, "batch", tensors,
+            num_features=int(layer.moving_mean.shape[0]),
+            spatial_rank=spatial_rank_of(layer, rank, 2),
+            input_rank=rank,
+            layout=layout,
+            track_running_stats=True,
+            # Keras 3 updates moving_variance with the biased batch variance (SEMANTICS.md).
+            variance_estimator="unbiased" if isinstance(layer, UnbiasedBatchNormalization) else "biased",
+            scale=bool(layer.scale),
+            bias=bool(layer.center),
+            **running,
+        )
+
+    def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
+        from .unbiased_batch_normalization import UnbiasedBatchNormalization
+
+        common = self.begin_emit(spec, report)
+        if not spec.track_running_stats:
+            raise NotExpressibleError(
+                "track_running_stats=False normalises with batch statistics at inference too, but Keras BatchNormalization always "
+                "uses its moving statistics at inference; keep running statistics in the source layer.",
+                layer=spec.name, setting="track_running_stats", target="keras",
+            )
+        momentum = emit_momentum(report, spec, RUNNING_WEIGHT, options, "keras")
+        record_layout(report, spec, "channels_last")
+        estimator = estimator_matches(report, spec, "biased", "keras", can_match=True, options=options)
+        layer_class = UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization
+        layer = layer_class(axis=-1, momentum=momentum, center=spec.bias, scale=spec.scale, **common)
+        remember_running(layer, spec, report, momentum)
+        rank = build_rank(spec, report, spec.spatial_rank + 2)
+        return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)

@@ -1,0 +1,82 @@
+"""KerasFramework: recognise, classify and run Keras 3 normalization layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from schemas import UnsupportedObjectError
+
+from ..adapter import FrameworkAdapter
+from .common import built_input_shape, group_layer_kind, import_keras, read_variable, write_variable
+
+#: keras.layers class -> kind, checked in order (GroupNormalization is decided per layer).
+_KINDS = (("BatchNormalization", "batch"), ("LayerNormalization", "layer"), ("RMSNormalization", "rms"), ("GroupNormalization", None))
+
+
+class KerasFramework(FrameworkAdapter):
+    """The Keras 3 side of normbridge: layers are channels-last, modes are per call."""
+
+    name = "keras"
+
+    def owns(self, obj: Any) -> bool:
+        """A class in obj's MRO comes from the `keras` package (no import needed to tell)."""
+        for cls in type(obj).__mro__:
+            module = getattr(cls, "__module__", "") or ""
+            if module == "keras" or module.startswith("keras."):
+                return True
+        return False
+
+    def kind_of(self, obj: Any) -> str:
+        layers = import_keras().layers
+        for class_name, kind in _KINDS:
+            if isinstance(obj, getattr(layers, class_name)):
+                return kind or group_layer_kind(obj)
+        raise UnsupportedObjectError(
+            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a keras.layers BatchNormalization, LayerNormalization, "
+            "RMSNormalization or GroupNormalization; pass the normalization layer itself, not a model or another layer.",
+            layer=getattr(obj, "name", None),
+        )
+
+    def version(self) -> str:
+        return import_keras().__version__
+
+    def natural_layout(self) -> str:
+        return "channels_last"
+
+    def run_eval(self, obj: Any, x: np.ndarray) -> np.ndarray:
+        """layer(x, training=False): inference mode never updates Keras's moving statistics."""
+        built_input_shape(obj)  # calling an unbuilt layer would build it: refuse instead
+        keras = import_keras()
+        inputs = np.asarray(x).astype(obj.compute_dtype, copy=False)
+        return np.asarray(keras.ops.convert_to_numpy(obj(inputs, training=False)))
+
+    def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were."""
+        keras = import_keras()
+        clone = copy_layer(obj)
+        inputs = np.asarray(x).astype(clone.compute_dtype, copy=False)
+        output = np.asarray(keras.ops.convert_to_numpy(clone(inputs, training=True)))
+        moving_mean, moving_variance = getattr(clone, "moving_mean", None), getattr(clone, "moving_variance", None)
+        return (
+            output,
+            None if moving_mean is None else read_variable(moving_mean),
+            None if moving_variance is None else read_variable(moving_variance),
+        )
+
+
+def copy_layer(layer: Any) -> Any:
+    """A built copy of `layer`: same class and config (trainable included), variables copied bit-exactly."""
+    shape = built_input_shape(layer)
+    clone = type(layer).from_config(layer.get_config())
+    clone.build(shape)
+    names = [v.path.rsplit("/", 1)[-1] for v in layer.weights]
+    if [v.path.rsplit("/", 1)[-1] for v in clone.weights] != names:
+        raise UnsupportedObjectError(
+            f"a {type(layer).__name__} rebuilt from its config has other variables than {names}, expected the same; it cannot be copied for a training step.",
+            layer=layer.name,
+        )
+    for ours, theirs, name in zip(layer.weights, clone.weights, names):
+        write_variable(theirs, read_variable(ours), layer=layer.name, setting=name)
+    return clone

@@ -1,0 +1,63 @@
+"""GroupNormalization with one group per channel <-> instance spec without running statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import LayerReport, NormSpec, NotExpressibleError, UnsupportedObjectError
+
+from ..options import ConversionOptions
+from ..translate import record_layout
+from .common import (
+    AFFINE_VARIABLES,
+    KerasKindAdapter,
+    build_rank,
+    channels_last_shape,
+    group_layer_kind,
+    group_norm_channels,
+    import_keras,
+    read_facts,
+    read_variables,
+    spatial_rank_of,
+)
+
+
+class KerasInstanceAdapter(KerasKindAdapter):
+    """keras.layers.GroupNormalization(groups=-1) <-> kind "instance" (Keras has no InstanceNorm layer)."""
+
+    kind = "instance"
+    layer_classes = ("GroupNormalization",)
+
+    def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
+        layer = self.layer_of(obj)
+        shape, layout, channels = group_norm_channels(layer)
+        if group_layer_kind(layer) != "instance":
+            raise UnsupportedObjectError(
+                f"the GroupNormalization has {layer.groups} groups for {channels} channels on a rank-{len(shape)} input, which reads as kind 'group', "
+                "expected one group per channel and spatial axes; convert it through converters.to_spec().",
+                layer=layer.name, setting="groups",
+            )
+        return read_facts(layer, report).spec(
+            layer, "instance", read_variables(layer, AFFINE_VARIABLES),
+            num_features=channels,
+            spatial_rank=spatial_rank_of(layer, len(shape), 3),
+            input_rank=len(shape),
+            layout=layout,
+            track_running_stats=False,
+            scale=bool(layer.scale),
+            bias=bool(layer.center),
+        )
+
+    def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
+        common = self.begin_emit(spec, report)
+        if spec.track_running_stats:
+            raise NotExpressibleError(
+                "track_running_stats=True normalises per instance in training but with running statistics at inference, and no Keras layer "
+                "does both; convert a copy with track_running_stats=False (per-instance statistics always) if that is what you need.",
+                layer=spec.name, setting="track_running_stats", target="keras",
+            )
+        record_layout(report, spec, "channels_last")
+        # groups=-1: one group per channel, Keras's documented instance normalisation.
+        layer = import_keras().layers.GroupNormalization(groups=-1, axis=-1, center=spec.bias, scale=spec.scale, **common)
+        rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=3)
+        return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), AFFINE_VARIABLES)

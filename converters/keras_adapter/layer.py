@@ -1,0 +1,62 @@
+"""LayerNormalization <-> layer spec: per-sample statistics over the trailing axes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import LayerReport, NormSpec, SpecError
+
+from ..options import ConversionOptions
+from .common import (
+    AFFINE_VARIABLES,
+    KerasKindAdapter,
+    build_rank,
+    built_input_shape,
+    import_keras,
+    read_facts,
+    read_variables,
+    trailing_axes,
+    trailing_axis_argument,
+    trailing_shape,
+)
+
+
+class KerasLayerAdapter(KerasKindAdapter):
+    """keras.layers.LayerNormalization <-> kind "layer"."""
+
+    kind = "layer"
+    layer_classes = ("LayerNormalization",)
+
+    def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
+        layer = self.layer_of(obj)
+        if getattr(layer, "rms_scaling", False):
+            # keras/src/ops/nn.py: rms_scaling divides by sqrt(var + eps) without centring,
+            # which is neither LayerNorm nor RMSNorm.
+            raise SpecError(
+                "rms_scaling=True scales by the variance (x / sqrt(var + eps) * gamma, no centring), which no PyTorch or ONNX layer computes; "
+                "use keras.layers.RMSNormalization or rms_scaling=False.",
+                layer=layer.name, setting="rms_scaling",
+            )
+        shape = built_input_shape(layer)
+        axes = trailing_axes(layer, layer.axis, len(shape))
+        tensors = read_variables(layer, AFFINE_VARIABLES)
+        normalized_shape = tuple(next(iter(tensors.values())).shape) if tensors else shape[axes[0]:]
+        if any(d is None for d in normalized_shape):
+            raise SpecError(
+                f"the normalised axes of the built input {shape} have unknown sizes, expected known sizes; build it with the full normalised shape.",
+                layer=layer.name, setting="normalized_shape",
+            )
+        return read_facts(layer, report).spec(
+            layer, "layer", tensors,
+            normalized_shape=tuple(int(d) for d in normalized_shape),
+            input_rank=len(shape),
+            scale=bool(layer.scale),
+            bias=bool(layer.center),
+        )
+
+    def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
+        common = self.begin_emit(spec, report)
+        count = len(spec.normalized_shape)
+        layer = import_keras().layers.LayerNormalization(axis=trailing_axis_argument(count), center=spec.bias, scale=spec.scale, **common)
+        rank = build_rank(spec, report, count + 2)
+        return self.finish_emit(layer, spec, report, trailing_shape(spec.normalized_shape, rank), AFFINE_VARIABLES)

@@ -1,0 +1,128 @@
+"""BatchNorm <-> BatchNormalization (BatchNormalization-9/14/15 by opset).
+
+ONNX's momentum is the running_weight one (running = m * running + (1 - m) * batch)
+and its training step uses the biased batch variance. A train-mode node normalises
+with batch statistics, which in a serving graph makes every output depend on the
+rest of the batch: it is emitted only on request (options.onnx_training_mode).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.floats import as_float32
+
+from ..adapter import KindAdapter
+from ..options import ConversionOptions
+from ..translate import emit_momentum, estimator_matches
+from . import metadata, reading
+from .graph import INPUT, OUTPUT, LayerGraph, op_version
+
+OP = "BatchNormalization"
+#: training_mode exists from BatchNormalization-14.
+TRAINING_MODE_VERSION = 14
+STATE = ("scale", "bias", "running_mean", "running_var")
+
+
+def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerReport, *, training: bool):
+    """A BatchNormalization graph for `spec`; zero/one running inputs when statistics are not tracked.
+
+    In training mode the node must have three outputs (onnxruntime refuses fewer): tracked
+    statistics are graph outputs "running_mean"/"running_var", untracked ones stay unused.
+    """
+    g = LayerGraph(spec, options, report)
+    version = op_version(OP, g.opset)
+    if training and version < TRAINING_MODE_VERSION:
+        raise NotExpressibleError(
+            f"training_mode needs {OP}-{TRAINING_MODE_VERSION} but opset {g.opset} gives {OP}-{version}; pass opset >= {TRAINING_MODE_VERSION}.",
+            layer=spec.name, setting="opset", target="onnx",
+        )
+    inputs = [INPUT, *g.affine()]
+    if spec.track_running_stats:
+        inputs += [g.state("running_mean"), g.state("running_var")]
+    else:
+        inputs += [g.tensor("running_mean", np.zeros(spec.num_features, spec.dtype)), g.tensor("running_var", np.ones(spec.num_features, spec.dtype))]
+    attributes = {"epsilon": g.eps}
+    momentum = emit_momentum(report, spec, "running_weight", options, "onnx")
+    if momentum is not None:
+        attributes["momentum"] = momentum
+        if spec.dtype == "float64" and as_float32(momentum) != momentum:
+            report.warn(
+                f"ONNX stores momentum as float32 ({as_float32(momentum)!r}): a float64 training step moves the running statistics "
+                f"by up to {abs(as_float32(momentum) - momentum):.1e} x |batch statistic - running statistic| differently; eval is unaffected."
+            )
+    outputs = [OUTPUT]
+    if training:
+        attributes["training_mode"] = 1
+        if spec.track_running_stats:
+            outputs += ["running_mean", "running_var"]
+            for name in outputs[1:]:
+                g.output(name, [spec.num_features])
+        else:
+            outputs += [f"{spec.name}.running_mean_unused", f"{spec.name}.running_var_unused"]
+    g.node(OP, inputs, outputs, **attributes)
+    return g.finish(OUTPUT, f"{OP}-{version}", native=True)
+
+
+def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
+    """A spec from a BatchNormalization node (kind batch, or a tracked instance normbridge emitted)."""
+    meta = layer.metadata(report)
+    fields = reading.common_fields(layer, report, meta)
+    scale, bias, mean, var = (layer.tensor(i, name) for i, name in enumerate(STATE, start=1))
+    graph_training = layer.attribute("training_mode", 0) == 1
+    # An untracked BatchNorm is emitted as training_mode=1 over zero/one running inputs.
+    untracked_form = graph_training and bool(np.all(mean == 0) and np.all(var == 1))
+    tracked = metadata.trusted(report, meta, "track_running_stats", True, meta.get("track_running_stats", True) or untracked_form)
+    count = metadata.num_batches_tracked(report, meta) if tracked else None
+    # Untracked, both modes compute batch statistics: the mode is the metadata's to tell.
+    training = metadata.trusted(report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training)
+    # Untracked statistics have no momentum: the attribute is unused.
+    momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count) if tracked else (None, None)
+    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.DEFAULT_EPS))
+    spatial = max(layer.rank - 2, 1)
+    fields.update(
+        kind=layer.kind, num_features=layer.channels(mean), spatial_rank=spatial, layout="channels_first",
+        eps=eps, eps_origin=eps_origin, momentum=momentum, momentum_convention=convention if momentum is not None else None,
+        track_running_stats=tracked, variance_estimator="biased" if tracked else None, training=training,
+        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
+    )
+    tensors = {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None}
+    if tracked:
+        tensors.update(running_mean=mean, running_var=var)
+        if count is not None:
+            tensors["num_batches_tracked"] = np.array(count, dtype=np.int64)
+    return reading.build(fields, tensors)
+
+
+class OnnxBatchNorm(KindAdapter):
+    """batch <-> BatchNormalization."""
+
+    framework = "onnx"
+    kind = "batch"
+
+    def to_spec(self, obj, report: LayerReport) -> NormSpec:
+        return read_batch_norm(reading.parse(obj, self.kind), report)
+
+    def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport):
+        if not spec.track_running_stats:
+            if not options.onnx_training_mode:
+                raise NotExpressibleError(
+                    "track_running_stats=False normalises with batch statistics even at inference, which ONNX can express only as a "
+                    "training_mode=1 BatchNormalization whose outputs depend on the rest of the batch; pass onnx_training_mode=True to emit that.",
+                    layer=spec.name, setting="track_running_stats", target="onnx",
+                )
+            report.add("track_running_stats", False, "training_mode=1", "translated", "batch statistics always, zero/one running inputs")
+            report.warn("emitted training_mode=1 (batch statistics at inference, as the source computes): each output depends on the other samples in its batch.")
+            return emit_batch_norm(spec, options, report, training=True)
+        if spec.training and not options.onnx_training_mode:
+            raise NotExpressibleError(
+                "the layer is in training mode, and a train-mode BatchNormalization in a serving graph normalises with batch statistics, "
+                "so each request's output depends on the others in its batch; put the layer in eval mode, or pass onnx_training_mode=True to emit training_mode=1.",
+                layer=spec.name, setting="training", target="onnx",
+            )
+        estimator_matches(report, spec, "biased", "onnx", can_match=False, options=options)
+        if spec.training:
+            report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
+            report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")
+        return emit_batch_norm(spec, options, report, training=spec.training)

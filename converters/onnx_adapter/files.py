@@ -1,0 +1,73 @@
+"""Reading and writing .onnx files without executing or following anything outside the file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from schemas import InputFileError
+
+#: GroupNormalization-18 is deprecated, so the checker rejects it; normbridge still reads it (per-group affine).
+_DEPRECATED_READABLE = ("GroupNormalization", range(18, 21))
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and check an ONNX model from `path`.
+
+    Raises:
+        InputFileError: the file is missing or unreadable, not an ONNX protobuf, stores
+            tensors in external files, or fails onnx.checker.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise InputFileError(f"cannot read ONNX file '{path}' ({error.strerror or error}); check the path and its permissions.") from error
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, ValueError) as error:
+        raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}); expected a file written by onnx.save or save_onnx.") from error
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        raise InputFileError(f"'{path}' keeps tensors in external data files, which normbridge does not follow; save it with onnx.save(model, path, save_as_external_data=False).")
+    _check(model, path)
+    return model
+
+
+def _check(model: onnx.ModelProto, path: Path) -> None:
+    """The structural checker only: full_check's strict shape inference also rejects foreign graphs
+    normbridge reads fine (a training_mode=1 BatchNormalization exported with Y alone)."""
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        if "deprecated" in str(error) and _uses_deprecated_readable(model):
+            return
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputFileError(f"'{path}' is not a valid ONNX model ({first_line}); re-export it or run onnx.checker.check_model on it for details.") from error
+
+
+def _uses_deprecated_readable(model: onnx.ModelProto) -> bool:
+    op, versions = _DEPRECATED_READABLE
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    return opset in versions and any(n.op_type == op for n in model.graph.node)
+
+
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Check `model` and write it to `path` atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    onnx.checker.check_model(model)
+    data = model.SerializeToString()
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path

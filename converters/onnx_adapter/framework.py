@@ -1,0 +1,90 @@
+"""Recognising and running ONNX models that hold one normalization layer (onnxruntime, CPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from schemas import NotExpressibleError
+
+from ..adapter import FrameworkAdapter
+from .batch import OP as BATCH_NORM, TRAINING_MODE_VERSION
+from .graph import element_type
+from .reading import DEFAULT_DOMAINS, OnnxLayer, parse
+
+
+def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:
+    """Run the layer's model (or `model`, a variant of it) on `x`, cast to the input type, with onnxruntime's CPU provider."""
+    import onnxruntime  # only `check` runs models: converting never pays for onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # warnings about unused initializers (untracked BatchNorm outputs) are noise here
+    session = onnxruntime.InferenceSession((model or layer.model).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(outputs, {layer.input_name: np.asarray(x, dtype=layer.dtype)})
+
+
+class OnnxFramework(FrameworkAdapter):
+    """onnx.ModelProto objects; eval and training steps run in onnxruntime."""
+
+    name = "onnx"
+    float32_attributes = True  # epsilon and momentum are float attributes (float32) in every ONNX op
+
+    def owns(self, obj: Any) -> bool:
+        modules = (getattr(c, "__module__", None) or "" for c in type(obj).__mro__)
+        return any(m == "onnx" or m.startswith("onnx.") for m in modules)
+
+    def kind_of(self, obj: Any) -> str:
+        return parse(obj).kind
+
+    def version(self) -> str:
+        return onnx.__version__
+
+    def natural_layout(self) -> str | None:
+        return "channels_first"
+
+    def run_eval(self, obj: Any, x: np.ndarray) -> np.ndarray:
+        return _run(parse(obj), x)[0]
+
+    def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """BatchNormalization: a training_mode=1 copy exposing the updated running statistics; other ops have no mode."""
+        layer = parse(obj)
+        if layer.node is None or layer.node.op_type != BATCH_NORM:
+            return _run(layer, x)[0], None, None
+        if layer.kind == "instance":
+            raise NotExpressibleError(
+                "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval, and a training step of it would pool "
+                "statistics over the batch instead of per instance; train the source layer instead.",
+                layer=layer.name, setting="training", target="onnx",
+            )
+        model, outputs = _training_copy(layer)
+        y, mean, var = _run(layer, x, model, outputs)
+        return y, mean, var
+
+
+def _training_copy(layer: OnnxLayer) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of a BatchNormalization model with training_mode=1 and the running statistics as graph outputs.
+
+    training_mode needs BatchNormalization-14: an older opset is raised to 14, whose
+    eval semantics are the same. Returns the model and the output names (Y, mean, var).
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(layer.model)
+    node = model.graph.node[0]
+    kept = [a for a in node.attribute if a.name != "training_mode"]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("training_mode", 1)])
+    for opset in model.opset_import:
+        if opset.domain in DEFAULT_DOMAINS and opset.version < TRAINING_MODE_VERSION:
+            opset.version = TRAINING_MODE_VERSION
+            model.ir_version = max(model.ir_version, helper.find_min_ir_version_for([opset]))
+    names = list(node.output) + ["", ""]
+    outputs = [names[0]] + [names[i] or f"{names[0]}.running_{stat}" for i, stat in ((1, "mean"), (2, "var"))]
+    node.output[:] = outputs
+    declared = {value.name for value in model.graph.output}
+    for name in outputs[1:]:
+        if name not in declared:  # onnxruntime needs the running outputs declared with rank 1
+            model.graph.output.append(helper.make_tensor_value_info(name, element_type(layer.dtype), [layer.shape[1] if layer.rank > 1 else None]))
+    return model, outputs

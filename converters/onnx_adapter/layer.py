@@ -1,0 +1,24 @@
+"""LayerNorm <-> LayerNormalization-17 (axis = first normalised axis), decomposed below opset 17."""
+
+from __future__ import annotations
+
+from . import decompositions, reading
+from .graph import stash_type
+
+
+class OnnxLayerNorm(decompositions.DecomposableAdapter):
+    """layer <-> LayerNormalization (scale required: ones when the source has none; B omitted when absent)."""
+
+    framework = "onnx"
+    kind = "layer"
+    native_opset = 17
+
+    def read_native(self, layer, report):
+        return reading.read_trailing(layer, report, has_bias=True)
+
+    def emit_native(self, g):
+        inputs = list(g.affine(required=("scale",)))
+        return g.finish_native("LayerNormalization", inputs, axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
+
+    def decompose(self, spec, options, report):
+        return decompositions.trailing_norm(spec, options, report, centre=True)

@@ -1,0 +1,24 @@
+"""RMSNorm <-> RMSNormalization-23 (scale only), decomposed below opset 23."""
+
+from __future__ import annotations
+
+from . import decompositions, reading
+from .graph import stash_type
+
+
+class OnnxRMSNorm(decompositions.DecomposableAdapter):
+    """rms <-> RMSNormalization (scale required: ones when the source has none)."""
+
+    framework = "onnx"
+    kind = "rms"
+    native_opset = 23
+
+    def read_native(self, layer, report):
+        return reading.read_trailing(layer, report, has_bias=False)
+
+    def emit_native(self, g):
+        scale, _ = g.affine(required=("scale",))
+        return g.finish_native("RMSNormalization", [scale], axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
+
+    def decompose(self, spec, options, report):
+        return decompositions.trailing_norm(spec, options, report, centre=False)
