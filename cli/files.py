@@ -7,13 +7,12 @@ so a failed conversion leaves nothing half written.
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from schemas import InputFileError, NormSpec, load_spec, save_spec
+from schemas.atomic_io import atomic_write_bytes, atomic_write_folder
 
 OUTPUT_FORMATS = ("spec", "onnx", "keras", "torch")
 
@@ -33,43 +32,16 @@ def load_layer(path: Path) -> Any:
     )
 
 
-def _atomic_file(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_folder(target: Path, fill) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        fill(temp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(temp, target)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
-
-
 def write_layer(obj: Any, spec: NormSpec, to: str, output: Path) -> Path:
     """Write the converted layer: spec folder, .onnx, .keras (a one-layer model) or torch safetensors state dict."""
     if to == "spec":
-        _atomic_folder(output, lambda folder: save_spec(spec, folder))
+        atomic_write_folder(output, lambda folder: save_spec(spec, folder))
     elif to == "onnx":
-        _atomic_file(output, obj.SerializeToString())
+        atomic_write_bytes(output, obj.SerializeToString())
     elif to == "keras":
-        _atomic_file(output, _keras_bytes(obj, spec))
+        atomic_write_bytes(output, _keras_bytes(obj, spec))
     elif to == "torch":
-        _atomic_folder(output, lambda folder: _torch_folder(obj, spec, folder))
+        atomic_write_folder(output, lambda folder: _torch_folder(obj, spec, folder))
     return output
 
 

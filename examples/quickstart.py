@@ -42,28 +42,28 @@ def main() -> int:
     bn = trained_batchnorm()
     spec = converters.to_spec(bn)
     console.print(Rule("source: torch.nn.BatchNorm2d(8, eps=1e-3, momentum=0.01)"))
-    console.print(f"eps={spec.eps!r} momentum={spec.momentum!r} ({spec.momentum_convention}) num_batches_tracked={int(spec.tensors['num_batches_tracked'])}", markup=False)
+    console.print(f"eps={spec.eps!r} momentum={spec.momentum!r} ({spec.momentum_convention}) num_batches_tracked={int(spec.tensors['num_batches_tracked'])}", markup=False, soft_wrap=True)
 
     keras_layer, keras_report = converters.convert_with_report(bn, "keras")
     console.print(Rule("to Keras"))
-    console.print(keras_report.render_text(), markup=False, highlight=False)
-    console.print(f"keras {type(keras_layer).__name__}: epsilon={keras_layer.epsilon!r} momentum={keras_layer.momentum!r} axis={keras_layer.axis}", markup=False)
+    console.print(keras_report.render_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"keras {type(keras_layer).__name__}: epsilon={keras_layer.epsilon!r} momentum={keras_layer.momentum!r} axis={keras_layer.axis}", markup=False, soft_wrap=True)
 
     onnx_model, onnx_report = converters.convert_with_report(bn, "onnx", opset=23)
     console.print(Rule("to ONNX (opset 23)"))
-    console.print(onnx_report.render_text(), markup=False, highlight=False)
+    console.print(onnx_report.render_text(), markup=False, highlight=False, soft_wrap=True)
     back = converters.to_spec(onnx_model)
-    console.print(f"read back from ONNX: eps={back.eps!r} momentum={back.momentum!r} ({back.momentum_convention})", markup=False)
+    console.print(f"read back from ONNX: eps={back.eps!r} momentum={back.momentum!r} ({back.momentum_convention})", markup=False, soft_wrap=True)
 
     OUT.mkdir(exist_ok=True)
     save_spec(spec, OUT / "bn_spec")
     save_onnx(onnx_model, OUT / "bn.onnx")
     write_layer(keras_layer, spec, "keras", OUT / "bn.keras")
-    console.print(f"wrote {OUT}/bn_spec, {OUT}/bn.onnx, {OUT}/bn.keras", markup=False)
+    console.print(f"wrote {OUT}/bn_spec, {OUT}/bn.onnx, {OUT}/bn.keras", markup=False, soft_wrap=True)
 
     console.print(Rule("check: torch -> keras/onnx/torch and back, against the NumPy reference"))
     result = converters.check(bn)
-    console.print(result.render_text(), markup=False, highlight=False)
+    console.print(result.render_text(), markup=False, highlight=False, soft_wrap=True)
     return 0 if result.passed else 1
 
 

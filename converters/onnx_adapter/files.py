@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from schemas import InputFileError
+from schemas.atomic_io import atomic_write_bytes
 
 #: GroupNormalization-18 is deprecated, so the checker rejects it; normbridge still reads it (per-group affine).
 _DEPRECATED_READABLE = ("GroupNormalization", range(18, 21))
@@ -59,15 +59,5 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
     """Check `model` and write it to `path` atomically (a temporary file renamed into place)."""
     path = Path(path)
     onnx.checker.check_model(model)
-    data = model.SerializeToString()
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, model.SerializeToString())
     return path
