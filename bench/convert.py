@@ -167,9 +167,9 @@ def main() -> int:
         rows.append((kind, "keras.export(tf2onnx)", keras_time, keras_time / nb_time, op_summary(keras_onnx), verdict(spec.eps, expected_momentum, keras_onnx), None))
 
     print(f"one layer to ONNX, opset {OPSET}; medians of {args.repeat_normbridge} (normbridge) and {args.repeat_anchor} (anchors) runs")
-    print(f"{'kind':<9} {'tool':<22} {'median':>10} {'x slower':>9}  {'eps/momentum':<28} ops")
+    print(f"{'kind':<9} {'tool':<22} {'median':>10} {'x slower':>9}  {'eps/momentum':<40} ops")
     for kind, tool, seconds, ratio, ops, check, _ in rows:
-        print(f"{kind:<9} {tool:<22} {seconds * 1000:>8.2f}ms {ratio:>9.0f}  {check:<28} {ops[:70]}")
+        print(f"{kind:<9} {tool:<22} {seconds * 1000:>8.2f}ms {ratio:>9.0f}  {check:<40} {ops[:70]}")
     torch_ratios = [r[3] for r in rows if r[1].startswith("torch")]
     nb_rows = [r for r in rows if r[1] == "normbridge"]
     print()
