@@ -11,7 +11,6 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.rule import Rule

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given, strategies as st
 
 from schemas.floats import as_float32, decimal_complement, recover_from_float32, shortest_float32_decimal

@@ -257,6 +257,26 @@ def group_layer_kind(layer: Any) -> str:
     return "group" if markers.recall(layer).get("kind") == "group" else "instance"
 
 
+def read_group_layer(layer: Any, report: LayerReport, kind: str, **fields: Any) -> NormSpec:
+    """The spec of a GroupNormalization read as `kind` ("group" or "instance"), refusing the other reading."""
+    shape, layout, channels = group_norm_channels(layer)
+    found = group_layer_kind(layer)
+    if found != kind:
+        raise UnsupportedObjectError(
+            f"the GroupNormalization has {layer.groups} groups for {channels} channels on a rank-{len(shape)} input, which reads as kind "
+            f"'{found}', expected kind '{kind}'; convert it through converters.to_spec().",
+            layer=layer.name, setting="groups",
+        )
+    if kind == "group":
+        fields["num_groups"] = int(layer.groups)
+    else:
+        fields.update(spatial_rank=spatial_rank_of(layer, len(shape), 3), track_running_stats=False)
+    return read_facts(layer, report).spec(
+        layer, kind, read_variables(layer, AFFINE_VARIABLES),
+        num_features=channels, input_rank=len(shape), layout=layout, scale=bool(layer.scale), bias=bool(layer.center), **fields,
+    )
+
+
 # -- markers -------------------------------------------------------------------------
 
 

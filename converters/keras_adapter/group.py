@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import LayerReport, NormSpec, UnsupportedObjectError
+from schemas import LayerReport, NormSpec
 
 from .. import markers
 from ..options import ConversionOptions
@@ -15,11 +15,8 @@ from .common import (
     KerasKindAdapter,
     build_rank,
     channels_last_shape,
-    group_layer_kind,
-    group_norm_channels,
     import_keras,
-    read_facts,
-    read_variables,
+    read_group_layer,
 )
 
 
@@ -30,23 +27,7 @@ class KerasGroupAdapter(KerasKindAdapter):
     layer_classes = ("GroupNormalization",)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
-        layer = self.layer_of(obj)
-        shape, layout, channels = group_norm_channels(layer)
-        if group_layer_kind(layer) != "group":
-            raise UnsupportedObjectError(
-                f"the GroupNormalization has one group per channel ({channels}), which reads as kind 'instance', expected fewer groups; "
-                "convert it through converters.to_spec().",
-                layer=layer.name, setting="groups",
-            )
-        return read_facts(layer, report).spec(
-            layer, "group", read_variables(layer, AFFINE_VARIABLES),
-            num_features=channels,
-            num_groups=int(layer.groups),
-            input_rank=len(shape),
-            layout=layout,
-            scale=bool(layer.scale),
-            bias=bool(layer.center),
-        )
+        return read_group_layer(self.layer_of(obj), report, "group")
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
         common = self.begin_emit(spec, report)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import LayerReport, NormSpec, NotExpressibleError, UnsupportedObjectError
+from schemas import LayerReport, NormSpec, NotExpressibleError
 
 from ..options import ConversionOptions
 from ..translate import record_layout
@@ -13,12 +13,8 @@ from .common import (
     KerasKindAdapter,
     build_rank,
     channels_last_shape,
-    group_layer_kind,
-    group_norm_channels,
     import_keras,
-    read_facts,
-    read_variables,
-    spatial_rank_of,
+    read_group_layer,
 )
 
 
@@ -29,24 +25,7 @@ class KerasInstanceAdapter(KerasKindAdapter):
     layer_classes = ("GroupNormalization",)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
-        layer = self.layer_of(obj)
-        shape, layout, channels = group_norm_channels(layer)
-        if group_layer_kind(layer) != "instance":
-            raise UnsupportedObjectError(
-                f"the GroupNormalization has {layer.groups} groups for {channels} channels on a rank-{len(shape)} input, which reads as kind 'group', "
-                "expected one group per channel and spatial axes; convert it through converters.to_spec().",
-                layer=layer.name, setting="groups",
-            )
-        return read_facts(layer, report).spec(
-            layer, "instance", read_variables(layer, AFFINE_VARIABLES),
-            num_features=channels,
-            spatial_rank=spatial_rank_of(layer, len(shape), 3),
-            input_rank=len(shape),
-            layout=layout,
-            track_running_stats=False,
-            scale=bool(layer.scale),
-            bias=bool(layer.center),
-        )
+        return read_group_layer(self.layer_of(obj), report, "instance")
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
         common = self.begin_emit(spec, report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas import LayerReport, NormSpec
 
 from .. import markers
 from ..options import ConversionOptions
