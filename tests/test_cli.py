@@ -119,13 +119,11 @@ def test_a_foreign_train_mode_onnx_file_is_read_as_train_mode(tmp_path):
     assert targets["onnx"]["status"] == "not_expressible" and "training" in targets["onnx"]["reason"]
 
 
-def test_every_command_has_help_with_an_example():
+def test_help_lists_the_commands():
     listing = run("--help")
     assert listing.returncode == 0
     for command in ("convert", "check", "schema"):
         assert command in listing.stdout
-        helped = run(command, "--help")
-        assert helped.returncode == 0 and "Example" in helped.stdout
 
 
 def test_schema_command_prints_the_json_schema():
@@ -134,7 +132,19 @@ def test_schema_command_prints_the_json_schema():
     assert run("schema", "nonsense").returncode == 2
 
 
+def registered_commands() -> list[str]:
+    from cli.main import app
+
+    return [c.name or c.callback.__name__ for c in app.registered_commands]
+
+
 def test_readme_documents_every_command():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for command in ("normbridge convert", "normbridge check", "normbridge schema"):
-        assert command in readme, f"README does not document `{command}`"
+    for command in registered_commands():
+        assert f"normbridge {command}" in readme, f"README does not document `normbridge {command}`"
+
+
+def test_every_registered_command_has_help_with_an_example():
+    for command in registered_commands():
+        helped = run(command, "--help")
+        assert helped.returncode == 0 and "Example" in helped.stdout, command
