@@ -56,3 +56,17 @@ def test_not_expressible_targets_are_listed_not_failed():
     assert result.passed, result.render_text()
     reasons = {t.framework: t.reason for t in result.targets if t.status == "not_expressible"}
     assert set(reasons) == {"keras", "onnx"} and all("momentum" in r for r in reasons.values())
+
+
+def test_a_keras_channels_first_layer_checks_against_every_framework():
+    import keras
+    import numpy as np
+
+    layer = keras.layers.BatchNormalization(axis=1, epsilon=2e-5, momentum=0.95, name="cf_bn")
+    layer.build((None, 4, 5, 5))
+    layer.moving_variance.assign(np.linspace(0.5, 2.0, 4).astype("float32"))
+    spec = converters.to_spec(layer)
+    assert spec.layout == "channels_first" and spec.momentum == 0.95 and spec.momentum_convention == "running_weight"
+    result = converters.check(layer)
+    assert result.passed, result.render_text()
+    assert converters.convert(layer, "torch").momentum == 0.05
