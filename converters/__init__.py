@@ -6,11 +6,33 @@
     obj = converters.convert(obj, to="onnx", opset=23)
     report = converters.last_report()            # per-layer fidelity report (text and JSON)
     result = converters.check(spec_or_obj)       # round trips + numerics against a NumPy reference
+
+Whole-model tools (inspect_model, port_state, export_for_serving, contract_test, drift_check,
+recalibrate) are imported on first use, so `import converters` stays light.
 """
+
+from importlib import import_module
 
 from .api import convert, convert_with_report, from_spec, last_report, to_spec
 from .equivalence import check
 from .options import ConversionOptions
 from .registry import REGISTRY
 
-__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "to_spec"]
+#: Lazily imported whole-model functions: name -> module in converters.models.
+_MODEL_TOOLS = {
+    "inspect_model": "inspection",
+    "port_state": "porting",
+    "export_for_serving": "serving_export",
+    "contract_test": "contract",
+    "drift_check": "drift",
+    "recalibrate": "recalibration",
+}
+
+
+def __getattr__(name: str):
+    if name in _MODEL_TOOLS:
+        return getattr(import_module(f".models.{_MODEL_TOOLS[name]}", __name__), name)
+    raise AttributeError(f"module 'converters' has no attribute '{name}'")
+
+
+__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "to_spec", *_MODEL_TOOLS]

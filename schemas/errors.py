@@ -78,6 +78,10 @@ class CheckFailedError(NormbridgeError):
         super().__init__(message)
 
 
+#: Exit codes of verdicts that are not errors (a command ran and found something):
+HAZARD_FOUND_EXIT = 10  # `normbridge inspect --fail-on`: a hazard at or above the severity
+DRIFT_ALARM_EXIT = 11  # `normbridge drift`: a layer's activations drifted past the thresholds
+
 #: One table maps error types to CLI exit codes (and, later, HTTP statuses).
 #: 1 is left to unexpected crashes and 2 to usage errors (Typer/Click's own).
 EXIT_CODES: dict[type[NormbridgeError], int] = {

@@ -45,3 +45,10 @@ def test_converting_a_torch_layer_does_not_import_tensorflow():
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'keras imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_whole_model_tool_is_reachable_from_the_package():
+    import converters
+
+    for name in converters._MODEL_TOOLS:
+        assert callable(getattr(converters, name)), name

@@ -1,0 +1,136 @@
+"""Benchmark: inspect, export-for-serving and contract-test a keras.applications ResNet50 (weights=None)
+and a hand-written PyTorch ResNet-18, each step timed against the bare exporter, in one run.
+
+Targets (issue 3): inspect under 0.5 s beyond model loading; export with verification, rewrite
+and contract tests at most 2x the bare exporter.
+
+    python bench/models.py [--repeat 1] [--size 224]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import torch  # noqa: E402
+
+from converters.models.contract import contract_test  # noqa: E402
+from converters.models.inspection import inspect_model  # noqa: E402
+from converters.models.loading import load_model  # noqa: E402
+from converters.models.serving_export import export_for_serving  # noqa: E402
+from tests.model_zoo import torch_resnet18, train_batchnorm_statistics  # noqa: E402
+
+
+def timed(fn, repeat: int):
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def bare_torch_export(module: torch.nn.Module, sample: np.ndarray, path: Path) -> onnx.ModelProto:
+    torch.onnx.export(module, (torch.from_numpy(sample),), str(path), dynamo=True, opset_version=23, external_data=False)
+    return onnx.load(str(path))
+
+
+def bare_keras_export(model, path: Path) -> onnx.ModelProto:
+    model.export(str(path), format="onnx", verbose=False)
+    return onnx.load(str(path))
+
+
+def norm_ops(model: onnx.ModelProto) -> str:
+    ops = [n.op_type for n in model.graph.node if n.op_type.endswith("Normalization")]
+    return f"{len(ops)} native norm ops"
+
+
+def torch_case(size: int, repeat: int, folder: Path) -> list[tuple]:
+    torch.manual_seed(0)
+    module = torch_resnet18(num_classes=10)
+    train_batchnorm_statistics(module, [torch.randn(4, 3, size, size) for _ in range(2)])
+    sample = np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)
+    program = torch.export.export(module, (torch.from_numpy(sample),))
+    pt2 = folder / "resnet18.pt2"
+    torch.export.save(program, str(pt2))
+    load_time, loaded = timed(lambda: load_model(pt2), repeat)
+    inspect_time, inspection = timed(lambda: inspect_model(loaded), repeat)
+    bare_time, bare = timed(lambda: bare_torch_export(module, sample, folder / "bare18.onnx"), repeat)
+    full_time, result = timed(lambda: export_for_serving(module, folder / "served18.onnx", sample=sample), repeat)
+    contract_time, _ = timed(lambda: contract_test(module, result.path if hasattr(result, "path") else folder / "served18.onnx", sample=sample), repeat)
+    served = onnx.load(str(folder / "served18.onnx"))
+    return [
+        ("torch ResNet-18", "load .pt2", load_time, None, ""),
+        ("torch ResNet-18", "inspect (after load)", inspect_time, None, f"{len(inspection.layers)} layers"),
+        ("torch ResNet-18", "bare torch.onnx.export", bare_time, 1.0, norm_ops(bare)),
+        ("torch ResNet-18", "normbridge export (verify+contract)", full_time, full_time / bare_time, f"{norm_ops(served)}, passed={result.passed}"),
+        ("torch ResNet-18", "contract test alone", contract_time, contract_time / bare_time, ""),
+    ]
+
+
+def keras_case(size: int, repeat: int, folder: Path) -> list[tuple]:
+    import keras
+
+    model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10)
+    sample = np.random.default_rng(0).standard_normal((2, size, size, 3)).astype(np.float32)
+    model(sample)
+    path = folder / "resnet50.keras"
+    model.save(path)
+    load_time, loaded = timed(lambda: load_model(path), repeat)
+    loaded(sample)
+    inspect_time, inspection = timed(lambda: inspect_model(loaded), repeat)
+    bare_time, bare = timed(lambda: bare_keras_export(loaded, folder / "bare50.onnx"), repeat)
+    full_time, result = timed(lambda: export_for_serving(loaded, folder / "served50.onnx", sample=sample), repeat)
+    contract_time, _ = timed(lambda: contract_test(loaded, folder / "served50.onnx", sample=sample), repeat)
+    served = onnx.load(str(folder / "served50.onnx"))
+    return [
+        ("keras ResNet50", "load .keras", load_time, None, ""),
+        ("keras ResNet50", "inspect (after load)", inspect_time, None, f"{len(inspection.layers)} layers"),
+        ("keras ResNet50", "bare model.export(onnx)", bare_time, 1.0, norm_ops(bare)),
+        ("keras ResNet50", "normbridge export (verify+rewrite+contract)", full_time, full_time / bare_time, f"{norm_ops(served)}, passed={result.passed}"),
+        ("keras ResNet50", "contract test alone", contract_time, contract_time / bare_time, ""),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--size", type=int, default=224, help="input height/width")
+    args = parser.parse_args()
+    rows: list[tuple] = []
+    with tempfile.TemporaryDirectory() as folder:
+        rows += torch_case(args.size, args.repeat, Path(folder))
+        rows += keras_case(args.size, args.repeat, Path(folder))
+    print(f"whole models, input {args.size}x{args.size}, median of {args.repeat} run(s)")
+    print(f"{'model':<16} {'step':<44} {'seconds':>9} {'x bare':>7}  notes")
+    for model, step, seconds, ratio, notes in rows:
+        print(f"{model:<16} {step:<44} {seconds:>9.3f} {'' if ratio is None else f'{ratio:.2f}':>7}  {notes}")
+    print()
+    for model in ("torch ResNet-18", "keras ResNet50"):
+        inspect = next(r for r in rows if r[0] == model and r[1].startswith("inspect"))
+        export = next(r for r in rows if r[0] == model and r[1].startswith("normbridge export"))
+        print(f"{model}: inspect {inspect[2]:.3f} s beyond loading (target < 0.5 s); export {export[3]:.2f}x the bare exporter (target <= 2x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

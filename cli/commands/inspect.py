@@ -1,0 +1,69 @@
+"""`normbridge inspect`: list a model's normalization layers with their state and hazards."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from schemas.errors import HAZARD_FOUND_EXIT
+
+from ..app import app, console
+from ..errors import reports_errors
+
+#: Exit code of `inspect --fail-on SEVERITY` when a hazard at or above SEVERITY exists.
+HAZARD_EXIT_CODE = HAZARD_FOUND_EXIT
+
+
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
+
+
+@app.command(name="inspect")
+@reports_errors
+def inspect_command(
+    path: Path = typer.Argument(..., help="A model file: .pt2 (torch.export), .keras (loaded with safe_mode), .onnx, or a spec folder."),
+    json_output: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
+    fail_on: Optional[FailOn] = typer.Option(
+        None, "--fail-on", help=f"Exit {HAZARD_EXIT_CODE} when a hazard of this severity or worse is found (default: exit 0 whatever is found)."
+    ),
+) -> None:
+    """List every normalization layer of a model: spec, mode, running statistics and hazards.
+
+    Hazards include a layer left in train mode, statistics never updated, an eps that is not the
+    framework's default, momentum=None, a normalization decomposed into primitive ops and a
+    BatchNorm folded into a Conv. Pickle-based files are refused (exit 6): loading them can execute code.
+
+    Example: normbridge inspect resnet.pt2 --fail-on error
+    """
+    from converters.models.inspection import inspect_model
+    from converters.models.loading import load_model
+    from schemas.inspection import inspection_table, severity_style
+
+    if json_output:
+        model = load_model(path)
+    else:
+        with Console(stderr=True).status(f"loading {path}"):
+            model = load_model(path)
+    inspection = inspect_model(model, source=str(path))
+    if json_output:
+        print(inspection.to_json())
+    else:
+        # A pipe has no width of its own (Rich assumes 80): print the table wide enough to stay readable there.
+        out = console if console.is_terminal else Console(width=max(console.width, 140))
+        out.print(inspection_table(inspection))
+        hazards = inspection.all_hazards()
+        if not inspection.layers:
+            console.print("no normalization layers found", highlight=False)
+        for where, hazard in hazards:
+            console.print(f"[{severity_style(hazard.severity)}]{hazard.severity}[/] {hazard.code} ", end="")
+            console.print(f"{where if where is not None else '(model)'}: {hazard.message}", highlight=False, markup=False, soft_wrap=True)
+        if not hazards:
+            console.print("[green]no hazards[/]")
+    if fail_on is not None and inspection.has_hazard_at_least(fail_on.value):
+        raise typer.Exit(HAZARD_EXIT_CODE)

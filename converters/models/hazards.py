@@ -1,0 +1,280 @@
+"""The hazards `inspect` detects, one function each, listed explicitly in LAYER_HAZARDS and MODEL_HAZARDS.
+
+A layer hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a
+`Hazard` or None. Severities: outputs that depend on the batch are errors; state that looks
+untrained or can no longer be checked is a warning; settings that are unusual but may be
+intended are info.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from schemas import NormSpec
+from schemas.floats import as_float32
+from schemas.inspection import Hazard
+
+#: PyTorch's default eps for every normalization module; RMSNorm's default is None (finfo(dtype).eps),
+#: which the spec records as eps_origin="dtype_eps".
+TORCH_DEFAULT_EPS = 1e-5
+#: Keras 3 defaults (keras/src/layers/normalization/*.py): 1e-3, except RMSNormalization 1e-6.
+KERAS_DEFAULT_EPS = {"batch": 1e-3, "layer": 1e-3, "group": 1e-3, "instance": 1e-3, "rms": 1e-6}
+#: The `epsilon` attribute default of every ONNX normalization op.
+ONNX_DEFAULT_EPS = 1e-5
+
+EXPORTERS = {
+    "torch.onnx": "torch.onnx.export",
+    "tf2onnx": "tf2onnx (Keras model.export)",
+    "normbridge": "normbridge (below the native opset)",
+    "exported_program": "torch.export's run_decompositions",
+}
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What inspection found about one layer, in terms every hazard can read.
+
+    `framework` decides whose defaults apply (torch, keras or onnx); `origin` where the layer
+    was found. `training` is the layer's mode where it has one that matters. `eps` is given
+    separately for ONNX sites whose spec could not be built.
+    """
+
+    path: str
+    kind: str
+    framework: str
+    origin: str
+    layer_type: str
+    spec: NormSpec | None
+    training: bool = False
+    eps: float | None = None
+    native: bool = True
+    folded: bool = False
+    op_types: tuple[str, ...] = ()
+    problem: str | None = None
+
+    @property
+    def tracked(self) -> bool:
+        return self.spec is not None and self.spec.track_running_stats
+
+
+def _hazard(code: str, severity: str, message: str) -> Hazard:
+    return Hazard(code=code, severity=severity, message=message)
+
+
+# -- layer hazards ---------------------------------------------------------------------
+
+
+def unreadable(facts: LayerFacts) -> Hazard | None:
+    """The layer was found but its settings or state could not be read into a spec."""
+    if facts.problem is None:
+        return None
+    return _hazard("unreadable", "warning", f"{facts.layer_type} could not be read, so its settings are unchecked: {facts.problem}")
+
+
+def train_mode(facts: LayerFacts) -> Hazard | None:
+    """A BatchNorm or InstanceNorm with running statistics in train mode: outputs depend on the batch and statistics move.
+
+    An untracked BatchNorm uses batch statistics in either mode: batch_stats_at_eval reports it.
+    """
+    if not facts.training or facts.kind not in ("batch", "instance") or not facts.tracked:
+        return None
+    if facts.origin == "exported_program":
+        how, fix = "was exported in train mode (its op has training=True)", "call model.eval() and export again"
+    elif facts.framework == "onnx":
+        how, fix = "has training_mode=1", "export the model again from eval mode"
+    else:
+        how, fix = "is in train mode (module.training is True)", "call model.eval() before exporting or serving"
+    return _hazard(
+        "train_mode", "error",
+        f"{facts.layer_type} {how}: it normalises with the statistics of the current batch, so one request's output depends on the "
+        f"others in its batch and every call moves the running statistics; {fix}.",
+    )
+
+
+def batch_stats_at_eval(facts: LayerFacts) -> Hazard | None:
+    """A BatchNorm without running statistics uses batch statistics at eval too.
+
+    An untracked InstanceNorm is not flagged: its statistics are per sample, so its output does
+    not depend on the other samples of the batch.
+    """
+    if facts.kind != "batch" or facts.spec is None or facts.spec.track_running_stats:
+        return None
+    return _hazard(
+        "batch_stats_at_eval", "error",
+        f"{facts.layer_type} has track_running_stats=False: it normalises with the statistics of the current batch even at eval, so "
+        "one request's output depends on the others in its batch (and a batch of one divides by a zero variance); train it with "
+        "track_running_stats=True.",
+    )
+
+
+def never_trained(facts: LayerFacts) -> Hazard | None:
+    """Running statistics still at their initial values (mean 0, var 1), or a BatchNorm's num_batches_tracked == 0.
+
+    PyTorch's InstanceNorm never increments num_batches_tracked (torch/nn/modules/instancenorm.py),
+    so only the values count there.
+    """
+    if not facts.tracked:
+        return None
+    tensors = facts.spec.tensors
+    count = tensors.get("num_batches_tracked") if facts.kind == "batch" else None
+    initial = bool(np.all(tensors["running_mean"] == 0) and np.all(tensors["running_var"] == 1))
+    if count is not None and int(count) == 0:
+        why = "num_batches_tracked is 0" + (" and the statistics are still mean 0, var 1" if initial else "")
+    elif initial:
+        why = "the running statistics are still at their initial values (mean 0, var 1)"
+    else:
+        return None
+    return _hazard(
+        "never_trained", "warning",
+        f"{why}: the layer never saw data, so at eval it normalises nothing but scale and shift; train or recalibrate it "
+        "(normbridge recalibrate) before serving.",
+    )
+
+
+def momentum_none(facts: LayerFacts) -> Hazard | None:
+    """PyTorch momentum=None: a cumulative average over every batch seen."""
+    if not facts.tracked or facts.spec.momentum is not None:
+        return None
+    count = facts.spec.tensors.get("num_batches_tracked")
+    seen = "" if count is None else f" (num_batches_tracked={int(count)})"
+    ambiguous = " (an eval export writes momentum=0.0 for it, so a momentum of exactly 0.0 reads the same)" if facts.origin == "exported_program" else ""
+    return _hazard(
+        "momentum_none", "warning",
+        f"momentum=None{ambiguous}: the running statistics are a cumulative average of every batch seen{seen}, so further training "
+        "moves them less and less, and Keras and ONNX cannot express it; set a momentum (e.g. 0.1) if the layer is trained further.",
+    )
+
+
+def default_eps(facts: LayerFacts) -> tuple[float | None, str]:
+    """The default eps of the framework the layer came from, and how to name it (None: default is finfo(dtype).eps)."""
+    framework = facts.framework
+    if facts.origin == "torch.onnx":
+        framework = "torch"
+    elif facts.origin == "tf2onnx":
+        framework = "keras"
+    if framework == "torch":
+        if facts.kind == "rms":
+            return None, "PyTorch's default for RMSNorm (eps=None, finfo(dtype).eps)"
+        return TORCH_DEFAULT_EPS, f"PyTorch's default {TORCH_DEFAULT_EPS!r}"
+    if framework == "keras":
+        return KERAS_DEFAULT_EPS[facts.kind], f"Keras's default {KERAS_DEFAULT_EPS[facts.kind]!r}"
+    return ONNX_DEFAULT_EPS, f"the ONNX op default {ONNX_DEFAULT_EPS!r}"
+
+
+def eps_not_default(facts: LayerFacts) -> Hazard | None:
+    """eps differs from the source framework's default for the layer: intended, or replaced by a converter."""
+    if facts.spec is not None:
+        eps, dtype_eps = facts.spec.eps, facts.spec.eps_origin == "dtype_eps"
+    elif facts.eps is not None:
+        eps, dtype_eps = facts.eps, False
+    else:
+        return None
+    default, named = default_eps(facts)
+    if default is None:
+        if dtype_eps:
+            return None
+    elif facts.framework == "onnx":
+        if as_float32(eps) == as_float32(default):  # ONNX attributes are float32
+            return None
+    elif eps == default:
+        return None
+    return _hazard(
+        "eps_not_default", "info",
+        f"eps is {eps!r}, not {named}: fine when the model was built that way, but an eps replaced by a converter shows up here.",
+    )
+
+
+#: First opset with the native op, per kind (ONNX operator changelog).
+NATIVE_OPSET = {"layer": 17, "group": 21, "rms": 23, "instance": 6, "batch": 9}
+
+
+def op_summary(op_types: tuple[str, ...]) -> str:
+    """'ReduceMean x2, Sub, Sqrt' from the ops of a decomposition, in first-seen order."""
+    counts: dict[str, int] = {}
+    for op in op_types:
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join(op if n == 1 else f"{op} x{n}" for op, n in counts.items())
+
+
+def _decomposition_fix(facts: LayerFacts) -> str:
+    if facts.origin == "exported_program":
+        return "save the program before run_decompositions()"
+    if facts.origin == "tf2onnx":
+        return "tf2onnx always decomposes it; normbridge export rewrites it into the native op"
+    return f"export with opset >= {NATIVE_OPSET[facts.kind]}, which has the native op"
+
+
+def decomposed(facts: LayerFacts) -> Hazard | None:
+    """A normalization decomposed into primitive ops: reported as the layer it is, with its eps and the exporter's style."""
+    if facts.native or facts.folded:
+        return None
+    eps = facts.spec.eps if facts.spec is not None else facts.eps
+    exporter = EXPORTERS.get(facts.origin, facts.origin)
+    ops = f" ({op_summary(facts.op_types)})" if facts.op_types else ""
+    if eps is None:
+        return _hazard(
+            "decomposed", "warning",
+            f"a {facts.kind} normalization decomposed into primitive ops{ops} by {exporter}; its eps could not be read, "
+            f"so it cannot be checked; {_decomposition_fix(facts)}.",
+        )
+    return _hazard(
+        "decomposed", "info",
+        f"a {facts.kind} normalization with eps={eps!r} decomposed into primitive ops{ops} by {exporter}; it computes "
+        f"the same function but runs slower and keeps eps in a constant; {_decomposition_fix(facts)}.",
+    )
+
+
+def folded_site(facts: LayerFacts) -> Hazard | None:
+    """A BatchNorm folded into Mul/Add constants (tf2onnx): eps and statistics are baked in."""
+    if not facts.folded:
+        return None
+    ops = op_summary(facts.op_types) or "Mul, Add"
+    return _hazard(
+        "folded_batchnorm", "warning",
+        f"a BatchNorm was folded into constants ({ops}) by the exporter: its eps, running statistics, scale and bias are baked into "
+        "one multiplier and one offset and can no longer be checked or recalibrated; keep the source model to recalibrate.",
+    )
+
+
+#: Every layer hazard, in the order they are reported.
+LAYER_HAZARDS: tuple[Callable[[LayerFacts], Hazard | None], ...] = (
+    unreadable, train_mode, batch_stats_at_eval, never_trained, momentum_none, eps_not_default, decomposed, folded_site,
+)
+
+
+def layer_hazards(facts: LayerFacts) -> list[Hazard]:
+    """Every hazard of one layer."""
+    return [hazard for check in LAYER_HAZARDS if (hazard := check(facts)) is not None]
+
+
+# -- model hazards ---------------------------------------------------------------------
+
+
+def folded_into_conv(model: Any) -> Hazard | None:
+    """ONNX: Conv nodes and no BatchNormalization left, so any BatchNorm was folded into the Conv weights."""
+    from .loading import framework_of_model
+
+    if framework_of_model(model) != "onnx":
+        return None
+    from .onnx_sites import batchnorm_folded_into_conv
+
+    if not batchnorm_folded_into_conv(model):
+        return None
+    return _hazard(
+        "folded_batchnorm", "warning",
+        "the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
+        "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
+        "export with torch.onnx.export(..., optimize=False) to keep the BatchNormalization nodes.",
+    )
+
+
+#: Every model-level hazard.
+MODEL_HAZARDS: tuple[Callable[[Any], Hazard | None], ...] = (folded_into_conv,)
+
+
+def model_hazards(model: Any) -> list[Hazard]:
+    """Every hazard of the model as a whole."""
+    return [hazard for check in MODEL_HAZARDS if (hazard := check(model)) is not None]

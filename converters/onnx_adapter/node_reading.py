@@ -1,0 +1,70 @@
+"""Reading one native normalization node inside a larger ONNX graph into a NormSpec.
+
+`reading.parse` accepts only a one-layer model, because guessing which node is "the layer"
+would convert the wrong thing. Inside a whole model the caller has already chosen the node,
+so here the same per-kind readers run on an `OnnxLayer` built around that node: its state
+tensors must be constants (initializers or Constant nodes), its input's rank must be known
+(from shape inference), and the model-level normbridge metadata is ignored (it describes a
+one-layer model, not one node of many).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
+
+from . import reading
+from .graph import op_version
+
+_DTYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+
+
+def node_layer(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    *,
+    constants: dict[str, np.ndarray],
+    shape: tuple[int | None, ...] | None,
+    elem_type: int | None,
+) -> reading.OnnxLayer:
+    """An OnnxLayer for `node` of `model`; `constants` maps tensor names to values, `shape` is X's (None dims unknown)."""
+    if node.op_type not in reading.NATIVE_KINDS or node.domain not in reading.DEFAULT_DOMAINS:
+        raise UnsupportedObjectError(f"node '{node.name}' is a {node.op_type}, expected one of {', '.join(reading.NATIVE_KINDS)}.")
+    opset = max((o.version for o in model.opset_import if o.domain in reading.DEFAULT_DOMAINS), default=0)
+    try:
+        op_version(node.op_type, opset)
+    except onnx.defs.SchemaError:
+        raise UnsupportedObjectError(f"node '{node.name}': {node.op_type} does not exist at opset {opset}; fix the model's opset_import.") from None
+    if elem_type not in _DTYPES:
+        raise SpecError(
+            f"the input '{node.input[0]}' of {node.op_type} has no known float element type, expected FLOAT16, FLOAT or DOUBLE; run shape inference on the model.",
+            layer=node.name or None, setting="dtype",
+        )
+    if shape is None:
+        raise SpecError(
+            f"the rank of the input '{node.input[0]}' of {node.op_type} is unknown; the layer's spatial rank depends on it, so give the graph shapes (onnx.shape_inference).",
+            layer=node.name or None, setting="input_rank",
+        )
+    graph_inputs = frozenset(i.name for i in model.graph.input)
+    return reading.OnnxLayer(
+        model, reading.NATIVE_KINDS[node.op_type], opset, node, node.input[0], _DTYPES[elem_type], tuple(shape), {}, constants, graph_inputs,
+    )
+
+
+def read_node(layer: reading.OnnxLayer, report: LayerReport | None = None) -> NormSpec:
+    """The spec of the native node in `layer` (SpecError when its state is not constant or inconsistent)."""
+    from .batch import read_batch_norm
+    from .group import read_group_norm
+    from .instance import read_instance_norm
+
+    report = report or LayerReport(layer=layer.name, kind=layer.kind, source_framework="onnx", target_framework="spec", target_op="NormSpec")
+    op = layer.node.op_type
+    if op == "BatchNormalization":
+        return read_batch_norm(layer, report)
+    if op == "InstanceNormalization":
+        return read_instance_norm(layer, report)
+    if op == "GroupNormalization":
+        return read_group_norm(layer, report)
+    return reading.read_trailing(layer, report, has_bias=op == "LayerNormalization")
