@@ -6,11 +6,22 @@ import json
 from pathlib import Path
 
 from .check_result import CheckResult
+from .inspection import ModelInspection
 from .norm_spec import NormSpec
 from .report import ConversionReport
+from .serving import ContractResult, DriftReport, ExportResult, RecalibrationReport
 
 SCHEMA_DIR = Path(__file__).parent / "json"
-MODELS = {"normspec": NormSpec, "conversion_report": ConversionReport, "check_result": CheckResult}
+MODELS = {
+    "normspec": NormSpec,
+    "conversion_report": ConversionReport,
+    "check_result": CheckResult,
+    "model_inspection": ModelInspection,
+    "contract_result": ContractResult,
+    "export_result": ExportResult,
+    "drift_report": DriftReport,
+    "recalibration_report": RecalibrationReport,
+}
 
 
 def schema_documents() -> dict[str, str]:

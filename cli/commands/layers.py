@@ -94,7 +94,7 @@ def check(
 
 @app.command()
 def schema(
-    name: str = typer.Argument("normspec", help="normspec, conversion_report or check_result."),
+    name: str = typer.Argument("normspec", help="normspec, conversion_report, check_result, model_inspection, contract_result, export_result, drift_report or recalibration_report."),
 ) -> None:
     """Print the JSON Schema of the spec, the fidelity report or the check result.
 

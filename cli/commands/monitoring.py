@@ -1,0 +1,115 @@
+"""Monitoring commands: drift (serving inputs against BatchNorm statistics) and recalibrate."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from schemas.errors import DRIFT_ALARM_EXIT
+
+from ..app import app, console
+from ..errors import reports_errors
+
+#: Exit code of `drift` when at least one layer alarms (0: no alarm): a verdict, not an error.
+DRIFT_EXIT_CODE = DRIFT_ALARM_EXIT
+
+
+def _drift_table(report) -> Table:
+    t = report.thresholds
+    table = Table(title=f"BatchNorm input drift on {report.samples} samples (shift > {t.shift:g}, |log var ratio| > {t.log_ratio:.3g})")
+    for column, justify in (("layer", "left"), ("channels", "right"), ("max shift", "right"), ("mean shift", "right"),
+                            ("max |log ratio|", "right"), ("worst channel", "right"), ("alarm", "left")):
+        table.add_column(column, justify=justify)
+    for layer in report.layers:
+        ratio_only = layer.max_abs_log_ratio > t.log_ratio and layer.max_shift <= t.shift
+        worst = layer.worst_ratio_channel if ratio_only else layer.worst_shift_channel
+        table.add_row(layer.name, str(layer.channels), f"{layer.max_shift:.3f}", f"{layer.mean_shift:.3f}", f"{layer.max_abs_log_ratio:.3f}",
+                      str(worst), "[bold red]ALARM[/]" if layer.alarm else "[green]-[/]")
+    return table
+
+
+@app.command()
+@reports_errors
+def drift(
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="The served model: .onnx, .pt2 (torch.export) or a functional .keras model."),
+    data: Path = typer.Argument(..., help="Serving inputs: .npy (one input) or .npz (one array per input), batch axis first; never unpickled."),
+    shift_threshold: float = typer.Option(0.5, "--shift-threshold", help="Alarm when |mean - running_mean| / sqrt(running_var + eps) exceeds this on a channel."),
+    ratio_threshold: float = typer.Option(2.0, "--ratio-threshold", help="Alarm when var / running_var leaves [1/r, r] on a channel (r > 1; 2 = a factor of two)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Inputs per forward pass (memory only: statistics pool over all inputs)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the drift report as JSON."),
+) -> None:
+    """Compare every BatchNorm layer's input statistics on serving data with its frozen running statistics.
+
+    Exit 0 when no layer alarms, 11 when one does. Example: normbridge drift model.onnx todays_inputs.npy --json
+    """
+    from converters.models.drift import drift_check
+    from converters.models.loading import load_model
+    from schemas import InputFileError
+    from schemas.serving import DriftThresholds
+
+    if ratio_threshold <= 1.0:
+        raise InputFileError(f"--ratio-threshold {ratio_threshold} must be above 1 (a factor: 2 alarms when the variance halves or doubles).")
+    if shift_threshold <= 0:
+        raise InputFileError(f"--shift-threshold {shift_threshold} must be positive (in standard deviations of the running statistics).")
+    thresholds = DriftThresholds(shift=shift_threshold, log_ratio=math.log(ratio_threshold))
+    if json_output:
+        report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
+        print(report.to_json())
+    else:
+        with Console(stderr=True).status(f"measuring BatchNorm inputs of {model_path} on {data}"):
+            report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
+        console.print(_drift_table(report))
+        verdict = f"[bold red]DRIFT[/] in {', '.join(report.alarms)}" if report.alarms else "[green]no drift[/]"
+        console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)", soft_wrap=True)
+    if report.alarms:
+        raise typer.Exit(DRIFT_EXIT_CODE)
+
+
+@app.command()
+@reports_errors
+def recalibrate(
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to recalibrate: .onnx or .pt2 (torch.export)."),
+    data: Path = typer.Argument(..., help="New inputs: .npy (one input) or .npz (one array per input), batch axis first; never unpickled."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the recalibrated model (same format as MODEL; written atomically)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Inputs per batch; the statistics are the cumulative average over batches."),
+    biased: bool = typer.Option(False, "--biased", help="running_var from the biased batch variance (Keras/ONNX training) instead of PyTorch's unbiased one."),
+    json_output: bool = typer.Option(False, "--json", help="Print the recalibration report as JSON."),
+) -> None:
+    """Re-estimate BatchNorm running statistics on new data (weights untouched) and write the new model.
+
+    Example: normbridge recalibrate model.onnx new_inputs.npy -o model.recalibrated.onnx
+    """
+    from converters.models.loading import load_model
+    from converters.models.recalibration import recalibrate as run_recalibration
+    from converters.models.recalibration import save_recalibrated
+    from schemas import InputFileError
+
+    if model_path.suffix.lower() not in (".onnx", ".pt2"):
+        raise InputFileError(f"'{model_path}' is a '{model_path.suffix}' file; recalibrate takes an .onnx or .pt2 model.")
+    if output.suffix.lower() != model_path.suffix.lower():
+        raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")
+    model = load_model(model_path)
+    if json_output:
+        new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
+    else:
+        with Console(stderr=True).status(f"recalibrating {model_path} on {data}"):
+            new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
+    save_recalibrated(new, output)
+    report = report.model_copy(update={"output": str(output)})
+    if json_output:
+        print(report.to_json())
+    else:
+        table = Table(title=f"recalibrated {len(report.layers)} BatchNorm layer(s) on {report.samples} samples in {report.batches} batches")
+        for column in ("layer", "channels", "max |Δmean|/std", "max |log var ratio|"):
+            table.add_column(column, justify="left" if column == "layer" else "right")
+        for layer in report.layers:
+            table.add_row(layer.name, str(layer.channels), f"{layer.max_mean_shift:.4f}", f"{layer.max_abs_log_var_ratio:.4f}")
+        console.print(table)
+        console.print(f"method: {report.method}", highlight=False, markup=False, soft_wrap=True)
+        for note in report.notes:
+            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"[green]wrote[/] {output}")

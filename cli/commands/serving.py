@@ -1,0 +1,173 @@
+"""Serving commands: export a model for serving (verified, rewritten to native ops, contract-tested) and the contract test alone."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..app import app, console
+from ..errors import reports_errors
+
+
+def _check_failed_code() -> int:
+    from schemas.errors import CheckFailedError, exit_code_for
+
+    return exit_code_for(CheckFailedError("contract failed"))
+
+
+def contract_tables(result) -> list[Table]:
+    """Rich tables of a ContractResult: per-output errors, then batch independence per side."""
+    outputs = Table(title="outputs: source vs serving (onnxruntime)")
+    for column, justify in (("output", "left"), ("shape", "left"), ("max abs error", "right"), ("max rel error", "right"), ("verdict", "left")):
+        outputs.add_column(column, justify=justify)
+    for o in result.outputs:
+        outputs.add_row(o.name, f"{o.dtype}{o.shape}", "n/a" if o.max_abs_error is None else f"{o.max_abs_error:.3e}",
+                        "n/a" if o.max_rel_error is None else f"{o.max_rel_error:.3e}",
+                        "[green]ok[/]" if o.passed else f"[bold red]MISMATCH[/] {o.reason}".rstrip())
+    batch = Table(title="batch independence: each request alone vs in its batch")
+    for column, justify in (("side", "left"), ("method", "left"), ("requests", "right"), ("max abs diff", "right"), ("deterministic", "left"), ("verdict", "left")):
+        batch.add_column(column, justify=justify)
+    for b in result.batch_independence:
+        batch.add_row(b.side, b.method, str(b.requests), "n/a" if b.max_abs_difference is None else f"{b.max_abs_difference:.3e}",
+                      "yes" if b.deterministic else "[bold red]NO[/]", "[green]ok[/]" if b.passed else "[bold red]FAILED[/]")
+    return [outputs, batch]
+
+
+def print_contract(result) -> None:
+    tol = ", ".join(f"{t.dtype} atol {t.atol:g} rtol {t.rtol:g}" for t in result.tolerances)
+    for label, text in (("source", result.source), ("serving", f"{result.serving} [{result.runtime}]"), ("sample", result.sample.description), ("tolerance", tol)):
+        console.print(f"{label + ':':<10} {text}", highlight=False, markup=False, soft_wrap=True)
+    for table in contract_tables(result):
+        console.print(table)
+    for b in result.batch_independence:
+        if b.reason:
+            console.print(f"{b.side}: {b.reason}", highlight=False, markup=False, soft_wrap=True)
+    for finding in result.findings:
+        console.print("[yellow]finding[/]: ", end="")
+        console.print(finding, highlight=False, markup=False, soft_wrap=True)
+    for error in result.errors:
+        console.print("[bold red]error[/]: ", end="")
+        console.print(error, highlight=False, markup=False, soft_wrap=True)
+    console.print("[green]contract PASSED[/]" if result.passed else "[bold red]contract FAILED[/]")
+
+
+class ExportTarget(str, Enum):
+    onnx = "onnx"
+
+
+def _verification_table(result) -> Table:
+    sites = len({(v.site, v.source_layer) for v in result.verification})
+    failed = [v for v in result.verification if not v.passed]
+    table = Table(title=f"verification: {sites} normalization sites, {len(result.verification)} settings checked, {len(failed)} failed")
+    for column in ("source layer", "graph site", "kind", "eps", "checked", "verdict"):
+        table.add_column(column, overflow="fold")
+    by_site: dict[tuple, list] = {}
+    for v in result.verification:
+        by_site.setdefault((v.source_layer, v.site, v.kind), []).append(v)
+    for (layer, site, kind), entries in by_site.items():
+        bad = [e for e in entries if not e.passed]
+        eps = next((e.found for e in entries if e.setting == "eps"), "-")
+        verdict = "[green]ok[/]" if not bad else "[bold red]FAILED[/] " + "; ".join(f"{e.setting}: expected {e.expected}, found {e.found}" for e in bad)
+        table.add_row(layer or "-", site, kind, eps, str(len(entries)), verdict)
+    return table
+
+
+def _rewrites(result) -> list[str]:
+    groups: dict[tuple, list] = {}
+    for r in result.rewritten:
+        groups.setdefault((r.to_op, r.eps), []).append(r)
+    lines = []
+    for (op, eps), rewritten in groups.items():
+        patterns = sorted({"+".join(dict.fromkeys(r.from_ops)) for r in rewritten})
+        lines.append(f"rewrote {len(rewritten)} site(s) into {op}" + ("" if eps is None else f" eps={eps!r}") + f", from {' | '.join(patterns)}")
+    return lines
+
+
+@app.command(name="export")
+@reports_errors
+def export_command(
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export) or .keras (loaded with safe_mode)."),
+    to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="Serving format (onnx)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
+    opset: int = typer.Option(23, "--opset", help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23)."),
+    no_rewrite: bool = typer.Option(False, "--no-rewrite", help="Keep the exporter's decomposed or folded normalizations instead of native ops."),
+    force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails; the report records the failure."),
+    sample: Path | None = typer.Option(None, "--sample", help="Inputs for the contract: .npy or .npz; default a seeded random batch."),
+    json_output: bool = typer.Option(False, "--json", help="Print the export result as JSON."),
+) -> None:
+    """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops, run the contract.
+
+    Nothing is written when a check fails (exit 7) unless --force. Example: normbridge export resnet.keras --to onnx -o resnet.onnx
+    """
+    from converters.models.loading import load_model
+    from converters.models.serving_export import export_for_serving
+    from schemas import CheckFailedError
+
+    try:
+        if json_output:
+            result = export_for_serving(load_model(model_path), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
+        else:
+            with Console(stderr=True).status(f"exporting {model_path} to {output}"):
+                result = export_for_serving(load_model(model_path), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
+    except CheckFailedError as error:
+        if error.result is None:
+            raise
+        result = error.result
+    if json_output:
+        print(result.to_json())
+    else:
+        console.print(f"source:   {result.source}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"exporter: {result.exporter}; file opset {result.opset}", highlight=False, markup=False, soft_wrap=True)
+        console.print(_verification_table(result))
+        for line in _rewrites(result):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        if result.contract is not None:
+            print_contract(result.contract)
+        for note in result.notes:
+            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+        for message in result.errors:
+            console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True, style="red")
+        if result.written:
+            console.print(f"[green]wrote[/] {result.path}" + (" [yellow](forced despite failed checks)[/]" if result.forced else ""))
+        else:
+            console.print(f"[bold red]refused[/]: nothing written to {output}")
+    if not result.written:
+        raise typer.Exit(_check_failed_code())
+
+
+@app.command()
+@reports_errors
+def contract(
+    source: Path = typer.Argument(..., help="The training-framework model: .pt2 (torch.export) or .keras (loaded with safe_mode)."),
+    serving: Path = typer.Argument(..., help="The serving model: .onnx, run with onnxruntime's CPU provider as written."),
+    sample: Path | None = typer.Option(None, "--sample", help="Inputs to replay: .npy (one input) or .npz (one array per input); default a seeded random batch."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Requests in the seeded random sample (ignored with --sample)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random sample."),
+    atol: float | None = typer.Option(None, "--atol", help="Absolute tolerance for every float output (default float32 1e-4)."),
+    rtol: float | None = typer.Option(None, "--rtol", help="Relative tolerance for every float output (default float32 1e-3)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the contract result as JSON."),
+) -> None:
+    """Check that the serving model computes what the source computes in eval mode, and that no request depends on its batch.
+
+    Exit 0 when both tests pass, 7 when one fails. Example: normbridge contract model.pt2 model.onnx --sample requests.npz
+    """
+    from converters.models.contract import DEFAULT_TOLERANCES, contract_test
+    from converters.models.loading import load_model
+
+    tolerances = None
+    if atol is not None or rtol is not None:
+        default_atol, default_rtol = DEFAULT_TOLERANCES["float32"]
+        tolerances = (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
+    if json_output:
+        result = contract_test(load_model(source), load_model(serving), sample, tolerances, batch_size=batch_size, seed=seed)
+        print(result.to_json())
+    else:
+        with Console(stderr=True).status(f"replaying a sample through {source} and {serving}"):
+            result = contract_test(load_model(source), load_model(serving), sample, tolerances, batch_size=batch_size, seed=seed)
+        print_contract(result)
+    if not result.passed:
+        raise typer.Exit(_check_failed_code())

@@ -1,0 +1,259 @@
+"""Export for serving: native normalization ops with the source's exact eps and statistics, verified, contract-tested, refused on failure.
+
+The Keras claim (no other tool does it): a keras.applications MobileNetV2 (weights=None,
+statistics randomized so every layer differs) exported through Keras's own tf2onnx export
+holds one native BatchNormalization per source layer, with eps and statistics bit-equal to
+the source, although tf2onnx (TF's grappler) had folded them into Conv kernels and Mul/Add.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+from typer.testing import CliRunner
+
+from converters.models.onnx_sites import find_norm_sites
+from converters.models.samples import as_sample
+from converters.models.serving_export import (
+    export_for_serving,
+    source_specs,
+    verify_sites,
+)
+from schemas import CheckFailedError
+
+warnings.filterwarnings("ignore", message=".*(LeafSpec|training mode).*")
+logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+BATCH = torch.export.Dim("batch", min=1, max=1024)
+NORM_OPS = ("BatchNormalization", "GroupNormalization", "LayerNormalization", "RMSNormalization")
+#: Both test models use these eps (float32, as ONNX stores them).
+EXPECTED_EPS = {op: float(np.float32(eps)) for op, eps in zip(NORM_OPS, (1e-3, 1e-4, 1e-6, 1e-5))}
+
+
+class Mixed(nn.Module):
+    """One of each kind, each with its own eps, BatchNorm statistics trained away from their initial values."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, eps=1e-3)
+        self.gn = nn.GroupNorm(2, 8, eps=1e-4)
+        self.drop = nn.Dropout(0.25)
+        self.ln = nn.LayerNorm(8, eps=1e-6)
+        self.rms = nn.RMSNorm(8, eps=1e-5)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.gn(torch.relu(self.bn(self.conv(x)))).mean(dim=(2, 3))
+        return self.head(self.rms(self.ln(self.drop(y))))
+
+
+@pytest.fixture(scope="module")
+def mixed() -> nn.Module:
+    torch.manual_seed(0)
+    model = Mixed().train()
+    with torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(16, 3, 10, 10) * 1.5 + 0.5)
+    return model.eval()
+
+
+def sample(n: int = 4, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 3, 10, 10)).astype(np.float32)
+
+
+def attribute(node, name, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def test_torch_export_has_native_ops_with_exact_eps_and_statistics(mixed, tmp_path):
+    path = tmp_path / "mixed.onnx"
+    result = export_for_serving(mixed, path, opset=23, sample=sample())
+    assert result.passed and result.written and result.path == str(path) and not result.forced
+    model = onnx.load(str(path))
+    norm_nodes = [n for n in model.graph.node if n.op_type in NORM_OPS]
+    assert [n.op_type for n in norm_nodes] == list(NORM_OPS)  # BatchNorm not folded into the Conv
+    eps = {n.op_type: attribute(n, "epsilon") for n in norm_nodes}
+    assert eps == EXPECTED_EPS
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    bn = norm_nodes[0]
+    assert initializers[bn.input[3]].tobytes() == mixed.bn.running_mean.numpy().tobytes()
+    assert initializers[bn.input[4]].tobytes() == mixed.bn.running_var.numpy().tobytes()
+    assert all(v.passed for v in result.verification)
+    assert {v.setting for v in result.verification} >= {"eps", "running_mean", "running_var", "mode"}
+    assert result.contract.passed and result.contract.outputs[0].max_abs_error < 1e-5
+
+
+def test_verification_catches_a_changed_eps_and_statistics(mixed, tmp_path):
+    x = sample()
+    export_for_serving(mixed, tmp_path / "m.onnx", sample=x)
+    model = onnx.load(str(tmp_path / "m.onnx"))
+    specs = source_specs(mixed, as_sample(x, None))
+    assert verify_sites(specs, find_norm_sites(model)) and all(v.passed for v in verify_sites(specs, find_norm_sites(model)))
+    for node in model.graph.node:
+        if node.op_type == "LayerNormalization":
+            for a in node.attribute:
+                if a.name == "epsilon":
+                    a.f = 1e-5  # the PyTorch default instead of the source's 1e-6
+        if node.op_type == "BatchNormalization":
+            var = next(t for t in model.graph.initializer if t.name == node.input[4])
+            var.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(var) * np.float32(1.0001), var.name))
+    failed = {(v.source_layer, v.setting): v for v in verify_sites(specs, find_norm_sites(model)) if not v.passed}
+    assert set(failed) == {("ln", "eps"), ("bn", "running_var")}
+    assert failed[("ln", "eps")].expected == "1e-06" and failed[("ln", "eps")].found == "1e-05"
+
+
+def test_train_mode_source_is_refused_unless_forced(mixed, tmp_path):
+    import copy
+
+    training = copy.deepcopy(mixed).train()
+    path = tmp_path / "train.onnx"
+    with pytest.raises(CheckFailedError, match="nothing written") as refused:
+        export_for_serving(training, path, sample=sample())
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    result = refused.value.result
+    assert not result.written and result.path is None
+    assert [(v.source_layer, v.setting) for v in result.failed_checks] == [("bn", "mode")]
+    assert not result.contract.passed  # dropout left on: the file drops activations at random
+    forced = export_for_serving(training, path, sample=sample(), force=True)
+    assert path.exists() and forced.written and forced.forced and not forced.passed
+
+
+def test_dropout_left_on_fails_the_contract_alone(mixed, tmp_path):
+    import copy
+
+    model = copy.deepcopy(mixed)
+    model.drop.train()
+    with pytest.raises(CheckFailedError, match="serving contract failed") as refused:
+        export_for_serving(model, tmp_path / "d.onnx", sample=sample())
+    result = refused.value.result
+    assert all(v.passed for v in result.verification)
+    assert not result.contract.batch_independence[1].deterministic
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            c = layer.moving_mean.shape[0]
+            layer.moving_mean.assign(rng.normal(0, 0.2, c).astype(np.float32))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, c).astype(np.float32))
+            layer.gamma.assign(rng.uniform(0.5, 1.5, c).astype(np.float32))
+            layer.beta.assign(rng.normal(0, 0.1, c).astype(np.float32))
+    return model
+
+
+def test_keras_applications_export_has_native_batchnorm_with_exact_eps_and_statistics(mobilenet, tmp_path):
+    import keras
+
+    path = tmp_path / "mobilenet.onnx"
+    result = export_for_serving(mobilenet, path)
+    assert result.passed and result.written, result.render_text()
+    model = onnx.load(str(path))
+    layers = [l for l in mobilenet.layers if isinstance(l, keras.layers.BatchNormalization)]
+    nodes = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    assert len(nodes) == len(layers) == 52
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    in_file = {tuple(initializers[name].tobytes() for name in n.input[1:5]) for n in nodes}
+    for layer in layers:  # each source layer has a node with bit-identical scale, bias, mean and variance
+        state = tuple(keras.ops.convert_to_numpy(w).tobytes() for w in (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance))
+        assert state in in_file, layer.name
+    assert {attribute(n, "epsilon") for n in nodes} == {float(np.float32(layers[0].epsilon))} and layers[0].epsilon == 1e-3
+    assert not any(attribute(n, "training_mode", 0) for n in nodes)
+    assert len(result.rewritten) == 52 and sum(v.setting == "eps" for v in result.verification) == 52
+    assert result.contract.passed and result.contract.sample.shapes == [[4, 32, 32, 3]]  # channels-last, as Keras and tf2onnx take it
+
+
+@pytest.fixture(scope="module")
+def small_keras():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12, 12, 3), name="image")
+    x = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+    x = keras.layers.BatchNormalization(epsilon=1e-3, name="bn")(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.GroupNormalization(groups=2, epsilon=1e-4, name="gn")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="ln")(x)
+    x = keras.layers.RMSNormalization(epsilon=1e-5, name="rms")(x)
+    model = keras.Model(inputs, keras.layers.Dense(3)(x), name="small")
+    bn = model.get_layer("bn")
+    bn.moving_mean.assign(np.linspace(-1, 1, 8).astype(np.float32))
+    bn.moving_variance.assign(np.linspace(0.5, 2, 8).astype(np.float32))
+    bn.beta.assign(np.full(8, 0.1, np.float32))
+    return model
+
+
+def test_keras_layer_group_rms_become_native_where_the_opset_allows(small_keras, tmp_path):
+    high = export_for_serving(small_keras, tmp_path / "23.onnx", opset=23)
+    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "23.onnx")).graph.node)
+    assert all(ops[op] == 1 for op in NORM_OPS) and high.opset == 23
+    eps = {n.op_type: attribute(n, "epsilon") for n in onnx.load(str(tmp_path / "23.onnx")).graph.node if n.op_type in NORM_OPS}
+    assert eps == EXPECTED_EPS
+    low = export_for_serving(small_keras, tmp_path / "18.onnx", opset=18)
+    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "18.onnx")).graph.node)
+    assert low.opset == 18 and ops["LayerNormalization"] == 1 and ops["GroupNormalization"] == 0 and ops["RMSNormalization"] == 0
+    assert {v.source_layer for v in low.verification if v.setting == "eps"} == {"bn", "gn", "ln", "rms"}  # decompositions verified by eps
+    assert low.passed
+
+
+def test_keras_without_rewrite_is_refused_because_eps_is_folded_away(small_keras, tmp_path):
+    with pytest.raises(CheckFailedError) as refused:
+        export_for_serving(small_keras, tmp_path / "raw.onnx", rewrite=False)
+    result = refused.value.result
+    assert not (tmp_path / "raw.onnx").exists()
+    assert result.contract.passed  # the function is right; what is lost is the BatchNorm's eps and statistics
+    assert any(v.source_layer == "bn" and not v.passed for v in result.verification)
+
+@pytest.fixture
+def cli_app():
+    """The normbridge app with `contract` and `export`, restored afterwards: cli/main.py may not import serving yet,
+    and registering on the shared app must not leak into other tests."""
+    from cli.main import app
+
+    before = list(app.registered_commands)
+    from cli.commands import (
+        serving as commands,  # registers its commands on the first import
+    )
+
+    present = {c.callback for c in app.registered_commands}
+    for name, callback in (("contract", commands.contract), ("export", commands.export_command)):
+        if callback not in present:
+            app.command(name=name)(callback)
+    yield app
+    app.registered_commands[:] = before
+
+
+def test_cli_export_pt2(mixed, tmp_path, cli_app):
+    for mode in ("eval", "train"):
+        getattr(mixed, mode)()
+        program = torch.export.export(mixed, (torch.from_numpy(sample(2)),), dynamic_shapes=({0: BATCH},))
+        torch.export.save(program, tmp_path / f"{mode}.pt2")
+    mixed.eval()
+    runner = CliRunner()
+    done = runner.invoke(cli_app, ["export", str(tmp_path / "eval.pt2"), "--to", "onnx", "-o", str(tmp_path / "eval.onnx"), "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert report["passed"] and report["written"] and report["contract"]["passed"]
+    assert (tmp_path / "eval.onnx").exists()
+    refused = runner.invoke(cli_app, ["export", str(tmp_path / "train.pt2"), "--to", "onnx", "-o", str(tmp_path / "train.onnx")])
+    assert refused.exit_code == 7 and not (tmp_path / "train.onnx").exists()
+    assert "refused" in refused.output and "mode" in refused.output
+    forced = runner.invoke(cli_app, ["export", str(tmp_path / "train.pt2"), "-o", str(tmp_path / "train.onnx"), "--force", "--json"])
+    assert forced.exit_code == 0 and (tmp_path / "train.onnx").exists()
+    assert json.loads(forced.output)["forced"] is True and json.loads(forced.output)["passed"] is False
