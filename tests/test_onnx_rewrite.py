@@ -237,3 +237,38 @@ def test_normbridge_decompositions_round_trip(kind, opset, dtype, eps, shape):
     x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == "float16" else TOLERANCE
     np.testing.assert_allclose(run_onnx(rewritten, x).astype(np.float64), run_onnx(model, x).astype(np.float64), **tolerance)
+
+
+def test_folded_batchnorms_pair_with_specs_given_in_another_order():
+    """Exporters may order parallel branches unlike the source (a ResNet shortcut and main path)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+
+    from converters.models.onnx_rewrite import rewrite_decompositions
+
+    from .spec_factory import make_spec
+
+    specs = [make_spec("batch", name=f"b{i}", seed=i, num_features=4, eps=1e-3) for i in (1, 2)]
+    nodes, inits = [], []
+    for spec in specs:
+        t = spec.tensors
+        k = t["scale"].astype(np.float64) / np.sqrt(t["running_var"].astype(np.float64) + spec.eps)
+        offset = t["bias"].astype(np.float64) - t["running_mean"].astype(np.float64) * k
+        inits += [numpy_helper.from_array(k.astype(np.float32).reshape(1, 4, 1, 1), f"{spec.name}_k"),
+                  numpy_helper.from_array(offset.astype(np.float32).reshape(1, 4, 1, 1), f"{spec.name}_o")]
+        nodes += [helper.make_node("Mul", ["X", f"{spec.name}_k"], [f"{spec.name}_m"], name=f"{spec.name}/batchnorm/mul"),
+                  helper.make_node("Add", [f"{spec.name}_m", f"{spec.name}_o"], [f"Y_{spec.name}"], name=f"{spec.name}/batchnorm/add")]
+    shape = ["N", 4, 3, 3]
+    graph = helper.make_graph(
+        nodes, "parallel", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(f"Y_{s.name}", TensorProto.FLOAT, shape) for s in specs], initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten, sites = rewrite_decompositions(model, 23, list(reversed(specs)))
+    assert sorted(s.name for s in sites) == ["b1", "b2"]
+    assert [n.op_type for n in rewritten.graph.node].count("BatchNormalization") == 2
+    x = np.random.default_rng(0).standard_normal((2, 4, 3, 3)).astype(np.float32)
+    before = ort.InferenceSession(model.SerializeToString()).run(None, {"X": x})
+    after = ort.InferenceSession(rewritten.SerializeToString()).run(None, {"X": x})
+    for a, b in zip(before, after):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)

@@ -257,3 +257,20 @@ def test_cli_export_pt2(mixed, tmp_path, cli_app):
     forced = runner.invoke(cli_app, ["export", str(tmp_path / "train.pt2"), "-o", str(tmp_path / "train.onnx"), "--force", "--json"])
     assert forced.exit_code == 0 and (tmp_path / "train.onnx").exists()
     assert json.loads(forced.output)["forced"] is True and json.loads(forced.output)["passed"] is False
+
+
+def test_keras_conv_with_bias_and_fresh_batchnorm_is_unfolded_to_native(tmp_path):
+    """Fresh statistics and a zero conv bias fold to a zero offset, whose Add tf2onnx drops (keras.applications ResNet50)."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((10, 10, 3))
+    x = keras.layers.Conv2D(6, 3, use_bias=True, name="conv")(inputs)
+    x = keras.layers.BatchNormalization(epsilon=1.001e-5, name="fresh_bn")(x)
+    x = keras.layers.ReLU()(x)
+    model = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    path = tmp_path / "fresh.onnx"
+    result = export_for_serving(model, path)
+    assert result.passed and result.written, result.render_text()
+    nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "BatchNormalization"]
+    assert len(nodes) == 1 and attribute(nodes[0], "epsilon") == float(np.float32(1.001e-5))

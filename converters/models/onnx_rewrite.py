@@ -101,22 +101,29 @@ def _plans(index: GraphIndex, source_specs: list[NormSpec] | None, limit: int) -
 
 
 def _folded_plans(index: GraphIndex, specs: list[NormSpec], claimed: set[int]) -> list[tuple[Match, NormSpec]]:
-    """Folded BatchNorms in graph order, each paired with the next batch spec whose folded constants agree."""
-    plans, cursor = [], 0
+    """Folded BatchNorms in graph order, each paired with an unused batch spec whose folded constants agree.
+
+    The spec named like the site wins; otherwise the first unused one in source order. Exporters
+    may order parallel branches differently from the source (a ResNet block's shortcut and main
+    path), so a strict in-order cursor would skip layers whose constants differ.
+    """
+    plans, unused = [], list(range(len(specs)))
     for i in range(len(index.nodes)):
-        if cursor >= len(specs):
+        if not unused:
             break
         match = folded_candidate(index, i, claimed)
         if match is None:
             continue
-        for position in range(cursor, len(specs)):
-            if specs[position].dtype == match.dtype and folded_agrees(specs[position], *match.folded_constants):
-                spec = specs[position]
-                match.eps, match.name = spec.eps, _folded_name(index, match) or spec.name
-                plans.append((match, spec))
-                claimed.update(match.nodes)
-                cursor = position + 1
-                break
+        agreeing = [p for p in unused if specs[p].dtype == match.dtype and folded_agrees(specs[p], *match.folded_constants)]
+        if not agreeing:
+            continue
+        site_name = _folded_name(index, match)
+        position = next((p for p in agreeing if specs[p].name == site_name), agreeing[0])
+        spec = specs[position]
+        match.eps, match.name = spec.eps, site_name or spec.name
+        plans.append((match, spec))
+        claimed.update(match.nodes)
+        unused.remove(position)
     return plans
 
 

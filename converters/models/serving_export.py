@@ -201,6 +201,14 @@ def _factor(spec: NormSpec) -> np.ndarray:
     return gamma / np.sqrt(tensors["running_var"].astype(np.float64) + spec.eps)
 
 
+def _folded_offset(spec: NormSpec, conv_bias: np.ndarray | None, k: np.ndarray) -> np.ndarray:
+    """What folding adds after the Conv: conv_bias * k + beta - mean * k."""
+    tensors = spec.tensors
+    beta = tensors["bias"].astype(np.float64) if spec.bias else np.zeros(spec.num_features)
+    offset = beta - tensors["running_mean"].astype(np.float64) * k
+    return offset if conv_bias is None else offset + conv_bias.astype(np.float64) * k
+
+
 def unfold_conv_batchnorms(model, keras_model, specs: list[NormSpec]):
     """Undo TF's folding of a BatchNorm into the preceding Conv, using the source Keras model's kernels.
 
@@ -255,20 +263,29 @@ def unfold_conv_batchnorms(model, keras_model, specs: list[NormSpec]):
             continue
         name, kernel, bias, spec = candidates.pop(match)
         has_bias = len(node.input) > 2 and node.input[2] in initializers
-        if bias is not None and not has_bias:
-            continue  # the conv bias went into a later Add together with the BatchNorm offset: leave it folded
         k = _factor(spec)
         dtype = folded.dtype
-        node.input[1] = constant(f"{name}/normbridge_kernel", kernel.astype(dtype))
-        offset = None
         if has_bias:
             merged = numpy_helper.to_array(initializers[node.input[2]]).astype(np.float64)
-            if bias is not None:
-                node.input[2] = constant(f"{name}/normbridge_conv_bias", bias.astype(dtype))
-                offset = merged - bias.astype(np.float64) * k
+        elif np.all(_folded_offset(spec, bias, k).astype(dtype) == 0):
+            # The folded bias is exactly zero (fresh statistics and a zero conv bias): the exporter
+            # dropped the Add of zeros, so there is nothing more to undo than the kernel.
+            merged = np.zeros(kernel.shape[0])
+        else:
+            candidates.insert(match, (name, kernel, bias, spec))
+            continue  # the conv bias went into a later Add together with the BatchNorm offset: leave it folded
+        node.input[1] = constant(f"{name}/normbridge_kernel", kernel.astype(dtype))
+        if bias is not None:
+            conv_bias = constant(f"{name}/normbridge_conv_bias", bias.astype(dtype))
+            if has_bias:
+                node.input[2] = conv_bias
             else:
+                node.input.append(conv_bias)
+            offset = merged - bias.astype(np.float64) * k
+        else:
+            if has_bias:
                 del node.input[2]
-                offset = merged
+            offset = merged
         output = node.output[0]
         conv_out = fresh(f"{name}/normbridge_conv_out")
         node.output[0] = conv_out
