@@ -26,6 +26,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/convert.py
+	$(PY) bench/models.py
 
 schemas: setup
 	$(PY) -m schemas.json_schema

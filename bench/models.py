@@ -74,6 +74,7 @@ def torch_case(size: int, repeat: int, folder: Path) -> list[tuple]:
     torch.export.save(program, str(pt2))
     load_time, loaded = timed(lambda: load_model(pt2), repeat)
     inspect_time, inspection = timed(lambda: inspect_model(loaded), repeat)
+    timed(lambda: bare_torch_export(module, sample, folder / "warmup18.onnx"), 1)  # warm-up: first-call costs out of both timings
     bare_time, bare = timed(lambda: bare_torch_export(module, sample, folder / "bare18.onnx"), repeat)
     full_time, result = timed(lambda: export_for_serving(module, folder / "served18.onnx", sample=sample), repeat)
     contract_time, _ = timed(lambda: contract_test(module, result.path if hasattr(result, "path") else folder / "served18.onnx", sample=sample), repeat)
@@ -98,6 +99,7 @@ def keras_case(size: int, repeat: int, folder: Path) -> list[tuple]:
     load_time, loaded = timed(lambda: load_model(path), repeat)
     loaded(sample)
     inspect_time, inspection = timed(lambda: inspect_model(loaded), repeat)
+    timed(lambda: bare_keras_export(loaded, folder / "warmup50.onnx"), 1)  # warm-up: tracing costs out of both timings
     bare_time, bare = timed(lambda: bare_keras_export(loaded, folder / "bare50.onnx"), repeat)
     full_time, result = timed(lambda: export_for_serving(loaded, folder / "served50.onnx", sample=sample), repeat)
     contract_time, _ = timed(lambda: contract_test(loaded, folder / "served50.onnx", sample=sample), repeat)
