@@ -174,3 +174,72 @@ def test_cli_recalibrate_onnx_and_pt2(source, batches, tmp_path, cli_app):
     assert int(loaded.state_dict["block.1.num_batches_tracked"]) == 3
     wrong = runner.invoke(cli_app, ["recalibrate", str(tmp_path / "net.pt2"), str(tmp_path / "new.npy"), "-o", str(tmp_path / "other.onnx")])
     assert wrong.exit_code == 6 and not (tmp_path / "other.onnx").exists()
+
+
+def _keras_cnn(with_dropout: bool = False):
+    import keras
+
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, use_bias=False, name="conv1")(inputs)
+    x = keras.layers.BatchNormalization(name="bn1")(x)
+    x = keras.layers.ReLU()(x)
+    if with_dropout:
+        x = keras.layers.Dropout(0.5)(x)
+    x = keras.layers.Conv2D(5, 3, name="conv2")(x)
+    x = keras.layers.BatchNormalization(name="bn2")(x)
+    return keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+
+
+def test_keras_statistics_are_the_cumulative_average_and_weights_stay(tmp_path):
+    import keras
+
+    model = _keras_cnn()
+    rng = np.random.default_rng(5)
+    batches = [rng.normal(0.5, 2.0, (6, 8, 8, 3)).astype(np.float32) for _ in range(3)]
+    before = [w.copy() for w in model.get_weights()]
+    new, report = recalibrate(model, batches)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))  # the input model is untouched
+    # bn1's input is conv1's output: the cumulative average of its batch statistics, checked in NumPy
+    conv1 = keras.Model(model.input, model.get_layer("conv1").output)
+    outs = [np.asarray(conv1(b), np.float64).reshape(-1, 4) for b in batches]
+    n = outs[0].shape[0]
+    expected_mean = np.mean([o.mean(0) for o in outs], axis=0)
+    expected_var = np.mean([o.var(0) * n / (n - 1) for o in outs], axis=0)
+    bn1 = new.get_layer("bn1")
+    np.testing.assert_allclose(bn1.moving_mean.numpy(), expected_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn1.moving_variance.numpy(), expected_var, rtol=1e-5, atol=1e-6)
+    assert bn1.momentum == model.get_layer("bn1").momentum  # restored
+    for name in ("conv1", "conv2"):  # weights untouched
+        for a, b in zip(new.get_layer(name).get_weights(), model.get_layer(name).get_weights()):
+            assert np.array_equal(a, b)
+    assert {layer.name for layer in report.layers} == {"bn1", "bn2"} and report.layers[0].max_mean_shift > 0
+
+
+def test_keras_with_dropout_is_refused():
+    with pytest.raises(UnsupportedObjectError, match="stochastic layers"):
+        recalibrate(_keras_cnn(with_dropout=True), [np.zeros((2, 8, 8, 3), np.float32)])
+
+
+def test_cli_recalibrate_keras_file(tmp_path):
+    """The real console script on a .keras file: writes a .keras whose statistics moved and weights did not."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import keras
+
+    model = _keras_cnn()
+    source = tmp_path / "cnn.keras"
+    model.save(source)
+    data = tmp_path / "new.npy"
+    np.save(data, np.random.default_rng(9).normal(1.0, 2.0, (12, 8, 8, 3)).astype(np.float32))
+    out = tmp_path / "cnn.recalibrated.keras"
+    script = Path(sys.executable).parent / "normbridge"
+    done = subprocess.run([str(script), "recalibrate", str(source), str(data), "-o", str(out), "--batch-size", "6", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["framework"] == "keras"
+    new = keras.saving.load_model(out, safe_mode=True)
+    assert not np.array_equal(new.get_layer("bn1").moving_mean.numpy(), model.get_layer("bn1").moving_mean.numpy())
+    assert np.array_equal(new.get_layer("conv1").get_weights()[0], model.get_layer("conv1").get_weights()[0])

@@ -72,7 +72,7 @@ def drift(
 @app.command()
 @reports_errors
 def recalibrate(
-    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to recalibrate: .onnx or .pt2 (torch.export)."),
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to recalibrate: .onnx, .pt2 (torch.export) or .keras."),
     data: Path = typer.Argument(..., help="New inputs: .npy (one input) or .npz (one array per input), batch axis first; never unpickled."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the recalibrated model (same format as MODEL; written atomically)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Inputs per batch; the statistics are the cumulative average over batches."),
@@ -88,8 +88,8 @@ def recalibrate(
     from converters.models.recalibration import save_recalibrated
     from schemas import InputFileError
 
-    if model_path.suffix.lower() not in (".onnx", ".pt2"):
-        raise InputFileError(f"'{model_path}' is a '{model_path.suffix}' file; recalibrate takes an .onnx or .pt2 model.")
+    if model_path.suffix.lower() not in (".onnx", ".pt2", ".keras"):
+        raise InputFileError(f"'{model_path}' is a '{model_path.suffix}' file; recalibrate takes an .onnx, .pt2 or .keras model.")
     if output.suffix.lower() != model_path.suffix.lower():
         raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")
     model = load_model(model_path)

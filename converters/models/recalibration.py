@@ -79,10 +79,10 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
     """Re-estimate every BatchNorm's running statistics on `batches`; returns (new model, report). The input model is not modified.
 
     Args:
-        model: torch.nn.Module, torch ExportedProgram or onnx.ModelProto.
+        model: torch.nn.Module, torch ExportedProgram, keras.Model or onnx.ModelProto.
         batches: a list of batches (arrays, or tuples of arrays for several inputs), or data to split
             into batches of `batch_size` (an array, a .npy/.npz path, a Sample).
-        variance_estimator: "unbiased" (PyTorch) or "biased" (Keras/ONNX training); ONNX and .pt2 only.
+        variance_estimator: "unbiased" (PyTorch) or "biased" (Keras/ONNX training); not for an nn.Module (PyTorch's own is unbiased).
     """
     if variance_estimator not in ("unbiased", "biased"):
         raise InputFileError(f"variance_estimator '{variance_estimator}' is unknown; pass 'unbiased' (PyTorch) or 'biased' (Keras, ONNX).")
@@ -104,8 +104,13 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
             new_model, layers, method = _recalibrate_module(model, split)
         else:
             raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module or ExportedProgram.")
+    elif framework == "keras":
+        from .recalibration_keras import recalibrate_keras
+
+        new_model, moved, method = recalibrate_keras(model, split, variance_estimator)
+        layers = [_movement(*entry) for entry in moved]
     else:
-        raise UnsupportedObjectError(f"recalibration supports torch modules, .pt2 programs and ONNX models; got a {framework} model (convert it first).")
+        raise UnsupportedObjectError(f"recalibration supports torch modules, .pt2 programs, Keras and ONNX models; got a {framework} model.")
     if not layers:
         raise UnsupportedObjectError(f"{describe(model)} has no BatchNorm layer with running statistics to recalibrate.")
     report = RecalibrationReport(model=describe(model), framework=framework, method=method, batches=len(split), samples=samples,
@@ -201,7 +206,7 @@ def _recalibrate_onnx(model, batches, variance_estimator: str):
 
 
 def save_recalibrated(model: Any, path) -> None:
-    """Write a recalibrated .onnx or .pt2 model atomically."""
+    """Write a recalibrated .onnx, .pt2 or .keras model atomically."""
     import io
     from pathlib import Path
 
@@ -221,7 +226,15 @@ def save_recalibrated(model: Any, path) -> None:
         torch.export.save(model, buffer)
         atomic_write_bytes(path, buffer.getvalue())
         return
-    raise UnsupportedObjectError(f"cannot write a recalibrated {type(model).__name__} to '{path}'; recalibrate a .pt2 or .onnx model.")
+    if framework == "keras":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            temporary = Path(folder) / path.name
+            model.save(temporary)
+            atomic_write_bytes(path, temporary.read_bytes())
+        return
+    raise UnsupportedObjectError(f"cannot write a recalibrated {type(model).__name__} to '{path}'; recalibrate a .pt2, .keras or .onnx model.")
 
 
 __all__ = ["cumulative_statistics", "recalibrate", "save_recalibrated"]
