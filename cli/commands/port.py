@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -13,11 +12,7 @@ from rich.table import Table
 
 from ..app import app, console
 from ..errors import reports_errors
-
-
-class CumulativeMomentum(str, Enum):
-    error = "error"
-    next_step = "next_step"
+from .layers import CumulativeMomentum
 
 
 @app.command()

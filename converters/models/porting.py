@@ -79,10 +79,10 @@ def source_layers(model: Any) -> list[SourceLayer]:
     """The normalization layers of a source model, in order, as specs named by their paths."""
     framework = framework_of_model(model)
     if framework == "torch":
-        from .porting_torch import exported_norm_modules, is_exported_program
+        from .exported_program import exported_specs, is_exported_program
 
         if is_exported_program(model):
-            return [SourceLayer(path, _named(read_spec(module)[0], path)) for path, module in exported_norm_modules(model)]
+            return [SourceLayer(spec.name, spec) for spec in exported_specs(model)]
     if framework == "onnx":
         return _onnx_layers(model)
     return [SourceLayer(ref.path, spec_of(ref)) for ref in norm_layers(model)]

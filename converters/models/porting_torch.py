@@ -1,10 +1,6 @@
-"""PyTorch side of porting: normalization modules of an ExportedProgram, and writing into an existing module.
+"""PyTorch side of porting: writing a ported spec into an existing module.
 
-An ExportedProgram (a `.pt2` file) no longer holds `nn.BatchNorm2d` objects: its graph calls
-`aten.batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, ...)`
-and friends, and `node.meta["nn_module_stack"]` says which module each call came from.
-Each such call is rebuilt here as the torch.nn module it came from, with the state from the
-program's state dict, so the ordinary adapters read it. Nothing from the file is executed.
+(ExportedProgram sources are read by converters.models.exported_program, shared with inspection.)
 
 Writing goes into a module that already sits in the user's model: the module is never
 replaced, its parameters and buffers are overwritten in place, bit-exactly.
@@ -18,155 +14,10 @@ from typing import Any
 
 import torch
 
-from schemas import LayerReport, NotExpressibleError, UnsupportedObjectError
+from schemas import LayerReport, NotExpressibleError
 
 from .. import markers
 from ..torch_adapter.common import assign
-
-#: aten op -> (kind, argument positions). Export's default (training) IR keeps the composite ops;
-#: run_decompositions() turns BatchNorm and LayerNorm into the native_* forms listed too.
-_OPS: dict[str, tuple[str, dict[str, int]]] = {
-    "aten.batch_norm.default": ("batch", dict(weight=1, bias=2, mean=3, var=4, training=5, momentum=6, eps=7)),
-    "aten._native_batch_norm_legit_no_training.default": ("batch", dict(weight=1, bias=2, mean=3, var=4, momentum=5, eps=6)),
-    "aten._native_batch_norm_legit_functional.default": ("batch", dict(weight=1, bias=2, mean=3, var=4, training=5, momentum=6, eps=7)),
-    "aten.instance_norm.default": ("instance", dict(weight=1, bias=2, mean=3, var=4, use_input_stats=5, momentum=6, eps=7)),
-    "aten.group_norm.default": ("group", dict(groups=1, weight=2, bias=3, eps=4)),
-    "aten.layer_norm.default": ("layer", dict(shape=1, weight=2, bias=3, eps=4)),
-    "aten.native_layer_norm.default": ("layer", dict(shape=1, weight=2, bias=3, eps=4)),
-    "aten.rms_norm.default": ("rms", dict(shape=1, weight=2, eps=3)),
-}
-#: torch.nn classes whose calls must be found as one of the ops above (else they were decomposed).
-_NORM_CLASS_PREFIXES = ("torch.nn.modules.batchnorm.", "torch.nn.modules.instancenorm.", "torch.nn.modules.normalization.")
-_NORM_CLASS_NAMES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "GroupNorm", "LayerNorm", "RMSNorm")
-
-
-def is_exported_program(obj: Any) -> bool:
-    return isinstance(obj, torch.export.ExportedProgram)
-
-
-class _ProgramState:
-    """Resolves graph placeholders to the program's parameters, buffers and constants."""
-
-    def __init__(self, program: torch.export.ExportedProgram):
-        signature = program.graph_signature
-        self.by_placeholder = {**signature.inputs_to_parameters, **signature.inputs_to_buffers, **signature.inputs_to_lifted_tensor_constants}
-        self.values = {**program.state_dict, **program.constants}
-
-    def tensor(self, node: Any, layer: str, setting: str) -> torch.Tensor | None:
-        if node is None:
-            return None
-        name = self.by_placeholder.get(getattr(node, "name", None))
-        if name is None or name not in self.values:
-            raise UnsupportedObjectError(
-                f"the {setting} of the exported call is computed in the graph, expected a parameter or buffer of the program; "
-                "export the model without transforming its normalization state.",
-                layer=layer, setting=setting,
-            )
-        return self.values[name].detach()
-
-    def fqn(self, node: Any) -> str | None:
-        return self.by_placeholder.get(getattr(node, "name", None))
-
-
-def _module_of(node: Any) -> tuple[str, str] | None:
-    """(path, class name) of the innermost module a graph node came from."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return None
-    path, cls = list(stack.values())[-1]
-    return str(path), cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _argument(node: Any, positions: dict[str, int], name: str, default: Any = None) -> Any:
-    index = positions.get(name)
-    if index is None or index >= len(node.args):
-        return node.kwargs.get(name, default)
-    return node.args[index]
-
-
-def _input_rank(node: Any, path: str) -> int:
-    value = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
-    if value is None or not hasattr(value, "shape"):
-        raise UnsupportedObjectError("the exported call records no input shape, expected the example input's shape in node.meta['val'].", layer=path)
-    return len(value.shape)
-
-
-def _rebuild(node: Any, kind: str, positions: dict[str, int], path: str, state: _ProgramState) -> torch.nn.Module:
-    """The torch.nn module whose call produced `node`, with its state."""
-    weight = state.tensor(_argument(node, positions, "weight"), path, "weight")
-    bias = state.tensor(_argument(node, positions, "bias"), path, "bias")
-    eps = _argument(node, positions, "eps")
-    dtype = (weight if weight is not None else node.args[0].meta["val"]).dtype
-    if kind in ("batch", "instance"):
-        mean = state.tensor(_argument(node, positions, "mean"), path, "running_mean")
-        var = state.tensor(_argument(node, positions, "var"), path, "running_var")
-        spatial = _input_rank(node, path) - 2
-        if not 1 <= spatial <= 3:
-            spatial = 1  # BatchNorm1d also takes (N, C)
-        channels = int(node.args[0].meta["val"].shape[1])  # (N, C, ...) for every BatchNorm/InstanceNorm input
-        momentum = _argument(node, positions, "momentum", 0.1)
-        if momentum == 0.0 and mean is not None:
-            # nn.BatchNorm passes 0.0 for momentum=None outside training (torch/nn/modules/batchnorm.py),
-            # so 0.0 in the graph is momentum=None or a frozen momentum of 0; None is the one anyone uses.
-            momentum = None
-        name = {"batch": "BatchNorm", "instance": "InstanceNorm"}[kind] + f"{spatial}d"
-        module = getattr(torch.nn, name)(
-            channels, eps=float(eps), momentum=momentum, affine=weight is not None, track_running_stats=mean is not None, dtype=dtype
-        )
-        if mean is not None:
-            assign(module.running_mean, mean.numpy())
-            assign(module.running_var, var.numpy())
-            counter_name = (state.fqn(_argument(node, positions, "mean")) or "").rsplit(".", 1)[0] + ".num_batches_tracked"
-            if counter_name in state.values:
-                assign(module.num_batches_tracked, state.values[counter_name].numpy())
-        training = bool(_argument(node, positions, "training", False)) if kind == "batch" else False
-        if kind == "instance" and mean is not None:
-            training = bool(_argument(node, positions, "use_input_stats", False))
-    elif kind == "group":
-        channels = int(node.args[0].meta["val"].shape[1])
-        module = torch.nn.GroupNorm(int(_argument(node, positions, "groups")), channels, eps=float(eps), affine=weight is not None, dtype=dtype)
-        training = False
-    elif kind == "layer":
-        shape = tuple(int(d) for d in _argument(node, positions, "shape"))
-        module = torch.nn.LayerNorm(shape, eps=float(eps), elementwise_affine=weight is not None, bias=bias is not None, dtype=dtype)
-        training = False
-    else:
-        shape = tuple(int(d) for d in _argument(node, positions, "shape"))
-        module = torch.nn.RMSNorm(shape, eps=None if eps is None else float(eps), elementwise_affine=weight is not None, dtype=dtype)
-        training = False
-    if weight is not None:
-        assign(module.weight, weight.numpy())
-    if bias is not None and getattr(module, "bias", None) is not None:
-        assign(module.bias, bias.numpy())
-    markers.remember(module, name=path, input_rank=_input_rank(node, path))
-    return module.train(training)
-
-
-def exported_norm_modules(program: torch.export.ExportedProgram) -> list[tuple[str, torch.nn.Module]]:
-    """(module path, rebuilt torch.nn module) for every normalization call of `program`, in graph order."""
-    state = _ProgramState(program)
-    found: dict[str, torch.nn.Module] = {}
-    norm_paths: dict[str, str] = {}
-    for node in program.graph.nodes:
-        owner = _module_of(node) if node.op == "call_function" else None
-        if owner is not None and owner[1].startswith(_NORM_CLASS_PREFIXES) and owner[1].rsplit(".", 1)[-1] in _NORM_CLASS_NAMES:
-            norm_paths.setdefault(owner[0], owner[1])
-        if node.op != "call_function" or str(node.target) not in _OPS:
-            continue
-        kind, positions = _OPS[str(node.target)]
-        path = owner[0] if owner is not None else node.name
-        if path not in found:  # a module called twice shares its state: port it once
-            found[path] = _rebuild(node, kind, positions, path, state)
-    missing = [path for path in norm_paths if path not in found]
-    if missing:
-        raise UnsupportedObjectError(
-            f"the exported program computes {norm_paths[missing[0]].rsplit('.', 1)[-1]} '{missing[0]}' with primitive ops "
-            f"({len(missing)} such layer(s)), expected one normalization call per layer; export with torch.export.export() "
-            "and do not call run_decompositions() before saving.",
-            layer=missing[0],
-        )
-    return list(found.items())
-
 
 # -- writing into an existing module ------------------------------------------------------
 
