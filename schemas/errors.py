@@ -78,6 +78,24 @@ class CheckFailedError(NormbridgeError):
         super().__init__(message)
 
 
+class NotFoundError(NormbridgeError):
+    """A model, version, alias or blob that was asked for does not exist."""
+
+    code = "not_found"
+
+
+class IntegrityError(NormbridgeError):
+    """Stored bytes no longer hash to their digest, or the audit chain is broken: never served."""
+
+    code = "integrity_error"
+
+
+class RegistryError(NormbridgeError):
+    """The registry refused an operation (a conflicting alias, a deletion that would orphan lineage, ...)."""
+
+    code = "registry_error"
+
+
 #: Exit codes of verdicts that are not errors (a command ran and found something):
 HAZARD_FOUND_EXIT = 10  # `normbridge inspect --fail-on`: a hazard at or above the severity
 DRIFT_ALARM_EXIT = 11  # `normbridge drift`: a layer's activations drifted past the thresholds
@@ -92,6 +110,9 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     CheckFailedError: 7,
     AdapterNotFoundError: 8,
     DuplicateAdapterError: 8,
+    IntegrityError: 12,
+    NotFoundError: 13,
+    RegistryError: 14,
     NormbridgeError: 9,
 }
 
@@ -103,6 +124,9 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     CheckFailedError: 409,
     AdapterNotFoundError: 501,
     DuplicateAdapterError: 500,
+    IntegrityError: 500,
+    NotFoundError: 404,
+    RegistryError: 409,
     NormbridgeError: 500,
 }
 
