@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 demo: setup
 	$(PY) examples/quickstart.py
+	$(PY) examples/registry_demo.py
 
 test: setup
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
@@ -27,6 +28,7 @@ test: setup
 bench: setup
 	$(PY) bench/convert.py
 	$(PY) bench/models.py
+	$(PY) bench/registry.py
 
 schemas: setup
 	$(PY) -m schemas.json_schema

@@ -1,0 +1,350 @@
+"""Registry commands: register model versions behind the equivalence gate, read, diff, trace lineage, verify, audit, gc.
+
+Every command is a thin shell over registry.service.Registry. `--db` / `--blobs` (or env
+NORMBRIDGE_DB / NORMBRIDGE_BLOBS) pick the store; by default SQLite and a blobs folder under
+$NORMBRIDGE_HOME (~/.local/share/normbridge), created on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+from rich.tree import Tree
+
+from ..app import app, console
+from ..errors import reports_errors
+
+DB_HELP = "SQLAlchemy URL of the metadata database (env NORMBRIDGE_DB; default SQLite under NORMBRIDGE_HOME)."
+BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default NORMBRIDGE_HOME/blobs)."
+INTEGRITY_EXIT = 12
+
+
+def _registry(db: str | None, blobs: str | None):
+    from registry.service import Registry
+
+    return Registry(db=db, blobs=blobs)
+
+
+def _plain(value):
+    """JSON-ready form of records (dataclasses with datetimes) and pydantic results."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dump(value) -> None:
+    print(json.dumps(_plain(value), indent=2))
+
+
+def _say(text: str, style: str | None = None) -> None:
+    console.print(text, highlight=False, markup=False, soft_wrap=True, style=style)
+
+
+def _when(at: datetime) -> str:
+    return at.strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command()
+@reports_errors
+def register(
+    name: str = typer.Argument(..., help="Model name (letters, digits, '.', '_', '-')."),
+    model: Path = typer.Argument(..., metavar="MODEL", help="The model: .pt2, .keras (safe_mode), .onnx, or a saved artifact folder."),
+    parent: str | None = typer.Option(None, "--parent", help="Parent version NAME@N (default: the latest version of NAME, if any)."),
+    note: str | None = typer.Option(None, "--note", help="A free-text note stored with the version."),
+    operation: str | None = typer.Option(None, "--operation", help="Lineage label: registered, fine-tuned, recalibrated, converted, imported."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON."),
+) -> None:
+    """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
+
+    Nothing is stored when a check fails (exit 7); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
+    """
+    registry = _registry(db, blobs)
+    if json_output:
+        result = registry.register(name, model, parent=parent, note=note, operation=operation)
+    else:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      console=Console(stderr=True), transient=True, disable=not Console(stderr=True).is_terminal) as bar:
+            task = bar.add_task(f"registering {name}", total=1)
+
+            def progress(step: str, done: int, total: int) -> None:
+                bar.update(task, description=f"{name}: {step}", completed=done, total=max(total, 1))
+
+            result = registry.register(name, model, parent=parent, note=note, operation=operation, progress=progress)
+    v = result.version
+    if json_output:
+        _dump({"created": result.created, "version": v, "checks": [c.model_dump(mode="json") for c in result.checks]})
+        return
+    if result.created:
+        console.print(f"[green]registered[/] {v.model}@{v.number}", highlight=False)
+    else:
+        console.print(f"[yellow]unchanged[/]: identical content is already {v.model}@{v.number}; nothing new stored", highlight=False)
+    _say(f"  operation {v.operation}" + (f" from {v.parent}" if v.parent else ""))
+    _say(f"  digest    {v.digest}")
+    passed = sum(c.passed for c in result.checks)
+    _say(f"  checks    {passed}/{len(result.checks)} normalization layers passed the round-trip equivalence check")
+
+
+@app.command()
+@reports_errors
+def models(
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the models as JSON."),
+) -> None:
+    """List registered models with their latest version. Example: normbridge models --json"""
+    rows = _registry(db, blobs).models()
+    if json_output:
+        _dump([{"name": n, "latest": latest, "versions": count} for n, latest, count in rows])
+        return
+    table = Table(title=f"{len(rows)} model(s)")
+    for column, justify in (("model", "left"), ("latest", "right"), ("versions", "right")):
+        table.add_column(column, justify=justify)
+    for n, latest, count in rows:
+        table.add_row(n, str(latest), str(count))
+    console.print(table)
+
+
+@app.command()
+@reports_errors
+def versions(
+    name: str = typer.Argument(..., help="Model name."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the versions as JSON."),
+) -> None:
+    """List the versions of a model, oldest first, with lineage and aliases. Example: normbridge versions resnet"""
+    registry = _registry(db, blobs)
+    records = registry.versions(name)
+    aliases = registry.aliases(name)
+    if json_output:
+        _dump({"versions": records, "aliases": aliases})
+        return
+    by_number: dict[int, list[str]] = {}
+    for a in aliases:
+        by_number.setdefault(a.number, []).append(a.alias)
+    table = Table(title=f"{name}: {len(records)} version(s)")
+    for column in ("version", "created", "user", "operation", "parent", "digest", "aliases", "note"):
+        table.add_column(column, overflow="fold")
+    for r in records:
+        table.add_row(str(r.number), _when(r.created_at), r.user, r.operation, r.parent or "-", r.digest[:12],
+                      ", ".join(by_number.get(r.number, [])) or "-", r.note or "")
+    console.print(table)
+
+
+def _stats(array) -> str:
+    if array is None:
+        return "-"
+    return f"{float(array.min()):.4g} / {float(array.mean()):.4g} / {float(array.max()):.4g}"
+
+
+@app.command()
+@reports_errors
+def show(
+    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the version and its manifest as JSON."),
+) -> None:
+    """Show a version: its normalization layers (specs, modes, statistics summary) and the equivalence report.
+
+    Every blob is re-hashed before its statistics are shown (exit 12 if tampered). Example: normbridge show resnet@2
+    """
+    registry = _registry(db, blobs)
+    record = registry.show(ref)
+    specs = registry.specs(f"{record.model}@{record.number}")
+    if json_output:
+        _dump(record)
+        return
+    manifest = record.manifest
+    _say(f"{record.model}@{record.number}  {manifest.get('framework')} {manifest.get('format')}, mode {manifest.get('mode')}")
+    _say(f"created {_when(record.created_at)} by {record.user}; {record.operation}" + (f" from {record.parent}" if record.parent else ""))
+    _say(f"digest {record.digest}")
+    if record.note:
+        _say(f"note: {record.note}")
+    equivalence = manifest.get("equivalence") or []
+    table = Table(title=f"{len(specs)} normalization layer(s), {len(manifest.get('tensors', {}))} tensor(s)")
+    for column in ("layer", "kind", "features", "eps", "momentum", "mode", "running_mean min/mean/max", "running_var min/mean/max", "check"):
+        table.add_column(column, overflow="fold")
+    for i, (entry, spec) in enumerate(zip(manifest.get("normalizers", []), specs)):
+        check = equivalence[i] if i < len(equivalence) else None
+        verdict = "-" if check is None else ("[green]passed[/]" if check.get("passed") else "[bold red]FAILED[/]")
+        momentum = "-" if getattr(spec, "momentum", None) is None else f"{spec.momentum} ({spec.momentum_convention})"
+        table.add_row(entry.get("path", spec.name), spec.kind, str(spec.num_features or spec.normalized_shape or "-"), repr(spec.eps), momentum,
+                      "train" if spec.training else "eval", _stats(spec.tensors.get("running_mean")), _stats(spec.tensors.get("running_var")), verdict)
+    console.print(table)
+
+
+@app.command()
+@reports_errors
+def diff(
+    ref_a: str = typer.Argument(..., metavar="NAME@A", help="The older version."),
+    ref_b: str = typer.Argument(..., metavar="NAME@B", help="The newer version."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
+) -> None:
+    """Compare two versions: per tensor unchanged/changed (max abs and relative change), per normalizer config, and a headline.
+
+    Example: normbridge diff resnet@1 resnet@2
+    """
+    result = _registry(db, blobs).diff(ref_a, ref_b)
+    if json_output:
+        print(result.to_json())
+        return
+    _say(result.render_text())
+
+
+@app.command()
+@reports_errors
+def lineage(
+    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
+) -> None:
+    """Show a version's ancestors and descendants as a tree with operation labels. Example: normbridge lineage resnet@2"""
+    view = _registry(db, blobs).lineage(ref)
+    if json_output:
+        print(view.model_dump_json(indent=2))
+        return
+    rich_tree = getattr(view, "rich_tree", None) or getattr(view, "to_rich", None)
+    rendered = rich_tree() if callable(rich_tree) else None
+    if isinstance(rendered, Tree):
+        console.print(rendered)
+    else:
+        _say(view.render_text())
+
+
+@app.command()
+@reports_errors
+def verify(
+    ref: str | None = typer.Argument(None, metavar="[NAME@N]", help="One version; default every version of every model."),
+    no_check: bool = typer.Option(False, "--no-check", help="Only re-hash the blobs; skip re-running the equivalence check."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the verification result as JSON."),
+) -> None:
+    """Re-hash every blob, re-run the equivalence check and verify the audit hash chain.
+
+    Exit 0 when all is intact, 12 when a blob is tampered or missing or the chain is broken, 7 when a check fails. Example: normbridge verify resnet@2
+    """
+    result = _registry(db, blobs).verify(ref, rerun_checks=not no_check)
+    if json_output:
+        print(result.to_json())
+    else:
+        _say(result.render_text(), style=None if result.passed else "red")
+    if any(p.kind in ("blob", "audit") for p in result.problems):
+        raise typer.Exit(INTEGRITY_EXIT)
+    if result.problems:
+        from schemas.errors import CheckFailedError, exit_code_for
+
+        raise typer.Exit(exit_code_for(CheckFailedError("check failed")))
+
+
+@app.command()
+@reports_errors
+def alias(
+    name: str = typer.Argument(..., help="Model name."),
+    alias_name: str = typer.Argument(..., metavar="ALIAS", help="Alias to set or move, e.g. production."),
+    ref: str = typer.Argument(..., metavar="NAME@N", help="The version it points at from now on."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the alias record as JSON."),
+) -> None:
+    """Point NAME@ALIAS at a version; every move is recorded in the audit log. Example: normbridge alias resnet production resnet@2"""
+    record = _registry(db, blobs).set_alias(name, alias_name, ref)
+    if json_output:
+        _dump(record)
+        return
+    console.print(f"[green]{record.model}@{record.alias}[/] -> {record.model}@{record.number}", highlight=False)
+
+
+def _short(value) -> str:
+    """Digests shortened to 12 hex digits, as git shows them; other values as they are."""
+    text = str(value)
+    return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+@app.command()
+@reports_errors
+def audit(
+    model: str | None = typer.Option(None, "--model", help="Only entries of this model."),
+    user: str | None = typer.Option(None, "--user", help="Only entries by this user."),
+    verify_chain: bool = typer.Option(False, "--verify", help="Verify the hash chain of the whole log (exit 12 if broken)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
+) -> None:
+    """Print the append-only audit log (registrations, failures, alias moves, deletions). Example: normbridge audit --model resnet --verify"""
+    registry = _registry(db, blobs)
+    entries = registry.audit(model=model, user=user)
+    problems = registry.verify_audit() if verify_chain else None
+    if json_output:
+        _dump({"entries": entries, **({"chain_problems": problems, "chain_ok": not problems} if problems is not None else {})})
+    else:
+        table = Table(title=f"audit log: {len(entries)} entries")
+        for column in ("seq", "at", "user", "action", "version", "detail", "hash"):
+            table.add_column(column, overflow="fold")
+        for e in entries:
+            where = "-" if e.model is None else (e.model if e.number is None else f"{e.model}@{e.number}")
+            detail = e.detail.get("message") or ", ".join(f"{k}={_short(v)}" for k, v in e.detail.items() if not isinstance(v, (dict, list)))
+            table.add_row(str(e.seq), _when(e.at), e.user, e.action, where, detail[:120], e.hash[:12])
+        console.print(table)
+        if problems is not None:
+            if problems:
+                for p in problems:
+                    _say(f"chain broken: {p}", style="red")
+            else:
+                console.print("[green]hash chain intact[/]")
+    if problems:
+        raise typer.Exit(INTEGRITY_EXIT)
+
+
+@app.command()
+@reports_errors
+def gc(
+    grace: float = typer.Option(3600.0, "--grace", help="Keep unreferenced blobs younger than this many seconds (a registration may be in flight)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),
+) -> None:
+    """Delete blobs that no version references (left by an interrupted registration). Example: normbridge gc --grace 0"""
+    result = _registry(db, blobs).gc(grace)
+    if json_output:
+        print(result.to_json())
+        return
+    _say(f"deleted {len(result.deleted)} unreferenced blob(s), {result.bytes_freed} bytes; kept {len(result.kept_young)} younger than "
+         f"{result.grace_seconds:g} s; {result.referenced} blob(s) referenced by versions")
+
+
+def export_version(ref: str, to: str, output: Path, json_output: bool, db: str | None = None, blobs: str | None = None) -> None:
+    """`normbridge export NAME@N --to torch|keras|onnx -o FOLDER`: every normalization layer of a version, through the converters.
+
+    Called by the `export` command when its MODEL is a registry reference rather than a file
+    (the registry stores normalization state and weights, not a model's architecture).
+    """
+    result = _registry(db, blobs).export(ref, to, output)
+    if json_output:
+        _dump(result)
+        return
+    for layer in result.layers:
+        _say(layer.report)
+        _say(f"wrote {layer.file}", style="green")
+    _say(f"exported {len(result.layers)} normalization layer(s) of {result.version} to {result.to} in {result.folder}")

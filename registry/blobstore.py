@@ -1,0 +1,268 @@
+"""Content-addressed blob storage: bytes in, sha256 out, never served unless they still hash right.
+
+The interface is small on purpose so that an S3-compatible store can implement it later; the
+local one shards by the first two hex digits ('ab/cdef...'), as git's object store does, so no
+folder grows past a few thousand entries.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+import hashlib
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from schemas.errors import IntegrityError, NotFoundError, RegistryError
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def sha256_hex(data: bytes) -> str:
+    """The digest every blob is addressed by."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_digest(digest: str) -> str:
+    """Refuse anything that is not a lowercase sha256 hex string (it becomes a file path)."""
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+        raise RegistryError(
+            f"blob digest {digest!r} is not a sha256 hex string; expected 64 lowercase hex digits as returned by put()"
+        )
+    return digest
+
+
+class BlobStore(abc.ABC):
+    """Immutable, content-addressed bytes. `uri` names the store (what `open_blob_store` accepts)."""
+
+    uri: str
+
+    @abc.abstractmethod
+    def put(self, data: bytes) -> str:
+        """Store `data` atomically (idempotent) and return its sha256 hex digest."""
+
+    @abc.abstractmethod
+    def get(self, digest: str) -> bytes:
+        """The bytes of `digest`, re-hashed: IntegrityError if they changed, NotFoundError if absent."""
+
+    @abc.abstractmethod
+    def exists(self, digest: str) -> bool:
+        """Whether a blob is stored under `digest` (not re-hashed)."""
+
+    @abc.abstractmethod
+    def delete(self, digest: str) -> None:
+        """Remove a blob (garbage collection only); absent blobs are not an error."""
+
+    @abc.abstractmethod
+    def digests(self) -> Iterator[str]:
+        """Every stored digest, in no particular order."""
+
+    @abc.abstractmethod
+    def size(self, digest: str) -> int:
+        """Stored size in bytes (NotFoundError if absent)."""
+
+    @abc.abstractmethod
+    def age_seconds(self, digest: str) -> float:
+        """Seconds since the blob was written (gc keeps young unreferenced blobs: a registration may be in flight)."""
+
+    # Staging lets a registration write its bytes while the equivalence gate runs, yet publish
+    # nothing unless the gate passes. A store without a cheaper way stages in memory.
+
+    def stage(self, data: bytes) -> "StagedBlob":
+        """Prepare `data` for publishing without making it visible; returns the staged blob."""
+        return StagedBlob(digest=sha256_hex(data), data=data)
+
+    def publish(self, staged: "StagedBlob") -> str:
+        """Make a staged blob visible (atomic, idempotent); returns its digest."""
+        return self.put(staged.data)
+
+    def discard(self, staged: "StagedBlob") -> None:
+        """Forget a staged blob that will not be published."""
+
+    def remove_stale_staging(self, older_than_seconds: float) -> int:
+        """Remove staged leftovers of crashed writers older than the given age; returns how many."""
+        return 0
+
+
+@dataclass
+class StagedBlob:
+    """Bytes on their way into a store: in memory, or a written and synced temporary file."""
+
+    digest: str
+    data: bytes | None = None
+    temporary: Path | None = None
+
+
+class LocalBlobStore(BlobStore):
+    """Blobs as read-only files 'ab/cdef...' under `root`, written by temp file + fsync + rename."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.uri = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalBlobStore({str(self.root)!r})"
+
+    def path_of(self, digest: str) -> Path:
+        """Where `digest` lives (whether or not it exists)."""
+        check_digest(digest)
+        return self.root / digest[:2] / digest[2:]
+
+    def put(self, data: bytes) -> str:
+        digest = sha256_hex(data)
+        target = self.path_of(digest)
+        if target.exists():
+            return digest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            # Another writer may have renamed the same bytes in between: replacing it is harmless.
+            os.replace(temporary, target)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_folder(target.parent)
+        return digest
+
+    def stage(self, data: bytes) -> StagedBlob:
+        """Write and fsync a hidden temporary file next to the blob's final place (not yet a blob)."""
+        digest = sha256_hex(data)
+        target = self.path_of(digest)
+        if target.exists():
+            return StagedBlob(digest=digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return StagedBlob(digest=digest, temporary=Path(temporary))
+
+    def publish(self, staged: StagedBlob) -> str:
+        if staged.temporary is None:
+            return staged.digest if staged.data is None else self.put(staged.data)
+        target = self.path_of(staged.digest)
+        os.replace(staged.temporary, target)
+        _fsync_folder(target.parent)
+        return staged.digest
+
+    def discard(self, staged: StagedBlob) -> None:
+        if staged.temporary is not None:
+            staged.temporary.unlink(missing_ok=True)
+
+    def remove_stale_staging(self, older_than_seconds: float) -> int:
+        removed = 0
+        now = time.time()
+        for shard in self.root.iterdir():
+            if not shard.is_dir():
+                continue
+            for entry in shard.glob(".*.tmp"):
+                try:
+                    if now - entry.stat().st_mtime >= older_than_seconds:
+                        entry.unlink()
+                        removed += 1
+                except FileNotFoundError:
+                    continue
+        return removed
+
+    def get(self, digest: str) -> bytes:
+        path = self.path_of(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
+            ) from None
+        actual = sha256_hex(data)
+        if actual != digest:
+            raise IntegrityError(
+                f"blob {digest} in {self.uri} now hashes to {actual}: its bytes were modified or corrupted, "
+                "so it is not served; restore it from a backup or re-register the version"
+            )
+        return data
+
+    def exists(self, digest: str) -> bool:
+        return self.path_of(digest).is_file()
+
+    def delete(self, digest: str) -> None:
+        self.path_of(digest).unlink(missing_ok=True)
+
+    def digests(self) -> Iterator[str]:
+        for shard in sorted(self.root.iterdir()):
+            if len(shard.name) != 2 or not shard.is_dir() or not set(shard.name) <= _HEX:
+                continue
+            for entry in shard.iterdir():
+                name = shard.name + entry.name
+                if len(name) == 64 and set(name) <= _HEX:
+                    yield name
+
+    def _stat(self, digest: str) -> os.stat_result:
+        try:
+            return self.path_of(digest).stat()
+        except FileNotFoundError:
+            raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; check the digest") from None
+
+    def size(self, digest: str) -> int:
+        return self._stat(digest).st_size
+
+    def age_seconds(self, digest: str) -> float:
+        return max(0.0, time.time() - self._stat(digest).st_mtime)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def _open_file(uri: str) -> BlobStore:
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise RegistryError(
+            f"blob store URI {uri!r} names host {parsed.netloc!r}; a file URI must be local, e.g. 'file:///abs/path'"
+        )
+    return LocalBlobStore(unquote(parsed.path))
+
+
+#: URI scheme -> factory; an S3-compatible store registers 's3' here.
+SCHEMES: dict[str, Callable[[str], BlobStore]] = {"file": _open_file}
+
+
+def open_blob_store(uri: str | os.PathLike) -> BlobStore:
+    """Open a blob store from 'file:///abs/path' or a plain path."""
+    text = os.fspath(uri)
+    scheme = urlparse(text).scheme
+    # A plain path has no scheme (or a one-letter Windows drive).
+    if not scheme or (len(scheme) == 1 and os.name == "nt"):
+        return LocalBlobStore(text)
+    factory = SCHEMES.get(scheme.lower())
+    if factory is None:
+        raise RegistryError(
+            f"blob store URI {text!r} has the unknown scheme {scheme!r}; "
+            f"currently registered schemes are {', '.join(sorted(SCHEMES))}"
+        )
+    return factory(text)

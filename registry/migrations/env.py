@@ -1,0 +1,56 @@
+"""Alembic environment of the registry: runs on the connection MetadataStore hands over.
+
+`config.attributes["connection"]` carries an open SQLAlchemy connection (MetadataStore);
+otherwise the URL comes from `-x url=...` or `sqlalchemy.url` (alembic on the command line).
+On PostgreSQL an advisory lock serialises concurrent first openings of one database, so eight
+processes opening a fresh registry at once do not all try to create the tables.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import text
+
+from registry.db.models import Base
+from registry.metadata import make_engine
+
+#: pg_advisory_xact_lock key of schema migrations (any constant shared by all processes).
+MIGRATION_LOCK_KEY = 7_262_401_845
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _migrate(connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        context.run_migrations()
+
+
+def run_migrations_offline() -> None:
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+    context.configure(url=url, target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _migrate(connection)
+        return
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            _migrate(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,136 @@
+"""The artifact manifest: one model version's normalization state and the digests of its tensors.
+
+The manifest is JSON, schema-validated, and says everything but the tensor bytes: the model's
+framework, format and mode, every tensor by name (digest, dtype, shape, role), every normalizer
+with its `NormSpec` configuration and which manifest tensor holds each of its spec tensors, the
+lineage and the equivalence report. Two digests: `content_digest()` covers what the model
+computes (framework, format, mode, tensors, normalizers), so registering identical content twice
+is recognised; `digest()` covers the whole document and names the artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import InputFileError, SpecError
+
+MANIFEST_SCHEMA_VERSION = 1
+
+Role = Literal["weight", "scale", "bias", "running_mean", "running_var", "num_batches_tracked"]
+Operation = Literal["registered", "fine-tuned", "recalibrated", "converted", "imported"]
+ArtifactFormat = Literal["torch-module", "pt2", "keras", "onnx", "artifact"]
+Mode = Literal["train", "eval", "mixed", "n/a"]
+
+#: Roles that hold running statistics (state moved by forward passes in train mode, not by an optimizer).
+STATISTIC_ROLES: frozenset[str] = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+#: Roles an optimizer moves.
+WEIGHT_ROLES: frozenset[str] = frozenset({"weight", "scale", "bias"})
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, ASCII: the same document always gives the same bytes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class TensorRef(BaseModel):
+    """One tensor of the model: its blob's digest and what it is."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the tensor's single-tensor safetensors blob.")
+    dtype: str = Field(description="NumPy dtype name, e.g. float32.")
+    shape: list[int] = Field(description="Shape ([] for a scalar).")
+    nbytes: int = Field(ge=0, description="Bytes of the raw tensor data.")
+    role: Role = Field(description="weight for every tensor that is not normalizer state; else the spec tensor it holds.")
+    layer: str | None = Field(default=None, description="Normalizer path (for normalizer state) or owning layer.")
+
+
+class NormalizerEntry(BaseModel):
+    """One normalization layer: its spec configuration and where its spec tensors are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1, description="Module path, Keras layer name or ONNX node name.")
+    spec: dict = Field(description="NormSpec.config_dict(): every field but the tensors.")
+    tensors: dict[str, str] = Field(default_factory=dict, description="Spec tensor name -> manifest tensor name.")
+
+
+class Lineage(BaseModel):
+    """Where the version came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parent: str | None = Field(default=None, description="'name@N' of the parent version.")
+    operation: Operation = Field(default="registered")
+
+
+class ArtifactManifest(BaseModel):
+    """A model version without its tensor bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = Field(default=MANIFEST_SCHEMA_VERSION)
+    framework: Literal["torch", "keras", "onnx"]
+    format: ArtifactFormat
+    mode: Mode
+    tensors: dict[str, TensorRef]
+    normalizers: list[NormalizerEntry]
+    lineage: Lineage = Field(default_factory=Lineage)
+    equivalence: list[dict] = Field(default_factory=list, description="CheckResult JSON per normalizer.")
+    note: str | None = None
+
+    def content_digest(self) -> str:
+        """sha256 of what the model computes; lineage, equivalence report and note are left out."""
+        document = self.model_dump(mode="json", include={"framework", "format", "mode", "tensors", "normalizers"})
+        return sha256_hex(canonical_json(document).encode())
+
+    def digest(self) -> str:
+        """sha256 of the whole manifest: the artifact digest."""
+        return sha256_hex(self.to_canonical_json().encode())
+
+    def to_canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=indent, sort_keys=True)
+
+    def blob_digests(self) -> list[str]:
+        """Every distinct blob digest the manifest references, sorted."""
+        return sorted({ref.digest for ref in self.tensors.values()})
+
+
+def upgrade_manifest(document: dict) -> dict:
+    """Bring a manifest document of any known schema version to the current one."""
+    version = document.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= MANIFEST_SCHEMA_VERSION:
+        raise SpecError(f"unknown manifest schema_version {version!r}; this normbridge reads versions 1 to {MANIFEST_SCHEMA_VERSION}.")
+    # Version 1 is current; each future version adds one step here.
+    return dict(document)
+
+
+def load_manifest(document: dict) -> ArtifactManifest:
+    """A validated manifest from its JSON document; SpecError/InputFileError naming what is wrong."""
+    if not isinstance(document, dict):
+        raise InputFileError(f"a manifest must be a JSON object, got {type(document).__name__}; pass the manifest.json of a saved artifact.")
+    document = upgrade_manifest(document)
+    try:
+        manifest = ArtifactManifest.model_validate(document)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()[:5])
+        raise SpecError(f"the manifest does not match the schema ({problems}); re-extract the artifact.") from error
+    for entry in manifest.normalizers:
+        for spec_name, tensor_name in entry.tensors.items():
+            if tensor_name not in manifest.tensors:
+                raise SpecError(
+                    f"spec tensor '{spec_name}' points to tensor '{tensor_name}', which the manifest does not list; re-extract the artifact.",
+                    layer=entry.path,
+                )
+    return manifest
