@@ -115,25 +115,9 @@ class LocalBlobStore(BlobStore):
         return self.root / digest[:2] / digest[2:]
 
     def put(self, data: bytes) -> str:
-        digest = sha256_hex(data)
-        target = self.path_of(digest)
-        if target.exists():
-            return digest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                stream.write(data)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            # Another writer may have renamed the same bytes in between: replacing it is harmless.
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        _fsync_folder(target.parent)
-        return digest
+        # Stage then publish: temp file, fsync, read-only, rename, fsync the folder. Another writer
+        # may have renamed the same bytes in between: replacing it is harmless.
+        return self.publish(self.stage(data))
 
     def stage(self, data: bytes) -> StagedBlob:
         """Write and fsync a hidden temporary file next to the blob's final place (not yet a blob)."""
@@ -158,7 +142,11 @@ class LocalBlobStore(BlobStore):
         if staged.temporary is None:
             return staged.digest if staged.data is None else self.put(staged.data)
         target = self.path_of(staged.digest)
-        os.replace(staged.temporary, target)
+        try:
+            os.replace(staged.temporary, target)
+        except BaseException:
+            staged.temporary.unlink(missing_ok=True)
+            raise
         _fsync_folder(target.parent)
         return staged.digest
 
