@@ -236,12 +236,19 @@ def _open_file(uri: str) -> BlobStore:
     return LocalBlobStore(unquote(parsed.path))
 
 
-#: URI scheme -> factory; an S3-compatible store registers 's3' here.
-SCHEMES: dict[str, Callable[[str], BlobStore]] = {"file": _open_file}
+def _open_s3(uri: str) -> BlobStore:
+    # Imported only when an s3:// store is opened, so boto3 is not loaded otherwise.
+    from .blobstore_s3 import open_s3
+
+    return open_s3(uri)
+
+
+#: URI scheme -> factory ('s3' is registry.blobstore_s3, imported lazily).
+SCHEMES: dict[str, Callable[[str], BlobStore]] = {"file": _open_file, "s3": _open_s3}
 
 
 def open_blob_store(uri: str | os.PathLike) -> BlobStore:
-    """Open a blob store from 'file:///abs/path' or a plain path."""
+    """Open a blob store from 'file:///abs/path', a plain path or 's3://bucket/prefix'."""
     text = os.fspath(uri)
     scheme = urlparse(text).scheme
     # A plain path has no scheme (or a one-letter Windows drive).

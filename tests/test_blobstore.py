@@ -92,5 +92,5 @@ def test_open_blob_store_takes_a_path_or_a_file_uri(tmp_path):
 
 
 def test_an_unknown_scheme_lists_the_registered_schemes():
-    with pytest.raises(RegistryError, match="unknown scheme 's3'; currently registered schemes are file"):
-        open_blob_store("s3://bucket/blobs")
+    with pytest.raises(RegistryError, match="unknown scheme 'gs'; currently registered schemes are file, s3"):
+        open_blob_store("gs://bucket/blobs")
