@@ -70,6 +70,16 @@ class BlobStore(abc.ABC):
     def age_seconds(self, digest: str) -> float:
         """Seconds since the blob was written (gc keeps young unreferenced blobs: a registration may be in flight)."""
 
+    def verified(self, digest: str, data: bytes) -> bytes:
+        """`data` if it still hashes to `digest`; IntegrityError otherwise (tampered bytes are never served)."""
+        actual = sha256_hex(data)
+        if actual != digest:
+            raise IntegrityError(
+                f"blob {digest} in {self.uri} now hashes to {actual}: its bytes were modified or corrupted, "
+                "so it is not served; restore it from a backup or re-register the version"
+            )
+        return data
+
     # Staging lets a registration write its bytes while the equivalence gate runs, yet publish
     # nothing unless the gate passes. A store without a cheaper way stages in memory.
 
@@ -177,13 +187,7 @@ class LocalBlobStore(BlobStore):
             raise NotFoundError(
                 f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
             ) from None
-        actual = sha256_hex(data)
-        if actual != digest:
-            raise IntegrityError(
-                f"blob {digest} in {self.uri} now hashes to {actual}: its bytes were modified or corrupted, "
-                "so it is not served; restore it from a backup or re-register the version"
-            )
-        return data
+        return self.verified(digest, data)
 
     def exists(self, digest: str) -> bool:
         return self.path_of(digest).is_file()

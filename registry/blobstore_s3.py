@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from urllib.parse import urlparse
 
-from schemas.errors import IntegrityError, NotFoundError, RegistryError
+from schemas.errors import NotFoundError, RegistryError
 
 from .blobstore import _HEX, BlobStore, check_digest, sha256_hex
 
@@ -174,13 +174,7 @@ class S3BlobStore(BlobStore):
                     f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
                 ) from None
             raise self._refuse(error, f"read of blob {digest}") from error
-        actual = sha256_hex(data)
-        if actual != digest:
-            raise IntegrityError(
-                f"blob {digest} in {self.uri} now hashes to {actual}: its bytes were modified or corrupted, "
-                "so it is not served; restore it from a backup or re-register the version"
-            )
-        return data
+        return self.verified(digest, data)
 
     def exists(self, digest: str) -> bool:
         return self._head(digest) is not None

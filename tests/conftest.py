@@ -14,3 +14,14 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def cli_app():
+    """The `normbridge` Typer app with every command module registered (cli/main.py lists them)."""
+    from cli.main import app
+
+    return app

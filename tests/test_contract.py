@@ -223,25 +223,6 @@ def test_sample_files_are_never_unpickled(tmp_path):
     again = random_sample(specs, batch_size=2, seed=5)
     assert all(np.array_equal(x, y) for x, y in zip(again.arrays, random_sample(specs, batch_size=2, seed=5).arrays))
 
-@pytest.fixture
-def cli_app():
-    """The normbridge app with `contract` and `export`, restored afterwards: cli/main.py may not import serving yet,
-    and registering on the shared app must not leak into other tests."""
-    from cli.main import app
-
-    before = list(app.registered_commands)
-    from cli.commands import (
-        serving as commands,  # registers its commands on the first import
-    )
-
-    present = {c.callback for c in app.registered_commands}
-    for name, callback in (("contract", commands.contract), ("export", commands.export_command)):
-        if callback not in present:
-            app.command(name=name)(callback)
-    yield app
-    app.registered_commands[:] = before
-
-
 def test_cli_contract_exit_codes_json_and_table(tmp_path, cli_app):
     model = trained()
     paths = {}

@@ -138,25 +138,6 @@ def test_keras_functional_model_reads_batchnorm_inputs():
     shifted = drift_check(model, np.transpose(images(64, means=RED_SHIFTED, seed=3), (0, 2, 3, 1))[:, :8, :8])
     assert same.verdict == "no drift" and shifted.verdict == "drift" and shifted.framework == "keras"
 
-@pytest.fixture
-def cli_app():
-    """The normbridge app with `drift` and `recalibrate`, restored afterwards: cli/main.py may not import monitoring yet,
-    and registering on the shared app must not leak into other tests."""
-    from cli.main import app
-
-    before = list(app.registered_commands)
-    from cli.commands import (
-        monitoring as commands,  # registers its commands on the first import
-    )
-
-    present = {c.callback for c in app.registered_commands}
-    for name, callback in (("drift", commands.drift), ("recalibrate", commands.recalibrate)):
-        if callback not in present:
-            app.command(name=name)(callback)
-    yield app
-    app.registered_commands[:] = before
-
-
 def test_cli_drift_exit_codes_and_json(exported, tmp_path, cli_app):
     import onnx
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +18,8 @@ from converters.models.walking import norm_layers, spec_of
 from schemas import spec_differences
 from schemas.inspection import ModelInspection
 from schemas.tensors import tensors_identical
+from tests.cli_process import normbridge_command
 
-SCRIPT = Path(sys.executable).parent / "normbridge"
 BN_PATHS = ["block1.1", "block2.1", "block3.1"]
 
 
@@ -307,14 +305,8 @@ def test_onnx_export_with_batch_norm_folded_into_conv_says_so(onnx_files):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    """The real console script once cli/main.py registers the command module; until then the same app with it imported."""
-    from cli.main import COMMAND_MODULES
-
-    if SCRIPT.exists() and any(m.__name__ == "cli.commands.inspect" for m in COMMAND_MODULES):
-        command = [str(SCRIPT)]
-    else:
-        command = [sys.executable, "-c", "import cli.main, cli.commands.inspect; cli.main.app(prog_name='normbridge')"]
-    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=300)
+    """`normbridge ARGS` in a new process."""
+    return subprocess.run(normbridge_command() + list(args), capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+from tests.cli_process import normbridge_command
 
 keras = pytest.importorskip("keras")
 
@@ -354,19 +354,11 @@ def test_an_onnx_export_ports_like_its_torch_model(torch_resnet, keras_twin):
 
 # -- the command line ------------------------------------------------------------------------
 
-SCRIPT = Path(sys.executable).parent / "normbridge"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    """The installed console script once cli/main.py registers `port`; until then the same app with the module imported."""
-    import cli.main
-
-    registered = any(module.__name__.endswith(".port") for module in cli.main.COMMAND_MODULES)
-    if registered and SCRIPT.exists():
-        command = [str(SCRIPT)]
-    else:
-        command = [sys.executable, "-c", "import cli.commands.port; from cli.main import app; app()"]
-    return subprocess.run(command + list(args), check=False, capture_output=True, text=True, timeout=300)
+    """`normbridge ARGS` in a new process."""
+    return subprocess.run(normbridge_command() + list(args), check=False, capture_output=True, text=True, timeout=300)
 
 
 def test_cli_ports_a_pt2_file_into_a_keras_file(torch_resnet, keras_twin, tmp_path):

@@ -135,25 +135,6 @@ def test_refusals(source, batches):
     with pytest.raises(UnsupportedObjectError, match="no BatchNorm"):
         recalibrate(nn.Sequential(nn.Conv2d(3, 3, 1)).eval(), batches)
 
-@pytest.fixture
-def cli_app():
-    """The normbridge app with `drift` and `recalibrate`, restored afterwards: cli/main.py may not import monitoring yet,
-    and registering on the shared app must not leak into other tests."""
-    from cli.main import app
-
-    before = list(app.registered_commands)
-    from cli.commands import (
-        monitoring as commands,  # registers its commands on the first import
-    )
-
-    present = {c.callback for c in app.registered_commands}
-    for name, callback in (("drift", commands.drift), ("recalibrate", commands.recalibrate)):
-        if callback not in present:
-            app.command(name=name)(callback)
-    yield app
-    app.registered_commands[:] = before
-
-
 def test_cli_recalibrate_onnx_and_pt2(source, batches, tmp_path, cli_app):
     onnx.save(torch.onnx.export(source, (torch.from_numpy(batches[0][:2]),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False).model_proto,
               tmp_path / "net.onnx")

@@ -1,7 +1,4 @@
 """The registry commands as real processes: register .pt2 files, read, diff, lineage, alias, verify, audit, gc, bad input.
-
-Runs the installed `normbridge` script once cli/main.py registers cli.commands.registry; until
-then the same Typer app with the module imported.
 """
 
 from __future__ import annotations
@@ -10,25 +7,24 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.test_registry_service import blob_path, finetune_statistics, save_pt2, trained_cnn
+from tests.cli_process import normbridge_command
+from tests.test_registry_service import (
+    blob_path,
+    finetune_statistics,
+    save_pt2,
+    trained_cnn,
+)
 
-SCRIPT = Path(sys.executable).parent / "normbridge"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def command() -> list[str]:
-    import cli.main
-
-    registered = any(module.__name__.endswith(".registry") for module in cli.main.COMMAND_MODULES)
-    if registered and SCRIPT.exists():
-        return [str(SCRIPT)]
-    return [sys.executable, "-c", "import cli.commands.registry; from cli.main import app; app()"]
+    return normbridge_command()
 
 
 @pytest.fixture

@@ -220,25 +220,6 @@ def test_keras_without_rewrite_is_refused_because_eps_is_folded_away(small_keras
     assert result.contract.passed  # the function is right; what is lost is the BatchNorm's eps and statistics
     assert any(v.source_layer == "bn" and not v.passed for v in result.verification)
 
-@pytest.fixture
-def cli_app():
-    """The normbridge app with `contract` and `export`, restored afterwards: cli/main.py may not import serving yet,
-    and registering on the shared app must not leak into other tests."""
-    from cli.main import app
-
-    before = list(app.registered_commands)
-    from cli.commands import (
-        serving as commands,  # registers its commands on the first import
-    )
-
-    present = {c.callback for c in app.registered_commands}
-    for name, callback in (("contract", commands.contract), ("export", commands.export_command)):
-        if callback not in present:
-            app.command(name=name)(callback)
-    yield app
-    app.registered_commands[:] = before
-
-
 def test_cli_export_pt2(mixed, tmp_path, cli_app):
     for mode in ("eval", "train"):
         getattr(mixed, mode)()

@@ -134,17 +134,24 @@ def _folded_name(index: GraphIndex, match: Match) -> str | None:
     return None
 
 
-def folded_agrees(spec: NormSpec, k: np.ndarray, offset: np.ndarray | None) -> bool:
-    """Whether `x * k + offset` is `spec`'s eval BatchNorm folded in float32 (offset None: an omitted zero Add)."""
-    if not spec.track_running_stats or spec.training or spec.num_features != k.size:
-        return False
+def folded_constants(spec: NormSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(k, offset) in float64 of an eval BatchNorm folded into `x * k + offset`: k = gamma / sqrt(var + eps), offset = beta - mean * k."""
     tensors = spec.tensors
     count = spec.num_features
     gamma = tensors["scale"].astype(np.float64) if spec.scale else np.ones(count)
     beta = tensors["bias"].astype(np.float64) if spec.bias else np.zeros(count)
-    mean, var = tensors["running_mean"].astype(np.float64), tensors["running_var"].astype(np.float64)
-    inv = gamma / np.sqrt(var + spec.eps)
-    expected = beta - mean * inv
+    inv = gamma / np.sqrt(tensors["running_var"].astype(np.float64) + spec.eps)
+    return inv, beta - tensors["running_mean"].astype(np.float64) * inv
+
+
+def folded_agrees(spec: NormSpec, k: np.ndarray, offset: np.ndarray | None) -> bool:
+    """Whether `x * k + offset` is `spec`'s eval BatchNorm folded in float32 (offset None: an omitted zero Add)."""
+    if not spec.track_running_stats or spec.training or spec.num_features != k.size:
+        return False
+    count = spec.num_features
+    beta = spec.tensors["bias"].astype(np.float64) if spec.bias else np.zeros(count)
+    mean = spec.tensors["running_mean"].astype(np.float64)
+    inv, expected = folded_constants(spec)
     tiny = float(np.finfo(np.float32).tiny)
     if not np.all(np.abs(k.astype(np.float64) - inv) <= FOLD_ULPS * np.abs(inv) + tiny):
         return False

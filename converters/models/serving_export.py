@@ -196,16 +196,16 @@ def _conv_batchnorm_pairs(keras_model, specs: list[NormSpec]) -> list[tuple[str,
 
 
 def _factor(spec: NormSpec) -> np.ndarray:
-    tensors = spec.tensors
-    gamma = tensors["scale"].astype(np.float64) if spec.scale else np.ones(spec.num_features)
-    return gamma / np.sqrt(tensors["running_var"].astype(np.float64) + spec.eps)
+    from .onnx_rewrite import folded_constants
+
+    return folded_constants(spec)[0]
 
 
 def _folded_offset(spec: NormSpec, conv_bias: np.ndarray | None, k: np.ndarray) -> np.ndarray:
-    """What folding adds after the Conv: conv_bias * k + beta - mean * k."""
-    tensors = spec.tensors
-    beta = tensors["bias"].astype(np.float64) if spec.bias else np.zeros(spec.num_features)
-    offset = beta - tensors["running_mean"].astype(np.float64) * k
+    """What folding adds after the Conv: conv_bias * k + (beta - mean * k)."""
+    from .onnx_rewrite import folded_constants
+
+    offset = folded_constants(spec)[1]
     return offset if conv_bias is None else offset + conv_bias.astype(np.float64) * k
 
 
