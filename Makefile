@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip setuptools wheel
 	# torch first, pinned to the CPU build (constraints.txt); everything else may not pull another torch.
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[all,test,bench]"
+	$(PIP) install -q -c constraints.txt -e ".[all,mlflow,test,bench]"
 	touch $@
 
 demo: setup

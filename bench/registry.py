@@ -79,6 +79,10 @@ def mlflow_log_register(model: torch.nn.Module, folder: Path) -> float:
     import mlflow.pytorch
 
     mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
+    # An explicit artifact location: MLflow's default is ./mlruns in the working directory.
+    client = mlflow.MlflowClient()
+    if client.get_experiment_by_name("bench") is None:
+        client.create_experiment("bench", artifact_location=(folder / "mlflow-artifacts").as_uri())
     mlflow.set_experiment("bench")  # creates the store outside the timing
     with mlflow.start_run():
         mlflow.log_param("warm", 1)

@@ -155,6 +155,13 @@ class Registry:
         self.store = open_blob_store(self.blob_uri)
         self.meta = MetadataStore(self.db_url)
 
+    def as_user(self, user: str) -> "Registry":
+        """The same registry (shared stores and connection pool) acting as `user`: the HTTP API calls this per request."""
+        clone = object.__new__(Registry)
+        clone.__dict__.update(self.__dict__)
+        clone.user = user
+        return clone
+
     # ------------------------------------------------------------------ registration
 
     def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
@@ -448,39 +455,45 @@ class Registry:
         safe_mode) or 'torch' (one safetensors state dict plus its spec per layer). The blobs are re-hashed on
         read, so a tampered version is never exported.
         """
-        from converters.api import write_spec
-        from converters.options import ConversionOptions
-        from schemas import ConversionReport
-        from schemas.atomic_io import atomic_write_bytes
-
-        if to not in ("onnx", "torch", "keras"):
-            raise RegistryError(f"export to '{to}' is not supported; use 'torch', 'keras' or 'onnx'.")
         record = self.show(ref)
-        manifest = self.manifest(_ref(record))
-        specs = self.specs(_ref(record))
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        layers = []
-        for entry, spec in zip(manifest.normalizers, specs):
-            obj, layer_report = write_spec(spec, to, ConversionOptions())
-            report = ConversionReport(layers=[layer_report])
-            stem = re.sub(r"[^A-Za-z0-9._-]+", "_", entry.path) or "layer"
-            if to == "onnx":
-                from converters.onnx_adapter.files import save_onnx
-
-                target = folder / f"{stem}.onnx"
-                save_onnx(obj, target)
-            elif to == "keras":
-                from cli.files import write_layer
-
-                target = write_layer(obj, spec, "keras", folder / f"{stem}.keras")
-            else:
-                from safetensors.torch import save
-
-                target = folder / f"{stem}.safetensors"
-                atomic_write_bytes(target, save({k: v.detach().contiguous() for k, v in obj.state_dict().items()}))
-            layers.append(ExportedLayer(path=entry.path, file=str(target), report=report.render_text()))
-        return RegistryExport(version=_ref(record), to=to, folder=str(folder), layers=layers)
+        return export_layers(self.manifest(_ref(record)), self.specs(_ref(record)), to, folder, _ref(record))
 
 
-__all__ = ["OPERATIONS", "GcResult", "Registration", "Registry", "RegistryExport", "VerifyProblem", "VerifyResult"]
+def export_layers(manifest, specs: list, to: str, folder: str | Path, version: str) -> RegistryExport:
+    """Write each normalizer of an artifact (manifest + its rebuilt specs) through the converters into `folder`.
+
+    Shared by `Registry.export` and the HTTP client, which rebuilds the specs from a downloaded bundle.
+    """
+    from converters.api import write_spec
+    from converters.options import ConversionOptions
+    from schemas import ConversionReport
+    from schemas.atomic_io import atomic_write_bytes
+
+    if to not in ("onnx", "torch", "keras"):
+        raise RegistryError(f"export to '{to}' is not supported; use 'torch', 'keras' or 'onnx'.")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    layers = []
+    for entry, spec in zip(manifest.normalizers, specs):
+        obj, layer_report = write_spec(spec, to, ConversionOptions())
+        report = ConversionReport(layers=[layer_report])
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", entry.path) or "layer"
+        if to == "onnx":
+            from converters.onnx_adapter.files import save_onnx
+
+            target = folder / f"{stem}.onnx"
+            save_onnx(obj, target)
+        elif to == "keras":
+            from cli.files import write_layer
+
+            target = write_layer(obj, spec, "keras", folder / f"{stem}.keras")
+        else:
+            from safetensors.torch import save
+
+            target = folder / f"{stem}.safetensors"
+            atomic_write_bytes(target, save({k: v.detach().contiguous() for k, v in obj.state_dict().items()}))
+        layers.append(ExportedLayer(path=entry.path, file=str(target), report=report.render_text()))
+    return RegistryExport(version=version, to=to, folder=str(folder), layers=layers)
+
+
+__all__ = ["OPERATIONS", "GcResult", "export_layers", "Registration", "Registry", "RegistryExport", "VerifyProblem", "VerifyResult"]

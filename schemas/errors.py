@@ -96,6 +96,30 @@ class RegistryError(NormbridgeError):
     code = "registry_error"
 
 
+class UnauthorizedError(NormbridgeError):
+    """A registry server refused the request: no token, or an unknown, malformed or revoked one (HTTP 401)."""
+
+    code = "unauthorized"
+
+
+class ForbiddenError(NormbridgeError):
+    """The token is valid but its role or model scope does not allow the request (HTTP 403)."""
+
+    code = "forbidden"
+
+
+class PayloadTooLargeError(NormbridgeError):
+    """An upload is larger than the server's limit (HTTP 413)."""
+
+    code = "payload_too_large"
+
+
+class ServerUnreachableError(NormbridgeError):
+    """The registry server did not answer (connection refused, timeout, not a normbridge server)."""
+
+    code = "server_unreachable"
+
+
 #: Exit codes of verdicts that are not errors (a command ran and found something):
 HAZARD_FOUND_EXIT = 10  # `normbridge inspect --fail-on`: a hazard at or above the severity
 DRIFT_ALARM_EXIT = 11  # `normbridge drift`: a layer's activations drifted past the thresholds
@@ -113,6 +137,10 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     IntegrityError: 12,
     NotFoundError: 13,
     RegistryError: 14,
+    UnauthorizedError: 15,
+    ForbiddenError: 16,
+    PayloadTooLargeError: 17,
+    ServerUnreachableError: 18,
     NormbridgeError: 9,
 }
 
@@ -127,8 +155,20 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     IntegrityError: 500,
     NotFoundError: 404,
     RegistryError: 409,
+    UnauthorizedError: 401,
+    ForbiddenError: 403,
+    PayloadTooLargeError: 413,
+    ServerUnreachableError: 502,
     NormbridgeError: 500,
 }
+
+
+def error_class_for_code(code: str) -> type[NormbridgeError]:
+    """The error class whose stable `code` this is (NormbridgeError for unknown codes): HTTP clients re-raise server errors with it."""
+    for cls in EXIT_CODES:
+        if cls.code == code:
+            return cls
+    return NormbridgeError
 
 
 def exit_code_for(error: BaseException) -> int:

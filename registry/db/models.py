@@ -180,6 +180,35 @@ class AuditRow(Base):
     to_entity = to_record
 
 
+class TokenRow(Base):
+    """An API token: only the sha256 of its secret is kept; `models` (None = all) scopes what it may touch."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255), nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    models: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    created_by: Mapped[str] = mapped_column(String(255), nullable=False)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class DriftReportRow(Base):
+    """One recorded drift check of a version (the JSON of converters.models.drift's report)."""
+
+    __tablename__ = "drift_reports"
+    __table_args__ = (Index("ix_drift_reports_version_id", "version_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("versions.id"), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+    user: Mapped[str] = mapped_column(String(255), nullable=False)
+    report: Mapped[dict] = mapped_column(JSON, nullable=False)
+
+
 class LockRow(Base):
     """Named rows taken FOR UPDATE to serialise writers portably ('audit' orders the hash chain)."""
 
