@@ -8,9 +8,9 @@ imported here explicitly: a module missing from this list is caught by tests/tes
 from __future__ import annotations
 
 from .app import app
-from .commands import inspect, layers, monitoring, port, registry, serving  # noqa: F401  (each registers its commands on `app`)
+from .commands import inspect, layers, mlflow_commands, monitoring, port, registry, service, serving  # noqa: F401  (each registers its commands on `app`)
 
-COMMAND_MODULES = (layers, inspect, port, serving, monitoring, registry)
+COMMAND_MODULES = (layers, inspect, port, serving, monitoring, registry, service, mlflow_commands)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -327,6 +327,17 @@ class MetadataStore:
             session.flush()
         return self._model(session, model, lock=True)
 
+    def append_audit(self, action: str, model: str | None, number: int | None, detail: dict, user: str,
+                     session: Session | None = None) -> AuditRecord:
+        """Append one chained entry for a write that is not a version (gc, token create/revoke).
+
+        Pass `session` (inside its open transaction) to make the entry atomic with that write.
+        """
+        if session is not None:
+            return self._append_audit(session, user, action, model, number, detail).to_record()
+        with self._sessions() as own, own.begin():
+            return self._append_audit(own, user, action, model, number, detail).to_record()
+
     def record_failure(self, model: str, user: str, detail: dict) -> None:
         """Audit a refused registration ('register_failed'); nothing else is written."""
         with self._sessions() as session, session.begin():

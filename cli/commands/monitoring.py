@@ -41,10 +41,13 @@ def drift(
     ratio_threshold: float = typer.Option(2.0, "--ratio-threshold", help="Alarm when var / running_var leaves [1/r, r] on a channel (r > 1; 2 = a factor of two)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Inputs per forward pass (memory only: statistics pool over all inputs)."),
     json_output: bool = typer.Option(False, "--json", help="Print the drift report as JSON."),
+    record: str | None = typer.Option(None, "--record", metavar="NAME@N", help="Store the report against this registered version (shown on its drift page)."),
+    db: str | None = typer.Option(None, "--db", help="With --record: SQLAlchemy URL of the registry database (env NORMBRIDGE_DB)."),
+    blobs: str | None = typer.Option(None, "--blobs", help="With --record: the registry's blob store (env NORMBRIDGE_BLOBS)."),
 ) -> None:
     """Compare every BatchNorm layer's input statistics on serving data with its frozen running statistics.
 
-    Exit 0 when no layer alarms, 11 when one does. Example: normbridge drift model.onnx todays_inputs.npy --json
+    Exit 0 when no layer alarms, 11 when one does. Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
     """
     from converters.models.drift import drift_check
     from converters.models.loading import load_model
@@ -56,6 +59,12 @@ def drift(
     if shift_threshold <= 0:
         raise InputFileError(f"--shift-threshold {shift_threshold} must be positive (in standard deviations of the running statistics).")
     thresholds = DriftThresholds(shift=shift_threshold, log_ratio=math.log(ratio_threshold))
+    registry = None
+    if record is not None:
+        from registry.service import Registry
+
+        registry = Registry(db=db, blobs=blobs)
+        record = registry.show(record).ref  # fail before the forward passes when the version does not exist
     if json_output:
         report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
         print(report.to_json())
@@ -65,6 +74,11 @@ def drift(
         console.print(_drift_table(report))
         verdict = f"[bold red]DRIFT[/] in {', '.join(report.alarms)}" if report.alarms else "[green]no drift[/]"
         console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)", soft_wrap=True)
+    if record is not None:
+        from registry.drift_records import record_drift
+
+        stored = record_drift(registry, record, report)
+        Console(stderr=True).print(f"recorded drift report {stored.id} against {stored.model}@{stored.number}", highlight=False, markup=False)
     if report.alarms:
         raise typer.Exit(DRIFT_EXIT_CODE)
 

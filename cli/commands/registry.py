@@ -2,7 +2,9 @@
 
 Every command is a thin shell over registry.service.Registry. `--db` / `--blobs` (or env
 NORMBRIDGE_DB / NORMBRIDGE_BLOBS) pick the store; by default SQLite and a blobs folder under
-$NORMBRIDGE_HOME (~/.local/share/normbridge), created on first use.
+$NORMBRIDGE_HOME (~/.local/share/normbridge), created on first use. With the global
+`--server URL` (env NORMBRIDGE_SERVER) the same commands run against a `normbridge serve`
+server through registry.client.RemoteRegistry (cli/remote.py), with byte progress bars.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default
 INTEGRITY_EXIT = 12
 
 
-def _registry(db: str | None, blobs: str | None):
+def _registry(db: str | None, blobs: str | None, quiet: bool = False):
+    """The local Registry, or a RemoteRegistry when --server / NORMBRIDGE_SERVER is set (byte bars unless `quiet`)."""
+    from ..remote import remote_registry
+
+    remote = remote_registry(db, blobs, quiet=quiet)
+    if remote is not None:
+        return remote
     from registry.service import Registry
 
     return Registry(db=db, blobs=blobs)
@@ -75,8 +83,10 @@ def register(
 
     Nothing is stored when a check fails (exit 7); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
-    registry = _registry(db, blobs)
-    if json_output:
+    from registry.client import RemoteRegistry
+
+    registry = _registry(db, blobs, json_output)
+    if json_output or isinstance(registry, RemoteRegistry):  # over a server the upload draws a byte bar instead of steps
         result = registry.register(name, model, parent=parent, note=note, operation=operation)
     else:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -109,7 +119,7 @@ def models(
     json_output: bool = typer.Option(False, "--json", help="Print the models as JSON."),
 ) -> None:
     """List registered models with their latest version. Example: normbridge models --json"""
-    rows = _registry(db, blobs).models()
+    rows = _registry(db, blobs, json_output).models()
     if json_output:
         _dump([{"name": n, "latest": latest, "versions": count} for n, latest, count in rows])
         return
@@ -130,7 +140,7 @@ def versions(
     json_output: bool = typer.Option(False, "--json", help="Print the versions as JSON."),
 ) -> None:
     """List the versions of a model, oldest first, with lineage and aliases. Example: normbridge versions resnet"""
-    registry = _registry(db, blobs)
+    registry = _registry(db, blobs, json_output)
     records = registry.versions(name)
     aliases = registry.aliases(name)
     if json_output:
@@ -166,7 +176,7 @@ def show(
 
     Every blob is re-hashed before its statistics are shown (exit 12 if tampered). Example: normbridge show resnet@2
     """
-    registry = _registry(db, blobs)
+    registry = _registry(db, blobs, json_output)
     record = registry.show(ref)
     specs = registry.specs(f"{record.model}@{record.number}")
     if json_output:
@@ -204,7 +214,7 @@ def diff(
 
     Example: normbridge diff resnet@1 resnet@2
     """
-    result = _registry(db, blobs).diff(ref_a, ref_b)
+    result = _registry(db, blobs, json_output).diff(ref_a, ref_b)
     if json_output:
         print(result.to_json())
         return
@@ -220,7 +230,7 @@ def lineage(
     json_output: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
 ) -> None:
     """Show a version's ancestors and descendants as a tree with operation labels. Example: normbridge lineage resnet@2"""
-    view = _registry(db, blobs).lineage(ref)
+    view = _registry(db, blobs, json_output).lineage(ref)
     if json_output:
         print(view.model_dump_json(indent=2))
         return
@@ -245,7 +255,7 @@ def verify(
 
     Exit 0 when all is intact, 12 when a blob is tampered or missing or the chain is broken, 7 when a check fails. Example: normbridge verify resnet@2
     """
-    result = _registry(db, blobs).verify(ref, rerun_checks=not no_check)
+    result = _registry(db, blobs, json_output).verify(ref, rerun_checks=not no_check)
     if json_output:
         print(result.to_json())
     else:
@@ -269,7 +279,7 @@ def alias(
     json_output: bool = typer.Option(False, "--json", help="Print the alias record as JSON."),
 ) -> None:
     """Point NAME@ALIAS at a version; every move is recorded in the audit log. Example: normbridge alias resnet production resnet@2"""
-    record = _registry(db, blobs).set_alias(name, alias_name, ref)
+    record = _registry(db, blobs, json_output).set_alias(name, alias_name, ref)
     if json_output:
         _dump(record)
         return
@@ -293,7 +303,7 @@ def audit(
     json_output: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
 ) -> None:
     """Print the append-only audit log (registrations, failures, alias moves, deletions). Example: normbridge audit --model resnet --verify"""
-    registry = _registry(db, blobs)
+    registry = _registry(db, blobs, json_output)
     entries = registry.audit(model=model, user=user)
     problems = registry.verify_audit() if verify_chain else None
     if json_output:
@@ -326,7 +336,7 @@ def gc(
     json_output: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),
 ) -> None:
     """Delete blobs that no version references (left by an interrupted registration). Example: normbridge gc --grace 0"""
-    result = _registry(db, blobs).gc(grace)
+    result = _registry(db, blobs, json_output).gc(grace)
     if json_output:
         print(result.to_json())
         return
@@ -340,7 +350,7 @@ def export_version(ref: str, to: str, output: Path, json_output: bool, db: str |
     Called by the `export` command when its MODEL is a registry reference rather than a file
     (the registry stores normalization state and weights, not a model's architecture).
     """
-    result = _registry(db, blobs).export(ref, to, output)
+    result = _registry(db, blobs, json_output).export(ref, to, output)
     if json_output:
         _dump(result)
         return

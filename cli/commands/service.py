@@ -1,0 +1,136 @@
+"""`normbridge serve` (the HTTP API) and `normbridge token create|list|revoke` (its API tokens, on the server host).
+
+Tokens are managed locally because minting one needs the database; the secret is printed once
+and only its sha256 is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import typer
+from rich.table import Table
+
+from ..app import app, console
+from ..errors import reports_errors, stderr
+from .registry import BLOBS_HELP, DB_HELP
+
+token_app = typer.Typer(name="token", no_args_is_help=True,
+                        help="Create, list and revoke API tokens of `normbridge serve`. Example: normbridge token create --owner alice --role write")
+app.add_typer(token_app, name="token")
+
+
+@app.command()
+@reports_errors
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    max_upload_mb: float = typer.Option(2048.0, "--max-upload-mb", help="Largest upload accepted, in MiB (larger ones get 413)."),
+    insecure_local: bool = typer.Option(False, "--insecure-local", help="Let requests without a token act as admin 'local' (loopback hosts only)."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (each opens its own database pool)."),
+) -> None:
+    """Serve the registry over HTTP (/api/v1, OpenAPI at /docs); every request needs a token unless --insecure-local.
+
+    Example: normbridge serve --host 127.0.0.1 --port 8000 --db sqlite:///registry.db --blobs ./blobs
+    """
+    import uvicorn
+
+    from registry import settings
+    from registry.http import app as http_app
+    from registry.service import Registry
+
+    if insecure_local and not http_app.is_loopback(host):
+        stderr.print(f"[bold red]error[/]: --insecure-local gives anonymous admin access, so it is refused on host '{host}'; "
+                      "use --host 127.0.0.1 or create tokens with `normbridge token create`.", highlight=False)
+        raise typer.Exit(2)
+    if max_upload_mb <= 0:
+        stderr.print(f"[bold red]error[/]: --max-upload-mb {max_upload_mb} is not positive; pass a size in MiB such as 2048.", highlight=False)
+        raise typer.Exit(2)
+    limit = int(max_upload_mb * 1024 * 1024)
+    db_url, blob_uri = settings.database_url(db), settings.blobs_uri(blobs)
+    registry = Registry(db=db_url, blobs=blob_uri, user="server")  # runs the migrations once, before any worker starts
+    if workers == 1:
+        uvicorn.run(http_app.create_app(registry, insecure_local=insecure_local, max_upload_bytes=limit), host=host, port=port,
+                    log_level="info")
+        return
+    registry.meta.close()
+    os.environ.update({"NORMBRIDGE_DB": db_url, "NORMBRIDGE_BLOBS": blob_uri, http_app.HOST_ENV: host,
+                       http_app.INSECURE_ENV: "1" if insecure_local else "0", http_app.MAX_UPLOAD_ENV: str(limit)})
+    uvicorn.run("registry.http.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info")
+
+
+def _tokens(db: str | None):
+    from registry.metadata import MetadataStore
+    from registry.settings import database_url
+    from registry.tokens import TokenStore
+
+    return TokenStore(MetadataStore(database_url(db)))
+
+
+def _token_json(info) -> dict:
+    return {"id": info.id, "owner": info.owner, "role": info.role, "models": None if info.models is None else list(info.models),
+            "note": info.note, "created_at": info.created_at.isoformat(), "created_by": info.created_by,
+            "revoked_at": None if info.revoked_at is None else info.revoked_at.isoformat()}
+
+
+@token_app.command("create")
+@reports_errors
+def token_create(
+    owner: str = typer.Option(..., "--owner", help="Who the token acts as (named in the audit log)."),
+    role: str = typer.Option(..., "--role", help="read, write (implies read) or admin (implies write)."),
+    model: list[str] = typer.Option([], "--model", help="Restrict the token to this model (repeat for several; default every model)."),
+    note: str | None = typer.Option(None, "--note", help="Why the token exists."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print {id, token, owner, role, models} as JSON."),
+) -> None:
+    """Create an API token and print its secret once (only its hash is stored). Example: normbridge token create --owner ci --role write --model resnet"""
+    from registry.settings import current_user
+
+    info, token = _tokens(db).create(owner, role, models=model or None, note=note, created_by=current_user())
+    if json_output:
+        print(json.dumps({"id": info.id, "token": token, "owner": info.owner, "role": info.role,
+                          "models": None if info.models is None else list(info.models)}))
+        return
+    print(token)
+    scope = ", ".join(info.models) if info.models else "every model"
+    console.print(f"token {info.id} for {info.owner}: role {info.role}, {scope}. It is shown only this once: store it now.", highlight=False)
+
+
+@token_app.command("list")
+@reports_errors
+def token_list(
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the tokens as JSON (never their secrets)."),
+) -> None:
+    """List API tokens (ids, owners, roles, scopes; never secrets). Example: normbridge token list --json"""
+    tokens = _tokens(db).list()
+    if json_output:
+        print(json.dumps([_token_json(t) for t in tokens], indent=2))
+        return
+    table = Table(title=f"{len(tokens)} token(s)")
+    for column in ("id", "owner", "role", "models", "created", "by", "state", "note"):
+        table.add_column(column, overflow="fold")
+    for t in tokens:
+        table.add_row(t.id, t.owner, t.role, ", ".join(t.models) if t.models else "all", t.created_at.strftime("%Y-%m-%d %H:%M"), t.created_by,
+                      "revoked" if t.revoked_at else "active", t.note or "")
+    console.print(table)
+
+
+@token_app.command("revoke")
+@reports_errors
+def token_revoke(
+    token_id: str = typer.Argument(..., metavar="ID", help="The token id (12 hex digits, from `normbridge token list`)."),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+    json_output: bool = typer.Option(False, "--json", help="Print the revoked token as JSON."),
+) -> None:
+    """Revoke an API token from now on; requests with it get 401. Example: normbridge token revoke 3f9a0c1b2d4e"""
+    from registry.settings import current_user
+
+    info = _tokens(db).revoke(token_id, user=current_user())
+    if json_output:
+        print(json.dumps(_token_json(info)))
+        return
+    console.print(f"token {info.id} of {info.owner} is revoked", highlight=False)

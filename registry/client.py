@@ -1,0 +1,355 @@
+"""The registry over HTTP: `RemoteRegistry` answers what `Registry` answers, by asking a `normbridge serve` server.
+
+The CLI picks it when `--server URL` (env NORMBRIDGE_SERVER) is given, so every registry command
+works unchanged against a shared server. Methods and return types follow registry.service.Registry
+(records from registry.metadata, pydantic results); server errors come back as the same
+schemas.errors types (and so the same exit codes), and a server that does not answer is a
+ServerUnreachableError naming the URL. Bundles are re-hashed on arrival: a blob that does not
+hash to its name, or a manifest whose digest is not the one the server announced, is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import quote
+
+import httpx
+
+from schemas.errors import (
+    CheckFailedError,
+    ForbiddenError,
+    InputFileError,
+    IntegrityError,
+    NormbridgeError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RegistryError,
+    ServerUnreachableError,
+    UnauthorizedError,
+    error_class_for_code,
+)
+
+from .client_transfer import TransferProgress, extract_bundle, file_chunks, folder_tar_chunks, folder_tar_size, no_progress, save_stream
+from .metadata import AliasRecord, AuditRecord, VersionRecord
+
+API = "/api/v1"
+UPLOAD_FORMATS = {".onnx": "onnx", ".keras": "keras", ".pt2": "pt2"}
+#: Registration runs the equivalence gate on the server: reads may take minutes, connecting may not.
+TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+_STATUS_ERRORS = {401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError, 413: PayloadTooLargeError}
+
+
+class RemoteRegistry:
+    """A registry on a normbridge server at `url`, authenticated with `token` (`nbt_...`; None for `serve --insecure-local`).
+
+    `transfer(description, total_bytes)` may be given to draw byte progress for uploads and downloads.
+    """
+
+    def __init__(self, url: str, token: str | None = None, transfer: TransferProgress | None = None, timeout: httpx.Timeout = TIMEOUT,
+                 waiting: Callable[[str], AbstractContextManager] | None = None):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.transfer = transfer or no_progress
+        self.waiting = waiting or (lambda description: nullcontext())
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout, follow_redirects=False)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "RemoteRegistry":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ HTTP plumbing
+
+    def _unreachable(self, error: Exception) -> ServerUnreachableError:
+        return ServerUnreachableError(
+            f"the registry server at {self.url} did not answer ({type(error).__name__}: {error}); start it with `normbridge serve` "
+            "or fix --server / NORMBRIDGE_SERVER.")
+
+    def _request(self, method: str, path: str, **kwargs) -> Any:
+        """The JSON answer of a request; server errors re-raised as their schemas.errors type."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise self._unreachable(error) from error
+        return self._json(response)
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            raise self._error(response)
+        try:
+            return response.json()
+        except ValueError as error:
+            raise ServerUnreachableError(f"{self.url} answered {response.request.url.path} with something that is not JSON "
+                                         f"(HTTP {response.status_code}); check that --server / NORMBRIDGE_SERVER points at a normbridge server.") from error
+
+    def _error(self, response: httpx.Response) -> NormbridgeError:
+        """The server's {"error": {...}} as the matching schemas.errors type (CheckFailedError keeps its CheckResult)."""
+        try:
+            body = response.json()["error"]
+            code, message = body["code"], body["message"]
+        except (ValueError, KeyError, TypeError):
+            cls = _STATUS_ERRORS.get(response.status_code)
+            text = response.text[:200].strip()
+            if cls is not None:
+                return cls(f"{self.url} refused {response.request.method} {response.request.url.path} with HTTP {response.status_code}: {text}")
+            return ServerUnreachableError(f"{self.url} answered HTTP {response.status_code} without a normbridge error body ({text!r}); "
+                                          "check that --server / NORMBRIDGE_SERVER points at a normbridge server.")
+        if code == "unauthorized":
+            message = message.rstrip(".") + "; the CLI sends the token given with --token or env NORMBRIDGE_TOKEN."
+        return _rebuild(error_class_for_code(code), message, body)
+
+    @contextmanager
+    def _download(self, path: str, description: str) -> Iterator[tuple[Path, httpx.Headers]]:
+        """Stream a response body into a temporary file (deleted afterwards); yields (file, headers)."""
+        with tempfile.TemporaryDirectory(prefix="normbridge-download-") as tmp:
+            target = Path(tmp) / "body"
+            started = False
+            try:
+                with self.http.stream("GET", path) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise self._error(response)
+                    started = True
+                    length = response.headers.get("Content-Length")
+                    with self.transfer(description, int(length) if length and length.isdigit() else None) as advance:
+                        save_stream(response.iter_bytes(), target, advance)
+                    headers = response.headers
+            except httpx.TransportError as error:
+                if not started:
+                    raise self._unreachable(error) from error
+                # The server stops a bundle mid-stream when a stored blob fails its hash: never use what arrived.
+                raise IntegrityError(f"{description} from {self.url} ended early ({type(error).__name__}: {error}); the server stops "
+                                     "sending when a stored blob fails its hash check: run `normbridge verify` against the server.") from error
+            yield target, headers
+
+    @contextmanager
+    def _bundle(self, ref: str) -> Iterator[tuple[Any, str]]:
+        """The version's artifact (every blob re-hashed, digest checked against the server's) and its 'name@N'."""
+        from .artifact import load_artifact_folder
+
+        name, version = _split(ref)
+        with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (archive, headers):
+            folder = extract_bundle(archive, archive.parent / "bundle")
+            try:
+                artifact = load_artifact_folder(folder)
+            except InputFileError as error:
+                raise IntegrityError(f"the bundle of {ref} downloaded from {self.url} is damaged ({error}); it was not used.") from error
+            announced = headers.get("X-Normbridge-Digest")
+            if announced is None or artifact.manifest.digest() != announced:
+                raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {artifact.manifest.digest()[:12]} but the server "
+                                     f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+            yield artifact, headers.get("X-Normbridge-Version") or ref
+
+    # ------------------------------------------------------------------ registration
+
+    def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
+                 progress=None):
+        """Upload a model file (.onnx, .keras, .pt2) or an artifact folder; the server runs the equivalence gate and stores it.
+
+        Returns a registry.service.Registration. An in-memory model is refused: save it to a file first.
+        """
+        from .service import Registration
+
+        path, fmt, size, chunks = self._upload_body(model)
+        report = progress or (lambda step, done, total: None)
+        params = {k: v for k, v in (("format", fmt), ("parent", parent), ("note", note), ("operation", operation)) if v is not None}
+
+        with ExitStack() as stack:
+            def body() -> Iterator[bytes]:
+                with self.transfer(f"uploading {path.name}", size) as advance:
+                    def both(done: int) -> None:
+                        advance(done)
+                        report("uploading", done, size)
+
+                    yield from chunks(both)
+                report("checking on the server", 0, 1)
+                stack.enter_context(self.waiting(f"{name}: the server is running the equivalence check"))
+
+            try:
+                response = self.http.post(f"/models/{_q(name)}/versions", params=params, content=body(),
+                                          headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"})
+            except (httpx.WriteError, httpx.RemoteProtocolError) as error:
+                raise ServerUnreachableError(f"the registry server at {self.url} closed the connection while {path.name} was being uploaded "
+                                             f"({type(error).__name__}: {error}); retry, and check the server's log (size limit, restarts).") from error
+            except httpx.TransportError as error:
+                raise self._unreachable(error) from error
+        answer = self._json(response)
+        report("committed", 1, 1)
+        return Registration(version=_version(answer["version"]), created=bool(answer["created"]),
+                            checks=[check_result(c) for c in answer.get("checks") or []])
+
+    def _upload_body(self, model: Any):
+        """(path, format, size, chunks(advance)) for a model path; InputFileError/RegistryError before anything is sent."""
+        if not isinstance(model, (str, Path)):
+            raise RegistryError(f"cannot send an in-memory {type(model).__name__} to the registry server at {self.url}; save it to a file first "
+                                "(torch.export.save -> .pt2, model.save -> .keras, or .onnx) and register the path.")
+        path = Path(model)
+        if not path.exists():
+            raise InputFileError(f"'{path}' does not exist; pass a .pt2, .keras or .onnx file or an artifact folder.")
+        if path.is_dir():
+            if not (path / "manifest.json").is_file():
+                raise InputFileError(f"'{path}' is a folder without manifest.json; pass a model file (.pt2, .keras, .onnx) or a saved artifact folder.")
+            return path, "bundle", folder_tar_size(path), lambda advance: folder_tar_chunks(path, advance)
+        fmt = UPLOAD_FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            from converters.models.loading import load_model
+
+            load_model(path)  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
+            raise InputFileError(f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder.")
+        return path, fmt, path.stat().st_size, lambda advance: file_chunks(path, advance)
+
+    # ------------------------------------------------------------------ reading
+
+    def models(self) -> list[tuple[str, int, int]]:
+        return [(m["name"], m["latest"], m["versions"]) for m in self._request("GET", "/models")]
+
+    def versions(self, name: str) -> list[VersionRecord]:
+        return [_version(v) for v in self._request("GET", f"/models/{_q(name)}/versions")["versions"]]
+
+    def aliases(self, name: str) -> list[AliasRecord]:
+        return [_alias(a) for a in self._request("GET", f"/models/{_q(name)}/aliases")]
+
+    def show(self, ref: str) -> VersionRecord:
+        name, version = _split(ref)
+        return _version(self._request("GET", f"/models/{_q(name)}/versions/{_q(version)}"))
+
+    def manifest(self, ref: str):
+        from schemas.manifest import load_manifest
+
+        return load_manifest(self.show(ref).manifest)
+
+    def specs(self, ref: str) -> list:
+        with self._bundle(ref) as (artifact, _):
+            return list(artifact.specs)
+
+    def tensors(self, ref: str) -> dict:
+        from .artifact import tensors_from_blobs
+
+        with self._bundle(ref) as (artifact, _):
+            return tensors_from_blobs(artifact.manifest, artifact.blobs.__getitem__)
+
+    def diff(self, ref_a: str, ref_b: str):
+        from schemas.manifest_diff import ManifestDiff
+
+        return ManifestDiff.model_validate(self._request("GET", "/diff", params={"a": ref_a, "b": ref_b}))
+
+    def lineage(self, ref: str):
+        from .lineage import LineageView
+
+        name, version = _split(ref)
+        return LineageView.model_validate(self._request("GET", f"/models/{_q(name)}/versions/{_q(version)}/lineage"))
+
+    # ------------------------------------------------------------------ writing
+
+    def set_alias(self, name: str, alias: str, ref: str) -> AliasRecord:
+        return _alias(self._request("PUT", f"/models/{_q(name)}/aliases/{_q(alias)}", json={"version": ref}))
+
+    def verify(self, ref: str | None = None, rerun_checks: bool = True):
+        from .service import VerifyResult
+
+        params = {"check": "true" if rerun_checks else "false", **({"ref": ref} if ref is not None else {})}
+        answer = self._request("POST", "/verify", params=params)
+        answer.pop("passed", None)
+        return VerifyResult.model_validate(answer)
+
+    def audit(self, model: str | None = None, user: str | None = None) -> list[AuditRecord]:
+        params = {k: v for k, v in (("model", model), ("user", user)) if v is not None}
+        return [_audit(e) for e in self._request("GET", "/audit", params=params)["entries"]]
+
+    def verify_audit(self) -> list[str]:
+        answer = self._request("GET", "/audit", params={"verify": "true"})
+        return list(answer.get("chain_problems") or [])
+
+    def gc(self, grace_seconds: float = 3600.0):
+        from .service import GcResult
+
+        return GcResult.model_validate(self._request("POST", "/gc", params={"grace": grace_seconds}))
+
+    def export(self, ref: str, to: str, folder: str | Path):
+        """Download the version's bundle (re-hashed) and write each normalization layer locally, as `Registry.export` does."""
+        from .service import export_layers
+
+        with self._bundle(ref) as (artifact, version):
+            return export_layers(artifact.manifest, list(artifact.specs), to, folder, version)
+
+
+# -- JSON -> records ---------------------------------------------------------------------------
+
+
+def _q(part: str) -> str:
+    return quote(str(part), safe="")
+
+
+def _split(ref: str) -> tuple[str, str]:
+    """'name@N' / 'name@alias' / 'name' -> (name, version part; 'latest' when absent)."""
+    name, _, version = str(ref).partition("@")
+    if not name:
+        raise NotFoundError(f"'{ref}' is not a version reference; use NAME@N, NAME@alias or NAME.")
+    return name, version or "latest"
+
+
+def _when(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _version(v: dict) -> VersionRecord:
+    return VersionRecord(model=v["model"], number=v["number"], digest=v["digest"], content_digest=v["content_digest"], manifest=v["manifest"],
+                         parent=v.get("parent"), operation=v["operation"], note=v.get("note"), created_at=_when(v["created_at"]), user=v["user"])
+
+
+def _alias(a: dict) -> AliasRecord:
+    return AliasRecord(model=a["model"], alias=a["alias"], number=a["number"], moved_at=_when(a["moved_at"]), user=a["user"])
+
+
+def _audit(e: dict) -> AuditRecord:
+    return AuditRecord(seq=e["seq"], at=_when(e["at"]), user=e["user"], action=e["action"], model=e.get("model"), number=e.get("number"),
+                       detail=e.get("detail") or {}, prev_hash=e["prev_hash"], hash=e["hash"])
+
+
+def check_result(document: dict):
+    """A CheckResult from its JSON; errors that overflowed to inf/NaN arrive as null (JSON has neither) and come back as NaN."""
+    from pydantic import ValidationError
+
+    from schemas import CheckResult
+
+    document = copy.deepcopy(document)
+    for _ in range(8):  # one pass per nesting of nulls is plenty; a report that still fails is returned as None
+        try:
+            return CheckResult.model_validate(document)
+        except ValidationError as error:
+            nulls = [e["loc"] for e in error.errors() if e["type"] == "float_type" and e.get("input") is None]
+            if not nulls:
+                return None
+            for loc in nulls:
+                target = document
+                for key in loc[:-1]:
+                    target = target[key]
+                target[loc[-1]] = float("nan")
+    return None
+
+
+def _rebuild(cls: type[NormbridgeError], message: str, body: dict) -> NormbridgeError:
+    """An error of `cls` carrying the server's message as is (it already names the layer), its layer, setting and report."""
+    error = cls.__new__(cls)
+    NormbridgeError.__init__(error, message)
+    error.layer, error.setting = body.get("layer"), body.get("setting")
+    if isinstance(error, CheckFailedError):
+        report = body.get("report")
+        error.result = check_result(report) if report else None
+    if cls.__name__ == "NotExpressibleError":
+        error.target = None
+    return error
+
+
+__all__ = ["RemoteRegistry"]

@@ -1,0 +1,136 @@
+"""Moving bytes to and from a registry server: streamed uploads and downloads with byte progress, safe bundle extraction.
+
+Nothing is held in memory whole: a model file or an artifact folder (tarred on the fly, so its
+Content-Length is known before the first byte) is read in chunks as the request body, and a
+bundle is streamed into a temporary file. A bundle is extracted only if every member is a
+regular file named `manifest.json` or `blobs/<sha256>.safetensors` (no links, no absolute or
+`..` paths), so a hostile server cannot write outside the temporary folder.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+from schemas.errors import InputFileError, IntegrityError
+
+from .artifact import BLOBS_DIR, MANIFEST_FILE
+
+CHUNK = 1 << 20
+BLOCK = tarfile.BLOCKSIZE  # 512
+
+#: advance(bytes_done): reports how far a transfer is.
+Advance = Callable[[int], None]
+#: transfer(description, total_bytes | None) -> a context manager yielding `advance`; the CLI draws a bar from it.
+TransferProgress = Callable[[str, "int | None"], AbstractContextManager[Advance]]
+
+_BLOB_MEMBER = re.compile(rf"^{BLOBS_DIR}/[0-9a-f]{{64}}\.safetensors$")
+
+
+def no_progress(description: str, total: int | None) -> AbstractContextManager[Advance]:
+    return nullcontext(lambda done: None)
+
+
+# -- uploads -----------------------------------------------------------------------------------
+
+
+def file_chunks(path: Path, advance: Advance, start: int = 0) -> Iterator[bytes]:
+    """The file's bytes in chunks; `advance` gets the running byte count (offset by `start`)."""
+    done = start
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            done += len(chunk)
+            yield chunk
+            advance(done)
+
+
+def _folder_members(folder: Path) -> list[tuple[str, Path]]:
+    """(name in the tar, file) for an artifact folder: manifest.json first, then its blobs; nothing else is sent."""
+    members = [(MANIFEST_FILE, folder / MANIFEST_FILE)]
+    blobs = folder / BLOBS_DIR
+    if blobs.is_dir():
+        members += [(f"{BLOBS_DIR}/{p.name}", p) for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors"]
+    return members
+
+
+def _header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    return info.tobuf(format=tarfile.PAX_FORMAT)
+
+
+def _padding(size: int) -> int:
+    return (BLOCK - size % BLOCK) % BLOCK
+
+
+def folder_tar_size(folder: Path) -> int:
+    """Exact length of the tar `folder_tar_chunks` produces (so the upload can send Content-Length)."""
+    total = 0
+    for name, path in _folder_members(folder):
+        size = path.stat().st_size
+        total += len(_header(name, size)) + size + _padding(size)
+    return total + 2 * BLOCK
+
+
+def folder_tar_chunks(folder: Path, advance: Advance) -> Iterator[bytes]:
+    """An artifact folder as a tar stream, produced while it is sent (headers, file chunks, padding, end blocks)."""
+    done = 0
+    for name, path in _folder_members(folder):
+        size = path.stat().st_size
+        header = _header(name, size)
+        done += len(header)
+        yield header
+        for chunk in file_chunks(path, advance, start=done):
+            yield chunk
+        done += size
+        pad = _padding(size)
+        if pad:
+            done += pad
+            yield b"\0" * pad
+        advance(done)
+    done += 2 * BLOCK
+    yield b"\0" * (2 * BLOCK)
+    advance(done)
+
+
+# -- downloads ---------------------------------------------------------------------------------
+
+
+def save_stream(chunks: Iterator[bytes], target: Path, advance: Advance) -> int:
+    """Write a response body to `target` chunk by chunk; returns the byte count."""
+    done = 0
+    with open(target, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+            done += len(chunk)
+            advance(done)
+    return done
+
+
+def extract_bundle(archive: Path, folder: Path) -> Path:
+    """Extract a bundle tar into `folder` after checking every member; IntegrityError for anything unexpected."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / BLOBS_DIR).mkdir(exist_ok=True)
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            for member in tar:
+                name = member.name.removeprefix("./")
+                if member.isdir() and name.rstrip("/") in ("", ".", BLOBS_DIR):
+                    continue
+                if not member.isfile() or not (name == MANIFEST_FILE or _BLOB_MEMBER.match(name)):
+                    raise IntegrityError(f"the bundle holds an unexpected member '{member.name}'; a bundle holds only {MANIFEST_FILE} and "
+                                         f"{BLOBS_DIR}/<sha256>.safetensors regular files: check that --server points at a normbridge server.")
+                source = tar.extractfile(member)
+                with source, open(folder / name, "wb") as out:
+                    while chunk := source.read(CHUNK):
+                        out.write(chunk)
+    except tarfile.TarError as error:
+        raise InputFileError(f"the downloaded bundle is not a valid tar archive ({error}); retry, or check the server's log.") from error
+    return folder
+
+
+__all__ = ["Advance", "TransferProgress", "extract_bundle", "file_chunks", "folder_tar_chunks", "folder_tar_size", "no_progress", "save_stream"]

@@ -1,0 +1,81 @@
+"""Drift checks recorded against a registered version, so the web pages can chart the last one.
+
+`normbridge drift --record NAME@N` (or any caller of `record_drift`) stores the whole
+`schemas.serving.DriftReport` as JSON in the drift_reports table (migration 0002), keyed by the
+version's row id: the report keeps its thresholds, so a chart drawn later compares each layer
+against the threshold the check actually used, not today's default.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
+from schemas.errors import NotFoundError, RegistryError
+from schemas.serving import DriftReport
+
+
+class DriftRecord(BaseModel):
+    """One stored drift check of a version (the JSON the API's drift endpoint returns per report)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    model: str
+    number: int
+    created_at: datetime
+    user: str
+    report: DriftReport
+
+
+def _version_id(session: Session, model: str, number: int) -> int:
+    found = session.execute(
+        select(VersionRow.id).join(ModelRow, VersionRow.model_id == ModelRow.id)
+        .where(ModelRow.name == model, VersionRow.number == number)
+    ).scalar_one_or_none()
+    if found is None:
+        raise NotFoundError(f"version {model}@{number} does not exist; `normbridge versions {model}` lists its versions.")
+    return found
+
+
+def _as_report(report) -> DriftReport:
+    if isinstance(report, DriftReport):
+        return report
+    if isinstance(report, dict):
+        return DriftReport.model_validate(report)
+    raise RegistryError(f"got a {type(report).__name__} as drift report; pass the DriftReport that drift_check returned (or its JSON dict).")
+
+
+def record_drift(registry, ref: str, report) -> DriftRecord:
+    """Store `report` (a DriftReport or its JSON dict) against version `ref` ('name@N', 'name@alias' or 'name')."""
+    report = _as_report(report)
+    version = registry.show(ref)
+    at = datetime.now(UTC).replace(tzinfo=None)
+    with Session(registry.meta.engine) as session, session.begin():
+        row = DriftReportRow(version_id=_version_id(session, version.model, version.number), created_at=at,
+                             user=registry.user, report=report.model_dump(mode="json"))
+        session.add(row)
+        session.flush()
+        detail = {"drift_report": row.id, "verdict": report.verdict, "alarms": list(report.alarms), "samples": report.samples}
+        # Same transaction: a stored report always has its audit entry, and a failed append stores nothing.
+        registry.meta.append_audit("drift_recorded", version.model, version.number, detail, registry.user, session=session)
+        return DriftRecord(id=row.id, model=version.model, number=version.number, created_at=utc(at), user=registry.user, report=report)
+
+
+def drift_reports(registry, ref: str) -> list[DriftRecord]:
+    """Every drift check recorded for version `ref`, newest first (empty when none was recorded)."""
+    version = registry.show(ref)
+    with Session(registry.meta.engine) as session:
+        version_id = _version_id(session, version.model, version.number)
+        rows = session.scalars(
+            select(DriftReportRow).where(DriftReportRow.version_id == version_id).order_by(DriftReportRow.id.desc())
+        ).all()
+        return [DriftRecord(id=row.id, model=version.model, number=version.number, created_at=utc(row.created_at), user=row.user,
+                            report=DriftReport.model_validate(row.report)) for row in rows]
+
+
+__all__ = ["DriftRecord", "drift_reports", "record_drift"]

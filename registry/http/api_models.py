@@ -1,0 +1,120 @@
+"""Pydantic models of every JSON body the API sends or accepts, so /openapi.json describes it exactly.
+
+Records (frozen dataclasses of registry.metadata) become these models with `from_attributes`;
+results that already are pydantic models (CheckResult, ManifestDiff, LineageView, GcResult) are reused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from registry.drift_records import DriftRecord
+from registry.lineage import LineageView
+from registry.service import GcResult, VerifyProblem
+from schemas.check_result import CheckResult
+from schemas.manifest_diff import ManifestDiff
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Health(BaseModel):
+    status: str = Field(examples=["ok"])
+    version: str = Field(examples=["0.1.0"])
+
+
+class ModelSummary(BaseModel):
+    name: str
+    latest: int
+    versions: int
+
+
+class Version(_Record):
+    model: str
+    number: int
+    digest: str = Field(description="sha256 of the whole manifest (the artifact digest).")
+    content_digest: str = Field(description="sha256 of what the model computes (identical content = same version).")
+    manifest: dict[str, Any]
+    parent: str | None = Field(description="'name@N' of the parent version, if any.")
+    operation: str
+    note: str | None
+    created_at: datetime
+    user: str
+
+
+class Alias(_Record):
+    model: str
+    alias: str
+    number: int
+    moved_at: datetime
+    user: str
+
+
+class AuditEntry(_Record):
+    seq: int
+    at: datetime
+    user: str
+    action: str
+    model: str | None
+    number: int | None
+    detail: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+class VersionList(BaseModel):
+    versions: list[Version]
+    aliases: list[Alias]
+
+
+class Registered(BaseModel):
+    created: bool = Field(description="False when identical content was already registered (the existing version is returned).")
+    version: Version
+    checks: list[CheckResult]
+
+
+class AliasBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | int = Field(description="The version it points at: 'NAME@N' or N.", examples=["resnet@2", 2])
+
+
+class VerifyOut(BaseModel):
+    """VerifyResult plus its verdict."""
+
+    versions: list[str]
+    blobs_checked: int
+    checks_run: int
+    audit_entries: int
+    problems: list[VerifyProblem]
+    passed: bool
+
+
+class AuditOut(BaseModel):
+    entries: list[AuditEntry]
+    chain_ok: bool | None = Field(description="Whether the whole hash chain is intact (null unless verify=true).")
+    chain_problems: list[str] | None
+
+
+class DriftList(BaseModel):
+    reports: list[DriftRecord]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable name, e.g. unauthorized, forbidden, not_found, check_failed.")
+    message: str
+    layer: str | None = None
+    setting: str | None = None
+    report: CheckResult | None = Field(default=None, description="The failed equivalence check (code check_failed only).")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+__all__ = ["Alias", "AliasBody", "AuditEntry", "AuditOut", "CheckResult", "DriftList", "DriftRecord", "ErrorResponse", "GcResult", "Health",
+           "LineageView", "ManifestDiff", "ModelSummary", "Registered", "Version", "VersionList", "VerifyOut"]

@@ -1,0 +1,81 @@
+"""The FastAPI application: one Registry per process, per-request `as_user`, one error shape.
+
+`create_app(registry, insecure_local=..., max_upload_bytes=...)` is what `normbridge serve`
+runs with one worker; with several, uvicorn imports `app_from_env` (a factory) in each worker,
+which rebuilds the same app from the NORMBRIDGE_* variables serve sets.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import ipaddress
+import os
+import threading
+
+from fastapi import FastAPI
+
+from registry.tokens import TokenStore
+
+from . import routes_blobs, routes_read, routes_write
+from .errors import install_error_handlers
+from .responses import SafeJSONResponse
+from .uploads import remove_orphaned_workspaces
+
+DEFAULT_MAX_UPLOAD_BYTES = 2048 * 1024 * 1024
+#: Environment read by `app_from_env` (set by `normbridge serve` for its workers).
+INSECURE_ENV = "NORMBRIDGE_SERVE_INSECURE_LOCAL"
+HOST_ENV = "NORMBRIDGE_SERVE_HOST"
+MAX_UPLOAD_ENV = "NORMBRIDGE_SERVE_MAX_UPLOAD_BYTES"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
+    """The HTTP API over `registry` (a registry.service.Registry); see the API contract in README.md."""
+    app = FastAPI(title="normbridge registry", version=routes_read.package_version(), default_response_class=SafeJSONResponse,
+                  description="Model versions behind a normalization-equivalence gate: read, register, diff, lineage, aliases, audit.")
+    app.state.registry = registry
+    app.state.tokens = TokenStore(registry.meta)
+    app.state.insecure_local = bool(insecure_local)
+    app.state.max_upload_bytes = int(max_upload_bytes)
+    app.state.register_lock = threading.Lock()  # see routes_write._register_one_at_a_time
+    install_error_handlers(app)
+    remove_orphaned_workspaces()
+    for module in (routes_read, routes_write, routes_blobs):
+        app.include_router(module.router)
+    _install_web_pages(app)
+    return app
+
+
+def _install_web_pages(app: FastAPI) -> None:
+    """Mount the web pages (registry.web.install(app)) when that package is present."""
+    if importlib.util.find_spec("registry.web") is None:
+        return
+    web = importlib.import_module("registry.web")
+    install = getattr(web, "install", None)
+    if callable(install):
+        install(app)
+
+
+def app_from_env() -> FastAPI:
+    """Factory for uvicorn workers: the app of NORMBRIDGE_DB / NORMBRIDGE_BLOBS and the serve options in the environment."""
+    from registry.service import Registry
+
+    insecure = os.environ.get(INSECURE_ENV) == "1"
+    if insecure and not is_loopback(os.environ.get(HOST_ENV, "")):
+        raise RuntimeError(f"{INSECURE_ENV}=1 is only allowed with a loopback {HOST_ENV}; anonymous admin access must stay on this machine.")
+    limit = int(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_BYTES))
+    registry = Registry(db=os.environ.get("NORMBRIDGE_DB"), blobs=os.environ.get("NORMBRIDGE_BLOBS"), user="server")
+    return create_app(registry, insecure_local=insecure, max_upload_bytes=limit)
+
+
+__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "app_from_env", "create_app", "is_loopback"]

@@ -1,0 +1,74 @@
+"""Downloads: one blob by digest, or a whole version as a bundle (both streamed).
+
+A blob is served only when a version of a model in the caller's scope references it; otherwise
+404, whether or not it exists, so digests cannot be probed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from registry.db.models import BlobRefRow, ModelRow, VersionRow
+
+from .auth import Principal, require
+from .bundles import VersionBundle
+from .context import error_responses, registry_for, version_ref
+from .errors import not_found
+
+router = APIRouter(prefix="/api/v1")
+Reader = Annotated[Principal, Depends(require("read"))]
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1024 * 1024
+
+
+def _models_referencing(meta, digest: str) -> set[str]:
+    """Names of the models with a version that references `digest` (as a blob or as its artifact digest)."""
+    with Session(meta.engine) as session:
+        by_blob = select(ModelRow.name).join(VersionRow, VersionRow.model_id == ModelRow.id).join(
+            BlobRefRow, BlobRefRow.version_id == VersionRow.id).where(BlobRefRow.digest == digest)
+        by_version = select(ModelRow.name).join(VersionRow, VersionRow.model_id == ModelRow.id).where(VersionRow.digest == digest)
+        return set(session.scalars(by_blob.union(by_version)).all())
+
+
+def _pieces(data: bytes):
+    for start in range(0, len(data), CHUNK):
+        yield data[start:start + CHUNK]
+
+
+@router.get("/blobs/{digest}", tags=["read"], response_class=StreamingResponse, summary="The raw bytes of a blob (re-hashed before sending)",
+            responses={200: {"description": "The blob's bytes.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                             "headers": {"X-Normbridge-Sha256": {"description": "The digest (sha256 hex).", "schema": {"type": "string"}}}},
+                       **error_responses(401, 403, 404, 409, 422, 500)})
+def get_blob(digest: str, request: Request, principal: Reader) -> StreamingResponse:
+    missing = not_found(f"no blob '{digest[:80]}' is referenced by a version this token may read; "
+                        "take digests from a version's manifest (GET /api/v1/models/NAME/versions/N).")
+    if not _DIGEST.match(digest):
+        raise missing
+    registry = registry_for(request, principal)
+    if not any(principal.can("read", m) for m in _models_referencing(registry.meta, digest)):
+        raise missing
+    data = registry.store.get(digest)  # re-hashed: IntegrityError (500) rather than tampered bytes
+    return StreamingResponse(_pieces(data), media_type="application/octet-stream",
+                             headers={"X-Normbridge-Sha256": digest, "Content-Length": str(len(data))})
+
+
+@router.get("/models/{name}/versions/{ref}/bundle", tags=["read"], response_class=StreamingResponse,
+            summary="A version as a tar of its artifact folder (manifest.json + blobs/<digest>.safetensors)",
+            responses={200: {"description": "The bundle.", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+                             "headers": {"X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
+                                         "X-Normbridge-Digest": {"description": "The version digest (manifest digest).", "schema": {"type": "string"}}}},
+                       **error_responses(401, 403, 404, 409, 422, 500)})
+def get_bundle(name: str, ref: str, request: Request, principal: Reader) -> StreamingResponse:
+    principal.check("read", name)
+    registry = registry_for(request, principal)
+    record = registry.show(version_ref(name, ref))
+    bundle = VersionBundle(registry, record)
+    headers = {"X-Normbridge-Version": record.ref, "X-Normbridge-Digest": record.digest, "Content-Length": str(bundle.length),
+               "Content-Disposition": f'attachment; filename="{record.model}-{record.number}.tar"'}
+    return StreamingResponse(bundle.chunks(), media_type="application/x-tar", headers=headers)
