@@ -60,3 +60,23 @@ def pg_url() -> Iterator[str]:
     """One fresh PostgreSQL database for the whole test module."""
     with fresh_database() as url:
         yield url
+
+
+@contextmanager
+def registry_on(backend: str, folder, user: str):
+    """A registry.service.Registry on 'sqlite' (a file in `folder`) or 'postgresql' (a fresh database), blobs in `folder`."""
+    from registry.service import Registry
+
+    if backend == "sqlite":
+        registry = Registry(db=f"sqlite:///{folder / 'registry.db'}", blobs=str(folder / "blobs"), user=user)
+        try:
+            yield registry
+        finally:
+            registry.meta.close()
+        return
+    with fresh_database() as url:
+        registry = Registry(db=url, blobs=str(folder / "blobs"), user=user)
+        try:
+            yield registry
+        finally:
+            registry.meta.close()

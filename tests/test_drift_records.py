@@ -20,7 +20,7 @@ from registry.drift_records import DriftRecord, drift_reports, record_drift
 from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftThresholds
 from tests.cli_process import normbridge_command
-from tests.pg import fresh_database
+from tests.pg import registry_on
 from tests.test_registry_service import save_pt2, trained_cnn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,15 +32,8 @@ def shifted_inputs(n: int = 32, shift: float = 1.5, seed: int = 0) -> np.ndarray
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def registry(request, tmp_path):
-    from registry.service import Registry
-
-    if request.param == "sqlite":
-        yield Registry(db=f"sqlite:///{tmp_path / 'registry.db'}", blobs=str(tmp_path / "blobs"), user="monitor")
-    else:
-        with fresh_database() as url:
-            reg = Registry(db=url, blobs=str(tmp_path / "blobs"), user="monitor")
-            yield reg
-            reg.meta.close()
+    with registry_on(request.param, tmp_path, "monitor") as reg:
+        yield reg
 
 
 def test_recorded_reports_come_back_newest_first_with_their_numbers_and_are_audited(registry):

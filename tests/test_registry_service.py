@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from schemas.errors import CheckFailedError, InputFileError, IntegrityError, NormbridgeError, NotFoundError, RegistryError, SpecError
-from tests.pg import fresh_database
+from tests.pg import registry_on
 
 
 class SmallCNN(torch.nn.Module):
@@ -100,15 +100,8 @@ def assert_unchanged_but_failure(registry, before: dict) -> None:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def registry(request, tmp_path):
-    from registry.service import Registry
-
-    if request.param == "sqlite":
-        yield Registry(db=f"sqlite:///{tmp_path / 'registry.db'}", blobs=str(tmp_path / "blobs"), user="tester")
-    else:
-        with fresh_database() as url:
-            reg = Registry(db=url, blobs=str(tmp_path / "blobs"), user="tester")
-            yield reg
-            reg.meta.close()
+    with registry_on(request.param, tmp_path, "tester") as reg:
+        yield reg
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ which rebuilds the same app from the NORMBRIDGE_* variables serve sets.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import ipaddress
 import os
 import threading
@@ -16,6 +14,7 @@ import threading
 from fastapi import FastAPI
 
 from registry.tokens import TokenStore
+from registry.web import install as install_web_pages
 
 from . import routes_blobs, routes_read, routes_write
 from .errors import install_error_handlers
@@ -52,18 +51,8 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     remove_orphaned_workspaces()
     for module in (routes_read, routes_write, routes_blobs):
         app.include_router(module.router)
-    _install_web_pages(app)
+    install_web_pages(app)
     return app
-
-
-def _install_web_pages(app: FastAPI) -> None:
-    """Mount the web pages (registry.web.install(app)) when that package is present."""
-    if importlib.util.find_spec("registry.web") is None:
-        return
-    web = importlib.import_module("registry.web")
-    install = getattr(web, "install", None)
-    if callable(install):
-        install(app)
 
 
 def app_from_env() -> FastAPI:

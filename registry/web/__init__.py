@@ -1,7 +1,7 @@
 """Server-rendered web pages of the registry (models, versions, lineage, diff, drift, audit) for `normbridge serve`.
 
-`router` is a FastAPI APIRouter; `install(app)` (called by registry.http.app.create_app when this
-package is present) includes it next to the API. Pages use the API's tokens, kept in an HttpOnly
+`router` is a FastAPI APIRouter; `install(app)` (called by registry.http.app.create_app)
+includes it next to the API. Pages use the API's tokens, kept in an HttpOnly
 cookie after /ui/login, and its model scopes.
 """
 
