@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
+from registry.metadata import READ_ONLY
 from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftReport
 
@@ -69,7 +70,7 @@ def record_drift(registry, ref: str, report) -> DriftRecord:
 def drift_reports(registry, ref: str) -> list[DriftRecord]:
     """Every drift check recorded for version `ref`, newest first (empty when none was recorded)."""
     version = registry.show(ref)
-    with Session(registry.meta.engine) as session:
+    with Session(registry.meta.engine.execution_options(**{READ_ONLY: True})) as session:
         version_id = _version_id(session, version.model, version.number)
         rows = session.scalars(
             select(DriftReportRow).where(DriftReportRow.version_id == version_id).order_by(DriftReportRow.id.desc())

@@ -37,6 +37,9 @@ from schemas.errors import NotFoundError, RegistryError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
+#: Execution option marking the sessions that only read (SQLite then BEGINs without the write lock).
+READ_ONLY = "normbridge_read_only"
+
 #: How long a SQLite writer waits for the lock before failing (seconds).
 SQLITE_BUSY_TIMEOUT = 60.0
 
@@ -135,10 +138,16 @@ def make_engine(url: str | URL) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection):
-        # IMMEDIATE takes the write lock at BEGIN, so two writers never both read the same counter.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # IMMEDIATE takes the write lock at BEGIN, so two writers never both read the same counter;
+        # read-only sessions (READ_ONLY option) BEGIN deferred and never queue behind a writer.
+        connection.exec_driver_sql("BEGIN" if connection.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
 
     return engine
+
+
+#: The parent version and its model, joined onto every version query (built once: aliased() is costly per request).
+_PARENT = aliased(VersionRow)
+_PARENT_MODEL = aliased(ModelRow)
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
@@ -158,6 +167,7 @@ class MetadataStore:
         self.url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
         self.upgrade()
 
     def __repr__(self) -> str:
@@ -210,8 +220,7 @@ class MetadataStore:
     def _records_by_id(
         self, session: Session, condition, order=None, *, manifests: bool = True
     ) -> list[tuple[int, VersionRecord]]:
-        parent = aliased(VersionRow)
-        parent_model = aliased(ModelRow)
+        parent, parent_model = _PARENT, _PARENT_MODEL
         query = (
             select(VersionRow, parent_model.name, parent.number)
             .outerjoin(parent, VersionRow.parent_id == parent.id)
@@ -397,7 +406,7 @@ class MetadataStore:
 
     def models(self) -> list[tuple[str, int, int]]:
         """(name, latest number, number of versions) of every model that has versions, by name."""
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             rows = session.execute(
                 select(ModelRow.name, func.max(VersionRow.number), func.count(VersionRow.id))
                 .join(VersionRow, VersionRow.model_id == ModelRow.id)
@@ -407,18 +416,18 @@ class MetadataStore:
             return [(name, int(latest), int(count)) for name, latest, count in rows]
 
     def versions(self, model: str) -> list[VersionRecord]:
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             model_row = self._model(session, model)
             return self._records(session, VersionRow.model_id == model_row.id, order=[VersionRow.number])
 
     def version(self, model: str, number: int) -> VersionRecord:
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             return self._record(session, self._version_row(session, model, int(number)))
 
     def resolve(self, ref: str) -> VersionRecord:
         """'name@N', 'name@alias' or 'name' (its latest version)."""
         name, suffix = split_ref(ref)
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             model_row = self._model(session, name)
             if suffix is None:
                 latest = session.scalars(
@@ -448,7 +457,7 @@ class MetadataStore:
         `manifests=False` returns the records with an empty `manifest`: decoding 1,000 manifests
         costs more than the whole graph query, and a lineage tree needs none of them.
         """
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             if session.get_bind().dialect.name == "postgresql":
                 # PostgreSQL plans the recursive term for a 10-row work table and picks a hash join
                 # over a full scan of versions per step: O(n^2) on a chain (110 ms at 1,000 versions).
@@ -487,14 +496,14 @@ class MetadataStore:
             return ancestors, descendants
 
     def aliases(self, model: str) -> list[AliasRecord]:
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             model_row = self._model(session, model)
             rows = session.scalars(select(AliasRow).where(AliasRow.model_id == model_row.id).order_by(AliasRow.alias))
             return [row.to_record() for row in rows]
 
     def alias_history(self, model: str, alias: str) -> list[AliasRecord]:
         """Every move of `model@alias`, oldest first."""
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             model_row = self._model(session, model)
             rows = session.scalars(
                 select(AliasHistoryRow)
@@ -505,13 +514,13 @@ class MetadataStore:
 
     def referenced_digests(self) -> set[str]:
         """Every digest a version still needs: its blobs and its artifact digest (what gc keeps)."""
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             query = union(select(BlobRefRow.digest), select(VersionRow.digest))
             return set(session.scalars(query).all())
 
     def audit(self, model: str | None = None, user: str | None = None) -> list[AuditRecord]:
         """Audit entries in chain order, optionally only one model's or one user's."""
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             query = select(AuditRow).order_by(AuditRow.seq)
             if model is not None:
                 query = query.where(AuditRow.model == model)

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from registry.db.models import TokenRow, utc
+from registry.metadata import READ_ONLY
 from schemas.errors import NotFoundError, RegistryError
 
 #: Roles in increasing order of power: each implies the ones before it.
@@ -68,6 +69,7 @@ class TokenStore:
     def __init__(self, meta):
         self.meta = meta
         self._sessions = sessionmaker(meta.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(meta.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
     def create(self, owner: str, role: str, models: list[str] | tuple[str, ...] | None = None, note: str | None = None,
                created_by: str = "unknown") -> tuple[TokenInfo, str]:
@@ -94,7 +96,7 @@ class TokenStore:
 
     def list(self) -> list[TokenInfo]:
         """Every token, oldest first (revoked ones included, marked)."""
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             return [_info(row) for row in session.scalars(select(TokenRow).order_by(TokenRow.created_at, TokenRow.id))]
 
     def revoke(self, token_id: str, user: str = "unknown") -> TokenInfo:
@@ -115,7 +117,7 @@ class TokenStore:
         if parsed is None:
             return None
         token_id, secret = parsed
-        with self._sessions() as session:
+        with self._read_sessions() as session:
             row = session.get(TokenRow, token_id)
             expected = row.secret_hash if row is not None else _hash("")
             # Compare even for unknown ids so the timing does not tell which ids exist.

@@ -217,3 +217,19 @@ def test_lineage_without_manifests_keeps_the_graph(store):
         ("cnn@2", "cnn@1", "recalibrated", {})
     ]
     assert store.lineage_edges("cnn", 2)[0][0].manifest == {"content": "a"}
+
+
+def test_readers_do_not_wait_for_a_writer_holding_the_lock(store):
+    """Reads BEGIN without the write lock (SQLite) / under MVCC (PostgreSQL): a long registration never stalls the API's reads."""
+    add(store, "cnn", "c0")
+    writer = store._sessions()
+    writer.begin()
+    writer.execute(text("UPDATE models SET last_number = last_number WHERE name = 'cnn'"))  # holds the write lock
+    try:
+        started = time.monotonic()
+        assert [v.number for v in store.versions("cnn")] == [1]
+        assert store.resolve("cnn@1").number == 1 and store.models() == [("cnn", 1, 1)]
+        assert time.monotonic() - started < 5.0  # a queued reader would wait for the busy timeout (60 s)
+    finally:
+        writer.rollback()
+        writer.close()
