@@ -29,6 +29,7 @@ bench: setup
 	$(PY) bench/convert.py
 	$(PY) bench/models.py
 	$(PY) bench/registry.py
+	$(PY) bench/service.py
 
 schemas: setup
 	$(PY) -m schemas.json_schema

@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cli_process import normbridge_command
+from tests.processes import free_port, stop_process_group, wait_for_http
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["Server", "create_token", "free_port", "running_server"]
 
 
 @dataclass
@@ -46,31 +40,14 @@ def running_server(*, db: str, blobs: str, args: Sequence[str] = (), env: dict |
     log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"normbridge-serve-{port}.log"
     command = [*normbridge_command(), "serve", "--host", "127.0.0.1", "--port", str(port), "--db", db, "--blobs", blobs, *args]
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                   start_new_session=True)
     server = Server(url=f"http://127.0.0.1:{port}", process=process, log=log)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"normbridge serve exited with {process.returncode}:\n{server.log_text()}")
-            try:
-                with urllib.request.urlopen(f"{server.url}/api/v1/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"normbridge serve did not answer within {timeout} s:\n{server.log_text()}")
-            time.sleep(0.2)
+        wait_for_http(f"{server.url}/api/v1/health", process, timeout, server.log_text, "normbridge serve")
         yield server
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process_group(process)
 
 
 def create_token(db: str, owner: str, role: str, models: Sequence[str] = ()) -> str:

@@ -11,11 +11,9 @@ Nothing is mocked: the bridge talks HTTP to the server MLflow users run.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.http_server import free_port
+from tests.processes import free_port, stop_process_group, wait_for_http
 
 SCRIPT = Path(sys.executable).parent / "mlflow"
 
@@ -45,20 +43,8 @@ class MlflowServer:
         return self.base
 
     def _wait(self) -> None:
-        deadline = self.started + self.timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.process.returncode}:\n{self.log_text()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        self.ready = True
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not answer /health within {self.timeout:.0f} s:\n{self.log_text()}")
-            time.sleep(0.3)
+        wait_for_http(f"{self.base}/health", self.process, self.timeout, self.log_text, "mlflow server", since=self.started)
+        self.ready = True
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -82,25 +68,7 @@ def running_mlflow_server(folder: Path, timeout: float = 120.0) -> Iterator[Mlfl
     try:
         yield server
     finally:
-        _stop(process)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL if it lingers."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=15)
-    try:  # workers that outlived their parent
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        stop_process_group(process, grace=5)
 
 
 @pytest.fixture(scope="module")
