@@ -117,7 +117,7 @@ def save_version_bundle(registry, ref: str, folder: str | Path) -> Path:
 
     record = registry.show(ref)
     manifest = registry.manifest(f"{record.model}@{record.number}")
-    get = registry._getter(record)  # names the tensor when a stored blob is tampered with
+    get = registry.blob_reader(record)  # names the tensor when a stored blob is tampered with
     blobs = {digest: get(digest) for digest in manifest.blob_digests()}
     return save_artifact_folder(Artifact(manifest=manifest, blobs=blobs), folder)
 

@@ -299,7 +299,7 @@ class Registry:
     def aliases(self, name: str) -> list:
         return self.meta.aliases(name)
 
-    def _getter(self, record) -> Callable[[str], bytes]:
+    def blob_reader(self, record) -> Callable[[str], bytes]:
         """A blob reader that names the version and tensor when stored bytes were tampered with (never serves them)."""
         names: dict[str, list[str]] = {}
         for tensor, ref in record.manifest.get("tensors", {}).items():
@@ -322,14 +322,14 @@ class Registry:
         from .artifact import tensors_from_blobs
 
         record = self.show(ref)
-        return tensors_from_blobs(self.manifest(_ref(record)), self._getter(record))
+        return tensors_from_blobs(self.manifest(_ref(record)), self.blob_reader(record))
 
     def specs(self, ref: str) -> list:
         """The version's NormSpecs, rebuilt from the manifest and the (re-hashed) blobs."""
         from .artifact import specs_from_manifest
 
         record = self.show(ref)
-        return specs_from_manifest(self.manifest(_ref(record)), self._getter(record))
+        return specs_from_manifest(self.manifest(_ref(record)), self.blob_reader(record))
 
     def diff(self, ref_a: str, ref_b: str):
         """ManifestDiff from version a to version b: per tensor and per normalizer, with a headline naming the case."""
@@ -338,7 +338,7 @@ class Registry:
         a, b = self.show(ref_a), self.show(ref_b)
         getters = {}
         for record in (a, b):
-            get = self._getter(record)
+            get = self.blob_reader(record)
             for t in record.manifest.get("tensors", {}).values():
                 getters.setdefault(t["digest"], get)
         return diff_manifests(self.manifest(_ref(a)), self.manifest(_ref(b)), lambda d: getters[d](d) if d in getters else self.store.get(d),
@@ -404,7 +404,7 @@ class Registry:
             if bad or not rerun_checks:
                 continue
             try:
-                specs = specs_from_manifest(self.manifest(_ref(record)), self._getter(record))
+                specs = specs_from_manifest(self.manifest(_ref(record)), self.blob_reader(record))
                 for spec in specs:
                     checks_run += 1
                     result = converters.check(spec)

@@ -35,7 +35,7 @@ class VersionBundle:
         self.manifest = load_manifest(record.manifest)
         self.manifest_bytes = (self.manifest.to_json() + "\n").encode()
         self.digests = self.manifest.blob_digests()
-        self._get = registry._getter(record)  # names the version and tensor if a blob was tampered
+        self._get = registry.blob_reader(record)  # names the version and tensor if a blob was tampered
         self._store = registry.store
         self._mtime = record.created_at.timestamp()
         sizes = [len(self.manifest_bytes)] + [self._store.size(d) for d in self.digests]
