@@ -11,6 +11,7 @@ hash to its name, or a manifest whose digest is not the one the server announced
 from __future__ import annotations
 
 import copy
+import functools
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -20,6 +21,7 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 import httpx
+from pydantic import TypeAdapter
 
 from schemas.errors import (
     CheckFailedError,
@@ -299,22 +301,21 @@ def _split(ref: str) -> tuple[str, str]:
     return name, version or "latest"
 
 
-def _when(text: str | None) -> datetime | None:
-    return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
 def _version(v: dict) -> VersionRecord:
-    return VersionRecord(model=v["model"], number=v["number"], digest=v["digest"], content_digest=v["content_digest"], manifest=v["manifest"],
-                         parent=v.get("parent"), operation=v["operation"], note=v.get("note"), created_at=_when(v["created_at"]), user=v["user"])
+    return _adapter(VersionRecord).validate_python(v)
 
 
 def _alias(a: dict) -> AliasRecord:
-    return AliasRecord(model=a["model"], alias=a["alias"], number=a["number"], moved_at=_when(a["moved_at"]), user=a["user"])
+    return _adapter(AliasRecord).validate_python(a)
 
 
 def _audit(e: dict) -> AuditRecord:
-    return AuditRecord(seq=e["seq"], at=_when(e["at"]), user=e["user"], action=e["action"], model=e.get("model"), number=e.get("number"),
-                       detail=e.get("detail") or {}, prev_hash=e["prev_hash"], hash=e["hash"])
+    return _adapter(AuditRecord).validate_python(e)
 
 
 def check_result(document: dict):

@@ -198,8 +198,8 @@ class MetadataStore:
             )
         return row
 
-    def _version_row(self, session: Session, model: str, number: int) -> VersionRow:
-        model_row = self._model(session, model)
+    def _version_row(self, session: Session, model: str, number: int, model_row: ModelRow | None = None) -> VersionRow:
+        model_row = model_row or self._model(session, model)
         row = session.scalars(
             select(VersionRow).where(VersionRow.model_id == model_row.id, VersionRow.number == number)
         ).one_or_none()
@@ -437,7 +437,7 @@ class MetadataStore:
                     raise NotFoundError(f"model {name!r} has no versions left; register one first")
                 return self._record(session, latest)
             if suffix.isdigit():
-                return self._record(session, self._version_row(session, name, int(suffix)))
+                return self._record(session, self._version_row(session, name, int(suffix), model_row))
             alias = session.get(AliasRow, (model_row.id, suffix))
             if alias is None:
                 known = session.scalars(

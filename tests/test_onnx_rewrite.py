@@ -19,19 +19,18 @@ from schemas import spec_differences
 from schemas.floats import as_float32
 
 from .spec_factory import make_spec
-from .test_onnx_sites import (
+from .test_onnx_sites import (  # noqa: F401  (folder, torch_block, torch_conv: the same module-scoped exports as there)
     KERAS_CONV_KINDS,
     NATIVE_OPS,
-    Block,
-    ConvGroup,
+    folder,
     keras_conv_layers,
     keras_model,
     keras_onnx,
     keras_single_cases,
     keras_specs,
-    randomize_torch,
     run_onnx,
-    torch_onnx,
+    torch_block,
+    torch_conv,
 )
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-4)
@@ -70,23 +69,6 @@ def inverse_transpose_pairs(model: onnx.ModelProto) -> int:
             q = helper.get_attribute_value(node.attribute[0])
             count += all(p[q[i]] == i for i in range(len(q)))
     return count
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("onnx_rewrite")
-
-
-@pytest.fixture(scope="module")
-def torch_block(folder):
-    module = randomize_torch(Block())
-    return module, torch_onnx(module, (2, 3, 8), 18, folder)
-
-
-@pytest.fixture(scope="module")
-def torch_conv(folder):
-    module = randomize_torch(ConvGroup())
-    return module, torch_onnx(module, (2, 3, 6, 6), 18, folder, dynamic_batch=True)
 
 
 @pytest.fixture(scope="module")
