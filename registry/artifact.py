@@ -77,6 +77,41 @@ def tensor_from_blob(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
     return array
 
 
+#: safetensors dtype code -> NumPy dtype name (the dtypes NumPy can hold).
+SAFETENSORS_DTYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
+                      "I64": "int64", "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
+
+
+def check_tensor_header(data: bytes, ref: TensorRef, name: str) -> None:
+    """The blob is single-tensor safetensors of the manifest's dtype, shape and size, read from its header alone.
+
+    Bulk tensors of an upload are checked this way (no copy of their data); the normalizers' tensors are
+    decoded in full anyway when their specs are built. InputFileError says what does not match.
+    """
+    def refuse(problem: str) -> InputFileError:
+        return InputFileError(f"the blob of tensor '{name}' {problem}; the artifact is corrupted.")
+
+    if len(data) < 8:
+        raise refuse(f"is {len(data)} bytes, too short for a safetensors header")
+    length = int.from_bytes(data[:8], "little")
+    if length > len(data) - 8:
+        raise refuse(f"declares a {length}-byte header in {len(data)} bytes, so it is not valid single-tensor safetensors")
+    try:
+        header = json.loads(bytes(data[8:8 + length]))
+        entry = header["tensor"]
+        dtype, shape, (start, end) = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"]), list(entry["shape"]), entry["data_offsets"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise refuse(f"has no readable single-tensor safetensors header ({error!r})") from error
+    if set(header) - {"tensor", "__metadata__"}:
+        raise refuse(f"holds tensors {sorted(set(header) - {'__metadata__'})}, not exactly one named 'tensor'")
+    if ref.shape == [] and shape == [1]:
+        shape = []  # safetensors' NumPy writer may store 0-d arrays as shape (1,)
+    if dtype != ref.dtype or shape != ref.shape:
+        raise InputFileError(f"the blob of tensor '{name}' holds {dtype}{shape} but the manifest says {ref.dtype}{ref.shape}.")
+    if start != 0 or end - start != ref.nbytes or 8 + length + end != len(data):
+        raise refuse(f"holds data bytes {start}..{end} of {len(data) - 8 - length}, but the manifest says {ref.nbytes} bytes")
+
+
 def tensors_from_blobs(manifest: ArtifactManifest, get: Callable[[str], bytes]) -> dict[str, np.ndarray]:
     """Every manifest tensor by name, read through `get(digest)`."""
     return {name: tensor_from_blob(get(ref.digest), ref, name) for name, ref in manifest.tensors.items()}

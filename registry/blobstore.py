@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 
-_HEX = frozenset("0123456789abcdef")
+_HEX = HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -41,6 +41,8 @@ class BlobStore(abc.ABC):
     """Immutable, content-addressed bytes. `uri` names the store (what `open_blob_store` accepts)."""
 
     uri: str
+    #: How many blobs a registration stages at once (a network store overlaps round trips; a disk does not gain).
+    parallel_writes: int = 1
 
     @abc.abstractmethod
     def put(self, data: bytes) -> str:
@@ -80,16 +82,19 @@ class BlobStore(abc.ABC):
             )
         return data
 
-    # Staging lets a registration write its bytes while the equivalence gate runs, yet publish
-    # nothing unless the gate passes. A store without a cheaper way stages in memory.
+    # Staging lets a registration write its bytes while the equivalence gate runs and publish them
+    # only if it passes. The default stages in memory; the local store writes hidden synced files;
+    # S3 writes the object at once (see blobstore_s3). Either way no version references a blob
+    # before the commit, so a refused registration's blobs are unreachable, and gc removes them.
 
-    def stage(self, data: bytes) -> "StagedBlob":
-        """Prepare `data` for publishing without making it visible; returns the staged blob."""
-        return StagedBlob(digest=sha256_hex(data), data=data)
+    def stage(self, data: bytes, digest: str | None = None) -> "StagedBlob":
+        """Prepare `data` for publishing; returns the staged blob. `digest`, when given, is sha256(data) as the caller
+        computed it (a registration hashes every blob once, on arrival)."""
+        return StagedBlob(digest=digest or sha256_hex(data), data=data)
 
     def publish(self, staged: "StagedBlob") -> str:
         """Make a staged blob visible (atomic, idempotent); returns its digest."""
-        return self.put(staged.data)
+        return staged.digest if staged.data is None else self.put(staged.data)
 
     def discard(self, staged: "StagedBlob") -> None:
         """Forget a staged blob that will not be published."""
@@ -129,9 +134,9 @@ class LocalBlobStore(BlobStore):
         # may have renamed the same bytes in between: replacing it is harmless.
         return self.publish(self.stage(data))
 
-    def stage(self, data: bytes) -> StagedBlob:
+    def stage(self, data: bytes, digest: str | None = None) -> StagedBlob:
         """Write and fsync a hidden temporary file next to the blob's final place (not yet a blob)."""
-        digest = sha256_hex(data)
+        digest = digest or sha256_hex(data)
         target = self.path_of(digest)
         if target.exists():
             return StagedBlob(digest=digest)
@@ -150,7 +155,7 @@ class LocalBlobStore(BlobStore):
 
     def publish(self, staged: StagedBlob) -> str:
         if staged.temporary is None:
-            return staged.digest if staged.data is None else self.put(staged.data)
+            return super().publish(staged)
         target = self.path_of(staged.digest)
         try:
             os.replace(staged.temporary, target)

@@ -4,8 +4,14 @@ Keys are '<prefix>/ab/cdef...' (the local store's sharding). A blob appears unde
 complete: a single PUT, or a multipart upload (blobs above `multipart_threshold`) that becomes
 visible at CompleteMultipartUpload, both atomic in S3; a failed multipart upload is aborted, and
 `remove_stale_staging` (run by gc) aborts those left by crashed writers. Every read re-hashes the
-bytes (IntegrityError when they changed); the sha256 is also stored as the object's metadata.
-Staging keeps the bytes in memory (the BlobStore default): nothing is visible until `publish`.
+bytes (IntegrityError when they changed); the sha256 is also stored as the object's metadata and,
+on a single PUT, sent as S3's own x-amz-checksum-sha256, so S3 refuses bytes changed in transit.
+
+Staging writes the object at once: S3 has no hidden write that costs less than a second copy, and
+only bytes already hashed to their digest are staged, so an object is never under a wrong key.
+Until the commit no version references it, so the registry never serves it; if the registration
+is refused, `gc` deletes it after the grace period (never at once: another registration may have
+found it present in the meantime and be about to reference it).
 
 The endpoint comes from $NORMBRIDGE_S3_ENDPOINT (else $AWS_ENDPOINT_URL, else AWS itself) and the
 credentials from the standard AWS environment/config. boto3 is imported only when an s3:// store
@@ -14,6 +20,7 @@ is opened.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import os
@@ -23,7 +30,7 @@ from urllib.parse import urlparse
 
 from schemas.errors import NotFoundError, RegistryError
 
-from .blobstore import _HEX, BlobStore, check_digest, sha256_hex
+from .blobstore import _HEX, BlobStore, StagedBlob, check_digest, sha256_hex
 
 ENDPOINT_ENV = "NORMBRIDGE_S3_ENDPOINT"
 DEFAULT_MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -54,6 +61,7 @@ class S3BlobStore(BlobStore):
             raise RegistryError(f"multipart threshold {multipart_threshold} bytes is not positive; pass at least 1 byte")
         self.multipart_threshold = multipart_threshold
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
+        self.parallel_writes = 4  # concurrent PUTs per registration (boto3 clients are thread-safe; its pool holds 10)
         self.part_size = part_size
         self.endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None
         if client is None:
@@ -61,8 +69,14 @@ class S3BlobStore(BlobStore):
                 import boto3
             except ImportError:
                 raise RegistryError(f"blob store {self.uri} needs boto3, which is not installed; pip install boto3") from None
+            from botocore.config import Config
+
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-            client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region)
+            # Every body carries a checksum header that is signed and that S3 verifies (x-amz-checksum-sha256 on a
+            # PUT, botocore's CRC32 on a part), so hashing the body again to sign it, as botocore does over plain
+            # HTTP, adds nothing; over HTTPS botocore already skips it.
+            client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region,
+                                  config=Config(s3={"payload_signing_enabled": False}))
         self.client = client
 
     @classmethod
@@ -113,7 +127,13 @@ class S3BlobStore(BlobStore):
 
     def put(self, data: bytes) -> str:
         """Upload `data` unless an object of the same size is already under its key (idempotent)."""
-        digest = sha256_hex(data)
+        return self._put(sha256_hex(data), data)
+
+    def stage(self, data: bytes, digest: str | None = None) -> StagedBlob:
+        """Upload now (see the module doc); `publish` then has nothing left to do."""
+        return StagedBlob(digest=self._put(digest or sha256_hex(data), data))
+
+    def _put(self, digest: str, data: bytes) -> str:
         head = self._head(digest)
         if head is not None and head.get("ContentLength") == len(data):
             return digest
@@ -123,8 +143,8 @@ class S3BlobStore(BlobStore):
             from botocore.exceptions import ClientError
 
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self.key_of(digest), Body=data,
-                                       ContentType="application/octet-stream", Metadata={"sha256": digest})
+                self.client.put_object(Bucket=self.bucket, Key=self.key_of(digest), Body=data, ContentType="application/octet-stream",
+                                       Metadata={"sha256": digest}, ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
             except ClientError as error:
                 raise self._refuse(error, f"upload of blob {digest}") from error
         return digest

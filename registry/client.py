@@ -15,7 +15,6 @@ import functools
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote

@@ -5,10 +5,13 @@ Content-Length is known before the first byte) is read in chunks as the request 
 bundle is streamed into a temporary file. A bundle is extracted only if every member is a
 regular file named `manifest.json` or `blobs/<sha256>.safetensors` (no links, no absolute or
 `..` paths), so a hostile server cannot write outside the temporary folder.
+
+A folder is sent manifest first, then its normalizers' blobs, so the server can gate it early.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import tarfile
 from collections.abc import Callable, Iterator
@@ -48,12 +51,31 @@ def file_chunks(path: Path, advance: Advance, start: int = 0) -> Iterator[bytes]
 
 
 def _folder_members(folder: Path) -> list[tuple[str, Path]]:
-    """(name in the tar, file) for an artifact folder: manifest.json first, then its blobs; nothing else is sent."""
+    """(name in the tar, file) for an artifact folder; nothing but the manifest and the blobs is sent.
+
+    The manifest goes first, then the blobs of the normalizers' tensors, then the bulk: the server
+    starts the equivalence gate as soon as it has the first two, while the bulk is still on the way.
+    """
     members = [(MANIFEST_FILE, folder / MANIFEST_FILE)]
     blobs = folder / BLOBS_DIR
     if blobs.is_dir():
-        members += [(f"{BLOBS_DIR}/{p.name}", p) for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors"]
+        gated = _normalizer_digests(folder / MANIFEST_FILE)
+        files = [p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors"]
+        files.sort(key=lambda p: p.stem not in gated)  # stable: normalizers' blobs first, each group sorted
+        members += [(f"{BLOBS_DIR}/{p.name}", p) for p in files]
     return members
+
+
+def _normalizer_digests(manifest_path: Path) -> set[str]:
+    """Digests of the normalizers' tensors; empty when the manifest is unreadable (the server reports that)."""
+    from schemas.manifest import load_manifest
+
+    from .bundle_stream import normalizer_digests
+
+    try:
+        return normalizer_digests(load_manifest(json.loads(manifest_path.read_text())))
+    except Exception:  # noqa: BLE001 - the order is only an optimisation; the server names what is wrong
+        return set()
 
 
 def _header(name: str, size: int) -> bytes:

@@ -16,11 +16,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, NotFoundError, RegistryError
+from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, NotFoundError, PayloadTooLargeError, RegistryError
 
 from . import settings
 from .faults import fault_point
@@ -178,55 +178,104 @@ class Registry:
             NotFoundError: `parent` does not exist.
         """
         report = progress or (lambda step, done, total: None)
+        model_input = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+        return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report))
+
+    def register_stream(self, name: str, stream: BinaryIO, limit: int, parent: str | None = None, note: str | None = None,
+                        operation: str | None = None, progress: Progress | None = None) -> Registration:
+        """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
+
+        Nothing touches the disk before it is checked: each blob is hashed as it arrives, the gate starts as soon as
+        the manifest and the normalizers' blobs are in (before the bulk weights have arrived when the bundle lists
+        them first, as `normbridge --server` sends it), and blobs are published only once the whole bundle has
+        arrived and the gate has passed. Same guarantees and errors as `register`, plus PayloadTooLargeError past
+        `limit` bytes. An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
+        other upload formats, no registration was attempted.
+        """
+        from .bundle_stream import UploadInterrupted
+
+        report = progress or (lambda step, done, total: None)
+        try:
+            return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report),
+                                 unaudited=(UploadInterrupted, PayloadTooLargeError))
+        finally:
+            close = getattr(stream, "abandon", None)
+            if close is not None:
+                close()  # the sender stops waiting on a reader that has finished
+
+    def _audited(self, name: str, model_input: str, register: Callable[[], Registration], unaudited: tuple = ()) -> Registration:
+        """Run a registration; a refusal is recorded in the audit log as 'register_failed' and re-raised."""
         self._check_name(name)
         try:
-            return self._register(name, model, parent, note, operation, report)
+            return register()
+        except unaudited:
+            raise
         except NormbridgeError as error:
             self.meta.record_failure(name, self.user, {"error": error.code, "message": str(error), "layer": error.layer,
-                                                       "model_input": str(model) if isinstance(model, (str, Path)) else type(model).__name__})
+                                                       "model_input": model_input})
             raise
 
     def _register(self, name, model, parent, note, operation, report: Progress) -> Registration:
-        from schemas.manifest import Lineage
-
         from .artifact import extract_artifact
 
-        parent_record = self._parent(name, parent)
         is_folder = isinstance(model, (str, Path)) and Path(model).is_dir()
-        if operation is None:
-            operation = "imported" if is_folder else ("registered" if parent_record is None else "fine-tuned")
-        if operation not in OPERATIONS:
-            raise RegistryError(f"operation '{operation}' is not known; use one of {', '.join(OPERATIONS)}.")
-        lineage = Lineage(parent=_ref(parent_record) if parent_record else None, operation=operation)
+        parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
         artifact = extract_artifact(model, lineage)
-        specs = list(artifact.specs)
         items = list(artifact.blobs.items())
         # Blobs are written (hidden, synced) while the gate runs and published only if it passes.
         with ThreadPoolExecutor(max_workers=1) as pool:
             staging = pool.submit(self._stage, items)
             try:
-                checks = self._gate(artifact, specs, report)
+                checks = self._gate(artifact.manifest, list(artifact.specs), report)
             except BaseException:
                 self._discard(staging.result())
                 raise
             staged = staging.result()
-        manifest = artifact.manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
+        return self._commit(name, artifact.manifest, checks, staged, parent_record, note, report)
+
+    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress) -> Registration:
+        from .bundle_stream import receive_bundle
+
+        parent_record, lineage = self._lineage(name, parent, operation, imported=True)
+        report("receiving the bundle", 0, 1)
+        received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report))
+        manifest = received.manifest.model_copy(update={"lineage": lineage})
+        return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report)
+
+    def _lineage(self, name: str, parent: str | None, operation: str | None, imported: bool):
+        """(parent record or None, Lineage): the parent is `parent`, else the latest version of `name`."""
+        from schemas.manifest import Lineage
+
+        parent_record = self._parent(name, parent)
+        if operation is None:
+            operation = "imported" if imported else ("registered" if parent_record is None else "fine-tuned")
+        if operation not in OPERATIONS:
+            raise RegistryError(f"operation '{operation}' is not known; use one of {', '.join(OPERATIONS)}.")
+        return parent_record, Lineage(parent=_ref(parent_record) if parent_record else None, operation=operation)
+
+    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress) -> Registration:
+        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version (crash-safe order)."""
+        manifest = manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
         fault_point("after_check")
-        for i, blob in enumerate(staged):
-            report("storing blobs", i, len(staged))
-            self.store.publish(blob)
-        report("storing blobs", len(staged), len(staged))
+        self._publish(staged, report)
         fault_point("after_blobs")
         report("committing", 0, 1)
+        operation = manifest.lineage.operation
         record, created = self.meta.add_version(
-            name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), [d for d, _ in items],
+            name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), [b.digest for b in staged],
             (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user)
         fault_point("after_commit")
         report("committed", 1, 1)
         return Registration(version=record, created=created, checks=checks)
 
-    def _gate(self, artifact, specs, report: Progress) -> list:
+    def _publish(self, staged: list, report: Progress) -> None:
+        for i, blob in enumerate(staged):
+            report("storing blobs", i, len(staged))
+            self.store.publish(blob)
+        report("storing blobs", len(staged), len(staged))
+
+    def _gate(self, manifest, specs, report: Progress) -> list:
         """converters.check on every normalizer; CheckFailedError naming the first layer that fails."""
         import converters
 
@@ -236,21 +285,22 @@ class Registry:
             result = converters.check(spec)
             checks.append(result)
             if not result.passed:
-                layer = artifact.manifest.normalizers[i].path if i < len(artifact.manifest.normalizers) else spec.name
+                layer = manifest.normalizers[i].path if i < len(manifest.normalizers) else spec.name
                 raise CheckFailedError(
                     f"layer '{layer}' failed the round-trip equivalence check ({_first_failure(result)}); nothing was registered: "
                     "fix the layer's state or settings and register again.", result)
         return checks
 
     def _stage(self, items: list[tuple[str, bytes]]) -> list:
-        """Stage every blob; the digest each store computes must be the artifact's."""
+        """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's."""
         staged = []
         try:
-            for digest, data in items:
-                blob = self.store.stage(data)
-                staged.append(blob)
-                if blob.digest != digest:
-                    raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, extract it again.")
+            with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_writes)) as pool:
+                for (digest, _), blob in zip(items, pool.map(lambda item: self.store.stage(item[1]), items)):
+                    staged.append(blob)
+                    if blob.digest != digest:
+                        raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
+                                             "extract it again.")
         except BaseException:
             self._discard(staged)
             raise

@@ -220,3 +220,66 @@ def test_a_client_that_disconnects_mid_upload_leaves_nothing_behind(registry_wit
     after = snapshot(db, blobs)
     assert after == before  # not even an audit entry: nothing reached the registry
     assert server_failures(server.log_text()) == [], server.log_text()[-3000:]
+
+
+def bundle_body(seed: int, folder: Path) -> bytes:
+    """An artifact bundle (10 BatchNorm layers, ~32 MB) as `normbridge --server URL register FOLDER` sends it."""
+    import onnx
+
+    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.client_transfer import folder_tar_chunks
+
+    model = onnx.load_from_string(bn_onnx_bytes(seed, channels=200_000, layers=10))
+    artifact = save_artifact_folder(extract_artifact(model), folder / f"bundle-{seed}")
+    return b"".join(folder_tar_chunks(artifact, lambda done: None))
+
+
+@pytest.mark.parametrize("fault", ["client disconnects", "server is killed"])
+def test_a_bundle_cut_off_mid_stream_leaves_the_registry_unchanged(registry_with_one_version, tmp_path, fault):
+    """Bundles are registered while they stream in: the first blobs are already staged when the stream stops."""
+    db, blobs, token = registry_with_one_version
+    before = snapshot(db, blobs)
+    data = bundle_body(7, tmp_path)
+    stalled, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    class Disconnect(Exception):
+        pass
+
+    def body():
+        yield data[:SENT_BEFORE_STALL]
+        stalled.set()
+        release.wait(timeout=60)
+        raise Disconnect
+
+    def staged() -> bool:
+        return any(Path(blobs).rglob(".*.tmp"))
+
+    with running_server(db=db, blobs=blobs, log=tmp_path / "server.log") as server:
+        def send():
+            try:
+                with httpx.Client() as client:
+                    outcome["response"] = post_model(client, server.url, token, "cnn", body(), fmt="bundle")
+            except (Disconnect, httpx.HTTPError) as error:
+                outcome["error"] = error
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        stalled.wait(timeout=60)
+        wait_for(staged, 60, "the server to stage the bundle's first blobs")
+        if fault == "server is killed":
+            kill(server)
+        release.set()
+        sender.join(timeout=60)
+        assert "response" not in outcome, f"the server answered a cut-off bundle: {outcome['response'].status_code}"
+        if fault == "client disconnects":
+            wait_for(lambda: not staged(), 30, "the server to discard what it had staged")
+            with httpx.Client(headers=bearer(token), timeout=60) as client:
+                assert client.get(f"{server.url}/api/v1/models").json() == [{"name": "cnn", "latest": 1, "versions": 1}]
+            assert server.process.poll() is None
+            assert server_failures(server.log_text()) == [], server.log_text()[-3000:]
+    if fault == "client disconnects":
+        assert snapshot(db, blobs) == before  # not even an audit entry: no registration was attempted
+    else:
+        assert snapshot(db, blobs)["staging"], "the kill leaves the staged blobs, for gc"
+        assert_unchanged_and_served(db, blobs, token, before, tmp_path)

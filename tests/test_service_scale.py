@@ -220,3 +220,46 @@ def test_two_servers_on_one_database_and_bucket_register_concurrently(s3_env, tm
         registry.meta.close()
         for server in servers:
             assert server_failures(server.log_text()) == []
+
+
+def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tmp_path):
+    """`normbridge --server` uploads of one artifact folder to both servers at once: both gate it while it streams
+    in and stage its blobs in the shared bucket; one creates the version, the other answers with it."""
+    import onnx
+
+    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.client import RemoteRegistry
+    from registry.service import Registry
+
+    endpoint, bucket, s3 = s3_env
+    blobs = f"s3://{bucket}/registry"
+    folder = save_artifact_folder(extract_artifact(onnx.load_from_string(bn_onnx_bytes(77, channels=50_000, layers=6))), tmp_path / "artifact")
+    with fresh_database() as db, ExitStack() as stack:
+        tokens = [create_token(db, owner, "write") for owner in ("alice", "bob")]
+        servers = [stack.enter_context(running_server(db=db, blobs=blobs, env=s3_server_env(endpoint), log=tmp_path / f"s{i}.log"))
+                   for i in range(2)]
+        start = threading.Barrier(2)
+
+        def upload(i: int):
+            with RemoteRegistry(servers[i].url, tokens[i]) as remote:
+                start.wait(timeout=60)
+                return remote.register("streamed", folder)
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(upload, range(2)))
+        assert sorted(r.created for r in results) == [False, True]
+        assert {(r.version.number, r.version.digest) for r in results} == {(1, results[0].version.digest)}
+        assert all(len(r.checks) == 6 and all(c.passed for c in r.checks) for r in results)
+        registry = Registry(db=db, blobs=blobs, user="checker")
+        assert registry.verify(rerun_checks=False).passed
+        referenced = {ref.digest for ref in registry.manifest("streamed@1").tensors.values()}
+        assert referenced == set(registry.store.digests())  # each blob once in the bucket, nothing else
+        from registry.artifact import load_artifact_folder
+
+        sent = load_artifact_folder(folder)
+        with RemoteRegistry(servers[1].url, tokens[1]) as remote:  # the bundle download is re-hashed by the client
+            served = remote.tensors("streamed@1")
+        assert {name: array.tobytes() for name, array in served.items()} == {
+            name: sent.blobs[ref.digest][len(sent.blobs[ref.digest]) - ref.nbytes:] for name, ref in sent.manifest.tensors.items()}
+        for server in servers:
+            assert server_failures(server.log_text()) == [], server.log_text()[-3000:]

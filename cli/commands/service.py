@@ -21,6 +21,10 @@ token_app = typer.Typer(name="token", no_args_is_help=True,
 app.add_typer(token_app, name="token")
 
 
+#: Thread counts `serve` sets to 1 unless they are set: torch (OpenMP) and MKL read them when torch loads.
+SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 @app.command()
 @reports_errors
 def serve(
@@ -50,6 +54,10 @@ def serve(
         stderr.print(f"[bold red]error[/]: --max-upload-mb {max_upload_mb} is not positive; pass a size in MiB such as 2048.", highlight=False)
         raise typer.Exit(2)
     limit = int(max_upload_mb * 1024 * 1024)
+    # A server's parallelism is its requests and worker processes. Intra-op threads cannot speed up the gate's
+    # per-layer checks (tensors of one layer), and idle ones spin on cores the requests need. Read when torch loads.
+    for variable in SINGLE_THREADED:
+        os.environ.setdefault(variable, "1")
     db_url, blob_uri = settings.database_url(db), settings.blobs_uri(blobs)
     registry = Registry(db=db_url, blobs=blob_uri, user="server")  # runs the migrations once, before any worker starts
     if workers == 1:

@@ -22,6 +22,10 @@ def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, 
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # warnings about unused initializers (untracked BatchNorm outputs) are noise here
+    # One normalizer is far too small to gain from worker threads, and idle workers spin on the cores a server shares.
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession((model or layer.model).SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(outputs, {layer.input_name: np.asarray(x, dtype=layer.dtype)})
 

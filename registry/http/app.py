@@ -46,7 +46,7 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     app.state.tokens = TokenStore(registry.meta)
     app.state.insecure_local = bool(insecure_local)
     app.state.max_upload_bytes = int(max_upload_bytes)
-    app.state.register_lock = threading.Lock()  # see routes_write._register_one_at_a_time
+    app.state.register_lock = threading.Lock()  # see routes_write._one_at_a_time
     install_error_handlers(app)
     remove_orphaned_workspaces()
     for module in (routes_read, routes_write, routes_blobs):

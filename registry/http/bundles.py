@@ -1,15 +1,18 @@
 """A version as a tar stream: manifest.json plus blobs/<digest>.safetensors, written member by member.
 
-The tar is produced on the fly (one blob in memory at a time), with its exact length known in
-advance from the stored sizes so the response can carry Content-Length. Every blob is re-hashed
-as it is read; a tampered one aborts the stream (the client sees a short body, never bad bytes).
+The tar is produced on the fly (a few blobs in memory at a time, the next ones read ahead), with
+its exact length known in advance from the stored sizes so the response can carry Content-Length.
+Every blob is re-hashed as it is read; a tampered one aborts the stream (the client sees a short
+body, never bad bytes).
 """
 
 from __future__ import annotations
 
 import io
 import tarfile
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from registry.artifact import BLOBS_DIR, MANIFEST_FILE
 from schemas.manifest import load_manifest
@@ -43,9 +46,23 @@ class VersionBundle:
 
     def chunks(self) -> Iterator[bytes]:
         yield from self._member(MANIFEST_FILE, self.manifest_bytes)
-        for digest in self.digests:
-            yield from self._member(f"{BLOBS_DIR}/{digest}.safetensors", self._get(digest))
+        for digest, data in zip(self.digests, self._fetched()):
+            yield from self._member(f"{BLOBS_DIR}/{digest}.safetensors", data)
         yield b"\0" * (2 * BLOCK)
+
+    def _fetched(self) -> Iterator[bytes]:
+        """Each blob's verified bytes in order, the next few read ahead (a network store's round trips overlap the sending)."""
+        ahead = max(0, self._store.parallel_writes)
+        if ahead == 0 or len(self.digests) < 2:
+            yield from map(self._get, self.digests)
+            return
+        with ThreadPoolExecutor(max_workers=ahead) as pool:
+            pending = deque(pool.submit(self._get, d) for d in self.digests[:ahead])
+            for digest in self.digests[ahead:] + [None] * ahead:
+                data = pending.popleft().result()
+                if digest is not None:
+                    pending.append(pool.submit(self._get, digest))
+                yield data
 
     def _member(self, name: str, data: bytes) -> Iterator[bytes]:
         yield _header(name, len(data), self._mtime)

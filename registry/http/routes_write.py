@@ -6,20 +6,22 @@ registration is audited by Registry.register itself ('register_failed').
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Path as PathParam, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from registry.bundle_stream import UploadInterrupted
 from registry.service import GcResult
-from schemas.errors import NormbridgeError
 
 from .api_models import Alias, AliasBody, Registered, Version
 from .auth import Principal, require
+from .body_pipe import BodyPipe, send_body
 from .context import error_responses, model_of, registry_for
 from .errors import forbidden
-from .uploads import SUFFIXES, extract_bundle, new_workspace, receive_body, remove_workspace
+from .uploads import SUFFIXES, check_declared_length, new_workspace, receive_body, remove_workspace
 
 router = APIRouter(prefix="/api/v1")
 Writer = Annotated[Principal, Depends(require("write"))]
@@ -49,37 +51,41 @@ async def register(request: Request, principal: Writer,
     if parent is not None:
         principal.check("read", model_of(parent))
     limit = request.app.state.max_upload_bytes
-    workspace = new_workspace()
-    try:
-        received = workspace / f"upload{SUFFIXES[file_format]}"
-        await receive_body(request, received, limit)
-        model_path = received
-        registry = registry_for(request, principal)
-        if file_format == "bundle":
-            model_path = await run_in_threadpool(_unpack_or_audit, registry, name, received, workspace / "bundle", limit)
-        result = await run_in_threadpool(_register_one_at_a_time, request.app.state.register_lock, registry, name, model_path, parent, note,
-                                         operation)
-    finally:
-        remove_workspace(workspace)
+    registry = registry_for(request, principal)
+    lock = request.app.state.register_lock
+    if file_format == "bundle":
+        result = await _register_streamed_bundle(request, lock, registry, name, limit, parent, note, operation)
+    else:
+        workspace = new_workspace()
+        try:
+            received = workspace / f"upload{SUFFIXES[file_format]}"
+            await receive_body(request, received, limit)
+            result = await run_in_threadpool(_one_at_a_time, lock, registry.register, name, received, parent=parent, note=note,
+                                             operation=operation)
+        finally:
+            remove_workspace(workspace)
     body = Registered(created=result.created, version=Version.model_validate(result.version), checks=result.checks)
     return Response(body.model_dump_json(), status_code=201 if result.created else 200, media_type="application/json")
 
 
-def _unpack_or_audit(registry, name: str, archive, folder, limit: int):
-    """extract_bundle; a refused bundle is audited as 'register_failed', like any registration the gate refuses."""
+async def _register_streamed_bundle(request: Request, lock, registry, name, limit, parent, note, operation):
+    """Read the bundle in a worker thread while the event loop feeds it the body (see registry.bundle_stream)."""
+    check_declared_length(request, limit)
+    pipe = BodyPipe()
+    work = asyncio.ensure_future(run_in_threadpool(_one_at_a_time, lock, registry.register_stream, name, pipe, limit, parent=parent,
+                                                   note=note, operation=operation))
     try:
-        return extract_bundle(archive, folder, limit)
-    except NormbridgeError as error:
-        registry.meta.record_failure(name, registry.user, {"error": error.code, "message": str(error), "layer": error.layer,
-                                                           "model_input": "bundle upload"})
-        raise
+        await send_body(request, pipe, limit)
+    finally:
+        pipe.finish(UploadInterrupted("the upload was cancelled before its end; nothing was registered."))  # no-op once finished
+    return await work
 
 
-def _register_one_at_a_time(lock, registry, name, model_path, parent, note, operation):
-    """Registry.register under the process's lock: loading a .pt2 is not thread-safe (torch.export keeps a global
+def _one_at_a_time(lock, register, *args, **kwargs):
+    """A registration under the process's lock: loading a .pt2 is not thread-safe (torch.export keeps a global
     deserializer), so one worker registers one model at a time; run `serve --workers N` for parallel registrations."""
     with lock:
-        return registry.register(name, model_path, parent=parent, note=note, operation=operation)
+        return register(*args, **kwargs)
 
 
 @router.put("/models/{name}/aliases/{alias}", response_model=Alias, tags=["write"], responses=error_responses(401, 403, 404, 409, 422, 500),
