@@ -6,6 +6,7 @@ The registry runs this on every registration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Iterable
 
 import numpy as np
@@ -61,18 +62,20 @@ def _runtime_unavailable(error: Exception) -> bool:
     return "NOT_IMPLEMENTED" in str(error)
 
 
-def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, x_cf: np.ndarray, dtype: str) -> StatsComparison:
+def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, x_cf: np.ndarray, dtype: str,
+                         source: Callable[[], reference.TrainStep]) -> StatsComparison:
+    """`source()` is reference.train_step(spec, x_cf): the same for every target, so check() computes it at most once."""
     x = from_channels_first(x_cf, target_spec.layout)
     y, mean, var = framework.run_train_step(obj, x)
     expected = reference.train_step(target_spec, x_cf)
-    source_step = reference.train_step(spec, x_cf)
+    source_step = source()
     err_mean = float(np.max(np.abs(mean - expected.running_mean)))
     err_var = float(np.max(np.abs(var - expected.running_var)))
     gap = 0.0 if target_spec.variance_estimator == spec.variance_estimator else float(np.max(np.abs(expected.running_var - source_step.running_var)))
     observed = float(np.max(np.abs(var - source_step.running_var)))
-    y_ref = reference.forward(spec, x_cf, training=True)
+    y_ref = source_step.output  # the source layer's training-mode output
     _, _, y_ok = _errors(to_channels_first(y, target_spec.layout), y_ref, dtype, output_tolerances(framework, spec, float(np.max(np.abs(y_ref)))))
-    tol_mean, tol_var = training_tolerances(framework, target_spec, x_cf)
+    tol_mean, tol_var = training_tolerances(framework, target_spec, x_cf, expected)
     passed = y_ok and err_mean <= tol_mean and err_var <= tol_var and observed <= gap + tol_var
     return StatsComparison(
         framework=framework.name,
@@ -85,10 +88,10 @@ def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, 
     )
 
 
-def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray) -> tuple[float, float]:
-    """Allowed max abs error of (running_mean, running_var) after one step of `target_spec` on `x_cf`."""
+def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expected: reference.TrainStep | None = None) -> tuple[float, float]:
+    """Allowed max abs error of (running_mean, running_var) after one step of `target_spec` on `x_cf` (`expected`: that step, if known)."""
     atol, rtol = TOLERANCES[target_spec.dtype]
-    expected = reference.train_step(target_spec, x_cf)
+    expected = expected or reference.train_step(target_spec, x_cf)
     tol_mean = atol + rtol * float(np.max(np.abs(expected.running_mean)))
     tol_var = atol + rtol * float(np.max(np.abs(expected.running_var)))
     if framework.float32_attributes and target_spec.momentum is not None:
@@ -107,8 +110,21 @@ def _moments(spec: NormSpec, x_cf: np.ndarray):
     return module.batch_moments(np.asarray(x_cf, np.float64))
 
 
+def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
+    """`compute`, run on the first call only; later calls return the same value."""
+    done: list = []
+
+    def value() -> Any:
+        if not done:
+            done.append(compute())
+        return done[0]
+
+    return value
+
+
 def _check_target(
-    spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult, registry: AdapterRegistry
+    spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult, registry: AdapterRegistry,
+    source_step: Callable[[], reference.TrainStep],
 ) -> None:
     framework = registry.framework(target)
     try:
@@ -141,7 +157,7 @@ def _check_target(
     result.outputs.append(OutputComparison(framework=target, max_abs_error=max_abs, max_rel_error=max_rel, atol=atol, rtol=rtol, passed=ok))
     if spec.track_running_stats:
         try:
-            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype)
+            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype, source_step)
             result.training_step.append(stats)
             ok = ok and stats.passed
         except NotExpressibleError as error:
@@ -169,9 +185,10 @@ def check(
         layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, dtype=spec.dtype, passed=False, probe_shape=list(x_cf.shape)
     )
     y_ref = reference.forward(spec, x_cf, training=False)
+    source_step = _once(lambda: reference.train_step(spec, x_cf))
     for target in frameworks:
         try:
-            _check_target(spec, target, options, x_cf, y_ref, result, registry)
+            _check_target(spec, target, options, x_cf, y_ref, result, registry, source_step)
         except NormbridgeError as error:
             result.targets.append(TargetCheck(framework=target, status="failed", reason=str(error)))
             result.errors.append(f"{target}: {error}")

@@ -35,6 +35,9 @@ from .blobstore import _HEX, BlobStore, StagedBlob, check_digest, sha256_hex
 ENDPOINT_ENV = "NORMBRIDGE_S3_ENDPOINT"
 DEFAULT_MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's smallest part (all but the last)
+#: From this size on a PUT first asks (HEAD) whether the blob is stored; a smaller one is sent at once, as a HEAD
+#: costs a round trip like the PUT itself, and rewriting identical bytes under a content key changes nothing.
+ASK_FIRST_BYTES = 1024 * 1024
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
 
@@ -126,7 +129,7 @@ class S3BlobStore(BlobStore):
     # ------------------------------------------------------------------ the BlobStore contract
 
     def put(self, data: bytes) -> str:
-        """Upload `data` unless an object of the same size is already under its key (idempotent)."""
+        """Upload `data` (idempotent); a large blob is not sent again when an object of its size is under its key."""
         return self._put(sha256_hex(data), data)
 
     def stage(self, data: bytes, digest: str | None = None) -> StagedBlob:
@@ -134,9 +137,10 @@ class S3BlobStore(BlobStore):
         return StagedBlob(digest=self._put(digest or sha256_hex(data), data))
 
     def _put(self, digest: str, data: bytes) -> str:
-        head = self._head(digest)
-        if head is not None and head.get("ContentLength") == len(data):
-            return digest
+        if len(data) >= ASK_FIRST_BYTES:  # a large blob already stored is not sent again
+            head = self._head(digest)
+            if head is not None and head.get("ContentLength") == len(data):
+                return digest
         if len(data) > self.multipart_threshold:
             self._put_multipart(digest, data)
         else:

@@ -36,20 +36,26 @@ def test_put_get_round_trip_with_sharded_keys_and_sha256_metadata(s3_env):
     assert list(store.digests()) == [digest]
 
 
-def test_put_is_idempotent_and_does_not_rewrite_a_present_blob(s3_env):
+def test_put_is_idempotent_and_does_not_resend_a_present_large_blob(s3_env):
+    from registry.blobstore_s3 import ASK_FIRST_BYTES
+
     _, bucket, client = s3_env
     store = open_blob_store(f"s3://{bucket}/p")
-    first = store.put(b"x" * 1000)
+    large, small = b"x" * (ASK_FIRST_BYTES + 1000), b"y" * 1000
+    first, second = store.put(large), store.put(small)
     modified = client.head_object(Bucket=bucket, Key=store.key_of(first))["LastModified"]
     calls = []
     original = store.client.put_object
-    store.client.put_object = lambda **kw: calls.append(kw) or original(**kw)
-    assert store.put(b"x" * 1000) == first
-    assert store.publish(store.stage(b"x" * 1000)) == first
+    store.client.put_object = lambda **kw: calls.append(kw["Key"]) or original(**kw)
+    assert store.put(large) == first
+    assert store.publish(store.stage(large)) == first
     assert calls == []  # HEAD found it: nothing uploaded again
     assert client.head_object(Bucket=bucket, Key=store.key_of(first))["LastModified"] == modified
+    # a small blob is sent without asking first: the same bytes again under the same key
+    assert store.put(small) == second and calls == [store.key_of(second)]
+    assert store.get(second) == small
     listed = client.list_objects_v2(Bucket=bucket)["Contents"]
-    assert [o["Key"] for o in listed] == [store.key_of(first)]
+    assert sorted(o["Key"] for o in listed) == sorted([store.key_of(first), store.key_of(second)])
 
 
 def test_a_large_blob_is_uploaded_in_parts_and_read_back(s3_env):

@@ -42,6 +42,18 @@ def snapshot(db: str, blobs: str) -> dict:
         registry.meta.close()
 
 
+class Disconnect(Exception):
+    """Raised inside a request body generator: httpx drops the connection mid-body."""
+
+
+def cut_off_body(data: bytes, stalled: threading.Event, release: threading.Event):
+    """The first SENT_BEFORE_STALL bytes, then a stall (`stalled` is set) until `release`, then a dropped connection."""
+    yield data[:SENT_BEFORE_STALL]
+    stalled.set()
+    release.wait(timeout=60)
+    raise Disconnect
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -182,14 +194,8 @@ def test_a_client_that_disconnects_mid_upload_leaves_nothing_behind(registry_wit
     data = bn_onnx_bytes(5, channels=2_000_000)
     stalled, release = threading.Event(), threading.Event()
 
-    class Disconnect(Exception):
-        pass
-
     def body():
-        yield data[:SENT_BEFORE_STALL]
-        stalled.set()
-        release.wait(timeout=60)
-        raise Disconnect  # httpx drops the connection mid-body
+        return cut_off_body(data, stalled, release)
 
     def receiving() -> bool:
         return any(p.stat().st_size > 0 for p in upload_tmp.glob("normbridge-upload-*/upload.onnx"))
@@ -243,14 +249,8 @@ def test_a_bundle_cut_off_mid_stream_leaves_the_registry_unchanged(registry_with
     stalled, release = threading.Event(), threading.Event()
     outcome: dict = {}
 
-    class Disconnect(Exception):
-        pass
-
     def body():
-        yield data[:SENT_BEFORE_STALL]
-        stalled.set()
-        release.wait(timeout=60)
-        raise Disconnect
+        return cut_off_body(data, stalled, release)
 
     def staged() -> bool:
         return any(Path(blobs).rglob(".*.tmp"))
