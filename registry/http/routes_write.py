@@ -30,7 +30,10 @@ Admin = Annotated[Principal, Depends(require("admin"))]
 UPLOAD_BODY = {
     "requestBody": {
         "required": True,
-        "description": "The raw model file (.onnx, .keras, .pt2) or, for format=bundle, a tar of an artifact folder.",
+        "description": ("The raw model file (.onnx, .keras, .pt2), received whole before it is read; or, for format=bundle, a tar "
+                        "(plain or gzip) of an artifact folder (manifest.json and blobs/<sha256>.safetensors), checked while it "
+                        "arrives: send manifest.json first, then the blobs of the normalizers' tensors, so the equivalence gate "
+                        "starts before the bulk weights have arrived."),
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     }
 }
