@@ -1,11 +1,12 @@
-"""The registry as one object: the CLI (and later an HTTP API) call only this.
+"""The registry as one object: the CLI and the HTTP API call only this.
 
 `Registry` composes the blob store (bytes, content-addressed), the metadata store (versions,
 lineage, aliases, audit log, all in SQL) and the artifact code (manifests, diffs, lineage
-views). Registration order is what makes a crash harmless: the equivalence gate first, then
-every blob (atomic files, idempotent), then ONE transaction that assigns the version number.
-A crash before the commit leaves only unreferenced blobs, which `gc` removes after a grace
-period; a crash after it leaves a whole version.
+views). Registration order is what makes a crash harmless: every blob is staged while the
+equivalence gate runs (hidden files locally; on S3 written at once, hashed first), published if
+the gate passes (atomic, idempotent), then ONE transaction assigns the version number. A crash
+or a refusal before the commit leaves only unreferenced blobs (and staging files), which `gc`
+removes after a grace period; a crash after it leaves a whole version.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class Registry:
 
         `model` is a torch module / ExportedProgram, keras.Model, onnx.ModelProto, or a path (.pt2, .keras, .onnx,
         or a saved artifact folder). Identical content returns the existing version (created=False). On any failure
-        nothing is stored and the audit log records 'register_failed'.
+        no version is created and the audit log records 'register_failed' (an S3 store may keep the staged blobs,
+        referenced by nothing, until `gc`).
 
         Raises:
             CheckFailedError: a normalizer failed the round-trip check (names the layer and why).
@@ -185,11 +187,11 @@ class Registry:
                         operation: str | None = None, progress: Progress | None = None) -> Registration:
         """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
 
-        Nothing touches the disk before it is checked: each blob is hashed as it arrives, the gate starts as soon as
+        Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as
         the manifest and the normalizers' blobs are in (before the bulk weights have arrived when the bundle lists
-        them first, as `normbridge --server` sends it), and blobs are published only once the whole bundle has
-        arrived and the gate has passed. Same guarantees and errors as `register`, plus PayloadTooLargeError past
-        `limit` bytes. An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
+        them first, as `normbridge --server` sends it); the blobs are published and the version committed only once
+        the whole bundle has arrived and the gate has passed. Same guarantees and errors as `register`, plus
+        PayloadTooLargeError past `limit` bytes. An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
         other upload formats, no registration was attempted.
         """
         from .bundle_stream import UploadInterrupted
@@ -223,7 +225,7 @@ class Registry:
         report("extracting the artifact", 0, 1)
         artifact = extract_artifact(model, lineage)
         items = list(artifact.blobs.items())
-        # Blobs are written (hidden, synced) while the gate runs and published only if it passes.
+        # Blobs are staged while the gate runs and published only if it passes.
         with ThreadPoolExecutor(max_workers=1) as pool:
             staging = pool.submit(self._stage, items)
             try:

@@ -183,3 +183,22 @@ def test_a_registry_on_s3_registers_verifies_and_collects_garbage(s3_env, tmp_pa
     assert [(p.number, p.kind, p.tensor) for p in problems] == [(2, "blob", "bn1.running_var")]
     with pytest.raises(IntegrityError, match="bn1.running_var"):
         reg.tensors("cnn@2")
+
+
+def test_each_put_carries_the_blobs_sha256_as_s3s_signed_checksum(s3_env):
+    """S3 itself refuses a PUT whose body does not match x-amz-checksum-sha256 (moto does not check it, so the
+    request is inspected here as it leaves botocore): the body is bound by that signed header, not by re-hashing it."""
+    import base64
+
+    _, bucket, _ = s3_env
+    store = open_blob_store(f"s3://{bucket}/p")
+    sent: list[dict] = []
+    store.client.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(dict(request.headers)))
+    data = b"running statistics" * 100
+    digest = store.put(data)
+    assert len(sent) == 1
+    headers = {k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in sent[0].items()}
+    assert headers["x-amz-checksum-sha256"] == base64.b64encode(hashlib.sha256(data).digest()).decode()
+    assert "x-amz-checksum-sha256" in headers["authorization"]  # among the signed headers
+    assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
+    assert store.get(digest) == data
