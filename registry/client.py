@@ -37,7 +37,7 @@ from schemas.errors import (
 )
 
 from .client_transfer import TransferProgress, extract_bundle, file_chunks, folder_tar_chunks, folder_tar_size, no_progress, save_stream
-from .metadata import AliasRecord, AuditRecord, VersionRecord
+from .metadata import AliasRecord, AuditRecord, VersionRecord, split_ref
 
 API = "/api/v1"
 UPLOAD_FORMATS = {".onnx": "onnx", ".keras": "keras", ".pt2": "pt2"}
@@ -293,11 +293,9 @@ def _q(part: str) -> str:
 
 
 def _split(ref: str) -> tuple[str, str]:
-    """'name@N' / 'name@alias' / 'name' -> (name, version part; 'latest' when absent)."""
-    name, _, version = str(ref).partition("@")
-    if not name:
-        raise NotFoundError(f"'{ref}' is not a version reference; use NAME@N, NAME@alias or NAME.")
-    return name, version or "latest"
+    """'name@N' / 'name@alias' / 'name' -> (name, version part; 'latest' when absent), by the local registry's rules."""
+    name, suffix = split_ref(str(ref))
+    return name, suffix or "latest"
 
 
 @functools.cache

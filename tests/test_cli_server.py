@@ -235,3 +235,12 @@ def test_a_bundle_with_links_or_escaping_paths_is_never_extracted(tmp_path):
         with pytest.raises(IntegrityError, match="unexpected member"):
             extract_bundle(archive, tmp_path / label / "bundle")
     assert not (tmp_path / "escape" / "evil").exists() and not (tmp_path / "link" / "bundle" / "manifest.json").exists()
+
+
+def test_a_malformed_reference_is_refused_the_same_way_locally_and_over_the_server(served):
+    for ref in ("cnn@", "@2"):
+        remote = cli(served, "show", ref)
+        local = CliRunner().invoke(_app(), ["show", ref, "--db", served.db, "--blobs", served.blobs],
+                                   env={k: None for k in REMOTE_ENV} | {"COLUMNS": "200"})
+        assert remote.exit_code == local.exit_code != 0, (remote.output, local.output)
+        assert f"reference '{ref}' is malformed" in remote.stderr and f"reference '{ref}' is malformed" in local.stderr
