@@ -82,20 +82,22 @@ SAFETENSORS_DTYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "I8"
                       "I64": "int64", "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
 
 
-def check_tensor_header(data: bytes, ref: TensorRef, name: str) -> None:
+def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | None = None) -> None:
     """The blob is single-tensor safetensors of the manifest's dtype, shape and size, read from its header alone.
 
     Bulk tensors of an upload are checked this way (no copy of their data); the normalizers' tensors are
-    decoded in full anyway when their specs are built. InputFileError says what does not match.
+    decoded in full anyway when their specs are built. `data` may be only the blob's start when `total`,
+    its whole length, is given. InputFileError says what does not match.
     """
+    total = len(data) if total is None else total
     def refuse(problem: str) -> InputFileError:
         return InputFileError(f"the blob of tensor '{name}' {problem}; the artifact is corrupted.")
 
-    if len(data) < 8:
-        raise refuse(f"is {len(data)} bytes, too short for a safetensors header")
+    if total < 8 or len(data) < 8:
+        raise refuse(f"is {total} bytes, too short for a safetensors header")
     length = int.from_bytes(data[:8], "little")
-    if length > len(data) - 8:
-        raise refuse(f"declares a {length}-byte header in {len(data)} bytes, so it is not valid single-tensor safetensors")
+    if length > min(len(data), total) - 8:
+        raise refuse(f"declares a {length}-byte header in {total} bytes, so it is not valid single-tensor safetensors")
     try:
         header = json.loads(bytes(data[8:8 + length]))
         entry = header["tensor"]
@@ -108,8 +110,8 @@ def check_tensor_header(data: bytes, ref: TensorRef, name: str) -> None:
         shape = []  # safetensors' NumPy writer may store 0-d arrays as shape (1,)
     if dtype != ref.dtype or shape != ref.shape:
         raise InputFileError(f"the blob of tensor '{name}' holds {dtype}{shape} but the manifest says {ref.dtype}{ref.shape}.")
-    if start != 0 or end - start != ref.nbytes or 8 + length + end != len(data):
-        raise refuse(f"holds data bytes {start}..{end} of {len(data) - 8 - length}, but the manifest says {ref.nbytes} bytes")
+    if start != 0 or end - start != ref.nbytes or 8 + length + end != total:
+        raise refuse(f"holds data bytes {start}..{end} of {total - 8 - length}, but the manifest says {ref.nbytes} bytes")
 
 
 def tensors_from_blobs(manifest: ArtifactManifest, get: Callable[[str], bytes]) -> dict[str, np.ndarray]:

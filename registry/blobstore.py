@@ -72,6 +72,11 @@ class BlobStore(abc.ABC):
     def age_seconds(self, digest: str) -> float:
         """Seconds since the blob was written (gc keeps young unreferenced blobs: a registration may be in flight)."""
 
+    def head_of(self, digest: str, size: int) -> tuple[bytes, int]:
+        """(the first `size` bytes of the blob, its whole length), not re-hashed: enough to read a file header."""
+        data = self.get(digest)
+        return data[:size], len(data)
+
     def verified(self, digest: str, data: bytes) -> bytes:
         """`data` if it still hashes to `digest`; IntegrityError otherwise (tampered bytes are never served)."""
         actual = sha256_hex(data)
@@ -193,6 +198,13 @@ class LocalBlobStore(BlobStore):
                 f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
             ) from None
         return self.verified(digest, data)
+
+    def head_of(self, digest: str, size: int) -> tuple[bytes, int]:
+        try:
+            with open(self.path_of(digest), "rb") as handle:
+                return handle.read(size), os.fstat(handle.fileno()).st_size
+        except FileNotFoundError:
+            raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc") from None
 
     def exists(self, digest: str) -> bool:
         return self.path_of(digest).is_file()

@@ -200,6 +200,20 @@ class S3BlobStore(BlobStore):
             raise self._refuse(error, f"read of blob {digest}") from error
         return self.verified(digest, data)
 
+    def head_of(self, digest: str, size: int) -> tuple[bytes, int]:
+        """One ranged GET: the first `size` bytes and, from Content-Range, the object's whole length."""
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.key_of(digest), Range=f"bytes=0-{max(size, 1) - 1}")
+            data = response["Body"].read()
+        except ClientError as error:
+            if str(error.response.get("Error", {}).get("Code", "")) in _MISSING:
+                raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc") from None
+            raise self._refuse(error, f"read of blob {digest}") from error
+        whole = response.get("ContentRange", "").rpartition("/")[2]
+        return data[:size], int(whole) if whole.isdigit() else int(response["ContentLength"])
+
     def exists(self, digest: str) -> bool:
         return self._head(digest) is not None
 

@@ -34,6 +34,10 @@ STAGING_WINDOW = 256 << 20
 
 #: gate(manifest, specs) -> the CheckResults (raises CheckFailedError); Registry._gate.
 Gate = Callable[[ArtifactManifest, list], list]
+#: reuse(digests) -> the subset the bundle may leave out because the store holds them for this uploader (the HTTP
+#: layer allows blobs of models the token may read); None: every blob must be in the bundle.
+Reuse = Callable[[set[str]], set[str]]
+HEADER_READ = 64 * 1024  # bytes read from a stored blob to check its safetensors header
 
 
 class UploadInterrupted(InputFileError):
@@ -131,11 +135,16 @@ def normalizer_digests(manifest: ArtifactManifest) -> set[str]:
     return {manifest.tensors[t].digest for entry in manifest.normalizers for t in entry.tensors.values() if t in manifest.tensors}
 
 
-def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate) -> ReceivedBundle:
-    """Read, check and stage a whole bundle from `stream`, gating it as early as its members allow; see the module doc."""
+def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, reuse: Reuse | None = None) -> ReceivedBundle:
+    """Read, check and stage a whole bundle from `stream`, gating it as early as its members allow; see the module doc.
+
+    With `reuse`, the bundle may leave out blobs the store already holds for this uploader (a fine-tune that moved
+    only the running statistics then sends only those): each is checked against the manifest from its stored header,
+    and the normalizers' ones are read (re-hashed) for the gate.
+    """
     with ThreadPoolExecutor(max_workers=max(1, store.parallel_writes), thread_name_prefix="stage") as stager, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate") as gater:
-        receiver = _Receiver(store, gate, stager, gater)
+        receiver = _Receiver(store, gate, stager, gater, reuse)
         try:
             for member in read_bundle_stream(stream, limit):
                 if member.digest is None:
@@ -155,8 +164,8 @@ class _Receiver:
     sender, waits while more than STAGING_WINDOW bytes are queued for the store. Blobs that arrive before the
     manifest are held until it comes (a manifest-last tar costs its size in memory)."""
 
-    def __init__(self, store: BlobStore, gate: Gate, stager: ThreadPoolExecutor, gater: ThreadPoolExecutor):
-        self.store, self.gate, self.stager, self.gater = store, gate, stager, gater
+    def __init__(self, store: BlobStore, gate: Gate, stager: ThreadPoolExecutor, gater: ThreadPoolExecutor, reuse: Reuse | None = None):
+        self.store, self.gate, self.stager, self.gater, self.reuse = store, gate, stager, gater, reuse
         self.manifest: ArtifactManifest | None = None
         self.names: dict[str, list[str]] = {}  # digest -> the manifest tensors it holds
         self.needed: set[str] = set()  # the normalizers' blobs
@@ -176,6 +185,9 @@ class _Receiver:
         early, self.early = self.early, {}
         for digest, blob in early.items():
             self._accept(digest, blob)
+        # normalizer blobs the store already holds for this uploader: the gate need not wait for them
+        for digest in self._reusable(self.needed - self.staging.keys()):
+            self._accept(digest, self.store.get(digest), stored=True)
         self._gate_when_ready()
 
     def take_blob(self, digest: str, data: bytes) -> None:
@@ -187,8 +199,9 @@ class _Receiver:
         self._accept(digest, data)
         self._gate_when_ready()
 
-    def _accept(self, digest: str, data: bytes) -> None:
-        """Check the blob against every tensor the manifest says it holds, then stage it; unreferenced blobs are dropped."""
+    def _accept(self, digest: str, data: bytes, stored: bool = False) -> None:
+        """Check the blob against every tensor the manifest says it holds, then stage it (unless `stored`: the store
+        holds it already); unreferenced blobs are dropped."""
         names = self.names.get(digest)
         if not names:
             return
@@ -196,7 +209,23 @@ class _Receiver:
             check_tensor_header(data, self.manifest.tensors[name], name)
         if digest in self.needed:
             self.gated[digest] = data
-        self.staging[digest] = self.window.submit(self.stager, self.store.stage, data, digest)
+        if stored:
+            self.staging[digest] = _done(StagedBlob(digest=digest))
+        else:
+            self.staging[digest] = self.window.submit(self.stager, self.store.stage, data, digest)
+
+    def _reusable(self, digests: set[str]) -> set[str]:
+        return self.reuse(set(digests)) & set(digests) if self.reuse is not None and digests else set()
+
+    def _take_stored(self, digest: str) -> None:
+        """A blob left out of the bundle: checked against the manifest from the header the store holds."""
+        head, total = self.store.head_of(digest, HEADER_READ)
+        length = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
+        if 8 + length > len(head) and 8 + length <= total:
+            head, total = self.store.head_of(digest, 8 + length)
+        for name in self.names[digest]:
+            check_tensor_header(head, self.manifest.tensors[name], name, total)
+        self.staging[digest] = _done(StagedBlob(digest=digest))
 
     def _gate_when_ready(self) -> None:
         if self.checked is None and self.manifest is not None and self.needed <= self.gated.keys():
@@ -206,9 +235,12 @@ class _Receiver:
         """After the last member: everything the manifest lists arrived, the gate passed, every blob is staged."""
         if self.manifest is None:
             raise InputFileError(f"the bundle holds no {MANIFEST_FILE}; pack an artifact folder (manifest.json and blobs/).")
+        for digest in sorted(self._reusable(set(self.names) - self.staging.keys())):
+            self._take_stored(digest)
         for name, ref in self.manifest.tensors.items():
             if ref.digest not in self.staging:
-                raise InputFileError(f"the blob of tensor '{name}' (blobs/{ref.digest}.safetensors) is missing from the bundle; "
+                reusing = " (it may be left out only when a version this uploader may read holds it)" if self.reuse else ""
+                raise InputFileError(f"the blob of tensor '{name}' (blobs/{ref.digest}.safetensors) is missing from the bundle{reusing}; "
                                      "export the artifact again.")
         checks = self.checked.result()
         return ReceivedBundle(self.manifest, [self.staging[d].result() for d in self.manifest.blob_digests()], checks)
@@ -240,6 +272,12 @@ class _Window:
         with self.changed:
             self.used -= size
             self.changed.notify_all()
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _specs_then_gate(manifest: ArtifactManifest, held: dict[str, bytes], gate: Gate) -> list:

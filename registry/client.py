@@ -36,7 +36,8 @@ from schemas.errors import (
     error_class_for_code,
 )
 
-from .client_transfer import TransferProgress, extract_bundle, file_chunks, folder_tar_chunks, folder_tar_size, no_progress, save_stream
+from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
+                              save_stream)
 from .metadata import AliasRecord, AuditRecord, VersionRecord, split_ref
 
 API = "/api/v1"
@@ -201,7 +202,8 @@ class RemoteRegistry:
         if path.is_dir():
             if not (path / "manifest.json").is_file():
                 raise InputFileError(f"'{path}' is a folder without manifest.json; pass a model file (.pt2, .keras, .onnx) or a saved artifact folder.")
-            return path, "bundle", folder_tar_size(path), lambda advance: folder_tar_chunks(path, advance)
+            skip = self._present(folder_blob_digests(path))
+            return path, "bundle", folder_tar_size(path, skip), lambda advance: folder_tar_chunks(path, advance, skip)
         fmt = UPLOAD_FORMATS.get(path.suffix.lower())
         if fmt is None:
             from converters.models.loading import load_model
@@ -209,6 +211,12 @@ class RemoteRegistry:
             load_model(path)  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
             raise InputFileError(f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder.")
         return path, fmt, path.stat().st_size, lambda advance: file_chunks(path, advance)
+
+    def _present(self, digests: list[str]) -> frozenset[str]:
+        """The blobs the server already holds for this token (it may read a version that has them): not sent again."""
+        if not digests:
+            return frozenset()
+        return frozenset(self._request("POST", "/blobs/present", json={"digests": digests})["present"]) & frozenset(digests)
 
     # ------------------------------------------------------------------ reading
 

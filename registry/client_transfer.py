@@ -6,7 +6,8 @@ bundle is streamed into a temporary file. A bundle is extracted only if every me
 regular file named `manifest.json` or `blobs/<sha256>.safetensors` (no links, no absolute or
 `..` paths), so a hostile server cannot write outside the temporary folder.
 
-A folder is sent manifest first, then its normalizers' blobs, so the server can gate it early.
+A folder is sent manifest first, then its normalizers' blobs, so the server can gate it early;
+blobs the server already holds for the token (POST /api/v1/blobs/present) are left out.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def file_chunks(path: Path, advance: Advance, start: int = 0) -> Iterator[bytes]
             advance(done)
 
 
-def _folder_members(folder: Path) -> list[tuple[str, Path]]:
-    """(name in the tar, file) for an artifact folder; nothing but the manifest and the blobs is sent.
+def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, Path]]:
+    """(name in the tar, file) for an artifact folder; nothing but the manifest and the blobs (less those in `skip`,
+    which the server already holds for this token) is sent.
 
     The manifest goes first, then the blobs of the normalizers' tensors, then the bulk: the server
     starts the equivalence gate as soon as it has the first two, while the bulk is still on the way.
@@ -60,7 +62,7 @@ def _folder_members(folder: Path) -> list[tuple[str, Path]]:
     blobs = folder / BLOBS_DIR
     if blobs.is_dir():
         gated = _normalizer_digests(folder / MANIFEST_FILE)
-        files = [p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors"]
+        files = [p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors" and p.stem not in skip]
         files.sort(key=lambda p: p.stem not in gated)  # stable: normalizers' blobs first, each group sorted
         members += [(f"{BLOBS_DIR}/{p.name}", p) for p in files]
     return members
@@ -89,19 +91,25 @@ def _padding(size: int) -> int:
     return (BLOCK - size % BLOCK) % BLOCK
 
 
-def folder_tar_size(folder: Path) -> int:
+def folder_blob_digests(folder: Path) -> list[str]:
+    """The digests an artifact folder's blob files are named by."""
+    blobs = folder / BLOBS_DIR
+    return sorted(p.stem for p in blobs.iterdir() if p.is_file() and p.suffix == ".safetensors") if blobs.is_dir() else []
+
+
+def folder_tar_size(folder: Path, skip: frozenset[str] = frozenset()) -> int:
     """Exact length of the tar `folder_tar_chunks` produces (so the upload can send Content-Length)."""
     total = 0
-    for name, path in _folder_members(folder):
+    for name, path in _folder_members(folder, skip):
         size = path.stat().st_size
         total += len(_header(name, size)) + size + _padding(size)
     return total + 2 * BLOCK
 
 
-def folder_tar_chunks(folder: Path, advance: Advance) -> Iterator[bytes]:
+def folder_tar_chunks(folder: Path, advance: Advance, skip: frozenset[str] = frozenset()) -> Iterator[bytes]:
     """An artifact folder as a tar stream, produced while it is sent (headers, file chunks, padding, end blocks)."""
     done = 0
-    for name, path in _folder_members(folder):
+    for name, path in _folder_members(folder, skip):
         size = path.stat().st_size
         header = _header(name, size)
         done += len(header)
@@ -155,4 +163,5 @@ def extract_bundle(archive: Path, folder: Path) -> Path:
     return folder
 
 
-__all__ = ["Advance", "TransferProgress", "extract_bundle", "file_chunks", "folder_tar_chunks", "folder_tar_size", "no_progress", "save_stream"]
+__all__ = ["Advance", "TransferProgress", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size",
+           "no_progress", "save_stream"]

@@ -512,6 +512,22 @@ class MetadataStore:
             )
             return [row.to_record() for row in rows]
 
+    def models_referencing(self, digests) -> dict[str, set[str]]:
+        """digest -> names of the models with a version that references it (as a blob or as its artifact digest);
+        digests nothing references are left out. Access checks on blobs are made from this."""
+        wanted = sorted(set(digests))
+        found: dict[str, set[str]] = {}
+        with self._read_sessions() as session:
+            for start in range(0, len(wanted), 500):  # bounded IN lists
+                chunk = wanted[start:start + 500]
+                by_blob = select(BlobRefRow.digest, ModelRow.name).join(VersionRow, BlobRefRow.version_id == VersionRow.id).join(
+                    ModelRow, VersionRow.model_id == ModelRow.id).where(BlobRefRow.digest.in_(chunk))
+                by_version = select(VersionRow.digest, ModelRow.name).join(ModelRow, VersionRow.model_id == ModelRow.id).where(
+                    VersionRow.digest.in_(chunk))
+                for digest, model in session.execute(union(by_blob, by_version)):
+                    found.setdefault(digest, set()).add(model)
+        return found
+
     def referenced_digests(self) -> set[str]:
         """Every digest a version still needs: its blobs and its artifact digest (what gc keeps)."""
         with self._read_sessions() as session:

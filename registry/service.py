@@ -184,21 +184,24 @@ class Registry:
         return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report))
 
     def register_stream(self, name: str, stream: BinaryIO, limit: int, parent: str | None = None, note: str | None = None,
-                        operation: str | None = None, progress: Progress | None = None) -> Registration:
+                        operation: str | None = None, progress: Progress | None = None,
+                        reuse: Callable[[set[str]], set[str]] | None = None) -> Registration:
         """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
 
         Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as
         the manifest and the normalizers' blobs are in (before the bulk weights have arrived when the bundle lists
         them first, as `normbridge --server` sends it); the blobs are published and the version committed only once
         the whole bundle has arrived and the gate has passed. Same guarantees and errors as `register`, plus
-        PayloadTooLargeError past `limit` bytes. An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
+        PayloadTooLargeError past `limit` bytes. `reuse(digests)` names the blobs the bundle may leave out because the
+        store holds them for this uploader (see bundle_stream.receive_bundle). An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
         other upload formats, no registration was attempted.
         """
         from .bundle_stream import UploadInterrupted
 
         report = progress or (lambda step, done, total: None)
         try:
-            return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report),
+            return self._audited(name, "bundle upload",
+                                 lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse),
                                  unaudited=(UploadInterrupted, PayloadTooLargeError))
         finally:
             close = getattr(stream, "abandon", None)
@@ -236,12 +239,12 @@ class Registry:
             staged = staging.result()
         return self._commit(name, artifact.manifest, checks, staged, parent_record, note, report)
 
-    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress) -> Registration:
+    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress, reuse) -> Registration:
         from .bundle_stream import receive_bundle
 
         parent_record, lineage = self._lineage(name, parent, operation, imported=True)
         report("receiving the bundle", 0, 1)
-        received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report))
+        received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report), reuse)
         manifest = received.manifest.model_copy(update={"lineage": lineage})
         return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report)
 

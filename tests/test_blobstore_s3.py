@@ -202,3 +202,14 @@ def test_each_put_carries_the_blobs_sha256_as_s3s_signed_checksum(s3_env):
     assert "x-amz-checksum-sha256" in headers["authorization"]  # among the signed headers
     assert headers["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD"
     assert store.get(digest) == data
+
+
+def test_head_of_reads_the_start_of_a_blob_and_its_whole_length_in_one_request(s3_env, tmp_path):
+    _, bucket, _ = s3_env
+    data = os.urandom(3000)
+    for store in (open_blob_store(f"s3://{bucket}/p"), open_blob_store(str(tmp_path / "local"))):
+        digest = store.put(data)
+        assert store.head_of(digest, 10) == (data[:10], 3000)
+        assert store.head_of(digest, 10_000) == (data, 3000)
+        with pytest.raises(NotFoundError):
+            store.head_of("0" * 64, 10)

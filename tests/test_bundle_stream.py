@@ -287,3 +287,39 @@ def test_staging_waits_while_the_window_of_queued_bytes_is_full():
     big = _Window(budget=10)  # a blob larger than the whole window still goes through, alone
     with ThreadPoolExecutor(max_workers=1) as pool:
         assert big.submit(pool, len, b"y" * 50).result(timeout=30) == 50
+
+
+def test_a_bundle_may_leave_out_blobs_the_store_holds_when_reuse_allows_them(local, artifact_folder, tmp_path):
+    from registry.artifact import load_artifact_folder
+    from schemas.errors import NotFoundError
+    from tests.test_registry_service import finetune_statistics
+
+    local.register("cnn", artifact_folder)
+    held = set(local.store.digests())
+    finetuned = save_artifact_folder(extract_artifact(finetune_statistics(trained_cnn(seed=3), seed=9)), tmp_path / "finetuned")
+    artifact = load_artifact_folder(finetuned)
+    new = [d for d in artifact.manifest.blob_digests() if d not in held]
+    assert new and set(artifact.blobs) - set(new)  # only the statistics changed
+    slim = tar_of([(f"blobs/{d}.safetensors", artifact.blobs[d]) for d in new] + [("manifest.json", (finetuned / "manifest.json").read_bytes())])
+
+    def allowed(digests: set[str]) -> set[str]:  # the policy the HTTP layer applies: blobs a readable version references
+        return digests & local.meta.referenced_digests()
+
+    before = state(local)
+    with pytest.raises(InputFileError, match="is missing from the bundle; export"):
+        local.register_stream("cnn", io.BytesIO(slim), NO_LIMIT)  # no reuse: every blob must be sent
+    with pytest.raises(NotFoundError):  # a policy that allows a blob the store does not hold registers nothing
+        local.register_stream("cnn", io.BytesIO(tar_of([("manifest.json", (finetuned / "manifest.json").read_bytes())])), NO_LIMIT,
+                              reuse=lambda digests: digests)
+    lying = json.loads((finetuned / "manifest.json").read_text())
+    weight = next(n for n, ref in lying["tensors"].items() if ref["digest"] in held and len(ref["shape"]) == 4)
+    lying["tensors"][weight]["shape"] = lying["tensors"][weight]["shape"][::-1]
+    with pytest.raises(InputFileError, match=f"the blob of tensor '{weight}' holds float32"):  # checked from the stored header
+        local.register_stream("cnn", io.BytesIO(tar_of([("manifest.json", json.dumps(lying).encode())])), NO_LIMIT, reuse=allowed)
+    assert state(local) == before
+
+    result = local.register_stream("cnn", io.BytesIO(slim), NO_LIMIT, reuse=allowed)
+    assert result.created and result.version.number == 2
+    assert result.version.content_digest == artifact.manifest.content_digest()
+    assert local.verify().passed and state(local)["staging"] == []
+    assert set(local.store.digests()) == held | set(new)

@@ -201,6 +201,60 @@ def test_library_client_streams_with_byte_progress_registers_folders_and_refuses
         remote.register("cnn", trained_cnn())
 
 
+def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(served, tmp_path):
+    """A fine-tune that moved only the BatchNorm statistics sends only those: the weights are cnn@1's (and any other
+    blob a version this token may read holds is left out too)."""
+    from registry.artifact import extract_artifact, load_artifact_folder, save_artifact_folder
+    from registry.client_transfer import folder_tar_size
+
+    totals: dict[str, int | None] = {}
+
+    @contextmanager
+    def transfer(description, total):
+        totals[description] = total
+        yield lambda done: None
+
+    folder = save_artifact_folder(extract_artifact(finetune_statistics(trained_cnn(), seed=7)), tmp_path / "stats-only")
+    remote = RemoteRegistry(served.url, served.writer, transfer=transfer)
+    held = {t["digest"] for name, _, _ in remote.models() for v in remote.versions(name) for t in v.manifest["tensors"].values()}
+    artifact = load_artifact_folder(folder)
+    unchanged = frozenset(set(artifact.blobs) & held)
+    assert unchanged and set(artifact.blobs) - held  # the weights are shared, the statistics are new
+    result = remote.register("cnn-stats", folder)
+    assert result.created and all(c.passed for c in result.checks)
+    assert totals[f"uploading {folder.name}"] == folder_tar_size(folder, unchanged) < folder_tar_size(folder)
+    stored = remote.tensors("cnn-stats@1")  # downloaded and re-hashed: what was left out is there, byte for byte
+    assert {n: a.tobytes() for n, a in stored.items()} == {
+        n: artifact.blobs[ref.digest][len(artifact.blobs[ref.digest]) - ref.nbytes:] for n, ref in artifact.manifest.tensors.items()}
+
+
+def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served, tmp_path):
+    import httpx
+
+    from registry.artifact import extract_artifact, save_artifact_folder
+
+    carol = create_token(served.db, "carol", "write", models=["carols"])
+    digests = sorted({ref.digest for ref in RemoteRegistry(served.url, served.writer).manifest("cnn@1").tensors.values()})
+    with httpx.Client(base_url=served.url, timeout=60) as client:
+        def present(token: str) -> httpx.Response:
+            return client.post("/api/v1/blobs/present", json={"digests": digests}, headers={"Authorization": f"Bearer {token}"})
+
+        assert present(served.writer).json() == {"present": digests}
+        assert present(carol).json() == {"present": []}  # cnn's blobs are invisible to carol, whether or not they exist
+        assert client.post("/api/v1/blobs/present", json={"digests": ["x"] * 100_001},
+                           headers={"Authorization": f"Bearer {carol}"}).status_code == 422
+        folder = save_artifact_folder(extract_artifact(served.files["v1"]), tmp_path / "copy")
+        manifest_only = io.BytesIO()
+        with tarfile.open(fileobj=manifest_only, mode="w") as tar:
+            tar.add(folder / "manifest.json", arcname="manifest.json")
+        refused = client.post("/api/v1/models/carols/versions", params={"format": "bundle"}, content=manifest_only.getvalue(),
+                              headers={"Authorization": f"Bearer {carol}", "Content-Type": "application/octet-stream"})
+        assert refused.status_code == 400, refused.text
+        assert "missing from the bundle (it may be left out only when" in refused.json()["error"]["message"]
+    sent = RemoteRegistry(served.url, carol).register("carols", folder)  # the client sends carol everything
+    assert sent.created and sent.version.content_digest == RemoteRegistry(served.url, served.writer).show("cnn@1").content_digest
+
+
 def test_a_tampered_blob_on_the_server_is_never_used_by_the_client(served):
     """Last server test: it damages cnn@2 (its fine-tuned statistics are its own blobs)."""
     from registry.service import Registry

@@ -373,6 +373,7 @@ def test_openapi_lists_every_route_with_its_responses(env):
         ("get", "/api/v1/models/{name}/versions/{ref}/bundle"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/drift"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/blobs/{digest}"): {"200", "401", "403", "404", "422"},
+        ("post", "/api/v1/blobs/present"): {"200", "401", "403", "422"},
         ("get", "/api/v1/diff"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/aliases"): {"200", "401", "403", "404", "422"},
         ("put", "/api/v1/models/{name}/aliases/{alias}"): {"200", "401", "403", "404", "409", "422"},

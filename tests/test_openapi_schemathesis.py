@@ -120,6 +120,9 @@ def test_responses_about_real_versions_match_the_schema(api_schema, live):
         case = api_schema[path][method].Case(path_parameters=path_parameters, query=query)
         response = case.call_and_validate(headers=bearer(token), checks=CHECKS, timeout=120)
         assert response.status_code == 200, (path, path_parameters, query, response.text[:500])
+    present = api_schema["/api/v1/blobs/present"]["POST"].Case(body={"digests": [digest, "0" * 64]})
+    response = present.call_and_validate(headers=bearer(token), checks=CHECKS, timeout=120)
+    assert response.status_code == 200 and response.json() == {"present": [digest]}
     scoped = [("/api/v1/models", "GET", {}, {}, 200), ("/api/v1/verify", "POST", {}, {"check": "false"}, 200),
               ("/api/v1/audit", "GET", {}, {}, 200), ("/api/v1/models/{name}/versions", "GET", {"name": "other"}, {}, 403),
               ("/api/v1/diff", "GET", {}, {"a": "cnn@1", "b": "other@1"}, 403), ("/api/v1/gc", "POST", {}, {}, 403)]

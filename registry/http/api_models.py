@@ -104,6 +104,21 @@ class DriftList(BaseModel):
     reports: list[DriftRecord]
 
 
+MAX_DIGESTS = 100_000
+
+
+class DigestList(BaseModel):
+    """Blob digests (the request of POST /api/v1/blobs/present)."""
+
+    model_config = ConfigDict(extra="forbid")
+    digests: list[str] = Field(max_length=MAX_DIGESTS, description="sha256 hex digests of blobs, e.g. every blob of a manifest.")
+
+
+class PresentBlobs(BaseModel):
+    present: list[str] = Field(description="The asked digests the server stores and a version of a model this token may read "
+                                           "references: a bundle uploaded with this token may leave them out.")
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(description="Stable machine-readable name, e.g. unauthorized, forbidden, not_found, check_failed.")
     message: str

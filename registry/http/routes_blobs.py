@@ -1,7 +1,8 @@
-"""Downloads: one blob by digest, or a whole version as a bundle (both streamed).
+"""Downloads: one blob by digest, or a whole version as a bundle (both streamed); which blobs an upload may skip.
 
-A blob is served only when a version of a model in the caller's scope references it; otherwise
-404, whether or not it exists, so digests cannot be probed.
+A blob is served, or may be left out of an uploaded bundle, only when a version of a model in the
+caller's scope references it; otherwise it is treated as absent, whether or not it exists, so
+digests cannot be probed and no upload can claim another model's weights without sending them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
-from registry.db.models import BlobRefRow, ModelRow, VersionRow
-
+from .api_models import DigestList, PresentBlobs
 from .auth import Principal, require
 from .bundles import VersionBundle
 from .context import error_responses, registry_for, version_ref
@@ -27,13 +25,11 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1024 * 1024
 
 
-def _models_referencing(meta, digest: str) -> set[str]:
-    """Names of the models with a version that references `digest` (as a blob or as its artifact digest)."""
-    with Session(meta.engine) as session:
-        by_blob = select(ModelRow.name).join(VersionRow, VersionRow.model_id == ModelRow.id).join(
-            BlobRefRow, BlobRefRow.version_id == VersionRow.id).where(BlobRefRow.digest == digest)
-        by_version = select(ModelRow.name).join(VersionRow, VersionRow.model_id == ModelRow.id).where(VersionRow.digest == digest)
-        return set(session.scalars(by_blob.union(by_version)).all())
+def reusable_blobs(registry, principal: Principal, digests) -> set[str]:
+    """The digests that a version of a model `principal` may read references: what it may read, and so leave out of
+    an upload (the server already holds them). Others' blobs stay invisible, whether or not they exist."""
+    referencing = registry.meta.models_referencing(digests)
+    return {digest for digest, models in referencing.items() if any(principal.can("read", m) for m in models)}
 
 
 def _pieces(data: bytes):
@@ -51,11 +47,18 @@ def get_blob(digest: str, request: Request, principal: Reader) -> StreamingRespo
     if not _DIGEST.match(digest):
         raise missing
     registry = registry_for(request, principal)
-    if not any(principal.can("read", m) for m in _models_referencing(registry.meta, digest)):
+    if not reusable_blobs(registry, principal, [digest]):
         raise missing
     data = registry.store.get(digest)  # re-hashed: IntegrityError (500) rather than tampered bytes
     return StreamingResponse(_pieces(data), media_type="application/octet-stream",
                              headers={"X-Normbridge-Sha256": digest, "Content-Length": str(len(data))})
+
+
+@router.post("/blobs/present", response_model=PresentBlobs, tags=["read"], responses=error_responses(401, 403, 422, 500),
+             summary="Which of these blobs the server holds for this token: an upload may leave those out of its bundle")
+def present_blobs(body: DigestList, request: Request, principal: Reader) -> PresentBlobs:
+    wanted = [d for d in body.digests if _DIGEST.match(d)]
+    return PresentBlobs(present=sorted(reusable_blobs(registry_for(request, principal), principal, wanted)))
 
 
 @router.get("/models/{name}/versions/{ref}/bundle", tags=["read"], response_class=StreamingResponse,

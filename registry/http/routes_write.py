@@ -19,6 +19,7 @@ from registry.service import GcResult
 from .api_models import Alias, AliasBody, Registered, Version
 from .auth import Principal, require
 from .body_pipe import BodyPipe, send_body
+from .routes_blobs import reusable_blobs
 from .context import error_responses, model_of, registry_for
 from .errors import forbidden
 from .uploads import SUFFIXES, check_declared_length, new_workspace, receive_body, remove_workspace
@@ -57,7 +58,7 @@ async def register(request: Request, principal: Writer,
     registry = registry_for(request, principal)
     lock = request.app.state.register_lock
     if file_format == "bundle":
-        result = await _register_streamed_bundle(request, lock, registry, name, limit, parent, note, operation)
+        result = await _register_streamed_bundle(request, principal, lock, registry, name, limit, parent, note, operation)
     else:
         workspace = new_workspace()
         try:
@@ -71,12 +72,16 @@ async def register(request: Request, principal: Writer,
     return Response(body.model_dump_json(), status_code=201 if result.created else 200, media_type="application/json")
 
 
-async def _register_streamed_bundle(request: Request, lock, registry, name, limit, parent, note, operation):
+async def _register_streamed_bundle(request: Request, principal: Principal, lock, registry, name, limit, parent, note, operation):
     """Read the bundle in a worker thread while the event loop feeds it the body (see registry.bundle_stream)."""
     check_declared_length(request, limit)
     pipe = BodyPipe()
+
+    def reuse(digests: set[str]) -> set[str]:  # blobs this token may read may be left out (POST /api/v1/blobs/present)
+        return reusable_blobs(registry, principal, digests)
+
     work = asyncio.ensure_future(run_in_threadpool(_one_at_a_time, lock, registry.register_stream, name, pipe, limit, parent=parent,
-                                                   note=note, operation=operation))
+                                                   note=note, operation=operation, reuse=reuse))
     try:
         await send_body(request, pipe, limit)
     finally:
