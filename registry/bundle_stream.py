@@ -217,7 +217,7 @@ class _Receiver:
     def _reusable(self, digests: set[str]) -> set[str]:
         return self.reuse(set(digests)) & set(digests) if self.reuse is not None and digests else set()
 
-    def _take_stored(self, digest: str) -> None:
+    def _check_stored(self, digest: str) -> None:
         """A blob left out of the bundle: checked against the manifest from the header the store holds."""
         head, total = self.store.head_of(digest, HEADER_READ)
         length = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
@@ -225,7 +225,6 @@ class _Receiver:
             head, total = self.store.head_of(digest, 8 + length)
         for name in self.names[digest]:
             check_tensor_header(head, self.manifest.tensors[name], name, total)
-        self.staging[digest] = _done(StagedBlob(digest=digest))
 
     def _gate_when_ready(self) -> None:
         if self.checked is None and self.manifest is not None and self.needed <= self.gated.keys():
@@ -235,8 +234,10 @@ class _Receiver:
         """After the last member: everything the manifest lists arrived, the gate passed, every blob is staged."""
         if self.manifest is None:
             raise InputFileError(f"the bundle holds no {MANIFEST_FILE}; pack an artifact folder (manifest.json and blobs/).")
-        for digest in sorted(self._reusable(set(self.names) - self.staging.keys())):
-            self._take_stored(digest)
+        reused = sorted(self._reusable(set(self.names) - self.staging.keys()))
+        for digest, check in [(d, self.stager.submit(self._check_stored, d)) for d in reused]:  # header reads overlap
+            check.result()
+            self.staging[digest] = _done(StagedBlob(digest=digest))
         for name, ref in self.manifest.tensors.items():
             if ref.digest not in self.staging:
                 reusing = " (it may be left out only when a version this uploader may read holds it)" if self.reuse else ""
