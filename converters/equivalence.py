@@ -6,6 +6,7 @@ The registry runs this on every registration.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Iterable
 
@@ -110,18 +111,6 @@ def _moments(spec: NormSpec, x_cf: np.ndarray):
     return module.batch_moments(np.asarray(x_cf, np.float64))
 
 
-def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
-    """`compute`, run on the first call only; later calls return the same value."""
-    done: list = []
-
-    def value() -> Any:
-        if not done:
-            done.append(compute())
-        return done[0]
-
-    return value
-
-
 def _check_target(
     spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult, registry: AdapterRegistry,
     source_step: Callable[[], reference.TrainStep],
@@ -185,7 +174,7 @@ def check(
         layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, dtype=spec.dtype, passed=False, probe_shape=list(x_cf.shape)
     )
     y_ref = reference.forward(spec, x_cf, training=False)
-    source_step = _once(lambda: reference.train_step(spec, x_cf))
+    source_step = functools.cache(lambda: reference.train_step(spec, x_cf))  # computed by the first target that needs it
     for target in frameworks:
         try:
             _check_target(spec, target, options, x_cf, y_ref, result, registry, source_step)

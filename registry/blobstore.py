@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 
-_HEX = HEX_DIGITS = frozenset("0123456789abcdef")
+HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -30,7 +30,7 @@ def sha256_hex(data: bytes) -> str:
 
 def check_digest(digest: str) -> str:
     """Refuse anything that is not a lowercase sha256 hex string (it becomes a file path)."""
-    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= HEX_DIGITS:
         raise RegistryError(
             f"blob digest {digest!r} is not a sha256 hex string; expected 64 lowercase hex digits as returned by put()"
         )
@@ -41,8 +41,9 @@ class BlobStore(abc.ABC):
     """Immutable, content-addressed bytes. `uri` names the store (what `open_blob_store` accepts)."""
 
     uri: str
-    #: How many blobs a registration stages at once (a network store overlaps round trips; a disk does not gain).
-    parallel_writes: int = 1
+    #: How many blobs a registration stages, or a bundle download reads ahead, at once (a network store overlaps round
+    #: trips; a disk does not gain).
+    parallel_transfers: int = 1
 
     @abc.abstractmethod
     def put(self, data: bytes) -> str:
@@ -214,11 +215,11 @@ class LocalBlobStore(BlobStore):
 
     def digests(self) -> Iterator[str]:
         for shard in sorted(self.root.iterdir()):
-            if len(shard.name) != 2 or not shard.is_dir() or not set(shard.name) <= _HEX:
+            if len(shard.name) != 2 or not shard.is_dir() or not set(shard.name) <= HEX_DIGITS:
                 continue
             for entry in shard.iterdir():
                 name = shard.name + entry.name
-                if len(name) == 64 and set(name) <= _HEX:
+                if len(name) == 64 and set(name) <= HEX_DIGITS:
                     yield name
 
     def _stat(self, digest: str) -> os.stat_result:

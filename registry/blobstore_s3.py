@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 
 from schemas.errors import NotFoundError, RegistryError
 
-from .blobstore import _HEX, BlobStore, StagedBlob, check_digest, sha256_hex
+from .blobstore import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
 
 ENDPOINT_ENV = "NORMBRIDGE_S3_ENDPOINT"
 DEFAULT_MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -64,7 +64,7 @@ class S3BlobStore(BlobStore):
             raise RegistryError(f"multipart threshold {multipart_threshold} bytes is not positive; pass at least 1 byte")
         self.multipart_threshold = multipart_threshold
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
-        self.parallel_writes = 4  # concurrent PUTs per registration (boto3 clients are thread-safe; its pool holds 10)
+        self.parallel_transfers = 4  # concurrent PUTs or GETs per registration or bundle (boto3 clients are thread-safe; its pool holds 10)
         self.part_size = part_size
         self.endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None
         if client is None:
@@ -237,7 +237,7 @@ class S3BlobStore(BlobStore):
                     rest = entry["Key"][len(root):]
                     shard, _, name = rest.partition("/")
                     digest = shard + name
-                    if len(shard) == 2 and len(digest) == 64 and set(digest) <= _HEX:
+                    if len(shard) == 2 and len(digest) == 64 and set(digest) <= HEX_DIGITS:
                         yield digest
         except ClientError as error:
             raise self._refuse(error, "listing blobs") from error

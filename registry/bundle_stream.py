@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from schemas.errors import InputFileError, PayloadTooLargeError
+from schemas.errors import InputFileError, NotFoundError, PayloadTooLargeError
 from schemas.manifest import ArtifactManifest, load_manifest, sha256_hex
 
 from .artifact import BLOBS_DIR, MANIFEST_FILE, check_tensor_header, specs_from_manifest
@@ -142,7 +142,7 @@ def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, r
     only the running statistics then sends only those): each is checked against the manifest from its stored header,
     and the normalizers' ones are read (re-hashed) for the gate.
     """
-    with ThreadPoolExecutor(max_workers=max(1, store.parallel_writes), thread_name_prefix="stage") as stager, \
+    with ThreadPoolExecutor(max_workers=max(1, store.parallel_transfers), thread_name_prefix="stage") as stager, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate") as gater:
         receiver = _Receiver(store, gate, stager, gater, reuse)
         try:
@@ -219,7 +219,10 @@ class _Receiver:
 
     def _check_stored(self, digest: str) -> None:
         """A blob left out of the bundle: checked against the manifest from the header the store holds."""
-        head, total = self.store.head_of(digest, HEADER_READ)
+        try:
+            head, total = self.store.head_of(digest, HEADER_READ)
+        except NotFoundError as error:
+            raise NotFoundError(f"tensor '{self.names[digest][0]}' was left out of the bundle, but {error}; send the bundle whole.") from None
         length = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
         if 8 + length > len(head) and 8 + length <= total:
             head, total = self.store.head_of(digest, 8 + length)

@@ -147,6 +147,7 @@ def make_engine(url: str | URL) -> Engine:
 
 #: The parent version and its model, joined onto every version query (built once: aliased() is costly per request).
 _PARENT = aliased(VersionRow)
+_OTHER = aliased(VersionRow)  # a model's versions in a subquery (the newest number)
 _PARENT_MODEL = aliased(ModelRow)
 
 
@@ -430,14 +431,15 @@ class MetadataStore:
         with self._read_sessions() as session:
             model_row = self._model(session, name)
             if suffix is None:
-                latest = session.scalars(
-                    select(VersionRow).where(VersionRow.model_id == model_row.id).order_by(VersionRow.number.desc())
-                ).first()
-                if latest is None:
+                newest = select(func.max(_OTHER.number)).where(_OTHER.model_id == model_row.id).scalar_subquery()
+                found = self._records(session, (VersionRow.model_id == model_row.id) & (VersionRow.number == newest))
+                if not found:
                     raise NotFoundError(f"model {name!r} has no versions left; register one first")
-                return self._record(session, latest)
+                return found[0]
             if suffix.isdigit():
-                return self._record(session, self._version_row(session, name, int(suffix), model_row))
+                # one query with the parent joined in; only a missing version pays for the message listing the others
+                found = self._records(session, (VersionRow.model_id == model_row.id) & (VersionRow.number == int(suffix)))
+                return found[0] if found else self._record(session, self._version_row(session, name, int(suffix), model_row))
             alias = session.get(AliasRow, (model_row.id, suffix))
             if alias is None:
                 known = session.scalars(

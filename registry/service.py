@@ -199,14 +199,8 @@ class Registry:
         from .bundle_stream import UploadInterrupted
 
         report = progress or (lambda step, done, total: None)
-        try:
-            return self._audited(name, "bundle upload",
-                                 lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse),
-                                 unaudited=(UploadInterrupted, PayloadTooLargeError))
-        finally:
-            close = getattr(stream, "abandon", None)
-            if close is not None:
-                close()  # the sender stops waiting on a reader that has finished
+        return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse),
+                             unaudited=(UploadInterrupted, PayloadTooLargeError))
 
     def _audited(self, name: str, model_input: str, register: Callable[[], Registration], unaudited: tuple = ()) -> Registration:
         """Run a registration; a refusal is recorded in the audit log as 'register_failed' and re-raised."""
@@ -300,7 +294,7 @@ class Registry:
         """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's."""
         staged = []
         try:
-            with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_writes)) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers)) as pool:
                 for (digest, _), blob in zip(items, pool.map(lambda item: self.store.stage(item[1]), items)):
                     staged.append(blob)
                     if blob.digest != digest:

@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 
 from registry.bundle_stream import UploadInterrupted, too_large
 
-from .uploads import DRAIN_BYTES, check_declared_length
+from .uploads import DRAIN_BYTES
 
 MAX_QUEUED = 16 << 20  # bytes waiting for the reader before the sender waits
 
@@ -81,11 +81,6 @@ class BodyPipe(io.RawIOBase):
             self._ready.notify_all()
             return piece
 
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
     def abandon(self) -> None:
         """The reader is done (or gave up): drop what is queued and whatever is still sent."""
         with self._ready:
@@ -96,8 +91,9 @@ class BodyPipe(io.RawIOBase):
 
 
 async def send_body(request: Request, pipe: BodyPipe, limit: int) -> None:
-    """Feed the request body into `pipe` as it arrives, then finish it (with the reason, if it stopped early)."""
-    check_declared_length(request, limit)
+    """Feed the request body into `pipe` as it arrives, then finish it (with the reason, if it stopped early).
+
+    The caller has already refused a declared Content-Length over the limit (uploads.check_declared_length)."""
     received = 0
     try:
         async for chunk in request.stream():

@@ -51,18 +51,16 @@ class VersionBundle:
         yield b"\0" * (2 * BLOCK)
 
     def _fetched(self) -> Iterator[bytes]:
-        """Each blob's verified bytes in order, the next few read ahead (a network store's round trips overlap the sending)."""
-        ahead = max(0, self._store.parallel_writes)
-        if ahead == 0 or len(self.digests) < 2:
-            yield from map(self._get, self.digests)
-            return
-        with ThreadPoolExecutor(max_workers=ahead) as pool:
-            pending = deque(pool.submit(self._get, d) for d in self.digests[:ahead])
-            for digest in self.digests[ahead:] + [None] * ahead:
-                data = pending.popleft().result()
-                if digest is not None:
-                    pending.append(pool.submit(self._get, digest))
-                yield data
+        """Each blob's verified bytes in order, up to `parallel_transfers` more being read meanwhile (a network store's
+        round trips overlap the sending)."""
+        with ThreadPoolExecutor(max_workers=self._store.parallel_transfers) as pool:
+            pending: deque = deque()
+            for digest in self.digests:
+                pending.append(pool.submit(self._get, digest))
+                if len(pending) > self._store.parallel_transfers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
 
     def _member(self, name: str, data: bytes) -> Iterator[bytes]:
         yield _header(name, len(data), self._mtime)

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from registry.audit_chain import verify_chain
+
 from .api_models import (Alias, AuditEntry, AuditOut, DriftList, Health, LineageView, ManifestDiff, ModelSummary, Version,
                          VersionList, VerifyOut)
 from .auth import Principal, require
@@ -127,8 +129,9 @@ def _verify_scope(registry, principal: Principal, check: bool):
             merged["problems"] += [p for p in part.problems if p.kind != "audit" or not audit_seen]
             audit_seen = True
     if not audit_seen:
-        merged["audit_entries"] = len(registry.audit())
-        merged["problems"] = [{"model": "-", "number": 0, "kind": "audit", "message": p} for p in registry.verify_audit()]
+        log = registry.audit()
+        merged["audit_entries"] = len(log)
+        merged["problems"] = [{"model": "-", "number": 0, "kind": "audit", "message": p} for p in verify_chain(log)]
     return VerifyResult.model_validate(merged)
 
 

@@ -80,8 +80,13 @@ async def _register_streamed_bundle(request: Request, principal: Principal, lock
     def reuse(digests: set[str]) -> set[str]:  # blobs this token may read may be left out (POST /api/v1/blobs/present)
         return reusable_blobs(registry, principal, digests)
 
-    work = asyncio.ensure_future(run_in_threadpool(_one_at_a_time, lock, registry.register_stream, name, pipe, limit, parent=parent,
-                                                   note=note, operation=operation, reuse=reuse))
+    def read_and_register():
+        try:
+            return registry.register_stream(name, pipe, limit, parent=parent, note=note, operation=operation, reuse=reuse)
+        finally:
+            pipe.abandon()  # the reader is done: the sender drops the rest of the body instead of waiting
+
+    work = asyncio.ensure_future(run_in_threadpool(_one_at_a_time, lock, read_and_register))
     try:
         await send_body(request, pipe, limit)
     finally:

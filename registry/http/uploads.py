@@ -21,7 +21,7 @@ from schemas.errors import InputFileError
 #: After the limit is passed, up to this many more bytes are read and dropped, so the client sees the 413
 #: instead of a reset connection while it is still sending.
 DRAIN_BYTES = 16 * 1024 * 1024
-SUFFIXES = {"onnx": ".onnx", "keras": ".keras", "pt2": ".pt2", "bundle": ".tar"}
+SUFFIXES = {"onnx": ".onnx", "keras": ".keras", "pt2": ".pt2"}  # bundles are read as they arrive, not saved
 
 
 WORKSPACE_PREFIX = "normbridge-upload-"

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from registry.audit_chain import verify_chain
 from registry.http.auth import Principal
 from registry.http.errors import ApiError, error_body, status_for
 from registry.metadata import split_ref
@@ -108,6 +109,13 @@ def _registry(request: Request, principal: Principal):
     return request.app.state.registry.as_user(principal.owner)
 
 
+def _shown(request: Request, principal: Principal, name: str, ref: str):
+    """(registry, record) of NAME@REF, after checking the principal may read NAME."""
+    principal.check("read", name)
+    registry = _registry(request, principal)
+    return registry, registry.show(_ref(name, ref))
+
+
 # --------------------------------------------------------------------------- login / logout
 
 
@@ -174,9 +182,7 @@ def model_page(request: Request, principal: Principal, name: str) -> HTMLRespons
 @router.get("/ui/models/{name}/versions/{ref}", response_class=HTMLResponse)
 @page
 def version_page(request: Request, principal: Principal, name: str, ref: str) -> HTMLResponse:
-    principal.check("read", name)
-    registry = _registry(request, principal)
-    record = registry.show(_ref(name, ref))
+    registry, record = _shown(request, principal, name, ref)
     manifest = registry.manifest(record.ref)
     badges = sorted(a.alias for a in registry.aliases(record.model) if a.number == record.number)
     if record.number == max(r.number for r in registry.versions(record.model)):
@@ -194,9 +200,7 @@ def version_page(request: Request, principal: Principal, name: str, ref: str) ->
 @router.get("/ui/models/{name}/versions/{ref}/lineage", response_class=HTMLResponse)
 @page
 def lineage_page(request: Request, principal: Principal, name: str, ref: str) -> HTMLResponse:
-    principal.check("read", name)
-    registry = _registry(request, principal)
-    record = registry.show(_ref(name, ref))
+    registry, record = _shown(request, principal, name, ref)
     svg, rows, not_drawn = pages.lineage_graph(registry.lineage(record.ref), principal)
     return render(request, "lineage.html", record=record, svg=svg, rows=rows, not_drawn=not_drawn,
                   version_url=pages.version_url(record.model, record.number), model_url=pages.model_url(record.model))
@@ -219,9 +223,7 @@ def diff_page(request: Request, principal: Principal, a: str, b: str) -> HTMLRes
 def drift_page(request: Request, principal: Principal, name: str, ref: str) -> HTMLResponse:
     from registry.drift_records import drift_reports
 
-    principal.check("read", name)
-    registry = _registry(request, principal)
-    record = registry.show(_ref(name, ref))
+    registry, record = _shown(request, principal, name, ref)
     reports = drift_reports(registry, record.ref)
     latest = reports[0] if reports else None
     shift_chart, ratio_chart = pages.drift_charts(latest.report) if latest else ("", "")
@@ -236,10 +238,11 @@ def audit_page(request: Request, principal: Principal, model: str = "", user: st
     if model:
         principal.check("read", model)
     registry = _registry(request, principal)
-    every = [e for e in registry.audit() if principal.may_see(e.model)]
+    log = registry.audit()
+    problems = verify_chain(log)  # the whole log, read once
+    every = [e for e in log if principal.may_see(e.model)]
     entries = [e for e in every if (not model or e.model == model) and (not user or e.user == user)]
     entries.reverse()
-    problems = registry.verify_audit()
     return render(request, "audit.html", entries=entries[:MAX_AUDIT_ROWS], model=model, user=user,
                   model_names=sorted({name for name, _, _ in registry.models() if principal.may_see(name)} | ({model} if model else set())),
                   user_names=sorted({e.user for e in every} | ({user} if user else set())), chain_ok=not problems,
