@@ -1,4 +1,4 @@
-# normbridge: `make demo` runs the quickstart, `make test` the test suite; both set up .venv first.
+# normbridge: `make demo` runs the quickstart, `make test` the test suite, `make docs` builds the site; each sets up .venv first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # Test workers: the suite is sized for 2 cores.
 WORKERS ?= 2
 
-.PHONY: setup demo test bench schemas clean
+.PHONY: setup demo test bench schemas docs docs-cli clean
 
 setup: $(VENV)/.installed
 
@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip setuptools wheel
 	# torch first, pinned to the CPU build (constraints.txt); everything else may not pull another torch.
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[all,mlflow,test,bench]"
+	$(PIP) install -q -c constraints.txt -e ".[all,mlflow,test,bench,docs]"
 	touch $@
 
 demo: setup
@@ -34,5 +34,13 @@ bench: setup
 schemas: setup
 	$(PY) -m schemas.json_schema
 
+# The documentation site (MkDocs, offline) into site/; --strict: any warning, such as a broken link, fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+# Rewrite docs/cli.md from every command's --help (tests/test_docs.py fails while it is stale).
+docs-cli: setup
+	$(PY) -m cli.docs_reference docs/cli.md
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .hypothesis
