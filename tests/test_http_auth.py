@@ -159,7 +159,8 @@ def test_a_scoped_token_never_sees_the_name_of_a_parent_outside_its_scope(env):
     """A version converted from another model's version: its parent is redacted in every JSON the scoped token can read."""
     admin, root = env["admin"], env["root"]
     hidden = "hidden-parent-qz"
-    assert admin.post(f"/api/v1/models/{hidden}/versions", params={"format": "pt2"}, content=pt2_bytes(small_model(seed=21), root)).status_code == 201
+    first = admin.post(f"/api/v1/models/{hidden}/versions", params={"format": "pt2"}, content=pt2_bytes(small_model(seed=21), root))
+    assert first.status_code == 201, first.text
     child = admin.post("/api/v1/models/derived/versions", params={"format": "pt2", "parent": f"{hidden}@1", "operation": "converted"},
                        content=pt2_bytes(small_model(seed=22), root))
     assert child.status_code == 201 and child.json()["version"]["parent"] == f"{hidden}@1"

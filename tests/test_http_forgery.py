@@ -77,7 +77,8 @@ def test_other_origins_of_the_same_machine_and_opaque_origins_are_refused(local)
     url, registry = local["server"].url, local["registry"]
     before = state(registry)
     port = url.rsplit(":", 1)[1]
-    for origin in ("null", "http://127.0.0.1:1", "http://localhost.evil.example:" + port, "http://127.0.0.1", "file://", "http://127.0.0.1:" + port + "@evil.example"):
+    for origin in ("null", "http://127.0.0.1:1", "http://localhost.evil.example:" + port, "http://127.0.0.1", "file://",
+                   f"http://127.0.0.1:{port}@evil.example", f"http://127.0.0.1:{port}/"):
         refusal(httpx.post(f"{url}/api/v1/gc", params={"grace": 0}, headers={"Origin": origin}, timeout=60), "Origin", origin)
     # no Origin (an older browser's form post): the Referer decides; a browser's own Sec-Fetch-Site too
     refusal(httpx.post(f"{url}/api/v1/gc", params={"grace": 0}, headers={"Referer": f"{EVIL}/page.html"}, timeout=60), "Referer",
