@@ -121,6 +121,14 @@ def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
                 yield BundleMember(data, digest)
     except (tarfile.TarError, EOFError, zlib.error) as error:
         raise InputFileError(f"the bundle is not a readable tar archive ({error}); send `tar -cf - -C FOLDER .` of an artifact folder.") from error
+    _read_to_end(stream)
+
+
+def _read_to_end(stream: BinaryIO) -> None:
+    """Read what follows the archive's end (tar padding, or more): a bundle is registered only once its upload arrived
+    whole, so a body past the size limit fails here (the HTTP body pipe raises PayloadTooLargeError) and never commits."""
+    while stream.read(READ_SIZE):
+        pass
 
 
 def _parse_manifest(data: bytes) -> ArtifactManifest:

@@ -114,6 +114,19 @@ class PayloadTooLargeError(NormbridgeError):
     code = "payload_too_large"
 
 
+class UntrustedRequestError(NormbridgeError):
+    """A server refused a request whose Host, Origin, Referer or Sec-Fetch-Site does not name the server itself (HTTP 403):
+    a DNS-rebinding or cross-site request forgery; `setting` names the header."""
+
+    code = "untrusted_request"
+
+
+class UnsupportedMediaTypeError(NormbridgeError):
+    """A server refused a request body whose Content-Type the endpoint does not take, e.g. a form on a JSON endpoint (HTTP 415)."""
+
+    code = "unsupported_media_type"
+
+
 class ServerUnreachableError(NormbridgeError):
     """The registry server did not answer (connection refused, timeout, not a normbridge server)."""
 
@@ -141,6 +154,8 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     ForbiddenError: 16,
     PayloadTooLargeError: 17,
     ServerUnreachableError: 18,
+    UntrustedRequestError: 19,
+    UnsupportedMediaTypeError: 20,
     NormbridgeError: 9,
 }
 
@@ -159,6 +174,8 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     ForbiddenError: 403,
     PayloadTooLargeError: 413,
     ServerUnreachableError: 502,
+    UntrustedRequestError: 403,
+    UnsupportedMediaTypeError: 415,
     NormbridgeError: 500,
 }
 

@@ -244,6 +244,45 @@ def test_an_upload_over_the_limit_is_refused_with_413_and_stores_nothing(env, re
     assert snapshot(registry) == before and len(registry.audit()) == audit_before
 
 
+def test_an_over_limit_body_of_zeros_is_refused_as_too_large_not_as_unreadable(env, registered):
+    """Zeros are a tar's end-of-archive marker: the size must decide before the format is read (2 MiB against 1 MiB)."""
+    writer, registry = env["clients"]["writer"], env["registry"]
+    before, audit_before = snapshot(registry), len(registry.audit())
+    zeros = b"\0" * (2 * UPLOAD_LIMIT)
+
+    def chunks():  # no Content-Length: only counting while it streams can tell
+        for start in range(0, len(zeros), 64 * 1024):
+            yield zeros[start:start + 64 * 1024]
+
+    for file_format in ("bundle", "onnx", "pt2", "keras"):
+        assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": file_format}, content=zeros), 413, "payload_too_large")
+        assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": file_format}, content=chunks()), 413, "payload_too_large")
+    # a whole, valid bundle followed by padding past the limit is refused too: it is registered only once all of it arrived
+    padded = bundle_of(small_model(seed=31), env["root"]) + zeros
+    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=padded), 413, "payload_too_large")
+    assert snapshot(registry) == before and len(registry.audit()) == audit_before
+
+
+def test_every_response_carries_nosniff(env, registered):
+    reader, writer = env["clients"]["reader"], env["clients"]["writer"]
+    url = env["server"].url
+    responses = [
+        httpx.get(f"{url}/api/v1/models", timeout=30),  # 401
+        reader.post("/api/v1/gc"),  # 403
+        reader.get("/api/v1/models/cnn/versions/9"),  # 404
+        reader.delete("/api/v1/models"),  # 405
+        writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"x" * (UPLOAD_LIMIT + 1)),  # 413
+        writer.post("/api/v1/gc", headers={"Content-Type": "text/plain"}),  # 415
+        reader.get("/api/v1/diff", params={"a": "cnn@1"}),  # 422
+        writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"not onnx"),  # 400
+        reader.get("/api/v1/models"), reader.get("/api/v1/models/cnn/versions/1/bundle"), httpx.get(f"{url}/openapi.json", timeout=30),
+        httpx.get(f"{url}/ui/login", timeout=30),
+    ]
+    assert sorted({r.status_code for r in responses}) == [200, 400, 401, 403, 404, 405, 413, 415, 422]
+    for response in responses:
+        assert response.headers.get("x-content-type-options") == "nosniff", (response.request.method, response.request.url, response.status_code)
+
+
 def test_killing_the_server_during_an_upload_leaves_the_registry_unchanged(env, registered, tmp_path):
     import threading
     import time
@@ -364,22 +403,22 @@ def test_recorded_drift_checks_come_back_newest_first(env, registered):
 def test_openapi_lists_every_route_with_its_responses(env):
     document = httpx.get(f"{env['server'].url}/openapi.json", timeout=30).json()
     expected = {
-        ("get", "/api/v1/health"): {"200"},
+        ("get", "/api/v1/health"): {"200", "403"},
         ("get", "/api/v1/models"): {"200", "401", "403", "422"},
         ("get", "/api/v1/models/{name}/versions"): {"200", "401", "403", "404", "422"},
-        ("post", "/api/v1/models/{name}/versions"): {"200", "201", "400", "401", "403", "404", "409", "413", "422"},
+        ("post", "/api/v1/models/{name}/versions"): {"200", "201", "400", "401", "403", "404", "409", "413", "415", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/lineage"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/bundle"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/drift"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/blobs/{digest}"): {"200", "401", "403", "404", "422"},
-        ("post", "/api/v1/blobs/present"): {"200", "401", "403", "422"},
+        ("post", "/api/v1/blobs/present"): {"200", "401", "403", "415", "422"},
         ("get", "/api/v1/diff"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/aliases"): {"200", "401", "403", "404", "422"},
-        ("put", "/api/v1/models/{name}/aliases/{alias}"): {"200", "401", "403", "404", "409", "422"},
-        ("post", "/api/v1/verify"): {"200", "401", "403", "404", "422"},
+        ("put", "/api/v1/models/{name}/aliases/{alias}"): {"200", "401", "403", "404", "409", "415", "422"},
+        ("post", "/api/v1/verify"): {"200", "401", "403", "404", "415", "422"},
         ("get", "/api/v1/audit"): {"200", "401", "403", "422"},
-        ("post", "/api/v1/gc"): {"200", "401", "403", "422"},
+        ("post", "/api/v1/gc"): {"200", "401", "403", "415", "422"},
     }
     for (method, path), statuses in expected.items():
         operation = document["paths"][path][method]

@@ -153,3 +153,33 @@ def test_insecure_local_accepts_anonymous_callers_on_loopback_only(env, tmp_path
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "--insecure-local" in refused.stderr and "0.0.0.0" in refused.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_scoped_token_never_sees_the_name_of_a_parent_outside_its_scope(env):
+    """A version converted from another model's version: its parent is redacted in every JSON the scoped token can read."""
+    admin, root = env["admin"], env["root"]
+    hidden = "hidden-parent-qz"
+    first = admin.post(f"/api/v1/models/{hidden}/versions", params={"format": "pt2"}, content=pt2_bytes(small_model(seed=21), root))
+    assert first.status_code == 201, first.text
+    child = admin.post("/api/v1/models/derived/versions", params={"format": "pt2", "parent": f"{hidden}@1", "operation": "converted"},
+                       content=pt2_bytes(small_model(seed=22), root))
+    assert child.status_code == 201 and child.json()["version"]["parent"] == f"{hidden}@1"
+    assert hidden in admin.get("/api/v1/models/derived/versions/1").text  # the admin sees it: the redaction is per token
+    token = create_token(env["db"], "derived-team", "read", models=["derived"])
+    with client(env, token) as scoped:
+        answers = {path: scoped.get(path) for path in ("/api/v1/models/derived/versions", "/api/v1/models/derived/versions/1",
+                                                       "/api/v1/models/derived/versions/latest", "/api/v1/models/derived/versions/1/lineage",
+                                                       "/api/v1/audit", "/api/v1/audit?model=derived", "/api/v1/models/derived/versions/1/bundle")}
+    for path, response in answers.items():
+        assert response.status_code == 200, (path, response.text)
+        assert hidden.encode() not in response.content, path
+    listed = answers["/api/v1/models/derived/versions"].json()["versions"][0]
+    shown = answers["/api/v1/models/derived/versions/1"].json()
+    for version in (listed, shown):  # that a parent exists is kept, as in the lineage view; its name is not
+        assert version["parent"] is not None and version["parent"] == version["manifest"]["lineage"]["parent"]
+    lineage = answers["/api/v1/models/derived/versions/1/lineage"].json()
+    assert lineage["ancestors"] == [shown["parent"]]  # one placeholder for the same hidden version everywhere
+    from registry.client import RemoteRegistry
+
+    with RemoteRegistry(env["server"].url, token) as remote:  # the bundle still verifies: the announced digest is the one sent
+        assert remote.specs("derived@1")

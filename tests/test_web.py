@@ -404,4 +404,9 @@ def test_a_scoped_token_sees_only_its_models(site, browser):
     assert page.locator("#parent-link").count() == 0 and page.locator("main a[href*='/models/cnn/']").count() == 0
     page.goto(site.url + "/ui/")
     assert page.locator("main a[href*='/models/cnn/']").count() == 0 and page.locator("main a[href*='diff']").count() == 0
+    # the parent's name itself is on none of the pages (the API redacts it the same way)
+    for path in ("/ui/", "/ui/models/other", "/ui/models/other/versions/2", "/ui/models/other/versions/2/lineage", "/ui/audit",
+                 "/ui/audit?model=other"):
+        page.goto(site.url + path)
+        assert "cnn@1" not in page.content(), path
     context.close()

@@ -21,6 +21,9 @@ token_app = typer.Typer(name="token", no_args_is_help=True,
 app.add_typer(token_app, name="token")
 
 
+ALLOWED_HOST_HELP = ("Another name clients reach this server by (a DNS name, or a reverse proxy's host), optionally NAME:PORT; repeat "
+                     "for several. Without it only the --host address is answered (plus localhost on loopback, any IP on 0.0.0.0).")
+
 #: Thread counts `serve` sets to 1 unless they are set: torch (OpenMP) and MKL read them when torch loads.
 SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -35,21 +38,29 @@ def serve(
     max_upload_mb: float = typer.Option(2048.0, "--max-upload-mb", help="Largest upload accepted, in MiB (larger ones get 413)."),
     insecure_local: bool = typer.Option(False, "--insecure-local", help="Let requests without a token act as admin 'local' (loopback hosts only)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (each opens its own database pool)."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),
 ) -> None:
     """Serve the registry over HTTP (/api/v1, OpenAPI at /docs); every request needs a token unless --insecure-local.
 
-    Example: normbridge serve --host 127.0.0.1 --port 8000 --db sqlite:///registry.db --blobs ./blobs
+    Requests whose Host is not this server's address (or an --allowed-host name), and state-changing ones sent from
+    another site's page, are refused. Example: normbridge serve --host 127.0.0.1 --port 8000 --db sqlite:///registry.db --blobs ./blobs
     """
     import uvicorn
 
     from registry import settings
-    from registry.http import app as http_app
+    from registry.http import app as http_app, request_guard
     from registry.service import Registry
 
     if insecure_local and not http_app.is_loopback(host):
         stderr.print(f"[bold red]error[/]: --insecure-local gives anonymous admin access, so it is refused on host '{host}'; "
                       "use --host 127.0.0.1 or create tokens with `normbridge token create`.", highlight=False)
         raise typer.Exit(2)
+    try:
+        for value in allowed_host:
+            request_guard.parse_allowed_host(value)
+    except ValueError as error:
+        stderr.print(f"[bold red]error[/]: {error}", highlight=False)
+        raise typer.Exit(2) from None
     if max_upload_mb <= 0:
         stderr.print(f"[bold red]error[/]: --max-upload-mb {max_upload_mb} is not positive; pass a size in MiB such as 2048.", highlight=False)
         raise typer.Exit(2)
@@ -61,12 +72,13 @@ def serve(
     db_url, blob_uri = settings.database_url(db), settings.blobs_uri(blobs)
     registry = Registry(db=db_url, blobs=blob_uri, user="server")  # runs the migrations once, before any worker starts
     if workers == 1:
-        uvicorn.run(http_app.create_app(registry, insecure_local=insecure_local, max_upload_bytes=limit), host=host, port=port,
-                    log_level="info")
+        uvicorn.run(http_app.create_app(registry, insecure_local=insecure_local, max_upload_bytes=limit, host=host, allowed_hosts=allowed_host),
+                    host=host, port=port, log_level="info")
         return
     registry.meta.close()
     os.environ.update({"NORMBRIDGE_DB": db_url, "NORMBRIDGE_BLOBS": blob_uri, http_app.HOST_ENV: host,
-                       http_app.INSECURE_ENV: "1" if insecure_local else "0", http_app.MAX_UPLOAD_ENV: str(limit)})
+                       http_app.INSECURE_ENV: "1" if insecure_local else "0", http_app.MAX_UPLOAD_ENV: str(limit),
+                       http_app.ALLOWED_HOSTS_ENV: ",".join(allowed_host)})
     uvicorn.run("registry.http.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info")
 
 

@@ -1,15 +1,16 @@
 """The FastAPI application: one Registry per process, per-request `as_user`, one error shape.
 
-`create_app(registry, insecure_local=..., max_upload_bytes=...)` is what `normbridge serve`
-runs with one worker; with several, uvicorn imports `app_from_env` (a factory) in each worker,
-which rebuilds the same app from the NORMBRIDGE_* variables serve sets.
+`create_app(registry, insecure_local=..., max_upload_bytes=..., host=..., allowed_hosts=...)` is what
+`normbridge serve` runs with one worker; with several, uvicorn imports `app_from_env` (a factory) in
+each worker, which rebuilds the same app from the NORMBRIDGE_* variables serve sets. Every request
+passes the request guard first (request_guard.py: Host, Origin, Content-Type).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
+from collections.abc import Iterable
 
 from fastapi import FastAPI
 
@@ -18,6 +19,7 @@ from registry.web import install as install_web_pages
 
 from . import routes_blobs, routes_read, routes_write
 from .errors import install_error_handlers
+from .request_guard import ALLOWED_HOSTS_ENV, HostPolicy, RequestGuard, declare_refusals, is_loopback
 from .responses import SafeJSONResponse
 from .uploads import remove_orphaned_workspaces
 
@@ -28,18 +30,13 @@ HOST_ENV = "NORMBRIDGE_SERVE_HOST"
 MAX_UPLOAD_ENV = "NORMBRIDGE_SERVE_MAX_UPLOAD_BYTES"
 
 
-def is_loopback(host: str) -> bool:
-    """Whether `host` only accepts connections from this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, host: str = "127.0.0.1",
+               allowed_hosts: Iterable[str] = ()) -> FastAPI:
+    """The HTTP API over `registry` (a registry.service.Registry); see the API contract in README.md.
 
-
-def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
-    """The HTTP API over `registry` (a registry.service.Registry); see the API contract in README.md."""
+    `host` is the address the server binds and `allowed_hosts` the extra names it answers to (see request_guard):
+    an in-process client such as Starlette's TestClient, which sends Host 'testserver', passes allowed_hosts=["testserver"].
+    """
     app = FastAPI(title="normbridge registry", version=routes_read.package_version(), default_response_class=SafeJSONResponse,
                   description="Model versions behind a normalization-equivalence gate: read, register, diff, lineage, aliases, audit.")
     app.state.registry = registry
@@ -52,7 +49,21 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     for module in (routes_read, routes_write, routes_blobs):
         app.include_router(module.router)
     install_web_pages(app)
+    app.add_middleware(RequestGuard, hosts=HostPolicy.serving(host, allowed_hosts))
+    _declare_guard_in_openapi(app)
     return app
+
+
+def _declare_guard_in_openapi(app: FastAPI) -> None:
+    """/openapi.json lists the guard's refusals (403 on every operation, 415 on state-changing ones): it runs before any route."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        fresh = app.openapi_schema is None
+        schema = generate()
+        return declare_refusals(schema) if fresh else schema
+
+    app.openapi = openapi
 
 
 def app_from_env() -> FastAPI:
@@ -63,8 +74,10 @@ def app_from_env() -> FastAPI:
     if insecure and not is_loopback(os.environ.get(HOST_ENV, "")):
         raise RuntimeError(f"{INSECURE_ENV}=1 is only allowed with a loopback {HOST_ENV}; anonymous admin access must stay on this machine.")
     limit = int(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_BYTES))
+    allowed = [value for value in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if value]
     registry = Registry(db=os.environ.get("NORMBRIDGE_DB"), blobs=os.environ.get("NORMBRIDGE_BLOBS"), user="server")
-    return create_app(registry, insecure_local=insecure, max_upload_bytes=limit)
+    return create_app(registry, insecure_local=insecure, max_upload_bytes=limit, host=os.environ.get(HOST_ENV, "127.0.0.1"),
+                      allowed_hosts=allowed)
 
 
-__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "app_from_env", "create_app", "is_loopback"]
+__all__ = ["ALLOWED_HOSTS_ENV", "DEFAULT_MAX_UPLOAD_BYTES", "app_from_env", "create_app", "is_loopback"]

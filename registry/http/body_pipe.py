@@ -93,7 +93,8 @@ class BodyPipe(io.RawIOBase):
 async def send_body(request: Request, pipe: BodyPipe, limit: int) -> None:
     """Feed the request body into `pipe` as it arrives, then finish it (with the reason, if it stopped early).
 
-    The caller has already refused a declared Content-Length over the limit (uploads.check_declared_length)."""
+    The caller has already refused a declared Content-Length over the limit (uploads.refuse_declared_excess); a body
+    without one is counted here, and the reader, which reads the pipe to its end before registering, gets the 413."""
     received = 0
     try:
         async for chunk in request.stream():

@@ -1,5 +1,8 @@
 """A version as a tar stream: manifest.json plus blobs/<digest>.safetensors, written member by member.
 
+For a caller whose scope excludes the parent's model, manifest.json has that parent redacted
+(registry.http.redaction) and `digest` is the digest of the manifest sent, so the client's check holds.
+
 The tar is produced on the fly (a few blobs in memory at a time, the next ones read ahead), with
 its exact length known in advance from the stored sizes so the response can carry Content-Length.
 Every blob is re-hashed as it is read; a tampered one aborts the stream (the client sees a short
@@ -33,9 +36,12 @@ def _header(name: str, size: int, mtime: float) -> bytes:
 class VersionBundle:
     """The tar of one version: `length` bytes, produced by iterating `chunks()`."""
 
-    def __init__(self, registry, record):
+    def __init__(self, registry, record, redactor=None):
         self.record = record
-        self.manifest = load_manifest(record.manifest)
+        shown = record.manifest if redactor is None else redactor.manifest(record.manifest)
+        self.manifest = load_manifest(shown)
+        #: What the client checks the manifest against: the version's digest, unless the redactor changed the manifest.
+        self.digest = record.digest if shown is record.manifest else self.manifest.digest()
         self.manifest_bytes = (self.manifest.to_json() + "\n").encode()
         self.digests = self.manifest.blob_digests()
         self._get = registry.blob_reader(record)  # names the version and tensor if a blob was tampered

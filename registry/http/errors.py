@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from schemas.errors import HTTP_STATUSES, CheckFailedError, NormbridgeError, NotFoundError
+from schemas.errors import HTTP_STATUSES, CheckFailedError, NormbridgeError, NotFoundError, UnsupportedMediaTypeError
 
 from .responses import SafeJSONResponse
 
@@ -24,9 +24,9 @@ log = logging.getLogger("normbridge.http")
 class ApiError(Exception):
     """A failure that exists only over HTTP (401, 403, 404 out of scope, 413, ...)."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None, setting: str | None = None):
         super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers
+        self.status, self.code, self.message, self.headers, self.setting = status, code, message, headers, setting
 
 
 def unauthorized(message: str) -> ApiError:
@@ -65,8 +65,16 @@ def _library_error(request: Request, error: NormbridgeError) -> SafeJSONResponse
     return SafeJSONResponse(error_body(error.code, message, error.layer, error.setting, report), status_code=status_for(error))
 
 
+def unsupported_media_type(message: str) -> ApiError:
+    return ApiError(status_for(UnsupportedMediaTypeError(message)), UnsupportedMediaTypeError.code, message, setting="Content-Type")
+
+
+def api_error_response(error: ApiError) -> SafeJSONResponse:
+    return SafeJSONResponse(error_body(error.code, error.message, setting=error.setting), status_code=error.status, headers=error.headers)
+
+
 def _api_error(request: Request, error: ApiError) -> SafeJSONResponse:
-    return SafeJSONResponse(error_body(error.code, error.message), status_code=error.status, headers=error.headers)
+    return api_error_response(error)
 
 
 def _validation_error(request: Request, error: RequestValidationError) -> SafeJSONResponse:
@@ -74,7 +82,7 @@ def _validation_error(request: Request, error: RequestValidationError) -> SafeJS
     return SafeJSONResponse(error_body("invalid_request", f"the request does not match the API ({problems}); see /openapi.json."), status_code=422)
 
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 415: "unsupported_media_type"}
 
 
 def _allowed_methods(request: Request) -> str:
@@ -111,4 +119,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _crash)
 
 
-__all__ = ["ApiError", "error_body", "forbidden", "install_error_handlers", "not_found", "status_for", "unauthorized"]
+__all__ = ["ApiError", "api_error_response", "error_body", "forbidden", "install_error_handlers", "not_found", "status_for", "unauthorized",
+           "unsupported_media_type"]

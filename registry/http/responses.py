@@ -1,6 +1,7 @@
 """JSON responses that stay valid JSON when a result holds inf or NaN (an overflowing layer, a relative change from 0).
 
-Standard JSON has no inf/NaN; those values are sent as null, as pydantic's model_dump_json does.
+Standard JSON has no inf/NaN; those values are sent as null, as pydantic's model_dump_json does. Each carries
+X-Content-Type-Options: nosniff (the request guard adds it to every other response too).
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ def finite(value: Any) -> Any:
     return value
 
 
+#: Every JSON answer (errors included) tells browsers not to sniff it as something else (HTML, script).
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+
 class SafeJSONResponse(JSONResponse):
+    def __init__(self, content: Any, status_code: int = 200, headers: dict[str, str] | None = None, **kwargs):
+        super().__init__(content, status_code=status_code, headers={**NOSNIFF, **(headers or {})}, **kwargs)
+
     def render(self, content: Any) -> bytes:
         try:
             return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
@@ -31,4 +39,4 @@ class SafeJSONResponse(JSONResponse):
             return json.dumps(finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-__all__ = ["SafeJSONResponse", "finite"]
+__all__ = ["NOSNIFF", "SafeJSONResponse", "finite"]

@@ -18,6 +18,8 @@ from .auth import Principal, require
 from .bundles import VersionBundle
 from .context import error_responses, registry_for, version_ref
 from .errors import not_found
+from .redaction import Redactor
+from .request_guard import JSON, body_of
 
 router = APIRouter(prefix="/api/v1")
 Reader = Annotated[Principal, Depends(require("read"))]
@@ -55,6 +57,7 @@ def get_blob(digest: str, request: Request, principal: Reader) -> StreamingRespo
 
 
 @router.post("/blobs/present", response_model=PresentBlobs, tags=["read"], responses=error_responses(401, 403, 422, 500),
+             dependencies=[Depends(body_of(JSON))],
              summary="Which of these blobs the server holds for this token: an upload may leave those out of its bundle")
 def present_blobs(body: DigestList, request: Request, principal: Reader) -> PresentBlobs:
     wanted = [d for d in body.digests if _DIGEST.match(d)]
@@ -65,13 +68,13 @@ def present_blobs(body: DigestList, request: Request, principal: Reader) -> Pres
             summary="A version as a tar of its artifact folder (manifest.json + blobs/<digest>.safetensors)",
             responses={200: {"description": "The bundle.", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
                              "headers": {"X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
-                                         "X-Normbridge-Digest": {"description": "The version digest (manifest digest).", "schema": {"type": "string"}}}},
+                                         "X-Normbridge-Digest": {"description": "The digest of the manifest sent: the version digest, unless a parent outside the token's scope was redacted.", "schema": {"type": "string"}}}},
                        **error_responses(401, 403, 404, 409, 422, 500)})
 def get_bundle(name: str, ref: str, request: Request, principal: Reader) -> StreamingResponse:
     principal.check("read", name)
     registry = registry_for(request, principal)
     record = registry.show(version_ref(name, ref))
-    bundle = VersionBundle(registry, record)
-    headers = {"X-Normbridge-Version": record.ref, "X-Normbridge-Digest": record.digest, "Content-Length": str(bundle.length),
+    bundle = VersionBundle(registry, record, Redactor(principal))
+    headers = {"X-Normbridge-Version": record.ref, "X-Normbridge-Digest": bundle.digest, "Content-Length": str(bundle.length),
                "Content-Disposition": f'attachment; filename="{record.model}-{record.number}.tar"'}
     return StreamingResponse(bundle.chunks(), media_type="application/x-tar", headers=headers)

@@ -17,6 +17,7 @@ from .api_models import (Alias, AuditEntry, AuditOut, DriftList, Health, Lineage
                          VersionList, VerifyOut)
 from .auth import Principal, require
 from .context import error_responses, model_of, registry_for, version_ref
+from .redaction import Redactor
 
 router = APIRouter(prefix="/api/v1")
 Reader = Annotated[Principal, Depends(require("read"))]
@@ -47,38 +48,23 @@ def list_models(request: Request, principal: Reader) -> list[ModelSummary]:
 def list_versions(name: str, request: Request, principal: Reader) -> VersionList:
     principal.check("read", name)
     registry = registry_for(request, principal)
-    records = registry.versions(name)
-    return VersionList(versions=[Version.model_validate(r) for r in records], aliases=[Alias.model_validate(a) for a in registry.aliases(name)])
+    redactor = Redactor(principal)
+    return VersionList(versions=[Version.model_validate(redactor.version(r)) for r in registry.versions(name)],
+                       aliases=[Alias.model_validate(a) for a in registry.aliases(name)])
 
 
 @router.get("/models/{name}/versions/{ref}", response_model=Version, tags=["read"], responses=READ_ERRORS,
             summary="One version (ref: N, an alias, or latest)")
 def show_version(name: str, ref: str, request: Request, principal: Reader) -> Version:
     principal.check("read", name)
-    return Version.model_validate(registry_for(request, principal).show(version_ref(name, ref)))
+    return Version.model_validate(Redactor(principal).version(registry_for(request, principal).show(version_ref(name, ref))))
 
 
 @router.get("/models/{name}/versions/{ref}/lineage", response_model=LineageView, tags=["read"], responses=READ_ERRORS,
             summary="Ancestors and descendants of a version")
 def lineage(name: str, ref: str, request: Request, principal: Reader) -> LineageView:
     principal.check("read", name)
-    view = registry_for(request, principal).lineage(version_ref(name, ref))
-    return view if principal.models is None else _redacted(view, principal)
-
-
-def _redacted(view: LineageView, principal: Principal) -> LineageView:
-    """The view with versions of models outside the caller's scope anonymised (the tree's shape is kept)."""
-    names: dict[str, str] = {}
-
-    def alias(ref: str | None) -> str | None:
-        if ref is None or principal.may_see(model_of(ref)):
-            return ref
-        return names.setdefault(ref, f"(model outside this token's scope)#{len(names) + 1}")
-
-    nodes = [node.model_copy(update={"ref": alias(node.ref), "parent": alias(node.parent),
-                                     **({} if principal.may_see(model_of(node.ref)) else {"note": None})}) for node in view.nodes]
-    return view.model_copy(update={"target": alias(view.target), "ancestors": [alias(r) for r in view.ancestors],
-                                   "descendants": [alias(r) for r in view.descendants], "nodes": nodes})
+    return Redactor(principal).lineage(registry_for(request, principal).lineage(version_ref(name, ref)))
 
 
 @router.get("/models/{name}/aliases", response_model=list[Alias], tags=["read"], responses=READ_ERRORS, summary="Aliases of a model")
@@ -142,7 +128,8 @@ def audit(request: Request, principal: Reader, model: Annotated[str | None, Quer
     if model is not None:
         principal.check("read", model)
     registry = registry_for(request, principal)
-    entries = [e for e in registry.audit(model=model, user=user) if principal.may_see(e.model)]
+    redactor = Redactor(principal)
+    entries = [redactor.audit(e) for e in registry.audit(model=model, user=user) if principal.may_see(e.model)]
     problems = registry.verify_audit() if verify else None
     return AuditOut(entries=[AuditEntry.model_validate(e) for e in entries], chain_ok=None if problems is None else not problems,
                     chain_problems=problems)

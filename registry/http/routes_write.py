@@ -22,7 +22,9 @@ from .body_pipe import BodyPipe, send_body
 from .routes_blobs import reusable_blobs
 from .context import error_responses, model_of, registry_for
 from .errors import forbidden
-from .uploads import SUFFIXES, check_declared_length, new_workspace, receive_body, remove_workspace
+from .redaction import Redactor
+from .request_guard import JSON, UPLOAD_MEDIA_TYPES, body_of
+from .uploads import SUFFIXES, new_workspace, receive_body, refuse_declared_excess, remove_workspace
 
 router = APIRouter(prefix="/api/v1")
 Writer = Annotated[Principal, Depends(require("write"))]
@@ -35,12 +37,13 @@ UPLOAD_BODY = {
                         "(plain or gzip) of an artifact folder (manifest.json and blobs/<sha256>.safetensors), checked while it "
                         "arrives: send manifest.json first, then the blobs of the normalizers' tensors, so the equivalence gate "
                         "starts before the bulk weights have arrived."),
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},  # also x-tar, gzip (request_guard)
     }
 }
 
 
 @router.post("/models/{name}/versions", status_code=201, response_model=Registered, tags=["write"], openapi_extra=UPLOAD_BODY,
+             dependencies=[Depends(body_of(*UPLOAD_MEDIA_TYPES, optional=True))],
              summary="Register an uploaded model as the next version, only if every normalizer passes the equivalence check",
              responses={200: {"model": Registered, "description": "Identical content is already registered: the existing version."},
                         201: {"model": Registered, "description": "A new version was registered."},
@@ -68,13 +71,13 @@ async def register(request: Request, principal: Writer,
                                              operation=operation)
         finally:
             remove_workspace(workspace)
-    body = Registered(created=result.created, version=Version.model_validate(result.version), checks=result.checks)
+    body = Registered(created=result.created, version=Version.model_validate(Redactor(principal).version(result.version)), checks=result.checks)
     return Response(body.model_dump_json(), status_code=201 if result.created else 200, media_type="application/json")
 
 
 async def _register_streamed_bundle(request: Request, principal: Principal, lock, registry, name, limit, parent, note, operation):
     """Read the bundle in a worker thread while the event loop feeds it the body (see registry.bundle_stream)."""
-    check_declared_length(request, limit)
+    await refuse_declared_excess(request, limit)
     pipe = BodyPipe()
 
     def reuse(digests: set[str]) -> set[str]:  # blobs this token may read may be left out (POST /api/v1/blobs/present)
@@ -102,6 +105,7 @@ def _one_at_a_time(lock, register, *args, **kwargs):
 
 
 @router.put("/models/{name}/aliases/{alias}", response_model=Alias, tags=["write"], responses=error_responses(401, 403, 404, 409, 422, 500),
+            dependencies=[Depends(body_of(JSON))],
             summary="Point NAME@ALIAS at a version of NAME (every move is audited)")
 def set_alias(name: str, alias: str, request: Request, principal: Writer, body: Annotated[AliasBody, Body()]) -> Alias:
     principal.check("write", name)

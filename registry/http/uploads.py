@@ -54,16 +54,28 @@ def remove_workspace(folder: Path | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def check_declared_length(request: Request, limit: int) -> None:
-    """413 before reading anything when Content-Length already says the body is too large."""
+async def refuse_declared_excess(request: Request, limit: int) -> None:
+    """413 when Content-Length already says the body is larger than `limit`, before any of it is read as a model or a
+    bundle (a body of zeros is not 'an unreadable tar', it is too large). Up to DRAIN_BYTES past the limit are read and
+    dropped first, so the client sees the answer; beyond that, nothing is read."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit + DRAIN_BYTES:
-        raise too_large(limit)
+    if declared is None or not declared.isdigit() or int(declared) <= limit:
+        return
+    if int(declared) <= limit + DRAIN_BYTES:
+        received = 0
+        try:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit + DRAIN_BYTES:
+                    break
+        except ClientDisconnect:
+            pass
+    raise too_large(limit)
 
 
 async def receive_body(request: Request, target: Path, limit: int) -> int:
     """Stream the request body into `target` (never all in memory); 413 beyond `limit` bytes."""
-    check_declared_length(request, limit)
+    await refuse_declared_excess(request, limit)
     received = 0
     try:
         with open(target, "xb") as out:
@@ -82,4 +94,4 @@ async def receive_body(request: Request, target: Path, limit: int) -> int:
     return received
 
 
-__all__ = ["DRAIN_BYTES", "SUFFIXES", "check_declared_length", "new_workspace", "receive_body", "remove_orphaned_workspaces", "remove_workspace"]
+__all__ = ["DRAIN_BYTES", "SUFFIXES", "new_workspace", "receive_body", "refuse_declared_excess", "remove_orphaned_workspaces", "remove_workspace"]

@@ -10,13 +10,15 @@ from urllib.parse import quote, urlencode
 
 import numpy as np
 
-from registry.http.auth import Principal
+from registry.http.redaction import Redactor
 from schemas.manifest import load_manifest
 
 from .svg import ChannelMovement, GraphNode, lineage_svg, movement_svg, threshold_bars_svg
 
 #: Lineage graphs beyond this many versions are drawn up to it (the rest is listed as text).
 MAX_GRAPH_NODES = 400
+#: The box of a version outside the viewer's scope (the placeholder itself is too long for a box).
+HIDDEN_LABEL = "outside your scope"
 #: Per-channel plots beyond this many layers show the layers that moved most.
 MAX_PLOTTED_LAYERS = 40
 
@@ -49,10 +51,10 @@ def verdict(record) -> str:
 # --------------------------------------------------------------------------- models
 
 
-def model_rows(registry, name: str, principal: Principal, limit: int | None = None) -> dict:
+def model_rows(registry, name: str, redactor: Redactor, limit: int | None = None) -> dict:
     """A model with its versions (newest first, at most `limit`), each with its alias badges and equivalence verdict.
 
-    A parent outside the viewer's scope is named (as the API's Version.parent does) but not linked.
+    A parent outside the viewer's scope is shown by its placeholder (as the API's Version.parent is), never named or linked.
     """
     records = registry.versions(name)
     total = len(records)
@@ -63,8 +65,8 @@ def model_rows(registry, name: str, principal: Principal, limit: int | None = No
     latest = max(r.number for r in records)
     versions = []
     shown = list(reversed(records))[: limit or None]
-    for record in shown:
-        visible_parent = record.parent is not None and principal.may_see(split(record.parent)[0])
+    for record in map(redactor.version, shown):
+        visible_parent = record.parent is not None and not redactor.is_hidden(record.parent)
         badges = sorted(by_number.get(record.number, []))
         if record.number == latest:
             badges = ["latest", *badges]
@@ -135,18 +137,16 @@ def equivalence_rows(record) -> list[dict]:
 # --------------------------------------------------------------------------- lineage
 
 
-def lineage_graph(view, principal: Principal) -> tuple[str, list[dict], int]:
-    """(SVG, rows for the text list, versions not drawn) of a LineageView.
+def lineage_graph(view, redactor: Redactor) -> tuple[str, list[dict], int]:
+    """(SVG, rows for the text list, versions not drawn) of a LineageView already passed through `redactor`.
 
-    Versions of models outside the viewer's scope keep their ref (the API's LineageView shows it too)
-    but get no link and no note.
+    Versions of models outside the viewer's scope are drawn as a box without a name, a link or a note.
     """
     nodes, rows = [], []
     for node in view.nodes:
-        name, number = split(node.ref)
-        visible = principal.may_see(name)
-        label = node.ref
-        href = version_url(name, number) if visible else None
+        visible = not redactor.is_hidden(node.ref)
+        label = node.ref if visible else HIDDEN_LABEL
+        href = version_url(*split(node.ref)) if visible else None
         nodes.append(GraphNode(ref=node.ref, parent=node.parent, depth=node.depth, operation=node.operation,
                                note=node.note if visible else None, target=node.target, href=href, label=label))
         rows.append({"label": label, "url": href, "operation": node.operation, "depth": node.depth, "target": node.target,

@@ -22,6 +22,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from registry.audit_chain import verify_chain
 from registry.http.auth import Principal
 from registry.http.errors import ApiError, error_body, status_for
+from registry.http.redaction import Redactor
 from registry.metadata import split_ref
 from schemas.errors import NormbridgeError
 
@@ -167,8 +168,8 @@ async def logout(request: Request) -> Response:
 @router.get("/ui/", response_class=HTMLResponse)
 @page
 def models_page(request: Request, principal: Principal) -> HTMLResponse:
-    registry = _registry(request, principal)
-    models = [pages.model_rows(registry, name, principal, limit=MODELS_PAGE_VERSIONS) for name, _, _ in registry.models() if principal.may_see(name)]
+    registry, redactor = _registry(request, principal), Redactor(principal)
+    models = [pages.model_rows(registry, name, redactor, limit=MODELS_PAGE_VERSIONS) for name, _, _ in registry.models() if principal.may_see(name)]
     return render(request, "models.html", models=models)
 
 
@@ -176,18 +177,20 @@ def models_page(request: Request, principal: Principal) -> HTMLResponse:
 @page
 def model_page(request: Request, principal: Principal, name: str) -> HTMLResponse:
     principal.check("read", name)
-    return render(request, "model.html", model=pages.model_rows(_registry(request, principal), name, principal))
+    return render(request, "model.html", model=pages.model_rows(_registry(request, principal), name, Redactor(principal)))
 
 
 @router.get("/ui/models/{name}/versions/{ref}", response_class=HTMLResponse)
 @page
 def version_page(request: Request, principal: Principal, name: str, ref: str) -> HTMLResponse:
     registry, record = _shown(request, principal, name, ref)
+    redactor = Redactor(principal)
+    record = redactor.version(record)
     manifest = registry.manifest(record.ref)
     badges = sorted(a.alias for a in registry.aliases(record.model) if a.number == record.number)
     if record.number == max(r.number for r in registry.versions(record.model)):
         badges = ["latest", *badges]
-    parent_visible = record.parent is not None and principal.may_see(split_ref(record.parent)[0])
+    parent_visible = record.parent is not None and not redactor.is_hidden(record.parent)
     return render(
         request, "version.html", record=record, manifest=manifest, aliases=badges, verdict=pages.verdict(record),
         layers=pages.layer_rows(registry, record), equivalence=pages.equivalence_rows(record), model_url=pages.model_url(record.model),
@@ -201,7 +204,8 @@ def version_page(request: Request, principal: Principal, name: str, ref: str) ->
 @page
 def lineage_page(request: Request, principal: Principal, name: str, ref: str) -> HTMLResponse:
     registry, record = _shown(request, principal, name, ref)
-    svg, rows, not_drawn = pages.lineage_graph(registry.lineage(record.ref), principal)
+    redactor = Redactor(principal)
+    svg, rows, not_drawn = pages.lineage_graph(redactor.lineage(registry.lineage(record.ref)), redactor)
     return render(request, "lineage.html", record=record, svg=svg, rows=rows, not_drawn=not_drawn,
                   version_url=pages.version_url(record.model, record.number), model_url=pages.model_url(record.model))
 
@@ -240,7 +244,8 @@ def audit_page(request: Request, principal: Principal, model: str = "", user: st
     registry = _registry(request, principal)
     log = registry.audit()
     problems = verify_chain(log)  # the whole log, read once
-    every = [e for e in log if principal.may_see(e.model)]
+    redactor = Redactor(principal)
+    every = [redactor.audit(e) for e in log if principal.may_see(e.model)]
     entries = [e for e in every if (not model or e.model == model) and (not user or e.user == user)]
     entries.reverse()
     return render(request, "audit.html", entries=entries[:MAX_AUDIT_ROWS], model=model, user=user,

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from registry.http.auth import LOCAL_USER, Principal, principal_from_token
 from registry.http.errors import ApiError
+from registry.http.request_guard import parse_authority, same_origin_url
 
 SESSION_COOKIE = "nb_session"
 CSRF_COOKIE = "nb_csrf"
@@ -46,13 +47,16 @@ def new_csrf_token() -> str:
 
 
 def same_origin(request: Request) -> bool:
-    """Whether the Origin header (else the Referer) names the host this request was sent to."""
-    host = request.headers.get("host", "")
-    origin = request.headers.get("origin")
-    if origin is not None and origin != "null":
-        return urlsplit(origin).netloc == host
-    referer = request.headers.get("referer")
-    return referer is not None and urlsplit(referer).netloc == host
+    """Whether the Origin header (else the Referer) names the host this request was sent to; a form needs one of them.
+
+    The request guard already refused a foreign one; a login form also refuses a post that carries neither."""
+    host = parse_authority(request.headers.get("host", ""))
+    origin, referer = request.headers.get("origin"), request.headers.get("referer")
+    if host is None:
+        return False
+    if origin is not None:
+        return same_origin_url(origin, host, bare=True)
+    return referer is not None and same_origin_url(referer, host)
 
 
 def csrf_matches(request: Request, form: dict[str, str]) -> bool:
