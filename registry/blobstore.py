@@ -105,8 +105,13 @@ class BlobStore(abc.ABC):
     def discard(self, staged: "StagedBlob") -> None:
         """Forget a staged blob that will not be published."""
 
-    def remove_stale_staging(self, older_than_seconds: float) -> int:
-        """Remove staged leftovers of crashed writers older than the given age; returns how many."""
+    def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
+        """Remove staged leftovers of crashed writers older than the given age; returns how many.
+
+        `keep(start)` is asked about each leftover with the start of the digest it is being written as (as much as
+        its name tells, the whole digest on S3) and keeps it when True: gc keeps what leased digests are being
+        written as (registry/blob_leases.py), whatever their age.
+        """
         return 0
 
 
@@ -175,13 +180,15 @@ class LocalBlobStore(BlobStore):
         if staged.temporary is not None:
             staged.temporary.unlink(missing_ok=True)
 
-    def remove_stale_staging(self, older_than_seconds: float) -> int:
+    def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
         removed = 0
         now = time.time()
         for shard in self.root.iterdir():
             if not shard.is_dir():
                 continue
             for entry in shard.glob(".*.tmp"):
+                if keep is not None and keep(shard.name + entry.name[1:9]):  # '.{digest[2:10]}.*.tmp' (see stage)
+                    continue
                 try:
                     if now - entry.stat().st_mtime >= older_than_seconds:
                         entry.unlink()

@@ -25,7 +25,7 @@ import contextlib
 import io
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import urlparse
 
 from schemas.errors import NotFoundError, RegistryError
@@ -249,8 +249,9 @@ class S3BlobStore(BlobStore):
         modified = self._head_or_missing(digest)["LastModified"]
         return max(0.0, time.time() - modified.timestamp())
 
-    def remove_stale_staging(self, older_than_seconds: float) -> int:
-        """Abort multipart uploads under the prefix that crashed writers left, older than the given age."""
+    def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
+        """Abort multipart uploads under the prefix that crashed writers left, older than the given age (unless `keep`
+        says so of the digest an upload is written as)."""
         from botocore.exceptions import ClientError
 
         removed = 0
@@ -260,6 +261,8 @@ class S3BlobStore(BlobStore):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self._root()):
                 for upload in page.get("Uploads", []):
                     if now - upload["Initiated"].timestamp() < older_than_seconds:
+                        continue
+                    if keep is not None and keep(upload["Key"][len(self._root()):].replace("/", "", 1)):
                         continue
                     try:
                         self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])

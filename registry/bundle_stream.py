@@ -143,16 +143,18 @@ def normalizer_digests(manifest: ArtifactManifest) -> set[str]:
     return {manifest.tensors[t].digest for entry in manifest.normalizers for t in entry.tensors.values() if t in manifest.tensors}
 
 
-def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, reuse: Reuse | None = None) -> ReceivedBundle:
+def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, reuse: Reuse | None = None,
+                   claim: Callable[[set[str]], None] | None = None) -> ReceivedBundle:
     """Read, check and stage a whole bundle from `stream`, gating it as early as its members allow; see the module doc.
 
     With `reuse`, the bundle may leave out blobs the store already holds for this uploader (a fine-tune that moved
     only the running statistics then sends only those): each is checked against the manifest from its stored header,
-    and the normalizers' ones are read (re-hashed) for the gate.
+    and the normalizers' ones are read (re-hashed) for the gate. `claim(digests)` is called with every blob digest of
+    the manifest as soon as it is read, before the store is looked at (the registry leases them against gc).
     """
     with ThreadPoolExecutor(max_workers=max(1, store.parallel_transfers), thread_name_prefix="stage") as stager, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate") as gater:
-        receiver = _Receiver(store, gate, stager, gater, reuse)
+        receiver = _Receiver(store, gate, stager, gater, reuse, claim)
         try:
             for member in read_bundle_stream(stream, limit):
                 if member.digest is None:
@@ -172,8 +174,9 @@ class _Receiver:
     sender, waits while more than STAGING_WINDOW bytes are queued for the store. Blobs that arrive before the
     manifest are held until it comes (a manifest-last tar costs its size in memory)."""
 
-    def __init__(self, store: BlobStore, gate: Gate, stager: ThreadPoolExecutor, gater: ThreadPoolExecutor, reuse: Reuse | None = None):
-        self.store, self.gate, self.stager, self.gater, self.reuse = store, gate, stager, gater, reuse
+    def __init__(self, store: BlobStore, gate: Gate, stager: ThreadPoolExecutor, gater: ThreadPoolExecutor, reuse: Reuse | None = None,
+                 claim: Callable[[set[str]], None] | None = None):
+        self.store, self.gate, self.stager, self.gater, self.reuse, self.claim = store, gate, stager, gater, reuse, claim
         self.manifest: ArtifactManifest | None = None
         self.names: dict[str, list[str]] = {}  # digest -> the manifest tensors it holds
         self.needed: set[str] = set()  # the normalizers' blobs
@@ -189,6 +192,8 @@ class _Receiver:
         self.manifest = _parse_manifest(data)
         for name, ref in self.manifest.tensors.items():
             self.names.setdefault(ref.digest, []).append(name)
+        if self.claim is not None:
+            self.claim(set(self.names))
         self.needed = normalizer_digests(self.manifest)
         early, self.early = self.early, {}
         for digest, blob in early.items():

@@ -276,9 +276,18 @@ class RemoteRegistry:
         params = {k: v for k, v in (("model", model), ("user", user)) if v is not None}
         return [_audit(e) for e in self._request("GET", "/audit", params=params)["entries"]]
 
-    def verify_audit(self) -> list[str]:
-        answer = self._request("GET", "/audit", params={"verify": "true"})
-        return list(answer.get("chain_problems") or [])
+    def verify_audit(self, pinned_head: str | None = None) -> list[str]:
+        return self.check_audit(pinned_head).problems
+
+    def check_audit(self, pinned_head: str | None = None):
+        """The server's audit chain verified (registry.audit_chain.AuditCheck), against `pinned_head` if given."""
+        from .audit_chain import AuditCheck, AuditHead
+
+        params = {"verify": "true", **({"expect_head": pinned_head} if pinned_head is not None else {})}
+        answer = self._request("GET", "/audit", params=params)
+        head = answer.get("head")
+        return AuditCheck(problems=list(answer.get("chain_problems") or []), head=None if head is None else AuditHead(head["seq"], head["hash"]),
+                          entries=len(answer.get("entries", [])))
 
     def gc(self, grace_seconds: float = 3600.0):
         from .service import GcResult

@@ -5,7 +5,9 @@ created and upgraded only by Alembic (registry/migrations), never by `create_all
 is one transaction. Version numbers come from a per-model counter read under a lock (the model
 row FOR UPDATE on PostgreSQL; SQLite serialises writers with BEGIN IMMEDIATE), so concurrent
 registrations get consecutive numbers; the audit log is a hash chain appended under a second,
-global lock (the 'audit' row of registry_locks), always taken last.
+global lock (the 'audit' row of registry_locks), always taken last. Each append continues from
+the chain's head (table audit_head) and moves it in the same transaction, so entries deleted from
+the log's end leave a head that no longer matches (registry/audit_chain.py).
 """
 
 from __future__ import annotations
@@ -13,27 +15,29 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event, func, literal, select, text, union
+from sqlalchemy import create_engine, event, func, literal, select, text, union, update
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.orm import Session, aliased, defer, sessionmaker
 
-from registry.audit_chain import GENESIS, entry_hash, entry_payload, verify_chain
+from registry.audit_chain import AuditCheck, AuditHead, check_head, entry_hash, entry_payload, verify_chain
 from registry.db.models import (
     AliasHistoryRow,
     AliasRow,
+    AuditHeadRow,
     AuditRow,
     BlobRefRow,
     LockRow,
     ModelRow,
     VersionRow,
 )
-from schemas.errors import NotFoundError, RegistryError
+from schemas.errors import IntegrityError, NotFoundError, RegistryError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -169,6 +173,10 @@ class MetadataStore:
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
+        # One snapshot for reads that must agree with each other (the audit log and its head): a SQLite read
+        # transaction already is one; PostgreSQL's default READ COMMITTED takes a new snapshot per statement.
+        snapshot = {"isolation_level": "REPEATABLE READ"} if self.engine.dialect.name == "postgresql" else {}
+        self._snapshot_sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}, **snapshot), expire_on_commit=False)
         self.upgrade()
 
     def __repr__(self) -> str:
@@ -243,10 +251,15 @@ class MetadataStore:
     def _append_audit(
         self, session: Session, user: str, action: str, model: str | None, number: int | None, detail: dict
     ) -> AuditRow:
-        """Append one chained entry; takes the global audit lock (always the last lock a writer takes)."""
+        """Append one chained entry after the head and move the head onto it; takes the global audit lock (always the
+        last lock a writer takes). Continuing from the head, not from the last row, keeps a cut visible for good: the
+        next entry then chains to an entry that is no longer there."""
         session.scalars(select(LockRow).where(LockRow.name == "audit").with_for_update()).one()
-        last = session.execute(select(AuditRow.seq, AuditRow.hash).order_by(AuditRow.seq.desc()).limit(1)).first()
-        seq, prev_hash = (1, GENESIS) if last is None else (last.seq + 1, last.hash)
+        head = session.execute(select(AuditHeadRow.seq, AuditHeadRow.hash).where(AuditHeadRow.id == 1)).first()
+        if head is None:
+            raise IntegrityError("the audit head (table audit_head) is missing, so nothing more is appended to the audit log; "
+                                 "restore the database from a backup")
+        seq, prev_hash = head.seq + 1, head.hash
         at = _now()
         # Hash exactly what the database will give back: JSON types only (tuples become lists, paths strings).
         detail = json.loads(json.dumps(dict(detail), default=str))
@@ -264,6 +277,7 @@ class MetadataStore:
         )
         session.add(row)
         session.flush()
+        session.execute(update(AuditHeadRow).where(AuditHeadRow.id == 1).values(seq=seq, hash=row.hash))
         return row
 
     # ---------------------------------------------------------------- writes
@@ -279,12 +293,19 @@ class MetadataStore:
         operation: str,
         note: str | None,
         user: str,
+        guard: Callable[[Session], None] | None = None,
     ) -> tuple[VersionRecord, bool]:
-        """Register a version in one transaction; identical content returns the existing version."""
+        """Register a version in one transaction; identical content returns the existing version.
+
+        `guard(session)` runs first inside that transaction and may refuse: the registry ends the registration's blob
+        lease there (registry/blob_leases.py), atomically with the blob references that replace it.
+        """
         if not model or "@" in model:
             raise RegistryError(f"model name {model!r} is not allowed; use a non-empty name without '@'")
         with self._sessions() as session, session.begin():
             model_row = self._lock_or_create_model(session, model)
+            if guard is not None:
+                guard(session)
             existing = session.scalars(
                 select(VersionRow).where(
                     VersionRow.model_id == model_row.id, VersionRow.content_digest == content_digest
@@ -546,9 +567,22 @@ class MetadataStore:
                 query = query.where(AuditRow.user == user)
             return [row.to_record() for row in session.scalars(query)]
 
-    def verify_audit(self) -> list[str]:
-        """Problems in the audit hash chain (empty when every entry still hashes to its successor's prev_hash)."""
-        return verify_chain(self.audit())
+    def verify_audit(self, pinned_head: str | None = None) -> list[str]:
+        """Problems in the audit hash chain and at its end (empty when intact); see `check_audit`."""
+        return self.check_audit(pinned_head).problems
+
+    def check_audit(self, pinned_head: str | None = None) -> AuditCheck:
+        """Verify the chain (every entry hashes to its successor's prev_hash) and its end: the head row names the last
+        entry, and `pinned_head` (an entry hash printed earlier) is still in the chain."""
+        return self.verified_audit(pinned_head)[1]
+
+    def verified_audit(self, pinned_head: str | None = None) -> tuple[list[AuditRecord], AuditCheck]:
+        """(every entry in chain order, their check as `check_audit` makes it), read in one snapshot."""
+        with self._snapshot_sessions() as session:
+            entries = [row.to_record() for row in session.scalars(select(AuditRow).order_by(AuditRow.seq))]
+            row = session.execute(select(AuditHeadRow.seq, AuditHeadRow.hash).where(AuditHeadRow.id == 1)).first()
+        head = None if row is None else AuditHead(row.seq, row.hash)
+        return entries, AuditCheck(problems=verify_chain(entries) + check_head(entries, head, pinned_head), head=head, entries=len(entries))
 
 
 def _ranges(numbers: list[int]) -> str:

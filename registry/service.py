@@ -6,7 +6,9 @@ views). Registration order is what makes a crash harmless: every blob is staged 
 equivalence gate runs (hidden files locally; on S3 written at once, hashed first), published if
 the gate passes (atomic, idempotent), then ONE transaction assigns the version number. A crash
 or a refusal before the commit leaves only unreferenced blobs (and staging files), which `gc`
-removes after a grace period; a crash after it leaves a whole version.
+removes after a grace period; a crash after it leaves a whole version. Before it looks at the
+store, a registration leases the digests it relies on, so gc (in any process) keeps them until
+the commit, even blobs that were stored long ago (registry/blob_leases.py).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class GcResult(BaseModel):
     deleted: list[str] = Field(default_factory=list)
     bytes_freed: int = 0
     kept_young: list[str] = Field(default_factory=list)
+    kept_in_flight: list[str] = Field(default_factory=list, description=(
+        "Unreferenced when gc listed them, but leased by a registration in flight (or referenced by a version committed "
+        "meanwhile): kept, whatever their age."))
     referenced: int = 0
     grace_seconds: float = 0.0
     staging_removed: int = Field(default=0, description="Hidden files of registrations that crashed before publishing their blobs.")
@@ -147,6 +152,7 @@ class Registry:
     """
 
     def __init__(self, db: str | None = None, blobs: str | None = None, user: str | None = None):
+        from .blob_leases import BlobLeases
         from .blobstore import open_blob_store
         from .metadata import MetadataStore
 
@@ -155,6 +161,7 @@ class Registry:
         self.user = settings.current_user(user)
         self.store = open_blob_store(self.blob_uri)
         self.meta = MetadataStore(self.db_url)
+        self.leases = BlobLeases(self.meta)
 
     def as_user(self, user: str) -> "Registry":
         """The same registry (shared stores and connection pool) acting as `user`: the HTTP API calls this per request."""
@@ -222,25 +229,35 @@ class Registry:
         report("extracting the artifact", 0, 1)
         artifact = extract_artifact(model, lineage)
         items = list(artifact.blobs.items())
-        # Blobs are staged while the gate runs and published only if it passes.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            staging = pool.submit(self._stage, items)
-            try:
-                checks = self._gate(artifact.manifest, list(artifact.specs), report)
-            except BaseException:
-                self._discard(staging.result())
-                raise
-            staged = staging.result()
-        return self._commit(name, artifact.manifest, checks, staged, parent_record, note, report)
+        lease = self.leases.new()
+        try:
+            lease.take(digest for digest, _ in items)  # before staging looks at the store: gc keeps them from now on
+            # Blobs are staged while the gate runs and published only if it passes.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                staging = pool.submit(self._stage, items)
+                try:
+                    checks = self._gate(artifact.manifest, list(artifact.specs), report)
+                except BaseException:
+                    self._discard(staging.result())
+                    raise
+                staged = staging.result()
+            return self._commit(name, artifact.manifest, checks, staged, parent_record, note, report, lease)
+        finally:
+            lease.release()
 
     def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress, reuse) -> Registration:
         from .bundle_stream import receive_bundle
 
         parent_record, lineage = self._lineage(name, parent, operation, imported=True)
         report("receiving the bundle", 0, 1)
-        received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report), reuse)
-        manifest = received.manifest.model_copy(update={"lineage": lineage})
-        return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report)
+        lease = self.leases.new()
+        try:
+            received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report), reuse,
+                                      claim=lease.take)
+            manifest = received.manifest.model_copy(update={"lineage": lineage})
+            return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease)
+        finally:
+            lease.release()
 
     def _lineage(self, name: str, parent: str | None, operation: str | None, imported: bool):
         """(parent record or None, Lineage): the parent is `parent`, else the latest version of `name`."""
@@ -253,17 +270,21 @@ class Registry:
             raise RegistryError(f"operation '{operation}' is not known; use one of {', '.join(OPERATIONS)}.")
         return parent_record, Lineage(parent=_ref(parent_record) if parent_record else None, operation=operation)
 
-    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress) -> Registration:
-        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version (crash-safe order)."""
+    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress, lease) -> Registration:
+        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version (crash-safe order)
+        and ends the blob lease (registry.blob_leases.Lease.settle)."""
         manifest = manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
         fault_point("after_check")
         self._publish(staged, report)
         fault_point("after_blobs")
         report("committing", 0, 1)
         operation = manifest.lineage.operation
+        digests = [b.digest for b in staged]
         record, created = self.meta.add_version(
-            name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), [b.digest for b in staged],
-            (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user)
+            name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), digests,
+            (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user,
+            guard=lambda session: lease.settle(session, self.store, digests))
+        lease.committed = True
         fault_point("after_commit")
         report("committed", 1, 1)
         return Registration(version=record, created=created, checks=checks)
@@ -471,29 +492,40 @@ class Registry:
         """Audit entries (AuditRecord), oldest first, optionally for one model or one user."""
         return self.meta.audit(model=model, user=user)
 
-    def verify_audit(self) -> list[str]:
-        """Problems of the audit hash chain (empty when intact)."""
-        return self.meta.verify_audit()
+    def verify_audit(self, pinned_head: str | None = None) -> list[str]:
+        """Problems of the audit hash chain and its end (empty when intact); `pinned_head`: an entry hash that must be in it."""
+        return self.meta.verify_audit(pinned_head)
+
+    def check_audit(self, pinned_head: str | None = None):
+        """The audit chain verified, with the head it ends at (registry.audit_chain.AuditCheck): what an operator pins."""
+        return self.meta.check_audit(pinned_head)
+
+    def verified_audit(self, pinned_head: str | None = None) -> tuple[list, Any]:
+        """(every audit entry, their AuditCheck), read once: for pages that show the log and its verdict."""
+        return self.meta.verified_audit(pinned_head)
 
     def gc(self, grace_seconds: float = 3600.0) -> GcResult:
-        """Delete blobs no version references and older than `grace_seconds` (younger ones may belong to a registration in flight)."""
+        """Delete blobs no version references, no registration in flight has leased, and older than `grace_seconds`.
+
+        Candidates are listed without a lock, then re-checked and deleted in batches under the 'blobs' lock, which
+        registrations take to lease and to commit (see registry/blob_leases.py); the grace period still covers writers
+        that take no lease (an older normbridge during an upgrade, or a blob put by hand).
+        """
         if grace_seconds < 0:
             raise RegistryError(f"grace period {grace_seconds} s is negative; pass 0 or more seconds.")
         referenced = self.meta.referenced_digests()
-        deleted, kept, freed = [], [], 0
+        candidates, young = [], []
         for digest in list(self.store.digests()):
             if digest in referenced:
                 continue
-            if self.store.age_seconds(digest) < grace_seconds:
-                kept.append(digest)
-                continue
-            size = self.store.size(digest)
-            self.store.delete(digest)
-            deleted.append(digest)
-            freed += size
-        staging = self.store.remove_stale_staging(grace_seconds)
-        return GcResult(deleted=deleted, bytes_freed=freed, kept_young=kept, referenced=len(referenced), grace_seconds=grace_seconds,
-                        staging_removed=staging)
+            try:
+                (young if self.store.age_seconds(digest) < grace_seconds else candidates).append(digest)
+            except NotFoundError:
+                continue  # another gc deleted it meanwhile
+        swept = self.leases.sweep(candidates, self.store)
+        staging = self.leases.remove_stale_staging(self.store, grace_seconds)
+        return GcResult(deleted=swept.deleted, bytes_freed=swept.bytes_freed, kept_young=young, kept_in_flight=swept.kept_in_use,
+                        referenced=len(referenced), grace_seconds=grace_seconds, staging_removed=staging)
 
     # ------------------------------------------------------------------ export
 

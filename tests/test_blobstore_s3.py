@@ -94,6 +94,9 @@ def test_gc_aborts_multipart_uploads_left_by_a_crashed_writer(s3_env):
     client.create_multipart_upload(Bucket=bucket, Key=store.key_of("ab" * 32))
     client.create_multipart_upload(Bucket=bucket, Key="elsewhere/ab/cd")  # outside the prefix: not ours
     # (moto reports every upload as initiated in 2010, so the grace period cannot be exercised here)
+    asked: list[str] = []
+    assert store.remove_stale_staging(0, keep=lambda digest: asked.append(digest) or digest == "ab" * 32) == 0  # a leased digest's upload
+    assert asked == ["ab" * 32]
     assert store.remove_stale_staging(0) == 1
     assert [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket)["Uploads"]] == ["elsewhere/ab/cd"]
 

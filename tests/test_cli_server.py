@@ -122,6 +122,13 @@ def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     log = data(cli(served, "audit", "--model", "cnn", "--verify", "--json", token="reader"))
     assert [(e["action"], e["number"], e["user"]) for e in log["entries"]] == [("register", 1, "alice"), ("register", 2, "alice"), ("alias", 1, "alice")]
     assert log["chain_ok"] is True
+    from registry.service import Registry
+
+    head = log["head"]["hash"]  # the server's head, to pin: the whole log's last entry (other models' entries included)
+    assert head == Registry(db=served.db, blobs=served.blobs, user="test").audit()[-1].hash
+    assert cli(served, "audit", "--verify", "--expect-head", head, token="reader").exit_code == 0
+    forged = cli(served, "audit", "--verify", "--expect-head", "ab" * 32, token="reader")
+    assert forged.exit_code == 12 and "the pinned audit head abababababab... is not in the audit log" in " ".join(forged.stdout.split())
     verified = cli(served, "verify", "cnn@2", "--no-check")
     assert verified.exit_code == 0 and "verify PASSED" in verified.stdout
 

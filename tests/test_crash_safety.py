@@ -15,7 +15,7 @@ import pytest
 
 from registry.faults import FAULT_EXIT, FAULT_POINTS
 from tests.pg import fresh_database
-from tests.test_registry_service import finetune_statistics, snapshot, trained_cnn
+from tests.test_registry_service import expire_leases, finetune_statistics, snapshot, trained_cnn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,9 +76,15 @@ def test_a_crash_at_any_fault_point_leaves_a_whole_version_or_none(store):
         else:
             # nothing half-written is visible: no version, no audit entry
             assert after["versions"] == before["versions"] and after["audit"] == before["audit"], point
+            # the dead registration's blob lease keeps what it wrote until the lease expires; gc sweeps it then
+            staged = list(registry.store.root.rglob(".*.tmp"))
+            leased = registry.gc(grace_seconds=0)
+            assert leased.deleted == [] and leased.staging_removed == 0 and list(registry.store.root.rglob(".*.tmp")) == staged
+            assert set(leased.kept_in_flight) == new_blobs
+            assert expire_leases(registry) > 0
             if point == "after_check":
                 # blobs were staged as hidden synced files while the gate ran: none is a blob, gc sweeps them
-                assert not new_blobs
+                assert not new_blobs and staged
                 swept = registry.gc(grace_seconds=0)
                 assert swept.deleted == [] and swept.staging_removed > 0
                 assert not list(registry.store.root.rglob(".*.tmp"))
@@ -87,7 +93,7 @@ def test_a_crash_at_any_fault_point_leaves_a_whole_version_or_none(store):
                 young = registry.gc(grace_seconds=3600)
                 assert young.deleted == [] and set(young.kept_young) == new_blobs
                 swept = registry.gc(grace_seconds=0)
-                assert set(swept.deleted) == new_blobs
+                assert set(swept.deleted) == new_blobs and swept.kept_in_flight == []
                 assert sorted(registry.store.digests()) == before["blobs"]
         # what was committed before is intact
         assert registry.show("cnn@1") == committed

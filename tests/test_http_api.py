@@ -167,6 +167,12 @@ def test_upload_registers_201_then_200_for_identical_content_and_every_read_work
 
     audit = reader.get("/api/v1/audit", params={"model": "cnn", "verify": "true"}).json()
     assert audit["chain_ok"] is True and audit["chain_problems"] == []
+    assert audit["head"] == {"seq": audit["entries"][-1]["seq"], "hash": audit["entries"][-1]["hash"]}  # cnn's entries are the last
+    pinned = reader.get("/api/v1/audit", params={"expect_head": audit["head"]["hash"]}).json()
+    assert pinned["chain_ok"] is True and pinned["head"] == audit["head"]
+    forged = reader.get("/api/v1/audit", params={"expect_head": "ab" * 32}).json()
+    assert forged["chain_ok"] is False and forged["chain_problems"][0].startswith("the pinned audit head abababababab...")
+    assert reader.get("/api/v1/audit", params={"expect_head": "abc"}).status_code == 422
     assert [(e["action"], e["user"]) for e in audit["entries"]] == [
         ("register", "ci-bot"), ("register_existing", "ci-bot"), ("register", "ci-bot"), ("alias", "ci-bot"), ("alias", "ci-bot")]
     assert reader.get("/api/v1/audit", params={"user": "nobody"}).json()["entries"] == []

@@ -89,6 +89,23 @@ def snapshot(registry) -> dict:
     }
 
 
+def expire_leases(registry) -> int:
+    """Age every blob lease past LEASE_SECONDS, as a day passing does: what a crashed registration leased is then swept."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from registry.blob_leases import LEASE_SECONDS
+    from registry.db.models import BlobLeaseRow
+
+    with Session(registry.meta.engine) as session, session.begin():
+        rows = session.scalars(select(BlobLeaseRow)).all()
+        for row in rows:
+            row.taken_at -= timedelta(seconds=LEASE_SECONDS + 60)
+    return len(rows)
+
+
 def assert_unchanged_but_failure(registry, before: dict) -> None:
     after = snapshot(registry)
     assert after["versions"] == before["versions"]

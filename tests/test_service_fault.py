@@ -178,7 +178,12 @@ def test_sigkill_during_the_equivalence_gate_leaves_the_registry_unchanged(regis
     # gc removes what the dead registration staged; nothing referenced is touched
     from registry.service import Registry
 
+    from tests.test_registry_service import expire_leases
+
     registry = Registry(db=db, blobs=blobs, user="janitor")
+    leased = registry.gc(grace_seconds=0)  # the dead registration's blob lease keeps its staged files until it expires
+    assert leased.staging_removed == 0 and snapshot(db, blobs)["staging"] == left["staging"]
+    assert expire_leases(registry) > 0
     swept = registry.gc(grace_seconds=0)
     assert swept.deleted == [] and swept.staging_removed >= len(left["staging"])
     assert snapshot(db, blobs)["staging"] == []

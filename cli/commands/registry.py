@@ -297,17 +297,30 @@ def _short(value) -> str:
 def audit(
     model: str | None = typer.Option(None, "--model", help="Only entries of this model."),
     user: str | None = typer.Option(None, "--user", help="Only entries by this user."),
-    verify_chain: bool = typer.Option(False, "--verify", help="Verify the hash chain of the whole log (exit 12 if broken)."),
+    verify_chain: bool = typer.Option(False, "--verify", help="Verify the hash chain of the whole log and its head (exit 12 if broken)."),
+    expect_head: str | None = typer.Option(None, "--expect-head", metavar="HASH",
+                                           help="A head printed by an earlier --verify: it must still be in the log (implies --verify)."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
 ) -> None:
-    """Print the append-only audit log (registrations, failures, alias moves, deletions). Example: normbridge audit --model resnet --verify"""
+    """Print the append-only audit log (registrations, failures, alias moves, deletions).
+
+    --verify also checks that the log ends at its head and prints the head; keep that hash outside the registry
+    and pass it back with --expect-head to detect entries cut from the end even when the head was rewritten too.
+    Example: normbridge audit --verify --expect-head 3f1c...
+    """
+    from registry.audit_chain import check_pinned_head
+
+    pinned = None if expect_head is None else check_pinned_head(expect_head)
     registry = _registry(db, blobs, json_output)
     entries = registry.audit(model=model, user=user)
-    problems = registry.verify_audit() if verify_chain else None
+    check = registry.check_audit(pinned) if verify_chain or pinned is not None else None
+    problems = None if check is None else check.problems
     if json_output:
-        _dump({"entries": entries, **({"chain_problems": problems, "chain_ok": not problems} if problems is not None else {})})
+        verified = {} if check is None else {"chain_problems": problems, "chain_ok": not problems,
+                                             "head": None if check.head is None else dataclasses.asdict(check.head)}
+        _dump({"entries": entries, **verified})
     else:
         table = Table(title=f"audit log: {len(entries)} entries")
         for column in ("seq", "at", "user", "action", "version", "detail", "hash"):
@@ -317,14 +330,22 @@ def audit(
             detail = e.detail.get("message") or ", ".join(f"{k}={_short(v)}" for k, v in e.detail.items() if not isinstance(v, (dict, list)))
             table.add_row(str(e.seq), _when(e.at), e.user, e.action, where, detail[:120], e.hash[:12])
         console.print(table)
-        if problems is not None:
-            if problems:
-                for p in problems:
-                    _say(f"chain broken: {p}", style="red")
-            else:
-                console.print("[green]hash chain intact[/]")
+        if check is not None:
+            _say_chain(check)
     if problems:
         raise typer.Exit(INTEGRITY_EXIT)
+
+
+def _say_chain(check) -> None:
+    """The verdict on the chain, and the head to pin (what `--expect-head` takes back)."""
+    for problem in check.problems:
+        _say(f"chain broken: {problem}", style="red")
+    if not check.problems:
+        console.print("[green]hash chain intact[/], ending at its head")
+    if check.head is not None:
+        _say(f"audit head: entry {check.head.seq}, hash {check.head.hash}")
+        if not check.problems:
+            _say(f"pin it outside the registry; later: normbridge audit --verify --expect-head {check.head.hash}")
 
 
 @app.command()
@@ -335,13 +356,18 @@ def gc(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),
 ) -> None:
-    """Delete blobs that no version references (left by an interrupted registration). Example: normbridge gc --grace 0"""
+    """Delete blobs that no version references (left by an interrupted registration) and no registration in flight relies on.
+
+    A registration leases its blobs until it commits, so gc may run beside `normbridge serve`; a crashed one's lease
+    lapses after a day. Example: normbridge gc --grace 0
+    """
     result = _registry(db, blobs, json_output).gc(grace)
     if json_output:
         print(result.to_json())
         return
     _say(f"deleted {len(result.deleted)} unreferenced blob(s), {result.bytes_freed} bytes; kept {len(result.kept_young)} younger than "
-         f"{result.grace_seconds:g} s; {result.referenced} blob(s) referenced by versions")
+         f"{result.grace_seconds:g} s and {len(result.kept_in_flight)} leased by registrations in flight; "
+         f"{result.referenced} blob(s) referenced by versions")
 
 
 def export_version(ref: str, to: str, output: Path, json_output: bool, db: str | None = None, blobs: str | None = None) -> None:

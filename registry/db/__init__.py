@@ -3,12 +3,14 @@
 from registry.db.models import (
     AliasHistoryRow,
     AliasRow,
+    AuditHeadRow,
     AuditRow,
     Base,
+    BlobLeaseRow,
     BlobRefRow,
     LockRow,
     ModelRow,
     VersionRow,
 )
 
-__all__ = ["AliasHistoryRow", "AliasRow", "AuditRow", "Base", "BlobRefRow", "LockRow", "ModelRow", "VersionRow"]
+__all__ = ["AliasHistoryRow", "AliasRow", "AuditHeadRow", "AuditRow", "Base", "BlobLeaseRow", "BlobRefRow", "LockRow", "ModelRow", "VersionRow"]

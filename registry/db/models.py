@@ -215,3 +215,24 @@ class LockRow(Base):
     __tablename__ = "registry_locks"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class BlobLeaseRow(Base):
+    """A digest a registration in flight relies on; gc keeps it until the lease ends (registry/blob_leases.py)."""
+
+    __tablename__ = "blob_leases"
+    __table_args__ = (Index("ix_blob_leases_digest", "digest"),)
+
+    lease: Mapped[str] = mapped_column(String(32), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    taken_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
+
+
+class AuditHeadRow(Base):
+    """The one row (id 1) naming the audit log's last entry, moved with every append: cutting the log's end shows."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    hash: Mapped[str] = mapped_column(String(64), nullable=False)

@@ -94,10 +94,17 @@ class VerifyOut(BaseModel):
     passed: bool
 
 
+class AuditHeadOut(BaseModel):
+    seq: int = Field(description="The last entry's sequence number (0 for an empty log).")
+    hash: str = Field(description="The last entry's hash: pin it, and pass it back as expect_head.")
+
+
 class AuditOut(BaseModel):
     entries: list[AuditEntry]
-    chain_ok: bool | None = Field(description="Whether the whole hash chain is intact (null unless verify=true).")
+    chain_ok: bool | None = Field(description="Whether the whole hash chain is intact and ends at its head (null unless verify=true).")
     chain_problems: list[str] | None
+    head: AuditHeadOut | None = Field(default=None, description="The head the chain was verified against (null unless verify=true, "
+                                                                "or if the head row is missing).")
 
 
 class DriftList(BaseModel):
@@ -131,5 +138,5 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-__all__ = ["Alias", "AliasBody", "AuditEntry", "AuditOut", "CheckResult", "DriftList", "DriftRecord", "ErrorResponse", "GcResult", "Health",
+__all__ = ["Alias", "AliasBody", "AuditEntry", "AuditHeadOut", "AuditOut", "CheckResult", "DriftList", "DriftRecord", "ErrorResponse", "GcResult", "Health",
            "LineageView", "ManifestDiff", "ModelSummary", "Registered", "Version", "VersionList", "VerifyOut"]

@@ -11,9 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from registry.audit_chain import verify_chain
-
-from .api_models import (Alias, AuditEntry, AuditOut, DriftList, Health, LineageView, ManifestDiff, ModelSummary, Version,
+from .api_models import (Alias, AuditEntry, AuditHeadOut, AuditOut, DriftList, Health, LineageView, ManifestDiff, ModelSummary, Version,
                          VersionList, VerifyOut)
 from .auth import Principal, require
 from .context import error_responses, model_of, registry_for, version_ref
@@ -115,24 +113,27 @@ def _verify_scope(registry, principal: Principal, check: bool):
             merged["problems"] += [p for p in part.problems if p.kind != "audit" or not audit_seen]
             audit_seen = True
     if not audit_seen:
-        log = registry.audit()
-        merged["audit_entries"] = len(log)
-        merged["problems"] = [{"model": "-", "number": 0, "kind": "audit", "message": p} for p in verify_chain(log)]
+        check = registry.check_audit()
+        merged["audit_entries"] = check.entries
+        merged["problems"] = [{"model": "-", "number": 0, "kind": "audit", "message": p} for p in check.problems]
     return VerifyResult.model_validate(merged)
 
 
 @router.get("/audit", response_model=AuditOut, tags=["read"], responses=READ_ERRORS, summary="The append-only audit log, oldest first")
 def audit(request: Request, principal: Reader, model: Annotated[str | None, Query(description="Only entries of this model.")] = None,
           user: Annotated[str | None, Query(description="Only entries by this user.")] = None,
-          verify: Annotated[bool, Query(description="Also verify the whole hash chain.")] = False) -> AuditOut:
+          verify: Annotated[bool, Query(description="Also verify the whole hash chain and that it ends at its head.")] = False,
+          expect_head: Annotated[str | None, Query(pattern="^[0-9a-f]{64}$", description=(
+              "A head hash pinned earlier: it must still be in the log (implies verify)."))] = None) -> AuditOut:
     if model is not None:
         principal.check("read", model)
     registry = registry_for(request, principal)
     redactor = Redactor(principal)
     entries = [redactor.audit(e) for e in registry.audit(model=model, user=user) if principal.may_see(e.model)]
-    problems = registry.verify_audit() if verify else None
-    return AuditOut(entries=[AuditEntry.model_validate(e) for e in entries], chain_ok=None if problems is None else not problems,
-                    chain_problems=problems)
+    check = registry.check_audit(expect_head) if verify or expect_head is not None else None
+    return AuditOut(entries=[AuditEntry.model_validate(e) for e in entries], chain_ok=None if check is None else not check.problems,
+                    chain_problems=None if check is None else check.problems,
+                    head=None if check is None or check.head is None else AuditHeadOut(seq=check.head.seq, hash=check.head.hash))
 
 
 @router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=READ_ERRORS,

@@ -19,7 +19,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from registry.audit_chain import verify_chain
 from registry.http.auth import Principal
 from registry.http.errors import ApiError, error_body, status_for
 from registry.http.redaction import Redactor
@@ -242,8 +241,8 @@ def audit_page(request: Request, principal: Principal, model: str = "", user: st
     if model:
         principal.check("read", model)
     registry = _registry(request, principal)
-    log = registry.audit()
-    problems = verify_chain(log)  # the whole log, read once
+    log, check = registry.verified_audit()  # the whole log and its head, read once
+    problems = check.problems
     redactor = Redactor(principal)
     every = [redactor.audit(e) for e in log if principal.may_see(e.model)]
     entries = [e for e in every if (not model or e.model == model) and (not user or e.user == user)]
