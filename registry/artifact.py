@@ -16,17 +16,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
-
 from schemas import NormSpec
 from schemas.atomic_io import atomic_write_folder
-from schemas.errors import InputFileError, NormbridgeError, SpecError
+from schemas.errors import InputFileError, NormbridgeError, SpecError, UnsupportedObjectError
 from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, load_manifest, sha256_hex
-from schemas.tensors import tensors_identical
+from schemas.tensors import STORED_DTYPES, tensors_identical
+
+from .tensor_blobs import SAFETENSORS_DTYPES, check_tensor_header, tensor_blob, tensor_from_blob  # noqa: F401 - re-exported
 
 MANIFEST_FILE = "manifest.json"
 BLOBS_DIR = "blobs"
+#: The last member of a bundle download the server had to stop (a stored blob failed its hash): why, as error JSON.
+BUNDLE_ERROR_FILE = "normbridge-error.json"
 
 #: Spec tensor name -> the short names a framework gives the tensor holding it.
 NAME_HINTS: dict[str, tuple[str, ...]] = {
@@ -49,69 +50,19 @@ ONNX_INPUTS: dict[str, dict[int, str]] = {
 
 @dataclass
 class Artifact:
-    """A manifest, the blobs it references (digest -> bytes) and the normalizer specs."""
+    """A manifest, the blobs it references (digest -> bytes) and the normalizer specs.
+
+    `sites` is how many normalization layers the model holds, as its reader found them (None for a saved artifact
+    folder, whose manifest is all there is): the registry's gate refuses a registration that checks fewer.
+    """
 
     manifest: ArtifactManifest
     blobs: dict[str, bytes] = field(default_factory=dict)
     specs: list[NormSpec] = field(default_factory=list)
+    sites: int | None = None
 
 
-# -- blobs ------------------------------------------------------------------------------------
-
-
-def tensor_blob(array: np.ndarray) -> bytes:
-    """Deterministic single-tensor safetensors bytes (key "tensor")."""
-    return st_save({"tensor": np.array(array, order="C", copy=True)})
-
-
-def tensor_from_blob(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
-    """The array in a blob, checked against its manifest entry; InputFileError if it is not that tensor."""
-    try:
-        array = st_load(data)["tensor"]
-    except Exception as error:  # safetensors raises several types for bad bytes
-        raise InputFileError(f"the blob of tensor '{name}' is not valid single-tensor safetensors ({error}); the artifact is corrupted.") from error
-    if ref.shape == [] and array.shape == (1,):
-        array = array.reshape(())  # safetensors' NumPy writer stores 0-d arrays as shape (1,)
-    if str(array.dtype) != ref.dtype or list(array.shape) != ref.shape:
-        raise InputFileError(f"the blob of tensor '{name}' holds {array.dtype}{list(array.shape)} but the manifest says {ref.dtype}{ref.shape}.")
-    return array
-
-
-#: safetensors dtype code -> NumPy dtype name (the dtypes NumPy can hold).
-SAFETENSORS_DTYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
-                      "I64": "int64", "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
-
-
-def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | None = None) -> None:
-    """The blob is single-tensor safetensors of the manifest's dtype, shape and size, read from its header alone.
-
-    Bulk tensors of an upload are checked this way (no copy of their data); the normalizers' tensors are
-    decoded in full anyway when their specs are built. `data` may be only the blob's start when `total`,
-    its whole length, is given. InputFileError says what does not match.
-    """
-    total = len(data) if total is None else total
-    def refuse(problem: str) -> InputFileError:
-        return InputFileError(f"the blob of tensor '{name}' {problem}; the artifact is corrupted.")
-
-    if total < 8 or len(data) < 8:
-        raise refuse(f"is {total} bytes, too short for a safetensors header")
-    length = int.from_bytes(data[:8], "little")
-    if length > min(len(data), total) - 8:
-        raise refuse(f"declares a {length}-byte header in {total} bytes, so it is not valid single-tensor safetensors")
-    try:
-        header = json.loads(bytes(data[8:8 + length]))
-        entry = header["tensor"]
-        dtype, shape, (start, end) = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"]), list(entry["shape"]), entry["data_offsets"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise refuse(f"has no readable single-tensor safetensors header ({error!r})") from error
-    if set(header) - {"tensor", "__metadata__"}:
-        raise refuse(f"holds tensors {sorted(set(header) - {'__metadata__'})}, not exactly one named 'tensor'")
-    if ref.shape == [] and shape == [1]:
-        shape = []  # safetensors' NumPy writer may store 0-d arrays as shape (1,)
-    if dtype != ref.dtype or shape != ref.shape:
-        raise InputFileError(f"the blob of tensor '{name}' holds {dtype}{shape} but the manifest says {ref.dtype}{ref.shape}.")
-    if start != 0 or end - start != ref.nbytes or 8 + length + end != total:
-        raise refuse(f"holds data bytes {start}..{end} of {total - 8 - length}, but the manifest says {ref.nbytes} bytes")
+# -- reading blobs ----------------------------------------------------------------------------
 
 
 def tensors_from_blobs(manifest: ArtifactManifest, get: Callable[[str], bytes]) -> dict[str, np.ndarray]:
@@ -164,10 +115,12 @@ class _Builder:
         self.roles: dict[str, str] = {}
         self.entries: list[NormalizerEntry] = []
         self.specs: list[NormSpec] = []
+        self.sites = 0  # normalization layers found in the model (each must become an entry)
 
     def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None) -> None:
-        if array.dtype.kind not in "fiub" or array.dtype.itemsize == 0:
-            raise InputFileError(f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; use float16/32/64 or an integer type.")
+        if str(array.dtype) not in STORED_DTYPES:
+            raise InputFileError(f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
+                                 f"convert it to one of {', '.join(STORED_DTYPES)}.")
         self.arrays[name] = np.array(array, order="C", copy=True)  # a copy: torch's .numpy() shares the module's memory
         self.layers[name] = layer
 
@@ -201,7 +154,7 @@ class _Builder:
             framework=self.framework, format=self.format, mode=mode, tensors=refs,
             normalizers=self.entries, lineage=lineage or Lineage(),
         )
-        return Artifact(manifest=manifest, blobs=blobs, specs=self.specs)
+        return Artifact(manifest=manifest, blobs=blobs, specs=self.specs, sites=self.sites)
 
 
 def _mode_of(specs: list[NormSpec]) -> str:
@@ -238,6 +191,8 @@ def _from_torch_module(module: Any) -> _Builder:
 
     builder = _Builder("torch", "torch-module")
     refs = norm_layers(module)
+    _refuse_unread_torch_layers(module, refs)
+    builder.sites = len(refs)
     specs = [(ref, _read(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
     for name, tensor in module.state_dict(keep_vars=False).items():
         builder.add_tensor(name, _torch_array(tensor, name), layer=name.rpartition(".")[0] or None)
@@ -248,11 +203,32 @@ def _from_torch_module(module: Any) -> _Builder:
     return builder
 
 
+def _refuse_unread_torch_layers(module: Any, refs: list) -> None:
+    """A normalization module the walker passed over (SyncBatchNorm, a lazy or custom BatchNorm) refuses the model, naming
+    it and why: registered, it would pass the gate unchecked."""
+    import torch
+
+    from converters.registry import REGISTRY
+
+    read = {id(ref.obj) for ref in refs}
+    norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.RMSNorm)
+    for path, sub in module.named_modules():
+        if isinstance(sub, norms) and id(sub) not in read:
+            try:
+                REGISTRY.framework("torch").kind_of(sub)
+                reason = f"normbridge did not read this {type(sub).__name__}"
+            except NormbridgeError as error:
+                reason = error.message
+            raise UnsupportedObjectError(f"{reason.rstrip('.')}; a model is registered only when each of its normalization layers is checked.",
+                                         layer=path or type(sub).__name__)
+
+
 def _from_exported(program: Any) -> _Builder:
     from converters.models.exported_program import exported_specs
 
     builder = _Builder("torch", "pt2")
-    specs = _read(lambda: exported_specs(program), None)
+    specs = _read(lambda: exported_specs(program), None)  # refuses a layer it cannot read, naming it
+    builder.sites = len(specs)
     state = dict(program.state_dict)
     state.update({name: value for name, value in program.constants.items() if hasattr(value, "detach")})
     for name, tensor in state.items():
@@ -268,6 +244,7 @@ def _from_keras(model: Any) -> _Builder:
 
     builder = _Builder("keras", "keras")
     refs = norm_layers(model)
+    builder.sites = len(refs)
     specs = [(ref, _read(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
     # variable.path starts with the model's name in memory ('sequential/dense/kernel') but not after
     # loading a .keras file ('dense/kernel'): drop it so the same model has the same tensor names.
@@ -295,12 +272,14 @@ def _from_onnx(model: Any) -> _Builder:
     _check(model, Path("<in-memory onnx.ModelProto>"))  # files were checked on load; objects are checked here
     builder = _Builder("onnx", "onnx")
     sites = _read(lambda: find_norm_sites(model), None)
+    builder.sites = len(sites)
+    for site in sites:  # a layer that cannot be checked refuses the model: it would pass the gate unchecked
+        if site.spec is None:
+            raise _named(site.problem or SpecError("its state cannot be read, so it cannot be checked."), site.name)
     for initializer in model.graph.initializer:
         builder.add_tensor(initializer.name, numpy_helper.to_array(initializer))
     by_name = {node.name or node.output[0]: node for node in model.graph.node}
     for site in sites:
-        if site.spec is None:
-            continue  # folded into a Conv, or a decomposition whose constants are not exact: its weights are still stored
         candidates: dict[str, str] = {}
         if site.native:
             node = by_name.get(site.node_names[0])

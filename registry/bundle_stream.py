@@ -1,7 +1,7 @@
 """Receiving an artifact bundle as it streams in: one tar member at a time, checked on arrival.
 
 A bundle is a tar of an artifact folder (manifest.json and blobs/<sha256>.safetensors), at the
-top level or inside one folder. It is read in tarfile's stream mode, so no member is written to
+top level or inside one folder. It is read as a stream (tar_reader, bounded), so no member is written to
 disk or read twice: each blob is hashed as it arrives and staged in the blob store (unreferenced
 until the commit), and the equivalence gate starts in its own thread as soon as the manifest and the
 blobs its normalizers use have arrived, while the bulk weights are still on the wire. Links,
@@ -12,9 +12,7 @@ with the manifest and a bundle past the size limit are refused; whatever was sta
 from __future__ import annotations
 
 import json
-import tarfile
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,11 +22,15 @@ from typing import BinaryIO
 from schemas.errors import InputFileError, NotFoundError, PayloadTooLargeError
 from schemas.manifest import ArtifactManifest, load_manifest, sha256_hex
 
-from .artifact import BLOBS_DIR, MANIFEST_FILE, check_tensor_header, specs_from_manifest
+from .artifact import BLOBS_DIR, MANIFEST_FILE, specs_from_manifest
 from .blobstore import HEX_DIGITS, BlobStore, StagedBlob
+from .tar_reader import read_tar
+from .tensor_blobs import check_tensor_header
+
+#: Bytes read at a time from the body after the archive ends.
+READ_SIZE = 1 << 20
 
 MAX_MEMBERS = 100_000
-READ_SIZE = 1 << 20
 #: Bytes of blobs queued for the blob store before the reader (and so the uploading client) waits.
 STAGING_WINDOW = 256 << 20
 
@@ -61,8 +63,9 @@ class ReceivedBundle:
     checks: list
 
 
-def too_large(limit: int) -> PayloadTooLargeError:
-    return PayloadTooLargeError(f"the upload is larger than this server's limit of {limit} bytes; "
+def too_large(limit: int, decompressed: bool = False) -> PayloadTooLargeError:
+    what = "the upload's tar, decompressed and counting its headers," if decompressed else "the upload"
+    return PayloadTooLargeError(f"{what} is larger than this server's limit of {limit} bytes; "
                                 "raise `normbridge serve --max-upload-mb` or upload a smaller file.")
 
 
@@ -88,39 +91,36 @@ def _role(path: PurePosixPath) -> tuple[str, str | None] | None:
 
 
 def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
-    """The manifest and blob members of a bundle tar (plain or compressed) in the order they arrive; other files are skipped."""
-    total = members = 0
+    """The manifest and blob members of a bundle tar (plain or compressed) in the order they arrive; other files are skipped.
+
+    The tar is read by tar_reader: `limit` bounds its decompressed bytes, headers and padding included, and long names
+    and pax headers are capped, so memory stays near one blob whatever the body holds.
+    """
+    members = 0
     folder: str | None = None
-    try:
-        with tarfile.open(fileobj=stream, mode="r|*", bufsize=READ_SIZE) as tar:
-            for member in tar:
-                members += 1
-                if members > MAX_MEMBERS:
-                    raise InputFileError(f"the bundle has more than {MAX_MEMBERS} members; a bundle holds one manifest and its blobs.")
-                path = member_path(member.name)
-                if member.isdir():
-                    continue
-                if not member.isreg():
-                    raise InputFileError(f"bundle member '{member.name}' is not a regular file (links and devices are refused); "
-                                         "pack only the manifest and blob files.")
-                total += member.size
-                if total > limit:
-                    raise too_large(limit)
-                role = _role(path)
-                if role is None:
-                    continue  # not part of the artifact; tarfile skips its bytes
-                where, digest = role
-                if folder is None:
-                    folder = where
-                elif where != folder:
-                    raise InputFileError(f"the bundle holds artifact files in both '{folder or '.'}' and '{where or '.'}'; pack one artifact folder.")
-                data = tar.extractfile(member).read()
-                if digest is not None and sha256_hex(data) != digest:
-                    raise InputFileError(f"bundle member '{member.name}' does not hash to its name (sha256 {sha256_hex(data)[:12]}...): "
-                                         "it was corrupted or modified; export the artifact again.")
-                yield BundleMember(data, digest)
-    except (tarfile.TarError, EOFError, zlib.error) as error:
-        raise InputFileError(f"the bundle is not a readable tar archive ({error}); send `tar -cf - -C FOLDER .` of an artifact folder.") from error
+    for entry in read_tar(stream, limit, lambda: too_large(limit, decompressed=True)):
+        members += 1
+        if members > MAX_MEMBERS:
+            raise InputFileError(f"the bundle has more than {MAX_MEMBERS} members; a bundle holds one manifest and its blobs.")
+        path = member_path(entry.name)
+        if entry.kind == "directory":
+            continue
+        if entry.kind != "file":
+            raise InputFileError(f"bundle member '{entry.name}' is not a regular file (links and devices are refused); "
+                                 "pack only the manifest and blob files.")
+        role = _role(path)
+        if role is None:
+            continue  # not part of the artifact; the reader skips its bytes
+        where, digest = role
+        if folder is None:
+            folder = where
+        elif where != folder:
+            raise InputFileError(f"the bundle holds artifact files in both '{folder or '.'}' and '{where or '.'}'; pack one artifact folder.")
+        data = entry.read()
+        if digest is not None and sha256_hex(data) != digest:
+            raise InputFileError(f"bundle member '{entry.name}' does not hash to its name (sha256 {sha256_hex(data)[:12]}...): "
+                                 "it was corrupted or modified; export the artifact again.")
+        yield BundleMember(data, digest)
     _read_to_end(stream)
 
 

@@ -37,7 +37,7 @@ from schemas.errors import (
 )
 
 from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
-                              save_stream)
+                              save_stream, server_error_in)
 from .metadata import AliasRecord, AuditRecord, VersionRecord, split_ref
 
 API = "/api/v1"
@@ -131,6 +131,9 @@ class RemoteRegistry:
                 if not started:
                     raise self._unreachable(error) from error
                 # The server stops a bundle mid-stream when a stored blob fails its hash: never use what arrived.
+                reason = server_error_in(target) if target.exists() else None
+                if reason is not None:
+                    raise IntegrityError(f"{description} from {self.url} was stopped by the server: {reason}") from error
                 raise IntegrityError(f"{description} from {self.url} ended early ({type(error).__name__}: {error}); the server stops "
                                      "sending when a stored blob fails its hash check: run `normbridge verify` against the server.") from error
             yield target, headers

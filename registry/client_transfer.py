@@ -21,7 +21,8 @@ from pathlib import Path
 
 from schemas.errors import InputFileError, IntegrityError
 
-from .artifact import BLOBS_DIR, MANIFEST_FILE
+from .artifact import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
+from .tar_reader import TarFormatError, read_tar
 
 CHUNK = 1 << 20
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -142,26 +143,48 @@ def save_stream(chunks: Iterator[bytes], target: Path, advance: Advance) -> int:
 
 
 def extract_bundle(archive: Path, folder: Path) -> Path:
-    """Extract a bundle tar into `folder` after checking every member; IntegrityError for anything unexpected."""
+    """Extract a bundle tar into `folder` after checking every member; IntegrityError for anything unexpected.
+
+    The tar is read by tar_reader, bounded: names and pax headers are capped, and no more bytes are written than
+    the archive holds, whatever a hostile server sends.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / BLOBS_DIR).mkdir(exist_ok=True)
+    size = archive.stat().st_size
+
+    def too_large() -> IntegrityError:
+        return IntegrityError(f"the downloaded bundle holds more than its {size} bytes once decompressed; it was not used: "
+                              "check that --server points at a normbridge server.")
+
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
-            for member in tar:
+        with open(archive, "rb") as handle:
+            for member in read_tar(handle, size, too_large):
                 name = member.name.removeprefix("./")
-                if member.isdir() and name.rstrip("/") in ("", ".", BLOBS_DIR):
+                if member.kind == "directory" and name.rstrip("/") in ("", ".", BLOBS_DIR):
                     continue
-                if not member.isfile() or not (name == MANIFEST_FILE or _BLOB_MEMBER.match(name)):
+                if member.kind != "file" or not (name == MANIFEST_FILE or _BLOB_MEMBER.match(name)):
                     raise IntegrityError(f"the bundle holds an unexpected member '{member.name}'; a bundle holds only {MANIFEST_FILE} and "
                                          f"{BLOBS_DIR}/<sha256>.safetensors regular files: check that --server points at a normbridge server.")
-                source = tar.extractfile(member)
-                with source, open(folder / name, "wb") as out:
-                    while chunk := source.read(CHUNK):
+                with open(folder / name, "wb") as out:
+                    for chunk in member.chunks():
                         out.write(chunk)
-    except tarfile.TarError as error:
-        raise InputFileError(f"the downloaded bundle is not a valid tar archive ({error}); retry, or check the server's log.") from error
+    except TarFormatError as error:
+        raise InputFileError(f"the downloaded bundle is not a valid tar archive ({error.problem}); retry, or check the server's log.") from error
     return folder
 
 
-__all__ = ["Advance", "TransferProgress", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size",
+def server_error_in(archive: Path) -> str | None:
+    """The message of the error member a normbridge server ends a stopped bundle with (BUNDLE_ERROR_FILE), or None."""
+    try:
+        with open(archive, "rb") as handle:
+            for member in read_tar(handle, archive.stat().st_size, lambda: InputFileError("past the file's length")):
+                if member.name == BUNDLE_ERROR_FILE and member.kind == "file" and member.size <= 64 * 1024:
+                    message = json.loads(member.read())["error"]["message"]
+                    return message[:2000] if isinstance(message, str) else None
+    except (InputFileError, ValueError, KeyError, TypeError):  # the body was cut: what came before the cut is all there is
+        return None
+    return None
+
+
+__all__ = ["Advance", "TransferProgress", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size", "server_error_in",
            "no_progress", "save_stream"]

@@ -49,7 +49,7 @@ class VerifyProblem(BaseModel):
 
     model: str
     number: int
-    kind: str  # "blob" | "check" | "audit"
+    kind: str  # "blob" | "tensor" | "check" | "audit"
     tensor: str | None = None
     message: str
 
@@ -236,7 +236,7 @@ class Registry:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 staging = pool.submit(self._stage, items)
                 try:
-                    checks = self._gate(artifact.manifest, list(artifact.specs), report)
+                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites)
                 except BaseException:
                     self._discard(staging.result())
                     raise
@@ -295,10 +295,16 @@ class Registry:
             self.store.publish(blob)
         report("storing blobs", len(staged), len(staged))
 
-    def _gate(self, manifest, specs, report: Progress) -> list:
-        """converters.check on every normalizer; CheckFailedError naming the first layer that fails."""
+    def _gate(self, manifest, specs, report: Progress, sites: int | None = None) -> list:
+        """converters.check on every normalizer; CheckFailedError naming the first layer that fails.
+
+        First coverage.check_registrable: every tensor record is valid and each of the `sites` normalization layers
+        the model's reader found has a spec, so none passes unchecked."""
         import converters
 
+        from .coverage import check_registrable
+
+        check_registrable(manifest, specs, sites)
         checks = []
         for i, spec in enumerate(specs):
             report(f"checking {spec.name or i}", i, len(specs))
@@ -445,7 +451,8 @@ class Registry:
     # ------------------------------------------------------------------ integrity
 
     def verify(self, ref: str | None = None, rerun_checks: bool = True) -> VerifyResult:
-        """Re-hash every blob of one version (or all) and re-run the equivalence check; also verify the audit chain.
+        """Re-hash every blob of one version (or all), check its header against the manifest row and re-run the
+        equivalence check; also verify the audit chain.
 
         Returns a VerifyResult listing every problem (a tampered tensor names its version); callers that
         must not serve a bad version raise on `not result.passed` (the CLI exits 12).
@@ -453,6 +460,7 @@ class Registry:
         import converters
 
         from .artifact import specs_from_manifest
+        from .tensor_blobs import stored_tensor_problem
 
         if ref is None:
             records = [r for name, _, _ in self.meta.models() for r in self.meta.versions(name)]
@@ -464,13 +472,17 @@ class Registry:
             bad = False
             for tensor, t in record.manifest.get("tensors", {}).items():
                 blobs_checked += 1
+                problem = stored_tensor_problem(tensor, t)  # the row itself, before its digest is used
                 try:
-                    self.store.get(t["digest"])
+                    problem = problem or stored_tensor_problem(tensor, t, self.store.get(t["digest"]))
                 except (IntegrityError, NotFoundError) as error:
                     bad = True
                     what = "tampered" if isinstance(error, IntegrityError) else "missing"
                     problems.append(VerifyProblem(model=record.model, number=record.number, kind="blob", tensor=tensor,
                                                   message=f"blob {t['digest'][:12]} is {what}: {error}"))
+                if problem is not None:
+                    bad = True
+                    problems.append(VerifyProblem(model=record.model, number=record.number, kind="tensor", tensor=tensor, message=problem))
             if bad or not rerun_checks:
                 continue
             try:

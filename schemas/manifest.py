@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputFileError, SpecError
+from .tensors import check_tensor_record
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -117,7 +118,11 @@ def upgrade_manifest(document: dict) -> dict:
 
 
 def load_manifest(document: dict) -> ArtifactManifest:
-    """A validated manifest from its JSON document; SpecError/InputFileError naming what is wrong."""
+    """A validated manifest from its JSON document; SpecError/InputFileError naming what is wrong.
+
+    Every tensor's dtype, shape and byte length must agree (tensors.check_tensor_record), whatever reads the manifest:
+    an upload, a folder, or a version the registry stored.
+    """
     if not isinstance(document, dict):
         raise InputFileError(f"a manifest must be a JSON object, got {type(document).__name__}; pass the manifest.json of a saved artifact.")
     document = upgrade_manifest(document)
@@ -126,6 +131,8 @@ def load_manifest(document: dict) -> ArtifactManifest:
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()[:5])
         raise SpecError(f"the manifest does not match the schema ({problems}); re-extract the artifact.") from error
+    for name, ref in manifest.tensors.items():
+        check_tensor_record(name, ref.dtype, ref.shape, ref.nbytes)
     for entry in manifest.normalizers:
         for spec_name, tensor_name in entry.tensors.items():
             if tensor_name not in manifest.tensors:

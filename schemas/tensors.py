@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Mapping
 
 import numpy as np
 from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 
-from .errors import SpecError
+from .errors import InputFileError, SpecError
 from .vocabulary import TENSOR_NAMES
+
+#: Bytes per element of every dtype an artifact tensor may have: those safetensors and NumPy both hold exactly.
+STORED_DTYPES: dict[str, int] = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+                                 "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
+
+
+def tensor_record_problem(dtype: Any, shape: Any, nbytes: Any) -> str | None:
+    """Why a tensor record (dtype, shape, byte length: a manifest entry or a safetensors header) cannot describe real bytes, or None.
+
+    Every record normbridge reads is hostile until checked: a dtype outside STORED_DTYPES, a dimension that is
+    not a non-negative integer, or a byte length other than itemsize * prod(shape) would make readers allocate,
+    reshape or export the wrong thing.
+    """
+    if not isinstance(dtype, str) or dtype not in STORED_DTYPES:
+        return f"has dtype {dtype!r}, expected one of {', '.join(STORED_DTYPES)}"
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
+        return f"has shape {shape!r}, expected a list of non-negative integers"
+    expected = STORED_DTYPES[dtype] * math.prod(shape)
+    if type(nbytes) is not int or nbytes != expected:
+        return f"claims {nbytes!r} bytes for {dtype}{list(shape)}, which holds {expected}"
+    return None
+
+
+def check_tensor_record(name: str, dtype: Any, shape: Any, nbytes: Any) -> None:
+    """InputFileError naming the tensor when tensor_record_problem finds one."""
+    problem = tensor_record_problem(dtype, shape, nbytes)
+    if problem is not None:
+        raise InputFileError(f"tensor '{name}' {problem}; the artifact is corrupted or was edited: export it again.")
 
 
 def frozen_array(value: Any, name: str) -> np.ndarray:

@@ -216,3 +216,54 @@ def test_head_of_reads_the_start_of_a_blob_and_its_whole_length_in_one_request(s
         assert store.head_of(digest, 10_000) == (data, 3000)
         with pytest.raises(NotFoundError):
             store.head_of("0" * 64, 10)
+
+
+def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_tensor(s3_env, tmp_path):
+    """Attack: overwrite a stored blob's bytes in the bucket (same length, same safetensors header, one bit of data
+    flipped, the sha256 metadata kept), then read it through every door: the library (verify, tensors, export) and a
+    real `normbridge serve` on the same bucket (blob GET, bundle GET, and the client's tensors and export)."""
+    import httpx
+
+    from registry.client import RemoteRegistry
+    from registry.service import Registry
+    from tests.http_server import create_token, running_server
+    from tests.test_registry_service import trained_cnn
+
+    _, bucket, client = s3_env
+    db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", f"s3://{bucket}/blobs"
+    reg = Registry(db=db, blobs=blobs, user="tester")
+    reg.register("cnn", trained_cnn())
+    digest = reg.manifest("cnn@1").tensors["bn1.running_var"].digest
+    key = reg.store.key_of(digest)
+    original = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    tampered = bytearray(original)
+    tampered[-1] ^= 0x01
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(tampered), Metadata={"sha256": digest})
+    assert reg.store.head_of(digest, 64) == (bytes(tampered[:64]), len(original))  # nothing but the hash tells them apart
+
+    assert [(p.number, p.kind, p.tensor) for p in reg.verify().problems] == [(1, "blob", "bn1.running_var")]
+    with pytest.raises(IntegrityError, match=r"cnn@1: tensor 'bn1.running_var'"):
+        reg.tensors("cnn@1")
+    with pytest.raises(IntegrityError, match=r"cnn@1: tensor 'bn1.running_var'"):
+        reg.export("cnn@1", "onnx", tmp_path / "local-export")
+    assert not (tmp_path / "local-export").exists() or not any((tmp_path / "local-export").iterdir())
+
+    token = create_token(db, "dashboard", "read")
+    with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
+        http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        blob = http.get(f"/api/v1/blobs/{digest}")
+        assert blob.status_code == 500 and blob.json()["error"]["code"] == "integrity_error", blob.text
+        assert digest in blob.json()["error"]["message"] and bytes(tampered) not in blob.content
+        with pytest.raises(httpx.RemoteProtocolError):  # the body ends short of its Content-Length: no client takes it as whole
+            with http.stream("GET", "/api/v1/models/cnn/versions/1/bundle") as response:
+                assert response.status_code == 200
+                b"".join(response.iter_bytes())
+        http.close()
+        with RemoteRegistry(server.url, token) as remote:
+            with pytest.raises(IntegrityError, match=r"stopped by the server: version cnn@1: tensor 'bn1.running_var'"):
+                remote.tensors("cnn@1")
+            with pytest.raises(IntegrityError, match=r"tensor 'bn1.running_var'"):
+                remote.export("cnn@1", "onnx", tmp_path / "remote-export")
+        assert not (tmp_path / "remote-export").exists()
+    assert "bn1.running_var" in server.log_text()
+    reg.meta.close()

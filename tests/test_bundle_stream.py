@@ -74,9 +74,9 @@ def client_tar(folder: Path) -> bytes:
     return b"".join(folder_tar_chunks(folder, lambda done: None))
 
 
-def tar_of(members: list[tuple[str, bytes]], mode: str = "w") -> bytes:
+def tar_of(members: list[tuple[str, bytes]], mode: str = "w", fmt: int = tarfile.PAX_FORMAT) -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode=mode) as tar:
+    with tarfile.open(fileobj=buffer, mode=mode, format=fmt) as tar:
         for name, data in members:
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -201,6 +201,22 @@ def test_over_the_limit_an_interrupted_upload_and_a_failing_gate_leave_nothing(l
     assert state(local) == before
     # an upload that never arrived whole (too large, interrupted) is not a registration attempt: only the gate's refusal is audited
     assert [e.detail["error"] for e in local.audit(model="cnn")] == ["check_failed"]
+
+
+def test_headers_count_toward_the_limit_and_long_names_and_pax_headers_are_capped(local, artifact_folder):
+    """Attack (issue 11 item 3): sizes only counted the members that came out, and tarfile read long names whole."""
+    base = members_of(artifact_folder)
+    limit = len(tar_of(base)) + (512 << 10)
+    assert local.register_stream("cnn", io.BytesIO(tar_of(base + [("junk/a", b"")])), limit).created
+    before = state(local)
+    headers_only = tar_of(base + [(f"junk/{i}", b"") for i in range(2048)])  # 1 MiB of headers, no data
+    with pytest.raises(PayloadTooLargeError, match=f"decompressed and counting its headers, is larger than this server's limit of {limit}"):
+        local.register_stream("cnn", io.BytesIO(headers_only), limit)
+    with pytest.raises(InputFileError, match=r"is a GNU long name of 5007 bytes; at most 4096"):
+        local.register_stream("cnn", io.BytesIO(tar_of(base + [("junk/" + "n" * 5001, b"x")], fmt=tarfile.GNU_FORMAT)), limit)
+    with pytest.raises(InputFileError, match=r"is a pax header of \d+ bytes; at most 65536"):
+        local.register_stream("cnn", io.BytesIO(tar_of(base + [("junk/" + "n" * 70_000, b"x")])), limit)
+    assert state(local) == before
 
 
 def test_on_s3_blobs_are_written_during_the_gate_and_a_refused_bundle_leaves_only_unreferenced_blobs(s3_env, artifact_folder, tmp_path):

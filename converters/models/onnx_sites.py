@@ -10,12 +10,12 @@ back exactly; the matchers themselves live in `onnx_patterns`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
-from schemas import NormbridgeError, NormSpec, Source, UnsupportedObjectError
+from schemas import NormbridgeError, NormSpec, Source, SpecError, UnsupportedObjectError
 
 from .onnx_patterns import Match, find_matches
 from .onnx_patterns_graph import GraphIndex
@@ -28,7 +28,8 @@ class NormSite:
     `node_names` lists the nodes in graph order (an unnamed node by its first output).
 
     `eps` is the shortest decimal of the stored float32 (None for a BatchNorm folded into
-    constants, where it is gone); `spec` is set when every state tensor is a constant.
+    constants, where it is gone); `spec` is set when every state tensor is a constant, else
+    `problem` says why it could not be read (a SpecError naming the setting, when there is one).
     """
 
     name: str
@@ -43,6 +44,7 @@ class NormSite:
     training_mode: bool
     spec: NormSpec | None
     folded: bool = False
+    problem: NormbridgeError | None = field(default=None, compare=False, repr=False)
 
 
 def require_model(model) -> onnx.ModelProto:
@@ -80,8 +82,12 @@ def batchnorm_folded_into_conv(model: onnx.ModelProto) -> bool:
 def site_of(index: GraphIndex, match: Match, single: NormSpec | None = None, spec: NormSpec | None = None) -> NormSite:
     """The public NormSite of a match (its spec read or built unless `spec` is given)."""
     nodes = sorted(match.nodes)
-    if spec is None and not match.folded:
-        spec = single if single is not None else spec_of_match(index, match)
+    problem = None
+    if spec is None and match.folded:
+        problem = SpecError("the BatchNormalization was folded into Mul/Add constants, so its eps and running statistics are gone and "
+                            "it cannot be checked; register the source model, or export it without folding (torch.onnx optimize=False).")
+    elif spec is None:
+        spec, problem = (single, None) if single is not None else read_spec_of_match(index, match)
     return NormSite(
         name=match.name,
         kind=match.kind,
@@ -95,6 +101,7 @@ def site_of(index: GraphIndex, match: Match, single: NormSpec | None = None, spe
         training_mode=match.training_mode,
         spec=spec,
         folded=match.folded,
+        problem=problem,
     )
 
 
@@ -118,12 +125,19 @@ def _single_layer_spec(model: onnx.ModelProto) -> NormSpec | None:
 
 def spec_of_match(index: GraphIndex, match: Match) -> NormSpec | None:
     """The layer's spec: read from a native node, or built from a decomposition's constants; None if not exact."""
+    return read_spec_of_match(index, match)[0]
+
+
+def read_spec_of_match(index: GraphIndex, match: Match) -> tuple[NormSpec | None, NormbridgeError | None]:
+    """(the layer's spec, None), or (None, why it cannot be read: NaN statistics, constants that are not exact, ...)."""
     try:
         if match.native:
-            return _native_spec(index, match)
-        return _decomposition_spec(index, match)
-    except (NormbridgeError, ValueError):  # pydantic's ValidationError is a ValueError
-        return None
+            return _native_spec(index, match), None
+        return _decomposition_spec(index, match), None
+    except NormbridgeError as error:
+        return None, error
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        return None, SpecError(f"its state does not form a valid spec ({str(error).splitlines()[-1].strip()})")
 
 
 def _native_spec(index: GraphIndex, match: Match) -> NormSpec:
@@ -136,9 +150,9 @@ def _native_spec(index: GraphIndex, match: Match) -> NormSpec:
     return read_node(layer)
 
 
-def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec | None:
+def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec:
     if match.dtype is None or match.dims is None or match.eps is None or match.eps <= 0:
-        return None
+        raise SpecError(f"its decomposition ({match.origin}) has no constant dtype, shape and positive eps, so its settings cannot be read exactly.")
     dtype = np.dtype(match.dtype)
     tensors = {}
     for name, array in (("scale", match.scale), ("bias", match.bias)):
@@ -155,7 +169,7 @@ def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec | None:
         last = match.rank - 1
         layout = "channels_first" if match.channel_axis == 1 else "channels_last" if match.channel_axis == last else None
         if layout is None:
-            return None
+            raise SpecError(f"its decomposition ({match.origin}) normalizes channel axis {match.channel_axis}, neither the first nor the last.")
         fields.update(num_features=int(match.dims[0]), layout=layout)
         if match.kind == "group":
             fields.update(num_groups=match.groups)

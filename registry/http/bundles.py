@@ -5,22 +5,29 @@ For a caller whose scope excludes the parent's model, manifest.json has that par
 
 The tar is produced on the fly (a few blobs in memory at a time, the next ones read ahead), with
 its exact length known in advance from the stored sizes so the response can carry Content-Length.
-Every blob is re-hashed as it is read; a tampered one aborts the stream (the client sees a short
-body, never bad bytes).
+Every blob is re-hashed as it is read; a tampered one aborts the stream: its last member is then
+BUNDLE_ERROR_FILE, the error naming the version and tensor, and the body ends short of its
+Content-Length, so every client sees a failed download (never bad bytes) and a normbridge client
+can say which tensor was refused.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from registry.artifact import BLOBS_DIR, MANIFEST_FILE
+from registry.artifact import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
+from schemas.errors import IntegrityError
 from schemas.manifest import load_manifest
 
 BLOCK = tarfile.BLOCKSIZE
+#: The error member's JSON is cut to this many bytes, so that member (at most 3 blocks) always ends before the
+#: announced length would: what is left to send when a blob fails holds that blob's header and data and 2 end blocks.
+ERROR_JSON_BYTES = 2 * BLOCK
 
 
 def _padded(size: int) -> int:
@@ -52,8 +59,12 @@ class VersionBundle:
 
     def chunks(self) -> Iterator[bytes]:
         yield from self._member(MANIFEST_FILE, self.manifest_bytes)
-        for digest, data in zip(self.digests, self._fetched()):
-            yield from self._member(f"{BLOBS_DIR}/{digest}.safetensors", data)
+        try:
+            for digest, data in zip(self.digests, self._fetched()):
+                yield from self._member(f"{BLOBS_DIR}/{digest}.safetensors", data)
+        except IntegrityError as error:  # the response has begun: say why in a last member, then end the body short
+            yield from self._member(BUNDLE_ERROR_FILE, _error_json(error))
+            raise
         yield b"\0" * (2 * BLOCK)
 
     def _fetched(self) -> Iterator[bytes]:
@@ -74,6 +85,15 @@ class VersionBundle:
         pad = _padded(len(data)) - len(data)
         if pad:
             yield b"\0" * pad
+
+
+def _error_json(error: IntegrityError) -> bytes:
+    message = str(error)
+    while True:
+        data = json.dumps({"error": {"code": error.code, "message": message}}).encode()
+        if len(data) <= ERROR_JSON_BYTES:
+            return data
+        message = message[: len(message) // 2]
 
 
 def read_bundle_names(data: bytes) -> list[str]:

@@ -1,0 +1,106 @@
+"""Decompression bombs sent to a real `normbridge serve --max-upload-mb 8`: refused, with the server's peak memory bounded.
+
+A bundle upload may be gzip, so a small body can hold gigabytes of tar. The bombs are built by
+streaming zeros through zlib (the test never holds them decompressed): a GNU long-name header, a
+pax header and plain members, each declaring hundreds of MiB of zeros. The server's peak resident
+memory is read from /proc/<pid>/status (VmHWM, reset first through /proc/<pid>/clear_refs), so
+the bound is measured on the process that received the upload, not inferred.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.http_server import create_token, running_server
+
+LIMIT_MB = 8
+PEAK_BOUND = 100 << 20  # bytes the upload may add to the server's resident memory
+ZERO_CHUNK = bytes(1 << 20)
+
+
+def header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """One 512-byte tar header written by the standard library (not by the reader under test)."""
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.mode = size, kind, 0o644
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def gzip_of(pieces: Iterator[bytes]) -> bytes:
+    """A gzip stream of `pieces`, compressed as they come, so the decompressed bytes never exist whole here."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    out = [compressor.compress(piece) for piece in pieces]
+    return b"".join(out) + compressor.flush()
+
+
+def zeros(count: int) -> Iterator[bytes]:
+    for start in range(0, count, len(ZERO_CHUNK)):
+        yield ZERO_CHUNK[: min(len(ZERO_CHUNK), count - start)]
+
+
+def long_name_bomb(mib: int) -> bytes:
+    """The attack of issue 11 item 3: a GNU long-name header declaring `mib` MiB of name, all zeros."""
+    return gzip_of(iter([header("././@LongLink", mib << 20, tarfile.GNUTYPE_LONGNAME), *zeros(mib << 20)]))
+
+
+def pax_bomb(mib: int) -> bytes:
+    """A pax extended header declaring `mib` MiB of records, all zeros."""
+    return gzip_of(iter([header("PaxHeaders/x", mib << 20, tarfile.XHDTYPE), *zeros(mib << 20)]))
+
+
+def members_bomb(mib: int) -> bytes:
+    """Plain members of 1 MiB of zeros each, `mib` of them: each one is under the limit, their sum is far over it."""
+    def pieces() -> Iterator[bytes]:
+        for i in range(mib):
+            yield header(f"junk/{i}.bin", 1 << 20)
+            yield ZERO_CHUNK
+    return gzip_of(pieces())
+
+
+def memory(pid: int, field: str) -> int:
+    """A /proc/<pid>/status memory field (VmRSS, VmHWM) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"/proc/{pid}/status has no {field}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bomb")
+    db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
+    token = create_token(db, "attacker", "write")
+    with running_server(db=db, blobs=blobs, args=["--max-upload-mb", str(LIMIT_MB)], log=root / "serve.log") as running:
+        with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
+            # warm up: the bundle path's modules are imported before anything is measured
+            warm = client.post("/api/v1/models/warm/versions", params={"format": "bundle"}, content=header("x", 0) + bytes(1024))
+            assert warm.status_code == 400, warm.text
+            yield running, client
+
+
+@pytest.mark.parametrize("label, bomb, status, code, message", [
+    ("long name 0.5 MiB", lambda: long_name_bomb(512), 400, "bad_input_file", r"GNU long name of 536870912 bytes.*at most 4096"),
+    ("long name 1 MiB", lambda: long_name_bomb(1024), 400, "bad_input_file", r"GNU long name of 1073741824 bytes.*at most 4096"),
+    ("pax header", lambda: pax_bomb(512), 400, "bad_input_file", r"pax header of 536870912 bytes.*at most 65536"),
+    ("members", lambda: members_bomb(512), 413, "payload_too_large", r"decompressed.*larger than this server's limit of 8388608 bytes"),
+])
+def test_a_gzip_bomb_is_refused_and_the_servers_peak_memory_stays_bounded(server, label, bomb, status, code, message):
+    running, client = server
+    body = bomb()
+    assert len(body) <= (1 << 20) + (64 << 10), f"{label}: the bomb is {len(body)} bytes, meant to be about 1 MiB at most"
+    pid = running.process.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS now
+    before = memory(pid, "VmRSS")
+    response = client.post("/api/v1/models/bomb/versions", params={"format": "bundle"}, content=body)
+    peak = memory(pid, "VmHWM")
+    assert peak - before < PEAK_BOUND, f"{label}: the upload raised the server's peak memory by {(peak - before) >> 20} MiB"
+    assert response.status_code == status, (label, response.status_code, response.text[:500])
+    error = response.json()["error"]
+    assert error["code"] == code and re.search(message, error["message"]), (label, error)
+    assert "bomb" not in client.get("/api/v1/models").text
