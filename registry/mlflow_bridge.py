@@ -270,23 +270,34 @@ def locate_model_file(local: Path) -> tuple[str, Path]:
         flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
     except yaml.YAMLError as error:
         raise InputFileError(f"the MLmodel file of the model is not valid YAML ({error}).") from error
+    if not isinstance(flavors, dict) or not all(isinstance(conf, dict) for conf in flavors.values()):
+        raise InputFileError("the MLmodel file of the model has no 'flavors' mapping; pass the URI of an MLflow model.")
     if "onnx" in flavors:
-        path = local / flavors["onnx"].get("data", "model.onnx")
+        path = _inside(local, flavors["onnx"].get("data", "model.onnx"))
         if path.is_file():
             return "onnx", path
     if "keras" in flavors:
         conf = flavors["keras"]
-        path = local / conf.get("data", "data") / "model.keras"
+        path = _inside(local, conf.get("data", "data")) / "model.keras"
         if path.is_file() and not conf.get("save_exported_model"):
             return "keras", path
     if "pytorch" in flavors:
-        data = local / flavors["pytorch"].get("model_data", "data")
+        data = _inside(local, flavors["pytorch"].get("model_data", "data"))
         if (data / "model.pt2").is_file():
             return "pytorch-pt2", data / "model.pt2"
         if (data / "model.pth").is_file():
             return "pytorch-pickle", data
     raise InputFileError(f"the MLflow model has flavours {sorted(flavors)} but none normbridge reads; "
                          "log it with mlflow.onnx, mlflow.keras (.keras) or mlflow.pytorch (serialization_format='pt2').")
+
+
+def _inside(local: Path, relative: Any) -> Path:
+    """`local / relative`, refused when the MLmodel names a path outside the downloaded model ('/etc/x', '../x')."""
+    path = (local / str(relative)).resolve()
+    if not isinstance(relative, str) or not path.is_relative_to(local.resolve()):
+        raise InputFileError(f"the MLmodel file names the data path {relative!r}, which is outside the model's own folder; "
+                             "normbridge reads only files MLflow downloaded with the model.")
+    return path
 
 
 def _load_pickled_torch(data: Path) -> Any:

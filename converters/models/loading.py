@@ -1,6 +1,6 @@
 """Loading model files without executing code from them.
 
-Accepted: `.pt2` (a torch.export ExportedProgram), `.keras` (loaded with safe_mode=True, so
+Accepted: `.pt2` (a torch.export ExportedProgram, read by `torch_adapter.pt2_archive` with no full unpickler), `.keras` (loaded with safe_mode=True, so
 Lambda layers and other deserialised code are refused), `.onnx`, and a spec folder. Pickle-based
 formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them can run arbitrary code.
 """
@@ -43,12 +43,10 @@ def load_model(path: str | Path) -> Any:
 
 
 def _load_pt2(path: Path) -> Any:
-    import torch
+    """Never torch.export.load: it unpickles parts of the archive with the full unpickler (see torch_adapter.pt2_archive)."""
+    from converters.torch_adapter.pt2_archive import load_exported_program
 
-    try:
-        return torch.export.load(str(path))
-    except Exception as error:  # torch raises many types for a bad archive
-        raise InputFileError(f"'{path}' is not a readable torch.export .pt2 archive ({type(error).__name__}: {error}).") from error
+    return load_exported_program(path)
 
 
 def _load_keras(path: Path) -> Any:

@@ -1,0 +1,303 @@
+"""Reading a torch.export `.pt2` archive without running anything stored in it.
+
+`torch.export.load` is not safe for a file from elsewhere: it unpickles the sample inputs and a
+legacy state dict with `weights_only=False` when the weights-only load fails, unpickles
+`use_pickle` payloads and opaque constants with the full unpickler, loads AOTInductor shared
+libraries, and trusts every string of the JSON program (see `pt2_program`). This reader opens the
+archive with `zipfile` itself and takes only what an ExportedProgram needs:
+
+- `models/model.json`, checked by `pt2_program.check_program` before torch sees it;
+- tensors of the weights and constants configs, built from their raw bytes (dtype, sizes, strides
+  and offset from the config); a legacy `model.pt` state dict only through `torch.load(weights_only=True)`;
+- never the sample inputs (their pickle is only scanned statically, by
+  `torch.serialization.get_unsafe_globals_in_checkpoint`, so a hostile one is refused), extra files
+  or other models. Entries that only a full unpickler or a native loader reads (`use_pickle`, custom and opaque objects, AOTInductor/ExecuTorch code) are
+  refused with `InputFileError` naming the entry.
+
+The parts are handed to torch's `ExportedProgramDeserializer`, so the result is the same
+`torch.export.ExportedProgram` that `torch.export.load` returns for a genuine file (without
+`example_inputs`), and its graph is checked again by `pt2_program.check_graph`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas import InputFileError
+
+from .pt2_program import check_graph, check_program, is_fqn
+
+MAX_ENTRIES = 100_000
+MAX_TOTAL_BYTES = 32 * 1024**3  # what all entries may unpack to: a zip bomb is refused before reading
+MAX_JSON_BYTES = 512 * 1024**2
+PROGRAM = "models/model.json"
+SAMPLE_INPUTS = "data/sample_inputs/"
+WEIGHTS = ("data/weights/", "data/weights/model_weights_config.json", "data/weights/model.pt", re.compile(r"weight_[0-9]+"))
+CONSTANTS = ("data/constants/", "data/constants/model_constants_config.json", "data/constants/model.pt", re.compile(r"tensor_[0-9]+"))
+#: Folders holding compiled code for other runtimes: loading them would run native code.
+COMPILED_CODE = ("data/aotinductor/", "data/executorch/", "data/mtia", "xl_model_weights/")
+#: Payload names of TorchScript custom objects and opaque Python objects: both are unpickled by torch.
+PICKLED_OBJECTS = ("custom_obj_", "opaque_obj_")
+_STRIDED_LAYOUT = 7  # torch._export.serde.schema.Layout.Strided
+
+
+@dataclass(frozen=True)
+class _Archive:
+    """An opened archive: entry names relative to the root folder torch writes everything under."""
+
+    path: Path
+    zf: zipfile.ZipFile
+    entries: dict[str, zipfile.ZipInfo]
+
+    def where(self, entry: str) -> str:
+        return f"'{self.path}' entry '{entry}'"
+
+    def read(self, entry: str, limit: int | None = None) -> bytearray:
+        """The entry's bytes, at most its declared size (and `limit`); a short or corrupt entry is refused."""
+        info = self.entries.get(entry)
+        if info is None:
+            raise InputFileError(f"'{self.path}' has no entry '{entry}'; save the model with torch.export.save.")
+        if limit is not None and info.file_size > limit:
+            raise InputFileError(f"{self.where(entry)} declares {info.file_size} bytes, more than the {limit} normbridge reads.")
+        data = bytearray(info.file_size)
+        try:
+            with self.zf.open(info) as stream:
+                got = stream.readinto(data)
+                extra = stream.read(1)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+            raise InputFileError(f"{self.where(entry)} cannot be read ({error}); the archive is corrupt.") from error
+        if got != info.file_size or extra:
+            raise InputFileError(f"{self.where(entry)} does not hold the {info.file_size} bytes it declares; the archive is corrupt.")
+        return data
+
+
+def load_exported_program(path: str | Path) -> Any:
+    """The torch.export.ExportedProgram stored in the `.pt2` at `path`, read without unpickling anything unsafe.
+
+    Raises:
+        InputFileError: not a readable archive, or an entry that would need code to run (named in the message).
+    """
+    path = Path(path)
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise InputFileError(f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save.") from error
+    with zf:
+        archive = _Archive(path, zf, _entries(path, zf))
+        _check_format(archive)
+        document = _program(archive)
+        _check_sample_inputs(archive)
+        state_dict = _tensors(archive, *WEIGHTS, parameters=True)
+        constants = _tensors(archive, *CONSTANTS, parameters=False)
+    program = _deserialize(path, document, state_dict, constants)
+    check_graph(program, f"'{path}' entry '{PROGRAM}'")
+    return program
+
+
+def _entries(path: Path, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """Entries by name below the single root folder; path tricks, duplicates, bombs and compiled code are refused."""
+    infos = zf.infolist()
+    if not infos or len(infos) > MAX_ENTRIES:
+        raise InputFileError(f"'{path}' holds {len(infos)} entries; a torch.export .pt2 holds between 1 and {MAX_ENTRIES}.")
+    root = infos[0].filename.split("/")[0]
+    entries: dict[str, zipfile.ZipInfo] = {}
+    total = 0
+    for info in infos:
+        name = info.filename
+        parts = name.split("/")
+        if ("\\" in name or "\x00" in name or name.startswith("/") or parts[0] != root or len(parts) < 2
+                or any(part in ("", ".", "..") for part in parts[1:-1]) or parts[-1] in (".", "..") or root in ("", ".", "..")):
+            raise InputFileError(f"'{path}' has an entry named {name!r}; a torch.export .pt2 keeps plain names under one root folder.")
+        if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise InputFileError(f"'{path}' entry {name!r} is encrypted or compressed with method {info.compress_type}; "
+                                 "torch.export.save stores entries plainly.")
+        relative = name[len(root) + 1:]
+        if name.endswith("/"):
+            continue  # a folder record some zip tools add
+        if relative in entries:
+            raise InputFileError(f"'{path}' holds the entry '{relative}' twice; readers would disagree on which one counts.")
+        if relative.startswith(COMPILED_CODE):
+            raise InputFileError(f"'{path}' entry '{relative}' is compiled code for another runtime (AOTInductor, ExecuTorch), "
+                                 "which normbridge never loads; save the model with torch.export.save alone.")
+        total += info.file_size
+        entries[relative] = info
+    if total > MAX_TOTAL_BYTES:
+        raise InputFileError(f"'{path}' entries unpack to {total} bytes, more than the {MAX_TOTAL_BYTES} normbridge reads.")
+    return entries
+
+
+def _check_format(archive: _Archive) -> None:
+    if "archive_format" not in archive.entries:
+        raise InputFileError(f"'{archive.path}' has no 'archive_format' entry: not a torch.export .pt2 archive (or one from before "
+                             "torch 2.6, which normbridge does not read); save the model with torch.export.save.")
+    checks = {"archive_format": ("pt2",), "archive_version": ("0",), "byteorder": (sys.byteorder,)}
+    for entry, expected in checks.items():
+        if entry == "byteorder" and entry not in archive.entries:
+            continue
+        value = bytes(archive.read(entry, limit=64)).decode("utf-8", "replace").strip()
+        if value not in expected:
+            raise InputFileError(f"{archive.where(entry)} is {value!r}, expected {expected[0]!r}; "
+                                 "save the model with torch.export.save on a little-endian machine with torch 2.6 or later.")
+
+
+def _program(archive: _Archive) -> dict:
+    try:
+        document = json.loads(archive.read(PROGRAM, limit=MAX_JSON_BYTES))
+        check_program(document, archive.where(PROGRAM))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # InputFileError is not a ValueError: it passes through
+        raise InputFileError(f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
+                             "save the model with torch.export.save.") from error
+    return document
+
+
+def _check_sample_inputs(archive: _Archive) -> None:
+    """Refuse sample inputs whose pickle names anything but tensors: scanned statically, never unpickled (nothing needs them)."""
+    import torch
+
+    for entry in sorted(e for e in archive.entries if e.startswith(SAMPLE_INPUTS)):
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(archive.read(entry)))
+        except Exception as error:  # not a torch.save zip, or opcodes the static scanner does not know
+            unsafe = [f"an unreadable pickle ({type(error).__name__})"]
+        if unsafe:
+            raise InputFileError(
+                f"{archive.where(entry)} holds a pickle that calls {', '.join(sorted(unsafe)[:5])}, which only the full unpickler "
+                "runs and which can run code; normbridge never unpickles sample inputs and refuses the file: re-save the model "
+                "with torch.export.save from code you trust.")
+
+
+def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name: re.Pattern, *, parameters: bool) -> dict:
+    """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file."""
+    if legacy in archive.entries:  # torch prefers the legacy file when both exist
+        return _weights_only(archive, legacy)
+    if config not in archive.entries:
+        raise InputFileError(f"'{archive.path}' has no '{config}'; save the model with torch.export.save.")
+    try:
+        document = json.loads(archive.read(config, limit=MAX_JSON_BYTES))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise InputFileError(f"{archive.where(config)} is not valid JSON ({error}).") from error
+    payloads = document.get("config") if isinstance(document, dict) else None
+    if not isinstance(payloads, dict):
+        raise InputFileError(f"{archive.where(config)} has no 'config' object; save the model with torch.export.save.")
+    flat: dict[str, Any] = {}
+    found: dict[str, Any] = {}
+    for fqn, payload in payloads.items():
+        where = f"{archive.where(config)}, '{fqn}'"
+        if not is_fqn(fqn, "") or not isinstance(payload, dict):
+            raise InputFileError(f"{archive.where(config)} names the tensor {fqn!r}, which is not a dotted attribute path; refused.")
+        name = payload.get("path_name")
+        if payload.get("use_pickle") is not False or (isinstance(name, str) and name.startswith(PICKLED_OBJECTS)):
+            raise InputFileError(
+                f"{where} is stored as a pickle (entry '{folder}{name}', use_pickle={payload.get('use_pickle')!r}), which only a full "
+                "unpickler can read and which can run code; normbridge reads raw tensors only: save plain tensors (no tensor subclasses "
+                "or custom objects) with torch.export.save.")
+        if not isinstance(name, str) or not file_name.fullmatch(name):
+            raise InputFileError(f"{where} names the payload {name!r}, expected '{file_name.pattern}' in '{folder}'; the archive was altered.")
+        meta = _tensor_meta(payload.get("tensor_meta"), where)
+        if name not in flat:
+            flat[name] = _flat_tensor(archive, folder + name, meta)
+        view = _view(flat[name], meta, f"{where} (entry '{folder}{name}')")
+        found[fqn] = _parameter(view, meta) if parameters and payload.get("is_param") is True else view
+    return found
+
+
+def _tensor_meta(meta: Any, where: str) -> dict:
+    """dtype, sizes, strides, offset, device and requires_grad of a payload, all plain values (never expressions)."""
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    def ints(values: Any) -> tuple[int, ...] | None:
+        if not isinstance(values, list) or len(values) > 64:
+            return None
+        found = [v.get("as_int") if isinstance(v, dict) and set(v) == {"as_int"} else None for v in values]
+        return tuple(found) if all(type(v) is int and v >= 0 for v in found) else None
+
+    if not isinstance(meta, dict):
+        raise InputFileError(f"{where} has no tensor_meta; save the model with torch.export.save.")
+    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(meta.get("dtype")) if type(meta.get("dtype")) is int else None
+    sizes, strides = ints(meta.get("sizes")), ints(meta.get("strides"))
+    offset = ints([meta.get("storage_offset")])
+    device = meta.get("device")
+    if (dtype is None or sizes is None or strides is None or len(sizes) != len(strides) or offset is None
+            or meta.get("layout") != _STRIDED_LAYOUT or not isinstance(device, dict) or not isinstance(device.get("type"), str)
+            or type(meta.get("requires_grad")) is not bool):
+        raise InputFileError(f"{where} has a tensor_meta normbridge cannot read as a plain strided tensor "
+                             f"(dtype, sizes, strides, offset, layout or device); got {json.dumps(meta)[:200]}.")
+    return {"dtype": dtype, "sizes": sizes, "strides": strides, "offset": offset[0], "requires_grad": meta["requires_grad"],
+            "device": (device["type"], device.get("index"))}
+
+
+def _flat_tensor(archive: _Archive, entry: str, meta: dict) -> Any:
+    """The entry's raw bytes as a flat tensor of the payload's dtype (torch's rule: an empty entry is zeros of the sizes)."""
+    import torch
+
+    data = archive.read(entry)
+    dtype = meta["dtype"]
+    try:
+        if not data:
+            flat = torch.zeros(meta["sizes"], dtype=dtype)
+        else:
+            element = torch.empty((), dtype=dtype).element_size()
+            if len(data) % element:
+                raise InputFileError(f"{archive.where(entry)} holds {len(data)} bytes, not a whole number of {dtype} elements.")
+            flat = torch.frombuffer(data, dtype=dtype)
+        if meta["requires_grad"]:
+            flat.requires_grad_(True)
+        kind, index = meta["device"]
+        device = torch.device(kind) if index is None else torch.device(kind, index)
+        return flat if device.type == "cpu" else flat.to(device)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise InputFileError(f"{archive.where(entry)} cannot be read as {dtype} on {meta['device'][0]} ({error}).") from error
+
+
+def _view(flat: Any, meta: dict, where: str) -> Any:
+    import torch
+
+    sizes, strides, offset = meta["sizes"], meta["strides"], meta["offset"]
+    extent = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides)) + 1
+    if all(sizes) and extent > flat.numel():
+        raise InputFileError(f"{where} reaches element {extent - 1} of a payload of {flat.numel()} elements; the archive is corrupt.")
+    return torch.as_strided(flat, sizes, strides, offset)
+
+
+def _parameter(view: Any, meta: dict) -> Any:
+    import torch
+
+    return torch.nn.Parameter(view, requires_grad=meta["requires_grad"])
+
+
+def _weights_only(archive: _Archive, entry: str) -> dict:
+    """A legacy torch.save state dict, through torch's weights-only unpickler (never the full one)."""
+    import torch
+
+    try:
+        loaded = torch.load(io.BytesIO(archive.read(entry)), weights_only=True)
+    except Exception as error:  # the weights-only unpickler raises UnpicklingError and others for anything but tensors
+        raise InputFileError(
+            f"{archive.where(entry)} is a pickle that the weights-only unpickler refuses ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200] if str(error) else ''}); it would need the full unpickler, which can run code: "
+            "re-save the model with torch.export.save.") from error
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+        raise InputFileError(f"{archive.where(entry)} is not a dict of tensors (got {type(loaded).__name__}); re-save the model with torch.export.save.")
+    return loaded
+
+
+def _deserialize(path: Path, document: dict, state_dict: dict, constants: dict) -> Any:
+    """torch's own deserializer on the checked parts; no sample inputs (they are a pickle and nothing here needs them)."""
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+
+    try:
+        serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+        return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
+    except InputFileError:
+        raise
+    except Exception as error:  # torch raises many types for a program it cannot rebuild
+        raise InputFileError(f"'{path}' is not a readable torch.export .pt2 archive ({type(error).__name__}: "
+                             f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}).") from error

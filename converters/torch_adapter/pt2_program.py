@@ -1,0 +1,177 @@
+"""What a `.pt2` program (models/model.json) may say before torch turns it into Python.
+
+torch's deserializer trusts the JSON: it hands `expr_str` to `sympy.sympify` (which calls
+`eval`), embeds node, input and attribute names in the source code FX generates and `exec`s,
+`exec`s `guards_code` when `ExportedProgram.module()` is built with example inputs, and resolves a
+node's `target` by walking attributes from `torch` (so `torch.os.system` is a valid target). An
+ATen operator can touch files (`aten::from_file(shared=True)` creates one, `aten::save` writes
+one). `check_program` therefore walks the whole document first and refuses anything outside a
+strict vocabulary: names are identifiers, attribute paths are dotted words, expressions are
+sympy arithmetic over symbols (`pt2_expressions`), operators are ATen/prims operators (minus the file ones), a few
+control-flow higher-order operators or the symbolic-shape arithmetic torch itself emits.
+`check_graph` re-checks the graph torch built, in case a string resolved to something else.
+"""
+
+from __future__ import annotations
+
+import functools
+import keyword
+import math
+import operator
+import re
+from typing import Any
+
+from schemas import InputFileError
+
+from .pt2_expressions import expression_problem
+
+#: ATen operators that open, create or write files: a graph node calling one would touch the disk.
+FILE_OPERATORS = frozenset({"aten.from_file", "aten.save"})
+
+#: Higher-order operators torch.export emits for control flow, grad/autocast regions and effects.
+HIGHER_ORDER_OPERATORS = frozenset({
+    "cond", "while_loop", "map_impl", "scan", "wrap_with_set_grad_enabled", "wrap_with_autocast",
+    "auto_functionalized", "auto_functionalized_v2", "with_effects", "invoke_subgraph",
+})
+
+#: Python callables a serialized graph may name: the symbolic-shape arithmetic of torch's serializer.
+PYTHON_CALLABLES = (
+    operator.getitem, operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt,
+    operator.neg, operator.pos, operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod,
+    operator.pow, operator.truediv, operator.and_, operator.or_, operator.lshift, operator.rshift, math.trunc,
+)
+_TORCH_SYM_CALLABLES = ("sym_not", "sym_int", "sym_float", "sym_ite", "sym_max", "sym_min", "sym_sqrt")
+
+_OPERATOR_TARGET = re.compile(r"torch\.ops\.(aten|prims)\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)")
+_HIGHER_ORDER_TARGET = re.compile(r"torch\.ops\.higher_order\.([A-Za-z_]\w*)")
+_FQN = re.compile(r"[\w\-]+(\.[\w\-]+)*(@[0-9]+)?")
+
+_NAME_KEYS = frozenset({"name", "as_name"})
+_VALUE_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values"})
+_FQN_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "user_input_name", "fqn"})
+_IDENTIFIER_LISTS = frozenset({"forward_arg_names", "field_names"})
+_CUSTOM_OBJECT_KEYS = frozenset({"as_custom_obj", "custom_obj", "custom_obj_name", "class_fqn"})
+
+
+@functools.cache
+def python_callables() -> dict[Any, str]:
+    """{callable: serialized name} for the Python functions a graph may call (torch's naming rule)."""
+    import torch
+
+    found = list(PYTHON_CALLABLES) + [getattr(torch, name) for name in _TORCH_SYM_CALLABLES]
+    return {fn: f"{fn.__module__}.{fn.__name__}" for fn in found}
+
+
+def is_identifier(text: Any) -> bool:
+    return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text)
+
+
+def is_fqn(text: Any, key: str) -> bool:
+    """A dotted attribute path of words (digits and '-' allowed, as nn.ModuleDict keys); '' for the root call."""
+    return isinstance(text, str) and (bool(_FQN.fullmatch(text)) or (key == "fqn" and text == ""))
+
+
+def operator_problem(target: Any) -> str | None:
+    """Why a serialized operator name may not be run, or None when it may."""
+    if not isinstance(target, str):
+        return "is not a string"
+    if match := _OPERATOR_TARGET.fullmatch(target):
+        packet = f"{match.group(1)}.{match.group(2)}"
+        return f"is '{packet}', which reads or writes files" if packet in FILE_OPERATORS else None
+    if match := _HIGHER_ORDER_TARGET.fullmatch(target):
+        return None if match.group(1) in HIGHER_ORDER_OPERATORS else "is a higher-order operator normbridge does not run"
+    if target in python_callables().values():
+        return None
+    return "is not an ATen or prims operator"
+
+
+def check_program(document: Any, where: str) -> None:
+    """Refuse a serialized ExportedProgram (parsed JSON) that could make torch run code it does not hold as operators.
+
+    Raises:
+        InputFileError: naming `where` (file and entry), the key and the value that was refused.
+    """
+    if not isinstance(document, dict) or not isinstance(document.get("graph_module"), dict):
+        raise InputFileError(f"{where} is not a serialized torch.export program (no 'graph_module'); re-save the model with torch.export.save.")
+    guards = document.get("guards_code", [])
+    if not isinstance(guards, list):
+        _refuse(where, "guards_code", guards, "is not a list")
+    for guard in guards:
+        if problem := expression_problem(guard, guard=True):
+            _refuse(where, "guards_code", guard, problem)
+    _walk(document, where, key="")
+
+
+def _walk(value: Any, where: str, key: str) -> None:
+    if isinstance(value, dict):
+        if key in _VALUE_MAPS or key == "custom_obj_values":
+            if key == "custom_obj_values" and value:
+                _refuse(where, key, next(iter(value)), "is a TorchScript custom object, which is loaded by a pickle")
+            for name in value:
+                if not is_identifier(name):
+                    _refuse(where, key, name, "is not a Python identifier")
+        for child_key, child in value.items():
+            _check_entry(where, child_key, child)
+            _walk(child, where, child_key)
+    elif isinstance(value, list):
+        if key in _IDENTIFIER_LISTS:
+            for name in value:
+                if not is_identifier(name):
+                    _refuse(where, key, name, "is not a Python identifier")
+        for child in value:
+            _walk(child, where, key)
+
+
+def _check_entry(where: str, key: str, value: Any) -> None:
+    """The rule for one key of the document (keys without a rule carry data torch never evaluates)."""
+    if key in _CUSTOM_OBJECT_KEYS:
+        _refuse(where, key, value, "is a TorchScript custom object, which is loaded by a pickle")
+    if key in _NAME_KEYS and value not in (None, "") and not is_identifier(value):  # '' names a positional argument
+        _refuse(where, key, value, "is not a Python identifier")
+    elif key in _FQN_KEYS and not is_fqn(value, key):
+        _refuse(where, key, value, "is not a dotted attribute path")
+    elif key in ("target", "as_operator") and (problem := operator_problem(value)):
+        _refuse(where, key, value, problem)
+    elif key == "expr_str" and (problem := expression_problem(value, guard=False)):
+        _refuse(where, key, value, problem)
+
+
+def check_graph(program: Any, where: str) -> None:
+    """Refuse a deserialized ExportedProgram whose graphs call anything but the allowed operators (defence in depth)."""
+    import torch
+
+    allowed_python = set(python_callables())
+    modules = [m for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    for module in modules:
+        for node in module.graph.nodes:
+            if node.op not in ("placeholder", "get_attr", "call_function", "output"):
+                _refuse(where, "node", node.name, f"is a '{node.op}' node, which torch.export never writes")
+            if not is_identifier(node.name):
+                _refuse(where, "node", node.name, "is not a Python identifier")
+            if node.op == "call_function":
+                _check_callable(node.target, node.name, where, allowed_python)
+            for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+                if callable(leaf) and not isinstance(leaf, torch.fx.Node):
+                    _check_callable(leaf, node.name, where, allowed_python)
+
+
+def _check_callable(target: Any, node: str, where: str, allowed_python: set) -> None:
+    import torch
+
+    if isinstance(target, torch._ops.OpOverload):
+        packet = f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+        if target.namespace in ("aten", "prims") and packet not in FILE_OPERATORS:
+            return
+    elif isinstance(target, torch._ops.HigherOrderOperator):
+        if target.name() in HIGHER_ORDER_OPERATORS:
+            return
+    elif any(target is fn for fn in allowed_python):
+        return
+    _refuse(where, f"node '{node}'", getattr(target, "__name__", repr(target)), "calls something that is not an allowed ATen operator")
+
+
+def _refuse(where: str, key: str, value: Any, problem: str) -> None:
+    shown = repr(value) if len(repr(value)) <= 120 else repr(value)[:117] + "..."
+    raise InputFileError(
+        f"{where}: '{key}' {shown} {problem}, and loading it could run code; normbridge refuses the file: "
+        "re-export the model with torch.export.export and torch.export.save from code you trust.")
