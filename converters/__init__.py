@@ -16,7 +16,7 @@ from importlib import import_module
 from .api import convert, convert_with_report, from_spec, last_report, to_spec
 from .equivalence import check
 from .options import ConversionOptions
-from .registry import REGISTRY
+from .adapters import REGISTRY
 
 #: Lazily imported whole-model functions: name -> module in converters.models.
 _MODEL_TOOLS = {

@@ -16,7 +16,7 @@ from converters.onnx_adapter import FRAMEWORK, KIND_ADAPTERS, load_onnx, save_on
 from converters.onnx_adapter.metadata import KEY
 from converters.options import ConversionOptions
 from converters.probe import probe_input
-from converters.registry import AdapterRegistry
+from converters.adapters import AdapterRegistry
 from schemas import (
     InputFileError,
     LayerReport,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from converters.registry import REGISTRY, AdapterRegistry
+from converters.adapters import REGISTRY, AdapterRegistry
 from converters.torch_adapter import KIND_ADAPTERS
 from schemas import FRAMEWORKS, KINDS, AdapterNotFoundError, DuplicateAdapterError, UnsupportedObjectError
 

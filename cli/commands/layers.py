@@ -79,11 +79,10 @@ def check(
     """
     from converters import check as run_check
     from converters.options import ConversionOptions
-    from schemas import FRAMEWORKS
 
     from ..files import load_layer
 
-    result = run_check(load_layer(source), frameworks=framework or FRAMEWORKS, options=ConversionOptions(opset=opset))
+    result = run_check(load_layer(source), frameworks=framework or None, options=ConversionOptions(opset=opset))
     if json_output:
         print(result.to_json())
     else:

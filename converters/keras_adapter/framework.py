@@ -20,14 +20,6 @@ class KerasFramework(FrameworkAdapter):
 
     name = "keras"
 
-    def owns(self, obj: Any) -> bool:
-        """A class in obj's MRO comes from the `keras` package (no import needed to tell)."""
-        for cls in type(obj).__mro__:
-            module = getattr(cls, "__module__", "") or ""
-            if module == "keras" or module.startswith("keras."):
-                return True
-        return False
-
     def kind_of(self, obj: Any) -> str:
         layers = import_keras().layers
         for class_name, kind in _KINDS:

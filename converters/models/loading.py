@@ -69,9 +69,10 @@ def _load_keras(path: Path) -> Any:
 
 def framework_of_model(model: Any) -> str:
     """'torch', 'keras' or 'onnx' for a model object (ExportedProgram counts as torch)."""
-    for cls in type(model).__mro__:
-        module = getattr(cls, "__module__", "") or ""
-        for name in ("torch", "keras", "onnx"):
-            if module == name or module.startswith(name + "."):
-                return name
+    from ..adapter import owning_framework
+    from ..adapters import REGISTRY
+
+    name = owning_framework(model, REGISTRY.framework_names)
+    if name is not None:
+        return name
     raise InputFileError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected a PyTorch, Keras or ONNX model.")

@@ -8,7 +8,7 @@ from typing import Any
 from schemas import NormSpec, UnsupportedObjectError
 
 from ..api import read_spec
-from ..registry import REGISTRY
+from ..adapters import REGISTRY
 
 
 @dataclass(frozen=True)

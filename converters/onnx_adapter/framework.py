@@ -36,10 +36,6 @@ class OnnxFramework(FrameworkAdapter):
     name = "onnx"
     float32_attributes = True  # epsilon and momentum are float attributes (float32) in every ONNX op
 
-    def owns(self, obj: Any) -> bool:
-        modules = (getattr(c, "__module__", None) or "" for c in type(obj).__mro__)
-        return any(m == "onnx" or m.startswith("onnx.") for m in modules)
-
     def kind_of(self, obj: Any) -> str:
         return parse(obj).kind
 

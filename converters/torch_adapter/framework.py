@@ -11,7 +11,6 @@ import torch
 from schemas import UnsupportedObjectError
 
 from ..adapter import FrameworkAdapter
-from ..registry import _owns_by_module
 
 #: Checked in order: the first matching class decides the kind.
 KIND_CLASSES: tuple[tuple[type, str], ...] = (
@@ -28,7 +27,7 @@ class TorchFramework(FrameworkAdapter):
     name = "torch"
 
     def owns(self, obj: Any) -> bool:
-        return isinstance(obj, torch.nn.Module) and _owns_by_module(obj, "torch")
+        return isinstance(obj, torch.nn.Module) and super().owns(obj)
 
     def kind_of(self, obj: Any) -> str:
         if isinstance(obj, (torch.nn.SyncBatchNorm, torch.nn.modules.lazy.LazyModuleMixin)):

@@ -1,4 +1,4 @@
-"""The adapter registry, keyed by (framework, kind).
+"""The adapter registry: each framework's adapters, keyed by (framework, kind).
 
 Framework packages are listed here explicitly and imported on first use, so that
 converting a PyTorch layer to ONNX never pays for importing TensorFlow. Each package
@@ -15,9 +15,10 @@ from typing import Any
 
 from schemas import AdapterNotFoundError, DuplicateAdapterError, UnsupportedObjectError
 
-from .adapter import FrameworkAdapter, KindAdapter
+from .adapter import FrameworkAdapter, KindAdapter, owning_framework
 
-#: framework name -> package holding FRAMEWORK (a FrameworkAdapter) and KIND_ADAPTERS.
+#: framework name -> package holding FRAMEWORK (a FrameworkAdapter) and KIND_ADAPTERS. The name is also
+#: the top-level package the framework's own objects come from (that is how an object's owner is told).
 FRAMEWORK_PACKAGES: dict[str, str] = {
     "torch": "converters.torch_adapter",
     "keras": "converters.keras_adapter",
@@ -75,7 +76,8 @@ class AdapterRegistry:
 
     @property
     def framework_names(self) -> list[str]:
-        return sorted(self._packages)
+        """The registered frameworks, in registration order (the order `check` runs them)."""
+        return list(self._packages)
 
     def framework(self, name: str) -> FrameworkAdapter:
         self._load(name)
@@ -93,13 +95,12 @@ class AdapterRegistry:
             ) from None
 
     def framework_of(self, obj: Any) -> FrameworkAdapter:
-        """The framework adapter that owns `obj` (checked without importing other frameworks)."""
-        for name in self._packages:
-            package_owns = _owns_by_module(obj, name)
-            if package_owns:
-                adapter = self.framework(name)
-                if adapter.owns(obj):
-                    return adapter
+        """The framework adapter that owns the layer `obj` (told without importing other frameworks)."""
+        name = owning_framework(obj, self._packages)
+        if name is not None:
+            adapter = self.framework(name)
+            if adapter.owns(obj):
+                return adapter
         raise UnsupportedObjectError(
             f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a torch.nn.Module, a Keras layer or an onnx.ModelProto holding one normalization layer."
         )
@@ -109,16 +110,6 @@ class AdapterRegistry:
         for name in self._packages:
             self._load(name)
         return sorted(self._kinds)
-
-
-def _owns_by_module(obj: Any, framework: str) -> bool:
-    """Whether any class in obj's MRO comes from the framework's top-level package."""
-    prefix = {"torch": "torch", "keras": "keras", "onnx": "onnx"}.get(framework, framework)
-    for cls in type(obj).__mro__:
-        module = getattr(cls, "__module__", "") or ""
-        if module == prefix or module.startswith(prefix + "."):
-            return True
-    return False
 
 
 #: The process-wide registry the public API uses.
