@@ -47,7 +47,9 @@ def write_layer(obj: Any, spec: NormSpec, to: str, output: Path) -> Path:
 
 def keras_input_shape(spec: NormSpec) -> tuple:
     """Input shape (without batch) a Keras layer for `spec` accepts: unknown sizes except the normalised axes."""
-    if spec.kind in ("layer", "rms"):
+    from schemas.kinds import KIND_INFO
+
+    if KIND_INFO[spec.kind].trailing:
         rank = spec.input_rank or len(spec.normalized_shape) + 2
         return (None,) * (rank - 1 - len(spec.normalized_shape)) + tuple(spec.normalized_shape)
     rank = spec.input_rank or ((spec.spatial_rank or 2) + 2)

@@ -99,16 +99,11 @@ def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expe
         # The runtime updates with float32(momentum): allow |m - float32(m)| * |batch - running|.
         rounding = max(abs(m - as_float32(m)) for m in (target_spec.momentum_as(c) for c in ("batch_weight", "running_weight")))
         old_mean, old_var = (target_spec.tensors[n].astype(np.float64) for n in ("running_mean", "running_var"))
-        batch_mean, batch_var, count = _moments(target_spec, x_cf)
+        batch_mean, batch_var, count = reference.batch_moments(target_spec, x_cf)
         batch_var = batch_var * count / max(count - 1, 1)  # the larger of the two estimators bounds both
         tol_mean += rounding * float(np.max(np.abs(batch_mean - old_mean)))
         tol_var += rounding * float(np.max(np.abs(batch_var - old_var)))
     return tol_mean, tol_var
-
-
-def _moments(spec: NormSpec, x_cf: np.ndarray):
-    module = reference.instance if spec.kind == "instance" else reference.batch
-    return module.batch_moments(np.asarray(x_cf, np.float64))
 
 
 def _check_target(

@@ -22,6 +22,7 @@ from safetensors.numpy import save as st_save
 from schemas import NormSpec
 from schemas.atomic_io import atomic_write_folder
 from schemas.errors import InputFileError, NormbridgeError, SpecError
+from schemas.kinds import ONNX_INPUTS  # ONNX op type -> spec tensor name per input position
 from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, load_manifest, sha256_hex
 from schemas.tensors import tensors_identical
 
@@ -35,15 +36,6 @@ NAME_HINTS: dict[str, tuple[str, ...]] = {
     "running_mean": ("running_mean", "moving_mean"),
     "running_var": ("running_var", "moving_variance"),
     "num_batches_tracked": ("num_batches_tracked",),
-}
-
-#: ONNX op type -> spec tensor name per input position.
-ONNX_INPUTS: dict[str, dict[int, str]] = {
-    "BatchNormalization": {1: "scale", 2: "bias", 3: "running_mean", 4: "running_var"},
-    "LayerNormalization": {1: "scale", 2: "bias"},
-    "RMSNormalization": {1: "scale"},
-    "GroupNormalization": {1: "scale", 2: "bias"},
-    "InstanceNormalization": {1: "scale", 2: "bias"},
 }
 
 

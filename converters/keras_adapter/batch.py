@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_layout
@@ -33,7 +34,7 @@ class KerasBatchAdapter(KerasKindAdapter):
     """keras.layers.BatchNormalization (and UnbiasedBatchNormalization) <-> kind "batch"."""
 
     kind = "batch"
-    layer_classes = ("BatchNormalization",)
+    layer_classes = KIND_INFO["batch"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         from .unbiased_batch_normalization import UnbiasedBatchNormalization

@@ -7,12 +7,18 @@ from typing import Any
 import numpy as np
 
 from schemas import UnsupportedObjectError
+from schemas.kinds import KIND_INFO
 
 from ..adapter import FrameworkAdapter
 from .common import built_input_shape, group_layer_kind, import_keras, read_variable, write_variable
 
-#: keras.layers class -> kind, checked in order (GroupNormalization is decided per layer).
-_KINDS = (("BatchNormalization", "batch"), ("LayerNormalization", "layer"), ("RMSNormalization", "rms"), ("GroupNormalization", None))
+#: keras.layers class -> the kinds it computes, checked in order (a class of several kinds is decided per layer).
+_KINDS: dict[str, list[str]] = {}
+for _kind, _info in KIND_INFO.items():
+    for _name in _info.classes["keras"]:
+        _KINDS.setdefault(_name, []).append(_kind)
+#: How a layer of a class shared by several kinds is told apart.
+_DECIDE = {"GroupNormalization": group_layer_kind}
 
 
 class KerasFramework(FrameworkAdapter):
@@ -22,12 +28,13 @@ class KerasFramework(FrameworkAdapter):
 
     def kind_of(self, obj: Any) -> str:
         layers = import_keras().layers
-        for class_name, kind in _KINDS:
+        for class_name, kinds in _KINDS.items():
             if isinstance(obj, getattr(layers, class_name)):
-                return kind or group_layer_kind(obj)
+                return kinds[0] if len(kinds) == 1 else _DECIDE[class_name](obj)
+        names = list(_KINDS)
         raise UnsupportedObjectError(
-            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a keras.layers BatchNormalization, LayerNormalization, "
-            "RMSNormalization or GroupNormalization; pass the normalization layer itself, not a model or another layer.",
+            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a keras.layers {', '.join(names[:-1])} or {names[-1]}; "
+            "pass the normalization layer itself, not a model or another layer.",
             layer=getattr(obj, "name", None),
         )
 

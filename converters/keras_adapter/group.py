@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec
+from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
@@ -24,7 +25,7 @@ class KerasGroupAdapter(KerasKindAdapter):
     """keras.layers.GroupNormalization <-> kind "group"."""
 
     kind = "group"
-    layer_classes = ("GroupNormalization",)
+    layer_classes = KIND_INFO["group"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         return read_group_layer(self.layer_of(obj), report, "group")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import record_layout
@@ -22,7 +23,7 @@ class KerasInstanceAdapter(KerasKindAdapter):
     """keras.layers.GroupNormalization(groups=-1) <-> kind "instance" (Keras has no InstanceNorm layer)."""
 
     kind = "instance"
-    layer_classes = ("GroupNormalization",)
+    layer_classes = KIND_INFO["instance"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         return read_group_layer(self.layer_of(obj), report, "instance")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec, SpecError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from .common import (
@@ -25,7 +26,7 @@ class KerasLayerAdapter(KerasKindAdapter):
     """keras.layers.LayerNormalization <-> kind "layer"."""
 
     kind = "layer"
-    layer_classes = ("LayerNormalization",)
+    layer_classes = KIND_INFO["layer"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         layer = self.layer_of(obj)

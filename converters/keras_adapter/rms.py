@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from schemas import LayerReport, NormSpec
+from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
@@ -32,7 +33,7 @@ class KerasRmsAdapter(KerasKindAdapter):
     """keras.layers.RMSNormalization <-> kind "rms" (never a bias)."""
 
     kind = "rms"
-    layer_classes = ("RMSNormalization",)
+    layer_classes = KIND_INFO["rms"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         layer = self.layer_of(obj)

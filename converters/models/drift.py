@@ -24,6 +24,7 @@ import numpy as np
 
 from schemas import InputFileError, NormbridgeError, UnsupportedObjectError
 from schemas.floats import recover_from_float32
+from schemas.kinds import KIND_INFO
 from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 
 from .loading import framework_of_model
@@ -100,14 +101,7 @@ def _torch_module_moments(module, batches: Iterable[Sequence[np.ndarray]]) -> li
     return moments
 
 
-#: aten ops of a BatchNorm in an ExportedProgram (training IR and after decompositions).
-PROGRAM_BATCH_NORM_OPS = (
-    "aten::batch_norm",
-    "aten::_native_batch_norm_legit_no_training",
-    "aten::_native_batch_norm_legit_functional",
-    "aten::_native_batch_norm_legit",
-    "aten::native_batch_norm",
-)
+BATCH = KIND_INFO["batch"]
 
 
 def program_batchnorm_moments(program, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
@@ -128,7 +122,7 @@ def program_batchnorm_moments(program, batches: Iterable[Sequence[np.ndarray]], 
     class Recorder(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
             schema = getattr(target, "_schema", None)
-            if schema is None or schema.name not in PROGRAM_BATCH_NORM_OPS:
+            if schema is None or schema.name not in BATCH.aten_ops:
                 return super().call_function(target, args, kwargs)
             bound = normalize_function(target, args, kwargs, normalize_to_only_use_kwargs=True).kwargs
             running_mean, running_var = bound.get("running_mean"), bound.get("running_var")
@@ -179,9 +173,9 @@ def onnx_batchnorms(model) -> list[OnnxBatchNorm]:
 
     found = []
     for index, node in enumerate(model.graph.node):
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != BATCH.onnx_op or node.domain not in ("", "ai.onnx"):
             continue
-        eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), 1e-5)
+        eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), BATCH.default_eps["onnx"])
         mean_name = node.input[3]
         name = mean_name.removesuffix(".running_mean") if mean_name.endswith(".running_mean") else (node.name or node.output[0])
         found.append(OnnxBatchNorm(index, name, node.input[0], mean_name, node.input[4], recover_from_float32(eps)))

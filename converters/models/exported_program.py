@@ -20,31 +20,13 @@ from typing import Any
 import numpy as np
 
 from schemas import NormbridgeError, NormSpec, Source, SpecError
+from schemas.kinds import KIND_INFO
 
 #: aten op (schema name) -> kind.
-OP_KINDS: dict[str, str] = {
-    "aten::batch_norm": "batch",
-    "aten::native_batch_norm": "batch",
-    "aten::_native_batch_norm_legit": "batch",
-    "aten::_native_batch_norm_legit_no_training": "batch",
-    "aten::_native_batch_norm_legit_functional": "batch",
-    "aten::instance_norm": "instance",
-    "aten::group_norm": "group",
-    "aten::native_group_norm": "group",
-    "aten::layer_norm": "layer",
-    "aten::native_layer_norm": "layer",
-    "aten::rms_norm": "rms",
-    "aten::_fused_rms_norm": "rms",
-}
+OP_KINDS: dict[str, str] = {op: kind for kind, info in KIND_INFO.items() for op in info.aten_ops}
 
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
-MODULE_KINDS: dict[str, str] = {
-    **{f"BatchNorm{d}d": "batch" for d in (1, 2, 3)},
-    **{f"InstanceNorm{d}d": "instance" for d in (1, 2, 3)},
-    "GroupNorm": "group",
-    "LayerNorm": "layer",
-    "RMSNorm": "rms",
-}
+MODULE_KINDS: dict[str, str] = {name: kind for kind, info in KIND_INFO.items() for name in info.classes.get("torch", ())}
 
 #: Ops that only reshape, repeat or alias a tensor: followed back to find the parameter they read.
 _PASS_THROUGH = frozenset({"aten::repeat", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::clone", "aten::expand", "aten::detach"})
@@ -183,7 +165,8 @@ class _Reader:
         if eps is None:  # rms_norm(eps=None): finfo(dtype).eps, exactly as RMSNorm(eps=None)
             eps, eps_origin = float(np.finfo(dtype).eps), "dtype_eps"
         rank = None if x is None else len(x.shape)
-        if kind in ("batch", "instance"):
+        info = KIND_INFO[kind]
+        if info.running_stats:
             mean, var = a.get("running_mean"), a.get("running_var")
             tracked = mean is not None and var is not None
             reshaped = kind == "instance" and schema_name != "aten::instance_norm"
@@ -214,8 +197,8 @@ class _Reader:
             if rank is not None:
                 fields["input_rank"] = rank
         return NormSpec(
-            name=path, kind=kind, eps=float(eps), eps_origin=eps_origin, scale=weight is not None, bias=bias is not None and kind != "rms",
-            training=training if kind in ("batch", "instance") else False, dtype=dtype,
+            name=path, kind=kind, eps=float(eps), eps_origin=eps_origin, scale=weight is not None, bias=bias is not None and info.bias,
+            training=training if info.running_stats else False, dtype=dtype,
             source=Source(framework="torch", framework_version=self.version, layer_type=op),
             tensors={name: t for name, t in tensors.items() if t is not None}, **fields,
         )

@@ -14,11 +14,9 @@ import numpy as np
 
 from schemas import NormbridgeError, NormSpec, UnsupportedObjectError
 from schemas.inspection import LayerInspection, ModelInspection, StatsSummary
+from schemas.kinds import KIND_INFO
 
 from .hazards import LayerFacts, layer_hazards, model_hazards
-
-#: Kinds whose output depends on a train/eval flag (InstanceNorm only when it tracks statistics).
-_MODE_KINDS = ("batch", "instance")
 
 
 def inspect_path(path: str | Path) -> ModelInspection:
@@ -131,7 +129,8 @@ def _layer(index: int, facts: LayerFacts) -> LayerInspection:
 
 def mode_of(facts: LayerFacts) -> str:
     """train/eval where the layer's output depends on a mode, n/a elsewhere (and for Keras, whose mode is per call)."""
-    if facts.origin == "keras" or facts.kind not in _MODE_KINDS:
+    # Kinds whose output depends on a train/eval flag are those with running statistics (InstanceNorm only when it tracks them).
+    if facts.origin == "keras" or not KIND_INFO[facts.kind].running_stats:
         return "n/a"
     if facts.kind == "instance" and not facts.tracked:
         return "n/a"  # instance statistics are per sample in either mode

@@ -19,6 +19,7 @@ Four matchers, each reporting only what it can read exactly:
 from __future__ import annotations
 
 from schemas.floats import shortest_float32_decimal
+from schemas.kinds import KIND_INFO
 
 from .onnx_patterns_channels import (
     folded_candidate,
@@ -26,16 +27,10 @@ from .onnx_patterns_channels import (
     match_grouped_instance_norm,
 )
 from .onnx_patterns_graph import GraphIndex, attribute
-from .onnx_patterns_match import DEFAULT_EPS, Match
+from .onnx_patterns_match import Match
 from .onnx_patterns_moments import match_moments, statistic_root
 
-NATIVE_KINDS = {
-    "BatchNormalization": "batch",
-    "LayerNormalization": "layer",
-    "GroupNormalization": "group",
-    "InstanceNormalization": "instance",
-    "RMSNormalization": "rms",
-}
+NATIVE_KINDS = {info.onnx_op: kind for kind, info in KIND_INFO.items()}
 
 __all__ = ["Match", "find_matches", "folded_candidate"]
 
@@ -44,10 +39,11 @@ def match_native(index: GraphIndex, i: int) -> Match | None:
     node = index.nodes[i]
     if node.op_type not in NATIVE_KINDS or not index.default_domain(i) or not node.input or not node.output:
         return None
-    eps = attribute(node, "epsilon", DEFAULT_EPS)
-    training = node.op_type == "BatchNormalization" and attribute(node, "training_mode", 0) == 1
+    kind = NATIVE_KINDS[node.op_type]
+    eps = attribute(node, "epsilon", KIND_INFO[kind].default_eps["onnx"])
+    training = attribute(node, "training_mode", 0) == 1  # BatchNormalization's; the other ops have no mode
     return Match(
-        kind=NATIVE_KINDS[node.op_type], native=True, origin="native", name=node.name or node.output[0], nodes=[i],
+        kind=kind, native=True, origin="native", name=node.name or node.output[0], nodes=[i],
         input=node.input[0], output=node.output[0], eps=shortest_float32_decimal(eps), dtype=index.dtype(node.input[0]),
         rank=index.rank(node.input[0]), training_mode=training,
     )
@@ -61,7 +57,7 @@ def find_matches(index: GraphIndex) -> list[Match]:
     claimed: set[int] = set()
     matches: list[Match] = []
     for i, node in enumerate(index.nodes):
-        if node.op_type == "InstanceNormalization" and index.default_domain(i):
+        if node.op_type == KIND_INFO["instance"].onnx_op and index.default_domain(i):
             match = match_grouped_instance_norm(index, i, claimed)
             if match is not None:
                 claimed.update(match.nodes)

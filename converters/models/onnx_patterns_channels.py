@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.kinds import KIND_INFO
+
 from .onnx_patterns_graph import GraphIndex, attribute, same_shape, shape_chain
-from .onnx_patterns_match import DEFAULT_EPS, Match, origin_of, recover_eps, site_name
+from .onnx_patterns_match import Match, origin_of, recover_eps, site_name
+
+INSTANCE = KIND_INFO["instance"]
 
 
 def _per_channel(array: np.ndarray | None, rank: int, axis: int) -> np.ndarray | None:
@@ -43,7 +47,7 @@ def _affine_step(index: GraphIndex, tensor: str, op: str, rank: int, channels: i
 def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) -> Match | None:
     """GroupNorm as Reshape(x, [0, G, -1]) -> InstanceNormalization(ones, zeros) -> Reshape(shape(x)) -> Mul -> Add."""
     node = index.nodes[i]
-    if node.op_type != "InstanceNormalization" or i in claimed or len(node.input) < 3:
+    if node.op_type != INSTANCE.onnx_op or i in claimed or len(node.input) < 3:
         return None
     r_in = index.producer.get(node.input[0])
     if r_in is None or index.nodes[r_in].op_type != "Reshape" or r_in in claimed:
@@ -75,7 +79,7 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
         output = index.nodes[step[0]].output[0]
     if set(nodes) & claimed:
         return None
-    eps = attribute(node, "epsilon", DEFAULT_EPS)
+    eps = attribute(node, "epsilon", INSTANCE.default_eps["onnx"])
     dtype = index.dtype(xin)
     match = Match(
         kind="group", native=False, origin=origin_of(index, nodes), name="", nodes=sorted(set(nodes)), input=xin, output=output,

@@ -16,14 +16,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
-FLOAT_TYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+from schemas.kinds import KIND_INFO
+
+from ..onnx_adapter.proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
 #: Unary ops whose output has their input's shape: a dim of the output is the input's dim.
 SHAPE_PRESERVING = frozenset({"Identity", "Cast", "Relu", "Neg", "Sigmoid", "Tanh", "Erf", "Abs", "Sqrt", "Reciprocal", "Exp", "LeakyRelu", "Clip", "HardSigmoid", "Softplus"})
 #: Ops whose first output has the type and shape of their first input.
-SAME_TYPE_AND_SHAPE = (SHAPE_PRESERVING - {"Cast"}) | {
-    "BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization", "Softmax", "Dropout",
-}
+SAME_TYPE_AND_SHAPE = (SHAPE_PRESERVING - {"Cast"}) | {info.onnx_op for info in KIND_INFO.values()} | {"Softmax", "Dropout"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class GraphIndex:
         self.model = model
         self.graph = model.graph
         self.nodes = list(model.graph.node)
-        self.opset = max((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), default=0)
+        self.opset = opset_of(model)
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = {}
         for index, node in enumerate(self.nodes):

@@ -14,7 +14,6 @@ from schemas.floats import shortest_float32_decimal
 from .onnx_patterns_graph import GraphIndex
 
 PRODUCERS = {"pytorch": "torch.onnx", "tf2onnx": "tf2onnx", "normbridge": "normbridge"}
-DEFAULT_EPS = 1e-5
 
 
 @dataclass

@@ -18,20 +18,13 @@ from onnx import helper, numpy_helper
 
 from schemas import NormSpec
 from schemas.floats import as_float32
+from schemas.kinds import KIND_INFO
 
 from .onnx_patterns import Match, find_matches, folded_candidate
-from .onnx_patterns_graph import DEFAULT_DOMAINS, GraphIndex, attribute, subgraph_reads
+from ..onnx_adapter.proto import opset_of
+from .onnx_patterns_graph import GraphIndex, attribute, subgraph_reads
 from .onnx_sites import NormSite, require_model, site_of, spec_of_match
 
-#: The first opset holding each kind's native op (GroupNormalization-18 is deprecated, never written).
-NATIVE_OPSET = {"layer": 17, "rms": 23, "group": 21, "instance": 6, "batch": 9}
-NATIVE_OP = {
-    "layer": "LayerNormalization",
-    "rms": "RMSNormalization",
-    "group": "GroupNormalization",
-    "instance": "InstanceNormalization",
-    "batch": "BatchNormalization",
-}
 #: Relative tolerance of a folded BatchNorm's constants against the ones recomputed from a spec:
 #: TF folds them in float32 (rsqrt, a product and a difference), a few ulps at most.
 FOLD_ULPS = 16 * 2.0**-24
@@ -59,11 +52,11 @@ def rewrite_decompositions(
     current = _opset(result)
     index = GraphIndex(result)
     plans = _plans(index, source_specs, limit=opset)
-    needed = max((NATIVE_OPSET[m.kind] for m, _ in plans), default=current)
+    needed = max((KIND_INFO[m.kind].onnx_opset for m, _ in plans), default=current)
     if needed > current:
         converted = _convert(result, needed)
         if converted is None:
-            plans = [(m, s) for m, s in plans if NATIVE_OPSET[m.kind] <= current]
+            plans = [(m, s) for m, s in plans if KIND_INFO[m.kind].onnx_opset <= current]
         else:
             result, index = converted, GraphIndex(converted)
             plans = _plans(index, source_specs, limit=needed)
@@ -79,13 +72,13 @@ def rewrite_decompositions(
 
 
 def _opset(model: onnx.ModelProto) -> int:
-    return max((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), default=0)
+    return opset_of(model)
 
 
 def _rewritable(match: Match, limit: int) -> bool:
-    if match.native or NATIVE_OPSET[match.kind] > limit or match.dtype is None or match.rank is None or match.eps is None:
+    if match.native or KIND_INFO[match.kind].onnx_opset > limit or match.dtype is None or match.rank is None or match.eps is None:
         return False
-    if match.kind in ("layer", "rms"):
+    if KIND_INFO[match.kind].trailing:
         return match.dims is not None and match.axes is not None
     return match.channel_axis is not None and match.dims is not None
 
@@ -94,7 +87,7 @@ def _plans(index: GraphIndex, source_specs: list[NormSpec] | None, limit: int) -
     """(match, spec) pairs to rewrite: decompositions, and folded BatchNorms matched to a source spec."""
     matches = find_matches(index)
     plans: list[tuple[Match, NormSpec | None]] = [(m, None) for m in matches if not m.folded and _rewritable(m, limit)]
-    if source_specs is not None and NATIVE_OPSET["batch"] <= limit:
+    if source_specs is not None and KIND_INFO["batch"].onnx_opset <= limit:
         claimed = {i for m in matches if not m.folded for i in m.nodes}
         plans += _folded_plans(index, [s for s in source_specs if s.kind == "batch"], claimed)
     return sorted(plans, key=lambda plan: plan[0].start)
@@ -245,7 +238,8 @@ class _Rewrite:
     def emit(self, match: Match, spec: NormSpec | None) -> None:
         rank, frame = match.rank, list(match.frame)
         dtype = np.dtype(match.dtype)
-        if match.kind in ("layer", "rms"):
+        info = KIND_INFO[match.kind]
+        if info.trailing:
             order = [a for a in frame if a not in match.axes] + list(match.axes)
         else:
             c = match.channel_axis
@@ -257,13 +251,13 @@ class _Rewrite:
         ones, zeros = np.ones(shape, dtype), np.zeros(shape, dtype)
         stash = onnx.TensorProto.DOUBLE if match.dtype == "float64" else onnx.TensorProto.FLOAT
         eps = as_float32(match.eps)
-        op = NATIVE_OP[match.kind]
-        if match.kind == "batch":
+        op = info.onnx_op
+        if match.kind == "batch":  # a folded BatchNorm: its tensors and eps come from the source spec
             tensors = spec.tensors
             inputs = [
                 tensors["scale"] if spec.scale else ones, tensors["bias"] if spec.bias else zeros, tensors["running_mean"], tensors["running_var"],
             ]
-            names = [self.constant(f"{base}.{field}", array) for field, array in zip(("scale", "bias", "running_mean", "running_var"), inputs)]
+            names = [self.constant(f"{base}.{field}", array) for field, array in zip(info.onnx_inputs, inputs)]
             attributes = {"epsilon": eps}
             momentum = spec.momentum_as("running_weight")
             if momentum is not None:
@@ -272,9 +266,9 @@ class _Rewrite:
             # Coefficients were read in the widest type they met; the values are the graph's, so this cast is exact.
             names = [self.constant(f"{base}.scale", ones if match.scale is None else match.scale.astype(dtype))]
             # LayerNormalization may omit B, RMSNormalization has none; the channel ops need one.
-            if match.kind in ("group", "instance") or (match.kind == "layer" and match.bias is not None):
+            if not info.trailing or (info.bias and match.bias is not None):
                 names.append(self.constant(f"{base}.bias", zeros if match.bias is None else match.bias.astype(dtype)))
-            if match.kind in ("layer", "rms"):
+            if info.trailing:
                 attributes = {"axis": -len(match.axes), "epsilon": eps, "stash_type": stash}
             elif match.kind == "group":
                 attributes = {"num_groups": match.groups, "epsilon": eps, "stash_type": stash}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas import ConversionReport, LayerReport, NormSpec, SpecError, UnsupportedObjectError
+from schemas.kinds import KIND_INFO
 
 from ..api import read_spec, write_spec
 from ..options import ConversionOptions
@@ -155,7 +156,7 @@ def target_layers(model: Any) -> tuple[str, list[TargetLayer]]:
 
 def describe(spec: NormSpec) -> str:
     """Kind and shape of a layer as one phrase, e.g. 'batch num_features=16 (2d)'."""
-    if spec.kind in ("layer", "rms"):
+    if KIND_INFO[spec.kind].trailing:
         return f"{spec.kind} normalized_shape={list(spec.normalized_shape)}"
     text = f"{spec.kind} num_features={spec.num_features}"
     if spec.kind == "group":
@@ -166,7 +167,7 @@ def describe(spec: NormSpec) -> str:
 
 
 def _signature(spec: NormSpec) -> tuple:
-    if spec.kind in ("layer", "rms"):
+    if KIND_INFO[spec.kind].trailing:
         return (spec.kind, tuple(spec.normalized_shape))
     if spec.kind == "group" or (spec.kind == "instance" and not spec.track_running_stats):
         # GroupNorm with one group per channel computes InstanceNorm without statistics (and Keras has only the former).

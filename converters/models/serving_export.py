@@ -28,6 +28,7 @@ import numpy as np
 
 from schemas import CheckFailedError, NormbridgeError, NormSpec, UnsupportedObjectError
 from schemas.floats import recover_from_float32
+from schemas.kinds import KIND_INFO
 from schemas.serving import ExportResult, RewrittenSite, SiteVerification
 
 from .contract import contract_test
@@ -386,7 +387,7 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
             same = got.shape == expected.shape and np.array_equal(got.astype(np.float32), expected.astype(np.float32))
             note = "" if same else f"max |difference| {float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))):.3e}" if got.shape == expected.shape else "shape differs"
             entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "equal as float32" if same else "different", same, note))
-        if spec.kind in ("batch", "instance") and spec.track_running_stats:  # the kinds whose output depends on the mode
+        if KIND_INFO[spec.kind].running_stats and spec.track_running_stats:  # the layers whose output depends on the mode
             if spec.training:
                 entries.append(_entry(label, spec, spec.kind, "mode", "eval (serving)", "source layer in train mode", False,
                                       "call .eval() on the model before exporting; torch.onnx silently serves running statistics for it"))
@@ -468,9 +469,7 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
 
 
 def _native_op(kind: str) -> str:
-    from .onnx_rewrite import NATIVE_OP
-
-    return NATIVE_OP[kind]
+    return KIND_INFO[kind].onnx_op
 
 
 def _reason(result: ExportResult) -> str:

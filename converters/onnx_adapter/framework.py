@@ -13,7 +13,8 @@ from schemas import NotExpressibleError
 from ..adapter import FrameworkAdapter
 from .batch import OP as BATCH_NORM, TRAINING_MODE_VERSION
 from .graph import element_type
-from .reading import DEFAULT_DOMAINS, OnnxLayer, parse
+from .proto import DEFAULT_DOMAINS
+from .reading import OnnxLayer, parse
 
 
 def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import record_eps, record_layout, tensor_fate
@@ -40,7 +41,7 @@ def input_dims(spec: NormSpec) -> list[int | str]:
     InstanceNorm, (N, C, H, W) for GroupNorm and (N, T, *normalized_shape) for LayerNorm
     and RMSNorm: the shapes those layers are most used with (and converters.probe's).
     """
-    if spec.kind in ("layer", "rms"):
+    if KIND_INFO[spec.kind].trailing:
         rank = spec.input_rank or len(spec.normalized_shape) + 2
         leading = rank - len(spec.normalized_shape)
         return ["N"] + [f"D{i}" for i in range(1, leading)] + list(spec.normalized_shape)

@@ -17,8 +17,7 @@ from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
 
 from . import reading
 from .graph import op_version
-
-_DTYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+from .proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
 
 
 def node_layer(
@@ -30,14 +29,14 @@ def node_layer(
     elem_type: int | None,
 ) -> reading.OnnxLayer:
     """An OnnxLayer for `node` of `model`; `constants` maps tensor names to values, `shape` is X's (None dims unknown)."""
-    if node.op_type not in reading.NATIVE_KINDS or node.domain not in reading.DEFAULT_DOMAINS:
+    if node.op_type not in reading.NATIVE_KINDS or node.domain not in DEFAULT_DOMAINS:
         raise UnsupportedObjectError(f"node '{node.name}' is a {node.op_type}, expected one of {', '.join(reading.NATIVE_KINDS)}.")
-    opset = max((o.version for o in model.opset_import if o.domain in reading.DEFAULT_DOMAINS), default=0)
+    opset = opset_of(model)
     try:
         op_version(node.op_type, opset)
     except onnx.defs.SchemaError:
         raise UnsupportedObjectError(f"node '{node.name}': {node.op_type} does not exist at opset {opset}; fix the model's opset_import.") from None
-    if elem_type not in _DTYPES:
+    if elem_type not in FLOAT_TYPES:
         raise SpecError(
             f"the input '{node.input[0]}' of {node.op_type} has no known float element type, expected FLOAT16, FLOAT or DOUBLE; run shape inference on the model.",
             layer=node.name or None, setting="dtype",
@@ -49,7 +48,7 @@ def node_layer(
         )
     graph_inputs = frozenset(i.name for i in model.graph.input)
     return reading.OnnxLayer(
-        model, reading.NATIVE_KINDS[node.op_type], opset, node, node.input[0], _DTYPES[elem_type], tuple(shape), {}, constants, graph_inputs,
+        model, reading.NATIVE_KINDS[node.op_type], opset, node, node.input[0], FLOAT_TYPES[elem_type], tuple(shape), {}, constants, graph_inputs,
     )
 
 

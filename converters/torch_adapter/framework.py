@@ -9,18 +9,25 @@ import numpy as np
 import torch
 
 from schemas import UnsupportedObjectError
+from schemas.kinds import KIND_INFO
 
 from ..adapter import FrameworkAdapter
 
-#: Checked in order: the first matching class decides the kind.
-KIND_CLASSES: tuple[tuple[type, str], ...] = (
-    (torch.nn.modules.batchnorm._BatchNorm, "batch"),
-    (torch.nn.modules.instancenorm._InstanceNorm, "instance"),
-    (torch.nn.GroupNorm, "group"),
-    (torch.nn.LayerNorm, "layer"),
-    (torch.nn.RMSNorm, "rms"),
+#: Checked in order: the first kind one of whose stock classes `obj` is an instance of decides.
+KIND_CLASSES: tuple[tuple[tuple[type, ...], str], ...] = tuple(
+    (tuple(getattr(torch.nn, name) for name in info.classes["torch"]), kind) for kind, info in KIND_INFO.items()
 )
-SUPPORTED = "BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, GroupNorm, LayerNorm or RMSNorm"
+
+
+def _class_names(names: tuple[str, ...]) -> str:
+    """'BatchNorm1d/2d/3d' for the three ranks of one class, else the names joined by '/'."""
+    if len(names) > 1 and all(n[:-2] == names[0][:-2] and n[-1] == "d" for n in names):
+        return names[0] + "/" + "/".join(n[-2:] for n in names[1:])
+    return "/".join(names)
+
+
+_NAMES = [_class_names(info.classes["torch"]) for info in KIND_INFO.values()]
+SUPPORTED = ", ".join(_NAMES[:-1]) + " or " + _NAMES[-1]
 
 
 class TorchFramework(FrameworkAdapter):
@@ -34,10 +41,8 @@ class TorchFramework(FrameworkAdapter):
             raise UnsupportedObjectError(
                 f"got a {type(obj).__name__}, whose spatial rank or size is not fixed; convert it to BatchNorm{{1,2,3}}d (or materialise it) first."
             )
-        for cls, kind in KIND_CLASSES:
-            if isinstance(obj, cls):
-                if kind in ("batch", "instance") and not isinstance(obj, _fixed_rank_classes(kind)):
-                    break
+        for classes, kind in KIND_CLASSES:
+            if isinstance(obj, classes):
                 return kind
         raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.")
 
@@ -59,10 +64,3 @@ class TorchFramework(FrameworkAdapter):
         if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None:
             return y, module.running_mean.numpy().copy(), module.running_var.numpy().copy()
         return y, None, None
-
-
-def _fixed_rank_classes(kind: str) -> tuple[type, ...]:
-    from .batch import BATCH_CLASSES
-    from .instance import INSTANCE_CLASSES
-
-    return tuple((BATCH_CLASSES if kind == "batch" else INSTANCE_CLASSES).values())
