@@ -281,7 +281,7 @@ def _from_keras(model: Any) -> _Builder:
 def _from_onnx(model: Any) -> _Builder:
     from onnx import numpy_helper
 
-    from converters.models.onnx_sites import find_norm_sites
+    from converters.onnx_adapter.graph.sites import find_norm_sites
     from converters.onnx_adapter.files import _check
 
     _check(model, Path("<in-memory onnx.ModelProto>"))  # files were checked on load; objects are checked here

@@ -249,7 +249,7 @@ def folded_into_conv(model: Any) -> Hazard | None:
 
     if framework_of_model(model) != "onnx":
         return None
-    from .onnx_sites import batchnorm_folded_into_conv
+    from ..onnx_adapter.graph.sites import batchnorm_folded_into_conv
 
     if not batchnorm_folded_into_conv(model):
         return None

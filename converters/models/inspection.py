@@ -89,7 +89,7 @@ def _exported_facts(program: Any) -> list[LayerFacts]:
 
 
 def _onnx_facts(model: Any) -> list[LayerFacts]:
-    from .onnx_sites import find_norm_sites
+    from ..onnx_adapter.graph.sites import find_norm_sites
 
     facts = []
     for site in find_norm_sites(model):

@@ -7,7 +7,7 @@
    (or monitored by `drift`); constants are folded and dead nodes removed instead.
 2. Rewrite (on by default): decomposed LayerNorm/RMSNorm/GroupNorm/InstanceNorm subgraphs and
    tf2onnx's folded BatchNorms become the native ops with the source's exact eps
-   (`onnx_rewrite.rewrite_decompositions`).
+   (`onnx_adapter.graph.rewrite.rewrite_decompositions`).
 3. Verify every normalization site of the final graph against the source layer it came from:
    eps exact after float32 recovery, running statistics, scale and bias equal as float32, and
    mode (no batch statistics where the source is in eval; a source in train mode fails, since
@@ -153,11 +153,6 @@ def _export_keras(model, sample: Sample, opset: int) -> tuple[Any, str, list[str
 
 # --------------------------------------------------------------------------- Keras: BatchNorms folded into Conv weights
 
-#: Relative tolerance of a folded Conv kernel against the source kernel times the BatchNorm factor
-#: (TF's grappler folds in float32: a few ulps).
-FOLD_RTOL = 16 * 2.0**-24
-
-
 def _onnx_kernel(layer) -> np.ndarray | None:
     """A Keras convolution's kernel in ONNX Conv layout (out, in/groups, *window), or None for other layers."""
     from converters.keras_adapter.common import import_keras
@@ -174,9 +169,10 @@ def _onnx_kernel(layer) -> np.ndarray | None:
     return np.ascontiguousarray(np.transpose(kernel, (n + 1, n, *range(n))))
 
 
-def _conv_batchnorm_pairs(keras_model, specs: list[NormSpec]) -> list[tuple[str, np.ndarray, np.ndarray | None, NormSpec]]:
-    """(BatchNorm name, ONNX-layout kernel, conv bias, BatchNorm spec) for each Keras BatchNorm fed directly by a convolution."""
+def _conv_batchnorm_pairs(keras_model, specs: list[NormSpec]) -> list:
+    """Each Keras BatchNorm fed directly by a convolution, with the kernel in ONNX layout (graph.unfold.ConvBatchNorm)."""
     from converters.keras_adapter.common import import_keras
+    from converters.onnx_adapter.graph.unfold import ConvBatchNorm
 
     keras = import_keras()
     by_name = {s.name: s for s in specs if s.kind == "batch" and s.track_running_stats and not s.training}
@@ -192,121 +188,8 @@ def _conv_batchnorm_pairs(keras_model, specs: list[NormSpec]) -> list[tuple[str,
         if kernel is None:
             continue
         bias = keras.ops.convert_to_numpy(producer.bias) if getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None else None
-        pairs.append((layer.name, kernel, bias, by_name[layer.name]))
+        pairs.append(ConvBatchNorm(layer.name, kernel, bias, by_name[layer.name]))
     return pairs
-
-
-def _factor(spec: NormSpec) -> np.ndarray:
-    from .onnx_rewrite import folded_constants
-
-    return folded_constants(spec)[0]
-
-
-def _folded_offset(spec: NormSpec, conv_bias: np.ndarray | None, k: np.ndarray) -> np.ndarray:
-    """What folding adds after the Conv: conv_bias * k + (beta - mean * k)."""
-    from .onnx_rewrite import folded_constants
-
-    offset = folded_constants(spec)[1]
-    return offset if conv_bias is None else offset + conv_bias.astype(np.float64) * k
-
-
-def unfold_conv_batchnorms(model, keras_model, specs: list[NormSpec]):
-    """Undo TF's folding of a BatchNorm into the preceding Conv, using the source Keras model's kernels.
-
-    tf2onnx runs TF's grappler, whose constant folding multiplies each BatchNorm's factor
-    gamma / sqrt(var + eps) into the Conv kernel (a '.../merged_input' initializer); eps and the
-    statistics are then gone from the graph. A Conv whose kernel equals a source kernel times
-    that factor (to float32 rounding) gets the source kernel back, followed by Mul(factor) and
-    Add(offset): the folded-BatchNorm form that `rewrite_decompositions` turns into a native
-    BatchNormalization with the spec's exact tensors and eps. Returns (new model, unfolded layer names).
-    """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    candidates = _conv_batchnorm_pairs(keras_model, specs)
-    if not candidates:
-        return model, []
-    new = onnx.ModelProto()
-    new.CopyFrom(model)
-    graph = new.graph
-    initializers = {t.name: t for t in graph.initializer}
-    taken = set(initializers) | {n for node in graph.node for n in list(node.input) + list(node.output)}
-
-    def fresh(base: str) -> str:
-        name, count = base, 0
-        while name in taken:
-            count += 1
-            name = f"{base}_{count}"
-        taken.add(name)
-        return name
-
-    def constant(base: str, array: np.ndarray) -> str:
-        name = fresh(base)
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    nodes, unfolded = [], []
-    for node in graph.node:
-        nodes.append(node)
-        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in initializers or not candidates:
-            continue
-        folded = numpy_helper.to_array(initializers[node.input[1]])
-        match = None
-        for position, (name, kernel, bias, spec) in enumerate(candidates):
-            if kernel.shape != folded.shape:
-                continue
-            k = _factor(spec)
-            expected = kernel.astype(np.float64) * k.reshape((-1,) + (1,) * (kernel.ndim - 1))
-            if np.all(np.abs(folded.astype(np.float64) - expected) <= FOLD_RTOL * np.abs(expected) + np.finfo(np.float32).tiny):
-                match = position
-                break
-        if match is None:
-            continue
-        name, kernel, bias, spec = candidates.pop(match)
-        has_bias = len(node.input) > 2 and node.input[2] in initializers
-        k = _factor(spec)
-        dtype = folded.dtype
-        if has_bias:
-            merged = numpy_helper.to_array(initializers[node.input[2]]).astype(np.float64)
-        elif np.all(_folded_offset(spec, bias, k).astype(dtype) == 0):
-            # The folded bias is exactly zero (fresh statistics and a zero conv bias): the exporter
-            # dropped the Add of zeros, so there is nothing more to undo than the kernel.
-            merged = np.zeros(kernel.shape[0])
-        else:
-            candidates.insert(match, (name, kernel, bias, spec))
-            continue  # the conv bias went into a later Add together with the BatchNorm offset: leave it folded
-        node.input[1] = constant(f"{name}/normbridge_kernel", kernel.astype(dtype))
-        if bias is not None:
-            conv_bias = constant(f"{name}/normbridge_conv_bias", bias.astype(dtype))
-            if has_bias:
-                node.input[2] = conv_bias
-            else:
-                node.input.append(conv_bias)
-            offset = merged - bias.astype(np.float64) * k
-        else:
-            if has_bias:
-                del node.input[2]
-            offset = merged
-        output = node.output[0]
-        conv_out = fresh(f"{name}/normbridge_conv_out")
-        node.output[0] = conv_out
-        shape = (1, kernel.shape[0]) + (1,) * (kernel.ndim - 2)
-        scaled = output if offset is None else fresh(f"{name}/normbridge_scaled")
-        nodes.append(helper.make_node("Mul", [conv_out, constant(f"{name}/normbridge_factor", k.reshape(shape).astype(dtype))], [scaled],
-                                      name=fresh(f"{name}/batchnorm/normbridge_mul")))
-        if offset is not None:
-            nodes.append(helper.make_node("Add", [scaled, constant(f"{name}/normbridge_offset", offset.reshape(shape).astype(dtype))], [output],
-                                          name=fresh(f"{name}/batchnorm/normbridge_add")))
-        unfolded.append(name)
-    if not unfolded:
-        return model, []
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {n for node in graph.node for n in node.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    return new, unfolded
 
 
 # --------------------------------------------------------------------------- verification
@@ -417,7 +300,8 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     """
     from converters.onnx_adapter.files import save_onnx
 
-    from .onnx_sites import batchnorm_folded_into_conv, find_norm_sites
+    from converters.onnx_adapter.graph.sites import batchnorm_folded_into_conv, find_norm_sites
+    from converters.onnx_adapter.graph.unfold import unfold_conv_batchnorms
 
     if isinstance(model, (str, Path)):
         model = load_model(model)
@@ -437,13 +321,13 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     rewritten: list[RewrittenSite] = []
     final = exported
     if rewrite:
-        from .onnx_rewrite import rewrite_decompositions
+        from converters.onnx_adapter.graph.rewrite import rewrite_decompositions
 
         try:
             unfolded: list[str] = []
             candidate = exported
             if framework == "keras":
-                candidate, unfolded = unfold_conv_batchnorms(candidate, model, specs)
+                candidate, unfolded = unfold_conv_batchnorms(candidate, _conv_batchnorm_pairs(model, specs))
             final, sites = rewrite_decompositions(candidate, opset, specs)
             rewritten = [RewrittenSite(name=s.name, kind=s.kind, from_ops=list(s.op_types), to_op=_native_op(s.kind), eps=s.eps) for s in sites]
             if unfolded:

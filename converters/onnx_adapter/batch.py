@@ -19,7 +19,7 @@ from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches
 from . import metadata, reading
-from .graph import INPUT, OUTPUT, LayerGraph, op_version
+from .layer_graph import INPUT, OUTPUT, LayerGraph, op_version
 
 INFO = KIND_INFO["batch"]
 OP = INFO.onnx_op

@@ -25,7 +25,7 @@ from schemas.kinds import KIND_INFO
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from . import metadata, reading
-from .graph import INPUT, LayerGraph, element_type
+from .layer_graph import INPUT, LayerGraph, element_type
 from .reading import OnnxLayer
 
 #: ReduceMean takes `axes` as an input from ReduceMean-18, as an attribute before.

@@ -12,7 +12,7 @@ from schemas import NotExpressibleError
 
 from ..adapter import FrameworkAdapter
 from .batch import OP as BATCH_NORM, TRAINING_MODE_VERSION
-from .graph import element_type
+from .layer_graph import element_type
 from .proto import DEFAULT_DOMAINS
 from .reading import OnnxLayer, parse
 

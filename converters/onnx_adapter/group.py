@@ -13,7 +13,7 @@ from schemas import LayerReport, NormSpec, SpecError
 from schemas.kinds import KIND_INFO
 
 from . import decompositions, metadata, reading
-from .graph import stash_type
+from .layer_graph import stash_type
 
 INFO = KIND_INFO["group"]
 OP = INFO.onnx_op

@@ -14,7 +14,7 @@ from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from . import metadata, reading
 from .batch import emit_batch_norm, read_batch_norm
-from .graph import INPUT, LayerGraph, op_version
+from .layer_graph import INPUT, LayerGraph, op_version
 
 OP = KIND_INFO["instance"].onnx_op
 

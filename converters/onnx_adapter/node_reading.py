@@ -16,7 +16,7 @@ import onnx
 from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
 
 from . import reading
-from .graph import op_version
+from .layer_graph import op_version
 from .proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
 
 

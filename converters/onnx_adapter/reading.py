@@ -21,7 +21,7 @@ from schemas.kinds import KIND_INFO
 
 from ..options import MIN_OPSET
 from . import metadata
-from .graph import op_version
+from .layer_graph import op_version
 from .proto import DEFAULT_DOMAINS, FLOAT_TYPES
 
 #: Native op -> kind.

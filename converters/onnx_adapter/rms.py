@@ -5,7 +5,7 @@ from __future__ import annotations
 from schemas.kinds import KIND_INFO
 
 from . import decompositions, reading
-from .graph import stash_type
+from .layer_graph import stash_type
 
 INFO = KIND_INFO["rms"]
 

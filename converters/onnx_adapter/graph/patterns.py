@@ -5,7 +5,7 @@ Four matchers, each reporting only what it can read exactly:
 - native nodes (BatchNormalization, LayerNormalization, GroupNormalization, InstanceNormalization,
   RMSNormalization);
 - statistics decompositions (`moments`): from each tensor X that a ReduceMean or
-  GlobalAveragePool reads, the subgraph is read with `onnx_patterns_algebra` and reported when
+  GlobalAveragePool reads, the subgraph is read with `algebra` and reported when
   it computes (X - mean) / sqrt(var + eps) * g + b or X / sqrt(mean(X^2) + eps) * g. This covers
   torch.onnx's RMSNorm (below opset 23), tf2onnx's LayerNormalization, RMSNormalization and
   GroupNormalization (the last after a Reshape that splits the channels into groups) and
@@ -21,14 +21,14 @@ from __future__ import annotations
 from schemas.floats import shortest_float32_decimal
 from schemas.kinds import KIND_INFO
 
-from .onnx_patterns_channels import (
+from .channels import (
     folded_candidate,
     match_folded_by_name,
     match_grouped_instance_norm,
 )
-from .onnx_patterns_graph import GraphIndex, attribute
-from .onnx_patterns_match import Match
-from .onnx_patterns_moments import match_moments, statistic_root
+from .index import GraphIndex, attribute
+from .match import Match
+from .moments import match_moments, statistic_root
 
 NATIVE_KINDS = {info.onnx_op: kind for kind, info in KIND_INFO.items()}
 

@@ -5,7 +5,7 @@ GroupNorm below opset 21 as primitive ops, tf2onnx (Keras `model.export(format="
 writes LayerNormalization, RMSNormalization and GroupNormalization as moments arithmetic and
 folds BatchNormalization into a Mul and an Add, and torch.onnx folds an eval BatchNorm into the
 preceding Conv. `find_norm_sites` reports each of them as the layer it is, with its eps read
-back exactly; the matchers themselves live in `onnx_patterns`.
+back exactly; the matchers themselves live in `patterns`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import onnx
 
 from schemas import NormbridgeError, NormSpec, Source, UnsupportedObjectError
 
-from .onnx_patterns import Match, find_matches
-from .onnx_patterns_graph import GraphIndex
+from .patterns import Match, find_matches
+from .index import GraphIndex
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def site_of(index: GraphIndex, match: Match, single: NormSpec | None = None, spe
 
 def _single_layer_spec(model: onnx.ModelProto) -> NormSpec | None:
     """The full spec (metadata included) when the model is a one-layer model normbridge can read."""
-    from ..onnx_adapter import metadata, reading
+    from .. import metadata, reading
 
     if len(model.graph.node) != 1 and not any(prop.key == metadata.KEY for prop in model.metadata_props):
         return None  # not a one-layer model: skip parse(), which would read every weight first
@@ -108,7 +108,7 @@ def _single_layer_spec(model: onnx.ModelProto) -> NormSpec | None:
         reading.parse(model)
     except NormbridgeError:
         return None
-    from ..api import to_spec
+    from ...api import to_spec
 
     try:
         return to_spec(model)
@@ -127,7 +127,7 @@ def spec_of_match(index: GraphIndex, match: Match) -> NormSpec | None:
 
 
 def _native_spec(index: GraphIndex, match: Match) -> NormSpec:
-    from ..onnx_adapter.node_reading import node_layer, read_node
+    from ..node_reading import node_layer, read_node
 
     node = index.nodes[match.nodes[0]]
     dims = index.dims(node.input[0])

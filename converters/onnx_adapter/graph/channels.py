@@ -13,8 +13,8 @@ import numpy as np
 
 from schemas.kinds import KIND_INFO
 
-from .onnx_patterns_graph import GraphIndex, attribute, same_shape, shape_chain
-from .onnx_patterns_match import Match, origin_of, recover_eps, site_name
+from .index import GraphIndex, attribute, same_shape, shape_chain
+from .match import Match, origin_of, recover_eps, site_name
 
 INSTANCE = KIND_INFO["instance"]
 

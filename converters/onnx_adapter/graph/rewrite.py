@@ -20,10 +20,10 @@ from schemas import NormSpec
 from schemas.floats import as_float32
 from schemas.kinds import KIND_INFO
 
-from .onnx_patterns import Match, find_matches, folded_candidate
-from ..onnx_adapter.proto import opset_of
-from .onnx_patterns_graph import GraphIndex, attribute, subgraph_reads
-from .onnx_sites import NormSite, require_model, site_of, spec_of_match
+from .patterns import Match, find_matches, folded_candidate
+from ..proto import opset_of
+from .index import GraphIndex, attribute, subgraph_reads
+from .sites import NormSite, require_model, site_of, spec_of_match
 
 #: Relative tolerance of a folded BatchNorm's constants against the ones recomputed from a spec:
 #: TF folds them in float32 (rsqrt, a product and a difference), a few ulps at most.

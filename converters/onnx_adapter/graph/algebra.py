@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .onnx_patterns_graph import DimValue
+from .index import DimValue
 
 Label = int | None
 #: ("X",) | ("M", A) | ("V", A) | ("Q", A) | ("SD", "V" or "Q", A, eps, eps dtype)

@@ -11,7 +11,7 @@ import onnx
 
 from schemas.floats import shortest_float32_decimal
 
-from .onnx_patterns_graph import GraphIndex
+from .index import GraphIndex
 
 PRODUCERS = {"pytorch": "torch.onnx", "tf2onnx": "tf2onnx", "normbridge": "normbridge"}
 

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from schemas.kinds import KIND_INFO
 
-from ..onnx_adapter.proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
+from ..proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
 #: Unary ops whose output has their input's shape: a dim of the output is the input's dim.
 SHAPE_PRESERVING = frozenset({"Identity", "Cast", "Relu", "Neg", "Sigmoid", "Tanh", "Erf", "Abs", "Sqrt", "Reciprocal", "Exp", "LeakyRelu", "Clip", "HardSigmoid", "Softplus"})
 #: Ops whose first output has the type and shape of their first input.
