@@ -1,10 +1,11 @@
-"""The adapter registry: each framework's adapters, keyed by (framework, kind).
+"""The adapter registry: each framework's FrameworkAdapter, ModelAdapter and KindAdapters, keyed by (framework, kind).
 
 Framework packages are listed here explicitly and imported on first use, so that
 converting a PyTorch layer to ONNX never pays for importing TensorFlow. Each package
-declares its adapters in an explicit `KIND_ADAPTERS` table (no `import *` that could
-silently drop a module); registering a pair twice raises, and asking for a missing
-pair lists what is available.
+declares `FRAMEWORK` (a FrameworkAdapter), `KIND_ADAPTERS` (kind -> KindAdapter class, one
+module per kind, `adapter.kind_adapters`) and `MODEL` (a ModelAdapter, read only when a
+whole-model tool asks for it); registering a pair twice raises, and asking for a missing one
+lists what is available.
 """
 
 from __future__ import annotations
@@ -13,25 +14,34 @@ import importlib
 import threading
 from typing import Any
 
-from schemas import AdapterNotFoundError, DuplicateAdapterError, UnsupportedObjectError
+from schemas import AdapterNotFoundError, DuplicateAdapterError, InputFileError, UnsupportedObjectError
 
 from .adapter import FrameworkAdapter, KindAdapter, owning_framework
+from .model_adapter import ModelAdapter
 
-#: framework name -> package holding FRAMEWORK (a FrameworkAdapter) and KIND_ADAPTERS. The name is also
-#: the top-level package the framework's own objects come from (that is how an object's owner is told).
+#: framework name -> package holding FRAMEWORK, KIND_ADAPTERS and MODEL. The name is also the
+#: top-level package the framework's own objects come from (that is how an object's owner is told).
 FRAMEWORK_PACKAGES: dict[str, str] = {
     "torch": "converters.torch_adapter",
     "keras": "converters.keras_adapter",
     "onnx": "converters.onnx_adapter",
 }
 
+#: Model file suffix -> (framework whose ModelAdapter loads it, the format as named in messages).
+MODEL_FILES: dict[str, tuple[str, str]] = {
+    ".pt2": ("torch", ".pt2 (torch.export)"),
+    ".keras": ("keras", ".keras"),
+    ".onnx": ("onnx", ".onnx"),
+}
+
 
 class AdapterRegistry:
-    """Holds framework adapters and (framework, kind) adapters; loads packages lazily."""
+    """Holds framework, model and (framework, kind) adapters; loads packages lazily."""
 
     def __init__(self, packages: dict[str, str] | None = None):
         self._packages = dict(FRAMEWORK_PACKAGES if packages is None else packages)
         self._frameworks: dict[str, FrameworkAdapter] = {}
+        self._models: dict[str, ModelAdapter] = {}
         self._kinds: dict[tuple[str, str], KindAdapter] = {}
         self._lock = threading.RLock()
 
@@ -54,15 +64,18 @@ class AdapterRegistry:
                 )
             self._kinds[key] = adapter
 
+    def _package(self, framework: str):
+        if framework not in self._packages:
+            raise AdapterNotFoundError(
+                f"unknown framework '{framework}'; currently registered frameworks are {', '.join(sorted(self._packages))}."
+            )
+        return importlib.import_module(self._packages[framework])
+
     def _load(self, framework: str) -> None:
         with self._lock:
             if framework in self._frameworks:
                 return
-            if framework not in self._packages:
-                raise AdapterNotFoundError(
-                    f"unknown framework '{framework}'; currently registered frameworks are {', '.join(sorted(self._packages))}."
-                )
-            module = importlib.import_module(self._packages[framework])
+            module = self._package(framework)
             self.add_framework(module.FRAMEWORK)
             for kind, adapter_class in module.KIND_ADAPTERS.items():
                 adapter = adapter_class()
@@ -104,6 +117,31 @@ class AdapterRegistry:
         raise UnsupportedObjectError(
             f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a torch.nn.Module, a Keras layer or an onnx.ModelProto holding one normalization layer."
         )
+
+    def model_adapter(self, name: str) -> ModelAdapter:
+        """The whole-model adapter of framework `name` (its package's MODEL)."""
+        with self._lock:
+            if name not in self._models:
+                module = self._package(name)
+                adapter = getattr(module, "MODEL", None)
+                if not isinstance(adapter, ModelAdapter) or adapter.framework != name:
+                    raise AdapterNotFoundError(
+                        f"framework '{name}' has no model adapter ({self._packages[name]}.MODEL is a {type(adapter).__name__}, expected a "
+                        f"ModelAdapter for '{name}'); whole models of it cannot be read."
+                    )
+                self._models[name] = adapter
+            return self._models[name]
+
+    def model_framework(self, model: Any) -> str:
+        """The framework that owns the whole model `model` (an ExportedProgram is torch's)."""
+        name = owning_framework(model, self._packages)
+        if name is None:
+            raise InputFileError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected a PyTorch, Keras or ONNX model.")
+        return name
+
+    def model_adapter_of(self, model: Any) -> ModelAdapter:
+        """The model adapter of the framework that owns `model`."""
+        return self.model_adapter(self.model_framework(model))
 
     def pairs(self) -> list[tuple[str, str]]:
         """Every registered (framework, kind) pair, loading all frameworks."""

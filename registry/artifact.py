@@ -241,7 +241,7 @@ def _from_torch_module(module: Any) -> _Builder:
 
 
 def _from_exported(program: Any) -> _Builder:
-    from converters.models.exported_program import exported_specs
+    from converters.torch_adapter.exported_program import exported_specs
 
     builder = _Builder("torch", "pt2")
     specs = _read(lambda: exported_specs(program), None)
@@ -340,7 +340,7 @@ def extract_artifact(model: Any, lineage: Lineage | None = None) -> Artifact:
 
 
 def _builder_for(model: Any) -> _Builder:
-    from converters.models.exported_program import is_exported_program
+    from converters.torch_adapter.exported_program import is_exported_program
     from converters.models.loading import framework_of_model
 
     if isinstance(model, NormSpec):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from converters.models.exported_program import exported_norm_layers, exported_specs
+from converters.torch_adapter.exported_program import exported_norm_layers, exported_specs
 from converters.models.inspection import inspect_model, inspect_path
 from converters.models.walking import norm_layers, spec_of
 from schemas import spec_differences

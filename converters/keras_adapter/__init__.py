@@ -1,4 +1,4 @@
-"""Keras 3 adapter: keras.layers normalization layers <-> NormSpec.
+"""Keras 3 adapter: keras.layers normalization layers <-> NormSpec, and whole keras.Model networks.
 
 Importing this package does not import Keras: the kind modules import it when a
 conversion runs, so the registry can list adapters without paying for TensorFlow.
@@ -9,9 +9,11 @@ from .framework import KerasFramework
 from .group import KerasGroupAdapter
 from .instance import KerasInstanceAdapter
 from .layer import KerasLayerAdapter
+from .model import KerasModelAdapter
 from .rms import KerasRmsAdapter
 
 FRAMEWORK = KerasFramework()
+MODEL = KerasModelAdapter()
 
 KIND_ADAPTERS = {
     "batch": KerasBatchAdapter,

@@ -16,8 +16,6 @@ pass or fail by accident. The file as written is what other runtimes execute.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,37 +30,15 @@ from schemas.serving import (
     Tolerance,
 )
 
-from .loading import framework_of_model, load_model
-from .samples import (
-    DEFAULT_BATCH,
-    DEFAULT_SEED,
-    InputSpec,
-    Sample,
-    as_sample,
-    input_specs,
-    merge_specs,
-)
+from ..adapters import REGISTRY
+from ..model_values import ModelRunner, Outputs
+from .loading import load_model
+from .samples import DEFAULT_BATCH, DEFAULT_SEED, Sample, as_sample, merge_specs
 
 #: (atol, rtol) per output dtype for a whole model: |serving - source| <= atol + rtol * |source|.
 #: Looser than one layer's (converters.equivalence.TOLERANCES): a network accumulates float32
 #: reordering through every Conv and MatMul, and exporters fuse or reorder ops.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {"float16": (1e-2, 1e-2), "float32": (1e-4, 1e-3), "float64": (1e-8, 1e-7)}
-
-Outputs = list[np.ndarray]
-
-
-class ModelRunner:
-    """A model as a function from a tuple of input arrays to a list of output arrays."""
-
-    def __init__(self, run: Callable[[Sequence[np.ndarray]], Outputs], description: str, specs: list[InputSpec],
-                 findings: list[str] | None = None, output_names: list[str] | None = None, runtime: str = ""):
-        self.run, self.description, self.specs = run, description, specs
-        self.findings = findings or []
-        self.output_names = output_names
-        self.runtime = runtime
-
-    def __call__(self, arrays: Sequence[np.ndarray]) -> Outputs:
-        return [np.asarray(o) for o in self.run(arrays)]
 
 
 # --------------------------------------------------------------------------- source side
@@ -72,164 +48,17 @@ def source_runner(source: Any) -> ModelRunner:
     """Runner for a torch nn.Module (deep copy in eval), an ExportedProgram or a Keras model (training=False)."""
     if isinstance(source, (str, Path)):
         source = load_model(source)
-    framework = framework_of_model(source)
-    if framework == "keras":
-        return _keras_runner(source)
-    if framework == "torch":
-        import torch
-
-        if isinstance(source, torch.export.ExportedProgram):
-            return _program_runner(source)
-        if isinstance(source, torch.nn.Module):
-            return _module_runner(source)
-    raise InputFileError(f"the source must be a torch.nn.Module, a torch ExportedProgram (.pt2) or a Keras model (.keras); got a {type(source).__name__}.")
-
-
-def _flatten(value: Any) -> Outputs:
-    """Model outputs as a flat list: tensors, and tuples, lists or dicts of them, in order."""
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in _flatten(v)]
-    if isinstance(value, (list, tuple)):
-        return [a for v in value for a in _flatten(v)]
-    if hasattr(value, "detach"):
-        return [value.detach().cpu().numpy()]
-    return [np.asarray(value)]
-
-
-def _module_runner(module) -> ModelRunner:
-    import torch
-
-    served = copy.deepcopy(module).eval()
-    mode_dependent = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd)
-    in_train = [f"{type(m).__name__} '{name or type(m).__name__}'" for name, m in module.named_modules() if m.training and isinstance(m, mode_dependent)]
-    findings = []
-    if in_train:
-        shown = ", ".join(in_train[:4]) + (f" and {len(in_train) - 4} more" if len(in_train) > 4 else "")
-        findings.append(f"source module is in train mode ({shown}); the contract replays a deep copy in eval mode, which is what serving must compute")
-
-    def run(arrays):
-        with torch.no_grad():
-            return _flatten(served(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]))
-
-    return ModelRunner(run, f"torch {type(module).__name__} (deep copy in eval mode)", [], findings)
-
-
-def exported_program_train_ops(program) -> list[str]:
-    """Nodes of an ExportedProgram that compute in train mode (batch statistics, active dropout).
-
-    A module exported while in `.train()` keeps `training=True` in its graph; an ExportedProgram
-    cannot be switched to eval (`.module().eval()` raises NotImplementedError in torch 2.x).
-    """
-    from torch.fx.operator_schemas import normalize_function
-
-    found = []
-    for node in program.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None:
-            continue
-        if not any(word in schema.name for word in ("batch_norm", "dropout")):
-            continue
-        normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-        kwargs = normalized.kwargs if normalized else {}
-        flag = kwargs.get("training", kwargs.get("train"))
-        if flag is True:
-            found.append(f"'{node.name}' ({schema.name} with {'training' if 'training' in kwargs else 'train'}=True)")
-    return found
-
-
-def _program_runner(program) -> ModelRunner:
-    import torch
-
-    module = program.module()
-    train_ops = exported_program_train_ops(program)
-    findings = []
-    if train_ops:
-        findings.append(
-            f"source ExportedProgram computes in train mode at {', '.join(train_ops)}: it was exported from a module in .train() and "
-            "cannot be switched to eval; export the module again after .eval()"
-        )
-
-    def run(arrays):
-        with torch.no_grad():
-            return _flatten(module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]))
-
-    return ModelRunner(run, "torch ExportedProgram (as traced)", input_specs(program), findings)
-
-
-def _keras_runner(model) -> ModelRunner:
-    from converters.keras_adapter.common import import_keras
-
-    keras = import_keras()
-    specs = input_specs(model)
-
-    def run(arrays):
-        inputs = arrays[0] if len(arrays) == 1 else list(arrays)
-        return [keras.ops.convert_to_numpy(o) for o in _flatten_keras(model(inputs, training=False))]
-
-    return ModelRunner(run, f"keras {type(model).__name__} '{model.name}' (training=False)", specs)
-
-
-def _flatten_keras(value: Any) -> list:
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in _flatten_keras(v)]
-    if isinstance(value, (list, tuple)):
-        return [a for v in value for a in _flatten_keras(v)]
-    return [value]
+    return REGISTRY.model_adapter_of(source).source_runner(source)
 
 
 # --------------------------------------------------------------------------- serving side
 
 
-def onnx_train_mode_nodes(model) -> list[str]:
-    """BatchNormalization nodes with training_mode=1 and Dropout nodes whose training_mode input is a true constant."""
-    from onnx import helper, numpy_helper
-
-    constants = {i.name: i for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = node.attribute[0].t
-    found = []
-    for node in model.graph.node:
-        name = node.name or node.output[0]
-        if node.op_type == "BatchNormalization":
-            mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "training_mode"), 0)
-            if mode:
-                found.append(f"BatchNormalization '{name}' has training_mode=1 (normalizes with batch statistics)")
-        elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2] in constants and _true(numpy_helper.to_array(constants[node.input[2]])):
-            found.append(f"Dropout '{name}' has training_mode=1 (drops activations at random when run as written)")
-    return found
-
-
-def _true(value: np.ndarray) -> bool:
-    return bool(np.asarray(value).reshape(-1)[0])
-
-
 def serving_runner(model: Any, optimized: bool = False) -> ModelRunner:
     """Runner for an onnx.ModelProto (or .onnx path) on onnxruntime's CPU provider, as written unless `optimized`."""
-    import onnxruntime
-
     if isinstance(model, (str, Path)):
         model = load_model(model)
-    if framework_of_model(model) != "onnx":
-        raise InputFileError(f"the serving model must be an ONNX model (.onnx); got a {type(model).__name__}.")
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-    if not optimized:
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise InputFileError(f"onnxruntime cannot load the serving model ({str(error).strip().splitlines()[0]}); check the opset and ops it uses.") from error
-    names = [i.name for i in session.get_inputs()]
-
-    def run(arrays):
-        return session.run(None, dict(zip(names, arrays)))
-
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    graph = model.graph.name or "graph"
-    runtime = f"onnxruntime {onnxruntime.__version__} CPU, graph optimizations {'enabled' if optimized else 'disabled (graph as written)'}"
-    return ModelRunner(run, f"onnx '{graph}' opset {opset}, {len(model.graph.node)} nodes", input_specs(model),
-                       onnx_train_mode_nodes(model), [o.name for o in session.get_outputs()], runtime)
+    return REGISTRY.model_adapter_of(model).serving_runner(model, optimized)
 
 
 # --------------------------------------------------------------------------- the tests

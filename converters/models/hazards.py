@@ -1,22 +1,22 @@
-"""The hazards `inspect` detects, one function each, listed explicitly in LAYER_HAZARDS and MODEL_HAZARDS.
+"""The hazards `inspect` detects in a layer, one function each, listed explicitly in LAYER_HAZARDS.
 
-A layer hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a
-`Hazard` or None. Severities: outputs that depend on the batch are errors; state that looks
+A hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a
+`Hazard` or None; hazards of a model as a whole come from its model adapter (`model_hazards`). Severities: outputs that depend on the batch are errors; state that looks
 untrained or can no longer be checked is a warning; settings that are unusual but may be
 intended are info.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from schemas import NormSpec
 from schemas.floats import as_float32
 from schemas.inspection import Hazard
 from schemas.kinds import KIND_INFO
+
+from ..model_values import LayerFacts
 
 #: How a hazard names the default of each framework (KindInfo.default_eps holds the values); another
 #: framework's is called "the <name> default".
@@ -30,33 +30,6 @@ EXPORTERS = {
     "normbridge": "normbridge (below the native opset)",
     "exported_program": "torch.export's run_decompositions",
 }
-
-
-@dataclass(frozen=True)
-class LayerFacts:
-    """What inspection found about one layer, in terms every hazard can read.
-
-    `framework` decides whose defaults apply (torch, keras or onnx); `origin` where the layer
-    was found. `training` is the layer's mode where it has one that matters. `eps` is given
-    separately for ONNX sites whose spec could not be built.
-    """
-
-    path: str
-    kind: str
-    framework: str
-    origin: str
-    layer_type: str
-    spec: NormSpec | None
-    training: bool = False
-    eps: float | None = None
-    native: bool = True
-    folded: bool = False
-    op_types: tuple[str, ...] = ()
-    problem: str | None = None
-
-    @property
-    def tracked(self) -> bool:
-        return self.spec is not None and self.spec.track_running_stats
 
 
 def _hazard(code: str, severity: str, message: str) -> Hazard:
@@ -238,33 +211,3 @@ LAYER_HAZARDS: tuple[Callable[[LayerFacts], Hazard | None], ...] = (
 def layer_hazards(facts: LayerFacts) -> list[Hazard]:
     """Every hazard of one layer."""
     return [hazard for check in LAYER_HAZARDS if (hazard := check(facts)) is not None]
-
-
-# -- model hazards ---------------------------------------------------------------------
-
-
-def folded_into_conv(model: Any) -> Hazard | None:
-    """ONNX: Conv nodes and no BatchNormalization left, so any BatchNorm was folded into the Conv weights."""
-    from .loading import framework_of_model
-
-    if framework_of_model(model) != "onnx":
-        return None
-    from ..onnx_adapter.graph.sites import batchnorm_folded_into_conv
-
-    if not batchnorm_folded_into_conv(model):
-        return None
-    return _hazard(
-        "folded_batchnorm", "warning",
-        "the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
-        "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
-        "export with torch.onnx.export(..., optimize=False) to keep the BatchNormalization nodes.",
-    )
-
-
-#: Every model-level hazard.
-MODEL_HAZARDS: tuple[Callable[[Any], Hazard | None], ...] = (folded_into_conv,)
-
-
-def model_hazards(model: Any) -> list[Hazard]:
-    """Every hazard of the model as a whole."""
-    return [hazard for check in MODEL_HAZARDS if (hazard := check(model)) is not None]

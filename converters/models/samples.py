@@ -17,19 +17,13 @@ import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
 
+from ..adapters import REGISTRY
+from ..model_values import InputSpec
+
 #: Size given to an open non-batch dimension in a random sample.
 DEFAULT_OPEN_DIM = 32
 DEFAULT_BATCH = 4
 DEFAULT_SEED = 0
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One model input: name, shape (None where the model accepts any size) and NumPy dtype name."""
-
-    name: str
-    shape: tuple[int | None, ...]
-    dtype: str
 
 
 @dataclass(frozen=True)
@@ -60,60 +54,11 @@ class Sample:
 
 
 def input_specs(model: Any) -> list[InputSpec]:
-    """The inputs of an onnx.ModelProto, a torch ExportedProgram or a Keras model.
+    """The inputs of an onnx.ModelProto, a torch ExportedProgram or a Keras model (its model adapter's).
 
     A torch.nn.Module does not know its input shape: pass a sample for it.
     """
-    from .loading import framework_of_model
-
-    framework = framework_of_model(model)
-    if framework == "onnx":
-        return _onnx_specs(model)
-    if framework == "keras":
-        return _keras_specs(model)
-    import torch
-
-    if isinstance(model, torch.export.ExportedProgram):
-        return _exported_program_specs(model)
-    raise UnsupportedObjectError(
-        f"a {type(model).__name__} does not record its input shape; pass a sample (a NumPy array, or a .npy/.npz file) for it."
-    )
-
-
-def _onnx_specs(model) -> list[InputSpec]:
-    from onnx import helper
-
-    initializers = {i.name for i in model.graph.initializer}
-    specs = []
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
-        tensor = value.type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-        specs.append(InputSpec(value.name, shape, np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name))
-    return specs
-
-
-def _keras_specs(model) -> list[InputSpec]:
-    try:
-        inputs = model.inputs
-    except (AttributeError, ValueError) as error:
-        raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input or call it once.") from error
-    if not inputs:
-        raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs; build it with keras.Input or call it once.")
-    return [InputSpec(t.name, tuple(t.shape), np.dtype(t.dtype).name) for t in inputs]
-
-
-def _exported_program_specs(program) -> list[InputSpec]:
-    by_name = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
-    specs = []
-    for name in program.graph_signature.user_inputs:
-        value = by_name[name].meta.get("val")
-        if value is None or not hasattr(value, "shape"):
-            raise UnsupportedObjectError(f"input '{name}' of the ExportedProgram is not a tensor; pass a sample for it.")
-        shape = tuple(d if isinstance(d, int) else None for d in value.shape)
-        specs.append(InputSpec(name, shape, str(value.dtype).removeprefix("torch.")))
-    return specs
+    return REGISTRY.model_adapter_of(model).input_specs(model)
 
 
 def merge_specs(first: Sequence[InputSpec], second: Sequence[InputSpec]) -> list[InputSpec]:

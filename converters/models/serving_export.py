@@ -1,12 +1,12 @@
 """Export for serving: the framework's own ONNX exporter, then verification, native ops, and the contract.
 
-1. Export: torch through `torch.onnx.export(dynamo=True)`, Keras through
+1. Export with the framework's own exporter (ModelAdapter.export_onnx): torch through
+   `torch.onnx.export(dynamo=True)` with its BatchNorm-folding optimizer off, Keras through
    `model.export(format="onnx")` (tf2onnx; at most the opset tf2onnx supports).
-   torch.onnx's optimizer is off: its onnxscript `fuse_batchnorm` rewrite folds every eval
-   BatchNorm into the preceding Conv, after which neither eps nor the statistics can be checked
-   (or monitored by `drift`); constants are folded and dead nodes removed instead.
-2. Rewrite (on by default): decomposed LayerNorm/RMSNorm/GroupNorm/InstanceNorm subgraphs and
-   tf2onnx's folded BatchNorms become the native ops with the source's exact eps
+2. Rewrite (on by default): what the exporter folded is unfolded with the source model
+   (ModelAdapter.unfold_exported: TF's BatchNorms folded into Conv kernels), then decomposed
+   LayerNorm/RMSNorm/GroupNorm/InstanceNorm subgraphs and tf2onnx's folded BatchNorms become the
+   native ops with the source's exact eps
    (`onnx_adapter.graph.rewrite.rewrite_decompositions`).
 3. Verify every normalization site of the final graph against the source layer it came from:
    eps exact after float32 recovery, running statistics, scale and bias equal as float32, and
@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,10 @@ from schemas.floats import recover_from_float32
 from schemas.kinds import KIND_INFO
 from schemas.serving import ExportResult, RewrittenSite, SiteVerification
 
+from ..adapters import REGISTRY
 from .contract import contract_test
 from .drift import describe
-from .loading import framework_of_model, load_model
+from .loading import load_model
 from .samples import Sample, as_sample, input_specs
 
 STATE_SETTINGS = ("running_mean", "running_var", "scale", "bias")
@@ -42,154 +42,9 @@ STATE_SETTINGS = ("running_mean", "running_var", "scale", "bias")
 # --------------------------------------------------------------------------- source specs
 
 
-def _torch_specs_in_execution_order(module, sample: Sample) -> list[NormSpec]:
-    """Specs of a module's normalization layers in the order a forward pass calls them (definition order can differ)."""
-    import copy
-
-    import torch
-
-    from .walking import norm_layers, spec_of
-
-    refs = norm_layers(module)
-    order: list[int] = []
-    probe = copy.deepcopy(module).eval()
-    modules = dict(probe.named_modules())
-    targets = [modules.get(r.path, probe if r.path == type(probe).__name__ else None) for r in refs]
-    by_id = {id(m): i for i, m in enumerate(targets) if m is not None}
-    handles = [m.register_forward_pre_hook(lambda mod, _args: order.append(by_id[id(mod)])) for m in targets if m is not None]
-    try:
-        with torch.no_grad():
-            probe(*[torch.from_numpy(np.ascontiguousarray(a)) for a in sample.rows(slice(0, 2))])
-    finally:
-        for handle in handles:
-            handle.remove()
-    seen = list(dict.fromkeys(order)) + [i for i in range(len(refs)) if i not in order]
-    return [spec_of(refs[i]) for i in seen]
-
-
 def source_specs(model: Any, sample: Sample | None = None) -> list[NormSpec]:
-    """The normalization specs of a torch module (execution order), ExportedProgram (graph order) or Keras model (layer order)."""
-    framework = framework_of_model(model)
-    if framework == "keras":
-        from .walking import norm_layers, spec_of
-
-        return [spec_of(r) for r in norm_layers(model)]
-    import torch
-
-    if isinstance(model, torch.export.ExportedProgram):
-        from .exported_program import exported_specs
-
-        return exported_specs(model)
-    if sample is not None:
-        return _torch_specs_in_execution_order(model, sample)
-    from .walking import norm_layers, spec_of
-
-    return [spec_of(r) for r in norm_layers(model)]
-
-
-# --------------------------------------------------------------------------- exporters
-
-
-def _clean(model):
-    """Fold constants and drop dead nodes (what torch.onnx's optimizer does, minus folding BatchNorm into Conv)."""
-    import onnxscript.optimizer
-
-    onnxscript.optimizer.fold_constants(model)
-    onnxscript.optimizer.remove_unused_nodes(model)
-    return model
-
-
-def _export_torch(model, sample: Sample, opset: int) -> tuple[Any, str, list[str]]:
-    import torch
-
-    notes = ["torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"]
-    options = {"dynamo": True, "opset_version": opset, "optimize": False, "verbose": False}
-    name = f"torch.onnx.export(dynamo=True, optimize=False) torch {torch.__version__.split('+')[0]} at opset {opset}"
-    try:
-        if isinstance(model, torch.export.ExportedProgram):
-            program = torch.onnx.export(model, **options)
-        else:
-            rows = sample.rows(slice(0, 2)) if sample.batch_size >= 2 else tuple(np.concatenate([a, a]) for a in sample.arrays)
-            args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in rows)
-            batch = torch.export.Dim("batch", min=1)
-            try:
-                program = torch.onnx.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args), **options)
-            except Exception as error:  # a model that fixes its batch size: export it with the sample's
-                notes.append(f"exported with a fixed batch of {sample.batch_size}: a dynamic batch failed ({type(error).__name__})")
-                args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in sample.arrays)
-                program = torch.onnx.export(model, args, **options)
-    except NormbridgeError:
-        raise
-    except Exception as error:
-        raise UnsupportedObjectError(f"torch.onnx.export failed at opset {opset} ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}).") from error
-    return _clean(program.model_proto), name, notes
-
-
-def _tf2onnx_max_opset() -> int:
-    import tf2onnx.constants
-
-    return max(tf2onnx.constants.OPSET_TO_IR_VERSION)
-
-
-def _export_keras(model, sample: Sample, opset: int) -> tuple[Any, str, list[str]]:
-    import tf2onnx
-
-    from converters.onnx_adapter.files import load_onnx
-
-    used = min(opset, _tf2onnx_max_opset())
-    notes = []
-    if used < opset:
-        notes.append(f"tf2onnx {tf2onnx.__version__} writes at most opset {used}; the rewrite raises the opset only where a native op needs it")
-    rows = sample.rows(slice(0, 1))
-    model(rows[0] if len(rows) == 1 else list(rows), training=False)  # Keras exports only a model that has been called
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.onnx"
-        try:
-            model.export(str(path), format="onnx", opset_version=used, verbose=False)
-        except Exception as error:
-            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}).") from error
-        return load_onnx(path), f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
-
-
-# --------------------------------------------------------------------------- Keras: BatchNorms folded into Conv weights
-
-def _onnx_kernel(layer) -> np.ndarray | None:
-    """A Keras convolution's kernel in ONNX Conv layout (out, in/groups, *window), or None for other layers."""
-    from converters.keras_adapter.common import import_keras
-
-    keras = import_keras()
-    name = type(layer).__name__
-    if name not in ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D") or getattr(layer, "kernel", None) is None:
-        return None
-    kernel = keras.ops.convert_to_numpy(layer.kernel)
-    n = kernel.ndim - 2
-    if name.startswith("Depthwise"):  # (*window, C, multiplier) -> (C * multiplier, 1, *window), channel-major like TF
-        merged = kernel.reshape(kernel.shape[:n] + (-1,))
-        return np.ascontiguousarray(np.transpose(merged, (n, *range(n)))[:, None])
-    return np.ascontiguousarray(np.transpose(kernel, (n + 1, n, *range(n))))
-
-
-def _conv_batchnorm_pairs(keras_model, specs: list[NormSpec]) -> list:
-    """Each Keras BatchNorm fed directly by a convolution, with the kernel in ONNX layout (graph.unfold.ConvBatchNorm)."""
-    from converters.keras_adapter.common import import_keras
-    from converters.onnx_adapter.graph.unfold import ConvBatchNorm
-
-    keras = import_keras()
-    by_name = {s.name: s for s in specs if s.kind == "batch" and s.track_running_stats and not s.training}
-    pairs = []
-    for layer in keras_model._flatten_layers(include_self=False, recursive=True):
-        if not isinstance(layer, keras.layers.BatchNormalization) or layer.name not in by_name:
-            continue
-        try:
-            producer = layer.input._keras_history[0]
-        except (AttributeError, ValueError, IndexError):
-            continue
-        kernel = _onnx_kernel(producer)
-        if kernel is None:
-            continue
-        bias = keras.ops.convert_to_numpy(producer.bias) if getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None else None
-        pairs.append(ConvBatchNorm(layer.name, kernel, bias, by_name[layer.name]))
-    return pairs
+    """The normalization specs of a torch module (execution order on `sample`), ExportedProgram (graph order) or Keras model (layer order)."""
+    return REGISTRY.model_adapter_of(model).layer_specs(model, sample)
 
 
 # --------------------------------------------------------------------------- verification
@@ -298,16 +153,15 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     Raises:
         CheckFailedError: verification or the contract failed and `force` is off (`.result` is the ExportResult; nothing written).
     """
-    from converters.onnx_adapter.files import save_onnx
-
-    from converters.onnx_adapter.graph.sites import batchnorm_folded_into_conv, find_norm_sites
-    from converters.onnx_adapter.graph.unfold import unfold_conv_batchnorms
+    from ..onnx_adapter.files import save_onnx
+    from ..onnx_adapter.graph.sites import batchnorm_folded_into_conv, find_norm_sites
+    from ..onnx_adapter.proto import opset_of
 
     if isinstance(model, (str, Path)):
         model = load_model(model)
-    framework = framework_of_model(model)
-    if framework not in ("torch", "keras"):
-        raise UnsupportedObjectError(f"export_for_serving takes a torch or Keras model; got a {framework} model.")
+    adapter = REGISTRY.model_adapter_of(model)
+    if not adapter.serving_source:
+        raise UnsupportedObjectError(f"export_for_serving takes a torch or Keras model; got a {adapter.framework} model.")
     try:
         specs_in = input_specs(model)
     except UnsupportedObjectError:
@@ -316,22 +170,18 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
         raise UnsupportedObjectError(f"a {type(model).__name__} does not record its input shape; pass a sample (an example input batch) to export it.")
     sample = as_sample(sample, specs_in)
     specs = source_specs(model, sample)
-    exported, exporter, notes = (_export_keras if framework == "keras" else _export_torch)(model, sample, opset)
+    exported, exporter, notes = adapter.export_onnx(model, sample, opset)
     errors: list[str] = []
     rewritten: list[RewrittenSite] = []
     final = exported
     if rewrite:
-        from converters.onnx_adapter.graph.rewrite import rewrite_decompositions
+        from ..onnx_adapter.graph.rewrite import rewrite_decompositions
 
         try:
-            unfolded: list[str] = []
-            candidate = exported
-            if framework == "keras":
-                candidate, unfolded = unfold_conv_batchnorms(candidate, _conv_batchnorm_pairs(model, specs))
+            candidate, unfold_notes = adapter.unfold_exported(exported, model, specs)
             final, sites = rewrite_decompositions(candidate, opset, specs)
             rewritten = [RewrittenSite(name=s.name, kind=s.kind, from_ops=list(s.op_types), to_op=_native_op(s.kind), eps=s.eps) for s in sites]
-            if unfolded:
-                notes.append(f"{len(unfolded)} BatchNorm(s) that TF's grappler had folded into Conv kernels were unfolded with the source kernels")
+            notes += unfold_notes
         except NormbridgeError as error:
             errors.append(f"rewrite failed, the exporter's graph is kept: {error}")
     missing = "the exporter removed or fused it beyond recognition"
@@ -343,7 +193,7 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     written = passed or force
     if written:
         save_onnx(final, path)
-    opset_written = max((o.version for o in final.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    opset_written = opset_of(final)
     result = ExportResult(source=describe(model), exporter=exporter, opset=opset_written, path=str(path) if written else None, written=written,
                           forced=force and not passed, verification=verification, rewritten=rewritten, contract=contract, notes=notes,
                           errors=errors, passed=passed)

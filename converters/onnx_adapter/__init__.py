@@ -1,7 +1,9 @@
-"""ONNX adapter: onnx.ModelProto graphs holding one normalization layer <-> NormSpec.
+"""ONNX adapter: onnx.ModelProto graphs holding one normalization layer <-> NormSpec, and whole ONNX graphs.
 
-Each kind has its own module; `graph`, `reading`, `metadata` and `decompositions`
-hold what they share. Models run in onnxruntime (CPU) for `check`.
+Each kind has its own module; `layer_graph`, `reading`, `metadata` and `decompositions`
+hold what they share. Models run in onnxruntime (CPU) for `check`. Whole graphs: `model`
+(the model adapter), `graph/` (finding every normalization, rewriting decompositions),
+`running` (serving in onnxruntime), `statistics` (BatchNorm inputs, recalibration).
 """
 
 from .batch import OnnxBatchNorm
@@ -10,9 +12,11 @@ from .framework import OnnxFramework
 from .group import OnnxGroupNorm
 from .instance import OnnxInstanceNorm
 from .layer import OnnxLayerNorm
+from .model import OnnxModelAdapter
 from .rms import OnnxRMSNorm
 
 FRAMEWORK = OnnxFramework()
+MODEL = OnnxModelAdapter()
 
 KIND_ADAPTERS = {
     "batch": OnnxBatchNorm,
@@ -22,4 +26,4 @@ KIND_ADAPTERS = {
     "instance": OnnxInstanceNorm,
 }
 
-__all__ = ["FRAMEWORK", "KIND_ADAPTERS", "OnnxFramework", "load_onnx", "save_onnx"]
+__all__ = ["FRAMEWORK", "KIND_ADAPTERS", "MODEL", "OnnxFramework", "load_onnx", "save_onnx"]

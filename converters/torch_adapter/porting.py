@@ -1,6 +1,4 @@
-"""PyTorch side of porting: writing a ported spec into an existing module.
-
-(ExportedProgram sources are read by converters.models.exported_program, shared with inspection.)
+"""PyTorch side of porting (converters.models.porting): writing a ported spec into an existing module.
 
 Writing goes into a module that already sits in the user's model: the module is never
 replaced, its parameters and buffers are overwritten in place, bit-exactly.
@@ -17,9 +15,7 @@ import torch
 from schemas import LayerReport, NotExpressibleError
 
 from .. import markers
-from ..torch_adapter.common import assign
-
-# -- writing into an existing module ------------------------------------------------------
+from .common import assign
 
 #: PyTorch affine parameter -> (spec flag, identity value).
 _AFFINE = {"weight": ("scale", 1.0), "bias": ("bias", 0.0)}

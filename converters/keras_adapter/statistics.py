@@ -1,4 +1,7 @@
-"""Keras recalibration: BatchNorm statistics as a cumulative average, by Keras's own update.
+"""BatchNorm input statistics of Keras models, and recalibration: a cumulative average, by Keras's own update.
+
+The inputs are read by a sub-model that returns each BatchNormalization layer's input
+(functional models only).
 
 Keras updates moving = m * moving + (1 - m) * batch in a training-mode call. With m = (k-1)/k
 on the k-th batch this is exactly the cumulative average of the batch statistics that PyTorch's
@@ -10,18 +13,20 @@ with such layers are refused rather than recalibrated on perturbed activations.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
 
+from ..model_values import LayerMoments, Movement
+from .common import import_keras
+
 STOCHASTIC = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianDropout", "GaussianNoise", "AlphaDropout")
 
 
 def _copy(model: Any) -> Any:
-    from converters.keras_adapter.common import import_keras
-
     keras = import_keras()
     new = keras.models.clone_model(model)
     new.set_weights(model.get_weights())
@@ -57,10 +62,8 @@ def _values_per_channel(bn: Any, batch_size: int) -> int:
     return batch_size * int(np.prod(others, dtype=np.int64))
 
 
-def recalibrate_keras(model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str):
+def recalibrate_keras(model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
     """(new model, [(name, old mean, old var, new mean, new var, eps)], method); the input model is untouched."""
-    from converters.keras_adapter.common import import_keras
-
     keras = import_keras()
     new = _copy(model)
     batchnorms = [layer for layer in new._flatten_layers(include_self=False, recursive=True) if isinstance(layer, keras.layers.BatchNormalization)]
@@ -97,3 +100,26 @@ def recalibrate_keras(model: Any, batches: list[tuple[np.ndarray, ...]], varianc
         f"(the cumulative average); {variance_estimator} variance" + (" (Keras's biased average times n/(n-1))" if variance_estimator == "unbiased" else "")
     )
     return new, layers, method
+
+
+def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]]) -> list[LayerMoments]:
+    """BatchNormalization inputs of a functional Keras model, from a sub-model that returns each layer's input."""
+    keras = import_keras()
+    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True) if isinstance(layer, keras.layers.BatchNormalization)]
+    if not layers:
+        return []
+    try:
+        probe = keras.Model(model.inputs, [layer.input for layer in layers])
+    except (AttributeError, ValueError) as error:
+        raise UnsupportedObjectError(f"cannot read the BatchNormalization inputs of Keras model '{model.name}' ({error}); drift supports functional Keras models.") from error
+    moments = []
+    for layer in layers:
+        mean, var = (keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.moving_mean, layer.moving_variance))
+        moments.append(LayerMoments(layer.name, mean, var, float(layer.epsilon)))
+    axes = [layer.axis if isinstance(layer.axis, int) else layer.axis[0] for layer in layers]
+    for batch in batches:
+        values = probe(batch[0] if len(batch) == 1 else list(batch), training=False)
+        values = values if isinstance(values, (list, tuple)) else [values]
+        for record, value, axis in zip(moments, values, axes):
+            record.add(keras.ops.convert_to_numpy(value), axis)
+    return moments

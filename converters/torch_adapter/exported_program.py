@@ -274,3 +274,18 @@ def _spatial_rank(module_type: str | None, rank: int | None) -> int:
     if module_type and module_type[-2:] in ("1d", "2d", "3d") and module_type[-2].isdigit():
         return int(module_type[-2])
     return max(1, min(3, (rank or 4) - 2))
+
+
+def exported_facts(program: Any) -> list:
+    """What inspection reports per normalization call (model_values.LayerFacts)."""
+    from ..model_values import LayerFacts
+
+    facts = []
+    for layer in exported_norm_layers(program):
+        layer_type = layer.module_type or layer.op  # the aten op stays in spec.source.layer_type
+        facts.append(LayerFacts(
+            path=layer.path, kind=layer.kind, framework="torch", origin="exported_program", layer_type=layer_type,
+            spec=layer.spec, training=layer.training, native=layer.native, problem=None if not layer.native else layer.problem,
+            op_types=() if layer.native else ("primitive ops",),
+        ))
+    return facts

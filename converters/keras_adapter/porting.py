@@ -1,4 +1,4 @@
-"""Keras side of porting: writing a converted layer's state into a layer that already sits in a model.
+"""Keras side of porting (converters.models.porting): writing a converted layer's state into a layer that already sits in a model.
 
 The layer is never replaced (its name, its place in the graph and its connections stay):
 its variables are assigned bit-exactly and `epsilon`/`momentum` are set. Keras reads both
@@ -17,7 +17,7 @@ import numpy as np
 from schemas import LayerReport, NotExpressibleError
 
 from .. import markers
-from ..keras_adapter.common import import_keras, read_variable, write_variable
+from .common import import_keras, read_variable, write_variable
 
 #: Keras variable attribute -> (spec setting, identity value). RMSNormalization keeps its
 #: weight in `scale`; the other layers use `scale`/`center` as flags and gamma/beta as weights.
