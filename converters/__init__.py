@@ -22,10 +22,10 @@ from .adapters import REGISTRY
 _MODEL_TOOLS = {
     "inspect_model": "inspection",
     "port_state": "porting",
-    "export_for_serving": "serving_export",
-    "contract_test": "contract",
-    "drift_check": "drift",
-    "recalibrate": "recalibration",
+    "export_for_serving": "serving.export",
+    "contract_test": "serving.contract",
+    "drift_check": "monitoring.drift",
+    "recalibrate": "monitoring.recalibration",
 }
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
 
-from ..adapters import REGISTRY
-from ..model_values import InputSpec
+from ...adapters import REGISTRY
+from ...model_values import InputSpec
 
 #: Size given to an open non-batch dimension in a random sample.
 DEFAULT_OPEN_DIM = 32

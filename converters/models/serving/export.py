@@ -30,10 +30,9 @@ from schemas.floats import recover_from_float32
 from schemas.kinds import KIND_INFO
 from schemas.serving import ExportResult, RewrittenSite, SiteVerification
 
-from ..adapters import REGISTRY
+from ...adapters import REGISTRY
 from .contract import contract_test
-from .drift import describe
-from .loading import load_model
+from ..loading import load_model
 from .samples import Sample, as_sample, input_specs
 
 STATE_SETTINGS = ("running_mean", "running_var", "scale", "bias")
@@ -153,9 +152,9 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     Raises:
         CheckFailedError: verification or the contract failed and `force` is off (`.result` is the ExportResult; nothing written).
     """
-    from ..onnx_adapter.files import save_onnx
-    from ..onnx_adapter.graph.sites import batchnorm_folded_into_conv, find_norm_sites
-    from ..onnx_adapter.proto import opset_of
+    from ...onnx_adapter.files import save_onnx
+    from ...onnx_adapter.graph.sites import batchnorm_folded_into_conv, find_norm_sites
+    from ...onnx_adapter.proto import opset_of
 
     if isinstance(model, (str, Path)):
         model = load_model(model)
@@ -175,7 +174,7 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     rewritten: list[RewrittenSite] = []
     final = exported
     if rewrite:
-        from ..onnx_adapter.graph.rewrite import rewrite_decompositions
+        from ...onnx_adapter.graph.rewrite import rewrite_decompositions
 
         try:
             candidate, unfold_notes = adapter.unfold_exported(exported, model, specs)
@@ -194,7 +193,7 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     if written:
         save_onnx(final, path)
     opset_written = opset_of(final)
-    result = ExportResult(source=describe(model), exporter=exporter, opset=opset_written, path=str(path) if written else None, written=written,
+    result = ExportResult(source=adapter.describe(model), exporter=exporter, opset=opset_written, path=str(path) if written else None, written=written,
                           forced=force and not passed, verification=verification, rewritten=rewritten, contract=contract, notes=notes,
                           errors=errors, passed=passed)
     if not written:

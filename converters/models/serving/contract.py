@@ -30,9 +30,9 @@ from schemas.serving import (
     Tolerance,
 )
 
-from ..adapters import REGISTRY
-from ..model_values import ModelRunner, Outputs
-from .loading import load_model
+from ...adapters import REGISTRY
+from ...model_values import ModelRunner, Outputs
+from ..loading import load_model
 from .samples import DEFAULT_BATCH, DEFAULT_SEED, Sample, as_sample, merge_specs
 
 #: (atol, rtol) per output dtype for a whole model: |serving - source| <= atol + rtol * |source|.

@@ -24,9 +24,9 @@ import numpy as np
 from schemas import InputFileError, UnsupportedObjectError
 from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 
-from ..adapters import REGISTRY
-from ..model_values import LayerMoments
-from .samples import Sample, as_sample, input_specs
+from ...adapters import REGISTRY
+from ...model_values import LayerMoments
+from ..serving.samples import Sample, as_sample, input_specs
 
 DEFAULT_THRESHOLDS = DriftThresholds()
 DEFAULT_BATCH_SIZE = 64

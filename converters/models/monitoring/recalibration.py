@@ -29,8 +29,8 @@ import numpy as np
 from schemas import InputFileError, UnsupportedObjectError
 from schemas.serving import RecalibratedLayer, RecalibrationReport
 
-from ..adapters import REGISTRY
-from ..model_values import cumulative_statistics
+from ...adapters import REGISTRY
+from ...model_values import cumulative_statistics
 from .drift import data_batches, describe
 
 DEFAULT_BATCH_SIZE = 32
