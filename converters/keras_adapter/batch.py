@@ -9,22 +9,12 @@ from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_layout
-from .common import (
-    AFFINE_VARIABLES,
-    RUNNING_WEIGHT,
-    KerasKindAdapter,
-    build_rank,
-    built_input_shape,
-    channel_layout,
-    channels_last_shape,
-    import_keras,
-    read_facts,
-    read_variables,
-    recall_running,
-    remember_running,
-    spatial_rank_of,
-    without_training,
-)
+from .facts import read_facts, without_training
+from .kind_adapter import KerasKindAdapter
+from .momentum import RUNNING_WEIGHT, recall_running, remember_running
+from .runtime import import_keras
+from .shapes import build_rank, built_input_shape, channel_layout, channels_last_shape, spatial_rank_of
+from .variables import AFFINE_VARIABLES, read_variables
 
 #: Spec tensor -> BatchNormalization variable.
 VARIABLES = {**AFFINE_VARIABLES, "running_mean": "moving_mean", "running_var": "moving_variance"}

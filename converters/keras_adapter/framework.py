@@ -10,7 +10,10 @@ from schemas import UnsupportedObjectError
 from schemas.kinds import KIND_INFO
 
 from ..adapter import FrameworkAdapter
-from .common import built_input_shape, group_layer_kind, import_keras, read_variable, write_variable
+from .groups import group_layer_kind
+from .runtime import import_keras
+from .shapes import built_input_shape
+from .variables import read_variable, write_variable
 
 #: keras.layers class -> the kinds it computes, checked in order (a class of several kinds is decided per layer).
 _KINDS: dict[str, list[str]] = {}

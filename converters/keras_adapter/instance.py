@@ -9,14 +9,11 @@ from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import record_layout
-from .common import (
-    AFFINE_VARIABLES,
-    KerasKindAdapter,
-    build_rank,
-    channels_last_shape,
-    import_keras,
-    read_group_layer,
-)
+from .groups import read_group_layer
+from .kind_adapter import KerasKindAdapter
+from .runtime import import_keras
+from .shapes import build_rank, channels_last_shape
+from .variables import AFFINE_VARIABLES
 
 
 class KerasInstanceAdapter(KerasKindAdapter):

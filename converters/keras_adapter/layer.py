@@ -8,18 +8,11 @@ from schemas import LayerReport, NormSpec, SpecError
 from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
-from .common import (
-    AFFINE_VARIABLES,
-    KerasKindAdapter,
-    build_rank,
-    built_input_shape,
-    import_keras,
-    read_facts,
-    read_variables,
-    trailing_axes,
-    trailing_axis_argument,
-    trailing_shape,
-)
+from .facts import read_facts
+from .kind_adapter import KerasKindAdapter
+from .runtime import import_keras
+from .shapes import build_rank, built_input_shape, trailing_axes, trailing_axis_argument, trailing_shape
+from .variables import AFFINE_VARIABLES, read_variables
 
 
 class KerasLayerAdapter(KerasKindAdapter):

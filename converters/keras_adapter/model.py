@@ -14,7 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
-from .common import import_keras
+from .runtime import import_keras
 
 
 def _load_keras(path: Path) -> Any:

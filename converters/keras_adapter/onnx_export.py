@@ -16,7 +16,7 @@ import numpy as np
 
 from schemas import NormSpec, UnsupportedObjectError
 
-from .common import import_keras
+from .runtime import import_keras
 
 
 def _tf2onnx_max_opset() -> int:

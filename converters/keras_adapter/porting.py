@@ -17,7 +17,8 @@ import numpy as np
 from schemas import LayerReport, NotExpressibleError
 
 from .. import markers
-from .common import import_keras, read_variable, write_variable
+from .runtime import import_keras
+from .variables import read_variable, write_variable
 
 #: Keras variable attribute -> (spec setting, identity value). RMSNormalization keeps its
 #: weight in `scale`; the other layers use `scale`/`center` as flags and gamma/beta as weights.

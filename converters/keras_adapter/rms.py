@@ -11,19 +11,11 @@ from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
-from .common import (
-    STORED_NOTE,
-    KerasKindAdapter,
-    assign_variable,
-    build_rank,
-    built_input_shape,
-    import_keras,
-    read_facts,
-    read_variable,
-    trailing_axes,
-    trailing_axis_argument,
-    trailing_shape,
-)
+from .facts import STORED_NOTE, read_facts
+from .kind_adapter import KerasKindAdapter
+from .runtime import import_keras
+from .shapes import build_rank, built_input_shape, trailing_axes, trailing_axis_argument, trailing_shape
+from .variables import assign_variable, read_variable
 
 #: RMSNormalization keeps its weight in the attribute `scale` (a variable, not a flag).
 VARIABLES = {"scale": "scale"}

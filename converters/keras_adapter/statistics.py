@@ -21,7 +21,7 @@ import numpy as np
 from schemas import InputFileError, UnsupportedObjectError
 
 from ..model_values import LayerMoments, Movement
-from .common import import_keras
+from .runtime import import_keras
 
 STOCHASTIC = ("Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianDropout", "GaussianNoise", "AlphaDropout")
 
