@@ -7,21 +7,12 @@ from typing import Any
 import numpy as np
 
 from schemas import UnsupportedObjectError
-from schemas.kinds import KIND_INFO
 
+from .. import recognizers
 from ..adapter import FrameworkAdapter
-from .groups import group_layer_kind
 from .runtime import import_keras
 from .shapes import built_input_shape
 from .variables import read_variable, write_variable
-
-#: keras.layers class -> the kinds it computes, checked in order (a class of several kinds is decided per layer).
-_KINDS: dict[str, list[str]] = {}
-for _kind, _info in KIND_INFO.items():
-    for _name in _info.classes["keras"]:
-        _KINDS.setdefault(_name, []).append(_kind)
-#: How a layer of a class shared by several kinds is told apart.
-_DECIDE = {"GroupNormalization": group_layer_kind}
 
 
 class KerasFramework(FrameworkAdapter):
@@ -30,11 +21,13 @@ class KerasFramework(FrameworkAdapter):
     name = "keras"
 
     def kind_of(self, obj: Any) -> str:
-        layers = import_keras().layers
-        for class_name, kinds in _KINDS.items():
-            if isinstance(obj, getattr(layers, class_name)):
-                return kinds[0] if len(kinds) == 1 else _DECIDE[class_name](obj)
-        names = list(_KINDS)
+        """The kind the Keras recognizers read (converters/recognizers/: the stock layers first)."""
+        kind = recognizers.kind_of("keras", obj)
+        if kind is not None:
+            return kind
+        from ..recognizers.keras_layers import CLASS_KINDS
+
+        names = list(CLASS_KINDS)
         raise UnsupportedObjectError(
             f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a keras.layers {', '.join(names[:-1])} or {names[-1]}; "
             "pass the normalization layer itself, not a model or another layer.",

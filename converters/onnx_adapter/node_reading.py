@@ -15,9 +15,10 @@ import onnx
 
 from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
 
+from .. import recognizers
 from . import reading
 from .layer_graph import op_version
-from .proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
+from .proto import FLOAT_TYPES, opset_of
 
 
 def node_layer(
@@ -29,8 +30,9 @@ def node_layer(
     elem_type: int | None,
 ) -> reading.OnnxLayer:
     """An OnnxLayer for `node` of `model`; `constants` maps tensor names to values, `shape` is X's (None dims unknown)."""
-    if node.op_type not in reading.NATIVE_KINDS or node.domain not in DEFAULT_DOMAINS:
-        raise UnsupportedObjectError(f"node '{node.name}' is a {node.op_type}, expected one of {', '.join(reading.NATIVE_KINDS)}.")
+    kind = recognizers.kind_of("onnx", node)
+    if kind is None:
+        raise UnsupportedObjectError(f"node '{node.name}' is a {node.op_type}, expected one of {', '.join(reading.NATIVE_OPS)}.")
     opset = opset_of(model)
     try:
         op_version(node.op_type, opset)
@@ -48,7 +50,7 @@ def node_layer(
         )
     graph_inputs = frozenset(i.name for i in model.graph.input)
     return reading.OnnxLayer(
-        model, reading.NATIVE_KINDS[node.op_type], opset, node, node.input[0], FLOAT_TYPES[elem_type], tuple(shape), {}, constants, graph_inputs,
+        model, kind, opset, node, node.input[0], FLOAT_TYPES[elem_type], tuple(shape), {}, constants, graph_inputs,
     )
 
 
@@ -87,7 +89,7 @@ def native_node_specs(model) -> list[NormSpec]:
     specs: list[NormSpec] = []
     seen: set[str] = set()
     for index, node in enumerate(model.graph.node):
-        if node.op_type not in reading.NATIVE_KINDS or node.domain not in DEFAULT_DOMAINS:
+        if recognizers.kind_of("onnx", node) is None:
             continue
         name = node.name or f"{node.op_type}_{index}"
         if name in seen:

@@ -19,13 +19,14 @@ from pydantic import ValidationError
 from schemas import LayerReport, NormSpec, Source, SpecError, UnsupportedObjectError
 from schemas.kinds import KIND_INFO
 
+from .. import recognizers
 from ..options import MIN_OPSET
 from . import metadata
 from .layer_graph import op_version
 from .proto import DEFAULT_DOMAINS, FLOAT_TYPES
 
-#: Native op -> kind.
-NATIVE_KINDS = {info.onnx_op: kind for kind, info in KIND_INFO.items()}
+#: The native ops, as named in messages.
+NATIVE_OPS = tuple(info.onnx_op for info in KIND_INFO.values())
 #: Ops of the decompositions normbridge emits below the native opsets.
 DECOMPOSITION_OPS = frozenset({"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div", "Cast", "Reshape", "Shape", "InstanceNormalization"})
 #: Kinds whose native op is newer than the oldest opset normbridge writes: below it they are decomposed.
@@ -34,7 +35,7 @@ DECOMPOSED_KINDS = tuple(kind for kind, info in KIND_INFO.items() if info.onnx_o
 
 def default_eps(layer: "OnnxLayer") -> float:
     """The epsilon the layer's op uses when the attribute is absent."""
-    return KIND_INFO[NATIVE_KINDS[layer.node.op_type]].default_eps["onnx"]
+    return KIND_INFO[recognizers.kind_of("onnx", layer.node)].default_eps["onnx"]
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,14 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     data_inputs = [name for name in inputs if name not in initializers]
     raw = metadata.load(model)
     ops = [n.op_type for n in graph.node]
-    native = len(graph.node) == 1 and ops[0] in NATIVE_KINDS and graph.node[0].domain in DEFAULT_DOMAINS
-    node = graph.node[0] if native else None
-    if native:
+    # converters/recognizers/onnx_ops.py tells a native normalization node.
+    found = recognizers.kind_of("onnx", graph.node[0]) if len(graph.node) == 1 else None
+    node = graph.node[0] if found is not None else None
+    if node is not None:
         try:
             op_version(ops[0], max(opsets))
         except onnx.defs.SchemaError:
             raise UnsupportedObjectError(f"{ops[0]} does not exist at opset {max(opsets)}, expected an op the model's opset defines; fix the model's opset_import.") from None
-        found = NATIVE_KINDS[ops[0]]
         x = node.input[0]
         if found == "batch" and raw and raw.get("kind") == "instance" and _training_mode(node) == 0:
             found = "instance"  # a tracked InstanceNorm emitted as an eval-mode BatchNormalization
@@ -148,7 +149,7 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     else:
         raise UnsupportedObjectError(
             f"the ONNX graph holds {len(ops)} nodes ({', '.join(ops) or 'none'}), expected one normalization node "
-            f"({', '.join(NATIVE_KINDS)}) or a decomposition normbridge emitted (with its '{metadata.KEY}' metadata); "
+            f"({', '.join(NATIVE_OPS)}) or a decomposition normbridge emitted (with its '{metadata.KEY}' metadata); "
             "extract the layer into a model of its own."
         )
     if kind is not None and found != kind:

@@ -22,11 +22,15 @@ import numpy as np
 from schemas import NormbridgeError, NormSpec, Source, SpecError
 from schemas.kinds import KIND_INFO
 
-#: aten op (schema name) -> kind.
-OP_KINDS: dict[str, str] = {op: kind for kind, info in KIND_INFO.items() for op in info.aten_ops}
+from .. import recognizers
 
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
 MODULE_KINDS: dict[str, str] = {name: kind for kind, info in KIND_INFO.items() for name in info.classes.get("torch", ())}
+
+
+def module_kind(type_name: str | None) -> str | None:
+    """The kind of a torch.nn class name (from a node's nn_module_stack), or None."""
+    return MODULE_KINDS.get(type_name or "")
 
 #: Ops that only reshape, repeat or alias a tensor: followed back to find the parameter they read.
 _PASS_THROUGH = frozenset({"aten::repeat", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::clone", "aten::expand", "aten::detach"})
@@ -68,14 +72,15 @@ def exported_norm_layers(program: Any) -> list[ExportedNormLayer]:
     seen_modules: dict[str, tuple[int, str]] = {}
     covered: set[str] = set()
     for position, node in enumerate(program.graph.nodes):
-        module_path, module_type = _module_of(node)
+        module_path, module_type = module_of(node)
         if module_path is not None and module_type in MODULE_KINDS and module_path not in seen_modules:
             seen_modules[module_path] = (position, module_type)
-        if node.op != "call_function" or not hasattr(node.target, "_schema") or node.target._schema.name not in OP_KINDS:
+        kind = recognizers.kind_of("torch", node)  # converters/recognizers/torch_aten_ops.py
+        if kind is None:
             continue
         if module_path is not None:
             covered.add(module_path)
-        found.append((position, reader.read(node, module_path, module_type)))
+        found.append((position, reader.read(node, kind, module_path, module_type)))
     for module_path, (position, module_type) in seen_modules.items():
         if module_path not in covered:
             found.append((position, _dissolved(module_path, module_type)))
@@ -110,12 +115,9 @@ class _Reader:
         self.state = program.state_dict
         self.constants = program.constants
 
-    def read(self, node: Any, module_path: str | None, module_type: str | None) -> ExportedNormLayer:
+    def read(self, node: Any, kind: str, module_path: str | None, module_type: str | None) -> ExportedNormLayer:
         op = str(node.target)
         schema_name = node.target._schema.name
-        kind = OP_KINDS[schema_name]
-        if kind == "batch" and MODULE_KINDS.get(module_type or "") == "instance":
-            kind = "instance"  # run_decompositions runs InstanceNorm as a batch op on a (1, N*C, ...) view
         path = module_path or node.name
         arguments = _arguments(node)
         training = _training(schema_name, arguments, node)
@@ -247,7 +249,7 @@ def _dissolved(path: str, module_type: str) -> ExportedNormLayer:
     )
 
 
-def _module_of(node: Any) -> tuple[str | None, str | None]:
+def module_of(node: Any) -> tuple[str | None, str | None]:
     """(path, class name) of the innermost module that produced `node`, from nn_module_stack."""
     stack = node.meta.get("nn_module_stack") if hasattr(node, "meta") else None
     if not stack:

@@ -20,7 +20,9 @@ from schemas import NormSpec
 from schemas.floats import as_float32
 from schemas.kinds import KIND_INFO
 
-from .patterns import Match, find_matches, folded_candidate
+from .channels import folded_candidate
+from .match import Match
+from .patterns import find_matches
 from ..proto import opset_of
 from .index import GraphIndex, attribute, subgraph_reads
 from .sites import NormSite, require_model, site_of, spec_of_match
