@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
+from importlib import import_module
 from typing import Any, ClassVar
 
 import numpy as np
 
 from schemas import LayerReport, NormSpec
+from schemas.kinds import KIND_INFO
 
 from .options import ConversionOptions
 
@@ -49,6 +51,26 @@ class KindAdapter(abc.ABC):
 
         Raises NotExpressibleError when the framework cannot hold a setting faithfully.
         """
+
+
+def kind_adapters(package: str) -> dict[str, type[KindAdapter]]:
+    """kind -> the `ADAPTER` of module `<package>.<kind>`, for every kind of the vocabulary that has one.
+
+    A framework package builds its KIND_ADAPTERS with this, so a new kind needs a module, not a table
+    entry. A kind without a module is left out here and named by tests/test_coverage.py; a module that
+    exists but fails to import raises.
+    """
+    found: dict[str, type[KindAdapter]] = {}
+    for kind in KIND_INFO:
+        name = f"{package}.{kind}"
+        try:
+            module = import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+            continue
+        found[kind] = module.ADAPTER
+    return found
 
 
 class FrameworkAdapter(abc.ABC):

@@ -4,24 +4,15 @@ Importing this package does not import Keras: the kind modules import it when a
 conversion runs, so the registry can list adapters without paying for TensorFlow.
 """
 
-from .batch import KerasBatchAdapter
+from ..adapter import kind_adapters
 from .framework import KerasFramework
-from .group import KerasGroupAdapter
-from .instance import KerasInstanceAdapter
-from .layer import KerasLayerAdapter
 from .model import KerasModelAdapter
-from .rms import KerasRmsAdapter
 
 FRAMEWORK = KerasFramework()
 MODEL = KerasModelAdapter()
 
-KIND_ADAPTERS = {
-    "batch": KerasBatchAdapter,
-    "layer": KerasLayerAdapter,
-    "rms": KerasRmsAdapter,
-    "group": KerasGroupAdapter,
-    "instance": KerasInstanceAdapter,
-}
+#: kind -> KindAdapter class: the ADAPTER of each module named after a kind (keras_adapter/<kind>.py).
+KIND_ADAPTERS = kind_adapters(__name__)
 
 
 def __getattr__(name: str):

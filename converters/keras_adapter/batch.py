@@ -83,3 +83,6 @@ class KerasBatchAdapter(KerasKindAdapter):
         remember_running(layer, spec, report, momentum)
         rank = build_rank(spec, report, spec.spatial_rank + 2)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)
+
+
+ADAPTER = KerasBatchAdapter

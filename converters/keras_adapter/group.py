@@ -37,3 +37,6 @@ class KerasGroupAdapter(KerasKindAdapter):
             markers.remember(layer, kind="group")
             report.add("kind", "group", "group", "stored", "GroupNormalization with groups == channels reads as instance otherwise; " + STORED_NOTE)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), AFFINE_VARIABLES)
+
+
+ADAPTER = KerasGroupAdapter

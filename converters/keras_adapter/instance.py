@@ -38,3 +38,6 @@ class KerasInstanceAdapter(KerasKindAdapter):
         layer = import_keras().layers.GroupNormalization(groups=-1, axis=-1, center=spec.bias, scale=spec.scale, **common)
         rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=3)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), AFFINE_VARIABLES)
+
+
+ADAPTER = KerasInstanceAdapter

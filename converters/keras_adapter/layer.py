@@ -54,3 +54,6 @@ class KerasLayerAdapter(KerasKindAdapter):
         layer = import_keras().layers.LayerNormalization(axis=trailing_axis_argument(count), center=spec.bias, scale=spec.scale, **common)
         rank = build_rank(spec, report, count + 2)
         return self.finish_emit(layer, spec, report, trailing_shape(spec.normalized_shape, rank), AFFINE_VARIABLES)
+
+
+ADAPTER = KerasLayerAdapter

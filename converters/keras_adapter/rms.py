@@ -60,3 +60,6 @@ class KerasRmsAdapter(KerasKindAdapter):
             markers.remember(layer, frozen_identity=("scale",))
             report.add("scale", False, "frozen scale = 1", "stored", "Keras RMSNormalization always has a scale weight; " + STORED_NOTE)
         return layer
+
+
+ADAPTER = KerasRmsAdapter

@@ -6,24 +6,15 @@ hold what they share. Models run in onnxruntime (CPU) for `check`. Whole graphs:
 `running` (serving in onnxruntime), `statistics` (BatchNorm inputs, recalibration).
 """
 
-from .batch import OnnxBatchNorm
+from ..adapter import kind_adapters
 from .files import load_onnx, save_onnx
 from .framework import OnnxFramework
-from .group import OnnxGroupNorm
-from .instance import OnnxInstanceNorm
-from .layer import OnnxLayerNorm
 from .model import OnnxModelAdapter
-from .rms import OnnxRMSNorm
 
 FRAMEWORK = OnnxFramework()
 MODEL = OnnxModelAdapter()
 
-KIND_ADAPTERS = {
-    "batch": OnnxBatchNorm,
-    "layer": OnnxLayerNorm,
-    "rms": OnnxRMSNorm,
-    "group": OnnxGroupNorm,
-    "instance": OnnxInstanceNorm,
-}
+#: kind -> KindAdapter class: the ADAPTER of each module named after a kind (onnx_adapter/<kind>.py).
+KIND_ADAPTERS = kind_adapters(__name__)
 
 __all__ = ["FRAMEWORK", "KIND_ADAPTERS", "MODEL", "OnnxFramework", "load_onnx", "save_onnx"]

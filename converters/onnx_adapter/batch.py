@@ -128,3 +128,6 @@ class OnnxBatchNorm(KindAdapter):
             report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
             report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")
         return emit_batch_norm(spec, options, report, training=spec.training)
+
+
+ADAPTER = OnnxBatchNorm

@@ -65,3 +65,6 @@ class OnnxGroupNorm(decompositions.DecomposableAdapter):
 
     def decompose(self, spec, options, report):
         return decompositions.group_norm(spec, options, report)
+
+
+ADAPTER = OnnxGroupNorm

@@ -67,3 +67,6 @@ class OnnxInstanceNorm(KindAdapter):
         scale, bias = g.affine()
         result = g.instance_norm(INPUT, scale, bias)
         return g.finish(result, f"{OP}-{op_version(OP, g.opset)}", native=True)
+
+
+ADAPTER = OnnxInstanceNorm

@@ -26,3 +26,6 @@ class OnnxLayerNorm(decompositions.DecomposableAdapter):
 
     def decompose(self, spec, options, report):
         return decompositions.trailing_norm(spec, options, report, centre=True)
+
+
+ADAPTER = OnnxLayerNorm

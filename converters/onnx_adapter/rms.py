@@ -26,3 +26,6 @@ class OnnxRMSNorm(decompositions.DecomposableAdapter):
 
     def decompose(self, spec, options, report):
         return decompositions.trailing_norm(spec, options, report, centre=False)
+
+
+ADAPTER = OnnxRMSNorm
