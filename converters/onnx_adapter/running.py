@@ -1,9 +1,5 @@
-"""Running an ONNX model as the serving side of the contract: onnxruntime's CPU provider, the graph as written.
-
-onnxruntime's default optimizer deletes Dropout nodes even when their training_mode input is
-true, and computes a BatchNormalization with training_mode=1 whose statistic outputs are unused
-with neither running nor batch statistics (seen with onnxruntime 1.32), so with it a train-mode
-export can pass or fail by accident; graph optimizations are off unless asked for.
+"""Running an ONNX model as the serving side of the contract: onnxruntime's CPU provider, the graph as written
+unless asked otherwise (converters/models/serving/contract.py says why).
 """
 
 from __future__ import annotations
