@@ -32,10 +32,10 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import torch  # noqa: E402
 
-from converters.models.contract import contract_test  # noqa: E402
+from converters.models.serving.contract import contract_test  # noqa: E402
 from converters.models.inspection import inspect_model  # noqa: E402
 from converters.models.loading import load_model  # noqa: E402
-from converters.models.serving_export import export_for_serving  # noqa: E402
+from converters.models.serving.export import export_for_serving  # noqa: E402
 from tests.model_zoo import torch_resnet18, train_batchnorm_statistics  # noqa: E402
 
 

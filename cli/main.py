@@ -1,8 +1,9 @@
-"""`normbridge`: convert, check and inspect normalization layers from the command line.
+"""`normbridge`: convert and check layers, inspect, port, export and monitor whole models, and run the registry.
 
-Every command is a thin shell over the library; failures print one line naming the
-layer and setting and exit non-zero (see schemas.errors.EXIT_CODES). Command modules are
-imported here explicitly: a module missing from this list is caught by tests/test_cli.py.
+Every command is a thin shell over the library (converters, registry); failures print one line
+naming the layer and setting and exit non-zero (see schemas.errors.EXIT_CODES). Command modules are
+imported here explicitly: tests/test_cli.py::test_every_command_module_is_registered fails when a
+module in cli/commands/ is missing from COMMAND_MODULES.
 """
 
 from __future__ import annotations

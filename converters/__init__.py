@@ -4,6 +4,7 @@
     spec = converters.to_spec(obj)               # torch.nn.Module | keras layer | onnx.ModelProto
     obj = converters.from_spec(spec, "keras")    # "torch" | "keras" | "onnx"
     obj = converters.convert(obj, to="onnx", opset=23)
+    converters.write_layer(obj, spec, "onnx", "bn.onnx")  # spec folder, .onnx, .keras, torch safetensors
     report = converters.last_report()            # per-layer fidelity report (text and JSON)
     result = converters.check(spec_or_obj)       # round trips + numerics against a NumPy reference
 
@@ -15,17 +16,18 @@ from importlib import import_module
 
 from .api import convert, convert_with_report, from_spec, last_report, to_spec
 from .equivalence import check
+from .layer_files import write_layer
 from .options import ConversionOptions
-from .registry import REGISTRY
+from .adapters import REGISTRY
 
 #: Lazily imported whole-model functions: name -> module in converters.models.
 _MODEL_TOOLS = {
     "inspect_model": "inspection",
     "port_state": "porting",
-    "export_for_serving": "serving_export",
-    "contract_test": "contract",
-    "drift_check": "drift",
-    "recalibrate": "recalibration",
+    "export_for_serving": "serving.export",
+    "contract_test": "serving.contract",
+    "drift_check": "monitoring.drift",
+    "recalibrate": "monitoring.recalibration",
 }
 
 
@@ -35,4 +37,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'converters' has no attribute '{name}'")
 
 
-__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "to_spec", *_MODEL_TOOLS]
+__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "to_spec", "write_layer", *_MODEL_TOOLS]

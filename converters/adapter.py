@@ -1,4 +1,4 @@
-"""The two abstract interfaces every framework package implements.
+"""The two abstract interfaces every framework package implements for single layers, and who owns an object.
 
 A `FrameworkAdapter` recognises a framework's objects and runs them (for `check`);
 a `KindAdapter` converts one normalizer kind between that framework and `NormSpec`.
@@ -8,13 +8,31 @@ They are real ABCs: a subclass that forgets a method cannot be instantiated.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
+from importlib import import_module
 from typing import Any, ClassVar
 
 import numpy as np
 
 from schemas import LayerReport, NormSpec
+from schemas.kinds import KIND_INFO
 
 from .options import ConversionOptions
+
+
+def owning_framework(obj: Any, frameworks: Iterable[str]) -> str | None:
+    """Which of `frameworks` owns `obj`: the first class of its MRO defined in one of their packages.
+
+    A framework's name is the top-level package its objects come from (torch, keras, onnx), so
+    only the classes' module names are read and no framework is imported to tell. The most
+    derived class decides: a user's subclass of a torch module is a torch object.
+    """
+    names = set(frameworks)
+    for cls in type(obj).__mro__:
+        package = (getattr(cls, "__module__", "") or "").partition(".")[0]
+        if package in names:
+            return package
+    return None
 
 
 class KindAdapter(abc.ABC):
@@ -35,6 +53,26 @@ class KindAdapter(abc.ABC):
         """
 
 
+def kind_adapters(package: str) -> dict[str, type[KindAdapter]]:
+    """kind -> the `ADAPTER` of module `<package>.<kind>`, for every kind of the vocabulary that has one.
+
+    A framework package builds its KIND_ADAPTERS with this, so a new kind needs a module, not a table
+    entry. A kind without a module is left out here and named by tests/test_coverage.py; a module that
+    exists but fails to import raises.
+    """
+    found: dict[str, type[KindAdapter]] = {}
+    for kind in KIND_INFO:
+        name = f"{package}.{kind}"
+        try:
+            module = import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+            continue
+        found[kind] = module.ADAPTER
+    return found
+
+
 class FrameworkAdapter(abc.ABC):
     """Recognise, describe and run one framework's normalization objects."""
 
@@ -43,9 +81,12 @@ class FrameworkAdapter(abc.ABC):
     #: float64 layer's training step then uses float32(momentum), a difference check allows for.
     float32_attributes: ClassVar[bool] = False
 
-    @abc.abstractmethod
     def owns(self, obj: Any) -> bool:
-        """Whether `obj` is an object of this framework (cheap; must not import the framework)."""
+        """Whether `obj` is an object of this framework (cheap; never imports the framework).
+
+        Its classes must come from the framework's package; a subclass may ask for more (a torch.nn.Module).
+        """
+        return owning_framework(obj, (self.name,)) == self.name
 
     @abc.abstractmethod
     def kind_of(self, obj: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from schemas import ConversionReport, LayerReport, NormSpec
 
 from .options import ConversionOptions
-from .registry import REGISTRY, AdapterRegistry
+from .adapters import REGISTRY, AdapterRegistry
 
 _last = threading.local()
 

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from schemas import CheckResult, FRAMEWORKS, NormSpec, NormbridgeError, NotExpressibleError, OutputComparison, StatsComparison, TargetCheck, spec_differences
+from schemas import CheckResult, NormSpec, NormbridgeError, NotExpressibleError, OutputComparison, StatsComparison, TargetCheck, spec_differences
 
 from schemas.floats import as_float32
 
@@ -21,7 +21,7 @@ from .api import read_spec, write_spec
 from .layout import from_channels_first, to_channels_first
 from .options import ConversionOptions
 from .probe import probe_input
-from .registry import REGISTRY, AdapterRegistry
+from .adapters import REGISTRY, AdapterRegistry
 
 #: (atol, rtol) per dtype: |out - ref| <= atol + rtol * |ref| elementwise.
 TOLERANCES: dict[str, tuple[float, float]] = {"float16": (2e-2, 2e-2), "float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9)}
@@ -99,16 +99,11 @@ def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expe
         # The runtime updates with float32(momentum): allow |m - float32(m)| * |batch - running|.
         rounding = max(abs(m - as_float32(m)) for m in (target_spec.momentum_as(c) for c in ("batch_weight", "running_weight")))
         old_mean, old_var = (target_spec.tensors[n].astype(np.float64) for n in ("running_mean", "running_var"))
-        batch_mean, batch_var, count = _moments(target_spec, x_cf)
+        batch_mean, batch_var, count = reference.batch_moments(target_spec, x_cf)
         batch_var = batch_var * count / max(count - 1, 1)  # the larger of the two estimators bounds both
         tol_mean += rounding * float(np.max(np.abs(batch_mean - old_mean)))
         tol_var += rounding * float(np.max(np.abs(batch_var - old_var)))
     return tol_mean, tol_var
-
-
-def _moments(spec: NormSpec, x_cf: np.ndarray):
-    module = reference.instance if spec.kind == "instance" else reference.batch
-    return module.batch_moments(np.asarray(x_cf, np.float64))
 
 
 def _check_target(
@@ -126,7 +121,7 @@ def _check_target(
     target_spec, _ = read_spec(obj, registry=registry)
     entry.spec_differences = [str(d) for d in spec_differences(spec, target_spec)]
     source = spec.source.framework
-    if source in FRAMEWORKS:
+    if source in registry.framework_names:
         back_options = options
         if source == "onnx" and spec.training:
             # The source graph itself had training_mode=1: writing it back that way is the faithful round trip.
@@ -156,7 +151,7 @@ def _check_target(
 
 
 def check(
-    spec_or_obj: Any, frameworks: Iterable[str] = FRAMEWORKS, options: ConversionOptions | None = None, registry: AdapterRegistry = REGISTRY
+    spec_or_obj: Any, frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None, registry: AdapterRegistry = REGISTRY
 ) -> CheckResult:
     """Convert a layer to every framework and back and check it still computes the same function.
 
@@ -165,7 +160,8 @@ def check(
     match the NumPy reference within the dtype's tolerance; one training step moves the
     running statistics as the reference predicts, and differs from the source framework's
     step by no more than the stated estimator difference. Targets that cannot express the
-    layer are listed as not_expressible with the reason, not counted as failures.
+    layer are listed as not_expressible with the reason, not counted as failures. `frameworks`
+    defaults to every framework of the registry.
     """
     options = options or ConversionOptions()
     spec = spec_or_obj if isinstance(spec_or_obj, NormSpec) else read_spec(spec_or_obj, registry=registry)[0]
@@ -175,7 +171,7 @@ def check(
     )
     y_ref = reference.forward(spec, x_cf, training=False)
     source_step = functools.cache(lambda: reference.train_step(spec, x_cf))  # computed by the first target that needs it
-    for target in frameworks:
+    for target in registry.framework_names if frameworks is None else frameworks:
         try:
             _check_target(spec, target, options, x_cf, y_ref, result, registry, source_step)
         except NormbridgeError as error:

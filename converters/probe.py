@@ -7,6 +7,7 @@ import zlib
 import numpy as np
 
 from schemas import NormSpec
+from schemas.kinds import KIND_INFO
 
 PROBE_BATCH = 4
 SPATIAL_EXTENT = (5, 4, 3)
@@ -14,7 +15,7 @@ SPATIAL_EXTENT = (5, 4, 3)
 
 def probe_shape(spec: NormSpec, batch: int = PROBE_BATCH) -> tuple[int, ...]:
     """Channels-first probe shape for channel kinds; (batch, 3, *normalized_shape) for layer/rms."""
-    if spec.kind in ("layer", "rms"):
+    if KIND_INFO[spec.kind].trailing:
         leading = (spec.input_rank - len(spec.normalized_shape) - 1) if spec.input_rank else 1
         return (batch,) + (3,) * max(leading, 0) + tuple(spec.normalized_shape)
     if spec.input_rank is not None:

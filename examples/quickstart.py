@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 import converters
-from cli.files import write_layer
+from converters import write_layer
 from converters.onnx_adapter.files import save_onnx
 from schemas import save_spec
 

@@ -80,7 +80,7 @@ def register(registry, name: str, model, **kwargs):
 
 
 def main() -> None:
-    from converters.models.serving_export import export_for_serving
+    from converters.models.serving.export import export_for_serving
     from registry.service import Registry
 
     with tempfile.TemporaryDirectory(prefix="normbridge-registry-demo-") as home:

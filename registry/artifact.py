@@ -19,6 +19,7 @@ import numpy as np
 from schemas import NormSpec
 from schemas.atomic_io import atomic_write_folder
 from schemas.errors import InputFileError, NormbridgeError, SpecError, UnsupportedObjectError
+from schemas.kinds import ONNX_INPUTS  # ONNX op type -> spec tensor name per input position
 from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, load_manifest, sha256_hex
 from schemas.tensors import STORED_DTYPES, tensors_identical
 
@@ -36,15 +37,6 @@ NAME_HINTS: dict[str, tuple[str, ...]] = {
     "running_mean": ("running_mean", "moving_mean"),
     "running_var": ("running_var", "moving_variance"),
     "num_batches_tracked": ("num_batches_tracked",),
-}
-
-#: ONNX op type -> spec tensor name per input position.
-ONNX_INPUTS: dict[str, dict[int, str]] = {
-    "BatchNormalization": {1: "scale", 2: "bias", 3: "running_mean", 4: "running_var"},
-    "LayerNormalization": {1: "scale", 2: "bias"},
-    "RMSNormalization": {1: "scale"},
-    "GroupNormalization": {1: "scale", 2: "bias"},
-    "InstanceNormalization": {1: "scale", 2: "bias"},
 }
 
 
@@ -208,7 +200,7 @@ def _refuse_unread_torch_layers(module: Any, refs: list) -> None:
     it and why: registered, it would pass the gate unchecked."""
     import torch
 
-    from converters.registry import REGISTRY
+    from converters.adapters import REGISTRY
 
     read = {id(ref.obj) for ref in refs}
     norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.RMSNorm)
@@ -224,7 +216,7 @@ def _refuse_unread_torch_layers(module: Any, refs: list) -> None:
 
 
 def _from_exported(program: Any) -> _Builder:
-    from converters.models.exported_program import exported_specs
+    from converters.torch_adapter.exported_program import exported_specs
 
     builder = _Builder("torch", "pt2")
     specs = _read(lambda: exported_specs(program), None)  # refuses a layer it cannot read, naming it
@@ -266,7 +258,7 @@ def _from_keras(model: Any) -> _Builder:
 def _from_onnx(model: Any) -> _Builder:
     from onnx import numpy_helper
 
-    from converters.models.onnx_sites import find_norm_sites
+    from converters.onnx_adapter.graph.sites import find_norm_sites
     from converters.onnx_adapter.files import _check
 
     _check(model, Path("<in-memory onnx.ModelProto>"))  # files were checked on load; objects are checked here
@@ -327,7 +319,7 @@ def extract_artifact(model: Any, lineage: Lineage | None = None) -> Artifact:
 
 
 def _builder_for(model: Any) -> _Builder:
-    from converters.models.exported_program import is_exported_program
+    from converters.torch_adapter.exported_program import is_exported_program
     from converters.models.loading import framework_of_model
 
     if isinstance(model, NormSpec):

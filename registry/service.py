@@ -557,10 +557,10 @@ def export_layers(manifest, specs: list, to: str, folder: str | Path, version: s
 
     Shared by `Registry.export` and the HTTP client, which rebuilds the specs from a downloaded bundle.
     """
+    from converters import write_layer
     from converters.api import write_spec
     from converters.options import ConversionOptions
     from schemas import ConversionReport
-    from schemas.atomic_io import atomic_write_bytes
 
     if to not in ("onnx", "torch", "keras"):
         raise RegistryError(f"export to '{to}' is not supported; use 'torch', 'keras' or 'onnx'.")
@@ -571,20 +571,8 @@ def export_layers(manifest, specs: list, to: str, folder: str | Path, version: s
         obj, layer_report = write_spec(spec, to, ConversionOptions())
         report = ConversionReport(layers=[layer_report])
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", entry.path) or "layer"
-        if to == "onnx":
-            from converters.onnx_adapter.files import save_onnx
-
-            target = folder / f"{stem}.onnx"
-            save_onnx(obj, target)
-        elif to == "keras":
-            from cli.files import write_layer
-
-            target = write_layer(obj, spec, "keras", folder / f"{stem}.keras")
-        else:
-            from safetensors.torch import save
-
-            target = folder / f"{stem}.safetensors"
-            atomic_write_bytes(target, save({k: v.detach().contiguous() for k, v in obj.state_dict().items()}))
+        suffix = {"onnx": ".onnx", "keras": ".keras", "torch": ".safetensors"}[to]
+        target = write_layer(obj, spec, to, folder / f"{stem}{suffix}")
         layers.append(ExportedLayer(path=entry.path, file=str(target), report=report.render_text()))
     return RegistryExport(version=version, to=to, folder=str(folder), layers=layers)
 

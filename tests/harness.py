@@ -6,10 +6,15 @@ import numpy as np
 
 from converters import REGISTRY, reference
 from converters.api import read_spec
-from converters.equivalence import output_tolerances
+from converters.equivalence import TOLERANCES, output_tolerances
 from converters.layout import from_channels_first, to_channels_first
 from converters.probe import probe_input
 from schemas import NormSpec
+
+#: assert_allclose arguments per dtype: the tolerances `check` uses (converters.equivalence.TOLERANCES).
+TOLERANCE = {dtype: dict(atol=atol, rtol=rtol) for dtype, (atol, rtol) in TOLERANCES.items()}
+#: Keras computes float16 statistics in float32 and float64 ones exactly, so its layers are held to tighter bounds.
+KERAS_TOLERANCE = {**TOLERANCE, "float16": dict(atol=3e-3, rtol=3e-3), "float64": dict(atol=1e-10, rtol=1e-10)}
 
 
 def framework_output(obj, spec_of_obj: NormSpec, x_cf: np.ndarray) -> np.ndarray:

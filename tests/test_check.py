@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import converters
-from converters.registry import AdapterRegistry
+from converters.adapters import AdapterRegistry
 
 from .spec_factory import make_spec
 

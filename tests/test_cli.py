@@ -150,3 +150,15 @@ def test_every_registered_command_has_help_with_an_example():
     for command in registered_commands():
         helped = run(command, "--help")
         assert helped.returncode == 0 and "Example" in helped.stdout, command
+
+
+def test_every_command_module_is_registered():
+    """cli/main.py imports its command modules explicitly: one left out would silently drop its commands."""
+    import importlib
+
+    from cli.main import COMMAND_MODULES
+
+    folder = Path(__file__).resolve().parent.parent / "cli" / "commands"
+    modules = {f"cli.commands.{path.stem}" for path in folder.glob("*.py") if path.stem != "__init__"}
+    assert modules == {module.__name__ for module in COMMAND_MODULES}
+    assert all(importlib.import_module(name) in COMMAND_MODULES for name in modules)

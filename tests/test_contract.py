@@ -23,8 +23,9 @@ from onnx import helper, numpy_helper
 from torch import nn
 from typer.testing import CliRunner
 
-from converters.models.contract import contract_test, onnx_train_mode_nodes
-from converters.models.samples import InputSpec, load_sample, random_sample
+from converters.models.serving.contract import contract_test
+from converters.onnx_adapter.running import onnx_train_mode_nodes
+from converters.models.serving.samples import InputSpec, load_sample, random_sample
 from schemas import InputFileError
 
 warnings.filterwarnings("ignore", message=".*training mode.*")

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from converters.models.drift import drift_check
-from converters.models.recalibration import recalibrate
+from converters.models.monitoring.drift import drift_check
+from converters.models.monitoring.recalibration import recalibrate
 from schemas import UnsupportedObjectError
 from schemas.serving import DriftThresholds
 

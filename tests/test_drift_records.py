@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.models.drift import drift_check
+from converters.models.monitoring.drift import drift_check
 from registry.drift_records import DriftRecord, drift_reports, record_drift
 from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftThresholds

@@ -391,7 +391,7 @@ def test_concurrent_uploads_each_get_their_own_version(env, registered):
 def test_recorded_drift_checks_come_back_newest_first(env, registered):
     import numpy as np
 
-    from converters.models.drift import drift_check
+    from converters.models.monitoring.drift import drift_check
     from registry.drift_records import record_drift
 
     reader = env["clients"]["reader"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from converters.models.exported_program import exported_norm_layers, exported_specs
+from converters.torch_adapter.exported_program import exported_norm_layers, exported_specs
 from converters.models.inspection import inspect_model, inspect_path
 from converters.models.walking import norm_layers, spec_of
 from schemas import spec_differences
@@ -203,7 +203,7 @@ def test_program_exported_in_train_mode_is_flagged():
 
 @pytest.fixture(scope="module")
 def keras_files(tmp_path_factory):
-    from converters.keras_adapter.common import import_keras
+    from converters.keras_adapter.runtime import import_keras
 
     keras = import_keras()
     folder = tmp_path_factory.mktemp("keras")
@@ -235,7 +235,7 @@ def test_keras_file_is_inspected_in_layer_order_with_its_statistics(keras_files)
 
 
 def test_keras_export_through_tf2onnx_shows_a_folded_batch_norm_and_decomposed_layer_norm(tmp_path):
-    from converters.keras_adapter.common import import_keras
+    from converters.keras_adapter.runtime import import_keras
 
     keras = import_keras()
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.BatchNormalization(name="bn"), keras.layers.LayerNormalization(epsilon=1e-5, name="ln")])
@@ -253,7 +253,7 @@ def test_keras_export_through_tf2onnx_shows_a_folded_batch_norm_and_decomposed_l
 
 
 def test_keras_resnet50_is_inspected_with_every_batch_norm_never_trained():
-    from converters.keras_adapter.common import import_keras
+    from converters.keras_adapter.runtime import import_keras
 
     model = import_keras().applications.ResNet50(weights=None, input_shape=(64, 64, 3))
     inspection = inspect_model(model)

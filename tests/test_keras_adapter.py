@@ -25,51 +25,21 @@ from converters.keras_adapter.unbiased_batch_normalization import UnbiasedBatchN
 from converters.layout import from_channels_first, to_channels_first  # noqa: E402
 from converters.options import ConversionOptions  # noqa: E402
 from converters.probe import probe_input  # noqa: E402
-from schemas import LayerReport, NormSpec, NotExpressibleError, SpecError, UnsupportedObjectError, spec_differences  # noqa: E402
+from schemas import CHANNEL_KINDS, KINDS, LayerReport, NormSpec, NotExpressibleError, SpecError, UnsupportedObjectError, spec_differences  # noqa: E402
 from schemas.tensors import tensors_identical  # noqa: E402
 
-TOLERANCE = {"float16": dict(atol=3e-3, rtol=3e-3), "float32": dict(atol=1e-5, rtol=1e-4), "float64": dict(atol=1e-10, rtol=1e-10)}
-CHANNEL_KINDS = ("batch", "group", "instance")
+from .harness import KERAS_TOLERANCE  # noqa: E402
+from .spec_factory import spec_with  # noqa: E402
 
-
-# -- specs by hand ------------------------------------------------------------------
-
-
-def per_feature(shape, dtype, seed, positive=False):
-    rng = np.random.default_rng(seed)
-    values = rng.uniform(0.5, 2.0, shape) if positive else rng.standard_normal(shape)
-    return values.astype(dtype)
-
-
-def make_spec(kind: str, *, dtype="float32", scale=True, bias=True, **fields) -> NormSpec:
-    """A spec with random state tensors of the right shapes for its flags."""
-    base = {
-        "batch": dict(num_features=3, spatial_rank=2, layout="channels_first", track_running_stats=True),
-        "instance": dict(num_features=3, spatial_rank=2, layout="channels_first"),
-        "group": dict(num_features=6, num_groups=2, layout="channels_first"),
-        "layer": dict(normalized_shape=(4, 5)),
-        "rms": dict(normalized_shape=(5,)),
-    }[kind]
-    base.update(fields)
-    shape = tuple(base["normalized_shape"]) if kind in ("layer", "rms") else (base["num_features"],)
-    tensors = {}
-    if scale:
-        tensors["scale"] = per_feature(shape, dtype, 1)
-    if bias:
-        tensors["bias"] = per_feature(shape, dtype, 2)
-    if base.get("track_running_stats"):
-        tensors["running_mean"] = per_feature(shape, dtype, 3)
-        tensors["running_var"] = per_feature(shape, dtype, 4, positive=True)
-    tensors.update(base.pop("tensors", {}))
-    return NormSpec(name=f"{kind}_norm", kind=kind, dtype=dtype, scale=scale, bias=bias, tensors=tensors, **base)
-
+TOLERANCE = KERAS_TOLERANCE
+make_spec = spec_with
 
 NBT = {"num_batches_tracked": np.array(7, dtype=np.int64)}
 
 CASES = {
     # PyTorch-like: 0.01 batch_weight, unbiased estimator, a counter, left in train mode.
     "batch2d_torchlike": lambda: make_spec(
-        "batch", eps=2e-5, momentum=0.01, momentum_convention="batch_weight", variance_estimator="unbiased", training=True, tensors=NBT
+        "batch", eps=2e-5, momentum=0.01, momentum_convention="batch_weight", variance_estimator="unbiased", training=True, extra_tensors=NBT
     ),
     "batch1d_rank2_noscale": lambda: make_spec(
         "batch", eps=1e-3, momentum=0.9, momentum_convention="running_weight", variance_estimator="biased",
@@ -185,7 +155,7 @@ def test_batch_emits_keras_momentum_convention():
 
 
 def test_cumulative_momentum_needs_an_option():
-    spec = make_spec("batch", eps=1e-5, momentum=None, variance_estimator="unbiased", tensors={"num_batches_tracked": np.array(3, dtype=np.int64)})
+    spec = make_spec("batch", eps=1e-5, momentum=None, variance_estimator="unbiased", extra_tensors={"num_batches_tracked": np.array(3, dtype=np.int64)})
     with pytest.raises(NotExpressibleError) as info:
         api.from_spec(spec, "keras")
     assert_names(info.value, "batch_norm", "momentum")
@@ -373,7 +343,7 @@ def test_name_with_slash_round_trips():
 
 
 def test_framework_basics():
-    assert set(KIND_ADAPTERS) == {"batch", "layer", "rms", "group", "instance"}
+    assert set(KIND_ADAPTERS) == set(KINDS)
     assert all(cls.framework == "keras" and cls.kind == kind for kind, cls in KIND_ADAPTERS.items())
     assert FRAMEWORK.name == "keras" and FRAMEWORK.natural_layout() == "channels_last"
     assert FRAMEWORK.version() == keras.__version__
@@ -441,7 +411,7 @@ def test_untracked_batch_is_not_expressible():
 def test_tracked_instance_is_not_expressible():
     spec = make_spec(
         "instance", eps=1e-5, momentum=0.1, momentum_convention="batch_weight", variance_estimator="unbiased", track_running_stats=True,
-        tensors={"running_mean": np.zeros(3, "float32"), "running_var": np.ones(3, "float32")},
+        extra_tensors={"running_mean": np.zeros(3, "float32"), "running_var": np.ones(3, "float32")},
     )
     with pytest.raises(NotExpressibleError) as info:
         api.from_spec(spec, "keras")

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from converters.keras_adapter.common import import_keras
+from converters.keras_adapter.runtime import import_keras
 from converters.models.loading import load_model
 from schemas import InputFileError
 from tests.cli_process import normbridge_command

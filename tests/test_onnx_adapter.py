@@ -16,7 +16,7 @@ from converters.onnx_adapter import FRAMEWORK, KIND_ADAPTERS, load_onnx, save_on
 from converters.onnx_adapter.metadata import KEY
 from converters.options import ConversionOptions
 from converters.probe import probe_input
-from converters.registry import AdapterRegistry
+from converters.adapters import AdapterRegistry
 from schemas import (
     InputFileError,
     LayerReport,
@@ -27,45 +27,43 @@ from schemas import (
     spec_differences,
 )
 from schemas.floats import as_float32, shortest_float32_decimal
+from schemas.kinds import KIND_INFO
+
+from .harness import TOLERANCE
+from .spec_factory import per_feature, spec_with
 
 DTYPE_EPS = 1.1920928955078125e-07
 EPSILONS = [(1e-3, "explicit"), (2e-5, "explicit"), (DTYPE_EPS, "dtype_eps")]
 OPSETS = [23, 21, 17, 15]
-NATIVE_OPSET = {"batch": 13, "instance": 13, "instance_tracked": 13, "layer": 17, "group": 21, "rms": 23}
-CASES = list(NATIVE_OPSET)
-TOLERANCE = {"float16": dict(atol=2e-2, rtol=2e-2), "float32": dict(atol=1e-5, rtol=1e-4), "float64": dict(atol=1e-10, rtol=1e-9)}
+RUNNING = dict(momentum=0.01, momentum_convention="batch_weight", track_running_stats=True, variance_estimator="unbiased")
+NBT = {"num_batches_tracked": np.array(7, dtype=np.int64)}
+#: Every case's kind (instance_tracked: a tracked InstanceNorm, written as BatchNormalization) and its fields.
+ONNX_CASES = {
+    "batch": ("batch", dict(name="batch", seed=1, **RUNNING, extra_tensors=NBT)),
+    "instance_tracked": ("instance", dict(name="instance_tracked", spatial_rank=1, seed=1, **RUNNING, extra_tensors=NBT)),
+    "instance": ("instance", dict(name="inst", spatial_rank=1, seed=5)),
+    "group": ("group", dict(name="gn", num_groups=3, seed=7)),
+    "layer": ("layer", dict(name="ln", normalized_shape=(3, 4), seed=9)),
+    "rms": ("rms", dict(name="rms", normalized_shape=(8,), bias=False, seed=11)),
+}
+CASES = list(ONNX_CASES)
 
 
-def tensor(shape, dtype, seed, positive=False):
-    values = np.random.default_rng(seed).standard_normal(shape)
-    return (np.abs(values) + 0.5 if positive else values).astype(dtype)
+def native_opset(case: str) -> int:
+    """The first opset at which the case is written as its native op (a tracked InstanceNorm is a BatchNormalization)."""
+    return KIND_INFO["batch" if case == "instance_tracked" else ONNX_CASES[case][0]].onnx_opset
+
+
+tensor = per_feature
 
 
 def make_spec(case: str, dtype: str = "float32", eps: float = 1e-3, eps_origin: str = "explicit", **changes) -> NormSpec:
-    """A hand-built spec per case, with non-default eps and momentum 0.01 (batch_weight)."""
-    common = dict(dtype=dtype, eps=eps, eps_origin=eps_origin)
-    running = dict(
-        momentum=0.01, momentum_convention="batch_weight", track_running_stats=True, variance_estimator="unbiased",
-    )
-    if case in ("batch", "instance_tracked"):
-        kind, spatial = ("batch", 2) if case == "batch" else ("instance", 1)
-        fields = dict(name=case, kind=kind, num_features=3, spatial_rank=spatial, layout="channels_first", **running, tensors={
-            "scale": tensor(3, dtype, 1), "bias": tensor(3, dtype, 2), "running_mean": tensor(3, dtype, 3),
-            "running_var": tensor(3, dtype, 4, positive=True), "num_batches_tracked": np.array(7, dtype=np.int64),
-        })
-    elif case == "instance":
-        fields = dict(name="inst", kind="instance", num_features=3, spatial_rank=1, layout="channels_first",
-                      tensors={"scale": tensor(3, dtype, 5), "bias": tensor(3, dtype, 6)})
-    elif case == "group":
-        fields = dict(name="gn", kind="group", num_features=6, num_groups=3, layout="channels_first",
-                      tensors={"scale": tensor(6, dtype, 7), "bias": tensor(6, dtype, 8)})
-    elif case == "layer":
-        fields = dict(name="ln", kind="layer", normalized_shape=(3, 4), tensors={"scale": tensor((3, 4), dtype, 9), "bias": tensor((3, 4), dtype, 10)})
-    else:
-        fields = dict(name="rms", kind="rms", normalized_shape=(8,), bias=False, tensors={"scale": tensor(8, dtype, 11)})
-    fields.update(common)
-    fields.update(changes)
-    return NormSpec(**fields)
+    """The case's spec (tests/spec_factory.spec_with), with non-default eps and momentum 0.01 (batch_weight); `changes` win."""
+    kind, fields = ONNX_CASES[case]
+    fields = {**fields, "dtype": dtype, "eps": eps, "eps_origin": eps_origin, **changes}
+    if "tensors" in changes:
+        fields.pop("extra_tensors", None)
+    return spec_with(kind, **fields)
 
 
 def emit(spec: NormSpec, opset: int = 23, **options) -> tuple[onnx.ModelProto, LayerReport]:
@@ -114,7 +112,7 @@ def hand_model(node, inputs, initializers, opset, outputs=None):
 def test_float32_round_trip_and_output(case, opset, eps, origin):
     spec = make_spec(case, eps=eps, eps_origin=origin)
     model, report = emit(spec, opset)
-    assert report.native == (opset >= NATIVE_OPSET[case])
+    assert report.native == (opset >= native_opset(case))
     assert_matches_reference(spec, model)
 
     back, _ = read(model)

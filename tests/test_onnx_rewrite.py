@@ -13,8 +13,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import converters
-from converters.models.onnx_rewrite import rewrite_decompositions
-from converters.models.onnx_sites import find_norm_sites
+from converters.onnx_adapter.graph.rewrite import rewrite_decompositions
+from converters.onnx_adapter.graph.sites import find_norm_sites
 from schemas import spec_differences
 from schemas.floats import as_float32
 
@@ -226,7 +226,7 @@ def test_folded_batchnorms_pair_with_specs_given_in_another_order():
     import onnxruntime as ort
     from onnx import TensorProto, numpy_helper
 
-    from converters.models.onnx_rewrite import rewrite_decompositions
+    from converters.onnx_adapter.graph.rewrite import rewrite_decompositions
 
     from .spec_factory import make_spec
 

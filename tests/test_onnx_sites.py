@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import converters
-from converters.models.onnx_sites import (
+from converters.onnx_adapter.graph.sites import (
     NormSite,
     batchnorm_folded_into_conv,
     find_norm_sites,

@@ -313,7 +313,8 @@ def test_a_name_map_that_swaps_two_same_shape_layers_is_honoured(torch_resnet, k
 
 def test_snapshots_put_a_written_layer_back_exactly():
     """What port_state runs when a write fails midway: every target layer restored."""
-    from converters.models import porting_keras, porting_torch
+    from converters.keras_adapter import porting as porting_keras
+    from converters.torch_adapter import porting as porting_torch
 
     module = torch.nn.BatchNorm2d(4, eps=1e-3, momentum=0.2)
     restore = porting_torch.snapshot(module)

@@ -15,6 +15,7 @@ from converters.equivalence import ROUND_TRIP_IGNORED, output_tolerances, traini
 from converters.layout import from_channels_first, to_channels_first
 from converters.probe import probe_input
 from schemas import FRAMEWORKS, NotExpressibleError, spec_differences
+from schemas.kinds import KIND_INFO
 
 from .spec_factory import make_spec
 
@@ -23,8 +24,9 @@ momenta = st.builds(lambda digits: digits / 1000, st.integers(1, 999))
 
 
 @st.composite
-def specs(draw, kinds=("batch", "layer", "rms", "group", "instance"), tracked_only=False):
+def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
     kind = draw(st.sampled_from(kinds))
+    info = KIND_INFO[kind]
     kwargs = dict(
         seed=draw(st.integers(0, 2**16)),
         dtype=draw(st.sampled_from(["float32", "float32", "float64"])),
@@ -33,20 +35,21 @@ def specs(draw, kinds=("batch", "layer", "rms", "group", "instance"), tracked_on
         bias=draw(st.booleans()),
         name=f"prop_{kind}",
     )
-    if kind in ("batch", "instance", "group"):
+    if not info.trailing:
         kwargs["layout"] = draw(st.sampled_from(["channels_first", "channels_last"]))
         kwargs["num_features"] = draw(st.integers(1, 8))
-    if kind in ("batch", "instance"):
+    if "spatial_rank" in info.required:
         kwargs["spatial_rank"] = draw(st.integers(1, 3))
+    if info.running_stats:
         kwargs["tracked"] = True if (kind == "batch" or tracked_only) else draw(st.booleans())
         kwargs["momentum"] = draw(momenta)
         kwargs["convention"] = draw(st.sampled_from(["batch_weight", "running_weight"]))
         kwargs["estimator"] = draw(st.sampled_from(["unbiased", "biased"]))
         kwargs["nbt"] = draw(st.one_of(st.none(), st.integers(0, 10_000)))
-    if kind == "group":
+    if "num_groups" in info.required:
         channels = kwargs["num_features"]
         kwargs["num_groups"] = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
-    if kind in ("layer", "rms"):
+    if info.trailing:
         kwargs["normalized_shape"] = tuple(draw(st.lists(st.integers(2, 6), min_size=1, max_size=2)))
     return make_spec(kind, **kwargs)
 

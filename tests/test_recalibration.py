@@ -19,8 +19,8 @@ from onnx import numpy_helper
 from torch import nn
 from typer.testing import CliRunner
 
-from converters.models.contract import contract_test
-from converters.models.recalibration import recalibrate
+from converters.models.serving.contract import contract_test
+from converters.models.monitoring.recalibration import recalibrate
 from schemas import InputFileError, UnsupportedObjectError
 
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")

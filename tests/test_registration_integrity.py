@@ -134,7 +134,7 @@ def test_the_cli_refuses_the_nan_onnx_and_registers_nothing(tmp_path, onnx_files
 
 
 def test_a_batchnorm_folded_away_by_tf2onnx_is_refused_not_skipped(local, tmp_path):
-    from converters.keras_adapter.common import import_keras
+    from converters.keras_adapter.runtime import import_keras
 
     keras = import_keras()
     model = keras.Sequential([keras.Input((5, 3)), keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(2, name="dense")])

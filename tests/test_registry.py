@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from converters.registry import REGISTRY, AdapterRegistry
+from converters.adapters import REGISTRY, AdapterRegistry
 from converters.torch_adapter import KIND_ADAPTERS
 from schemas import FRAMEWORKS, KINDS, AdapterNotFoundError, DuplicateAdapterError, UnsupportedObjectError
 
@@ -52,3 +52,40 @@ def test_every_whole_model_tool_is_reachable_from_the_package():
 
     for name in converters._MODEL_TOOLS:
         assert callable(getattr(converters, name)), name
+
+
+# -- recognizers -------------------------------------------------------------------------------
+
+
+def test_a_registered_recognizer_is_asked_after_the_stock_ones():
+    import torch
+
+    from converters.recognizers import ObjectRecognizer, RecognizerRegistry
+
+    class Whitening(torch.nn.Module):  # not a stock class: no stock recognizer knows it
+        pass
+
+    class WhiteningAsLayer(ObjectRecognizer):
+        name = "tests.whitening"
+        framework = "torch"
+
+        def kind_of(self, obj):
+            return "layer" if isinstance(obj, Whitening) else None
+
+    recognizers = RecognizerRegistry()
+    assert recognizers.kind_of("torch", Whitening()) is None
+    recognizers.register(WhiteningAsLayer())
+    assert recognizers.kind_of("torch", Whitening()) == "layer"
+    assert recognizers.kind_of("torch", torch.nn.BatchNorm2d(3)) == "batch"  # the stock ones still answer first
+    assert [r.name for r in recognizers.of("torch", ObjectRecognizer)] == ["torch.modules", "torch.aten_ops", "tests.whitening"]
+
+
+def test_a_duplicate_recognizer_raises_and_a_missing_one_lists_the_registered():
+    from converters.recognizers import RecognizerRegistry
+    from converters.recognizers.keras_layers import KerasLayers
+
+    recognizers = RecognizerRegistry()
+    with pytest.raises(DuplicateAdapterError, match="'keras.layers' is already registered"):
+        recognizers.register(KerasLayers())
+    with pytest.raises(AdapterNotFoundError, match="currently registered recognizers are .*onnx.moments"):
+        recognizers.get("onnx.whitening")

@@ -257,7 +257,7 @@ def _bad_inputs(tmp_path: Path) -> dict:
     (tmp_path / "bad.onnx").write_bytes(proto.SerializeToString())
     cases["onnx failing the checker"] = (tmp_path / "bad.onnx", InputFileError)
 
-    from converters.keras_adapter.common import import_keras
+    from converters.keras_adapter.runtime import import_keras
 
     keras = import_keras()
     inputs = keras.Input((4, 4, 3))

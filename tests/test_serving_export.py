@@ -21,9 +21,9 @@ from onnx import helper, numpy_helper
 from torch import nn
 from typer.testing import CliRunner
 
-from converters.models.onnx_sites import find_norm_sites
-from converters.models.samples import as_sample
-from converters.models.serving_export import (
+from converters.onnx_adapter.graph.sites import find_norm_sites
+from converters.models.serving.samples import as_sample
+from converters.models.serving.export import (
     export_for_serving,
     source_specs,
     verify_sites,

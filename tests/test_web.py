@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from converters.models.drift import drift_check
+from converters.models.monitoring.drift import drift_check
 from registry.drift_records import record_drift
 from schemas.serving import DriftThresholds
 from tests.cli_process import normbridge_command

@@ -42,11 +42,12 @@ def convert(
 
     Example: normbridge convert bn_spec/ --to onnx -o bn.onnx --opset 23
     """
+    from converters import write_layer
     from converters.api import read_spec, write_spec
     from converters.options import ConversionOptions
     from schemas import ConversionReport, NormSpec
 
-    from ..files import load_layer, write_layer
+    from ..files import load_layer
 
     options = ConversionOptions(
         opset=opset, onnx_training_mode=training_mode, match_variance_estimator=match_estimator, cumulative_momentum=cumulative_momentum.value
@@ -79,11 +80,10 @@ def check(
     """
     from converters import check as run_check
     from converters.options import ConversionOptions
-    from schemas import FRAMEWORKS
 
     from ..files import load_layer
 
-    result = run_check(load_layer(source), frameworks=framework or FRAMEWORKS, options=ConversionOptions(opset=opset))
+    result = run_check(load_layer(source), frameworks=framework or None, options=ConversionOptions(opset=opset))
     if json_output:
         print(result.to_json())
     else:

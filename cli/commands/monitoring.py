@@ -49,7 +49,7 @@ def drift(
 
     Exit 0 when no layer alarms, 11 when one does. Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
     """
-    from converters.models.drift import drift_check
+    from converters.models.monitoring.drift import drift_check
     from converters.models.loading import load_model
     from schemas import InputFileError
     from schemas.serving import DriftThresholds
@@ -98,8 +98,8 @@ def recalibrate(
     Example: normbridge recalibrate model.onnx new_inputs.npy -o model.recalibrated.onnx
     """
     from converters.models.loading import load_model
-    from converters.models.recalibration import recalibrate as run_recalibration
-    from converters.models.recalibration import save_recalibrated
+    from converters.models.monitoring.recalibration import recalibrate as run_recalibration
+    from converters.models.monitoring.recalibration import save_recalibrated
     from schemas import InputFileError
 
     if model_path.suffix.lower() not in (".onnx", ".pt2", ".keras"):

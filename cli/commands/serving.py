@@ -118,7 +118,7 @@ def export_command(
         return
     if to is not ExportTarget.onnx:
         raise InputFileError(f"a model file exports to onnx for serving (got --to {to.value}); --to torch|keras applies to a registry version NAME@N.")
-    from converters.models.serving_export import export_for_serving
+    from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 
     try:
@@ -169,7 +169,7 @@ def contract(
 
     Exit 0 when both tests pass, 7 when one fails. Example: normbridge contract model.pt2 model.onnx --sample requests.npz
     """
-    from converters.models.contract import DEFAULT_TOLERANCES, contract_test
+    from converters.models.serving.contract import DEFAULT_TOLERANCES, contract_test
     from converters.models.loading import load_model
 
     tolerances = None

@@ -1,25 +1,18 @@
-"""Keras 3 adapter: keras.layers normalization layers <-> NormSpec.
+"""Keras 3 adapter: keras.layers normalization layers <-> NormSpec, and whole keras.Model networks.
 
 Importing this package does not import Keras: the kind modules import it when a
 conversion runs, so the registry can list adapters without paying for TensorFlow.
 """
 
-from .batch import KerasBatchAdapter
+from ..adapter import kind_adapters
 from .framework import KerasFramework
-from .group import KerasGroupAdapter
-from .instance import KerasInstanceAdapter
-from .layer import KerasLayerAdapter
-from .rms import KerasRmsAdapter
+from .model import KerasModelAdapter
 
 FRAMEWORK = KerasFramework()
+MODEL = KerasModelAdapter()
 
-KIND_ADAPTERS = {
-    "batch": KerasBatchAdapter,
-    "layer": KerasLayerAdapter,
-    "rms": KerasRmsAdapter,
-    "group": KerasGroupAdapter,
-    "instance": KerasInstanceAdapter,
-}
+#: kind -> KindAdapter class: the ADAPTER of each module named after a kind (keras_adapter/<kind>.py).
+KIND_ADAPTERS = kind_adapters(__name__)
 
 
 def __getattr__(name: str):

@@ -5,25 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_layout
-from .common import (
-    AFFINE_VARIABLES,
-    RUNNING_WEIGHT,
-    KerasKindAdapter,
-    build_rank,
-    built_input_shape,
-    channel_layout,
-    channels_last_shape,
-    import_keras,
-    read_facts,
-    read_variables,
-    recall_running,
-    remember_running,
-    spatial_rank_of,
-    without_training,
-)
+from .facts import read_facts, without_training
+from .kind_adapter import KerasKindAdapter
+from .momentum import RUNNING_WEIGHT, recall_running, remember_running
+from .runtime import import_keras
+from .shapes import build_rank, built_input_shape, channel_layout, channels_last_shape, spatial_rank_of
+from .variables import AFFINE_VARIABLES, read_variables
 
 #: Spec tensor -> BatchNormalization variable.
 VARIABLES = {**AFFINE_VARIABLES, "running_mean": "moving_mean", "running_var": "moving_variance"}
@@ -33,7 +24,7 @@ class KerasBatchAdapter(KerasKindAdapter):
     """keras.layers.BatchNormalization (and UnbiasedBatchNormalization) <-> kind "batch"."""
 
     kind = "batch"
-    layer_classes = ("BatchNormalization",)
+    layer_classes = KIND_INFO["batch"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         from .unbiased_batch_normalization import UnbiasedBatchNormalization
@@ -92,3 +83,6 @@ class KerasBatchAdapter(KerasKindAdapter):
         remember_running(layer, spec, report, momentum)
         rank = build_rank(spec, report, spec.spatial_rank + 2)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)
+
+
+ADAPTER = KerasBatchAdapter

@@ -8,11 +8,11 @@ import numpy as np
 
 from schemas import UnsupportedObjectError
 
+from .. import recognizers
 from ..adapter import FrameworkAdapter
-from .common import built_input_shape, group_layer_kind, import_keras, read_variable, write_variable
-
-#: keras.layers class -> kind, checked in order (GroupNormalization is decided per layer).
-_KINDS = (("BatchNormalization", "batch"), ("LayerNormalization", "layer"), ("RMSNormalization", "rms"), ("GroupNormalization", None))
+from .runtime import import_keras
+from .shapes import built_input_shape
+from .variables import read_variable, write_variable
 
 
 class KerasFramework(FrameworkAdapter):
@@ -20,22 +20,17 @@ class KerasFramework(FrameworkAdapter):
 
     name = "keras"
 
-    def owns(self, obj: Any) -> bool:
-        """A class in obj's MRO comes from the `keras` package (no import needed to tell)."""
-        for cls in type(obj).__mro__:
-            module = getattr(cls, "__module__", "") or ""
-            if module == "keras" or module.startswith("keras."):
-                return True
-        return False
-
     def kind_of(self, obj: Any) -> str:
-        layers = import_keras().layers
-        for class_name, kind in _KINDS:
-            if isinstance(obj, getattr(layers, class_name)):
-                return kind or group_layer_kind(obj)
+        """The kind the Keras recognizers read (converters/recognizers/: the stock layers first)."""
+        kind = recognizers.kind_of("keras", obj)
+        if kind is not None:
+            return kind
+        from ..recognizers.keras_layers import CLASS_KINDS
+
+        names = list(CLASS_KINDS)
         raise UnsupportedObjectError(
-            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a keras.layers BatchNormalization, LayerNormalization, "
-            "RMSNormalization or GroupNormalization; pass the normalization layer itself, not a model or another layer.",
+            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a keras.layers {', '.join(names[:-1])} or {names[-1]}; "
+            "pass the normalization layer itself, not a model or another layer.",
             layer=getattr(obj, "name", None),
         )
 

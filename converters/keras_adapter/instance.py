@@ -5,24 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
 from ..translate import record_layout
-from .common import (
-    AFFINE_VARIABLES,
-    KerasKindAdapter,
-    build_rank,
-    channels_last_shape,
-    import_keras,
-    read_group_layer,
-)
+from .groups import read_group_layer
+from .kind_adapter import KerasKindAdapter
+from .runtime import import_keras
+from .shapes import build_rank, channels_last_shape
+from .variables import AFFINE_VARIABLES
 
 
 class KerasInstanceAdapter(KerasKindAdapter):
     """keras.layers.GroupNormalization(groups=-1) <-> kind "instance" (Keras has no InstanceNorm layer)."""
 
     kind = "instance"
-    layer_classes = ("GroupNormalization",)
+    layer_classes = KIND_INFO["instance"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         return read_group_layer(self.layer_of(obj), report, "instance")
@@ -40,3 +38,6 @@ class KerasInstanceAdapter(KerasKindAdapter):
         layer = import_keras().layers.GroupNormalization(groups=-1, axis=-1, center=spec.bias, scale=spec.scale, **common)
         rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=3)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), AFFINE_VARIABLES)
+
+
+ADAPTER = KerasInstanceAdapter

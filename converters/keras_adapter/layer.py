@@ -5,27 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import LayerReport, NormSpec, SpecError
+from schemas.kinds import KIND_INFO
 
 from ..options import ConversionOptions
-from .common import (
-    AFFINE_VARIABLES,
-    KerasKindAdapter,
-    build_rank,
-    built_input_shape,
-    import_keras,
-    read_facts,
-    read_variables,
-    trailing_axes,
-    trailing_axis_argument,
-    trailing_shape,
-)
+from .facts import read_facts
+from .kind_adapter import KerasKindAdapter
+from .runtime import import_keras
+from .shapes import build_rank, built_input_shape, trailing_axes, trailing_axis_argument, trailing_shape
+from .variables import AFFINE_VARIABLES, read_variables
 
 
 class KerasLayerAdapter(KerasKindAdapter):
     """keras.layers.LayerNormalization <-> kind "layer"."""
 
     kind = "layer"
-    layer_classes = ("LayerNormalization",)
+    layer_classes = KIND_INFO["layer"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         layer = self.layer_of(obj)
@@ -60,3 +54,6 @@ class KerasLayerAdapter(KerasKindAdapter):
         layer = import_keras().layers.LayerNormalization(axis=trailing_axis_argument(count), center=spec.bias, scale=spec.scale, **common)
         rank = build_rank(spec, report, count + 2)
         return self.finish_emit(layer, spec, report, trailing_shape(spec.normalized_shape, rank), AFFINE_VARIABLES)
+
+
+ADAPTER = KerasLayerAdapter

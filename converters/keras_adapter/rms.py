@@ -7,22 +7,15 @@ from typing import Any
 import numpy as np
 
 from schemas import LayerReport, NormSpec
+from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
-from .common import (
-    STORED_NOTE,
-    KerasKindAdapter,
-    assign_variable,
-    build_rank,
-    built_input_shape,
-    import_keras,
-    read_facts,
-    read_variable,
-    trailing_axes,
-    trailing_axis_argument,
-    trailing_shape,
-)
+from .facts import STORED_NOTE, read_facts
+from .kind_adapter import KerasKindAdapter
+from .runtime import import_keras
+from .shapes import build_rank, built_input_shape, trailing_axes, trailing_axis_argument, trailing_shape
+from .variables import assign_variable, read_variable
 
 #: RMSNormalization keeps its weight in the attribute `scale` (a variable, not a flag).
 VARIABLES = {"scale": "scale"}
@@ -32,7 +25,7 @@ class KerasRmsAdapter(KerasKindAdapter):
     """keras.layers.RMSNormalization <-> kind "rms" (never a bias)."""
 
     kind = "rms"
-    layer_classes = ("RMSNormalization",)
+    layer_classes = KIND_INFO["rms"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         layer = self.layer_of(obj)
@@ -67,3 +60,6 @@ class KerasRmsAdapter(KerasKindAdapter):
             markers.remember(layer, frozen_identity=("scale",))
             report.add("scale", False, "frozen scale = 1", "stored", "Keras RMSNormalization always has a scale weight; " + STORED_NOTE)
         return layer
+
+
+ADAPTER = KerasRmsAdapter

@@ -11,7 +11,7 @@ it is registered as "normbridge>UnbiasedBatchNormalization".
 
 from __future__ import annotations
 
-from .common import import_keras
+from .runtime import import_keras
 
 keras = import_keras()
 ops = keras.ops

@@ -1,5 +1,11 @@
-"""Whole models: loading them safely, finding their normalization layers, and the model-level tools
-(inspection, porting state between twins, export for serving, contract tests, drift, recalibration).
+"""Whole models, framework-neutral: every framework-specific step is a call to the model's adapter
+(converters/model_adapter.py, one per framework package).
 
-Each tool lives in its own module; this package imports none of the frameworks itself.
+- `loading`: model files without executing code; `walking`: a model's normalization layers;
+- `inspection`, `hazards`: every layer with its spec, mode, statistics and hazards;
+- `porting`: normalization state between twin models;
+- `serving/`: export for serving (`export`), the serving contract (`contract`), the inputs both replay (`samples`);
+- `monitoring/`: drift against the running statistics (`drift`), recalibration (`recalibration`).
+
+This package imports none of the frameworks itself.
 """

@@ -1,29 +1,28 @@
-"""The hazards `inspect` detects, one function each, listed explicitly in LAYER_HAZARDS and MODEL_HAZARDS.
+"""The hazards `inspect` detects in a layer, one function each, listed explicitly in LAYER_HAZARDS.
 
-A layer hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a
-`Hazard` or None. Severities: outputs that depend on the batch are errors; state that looks
+A hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a
+`Hazard` or None; hazards of a model as a whole come from its model adapter (`model_hazards`). Severities: outputs that depend on the batch are errors; state that looks
 untrained or can no longer be checked is a warning; settings that are unusual but may be
 intended are info.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from schemas import NormSpec
 from schemas.floats import as_float32
 from schemas.inspection import Hazard
+from schemas.kinds import KIND_INFO
 
-#: PyTorch's default eps for every normalization module; RMSNorm's default is None (finfo(dtype).eps),
-#: which the spec records as eps_origin="dtype_eps".
-TORCH_DEFAULT_EPS = 1e-5
-#: Keras 3 defaults (keras/src/layers/normalization/*.py): 1e-3, except RMSNormalization 1e-6.
-KERAS_DEFAULT_EPS = {"batch": 1e-3, "layer": 1e-3, "group": 1e-3, "instance": 1e-3, "rms": 1e-6}
-#: The `epsilon` attribute default of every ONNX normalization op.
-ONNX_DEFAULT_EPS = 1e-5
+from ..model_values import LayerFacts
+
+#: How a hazard names the default of each framework (KindInfo.default_eps holds the values); another
+#: framework's is called "the <name> default".
+DEFAULT_NAMES = {"torch": "PyTorch's default", "keras": "Keras's default", "onnx": "the ONNX op default"}
+#: Exporter (a site's origin) -> the framework whose defaults its layers were written with.
+EXPORTER_FRAMEWORKS = {"torch.onnx": "torch", "tf2onnx": "keras"}
 
 EXPORTERS = {
     "torch.onnx": "torch.onnx.export",
@@ -31,33 +30,6 @@ EXPORTERS = {
     "normbridge": "normbridge (below the native opset)",
     "exported_program": "torch.export's run_decompositions",
 }
-
-
-@dataclass(frozen=True)
-class LayerFacts:
-    """What inspection found about one layer, in terms every hazard can read.
-
-    `framework` decides whose defaults apply (torch, keras or onnx); `origin` where the layer
-    was found. `training` is the layer's mode where it has one that matters. `eps` is given
-    separately for ONNX sites whose spec could not be built.
-    """
-
-    path: str
-    kind: str
-    framework: str
-    origin: str
-    layer_type: str
-    spec: NormSpec | None
-    training: bool = False
-    eps: float | None = None
-    native: bool = True
-    folded: bool = False
-    op_types: tuple[str, ...] = ()
-    problem: str | None = None
-
-    @property
-    def tracked(self) -> bool:
-        return self.spec is not None and self.spec.track_running_stats
 
 
 def _hazard(code: str, severity: str, message: str) -> Hazard:
@@ -79,7 +51,7 @@ def train_mode(facts: LayerFacts) -> Hazard | None:
 
     An untracked BatchNorm uses batch statistics in either mode: batch_stats_at_eval reports it.
     """
-    if not facts.training or facts.kind not in ("batch", "instance") or not facts.tracked:
+    if not facts.training or not KIND_INFO[facts.kind].running_stats or not facts.tracked:
         return None
     if facts.origin == "exported_program":
         how, fix = "was exported in train mode (its op has training=True)", "call model.eval() and export again"
@@ -150,18 +122,13 @@ def momentum_none(facts: LayerFacts) -> Hazard | None:
 
 def default_eps(facts: LayerFacts) -> tuple[float | None, str]:
     """The default eps of the framework the layer came from, and how to name it (None: default is finfo(dtype).eps)."""
-    framework = facts.framework
-    if facts.origin == "torch.onnx":
-        framework = "torch"
-    elif facts.origin == "tf2onnx":
-        framework = "keras"
-    if framework == "torch":
-        if facts.kind == "rms":
-            return None, "PyTorch's default for RMSNorm (eps=None, finfo(dtype).eps)"
-        return TORCH_DEFAULT_EPS, f"PyTorch's default {TORCH_DEFAULT_EPS!r}"
-    if framework == "keras":
-        return KERAS_DEFAULT_EPS[facts.kind], f"Keras's default {KERAS_DEFAULT_EPS[facts.kind]!r}"
-    return ONNX_DEFAULT_EPS, f"the ONNX op default {ONNX_DEFAULT_EPS!r}"
+    framework = EXPORTER_FRAMEWORKS.get(facts.origin, facts.framework)
+    info = KIND_INFO[facts.kind]
+    named = DEFAULT_NAMES.get(framework, f"the {framework} default")
+    default = info.default_eps[framework]
+    if default is None:  # PyTorch's RMSNorm: eps=None means finfo(dtype).eps, which the spec records as eps_origin="dtype_eps"
+        return None, f"{named} for {info.classes[framework][0]} (eps=None, finfo(dtype).eps)"
+    return default, f"{named} {default!r}"
 
 
 def eps_not_default(facts: LayerFacts) -> Hazard | None:
@@ -187,10 +154,6 @@ def eps_not_default(facts: LayerFacts) -> Hazard | None:
     )
 
 
-#: First opset with the native op, per kind (ONNX operator changelog).
-NATIVE_OPSET = {"layer": 17, "group": 21, "rms": 23, "instance": 6, "batch": 9}
-
-
 def op_summary(op_types: tuple[str, ...]) -> str:
     """'ReduceMean x2, Sub, Sqrt' from the ops of a decomposition, in first-seen order."""
     counts: dict[str, int] = {}
@@ -204,7 +167,7 @@ def _decomposition_fix(facts: LayerFacts) -> str:
         return "save the program before run_decompositions()"
     if facts.origin == "tf2onnx":
         return "tf2onnx always decomposes it; normbridge export rewrites it into the native op"
-    return f"export with opset >= {NATIVE_OPSET[facts.kind]}, which has the native op"
+    return f"export with opset >= {KIND_INFO[facts.kind].onnx_opset}, which has the native op"
 
 
 def decomposed(facts: LayerFacts) -> Hazard | None:
@@ -248,33 +211,3 @@ LAYER_HAZARDS: tuple[Callable[[LayerFacts], Hazard | None], ...] = (
 def layer_hazards(facts: LayerFacts) -> list[Hazard]:
     """Every hazard of one layer."""
     return [hazard for check in LAYER_HAZARDS if (hazard := check(facts)) is not None]
-
-
-# -- model hazards ---------------------------------------------------------------------
-
-
-def folded_into_conv(model: Any) -> Hazard | None:
-    """ONNX: Conv nodes and no BatchNormalization left, so any BatchNorm was folded into the Conv weights."""
-    from .loading import framework_of_model
-
-    if framework_of_model(model) != "onnx":
-        return None
-    from .onnx_sites import batchnorm_folded_into_conv
-
-    if not batchnorm_folded_into_conv(model):
-        return None
-    return _hazard(
-        "folded_batchnorm", "warning",
-        "the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
-        "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
-        "export with torch.onnx.export(..., optimize=False) to keep the BatchNormalization nodes.",
-    )
-
-
-#: Every model-level hazard.
-MODEL_HAZARDS: tuple[Callable[[Any], Hazard | None], ...] = (folded_into_conv,)
-
-
-def model_hazards(model: Any) -> list[Hazard]:
-    """Every hazard of the model as a whole."""
-    return [hazard for check in MODEL_HAZARDS if (hazard := check(model)) is not None]

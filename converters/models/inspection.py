@@ -1,8 +1,8 @@
 """inspect_model: every normalization layer of a model with its spec, mode, statistics and hazards.
 
-One reader per source turns its layers into `LayerFacts` (hazards.py), and one function turns
-facts into the user-facing `LayerInspection`, so a PyTorch module, an ExportedProgram, a Keras
-model and an ONNX graph are judged by the same rules.
+The model's adapter turns its layers into `LayerFacts` (walked layers read through their kind
+adapters, the aten ops of an ExportedProgram, the sites of an ONNX graph), and one function turns
+facts into the user-facing `LayerInspection`, so every framework's models are judged by the same rules.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from schemas import NormbridgeError, NormSpec, UnsupportedObjectError
+from schemas import NormSpec
 from schemas.inspection import LayerInspection, ModelInspection, StatsSummary
+from schemas.kinds import KIND_INFO
 
-from .hazards import LayerFacts, layer_hazards, model_hazards
-
-#: Kinds whose output depends on a train/eval flag (InstanceNorm only when it tracks statistics).
-_MODE_KINDS = ("batch", "instance")
+from ..adapters import REGISTRY
+from ..model_values import LayerFacts
+from .hazards import layer_hazards
 
 
 def inspect_path(path: str | Path) -> ModelInspection:
@@ -35,78 +35,12 @@ def inspect_model(obj: Any, *, source: str | None = None) -> ModelInspection:
     if isinstance(obj, NormSpec):
         facts = [_spec_facts(obj)]
         return _inspection(obj.source.framework, source or f"spec '{obj.name}'", facts, [])
-    from .exported_program import is_exported_program
-    from .loading import framework_of_model
-
-    if is_exported_program(obj):
-        return _inspection("torch", source or "torch.export.ExportedProgram", _exported_facts(obj), [])
-    framework = framework_of_model(obj)
-    described = source or f"{framework} {type(obj).__name__} '{getattr(obj, 'name', '') or type(obj).__name__}'"
-    if framework == "onnx":
-        return _inspection("onnx", source or f"onnx graph '{obj.graph.name}'", _onnx_facts(obj), model_hazards(obj))
-    if framework == "torch":
-        import torch
-
-        if not isinstance(obj, torch.nn.Module):
-            raise UnsupportedObjectError(f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a torch.nn.Module or a torch.export.ExportedProgram.")
-        return _inspection("torch", described, _walked_facts(obj, "module"), [])
-    return _inspection("keras", described, _walked_facts(obj, "keras"), [])
-
-
-# -- readers: one per source -------------------------------------------------------------
-
-
-def _walked_facts(model: Any, origin: str) -> list[LayerFacts]:
-    """torch.nn.Module and keras.Model: walk the layers and read each through its adapter."""
-    from .walking import norm_layers, spec_of
-
-    facts = []
-    for ref in norm_layers(model):
-        spec, problem = None, None
-        try:
-            spec = spec_of(ref)
-        except NormbridgeError as error:
-            problem = str(error)
-        # Keras has no per-layer mode (it is chosen per call); a PyTorch module's is module.training.
-        training = bool(getattr(ref.obj, "training", False)) if ref.framework == "torch" else False
-        facts.append(LayerFacts(
-            path=ref.path, kind=ref.kind, framework=ref.framework, origin=origin, layer_type=type(ref.obj).__name__,
-            spec=spec, training=training, problem=problem,
-        ))
-    return facts
-
-
-def _exported_facts(program: Any) -> list[LayerFacts]:
-    from .exported_program import exported_norm_layers
-
-    facts = []
-    for layer in exported_norm_layers(program):
-        layer_type = layer.module_type or layer.op  # the aten op stays in spec.source.layer_type
-        facts.append(LayerFacts(
-            path=layer.path, kind=layer.kind, framework="torch", origin="exported_program", layer_type=layer_type,
-            spec=layer.spec, training=layer.training, native=layer.native, problem=None if not layer.native else layer.problem,
-            op_types=() if layer.native else ("primitive ops",),
-        ))
-    return facts
-
-
-def _onnx_facts(model: Any) -> list[LayerFacts]:
-    from .onnx_sites import find_norm_sites
-
-    facts = []
-    for site in find_norm_sites(model):
-        ops = tuple(site.op_types)
-        distinct = tuple(dict.fromkeys(ops))
-        layer_type = "+".join(distinct) if len(distinct) <= 3 else f"{len(ops)} primitive ops"  # the hazard lists them all
-        facts.append(LayerFacts(
-            path=site.name, kind=site.kind, framework="onnx", origin=site.origin, layer_type=layer_type, spec=site.spec,
-            training=bool(site.training_mode), eps=site.eps, native=site.native, folded=site.folded, op_types=ops,
-        ))
-    return facts
+    adapter = REGISTRY.model_adapter_of(obj)
+    return _inspection(adapter.framework, source or adapter.inspection_source(obj), adapter.layer_facts(obj), adapter.model_hazards(obj))
 
 
 def _spec_facts(spec: NormSpec) -> LayerFacts:
-    framework = spec.source.framework if spec.source.framework in ("torch", "keras", "onnx") else "torch"
+    framework = spec.source.framework if spec.source.framework in REGISTRY.framework_names else "torch"
     return LayerFacts(
         path=spec.name, kind=spec.kind, framework=framework, origin="normbridge", layer_type=spec.source.layer_type or spec.kind,
         spec=spec, training=spec.training,
@@ -131,7 +65,8 @@ def _layer(index: int, facts: LayerFacts) -> LayerInspection:
 
 def mode_of(facts: LayerFacts) -> str:
     """train/eval where the layer's output depends on a mode, n/a elsewhere (and for Keras, whose mode is per call)."""
-    if facts.origin == "keras" or facts.kind not in _MODE_KINDS:
+    # Kinds whose output depends on a train/eval flag are those with running statistics (InstanceNorm only when it tracks them).
+    if facts.origin == "keras" or not KIND_INFO[facts.kind].running_stats:
         return "n/a"
     if facts.kind == "instance" and not facts.tracked:
         return "n/a"  # instance statistics are per sample in either mode

@@ -1,8 +1,10 @@
 """Loading model files without executing code from them.
 
-Accepted: `.pt2` (a torch.export ExportedProgram, read by `torch_adapter.pt2_archive` with no full unpickler), `.keras` (loaded with safe_mode=True, so
-Lambda layers and other deserialised code are refused), `.onnx`, and a spec folder. Pickle-based
-formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them can run arbitrary code.
+Accepted: the model files of every registered framework (`adapters.MODEL_FILES`: `.pt2`, a
+torch.export ExportedProgram read by `torch_adapter.pt2_archive` with no full unpickler;
+`.keras`, loaded with safe_mode=True, so Lambda layers and other deserialised code are refused;
+`.onnx`), each loaded by its framework's model adapter, and a spec folder. Pickle-based formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them
+can run arbitrary code.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Any
 
 from schemas import InputFileError
 
+from ..adapters import MODEL_FILES, REGISTRY
+
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib")
-SUPPORTED = ".pt2 (torch.export), .keras, .onnx or a spec folder"
+SUPPORTED = ", ".join(described for _, described in MODEL_FILES.values()) + " or a spec folder"
 
 
 def load_model(path: str | Path) -> Any:
@@ -31,45 +35,12 @@ def load_model(path: str | Path) -> Any:
             f"'{path}' is a pickle-based file and loading it can execute code; save the model with torch.export.save (.pt2), "
             "model.save (.keras) or as ONNX instead."
         )
-    if suffix == ".onnx":
-        from converters.onnx_adapter.files import load_onnx
-
-        return load_onnx(path)
-    if suffix == ".pt2":
-        return _load_pt2(path)
-    if suffix == ".keras":
-        return _load_keras(path)
+    if suffix in MODEL_FILES:
+        framework, _ = MODEL_FILES[suffix]
+        return REGISTRY.model_adapter(framework).load(path)
     raise InputFileError(f"'{path}' has an unknown format '{suffix}'; pass a {SUPPORTED}.")
-
-
-def _load_pt2(path: Path) -> Any:
-    """Never torch.export.load: it unpickles parts of the archive with the full unpickler (see torch_adapter.pt2_archive)."""
-    from converters.torch_adapter.pt2_archive import load_exported_program
-
-    return load_exported_program(path)
-
-
-def _load_keras(path: Path) -> Any:
-    from converters.keras_adapter.common import import_keras
-
-    keras = import_keras()
-    try:
-        return keras.saving.load_model(str(path), safe_mode=True, compile=False)
-    except ValueError as error:
-        if "safe_mode" in str(error) or "Lambda" in str(error):
-            raise InputFileError(
-                f"'{path}' holds code (a Lambda layer or a deserialised function), which safe_mode refuses to run; rebuild the model without it."
-            ) from error
-        raise InputFileError(f"'{path}' is not a loadable .keras file ({error}).") from error
-    except Exception as error:
-        raise InputFileError(f"'{path}' is not a loadable .keras file ({type(error).__name__}: {error}).") from error
 
 
 def framework_of_model(model: Any) -> str:
     """'torch', 'keras' or 'onnx' for a model object (ExportedProgram counts as torch)."""
-    for cls in type(model).__mro__:
-        module = getattr(cls, "__module__", "") or ""
-        for name in ("torch", "keras", "onnx"):
-            if module == name or module.startswith(name + "."):
-                return name
-    raise InputFileError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected a PyTorch, Keras or ONNX model.")
+    return REGISTRY.model_framework(model)

@@ -25,13 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas import ConversionReport, LayerReport, NormSpec, SpecError, UnsupportedObjectError
+from schemas import ConversionReport, LayerReport, NormSpec, SpecError
+from schemas.kinds import KIND_INFO
 
-from ..api import read_spec, write_spec
+from ..adapters import REGISTRY
+from ..api import write_spec
+from ..model_adapter import ModelAdapter
+from ..model_values import NormLayerRef
 from ..options import ConversionOptions
 from ..translate import estimator_matches, record_layout
-from .loading import framework_of_model
-from .walking import NormLayerRef, norm_layers, spec_of
 
 #: Report lines the converter writes for a new layer that a port replaces with the target layer's own facts.
 _RETARGETED = ("name", "layout", "input_rank", "variance_estimator")
@@ -77,77 +79,13 @@ class Pair:
 
 def source_layers(model: Any) -> list[SourceLayer]:
     """The normalization layers of a source model, in order, as specs named by their paths."""
-    framework = framework_of_model(model)
-    if framework == "torch":
-        from .exported_program import exported_specs, is_exported_program
-
-        if is_exported_program(model):
-            return [SourceLayer(spec.name, spec) for spec in exported_specs(model)]
-    if framework == "onnx":
-        return _onnx_layers(model)
-    return [SourceLayer(ref.path, spec_of(ref)) for ref in norm_layers(model)]
+    return [SourceLayer(spec.name, spec) for spec in REGISTRY.model_adapter_of(model).layer_specs(model)]
 
 
-def _named(spec: NormSpec, path: str) -> NormSpec:
-    return spec if spec.name == path else spec.replace(name=path)
-
-
-def _onnx_layers(model: Any) -> list[SourceLayer]:
-    """Each native normalization node of an ONNX graph, cut out into a one-node model the ONNX adapter reads."""
-    import onnx
-    from onnx import helper, shape_inference
-
-    from ..onnx_adapter.reading import DEFAULT_DOMAINS, NATIVE_KINDS
-
-    if not isinstance(model, onnx.ModelProto):
-        raise UnsupportedObjectError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto.")
-    inferred = shape_inference.infer_shapes(model)
-    values = {v.name: v for v in list(inferred.graph.input) + list(inferred.graph.value_info)}
-    initializers = {t.name: t for t in model.graph.initializer}
-    layers: list[SourceLayer] = []
-    seen: set[str] = set()
-    for index, node in enumerate(model.graph.node):
-        if node.op_type not in NATIVE_KINDS or node.domain not in DEFAULT_DOMAINS:
-            continue
-        name = node.name or f"{node.op_type}_{index}"
-        if name in seen:
-            name = f"{name}_{index}"
-        seen.add(name)
-        x = node.input[0]
-        if x not in values or not values[x].type.tensor_type.HasField("shape"):
-            raise UnsupportedObjectError(
-                f"the shape of input '{x}' of {node.op_type} node '{name}' is unknown after ONNX shape inference, expected at least its rank; "
-                "export the model with static input ranks.",
-                layer=name,
-            )
-        x_info = values[x]
-        y_info = helper.make_tensor_value_info(node.output[0], x_info.type.tensor_type.elem_type, None)
-        single = helper.make_node(node.op_type, list(node.input), [node.output[0]], name=name, domain=node.domain)
-        single.attribute.extend(node.attribute)
-        graph = helper.make_graph(
-            [single], name, [x_info], [y_info], initializer=[initializers[i] for i in node.input[1:] if i in initializers]
-        )
-        piece = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-        layers.append(SourceLayer(name, _named(read_spec(piece)[0], name)))
-    return layers
-
-
-def target_layers(model: Any) -> tuple[str, list[TargetLayer]]:
-    """(framework, layers) of a target model, which must be an in-memory PyTorch or Keras model."""
-    framework = framework_of_model(model)
-    if framework == "torch":
-        import torch
-
-        if not isinstance(model, torch.nn.Module):
-            raise UnsupportedObjectError(
-                f"the target is a {type(model).__name__}, expected a torch.nn.Module to write into; an ExportedProgram has no layers "
-                "to change, so build the nn.Module in Python and port into it."
-            )
-    elif framework != "keras":
-        raise UnsupportedObjectError(
-            f"the target is a {framework} model, expected a torch.nn.Module or a keras.Model; port into one of those and export it afterwards."
-        )
-    return framework, [TargetLayer(ref, spec_of(ref)) for ref in norm_layers(model)]
+def target_layers(model: Any) -> tuple[ModelAdapter, list[TargetLayer]]:
+    """(model adapter, layers) of a target model, which must be an in-memory model its framework can change in place."""
+    adapter = REGISTRY.model_adapter_of(model)
+    return adapter, [TargetLayer(ref, ref.spec()) for ref in adapter.port_targets(model)]
 
 
 # -- pairing -----------------------------------------------------------------------------------
@@ -155,7 +93,7 @@ def target_layers(model: Any) -> tuple[str, list[TargetLayer]]:
 
 def describe(spec: NormSpec) -> str:
     """Kind and shape of a layer as one phrase, e.g. 'batch num_features=16 (2d)'."""
-    if spec.kind in ("layer", "rms"):
+    if KIND_INFO[spec.kind].trailing:
         return f"{spec.kind} normalized_shape={list(spec.normalized_shape)}"
     text = f"{spec.kind} num_features={spec.num_features}"
     if spec.kind == "group":
@@ -166,7 +104,7 @@ def describe(spec: NormSpec) -> str:
 
 
 def _signature(spec: NormSpec) -> tuple:
-    if spec.kind in ("layer", "rms"):
+    if KIND_INFO[spec.kind].trailing:
         return (spec.kind, tuple(spec.normalized_shape))
     if spec.kind == "group" or (spec.kind == "instance" and not spec.track_running_stats):
         # GroupNorm with one group per channel computes InstanceNorm without statistics (and Keras has only the former).
@@ -181,9 +119,13 @@ def _examples(names: list[str]) -> str:
 
 
 def match_layers(
-    sources: list[SourceLayer], targets: list[TargetLayer], name_map: dict[str, str] | None = None, source_framework: str | None = None
+    sources: list[SourceLayer], targets: list[TargetLayer], name_map: dict[str, str] | None = None, source_note: str = ""
 ) -> list[Pair]:
-    """Pair every source layer with one target layer: the name map first, then by order among the rest."""
+    """Pair every source layer with one target layer: the name map first, then by order among the rest.
+
+    `source_note` is added to a count mismatch: what the source's framework offers as layers
+    (ModelAdapter.port_source_note).
+    """
     name_map = dict(name_map or {})
     for key, value in name_map.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -221,10 +163,7 @@ def match_layers(
         scope = " among the layers the name map does not name" if name_map else ""
         raise PortMismatchError(
             f"the source has {len(sources)} normalization layers and the target {len(targets)}: paired by order{scope}, {extra_side} layer(s) "
-            f"{_examples(extra)} have no twin in the {other}; port between models of the same architecture"
-            + (" (an ONNX source offers native normalization nodes only: a BatchNorm folded into a Conv or a decomposed norm is not a layer there)"
-               if source_framework == "onnx" else "")
-            + ".",
+            f"{_examples(extra)} have no twin in the {other}; port between models of the same architecture{source_note}.",
             layer=extra[0], setting="layer_count",
         )
     order = iter(rest_targets)
@@ -272,18 +211,14 @@ def check_twins(pairs: list[Pair]) -> None:
 # -- planning and writing ----------------------------------------------------------------------
 
 
-def _plan(pair: Pair, framework: str, options: ConversionOptions) -> tuple[LayerReport, Any]:
+def _plan(pair: Pair, adapter: ModelAdapter, options: ConversionOptions) -> tuple[LayerReport, Any]:
     """Convert the source layer for the target framework (all refusals happen here) and plan the writes."""
-    spec, target = pair.source.spec, pair.target
+    spec, target, framework = pair.source.spec, pair.target, adapter.framework
     report = LayerReport(layer=pair.source.path, kind=spec.kind, source_framework=spec.source.framework, target_framework=framework, target_op="?")
     # The target layer's class decides the running-variance estimator: it is reported below, not emitted.
     fresh, report = write_spec(spec, framework, options.model_copy(update={"match_variance_estimator": False}), report)
     _retarget(report, pair, framework, options)
-    if framework == "torch":
-        from .porting_torch import plan_write
-    else:
-        from .porting_keras import plan_write
-    return report, plan_write(fresh, target.ref.obj, pair.source.path, report)
+    return report, adapter.plan_port_write(fresh, target.ref.obj, pair.source.path, report)
 
 
 def _retarget(report: LayerReport, pair: Pair, framework: str, options: ConversionOptions) -> None:
@@ -332,25 +267,19 @@ def port_state(
         Nothing is written when any of these is raised.
     """
     options = options or ConversionOptions()
-    framework, targets = target_layers(target_model)
-    pairs = match_layers(source_layers(source_model), targets, name_map, framework_of_model(source_model))
+    adapter, targets = target_layers(target_model)
+    sources = source_layers(source_model)
+    pairs = match_layers(sources, targets, name_map, REGISTRY.model_adapter_of(source_model).port_source_note)
     check_twins(pairs)
-    planned = [_plan(pair, framework, options) for pair in pairs]
-    _write([plan for _, plan in planned], framework)
-    if framework == "keras":
-        from .porting_keras import reset_compiled
-
-        reset_compiled(target_model)
+    planned = [_plan(pair, adapter, options) for pair in pairs]
+    _write([plan for _, plan in planned], adapter)
+    adapter.after_port(target_model)
     return ConversionReport(layers=[report for report, _ in planned])
 
 
-def _write(plans: list[Any], framework: str) -> None:
+def _write(plans: list[Any], adapter: ModelAdapter) -> None:
     """Run every planned write; on any failure put all target layers back and re-raise."""
-    if framework == "torch":
-        from .porting_torch import snapshot
-    else:
-        from .porting_keras import snapshot
-    restores = [snapshot(plan.target) for plan in plans]
+    restores = [adapter.snapshot(plan.target) for plan in plans]
     try:
         for plan in plans:
             for step in plan.steps:

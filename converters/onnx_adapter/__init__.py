@@ -1,25 +1,20 @@
-"""ONNX adapter: onnx.ModelProto graphs holding one normalization layer <-> NormSpec.
+"""ONNX adapter: onnx.ModelProto graphs holding one normalization layer <-> NormSpec, and whole ONNX graphs.
 
-Each kind has its own module; `graph`, `reading`, `metadata` and `decompositions`
-hold what they share. Models run in onnxruntime (CPU) for `check`.
+Each kind has its own module; `layer_graph`, `reading`, `metadata` and `decompositions`
+hold what they share. Models run in onnxruntime (CPU) for `check`. Whole graphs: `model`
+(the model adapter), `graph/` (finding every normalization, rewriting decompositions),
+`running` (serving in onnxruntime), `statistics` (BatchNorm inputs, recalibration).
 """
 
-from .batch import OnnxBatchNorm
+from ..adapter import kind_adapters
 from .files import load_onnx, save_onnx
 from .framework import OnnxFramework
-from .group import OnnxGroupNorm
-from .instance import OnnxInstanceNorm
-from .layer import OnnxLayerNorm
-from .rms import OnnxRMSNorm
+from .model import OnnxModelAdapter
 
 FRAMEWORK = OnnxFramework()
+MODEL = OnnxModelAdapter()
 
-KIND_ADAPTERS = {
-    "batch": OnnxBatchNorm,
-    "layer": OnnxLayerNorm,
-    "rms": OnnxRMSNorm,
-    "group": OnnxGroupNorm,
-    "instance": OnnxInstanceNorm,
-}
+#: kind -> KindAdapter class: the ADAPTER of each module named after a kind (onnx_adapter/<kind>.py).
+KIND_ADAPTERS = kind_adapters(__name__)
 
-__all__ = ["FRAMEWORK", "KIND_ADAPTERS", "OnnxFramework", "load_onnx", "save_onnx"]
+__all__ = ["FRAMEWORK", "KIND_ADAPTERS", "MODEL", "OnnxFramework", "load_onnx", "save_onnx"]

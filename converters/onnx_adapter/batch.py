@@ -13,16 +13,18 @@ import numpy as np
 from schemas import LayerReport, NormSpec, NotExpressibleError
 from schemas.floats import as_float32
 
+from schemas.kinds import KIND_INFO
+
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches
 from . import metadata, reading
-from .graph import INPUT, OUTPUT, LayerGraph, op_version
+from .layer_graph import INPUT, OUTPUT, LayerGraph, op_version
 
-OP = "BatchNormalization"
+INFO = KIND_INFO["batch"]
+OP = INFO.onnx_op
 #: training_mode exists from BatchNormalization-14.
 TRAINING_MODE_VERSION = 14
-STATE = ("scale", "bias", "running_mean", "running_var")
 
 
 def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerReport, *, training: bool):
@@ -69,7 +71,7 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     """A spec from a BatchNormalization node (kind batch, or a tracked instance normbridge emitted)."""
     meta = layer.metadata(report)
     fields = reading.common_fields(layer, report, meta)
-    scale, bias, mean, var = (layer.tensor(i, name) for i, name in enumerate(STATE, start=1))
+    scale, bias, mean, var = (layer.tensor(i, name) for i, name in enumerate(INFO.onnx_inputs, start=1))
     graph_training = layer.attribute("training_mode", 0) == 1
     # An untracked BatchNorm is emitted as training_mode=1 over zero/one running inputs.
     untracked_form = graph_training and bool(np.all(mean == 0) and np.all(var == 1))
@@ -79,7 +81,7 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     training = metadata.trusted(report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training)
     # Untracked statistics have no momentum: the attribute is unused.
     momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count) if tracked else (None, None)
-    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.DEFAULT_EPS))
+    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     spatial = max(layer.rank - 2, 1)
     fields.update(
         kind=layer.kind, num_features=layer.channels(mean), spatial_rank=spatial, layout="channels_first",
@@ -126,3 +128,6 @@ class OnnxBatchNorm(KindAdapter):
             report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
             report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")
         return emit_batch_norm(spec, options, report, training=spec.training)
+
+
+ADAPTER = OnnxBatchNorm

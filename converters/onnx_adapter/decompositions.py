@@ -20,11 +20,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from schemas import LayerReport, NormSpec, UnsupportedObjectError
+from schemas.kinds import KIND_INFO
 
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from . import metadata, reading
-from .graph import INPUT, LayerGraph, element_type
+from .layer_graph import INPUT, LayerGraph, element_type
 from .reading import OnnxLayer
 
 #: ReduceMean takes `axes` as an input from ReduceMean-18, as an attribute before.
@@ -98,10 +99,11 @@ def read(layer: OnnxLayer, report: LayerReport, adapter) -> NormSpec:
     if constant is not None:
         eps, eps_origin = metadata.eps(report, meta, float(constant), float32=constant.dtype != np.float64)
     else:
-        node = next((n for n in layer.model.graph.node if n.op_type == "InstanceNormalization"), None)
+        instance = KIND_INFO["instance"]
+        node = next((n for n in layer.model.graph.node if n.op_type == instance.onnx_op), None)
         if node is None:
             raise UnsupportedObjectError(f"the graph carries '{metadata.KEY}' metadata of layer '{name}' but no '{name}.epsilon' initializer or InstanceNormalization, expected a decomposition normbridge emitted.")
-        stored = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), 1e-5)
+        stored = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), instance.default_eps["onnx"])
         eps, eps_origin = metadata.eps(report, meta, stored)
     try:
         shape = tuple(int(d) for d in meta.get("normalized_shape") or [meta.get("num_features")])

@@ -11,6 +11,8 @@ from google.protobuf.message import DecodeError
 from schemas import InputFileError
 from schemas.atomic_io import atomic_write_bytes
 
+from .proto import opset_of
+
 #: GroupNormalization-18 is deprecated, so the checker rejects it; normbridge still reads it (per-group affine).
 _DEPRECATED_READABLE = ("GroupNormalization", range(18, 21))
 
@@ -51,8 +53,7 @@ def _check(model: onnx.ModelProto, path: Path) -> None:
 
 def _uses_deprecated_readable(model: onnx.ModelProto) -> bool:
     op, versions = _DEPRECATED_READABLE
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    return opset in versions and any(n.op_type == op for n in model.graph.node)
+    return opset_of(model) in versions and any(n.op_type == op for n in model.graph.node)
 
 
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> Path:

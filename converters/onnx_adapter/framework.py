@@ -12,8 +12,9 @@ from schemas import NotExpressibleError
 
 from ..adapter import FrameworkAdapter
 from .batch import OP as BATCH_NORM, TRAINING_MODE_VERSION
-from .graph import element_type
-from .reading import DEFAULT_DOMAINS, OnnxLayer, parse
+from .layer_graph import element_type
+from .proto import DEFAULT_DOMAINS
+from .reading import OnnxLayer, parse
 
 
 def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:
@@ -35,10 +36,6 @@ class OnnxFramework(FrameworkAdapter):
 
     name = "onnx"
     float32_attributes = True  # epsilon and momentum are float attributes (float32) in every ONNX op
-
-    def owns(self, obj: Any) -> bool:
-        modules = (getattr(c, "__module__", None) or "" for c in type(obj).__mro__)
-        return any(m == "onnx" or m.startswith("onnx.") for m in modules)
 
     def kind_of(self, obj: Any) -> str:
         return parse(obj).kind

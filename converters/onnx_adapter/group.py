@@ -10,12 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from schemas import LayerReport, NormSpec, SpecError
+from schemas.kinds import KIND_INFO
 
 from . import decompositions, metadata, reading
-from .graph import stash_type
+from .layer_graph import stash_type
 
-OP = "GroupNormalization"
-NATIVE_OPSET = 21
+INFO = KIND_INFO["group"]
+OP = INFO.onnx_op
+NATIVE_OPSET = INFO.onnx_opset
 
 
 def per_channel(layer: reading.OnnxLayer, report: LayerReport, groups: int, tensors: list[np.ndarray]) -> list[np.ndarray]:
@@ -40,7 +42,7 @@ def read_group_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpec:
     fields = reading.common_fields(layer, report, meta)
     groups = int(layer.attribute("num_groups", 0))
     scale, bias = per_channel(layer, report, groups, [layer.tensor(1, "scale"), layer.tensor(2, "bias")])
-    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.DEFAULT_EPS))
+    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     fields.update(
         kind="group", num_features=layer.channels(scale), num_groups=groups, layout="channels_first", eps=eps, eps_origin=eps_origin,
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
@@ -63,3 +65,6 @@ class OnnxGroupNorm(decompositions.DecomposableAdapter):
 
     def decompose(self, spec, options, report):
         return decompositions.group_norm(spec, options, report)
+
+
+ADAPTER = OnnxGroupNorm

@@ -8,14 +8,15 @@ BatchNormalization; metadata kind "instance" tells the two apart on reading.
 from __future__ import annotations
 
 from schemas import LayerReport, NormSpec, NotExpressibleError
+from schemas.kinds import KIND_INFO
 
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from . import metadata, reading
 from .batch import emit_batch_norm, read_batch_norm
-from .graph import INPUT, LayerGraph, op_version
+from .layer_graph import INPUT, LayerGraph, op_version
 
-OP = "InstanceNormalization"
+OP = KIND_INFO["instance"].onnx_op
 
 
 def read_instance_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpec:
@@ -23,7 +24,7 @@ def read_instance_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpe
     meta = layer.metadata(report)
     fields = reading.common_fields(layer, report, meta)
     scale, bias = layer.tensor(1, "scale"), layer.tensor(2, "bias")
-    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.DEFAULT_EPS))
+    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     fields.update(
         kind="instance", num_features=layer.channels(scale), spatial_rank=max(layer.rank - 2, 1), layout="channels_first",
         eps=eps, eps_origin=eps_origin,
@@ -66,3 +67,6 @@ class OnnxInstanceNorm(KindAdapter):
         scale, bias = g.affine()
         result = g.instance_norm(INPUT, scale, bias)
         return g.finish(result, f"{OP}-{op_version(OP, g.opset)}", native=True)
+
+
+ADAPTER = OnnxInstanceNorm

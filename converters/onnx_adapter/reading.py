@@ -17,24 +17,25 @@ from onnx import helper, numpy_helper
 from pydantic import ValidationError
 
 from schemas import LayerReport, NormSpec, Source, SpecError, UnsupportedObjectError
+from schemas.kinds import KIND_INFO
 
+from .. import recognizers
+from ..options import MIN_OPSET
 from . import metadata
-from .graph import op_version
+from .layer_graph import op_version
+from .proto import DEFAULT_DOMAINS, FLOAT_TYPES
 
-NATIVE_KINDS = {
-    "BatchNormalization": "batch",
-    "InstanceNormalization": "instance",
-    "LayerNormalization": "layer",
-    "GroupNormalization": "group",
-    "RMSNormalization": "rms",
-}
+#: The native ops, as named in messages.
+NATIVE_OPS = tuple(info.onnx_op for info in KIND_INFO.values())
 #: Ops of the decompositions normbridge emits below the native opsets.
 DECOMPOSITION_OPS = frozenset({"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div", "Cast", "Reshape", "Shape", "InstanceNormalization"})
-DECOMPOSED_KINDS = ("layer", "rms", "group")
-#: epsilon when the attribute is absent: the same for all five ops.
-DEFAULT_EPS = 1e-5
-DEFAULT_DOMAINS = ("", "ai.onnx")
-_DTYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+#: Kinds whose native op is newer than the oldest opset normbridge writes: below it they are decomposed.
+DECOMPOSED_KINDS = tuple(kind for kind, info in KIND_INFO.items() if info.onnx_opset > MIN_OPSET)
+
+
+def default_eps(layer: "OnnxLayer") -> float:
+    """The epsilon the layer's op uses when the attribute is absent."""
+    return KIND_INFO[recognizers.kind_of("onnx", layer.node)].default_eps["onnx"]
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,14 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     data_inputs = [name for name in inputs if name not in initializers]
     raw = metadata.load(model)
     ops = [n.op_type for n in graph.node]
-    native = len(graph.node) == 1 and ops[0] in NATIVE_KINDS and graph.node[0].domain in DEFAULT_DOMAINS
-    node = graph.node[0] if native else None
-    if native:
+    # converters/recognizers/onnx_ops.py tells a native normalization node.
+    found = recognizers.kind_of("onnx", graph.node[0]) if len(graph.node) == 1 else None
+    node = graph.node[0] if found is not None else None
+    if node is not None:
         try:
             op_version(ops[0], max(opsets))
         except onnx.defs.SchemaError:
             raise UnsupportedObjectError(f"{ops[0]} does not exist at opset {max(opsets)}, expected an op the model's opset defines; fix the model's opset_import.") from None
-        found = NATIVE_KINDS[ops[0]]
         x = node.input[0]
         if found == "batch" and raw and raw.get("kind") == "instance" and _training_mode(node) == 0:
             found = "instance"  # a tracked InstanceNorm emitted as an eval-mode BatchNormalization
@@ -148,7 +149,7 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     else:
         raise UnsupportedObjectError(
             f"the ONNX graph holds {len(ops)} nodes ({', '.join(ops) or 'none'}), expected one normalization node "
-            f"({', '.join(NATIVE_KINDS)}) or a decomposition normbridge emitted (with its '{metadata.KEY}' metadata); "
+            f"({', '.join(NATIVE_OPS)}) or a decomposition normbridge emitted (with its '{metadata.KEY}' metadata); "
             "extract the layer into a model of its own."
         )
     if kind is not None and found != kind:
@@ -156,13 +157,13 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     if x not in inputs or x in initializers:
         raise UnsupportedObjectError(f"the normalization's data input '{x}' is not a graph input, expected the model's input X to feed it directly.")
     tensor_type = inputs[x].type.tensor_type
-    if tensor_type.elem_type not in _DTYPES:
+    if tensor_type.elem_type not in FLOAT_TYPES:
         name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
         raise UnsupportedObjectError(f"input '{x}' has element type {name}, expected FLOAT16, FLOAT or DOUBLE.")
     if not tensor_type.HasField("shape"):
         raise UnsupportedObjectError(f"input '{x}' has no shape, expected at least its rank (symbolic dims are fine); the layer's spatial rank depends on it.")
     shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
-    return OnnxLayer(model, found, max(opsets), node, x, _DTYPES[tensor_type.elem_type], shape, raw, initializers, frozenset(inputs))
+    return OnnxLayer(model, found, max(opsets), node, x, FLOAT_TYPES[tensor_type.elem_type], shape, raw, initializers, frozenset(inputs))
 
 
 def _training_mode(node: onnx.NodeProto) -> int:
@@ -219,7 +220,7 @@ def read_trailing(layer: OnnxLayer, report: LayerReport, *, has_bias: bool) -> N
             "statistics in another precision have no spec equivalent.",
             layer=name, setting="stash_type",
         )
-    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", DEFAULT_EPS))
+    eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", default_eps(layer)))
     fields.update(
         kind=layer.kind, normalized_shape=tuple(int(d) for d in scale.shape), eps=eps, eps_origin=eps_origin,
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from schemas.kinds import KIND_INFO
+
 from . import decompositions, reading
-from .graph import stash_type
+from .layer_graph import stash_type
+
+INFO = KIND_INFO["rms"]
 
 
 class OnnxRMSNorm(decompositions.DecomposableAdapter):
@@ -11,14 +15,17 @@ class OnnxRMSNorm(decompositions.DecomposableAdapter):
 
     framework = "onnx"
     kind = "rms"
-    native_opset = 23
+    native_opset = INFO.onnx_opset
 
     def read_native(self, layer, report):
         return reading.read_trailing(layer, report, has_bias=False)
 
     def emit_native(self, g):
         scale, _ = g.affine(required=("scale",))
-        return g.finish_native("RMSNormalization", [scale], axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
+        return g.finish_native(INFO.onnx_op, [scale], axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
 
     def decompose(self, spec, options, report):
         return decompositions.trailing_norm(spec, options, report, centre=False)
+
+
+ADAPTER = OnnxRMSNorm

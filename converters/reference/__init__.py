@@ -1,18 +1,21 @@
 """Independent NumPy reference of every kind: the oracle the tests and `check` compare against.
 
 All functions take channels-first input for the channel kinds (use `layout.to_channels_first`)
-and compute in float64, whatever the spec's dtype.
+and compute in float64, whatever the spec's dtype. One module per kind, `reference/<kind>.py`,
+with `forward(spec, x, training)` and, for kinds with running statistics, `batch_moments(x)`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 
 import numpy as np
 
-from . import batch, group, instance, layer, rms
+from schemas.kinds import KIND_INFO
 
-_KINDS = {"batch": batch, "layer": layer, "rms": rms, "group": group, "instance": instance}
+#: kind -> its reference module, one per kind of the vocabulary (a missing one fails this import, naming it).
+KIND_MODULES = {kind: import_module(f"{__name__}.{kind}") for kind in KIND_INFO}
 
 
 @dataclass(frozen=True)
@@ -28,17 +31,17 @@ class TrainStep:
 def forward(spec, x: np.ndarray, training: bool | None = None) -> np.ndarray:
     """Output of the layer described by `spec` on `x` (float64). `training` defaults to spec.training."""
     mode = spec.training if training is None else training
-    return _KINDS[spec.kind].forward(spec, np.asarray(x, dtype=np.float64), mode)
+    return KIND_MODULES[spec.kind].forward(spec, np.asarray(x, dtype=np.float64), mode)
 
 
 def train_step(spec, x: np.ndarray, variance_estimator: str | None = None) -> TrainStep:
     """One training-mode step; `variance_estimator` overrides the spec's (to predict another framework)."""
     x = np.asarray(x, dtype=np.float64)
-    y = _KINDS[spec.kind].forward(spec, x, True)
+    y = KIND_MODULES[spec.kind].forward(spec, x, True)
     if not spec.track_running_stats:
         return TrainStep(y, None, None, None)
     estimator = variance_estimator or spec.variance_estimator
-    batch_mean, batch_var_biased, count = _KINDS[spec.kind].batch_moments(x)
+    batch_mean, batch_var_biased, count = batch_moments(spec, x)
     batch_var = batch_var_biased * count / (count - 1) if estimator == "unbiased" else batch_var_biased
     old_mean = spec.tensors["running_mean"].astype(np.float64)
     old_var = spec.tensors["running_var"].astype(np.float64)
@@ -48,6 +51,11 @@ def train_step(spec, x: np.ndarray, variance_estimator: str | None = None) -> Tr
     new_mean = (1.0 - weight) * old_mean + weight * batch_mean
     new_var = (1.0 - weight) * old_var + weight * batch_var
     return TrainStep(y, new_mean, new_var, nbt)
+
+
+def batch_moments(spec, x: np.ndarray):
+    """Per-channel mean, biased variance and count of `x` as the kind's running statistics see them."""
+    return KIND_MODULES[spec.kind].batch_moments(np.asarray(x, dtype=np.float64))
 
 
 def estimator_gap(spec, x: np.ndarray) -> float:

@@ -1,18 +1,11 @@
-"""PyTorch adapter: torch.nn normalization modules <-> NormSpec."""
+"""PyTorch adapter: torch.nn normalization modules <-> NormSpec, and whole torch models (nn.Module, ExportedProgram)."""
 
-from .batch import TorchBatchAdapter
+from ..adapter import kind_adapters
 from .framework import TorchFramework
-from .group import TorchGroupAdapter
-from .instance import TorchInstanceAdapter
-from .layer import TorchLayerAdapter
-from .rms import TorchRmsAdapter
+from .model import TorchModelAdapter
 
 FRAMEWORK = TorchFramework()
+MODEL = TorchModelAdapter()
 
-KIND_ADAPTERS = {
-    "batch": TorchBatchAdapter,
-    "layer": TorchLayerAdapter,
-    "rms": TorchRmsAdapter,
-    "group": TorchGroupAdapter,
-    "instance": TorchInstanceAdapter,
-}
+#: kind -> KindAdapter class: the ADAPTER of each module named after a kind (torch_adapter/<kind>.py).
+KIND_ADAPTERS = kind_adapters(__name__)

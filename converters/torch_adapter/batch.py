@@ -29,3 +29,6 @@ class TorchBatchAdapter(KindAdapter):
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.Module:
         return build_norm_base(spec, BATCH_CLASSES, options, report)
+
+
+ADAPTER = TorchBatchAdapter

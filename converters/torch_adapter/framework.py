@@ -10,37 +10,24 @@ import torch
 
 from schemas import UnsupportedObjectError
 
+from .. import recognizers
 from ..adapter import FrameworkAdapter
-from ..registry import _owns_by_module
-
-#: Checked in order: the first matching class decides the kind.
-KIND_CLASSES: tuple[tuple[type, str], ...] = (
-    (torch.nn.modules.batchnorm._BatchNorm, "batch"),
-    (torch.nn.modules.instancenorm._InstanceNorm, "instance"),
-    (torch.nn.GroupNorm, "group"),
-    (torch.nn.LayerNorm, "layer"),
-    (torch.nn.RMSNorm, "rms"),
-)
-SUPPORTED = "BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, GroupNorm, LayerNorm or RMSNorm"
 
 
 class TorchFramework(FrameworkAdapter):
     name = "torch"
 
     def owns(self, obj: Any) -> bool:
-        return isinstance(obj, torch.nn.Module) and _owns_by_module(obj, "torch")
+        return isinstance(obj, torch.nn.Module) and super().owns(obj)
 
     def kind_of(self, obj: Any) -> str:
-        if isinstance(obj, (torch.nn.SyncBatchNorm, torch.nn.modules.lazy.LazyModuleMixin)):
-            raise UnsupportedObjectError(
-                f"got a {type(obj).__name__}, whose spatial rank or size is not fixed; convert it to BatchNorm{{1,2,3}}d (or materialise it) first."
-            )
-        for cls, kind in KIND_CLASSES:
-            if isinstance(obj, cls):
-                if kind in ("batch", "instance") and not isinstance(obj, _fixed_rank_classes(kind)):
-                    break
-                return kind
-        raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.")
+        """The kind the torch recognizers read (converters/recognizers/: the stock modules first)."""
+        kind = recognizers.kind_of("torch", obj)
+        if kind is None:
+            from ..recognizers.torch_modules import SUPPORTED
+
+            raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.")
+        return kind
 
     def version(self) -> str:
         return torch.__version__.split("+")[0]
@@ -60,10 +47,3 @@ class TorchFramework(FrameworkAdapter):
         if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None:
             return y, module.running_mean.numpy().copy(), module.running_var.numpy().copy()
         return y, None, None
-
-
-def _fixed_rank_classes(kind: str) -> tuple[type, ...]:
-    from .batch import BATCH_CLASSES
-    from .instance import INSTANCE_CLASSES
-
-    return tuple((BATCH_CLASSES if kind == "batch" else INSTANCE_CLASSES).values())

@@ -23,3 +23,6 @@ class TorchInstanceAdapter(KindAdapter):
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.Module:
         return build_norm_base(spec, INSTANCE_CLASSES, options, report)
+
+
+ADAPTER = TorchInstanceAdapter

@@ -37,3 +37,6 @@ class TorchLayerAdapter(KindAdapter):
         if spec.input_rank is not None:
             markers.remember(module, input_rank=spec.input_rank)
         return finish(module, spec, report)
+
+
+ADAPTER = TorchLayerAdapter

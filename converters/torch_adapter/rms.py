@@ -48,3 +48,6 @@ class TorchRmsAdapter(KindAdapter):
         if spec.input_rank is not None:
             markers.remember(module, input_rank=spec.input_rank)
         return finish(module, spec, report)
+
+
+ADAPTER = TorchRmsAdapter

@@ -197,7 +197,7 @@ class TokenRow(Base):
 
 
 class DriftReportRow(Base):
-    """One recorded drift check of a version (the JSON of converters.models.drift's report)."""
+    """One recorded drift check of a version (the JSON of converters.models.monitoring.drift's report)."""
 
     __tablename__ = "drift_reports"
     __table_args__ = (Index("ix_drift_reports_version_id", "version_id"),)

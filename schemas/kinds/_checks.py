@@ -1,4 +1,8 @@
-"""Rules shared by several kinds: which fields must be set or absent, tensor shapes and values."""
+"""Rules shared by the kinds: which fields must be set or absent, tensor shapes and values.
+
+`check_fields` and `check_tensors` apply what a kind's KindInfo says; a kind's own `validate`
+adds the rules only it has between the two.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +49,34 @@ def require_running_stats_fields(spec) -> None:
         raise SpecError(
             "momentum=None (cumulative average) needs the num_batches_tracked tensor.", layer=spec.name, setting="momentum"
         )
+
+
+def check_normalized_shape(spec) -> None:
+    """A non-empty tuple of positive dims, fewer than the input rank when that is known (the trailing kinds)."""
+    shape = spec.normalized_shape
+    if len(shape) == 0 or any(d < 1 for d in shape):
+        raise SpecError(f"normalized_shape must be non-empty positive dims (got {shape}).", layer=spec.name, setting="normalized_shape")
+    if spec.input_rank is not None and spec.input_rank <= len(shape):
+        raise SpecError(
+            f"input_rank {spec.input_rank} leaves no batch axis before normalized_shape {shape}.", layer=spec.name, setting="input_rank"
+        )
+
+
+def check_fields(info, spec) -> None:
+    """The kind's required and forbidden fields, and its running-statistics rule (KindInfo `info`)."""
+    require(spec, *info.required)
+    forbid(spec, *info.forbidden)
+    if info.running_stats:
+        require_running_stats_fields(spec)
+    else:
+        forbid_running_stats(spec)
+
+
+def check_tensors(info, spec) -> None:
+    """normalized_shape (trailing kinds), then the state tensors against the kind's per-feature shape."""
+    if info.trailing:
+        check_normalized_shape(spec)
+    expect_tensor_shapes(spec, info.per_feature_shape(spec))
 
 
 def expect_tensor_shapes(spec, per_feature_shape: tuple[int, ...]) -> None:

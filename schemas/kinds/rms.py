@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 from ..errors import SpecError
-from ._checks import expect_tensor_shapes, forbid, forbid_running_stats, require
-from .trailing import check_normalized_shape
+from ._checks import check_fields, check_tensors
+from .info import KindInfo
+
+INFO = KindInfo(
+    kind="rms",
+    summary="x / sqrt(mean(x^2) + eps) * scale over the trailing normalized_shape axes; no centring, no bias",
+    trailing=True,
+    running_stats=False,
+    bias=False,
+    required=("normalized_shape",),
+    forbidden=("num_features", "num_groups", "layout", "spatial_rank"),
+    classes={"torch": ("RMSNorm",), "keras": ("RMSNormalization",)},
+    # PyTorch's RMSNorm defaults to eps=None: torch.finfo(input dtype).eps.
+    default_eps={"torch": None, "keras": 1e-6, "onnx": 1e-5},
+    onnx_op="RMSNormalization",
+    onnx_opset=23,
+    onnx_inputs=("scale",),
+    aten_ops=("aten::rms_norm", "aten::_fused_rms_norm"),
+)
 
 
 def validate(spec) -> None:
-    require(spec, "normalized_shape")
-    forbid(spec, "num_features", "num_groups", "layout", "spatial_rank")
-    forbid_running_stats(spec)
+    check_fields(INFO, spec)
     if spec.bias:
         raise SpecError("RMSNorm has no bias in PyTorch, Keras or ONNX; set bias=False.", layer=spec.name, setting="bias")
-    check_normalized_shape(spec)
-    expect_tensor_shapes(spec, tuple(spec.normalized_shape))
+    check_tensors(INFO, spec)

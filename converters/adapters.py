@@ -1,0 +1,154 @@
+"""The adapter registry: each framework's FrameworkAdapter, ModelAdapter and KindAdapters, keyed by (framework, kind).
+
+Framework packages are listed here explicitly and imported on first use, so that
+converting a PyTorch layer to ONNX never pays for importing TensorFlow. Each package
+declares `FRAMEWORK` (a FrameworkAdapter), `KIND_ADAPTERS` (kind -> KindAdapter class, one
+module per kind, `adapter.kind_adapters`) and `MODEL` (a ModelAdapter, read only when a
+whole-model tool asks for it); registering a pair twice raises, and asking for a missing one
+lists what is available.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+from schemas import AdapterNotFoundError, DuplicateAdapterError, InputFileError, UnsupportedObjectError
+
+from .adapter import FrameworkAdapter, KindAdapter, owning_framework
+from .model_adapter import ModelAdapter
+
+#: framework name -> package holding FRAMEWORK, KIND_ADAPTERS and MODEL. The name is also the
+#: top-level package the framework's own objects come from (that is how an object's owner is told).
+FRAMEWORK_PACKAGES: dict[str, str] = {
+    "torch": "converters.torch_adapter",
+    "keras": "converters.keras_adapter",
+    "onnx": "converters.onnx_adapter",
+}
+
+#: Model file suffix -> (framework whose ModelAdapter loads it, the format as named in messages).
+MODEL_FILES: dict[str, tuple[str, str]] = {
+    ".pt2": ("torch", ".pt2 (torch.export)"),
+    ".keras": ("keras", ".keras"),
+    ".onnx": ("onnx", ".onnx"),
+}
+
+
+class AdapterRegistry:
+    """Holds framework, model and (framework, kind) adapters; loads packages lazily."""
+
+    def __init__(self, packages: dict[str, str] | None = None):
+        self._packages = dict(FRAMEWORK_PACKAGES if packages is None else packages)
+        self._frameworks: dict[str, FrameworkAdapter] = {}
+        self._models: dict[str, ModelAdapter] = {}
+        self._kinds: dict[tuple[str, str], KindAdapter] = {}
+        self._lock = threading.RLock()
+
+    # -- registration ------------------------------------------------------------------
+
+    def add_framework(self, adapter: FrameworkAdapter) -> None:
+        with self._lock:
+            if adapter.name in self._frameworks:
+                raise DuplicateAdapterError(f"framework '{adapter.name}' is already registered.")
+            self._frameworks[adapter.name] = adapter
+
+    def add(self, adapter: KindAdapter) -> None:
+        """Register one (framework, kind) adapter; a second one for the same pair raises."""
+        key = (adapter.framework, adapter.kind)
+        with self._lock:
+            if key in self._kinds:
+                existing = type(self._kinds[key]).__name__
+                raise DuplicateAdapterError(
+                    f"an adapter for {key} is already registered ({existing}); remove one of them."
+                )
+            self._kinds[key] = adapter
+
+    def _package(self, framework: str):
+        if framework not in self._packages:
+            raise AdapterNotFoundError(
+                f"unknown framework '{framework}'; currently registered frameworks are {', '.join(sorted(self._packages))}."
+            )
+        return importlib.import_module(self._packages[framework])
+
+    def _load(self, framework: str) -> None:
+        with self._lock:
+            if framework in self._frameworks:
+                return
+            module = self._package(framework)
+            self.add_framework(module.FRAMEWORK)
+            for kind, adapter_class in module.KIND_ADAPTERS.items():
+                adapter = adapter_class()
+                if adapter.kind != kind or adapter.framework != framework:
+                    raise DuplicateAdapterError(
+                        f"{adapter_class.__name__} declares ({adapter.framework}, {adapter.kind}) but is listed as ({framework}, {kind})."
+                    )
+                self.add(adapter)
+
+    # -- lookup ------------------------------------------------------------------------
+
+    @property
+    def framework_names(self) -> list[str]:
+        """The registered frameworks, in registration order (the order `check` runs them)."""
+        return list(self._packages)
+
+    def framework(self, name: str) -> FrameworkAdapter:
+        self._load(name)
+        return self._frameworks[name]
+
+    def get(self, framework: str, kind: str) -> KindAdapter:
+        """The adapter for (framework, kind), or an error listing the registered pairs."""
+        self._load(framework)
+        try:
+            return self._kinds[(framework, kind)]
+        except KeyError:
+            available = ", ".join(f"{f}/{k}" for f, k in sorted(self._kinds))
+            raise AdapterNotFoundError(
+                f"no adapter converts kind '{kind}' for framework '{framework}'; currently registered pairs are {available}."
+            ) from None
+
+    def framework_of(self, obj: Any) -> FrameworkAdapter:
+        """The framework adapter that owns the layer `obj` (told without importing other frameworks)."""
+        name = owning_framework(obj, self._packages)
+        if name is not None:
+            adapter = self.framework(name)
+            if adapter.owns(obj):
+                return adapter
+        raise UnsupportedObjectError(
+            f"got a {type(obj).__module__}.{type(obj).__qualname__}, expected a torch.nn.Module, a Keras layer or an onnx.ModelProto holding one normalization layer."
+        )
+
+    def model_adapter(self, name: str) -> ModelAdapter:
+        """The whole-model adapter of framework `name` (its package's MODEL)."""
+        with self._lock:
+            if name not in self._models:
+                module = self._package(name)
+                adapter = getattr(module, "MODEL", None)
+                if not isinstance(adapter, ModelAdapter) or adapter.framework != name:
+                    raise AdapterNotFoundError(
+                        f"framework '{name}' has no model adapter ({self._packages[name]}.MODEL is a {type(adapter).__name__}, expected a "
+                        f"ModelAdapter for '{name}'); whole models of it cannot be read."
+                    )
+                self._models[name] = adapter
+            return self._models[name]
+
+    def model_framework(self, model: Any) -> str:
+        """The framework that owns the whole model `model` (an ExportedProgram is torch's)."""
+        name = owning_framework(model, self._packages)
+        if name is None:
+            raise InputFileError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected a PyTorch, Keras or ONNX model.")
+        return name
+
+    def model_adapter_of(self, model: Any) -> ModelAdapter:
+        """The model adapter of the framework that owns `model`."""
+        return self.model_adapter(self.model_framework(model))
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every registered (framework, kind) pair, loading all frameworks."""
+        for name in self._packages:
+            self._load(name)
+        return sorted(self._kinds)
+
+
+#: The process-wide registry the public API uses.
+REGISTRY = AdapterRegistry()

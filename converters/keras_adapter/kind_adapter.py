@@ -1,0 +1,69 @@
+"""`KerasKindAdapter`: the steps every Keras kind adapter shares (class check, the start and the end of from_spec)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
+
+from .. import markers
+from ..adapter import KindAdapter
+from ..translate import record_eps, tensor_fate
+from .facts import MODE_NOTE, STORED_NOTE
+from .runtime import keras_class
+from .variables import assign_variable, check_spec_dtype
+
+
+def keras_name(spec: NormSpec, report: LayerReport) -> str:
+    """spec.name as a legal Keras name; the original is remembered when it had to change."""
+    # Keras rejects "/" in names (keras/src/ops/operation.py); ONNX node names often hold it.
+    name = spec.name.replace("/", "_")
+    if name != spec.name:
+        report.add("name", spec.name, name, "stored", "Keras names cannot hold '/'; the original is " + STORED_NOTE)
+    return name
+
+
+class KerasKindAdapter(KindAdapter):
+    """Shared steps of the Keras kind adapters: class checks, the start and the end of from_spec."""
+
+    framework: ClassVar[str] = "keras"
+    #: Names in keras.layers this adapter reads.
+    layer_classes: ClassVar[tuple[str, ...]]
+
+    def layer_of(self, obj: Any) -> Any:
+        """`obj` if it is one of this adapter's Keras classes."""
+        classes = tuple(keras_class(name) for name in self.layer_classes)
+        if not isinstance(obj, classes):
+            wanted = " or ".join(f"keras.layers.{name}" for name in self.layer_classes)
+            raise UnsupportedObjectError(
+                f"the {self.kind} adapter got a {type(obj).__module__}.{type(obj).__qualname__}, expected a {wanted}; convert it through converters.to_spec().",
+                layer=getattr(obj, "name", None),
+            )
+        return obj
+
+    def begin_emit(self, spec: NormSpec, report: LayerReport) -> dict[str, Any]:
+        """Constructor arguments every Keras normalization layer takes: name, dtype, epsilon."""
+        if spec.kind != self.kind:
+            raise SpecError(f"the Keras {self.kind} adapter got a {spec.kind} spec; use the adapter for kind '{spec.kind}'.", layer=spec.name, setting="kind")
+        dtype = check_spec_dtype(spec)
+        report.add("dtype", dtype)
+        return {"name": keras_name(spec, report), "dtype": dtype, "epsilon": record_eps(report, spec)}
+
+    def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple, variables: Mapping[str, str]) -> Any:
+        """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report."""
+        layer.build(input_shape)
+        for tensor_name, attribute in variables.items():
+            if tensor_name in spec.tensors:
+                assign_variable(layer, attribute, spec.tensors[tensor_name], tensor_name)
+        tensor_fate(report, spec)
+        report.add("training", spec.training, spec.training, "stored", MODE_NOTE)
+        fields: dict[str, Any] = {"training": spec.training}
+        if spec.eps_origin != "explicit":
+            report.add("eps_origin", spec.eps_origin, spec.eps_origin, "stored", "Keras holds the number only; the origin is " + STORED_NOTE)
+            fields["eps_origin"] = spec.eps_origin
+        if layer.name != spec.name:
+            fields["name"] = spec.name
+        markers.remember(layer, **fields)
+        report.target_op = type(layer).__name__
+        report.native = True
+        return layer

@@ -1,0 +1,133 @@
+"""KerasModelAdapter: keras.Model networks (.keras files, loaded with safe_mode) as whole models."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schemas import InputFileError, NormSpec, UnsupportedObjectError
+from schemas.atomic_io import atomic_write_bytes
+
+from ..model_adapter import ModelAdapter
+from ..model_values import InputSpec, ModelRunner, NormLayerRef
+from . import onnx_export, porting, statistics
+from .runtime import import_keras
+
+
+def _load_keras(path: Path) -> Any:
+    keras = import_keras()
+    try:
+        return keras.saving.load_model(str(path), safe_mode=True, compile=False)
+    except ValueError as error:
+        if "safe_mode" in str(error) or "Lambda" in str(error):
+            raise InputFileError(
+                f"'{path}' holds code (a Lambda layer or a deserialised function), which safe_mode refuses to run; rebuild the model without it."
+            ) from error
+        raise InputFileError(f"'{path}' is not a loadable .keras file ({error}).") from error
+    except Exception as error:
+        raise InputFileError(f"'{path}' is not a loadable .keras file ({type(error).__name__}: {error}).") from error
+
+
+def _flatten(value: Any) -> list:
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _flatten(v)]
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _flatten(v)]
+    return [value]
+
+
+class KerasModelAdapter(ModelAdapter):
+    """Layers in the flattened layer order; the mode is chosen per call (training=False to serve)."""
+
+    framework = "keras"
+    walk_origin = "keras"
+    serving_source = True
+
+    def load(self, path: Path) -> Any:
+        return _load_keras(path)
+
+    def save(self, model: Any, path: Path) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            temporary = Path(folder) / path.name
+            model.save(temporary)
+            atomic_write_bytes(path, temporary.read_bytes())
+
+    # -- layers ----------------------------------------------------------------------------
+
+    def norm_layers(self, model: Any) -> list[NormLayerRef]:
+        from ..adapters import REGISTRY
+
+        framework = REGISTRY.framework("keras")
+        layers = model._flatten_layers(include_self=False, recursive=True) if hasattr(model, "_flatten_layers") else [model]
+        found = []
+        for layer in layers:
+            try:
+                kind = framework.kind_of(layer)
+            except UnsupportedObjectError:
+                continue
+            found.append(NormLayerRef(layer.name, layer, "keras", kind))
+        return found
+
+    def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
+        return [ref.spec() for ref in self.norm_layers(model)]
+
+    def describe(self, model: Any) -> str:
+        return f"keras '{model.name}'"
+
+    # -- porting ---------------------------------------------------------------------------
+
+    def port_targets(self, model: Any) -> list[NormLayerRef]:
+        return self.norm_layers(model)
+
+    def plan_port_write(self, fresh, target, path, report):
+        return porting.plan_write(fresh, target, path, report)
+
+    def snapshot(self, layer):
+        return porting.snapshot(layer)
+
+    def after_port(self, model: Any) -> None:
+        porting.reset_compiled(model)
+
+    # -- running and serving ---------------------------------------------------------------
+
+    def input_specs(self, model: Any) -> list[InputSpec]:
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError) as error:
+            raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input or call it once.") from error
+        if not inputs:
+            raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs; build it with keras.Input or call it once.")
+        return [InputSpec(t.name, tuple(t.shape), np.dtype(t.dtype).name) for t in inputs]
+
+    def source_runner(self, model: Any) -> ModelRunner:
+        keras = import_keras()
+        specs = self.input_specs(model)
+
+        def run(arrays):
+            inputs = arrays[0] if len(arrays) == 1 else list(arrays)
+            return [keras.ops.convert_to_numpy(o) for o in _flatten(model(inputs, training=False))]
+
+        return ModelRunner(run, f"keras {type(model).__name__} '{model.name}' (training=False)", specs)
+
+    def export_onnx(self, model: Any, sample: Any, opset: int):
+        return onnx_export.export_onnx(model, sample, opset)
+
+    def unfold_exported(self, exported: Any, model: Any, specs: list[NormSpec]):
+        from ..onnx_adapter.graph.unfold import unfold_conv_batchnorms
+
+        unfolded_model, unfolded = unfold_conv_batchnorms(exported, onnx_export.conv_batchnorms(model, specs))
+        notes = [f"{len(unfolded)} BatchNorm(s) that TF's grappler had folded into Conv kernels were unfolded with the source kernels"] if unfolded else []
+        return unfolded_model, notes
+
+    # -- BatchNorm statistics --------------------------------------------------------------
+
+    def batchnorm_moments(self, model: Any, batches, train: bool = False):
+        if train:
+            raise UnsupportedObjectError("train-mode statistics of Keras models are not collected; recalibrate the torch or ONNX model.")
+        return statistics.batchnorm_moments(model, batches)
+
+    def recalibrate(self, model: Any, batches, variance_estimator: str):
+        return statistics.recalibrate_keras(model, batches, variance_estimator)

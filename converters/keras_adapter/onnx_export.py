@@ -1,0 +1,82 @@
+"""Exporting a Keras model to ONNX for serving (model.export through tf2onnx), and what TF folded on the way.
+
+tf2onnx writes at most the opset it supports; the rewrite raises the opset only where a native
+op needs it. TF's grappler folds each BatchNorm that follows a convolution into the Conv
+kernel: `conv_batchnorms` lists those pairs with the kernel in ONNX Conv layout, so that
+`onnx_adapter.graph.unfold` can put the BatchNorm back.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schemas import NormSpec, UnsupportedObjectError
+
+from .runtime import import_keras
+
+
+def _tf2onnx_max_opset() -> int:
+    import tf2onnx.constants
+
+    return max(tf2onnx.constants.OPSET_TO_IR_VERSION)
+
+
+def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
+    """(onnx.ModelProto, the exporter as named in reports, notes); the model is called once on the sample first."""
+    import tf2onnx
+
+    from ..onnx_adapter.files import load_onnx
+
+    used = min(opset, _tf2onnx_max_opset())
+    notes = []
+    if used < opset:
+        notes.append(f"tf2onnx {tf2onnx.__version__} writes at most opset {used}; the rewrite raises the opset only where a native op needs it")
+    rows = sample.rows(slice(0, 1))
+    model(rows[0] if len(rows) == 1 else list(rows), training=False)  # Keras exports only a model that has been called
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.onnx"
+        try:
+            model.export(str(path), format="onnx", opset_version=used, verbose=False)
+        except Exception as error:
+            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}).") from error
+        return load_onnx(path), f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
+
+
+def _onnx_kernel(layer) -> np.ndarray | None:
+    """A Keras convolution's kernel in ONNX Conv layout (out, in/groups, *window), or None for other layers."""
+    keras = import_keras()
+    name = type(layer).__name__
+    if name not in ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D") or getattr(layer, "kernel", None) is None:
+        return None
+    kernel = keras.ops.convert_to_numpy(layer.kernel)
+    n = kernel.ndim - 2
+    if name.startswith("Depthwise"):  # (*window, C, multiplier) -> (C * multiplier, 1, *window), channel-major like TF
+        merged = kernel.reshape(kernel.shape[:n] + (-1,))
+        return np.ascontiguousarray(np.transpose(merged, (n, *range(n)))[:, None])
+    return np.ascontiguousarray(np.transpose(kernel, (n + 1, n, *range(n))))
+
+
+def conv_batchnorms(keras_model, specs: list[NormSpec]) -> list:
+    """Each eval BatchNorm fed directly by a convolution, with the kernel in ONNX layout (graph.unfold.ConvBatchNorm)."""
+    from ..onnx_adapter.graph.unfold import ConvBatchNorm
+
+    keras = import_keras()
+    by_name = {s.name: s for s in specs if s.kind == "batch" and s.track_running_stats and not s.training}
+    pairs = []
+    for layer in keras_model._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, keras.layers.BatchNormalization) or layer.name not in by_name:
+            continue
+        try:
+            producer = layer.input._keras_history[0]
+        except (AttributeError, ValueError, IndexError):
+            continue
+        kernel = _onnx_kernel(producer)
+        if kernel is None:
+            continue
+        bias = keras.ops.convert_to_numpy(producer.bias) if getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None else None
+        pairs.append(ConvBatchNorm(layer.name, kernel, bias, by_name[layer.name]))
+    return pairs

@@ -1,0 +1,26 @@
+"""Importing Keras (only when a conversion runs, on the TensorFlow backend unless the user chose another) and its provenance."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from schemas import Source
+
+
+def import_keras():
+    """Import Keras on the TensorFlow backend (unless the user chose another) with TF's logs quiet."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    return keras
+
+
+def keras_class(name: str) -> type:
+    """`keras.layers.<name>`."""
+    return getattr(import_keras().layers, name)
+
+
+def source(layer: Any) -> Source:
+    return Source(framework="keras", framework_version=import_keras().__version__, layer_type=type(layer).__name__)

@@ -1,0 +1,140 @@
+"""`ModelAdapter`: one framework's whole models, for the framework-neutral tools in converters/models/.
+
+Loading, walking, reading specs and facts, running, exporting to ONNX, collecting BatchNorm
+input statistics, recalibrating, writing state into an existing layer: everything the tools
+would otherwise decide with `if framework == ...`. Each framework package declares one as
+`MODEL`; the registry finds it by the framework that owns a model (`AdapterRegistry.model_adapter_of`).
+
+The abstract methods are what every framework provides. The others have a default: a refusal
+(UnsupportedObjectError naming what is expected instead) where only some frameworks can do it,
+or nothing to do.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from schemas import InputFileError, LayerReport, NormbridgeError, NormSpec, UnsupportedObjectError
+
+from .model_values import InputSpec, LayerFacts, LayerMoments, ModelRunner, Movement, NormLayerRef
+
+
+class ModelAdapter(abc.ABC):
+    """Whole models of one framework."""
+
+    framework: ClassVar[str]
+    #: LayerFacts.origin of layers found by walking the model (layer_facts' default).
+    walk_origin: ClassVar[str] = ""
+    #: Added to a layer-count mismatch when porting from this framework (what its models offer as layers).
+    port_source_note: ClassVar[str] = ""
+    #: Its models can be exported for serving and be the source side of the contract.
+    serving_source: ClassVar[bool] = False
+
+    # -- files -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def load(self, path: Path) -> Any:
+        """The model in `path` (a file with one of this framework's MODEL_FILES suffixes), without executing code from it."""
+
+    @abc.abstractmethod
+    def save(self, model: Any, path: Path) -> None:
+        """Write `model` to `path` atomically, in the format it was loaded from."""
+
+    # -- layers ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def norm_layers(self, model: Any) -> list[NormLayerRef]:
+        """Every normalization layer object of `model`, in definition order."""
+
+    @abc.abstractmethod
+    def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
+        """The spec of every normalization layer, named by its path, in order (execution order where `sample` lets it trace one)."""
+
+    def layer_facts(self, model: Any) -> list[LayerFacts]:
+        """What inspection reports per layer: by default every walked layer, read through its adapter."""
+        facts = []
+        for ref in self.norm_layers(model):
+            spec, problem = None, None
+            try:
+                spec = ref.spec()
+            except NormbridgeError as error:
+                problem = str(error)
+            facts.append(LayerFacts(
+                path=ref.path, kind=ref.kind, framework=ref.framework, origin=self.walk_origin or self.framework,
+                layer_type=type(ref.obj).__name__, spec=spec, training=ref.training, problem=problem,
+            ))
+        return facts
+
+    def model_hazards(self, model: Any) -> list:
+        """Hazards of the model as a whole (schemas.inspection.Hazard); none by default."""
+        return []
+
+    def inspection_source(self, model: Any) -> str:
+        """How inspection names the model when the caller gives no source."""
+        return f"{self.framework} {type(model).__name__} '{getattr(model, 'name', '') or type(model).__name__}'"
+
+    @abc.abstractmethod
+    def describe(self, model: Any) -> str:
+        """A short name for the model in reports (drift, recalibration, export)."""
+
+    # -- porting into an existing model ------------------------------------------------------
+
+    def port_targets(self, model: Any) -> list[NormLayerRef]:
+        """The layers a port writes into; refused unless the framework's models can be changed in place."""
+        raise UnsupportedObjectError(
+            f"the target is a {self.framework} model, expected a torch.nn.Module or a keras.Model; port into one of those and export it afterwards."
+        )
+
+    def plan_port_write(self, fresh: Any, target: Any, path: str, report: LayerReport) -> Any:
+        """Check that `target` can hold `fresh`'s state; the planned writes (`.steps`), nothing written yet."""
+        raise UnsupportedObjectError(f"layers of a {self.framework} model cannot be written in place.", layer=path)
+
+    def snapshot(self, layer: Any) -> Callable[[], None]:
+        """A function that puts `layer` back as it is now (run when a port fails midway)."""
+        raise UnsupportedObjectError(f"layers of a {self.framework} model cannot be written in place.")
+
+    def after_port(self, model: Any) -> None:
+        """Anything the model needs once its layers were written (nothing by default)."""
+
+    # -- running and serving -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def input_specs(self, model: Any) -> list[InputSpec]:
+        """The model's inputs; UnsupportedObjectError when the model does not record them (pass a sample)."""
+
+    def source_runner(self, model: Any) -> ModelRunner:
+        """The model in eval mode, as the source side of the serving contract (models of a `serving_source` framework)."""
+        raise InputFileError(
+            f"the source must be a torch.nn.Module, a torch ExportedProgram (.pt2) or a Keras model (.keras); got a {type(model).__name__}."
+        )
+
+    def serving_runner(self, model: Any, optimized: bool = False) -> ModelRunner:
+        """The model as the serving side of the contract: only ONNX graphs are served."""
+        raise InputFileError(f"the serving model must be an ONNX model (.onnx); got a {type(model).__name__}.")
+
+    def export_onnx(self, model: Any, sample: Any, opset: int) -> tuple[Any, str, list[str]]:
+        """(onnx.ModelProto, the exporter as named in reports, notes) from the framework's own exporter (a `serving_source` framework)."""
+        raise UnsupportedObjectError(f"{self.framework} models are not exported for serving; export the torch or Keras model they came from.")
+
+    def unfold_exported(self, exported: Any, model: Any, specs: list[NormSpec]) -> tuple[Any, list[str]]:
+        """Undo what the exporter folded away, using the source model; (graph, notes). Nothing by default."""
+        return exported, []
+
+    # -- BatchNorm statistics ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def batchnorm_moments(self, model: Any, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
+        """The input moments of every BatchNorm with running statistics, in execution order.
+
+        With `train`, each BatchNorm normalizes with its batch statistics while they are read
+        (what a recalibration pass computes).
+        """
+
+    @abc.abstractmethod
+    def recalibrate(self, model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
+        """(new model, how each BatchNorm's statistics moved, the method in one sentence); `model` is left as it was."""

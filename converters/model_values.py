@@ -1,0 +1,147 @@
+"""What the model adapters and the whole-model tools hand each other: layer references, facts, inputs, runners, moments.
+
+These are plain values with no framework in them, so the tools (converters/models/) and the
+framework packages both import them from here and never each other's modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from schemas import NormSpec
+
+Outputs = list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class NormLayerRef:
+    """One normalization layer inside a model: its path (torch) or name (Keras) and the object.
+
+    `training` is the layer's own mode where it has one (a PyTorch module's `training`); Keras
+    chooses the mode per call, so its layers say False.
+    """
+
+    path: str
+    obj: Any
+    framework: str
+    kind: str
+    training: bool = False
+
+    def spec(self) -> NormSpec:
+        """The layer's spec, named by its path in the model."""
+        from .api import read_spec
+
+        spec, _ = read_spec(self.obj)
+        return spec if spec.name == self.path else spec.replace(name=self.path)
+
+
+@dataclass(frozen=True)
+class LayerFacts:
+    """What inspection found about one layer, in terms every hazard can read.
+
+    `framework` decides whose defaults apply (torch, keras or onnx); `origin` where the layer
+    was found. `training` is the layer's mode where it has one that matters. `eps` is given
+    separately for ONNX sites whose spec could not be built.
+    """
+
+    path: str
+    kind: str
+    framework: str
+    origin: str
+    layer_type: str
+    spec: NormSpec | None
+    training: bool = False
+    eps: float | None = None
+    native: bool = True
+    folded: bool = False
+    op_types: tuple[str, ...] = ()
+    problem: str | None = None
+
+    @property
+    def tracked(self) -> bool:
+        return self.spec is not None and self.spec.track_running_stats
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input: name, shape (None where the model accepts any size) and NumPy dtype name."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+
+
+class ModelRunner:
+    """A model as a function from a tuple of input arrays to a list of output arrays."""
+
+    def __init__(self, run: Callable[[Sequence[np.ndarray]], Outputs], description: str, specs: list[InputSpec],
+                 findings: list[str] | None = None, output_names: list[str] | None = None, runtime: str = ""):
+        self.run, self.description, self.specs = run, description, specs
+        self.findings = findings or []
+        self.output_names = output_names
+        self.runtime = runtime
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> Outputs:
+        return [np.asarray(o) for o in self.run(arrays)]
+
+
+@dataclass
+class LayerMoments:
+    """Per-batch moments of one BatchNorm layer's input (float64), with the layer's frozen statistics."""
+
+    name: str
+    running_mean: np.ndarray
+    running_var: np.ndarray
+    eps: float
+    counts: list[int] = field(default_factory=list)
+    means: list[np.ndarray] = field(default_factory=list)
+    variances: list[np.ndarray] = field(default_factory=list)  # biased (ddof=0) within each batch
+
+    @property
+    def channels(self) -> int:
+        return int(self.running_mean.shape[0])
+
+    def add(self, x: np.ndarray, axis: int) -> None:
+        """Record one batch of layer input `x` whose channels are on `axis`."""
+        x = np.asarray(x, dtype=np.float64)
+        axes = tuple(i for i in range(x.ndim) if i != axis % x.ndim)
+        self.counts.append(int(np.prod([x.shape[i] for i in axes])))
+        mean = x.mean(axis=axes)
+        self.means.append(mean)
+        self.variances.append(np.square(x - np.expand_dims(mean, axes)).mean(axis=axes))
+
+    def pooled(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and population variance over every batch together."""
+        counts = np.asarray(self.counts, dtype=np.float64)[:, None]
+        means, variances = np.stack(self.means), np.stack(self.variances)
+        mean = (counts * means).sum(0) / counts.sum()
+        var = (counts * (variances + np.square(means - mean))).sum(0) / counts.sum()
+        return mean, var
+
+
+#: One recalibrated layer: (name, old mean, old var, new mean, new var, eps).
+Movement = tuple[str, Any, Any, Any, Any, float]
+
+
+def cumulative_statistics(moments: LayerMoments, variance_estimator: str = "unbiased") -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's momentum=None running statistics from per-batch moments (float64)."""
+    from schemas import InputFileError
+
+    means = np.stack(moments.means)
+    variances = np.stack(moments.variances)
+    if variance_estimator == "unbiased":
+        counts = np.asarray(moments.counts, dtype=np.float64)[:, None]
+        if np.any(counts < 2):
+            raise InputFileError(f"layer '{moments.name}': a batch with one value per channel has no unbiased variance; use batches of at least 2.")
+        variances = variances * counts / (counts - 1)
+    return means.mean(0), variances.mean(0)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (at most 300 characters), for one-sentence errors."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__

@@ -1,0 +1,118 @@
+"""Drift monitor: serving inputs against the statistics every BatchNorm layer froze at training time.
+
+For each BatchNorm layer we measure the per-channel mean and variance of its *input* on a batch
+of serving data and compare them with the layer's running statistics: the standardized mean
+shift |mean - running_mean| / sqrt(running_var + eps) and the log variance ratio
+log((var + eps) / (running_var + eps)) (eps on both sides keeps dead channels finite; it is
+negligible elsewhere). Shifted inputs move the first layers most: by the time a shift reaches
+deeper layers, earlier BatchNorms and non-linearities have absorbed part of it.
+
+The layer inputs are read by the model's adapter without changing the model (ModelAdapter.batchnorm_moments):
+forward pre-hooks on the BatchNorm modules of a deep copy (torch nn.Module), an FX interpreter over
+the program (ExportedProgram), each BatchNormalization node's input added as a graph output of a
+copy (ONNX, onnxruntime), or a sub-model exposing each BatchNormalization layer's input (functional
+Keras models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from schemas import InputFileError, UnsupportedObjectError
+from schemas.serving import DriftLayer, DriftReport, DriftThresholds
+
+from ...adapters import REGISTRY
+from ...model_values import LayerMoments
+from ..serving.samples import Sample, as_sample, input_specs
+
+DEFAULT_THRESHOLDS = DriftThresholds()
+DEFAULT_BATCH_SIZE = 64
+
+
+def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
+    """The input moments of every BatchNorm layer of a torch module or program, ONNX model or Keras model, in execution order."""
+    return REGISTRY.model_adapter_of(model).batchnorm_moments(model, batches, train)
+
+
+# --------------------------------------------------------------------------- the monitor
+
+
+def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLayer:
+    """Standardized mean shift and log variance ratio of one layer, per channel, summarized."""
+    mean, var = moments.pooled()
+    scale = np.sqrt(moments.running_var + moments.eps)
+    shift = np.abs(mean - moments.running_mean) / scale
+    log_ratio = np.abs(np.log((var + moments.eps) / (moments.running_var + moments.eps)))
+    alarm = bool(shift.max() > thresholds.shift or log_ratio.max() > thresholds.log_ratio)
+    return DriftLayer(
+        name=moments.name, channels=moments.channels,
+        max_shift=float(shift.max()), mean_shift=float(shift.mean()), worst_shift_channel=int(shift.argmax()),
+        max_abs_log_ratio=float(log_ratio.max()), mean_abs_log_ratio=float(log_ratio.mean()), worst_ratio_channel=int(log_ratio.argmax()),
+        alarm=alarm,
+    )
+
+
+def fixed_batch_size(model: Any) -> int | None:
+    """The batch size a model was exported with, when it accepts no other."""
+    try:
+        specs = input_specs(model)
+    except UnsupportedObjectError:
+        return None
+    sizes = {s.shape[0] for s in specs if s.shape}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+def data_batches(model: Any, data: Any, batch_size: int | None) -> tuple[Sample, list[tuple[np.ndarray, ...]]]:
+    """The data as a Sample and its batches; a model with a fixed batch size gets batches of that size."""
+    try:
+        specs = input_specs(model)
+    except UnsupportedObjectError:
+        specs = None
+    if data is None:
+        raise InputFileError("no data given; pass serving inputs as an array or a .npy/.npz file.")
+    sample = as_sample(data, specs)
+    fixed = fixed_batch_size(model)
+    if fixed is not None:
+        if sample.batch_size % fixed:
+            raise InputFileError(f"the model accepts batches of exactly {fixed} and the data has {sample.batch_size} samples; pass a multiple of {fixed}.")
+        batch_size = fixed
+    return sample, list(sample.batches(batch_size))
+
+
+def describe(model: Any) -> str:
+    """A short name for a model in reports."""
+    return REGISTRY.model_adapter_of(model).describe(model)
+
+
+def drift_check(model: Any, data: Any, thresholds: DriftThresholds | dict | None = None, *, batch_size: int | None = DEFAULT_BATCH_SIZE) -> DriftReport:
+    """Compare every BatchNorm layer's serving-time input statistics with its running statistics.
+
+    Args:
+        model: torch.nn.Module, ExportedProgram, onnx.ModelProto or functional keras.Model.
+        data: serving inputs: an array, a tuple of arrays (one per input), a .npy/.npz path or a Sample.
+        thresholds: DriftThresholds, or a dict with 'shift' and/or 'log_ratio'; defaults 0.5 and log(2).
+        batch_size: inputs per forward pass (memory only: statistics are pooled over all of them).
+    """
+    if isinstance(thresholds, dict):
+        thresholds = DriftThresholds(**thresholds)
+    thresholds = thresholds or DEFAULT_THRESHOLDS
+    sample, batches = data_batches(model, data, batch_size)
+    moments = batchnorm_moments(model, batches)
+    if not moments:
+        raise UnsupportedObjectError(
+            f"{describe(model)} has no BatchNorm layer with running statistics to monitor (an exporter may have folded them into the "
+            "preceding Conv: export with `normbridge export`, which keeps them)."
+        )
+    layers = [layer_drift(m, thresholds) for m in moments]
+    alarms = [layer.name for layer in layers if layer.alarm]
+    return DriftReport(
+        model=describe(model), framework=REGISTRY.model_framework(model), samples=sample.batch_size, thresholds=thresholds,
+        variance="population variance (ddof=0) per channel over batch and spatial positions; ratio (var + eps) / (running_var + eps)",
+        layers=layers, alarms=alarms, verdict="drift" if alarms else "no drift",
+    )
+
+
+__all__ = ["DEFAULT_THRESHOLDS", "LayerMoments", "batchnorm_moments", "drift_check", "layer_drift"]

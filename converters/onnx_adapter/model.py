@@ -1,0 +1,90 @@
+"""OnnxModelAdapter: ONNX graphs as whole models, read by the graph analysis (onnx_adapter/graph/) and run in onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from schemas import NormSpec, UnsupportedObjectError
+from schemas.inspection import Hazard
+
+from ..model_adapter import ModelAdapter
+from ..model_values import LayerFacts, NormLayerRef
+from . import running, statistics
+from .files import load_onnx, save_onnx
+
+
+class OnnxModelAdapter(ModelAdapter):
+    """Graphs have no layer objects: normalizations are sites (native nodes or decompositions), and graphs are what is served."""
+
+    framework = "onnx"
+    port_source_note = (
+        " (an ONNX source offers native normalization nodes only: a BatchNorm folded into a Conv or a decomposed norm is not a layer there)"
+    )
+
+    def load(self, path: Path) -> Any:
+        return load_onnx(path)
+
+    def save(self, model: Any, path: Path) -> None:
+        save_onnx(model, path)
+
+    # -- layers ----------------------------------------------------------------------------
+
+    def norm_layers(self, model: Any) -> list[NormLayerRef]:
+        raise UnsupportedObjectError(f"norm_layers walks PyTorch and Keras models; got a {self.framework} model (use the ONNX graph tools).")
+
+    def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
+        """Each native normalization node, read as a one-node model (decompositions and folded BatchNorms are not layers here)."""
+        from .node_reading import native_node_specs
+
+        return native_node_specs(model)
+
+    def layer_facts(self, model: Any) -> list[LayerFacts]:
+        """Every normalization site of the graph, native or decomposed."""
+        from .graph.sites import find_norm_sites
+
+        facts = []
+        for site in find_norm_sites(model):
+            ops = tuple(site.op_types)
+            distinct = tuple(dict.fromkeys(ops))
+            layer_type = "+".join(distinct) if len(distinct) <= 3 else f"{len(ops)} primitive ops"  # the hazard lists them all
+            facts.append(LayerFacts(
+                path=site.name, kind=site.kind, framework="onnx", origin=site.origin, layer_type=layer_type, spec=site.spec,
+                training=bool(site.training_mode), eps=site.eps, native=site.native, folded=site.folded, op_types=ops,
+            ))
+        return facts
+
+    def model_hazards(self, model: Any) -> list[Hazard]:
+        """Conv nodes and no BatchNormalization left: any BatchNorm was folded into the Conv weights."""
+        from .graph.sites import batchnorm_folded_into_conv
+
+        if not batchnorm_folded_into_conv(model):
+            return []
+        return [Hazard(
+            code="folded_batchnorm", severity="warning",
+            message="the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
+            "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
+            "export with torch.onnx.export(..., optimize=False) to keep the BatchNormalization nodes.",
+        )]
+
+    def inspection_source(self, model: Any) -> str:
+        return f"onnx graph '{model.graph.name}'"
+
+    def describe(self, model: Any) -> str:
+        return f"onnx '{model.graph.name or 'graph'}'"
+
+    # -- running and serving ---------------------------------------------------------------
+
+    def input_specs(self, model: Any):
+        return running.input_specs(model)
+
+    def serving_runner(self, model: Any, optimized: bool = False):
+        return running.serving_runner(model, optimized)
+
+    # -- BatchNorm statistics --------------------------------------------------------------
+
+    def batchnorm_moments(self, model: Any, batches, train: bool = False):
+        return statistics.onnx_batchnorm_moments(model, batches, train)
+
+    def recalibrate(self, model: Any, batches, variance_estimator: str):
+        return statistics.recalibrate_onnx(model, batches, variance_estimator)

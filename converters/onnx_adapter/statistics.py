@@ -1,0 +1,152 @@
+"""BatchNorm input statistics of ONNX models, and recalibrating their running statistics.
+
+A copy of the model returns each BatchNormalization node's input as an extra graph output and
+runs in onnxruntime (graph as written); for recalibration every BatchNormalization of the copy
+runs in training_mode=1, and the averages replace the node's mean and variance initializers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from schemas import InputFileError, UnsupportedObjectError
+from schemas.floats import recover_from_float32
+from schemas.kinds import KIND_INFO
+
+from ..model_values import LayerMoments, Movement, cumulative_statistics, first_line
+from .proto import DEFAULT_DOMAINS
+
+BATCH = KIND_INFO["batch"]
+
+
+@dataclass(frozen=True)
+class OnnxBatchNorm:
+    """One BatchNormalization node: its layer name, input tensor and the initializers of its statistics."""
+
+    index: int
+    name: str
+    input: str
+    mean_name: str
+    var_name: str
+    eps: float
+
+
+def onnx_batchnorms(model) -> list[OnnxBatchNorm]:
+    """Every BatchNormalization node in graph order, named after its running-mean initializer when it ends in '.running_mean'."""
+    found = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != BATCH.onnx_op or node.domain not in DEFAULT_DOMAINS:
+            continue
+        eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), BATCH.default_eps["onnx"])
+        mean_name = node.input[3]
+        name = mean_name.removesuffix(".running_mean") if mean_name.endswith(".running_mean") else (node.name or node.output[0])
+        found.append(OnnxBatchNorm(index, name, node.input[0], mean_name, node.input[4], recover_from_float32(eps)))
+    return found
+
+
+def onnx_constant(model, name: str) -> np.ndarray:
+    """The value of an initializer or Constant node output called `name`."""
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] == name and node.attribute and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+    raise UnsupportedObjectError(f"ONNX tensor '{name}' is computed, not stored; only BatchNormalization nodes with stored statistics are supported.")
+
+
+def _with_outputs(model, names: list[str], train: bool):
+    """A copy of `model` that also returns the tensors `names`; with `train`, BatchNormalization uses batch statistics."""
+    probe = copy.deepcopy(model)
+    known = {v.name: v for v in list(probe.graph.value_info) + list(probe.graph.input) + list(probe.graph.output)}
+    if any(n not in known for n in names):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(probe)
+            known.update({v.name: v for v in inferred.graph.value_info})
+        except Exception:  # inference is only used for the element types of the extra outputs
+            pass
+    existing = {o.name for o in probe.graph.output}
+    inputs = {i.name for i in probe.graph.input}
+    for i, name in enumerate(dict.fromkeys(names)):
+        if name in existing:
+            continue
+        elem = known[name].type.tensor_type.elem_type if name in known else onnx.TensorProto.FLOAT
+        if name in inputs:  # a graph input cannot also be an output: pass it through an Identity
+            alias = f"{name}__normbridge_probe_{i}"
+            probe.graph.node.append(helper.make_node("Identity", [name], [alias]))
+            probe.graph.output.append(helper.make_tensor_value_info(alias, elem, None))
+        else:
+            probe.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    if train:
+        for node in probe.graph.node:
+            if node.op_type == "BatchNormalization":
+                kept = [a for a in node.attribute if a.name != "training_mode"]
+                del node.attribute[:]
+                node.attribute.extend(kept + [helper.make_attribute("training_mode", 1)])
+                while len(node.output) < 3:  # onnxruntime requires the statistic outputs in training mode
+                    node.output.append(f"{node.output[0]}__normbridge_stat_{len(node.output)}")
+    return probe
+
+
+def onnx_batchnorm_moments(model, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
+    """BatchNormalization inputs of an ONNX model, as extra graph outputs of a copy run in onnxruntime (graph as written)."""
+    import onnxruntime
+
+    sites = onnx_batchnorms(model)
+    if not sites:
+        return []
+    moments = [LayerMoments(s.name, onnx_constant(model, s.mean_name).astype(np.float64), onnx_constant(model, s.var_name).astype(np.float64), s.eps)
+               for s in sites]
+    probe = _with_outputs(model, [s.input for s in sites], train)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    # As written: with optimizations on, onnxruntime 1.32 miscomputes training_mode=1 BatchNormalization whose statistic outputs are unused.
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    input_names = [i.name for i in session.get_inputs()]
+    output_names = [o.name for o in session.get_outputs()]
+    wanted = [s.input if s.input in output_names else next(n for n in output_names if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
+    for batch in batches:
+        try:
+            values = session.run(wanted, dict(zip(input_names, batch)))
+        except Exception as error:  # onnxruntime's InvalidArgument for a wrong shape or dtype
+            raise InputFileError(f"onnxruntime refused a batch of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
+        for record, value in zip(moments, values):
+            record.add(value, 1)
+    return moments
+
+
+def recalibrate_onnx(model, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[onnx.ModelProto, list[Movement], str]:
+    """The averages of the batch moments (every BatchNormalization in training_mode=1) written into its mean/var initializers."""
+    sites = onnx_batchnorms(model)
+    moments = onnx_batchnorm_moments(model, batches, train=True)
+    new = copy.deepcopy(model)
+    initializers = {init.name: init for init in new.graph.initializer}
+    uses: dict[str, int] = {}
+    for node in new.graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    moved = []
+    for site, record in zip(sites, moments):
+        mean, var = cumulative_statistics(record, variance_estimator)
+        node = new.graph.node[site.index]
+        for slot, tensor_name, value in ((3, site.mean_name, mean), (4, site.var_name, var)):
+            old = initializers.get(tensor_name)
+            dtype = numpy_helper.to_array(old).dtype if old is not None else np.float32
+            array = value.astype(dtype)
+            if old is not None and uses.get(tensor_name, 0) == 1:
+                old.CopyFrom(numpy_helper.from_array(array, tensor_name))
+            else:  # shared or a Constant node: give this node its own initializer
+                fresh = f"{site.name}.{'running_mean' if slot == 3 else 'running_var'}.recalibrated"
+                new.graph.initializer.append(numpy_helper.from_array(array, fresh))
+                node.input[slot] = fresh
+        moved.append((record.name, record.running_mean, record.running_var, mean, var, record.eps))
+    method = ("a copy with every BatchNormalization in training_mode=1 exposing its input, run in onnxruntime (graph as written); "
+              f"average over batches of batch mean and {variance_estimator} batch variance written into the mean/var initializers")
+    return new, moved, method

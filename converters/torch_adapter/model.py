@@ -1,0 +1,138 @@
+"""TorchModelAdapter: torch.nn.Module networks and torch.export ExportedPrograms (.pt2) as whole models."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from schemas import InputFileError, NormSpec, UnsupportedObjectError
+from schemas.atomic_io import atomic_write_bytes
+
+from ..model_adapter import ModelAdapter
+from ..model_values import LayerFacts, NormLayerRef
+from . import exported_program, onnx_export, porting, running, statistics
+
+
+def _load_pt2(path: Path) -> Any:
+    """Never torch.export.load: it unpickles parts of the archive with the full unpickler (see pt2_archive)."""
+    from .pt2_archive import load_exported_program
+
+    return load_exported_program(path)
+
+
+def _module(model: Any, expected: str) -> torch.nn.Module:
+    if not isinstance(model, torch.nn.Module):
+        raise UnsupportedObjectError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected {expected}.")
+    return model
+
+
+class TorchModelAdapter(ModelAdapter):
+    """nn.Modules are walked with named_modules(); ExportedPrograms are read from their aten ops."""
+
+    framework = "torch"
+    walk_origin = "module"
+    serving_source = True
+
+    def load(self, path: Path) -> Any:
+        return _load_pt2(path)
+
+    def save(self, model: Any, path: Path) -> None:
+        if not exported_program.is_exported_program(model):
+            raise UnsupportedObjectError(f"cannot write a recalibrated {type(model).__name__} to '{path}'; recalibrate a .pt2, .keras or .onnx model.")
+        buffer = io.BytesIO()
+        torch.export.save(model, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
+
+    # -- layers ----------------------------------------------------------------------------
+
+    def norm_layers(self, model: Any) -> list[NormLayerRef]:
+        """Definition order (named_modules), which is execution order for the sequential-style networks this targets."""
+        from ..adapters import REGISTRY
+
+        if not isinstance(model, torch.nn.Module):
+            raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module (call .module() on an ExportedProgram).")
+        framework = REGISTRY.framework("torch")
+        found = []
+        for path, module in model.named_modules():
+            try:
+                kind = framework.kind_of(module)
+            except UnsupportedObjectError:
+                continue
+            found.append(NormLayerRef(path or type(module).__name__, module, "torch", kind, training=bool(module.training)))
+        return found
+
+    def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
+        if exported_program.is_exported_program(model):
+            return exported_program.exported_specs(model)
+        if sample is not None:
+            return running.specs_in_execution_order(model, self.norm_layers(model), sample)
+        return [ref.spec() for ref in self.norm_layers(model)]
+
+    def layer_facts(self, model: Any) -> list[LayerFacts]:
+        if exported_program.is_exported_program(model):
+            return exported_program.exported_facts(model)
+        return super().layer_facts(_module(model, "a torch.nn.Module or a torch.export.ExportedProgram"))
+
+    def inspection_source(self, model: Any) -> str:
+        if exported_program.is_exported_program(model):
+            return "torch.export.ExportedProgram"
+        return super().inspection_source(model)
+
+    def describe(self, model: Any) -> str:
+        return f"torch {type(model).__name__}"
+
+    # -- porting ---------------------------------------------------------------------------
+
+    def port_targets(self, model: Any) -> list[NormLayerRef]:
+        if not isinstance(model, torch.nn.Module):
+            raise UnsupportedObjectError(
+                f"the target is a {type(model).__name__}, expected a torch.nn.Module to write into; an ExportedProgram has no layers "
+                "to change, so build the nn.Module in Python and port into it."
+            )
+        return self.norm_layers(model)
+
+    def plan_port_write(self, fresh, target, path, report):
+        return porting.plan_write(fresh, target, path, report)
+
+    def snapshot(self, layer):
+        return porting.snapshot(layer)
+
+    # -- running and serving ---------------------------------------------------------------
+
+    def input_specs(self, model: Any):
+        if exported_program.is_exported_program(model):
+            return running.program_input_specs(model)
+        raise UnsupportedObjectError(
+            f"a {type(model).__name__} does not record its input shape; pass a sample (a NumPy array, or a .npy/.npz file) for it."
+        )
+
+    def source_runner(self, model: Any):
+        if exported_program.is_exported_program(model):
+            return running.program_runner(model)
+        if isinstance(model, torch.nn.Module):
+            return running.module_runner(model)
+        return super().source_runner(model)
+
+    def export_onnx(self, model: Any, sample: Any, opset: int):
+        return onnx_export.export_onnx(model, sample, opset)
+
+    # -- BatchNorm statistics --------------------------------------------------------------
+
+    def batchnorm_moments(self, model: Any, batches, train: bool = False):
+        if exported_program.is_exported_program(model):
+            return statistics.program_moments(model, batches, train)
+        if isinstance(model, torch.nn.Module) and not train:
+            return statistics.module_moments(model, batches)
+        raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module, ExportedProgram, Keras model or ONNX model.")
+
+    def recalibrate(self, model: Any, batches, variance_estimator: str):
+        if exported_program.is_exported_program(model):
+            return statistics.recalibrate_program(model, batches, variance_estimator)
+        if isinstance(model, torch.nn.Module):
+            if variance_estimator != "unbiased":
+                raise InputFileError("a torch.nn.Module is recalibrated by PyTorch itself, which uses the unbiased variance; leave variance_estimator='unbiased'.")
+            return statistics.recalibrate_module(model, batches)
+        raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module or ExportedProgram.")

@@ -1,0 +1,52 @@
+"""Exporting a PyTorch model to ONNX for serving: torch.onnx.export(dynamo=True) with its graph optimizer off.
+
+torch.onnx's optimizer runs onnxscript's `fuse_batchnorm`, which folds every eval BatchNorm into
+the preceding Conv; neither eps nor the statistics could be checked afterwards (or monitored by
+`drift`). Constants are folded and dead nodes removed instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from schemas import NormbridgeError, UnsupportedObjectError
+
+
+def _clean(model):
+    """Fold constants and drop dead nodes (what torch.onnx's optimizer does, minus folding BatchNorm into Conv)."""
+    import onnxscript.optimizer
+
+    onnxscript.optimizer.fold_constants(model)
+    onnxscript.optimizer.remove_unused_nodes(model)
+    return model
+
+
+def _tensors(arrays) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+
+
+def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
+    """(onnx.ModelProto, the exporter as named in reports, notes) for an nn.Module (with a dynamic batch when it allows one) or an ExportedProgram."""
+    notes = ["torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"]
+    options = {"dynamo": True, "opset_version": opset, "optimize": False, "verbose": False}
+    name = f"torch.onnx.export(dynamo=True, optimize=False) torch {torch.__version__.split('+')[0]} at opset {opset}"
+    try:
+        if isinstance(model, torch.export.ExportedProgram):
+            program = torch.onnx.export(model, **options)
+        else:
+            rows = sample.rows(slice(0, 2)) if sample.batch_size >= 2 else tuple(np.concatenate([a, a]) for a in sample.arrays)
+            args = _tensors(rows)
+            batch = torch.export.Dim("batch", min=1)
+            try:
+                program = torch.onnx.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args), **options)
+            except Exception as error:  # a model that fixes its batch size: export it with the sample's
+                notes.append(f"exported with a fixed batch of {sample.batch_size}: a dynamic batch failed ({type(error).__name__})")
+                program = torch.onnx.export(model, _tensors(sample.arrays), **options)
+    except NormbridgeError:
+        raise
+    except Exception as error:
+        raise UnsupportedObjectError(f"torch.onnx.export failed at opset {opset} ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}).") from error
+    return _clean(program.model_proto), name, notes

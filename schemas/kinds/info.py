@@ -1,0 +1,53 @@
+"""`KindInfo`: every fact about one normalizer kind, in the kind's own module.
+
+The converters, the whole-model tools and the registry read these instead of keeping their
+own tables, so a kind's ONNX op, its opset, its aten ops, its stock classes and each
+framework's default eps are written once (`schemas/kinds/<kind>.py`). Names of classes and
+ops are facts of the formats, not imports: schemas imports no framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """The facts of one kind.
+
+    Attributes:
+        kind: the name in the spec's vocabulary.
+        summary: what it computes, in one line.
+        trailing: statistics over the trailing `normalized_shape` axes (else per channel, with a layout).
+        running_stats: the kind may track running statistics, so its output depends on a train/eval mode.
+        bias: the kind can have a bias (RMSNorm cannot).
+        required: spec fields the kind needs, checked in this order.
+        forbidden: spec fields that mean nothing for the kind, checked in this order.
+        classes: framework -> the stock layer class names that compute the kind (torch.nn, keras.layers).
+        default_eps: framework -> the eps a layer gets when none is given; None where the framework
+            derives it (PyTorch RMSNorm: finfo(dtype).eps).
+        onnx_op: the native ONNX op.
+        onnx_opset: the first opset holding `onnx_op` in the form normbridge writes.
+        onnx_inputs: the spec tensor fed by `onnx_op`'s inputs 1, 2, ... (input 0 is the data).
+        aten_ops: the aten ops (schema names) torch.export writes for the kind, before and after
+            run_decompositions().
+    """
+
+    kind: str
+    summary: str
+    trailing: bool
+    running_stats: bool
+    bias: bool
+    required: tuple[str, ...]
+    forbidden: tuple[str, ...]
+    classes: Mapping[str, tuple[str, ...]]
+    default_eps: Mapping[str, float | None]
+    onnx_op: str
+    onnx_opset: int
+    onnx_inputs: tuple[str, ...]
+    aten_ops: tuple[str, ...] = field(default=())
+
+    def per_feature_shape(self, spec) -> tuple[int, ...]:
+        """The shape of the spec's scale, bias and running statistics."""
+        return tuple(spec.normalized_shape) if self.trailing else (spec.num_features,)
