@@ -71,8 +71,9 @@ def _keras_bytes(layer: Any, spec: NormSpec) -> bytes:
 
 def _torch_folder(module: Any, spec: NormSpec, folder: Path) -> None:
     """PyTorch output: the state dict as safetensors plus the spec that says how to build the module."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
-    save_file(state, str(folder / "state_dict.safetensors"), metadata={"class": type(module).__name__})
+    # As bytes, not save_file: safetensors creates its files 0600 whatever the umask.
+    (folder / "state_dict.safetensors").write_bytes(save(state, metadata={"class": type(module).__name__}))
     save_spec(spec, folder)
