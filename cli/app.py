@@ -1,26 +1,83 @@
-"""The Typer application and console every command module registers on."""
+"""The Typer application and console every command module registers on, with the global options."""
 
 from __future__ import annotations
+
+from importlib import metadata
 
 import typer
 from rich.console import Console
 
-from . import remote
+from . import framework_noise, remote
+
+console = Console()
+
+
+class NormbridgeGroup(typer.core.TyperGroup):
+    """The root group: a flag shows no `<bool>` placeholder in --help (it takes no value), in every command and subcommand."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _blank_flag_metavars(self)
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)  # Typer appends --install-completion / --show-completion after __init__
+        _blank(params)
+        return params
+
+
+def _blank(params) -> None:
+    for param in params:
+        if param.param_type_name == "option" and getattr(param, "is_flag", False) and not getattr(param, "count", False) and param.metavar is None:
+            param.metavar = ""
+
+
+def _blank_flag_metavars(command) -> None:
+    """Blank the metavar of every flag of `command` and its subcommands, --help included (created here, as click caches it)."""
+    _blank(command.params)
+    help_option = command.get_help_option(typer.Context(command))
+    if help_option is not None:
+        _blank([help_option])
+    for sub in getattr(command, "commands", {}).values():
+        _blank_flag_metavars(sub)
+
 
 app = typer.Typer(
     name="normbridge",
+    cls=NormbridgeGroup,
     help="Move normalization layers between PyTorch, Keras 3 and ONNX without changing what they compute.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+
+
+def package_version() -> str:
+    """The installed normbridge version (from its package metadata)."""
+    try:
+        return metadata.version("normbridge")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed; run `pip install -e .`)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"normbridge {package_version()}")
+        raise typer.Exit()
+
+
+def fit_console_to_terminal() -> None:
+    """Let the console measure the terminal (or COLUMNS) when it prints, not when cli.app was imported."""
+    console.width = None  # Rich then reads COLUMNS, else the terminal's size, at every print (80 for a pipe)
 
 
 @app.callback()
 def global_options(
     server: str | None = typer.Option(None, "--server", envvar="NORMBRIDGE_SERVER", help=remote.SERVER_HELP),
     token: str | None = typer.Option(None, "--token", envvar="NORMBRIDGE_TOKEN", help=remote.TOKEN_HELP, show_default=False),
+    verbose: bool = typer.Option(False, "--verbose", "-v", envvar=framework_noise.VERBOSE_ENV,
+                                 help="Also print the frameworks' own log lines and warnings (TensorFlow, absl, torch.onnx, tf2onnx) on stderr."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print normbridge's version and exit."),
 ) -> None:
     """Move normalization layers between PyTorch, Keras 3 and ONNX without changing what they compute.
 
@@ -28,4 +85,6 @@ def global_options(
     lineage, verify, alias, audit, gc, export NAME@N) run against a `normbridge serve` server.
     Example: normbridge --server http://registry:8080 --token nbt_... models
     """
+    framework_noise.configure(verbose)
+    fit_console_to_terminal()
     remote.set_options(server, token)

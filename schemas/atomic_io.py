@@ -1,27 +1,80 @@
-"""Atomic writes: a temporary sibling, fsync, rename. A failed write leaves nothing behind."""
+"""Atomic writes: a temporary sibling, fsync, rename. A failed write leaves nothing behind.
+
+What is written here is the user's (an export, a spec folder, a recalibrated model), so it gets
+the permissions any file they write gets: the temporary sibling is created with the mode open()
+and mkdir() ask for (0666 / 0777), from which the kernel takes the umask (0644 / 0755 under 022)
+and applies any default ACL. tempfile.mkstemp and mkdtemp create 0600 / 0700 instead, which a
+model server running as another user cannot read. Replacing an existing file or folder keeps its
+permission bits, so a model the user made private stays private.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import tempfile
+import stat
 from pathlib import Path
 from typing import Callable
+
+#: Modes asked of the kernel for a new file and folder; the process umask is taken off them.
+FILE_MODE = 0o666
+FOLDER_MODE = 0o777
+_ATTEMPTS = 100
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _sibling(target: Path, suffix: str) -> Path:
+    return target.parent / f".{target.name}.{secrets.token_hex(6)}{suffix}"
+
+
+def _existing_mode(target: Path) -> int | None:
+    """Permission bits of `target` when it already exists (and is not a symlink), else None."""
+    try:
+        status = target.lstat()
+    except FileNotFoundError:
+        return None
+    return None if stat.S_ISLNK(status.st_mode) else stat.S_IMODE(status.st_mode)
+
+
+def _new_file(target: Path) -> tuple[int, Path]:
+    """A new, exclusively created sibling of `target`, open for writing (never an existing file or symlink)."""
+    for _ in range(_ATTEMPTS):
+        candidate = _sibling(target, ".tmp")
+        try:
+            return os.open(candidate, _OPEN_FLAGS, FILE_MODE), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.*.tmp files.")
+
+
+def _new_folder(target: Path) -> Path:
+    for _ in range(_ATTEMPTS):
+        candidate = _sibling(target, "")
+        try:
+            candidate.mkdir(FOLDER_MODE)
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary folder beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.* folders.")
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `target` so that readers see the old file or the whole new one, never a part."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    keep = _existing_mode(target)
+    handle, temporary = _new_file(target)
     try:
         with os.fdopen(handle, "wb") as stream:
+            if keep is not None:
+                os.chmod(stream.fileno(), keep)
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, target)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     return target
 
@@ -30,8 +83,11 @@ def atomic_write_folder(target: str | os.PathLike, fill: Callable[[Path], object
     """Let `fill` populate a temporary sibling folder, then move it to `target` (replacing it)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    keep = _existing_mode(target)
+    temporary = _new_folder(target)
     try:
+        if keep is not None:
+            os.chmod(temporary, keep)
         fill(temporary)
         if target.exists():
             shutil.rmtree(target)

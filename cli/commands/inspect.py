@@ -13,6 +13,7 @@ from schemas.errors import HAZARD_FOUND_EXIT
 
 from ..app import app, console
 from ..errors import reports_errors
+from ..fitting import print_table, say_marked
 
 #: Exit code of `inspect --fail-on SEVERITY` when a hazard at or above SEVERITY exists.
 HAZARD_EXIT_CODE = HAZARD_FOUND_EXIT
@@ -54,15 +55,13 @@ def inspect_command(
     if json_output:
         print(inspection.to_json())
     else:
-        # A pipe has no width of its own (Rich assumes 80): print the table wide enough to stay readable there.
-        out = console if console.is_terminal else Console(width=max(console.width, 140))
-        out.print(inspection_table(inspection))
+        print_table(inspection_table(inspection))
         hazards = inspection.all_hazards()
         if not inspection.layers:
             console.print("no normalization layers found", highlight=False)
         for where, hazard in hazards:
-            console.print(f"[{severity_style(hazard.severity)}]{hazard.severity}[/] {hazard.code} ", end="")
-            console.print(f"{where if where is not None else '(model)'}: {hazard.message}", highlight=False, markup=False, soft_wrap=True)
+            say_marked(f"[{severity_style(hazard.severity)}]{hazard.severity}[/] {hazard.code} ",
+                       f"{where if where is not None else '(model)'}: {hazard.message}")
         if not hazards:
             console.print("[green]no hazards[/]")
     if fail_on is not None and inspection.has_hazard_at_least(fail_on.value):

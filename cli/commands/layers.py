@@ -12,6 +12,7 @@ from rich.console import Console
 
 from ..app import app, console
 from ..errors import reports_errors
+from ..fitting import say, say_marked
 
 
 class Target(str, Enum):
@@ -49,6 +50,9 @@ def convert(
 
     from ..files import load_layer
 
+    if to is Target.keras and output.suffix.lower() != ".keras":
+        raise typer.BadParameter(f"'{output}' does not end in .keras, and Keras loads only files that do; pass -o {output.name}.keras "
+                                 "(a one-layer Keras model).", param_hint="--output")
     options = ConversionOptions(
         opset=opset, onnx_training_mode=training_mode, match_variance_estimator=match_estimator, cumulative_momentum=cumulative_momentum.value
     )
@@ -62,8 +66,8 @@ def convert(
     if json_output:
         print(json.dumps({"output": str(output), "report": report.model_dump(mode="json")}, indent=2))
     else:
-        console.print(report.render_text(), highlight=False, soft_wrap=True, markup=False)
-        console.print(f"[green]wrote[/] {output}")
+        say(report.render_text())
+        say_marked("[green]wrote[/] ", str(output))
 
 
 @app.command()
@@ -87,7 +91,7 @@ def check(
     if json_output:
         print(result.to_json())
     else:
-        console.print(result.render_text(), highlight=False, soft_wrap=True, markup=False)
+        say(result.render_text())
     if not result.passed:
         raise typer.Exit(7)
 

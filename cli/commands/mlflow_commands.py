@@ -12,7 +12,9 @@ import typer
 from rich.console import Console
 
 from ..app import app, console
+from ..arguments import version_ref
 from ..errors import reports_errors
+from ..fitting import say
 from .registry import BLOBS_HELP, DB_HELP, _dump, _registry, _say
 
 TRACKING_HELP = "MLflow tracking server URI, e.g. http://127.0.0.1:5000 (env MLFLOW_TRACKING_URI)."
@@ -27,7 +29,7 @@ app.add_typer(mlflow_app, name="mlflow")
 @mlflow_app.command("push")
 @reports_errors
 def push(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="The normbridge version to push (NAME@N, NAME@alias or NAME for the latest)."),
+    ref: str = typer.Argument(..., metavar="NAME@N", help="The normbridge version to push (NAME@N, NAME@alias or NAME for the latest).", callback=version_ref),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=TRACKING_HELP),
     name: str | None = typer.Option(None, "--name", help="Registered model name in MLflow (default: the normbridge model name)."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
@@ -73,7 +75,7 @@ def import_(
 
     stderr = Console(stderr=True)
     result = import_model(_registry(db, blobs), model_uri, tracking=tracking_uri, name=name, trust_pickle=trust_pickle,
-                          warn=lambda text: stderr.print(text, style="bold yellow", highlight=False, markup=False, soft_wrap=True))
+                          warn=lambda text: say(text, style="bold yellow", console=stderr))
     registration = result.registration
     v = registration.version
     if json_output:

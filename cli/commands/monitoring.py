@@ -12,7 +12,9 @@ from rich.table import Table
 from schemas.errors import DRIFT_ALARM_EXIT
 
 from ..app import app, console
+from ..arguments import version_ref
 from ..errors import reports_errors
+from ..fitting import print_table, say, say_marked
 
 #: Exit code of `drift` when at least one layer alarms (0: no alarm): a verdict, not an error.
 DRIFT_EXIT_CODE = DRIFT_ALARM_EXIT
@@ -41,7 +43,8 @@ def drift(
     ratio_threshold: float = typer.Option(2.0, "--ratio-threshold", help="Alarm when var / running_var leaves [1/r, r] on a channel (r > 1; 2 = a factor of two)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Inputs per forward pass (memory only: statistics pool over all inputs)."),
     json_output: bool = typer.Option(False, "--json", help="Print the drift report as JSON."),
-    record: str | None = typer.Option(None, "--record", metavar="NAME@N", help="Store the report against this registered version (shown on its drift page)."),
+    record: str | None = typer.Option(None, "--record", metavar="NAME@N", callback=version_ref,
+                                       help="Store the report against this registered version (shown on its drift page)."),
     db: str | None = typer.Option(None, "--db", help="With --record: SQLAlchemy URL of the registry database (env NORMBRIDGE_DB)."),
     blobs: str | None = typer.Option(None, "--blobs", help="With --record: the registry's blob store (env NORMBRIDGE_BLOBS)."),
 ) -> None:
@@ -71,9 +74,9 @@ def drift(
     else:
         with Console(stderr=True).status(f"measuring BatchNorm inputs of {model_path} on {data}"):
             report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
-        console.print(_drift_table(report))
+        print_table(_drift_table(report))
         verdict = f"[bold red]DRIFT[/] in {', '.join(report.alarms)}" if report.alarms else "[green]no drift[/]"
-        console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)", soft_wrap=True)
+        console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)")
     if record is not None:
         from registry.drift_records import record_drift
 
@@ -122,8 +125,8 @@ def recalibrate(
             table.add_column(column, justify="left" if column == "layer" else "right")
         for layer in report.layers:
             table.add_row(layer.name, str(layer.channels), f"{layer.max_mean_shift:.4f}", f"{layer.max_abs_log_var_ratio:.4f}")
-        console.print(table)
-        console.print(f"method: {report.method}", highlight=False, markup=False, soft_wrap=True)
+        print_table(table)
+        say(f"method: {report.method}")
         for note in report.notes:
-            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
-        console.print(f"[green]wrote[/] {output}")
+            say(f"note: {note}")
+        say_marked("[green]wrote[/] ", str(output))

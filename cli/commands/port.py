@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..app import app, console
 from ..errors import reports_errors
+from ..fitting import print_table, say, say_marked
 from .layers import CumulativeMomentum
 
 
@@ -64,13 +65,12 @@ def port(
         print(json.dumps({"source": str(source), "target": str(target), "output": str(output), "pairs": pairs, "report": report.model_dump(mode="json")}, indent=2))
         return
     if details:
-        console.print(report.render_text(), highlight=False, soft_wrap=True, markup=False)
+        say(report.render_text())
     else:
-        console.print(_pairs_table(report))
+        print_table(_pairs_table(report))
         for warning, count in _grouped_warnings(report):
             prefix = f"{count} layers: " if count > 1 else ""
-            console.print(f"[yellow]warning[/] {prefix}", end="", highlight=False)
-            console.print(warning, highlight=False, markup=False, soft_wrap=True)
+            say_marked(f"[yellow]warning[/] {prefix}", warning)
     console.print(f"[green]ported[/] {len(report.layers)} normalization layers; [green]wrote[/] {output}", highlight=False)
 
 

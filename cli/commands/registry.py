@@ -20,8 +20,11 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.tree import Tree
 
+from .. import arguments
 from ..app import app, console
+from ..arguments import model_name, version_ref
 from ..errors import reports_errors
+from ..fitting import print_table, say
 
 DB_HELP = "SQLAlchemy URL of the metadata database (env NORMBRIDGE_DB; default SQLite under NORMBRIDGE_HOME)."
 BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default NORMBRIDGE_HOME/blobs)."
@@ -60,7 +63,7 @@ def _dump(value) -> None:
 
 
 def _say(text: str, style: str | None = None) -> None:
-    console.print(text, highlight=False, markup=False, soft_wrap=True, style=style)
+    say(text, style=style)
 
 
 def _when(at: datetime) -> str:
@@ -70,11 +73,13 @@ def _when(at: datetime) -> str:
 @app.command()
 @reports_errors
 def register(
-    name: str = typer.Argument(..., help="Model name (letters, digits, '.', '_', '-')."),
+    name: str = typer.Argument(..., help="Model name (letters, digits, '.', '_', '-').", callback=model_name),
     model: Path = typer.Argument(..., metavar="MODEL", help="The model: .pt2, .keras (safe_mode), .onnx, or a saved artifact folder."),
-    parent: str | None = typer.Option(None, "--parent", help="Parent version NAME@N (default: the latest version of NAME, if any)."),
+    parent: str | None = typer.Option(None, "--parent", metavar="NAME@N", callback=version_ref,
+                                       help="Parent version NAME@N (default: the latest version of NAME, if any)."),
     note: str | None = typer.Option(None, "--note", help="A free-text note stored with the version."),
-    operation: str | None = typer.Option(None, "--operation", help="Lineage label: registered, fine-tuned, recalibrated, converted, imported."),
+    operation: str | None = typer.Option(None, "--operation", help="Lineage label: registered, fine-tuned, recalibrated, converted, imported.",
+                                         callback=arguments.operation),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON."),
@@ -128,13 +133,13 @@ def models(
         table.add_column(column, justify=justify)
     for n, latest, count in rows:
         table.add_row(n, str(latest), str(count))
-    console.print(table)
+    print_table(table)
 
 
 @app.command()
 @reports_errors
 def versions(
-    name: str = typer.Argument(..., help="Model name."),
+    name: str = typer.Argument(..., help="Model name.", callback=model_name),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the versions as JSON."),
@@ -155,7 +160,7 @@ def versions(
     for r in records:
         table.add_row(str(r.number), _when(r.created_at), r.user, r.operation, r.parent or "-", r.digest[:12],
                       ", ".join(by_number.get(r.number, [])) or "-", r.note or "")
-    console.print(table)
+    print_table(table)
 
 
 def _stats(array) -> str:
@@ -167,7 +172,7 @@ def _stats(array) -> str:
 @app.command()
 @reports_errors
 def show(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest)."),
+    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the version and its manifest as JSON."),
@@ -198,14 +203,14 @@ def show(
         momentum = "-" if getattr(spec, "momentum", None) is None else f"{spec.momentum} ({spec.momentum_convention})"
         table.add_row(entry.get("path", spec.name), spec.kind, str(spec.num_features or spec.normalized_shape or "-"), repr(spec.eps), momentum,
                       "train" if spec.training else "eval", _stats(spec.tensors.get("running_mean")), _stats(spec.tensors.get("running_var")), verdict)
-    console.print(table)
+    print_table(table)
 
 
 @app.command()
 @reports_errors
 def diff(
-    ref_a: str = typer.Argument(..., metavar="NAME@A", help="The older version."),
-    ref_b: str = typer.Argument(..., metavar="NAME@B", help="The newer version."),
+    ref_a: str = typer.Argument(..., metavar="NAME@A", help="The older version.", callback=version_ref),
+    ref_b: str = typer.Argument(..., metavar="NAME@B", help="The newer version.", callback=version_ref),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
@@ -224,7 +229,7 @@ def diff(
 @app.command()
 @reports_errors
 def lineage(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest)."),
+    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
@@ -245,7 +250,7 @@ def lineage(
 @app.command()
 @reports_errors
 def verify(
-    ref: str | None = typer.Argument(None, metavar="[NAME@N]", help="One version; default every version of every model."),
+    ref: str | None = typer.Argument(None, metavar="[NAME@N]", help="One version; default every version of every model.", callback=version_ref),
     no_check: bool = typer.Option(False, "--no-check", help="Only re-hash the blobs; skip re-running the equivalence check."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
@@ -271,9 +276,9 @@ def verify(
 @app.command()
 @reports_errors
 def alias(
-    name: str = typer.Argument(..., help="Model name."),
-    alias_name: str = typer.Argument(..., metavar="ALIAS", help="Alias to set or move, e.g. production."),
-    ref: str = typer.Argument(..., metavar="NAME@N", help="The version it points at from now on."),
+    name: str = typer.Argument(..., help="Model name.", callback=model_name),
+    alias_name: str = typer.Argument(..., metavar="ALIAS", help="Alias to set or move, e.g. production.", callback=arguments.alias_name),
+    ref: str = typer.Argument(..., metavar="NAME@N", help="The version it points at from now on (NAME@N, or N).", callback=version_ref),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the alias record as JSON."),
@@ -295,7 +300,7 @@ def _short(value) -> str:
 @app.command()
 @reports_errors
 def audit(
-    model: str | None = typer.Option(None, "--model", help="Only entries of this model."),
+    model: str | None = typer.Option(None, "--model", help="Only entries of this model.", callback=model_name),
     user: str | None = typer.Option(None, "--user", help="Only entries by this user."),
     verify_chain: bool = typer.Option(False, "--verify", help="Verify the hash chain of the whole log and its head (exit 12 if broken)."),
     expect_head: str | None = typer.Option(None, "--expect-head", metavar="HASH",
@@ -329,7 +334,7 @@ def audit(
             where = "-" if e.model is None else (e.model if e.number is None else f"{e.model}@{e.number}")
             detail = e.detail.get("message") or ", ".join(f"{k}={_short(v)}" for k, v in e.detail.items() if not isinstance(v, (dict, list)))
             table.add_row(str(e.seq), _when(e.at), e.user, e.action, where, detail[:120], e.hash[:12])
-        console.print(table)
+        print_table(table)
         if check is not None:
             _say_chain(check)
     if problems:
@@ -351,7 +356,8 @@ def _say_chain(check) -> None:
 @app.command()
 @reports_errors
 def gc(
-    grace: float = typer.Option(3600.0, "--grace", help="Keep unreferenced blobs younger than this many seconds (a registration may be in flight)."),
+    grace: float = typer.Option(3600.0, "--grace", min=0.0,
+                                help="Keep unreferenced blobs younger than this many seconds (a registration may be in flight)."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),

@@ -13,7 +13,9 @@ import typer
 from rich.table import Table
 
 from ..app import app, console
+from ..arguments import model_names, token_role, token_roles
 from ..errors import reports_errors, stderr
+from ..fitting import print_table
 from .registry import BLOBS_HELP, DB_HELP
 
 token_app = typer.Typer(name="token", no_args_is_help=True,
@@ -100,8 +102,10 @@ def _token_json(info) -> dict:
 @reports_errors
 def token_create(
     owner: str = typer.Option(..., "--owner", help="Who the token acts as (named in the audit log)."),
-    role: str = typer.Option(..., "--role", help="read, write (implies read) or admin (implies write)."),
-    model: list[str] = typer.Option([], "--model", help="Restrict the token to this model (repeat for several; default every model)."),
+    role: str = typer.Option(..., "--role", help="read, write (implies read) or admin (implies write).", callback=token_role,
+                              autocompletion=token_roles),
+    model: list[str] = typer.Option([], "--model", help="Restrict the token to this model (repeat for several; default every model).",
+                                   callback=model_names),
     note: str | None = typer.Option(None, "--note", help="Why the token exists."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print {id, token, owner, role, models} as JSON."),
@@ -136,7 +140,7 @@ def token_list(
     for t in tokens:
         table.add_row(t.id, t.owner, t.role, ", ".join(t.models) if t.models else "all", t.created_at.strftime("%Y-%m-%d %H:%M"), t.created_by,
                       "revoked" if t.revoked_at else "active", t.note or "")
-    console.print(table)
+    print_table(table)
 
 
 @token_app.command("revoke")

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..app import app, console
 from ..errors import reports_errors
+from ..fitting import print_table, say, say_marked
 
 
 def _check_failed_code() -> int:
@@ -25,7 +26,7 @@ def contract_tables(result) -> list[Table]:
     for column, justify in (("output", "left"), ("shape", "left"), ("max abs error", "right"), ("max rel error", "right"), ("verdict", "left")):
         outputs.add_column(column, justify=justify)
     for o in result.outputs:
-        outputs.add_row(o.name, f"{o.dtype}{o.shape}", "n/a" if o.max_abs_error is None else f"{o.max_abs_error:.3e}",
+        outputs.add_row(o.name, f"{o.dtype}[{','.join(str(d) for d in o.shape)}]", "n/a" if o.max_abs_error is None else f"{o.max_abs_error:.3e}",
                         "n/a" if o.max_rel_error is None else f"{o.max_rel_error:.3e}",
                         "[green]ok[/]" if o.passed else f"[bold red]MISMATCH[/] {o.reason}".rstrip())
     batch = Table(title="batch independence: each request alone vs in its batch")
@@ -40,18 +41,16 @@ def contract_tables(result) -> list[Table]:
 def print_contract(result) -> None:
     tol = ", ".join(f"{t.dtype} atol {t.atol:g} rtol {t.rtol:g}" for t in result.tolerances)
     for label, text in (("source", result.source), ("serving", f"{result.serving} [{result.runtime}]"), ("sample", result.sample.description), ("tolerance", tol)):
-        console.print(f"{label + ':':<10} {text}", highlight=False, markup=False, soft_wrap=True)
+        say(f"{label + ':':<10} {text}")
     for table in contract_tables(result):
-        console.print(table)
+        print_table(table)
     for b in result.batch_independence:
         if b.reason:
-            console.print(f"{b.side}: {b.reason}", highlight=False, markup=False, soft_wrap=True)
+            say(f"{b.side}: {b.reason}")
     for finding in result.findings:
-        console.print("[yellow]finding[/]: ", end="")
-        console.print(finding, highlight=False, markup=False, soft_wrap=True)
+        say_marked("[yellow]finding[/]: ", finding)
     for error in result.errors:
-        console.print("[bold red]error[/]: ", end="")
-        console.print(error, highlight=False, markup=False, soft_wrap=True)
+        say_marked("[bold red]error[/]: ", error)
     console.print("[green]contract PASSED[/]" if result.passed else "[bold red]contract FAILED[/]")
 
 
@@ -112,8 +111,14 @@ def export_command(
     from schemas import InputFileError
 
     if "@" in model_path.name and not model_path.exists():
+        from ..arguments import version_ref
         from .registry import export_version
 
+        try:
+            version_ref(str(model_path))
+        except typer.BadParameter as error:
+            error.param_hint = "MODEL"
+            raise
         export_version(str(model_path), to.value, output, json_output)
         return
     if to is not ExportTarget.onnx:
@@ -134,17 +139,17 @@ def export_command(
     if json_output:
         print(result.to_json())
     else:
-        console.print(f"source:   {result.source}", highlight=False, markup=False, soft_wrap=True)
-        console.print(f"exporter: {result.exporter}; file opset {result.opset}", highlight=False, markup=False, soft_wrap=True)
-        console.print(_verification_table(result))
+        say(f"source:   {result.source}")
+        say(f"exporter: {result.exporter}; file opset {result.opset}")
+        print_table(_verification_table(result))
         for line in _rewrites(result):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            say(line)
         if result.contract is not None:
             print_contract(result.contract)
         for note in result.notes:
-            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+            say(f"note: {note}")
         for message in result.errors:
-            console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True, style="red")
+            say(f"error: {message}", style="red")
         if result.written:
             console.print(f"[green]wrote[/] {result.path}" + (" [yellow](forced despite failed checks)[/]" if result.forced else ""))
         else:

@@ -3,7 +3,8 @@
 `create_app(registry, insecure_local=..., max_upload_bytes=..., host=..., allowed_hosts=...)` is what
 `normbridge serve` runs with one worker; with several, uvicorn imports `app_from_env` (a factory) in
 each worker, which rebuilds the same app from the NORMBRIDGE_* variables serve sets. Every request
-passes the request guard first (request_guard.py: Host, Origin, Content-Type).
+passes the request guard first (request_guard.py: Host, Origin, Content-Type). /docs and /redoc load
+their scripts from this server (api_docs.py), never from a CDN.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from registry.tokens import TokenStore
 from registry.web import install as install_web_pages
 
 from . import routes_blobs, routes_read, routes_write
+from .api_docs import install as install_api_docs
 from .errors import install_error_handlers
 from .request_guard import ALLOWED_HOSTS_ENV, HostPolicy, RequestGuard, declare_refusals, is_loopback
 from .responses import SafeJSONResponse
@@ -38,7 +40,8 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     an in-process client such as Starlette's TestClient, which sends Host 'testserver', passes allowed_hosts=["testserver"].
     """
     app = FastAPI(title="normbridge registry", version=routes_read.package_version(), default_response_class=SafeJSONResponse,
-                  description="Model versions behind a normalization-equivalence gate: read, register, diff, lineage, aliases, audit.")
+                  description="Model versions behind a normalization-equivalence gate: read, register, diff, lineage, aliases, audit.",
+                  docs_url=None, redoc_url=None)  # api_docs serves them from installed files, not a CDN
     app.state.registry = registry
     app.state.tokens = TokenStore(registry.meta)
     app.state.insecure_local = bool(insecure_local)
@@ -49,6 +52,7 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     for module in (routes_read, routes_write, routes_blobs):
         app.include_router(module.router)
     install_web_pages(app)
+    install_api_docs(app)
     app.add_middleware(RequestGuard, hosts=HostPolicy.serving(host, allowed_hosts))
     _declare_guard_in_openapi(app)
     return app
