@@ -40,6 +40,10 @@ class KindAdapter(abc.ABC):
 
     framework: ClassVar[str]
     kind: ClassVar[str]
+    #: The settings beyond schema version 1 (NormSpec.extended_settings: compute_dtype, scale_offset,
+    #: frozen, bfloat16, a channel-axis layout for trailing kinds...) this adapter's from_spec honours.
+    #: A spec using any other is refused before from_spec runs, so nothing is dropped silently.
+    holds: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:

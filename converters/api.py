@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from schemas import ConversionReport, LayerReport, NormSpec
+from schemas import ConversionReport, LayerReport, NormSpec, NotExpressibleError
 
 from .options import ConversionOptions
 from .adapters import REGISTRY, AdapterRegistry
@@ -57,8 +57,19 @@ def write_spec(
     """from_spec plus its layer report."""
     layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
     layer_report.target_framework = to
-    obj = registry.get(to, spec.kind).from_spec(spec, options, layer_report)
+    adapter = registry.get(to, spec.kind)
+    refuse_unheld_settings(spec, adapter)
+    obj = adapter.from_spec(spec, options, layer_report)
     return obj, layer_report
+
+
+def refuse_unheld_settings(spec: NormSpec, adapter) -> None:
+    """NotExpressibleError for the first extended setting of `spec` the target adapter does not hold."""
+    for setting, value in spec.extended_settings().items():
+        if setting not in adapter.holds:
+            raise NotExpressibleError(
+                f"its {adapter.framework} {adapter.kind} layer cannot hold {setting}={value!r}; keep the layer in its source framework "
+                "or convert a spec without it.", layer=spec.name, setting=setting, target=adapter.framework)
 
 
 def from_spec(spec: NormSpec, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> Any:

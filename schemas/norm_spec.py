@@ -16,8 +16,17 @@ the kind has channels):
 - layer:    statistics per sample over the trailing `normalized_shape` axes.
 - rms:      y = x / sqrt(mean(x^2 over trailing axes) + eps) * scale.
 
+A layer or rms spec with `layout` set normalises over the channel axis alone (ConvNeXt's and
+timm's LayerNorm2d on NCHW inputs), `normalized_shape` being (C,).
+
+The affine factor is `scale_offset + scale` (Gemma stores its weight as an offset from 1).
+With a `compute_dtype`, the input is cast to it, statistics and normalisation are computed in
+it, and the result is cast back to `dtype`: before scale and bias when `cast_before_affine`
+(LlamaRMSNorm), after them otherwise (GemmaRMSNorm).
+
 One training step updates tracked statistics with the momentum in its convention and
-the batch variance given by `variance_estimator`.
+the batch variance given by `variance_estimator`; a `frozen` spec (FrozenBatchNorm2d) uses its
+running statistics in training mode too and a training step leaves them unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +40,11 @@ from .errors import SpecError
 from .tensors import TensorMap
 from .vocabulary import DType, EpsOrigin, Framework, Kind, Layout, MomentumConvention, VarianceEstimator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: Settings added in schema version 2, with the value that means "as in version 1". An adapter
+#: holds only those it lists in `KindAdapter.holds`; any other non-default one is refused.
+EXTENDED_DEFAULTS: dict[str, Any] = {"compute_dtype": None, "cast_before_affine": False, "scale_offset": 0.0, "frozen": False}
 
 
 class Source(BaseModel):
@@ -75,10 +88,30 @@ class NormSpec(BaseModel):
     scale: bool = Field(default=True, description="A learned scale (gamma) is applied.")
     bias: bool = Field(default=True, description="A learned bias (beta) is added.")
     training: bool = Field(default=False, description="The layer was in training mode.")
-    dtype: DType = Field(default="float32", description="Parameter and computation dtype.")
+    dtype: DType = Field(default="float32", description="Parameter and input dtype (the computation's too, unless compute_dtype is set).")
+    compute_dtype: DType | None = Field(
+        default=None, description="Dtype the statistics and the normalisation are computed in when it differs from dtype "
+        "(float32 for a bf16/fp16 layer: torch's explicit upcast, ONNX stash_type=1, Keras mixed policies).")
+    cast_before_affine: bool = Field(
+        default=False, description="With compute_dtype: cast the normalised value back to dtype before scale and bias "
+        "(LlamaRMSNorm: weight * h.to(x.dtype)); False applies them in compute_dtype, then casts (GemmaRMSNorm).")
+    scale_offset: float = Field(default=0.0, description="The affine factor is scale_offset + scale: 1.0 for Gemma's x * (1 + weight).")
+    frozen: bool = Field(
+        default=False, description="Running statistics are constants (FrozenBatchNorm2d): used in training mode too, "
+        "never updated; no momentum.")
 
     source: Source = Field(default_factory=lambda: Source(framework="spec"), description="Provenance.")
     tensors: TensorMap = Field(default_factory=dict, description="State tensors by name.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """Documents of an older schema version (stored manifests, spec.json) are upgraded on read."""
+        if isinstance(data, dict) and isinstance(data.get("schema_version"), int) and 1 <= data["schema_version"] < SCHEMA_VERSION:
+            data = dict(data)
+            # 1 -> 2: the settings of EXTENDED_DEFAULTS appear, at the values that mean what version 1 computed.
+            data["schema_version"] = SCHEMA_VERSION
+        return data
 
     @model_validator(mode="after")
     def _validate(self) -> "NormSpec":
@@ -96,8 +129,28 @@ class NormSpec(BaseModel):
                 raise SpecError(f"momentum must lie in [0, 1] (got {self.momentum!r}).", layer=self.name, setting="momentum")
             if self.momentum_convention is None:
                 raise SpecError("a momentum needs its convention (batch_weight or running_weight).", layer=self.name, setting="momentum_convention")
+        self._validate_extended()
         validate_spec(self)
         return self
+
+    def _validate_extended(self) -> None:
+        if self.compute_dtype == self.dtype:
+            raise SpecError(f"compute_dtype equals dtype ({self.dtype}); leave it None.", layer=self.name, setting="compute_dtype")
+        if self.cast_before_affine and self.compute_dtype is None:
+            raise SpecError("cast_before_affine needs a compute_dtype to cast from.", layer=self.name, setting="cast_before_affine")
+        if not math.isfinite(self.scale_offset):
+            raise SpecError(f"scale_offset must be finite (got {self.scale_offset!r}).", layer=self.name, setting="scale_offset")
+        if self.scale_offset != 0.0 and not self.scale:
+            raise SpecError("scale_offset applies to a learned scale; set scale=True or scale_offset=0.", layer=self.name, setting="scale_offset")
+
+    def extended_settings(self) -> dict[str, Any]:
+        """The settings beyond schema version 1's vocabulary this spec uses (what an adapter must hold to convert it)."""
+        used = {name: getattr(self, name) for name, default in EXTENDED_DEFAULTS.items() if getattr(self, name) != default}
+        if self.dtype == "bfloat16":
+            used["dtype"] = self.dtype
+        if self.normalized_shape is not None and self.layout is not None:
+            used["layout"] = self.layout  # a trailing kind over the channel axis
+        return used
 
     # -- conveniences -------------------------------------------------------------
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-
 #: The normalizer kinds normbridge understands.
 Kind = Literal["batch", "layer", "rms", "group", "instance"]
 KINDS: tuple[str, ...] = ("batch", "layer", "rms", "group", "instance")
@@ -34,14 +32,9 @@ EpsOrigin = Literal["explicit", "dtype_eps"]
 Framework = Literal["torch", "keras", "onnx", "spec"]
 FRAMEWORKS: tuple[str, ...] = ("torch", "keras", "onnx")
 
-DType = Literal["float16", "float32", "float64"]
-DTYPES: tuple[str, ...] = ("float16", "float32", "float64")
+DType = Literal["bfloat16", "float16", "float32", "float64"]
+DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")
 
 #: Names of the state tensors a spec may carry.
-TensorName = Literal["scale", "bias", "running_mean", "running_var", "num_batches_tracked"]
 TENSOR_NAMES: tuple[str, ...] = ("scale", "bias", "running_mean", "running_var", "num_batches_tracked")
 
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """The NumPy dtype for a spec dtype name."""
-    return np.dtype(dtype)

@@ -30,7 +30,9 @@ def forbid(spec, *fields: str) -> None:
 
 
 def forbid_running_stats(spec) -> None:
-    """Kinds without running statistics: no tracking, no momentum, no estimator."""
+    """Kinds without running statistics: no tracking, no momentum, no estimator, nothing frozen."""
+    if spec.frozen:
+        raise SpecError(f"a {spec.kind} normalizer has no running statistics to freeze; set frozen=False.", layer=spec.name, setting="frozen")
     if spec.track_running_stats:
         raise SpecError(f"a {spec.kind} normalizer has no running statistics; set track_running_stats=False.", layer=spec.name, setting="track_running_stats")
     forbid(spec, "momentum", "momentum_convention", "variance_estimator")
@@ -39,8 +41,16 @@ def forbid_running_stats(spec) -> None:
 def require_running_stats_fields(spec) -> None:
     """Tracked statistics need an estimator; momentum None means cumulative average and needs a counter.
 
-    Without tracked statistics momentum and estimator are never used, so they must be None.
+    Without tracked statistics momentum and estimator are never used, so they must be None; frozen
+    statistics (FrozenBatchNorm2d) are never updated, so they have neither, nor a batch counter.
     """
+    if spec.frozen:
+        if not spec.track_running_stats:
+            raise SpecError("frozen statistics are running statistics; set track_running_stats=True.", layer=spec.name, setting="frozen")
+        forbid(spec, "momentum", "momentum_convention", "variance_estimator")
+        if "num_batches_tracked" in spec.tensors:
+            raise SpecError("frozen statistics count no batches; drop num_batches_tracked.", layer=spec.name, setting="num_batches_tracked")
+        return
     if not spec.track_running_stats:
         forbid(spec, "momentum", "momentum_convention", "variance_estimator")
         return
@@ -52,10 +62,19 @@ def require_running_stats_fields(spec) -> None:
 
 
 def check_normalized_shape(spec) -> None:
-    """A non-empty tuple of positive dims, fewer than the input rank when that is known (the trailing kinds)."""
+    """A non-empty tuple of positive dims, fewer than the input rank when that is known (the trailing kinds).
+
+    With a layout the kind normalises over the channel axis alone, so normalized_shape is (C,), and
+    only channels_first says something the trailing form cannot (channels_last is the trailing form).
+    """
     shape = spec.normalized_shape
     if len(shape) == 0 or any(d < 1 for d in shape):
         raise SpecError(f"normalized_shape must be non-empty positive dims (got {shape}).", layer=spec.name, setting="normalized_shape")
+    if spec.layout == "channels_last":
+        raise SpecError("a trailing kind over the last axis needs no layout; leave layout None (channels_first means over axis 1).",
+                        layer=spec.name, setting="layout")
+    if spec.layout is not None and len(shape) != 1:
+        raise SpecError(f"over the channel axis normalized_shape is (C,) (got {shape}).", layer=spec.name, setting="normalized_shape")
     if spec.input_rank is not None and spec.input_rank <= len(shape):
         raise SpecError(
             f"input_rank {spec.input_rank} leaves no batch axis before normalized_shape {shape}.", layer=spec.name, setting="input_rank"
