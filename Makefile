@@ -15,7 +15,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip setuptools wheel
 	# torch first, pinned to the CPU build (constraints.txt); everything else may not pull another torch.
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[all,mlflow,test,bench,docs]"
+	$(PIP) install -q -c constraints.txt -e ".[all,mlflow,test,bench,docs,keras_hub_deps]"
+	# keras_hub without its dependencies: they would pull tensorflow (not -cpu) through tensorflow-text.
+	$(PIP) install -q -c constraints.txt --no-deps "keras-hub==0.32.0"
 	touch $@
 
 demo: setup
