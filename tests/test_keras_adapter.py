@@ -418,7 +418,20 @@ def test_tracked_instance_is_not_expressible():
     assert_names(info.value, "instance_norm", "track_running_stats")
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "mixed_float16", "mixed_bfloat16"])
+def test_bfloat16_keras_layer_reads_bit_exactly():
+    """Spec version 2 holds bfloat16: a bf16 Keras BatchNormalization converts, its variables copied bit for bit."""
+    layer = keras.layers.BatchNormalization(dtype="bfloat16", name="bn_bf16")
+    layer.build((None, 3))
+    layer.moving_variance.assign(np.array([0.5, 2.0, 3.25], dtype="float32"))
+    spec = api.to_spec(layer)
+    assert spec.dtype == "bfloat16"
+    stored = spec.tensors["running_var"]
+    assert str(stored.dtype) == "bfloat16"
+    assert stored.tobytes() == np.asarray(layer.moving_variance.numpy()).tobytes()
+    assert stored.astype("float32").tolist() == [0.5, 2.0, 3.25]
+
+
+@pytest.mark.parametrize("dtype", ["mixed_float16", "mixed_bfloat16"])
 def test_unsupported_keras_dtype(dtype):
     layer = keras.layers.BatchNormalization(dtype=dtype, name="bn_dtype")
     layer.build((None, 3))
@@ -429,7 +442,7 @@ def test_unsupported_keras_dtype(dtype):
 
 def test_unsupported_spec_dtype():
     good = CASES["layer_2axes"]()
-    bad = NormSpec.model_construct(**{**{f: getattr(good, f) for f in type(good).model_fields}, "dtype": "bfloat16"})
+    bad = NormSpec.model_construct(**{**{f: getattr(good, f) for f in type(good).model_fields}, "dtype": "int8"})
     report = LayerReport(layer=bad.name, kind="layer", source_framework="spec", target_framework="keras", target_op="?")
     with pytest.raises(SpecError) as info:
         KIND_ADAPTERS["layer"]().from_spec(bad, ConversionOptions(), report)
