@@ -26,7 +26,7 @@ def read_instance_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpe
     scale, bias = layer.tensor(1, "scale"), layer.tensor(2, "bias")
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     fields.update(
-        kind="instance", num_features=layer.channels(scale), spatial_rank=max(layer.rank - 2, 1), layout="channels_first",
+        kind="instance", num_features=layer.channels(scale), spatial_rank=layer.spatial_rank(report, meta), layout="channels_first",
         eps=eps, eps_origin=eps_origin,
         track_running_stats=metadata.trusted(report, meta, "track_running_stats", False, not meta.get("track_running_stats")),
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),

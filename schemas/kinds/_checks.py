@@ -62,7 +62,7 @@ def require_running_stats_fields(spec) -> None:
 
 
 def check_normalized_shape(spec) -> None:
-    """A non-empty tuple of positive dims, fewer than the input rank when that is known (the trailing kinds).
+    """A non-empty tuple of positive dims, at most as many as the input rank when that is known (the trailing kinds).
 
     With a layout the kind normalises over the channel axis alone, so normalized_shape is (C,), and
     only channels_first says something the trailing form cannot (channels_last is the trailing form).
@@ -75,9 +75,10 @@ def check_normalized_shape(spec) -> None:
                         layer=spec.name, setting="layout")
     if spec.layout is not None and len(shape) != 1:
         raise SpecError(f"over the channel axis normalized_shape is (C,) (got {shape}).", layer=spec.name, setting="normalized_shape")
-    if spec.input_rank is not None and spec.input_rank <= len(shape):
+    # input_rank == len(shape) normalises every axis (torch on an unbatched input, ONNX axis=0): allowed.
+    if spec.input_rank is not None and spec.input_rank < len(shape):
         raise SpecError(
-            f"input_rank {spec.input_rank} leaves no batch axis before normalized_shape {shape}.", layer=spec.name, setting="input_rank"
+            f"input_rank {spec.input_rank} is smaller than normalized_shape {shape} has axes.", layer=spec.name, setting="input_rank"
         )
 
 

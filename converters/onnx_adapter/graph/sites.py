@@ -166,7 +166,7 @@ def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec:
     if match.kind in ("layer", "rms"):
         fields.update(normalized_shape=tuple(int(d) for d in match.dims))
     else:
-        last = match.rank - 1
+        last = None if match.rank is None else match.rank - 1
         layout = "channels_first" if match.channel_axis == 1 else "channels_last" if match.channel_axis == last else None
         if layout is None:
             raise SpecError(f"its decomposition ({match.origin}) normalizes channel axis {match.channel_axis}, neither the first nor the last.")
