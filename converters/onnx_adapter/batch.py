@@ -83,8 +83,11 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     count = metadata.num_batches_tracked(report, meta) if tracked else None
     # Untracked, both modes compute batch statistics: the mode is the metadata's to tell.
     training = metadata.trusted(report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training)
-    # Untracked statistics have no momentum: the attribute is unused.
-    momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count) if tracked else (None, None)
+    # Untracked statistics never use the momentum: only the metadata's (the source's setting) is kept.
+    if tracked:
+        momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count)
+    else:
+        momentum, convention = metadata.untracked_momentum(report, meta, layer.attribute("momentum"))
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     spatial = layer.spatial_rank(report, meta)
     fields.update(

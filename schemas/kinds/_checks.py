@@ -41,7 +41,9 @@ def forbid_running_stats(spec) -> None:
 def require_running_stats_fields(spec) -> None:
     """Tracked statistics need an estimator; momentum None means cumulative average and needs a counter.
 
-    Without tracked statistics momentum and estimator are never used, so they must be None; frozen
+    Without tracked statistics the estimator is never used, so it must be None; the momentum is never
+    used either but may be kept as the source gave it (torch's InstanceNorm2d(momentum=0.3)), so that
+    round trips give it back; frozen
     statistics (FrozenBatchNorm2d) are never updated, so they have neither, nor a batch counter.
     """
     if spec.frozen:
@@ -52,7 +54,7 @@ def require_running_stats_fields(spec) -> None:
             raise SpecError("frozen statistics count no batches; drop num_batches_tracked.", layer=spec.name, setting="num_batches_tracked")
         return
     if not spec.track_running_stats:
-        forbid(spec, "momentum", "momentum_convention", "variance_estimator")
+        forbid(spec, "variance_estimator")
         return
     require(spec, "variance_estimator")
     if spec.momentum is None and "num_batches_tracked" not in spec.tensors:
