@@ -69,6 +69,10 @@ class GraphIndex:
                 value = _constant_value(node)
                 if value is not None:
                     self.constants[node.output[0]] = value
+            elif node.domain in DEFAULT_DOMAINS and len(node.output) == 1 and node.input and all(n in self.constants for n in node.input if n):
+                value = _folded(node, [self.constants.get(n) for n in node.input])
+                if value is not None:
+                    self.constants[node.output[0]] = value
         self._types: dict[str, onnx.TypeProto] = {}
         self._infer_types(model)
         self._dims_cache: dict[str, tuple[DimValue, ...] | None] = {}
@@ -197,6 +201,30 @@ class GraphIndex:
             return list(data[slice(start, end, step)])
         if op in ("Unsqueeze", "Squeeze"):
             return self.int_values(node.input[0], depth + 1)
+        return self._int_arithmetic(node, depth)
+
+    def _int_arithmetic(self, node: onnx.NodeProto, depth: int) -> list[DimValue] | None:
+        """Size, Range and elementwise Add/Sub/Mul/Div of known ints: what ONNX's function bodies compute axes with
+        (RMSNormalization's Range(axis, Size(Shape(X)), 1), GroupNormalization's C / G)."""
+        op = node.op_type
+        if op == "Size":
+            dims = self.dims(node.input[0])
+            return None if dims is None or not all(isinstance(d, int) for d in dims) else [int(np.prod(dims))]
+        values = [self.int_values(name, depth + 1) for name in node.input]
+        if any(v is None or not all(isinstance(d, int) for d in v) for v in values):
+            return None
+        if op == "Range" and all(len(v) == 1 for v in values):
+            (start,), (limit,), (delta,) = values
+            return list(range(start, limit, delta)) if delta and abs((limit - start) // delta) <= 64 else None
+        if op in ("Add", "Sub", "Mul", "Div") and len(values) == 2:
+            a, b = values
+            if len(a) != len(b) and 1 not in (len(a), len(b)):
+                return None
+            a, b = (a * len(b) if len(a) == 1 else a), (b * len(a) if len(b) == 1 else b)
+            if op == "Div" and any(y == 0 or x % y for x, y in zip(a, b)):
+                return None
+            combine = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x // y}[op]
+            return [combine(x, y) for x, y in zip(a, b)]
         return None
 
     # -- graph walking --------------------------------------------------------------------
@@ -255,6 +283,35 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
                 names.update(n for n in inner.input if n)
                 names |= subgraph_reads(inner)
     return names
+
+
+def _folded(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray | None:
+    """The value of a layout-only op on constants (Flatten, Reshape, Cast, Squeeze, Unsqueeze, Identity): how ONNX's
+    function bodies and exporters shape a scale before multiplying; None for any other op."""
+    op, data = node.op_type, inputs[0]
+    try:
+        if op == "Identity":
+            return data
+        if op == "Cast":
+            return data.astype(helper.tensor_dtype_to_np_dtype(attribute(node, "to")))
+        if op == "Flatten":
+            axis = attribute(node, "axis", 1)
+            axis = axis + data.ndim if axis < 0 else axis
+            return data.reshape(int(np.prod(data.shape[:axis])), -1)
+        if op == "Reshape" and len(inputs) == 2 and inputs[1] is not None:
+            shape = [int(d) for d in inputs[1]]
+            shape = [data.shape[i] if d == 0 and not attribute(node, "allowzero", 0) else d for i, d in enumerate(shape)]
+            return data.reshape(shape)
+        if op in ("Squeeze", "Unsqueeze"):
+            axes = attribute(node, "axes")
+            if axes is None and len(inputs) > 1 and inputs[1] is not None:
+                axes = [int(a) for a in np.atleast_1d(inputs[1])]
+            if op == "Squeeze":
+                return np.squeeze(data, axis=None if axes is None else tuple(axes))
+            return np.expand_dims(data, tuple(axes)) if axes is not None else None
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
+    return None
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:

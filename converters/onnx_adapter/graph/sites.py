@@ -151,6 +151,9 @@ def _native_spec(index: GraphIndex, match: Match) -> NormSpec:
 
 
 def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec:
+    if match.affine_inputs:
+        raise SpecError(f"its scale or bias ({', '.join(repr(n) for n in match.affine_inputs)}) is not a constant (a graph input, or computed), "
+                        "so its values are unknown; store the weights as initializers.", setting="scale")
     if match.dtype is None or match.dims is None or match.eps is None or match.eps <= 0:
         raise SpecError(f"its decomposition ({match.origin}) has no constant dtype, shape and positive eps, so its settings cannot be read exactly.")
     dtype = np.dtype(match.dtype)
