@@ -76,6 +76,7 @@ class GraphIndex:
         self._types: dict[str, onnx.TypeProto] = {}
         self._infer_types(model)
         self._dims_cache: dict[str, tuple[DimValue, ...] | None] = {}
+        self._fold_with_shapes()
 
     # -- types and shapes ------------------------------------------------------------------
 
@@ -92,6 +93,31 @@ class GraphIndex:
         for node in self.nodes:
             if node.op_type in SAME_TYPE_AND_SHAPE and node.input and node.input[0] in self._types and node.output and node.output[0] not in self._types:
                 self._types[node.output[0]] = self._types[node.input[0]]
+
+    def _fold_with_shapes(self) -> None:
+        """Fold what needs the inferred types or integer shape expressions too: torch.onnx's optimize=False graphs build a
+        GroupNorm's unit scale as Expand(CastLike(1.0, x), [G]) and unsqueeze its weight along axes computed by Range."""
+        for node in self.nodes:
+            if node.domain not in DEFAULT_DOMAINS or len(node.output) != 1 or node.output[0] in self.constants or not node.input:
+                continue
+            if node.op_type not in ("CastLike", "Expand", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Cast", "Identity"):
+                continue
+            inputs: list[np.ndarray | None] = []
+            for position, name in enumerate(node.input):
+                value = self.constants.get(name) if name else None
+                if value is None and name and position > 0:
+                    if node.op_type == "CastLike":
+                        target = helper.tensor_dtype_to_np_dtype(self.elem_type(name)) if self.elem_type(name) else None
+                        value = None if target is None else np.zeros(0, dtype=target)
+                    else:
+                        ints = self.int_values(name)
+                        value = np.array(ints, dtype=np.int64) if ints is not None and all(isinstance(d, int) for d in ints) else None
+                inputs.append(value)
+            if any(v is None for v, name in zip(inputs, node.input) if name):
+                continue
+            value = _folded(node, inputs)
+            if value is not None:
+                self.constants[node.output[0]] = value
 
     def elem_type(self, name: str) -> int | None:
         if name in self.constants:
@@ -294,6 +320,10 @@ def _folded(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray
             return data
         if op == "Cast":
             return data.astype(helper.tensor_dtype_to_np_dtype(attribute(node, "to")))
+        if op == "CastLike" and len(inputs) == 2 and inputs[1] is not None:
+            return data.astype(inputs[1].dtype)
+        if op == "Expand" and len(inputs) == 2 and inputs[1] is not None and data.size <= 1:
+            return np.broadcast_to(data, np.broadcast_shapes(data.shape, tuple(int(d) for d in inputs[1]))).copy()
         if op == "Flatten":
             axis = attribute(node, "axis", 1)
             axis = axis + data.ndim if axis < 0 else axis

@@ -87,3 +87,80 @@ def unflatten(index: GraphIndex, match: Match, claimed: set[int]) -> None:
     match.rank, match.frame, match.axes, match.dims = rank, tuple(range(rank)), tuple(range(a, rank)), shape
     match.scale = None if match.scale is None else np.ascontiguousarray(match.scale.reshape(shape))
     match.bias = None if match.bias is None else np.ascontiguousarray(match.bias.reshape(shape))
+
+
+def _reshape_to(index: GraphIndex, tensor: str, claimed: set[int], target=None, like: str | None = None) -> int | None:
+    """The Reshape consuming `tensor` alone, to the constant `target` or to the shape of `like`."""
+    r = index.single_consumer(tensor)
+    if r is None or r in claimed or index.nodes[r].op_type != "Reshape":
+        return None
+    shape = index.nodes[r].input[1]
+    if like is not None:
+        return r if same_shape(index, shape, like) else None
+    return r if index.int_values(shape) == target else None
+
+
+def _channel_affine(index: GraphIndex, tensor: str, channels: int, claimed: set[int], nodes: list[int]):
+    """(scale, bias, runtime operands, output) of the per-channel Mul and Add after `tensor` (rank 3, channel axis 1)."""
+    from .channels import _affine_step
+
+    found: dict[str, object] = {}
+    runtime: list[str] = []
+    for op in ("Mul", "Add"):
+        step = _affine_step(index, tensor, op, 3, channels)
+        if step is not None and step[0] not in claimed:
+            found[op] = step[1]
+        else:
+            i = index.single_consumer(tensor)
+            if i is None or i in claimed or index.nodes[i].op_type != op:
+                continue
+            other = [n for n in index.nodes[i].input if n != tensor]
+            dims = index.dims(other[0]) if len(other) == 1 else None
+            if dims is None or other[0] in index.constants or int(np.prod([d for d in dims if isinstance(d, int)])) != channels:
+                continue
+            runtime.append(other[0])
+            step = (i, None)
+        nodes.append(step[0])
+        tensor = index.nodes[step[0]].output[0]
+    return found.get("Mul"), found.get("Add"), tuple(runtime), tensor
+
+
+def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
+    """ONNX's GroupNormalization body: statistics over axis 2 of X reshaped to (N, G, C/G, ...) then (N, G, -1),
+    the result reshaped back to X's shape, to (N, C, -1) for the per-channel affine, and to X's shape again."""
+    from .moments import _reshape_split
+
+    if match.kind != "layer" or match.rank != 3 or match.axes != (2,) or match.scale is not None or match.bias is not None:
+        return None
+    flat = index.producer.get(match.input)
+    if flat is None or index.nodes[flat].op_type != "Reshape" or index.int_values(index.nodes[flat].input[1]) != [0, 0, -1]:
+        return None
+    split = _reshape_split(index, index.nodes[flat].input[0])
+    if split is None or split[2] != 1:
+        return None
+    r_in, xin, _, groups, channels = split
+    nodes = list(match.nodes) + [flat, r_in] + shape_chain(index, index.nodes[r_in].input[1])
+    back = _reshape_to(index, match.output, claimed, like=xin)
+    if back is None:
+        return None
+    per_channel = _reshape_to(index, index.nodes[back].output[0], claimed, target=[0, 0, -1]) or _reshape_to(
+        index, index.nodes[back].output[0], claimed, target=[0, channels, -1])
+    if per_channel is None:
+        return None
+    tensor = index.nodes[per_channel].output[0]
+    cast = index.single_consumer(tensor)
+    nodes += [back, per_channel] + shape_chain(index, index.nodes[back].input[1])
+    if cast is not None and index.nodes[cast].op_type == "Cast" and cast not in claimed:
+        nodes.append(cast)
+        tensor = index.nodes[cast].output[0]
+    scale, bias, runtime, tensor = _channel_affine(index, tensor, channels, claimed, nodes)
+    final = _reshape_to(index, tensor, claimed, like=xin)
+    if final is None:
+        return None
+    nodes.append(final)
+    dims = index.dims(xin)
+    return Match(
+        kind="instance" if groups == channels else "group", native=False, origin="", name="", nodes=sorted(set(nodes)), input=xin,
+        output=index.nodes[final].output[0], eps=match.eps, dtype=index.dtype(xin), rank=len(dims), frame=tuple(range(len(dims))),
+        channel_axis=1, groups=groups, dims=(channels,), scale=scale, bias=bias, affine_inputs=runtime,
+    )
