@@ -118,6 +118,10 @@ class GraphIndex:
             value = _folded(node, inputs)
             if value is not None:
                 self.constants[node.output[0]] = value
+        # A folded node reads nothing at run time (CastLike reads its second input for the type only): it consumes nothing.
+        folded = {i for i, node in enumerate(self.nodes) if node.op_type != "Constant" and node.output and all(o in self.constants for o in node.output)}
+        if folded:
+            self.consumers = {name: [i for i in users if i not in folded] for name, users in self.consumers.items()}
 
     def elem_type(self, name: str) -> int | None:
         if name in self.constants:
