@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from schemas.kinds import KIND_INFO
 
 from ..proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
+from .folding import fold_with_shapes, folded
 #: Unary ops whose output has their input's shape: a dim of the output is the input's dim.
 SHAPE_PRESERVING = frozenset({"Identity", "Cast", "Relu", "Neg", "Sigmoid", "Tanh", "Erf", "Abs", "Sqrt", "Reciprocal", "Exp", "LeakyRelu", "Clip", "HardSigmoid", "Softplus"})
 #: Ops whose first output has the type and shape of their first input.
@@ -70,13 +71,13 @@ class GraphIndex:
                 if value is not None:
                     self.constants[node.output[0]] = value
             elif node.domain in DEFAULT_DOMAINS and len(node.output) == 1 and node.input and all(n in self.constants for n in node.input if n):
-                value = _folded(node, [self.constants.get(n) for n in node.input])
+                value = folded(node, [self.constants.get(n) for n in node.input])
                 if value is not None:
                     self.constants[node.output[0]] = value
         self._types: dict[str, onnx.TypeProto] = {}
         self._infer_types(model)
         self._dims_cache: dict[str, tuple[DimValue, ...] | None] = {}
-        self._fold_with_shapes()
+        fold_with_shapes(self)
 
     # -- types and shapes ------------------------------------------------------------------
 
@@ -93,35 +94,6 @@ class GraphIndex:
         for node in self.nodes:
             if node.op_type in SAME_TYPE_AND_SHAPE and node.input and node.input[0] in self._types and node.output and node.output[0] not in self._types:
                 self._types[node.output[0]] = self._types[node.input[0]]
-
-    def _fold_with_shapes(self) -> None:
-        """Fold what needs the inferred types or integer shape expressions too: torch.onnx's optimize=False graphs build a
-        GroupNorm's unit scale as Expand(CastLike(1.0, x), [G]) and unsqueeze its weight along axes computed by Range."""
-        for node in self.nodes:
-            if node.domain not in DEFAULT_DOMAINS or len(node.output) != 1 or node.output[0] in self.constants or not node.input:
-                continue
-            if node.op_type not in ("CastLike", "Expand", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Cast", "Identity"):
-                continue
-            inputs: list[np.ndarray | None] = []
-            for position, name in enumerate(node.input):
-                value = self.constants.get(name) if name else None
-                if value is None and name and position > 0:
-                    if node.op_type == "CastLike":
-                        target = helper.tensor_dtype_to_np_dtype(self.elem_type(name)) if self.elem_type(name) else None
-                        value = None if target is None else np.zeros(0, dtype=target)
-                    else:
-                        ints = self.int_values(name)
-                        value = np.array(ints, dtype=np.int64) if ints is not None and all(isinstance(d, int) for d in ints) else None
-                inputs.append(value)
-            if any(v is None for v, name in zip(inputs, node.input) if name):
-                continue
-            value = _folded(node, inputs)
-            if value is not None:
-                self.constants[node.output[0]] = value
-        # A folded node reads nothing at run time (CastLike reads its second input for the type only): it consumes nothing.
-        folded = {i for i, node in enumerate(self.nodes) if node.op_type != "Constant" and node.output and all(o in self.constants for o in node.output)}
-        if folded:
-            self.consumers = {name: [i for i in users if i not in folded] for name, users in self.consumers.items()}
 
     def elem_type(self, name: str) -> int | None:
         if name in self.constants:
@@ -313,39 +285,6 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
                 names.update(n for n in inner.input if n)
                 names |= subgraph_reads(inner)
     return names
-
-
-def _folded(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray | None:
-    """The value of a layout-only op on constants (Flatten, Reshape, Cast, Squeeze, Unsqueeze, Identity): how ONNX's
-    function bodies and exporters shape a scale before multiplying; None for any other op."""
-    op, data = node.op_type, inputs[0]
-    try:
-        if op == "Identity":
-            return data
-        if op == "Cast":
-            return data.astype(helper.tensor_dtype_to_np_dtype(attribute(node, "to")))
-        if op == "CastLike" and len(inputs) == 2 and inputs[1] is not None:
-            return data.astype(inputs[1].dtype)
-        if op == "Expand" and len(inputs) == 2 and inputs[1] is not None and data.size <= 1:
-            return np.broadcast_to(data, np.broadcast_shapes(data.shape, tuple(int(d) for d in inputs[1]))).copy()
-        if op == "Flatten":
-            axis = attribute(node, "axis", 1)
-            axis = axis + data.ndim if axis < 0 else axis
-            return data.reshape(int(np.prod(data.shape[:axis])), -1)
-        if op == "Reshape" and len(inputs) == 2 and inputs[1] is not None:
-            shape = [int(d) for d in inputs[1]]
-            shape = [data.shape[i] if d == 0 and not attribute(node, "allowzero", 0) else d for i, d in enumerate(shape)]
-            return data.reshape(shape)
-        if op in ("Squeeze", "Unsqueeze"):
-            axes = attribute(node, "axes")
-            if axes is None and len(inputs) > 1 and inputs[1] is not None:
-                axes = [int(a) for a in np.atleast_1d(inputs[1])]
-            if op == "Squeeze":
-                return np.squeeze(data, axis=None if axes is None else tuple(axes))
-            return np.expand_dims(data, tuple(axes)) if axes is not None else None
-    except (ValueError, TypeError, IndexError, KeyError):
-        return None
-    return None
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
