@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from schemas import ConversionReport, LayerReport, NormSpec, NotExpressibleError
+from schemas import ConversionReport, LayerReport, NormSpec, NotExpressibleError, SpecError
 
 from .options import ConversionOptions
 from .adapters import REGISTRY, AdapterRegistry
@@ -59,8 +59,18 @@ def write_spec(
     layer_report.target_framework = to
     adapter = registry.get(to, spec.kind)
     refuse_unheld_settings(spec, adapter)
-    obj = adapter.from_spec(spec, options, layer_report)
+    obj = adapter.from_spec(with_input_rank(spec, options), options, layer_report)
     return obj, layer_report
+
+
+def with_input_rank(spec: NormSpec, options: ConversionOptions) -> NormSpec:
+    """`spec` with the input rank the conversion asks for (options.input_rank), which every adapter then builds for."""
+    if options.input_rank is None or options.input_rank == spec.input_rank:
+        return spec
+    try:
+        return spec.replace(input_rank=options.input_rank)
+    except SpecError as error:
+        raise SpecError(f"input_rank={options.input_rank} was asked for, but {error.message}", layer=spec.name, setting="input_rank") from error
 
 
 def refuse_unheld_settings(spec: NormSpec, adapter) -> None:

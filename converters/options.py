@@ -29,3 +29,8 @@ class ConversionOptions(BaseModel):
         default="error",
         description="PyTorch momentum=None: refuse, or emit the momentum 1/(num_batches_tracked+1) that matches the next step only.",
     )
+    input_rank: int | None = Field(
+        default=None, ge=1, le=8,
+        description="Rank of the inputs the converted layer takes, where the target fixes one (an ONNX graph input, a built Keras layer); "
+        "default: the rank the source recorded, else the kind's usual rank (reported).",
+    )

@@ -16,6 +16,8 @@ SPATIAL_EXTENT = (5, 4, 3)
 def probe_shape(spec: NormSpec, batch: int = PROBE_BATCH) -> tuple[int, ...]:
     """Channels-first probe shape for channel kinds; (batch, 3, *normalized_shape) for layer/rms."""
     if KIND_INFO[spec.kind].trailing:
+        if spec.input_rank == len(spec.normalized_shape):
+            return tuple(spec.normalized_shape)  # every axis normalised (ONNX axis=0): no batch axis to add
         leading = (spec.input_rank - len(spec.normalized_shape) - 1) if spec.input_rank else 1
         return (batch,) + (3,) * max(leading, 0) + tuple(spec.normalized_shape)
     if spec.input_rank is not None:

@@ -35,6 +35,15 @@ def group_layer_kind(layer: Any) -> str:
     return "group" if markers.recall(layer).get("kind") == "group" else "instance"
 
 
+def _remembered_momentum(layer: Any) -> dict[str, Any]:
+    """The unused momentum an untracked InstanceNorm had, remembered on the layer (GroupNormalization has none)."""
+    remembered = markers.recall(layer)
+    value, convention = remembered.get("momentum"), remembered.get("momentum_convention")
+    if isinstance(value, float) and convention in ("batch_weight", "running_weight"):
+        return {"momentum": value, "momentum_convention": convention}
+    return {}
+
+
 def read_group_layer(layer: Any, report: LayerReport, kind: str, **fields: Any) -> NormSpec:
     """The spec of a GroupNormalization read as `kind` ("group" or "instance"), refusing the other reading."""
     shape, layout, channels = group_norm_channels(layer)
@@ -48,7 +57,7 @@ def read_group_layer(layer: Any, report: LayerReport, kind: str, **fields: Any) 
     if kind == "group":
         fields["num_groups"] = int(layer.groups)
     else:
-        fields.update(spatial_rank=spatial_rank_of(layer, len(shape), 3), track_running_stats=False)
+        fields.update(spatial_rank=spatial_rank_of(layer, len(shape), 3), track_running_stats=False, **_remembered_momentum(layer))
     return read_facts(layer, report).spec(
         layer, kind, read_variables(layer, AFFINE_VARIABLES),
         num_features=channels, input_rank=len(shape), layout=layout, scale=bool(layer.scale), bias=bool(layer.center), **fields,

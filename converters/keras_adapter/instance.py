@@ -7,9 +7,11 @@ from typing import Any
 from schemas import LayerReport, NormSpec, NotExpressibleError
 from schemas.kinds import KIND_INFO
 
+from .. import markers
 from ..options import ConversionOptions
 from ..translate import record_layout
 from .groups import read_group_layer
+from .facts import STORED_NOTE
 from .kind_adapter import KerasKindAdapter
 from .runtime import import_keras
 from .shapes import build_rank, channels_last_shape
@@ -37,6 +39,9 @@ class KerasInstanceAdapter(KerasKindAdapter):
         # groups=-1: one group per channel, Keras's documented instance normalisation.
         layer = import_keras().layers.GroupNormalization(groups=-1, axis=-1, center=spec.bias, scale=spec.scale, **common)
         rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=3)
+        if spec.momentum is not None:  # unused without tracked statistics; GroupNormalization has none
+            report.add("momentum", spec.momentum, spec.momentum, "stored", "unused: statistics are not tracked; " + STORED_NOTE)
+            markers.remember(layer, momentum=spec.momentum, momentum_convention=spec.momentum_convention)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), AFFINE_VARIABLES)
 
 

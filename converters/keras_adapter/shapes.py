@@ -72,12 +72,23 @@ def trailing_shape(normalized_shape: tuple[int, ...], rank: int) -> tuple[int | 
     return (None,) * (rank - len(normalized_shape)) + tuple(normalized_shape)
 
 
+#: Why a Keras layer has one input rank, said in every report that picks one.
+FIXED_RANK = ("a built Keras layer takes one input rank (its InputSpec fixes ndim, and BatchNormalization fixes its "
+              "reduction axes in build)")
+
+
 def build_rank(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2) -> int:
-    """spec.input_rank, or `default` (reported) when the source did not record a batched rank."""
+    """spec.input_rank (the source's, or `input_rank=` of the conversion), or `default` (reported) when there is none.
+
+    Keras layers are built for the rank given; only without one is the kind's usual rank used, and the
+    report says so, with how to choose another.
+    """
     if spec.input_rank is not None and spec.input_rank >= minimum:
+        report.add("input_rank", spec.input_rank, note=FIXED_RANK)
         return spec.input_rank
     reason = "not recorded by the source" if spec.input_rank is None else f"rank {spec.input_rank} has no batch axis here"
-    report.add("input_rank", spec.input_rank, default, "translated", f"{reason}; the Keras layer is built for rank-{default} inputs")
+    report.add("input_rank", spec.input_rank, default, "translated",
+               f"{reason}; {FIXED_RANK}, so it is built for rank-{default} inputs: pass input_rank= to build it for another rank")
     return default
 
 

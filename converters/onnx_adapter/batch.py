@@ -31,7 +31,8 @@ def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerRep
     """A BatchNormalization graph for `spec`; zero/one running inputs when statistics are not tracked.
 
     In training mode the node must have three outputs (onnxruntime refuses fewer): tracked
-    statistics are graph outputs "running_mean"/"running_var", untracked ones stay unused.
+    statistics are graph outputs "running_mean"/"running_var", untracked ones graph outputs that
+    nothing needs (onnxruntime computes Y wrongly when they are not graph outputs).
     """
     g = LayerGraph(spec, options, report)
     version = op_version(OP, g.opset)
@@ -62,7 +63,10 @@ def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerRep
             for name in outputs[1:]:
                 g.output(name, [spec.num_features])
         else:
+            # Declared as graph outputs too: onnxruntime 1.32 normalises with wrong statistics when they are not (checked).
             outputs += [f"{spec.name}.running_mean_unused", f"{spec.name}.running_var_unused"]
+            for name in outputs[1:]:
+                g.output(name, [spec.num_features])
     g.node(OP, inputs, outputs, **attributes)
     return g.finish(OUTPUT, f"{OP}-{version}", native=True)
 
@@ -79,10 +83,13 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     count = metadata.num_batches_tracked(report, meta) if tracked else None
     # Untracked, both modes compute batch statistics: the mode is the metadata's to tell.
     training = metadata.trusted(report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training)
-    # Untracked statistics have no momentum: the attribute is unused.
-    momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count) if tracked else (None, None)
+    # Untracked statistics never use the momentum: only the metadata's (the source's setting) is kept.
+    if tracked:
+        momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count)
+    else:
+        momentum, convention = metadata.untracked_momentum(report, meta, layer.attribute("momentum"))
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
-    spatial = max(layer.rank - 2, 1)
+    spatial = layer.spatial_rank(report, meta)
     fields.update(
         kind=layer.kind, num_features=layer.channels(mean), spatial_rank=spatial, layout="channels_first",
         eps=eps, eps_origin=eps_origin, momentum=momentum, momentum_convention=convention if momentum is not None else None,

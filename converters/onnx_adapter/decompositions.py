@@ -81,13 +81,19 @@ def trailing_norm(spec: NormSpec, options: ConversionOptions, report: LayerRepor
 
 
 def group_norm(spec: NormSpec, options: ConversionOptions, report: LayerReport) -> onnx.ModelProto:
-    """Reshape to (N, G, -1), InstanceNormalization, reshape back, per-channel affine (torch's dynamo export does the same)."""
+    """Reshape to (N, G, -1), InstanceNormalization, reshape to (N, C, -1), per-channel affine, reshape back to X's shape.
+
+    torch's dynamo export applies the affine after reshaping back to X's shape, which needs X's
+    rank for the (C, 1, ..., 1) constants; applying it on (N, C, -1) takes X of any rank >= 2.
+    """
     g = start(spec, options, report)
     groups = spec.num_groups
     grouped = g.node("Reshape", [INPUT, g.tensor("group_shape", np.array([0, groups, -1], dtype=np.int64))])
     normalized = g.instance_norm(grouped, g.tensor("group_scale", np.ones(groups, spec.dtype)), g.tensor("group_bias", np.zeros(groups, spec.dtype)))
-    y = g.node("Reshape", [normalized, g.node("Shape", [INPUT])])
-    return finish(g, apply_affine(g, y, (spec.num_features,) + (1,) * (g.rank - 2)))
+    y = normalized
+    if spec.scale or spec.bias:
+        y = apply_affine(g, g.node("Reshape", [y, g.tensor("channel_shape", np.array([0, spec.num_features, -1], dtype=np.int64))]), (spec.num_features, 1))
+    return finish(g, g.node("Reshape", [y, g.node("Shape", [INPUT])]))
 
 
 def read(layer: OnnxLayer, report: LayerReport, adapter) -> NormSpec:

@@ -1,4 +1,4 @@
-"""Reading and writing .onnx files without executing or following anything outside the file."""
+"""Reading and writing .onnx files without executing anything, and following external data only inside the model's folder."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from google.protobuf.message import DecodeError
 from schemas import InputFileError
 from schemas.atomic_io import atomic_write_bytes
 
+from .external_data import load_external_data
 from .proto import opset_of
 
 #: GroupNormalization-18 is deprecated, so the checker rejects it; normbridge still reads it (per-group affine).
@@ -21,8 +22,8 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     """Load and check an ONNX model from `path`.
 
     Raises:
-        InputFileError: the file is missing or unreadable, not an ONNX protobuf, stores
-            tensors in external files, or fails onnx.checker.
+        InputFileError: the file is missing or unreadable, not an ONNX protobuf, keeps
+            tensors in external files outside its folder (or missing ones), or fails onnx.checker.
     """
     path = Path(path)
     try:
@@ -33,8 +34,7 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         model = onnx.load_from_string(data)
     except (DecodeError, ValueError) as error:
         raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}); expected a file written by onnx.save or save_onnx.") from error
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        raise InputFileError(f"'{path}' keeps tensors in external data files, which normbridge does not follow; save it with onnx.save(model, path, save_as_external_data=False).")
+    load_external_data(model, path)  # from the model's own folder only (external_data.py)
     _check(model, path)
     return model
 

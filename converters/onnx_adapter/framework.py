@@ -87,5 +87,5 @@ def _training_copy(layer: OnnxLayer) -> tuple[onnx.ModelProto, list[str]]:
     declared = {value.name for value in model.graph.output}
     for name in outputs[1:]:
         if name not in declared:  # onnxruntime needs the running outputs declared with rank 1
-            model.graph.output.append(helper.make_tensor_value_info(name, element_type(layer.dtype), [layer.shape[1] if layer.rank > 1 else None]))
+            model.graph.output.append(helper.make_tensor_value_info(name, element_type(layer.dtype), [layer.channels(layer.tensor(3, 'running_mean'))]))
     return model, outputs

@@ -24,10 +24,10 @@ def per_channel(layer: reading.OnnxLayer, report: LayerReport, groups: int, tens
     """Scale and bias per channel; GroupNormalization-18's per-group ones are repeated over each group's channels."""
     if layer.version >= NATIVE_OPSET:
         return tensors
-    channels = layer.shape[1] if layer.rank > 1 else None
+    channels = layer.shape[1] if layer.rank is not None and layer.rank > 1 else None
     if channels is None:
         raise SpecError(
-            f"{layer.layer_type} has per-group scale and bias, and the channel count of X {list(layer.shape)} is unknown; "
+            f"{layer.layer_type} has per-group scale and bias, and the channel count of X {list(layer.shape or ['unranked'])} is unknown; "
             "give X a fixed dim 1 (C) so the per-channel values can be derived.",
             layer=layer.name, setting="num_features",
         )

@@ -25,8 +25,9 @@ def read_instance_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpe
     fields = reading.common_fields(layer, report, meta)
     scale, bias = layer.tensor(1, "scale"), layer.tensor(2, "bias")
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
+    momentum, convention = metadata.untracked_momentum(report, meta, None)  # InstanceNormalization has none
     fields.update(
-        kind="instance", num_features=layer.channels(scale), spatial_rank=max(layer.rank - 2, 1), layout="channels_first",
+        kind="instance", momentum=momentum, momentum_convention=convention, num_features=layer.channels(scale), spatial_rank=layer.spatial_rank(report, meta), layout="channels_first",
         eps=eps, eps_origin=eps_origin,
         track_running_stats=metadata.trusted(report, meta, "track_running_stats", False, not meta.get("track_running_stats")),
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
@@ -64,6 +65,8 @@ class OnnxInstanceNorm(KindAdapter):
                 report.add(name, f"{spec.tensors[name].dtype}{list(spec.tensors[name].shape)}", None, "dropped", "InstanceNormalization has no running statistics")
             report.warn("emitted InstanceNormalization for training mode: outputs match, but the running statistics are neither carried nor updated.")
         g = LayerGraph(spec, options, report)
+        if spec.momentum is not None and not spec.track_running_stats:
+            report.add("momentum", spec.momentum, spec.momentum, "stored", f"unused: statistics are not tracked; InstanceNormalization has none, kept in metadata '{metadata.KEY}'")
         scale, bias = g.affine()
         result = g.instance_norm(INPUT, scale, bias)
         return g.finish(result, f"{OP}-{op_version(OP, g.opset)}", native=True)

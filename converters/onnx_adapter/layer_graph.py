@@ -1,7 +1,7 @@
 """Building the one-layer ModelProto every `from_spec` returns.
 
-The graph has one input "X" (symbolic batch and spatial dims, fixed feature dims),
-one output "Y" of the same shape, the layer's state as named initializers and the
+The graph has one input "X" (symbolic batch and spatial dims, fixed feature dims) of the
+rank `input_dims` gives, one output "Y" of the same shape, the layer's state as named initializers and the
 spec in the metadata. It is checked with `full_check=True` before it leaves here, so
 a conversion never hands out a model that onnxruntime would reject on load.
 """
@@ -34,19 +34,41 @@ def stash_type(dtype: str) -> int:
     return DOUBLE if dtype == "float64" else FLOAT
 
 
+#: The smallest input rank each kind's op takes (InstanceNormalization needs a spatial axis).
+MIN_RANK = {"batch": 2, "instance": 3, "group": 2}
+
+
 def input_dims(spec: NormSpec) -> list[int | str]:
     """Shape of X: N and spatial dims symbolic, channels or normalized dims fixed.
 
-    ONNX needs a rank. Without spec.input_rank we use 2 + spatial_rank for BatchNorm and
-    InstanceNorm, (N, C, H, W) for GroupNorm and (N, T, *normalized_shape) for LayerNorm
-    and RMSNorm: the shapes those layers are most used with (and converters.probe's).
+    The ops take any rank, but the ONNX IR requires every input of a main graph to have a shape,
+    so the rank is fixed (onnx.checker rejects an unranked X; onnxruntime then refuses other
+    ranks). It is spec.input_rank (what the source recorded, or `input_rank=` of the conversion);
+    without it, 2 + spatial_rank for BatchNorm and InstanceNorm, (N, C, H, W) for GroupNorm and
+    (N, T, *normalized_shape) for LayerNorm and RMSNorm, the shapes converters.probe uses.
+    `record_rank` says which in the report.
     """
     if KIND_INFO[spec.kind].trailing:
         rank = spec.input_rank or len(spec.normalized_shape) + 2
         leading = rank - len(spec.normalized_shape)
-        return ["N"] + [f"D{i}" for i in range(1, leading)] + list(spec.normalized_shape)
+        return (["N"] if leading else []) + [f"D{i}" for i in range(1, leading)] + list(spec.normalized_shape)
     rank = spec.input_rank or 2 + (spec.spatial_rank or 2)
     return ["N", spec.num_features] + [f"D{i}" for i in range(1, rank - 1)]
+
+
+def record_rank(report: LayerReport, spec: NormSpec, dims: list[int | str]) -> None:
+    """Say in the report which rank X has and why it is fixed."""
+    minimum = len(spec.normalized_shape) if KIND_INFO[spec.kind].trailing else MIN_RANK[spec.kind]
+    if spec.kind == "instance" and len(dims) < MIN_RANK["instance"]:
+        raise NotExpressibleError(
+            f"InstanceNormalization needs an input of rank >= 3 (N, C, D1, ...), got input_rank {len(dims)}; an unbatched (C, L) input "
+            "needs a batch axis of 1 first.", layer=spec.name, setting="input_rank", target="onnx",
+        )
+    why = f"the ONNX IR requires a main-graph input to have a shape, so X is fixed to rank {len(dims)} (the op itself takes any rank >= {minimum}); "
+    if spec.input_rank is None:
+        report.add("input_rank", None, len(dims), "translated", why + "the source records no rank, so this is the kind's usual rank: pass input_rank= to choose another")
+    else:
+        report.add("input_rank", spec.input_rank, note=why.rstrip("; "))
 
 
 def op_version(op: str, opset: int) -> int:
@@ -71,10 +93,7 @@ class LayerGraph:
         self.emitted: list[str] = []  # spec tensors carried bit-identically
         record_layout(report, spec, "channels_first")
         self.eps = record_eps(report, spec, float32_attribute=eps_float32)
-
-    @property
-    def rank(self) -> int:
-        return len(self.dims)
+        record_rank(report, spec, self.dims)
 
     def tensor(self, suffix: str, array: np.ndarray) -> str:
         """Add an initializer named '<layer name>.<suffix>' (deterministic, so decompositions can be read back)."""

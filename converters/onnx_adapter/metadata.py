@@ -86,6 +86,21 @@ def momentum(report: LayerReport, meta: dict, stored: float | None, tracked: int
     return graph, "running_weight"
 
 
+def untracked_momentum(report: LayerReport, meta: dict, stored: float | None) -> tuple[float | None, str | None]:
+    """The unused momentum of a layer without tracked statistics: the metadata's, kept only where the op holds none
+    (InstanceNormalization) or its attribute agrees (`stored`, BatchNormalization's running_weight float32)."""
+    value, convention = meta.get("momentum"), meta.get("momentum_convention")
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or convention not in ("batch_weight", "running_weight"):
+        return None, None
+    if stored is not None:
+        running = value if convention == "running_weight" else decimal_complement(value)
+        if as_float32(running) != as_float32(stored):
+            report.warn(f"metadata momentum={value!r} ({convention}) disagrees with the graph's momentum {stored!r}; the momentum is unused here and was dropped.")
+            return None, None
+    report.add("momentum", value, note=f"unused: statistics are not tracked; kept from metadata '{KEY}'")
+    return float(value), convention
+
+
 def affine_flag(report: LayerReport, meta: dict, field: str, array: np.ndarray, identity: float) -> bool:
     """scale/bias flag for a tensor ONNX forces: "absent" is trusted only if the tensor is the identity."""
     consistent = bool(meta.get(field, True)) or bool(np.all(array == identity))

@@ -48,14 +48,35 @@ class OnnxLayer:
     node: onnx.NodeProto | None
     input_name: str
     dtype: str
-    shape: tuple[int | None, ...]
+    shape: tuple[int | None, ...] | None  # None: X is unranked (what normbridge writes)
     raw_metadata: dict | None
     initializers: dict[str, np.ndarray] = field(repr=False)
     graph_inputs: frozenset[str] = frozenset()
 
     @property
-    def rank(self) -> int:
-        return len(self.shape)
+    def rank(self) -> int | None:
+        """X's rank; None when X is unranked."""
+        return None if self.shape is None else len(self.shape)
+
+    def known_rank(self, report: LayerReport, meta: dict) -> int | None:
+        """X's rank, or the rank the metadata records for an unranked X."""
+        if self.rank is not None:
+            return self.rank
+        rank = meta.get("input_rank")
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1 else None
+
+    def spatial_rank(self, report: LayerReport, meta: dict) -> int:
+        """1, 2 or 3 (BatchNorm/InstanceNorm 1d/2d/3d): from X's rank, else from the metadata; SpecError when neither tells."""
+        if self.rank is not None:
+            return max(self.rank - 2, 1)
+        spatial = meta.get("spatial_rank")
+        if isinstance(spatial, int) and not isinstance(spatial, bool) and 1 <= spatial <= 3:
+            return spatial
+        raise SpecError(
+            f"input '{self.input_name}' of {self.layer_type} is unranked and no '{metadata.KEY}' metadata records the spatial rank, "
+            "so a 1d, 2d or 3d layer cannot be told apart; give X a shape (at least its rank) in the graph.",
+            layer=self.name, setting="spatial_rank",
+        )
 
     @property
     def version(self) -> int:
@@ -111,7 +132,7 @@ class OnnxLayer:
     def channels(self, per_channel: np.ndarray) -> int:
         """C from a per-channel tensor, checked against X's channel dim when that is known."""
         count = int(per_channel.shape[0]) if per_channel.ndim == 1 else -1
-        if count < 1 or (self.rank > 1 and self.shape[1] not in (None, count)):
+        if count < 1 or (self.rank is not None and self.rank > 1 and self.shape[1] not in (None, count)):
             raise SpecError(
                 f"{self.layer_type} has a per-channel tensor of shape {list(per_channel.shape)} but input X has shape {list(self.shape)}; "
                 "expected shape [C] with C = X's dim 1.",
@@ -160,9 +181,8 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     if tensor_type.elem_type not in FLOAT_TYPES:
         name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
         raise UnsupportedObjectError(f"input '{x}' has element type {name}, expected FLOAT16, FLOAT or DOUBLE.")
-    if not tensor_type.HasField("shape"):
-        raise UnsupportedObjectError(f"input '{x}' has no shape, expected at least its rank (symbolic dims are fine); the layer's spatial rank depends on it.")
-    shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
+    # An unranked X (what normbridge writes) is fine: the readers take the rank from the metadata where they need it.
+    shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim) if tensor_type.HasField("shape") else None
     return OnnxLayer(model, found, max(opsets), node, x, FLOAT_TYPES[tensor_type.elem_type], shape, raw, initializers, frozenset(inputs))
 
 
@@ -178,7 +198,7 @@ def common_fields(layer: OnnxLayer, report: LayerReport, meta: dict) -> dict:
     return {
         "name": layer.name,
         "dtype": layer.dtype,
-        "input_rank": metadata.trusted(report, meta, "input_rank", layer.rank, meta.get("input_rank") in (None, layer.rank)),
+        "input_rank": metadata.trusted(report, meta, "input_rank", layer.rank, layer.rank is None or meta.get("input_rank") in (None, layer.rank)),
         "training": bool(meta.get("training", False)),  # ONNX has no mode outside BatchNormalization
         "source": layer.source(),
     }
@@ -205,11 +225,19 @@ def read_trailing(layer: OnnxLayer, report: LayerReport, *, has_bias: bool) -> N
     scale = layer.tensor(1, "scale")
     bias = layer.tensor(2, "bias") if has_bias else None
     axis = layer.attribute("axis", -1)
-    count = -axis if axis < 0 else layer.rank - axis
-    trailing = layer.shape[layer.rank - count:] if 0 < count <= layer.rank else ()
+    rank = layer.known_rank(report, meta)
+    if axis >= 0 and rank is None:
+        raise SpecError(
+            f"{op} axis={axis} counts from the front of X, which is unranked, and no '{metadata.KEY}' metadata records its rank; "
+            "give X a shape (at least its rank) or use a negative axis.",
+            layer=name, setting="normalized_shape",
+        )
+    # axis=0 normalises every axis (torch's LayerNorm over an unbatched input's whole shape): count == rank.
+    count = -axis if axis < 0 else rank - axis
+    trailing = layer.shape[layer.rank - count:] if layer.shape is not None and 0 < count <= layer.rank else ()
     if scale.ndim != count or any(d not in (None, s) for d, s in zip(trailing, scale.shape)):
         raise SpecError(
-            f"{op} axis={axis} normalises the last {count} axes of X {list(layer.shape)} but its scale has shape {list(scale.shape)}; "
+            f"{op} axis={axis} normalises the last {count} axes of X {list(layer.shape or ['unranked'])} but its scale has shape {list(scale.shape)}; "
             "expected a scale of exactly the normalised shape (broadcast scales are not supported).",
             layer=name, setting="normalized_shape",
         )

@@ -4,7 +4,8 @@ From each tensor X that a ReduceMean or GlobalAveragePool reads, the subgraph is
 `onnx_adapter.graph.forms` and reported when it computes (X - mean) / sqrt(var + eps) * g + b or
 X / sqrt(mean(X^2) + eps) * g. This covers torch.onnx's RMSNorm (below opset 23), tf2onnx's
 LayerNormalization, RMSNormalization and GroupNormalization (the last after a Reshape that splits
-the channels into groups) and normbridge's own decompositions.
+the channels into groups), normbridge's own decompositions, and ONNX's own function bodies of
+LayerNormalization (in a Flatten view), RMSNormalization and GroupNormalization (`graph/views.py`).
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
     extras = markers.recall(module)
     momentum = None if module.momentum is None else float(module.momentum)
     if not tracked and momentum is not None:
-        # Without tracked statistics momentum is never used: it is not part of what the layer computes.
-        report.add("momentum", momentum, None, "dropped", "unused: statistics are not tracked")
-        momentum = None
+        # Without tracked statistics momentum is never used, but it is the module's setting: kept, so round trips give it back.
+        report.add("momentum", momentum, note="unused: statistics are not tracked; kept as given")
     return NormSpec(
         name=name,
         kind=kind,
@@ -68,6 +67,9 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
             momentum = None
         else:
             momentum = emit_momentum(report, spec, "batch_weight", options, "torch")
+    elif spec.momentum is not None:
+        momentum = spec.momentum_as("batch_weight")  # unused without tracked statistics; kept as the source gave it
+        report.add("momentum", spec.momentum, momentum, "exact" if spec.momentum_convention == "batch_weight" else "translated", "unused: statistics are not tracked")
     cls = classes[spec.spatial_rank]
     estimator = estimator_matches(report, spec, "unbiased", "torch", can_match=spec.kind == "batch", options=options)
     if spec.track_running_stats and estimator == "biased":

@@ -41,7 +41,9 @@ def forbid_running_stats(spec) -> None:
 def require_running_stats_fields(spec) -> None:
     """Tracked statistics need an estimator; momentum None means cumulative average and needs a counter.
 
-    Without tracked statistics momentum and estimator are never used, so they must be None; frozen
+    Without tracked statistics the estimator is never used, so it must be None; the momentum is never
+    used either but may be kept as the source gave it (torch's InstanceNorm2d(momentum=0.3)), so that
+    round trips give it back; frozen
     statistics (FrozenBatchNorm2d) are never updated, so they have neither, nor a batch counter.
     """
     if spec.frozen:
@@ -52,7 +54,7 @@ def require_running_stats_fields(spec) -> None:
             raise SpecError("frozen statistics count no batches; drop num_batches_tracked.", layer=spec.name, setting="num_batches_tracked")
         return
     if not spec.track_running_stats:
-        forbid(spec, "momentum", "momentum_convention", "variance_estimator")
+        forbid(spec, "variance_estimator")
         return
     require(spec, "variance_estimator")
     if spec.momentum is None and "num_batches_tracked" not in spec.tensors:
@@ -62,7 +64,7 @@ def require_running_stats_fields(spec) -> None:
 
 
 def check_normalized_shape(spec) -> None:
-    """A non-empty tuple of positive dims, fewer than the input rank when that is known (the trailing kinds).
+    """A non-empty tuple of positive dims, at most as many as the input rank when that is known (the trailing kinds).
 
     With a layout the kind normalises over the channel axis alone, so normalized_shape is (C,), and
     only channels_first says something the trailing form cannot (channels_last is the trailing form).
@@ -75,9 +77,10 @@ def check_normalized_shape(spec) -> None:
                         layer=spec.name, setting="layout")
     if spec.layout is not None and len(shape) != 1:
         raise SpecError(f"over the channel axis normalized_shape is (C,) (got {shape}).", layer=spec.name, setting="normalized_shape")
-    if spec.input_rank is not None and spec.input_rank <= len(shape):
+    # input_rank == len(shape) normalises every axis (torch on an unbatched input, ONNX axis=0): allowed.
+    if spec.input_rank is not None and spec.input_rank < len(shape):
         raise SpecError(
-            f"input_rank {spec.input_rank} leaves no batch axis before normalized_shape {shape}.", layer=spec.name, setting="input_rank"
+            f"input_rank {spec.input_rank} is smaller than normalized_shape {shape} has axes.", layer=spec.name, setting="input_rank"
         )
 
 

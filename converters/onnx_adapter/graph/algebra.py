@@ -7,7 +7,7 @@ with its transpose optimiser moving some operands to channels-last and others no
 tensor is read as a polynomial in X and its statistics:
 
 - `M`: mean of X over the axes A (ReduceMean or GlobalAveragePool with keepdims),
-- `V`: mean of (X - M)^2 over the same A (the biased variance),
+- `V`: mean of (X - M)^2 over the same A (the biased variance), or mean(X^2) - M^2 (ONNX's function bodies),
 - `Q`: mean of X^2 over A (the RMS statistic),
 - `SD`: sqrt(V + eps) or sqrt(Q + eps), the only place eps may enter,
 
@@ -161,8 +161,25 @@ def div(a: Value, b: Value) -> Value:
     return mul(a, reciprocal(b))
 
 
+def _moments_variance(a: Value) -> Value:
+    """Q - M^2 + eps over the same axes (E[x^2] - E[x]^2: ONNX's LayerNormalization and GroupNormalization function
+    bodies) read as V + eps, the biased variance it equals; `a` itself otherwise."""
+    stats = [k for k in a.terms if k]
+    if len(stats) != 2 or () not in a.terms or any(len(k) != 1 for k in stats):
+        return a
+    by_kind = {(k[0][0][0], k[0][1]): k for k in stats}
+    q, m = by_kind.get(("Q", 1)), by_kind.get(("M", 2))
+    if q is None or m is None or q[0][0][1] != m[0][0][1]:
+        return a
+    if not (_is_unit(a.terms[q], 1.0) and _is_unit(a.terms[m], -1.0)) or a.amaps.get(q[0][0]) != a.amaps.get(m[0][0]):
+        return a
+    variance = ("V", q[0][0][1])
+    return Value(a.rank, {_key({variance: 1}): a.terms[q], (): a.terms[()]}, {variance: a.amaps[q[0][0]]})
+
+
 def sqrt(a: Value) -> Value:
-    """sqrt(V + eps) or sqrt(Q + eps) with eps a one-element positive constant; nothing else."""
+    """sqrt(V + eps) or sqrt(Q + eps) with eps a one-element positive constant (V also as Q - M^2); nothing else."""
+    a = _moments_variance(a)
     stats = [k for k in a.terms if k]
     if len(a.terms) != 2 or len(stats) != 1 or () not in a.terms:
         raise NotNormalization("sqrt of something other than statistic + eps")
@@ -190,7 +207,9 @@ def reduce_mean(a: Value, positions: list[int]) -> Value:
     if x_map is None or any(x_map[p] is None for p in positions) or not positions:
         raise NotNormalization("reduction of a value without X on the reduced axes")
     axes = frozenset(x_map[p] for p in positions)
-    if 0 in axes:
+    if 0 in axes and axes != frozenset(label for label in x_map if label is not None):
+        # Statistics over every axis (ONNX's axis=0) normalise the whole tensor, which the spec holds; over the batch
+        # axis and only some others they mix samples in a way no normalization kind does.
         raise NotNormalization("statistics over the batch axis")
     result_map = tuple(None if p in positions else label for p, label in enumerate(x_map))
     keys = set(a.terms)

@@ -44,8 +44,35 @@ def _affine_step(index: GraphIndex, tensor: str, op: str, rank: int, channels: i
     return i, np.broadcast_to(values, (channels,)).copy()
 
 
+def _channel_reshape(index: GraphIndex, tensor: str, channels: int | None) -> int | None:
+    """The node reshaping `tensor` (its only consumer) to the constant [0, C, -1] (C = `channels` when known)."""
+    r = index.single_consumer(tensor)
+    if r is None or index.nodes[r].op_type != "Reshape":
+        return None
+    target = index.int_values(index.nodes[r].input[1])
+    if target is None or len(target) != 3 or target[0] != 0 or target[2] != -1 or index.nodes[r].input[1] not in index.constants:
+        return None
+    if not isinstance(target[1], int) or target[1] < 1 or (channels is not None and target[1] != channels):
+        return None
+    return r
+
+
+def _affine_steps(index: GraphIndex, nodes: list[int], output: str, rank: int, channels: int) -> tuple[dict[str, np.ndarray], str]:
+    """The per-channel Mul and Add following `output` (appended to `nodes`), by op, and the last output."""
+    affine = {}
+    for op in ("Mul", "Add"):
+        step = _affine_step(index, output, op, rank, channels)
+        if step is None:
+            continue
+        affine[op] = step[1]
+        nodes.append(step[0])
+        output = index.nodes[step[0]].output[0]
+    return affine, output
+
+
 def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) -> Match | None:
-    """GroupNorm as Reshape(x, [0, G, -1]) -> InstanceNormalization(ones, zeros) -> Reshape(shape(x)) -> Mul -> Add."""
+    """GroupNorm as Reshape(x, [0, G, -1]) -> InstanceNormalization(ones, zeros) -> Reshape(shape(x)) -> Mul -> Add (torch.onnx),
+    or -> Reshape(x, [0, C, -1]) -> Mul -> Add -> Reshape(shape(x)) (normbridge, any rank)."""
     node = index.nodes[i]
     if node.op_type != INSTANCE.onnx_op or i in claimed or len(node.input) < 3:
         return None
@@ -55,35 +82,44 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
     xin = index.nodes[r_in].input[0]
     dims = index.dims(xin)
     target = index.int_values(index.nodes[r_in].input[1])
-    if dims is None or len(dims) < 3 or target is None or len(target) != 3 or not isinstance(dims[1], int):
+    if target is None or len(target) != 3 or (dims is not None and len(dims) < 2):
         return None
-    channels = dims[1]
     groups = target[1]
-    if target[0] not in (0, dims[0]) or not isinstance(groups, int) or groups < 1 or channels % groups or target[2] not in (-1, None):
+    known = dims[1] if dims is not None and isinstance(dims[1], int) else None
+    if target[0] not in (0, None if dims is None else dims[0]) or not isinstance(groups, int) or groups < 1 or target[2] not in (-1, None):
         return None
     scale, bias = index.constant(node.input[1]), index.constant(node.input[2])
     if scale is None or bias is None or scale.shape != (groups,) or bias.shape != (groups,) or not (np.all(scale == 1) and np.all(bias == 0)):
         return None
-    r_out = index.single_consumer(node.output[0])
-    if r_out is None or index.nodes[r_out].op_type != "Reshape" or not same_shape(index, index.nodes[r_out].input[1], xin):
+    inner = _channel_reshape(index, node.output[0], known)
+    if inner is not None:  # normbridge: the affine on (N, C, -1), then back to X's shape (any rank >= 2)
+        channels = int(index.int_values(index.nodes[inner].input[1])[1])
+        nodes, output = [r_in, i, inner], index.nodes[inner].output[0]
+        affine, output = _affine_steps(index, nodes, output, 3, channels)
+        r_out = index.single_consumer(output)
+        if r_out is None or index.nodes[r_out].op_type != "Reshape" or not same_shape(index, index.nodes[r_out].input[1], xin):
+            return None
+        nodes += [r_out] + shape_chain(index, index.nodes[r_out].input[1])
+        output = index.nodes[r_out].output[0]
+    else:  # torch.onnx: back to X's shape, then the affine over (C, 1, ..., 1), which needs X's rank
+        if dims is None or len(dims) < 3 or known is None:
+            return None
+        channels = known
+        r_out = index.single_consumer(node.output[0])
+        if r_out is None or index.nodes[r_out].op_type != "Reshape" or not same_shape(index, index.nodes[r_out].input[1], xin):
+            return None
+        nodes = [r_in, i, r_out] + shape_chain(index, index.nodes[r_out].input[1])
+        affine, output = _affine_steps(index, nodes, index.nodes[r_out].output[0], len(dims), channels)
+    if channels % groups:
         return None
-    nodes = [r_in, i, r_out] + shape_chain(index, index.nodes[r_out].input[1])
-    output, rank = index.nodes[r_out].output[0], len(dims)
-    affine = {}
-    for op in ("Mul", "Add"):
-        step = _affine_step(index, output, op, rank, channels)
-        if step is None:
-            continue
-        affine[op] = step[1]
-        nodes.append(step[0])
-        output = index.nodes[step[0]].output[0]
     if set(nodes) & claimed:
         return None
     eps = attribute(node, "epsilon", INSTANCE.default_eps["onnx"])
     dtype = index.dtype(xin)
     match = Match(
         kind="group", native=False, origin=origin_of(index, nodes), name="", nodes=sorted(set(nodes)), input=xin, output=output,
-        eps=recover_eps(eps, "float32"), dtype=dtype, rank=rank, frame=tuple(range(rank)), channel_axis=1, groups=groups,
+        eps=recover_eps(eps, "float32"), dtype=dtype, rank=None if dims is None else len(dims),
+        frame=None if dims is None else tuple(range(len(dims))), channel_axis=1, groups=groups,
         dims=(channels,), scale=affine.get("Mul"), bias=affine.get("Add"),
     )
     match.name = site_name(index, match.nodes, output)

@@ -25,10 +25,10 @@ MAX_REGION = 400
 def _positions(node: onnx.NodeProto, index: GraphIndex, rank: int) -> list[int]:
     axes = attribute(node, "axes")
     if axes is None and len(node.input) > 1 and node.input[1]:
-        array = index.constant(node.input[1])
-        if array is None:
+        values = index.int_values(node.input[1])  # a constant, or computed from X's rank (ONNX's RMSNormalization body)
+        if values is None or not all(isinstance(a, int) for a in values):
             raise NotNormalization("axes are computed")
-        axes = [int(a) for a in np.atleast_1d(array)]
+        axes = [int(a) for a in values]
     if not axes:
         raise NotNormalization("reduction over every axis")
     positions = sorted({a + rank if a < 0 else a for a in axes})
@@ -125,7 +125,8 @@ def interpret_region(index: GraphIndex, root: str) -> dict[str, tuple[Value, int
         node = index.nodes[i]
         if not index.default_domain(i) or len(node.output) != 1:
             continue
-        data = [name for name in node.input if name and name not in index.constants]
+        # Integer inputs computed from shapes (ONNX's RMSNormalization body computes its axes from X's rank) are not data.
+        data = [name for name in node.input if name and name not in index.constants and index.int_values(name) is None]
         if not data or any(name not in values for name in data):
             continue
         try:

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from schemas.kinds import KIND_INFO
 
 from ..proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
+from .folding import fold_with_shapes, folded
 #: Unary ops whose output has their input's shape: a dim of the output is the input's dim.
 SHAPE_PRESERVING = frozenset({"Identity", "Cast", "Relu", "Neg", "Sigmoid", "Tanh", "Erf", "Abs", "Sqrt", "Reciprocal", "Exp", "LeakyRelu", "Clip", "HardSigmoid", "Softplus"})
 #: Ops whose first output has the type and shape of their first input.
@@ -69,9 +70,14 @@ class GraphIndex:
                 value = _constant_value(node)
                 if value is not None:
                     self.constants[node.output[0]] = value
+            elif node.domain in DEFAULT_DOMAINS and len(node.output) == 1 and node.input and all(n in self.constants for n in node.input if n):
+                value = folded(node, [self.constants.get(n) for n in node.input])
+                if value is not None:
+                    self.constants[node.output[0]] = value
         self._types: dict[str, onnx.TypeProto] = {}
         self._infer_types(model)
         self._dims_cache: dict[str, tuple[DimValue, ...] | None] = {}
+        fold_with_shapes(self)
 
     # -- types and shapes ------------------------------------------------------------------
 
@@ -197,6 +203,30 @@ class GraphIndex:
             return list(data[slice(start, end, step)])
         if op in ("Unsqueeze", "Squeeze"):
             return self.int_values(node.input[0], depth + 1)
+        return self._int_arithmetic(node, depth)
+
+    def _int_arithmetic(self, node: onnx.NodeProto, depth: int) -> list[DimValue] | None:
+        """Size, Range and elementwise Add/Sub/Mul/Div of known ints: what ONNX's function bodies compute axes with
+        (RMSNormalization's Range(axis, Size(Shape(X)), 1), GroupNormalization's C / G)."""
+        op = node.op_type
+        if op == "Size":
+            dims = self.dims(node.input[0])
+            return None if dims is None or not all(isinstance(d, int) for d in dims) else [int(np.prod(dims))]
+        values = [self.int_values(name, depth + 1) for name in node.input]
+        if any(v is None or not all(isinstance(d, int) for d in v) for v in values):
+            return None
+        if op == "Range" and all(len(v) == 1 for v in values):
+            (start,), (limit,), (delta,) = values
+            return list(range(start, limit, delta)) if delta and abs((limit - start) // delta) <= 64 else None
+        if op in ("Add", "Sub", "Mul", "Div") and len(values) == 2:
+            a, b = values
+            if len(a) != len(b) and 1 not in (len(a), len(b)):
+                return None
+            a, b = (a * len(b) if len(a) == 1 else a), (b * len(a) if len(b) == 1 else b)
+            if op == "Div" and any(y == 0 or x % y for x, y in zip(a, b)):
+                return None
+            combine = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x // y}[op]
+            return [combine(x, y) for x, y in zip(a, b)]
         return None
 
     # -- graph walking --------------------------------------------------------------------

@@ -44,6 +44,8 @@ class Match:
     scale: np.ndarray | None = field(default=None, repr=False)
     bias: np.ndarray | None = field(default=None, repr=False)
     training_mode: bool = False
+    #: Scale or bias operands that are not constants (graph inputs, computed): part of the layer, values unknown.
+    affine_inputs: tuple[str, ...] = ()
     folded: bool = False
     folded_constants: tuple[np.ndarray, np.ndarray | None] | None = field(default=None, repr=False)
 

@@ -18,6 +18,7 @@ from .algebra import Value
 from .forms import Form, interpret_region, read_form
 from .index import GraphIndex, attribute, resolve_reshape, same_shape, shape_chain
 from .match import Match, origin_of, recover_eps, site_name
+from .views import runtime_affine, unflatten, ungroup
 
 
 def _slice(index: GraphIndex, region: dict[str, tuple[Value, int]], output: str, root: str) -> list[int]:
@@ -208,7 +209,12 @@ def match_moments(index: GraphIndex, root: str, claimed: set[int]) -> list[Match
         match = _classify(index, root, output, current, nodes)
         if match is None or set(match.nodes) & claimed:
             continue
+        match = ungroup(index, match, claimed) or match
         _input_cast(index, match, claimed)
+        unflatten(index, match, claimed)
+        runtime_affine(index, match, claimed)
+        if set(match.nodes) & claimed:
+            continue
         match.origin = origin_of(index, match.nodes)
         match.name = site_name(index, match.nodes, match.output)
         claimed.update(match.nodes)

@@ -151,6 +151,9 @@ def _native_spec(index: GraphIndex, match: Match) -> NormSpec:
 
 
 def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec:
+    if match.affine_inputs:
+        raise SpecError(f"its scale or bias ({', '.join(repr(n) for n in match.affine_inputs)}) is not a constant (a graph input, or computed), "
+                        "so its values are unknown; store the weights as initializers.", setting="scale")
     if match.dtype is None or match.dims is None or match.eps is None or match.eps <= 0:
         raise SpecError(f"its decomposition ({match.origin}) has no constant dtype, shape and positive eps, so its settings cannot be read exactly.")
     dtype = np.dtype(match.dtype)
@@ -166,7 +169,7 @@ def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec:
     if match.kind in ("layer", "rms"):
         fields.update(normalized_shape=tuple(int(d) for d in match.dims))
     else:
-        last = match.rank - 1
+        last = None if match.rank is None else match.rank - 1
         layout = "channels_first" if match.channel_axis == 1 else "channels_last" if match.channel_axis == last else None
         if layout is None:
             raise SpecError(f"its decomposition ({match.origin}) normalizes channel axis {match.channel_axis}, neither the first nor the last.")

@@ -1,0 +1,110 @@
+"""Reading the external data of an ONNX model (model.onnx + model.onnx.data), from the model's own folder only.
+
+`torch.onnx.export` writes the weights of a model beside it by default. Each such tensor names a
+`location` relative to the model file; onnx.load would open whatever path that names. Here a
+location is followed only when it stays inside the model's folder once resolved: an absolute path,
+a `..` part, or a symlink that leads outside is refused, naming the tensor and the location, and
+nothing outside the folder is ever opened. Offsets and lengths must lie inside the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Iterator
+
+import onnx
+
+from schemas import InputFileError
+
+#: How to embed the data instead, said in every refusal.
+EMBED_HINT = "keep the data files inside the model's folder, or embed them with onnx.save(model, path, save_as_external_data=False)"
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Every tensor of the model (initializers, Constant values, subgraphs) whose data lives in an external file."""
+    return [t for t in _tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _tensors(subgraph)
+
+
+def load_external_data(model: onnx.ModelProto, model_path: Path) -> None:
+    """Read every external tensor of `model` (loaded from `model_path`) into memory; InputFileError on any unsafe location."""
+    folder = Path(os.path.realpath(model_path.parent))
+    for tensor in external_tensors(model):
+        fields = {entry.key: entry.value for entry in tensor.external_data}
+        location = fields.get("location", "")
+        target = _inside(folder, location, tensor.name, model_path)
+        tensor.raw_data = _read(target, fields, tensor.name, location, model_path)
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _inside(folder: Path, location: str, tensor: str, model_path: Path) -> Path:
+    """The data file a location names, resolved; refused unless it is a file inside `folder`."""
+    def refuse(why: str) -> InputFileError:
+        return InputFileError(
+            f"'{model_path}': tensor '{tensor}' keeps its data at location '{location}', {why}; normbridge reads external data only "
+            f"from the model's own folder ({EMBED_HINT})."
+        )
+
+    if not location:
+        raise refuse("which names no file")
+    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute() or PureWindowsPath(location).drive:
+        raise refuse("an absolute path")
+    if ".." in PurePosixPath(location.replace("\\", "/")).parts:
+        raise refuse("which leads out of the folder ('..')")
+    resolved = Path(os.path.realpath(folder / location))
+    if resolved != folder and folder not in resolved.parents:
+        raise refuse(f"which resolves to '{resolved}' outside the folder (a symlink)")
+    if not resolved.is_file():
+        raise refuse("which is missing beside the model (a model uploaded as one file has no data files)")
+    return resolved
+
+
+def _read(path: Path, fields: dict[str, str], tensor: str, location: str, model_path: Path) -> bytes:
+    try:
+        offset = int(fields.get("offset", 0))
+        length = int(fields["length"]) if "length" in fields else None
+    except ValueError:
+        raise InputFileError(f"'{model_path}': tensor '{tensor}' gives a non-integer offset or length for '{location}'; re-export the model.") from None
+    size = path.stat().st_size
+    if offset < 0 or (length is not None and length < 0) or offset + (length or 0) > size:
+        raise InputFileError(
+            f"'{model_path}': tensor '{tensor}' reads bytes {offset}..{offset + (length or 0)} of '{location}', which has {size}; "
+            "the data file does not belong to this model (re-export it)."
+        )
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read() if length is None else handle.read(length)
+
+
+def refuse_external_data_upload(path: Path) -> None:
+    """InputFileError when the .onnx file at `path` keeps tensors in external files: a registry server receives one file,
+    so the data files would be missing there (the file is parsed, its data files are not opened)."""
+    try:
+        model = onnx.load_from_string(Path(path).read_bytes())
+    except Exception:  # noqa: BLE001 - an unreadable file is refused by the server with its own message
+        return
+    tensors = external_tensors(model)
+    if tensors:
+        location = next((e.value for e in tensors[0].external_data if e.key == "location"), "")
+        raise InputFileError(
+            f"'{path}' keeps {len(tensors)} tensor(s) in external data files (tensor '{tensors[0].name}' at '{location}'), and a registry server "
+            "receives the model file alone; embed the data with onnx.save(model, path, save_as_external_data=False) (models under 2 GB), "
+            "or register it without --server, which reads the data files from the model's folder."
+        )

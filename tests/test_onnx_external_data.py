@@ -1,0 +1,124 @@
+"""ONNX files with external data: read from the model's own folder, never from a path outside it."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from converters.models.inspection import inspect_path
+from converters.models.loading import load_model
+from converters.onnx_adapter.external_data import external_tensors
+from schemas import InputFileError
+
+torch = pytest.importorskip("torch")
+
+
+def _external_model(folder, location="model.onnx.data", size=64):
+    """A LayerNormalization model whose scale lives in an external file (written by onnx.save)."""
+    scale = np.random.default_rng(0).uniform(0.5, 2.0, size).astype(np.float32)
+    node = helper.make_node("LayerNormalization", ["X", "scale"], ["Y"], axis=-1, epsilon=1e-5, name="ln")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", size])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", size])], initializer=[numpy_helper.from_array(scale, "scale")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = folder / "model.onnx"
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0)
+    return path, scale
+
+
+def _relocate(path, location):
+    """Rewrite the model's external data location to `location` (what a crafted file would say)."""
+    model = onnx.load(path, load_external_data=False)
+    for tensor in external_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    path.write_bytes(model.SerializeToString())
+
+
+def test_torch_onnx_export_default_external_data_is_read(tmp_path):
+    """torch.onnx.export writes model.onnx + model.onnx.data by default; both are read and the norm is found."""
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64, eps=1e-4)).eval()
+    with torch.no_grad():
+        net[1].weight.uniform_(0.5, 2.0)
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(net, (torch.randn(2, 64),), str(path), dynamo=True, opset_version=23, verbose=False)
+    assert (tmp_path / "model.onnx.data").is_file(), "torch.onnx.export no longer writes external data by default"
+    model = load_model(path)
+    assert not external_tensors(model)
+    report = inspect_path(path)
+    norms = [layer for layer in report.layers if layer.kind == "layer"]
+    assert len(norms) == 1 and norms[0].eps == 1e-4
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert any(np.array_equal(w, net[1].weight.detach().numpy()) for w in weights.values())
+
+
+def test_external_data_beside_the_model_is_read_bit_exactly(tmp_path):
+    (tmp_path / "weights").mkdir()
+    path, scale = _external_model(tmp_path, location="weights/scale.bin")
+    model = load_model(path)
+    (tensor,) = model.graph.initializer
+    np.testing.assert_array_equal(numpy_helper.to_array(tensor), scale)
+
+
+@pytest.mark.parametrize("kind", ["parent", "absolute", "symlink", "missing", "empty"])
+def test_locations_outside_the_folder_are_refused(tmp_path, kind):
+    inside = tmp_path / "model"
+    inside.mkdir()
+    path, _ = _external_model(inside)
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes((inside / "model.onnx.data").read_bytes())
+    location = {"parent": "../secret.bin", "absolute": str(outside), "symlink": "link.data", "missing": "gone.data", "empty": ""}[kind]
+    if kind == "symlink":
+        os.symlink(outside, inside / "link.data")
+    _relocate(path, location)
+    with pytest.raises(InputFileError) as error:
+        load_model(path)
+    assert error.value.code == "bad_input_file"
+    message = str(error.value)
+    assert "tensor 'scale'" in message and f"location '{location}'" in message and str(path) in message
+
+
+def test_a_symlink_inside_the_folder_is_followed(tmp_path):
+    path, scale = _external_model(tmp_path)
+    os.rename(tmp_path / "model.onnx.data", tmp_path / "real.data")
+    os.symlink(tmp_path / "real.data", tmp_path / "alias.data")
+    _relocate(path, "alias.data")
+    np.testing.assert_array_equal(numpy_helper.to_array(load_model(path).graph.initializer[0]), scale)
+
+
+def test_offsets_past_the_end_are_refused(tmp_path):
+    path, _ = _external_model(tmp_path)
+    model = onnx.load(path, load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "offset":
+            entry.value = "4096"
+    if not any(e.key == "offset" for e in model.graph.initializer[0].external_data):
+        model.graph.initializer[0].external_data.add(key="offset", value="4096")
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(InputFileError, match="tensor 'scale' reads bytes 4096"):
+        load_model(path)
+
+
+def test_a_registry_server_upload_of_external_data_is_refused_before_sending(tmp_path):
+    """The server receives one file, so its data files would be missing there: the client says so and sends nothing."""
+    from registry.client import RemoteRegistry
+
+    path, _ = _external_model(tmp_path)
+    client = RemoteRegistry("http://127.0.0.1:9")  # nothing listens: the refusal comes before any request
+    with pytest.raises(InputFileError, match="receives the model file alone"):
+        client.register("m", path)
+
+
+def test_a_server_side_load_without_the_data_file_names_it(tmp_path):
+    """What the server sees when such a file reaches it anyway (an old client): a refusal naming tensor and location."""
+    path, _ = _external_model(tmp_path)
+    os.remove(tmp_path / "model.onnx.data")
+    with pytest.raises(InputFileError, match="tensor 'scale' keeps its data at location 'model.onnx.data', which is missing"):
+        load_model(path)
