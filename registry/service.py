@@ -153,7 +153,7 @@ class Registry:
 
     def __init__(self, db: str | None = None, blobs: str | None = None, user: str | None = None):
         from .blob_leases import BlobLeases
-        from .blobstore import open_blob_store
+        from .blobs import open_blob_store
         from .metadata import MetadataStore
 
         self.db_url = settings.database_url(db)
