@@ -38,7 +38,7 @@ from schemas.errors import (
 
 from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
                               save_stream, server_error_in)
-from .metadata import AliasRecord, AuditRecord, VersionRecord, split_ref
+from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
 
 API = "/api/v1"
 UPLOAD_FORMATS = {".onnx": "onnx", ".keras": "keras", ".pt2": "pt2"}

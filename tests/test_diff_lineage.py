@@ -12,7 +12,7 @@ import torch
 from registry.artifact import extract_artifact, tensors_from_blobs
 from registry.diff import diff_manifests
 from registry.lineage import LineageView, build_lineage
-from registry.metadata import VersionRecord
+from registry.entities import VersionRecord
 from schemas.manifest import STATISTIC_ROLES
 
 

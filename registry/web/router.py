@@ -22,7 +22,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from registry.http.auth import Principal
 from registry.http.errors import ApiError, error_body, status_for
 from registry.http.redaction import Redactor
-from registry.metadata import split_ref
+from registry.entities import split_ref
 from schemas.errors import NormbridgeError
 
 from . import pages
