@@ -536,8 +536,12 @@ class Registry:
                 continue  # another gc deleted it meanwhile
         swept = self.leases.sweep(candidates, self.store)
         staging = self.leases.remove_stale_staging(self.store, grace_seconds)
-        return GcResult(deleted=swept.deleted, bytes_freed=swept.bytes_freed, kept_young=young, kept_in_flight=swept.kept_in_use,
-                        referenced=len(referenced), grace_seconds=grace_seconds, staging_removed=staging)
+        result = GcResult(deleted=swept.deleted, bytes_freed=swept.bytes_freed, kept_young=young, kept_in_flight=swept.kept_in_use,
+                          referenced=len(referenced), grace_seconds=grace_seconds, staging_removed=staging)
+        # Here, not in a shell, so every caller (`normbridge gc`, POST /gc) is audited alike.
+        self.meta.append_audit("gc", None, None, {"deleted": len(result.deleted), "bytes_freed": result.bytes_freed,
+                                                  "grace_seconds": result.grace_seconds}, self.user)
+        return result
 
     # ------------------------------------------------------------------ export
 
