@@ -299,7 +299,8 @@ def mlflow_reads(folder: Path, args, workers: int) -> LoadResult:
 
 def artifact_folder(model, folder: Path) -> Path:
     """The model's artifact folder (manifest.json + blobs/), what `normbridge --server URL register` uploads."""
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
 
     return save_artifact_folder(extract_artifact(model), folder)
 

@@ -141,7 +141,7 @@ class RemoteRegistry:
     @contextmanager
     def _bundle(self, ref: str) -> Iterator[tuple[Any, str]]:
         """The version's artifact (every blob re-hashed, digest checked against the server's) and its 'name@N'."""
-        from .artifact import load_artifact_folder
+        from .manifest_io import load_artifact_folder
 
         name, version = _split(ref)
         with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (archive, headers):
@@ -246,7 +246,7 @@ class RemoteRegistry:
             return list(artifact.specs)
 
     def tensors(self, ref: str) -> dict:
-        from .artifact import tensors_from_blobs
+        from .manifest_io import tensors_from_blobs
 
         with self._bundle(ref) as (artifact, _):
             return tensors_from_blobs(artifact.manifest, artifact.blobs.__getitem__)

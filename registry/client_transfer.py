@@ -21,7 +21,7 @@ from pathlib import Path
 
 from schemas.errors import InputFileError, IntegrityError
 
-from .artifact import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
+from .manifest_io import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
 from .tar_reader import TarFormatError, read_tar
 
 CHUNK = 1 << 20

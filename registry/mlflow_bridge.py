@@ -113,7 +113,7 @@ def version_tags(record, manifest) -> dict[str, str]:
 
 def save_version_bundle(registry, ref: str, folder: str | Path) -> Path:
     """The version's artifact folder (manifest + every blob, re-hashed on read) written to `folder`."""
-    from .artifact import Artifact, save_artifact_folder
+    from .manifest_io import Artifact, save_artifact_folder
 
     record = registry.show(ref)
     manifest = registry.manifest(f"{record.model}@{record.number}")

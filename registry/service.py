@@ -395,14 +395,14 @@ class Registry:
 
     def tensors(self, ref: str) -> dict:
         """The version's tensors as NumPy arrays (every blob re-hashed on read)."""
-        from .artifact import tensors_from_blobs
+        from .manifest_io import tensors_from_blobs
 
         record = self.show(ref)
         return tensors_from_blobs(self.manifest(_ref(record)), self.blob_reader(record))
 
     def specs(self, ref: str) -> list:
         """The version's NormSpecs, rebuilt from the manifest and the (re-hashed) blobs."""
-        from .artifact import specs_from_manifest
+        from .manifest_io import specs_from_manifest
 
         record = self.show(ref)
         return specs_from_manifest(self.manifest(_ref(record)), self.blob_reader(record))
@@ -459,7 +459,7 @@ class Registry:
         """
         import converters
 
-        from .artifact import specs_from_manifest
+        from .manifest_io import specs_from_manifest
         from .tensor_blobs import stored_tensor_problem
 
         if ref is None:

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from registry.artifact import extract_artifact, save_artifact_folder
+from registry.artifact import extract_artifact
+from registry.manifest_io import save_artifact_folder
 from registry.client_transfer import folder_tar_chunks
 from registry.service import Registry
 from tests import moto_server

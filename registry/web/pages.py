@@ -160,7 +160,7 @@ def lineage_graph(view, redactor: Redactor) -> tuple[str, list[dict], int]:
 
 
 def _statistics(registry, record, entry) -> tuple[np.ndarray, np.ndarray] | None:
-    from registry.artifact import tensor_from_blob
+    from registry.tensor_blobs import tensor_from_blob
 
     manifest_tensors = record.manifest.get("tensors", {})
     names = entry.get("tensors", {})
