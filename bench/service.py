@@ -365,7 +365,7 @@ def s3_throughput(folder: Path, args) -> dict[str, list[float]]:
                 assert fetched == data
                 seconds, size = download(server.url, f"/api/v1/models/big-{round_}/versions/1/bundle", headers)
                 rates["normbridge download (bundle)"].append(size / 1e6 / seconds)
-                del data, fetched
+                data = fetched = None  # free the round's bytes (not `del`: plain_put reads `data` from this scope)
                 shutil.rmtree(artifact)
         rates["bytes"] = [megabytes * 1e6]
     return rates
