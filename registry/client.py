@@ -2,7 +2,7 @@
 
 The CLI picks it when `--server URL` (env NORMBRIDGE_SERVER) is given, so every registry command
 works unchanged against a shared server. Methods and return types follow registry.service.Registry
-(records from registry/entities.py, pydantic results from registry/results.py); server errors come back as the same
+(records from registry/entities.py, pydantic results from registry/service/results.py); server errors come back as the same
 schemas.errors types (and so the same exit codes), and a server that does not answer is a
 ServerUnreachableError naming the URL. Bundles are re-hashed on arrival: a blob that does not
 hash to its name, or a manifest whose digest is not the one the server announced, is refused.
@@ -44,10 +44,10 @@ from .audit_chain import AuditCheck, AuditHead
 from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
                               save_stream, server_error_in)
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
-from .layer_export import export_layers
+from .service.layer_export import export_layers
 from .lineage import LineageView
 from .manifest_io import load_artifact_folder, tensors_from_blobs
-from .results import GcResult, Registration, VerifyResult
+from .service.results import GcResult, Registration, VerifyResult
 
 API = "/api/v1"
 UPLOAD_FORMATS = {".onnx": "onnx", ".keras": "keras", ".pt2": "pt2"}

@@ -10,11 +10,12 @@ from schemas.layer_errors import read_layer
 
 from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hinted
 from ..model_values import NormLayerRef
+from ..models.walking import spec_of
 
 
 def keras_contents(model: Any, refs: list[NormLayerRef]) -> ModelContents:
     """A keras.Model whose normalization layers the walk found as `refs` (no training mode: Keras layers hold none)."""
-    specs = [(ref, read_layer(ref.spec, ref.path)) for ref in refs]
+    specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
     # variable.path starts with the model's name in memory ('sequential/dense/kernel') but not after
     # loading a .keras file ('dense/kernel'): drop it so the same model has the same tensor names.
     top = f"{model.name}/"

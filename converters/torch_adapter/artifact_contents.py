@@ -13,6 +13,7 @@ from schemas.layer_errors import read_layer
 from ..adapters import REGISTRY
 from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hinted
 from ..model_values import NormLayerRef
+from ..models.walking import spec_of
 from .exported_program import exported_specs
 
 #: The normalization module classes a walk must have read, or the model is refused (they would pass unchecked).
@@ -34,7 +35,7 @@ def _tensors(state: dict[str, Any]) -> list[ModelTensor]:
 def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelContents:
     """An nn.Module whose normalization layers the walk found as `refs`; each spec tensor is looked for under its layer."""
     refuse_unread_layers(module, refs)
-    specs = [(ref, read_layer(ref.spec, ref.path)) for ref in refs]
+    specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
     tensors = _tensors(module.state_dict(keep_vars=False))
     names = list(dict.fromkeys(t.name for t in tensors))
     normalizers = []

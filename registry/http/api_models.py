@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from registry.drift_records import DriftRecord
 from registry.entities import AuditRecord
 from registry.lineage import LineageView
-from registry.results import GcResult, VerifyProblem
+from registry.service.results import GcResult, VerifyProblem
 from schemas.check_result import CheckResult
 from schemas.manifest_diff import ManifestDiff
 

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from registry.drift_records import drift_reports
-from registry.results import VerifyResult
+from registry.service.results import VerifyResult
 
 from .api_models import (Alias, AuditEntry, AuditHeadOut, AuditOut, DriftList, Health, LineageView, ManifestDiff, ModelSummary, Version,
                          VersionList, VerifyOut)

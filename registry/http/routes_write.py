@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from registry.bundle_stream import UploadInterrupted
-from registry.results import GcResult
+from registry.service.results import GcResult
 
 from .api_models import Alias, AliasBody, Registered, Version
 from .auth import Principal, require

@@ -12,13 +12,13 @@ from typing import Any
 import converters
 from schemas.errors import IntegrityError, NormbridgeError, NotFoundError, RegistryError
 
-from .blob_leases import BlobLeases
-from .blobs.base import BlobStore
-from .manifest_io import specs_from_manifest
-from .metadata import MetadataStore
+from ..blob_leases import BlobLeases
+from ..blobs.base import BlobStore
+from ..manifest_io import specs_from_manifest
+from ..metadata import MetadataStore
+from ..tensor_blobs import stored_tensor_problem
 from .registration import first_failure
 from .results import GcResult, VerifyProblem, VerifyResult
-from .tensor_blobs import stored_tensor_problem
 
 
 class Integrity:

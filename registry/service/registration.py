@@ -22,13 +22,13 @@ from schemas import CheckResult
 from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, NotFoundError, PayloadTooLargeError, RegistryError
 from schemas.manifest import Lineage, Operation
 
-from .artifact import extract_artifact
-from .blob_leases import BlobLeases
-from .blobs.base import BlobStore
-from .bundle_stream import UploadInterrupted, receive_bundle
-from .coverage import check_registrable
-from .faults import fault_point
-from .metadata import MetadataStore
+from ..artifact import extract_artifact
+from ..blob_leases import BlobLeases
+from ..blobs.base import BlobStore
+from ..bundle_stream import UploadInterrupted, receive_bundle
+from ..coverage import check_registrable
+from ..faults import fault_point
+from ..metadata import MetadataStore
 from .results import Registration
 
 #: progress(step, done, total): called as a registration advances (the CLI draws a bar from it).

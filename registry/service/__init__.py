@@ -2,9 +2,10 @@
 
 `Registry` composes the blob store (bytes, content-addressed), the metadata store (versions,
 lineage, aliases, audit log, all in SQL) and the artifact code (manifests, diffs, lineage
-views). Registering is registry/registration.py (the crash-safe order: stage while the gate
-runs, publish, one commit), verifying and garbage collection registry/integrity.py, the results
-registry/results.py; this module holds the reads, aliases and the export.
+views). Registering is `registration.py` here (the crash-safe order: stage while the gate runs,
+publish, one commit), verifying and garbage collection `integrity.py`, what they return
+`results.py`, each layer of a version as a file `layer_export.py`; this module holds the reads,
+aliases and the export.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from typing import Any
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 from schemas.manifest import load_manifest
 
-from . import settings
-from .blob_leases import BlobLeases
-from .blobs import open_blob_store
-from .diff import diff_manifests
+from .. import settings
+from ..blob_leases import BlobLeases
+from ..blobs import open_blob_store
+from ..diff import diff_manifests
+from ..lineage import build_lineage
+from ..manifest_io import specs_from_manifest, tensors_from_blobs
+from ..metadata import MetadataStore
 from .integrity import Integrity
 from .layer_export import export_layers
-from .lineage import build_lineage
-from .manifest_io import specs_from_manifest, tensors_from_blobs
-from .metadata import MetadataStore
 from .registration import NAME, Registrations
 from .results import RegistryExport
 

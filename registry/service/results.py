@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .entities import VersionRecord
+from ..entities import VersionRecord
 
 
 @dataclass(frozen=True)
