@@ -22,7 +22,7 @@ from .results import GcResult, VerifyProblem, VerifyResult
 
 
 class Integrity:
-    """The verifying and collecting half of `Registry` (registry/service.py)."""
+    """The verifying and collecting half of `Registry` (registry/service/__init__.py)."""
 
     store: BlobStore
     meta: MetadataStore

@@ -57,7 +57,7 @@ def first_failure(result: CheckResult) -> str:
 
 
 class Registrations:
-    """The registering half of `Registry` (registry/service.py), on its stores and as its user."""
+    """The registering half of `Registry` (registry/service/__init__.py), on its stores and as its user."""
 
     store: BlobStore
     meta: MetadataStore
