@@ -299,7 +299,8 @@ def mlflow_reads(folder: Path, args, workers: int) -> LoadResult:
 
 def artifact_folder(model, folder: Path) -> Path:
     """The model's artifact folder (manifest.json + blobs/), what `normbridge --server URL register` uploads."""
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
 
     return save_artifact_folder(extract_artifact(model), folder)
 
@@ -364,7 +365,7 @@ def s3_throughput(folder: Path, args) -> dict[str, list[float]]:
                 assert fetched == data
                 seconds, size = download(server.url, f"/api/v1/models/big-{round_}/versions/1/bundle", headers)
                 rates["normbridge download (bundle)"].append(size / 1e6 / seconds)
-                del data, fetched
+                data = fetched = None  # free the round's bytes (not `del`: plain_put reads `data` from this scope)
                 shutil.rmtree(artifact)
         rates["bytes"] = [megabytes * 1e6]
     return rates

@@ -64,10 +64,10 @@ def token_role(value: str) -> str:
 
 
 def operation(value: str | None) -> str | None:
-    """A lineage label of registry.service.OPERATIONS."""
+    """A lineage label of registry.service.registration.OPERATIONS."""
     if value is None:
         return None
-    from registry.service import OPERATIONS
+    from registry.service.registration import OPERATIONS
 
     if value not in OPERATIONS:
         raise typer.BadParameter(f"'{value}' is not a lineage operation; choose one of {', '.join(OPERATIONS)}.")

@@ -21,6 +21,7 @@ import numpy as np
 
 from schemas import InputFileError, LayerReport, NormbridgeError, NormSpec, UnsupportedObjectError
 
+from .model_contents import ModelContents
 from .model_values import InputSpec, LayerFacts, LayerMoments, ModelRunner, Movement, NormLayerRef
 
 
@@ -81,6 +82,11 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def describe(self, model: Any) -> str:
         """A short name for the model in reports (drift, recalibration, export)."""
+
+    def artifact_contents(self, model: Any) -> ModelContents:
+        """Every tensor of `model` and, per normalization layer, its spec and the tensors holding it (what the registry
+        stores); refused unless the framework provides it."""
+        raise UnsupportedObjectError(f"{self.framework} models cannot be registered yet; register a PyTorch, Keras or ONNX model.")
 
     # -- porting into an existing model ------------------------------------------------------
 

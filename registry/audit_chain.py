@@ -15,8 +15,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
+from registry.entities import AuditRecord
 from schemas.errors import RegistryError
 
 GENESIS = "0" * 64
@@ -72,19 +73,7 @@ def entry_hash(prev_hash: str, payload: dict) -> str:
     return hashlib.sha256((prev_hash + canonical_json(payload)).encode("utf-8")).hexdigest()
 
 
-class ChainEntry(Protocol):
-    seq: int
-    at: datetime
-    user: str
-    action: str
-    model: str | None
-    number: int | None
-    detail: dict
-    prev_hash: str
-    hash: str
-
-
-def verify_chain(entries: Iterable[ChainEntry]) -> list[str]:
+def verify_chain(entries: Iterable[AuditRecord]) -> list[str]:
     """Problems found walking the chain in seq order (empty when intact)."""
     problems: list[str] = []
     expected_prev = GENESIS
@@ -117,7 +106,7 @@ def check_pinned_head(text: str) -> str:
     return value
 
 
-def check_head(entries: Sequence[ChainEntry], head: AuditHead | None, pinned: str | None = None) -> list[str]:
+def check_head(entries: Sequence[AuditRecord], head: AuditHead | None, pinned: str | None = None) -> list[str]:
     """Problems at the chain's end: the head row must name its last entry, and a `pinned` head hash must be in it."""
     last = AuditHead(entries[-1].seq, entries[-1].hash) if entries else AuditHead(0, GENESIS)
     problems: list[str] = []

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from registry.db.models import BlobLeaseRow, BlobRefRow, LockRow, VersionRow
 from schemas.errors import NotFoundError, RegistryError
 
-from .blobstore import BlobStore
+from .blobs.base import BlobStore
 
 #: How long a lease protects its blobs: a crashed registration's are swept by gc after this.
 LEASE_SECONDS = 24 * 3600.0

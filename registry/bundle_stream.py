@@ -22,8 +22,8 @@ from typing import BinaryIO
 from schemas.errors import InputFileError, NotFoundError, PayloadTooLargeError
 from schemas.manifest import ArtifactManifest, load_manifest, sha256_hex
 
-from .artifact import BLOBS_DIR, MANIFEST_FILE, specs_from_manifest
-from .blobstore import HEX_DIGITS, BlobStore, StagedBlob
+from .manifest_io import BLOBS_DIR, MANIFEST_FILE, specs_from_manifest
+from .blobs.base import HEX_DIGITS, BlobStore, StagedBlob
 from .tar_reader import read_tar
 from .tensor_blobs import check_tensor_header
 

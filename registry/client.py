@@ -2,7 +2,7 @@
 
 The CLI picks it when `--server URL` (env NORMBRIDGE_SERVER) is given, so every registry command
 works unchanged against a shared server. Methods and return types follow registry.service.Registry
-(records from registry.metadata, pydantic results); server errors come back as the same
+(records from registry/entities.py, pydantic results from registry/service/results.py); server errors come back as the same
 schemas.errors types (and so the same exit codes), and a server that does not answer is a
 ServerUnreachableError naming the URL. Bundles are re-hashed on arrival: a blob that does not
 hash to its name, or a manifest whose digest is not the one the server announced, is refused.
@@ -20,8 +20,12 @@ from typing import Any, Iterator
 from urllib.parse import quote
 
 import httpx
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
+from converters.models.loading import load_model
+from schemas import CheckResult
+from schemas.manifest import load_manifest
+from schemas.manifest_diff import ManifestDiff
 from schemas.errors import (
     CheckFailedError,
     ForbiddenError,
@@ -36,9 +40,14 @@ from schemas.errors import (
     error_class_for_code,
 )
 
+from .audit_chain import AuditCheck, AuditHead
 from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
                               save_stream, server_error_in)
-from .metadata import AliasRecord, AuditRecord, VersionRecord, split_ref
+from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
+from .service.layer_export import export_layers
+from .lineage import LineageView
+from .manifest_io import load_artifact_folder, tensors_from_blobs
+from .service.results import GcResult, Registration, VerifyResult
 
 API = "/api/v1"
 UPLOAD_FORMATS = {".onnx": "onnx", ".keras": "keras", ".pt2": "pt2"}
@@ -141,8 +150,6 @@ class RemoteRegistry:
     @contextmanager
     def _bundle(self, ref: str) -> Iterator[tuple[Any, str]]:
         """The version's artifact (every blob re-hashed, digest checked against the server's) and its 'name@N'."""
-        from .artifact import load_artifact_folder
-
         name, version = _split(ref)
         with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (archive, headers):
             folder = extract_bundle(archive, archive.parent / "bundle")
@@ -164,8 +171,6 @@ class RemoteRegistry:
 
         Returns a registry.service.Registration. An in-memory model is refused: save it to a file first.
         """
-        from .service import Registration
-
         path, fmt, size, chunks = self._upload_body(model)
         report = progress or (lambda step, done, total: None)
         params = {k: v for k, v in (("format", fmt), ("parent", parent), ("note", note), ("operation", operation)) if v is not None}
@@ -209,8 +214,6 @@ class RemoteRegistry:
             return path, "bundle", folder_tar_size(path, skip), lambda advance: folder_tar_chunks(path, advance, skip)
         fmt = UPLOAD_FORMATS.get(path.suffix.lower())
         if fmt is None:
-            from converters.models.loading import load_model
-
             load_model(path)  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
             raise InputFileError(f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder.")
         if fmt == "onnx":
@@ -241,8 +244,6 @@ class RemoteRegistry:
         return _version(self._request("GET", f"/models/{_q(name)}/versions/{_q(version)}"))
 
     def manifest(self, ref: str):
-        from schemas.manifest import load_manifest
-
         return load_manifest(self.show(ref).manifest)
 
     def specs(self, ref: str) -> list:
@@ -250,19 +251,13 @@ class RemoteRegistry:
             return list(artifact.specs)
 
     def tensors(self, ref: str) -> dict:
-        from .artifact import tensors_from_blobs
-
         with self._bundle(ref) as (artifact, _):
             return tensors_from_blobs(artifact.manifest, artifact.blobs.__getitem__)
 
     def diff(self, ref_a: str, ref_b: str):
-        from schemas.manifest_diff import ManifestDiff
-
         return ManifestDiff.model_validate(self._request("GET", "/diff", params={"a": ref_a, "b": ref_b}))
 
     def lineage(self, ref: str):
-        from .lineage import LineageView
-
         name, version = _split(ref)
         return LineageView.model_validate(self._request("GET", f"/models/{_q(name)}/versions/{_q(version)}/lineage"))
 
@@ -272,8 +267,6 @@ class RemoteRegistry:
         return _alias(self._request("PUT", f"/models/{_q(name)}/aliases/{_q(alias)}", json={"version": ref}))
 
     def verify(self, ref: str | None = None, rerun_checks: bool = True):
-        from .service import VerifyResult
-
         params = {"check": "true" if rerun_checks else "false", **({"ref": ref} if ref is not None else {})}
         answer = self._request("POST", "/verify", params=params)
         answer.pop("passed", None)
@@ -288,8 +281,6 @@ class RemoteRegistry:
 
     def check_audit(self, pinned_head: str | None = None):
         """The server's audit chain verified (registry.audit_chain.AuditCheck), against `pinned_head` if given."""
-        from .audit_chain import AuditCheck, AuditHead
-
         params = {"verify": "true", **({"expect_head": pinned_head} if pinned_head is not None else {})}
         answer = self._request("GET", "/audit", params=params)
         head = answer.get("head")
@@ -297,14 +288,10 @@ class RemoteRegistry:
                           entries=len(answer.get("entries", [])))
 
     def gc(self, grace_seconds: float = 3600.0):
-        from .service import GcResult
-
         return GcResult.model_validate(self._request("POST", "/gc", params={"grace": grace_seconds}))
 
     def export(self, ref: str, to: str, folder: str | Path):
         """Download the version's bundle (re-hashed) and write each normalization layer locally, as `Registry.export` does."""
-        from .service import export_layers
-
         with self._bundle(ref) as (artifact, version):
             return export_layers(artifact.manifest, list(artifact.specs), to, folder, version)
 
@@ -341,10 +328,6 @@ def _audit(e: dict) -> AuditRecord:
 
 def check_result(document: dict):
     """A CheckResult from its JSON; errors that overflowed to inf/NaN arrive as null (JSON has neither) and come back as NaN."""
-    from pydantic import ValidationError
-
-    from schemas import CheckResult
-
     document = copy.deepcopy(document)
     for _ in range(8):  # one pass per nesting of nulls is plenty; a report that still fails is returned as None
         try:

@@ -20,8 +20,10 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from schemas.errors import InputFileError, IntegrityError
+from schemas.manifest import load_manifest
 
-from .artifact import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
+from .bundle_stream import normalizer_digests
+from .manifest_io import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
 from .tar_reader import TarFormatError, read_tar
 
 CHUNK = 1 << 20
@@ -71,10 +73,6 @@ def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[tu
 
 def _normalizer_digests(manifest_path: Path) -> set[str]:
     """Digests of the normalizers' tensors; empty when the manifest is unreadable (the server reports that)."""
-    from schemas.manifest import load_manifest
-
-    from .bundle_stream import normalizer_digests
-
     try:
         return normalizer_digests(load_manifest(json.loads(manifest_path.read_text())))
     except Exception:  # noqa: BLE001 - the order is only an optimisation; the server names what is wrong

@@ -14,7 +14,7 @@ import numpy as np
 from schemas.manifest import STATISTIC_ROLES, WEIGHT_ROLES, ArtifactManifest
 from schemas.manifest_diff import ConfigChange, ManifestDiff, NormalizerChange, TensorChange
 
-from .artifact import tensor_from_blob
+from .tensor_blobs import tensor_from_blob
 
 #: Denominator floor of the relative change (a tensor entry of 0 that moves is reported relative to this).
 REL_FLOOR = 1e-12

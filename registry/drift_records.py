@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
-from registry.metadata import READ_ONLY
+from registry.db.engine import READ_ONLY
 from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftReport
 

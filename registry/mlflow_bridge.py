@@ -21,6 +21,8 @@ from typing import Any
 
 from schemas.errors import InputFileError, NormbridgeError, NotFoundError, RegistryError, ServerUnreachableError
 
+from .manifest_io import Artifact, save_artifact_folder
+
 EXPERIMENT = "normbridge"
 BUNDLE_PATH = "normbridge-artifact"
 TAG_PREFIX = "normbridge."
@@ -113,8 +115,6 @@ def version_tags(record, manifest) -> dict[str, str]:
 
 def save_version_bundle(registry, ref: str, folder: str | Path) -> Path:
     """The version's artifact folder (manifest + every blob, re-hashed on read) written to `folder`."""
-    from .artifact import Artifact, save_artifact_folder
-
     record = registry.show(ref)
     manifest = registry.manifest(f"{record.model}@{record.number}")
     get = registry.blob_reader(record)  # names the tensor when a stored blob is tampered with

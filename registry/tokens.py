@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from registry.db.models import TokenRow, utc
-from registry.metadata import READ_ONLY
+from registry.db.engine import READ_ONLY
 from schemas.errors import NotFoundError, RegistryError
 
 #: Roles in increasing order of power: each implies the ones before it.

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from registry.metadata import normalize_url
+from registry.db.engine import normalize_url
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 

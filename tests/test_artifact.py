@@ -12,15 +12,8 @@ import torch
 from onnx import helper
 
 import converters
-from registry.artifact import (
-    BLOBS_DIR,
-    MANIFEST_FILE,
-    extract_artifact,
-    load_artifact_folder,
-    save_artifact_folder,
-    specs_from_manifest,
-    tensors_from_blobs,
-)
+from registry.manifest_io import BLOBS_DIR, MANIFEST_FILE, load_artifact_folder, save_artifact_folder, specs_from_manifest, tensors_from_blobs
+from registry.artifact import extract_artifact
 from schemas import InputFileError, SpecError
 from schemas.manifest import Lineage, load_manifest, sha256_hex
 

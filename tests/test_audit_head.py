@@ -20,7 +20,8 @@ from alembic import command
 from sqlalchemy import text
 
 from registry.audit_chain import GENESIS, entry_hash, entry_payload
-from registry.metadata import MetadataStore, alembic_config, make_engine
+from registry.db.engine import alembic_config, make_engine
+from registry.metadata import MetadataStore
 from tests.cli_process import normbridge_command
 from tests.pg import fresh_database
 

@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from registry.blobstore import LocalBlobStore, open_blob_store
+from registry.blobs import open_blob_store
+from registry.blobs.local import LocalBlobStore
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from registry.blobstore import open_blob_store
-from registry.blobstore_s3 import S3BlobStore
+from registry.blobs import open_blob_store
+from registry.blobs.s3 import S3BlobStore
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 from tests import moto_server
 
@@ -37,7 +37,7 @@ def test_put_get_round_trip_with_sharded_keys_and_sha256_metadata(s3_env):
 
 
 def test_put_is_idempotent_and_does_not_resend_a_present_large_blob(s3_env):
-    from registry.blobstore_s3 import ASK_FIRST_BYTES
+    from registry.blobs.s3 import ASK_FIRST_BYTES
 
     _, bucket, client = s3_env
     store = open_blob_store(f"s3://{bucket}/p")
@@ -150,7 +150,7 @@ def test_digests_pages_through_many_blobs_and_delete_removes_them(s3_env):
 def test_open_blob_store_lists_s3_and_imports_boto3_only_for_s3(tmp_path):
     with pytest.raises(RegistryError, match="unknown scheme 'gs'; currently registered schemes are file, s3"):
         open_blob_store("gs://bucket/blobs")
-    code = ("import sys; from registry.blobstore import open_blob_store; "
+    code = ("import sys; from registry.blobs import open_blob_store; "
             f"open_blob_store({str(tmp_path)!r}).put(b'x'); assert 'boto3' not in sys.modules, 'boto3 imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 

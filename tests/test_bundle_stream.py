@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry.artifact import check_tensor_header, extract_artifact, save_artifact_folder, tensor_blob
+from registry.tensor_blobs import check_tensor_header, tensor_blob
+from registry.artifact import extract_artifact
+from registry.manifest_io import save_artifact_folder
 from registry.bundle_stream import UploadInterrupted, normalizer_digests
 from registry.client_transfer import folder_tar_chunks
 from registry.service import Registry
@@ -306,7 +308,7 @@ def test_staging_waits_while_the_window_of_queued_bytes_is_full():
 
 
 def test_a_bundle_may_leave_out_blobs_the_store_holds_when_reuse_allows_them(local, artifact_folder, tmp_path):
-    from registry.artifact import load_artifact_folder
+    from registry.manifest_io import load_artifact_folder
     from schemas.errors import NotFoundError
     from tests.test_registry_service import finetune_statistics
 

@@ -182,7 +182,8 @@ def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, 
 
 
 def test_library_client_streams_with_byte_progress_registers_folders_and_refuses_in_memory_models(served, tmp_path):
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
 
     seen: dict[str, list[tuple[int, int | None]]] = {}
 
@@ -211,7 +212,8 @@ def test_library_client_streams_with_byte_progress_registers_folders_and_refuses
 def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(served, tmp_path):
     """A fine-tune that moved only the BatchNorm statistics sends only those: the weights are cnn@1's (and any other
     blob a version this token may read holds is left out too)."""
-    from registry.artifact import extract_artifact, load_artifact_folder, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import load_artifact_folder, save_artifact_folder
     from registry.client_transfer import folder_tar_size
 
     totals: dict[str, int | None] = {}
@@ -238,7 +240,8 @@ def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(s
 def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served, tmp_path):
     import httpx
 
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
 
     carol = create_token(served.db, "carol", "write", models=["carols"])
     digests = sorted({ref.digest for ref in RemoteRegistry(served.url, served.writer).manifest("cnn@1").tensors.values()})

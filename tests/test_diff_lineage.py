@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from registry.artifact import extract_artifact, tensors_from_blobs
+from registry.artifact import extract_artifact
+from registry.manifest_io import tensors_from_blobs
 from registry.diff import diff_manifests
 from registry.lineage import LineageView, build_lineage
-from registry.metadata import VersionRecord
+from registry.entities import VersionRecord
 from schemas.manifest import STATISTIC_ROLES
 
 

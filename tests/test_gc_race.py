@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from registry.artifact import extract_artifact, save_artifact_folder
+from registry.artifact import extract_artifact
+from registry.manifest_io import save_artifact_folder
 from registry.client_transfer import folder_tar_chunks
 from registry.service import Registry
 from tests import moto_server
@@ -104,7 +105,7 @@ def test_gc_in_another_process_during_a_registration_keeps_the_blobs_it_relies_o
             runs.append(gc_process(db, blobs, grace))
 
     with monkeypatch.context() as patch:
-        patch.setattr("registry.service.fault_point", gc_beside)
+        patch.setattr("registry.service.registration.fault_point", gc_beside)
         if upload == "model":
             version = registry.register("new", model).version
         else:
@@ -143,7 +144,7 @@ def test_a_bundle_that_leaves_out_stored_blobs_keeps_them_while_the_version_hold
             runs.append(gc_process(db, blobs, "0"))
 
     with monkeypatch.context() as patch:
-        patch.setattr("registry.service.fault_point", delete_then_gc)
+        patch.setattr("registry.service.registration.fault_point", delete_then_gc)
         version = registry.register_stream("new", io.BytesIO(slim), 1 << 30,
                                            reuse=lambda digests: digests & registry.meta.referenced_digests()).version
     assert set(runs[0]["deleted"]) & digests_of(version) == set()

@@ -61,7 +61,8 @@ def tar_folder(folder: Path) -> bytes:
 
 
 def bundle_of(model, folder: Path) -> bytes:
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
 
     return tar_folder(save_artifact_folder(extract_artifact(model), folder / f"artifact-{os.urandom(4).hex()}"))
 
@@ -180,7 +181,7 @@ def test_upload_registers_201_then_200_for_identical_content_and_every_read_work
 
 
 def test_onnx_upload_and_bundle_download_round_trip(env, registered):
-    from registry.artifact import load_artifact_folder
+    from registry.manifest_io import load_artifact_folder
 
     writer, reader, root = env["clients"]["writer"], env["clients"]["reader"], env["root"]
     created = writer.post("/api/v1/models/bn-onnx/versions", params={"format": "onnx"}, content=onnx_bytes())

@@ -73,7 +73,7 @@ def test_push_registers_versions_with_normbridge_tags_and_a_bundle_that_loads_to
                                                                                                   monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from registry.artifact import load_artifact_folder
+    from registry.manifest_io import load_artifact_folder
 
     registry = Registry(db=store["db"], blobs=store["blobs"], user="tester")
     model = trained_cnn()

@@ -29,7 +29,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from registry.artifact import extract_artifact, save_artifact_folder
+from registry.artifact import extract_artifact
+from registry.manifest_io import save_artifact_folder
 from registry.service import Registry
 from schemas.errors import CheckFailedError, InputFileError, SpecError
 from tests.cli_process import normbridge_command
@@ -163,7 +164,7 @@ def test_a_bundle_listing_normalizer_state_without_its_normalizers_is_refused(lo
 
 
 def test_the_gate_refuses_fewer_checks_than_normalization_layers(artifact_folder):
-    from registry.artifact import load_artifact_folder
+    from registry.manifest_io import load_artifact_folder
     from registry.coverage import check_registrable
 
     artifact = load_artifact_folder(artifact_folder)

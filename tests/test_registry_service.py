@@ -234,7 +234,8 @@ def test_a_failing_equivalence_check_stores_nothing_and_names_the_layer(sqlite_r
 def _bad_inputs(tmp_path: Path) -> dict:
     """name -> (what to register, the error type it must raise)."""
 
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
 
     cases = {}
     folder = save_artifact_folder(extract_artifact(trained_cnn(seed=3)), tmp_path / "artifact")

@@ -237,7 +237,8 @@ def bundle_body(seed: int, folder: Path) -> bytes:
     """An artifact bundle (10 BatchNorm layers, ~32 MB) as `normbridge --server URL register FOLDER` sends it."""
     import onnx
 
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
     from registry.client_transfer import folder_tar_chunks
 
     model = onnx.load_from_string(bn_onnx_bytes(seed, channels=200_000, layers=10))

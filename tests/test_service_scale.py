@@ -227,7 +227,8 @@ def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tm
     in and stage its blobs in the shared bucket; one creates the version, the other answers with it."""
     import onnx
 
-    from registry.artifact import extract_artifact, save_artifact_folder
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import save_artifact_folder
     from registry.client import RemoteRegistry
     from registry.service import Registry
 
@@ -254,7 +255,7 @@ def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tm
         assert registry.verify(rerun_checks=False).passed
         referenced = {ref.digest for ref in registry.manifest("streamed@1").tensors.values()}
         assert referenced == set(registry.store.digests())  # each blob once in the bucket, nothing else
-        from registry.artifact import load_artifact_folder
+        from registry.manifest_io import load_artifact_folder
 
         sent = load_artifact_folder(folder)
         with RemoteRegistry(servers[1].url, tokens[1]) as remote:  # the bundle download is re-hashed by the client

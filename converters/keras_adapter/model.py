@@ -14,6 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
+from .artifact_contents import keras_contents
 from .runtime import import_keras
 
 
@@ -76,6 +77,9 @@ class KerasModelAdapter(ModelAdapter):
 
     def describe(self, model: Any) -> str:
         return f"keras '{model.name}'"
+
+    def artifact_contents(self, model: Any):
+        return keras_contents(model, self.norm_layers(model))
 
     # -- porting ---------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 
 - `loading`: model files without executing code; `walking`: a model's normalization layers;
 - `inspection`, `hazards`: every layer with its spec, mode, statistics and hazards;
-- `porting`: normalization state between twin models;
+- `porting`: normalization state between twin models; `artifact`: what the registry stores of a model;
 - `serving/`: export for serving (`export`), the serving contract (`contract`), the inputs both replay (`samples`);
 - `monitoring/`: drift against the running statistics (`drift`), recalibration (`recalibration`).
 

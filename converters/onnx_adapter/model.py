@@ -73,6 +73,11 @@ class OnnxModelAdapter(ModelAdapter):
     def describe(self, model: Any) -> str:
         return f"onnx '{model.graph.name or 'graph'}'"
 
+    def artifact_contents(self, model: Any):
+        from .artifact_contents import onnx_contents
+
+        return onnx_contents(model)
+
     # -- running and serving ---------------------------------------------------------------
 
     def input_specs(self, model: Any):

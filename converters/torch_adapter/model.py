@@ -13,7 +13,7 @@ from schemas.atomic_io import atomic_write_bytes
 
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import exported_program, onnx_export, porting, running, statistics
+from . import artifact_contents, exported_program, onnx_export, porting, running, statistics
 
 
 def _load_pt2(path: Path) -> Any:
@@ -83,6 +83,11 @@ class TorchModelAdapter(ModelAdapter):
 
     def describe(self, model: Any) -> str:
         return f"torch {type(model).__name__}"
+
+    def artifact_contents(self, model: Any):
+        if exported_program.is_exported_program(model):
+            return artifact_contents.program_contents(model)
+        return artifact_contents.module_contents(model, self.norm_layers(model))
 
     # -- porting ---------------------------------------------------------------------------
 

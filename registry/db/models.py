@@ -1,7 +1,7 @@
 """Declarative rows of the registry, each converting itself to the frozen record callers see.
 
 As in MLflow's `dbmodels`, rows never leave the store: `to_record()` turns one into the
-dataclass of registry/metadata.py. Times are stored as naive UTC and returned timezone-aware.
+dataclass of registry/entities.py. Times are stored as naive UTC and returned timezone-aware.
 The tables are created by registry/migrations (Alembic), never by `create_all`.
 """
 
@@ -20,6 +20,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from registry.entities import AliasRecord, AuditRecord, VersionRecord
 
 
 def utc(at: datetime) -> datetime:
@@ -66,13 +68,11 @@ class VersionRow(Base):
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
 
-    def to_record(self, parent: str | None = None, *, with_manifest: bool = True):
+    def to_record(self, parent: str | None = None, *, with_manifest: bool = True) -> VersionRecord:
         """The VersionRecord; `parent` ('name@N') is passed in because it lives in another row.
 
         `with_manifest=False` leaves `manifest` empty (for rows loaded with the column deferred).
         """
-        from registry.metadata import VersionRecord
-
         return VersionRecord(
             model=self.model.name,
             number=self.number,
@@ -111,9 +111,7 @@ class AliasRow(Base):
     model: Mapped[ModelRow] = relationship(lazy="joined")
     version: Mapped[VersionRow] = relationship(lazy="joined")
 
-    def to_record(self):
-        from registry.metadata import AliasRecord
-
+    def to_record(self) -> AliasRecord:
         return AliasRecord(
             model=self.model.name,
             alias=self.alias,
@@ -138,9 +136,7 @@ class AliasHistoryRow(Base):
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
 
-    def to_record(self):
-        from registry.metadata import AliasRecord
-
+    def to_record(self) -> AliasRecord:
         return AliasRecord(
             model=self.model.name, alias=self.alias, number=self.number, moved_at=utc(self.moved_at), user=self.user
         )
@@ -162,9 +158,7 @@ class AuditRow(Base):
     prev_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     hash: Mapped[str] = mapped_column(String(64), nullable=False)
 
-    def to_record(self):
-        from registry.metadata import AuditRecord
-
+    def to_record(self) -> AuditRecord:
         return AuditRecord(
             seq=self.seq,
             at=utc(self.at),
@@ -176,8 +170,6 @@ class AuditRow(Base):
             prev_hash=self.prev_hash,
             hash=self.hash,
         )
-
-    to_entity = to_record
 
 
 class TokenRow(Base):

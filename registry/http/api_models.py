@@ -1,19 +1,20 @@
 """Pydantic models of every JSON body the API sends or accepts, so /openapi.json describes it exactly.
 
-Records (frozen dataclasses of registry.metadata) become these models with `from_attributes`;
+Records (frozen dataclasses of registry/entities.py) become these models with `from_attributes`;
 results that already are pydantic models (CheckResult, ManifestDiff, LineageView, GcResult) are reused.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from registry.drift_records import DriftRecord
+from registry.entities import AuditRecord
 from registry.lineage import LineageView
-from registry.service import GcResult, VerifyProblem
+from registry.service.results import GcResult, VerifyProblem
 from schemas.check_result import CheckResult
 from schemas.manifest_diff import ManifestDiff
 
@@ -54,16 +55,9 @@ class Alias(_Record):
     user: str
 
 
-class AuditEntry(_Record):
-    seq: int
-    at: datetime
-    user: str
-    action: str
-    model: str | None
-    number: int | None
-    detail: dict[str, Any]
-    prev_hash: str
-    hash: str
+#: The audit entry as the API sends it: AuditRecord's own fields (one declaration of an audit entry, registry/entities.py).
+AuditEntry = create_model("AuditEntry", __base__=_Record,
+                          **{name: (kind, ...) for name, kind in get_type_hints(AuditRecord).items()})
 
 
 class VersionList(BaseModel):

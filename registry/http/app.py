@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from fastapi import FastAPI
 
+from registry.service import Registry
 from registry.tokens import TokenStore
 from registry.web import install as install_web_pages
 
@@ -72,8 +73,6 @@ def _declare_guard_in_openapi(app: FastAPI) -> None:
 
 def app_from_env() -> FastAPI:
     """Factory for uvicorn workers: the app of NORMBRIDGE_DB / NORMBRIDGE_BLOBS and the serve options in the environment."""
-    from registry.service import Registry
-
     insecure = os.environ.get(INSECURE_ENV) == "1"
     if insecure and not is_loopback(os.environ.get(HOST_ENV, "")):
         raise RuntimeError(f"{INSECURE_ENV}=1 is only allowed with a loopback {HOST_ENV}; anonymous admin access must stay on this machine.")

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from registry.artifact import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
+from registry.manifest_io import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
 from schemas.errors import IntegrityError
 from schemas.manifest import load_manifest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from registry.metadata import split_ref
+from registry.entities import split_ref
 
 from .api_models import ErrorResponse
 from .auth import Principal

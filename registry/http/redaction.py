@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from registry.lineage import LineageView
-from registry.metadata import AuditRecord, VersionRecord, split_ref
+from registry.entities import AuditRecord, VersionRecord, split_ref
 
 from .auth import Principal
 

@@ -11,6 +11,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from registry.drift_records import drift_reports
+from registry.service.results import VerifyResult
+
 from .api_models import (Alias, AuditEntry, AuditHeadOut, AuditOut, DriftList, Health, LineageView, ManifestDiff, ModelSummary, Version,
                          VersionList, VerifyOut)
 from .auth import Principal, require
@@ -97,8 +100,6 @@ def verify(request: Request, principal: Reader,
 
 def _verify_scope(registry, principal: Principal, check: bool):
     """verify() over every version of the caller's models, merged (the audit chain is checked once)."""
-    from registry.service import VerifyResult
-
     merged = {"versions": [], "blobs_checked": 0, "checks_run": 0, "audit_entries": 0, "problems": []}
     audit_seen = False
     for name, _, _ in registry.models():
@@ -140,6 +141,4 @@ def audit(request: Request, principal: Reader, model: Annotated[str | None, Quer
             summary="Recorded drift checks of a version, newest first")
 def drift(name: str, ref: str, request: Request, principal: Reader) -> DriftList:
     principal.check("read", name)
-    from registry.drift_records import drift_reports
-
     return DriftList(reports=drift_reports(registry_for(request, principal), version_ref(name, ref)))

@@ -12,7 +12,7 @@ from alembic import context
 from sqlalchemy import text
 
 from registry.db.models import Base
-from registry.metadata import make_engine
+from registry.db.engine import make_engine
 
 #: pg_advisory_xact_lock key of schema migrations (any constant shared by all processes).
 MIGRATION_LOCK_KEY = 7_262_401_845

@@ -10,8 +10,10 @@ from urllib.parse import quote, urlencode
 
 import numpy as np
 
+from converters.models.inspection import inspect_model
 from registry.http.redaction import Redactor
-from schemas.manifest import load_manifest
+from registry.tensor_blobs import tensor_from_blob
+from schemas.manifest import TensorRef, load_manifest
 
 from .svg import ChannelMovement, GraphNode, lineage_svg, movement_svg, threshold_bars_svg
 
@@ -93,8 +95,6 @@ def _momentum(spec: dict) -> str:
 
 def layer_rows(registry, record) -> list[dict]:
     """Every normalization layer of a version: settings, mode, statistics summary and hazards (from the stored specs)."""
-    from converters.models.inspection import inspect_model
-
     manifest = load_manifest(record.manifest)
     specs = registry.specs(record.ref)  # re-hashes every blob it reads: tampered bytes are never shown
     rows = []
@@ -160,13 +160,10 @@ def lineage_graph(view, redactor: Redactor) -> tuple[str, list[dict], int]:
 
 
 def _statistics(registry, record, entry) -> tuple[np.ndarray, np.ndarray] | None:
-    from registry.artifact import tensor_from_blob
-
     manifest_tensors = record.manifest.get("tensors", {})
     names = entry.get("tensors", {})
     if "running_mean" not in names or "running_var" not in names:
         return None
-    from schemas.manifest import TensorRef
 
     arrays = []
     for role in ("running_mean", "running_var"):

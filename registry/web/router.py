@@ -19,10 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from registry.http.auth import Principal
+from registry.drift_records import drift_reports
+from registry.http.auth import Principal, principal_from_token
 from registry.http.errors import ApiError, error_body, status_for
 from registry.http.redaction import Redactor
-from registry.metadata import split_ref
+from registry.entities import split_ref
 from schemas.errors import NormbridgeError
 
 from . import pages
@@ -133,8 +134,6 @@ def login_form(request: Request, next: str = "/ui/") -> HTMLResponse:
 @router.post("/ui/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
     """Check the token like the API would, then keep it in the session cookie (never echoed into a page)."""
-    from registry.http.auth import principal_from_token
-
     request.state.web_principal = None
     form = await read_form(request)
     target = safe_next(form.get("next"))
@@ -224,8 +223,6 @@ def diff_page(request: Request, principal: Principal, a: str, b: str) -> HTMLRes
 @router.get("/ui/models/{name}/versions/{ref}/drift", response_class=HTMLResponse)
 @page
 def drift_page(request: Request, principal: Principal, name: str, ref: str) -> HTMLResponse:
-    from registry.drift_records import drift_reports
-
     registry, record = _shown(request, principal, name, ref)
     reports = drift_reports(registry, record.ref)
     latest = reports[0] if reports else None

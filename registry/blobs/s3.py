@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 
 from schemas.errors import NotFoundError, RegistryError
 
-from .blobstore import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
+from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
 
 ENDPOINT_ENV = "NORMBRIDGE_S3_ENDPOINT"
 DEFAULT_MULTIPART_THRESHOLD = 64 * 1024 * 1024

@@ -1,0 +1,72 @@
+"""What a whole model holds, as the registry stores it: every tensor, and per normalization layer its spec and holders.
+
+`ModelAdapter.artifact_contents` returns a `ModelContents`: each tensor under the framework's own
+name (torch state_dict keys, Keras variable paths, ONNX initializer names) with the layer it
+belongs to, and for each normalization layer its spec and, per spec tensor, the model tensor that
+should hold the same bytes (`candidates`). The registry turns this into a manifest and blobs
+(registry/artifact.py); nothing here knows about either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas import NormSpec
+
+#: Spec tensor name -> the short names a framework gives the tensor holding it.
+NAME_HINTS: dict[str, tuple[str, ...]] = {
+    "scale": ("weight", "gamma", "scale"),
+    "bias": ("bias", "beta"),
+    "running_mean": ("running_mean", "moving_mean"),
+    "running_var": ("running_var", "moving_variance"),
+    "num_batches_tracked": ("num_batches_tracked",),
+}
+
+
+@dataclass(frozen=True)
+class ModelTensor:
+    """One tensor of the model, under the framework's name for it; `layer`: the layer path it belongs to, if any."""
+
+    name: str
+    array: np.ndarray
+    layer: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelNormalizer:
+    """One normalization layer: its spec (named by its path) and spec tensor name -> model tensor name to hold it."""
+
+    path: str
+    spec: NormSpec
+    candidates: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ModelContents:
+    """Everything of a model an artifact stores; `sites` is how many normalization layers the reader found (each
+    must become a normalizer, or the registry's gate refuses the model); `mode` None: told by the specs' training flags."""
+
+    framework: str
+    format: str
+    tensors: list[ModelTensor] = field(default_factory=list)
+    normalizers: list[ModelNormalizer] = field(default_factory=list)
+    sites: int = 0
+    mode: str | None = None
+
+
+def hinted(prefix: str, names: list[str], separator: str) -> dict[str, str]:
+    """Spec tensor name -> the tensor among `names` under `prefix` whose short name is a hint for it."""
+    found: dict[str, str] = {}
+    for name in names:
+        if prefix and not name.startswith(prefix + separator):
+            continue
+        short = name[len(prefix) + 1 :] if prefix else name
+        for spec_name, hints in NAME_HINTS.items():
+            if short in hints and spec_name not in found:
+                found[spec_name] = name
+    return found
+
+
+__all__ = ["NAME_HINTS", "ModelContents", "ModelNormalizer", "ModelTensor", "hinted"]

@@ -1,0 +1,29 @@
+"""What the registry stores of a whole model, from a model object or file, through the model's adapter.
+
+Framework-neutral: the framework that owns the model (an ExportedProgram is torch's) reads it with
+its `ModelAdapter.artifact_contents`; files are loaded first without executing code from them
+(`loading.load_model`). The registry turns the contents into a manifest and blobs (registry/artifact.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from schemas import InputFileError, NormSpec
+
+from ..adapters import REGISTRY
+from ..model_contents import ModelContents
+from .loading import load_model
+
+
+def model_contents(model: Any) -> ModelContents:
+    """The contents of a torch nn.Module, ExportedProgram, keras.Model, onnx.ModelProto, or a model file (.pt2, .keras, .onnx)."""
+    if isinstance(model, (str, Path)):
+        model = load_model(Path(model))
+    if isinstance(model, NormSpec):
+        raise InputFileError("got a single-layer spec folder; register a whole model (.pt2, .keras, .onnx, a torch module or an artifact folder).")
+    return REGISTRY.model_adapter_of(model).artifact_contents(model)
+
+
+__all__ = ["model_contents"]

@@ -1,0 +1,74 @@
+"""The contents of a torch model for an artifact: an nn.Module by its state_dict, an ExportedProgram by its state and aten ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from schemas import InputFileError, NormbridgeError, UnsupportedObjectError
+from schemas.layer_errors import read_layer
+
+from ..adapters import REGISTRY
+from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hinted
+from ..model_values import NormLayerRef
+from ..models.walking import spec_of
+from .exported_program import exported_specs
+
+#: The normalization module classes a walk must have read, or the model is refused (they would pass unchecked).
+_NORM_MODULES = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.RMSNorm)
+
+
+def torch_array(tensor: Any, name: str) -> np.ndarray:
+    """The tensor as NumPy (no copy; the registry copies); bfloat16, which NumPy cannot hold exactly, is refused."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        raise InputFileError(f"tensor '{name}' is bfloat16, which NumPy (and so an artifact) cannot hold exactly; convert the model to float32 first.")
+    return tensor.numpy()
+
+
+def _tensors(state: dict[str, Any]) -> list[ModelTensor]:
+    return [ModelTensor(name, torch_array(tensor, name), name.rpartition(".")[0] or None) for name, tensor in state.items()]
+
+
+def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelContents:
+    """An nn.Module whose normalization layers the walk found as `refs`; each spec tensor is looked for under its layer."""
+    refuse_unread_layers(module, refs)
+    specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
+    tensors = _tensors(module.state_dict(keep_vars=False))
+    names = list(dict.fromkeys(t.name for t in tensors))
+    normalizers = []
+    for ref, spec in specs:
+        prefix = "" if ref.obj is module else ref.path  # a bare layer: its state_dict keys have no prefix
+        normalizers.append(ModelNormalizer(ref.path, spec, hinted(prefix, names, ".")))
+    return ModelContents("torch", "torch-module", tensors, normalizers, sites=len(refs))
+
+
+def refuse_unread_layers(module: torch.nn.Module, refs: list[NormLayerRef]) -> None:
+    """A normalization module the walker passed over (SyncBatchNorm, a lazy or custom BatchNorm) refuses the model, naming
+    it and why: registered, it would pass the gate unchecked."""
+    read = {id(ref.obj) for ref in refs}
+    for path, sub in module.named_modules():
+        if isinstance(sub, _NORM_MODULES) and id(sub) not in read:
+            try:
+                REGISTRY.framework("torch").kind_of(sub)
+                reason = f"normbridge did not read this {type(sub).__name__}"
+            except NormbridgeError as error:
+                reason = error.message
+            raise UnsupportedObjectError(f"{reason.rstrip('.')}; a model is registered only when each of its normalization layers is checked.",
+                                         layer=path or type(sub).__name__)
+
+
+def program_contents(program: Any) -> ModelContents:
+    """An ExportedProgram: its parameters, buffers and tensor constants; each layer's tensors are looked for under its name."""
+    specs = read_layer(lambda: exported_specs(program), None)  # refuses a layer it cannot read, naming it
+    state = dict(program.state_dict)
+    state.update({name: value for name, value in program.constants.items() if hasattr(value, "detach")})
+    tensors = _tensors(state)
+    names = list(dict.fromkeys(t.name for t in tensors))
+    normalizers = [ModelNormalizer(spec.name, spec, hinted(spec.name, names, ".")) for spec in specs]
+    return ModelContents("torch", "pt2", tensors, normalizers, sites=len(specs))
+
+
+__all__ = ["module_contents", "program_contents", "refuse_unread_layers", "torch_array"]

@@ -1,0 +1,119 @@
+"""The blob store contract: bytes in, sha256 out, never served unless they still hash right.
+
+`BlobStore` is what every store implements (registry/blobs/local.py, registry/blobs/s3.py); the
+URI-scheme table that picks one is registry/blobs/__init__.py, so the base and the stores never
+import each other (as MLflow keeps artifact_repository_registry apart from the repositories).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from schemas.errors import IntegrityError, RegistryError
+
+HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def sha256_hex(data: bytes) -> str:
+    """The digest every blob is addressed by."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_digest(digest: str) -> str:
+    """Refuse anything that is not a lowercase sha256 hex string (it becomes a file path)."""
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= HEX_DIGITS:
+        raise RegistryError(
+            f"blob digest {digest!r} is not a sha256 hex string; expected 64 lowercase hex digits as returned by put()"
+        )
+    return digest
+
+
+class BlobStore(abc.ABC):
+    """Immutable, content-addressed bytes. `uri` names the store (what `open_blob_store` accepts)."""
+
+    uri: str
+    #: How many blobs a registration stages, or a bundle download reads ahead, at once (a network store overlaps round
+    #: trips; a disk does not gain).
+    parallel_transfers: int = 1
+
+    @abc.abstractmethod
+    def put(self, data: bytes) -> str:
+        """Store `data` atomically (idempotent) and return its sha256 hex digest."""
+
+    @abc.abstractmethod
+    def get(self, digest: str) -> bytes:
+        """The bytes of `digest`, re-hashed: IntegrityError if they changed, NotFoundError if absent."""
+
+    @abc.abstractmethod
+    def exists(self, digest: str) -> bool:
+        """Whether a blob is stored under `digest` (not re-hashed)."""
+
+    @abc.abstractmethod
+    def delete(self, digest: str) -> None:
+        """Remove a blob (garbage collection only); absent blobs are not an error."""
+
+    @abc.abstractmethod
+    def digests(self) -> Iterator[str]:
+        """Every stored digest, in no particular order."""
+
+    @abc.abstractmethod
+    def size(self, digest: str) -> int:
+        """Stored size in bytes (NotFoundError if absent)."""
+
+    @abc.abstractmethod
+    def age_seconds(self, digest: str) -> float:
+        """Seconds since the blob was written (gc keeps young unreferenced blobs: a registration may be in flight)."""
+
+    def head_of(self, digest: str, size: int) -> tuple[bytes, int]:
+        """(the first `size` bytes of the blob, its whole length), not re-hashed: enough to read a file header."""
+        data = self.get(digest)
+        return data[:size], len(data)
+
+    def verified(self, digest: str, data: bytes) -> bytes:
+        """`data` if it still hashes to `digest`; IntegrityError otherwise (tampered bytes are never served)."""
+        actual = sha256_hex(data)
+        if actual != digest:
+            raise IntegrityError(
+                f"blob {digest} in {self.uri} now hashes to {actual}: its bytes were modified or corrupted, "
+                "so it is not served; restore it from a backup or re-register the version"
+            )
+        return data
+
+    # Staging lets a registration write its bytes while the equivalence gate runs and publish them
+    # only if it passes. The default stages in memory; the local store writes hidden synced files;
+    # S3 writes the object at once (see registry/blobs/s3.py). Either way no version references a blob
+    # before the commit, so a refused registration's blobs are unreachable, and gc removes them.
+
+    def stage(self, data: bytes, digest: str | None = None) -> "StagedBlob":
+        """Prepare `data` for publishing; returns the staged blob. `digest`, when given, is sha256(data) as the caller
+        computed it (a registration hashes every blob once, on arrival)."""
+        return StagedBlob(digest=digest or sha256_hex(data), data=data)
+
+    def publish(self, staged: "StagedBlob") -> str:
+        """Make a staged blob visible (atomic, idempotent); returns its digest."""
+        return staged.digest if staged.data is None else self.put(staged.data)
+
+    def discard(self, staged: "StagedBlob") -> None:
+        """Forget a staged blob that will not be published."""
+
+    def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
+        """Remove staged leftovers of crashed writers older than the given age; returns how many.
+
+        `keep(start)` is asked about each leftover with the start of the digest it is being written as (as much as
+        its name tells, the whole digest on S3) and keeps it when True: gc keeps what leased digests are being
+        written as (registry/blob_leases.py), whatever their age.
+        """
+        return 0
+
+
+@dataclass
+class StagedBlob:
+    """Bytes on their way into a store: in memory, or a written and synced temporary file."""
+
+    digest: str
+    data: bytes | None = None
+    temporary: Path | None = None

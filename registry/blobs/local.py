@@ -1,0 +1,150 @@
+"""The local blob store: read-only files sharded by the first two hex digits ('ab/cdef...').
+
+Sharding as git's object store does, so no folder grows past a few thousand entries; every write
+is temp file + fsync + rename, so a blob appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from schemas.errors import NotFoundError
+
+from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
+
+
+class LocalBlobStore(BlobStore):
+    """Blobs as read-only files 'ab/cdef...' under `root`, written by temp file + fsync + rename."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.uri = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalBlobStore({str(self.root)!r})"
+
+    def path_of(self, digest: str) -> Path:
+        """Where `digest` lives (whether or not it exists)."""
+        check_digest(digest)
+        return self.root / digest[:2] / digest[2:]
+
+    def put(self, data: bytes) -> str:
+        # Stage then publish: temp file, fsync, read-only, rename, fsync the folder. Another writer
+        # may have renamed the same bytes in between: replacing it is harmless.
+        return self.publish(self.stage(data))
+
+    def stage(self, data: bytes, digest: str | None = None) -> StagedBlob:
+        """Write and fsync a hidden temporary file next to the blob's final place (not yet a blob)."""
+        digest = digest or sha256_hex(data)
+        target = self.path_of(digest)
+        if target.exists():
+            return StagedBlob(digest=digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return StagedBlob(digest=digest, temporary=Path(temporary))
+
+    def publish(self, staged: StagedBlob) -> str:
+        if staged.temporary is None:
+            return super().publish(staged)
+        target = self.path_of(staged.digest)
+        try:
+            os.replace(staged.temporary, target)
+        except BaseException:
+            staged.temporary.unlink(missing_ok=True)
+            raise
+        _fsync_folder(target.parent)
+        return staged.digest
+
+    def discard(self, staged: StagedBlob) -> None:
+        if staged.temporary is not None:
+            staged.temporary.unlink(missing_ok=True)
+
+    def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
+        removed = 0
+        now = time.time()
+        for shard in self.root.iterdir():
+            if not shard.is_dir():
+                continue
+            for entry in shard.glob(".*.tmp"):
+                if keep is not None and keep(shard.name + entry.name[1:9]):  # '.{digest[2:10]}.*.tmp' (see stage)
+                    continue
+                try:
+                    if now - entry.stat().st_mtime >= older_than_seconds:
+                        entry.unlink()
+                        removed += 1
+                except FileNotFoundError:
+                    continue
+        return removed
+
+    def get(self, digest: str) -> bytes:
+        path = self.path_of(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
+            ) from None
+        return self.verified(digest, data)
+
+    def head_of(self, digest: str, size: int) -> tuple[bytes, int]:
+        try:
+            with open(self.path_of(digest), "rb") as handle:
+                return handle.read(size), os.fstat(handle.fileno()).st_size
+        except FileNotFoundError:
+            raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc") from None
+
+    def exists(self, digest: str) -> bool:
+        return self.path_of(digest).is_file()
+
+    def delete(self, digest: str) -> None:
+        self.path_of(digest).unlink(missing_ok=True)
+
+    def digests(self) -> Iterator[str]:
+        for shard in sorted(self.root.iterdir()):
+            if len(shard.name) != 2 or not shard.is_dir() or not set(shard.name) <= HEX_DIGITS:
+                continue
+            for entry in shard.iterdir():
+                name = shard.name + entry.name
+                if len(name) == 64 and set(name) <= HEX_DIGITS:
+                    yield name
+
+    def _stat(self, digest: str) -> os.stat_result:
+        try:
+            return self.path_of(digest).stat()
+        except FileNotFoundError:
+            raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; check the digest") from None
+
+    def size(self, digest: str) -> int:
+        return self._stat(digest).st_size
+
+    def age_seconds(self, digest: str) -> float:
+        return max(0.0, time.time() - self._stat(digest).st_mtime)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)

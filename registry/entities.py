@@ -1,0 +1,74 @@
+"""The records the registry hands out, and how a reference to a version is parsed.
+
+As `mlflow/entities` sits below both the database rows and the store that returns them, these
+frozen dataclasses sit below registry/db/models.py (whose rows build them with `to_record()`),
+registry/metadata.py (which returns them) and the HTTP models (which validate them), so none of
+those import each other to name a record. Times are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from schemas.errors import RegistryError
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One immutable version of a model: its artifact digest, manifest and lineage."""
+
+    model: str
+    number: int
+    digest: str
+    content_digest: str
+    manifest: dict
+    parent: str | None  # "name@N"
+    operation: str
+    note: str | None
+    created_at: datetime
+    user: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.number}"
+
+
+@dataclass(frozen=True)
+class AliasRecord:
+    """Where `model@alias` points (or pointed, in the alias history)."""
+
+    model: str
+    alias: str
+    number: int
+    moved_at: datetime
+    user: str
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One entry of the hash-chained audit log (registry/audit_chain.py says what its hash covers)."""
+
+    seq: int
+    at: datetime
+    user: str
+    action: str
+    model: str | None
+    number: int | None
+    detail: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """'name@N' / 'name@alias' / 'name' -> (name, suffix or None)."""
+    name, at, suffix = ref.rpartition("@")
+    if not at:
+        return ref, None
+    if not name or not suffix:
+        raise RegistryError(f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N' or 'NAME@ALIAS'")
+    return name, suffix
+
+
+__all__ = ["AliasRecord", "AuditRecord", "VersionRecord", "split_ref"]

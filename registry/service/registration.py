@@ -1,0 +1,233 @@
+"""Registering a model: extract, lease, stage while the equivalence gate runs, publish, then ONE commit.
+
+Registration order is what makes a crash harmless: every blob is staged while the gate runs
+(hidden files locally; on S3 written at once, hashed first), published if the gate passes (atomic,
+idempotent), then one transaction assigns the version number. A crash or a refusal before the
+commit leaves only unreferenced blobs (and staging files), which `gc` removes after a grace
+period; a crash after it leaves a whole version. Before it looks at the store, a registration
+leases the digests it relies on, so gc (in any process) keeps them until the commit
+(registry/blob_leases.py). Every refusal is audited as 'register_failed'.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, get_args
+
+import converters
+from schemas import CheckResult
+from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, NotFoundError, PayloadTooLargeError, RegistryError
+from schemas.manifest import Lineage, Operation
+
+from ..artifact import extract_artifact
+from ..blob_leases import BlobLeases
+from ..blobs.base import BlobStore
+from ..bundle_stream import UploadInterrupted, receive_bundle
+from ..coverage import check_registrable
+from ..faults import fault_point
+from ..metadata import MetadataStore
+from .results import Registration
+
+#: progress(step, done, total): called as a registration advances (the CLI draws a bar from it).
+Progress = Callable[[str, int, int], None]
+
+#: The lineage operations a version may record (the manifest's Operation).
+OPERATIONS: tuple[str, ...] = get_args(Operation)
+#: What a model name and an alias may be.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def first_failure(result: CheckResult) -> str:
+    """The reason a CheckResult failed, in one clause."""
+    if result.errors:
+        return result.errors[0]
+    for t in result.targets:
+        if t.status == "failed":
+            return f"{t.framework}: {t.reason or 'failed'}"
+    for o in result.outputs:
+        if not o.passed:
+            return f"eval {o.framework} max abs error {o.max_abs_error:.3e} exceeds atol {o.atol:g}"
+    for s in result.training_step:
+        if not s.passed:
+            return f"training step on {s.framework} moved the running statistics differently from the reference"
+    return "no target could express the layer"
+
+
+class Registrations:
+    """The registering half of `Registry` (registry/service/__init__.py), on its stores and as its user."""
+
+    store: BlobStore
+    meta: MetadataStore
+    leases: BlobLeases
+    user: str
+
+    def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
+                 progress: Progress | None = None) -> Registration:
+        """Register `model` as the next version of `name`, only if every normalizer passes the equivalence check.
+
+        `model` is a torch module / ExportedProgram, keras.Model, onnx.ModelProto, or a path (.pt2, .keras, .onnx,
+        or a saved artifact folder). Identical content returns the existing version (created=False). On any failure
+        no version is created and the audit log records 'register_failed' (an S3 store may keep the staged blobs,
+        referenced by nothing, until `gc`).
+
+        Raises:
+            CheckFailedError: a normalizer failed the round-trip check (names the layer and why).
+            InputFileError / SpecError: the model or its state is unreadable (corrupt file, NaN statistics, ...).
+            NotFoundError: `parent` does not exist.
+        """
+        report = progress or (lambda step, done, total: None)
+        model_input = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+        return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report))
+
+    def register_stream(self, name: str, stream: BinaryIO, limit: int, parent: str | None = None, note: str | None = None,
+                        operation: str | None = None, progress: Progress | None = None,
+                        reuse: Callable[[set[str]], set[str]] | None = None) -> Registration:
+        """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
+
+        Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as
+        the manifest and the normalizers' blobs are in (before the bulk weights have arrived when the bundle lists
+        them first, as `normbridge --server` sends it); the blobs are published and the version committed only once
+        the whole bundle has arrived and the gate has passed. Same guarantees and errors as `register`, plus
+        PayloadTooLargeError past `limit` bytes. `reuse(digests)` names the blobs the bundle may leave out because the
+        store holds them for this uploader (see bundle_stream.receive_bundle). An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
+        other upload formats, no registration was attempted.
+        """
+        report = progress or (lambda step, done, total: None)
+        return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse),
+                             unaudited=(UploadInterrupted, PayloadTooLargeError))
+
+    def _audited(self, name: str, model_input: str, register: Callable[[], Registration], unaudited: tuple = ()) -> Registration:
+        """Run a registration; a refusal is recorded in the audit log as 'register_failed' and re-raised."""
+        self._check_name(name)
+        try:
+            return register()
+        except unaudited:
+            raise
+        except NormbridgeError as error:
+            self.meta.record_failure(name, self.user, {"error": error.code, "message": str(error), "layer": error.layer,
+                                                       "model_input": model_input})
+            raise
+
+    def _register(self, name, model, parent, note, operation, report: Progress) -> Registration:
+        is_folder = isinstance(model, (str, Path)) and Path(model).is_dir()
+        parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
+        report("extracting the artifact", 0, 1)
+        artifact = extract_artifact(model, lineage)
+        items = list(artifact.blobs.items())
+        lease = self.leases.new()
+        try:
+            lease.take(digest for digest, _ in items)  # before staging looks at the store: gc keeps them from now on
+            # Blobs are staged while the gate runs and published only if it passes.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                staging = pool.submit(self._stage, items)
+                try:
+                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites)
+                except BaseException:
+                    self._discard(staging.result())
+                    raise
+                staged = staging.result()
+            return self._commit(name, artifact.manifest, checks, staged, parent_record, note, report, lease)
+        finally:
+            lease.release()
+
+    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress, reuse) -> Registration:
+        parent_record, lineage = self._lineage(name, parent, operation, imported=True)
+        report("receiving the bundle", 0, 1)
+        lease = self.leases.new()
+        try:
+            received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report), reuse,
+                                      claim=lease.take)
+            manifest = received.manifest.model_copy(update={"lineage": lineage})
+            return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease)
+        finally:
+            lease.release()
+
+    def _lineage(self, name: str, parent: str | None, operation: str | None, imported: bool):
+        """(parent record or None, Lineage): the parent is `parent`, else the latest version of `name`."""
+        parent_record = self._parent(name, parent)
+        if operation is None:
+            operation = "imported" if imported else ("registered" if parent_record is None else "fine-tuned")
+        if operation not in OPERATIONS:
+            raise RegistryError(f"operation '{operation}' is not known; use one of {', '.join(OPERATIONS)}.")
+        return parent_record, Lineage(parent=parent_record.ref if parent_record else None, operation=operation)
+
+    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress, lease) -> Registration:
+        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version (crash-safe order)
+        and ends the blob lease (registry.blob_leases.Lease.settle)."""
+        manifest = manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
+        fault_point("after_check")
+        self._publish(staged, report)
+        fault_point("after_blobs")
+        report("committing", 0, 1)
+        operation = manifest.lineage.operation
+        digests = [b.digest for b in staged]
+        record, created = self.meta.add_version(
+            name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), digests,
+            (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user,
+            guard=lambda session: lease.settle(session, self.store, digests))
+        lease.committed = True
+        fault_point("after_commit")
+        report("committed", 1, 1)
+        return Registration(version=record, created=created, checks=checks)
+
+    def _publish(self, staged: list, report: Progress) -> None:
+        for i, blob in enumerate(staged):
+            report("storing blobs", i, len(staged))
+            self.store.publish(blob)
+        report("storing blobs", len(staged), len(staged))
+
+    def _gate(self, manifest, specs, report: Progress, sites: int | None = None) -> list:
+        """converters.check on every normalizer; CheckFailedError naming the first layer that fails.
+
+        First coverage.check_registrable: every tensor record is valid and each of the `sites` normalization layers
+        the model's reader found has a spec, so none passes unchecked."""
+        check_registrable(manifest, specs, sites)
+        checks = []
+        for i, spec in enumerate(specs):
+            report(f"checking {spec.name or i}", i, len(specs))
+            result = converters.check(spec)
+            checks.append(result)
+            if not result.passed:
+                layer = manifest.normalizers[i].path if i < len(manifest.normalizers) else spec.name
+                raise CheckFailedError(
+                    f"layer '{layer}' failed the round-trip equivalence check ({first_failure(result)}); nothing was registered: "
+                    "fix the layer's state or settings and register again.", result)
+        return checks
+
+    def _stage(self, items: list[tuple[str, bytes]]) -> list:
+        """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's."""
+        staged = []
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers)) as pool:
+                for (digest, _), blob in zip(items, pool.map(lambda item: self.store.stage(item[1]), items)):
+                    staged.append(blob)
+                    if blob.digest != digest:
+                        raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
+                                             "extract it again.")
+        except BaseException:
+            self._discard(staged)
+            raise
+        return staged
+
+    def _discard(self, staged: list) -> None:
+        for blob in staged:
+            self.store.discard(blob)
+
+    def _parent(self, name: str, parent: str | None):
+        if parent is not None:
+            return self.meta.resolve(parent)
+        try:
+            return self.meta.resolve(name)
+        except NotFoundError:
+            return None
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if not NAME.match(name or ""):
+            raise RegistryError(f"model name '{name}' is not valid; use letters, digits, '.', '_' or '-' (no '@'), starting with a letter or digit.")
+
+
+__all__ = ["NAME", "OPERATIONS", "Progress", "Registrations", "first_failure"]
