@@ -71,6 +71,12 @@ class LayerGraph:
         self.emitted: list[str] = []  # spec tensors carried bit-identically
         record_layout(report, spec, "channels_first")
         self.eps = record_eps(report, spec, float32_attribute=eps_float32)
+        if spec.compute_dtype is not None:
+            if spec.compute_dtype != "float32" or spec.dtype not in ("bfloat16", "float16"):
+                raise NotExpressibleError(
+                    f"ONNX computes a {spec.dtype} layer's statistics in float32 (stash_type=1) or in its own type, not in "
+                    f"compute_dtype={spec.compute_dtype!r}; keep the layer in its source framework.", layer=spec.name, setting="compute_dtype", target="onnx")
+            report.add("compute_dtype", spec.compute_dtype, "stash_type=1", "translated", "statistics in float32")
 
     @property
     def rank(self) -> int:
