@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 from schemas import NormSpec
 from schemas.atomic_io import atomic_write_folder
@@ -174,7 +175,8 @@ def _torch_array(tensor: Any, name: str) -> np.ndarray:
 
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
-        raise InputFileError(f"tensor '{name}' is bfloat16, which NumPy (and so an artifact) cannot hold exactly; convert the model to float32 first.")
+        # NumPy holds bfloat16 through ml_dtypes; torch's .numpy() cannot make one, so the bits go through int16.
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
     return tensor.numpy()
 
 
