@@ -9,7 +9,7 @@ from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
-from ..translate import emit_momentum, estimator_matches, record_layout
+from ..translate import emit_momentum, estimator_matches, record_layout, warn_empty_batch
 from .facts import read_facts, without_training
 from .kind_adapter import KerasKindAdapter
 from .momentum import RUNNING_WEIGHT, recall_running, remember_running
@@ -82,6 +82,7 @@ class KerasBatchAdapter(KerasKindAdapter):
         if spec.frozen:
             return emit_frozen(spec, common, report)
         momentum = emit_momentum(report, spec, RUNNING_WEIGHT, options, "keras")
+        warn_empty_batch(report, spec, "keras")
         record_layout(report, spec, "channels_last")
         estimator = estimator_matches(report, spec, "biased", "keras", can_match=True, options=options)
         layer_class = UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization

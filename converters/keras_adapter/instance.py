@@ -59,7 +59,7 @@ def emit_tracked_instance(spec: NormSpec, common: dict, options: ConversionOptio
         "train the source layer instead.")
     layer = import_keras().layers.BatchNormalization(axis=-1, momentum=momentum, center=spec.bias, scale=spec.scale, **common)
     remember_running(layer, spec, report, momentum)
-    markers.remember(layer, kind="instance", variance_estimator=spec.variance_estimator)
+    markers.remember(layer, kind="instance")
     rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=3)
     return KerasInstanceAdapter().finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), BATCH_VARIABLES)
 
@@ -68,12 +68,11 @@ def read_tracked_instance(layer: Any, report: LayerReport) -> NormSpec:
     """The tracked instance spec a BatchNormalization emitted by emit_tracked_instance stands for."""
     shape = built_input_shape(layer)
     running = recall_running(layer, report, float(layer.momentum))
-    estimator = markers.recall(layer).get("variance_estimator")
     return read_facts(layer, report).spec(
         layer, "instance", {**read_variables(layer, BATCH_VARIABLES), **running.pop("tensors")},
         num_features=int(layer.moving_mean.shape[0]), spatial_rank=spatial_rank_of(layer, len(shape), 2), input_rank=len(shape),
         layout=channel_layout(layer, layer.axis, len(shape)), track_running_stats=True,
-        variance_estimator=estimator if estimator in ("biased", "unbiased") else "biased",
+        variance_estimator="biased",  # what a Keras BatchNormalization's training step uses, as for kind batch
         scale=bool(layer.scale), bias=bool(layer.center), **running)
 
 

@@ -62,7 +62,7 @@ def variable_dtype(spec: NormSpec) -> str:
 
 def layer_dtype(layer: Any) -> str:
     """The single float dtype of the layer's variables and computation; SpecError otherwise."""
-    found = sorted({str(variable.dtype) for variable in layer.weights} or {variable_dtype})
+    found = sorted({str(variable.dtype) for variable in layer.weights} or {str(layer.variable_dtype)})
     if len(found) > 1 or found[0] not in DTYPES:
         raise SpecError(
             f"the layer's variables have dtype {', '.join(found)}, expected one of {', '.join(DTYPES)}; rebuild it with dtype='float32'.",

@@ -17,7 +17,7 @@ from schemas.kinds import KIND_INFO
 
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
-from ..translate import emit_momentum, estimator_matches
+from ..translate import emit_momentum, estimator_matches, warn_empty_batch
 from . import metadata, reading
 from .layer_graph import INPUT, OUTPUT, LayerGraph, op_version
 
@@ -129,6 +129,7 @@ class OnnxBatchNorm(KindAdapter):
                 layer=spec.name, setting="training", target="onnx",
             )
         estimator_matches(report, spec, "biased", "onnx", can_match=False, options=options)
+        warn_empty_batch(report, spec, "onnx")
         if spec.training:
             report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
             report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")
