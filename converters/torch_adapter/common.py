@@ -18,7 +18,7 @@ STOCK_HOLDS = frozenset({"dtype", "compute_dtype"})
 
 def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     """A torch tensor sharing `array`'s bits; NumPy's bfloat16 (ml_dtypes) goes through a 16-bit view, which torch lacks."""
-    array = np.require(array, requirements='C')  # ascontiguousarray would make a 0-d array 1-d
+    array = np.require(array, requirements=('C', 'W'))  # ascontiguousarray would make a 0-d array 1-d; torch wants writable memory
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
