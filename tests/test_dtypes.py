@@ -225,3 +225,20 @@ def test_a_training_step_on_an_empty_batch_keeps_torch_s_statistics_and_writes_n
     assert kept == {"torch": True, "keras": False, "onnx": False}
     checked = converters.check(spec)
     assert all(any("empty batch" in w for w in t.warnings) for t in checked.targets if t.framework != "torch")
+
+
+def test_a_bfloat16_model_registers_as_an_artifact_bit_exactly(tmp_path):
+    from registry.artifact import extract_artifact, load_artifact_folder, save_artifact_folder, tensors_from_blobs
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.BatchNorm1d(8)).to(torch.bfloat16)
+    with torch.no_grad():
+        model[2].running_var.uniform_(0.5, 2.0)
+    model.eval()
+    artifact = extract_artifact(model)
+    assert {artifact.manifest.tensors[n].dtype for n in ("1.weight", "2.running_var")} == {"bfloat16"}
+    loaded = load_artifact_folder(save_artifact_folder(artifact, tmp_path / "art"))
+    arrays = tensors_from_blobs(loaded.manifest, loaded.blobs.__getitem__)
+    for name, tensor in model.state_dict().items():
+        assert tensors_identical(arrays[name], numpy_from_tensor(tensor)), name
+    assert loaded.specs == artifact.specs and all(spec.dtype == "bfloat16" for spec in loaded.specs)
