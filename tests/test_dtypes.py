@@ -242,3 +242,12 @@ def test_a_bfloat16_model_registers_as_an_artifact_bit_exactly(tmp_path):
     for name, tensor in model.state_dict().items():
         assert tensors_identical(arrays[name], numpy_from_tensor(tensor)), name
     assert loaded.specs == artifact.specs and all(spec.dtype == "bfloat16" for spec in loaded.specs)
+
+
+@pytest.mark.parametrize("kind, opset", [("instance", 21), ("group", 20), ("batch", 13)])
+def test_an_opset_whose_op_takes_no_bfloat16_is_refused_naming_dtype(kind, opset):
+    spec = make_spec(kind, dtype="bfloat16", eps=1e-5, momentum=None if kind == "instance" else 0.1)
+    with pytest.raises(NotExpressibleError) as raised:
+        converters.from_spec(spec, "onnx", opset=opset)
+    assert raised.value.setting == "dtype" and f"opset {opset}" in str(raised.value)
+    assert converters.to_spec(converters.from_spec(spec, "onnx", opset=opset + 1)).dtype == "bfloat16"
