@@ -127,6 +127,12 @@ class UnsupportedMediaTypeError(NormbridgeError):
     code = "unsupported_media_type"
 
 
+class UnrecognisedNormalizationError(NormbridgeError):
+    """A model holds layers that look like normalizations and that no recognizer proved, so the gate cannot check them."""
+
+    code = "unrecognised_normalization"
+
+
 class ServerUnreachableError(NormbridgeError):
     """The registry server did not answer (connection refused, timeout, not a normbridge server)."""
 
@@ -156,6 +162,7 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     ServerUnreachableError: 18,
     UntrustedRequestError: 19,
     UnsupportedMediaTypeError: 20,
+    UnrecognisedNormalizationError: 21,
     NormbridgeError: 9,
 }
 
@@ -176,6 +183,7 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     ServerUnreachableError: 502,
     UntrustedRequestError: 403,
     UnsupportedMediaTypeError: 415,
+    UnrecognisedNormalizationError: 422,
     NormbridgeError: 500,
 }
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from .errors import InputFileError, SpecError
 from .tensors import check_tensor_record
@@ -73,6 +73,16 @@ class Lineage(BaseModel):
     operation: Operation = Field(default="registered")
 
 
+class UnrecognisedLayer(BaseModel):
+    """A layer that looks like a normalization and that no recognizer proved: registered unchecked, by request only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1, description="Module path, Keras layer name or ONNX node name.")
+    type: str = Field(description="The layer's class (or op type), as the framework names it.")
+    reason: str = Field(description="Why it looks like a normalization and why it was not proved.")
+
+
 class ArtifactManifest(BaseModel):
     """A model version without its tensor bytes."""
 
@@ -87,6 +97,19 @@ class ArtifactManifest(BaseModel):
     lineage: Lineage = Field(default_factory=Lineage)
     equivalence: list[dict] = Field(default_factory=list, description="CheckResult JSON per normalizer.")
     note: str | None = None
+    unrecognised: list[UnrecognisedLayer] = Field(
+        default_factory=list,
+        description="Layers that look like normalizations and that no recognizer proved; a registration holds them only when "
+        "--allow-unrecognised was given, and they are left out of the document when there are none.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_unrecognised(self, handler):
+        """Manifests without unrecognised layers serialise (and so digest) exactly as before the field existed."""
+        document = handler(self)
+        if not document.get("unrecognised"):
+            document.pop("unrecognised", None)
+        return document
 
     def content_digest(self) -> str:
         """sha256 of what the model computes; lineage, equivalence report and note are left out."""

@@ -438,6 +438,19 @@ def test_tracked_instance_with_a_cumulative_average_is_still_refused():
     assert_names(info.value, "instance_norm", "momentum")
 
 
+def test_bfloat16_keras_layer_reads_bit_exactly():
+    """Spec version 2 holds bfloat16: a bf16 Keras BatchNormalization converts, its variables copied bit for bit."""
+    layer = keras.layers.BatchNormalization(dtype="bfloat16", name="bn_bf16")
+    layer.build((None, 3))
+    layer.moving_variance.assign(np.array([0.5, 2.0, 3.25], dtype="float32"))
+    spec = api.to_spec(layer)
+    assert spec.dtype == "bfloat16"
+    stored = spec.tensors["running_var"]
+    assert str(stored.dtype) == "bfloat16"
+    assert stored.tobytes() == np.asarray(layer.moving_variance.numpy()).tobytes()
+    assert stored.astype("float32").tolist() == [0.5, 2.0, 3.25]
+
+
 @pytest.mark.parametrize("dtype, spec_dtype, compute_dtype", [
     ("bfloat16", "bfloat16", None), ("mixed_float16", "float16", "float32"), ("mixed_bfloat16", "bfloat16", "float32"),
 ])
