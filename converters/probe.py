@@ -15,6 +15,10 @@ SPATIAL_EXTENT = (5, 4, 3)
 
 def probe_shape(spec: NormSpec, batch: int = PROBE_BATCH) -> tuple[int, ...]:
     """Channels-first probe shape for channel kinds; (batch, 3, *normalized_shape) for layer/rms."""
+    if KIND_INFO[spec.kind].trailing and spec.layout == "channels_first":
+        # A layer norm over the channel axis (ConvNeXt): (N, C, *spatial), spatial from the input rank (2 by default).
+        spatial = (spec.input_rank or 4) - 2
+        return (batch,) + tuple(spec.normalized_shape) + SPATIAL_EXTENT[:spatial]
     if KIND_INFO[spec.kind].trailing:
         if spec.input_rank == len(spec.normalized_shape):
             return tuple(spec.normalized_shape)  # every axis normalised (ONNX axis=0): no batch axis to add

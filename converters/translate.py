@@ -75,6 +75,19 @@ def estimator_matches(report: LayerReport, spec: NormSpec, target_estimator: str
     return target_estimator
 
 
+#: What a training step on an empty batch does to the running statistics, per framework (checked: tests/test_dtypes.py).
+EMPTY_BATCH = {"torch": "keeps them", "keras": "writes NaN into them", "onnx": "writes NaN into them (onnxruntime, training_mode=1)"}
+
+
+def warn_empty_batch(report: LayerReport, spec: NormSpec, target: str) -> None:
+    """Warn that the target's training step on an empty batch does not do what torch's does (nothing: it keeps its statistics)."""
+    if not spec.track_running_stats or spec.frozen or EMPTY_BATCH[target] == EMPTY_BATCH["torch"]:
+        return
+    report.warn(
+        f"a training step on an empty batch {EMPTY_BATCH[target]} in {target}, where PyTorch {EMPTY_BATCH['torch']}: "
+        "skip empty batches when training the converted layer.")
+
+
 def record_layout(report: LayerReport, spec: NormSpec, target_layout: str | None) -> None:
     """Channel-kind layers: the target's natural layout (the data must be transposed to match)."""
     if spec.layout is None or target_layout is None:

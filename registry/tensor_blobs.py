@@ -10,16 +10,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
 from schemas.errors import InputFileError
 from schemas.manifest import TensorRef
+from schemas.safetensors_io import SAFETENSORS_DTYPES, load_tensors as st_load, save_tensors as st_save
 from schemas.tensors import tensor_record_problem
 
-#: safetensors dtype code -> NumPy dtype name (the dtypes NumPy can hold; schemas.tensors.STORED_DTYPES).
-SAFETENSORS_DTYPES = {"F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
-                      "I64": "int64", "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
 
 
 def tensor_blob(array: np.ndarray) -> bytes:

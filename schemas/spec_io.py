@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
 from .errors import InputFileError, SpecError
 from .norm_spec import SCHEMA_VERSION, NormSpec
+from .safetensors_io import load_tensors as st_load, save_tensors as st_save
 
 SPEC_FILE = "spec.json"
 TENSORS_FILE = "tensors.safetensors"

@@ -5,14 +5,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Mapping
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so np.dtype("bfloat16") and astype("bfloat16") work)
 import numpy as np
 from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 
 from .errors import InputFileError, SpecError
 from .vocabulary import TENSOR_NAMES
 
-#: Bytes per element of every dtype an artifact tensor may have: those safetensors and NumPy both hold exactly.
-STORED_DTYPES: dict[str, int] = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+#: Bytes per element of every dtype an artifact tensor may have: those safetensors and NumPy (with ml_dtypes' bfloat16) hold exactly.
+STORED_DTYPES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
                                  "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
 
 

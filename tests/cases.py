@@ -13,6 +13,11 @@ from .spec_factory import make_spec
 F32_EPS = float(np.finfo(np.float32).eps)
 
 
+#: Frameworks whose runtime cannot evaluate a dtype at all (checked: onnxruntime 1.32's CPU provider has no bfloat16
+#: kernel for the normalization ops); their conversions are checked on the spec and the graph, not on outputs.
+NO_RUNTIME = {"bfloat16": frozenset({"onnx"})}
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -20,9 +25,21 @@ class Case:
     #: frameworks whose from_spec must raise NotExpressibleError under default options
     refused_by: frozenset = field(default_factory=frozenset)
 
+    @property
+    def no_runtime(self) -> frozenset:
+        """Frameworks that hold the case but cannot run it."""
+        return NO_RUNTIME.get(self.spec.dtype, frozenset())
 
-def _case(id: str, kind: str, refused_by=(), **kwargs) -> Case:
-    return Case(id, make_spec(kind, name=id, **kwargs), frozenset(refused_by))
+
+def _case(id: str, kind: str, refused_by=(), extended: dict | None = None, **kwargs) -> Case:
+    """A row; `extended` sets schema-version-2 fields (compute_dtype, frozen, ...) on the factory's spec."""
+    spec = make_spec(kind, name=id, **kwargs)
+    return Case(id, spec.replace(**extended) if extended else spec, frozenset(refused_by))
+
+
+ALL = ("torch", "keras", "onnx")
+#: A frozen BatchNorm (FrozenBatchNorm2d): no momentum, no estimator, no counter.
+FROZEN = dict(frozen=True, momentum=None, momentum_convention=None, variance_estimator=None)
 
 
 CASES: list[Case] = [
@@ -54,7 +71,31 @@ CASES: list[Case] = [
     _case("in2d", "instance", eps=1e-5, momentum=None),
     _case("in1d_affine", "instance", spatial_rank=1, eps=1e-3, momentum=None, num_features=4),
     _case("in2d_channels_last", "instance", layout="channels_last", eps=1e-4, momentum=None),
-    _case("in2d_tracked", "instance", tracked=True, eps=1e-5, momentum=0.1, refused_by=("keras",)),
+    _case("in2d_tracked", "instance", tracked=True, eps=1e-5, momentum=0.1),
+    # bfloat16 and float16, and the settings of schema version 2 (issue 13).
+    _case("bn2d_bfloat16", "batch", dtype="bfloat16", eps=1e-3),
+    _case("bn2d_float16_stats_f32", "batch", dtype="float16", eps=1e-3, extended=dict(compute_dtype="float32"), refused_by=("onnx",)),
+    _case("bn2d_frozen", "batch", eps=1e-5, nbt=None, extended=FROZEN),
+    _case("bn2d_frozen_bfloat16", "batch", dtype="bfloat16", eps=1e-5, nbt=None, extended=FROZEN),
+    _case("ln_bfloat16", "layer", normalized_shape=(8,), dtype="bfloat16", eps=1e-5),
+    _case("ln_bfloat16_stats_f32", "layer", normalized_shape=(8,), dtype="bfloat16", eps=1e-5, extended=dict(compute_dtype="float32")),
+    _case("ln_float16_stats_f32", "layer", normalized_shape=(4, 5), dtype="float16", eps=1e-3, extended=dict(compute_dtype="float32")),
+    _case("rms_bfloat16", "rms", normalized_shape=(8,), dtype="bfloat16", eps=1e-6),
+    _case("rms_bfloat16_stats_f32", "rms", normalized_shape=(8,), dtype="bfloat16", eps=1e-6, extended=dict(compute_dtype="float32")),
+    _case("rms_float16_stats_f32", "rms", normalized_shape=(8,), dtype="float16", eps=1e-5, extended=dict(compute_dtype="float32")),
+    # LlamaRMSNorm: the cast back to bf16 before the weight multiply; no stock layer rounds there.
+    _case("rms_llama_cast_before_affine", "rms", normalized_shape=(8,), dtype="bfloat16", eps=1e-6,
+          extended=dict(compute_dtype="float32", cast_before_affine=True), refused_by=ALL),
+    # GemmaRMSNorm: x * (1 + w); a stock layer would need 1 + w as its weight, which is not the stored tensor.
+    _case("rms_gemma_scale_offset", "rms", normalized_shape=(8,), eps=1e-6, extended=dict(scale_offset=1.0), refused_by=ALL),
+    _case("gn_bfloat16", "group", num_groups=3, dtype="bfloat16", eps=1e-5),
+    _case("gn_float16_stats_f32", "group", num_groups=3, dtype="float16", eps=1e-5, extended=dict(compute_dtype="float32")),
+    _case("in2d_bfloat16", "instance", dtype="bfloat16", eps=1e-5, momentum=None),
+    _case("in2d_tracked_bfloat16", "instance", tracked=True, dtype="bfloat16", eps=1e-5, momentum=0.1),
+    _case("ln_channels_first", "layer", normalized_shape=(6,), eps=1e-6, extended=dict(layout="channels_first", input_rank=4),
+          refused_by=("torch", "onnx")),
+    # Keras's RMSNormalization(axis=1) does not broadcast its scale over a rank-4 input (checked: keras 3.15), so no stock layer holds it.
+    _case("rms_channels_first", "rms", normalized_shape=(6,), eps=1e-6, extended=dict(layout="channels_first", input_rank=4), refused_by=ALL),
 ]
 
 CASES_BY_ID = {case.id: case for case in CASES}

@@ -26,7 +26,8 @@ REFUSALS = [pytest.param(case, target, id=f"{case.id}-{target}") for case in CAS
 @pytest.mark.parametrize("case, source, target", PAIRS)
 def test_pair_is_exact(case, source, target):
     origin = converters.from_spec(case.spec, source)
-    assert_matches_reference(origin, case.spec)
+    if source not in case.no_runtime:
+        assert_matches_reference(origin, case.spec)
     source_spec = converters.to_spec(origin)
 
     converted, report = converters.convert_with_report(origin, target)
@@ -34,7 +35,8 @@ def test_pair_is_exact(case, source, target):
     # Portable fields (eps, momentum, flags, mode, tensors bit for bit) survive the trip.
     assert spec_differences(case.spec, target_spec) == []
     assert target_spec.eps == case.spec.eps
-    assert_matches_reference(converted, case.spec)
+    if target not in case.no_runtime:
+        assert_matches_reference(converted, case.spec)
 
     back = converters.convert(converted, source)
     assert spec_differences(source_spec, converters.to_spec(back), ignore=ROUND_TRIP_IGNORED) == []
@@ -58,9 +60,13 @@ def test_inexpressible_settings_are_refused_with_layer_and_setting(case, target)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_check_passes_for_every_case(case):
     result = converters.check(case.spec)
+    if case.refused_by == set(FRAMEWORKS):
+        # Nothing can hold it (LlamaRMSNorm's cast, Gemma's offset): check says so for every target, and never passes.
+        assert not result.passed and {t.status for t in result.targets} == {"not_expressible"}, result.render_text()
+        return
     assert result.passed, result.render_text()
     statuses = {t.framework: t.status for t in result.targets}
     for framework in FRAMEWORKS:
-        expected = "not_expressible" if framework in case.refused_by else ("passed", "skipped")
+        expected = "not_expressible" if framework in case.refused_by else ("skipped",) if framework in case.no_runtime else ("passed", "skipped")
         assert statuses[framework] in ((expected,) if isinstance(expected, str) else expected), result.render_text()
     assert result.outputs and all(np.isfinite(o.max_abs_error) for o in result.outputs)

@@ -408,14 +408,34 @@ def test_untracked_batch_is_not_expressible():
     assert info.value.target == "keras"
 
 
-def test_tracked_instance_is_not_expressible():
+def test_tracked_instance_converts_to_batch_normalization_exact_in_eval():
+    rng = np.random.default_rng(4)
+    tracked = {"running_mean": rng.normal(size=3).astype("float32"), "running_var": rng.uniform(0.5, 2, 3).astype("float32")}
     spec = make_spec(
         "instance", eps=1e-5, momentum=0.1, momentum_convention="batch_weight", variance_estimator="unbiased", track_running_stats=True,
-        extra_tensors={"running_mean": np.zeros(3, "float32"), "running_var": np.ones(3, "float32")},
+        extra_tensors=tracked,
+    )
+    layer, report = api.convert_with_report(api.from_spec(spec, "torch"), "keras")
+    assert isinstance(layer, keras.layers.BatchNormalization)
+    assert any("training step" in w and "per instance" in w for w in report.layers[0].warnings)
+    back = api.to_spec(layer)
+    assert back.kind == "instance" and spec_differences(spec, back) == []
+    assert all(tensors_identical(back.tensors[n], spec.tensors[n]) for n in tracked)
+    x = probe_input(spec)
+    assert_close(spec, keras_output(spec, FRAMEWORK.run_eval(layer, keras_input(spec, x))), reference.forward(spec, x))
+    with pytest.raises(NotExpressibleError) as info:
+        FRAMEWORK.run_train_step(layer, keras_input(spec, x))  # the step Keras would take pools the batch
+    assert_names(info.value, "instance_norm", "track_running_stats")
+
+
+def test_tracked_instance_with_a_cumulative_average_is_still_refused():
+    spec = make_spec(
+        "instance", eps=1e-5, momentum=None, track_running_stats=True, variance_estimator="unbiased",
+        extra_tensors={"running_mean": np.zeros(3, "float32"), "running_var": np.ones(3, "float32"), **NBT},
     )
     with pytest.raises(NotExpressibleError) as info:
         api.from_spec(spec, "keras")
-    assert_names(info.value, "instance_norm", "track_running_stats")
+    assert_names(info.value, "instance_norm", "momentum")
 
 
 def test_bfloat16_keras_layer_reads_bit_exactly():
@@ -431,13 +451,30 @@ def test_bfloat16_keras_layer_reads_bit_exactly():
     assert stored.astype("float32").tolist() == [0.5, 2.0, 3.25]
 
 
-@pytest.mark.parametrize("dtype", ["mixed_float16", "mixed_bfloat16"])
-def test_unsupported_keras_dtype(dtype):
+@pytest.mark.parametrize("dtype, spec_dtype, compute_dtype", [
+    ("bfloat16", "bfloat16", None), ("mixed_float16", "float16", "float32"), ("mixed_bfloat16", "bfloat16", "float32"),
+])
+def test_keras_half_dtypes_convert_bit_exactly(dtype, spec_dtype, compute_dtype):
     layer = keras.layers.BatchNormalization(dtype=dtype, name="bn_dtype")
     layer.build((None, 3))
+    rng = np.random.default_rng(2)
+    for variable in layer.weights:  # distinct values that are exactly `spec_dtype` numbers, in the variables' own dtype
+        variable.assign(rng.uniform(0.5, 2.0, 3).astype(spec_dtype).astype(str(variable.dtype)))
+    spec = api.to_spec(layer)
+    assert (spec.dtype, spec.compute_dtype) == (spec_dtype, compute_dtype)
+    for name, attribute in (("scale", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"), ("running_var", "moving_variance")):
+        assert tensors_identical(spec.tensors[name].astype(str(layer.variable_dtype)), getattr(layer, attribute).numpy())
+    back = api.from_spec(spec, "keras")
+    assert back.dtype_policy.name == dtype and spec_differences(spec, api.to_spec(back)) == []
+
+
+def test_unsupported_keras_dtype_policy():
+    layer = keras.layers.BatchNormalization(dtype=keras.DTypePolicy("mixed_bfloat16"), name="bn_dtype")
+    layer.build((None, 3))
+    layer.gamma.assign(np.full(3, 1.0 + 2.0 ** -12, "float32"))  # a float32 state no bfloat16 spec holds
     with pytest.raises(SpecError) as info:
         api.to_spec(layer)
-    assert_names(info.value, "bn_dtype", "dtype")
+    assert_names(info.value, "bn_dtype", "scale")
 
 
 def test_unsupported_spec_dtype():

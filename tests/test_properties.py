@@ -29,7 +29,8 @@ def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
     info = KIND_INFO[kind]
     kwargs = dict(
         seed=draw(st.integers(0, 2**16)),
-        dtype=draw(st.sampled_from(["float32", "float32", "float64"])),
+        # bfloat16 is held by every framework (onnxruntime cannot run it: those examples are assumed away in _eval).
+        dtype=draw(st.sampled_from(["float32", "float32", "float64", "bfloat16"])),
         eps=draw(decimals),
         scale=draw(st.booleans()),
         bias=draw(st.booleans()),
@@ -98,6 +99,9 @@ def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, 
         _, mean, var = REGISTRY.framework_of(obj).run_train_step(obj, from_channels_first(x, obj_spec.layout))
     except NotExpressibleError:
         assume(False)
+    except RuntimeError as error:  # onnxruntime has no bfloat16 kernels
+        assume("NOT_IMPLEMENTED" not in str(error))
+        raise
     expected = reference.train_step(obj_spec, x)
     tol_mean, tol_var = training_tolerances(REGISTRY.framework(target), obj_spec, x)
     assert np.max(np.abs(mean - expected.running_mean)) <= tol_mean

@@ -59,11 +59,12 @@ def test_unsupported_modules_are_refused_with_the_class_name(module):
     assert type(module).__name__ in str(info.value)
 
 
-def test_bfloat16_is_refused_naming_dtype():
+def test_bfloat16_converts_and_a_dtype_torch_norms_lack_is_refused_naming_dtype():
     from schemas import SpecError
 
+    assert converters.to_spec(torch.nn.LayerNorm(4).to(torch.bfloat16)).dtype == "bfloat16"
     with pytest.raises(SpecError, match="dtype"):
-        converters.to_spec(torch.nn.LayerNorm(4).to(torch.bfloat16))
+        converters.to_spec(torch.nn.LayerNorm(4).to(torch.float8_e4m3fn))
 
 
 def test_user_subclass_of_a_torch_norm_is_recognised():

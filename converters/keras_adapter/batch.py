@@ -7,8 +7,9 @@ from typing import Any
 from schemas import LayerReport, NormSpec, NotExpressibleError
 from schemas.kinds import KIND_INFO
 
+from .. import markers
 from ..options import ConversionOptions
-from ..translate import emit_momentum, estimator_matches, record_layout
+from ..translate import emit_momentum, estimator_matches, record_layout, warn_empty_batch
 from .facts import read_facts, without_training
 from .kind_adapter import KerasKindAdapter
 from .momentum import RUNNING_WEIGHT, recall_running, remember_running
@@ -25,6 +26,7 @@ class KerasBatchAdapter(KerasKindAdapter):
 
     kind = "batch"
     layer_classes = KIND_INFO["batch"].classes["keras"]
+    holds = KerasKindAdapter.holds | {"frozen"}
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         from .unbiased_batch_normalization import UnbiasedBatchNormalization
@@ -40,6 +42,8 @@ class KerasBatchAdapter(KerasKindAdapter):
         rank = len(shape)
         layout = channel_layout(layer, layer.axis, rank)
         facts = read_facts(layer, report)
+        if not layer.trainable and markers.recall(layer).get("frozen") is True:
+            return read_frozen(layer, facts, rank, layout)
         if not layer.trainable:
             # keras/src/layers/normalization/batch_normalization.py: `if training and self.trainable`.
             report.warn(
@@ -75,7 +79,10 @@ class KerasBatchAdapter(KerasKindAdapter):
                 "uses its moving statistics at inference; keep running statistics in the source layer.",
                 layer=spec.name, setting="track_running_stats", target="keras",
             )
+        if spec.frozen:
+            return emit_frozen(spec, common, report)
         momentum = emit_momentum(report, spec, RUNNING_WEIGHT, options, "keras")
+        warn_empty_batch(report, spec, "keras")
         record_layout(report, spec, "channels_last")
         estimator = estimator_matches(report, spec, "biased", "keras", can_match=True, options=options)
         layer_class = UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization
@@ -83,6 +90,30 @@ class KerasBatchAdapter(KerasKindAdapter):
         remember_running(layer, spec, report, momentum)
         rank = build_rank(spec, report, spec.spatial_rank + 2)
         return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)
+
+
+def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "batch") -> Any:
+    """A frozen batch spec (FrozenBatchNorm2d), or a tracked instance spec in eval, as BatchNormalization(trainable=False).
+
+    keras/src/layers/normalization/batch_normalization.py: `if training and self.trainable`: a non-trainable layer
+    normalises with its moving statistics in training too and never updates them, which is what frozen means.
+    """
+    record_layout(report, spec, "channels_last")
+    layer = import_keras().layers.BatchNormalization(axis=-1, center=spec.bias, scale=spec.scale, **common)
+    layer.trainable = False
+    if kind == "batch":
+        report.add("frozen", True, "trainable=False", "exact", "moving statistics in training mode too, never updated")
+        markers.remember(layer, frozen=True)
+    rank = build_rank(spec, report, spec.spatial_rank + 2)
+    return KerasBatchAdapter().finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)
+
+
+def read_frozen(layer: Any, facts, rank: int, layout: str) -> NormSpec:
+    """The frozen batch spec a BatchNormalization emitted by emit_frozen (still trainable=False) stands for."""
+    return facts.spec(
+        layer, "batch", read_variables(layer, VARIABLES), num_features=int(layer.moving_mean.shape[0]),
+        spatial_rank=spatial_rank_of(layer, rank, 2), input_rank=rank, layout=layout, track_running_stats=True, frozen=True,
+        scale=bool(layer.scale), bias=bool(layer.center))
 
 
 ADAPTER = KerasBatchAdapter

@@ -16,7 +16,7 @@ from schemas import LayerReport, NormSpec, SpecError
 
 from .. import markers
 from .runtime import import_keras, source
-from .variables import layer_dtype
+from .variables import layer_dtypes, narrow_state
 
 
 STORED_NOTE = "kept on the in-memory layer only (normbridge marker)"
@@ -42,16 +42,19 @@ class KerasFacts:
 
     name: str
     dtype: str
+    compute_dtype: str | None
     eps: float
     eps_origin: str
     training: bool
 
     def spec(self, layer: Any, kind: str, tensors: dict[str, np.ndarray], **fields: Any) -> NormSpec:
         """The validated spec; a framework state pydantic rejects becomes a SpecError naming the layer."""
+        if self.compute_dtype is not None:
+            tensors = narrow_state(layer, tensors, self.dtype)
         try:
             return NormSpec(
                 name=self.name, kind=kind, eps=self.eps, eps_origin=self.eps_origin, training=self.training,
-                dtype=self.dtype, source=source(layer), tensors=tensors, **fields,
+                dtype=self.dtype, compute_dtype=self.compute_dtype, source=source(layer), tensors=tensors, **fields,
             )
         except pydantic.ValidationError as error:
             first = error.errors()[0]
@@ -61,7 +64,7 @@ class KerasFacts:
 
 def read_facts(layer: Any, report: LayerReport) -> KerasFacts:
     """Name, dtype, eps and the remembered training flag and eps origin (trusted only when they agree)."""
-    dtype = layer_dtype(layer)
+    dtype, compute_dtype = layer_dtypes(layer)
     eps = layer.epsilon
     if eps is None:
         # ops.layer_normalization / rms_normalization fall back to keras.config.epsilon().
@@ -80,7 +83,7 @@ def read_facts(layer: Any, report: LayerReport) -> KerasFacts:
     elif eps_origin not in ("explicit", "dtype_eps"):
         report.warn(f"the remembered eps origin {eps_origin!r} is unknown; it is read as an explicit eps.")
         eps_origin = "explicit"
-    return KerasFacts(name=spec_name(layer, report), dtype=dtype, eps=eps, eps_origin=eps_origin, training=training)
+    return KerasFacts(name=spec_name(layer, report), dtype=dtype, compute_dtype=compute_dtype, eps=eps, eps_origin=eps_origin, training=training)
 
 
 def without_training(facts: KerasFacts) -> KerasFacts:

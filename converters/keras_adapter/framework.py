@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from schemas import UnsupportedObjectError
+from schemas import NotExpressibleError, UnsupportedObjectError
 
-from .. import recognizers
+from .. import markers, recognizers
 from ..adapter import FrameworkAdapter
 from .runtime import import_keras
 from .shapes import built_input_shape
@@ -49,6 +49,10 @@ class KerasFramework(FrameworkAdapter):
 
     def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were."""
+        if markers.recall(obj).get("kind") == "instance" and isinstance(obj, import_keras().layers.BatchNormalization):
+            raise NotExpressibleError(
+                "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
+                "instead of normalising per instance; train the source layer instead.", layer=obj.name, setting="track_running_stats", target="keras")
         keras = import_keras()
         clone = copy_layer(obj)
         inputs = np.asarray(x).astype(clone.compute_dtype, copy=False)

@@ -11,7 +11,7 @@ from ..adapter import KindAdapter
 from ..translate import record_eps, tensor_fate
 from .facts import MODE_NOTE, STORED_NOTE
 from .runtime import keras_class
-from .variables import assign_variable, check_spec_dtype
+from .variables import assign_variable, check_spec_dtype, variable_dtype
 
 
 def keras_name(spec: NormSpec, report: LayerReport) -> str:
@@ -27,6 +27,8 @@ class KerasKindAdapter(KindAdapter):
     """Shared steps of the Keras kind adapters: class checks, the start and the end of from_spec."""
 
     framework: ClassVar[str] = "keras"
+    #: Every Keras layer holds bfloat16 and, under a mixed policy, float32 statistics of a bf16/fp16 layer.
+    holds: ClassVar[frozenset[str]] = frozenset({"dtype", "compute_dtype"})
     #: Names in keras.layers this adapter reads.
     layer_classes: ClassVar[tuple[str, ...]]
 
@@ -46,7 +48,10 @@ class KerasKindAdapter(KindAdapter):
         if spec.kind != self.kind:
             raise SpecError(f"the Keras {self.kind} adapter got a {spec.kind} spec; use the adapter for kind '{spec.kind}'.", layer=spec.name, setting="kind")
         dtype = check_spec_dtype(spec)
-        report.add("dtype", dtype)
+        if spec.compute_dtype is None:
+            report.add("dtype", dtype)
+        else:
+            report.add("compute_dtype", spec.compute_dtype, dtype, "translated", f"dtype policy {dtype}: float32 variables holding the {spec.dtype} state exactly")
         return {"name": keras_name(spec, report), "dtype": dtype, "epsilon": record_eps(report, spec)}
 
     def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple, variables: Mapping[str, str]) -> Any:
@@ -54,7 +59,7 @@ class KerasKindAdapter(KindAdapter):
         layer.build(input_shape)
         for tensor_name, attribute in variables.items():
             if tensor_name in spec.tensors:
-                assign_variable(layer, attribute, spec.tensors[tensor_name], tensor_name)
+                assign_variable(layer, attribute, spec.tensors[tensor_name].astype(variable_dtype(spec)), tensor_name)
         tensor_fate(report, spec)
         report.add("training", spec.training, spec.training, "stored", MODE_NOTE)
         fields: dict[str, Any] = {"training": spec.training}

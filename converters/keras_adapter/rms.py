@@ -15,7 +15,7 @@ from .facts import STORED_NOTE, read_facts
 from .kind_adapter import KerasKindAdapter
 from .runtime import import_keras
 from .shapes import build_rank, built_input_shape, trailing_axes, trailing_axis_argument, trailing_shape
-from .variables import assign_variable, read_variable
+from .variables import assign_variable, read_variable, variable_dtype
 
 #: RMSNormalization keeps its weight in the attribute `scale` (a variable, not a flag).
 VARIABLES = {"scale": "scale"}
@@ -55,7 +55,7 @@ class KerasRmsAdapter(KerasKindAdapter):
         self.finish_emit(layer, spec, report, trailing_shape(spec.normalized_shape, rank), VARIABLES)
         if not spec.scale:
             # Keras RMSNormalization always multiplies by its scale weight: ones, frozen, is the identity.
-            assign_variable(layer, "scale", np.ones(spec.normalized_shape, dtype=spec.dtype), "scale")
+            assign_variable(layer, "scale", np.ones(spec.normalized_shape, dtype=variable_dtype(spec)), "scale")
             layer.trainable = False
             markers.remember(layer, frozen_identity=("scale",))
             report.add("scale", False, "frozen scale = 1", "stored", "Keras RMSNormalization always has a scale weight; " + STORED_NOTE)

@@ -59,6 +59,16 @@ def trailing_axes(layer: Any, axis: Any, rank: int) -> tuple[int, ...]:
     return tuple(negative)
 
 
+def normalises_channel_axis(axis: Any, rank: int) -> bool:
+    """A LayerNormalization/RMSNormalization over axis 1 alone of a rank >= 3 input: ConvNeXt's channels_first layer norm."""
+    axes = [axis] if isinstance(axis, numbers.Integral) else list(axis)
+    return rank >= 3 and len(axes) == 1 and int(axes[0]) in (1, 1 - rank)
+
+
+def channels_first_shape(num_features: int, rank: int) -> tuple[int | None, ...]:
+    return (None, num_features) + (None,) * (rank - 2)
+
+
 def trailing_axis_argument(count: int) -> int | list[int]:
     """Keras `axis=` for the last `count` axes: -1, or [-count, ..., -1]."""
     return -1 if count == 1 else list(range(-count, 0))

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from schemas import NormSpec, SpecError
+from schemas import NormSpec, NotExpressibleError, SpecError
 from schemas.tensors import tensors_identical
 from schemas.vocabulary import DTYPES
 
@@ -15,17 +15,54 @@ from schemas.vocabulary import DTYPES
 AFFINE_VARIABLES: dict[str, str] = {"scale": "gamma", "bias": "beta"}
 
 
-def layer_dtype(layer: Any) -> str:
-    """The single float dtype of the layer's variables and computation; SpecError otherwise."""
+#: Keras mixed policies by the spec dtype they hold: inputs, outputs and state in that dtype, statistics in float32.
+MIXED_POLICIES: dict[str, str] = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
+
+def layer_dtypes(layer: Any) -> tuple[str, str | None]:
+    """(spec dtype, compute_dtype) of the layer: its one float dtype and None, or, under a mixed policy, (its compute dtype, "float32").
+
+    Note [mixed policies]: `mixed_bfloat16` keeps float32 variables and casts inputs and outputs to bfloat16; Keras's
+    normalization layers compute their statistics in float32 (ops.layer_normalization, BatchNormalization.call). The spec
+    calls that a bfloat16 layer with compute_dtype float32; its state must be bfloat16 values, read exactly (`narrow_state`).
+    """
     variable_dtype, compute_dtype = str(layer.variable_dtype), str(layer.compute_dtype)
     if variable_dtype != compute_dtype:
-        raise SpecError(
-            f"the layer uses the mixed dtype policy '{layer.dtype_policy.name}' (variables {variable_dtype}, computation {compute_dtype}), "
-            f"expected one dtype for both; rebuild it with dtype='{variable_dtype}' or dtype='{compute_dtype}'.",
-            layer=layer.name,
-            setting="dtype",
-        )
-    found = sorted({str(variable.dtype) for variable in layer.weights} or {variable_dtype})
+        if variable_dtype != "float32" or MIXED_POLICIES.get(compute_dtype) is None:
+            raise SpecError(
+                f"the layer uses the dtype policy '{layer.dtype_policy.name}' (variables {variable_dtype}, computation {compute_dtype}), "
+                f"expected one dtype for both or {' or '.join(MIXED_POLICIES.values())}; rebuild it with dtype='{compute_dtype}'.",
+                layer=layer.name, setting="dtype",
+            )
+        return compute_dtype, "float32"
+    return layer_dtype(layer), None
+
+
+def narrow_state(layer: Any, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """float32 variables of a mixed-policy layer as `dtype` tensors; SpecError naming the tensor when one is not exactly a `dtype` value."""
+    out = {}
+    for name, array in tensors.items():
+        if name == "num_batches_tracked":
+            out[name] = array
+            continue
+        narrow = array.astype(dtype)
+        if not tensors_identical(narrow.astype(array.dtype), array):
+            raise SpecError(
+                f"the {layer.dtype_policy.name} layer's float32 variable for '{name}' holds values that are not {dtype} numbers, expected "
+                f"{dtype}-exact state (a spec holds one dtype); rebuild the layer with dtype='float32' to convert it as a float32 layer.",
+                layer=layer.name, setting=name)
+        out[name] = narrow
+    return out
+
+
+def variable_dtype(spec: NormSpec) -> str:
+    """The dtype of the Keras variables holding the spec's state: float32 under a mixed policy."""
+    return "float32" if spec.compute_dtype is not None else spec.dtype
+
+
+def layer_dtype(layer: Any) -> str:
+    """The single float dtype of the layer's variables and computation; SpecError otherwise."""
+    found = sorted({str(variable.dtype) for variable in layer.weights} or {str(layer.variable_dtype)})
     if len(found) > 1 or found[0] not in DTYPES:
         raise SpecError(
             f"the layer's variables have dtype {', '.join(found)}, expected one of {', '.join(DTYPES)}; rebuild it with dtype='float32'.",
@@ -36,14 +73,21 @@ def layer_dtype(layer: Any) -> str:
 
 
 def check_spec_dtype(spec: NormSpec) -> str:
-    """The spec's dtype, if Keras layers can hold it bit-exactly."""
+    """The Keras dtype (or mixed policy, for float32 statistics of a bf16/fp16 layer) holding the spec's dtype bit-exactly."""
     if spec.dtype not in DTYPES:
         raise SpecError(
             f"dtype {spec.dtype!r} is not supported, expected one of {', '.join(DTYPES)}; convert the spec's tensors to float32.",
             layer=spec.name,
             setting="dtype",
         )
-    return spec.dtype
+    if spec.compute_dtype is None:
+        return spec.dtype
+    if spec.compute_dtype != "float32" or spec.dtype not in MIXED_POLICIES:
+        raise NotExpressibleError(
+            f"Keras computes a {spec.dtype} layer's statistics in float32 only under {' or '.join(MIXED_POLICIES.values())}, "
+            f"not in compute_dtype={spec.compute_dtype!r}; keep the layer in its source framework.",
+            layer=spec.name, setting="compute_dtype", target="keras")
+    return MIXED_POLICIES[spec.dtype]
 
 
 def read_variable(variable: Any) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from schemas.floats import as_float32
@@ -154,6 +155,26 @@ def eps_not_default(facts: LayerFacts) -> Hazard | None:
     )
 
 
+def eps_underflow(facts: LayerFacts) -> Hazard | None:
+    """An eps that rounds to zero or to a subnormal in the dtype the statistics are computed in (float16(1e-8) == 0).
+
+    Then var + eps no longer guards the division: a constant input divides by sqrt(0) or by a number with few bits.
+    """
+    spec = facts.spec
+    if spec is None:
+        return None
+    dtype = spec.compute_dtype or spec.dtype
+    info = ml_dtypes.finfo(dtype)
+    stored = float(np.asarray(spec.eps, dtype=np.float64).astype(dtype))
+    if stored != 0.0 and stored >= float(info.smallest_normal):
+        return None
+    became = "0" if stored == 0.0 else f"the subnormal {stored!r}"
+    return _hazard(
+        "eps_underflow", "warning" if stored == 0.0 else "info",
+        f"eps={spec.eps!r} rounds to {became} in {dtype}, the dtype its statistics are computed in (smallest normal {float(info.smallest_normal):.3g}); "
+        f"a constant input then divides by sqrt(0): raise eps to at least {float(info.smallest_normal):.3g} or compute the statistics in float32.")
+
+
 def op_summary(op_types: tuple[str, ...]) -> str:
     """'ReduceMean x2, Sub, Sqrt' from the ops of a decomposition, in first-seen order."""
     counts: dict[str, int] = {}
@@ -204,7 +225,7 @@ def folded_site(facts: LayerFacts) -> Hazard | None:
 
 #: Every layer hazard, in the order they are reported.
 LAYER_HAZARDS: tuple[Callable[[LayerFacts], Hazard | None], ...] = (
-    unreadable, train_mode, batch_stats_at_eval, never_trained, momentum_none, eps_not_default, decomposed, folded_site,
+    unreadable, train_mode, batch_stats_at_eval, never_trained, momentum_none, eps_not_default, eps_underflow, decomposed, folded_site,
 )
 
 

@@ -17,7 +17,7 @@ from schemas.kinds import KIND_INFO
 
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
-from ..translate import emit_momentum, estimator_matches
+from ..translate import emit_momentum, estimator_matches, warn_empty_batch
 from . import metadata, reading
 from .layer_graph import INPUT, OUTPUT, LayerGraph, op_version
 
@@ -47,7 +47,9 @@ def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerRep
     else:
         inputs += [g.tensor("running_mean", np.zeros(spec.num_features, spec.dtype)), g.tensor("running_var", np.ones(spec.num_features, spec.dtype))]
     attributes = {"epsilon": g.eps}
-    momentum = emit_momentum(report, spec, "running_weight", options, "onnx")
+    if spec.frozen:
+        report.add("frozen", True, "training_mode=0", "exact", f"an eval-mode node never updates its statistics; kept in metadata '{metadata.KEY}'")
+    momentum = None if spec.frozen else emit_momentum(report, spec, "running_weight", options, "onnx")
     if momentum is not None:
         attributes["momentum"] = momentum
         if spec.dtype == "float64" and as_float32(momentum) != momentum:
@@ -84,8 +86,11 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     # Untracked, both modes compute batch statistics: the mode is the metadata's to tell.
     training = metadata.trusted(report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training)
     # Untracked statistics never use the momentum: only the metadata's (the source's setting) is kept.
-    if tracked:
+    frozen = tracked and not graph_training and meta.get("frozen") is True and layer.attribute("momentum") is None
+    if tracked and not frozen:
         momentum, convention = metadata.momentum(report, meta, layer.attribute("momentum"), count)
+    elif tracked:
+        momentum, convention = None, None
     else:
         momentum, convention = metadata.untracked_momentum(report, meta, layer.attribute("momentum"))
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
@@ -93,7 +98,7 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     fields.update(
         kind=layer.kind, num_features=layer.channels(mean), spatial_rank=spatial, layout="channels_first",
         eps=eps, eps_origin=eps_origin, momentum=momentum, momentum_convention=convention if momentum is not None else None,
-        track_running_stats=tracked, variance_estimator="biased" if tracked else None, training=training,
+        track_running_stats=tracked, variance_estimator="biased" if tracked and not frozen else None, training=training, frozen=frozen,
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
     )
     tensors = {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None}
@@ -109,6 +114,8 @@ class OnnxBatchNorm(KindAdapter):
 
     framework = "onnx"
     kind = "batch"
+    #: bfloat16 tensors; frozen statistics: an eval-mode node (training_mode=0), which never updates them.
+    holds = frozenset({"dtype", "frozen"})
 
     def to_spec(self, obj, report: LayerReport) -> NormSpec:
         return read_batch_norm(reading.parse(obj, self.kind), report)
@@ -131,6 +138,7 @@ class OnnxBatchNorm(KindAdapter):
                 layer=spec.name, setting="training", target="onnx",
             )
         estimator_matches(report, spec, "biased", "onnx", can_match=False, options=options)
+        warn_empty_batch(report, spec, "onnx")
         if spec.training:
             report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
             report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")

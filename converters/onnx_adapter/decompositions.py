@@ -3,7 +3,7 @@
 Below LayerNormalization-17, RMSNormalization-23 and GroupNormalization-21 the layer is
 written as the ops the ONNX function bodies use. GroupNormalization-18 is never
 emitted: it had per-group scale and bias and is deprecated. float16 statistics are
-computed in float32 (Cast in, Cast out), as the native ops do with stash_type=1.
+computed in float32 (Cast in, Cast out, then the affine in the layer's dtype).
 
 Reading back is limited to what normbridge emitted: the metadata gives the spec, the
 named initializers give eps, scale and bias, and the graph must equal what
@@ -41,7 +41,7 @@ def start(spec: NormSpec, options: ConversionOptions, report: LayerReport) -> La
 def normalize_trailing(g: LayerGraph, x: str, count: int, *, centre: bool) -> str:
     """(x - mean) / sqrt(var + eps), or x / sqrt(mean(x^2) + eps) without centring, over the last `count` axes."""
     dtype = g.spec.dtype
-    compute = "float32" if dtype == "float16" else dtype
+    compute = "float32" if dtype in ("float16", "bfloat16") else dtype
     if compute != dtype:
         x = g.node("Cast", [x], to=element_type(compute))
     axes = list(range(-count, 0))

@@ -21,6 +21,11 @@ def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, 
     """Run the layer's model (or `model`, a variant of it) on `x`, cast to the input type, with onnxruntime's CPU provider."""
     import onnxruntime  # only `check` runs models: converting never pays for onnxruntime
 
+    if layer.dtype == "bfloat16":
+        # Checked on onnxruntime 1.32: its CPU provider has no bfloat16 kernel for the normalization ops (nor their Mul), and its
+        # Python binding has no NumPy type for bfloat16 outputs. The graph is valid ONNX (checked on write); check lists it as skipped.
+        raise RuntimeError(f"NOT_IMPLEMENTED: onnxruntime {onnxruntime.__version__}'s CPU provider cannot run bfloat16 normalization layers.")
+
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # warnings about unused initializers (untracked BatchNorm outputs) are noise here
     # One normalizer is far too small to gain from worker threads, and idle workers spin on the cores a server shares.
@@ -52,6 +57,10 @@ class OnnxFramework(FrameworkAdapter):
     def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """BatchNormalization: a training_mode=1 copy exposing the updated running statistics; other ops have no mode."""
         layer = parse(obj)
+        if (layer.raw_metadata or {}).get("frozen") is True:
+            raise NotExpressibleError(
+                "this BatchNormalization holds frozen statistics: ONNX has no training step that keeps them (training_mode=1 would use and "
+                "update batch statistics); a frozen layer computes its eval output in training too.", layer=layer.name, setting="frozen", target="onnx")
         if layer.node is None or layer.node.op_type != BATCH_NORM:
             return _run(layer, x)[0], None, None
         if layer.kind == "instance":

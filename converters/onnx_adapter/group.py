@@ -55,6 +55,8 @@ class OnnxGroupNorm(decompositions.DecomposableAdapter):
 
     framework = "onnx"
     kind = "group"
+    #: bfloat16 tensors, and float32 statistics of a bf16/fp16 layer (stash_type=1).
+    holds = frozenset({"dtype", "compute_dtype"})
     native_opset = NATIVE_OPSET
 
     def read_native(self, layer, report):

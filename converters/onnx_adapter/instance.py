@@ -40,6 +40,7 @@ class OnnxInstanceNorm(KindAdapter):
 
     framework = "onnx"
     kind = "instance"
+    holds = frozenset({"dtype"})
 
     def to_spec(self, obj, report: LayerReport) -> NormSpec:
         layer = reading.parse(obj, self.kind)

@@ -15,6 +15,8 @@ class OnnxLayerNorm(decompositions.DecomposableAdapter):
 
     framework = "onnx"
     kind = "layer"
+    #: bfloat16 tensors, and float32 statistics of a bf16/fp16 layer (stash_type=1).
+    holds = frozenset({"dtype", "compute_dtype"})
     native_opset = INFO.onnx_opset
 
     def read_native(self, layer, report):

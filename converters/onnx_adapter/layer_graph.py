@@ -20,6 +20,8 @@ from ..translate import record_eps, record_layout, tensor_fate
 from . import metadata
 
 INPUT, OUTPUT = "X", "Y"
+#: Spec dtype -> its name in ONNX type strings ("tensor(double)").
+ONNX_TYPE_NAMES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float", "float64": "double"}
 #: Float types a stash_type may name (TensorProto enum values).
 FLOAT, DOUBLE = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
 
@@ -94,6 +96,16 @@ class LayerGraph:
         record_layout(report, spec, "channels_first")
         self.eps = record_eps(report, spec, float32_attribute=eps_float32)
         record_rank(report, spec, self.dims)
+        if spec.compute_dtype is not None:
+            if spec.compute_dtype != "float32" or spec.dtype not in ("bfloat16", "float16"):
+                raise NotExpressibleError(
+                    f"ONNX computes a {spec.dtype} layer's statistics in float32 (stash_type=1) or in its own type, not in "
+                    f"compute_dtype={spec.compute_dtype!r}; keep the layer in its source framework.", layer=spec.name, setting="compute_dtype", target="onnx")
+            report.add("compute_dtype", spec.compute_dtype, "stash_type=1", "translated", "statistics in float32")
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
 
     def tensor(self, suffix: str, array: np.ndarray) -> str:
         """Add an initializer named '<layer name>.<suffix>' (deterministic, so decompositions can be read back)."""
@@ -152,6 +164,7 @@ class LayerGraph:
         if "num_batches_tracked" in self.spec.tensors:
             count = int(self.spec.tensors["num_batches_tracked"])
             self.report.add("num_batches_tracked", count, count, "stored", f"kept in metadata '{metadata.KEY}'")
+        self._check_dtype_allowed()
         value_type = element_type(self.spec.dtype)
         graph = helper.make_graph(
             self.nodes, self.spec.name,
@@ -165,6 +178,21 @@ class LayerGraph:
         metadata.attach(model, self.spec)
         onnx.checker.check_model(model, full_check=True)
         return model
+
+    def _check_dtype_allowed(self) -> None:
+        """NotExpressibleError naming the op when one of the graph's ops takes no input of the spec's dtype at this opset.
+
+        BatchNormalization takes bfloat16 from version 14, InstanceNormalization from 22 (so GroupNorm's decomposition too).
+        """
+        wanted = f"tensor({ONNX_TYPE_NAMES[self.spec.dtype]})"
+        for node in self.nodes:
+            schema = onnx.defs.get_schema(node.op_type, self.opset)
+            first = schema.inputs[0].type_str if schema.inputs else ""
+            allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == first), [wanted])
+            if wanted not in allowed:
+                raise NotExpressibleError(
+                    f"{node.op_type}-{schema.since_version} (opset {self.opset}) takes no {self.spec.dtype} input; pass a higher opset "
+                    "(opset 22 and later hold every kind in bfloat16) or convert a float32 spec.", layer=self.spec.name, setting="dtype", target="onnx")
 
     def finish_native(self, op: str, inputs: list[str], **attributes) -> onnx.ModelProto:
         """The graph of one native node X -> Y."""

@@ -180,7 +180,7 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
     tensor_type = inputs[x].type.tensor_type
     if tensor_type.elem_type not in FLOAT_TYPES:
         name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
-        raise UnsupportedObjectError(f"input '{x}' has element type {name}, expected FLOAT16, FLOAT or DOUBLE.")
+        raise UnsupportedObjectError(f"input '{x}' has element type {name}, expected BFLOAT16, FLOAT16, FLOAT or DOUBLE.")
     # An unranked X (what normbridge writes) is fine: the readers take the rank from the metadata where they need it.
     shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim) if tensor_type.HasField("shape") else None
     return OnnxLayer(model, found, max(opsets), node, x, FLOAT_TYPES[tensor_type.elem_type], shape, raw, initializers, frozenset(inputs))
@@ -200,8 +200,23 @@ def common_fields(layer: OnnxLayer, report: LayerReport, meta: dict) -> dict:
         "dtype": layer.dtype,
         "input_rank": metadata.trusted(report, meta, "input_rank", layer.rank, layer.rank is None or meta.get("input_rank") in (None, layer.rank)),
         "training": bool(meta.get("training", False)),  # ONNX has no mode outside BatchNormalization
+        "compute_dtype": compute_dtype(layer, report, meta),
         "source": layer.source(),
     }
+
+
+def compute_dtype(layer: OnnxLayer, report: LayerReport, meta: dict) -> str | None:
+    """float32 statistics of a bf16/fp16 layer, as the metadata says, while the node computes them so (stash_type FLOAT, the default).
+
+    Ops without stash_type (BatchNormalization, InstanceNormalization) never hold one: their adapters refuse it on write.
+    """
+    wanted = meta.get("compute_dtype")
+    if wanted is None:
+        return None
+    stash = layer.attribute("stash_type", onnx.TensorProto.FLOAT) if layer.node is not None else onnx.TensorProto.FLOAT
+    has_stash = layer.node is None or "stash_type" in onnx.defs.get_schema(layer.node.op_type, layer.opset).attributes
+    consistent = wanted == "float32" and layer.dtype in ("bfloat16", "float16") and stash == onnx.TensorProto.FLOAT and has_stash
+    return metadata.trusted(report, meta, "compute_dtype", None, consistent)
 
 
 def build(fields: dict, tensors: dict) -> NormSpec:

@@ -15,6 +15,8 @@ class OnnxRMSNorm(decompositions.DecomposableAdapter):
 
     framework = "onnx"
     kind = "rms"
+    #: bfloat16 tensors, and float32 statistics of a bf16/fp16 layer (stash_type=1).
+    holds = frozenset({"dtype", "compute_dtype"})
     native_opset = INFO.onnx_opset
 
     def read_native(self, layer, report):

@@ -1,7 +1,9 @@
 """Independent NumPy reference of every kind: the oracle the tests and `check` compare against.
 
 All functions take channels-first input for the channel kinds (use `layout.to_channels_first`)
-and compute in float64, whatever the spec's dtype. One module per kind, `reference/<kind>.py`,
+and compute in float64, rounding at tensor boundaries for bf16/fp16 layers and explicit compute
+dtypes (`precision.py`). A `frozen` spec uses its running statistics in training mode too, and a
+training step leaves them unchanged. One module per kind, `reference/<kind>.py`,
 with `forward(spec, x, training)` and, for kinds with running statistics, `batch_moments(x)`.
 """
 
@@ -13,6 +15,8 @@ from importlib import import_module
 import numpy as np
 
 from schemas.kinds import KIND_INFO
+
+from .precision import in_compute
 
 #: kind -> its reference module, one per kind of the vocabulary (a missing one fails this import, naming it).
 KIND_MODULES = {kind: import_module(f"{__name__}.{kind}") for kind in KIND_INFO}
@@ -31,15 +35,24 @@ class TrainStep:
 def forward(spec, x: np.ndarray, training: bool | None = None) -> np.ndarray:
     """Output of the layer described by `spec` on `x` (float64). `training` defaults to spec.training."""
     mode = spec.training if training is None else training
-    return KIND_MODULES[spec.kind].forward(spec, np.asarray(x, dtype=np.float64), mode)
+    return KIND_MODULES[spec.kind].forward(spec, _input(spec, x), mode)
+
+
+def _input(spec, x: np.ndarray) -> np.ndarray:
+    """`x` in float64 as the layer sees it: cast to its compute dtype (exact when that is wider)."""
+    return in_compute(spec, np.asarray(x, dtype=np.float64))
 
 
 def train_step(spec, x: np.ndarray, variance_estimator: str | None = None) -> TrainStep:
     """One training-mode step; `variance_estimator` overrides the spec's (to predict another framework)."""
-    x = np.asarray(x, dtype=np.float64)
+    x = _input(spec, x)
     y = KIND_MODULES[spec.kind].forward(spec, x, True)
     if not spec.track_running_stats:
         return TrainStep(y, None, None, None)
+    if spec.frozen:
+        # FrozenBatchNorm2d: constants, no momentum, no counter: the step changes nothing.
+        count = int(spec.tensors["num_batches_tracked"]) if "num_batches_tracked" in spec.tensors else None
+        return TrainStep(y, spec.tensors["running_mean"].astype(np.float64), spec.tensors["running_var"].astype(np.float64), count)
     estimator = variance_estimator or spec.variance_estimator
     batch_mean, batch_var_biased, count = batch_moments(spec, x)
     batch_var = batch_var_biased * count / (count - 1) if estimator == "unbiased" else batch_var_biased

@@ -16,9 +16,9 @@ def batch_moments(x: np.ndarray):
 
 def forward(spec, x: np.ndarray, training: bool) -> np.ndarray:
     shape = channel_shape(x)
-    if spec.track_running_stats and not training:
+    if spec.track_running_stats and (spec.frozen or not training):  # frozen: running statistics in training mode too
         mean = spec.tensors["running_mean"].astype(np.float64)
         var = spec.tensors["running_var"].astype(np.float64)
     else:
         mean, var, _ = batch_moments(x)
-    return affine(spec, normalize(x, mean.reshape(shape), var.reshape(shape), spec.eps), shape)
+    return affine(spec, normalize(x, mean.reshape(shape), var.reshape(shape), spec.eps, spec), shape)

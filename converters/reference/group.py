@@ -12,5 +12,5 @@ def forward(spec, x: np.ndarray, training: bool) -> np.ndarray:
     grouped = x.reshape((n, spec.num_groups, c // spec.num_groups) + x.shape[2:])
     axes = tuple(range(2, grouped.ndim))
     mean, var = grouped.mean(axis=axes, keepdims=True), grouped.var(axis=axes, keepdims=True)
-    normalized = normalize(grouped, mean, var, spec.eps).reshape(x.shape)
+    normalized = normalize(grouped, mean, var, spec.eps, spec).reshape(x.shape)
     return affine(spec, normalized, channel_shape(x))

@@ -20,10 +20,10 @@ def batch_moments(x: np.ndarray):
 
 def forward(spec, x: np.ndarray, training: bool) -> np.ndarray:
     shape = channel_shape(x)
-    if spec.track_running_stats and not training:
+    if spec.track_running_stats and (spec.frozen or not training):
         mean = spec.tensors["running_mean"].astype(np.float64).reshape(shape)
         var = spec.tensors["running_var"].astype(np.float64).reshape(shape)
     else:
         axes = tuple(range(2, x.ndim))
         mean, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
-    return affine(spec, normalize(x, mean, var, spec.eps), shape)
+    return affine(spec, normalize(x, mean, var, spec.eps, spec), shape)

@@ -14,6 +14,7 @@ from ..adapters import REGISTRY
 from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hinted
 from ..model_values import NormLayerRef
 from ..models.walking import spec_of
+from .common import numpy_from_tensor
 from .exported_program import exported_specs
 
 #: The normalization module classes a walk must have read, or the model is refused (they would pass unchecked).
@@ -21,11 +22,8 @@ _NORM_MODULES = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch
 
 
 def torch_array(tensor: Any, name: str) -> np.ndarray:
-    """The tensor as NumPy (no copy; the registry copies); bfloat16, which NumPy cannot hold exactly, is refused."""
-    tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        raise InputFileError(f"tensor '{name}' is bfloat16, which NumPy (and so an artifact) cannot hold exactly; convert the model to float32 first.")
-    return tensor.numpy()
+    """The tensor as NumPy; bfloat16 goes through ml_dtypes bit for bit (torch's .numpy() cannot make one)."""
+    return numpy_from_tensor(tensor.detach().cpu())
 
 
 def _tensors(state: dict[str, Any]) -> list[ModelTensor]:

@@ -8,6 +8,7 @@ from schemas import LayerReport, NormSpec
 
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
+from .common import STOCK_HOLDS
 from .running_stats import build_norm_base, read_norm_base
 
 BATCH_CLASSES = {1: torch.nn.BatchNorm1d, 2: torch.nn.BatchNorm2d, 3: torch.nn.BatchNorm3d}
@@ -23,6 +24,7 @@ def spatial_rank_of(module: torch.nn.Module, classes: dict) -> int:
 class TorchBatchAdapter(KindAdapter):
     framework = "torch"
     kind = "batch"
+    holds = STOCK_HOLDS | {"frozen"}
 
     def to_spec(self, obj: torch.nn.Module, report: LayerReport) -> NormSpec:
         return read_norm_base(obj, "batch", spatial_rank_of(obj, BATCH_CLASSES), report)

@@ -2,15 +2,50 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import torch
 
-from schemas import LayerReport, NormSpec, Source, SpecError
+from schemas import LayerReport, NormSpec, NotExpressibleError, Source, SpecError
 
 from .. import markers
 
-TORCH_DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
+TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
 SPEC_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
+#: The extended settings every stock torch module holds: bfloat16, and float32 statistics of a bf16/fp16 layer.
+STOCK_HOLDS = frozenset({"dtype", "compute_dtype"})
+
+
+def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing `array`'s bits; NumPy's bfloat16 (ml_dtypes) goes through a 16-bit view, which torch lacks."""
+    array = np.require(array, requirements=('C', 'W'))  # ascontiguousarray would make a 0-d array 1-d; torch wants writable memory
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def numpy_from_tensor(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy array with the tensor's bits (bfloat16 as ml_dtypes.bfloat16); shares memory where torch allows."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def check_compute_dtype(spec: NormSpec) -> None:
+    """Stock modules compute a bf16/fp16 layer's statistics and affine in float32 on the CPU (opmath), and cast once at the end.
+
+    So they hold compute_dtype="float32" with the cast after the affine; another compute dtype is refused.
+    """
+    if spec.compute_dtype is not None and (spec.compute_dtype != "float32" or spec.dtype not in ("bfloat16", "float16")):
+        raise NotExpressibleError(
+            f"a stock torch module computes a {spec.dtype} layer in float32 on the CPU, not in compute_dtype={spec.compute_dtype!r}; "
+            "keep the layer in its source framework.", layer=spec.name, setting="compute_dtype", target="torch")
+
+
+def extended_fields(module: torch.nn.Module, dtype: str) -> dict:
+    """compute_dtype remembered from the spec a module was built for, trusted while the module still has a narrow dtype."""
+    remembered = markers.recall(module).get("compute_dtype")
+    return {"compute_dtype": remembered} if remembered == "float32" and dtype in ("bfloat16", "float16") else {}
 
 
 def spec_dtype(module: torch.nn.Module, name: str) -> str:
@@ -29,12 +64,12 @@ def spec_dtype(module: torch.nn.Module, name: str) -> str:
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A bit-exact NumPy copy of a tensor (detached, on the CPU)."""
-    return tensor.detach().cpu().clone().numpy()
+    return numpy_from_tensor(tensor.detach().cpu().clone()).copy()
 
 
 def assign(target: torch.Tensor, array: np.ndarray) -> None:
     """Overwrite `target` with `array` bit-exactly (dtype must already match)."""
-    source = torch.from_numpy(np.array(array, copy=True))
+    source = tensor_from_numpy(np.array(array, copy=True))
     if source.dtype != target.dtype or tuple(source.shape) != tuple(target.shape):
         raise SpecError(f"cannot write a {source.dtype}{tuple(source.shape)} tensor into a {target.dtype}{tuple(target.shape)} one.")
     with torch.no_grad():
@@ -106,7 +141,9 @@ def finish(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -> torc
     """Mode, name marker and report lines every adapter ends with."""
     module.train(spec.training)
     report.add("training", spec.training, note="module.training")
-    markers.remember(module, name=spec.name, dtype=spec.dtype)
+    markers.remember(module, name=spec.name, dtype=spec.dtype, compute_dtype=spec.compute_dtype)
+    if spec.compute_dtype is not None:
+        report.add("compute_dtype", spec.compute_dtype, note="torch computes bf16/fp16 norms in float32 on the CPU and casts once, after the affine")
     report.target_op = type(module).__name__
     report.native = True
     return module

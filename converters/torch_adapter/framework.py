@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from schemas import UnsupportedObjectError
+from schemas import NotExpressibleError, UnsupportedObjectError
 
-from .. import recognizers
+from .. import markers, recognizers
 from ..adapter import FrameworkAdapter
+from .common import numpy_from_tensor, tensor_from_numpy
 
 
 class TorchFramework(FrameworkAdapter):
@@ -38,12 +39,17 @@ class TorchFramework(FrameworkAdapter):
     def run_eval(self, obj: torch.nn.Module, x: np.ndarray) -> np.ndarray:
         module = copy.deepcopy(obj).eval()
         with torch.no_grad():
-            return module(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+            return numpy_from_tensor(module(tensor_from_numpy(np.asarray(x))))
 
     def run_train_step(self, obj: torch.nn.Module, x: np.ndarray):
+        if markers.recall(obj).get("frozen") is True:
+            raise NotExpressibleError(
+                "this stock module holds frozen statistics for eval only (momentum 0): its training-mode forward uses batch statistics, "
+                "which the frozen layer never does; train the source layer instead.",
+                layer=markers.recall(obj).get("name"), setting="frozen", target="torch")
         module = copy.deepcopy(obj).train()
         with torch.no_grad():
-            y = module(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+            y = numpy_from_tensor(module(tensor_from_numpy(np.asarray(x))))
         if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None:
-            return y, module.running_mean.numpy().copy(), module.running_var.numpy().copy()
+            return y, numpy_from_tensor(module.running_mean).copy(), numpy_from_tensor(module.running_var).copy()
         return y, None, None

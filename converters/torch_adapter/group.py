@@ -10,24 +10,27 @@ from .. import markers
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from ..translate import record_eps, record_layout, tensor_fate
-from .common import SPEC_TO_TORCH, affine_kwargs, finish, layer_name, read_affine, source, spec_dtype, write_affine
+from .common import SPEC_TO_TORCH, STOCK_HOLDS, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
 
 
 class TorchGroupAdapter(KindAdapter):
     framework = "torch"
     kind = "group"
+    holds = STOCK_HOLDS
 
     def to_spec(self, obj: torch.nn.GroupNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "GroupNorm")
         scale, bias, tensors = read_affine(obj, name, report)
-        return NormSpec(
+        dtype = spec_dtype(obj, name)
+        return NormSpec(**extended_fields(obj, dtype),
             name=name, kind="group", num_features=obj.num_channels, num_groups=obj.num_groups,
             input_rank=markers.recall(obj).get("input_rank"), layout="channels_first",
             eps=float(obj.eps), scale=scale, bias=bias, training=bool(obj.training),
-            dtype=spec_dtype(obj, name), source=source(obj), tensors=tensors,
+            dtype=dtype, source=source(obj), tensors=tensors,
         )
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.GroupNorm:
+        check_compute_dtype(spec)
         record_layout(report, spec, "channels_first")
         record_eps(report, spec)
         report.add("num_groups", spec.num_groups)

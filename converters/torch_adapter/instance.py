@@ -9,6 +9,7 @@ from schemas import LayerReport, NormSpec
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from .batch import spatial_rank_of
+from .common import STOCK_HOLDS
 from .running_stats import build_norm_base, read_norm_base
 
 INSTANCE_CLASSES = {1: torch.nn.InstanceNorm1d, 2: torch.nn.InstanceNorm2d, 3: torch.nn.InstanceNorm3d}
@@ -17,6 +18,7 @@ INSTANCE_CLASSES = {1: torch.nn.InstanceNorm1d, 2: torch.nn.InstanceNorm2d, 3: t
 class TorchInstanceAdapter(KindAdapter):
     framework = "torch"
     kind = "instance"
+    holds = STOCK_HOLDS | {"frozen"}
 
     def to_spec(self, obj: torch.nn.Module, report: LayerReport) -> NormSpec:
         return read_norm_base(obj, "instance", spatial_rank_of(obj, INSTANCE_CLASSES), report)

@@ -10,23 +10,26 @@ from .. import markers
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from ..translate import record_eps, tensor_fate
-from .common import SPEC_TO_TORCH, affine_kwargs, finish, layer_name, read_affine, source, spec_dtype, write_affine
+from .common import SPEC_TO_TORCH, STOCK_HOLDS, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
 
 
 class TorchLayerAdapter(KindAdapter):
     framework = "torch"
     kind = "layer"
+    holds = STOCK_HOLDS
 
     def to_spec(self, obj: torch.nn.LayerNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "LayerNorm")
         scale, bias, tensors = read_affine(obj, name, report)
-        return NormSpec(
+        dtype = spec_dtype(obj, name)
+        return NormSpec(**extended_fields(obj, dtype),
             name=name, kind="layer", normalized_shape=tuple(obj.normalized_shape),
             input_rank=markers.recall(obj).get("input_rank"), eps=float(obj.eps), scale=scale, bias=bias,
-            training=bool(obj.training), dtype=spec_dtype(obj, name), source=source(obj), tensors=tensors,
+            training=bool(obj.training), dtype=dtype, source=source(obj), tensors=tensors,
         )
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.LayerNorm:
+        check_compute_dtype(spec)
         record_eps(report, spec)
         report.add("normalized_shape", list(spec.normalized_shape))
         module = torch.nn.LayerNorm(

@@ -10,12 +10,13 @@ from .. import markers
 from ..adapter import KindAdapter
 from ..options import ConversionOptions
 from ..translate import record_eps, tensor_fate
-from .common import SPEC_TO_TORCH, finish, layer_name, read_affine, source, spec_dtype, write_affine
+from .common import SPEC_TO_TORCH, STOCK_HOLDS, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
 
 
 class TorchRmsAdapter(KindAdapter):
     framework = "torch"
     kind = "rms"
+    holds = STOCK_HOLDS
 
     def to_spec(self, obj: torch.nn.RMSNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "RMSNorm")
@@ -28,12 +29,13 @@ class TorchRmsAdapter(KindAdapter):
         else:
             eps, origin = float(obj.eps), "explicit"
         return NormSpec(
-            name=name, kind="rms", normalized_shape=tuple(obj.normalized_shape), input_rank=markers.recall(obj).get("input_rank"),
+            **extended_fields(obj, dtype), name=name, kind="rms", normalized_shape=tuple(obj.normalized_shape), input_rank=markers.recall(obj).get("input_rank"),
             eps=eps, eps_origin=origin, scale=scale, bias=False, training=bool(obj.training), dtype=dtype,
             source=source(obj), tensors=tensors,
         )
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.RMSNorm:
+        check_compute_dtype(spec)
         dtype = SPEC_TO_TORCH[spec.dtype]
         eps = spec.eps
         if spec.eps_origin == "dtype_eps" and spec.eps == float(torch.finfo(dtype).eps):

@@ -11,7 +11,7 @@ from .. import markers
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_eps, record_layout, tensor_fate
 from .biased_batch_norm import BIASED_CLASSES, biased_class_for
-from .common import SPEC_TO_TORCH, affine_kwargs, assign, finish, layer_name, read_affine, source, spec_dtype, to_numpy, write_affine
+from .common import SPEC_TO_TORCH, affine_kwargs, assign, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, to_numpy, write_affine
 
 
 def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report: LayerReport) -> NormSpec:
@@ -32,10 +32,18 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
         estimator = "biased" if isinstance(module, BIASED_CLASSES) else "unbiased"
     extras = markers.recall(module)
     momentum = None if module.momentum is None else float(module.momentum)
+    frozen = tracked and markers.recall(module).get("frozen") is True and momentum == 0.0
+    if frozen:
+        # Emitted from a frozen spec (FrozenBatchNorm2d) as momentum 0: still frozen while the momentum is.
+        momentum, estimator = None, None
+        tensors.pop("num_batches_tracked", None)
     if not tracked and momentum is not None:
         # Without tracked statistics momentum is never used, but it is the module's setting: kept, so round trips give it back.
         report.add("momentum", momentum, note="unused: statistics are not tracked; kept as given")
+    dtype = spec_dtype(module, name)
     return NormSpec(
+        **extended_fields(module, dtype),
+        frozen=frozen,
         name=name,
         kind=kind,
         num_features=module.num_features,
@@ -50,7 +58,7 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
         scale=scale,
         bias=bias,
         training=bool(module.training),
-        dtype=spec_dtype(module, name),
+        dtype=dtype,
         source=source(module),
         tensors=tensors,
     )
@@ -58,10 +66,13 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
 
 def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, report: LayerReport) -> torch.nn.Module:
     """The PyTorch module for a batch/instance spec, state copied bit-exactly."""
+    check_compute_dtype(spec)
     record_layout(report, spec, "channels_first")
     record_eps(report, spec)
     momentum = None
-    if spec.track_running_stats:
+    if spec.frozen:
+        momentum = frozen_momentum(spec, report)
+    elif spec.track_running_stats:
         if spec.momentum is None:
             report.add("momentum", None, note="cumulative moving average (momentum=None)")
             momentum = None
@@ -96,6 +107,20 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
     tensor_fate(report, spec)
     if spec.input_rank is not None:
         markers.remember(module, input_rank=spec.input_rank)
+    if spec.frozen:
+        markers.remember(module, frozen=True)
     return finish(module, spec, report)
+
+
+def frozen_momentum(spec: NormSpec, report: LayerReport) -> float:
+    """A frozen layer (FrozenBatchNorm2d) as a stock module: momentum 0, so a training step never moves the statistics.
+
+    Eval mode is exact; a training-mode forward of the stock module still normalises with batch statistics.
+    """
+    report.add("frozen", True, "momentum=0.0", "approximate", "stock modules have no frozen mode; eval mode is exact")
+    report.warn(
+        "frozen statistics emitted as a stock module with momentum=0.0: eval mode is exact and a training step leaves the statistics "
+        "unchanged, but a training-mode forward normalises with batch statistics where the frozen layer uses its running ones; keep it in eval mode.")
+    return 0.0
 
 
