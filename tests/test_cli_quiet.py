@@ -13,7 +13,7 @@ import torch
 
 from cli.framework_noise import without_startup_noise
 from tests.cli_run import run_cli
-from tests.model_zoo import torch_resnet_small
+from testkit.model_zoo import torch_resnet_small
 
 ONEDNN_ON = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 FRAMEWORK_MARKERS = ("oneDNN", "absl", "cpu_feature_guard", "torchvision", "FutureWarning", "DeprecationWarning", "Traceback", "tf2onnx",

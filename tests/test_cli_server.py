@@ -172,7 +172,7 @@ def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, 
     local.register("cnn", served.files["v1"], note="first")
     expected = local.export("cnn@1", "onnx", tmp_path / "local")
 
-    done = data(cli(served, "export", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "remote"), "--json", token="reader"))
+    done = data(cli(served, "export-layers", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "remote"), "--json", token="reader"))
     assert done["version"] == "cnn@1" and len(done["layers"]) == 2
     local_files = {Path(layer.file).name: Path(layer.file).read_bytes() for layer in expected.layers}
     remote_files = {Path(layer["file"]).name: Path(layer["file"]).read_bytes() for layer in done["layers"]}
@@ -279,7 +279,7 @@ def test_a_tampered_blob_on_the_server_is_never_used_by_the_client(served):
     verified = cli(served, "verify", "cnn@2", "--no-check", "--json", token="reader")
     assert verified.exit_code == 12
     assert [(p["number"], p["tensor"]) for p in json.loads(verified.stdout)["problems"]] == [(2, "bn2.running_mean")]
-    exported = cli(served, "export", "cnn@2", "--to", "onnx", "-o", str(Path(served.blobs).parent / "never"))
+    exported = cli(served, "export-layers", "cnn@2", "--to", "onnx", "-o", str(Path(served.blobs).parent / "never"))
     assert exported.exit_code == 12 and not (Path(served.blobs).parent / "never").exists()
 
 

@@ -18,7 +18,7 @@ import torch
 
 from schemas import save_spec
 from tests.cli_run import run_cli
-from tests.model_zoo import torch_resnet_small, train_batchnorm_statistics
+from testkit.model_zoo import torch_resnet_small, train_batchnorm_statistics
 from tests.spec_factory import make_spec
 
 WIDE = 1000

@@ -22,7 +22,7 @@ import pytest
 
 from tests.cli_process import normbridge_command
 from tests.http_server import create_token, free_port, running_server
-from tests.processes import stop_process_group, wait_for_http
+from testkit.processes import stop_process_group, wait_for_http
 from tests.test_http_api import assert_error, bearer, onnx_bytes, snapshot
 
 EVIL = "https://evil.example"

@@ -1,6 +1,6 @@
 """Porting normalization state between twin models, against real torch, Keras and onnxruntime-free ONNX graphs.
 
-The twins come from tests/model_zoo.py. Non-normalization weights are copied by the zoo's
+The twins come from testkit/model_zoo.py. Non-normalization weights are copied by the zoo's
 helpers (with the OIHW <-> HWIO transposes); normalization state moves only through
 port_state, so equal whole-model outputs show that the port carried everything that matters
 at inference, and the per-layer checks show it carried it exactly.
@@ -25,7 +25,7 @@ from schemas import NotExpressibleError
 from schemas.floats import decimal_complement
 from schemas.tensors import tensors_identical
 
-from . import model_zoo as zoo
+from testkit import model_zoo as zoo
 
 ATOL = 1e-4
 RESNET_INPUT = (4, 3, 32, 32)
