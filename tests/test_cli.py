@@ -153,12 +153,21 @@ def test_every_registered_command_has_help_with_an_example():
 
 
 def test_every_command_module_is_registered():
-    """cli/main.py imports its command modules explicitly: one left out would silently drop its commands."""
+    """cli/main.py imports its command modules explicitly: one left out would silently drop its commands.
+
+    Every file of cli/commands/ is in COMMAND_MODULES, and every module listed registers commands on
+    the app (directly or in a group), so the list holds no module that adds nothing.
+    """
     import importlib
 
-    from cli.main import COMMAND_MODULES
+    from cli.main import COMMAND_MODULES, app
 
     folder = Path(__file__).resolve().parent.parent / "cli" / "commands"
     modules = {f"cli.commands.{path.stem}" for path in folder.glob("*.py") if path.stem != "__init__"}
     assert modules == {module.__name__ for module in COMMAND_MODULES}
     assert all(importlib.import_module(name) in COMMAND_MODULES for name in modules)
+    commands = list(app.registered_commands)
+    for group in app.registered_groups:
+        commands += group.typer_instance.registered_commands
+    registering = {command.callback.__module__ for command in commands}
+    assert registering == modules, f"listed but registering nothing: {sorted(modules - registering)}; registering but not listed: {sorted(registering - modules)}"
