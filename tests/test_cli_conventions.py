@@ -22,6 +22,8 @@ from tests.cli_run import run_cli
 from testkit.model_zoo import torch_resnet_small
 from tests.spec_factory import make_spec
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)

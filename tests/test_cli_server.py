@@ -88,6 +88,7 @@ def data(result):
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     second = process("register", "cnn", str(served.files["v2"]), "--json",
                      env={"NORMBRIDGE_SERVER": served.url, "NORMBRIDGE_TOKEN": served.writer})  # env works like --server/--token
@@ -136,6 +137,7 @@ def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     assert missing.exit_code == 13 and "cnn" in missing.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_gate_over_the_server_exits_7_naming_the_layer_and_stores_nothing(served):
     failed = cli(served, "register", "broken", str(served.files["broken"]))
     assert failed.exit_code == 7, failed.output
@@ -148,6 +150,7 @@ def test_a_failing_gate_over_the_server_exits_7_naming_the_layer_and_stores_noth
     assert cli(served, "versions", "broken").exit_code == 13
 
 
+@pytest.mark.slow
 def test_tokens_roles_and_an_unreachable_server_have_their_own_exit_codes(served):
     forbidden = cli(served, "register", "cnn", str(served.files["v1"]), token="reader")
     assert forbidden.exit_code == 16 and "forbidden" in forbidden.stderr
@@ -165,6 +168,7 @@ def test_tokens_roles_and_an_unreachable_server_have_their_own_exit_codes(served
     assert mixed.exit_code == 2 and "--server" in mixed.output
 
 
+@pytest.mark.slow
 def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, tmp_path):
     from registry.service import Registry
 
@@ -181,6 +185,7 @@ def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, 
     assert [layer["report"] for layer in done["layers"]] == [layer.report for layer in expected.layers]
 
 
+@pytest.mark.slow
 def test_library_client_streams_with_byte_progress_registers_folders_and_refuses_in_memory_models(served, tmp_path):
     from registry.artifact import extract_artifact, save_artifact_folder
 
@@ -208,6 +213,7 @@ def test_library_client_streams_with_byte_progress_registers_folders_and_refuses
         remote.register("cnn", trained_cnn())
 
 
+@pytest.mark.slow
 def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(served, tmp_path):
     """A fine-tune that moved only the BatchNorm statistics sends only those: the weights are cnn@1's (and any other
     blob a version this token may read holds is left out too)."""
@@ -235,6 +241,7 @@ def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(s
         n: artifact.blobs[ref.digest][len(artifact.blobs[ref.digest]) - ref.nbytes:] for n, ref in artifact.manifest.tensors.items()}
 
 
+@pytest.mark.slow
 def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served, tmp_path):
     import httpx
 
@@ -262,6 +269,7 @@ def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served
     assert sent.created and sent.version.content_digest == RemoteRegistry(served.url, served.writer).show("cnn@1").content_digest
 
 
+@pytest.mark.slow
 def test_a_tampered_blob_on_the_server_is_never_used_by_the_client(served):
     """Last server test: it damages cnn@2 (its fine-tuned statistics are its own blobs)."""
     from registry.service import Registry
@@ -298,6 +306,7 @@ def test_a_bundle_with_links_or_escaping_paths_is_never_extracted(tmp_path):
     assert not (tmp_path / "escape" / "evil").exists() and not (tmp_path / "link" / "bundle" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_a_malformed_reference_is_refused_the_same_way_locally_and_over_the_server(served):
     for ref in ("cnn@", "@2"):
         remote = cli(served, "show", ref)

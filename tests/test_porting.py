@@ -362,6 +362,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(normbridge_command() + list(args), check=False, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_ports_a_pt2_file_into_a_keras_file(torch_resnet, keras_twin, tmp_path):
     source, target, out = tmp_path / "resnet.pt2", tmp_path / "twin.keras", tmp_path / "ported.keras"
     torch.export.save(torch.export.export(torch_resnet, (torch.from_numpy(random_input(RESNET_INPUT)),)), str(source))

@@ -20,6 +20,8 @@ from tests.test_registry_service import (
     trained_cnn,
 )
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
