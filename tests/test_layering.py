@@ -25,10 +25,11 @@ PACKAGES = ("schemas", "converters", "registry", "cli", "bench", "testkit")
 #: Top-level names that belong to the project (an import of any other name is a third-party or stdlib one).
 PROJECT = (*PACKAGES, "tests")
 
-#: The registry's store floor: blobs, metadata and its rows and records, audit chain, leases, tokens, the
-#: stored artifact (manifest I/O, tensor blobs), the tar reader, settings. It knows schemas and nothing above: a store that imported
-#: converters would load a framework to read a row. Patterns name the paths (fnmatch, relative to the repo),
-#: so that `registry/blobs/` and `registry/entities.py` are in before they exist.
+#: The registry's store floor: blobs, metadata with its rows and records, the audit chain, leases, tokens,
+#: the stored artifact (manifest I/O, tensor blobs), the tar reader, settings. It knows schemas and nothing
+#: above: a store that imported converters would load a framework to read a row. Patterns name paths
+#: (fnmatch, relative to the repo, `*` crossing folders), so `registry/blobs/` and `registry/entities.py`
+#: are placed whether or not they exist yet.
 STORE_FLOOR = (
     "registry/__init__.py",
     "registry/settings.py",

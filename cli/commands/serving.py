@@ -109,9 +109,8 @@ def export_command(
     from schemas import InputFileError
 
     if "@" in model_path.name and not model_path.exists():
-        raise typer.BadParameter(f"'{model_path}' is a registry version, not a model file: export exports a model file for serving; "
-                                 f"write the version's layers with normbridge export-layers {model_path} --to torch|keras|onnx -o DIR.",
-                                 param_hint="MODEL")
+        raise typer.BadParameter(f"'{model_path}' is a registry version, not a model file; write its layers with "
+                                 f"normbridge export-layers {model_path} --to torch|keras|onnx -o DIR.", param_hint="MODEL")
     if to is not ExportTarget.onnx:
         raise InputFileError(f"a model file exports to onnx for serving (got --to {to.value}); the layers of a registry version are written "
                              f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.")
