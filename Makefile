@@ -1,4 +1,4 @@
-# normbridge: `make demo` runs the quickstart, `make test` the test suite, `make docs` builds the site; each sets up .venv first.
+# normbridge: `make demo` runs the quickstart, `make test` the test suite (`make test-fast` without the slow tests), `make docs` builds the site; each sets up .venv first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # Test workers: the suite is sized for 2 cores.
 WORKERS ?= 2
 
-.PHONY: setup demo test bench schemas docs docs-cli clean
+.PHONY: setup demo test test-fast bench schemas docs docs-cli clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
+
+# Everything but the tests marked slow (those that start servers or subprocesses: the CLI, Python, a browser).
+test-fast: setup
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow"
 
 bench: setup
 	$(PY) bench/convert.py

@@ -36,7 +36,7 @@ from converters.models.serving.contract import contract_test  # noqa: E402
 from converters.models.inspection import inspect_model  # noqa: E402
 from converters.models.loading import load_model  # noqa: E402
 from converters.models.serving.export import export_for_serving  # noqa: E402
-from tests.model_zoo import torch_resnet18, train_batchnorm_statistics  # noqa: E402
+from testkit.model_zoo import torch_resnet18, train_batchnorm_statistics  # noqa: E402
 
 
 def timed(fn, repeat: int):

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 
-from tests.processes import free_port, stop_process_group, wait_for_http  # noqa: E402
+from testkit.processes import free_port, stop_process_group, wait_for_http  # noqa: E402
 
 READS_TARGET = 2.0  # normbridge reads/s over MLflow's
 UPLOAD_TARGET = 0.8  # normbridge upload MB/s over plain boto3 put_object's

@@ -12,6 +12,7 @@ from schemas import ConversionReport, LayerReport, NormSpec, NotExpressibleError
 
 from .options import ConversionOptions
 from .adapters import REGISTRY, AdapterRegistry
+from .model_values import NormLayerRef
 
 _last = threading.local()
 
@@ -42,6 +43,12 @@ def read_spec(obj: Any, report: LayerReport | None = None, registry: AdapterRegi
     spec = registry.get(framework.name, kind).to_spec(obj, layer_report)
     layer_report.layer = spec.name
     return spec, layer_report
+
+
+def layer_spec(ref: NormLayerRef, registry: AdapterRegistry = REGISTRY) -> NormSpec:
+    """The spec of a layer walked in a model (ModelAdapter.norm_layers), named by its path in the model."""
+    spec, _ = read_spec(ref.obj, registry=registry)
+    return spec if spec.name == ref.path else spec.replace(name=ref.path)
 
 
 def to_spec(obj: Any) -> NormSpec:

@@ -56,13 +56,20 @@ class ModelAdapter(abc.ABC):
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
         """The spec of every normalization layer, named by its path, in order (execution order where `sample` lets it trace one)."""
 
+    def layer_spec(self, ref: NormLayerRef) -> NormSpec:
+        """The spec of one layer `norm_layers` found, named by its path: `converters.api.layer_spec(ref)` reads it.
+
+        Not done here because the adapter registry (which reading goes through) imports this module.
+        """
+        raise UnsupportedObjectError(f"the {self.framework} model adapter reads no layer specs; define layer_spec (converters.api.layer_spec).")
+
     def layer_facts(self, model: Any) -> list[LayerFacts]:
-        """What inspection reports per layer: by default every walked layer, read through its adapter."""
+        """What inspection reports per layer: by default every walked layer, read through its adapter (`layer_spec`)."""
         facts = []
         for ref in self.norm_layers(model):
             spec, problem = None, None
             try:
-                spec = ref.spec()
+                spec = self.layer_spec(ref)
             except NormbridgeError as error:
                 problem = str(error)
             facts.append(LayerFacts(

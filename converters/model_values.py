@@ -31,13 +31,6 @@ class NormLayerRef:
     kind: str
     training: bool = False
 
-    def spec(self) -> NormSpec:
-        """The layer's spec, named by its path in the model."""
-        from .api import read_spec
-
-        spec, _ = read_spec(self.obj)
-        return spec if spec.name == self.path else spec.replace(name=self.path)
-
 
 @dataclass(frozen=True)
 class LayerFacts:

@@ -1,4 +1,4 @@
-"""Every error normbridge raises, and the one table that maps them to exit codes.
+"""Every error normbridge raises, and the two tables that map them to CLI exit codes and HTTP statuses.
 
 Messages are one sentence: what was received, what was expected, how to fix it.
 Errors that concern one layer name it and the setting, so a user of a 200-layer
@@ -143,7 +143,7 @@ class ServerUnreachableError(NormbridgeError):
 HAZARD_FOUND_EXIT = 10  # `normbridge inspect --fail-on`: a hazard at or above the severity
 DRIFT_ALARM_EXIT = 11  # `normbridge drift`: a layer's activations drifted past the thresholds
 
-#: One table maps error types to CLI exit codes (and, later, HTTP statuses).
+#: Error type -> CLI exit code (the most specific class listed wins; HTTP_STATUSES below has the same keys).
 #: 1 is left to unexpected crashes and 2 to usage errors (Typer/Click's own).
 EXIT_CODES: dict[type[NormbridgeError], int] = {
     SpecError: 3,
@@ -166,6 +166,7 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     NormbridgeError: 9,
 }
 
+#: Error type -> HTTP status of the service's error responses (registry/http/errors.py: status_for).
 HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     SpecError: 422,
     NotExpressibleError: 422,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cli_process import normbridge_command
-from tests.processes import free_port, stop_process_group, wait_for_http
+from testkit.processes import free_port, stop_process_group, wait_for_http
 
 __all__ = ["Server", "create_token", "free_port", "running_server"]
 

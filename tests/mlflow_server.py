@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import free_port, stop_process_group, wait_for_http
+from testkit.processes import free_port, stop_process_group, wait_for_http
 
 SCRIPT = Path(sys.executable).parent / "mlflow"
 

@@ -18,6 +18,8 @@ from tests.test_web import CHROMIUM, CHROMIUM_ARGS
 
 from playwright import sync_api as playwright_api  # a test dependency: missing it must fail, not skip
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -112,6 +112,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(normbridge_command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
 
 
+@pytest.mark.slow
 def test_the_cli_prints_the_head_to_pin_and_exits_12_on_a_cut_log(url, tmp_path):
     store = MetadataStore(url)
     fill(store)

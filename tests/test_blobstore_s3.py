@@ -14,6 +14,8 @@ from registry.blobs.s3 import S3BlobStore
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 from tests import moto_server
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 moto_s3 = moto_server.moto_s3  # fixtures: a moto server on a free port, and a fresh bucket per test
 s3_env = moto_server.s3_env
 

@@ -20,6 +20,8 @@ import pytest
 
 from tests.http_server import create_token, running_server
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 LIMIT_MB = 8
 PEAK_BOUND = 100 << 20  # bytes the upload may add to the server's resident memory
 ZERO_CHUNK = bytes(1 << 20)

@@ -221,6 +221,7 @@ def test_headers_count_toward_the_limit_and_long_names_and_pax_headers_are_cappe
     assert state(local) == before
 
 
+@pytest.mark.slow
 def test_on_s3_blobs_are_written_during_the_gate_and_a_refused_bundle_leaves_only_unreferenced_blobs(s3_env, artifact_folder, tmp_path):
     from tests.test_http_api import failing_gate_bundle
 

@@ -28,6 +28,7 @@ def bn_folder(tmp_path):
     return save_spec(make_spec("batch", name="features.1", eps=1e-3, momentum=0.01, source="torch"), tmp_path / "bn")
 
 
+@pytest.mark.slow
 def test_convert_spec_to_onnx_then_check_the_onnx_file(bn_folder, tmp_path):
     out = tmp_path / "bn.onnx"
     done = run("convert", str(bn_folder), "--to", "onnx", "-o", str(out), "--opset", "23")
@@ -39,6 +40,7 @@ def test_convert_spec_to_onnx_then_check_the_onnx_file(bn_folder, tmp_path):
     assert result["passed"] is True and result["layer"] == "features.1"
 
 
+@pytest.mark.slow
 def test_convert_json_report_carries_eps_and_momentum(bn_folder, tmp_path):
     done = run("convert", str(bn_folder), "--to", "keras", "-o", str(tmp_path / "bn.keras"), "--json")
     assert done.returncode == 0, done.stderr
@@ -49,6 +51,7 @@ def test_convert_json_report_carries_eps_and_momentum(bn_folder, tmp_path):
     assert (tmp_path / "bn.keras").is_file()
 
 
+@pytest.mark.slow
 def test_convert_to_spec_and_torch_folders(bn_folder, tmp_path):
     assert run("convert", str(bn_folder), "--to", "spec", "-o", str(tmp_path / "copy")).returncode == 0
     assert load_spec(tmp_path / "copy") == load_spec(bn_folder)
@@ -59,6 +62,7 @@ def test_convert_to_spec_and_torch_folders(bn_folder, tmp_path):
     assert np.array_equal(state["running_var"], load_spec(bn_folder).tensors["running_var"])
 
 
+@pytest.mark.slow
 def test_train_mode_to_onnx_is_refused_and_nothing_is_written(tmp_path):
     folder = save_spec(make_spec("batch", name="head.bn", training=True), tmp_path / "bn")
     out = tmp_path / "bn.onnx"
@@ -75,6 +79,7 @@ def written(path: Path, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make_input, code, phrase",
     [
@@ -91,6 +96,7 @@ def test_bad_inputs_exit_non_zero_with_a_reason(tmp_path, make_input, code, phra
     assert phrase in done.stderr
 
 
+@pytest.mark.slow
 def test_a_spec_with_invalid_values_exits_3(bn_folder):
     document = json.loads((bn_folder / "spec.json").read_text())
     document["eps"] = -1.0
@@ -99,6 +105,7 @@ def test_a_spec_with_invalid_values_exits_3(bn_folder):
     assert done.returncode == 3 and "eps" in done.stderr and "features.1" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_foreign_train_mode_onnx_file_is_read_as_train_mode(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -119,6 +126,7 @@ def test_a_foreign_train_mode_onnx_file_is_read_as_train_mode(tmp_path):
     assert targets["onnx"]["status"] == "not_expressible" and "training" in targets["onnx"]["reason"]
 
 
+@pytest.mark.slow
 def test_help_lists_the_commands():
     listing = run("--help")
     assert listing.returncode == 0
@@ -126,6 +134,7 @@ def test_help_lists_the_commands():
         assert command in listing.stdout
 
 
+@pytest.mark.slow
 def test_schema_command_prints_the_json_schema():
     done = run("schema", "normspec")
     assert done.returncode == 0 and json.loads(done.stdout)["title"] == "NormSpec"
@@ -146,6 +155,7 @@ def test_docs_document_every_command():
         assert f"normbridge {command}" in prose, f"no page in docs/ documents `normbridge {command}`"
 
 
+@pytest.mark.slow
 def test_every_registered_command_has_help_with_an_example():
     for command in registered_commands():
         helped = run(command, "--help")
@@ -153,12 +163,21 @@ def test_every_registered_command_has_help_with_an_example():
 
 
 def test_every_command_module_is_registered():
-    """cli/main.py imports its command modules explicitly: one left out would silently drop its commands."""
+    """cli/main.py imports its command modules explicitly: one left out would silently drop its commands.
+
+    Every file of cli/commands/ is in COMMAND_MODULES, and every module listed registers commands on
+    the app (directly or in a group), so the list holds no module that adds nothing.
+    """
     import importlib
 
-    from cli.main import COMMAND_MODULES
+    from cli.main import COMMAND_MODULES, app
 
     folder = Path(__file__).resolve().parent.parent / "cli" / "commands"
     modules = {f"cli.commands.{path.stem}" for path in folder.glob("*.py") if path.stem != "__init__"}
     assert modules == {module.__name__ for module in COMMAND_MODULES}
     assert all(importlib.import_module(name) in COMMAND_MODULES for name in modules)
+    commands = list(app.registered_commands)
+    for group in app.registered_groups:
+        commands += group.typer_instance.registered_commands
+    registering = {command.callback.__module__ for command in commands}
+    assert registering == modules, f"listed but registering nothing: {sorted(modules - registering)}; registering but not listed: {sorted(registering - modules)}"

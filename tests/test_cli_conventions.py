@@ -19,8 +19,10 @@ import torch
 
 from schemas import save_spec
 from tests.cli_run import run_cli
-from tests.model_zoo import torch_resnet_small
+from testkit.model_zoo import torch_resnet_small
 from tests.spec_factory import make_spec
+
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
 
 def mode(path: Path) -> int:
@@ -132,7 +134,8 @@ USAGE_MISTAKES = {
     "numeric alias": (["alias", "a", "7", "a@1"], "'7' cannot be an alias"),
     "bad role": (["token", "create", "--owner", "ci", "--role", "boss"], "'boss' is not a role"),
     "bad token scope": (["token", "create", "--owner", "ci", "--role", "read", "--model", "x/y"], "'x/y' is not a model name"),
-    "bad export reference": (["export", "a@x@", "--to", "onnx", "-o", "out"], "'a@x@' is not a version reference"),
+    "bad export reference": (["export-layers", "a@x@", "--to", "onnx", "-o", "out"], "'a@x@' is not a version reference"),
+    "a version given to export": (["export", "cnn@1", "--to", "onnx", "-o", "out"], "normbridge export-layers cnn@1 --to"),
     "bad drift record": (["drift", "a.onnx", "inputs.npy", "--record", "a@"], "'a@' is not a version reference"),
     "unknown operation": (["register", "a", "a.onnx", "--operation", "retrained"], "'retrained' is not a lineage operation"),
     "negative grace": (["gc", "--grace", "-1"], "'--grace': Input should be greater than or equal to 0"),

@@ -13,7 +13,7 @@ import torch
 
 from cli.framework_noise import without_startup_noise
 from tests.cli_run import run_cli
-from tests.model_zoo import torch_resnet_small
+from testkit.model_zoo import torch_resnet_small
 
 ONEDNN_ON = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 FRAMEWORK_MARKERS = ("oneDNN", "absl", "cpu_feature_guard", "torchvision", "FutureWarning", "DeprecationWarning", "Traceback", "tf2onnx",
@@ -52,6 +52,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", list(COMMANDS))
 def test_a_successful_run_prints_nothing_on_stderr(models, what):
     done = run_cli(*COMMANDS[what], cwd=models, env=ONEDNN_ON, columns=120)
@@ -63,6 +64,7 @@ def test_a_successful_run_prints_nothing_on_stderr(models, what):
         assert "wrote" in done.stdout
 
 
+@pytest.mark.slow
 def test_verbose_brings_tensorflow_start_up_lines_back(models):
     done = run_cli("--verbose", "inspect", "small.keras", cwd=models, env=ONEDNN_ON, columns=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -72,6 +74,7 @@ def test_verbose_brings_tensorflow_start_up_lines_back(models):
     assert quiet.stdout == done.stdout  # the same report either way
 
 
+@pytest.mark.slow
 def test_verbose_brings_torch_onnx_and_warning_lines_back(models):
     done = run_cli("--verbose", "export", "resnet.pt2", "--to", "onnx", "-o", "verbose.onnx", cwd=models, columns=120)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -88,6 +88,7 @@ def data(result):
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     second = process("register", "cnn", str(served.files["v2"]), "--json",
                      env={"NORMBRIDGE_SERVER": served.url, "NORMBRIDGE_TOKEN": served.writer})  # env works like --server/--token
@@ -136,6 +137,7 @@ def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     assert missing.exit_code == 13 and "cnn" in missing.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_gate_over_the_server_exits_7_naming_the_layer_and_stores_nothing(served):
     failed = cli(served, "register", "broken", str(served.files["broken"]))
     assert failed.exit_code == 7, failed.output
@@ -148,6 +150,7 @@ def test_a_failing_gate_over_the_server_exits_7_naming_the_layer_and_stores_noth
     assert cli(served, "versions", "broken").exit_code == 13
 
 
+@pytest.mark.slow
 def test_tokens_roles_and_an_unreachable_server_have_their_own_exit_codes(served):
     forbidden = cli(served, "register", "cnn", str(served.files["v1"]), token="reader")
     assert forbidden.exit_code == 16 and "forbidden" in forbidden.stderr
@@ -165,6 +168,7 @@ def test_tokens_roles_and_an_unreachable_server_have_their_own_exit_codes(served
     assert mixed.exit_code == 2 and "--server" in mixed.output
 
 
+@pytest.mark.slow
 def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, tmp_path):
     from registry.service import Registry
 
@@ -172,7 +176,7 @@ def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, 
     local.register("cnn", served.files["v1"], note="first")
     expected = local.export("cnn@1", "onnx", tmp_path / "local")
 
-    done = data(cli(served, "export", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "remote"), "--json", token="reader"))
+    done = data(cli(served, "export-layers", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "remote"), "--json", token="reader"))
     assert done["version"] == "cnn@1" and len(done["layers"]) == 2
     local_files = {Path(layer.file).name: Path(layer.file).read_bytes() for layer in expected.layers}
     remote_files = {Path(layer["file"]).name: Path(layer["file"]).read_bytes() for layer in done["layers"]}
@@ -181,6 +185,7 @@ def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, 
     assert [layer["report"] for layer in done["layers"]] == [layer.report for layer in expected.layers]
 
 
+@pytest.mark.slow
 def test_library_client_streams_with_byte_progress_registers_folders_and_refuses_in_memory_models(served, tmp_path):
     from registry.artifact import extract_artifact
     from registry.manifest_io import save_artifact_folder
@@ -209,6 +214,7 @@ def test_library_client_streams_with_byte_progress_registers_folders_and_refuses
         remote.register("cnn", trained_cnn())
 
 
+@pytest.mark.slow
 def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(served, tmp_path):
     """A fine-tune that moved only the BatchNorm statistics sends only those: the weights are cnn@1's (and any other
     blob a version this token may read holds is left out too)."""
@@ -237,6 +243,7 @@ def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(s
         n: artifact.blobs[ref.digest][len(artifact.blobs[ref.digest]) - ref.nbytes:] for n, ref in artifact.manifest.tensors.items()}
 
 
+@pytest.mark.slow
 def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served, tmp_path):
     import httpx
 
@@ -265,6 +272,7 @@ def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served
     assert sent.created and sent.version.content_digest == RemoteRegistry(served.url, served.writer).show("cnn@1").content_digest
 
 
+@pytest.mark.slow
 def test_a_tampered_blob_on_the_server_is_never_used_by_the_client(served):
     """Last server test: it damages cnn@2 (its fine-tuned statistics are its own blobs)."""
     from registry.service import Registry
@@ -282,7 +290,7 @@ def test_a_tampered_blob_on_the_server_is_never_used_by_the_client(served):
     verified = cli(served, "verify", "cnn@2", "--no-check", "--json", token="reader")
     assert verified.exit_code == 12
     assert [(p["number"], p["tensor"]) for p in json.loads(verified.stdout)["problems"]] == [(2, "bn2.running_mean")]
-    exported = cli(served, "export", "cnn@2", "--to", "onnx", "-o", str(Path(served.blobs).parent / "never"))
+    exported = cli(served, "export-layers", "cnn@2", "--to", "onnx", "-o", str(Path(served.blobs).parent / "never"))
     assert exported.exit_code == 12 and not (Path(served.blobs).parent / "never").exists()
 
 
@@ -301,6 +309,7 @@ def test_a_bundle_with_links_or_escaping_paths_is_never_extracted(tmp_path):
     assert not (tmp_path / "escape" / "evil").exists() and not (tmp_path / "link" / "bundle" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_a_malformed_reference_is_refused_the_same_way_locally_and_over_the_server(served):
     for ref in ("cnn@", "@2"):
         remote = cli(served, "show", ref)

@@ -18,8 +18,10 @@ import torch
 
 from schemas import save_spec
 from tests.cli_run import run_cli
-from tests.model_zoo import torch_resnet_small, train_batchnorm_statistics
+from testkit.model_zoo import torch_resnet_small, train_batchnorm_statistics
 from tests.spec_factory import make_spec
+
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
 WIDE = 1000
 NARROW = (80, 60)

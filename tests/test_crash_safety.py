@@ -17,6 +17,8 @@ from registry.faults import FAULT_EXIT, FAULT_POINTS
 from tests.pg import fresh_database
 from tests.test_registry_service import expire_leases, finetune_statistics, snapshot, trained_cnn
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = """

@@ -44,6 +44,7 @@ def rendered_reference() -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_cli_reference_is_current():
     expected = rendered_reference()
     current = PAGE.read_text()

@@ -77,6 +77,7 @@ def test_a_missing_version_or_a_wrong_report_type_stores_nothing(registry):
     assert drift_reports(registry, "cnn@1") == [] and len(registry.audit()) == audit_before
 
 
+@pytest.mark.slow
 def test_drift_record_option_stores_the_report_the_command_printed(tmp_path):
     from registry.service import Registry
 

@@ -90,6 +90,7 @@ def bundle_of(model, folder: Path) -> bytes:
     return b"".join(folder_tar_chunks(artifact, lambda done: None))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("upload", ["model", "bundle"])
 def test_gc_in_another_process_during_a_registration_keeps_the_blobs_it_relies_on(where, upload, monkeypatch, tmp_path):
     db, blobs, local = where
@@ -126,6 +127,7 @@ def test_gc_in_another_process_during_a_registration_keeps_the_blobs_it_relies_o
     registry.meta.close()
 
 
+@pytest.mark.slow
 def test_a_bundle_that_leaves_out_stored_blobs_keeps_them_while_the_version_holding_them_is_deleted(where, monkeypatch, tmp_path):
     """The HTTP upload may leave out blobs a readable version holds; that version may go before the commit."""
     from tests.test_bundle_stream import tar_of
@@ -202,6 +204,7 @@ print(json.dumps({"runs": runs, "deleted": deleted}))
 """
 
 
+@pytest.mark.slow
 def test_gc_looping_in_another_process_beside_registrations_that_reuse_unreferenced_blobs_loses_nothing(where, tmp_path):
     db, blobs, _ = where
     registry = Registry(db=db, blobs=blobs, user="uploader")

@@ -18,6 +18,8 @@ import torch
 
 from tests.http_server import create_token, running_server
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 UPLOAD_LIMIT = 1024 * 1024
 
 

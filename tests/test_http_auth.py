@@ -17,6 +17,8 @@ from tests.cli_process import normbridge_command
 from tests.http_server import create_token, running_server
 from tests.test_http_api import assert_error, bearer, onnx_bytes, pt2_bytes, small_model, snapshot
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 
 def token_command(db: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*normbridge_command(), "token", *args, "--db", db], capture_output=True, text=True, timeout=120)

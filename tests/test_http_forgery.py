@@ -22,8 +22,10 @@ import pytest
 
 from tests.cli_process import normbridge_command
 from tests.http_server import create_token, free_port, running_server
-from tests.processes import stop_process_group, wait_for_http
+from testkit.processes import stop_process_group, wait_for_http
 from tests.test_http_api import assert_error, bearer, onnx_bytes, snapshot
+
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
 EVIL = "https://evil.example"
 FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x")

@@ -314,6 +314,7 @@ def cli_files(cnn_and_pt2, keras_files, onnx_files):
     return {"pt2": cnn_and_pt2[1], "keras": keras_files[1], "onnx": onnx_files[1]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt, first_path, framework", [("pt2", "block1.1", "torch"), ("keras", "bn", "keras"), ("onnx", None, "onnx")])
 def test_cli_prints_the_table_and_valid_json(cli_files, fmt, first_path, framework):
     path = cli_files[fmt]
@@ -328,6 +329,7 @@ def test_cli_prints_the_table_and_valid_json(cli_files, fmt, first_path, framewo
         assert inspection.layers[0].path == first_path and first_path in table.stdout
 
 
+@pytest.mark.slow
 def test_cli_fail_on_error_exits_10_on_a_train_mode_export_and_0_without_it(tmp_path):
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
     path = tmp_path / "train.pt2"
@@ -339,12 +341,14 @@ def test_cli_fail_on_error_exits_10_on_a_train_mode_export_and_0_without_it(tmp_
     assert shown.returncode == 0 and "train_mode" in shown.stdout and "model.eval()" in shown.stdout
 
 
+@pytest.mark.slow
 def test_cli_fail_on_error_passes_an_eval_export_with_warnings_only(cli_files):
     done = run("inspect", str(cli_files["pt2"]), "--fail-on", "error")
     assert done.returncode == 0, done.stdout + done.stderr
     assert run("inspect", str(cli_files["pt2"]), "--fail-on", "warning").returncode == 10
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_pickle_and_a_keras_file_with_a_lambda(tmp_path, keras_files):
     pickled = tmp_path / "model.pth"
     pickled.write_bytes(pickle.dumps({"state": 1}))

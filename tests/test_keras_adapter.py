@@ -352,6 +352,7 @@ def test_framework_basics():
         FRAMEWORK.kind_of(keras.layers.Dense(3))
 
 
+@pytest.mark.slow
 def test_owns_does_not_import_keras():
     code = (
         "import sys; from converters.keras_adapter import FRAMEWORK; "

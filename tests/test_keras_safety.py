@@ -138,6 +138,7 @@ def test_load_model_refuses_each_hostile_config_and_runs_nothing(name, genuine, 
     assert refused is not None and refused.code == "bad_input_file" and str(path) in str(refused), refused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_inspect_and_export_processes_exit_6_and_run_nothing(name, genuine, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
@@ -161,6 +162,7 @@ def server(tmp_path_factory):
             yield client
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_the_server_answers_400_to_each_hostile_keras_upload_and_registers_nothing(name, genuine, server, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)

@@ -69,6 +69,7 @@ def bn_eval(x: np.ndarray, spec, axis: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------- push
 
 
+@pytest.mark.slow
 def test_push_registers_versions_with_normbridge_tags_and_a_bundle_that_loads_to_the_same_digest(cli_app, mlflow_server, store, tmp_path,  # noqa: F811
                                                                                                   monkeypatch):
     from mlflow.tracking import MlflowClient
@@ -139,6 +140,7 @@ def test_an_unreachable_tracking_server_fails_fast_with_exit_18(cli_app, store):
 # -------------------------------------------------------------------------------------- import
 
 
+@pytest.mark.slow
 def test_import_of_an_mlflow_onnx_model_registers_its_exact_batchnorm_through_the_gate(cli_app, mlflow_fluent, mlflow_server, store):  # noqa: F811
     import onnx
     import onnxruntime
@@ -171,6 +173,7 @@ def test_import_of_an_mlflow_onnx_model_registers_its_exact_batchnorm_through_th
     np.testing.assert_allclose(bn_eval(x.astype(np.float64), spec, axis=1), original, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_import_of_an_mlflow_keras_model_registers_its_exact_batchnorm(cli_app, mlflow_fluent, store):
     import keras
 
@@ -196,6 +199,7 @@ def test_import_of_an_mlflow_keras_model_registers_its_exact_batchnorm(cli_app, 
     np.testing.assert_allclose(bn_eval(x.astype(np.float64), spec, axis=-1), original, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_import_of_an_mlflow_pt2_pytorch_model_needs_no_pickle(cli_app, mlflow_fluent, store):
     model = trained_cnn(seed=3)
     with mlflow_fluent.start_run():
@@ -229,6 +233,7 @@ class MarkingBatchNorm(torch.nn.Module):
         super().__setstate__(state)
 
 
+@pytest.mark.slow
 def test_a_pickled_pytorch_model_is_refused_unpickled_unless_trusted_then_registered_with_a_warning(cli_app, mlflow_fluent, store, tmp_path):
     marker = tmp_path / "unpickled.txt"
     model = MarkingBatchNorm(marker).eval()

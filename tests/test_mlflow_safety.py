@@ -22,6 +22,8 @@ from tests.pt2_crafting import HOSTILE, genuine_pt2
 from tests.test_mlflow import MarkingBatchNorm, mlflow_fluent, no_implicit_mlflow_store, store  # noqa: F401  (fixtures)
 from tests.test_http_api import onnx_bytes
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

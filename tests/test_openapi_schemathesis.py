@@ -23,6 +23,8 @@ from schemathesis.specs.openapi.checks import content_type_conformance, response
 from tests.http_server import create_token, running_server
 from tests.test_service_scale import bearer, bn_onnx_bytes, server_failures
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 #: per operation and generation mode; the whole file stays well under two minutes (raise it for a deeper hunt)
 EXAMPLES = int(os.environ.get("NORMBRIDGE_FUZZ_EXAMPLES", "20"))

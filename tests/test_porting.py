@@ -1,6 +1,6 @@
 """Porting normalization state between twin models, against real torch, Keras and onnxruntime-free ONNX graphs.
 
-The twins come from tests/model_zoo.py. Non-normalization weights are copied by the zoo's
+The twins come from testkit/model_zoo.py. Non-normalization weights are copied by the zoo's
 helpers (with the OIHW <-> HWIO transposes); normalization state moves only through
 port_state, so equal whole-model outputs show that the port carried everything that matters
 at inference, and the per-layer checks show it carried it exactly.
@@ -25,7 +25,7 @@ from schemas import NotExpressibleError
 from schemas.floats import decimal_complement
 from schemas.tensors import tensors_identical
 
-from . import model_zoo as zoo
+from testkit import model_zoo as zoo
 
 ATOL = 1e-4
 RESNET_INPUT = (4, 3, 32, 32)
@@ -362,6 +362,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(normbridge_command() + list(args), check=False, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_ports_a_pt2_file_into_a_keras_file(torch_resnet, keras_twin, tmp_path):
     source, target, out = tmp_path / "resnet.pt2", tmp_path / "twin.keras", tmp_path / "ported.keras"
     torch.export.save(torch.export.export(torch_resnet, (torch.from_numpy(random_input(RESNET_INPUT)),)), str(source))

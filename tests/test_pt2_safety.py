@@ -58,6 +58,7 @@ program.module()(torch.randn(2, 3, 8, 8))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, h in HOSTILE.items() if h.live_on_torch_load])
 def test_each_live_attack_runs_its_payload_through_torch_export_load(name, genuine, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
@@ -194,6 +195,7 @@ def _cli_runs(path: Path, folder: Path, commands: tuple[str, ...]) -> dict[str, 
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE) for command in commands}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_every_cli_command_refuses_each_attack_with_exit_6_and_runs_nothing(name, genuine, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
@@ -223,6 +225,7 @@ def server(tmp_path_factory):
             yield {"client": client, "db": db, "blobs": blobs}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_the_server_answers_400_to_each_attack_uploaded_as_pt2_and_registers_nothing(name, genuine, server, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
@@ -236,6 +239,7 @@ def test_the_server_answers_400_to_each_attack_uploaded_as_pt2_and_registers_not
     assert model not in [m["name"] for m in server["client"].get("/api/v1/models").json()]
 
 
+@pytest.mark.slow
 def test_the_server_still_registers_a_genuine_pt2(genuine, server):
     response = server["client"].post("/api/v1/models/genuine/versions", params={"format": "pt2"}, content=genuine.read_bytes())
     assert response.status_code == 201, response.text

@@ -202,6 +202,7 @@ def test_keras_with_dropout_is_refused():
         recalibrate(_keras_cnn(with_dropout=True), [np.zeros((2, 8, 8, 3), np.float32)])
 
 
+@pytest.mark.slow
 def test_cli_recalibrate_keras_file(tmp_path):
     """The real console script on a .keras file: writes a .keras whose statistics moved and weights did not."""
     import subprocess

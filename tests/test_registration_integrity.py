@@ -126,6 +126,7 @@ def test_an_onnx_batchnorm_with_a_nan_running_var_is_refused_naming_the_layer(lo
     assert [(e.action, e.detail["error"], e.detail["layer"]) for e in local.audit(model="cnn")] == [("register_failed", "invalid_spec", BN_NODE)]
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_the_nan_onnx_and_registers_nothing(tmp_path, onnx_files):
     refused = run_cli(tmp_path, "register", "cnn", str(onnx_files["nan"]))
     assert refused.returncode == 3, (refused.stdout, refused.stderr)
@@ -180,6 +181,7 @@ def test_the_gate_refuses_fewer_checks_than_normalization_layers(artifact_folder
 # -- item 6: tensor headers that lie ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lie", list(LIES))
 def test_a_bundle_tensor_whose_header_lies_is_refused_streamed_and_from_a_folder(local, artifact_folder, tmp_path, lie):
     folder = lying_folder(artifact_folder, tmp_path / "lying", lie)
@@ -202,6 +204,7 @@ def server(tmp_path_factory):
             yield client, Registry(db=db, blobs=blobs, user="test"), root
 
 
+@pytest.mark.slow
 def test_uploads_of_the_nan_onnx_and_of_lying_bundles_are_refused_and_store_nothing(server, onnx_files, artifact_folder):
     client, registry, root = server
     refused = client.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=onnx_files["nan"].read_bytes())

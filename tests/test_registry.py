@@ -34,6 +34,7 @@ def test_an_unknown_object_is_refused_with_what_was_expected():
         REGISTRY.framework_of(object())
 
 
+@pytest.mark.slow
 def test_converting_a_torch_layer_does_not_import_tensorflow():
     import subprocess
     import sys

@@ -20,6 +20,8 @@ from tests.test_registry_service import (
     trained_cnn,
 )
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -113,7 +115,7 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
     assert cli("register", "cnn", str(save_pt2(model, tmp_path / "v1.pt2"))).returncode == 0
     for to, suffix in (("onnx", ".onnx"), ("keras", ".keras"), ("torch", ".safetensors")):
         out = tmp_path / f"layers_{to}"
-        done = data(cli("export", "cnn@1", "--to", to, "-o", str(out), "--json"))
+        done = data(cli("export-layers", "cnn@1", "--to", to, "-o", str(out), "--json"))
         files = sorted(Path(layer["file"]) for layer in done["layers"])
         assert len(files) == 2 and all(f.suffix == suffix and f.is_file() for f in files), files
     # what was exported computes the registered layers: eps and statistics survive
@@ -122,5 +124,5 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
     keras_layer = keras.saving.load_model(sorted((tmp_path / "layers_keras").iterdir())[0], safe_mode=True).layers[-1]
     assert onnx_spec.eps == first_bn.eps == keras_layer.epsilon
     assert (onnx_spec.tensors["running_var"] == first_bn.running_var.numpy()).all()
-    missing = cli("export", "cnn@9", "--to", "onnx", "-o", str(tmp_path / "none"))
+    missing = cli("export-layers", "cnn@9", "--to", "onnx", "-o", str(tmp_path / "none"))
     assert missing.returncode == 13 and "cnn@9" in missing.stderr

@@ -22,6 +22,8 @@ import pytest
 from tests.http_server import create_token, running_server
 from tests.test_service_scale import bearer, bn_onnx_bytes, post_model, server_failures
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 SENT_BEFORE_STALL = 8 * 1024 * 1024
 
 

@@ -14,9 +14,12 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.http_server import create_token, running_server
 from tests.test_service_scale import bearer, bn_onnx_bytes, check_bundle, post_model, server_failures
+
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
 WRITERS = 3
 PER_WRITER = 6

@@ -22,11 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 
 import httpx
+import pytest
 import numpy as np
 
 from tests import moto_server
 from tests.http_server import create_token, running_server
 from tests.pg import fresh_database
+
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
 moto_s3 = moto_server.moto_s3
 s3_env = moto_server.s3_env

@@ -34,6 +34,8 @@ from tests.test_registry_service import finetune_statistics, trained_cnn
 
 from playwright import sync_api as playwright_api  # a test dependency: missing it must fail, not skip
 
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"

@@ -1,4 +1,4 @@
-"""Registry commands: register model versions behind the equivalence gate, read, diff, trace lineage, verify, audit, gc.
+"""Registry commands: register model versions behind the equivalence gate, read, diff, trace lineage, verify, audit, gc (export-layers: cli/commands/layer_export.py).
 
 Every command is a thin shell over registry.service.Registry. `--db` / `--blobs` (or env
 NORMBRIDGE_DB / NORMBRIDGE_BLOBS) pick the store; by default SQLite and a blobs folder under
@@ -374,19 +374,3 @@ def gc(
     _say(f"deleted {len(result.deleted)} unreferenced blob(s), {result.bytes_freed} bytes; kept {len(result.kept_young)} younger than "
          f"{result.grace_seconds:g} s and {len(result.kept_in_flight)} leased by registrations in flight; "
          f"{result.referenced} blob(s) referenced by versions")
-
-
-def export_version(ref: str, to: str, output: Path, json_output: bool, db: str | None = None, blobs: str | None = None) -> None:
-    """`normbridge export NAME@N --to torch|keras|onnx -o FOLDER`: every normalization layer of a version, through the converters.
-
-    Called by the `export` command when its MODEL is a registry reference rather than a file
-    (the registry stores normalization state and weights, not a model's architecture).
-    """
-    result = _registry(db, blobs, json_output).export(ref, to, output)
-    if json_output:
-        _dump(result)
-        return
-    for layer in result.layers:
-        _say(layer.report)
-        _say(f"wrote {layer.file}", style="green")
-    _say(f"exported {len(result.layers)} normalization layer(s) of {result.version} to {result.to} in {result.folder}")

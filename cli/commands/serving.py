@@ -91,9 +91,9 @@ def _rewrites(result) -> list[str]:
 @app.command(name="export")
 @reports_errors
 def export_command(
-    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export) or .keras (loaded with safe_mode), or a registry version NAME@N."),
-    to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="onnx for a model file (serving export); torch, keras or onnx for a registry version NAME@N."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force); a folder for NAME@N."),
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export) or .keras (loaded with safe_mode)."),
+    to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
+    output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
     opset: int = typer.Option(23, "--opset", help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23)."),
     no_rewrite: bool = typer.Option(False, "--no-rewrite", help="Keep the exporter's decomposed or folded normalizations instead of native ops."),
     force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails; the report records the failure."),
@@ -102,27 +102,18 @@ def export_command(
 ) -> None:
     """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops, run the contract.
 
-    Nothing is written when a check fails (exit 7) unless --force. Example: normbridge export resnet.keras --to onnx -o resnet.onnx
-
-    With a registry version instead of a file, every normalization layer of that version is written
-    through the converters, one file per layer with its report. Example: normbridge export cnn@2 --to keras -o cnn2_layers/
+    Nothing is written when a check fails (exit 7) unless --force; the layers of a registry version are written by
+    normbridge export-layers. Example: normbridge export resnet.keras --to onnx -o resnet.onnx
     """
     from converters.models.loading import load_model
     from schemas import InputFileError
 
     if "@" in model_path.name and not model_path.exists():
-        from ..arguments import version_ref
-        from .registry import export_version
-
-        try:
-            version_ref(str(model_path))
-        except typer.BadParameter as error:
-            error.param_hint = "MODEL"
-            raise
-        export_version(str(model_path), to.value, output, json_output)
-        return
+        raise typer.BadParameter(f"'{model_path}' is a registry version, not a model file; write its layers with "
+                                 f"normbridge export-layers {model_path} --to torch|keras|onnx -o DIR.", param_hint="MODEL")
     if to is not ExportTarget.onnx:
-        raise InputFileError(f"a model file exports to onnx for serving (got --to {to.value}); --to torch|keras applies to a registry version NAME@N.")
+        raise InputFileError(f"a model file exports to onnx for serving (got --to {to.value}); the layers of a registry version are written "
+                             f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.")
     from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 

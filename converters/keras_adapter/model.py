@@ -11,6 +11,7 @@ import numpy as np
 from schemas import InputFileError, NormSpec, UnsupportedObjectError
 from schemas.atomic_io import atomic_write_bytes
 
+from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
@@ -73,7 +74,10 @@ class KerasModelAdapter(ModelAdapter):
         return found
 
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
-        return [ref.spec() for ref in self.norm_layers(model)]
+        return [layer_spec(ref) for ref in self.norm_layers(model)]
+
+    def layer_spec(self, ref: NormLayerRef) -> NormSpec:
+        return layer_spec(ref)
 
     def describe(self, model: Any) -> str:
         return f"keras '{model.name}'"

@@ -29,7 +29,7 @@ from schemas import ConversionReport, LayerReport, NormSpec, SpecError
 from schemas.kinds import KIND_INFO
 
 from ..adapters import REGISTRY
-from ..api import write_spec
+from ..api import layer_spec, write_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import NormLayerRef
 from ..options import ConversionOptions
@@ -85,7 +85,7 @@ def source_layers(model: Any) -> list[SourceLayer]:
 def target_layers(model: Any) -> tuple[ModelAdapter, list[TargetLayer]]:
     """(model adapter, layers) of a target model, which must be an in-memory model its framework can change in place."""
     adapter = REGISTRY.model_adapter_of(model)
-    return adapter, [TargetLayer(ref, ref.spec()) for ref in adapter.port_targets(model)]
+    return adapter, [TargetLayer(ref, layer_spec(ref)) for ref in adapter.port_targets(model)]
 
 
 # -- pairing -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Any
 from schemas import NormSpec
 
 from ..adapters import REGISTRY
+from ..api import layer_spec
 from ..model_values import NormLayerRef
 
 
@@ -21,7 +22,7 @@ def norm_layers(model: Any) -> list[NormLayerRef]:
 
 def spec_of(ref: NormLayerRef) -> NormSpec:
     """The layer's spec, named by its path in the model."""
-    return ref.spec()
+    return layer_spec(ref)
 
 
 __all__ = ["NormLayerRef", "norm_layers", "spec_of"]

@@ -11,6 +11,7 @@ import torch
 from schemas import InputFileError, NormSpec, UnsupportedObjectError
 from schemas.atomic_io import atomic_write_bytes
 
+from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
 from . import artifact_contents, exported_program, onnx_export, porting, running, statistics
@@ -69,7 +70,10 @@ class TorchModelAdapter(ModelAdapter):
             return exported_program.exported_specs(model)
         if sample is not None:
             return running.specs_in_execution_order(model, self.norm_layers(model), sample)
-        return [ref.spec() for ref in self.norm_layers(model)]
+        return [layer_spec(ref) for ref in self.norm_layers(model)]
+
+    def layer_spec(self, ref: NormLayerRef) -> NormSpec:
+        return layer_spec(ref)
 
     def layer_facts(self, model: Any) -> list[LayerFacts]:
         if exported_program.is_exported_program(model):

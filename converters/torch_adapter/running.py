@@ -10,6 +10,7 @@ import torch
 
 from schemas import NormSpec, UnsupportedObjectError
 
+from ..api import layer_spec
 from ..model_values import InputSpec, ModelRunner, NormLayerRef, Outputs
 
 
@@ -114,4 +115,4 @@ def specs_in_execution_order(module: torch.nn.Module, refs: list[NormLayerRef], 
         for handle in handles:
             handle.remove()
     seen = list(dict.fromkeys(order)) + [i for i in range(len(refs)) if i not in order]
-    return [refs[i].spec() for i in seen]
+    return [layer_spec(refs[i]) for i in seen]
