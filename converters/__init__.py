@@ -20,20 +20,21 @@ from .layer_files import write_layer
 from .options import ConversionOptions
 from .adapters import REGISTRY
 
-#: Lazily imported whole-model functions: name -> module in converters.models.
+#: Lazily imported functions: name -> module in converters (the whole-model tools live in converters.models).
 _MODEL_TOOLS = {
-    "inspect_model": "inspection",
-    "port_state": "porting",
-    "export_for_serving": "serving.export",
-    "contract_test": "serving.contract",
-    "drift_check": "monitoring.drift",
-    "recalibrate": "monitoring.recalibration",
+    "inspect_model": "models.inspection",
+    "port_state": "models.porting",
+    "export_for_serving": "models.serving.export",
+    "contract_test": "models.serving.contract",
+    "drift_check": "models.monitoring.drift",
+    "recalibrate": "models.monitoring.recalibration",
+    "refuse_external_data_upload": "onnx_adapter.external_data",
 }
 
 
 def __getattr__(name: str):
     if name in _MODEL_TOOLS:
-        return getattr(import_module(f".models.{_MODEL_TOOLS[name]}", __name__), name)
+        return getattr(import_module(f".{_MODEL_TOOLS[name]}", __name__), name)
     raise AttributeError(f"module 'converters' has no attribute '{name}'")
 
 

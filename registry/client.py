@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
+import converters
 from converters.models.loading import load_model
 from schemas import CheckResult
 from schemas.manifest import load_manifest
@@ -217,9 +218,7 @@ class RemoteRegistry:
             load_model(path)  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
             raise InputFileError(f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder.")
         if fmt == "onnx":
-            from converters.onnx_adapter.external_data import refuse_external_data_upload
-
-            refuse_external_data_upload(path)  # the server receives this one file: its data files would be missing there
+            converters.refuse_external_data_upload(path)  # the server receives this one file: its data files would be missing there
         return path, fmt, path.stat().st_size, lambda advance: file_chunks(path, advance)
 
     def _present(self, digests: list[str]) -> frozenset[str]:

@@ -16,9 +16,9 @@ import onnx
 
 from .algebra import Value
 from .forms import Form, interpret_region, read_form
-from .index import GraphIndex, attribute, resolve_reshape, same_shape, shape_chain
+from .index import GraphIndex, same_shape, shape_chain
 from .match import Match, origin_of, recover_eps, site_name
-from .views import runtime_affine, unflatten, ungroup
+from .views import reshape_split, runtime_affine, unflatten, ungroup
 
 
 def _slice(index: GraphIndex, region: dict[str, tuple[Value, int]], output: str, root: str) -> list[int]:
@@ -71,31 +71,6 @@ def _known(dims) -> bool:
     return all(isinstance(d, int) and d > 0 for d in dims)
 
 
-def _reshape_split(index: GraphIndex, x5: str):
-    """(Reshape node index, xin, axis c, groups, channels) when x5 = Reshape(xin) splits axis c of xin into (G, C/G)."""
-    i = index.producer.get(x5)
-    if i is None or index.nodes[i].op_type != "Reshape":
-        return None
-    node = index.nodes[i]
-    xin = node.input[0]
-    source = index.dims(xin)
-    target = index.int_values(node.input[1])
-    if source is None or target is None or len(target) != len(source) + 1:
-        return None
-    target = resolve_reshape(target, source, attribute(node, "allowzero", 0))
-    if target is None:
-        return None
-    for c in range(1, len(source)):
-        channels, groups, per_group = source[c], target[c], target[c + 1]
-        if not all(isinstance(d, int) for d in (channels, groups, per_group)) or groups < 1 or groups * per_group != channels:
-            continue
-        rest = list(source[:c]) + list(source[c + 1:])
-        others = list(target[:c]) + list(target[c + 2:])
-        if others.count(-1) <= 1 and all(d == r for d, r in zip(others, rest) if d != -1):
-            return i, xin, c, groups, channels
-    return None
-
-
 def _centred(index: GraphIndex, tensor: str) -> bool:
     """`tensor` is x - mean(x) (Sub of a ReduceMean or GlobalAveragePool of its own first operand)."""
     node = index.producer_node(tensor)
@@ -118,7 +93,7 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
     inverse = {label: p for p, label in enumerate(frame)}
 
     # GroupNorm written over a Reshape that splits the channels into (groups, channels per group).
-    split = _reshape_split(index, root) if form.which == "V" else None
+    split = reshape_split(index, root) if form.which == "V" else None
     if split is not None:
         r_in, xin, c, groups, channels = split
         r_out = index.single_consumer(output)

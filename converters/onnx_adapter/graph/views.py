@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .index import GraphIndex, attribute, same_shape, shape_chain
+from .index import GraphIndex, attribute, resolve_reshape, same_shape, shape_chain
 from .match import Match
 
 
@@ -128,14 +128,12 @@ def _channel_affine(index: GraphIndex, tensor: str, channels: int, claimed: set[
 def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
     """ONNX's GroupNormalization body: statistics over axis 2 of X reshaped to (N, G, C/G, ...) then (N, G, -1),
     the result reshaped back to X's shape, to (N, C, -1) for the per-channel affine, and to X's shape again."""
-    from .moments import _reshape_split
-
     if match.kind != "layer" or match.rank != 3 or match.axes != (2,) or match.scale is not None or match.bias is not None:
         return None
     flat = index.producer.get(match.input)
     if flat is None or index.nodes[flat].op_type != "Reshape" or index.int_values(index.nodes[flat].input[1]) != [0, 0, -1]:
         return None
-    split = _reshape_split(index, index.nodes[flat].input[0])
+    split = reshape_split(index, index.nodes[flat].input[0])
     if split is None or split[2] != 1:
         return None
     r_in, xin, _, groups, channels = split
@@ -164,3 +162,28 @@ def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
         output=index.nodes[final].output[0], eps=match.eps, dtype=index.dtype(xin), rank=len(dims), frame=tuple(range(len(dims))),
         channel_axis=1, groups=groups, dims=(channels,), scale=scale, bias=bias, affine_inputs=runtime,
     )
+
+
+def reshape_split(index: GraphIndex, x5: str):
+    """(Reshape node index, xin, axis c, groups, channels) when x5 = Reshape(xin) splits axis c of xin into (G, C/G)."""
+    i = index.producer.get(x5)
+    if i is None or index.nodes[i].op_type != "Reshape":
+        return None
+    node = index.nodes[i]
+    xin = node.input[0]
+    source = index.dims(xin)
+    target = index.int_values(node.input[1])
+    if source is None or target is None or len(target) != len(source) + 1:
+        return None
+    target = resolve_reshape(target, source, attribute(node, "allowzero", 0))
+    if target is None:
+        return None
+    for c in range(1, len(source)):
+        channels, groups, per_group = source[c], target[c], target[c + 1]
+        if not all(isinstance(d, int) for d in (channels, groups, per_group)) or groups < 1 or groups * per_group != channels:
+            continue
+        rest = list(source[:c]) + list(source[c + 1:])
+        others = list(target[:c]) + list(target[c + 2:])
+        if others.count(-1) <= 1 and all(d == r for d, r in zip(others, rest) if d != -1):
+            return i, xin, c, groups, channels
+    return None
