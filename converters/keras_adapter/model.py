@@ -14,6 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
+from .unrecognised import unrecognised_hazards
 from .runtime import import_keras
 
 
@@ -73,6 +74,9 @@ class KerasModelAdapter(ModelAdapter):
 
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
         return [ref.spec() for ref in self.norm_layers(model)]
+
+    def model_hazards(self, model: Any) -> list:
+        return unrecognised_hazards(model)
 
     def describe(self, model: Any) -> str:
         return f"keras '{model.name}'"
