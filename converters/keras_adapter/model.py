@@ -14,6 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
+from .inputs import pack_inputs
 from .unrecognised import unrecognised_hazards
 from .runtime import import_keras
 
@@ -111,8 +112,7 @@ class KerasModelAdapter(ModelAdapter):
         specs = self.input_specs(model)
 
         def run(arrays):
-            inputs = arrays[0] if len(arrays) == 1 else list(arrays)
-            return [keras.ops.convert_to_numpy(o) for o in _flatten(model(inputs, training=False))]
+            return [keras.ops.convert_to_numpy(o) for o in _flatten(model(pack_inputs(model, list(arrays)), training=False))]
 
         return ModelRunner(run, f"keras {type(model).__name__} '{model.name}' (training=False)", specs)
 
