@@ -15,6 +15,7 @@ from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
 from .inputs import pack_inputs
+from .standardization import standardization_hazards
 from .unrecognised import unrecognised_hazards
 from .runtime import import_keras
 
@@ -77,7 +78,7 @@ class KerasModelAdapter(ModelAdapter):
         return [ref.spec() for ref in self.norm_layers(model)]
 
     def model_hazards(self, model: Any) -> list:
-        return unrecognised_hazards(model)
+        return standardization_hazards(model) + unrecognised_hazards(model)
 
     def describe(self, model: Any) -> str:
         return f"keras '{model.name}'"
