@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import NormSpec, UnsupportedObjectError
+from schemas import InputFileError, NormSpec, UnsupportedObjectError
 
 from . import tf2onnx_export
 from .inputs import pack_inputs
@@ -61,13 +61,20 @@ def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
     _call_once(model, sample)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
+
+        def told(error: Exception) -> str:  # the message without normbridge's temporary file, which the user never made
+            message = str(error).strip().replace(f"'{path}' ", "").replace(str(path), "the exported file").replace(folder, "a temporary folder")
+            return message.splitlines()[0][:300] if message else type(error).__name__
+
         try:
             model.export(str(path), format="onnx", opset_version=used, verbose=False)
         except Exception as error:
-            # The message names normbridge's temporary file, which the user never made.
-            message = str(error).strip().replace(str(path), "the exported file").replace(folder, "a temporary folder")
-            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {message.splitlines()[0][:300]}).") from error
-        return load_onnx(path), f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
+            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {told(error)}).") from error
+        try:
+            loaded = load_onnx(path)
+        except InputFileError as error:
+            raise UnsupportedObjectError(f"Keras's ONNX export wrote an invalid file: {told(error)}") from error
+        return loaded, f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
 
 
 def _onnx_kernel(layer) -> np.ndarray | None:

@@ -9,12 +9,19 @@ each fixed here, in memory (no temporary file):
   caller for the training data's mean and variance (EfficientNetB0, ConvNeXtTiny). Here they are
   initializers holding the captured values, bit for bit.
 - tf2onnx has no `Erfc`, which TF's exact GELU uses (ConvNeXt): written here as `1 - Erf(x)`.
+- Keras wraps a grouped convolution (ConvNeXt's depthwise Conv2D with groups=channels) in a
+  nested `tf.function(jit_compile=True)` (keras/src/backend/tensorflow/nn.py: grouped convolutions
+  fail on CPU without XLA), which TF's freezing keeps as a `StatefulPartitionedCall` tf2onnx cannot
+  convert. While tracing for export, Keras's TF `conv` is swapped for the plain
+  `tf.nn.convolution` (what tf2onnx turns into an ONNX Conv with `group`); only the trace sees it.
 - a model with nested inputs (keras_hub's dict of token_ids and padding_mask) is traced with its
   own structure; the ONNX inputs come in `model.inputs` order, the order normbridge feeds them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,6 +44,28 @@ def _erfc(ctx, node, name, args) -> None:
 
 
 CUSTOM_OPS = {"Erfc": (_erfc, [])}
+_TRACE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _plain_convolutions():
+    """Keras's TF `conv` without its XLA wrapper for grouped convolutions, for the duration of one trace."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import nn as keras_tf_nn
+
+    from keras.src.backend import standardize_data_format
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        tf_format = keras_tf_nn._convert_data_format(standardize_data_format(data_format), len(inputs.shape))
+        return tf.nn.convolution(inputs, kernel, strides, padding.upper(), data_format=tf_format, dilations=dilation_rate)
+
+    with _TRACE_LOCK:
+        original = keras_tf_nn.conv
+        keras_tf_nn.conv = conv
+        try:
+            yield
+        finally:
+            keras_tf_nn.conv = original
 
 
 def _signature(model: Any) -> list:
@@ -77,16 +106,17 @@ def export_model(model: Any, opset: int):
     def serve(*flat):
         return model(pack_inputs(model, list(flat)), training=False)
 
-    concrete = serve.get_concrete_function(*signature)
+    import_keras()
+    try:
+        with _plain_convolutions():
+            concrete = serve.get_concrete_function(*signature)
+            model_proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)
+    except Exception as error:
+        raise UnsupportedObjectError(f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)}).") from error
     captured = {}
     for external, internal in concrete.graph.captures:
         if external.dtype != tf.resource:
             value = np.asarray(external.numpy())
             captured[internal.name] = value
             captured[internal.name.split(":")[0]] = value
-    import_keras()
-    try:
-        model_proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)
-    except Exception as error:
-        raise UnsupportedObjectError(f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)}).") from error
     return _inline_captures(model_proto, captured)
