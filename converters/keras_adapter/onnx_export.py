@@ -73,7 +73,8 @@ def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
         try:
             loaded = load_onnx(path)
         except InputFileError as error:
-            raise UnsupportedObjectError(f"Keras's ONNX export wrote an invalid file: {told(error)}") from error
+            detail = told(error).removeprefix("is not a valid ONNX model").split(";")[0].strip()
+            raise UnsupportedObjectError(f"Keras's ONNX export wrote an invalid ONNX file {detail}; normbridge's own export (export_onnx) traces the model itself.") from error
         return loaded, f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
 
 
