@@ -99,3 +99,43 @@ APPLICATIONS = [
 @pytest.mark.parametrize("factory", [r[1] for r in APPLICATIONS], ids=[r[0] for r in APPLICATIONS])
 def test_a_real_keras_family_exports_with_native_norms_and_passes_the_contract(factory, tmp_path):
     check_export(factory(), tmp_path)
+
+
+def test_a_folded_offset_left_behind_a_transpose_is_unfolded_into_a_native_batchnorm():
+    """tf2onnx's graph when its transpose optimizer fails (MobileNetV3 with trained statistics): Conv, Transpose, Add(offset)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import converters
+    from converters.onnx_adapter.graph.rewrite import folded_constants, rewrite_decompositions
+    from converters.onnx_adapter.graph.unfold import ConvBatchNorm, unfold_conv_batchnorms
+
+    rng = np.random.default_rng(1)
+    bn = keras.layers.BatchNormalization(name="bn")
+    bn.build((None, 5, 5, 4))
+    for variable, values in zip((bn.gamma, bn.beta, bn.moving_mean, bn.moving_variance),
+                                (rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4))):
+        variable.assign(values.astype("float32"))
+    spec = converters.to_spec(bn)
+    kernel = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    k, offset = folded_constants(spec)
+    folded = (kernel.astype(np.float64) * k.reshape(-1, 1, 1, 1)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["c"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
+        helper.make_node("Add", ["t", "offset"], ["y"], name="bn/add"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5, 5, 4])],
+                              [numpy_helper.from_array(folded, "w"), numpy_helper.from_array(offset.astype(np.float32), "offset")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    unfolded, names = unfold_conv_batchnorms(model, [ConvBatchNorm("bn", kernel, None, spec)])
+    assert names == ["bn"]
+    final, _ = rewrite_decompositions(unfolded, 18, [spec])
+    assert [n.op_type for n in final.graph.node].count("BatchNormalization") == 1
+    x = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    np.testing.assert_allclose(run(final), run(model), rtol=1e-5, atol=1e-5)

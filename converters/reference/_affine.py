@@ -9,7 +9,9 @@ def affine(spec, normalized: np.ndarray, broadcast_shape: tuple[int, ...]) -> np
     """Apply scale and bias (when the spec has them), reshaped to `broadcast_shape`."""
     out = normalized
     if spec.scale:
-        out = out * spec.tensors["scale"].astype(np.float64).reshape(broadcast_shape)
+        # The affine factor is scale_offset + scale (Gemma keeps its weight as an offset from 1).
+        factor = getattr(spec, "scale_offset", 0.0) + spec.tensors["scale"].astype(np.float64)
+        out = out * factor.reshape(broadcast_shape)
     if spec.bias:
         out = out + spec.tensors["bias"].astype(np.float64).reshape(broadcast_shape)
     return out
