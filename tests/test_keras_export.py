@@ -64,6 +64,7 @@ def check_export(model, tmp_path):
     return result, ops
 
 
+@pytest.mark.slow
 def test_a_grouped_convolution_and_exact_gelu_export(tmp_path):
     _, ops = check_export(convnext_block(), tmp_path)
     assert "StatefulPartitionedCall" not in ops and "Erf" in ops
