@@ -133,7 +133,7 @@ def keras_exporters(size: int) -> None:
     from converters.onnx_adapter.graph.sites import find_norm_sites
 
     candidates = [("keras.Model.export (tf2onnx)", onnx_export.export_with_keras), ("normbridge trace + tf2onnx", onnx_export.export_onnx)]
-    print(f"{'model':<24} {'exporter':<30} {'ok':<4} {'seconds':>8} {'inputs':>7} {'norms':>6} {'contract':<9} notes")
+    print(f"{'model':<24} {'exporter':<30} {'ok':<4} {'seconds':>8} {'inputs':>7} {'norms':>6} {'contract':<9} notes", flush=True)
     for name, model in keras_exporter_models(size):
         sample = as_sample(None, input_specs(model))
         expected = len(sample.arrays)
@@ -143,7 +143,7 @@ def keras_exporters(size: int) -> None:
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     exported = export(model, sample, 23)[0]
             except Exception as error:  # a failing candidate is a row, not the end of the run
-                print(f"{name:<24} {label:<30} {'no':<4} {time.perf_counter() - start:>8.1f} {'-':>7} {'-':>6} {'-':<9} {str(error)[:90]}")
+                print(f"{name:<24} {label:<30} {'no':<4} {time.perf_counter() - start:>8.1f} {'-':>7} {'-':>6} {'-':<9} {str(error)[:90]}", flush=True)
                 continue
             seconds = time.perf_counter() - start
             inputs, sites = len(exported.graph.input), len(find_norm_sites(exported))
@@ -152,7 +152,7 @@ def keras_exporters(size: int) -> None:
             except Exception as error:
                 passed = f"error: {str(error)[:60]}"
             note = "" if inputs == expected else f"{inputs - expected} extra graph input(s)"
-            print(f"{name:<24} {label:<30} {'yes':<4} {seconds:>8.1f} {inputs:>7} {sites:>6} {passed:<9} {note}")
+            print(f"{name:<24} {label:<30} {'yes':<4} {seconds:>8.1f} {inputs:>7} {sites:>6} {passed:<9} {note}", flush=True)
 
 
 def main() -> int:
