@@ -5,6 +5,7 @@ Targets (issue 3): inspect under 0.5 s beyond model loading; export with verific
 and contract tests at most 2x the bare exporter.
 
     python bench/models.py [--repeat 1] [--size 224]
+    python bench/models.py --keras-exporters [--size 32]   # the Keras -> ONNX candidates side by side
 """
 
 from __future__ import annotations
@@ -113,11 +114,56 @@ def keras_case(size: int, repeat: int, folder: Path) -> list[tuple]:
     ]
 
 
+def keras_exporter_models(size: int) -> list[tuple[str, object]]:
+    """The real Keras models every exporter candidate is tried on (random init, small inputs)."""
+    import keras
+    import keras_hub
+
+    models = [(name, getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3)))
+              for name in ("ConvNeXtTiny", "EfficientNetB0", "MobileNetV3Small")]
+    models.append(("keras_hub GemmaBackbone", keras_hub.models.GemmaBackbone(
+        vocabulary_size=128, num_layers=2, num_query_heads=4, num_key_value_heads=1, hidden_dim=64, intermediate_dim=128, head_dim=16)))
+    return models
+
+
+def keras_exporters(size: int) -> None:
+    """Each Keras -> ONNX candidate on each model: success, seconds, graph inputs, normalizations the raw graph keeps, contract."""
+    from converters.keras_adapter import onnx_export
+    from converters.models.serving.samples import as_sample, input_specs
+    from converters.onnx_adapter.graph.sites import find_norm_sites
+
+    candidates = [("keras.Model.export (tf2onnx)", onnx_export.export_with_keras), ("normbridge trace + tf2onnx", onnx_export.export_onnx)]
+    print(f"{'model':<24} {'exporter':<30} {'ok':<4} {'seconds':>8} {'inputs':>7} {'norms':>6} {'contract':<9} notes", flush=True)
+    for name, model in keras_exporter_models(size):
+        sample = as_sample(None, input_specs(model))
+        expected = len(sample.arrays)
+        for label, export in candidates:
+            start = time.perf_counter()
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    exported = export(model, sample, 23)[0]
+            except Exception as error:  # a failing candidate is a row, not the end of the run
+                print(f"{name:<24} {label:<30} {'no':<4} {time.perf_counter() - start:>8.1f} {'-':>7} {'-':>6} {'-':<9} {str(error)[:90]}", flush=True)
+                continue
+            seconds = time.perf_counter() - start
+            inputs, sites = len(exported.graph.input), len(find_norm_sites(exported))
+            try:
+                passed = str(contract_test(model, exported, sample).passed)
+            except Exception as error:
+                passed = f"error: {str(error)[:60]}"
+            note = "" if inputs == expected else f"{inputs - expected} extra graph input(s)"
+            print(f"{name:<24} {label:<30} {'yes':<4} {seconds:>8.1f} {inputs:>7} {sites:>6} {passed:<9} {note}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--size", type=int, default=224, help="input height/width")
+    parser.add_argument("--keras-exporters", action="store_true", help="compare the Keras -> ONNX exporter candidates instead")
     args = parser.parse_args()
+    if args.keras_exporters:
+        keras_exporters(args.size)
+        return 0
     rows: list[tuple] = []
     with tempfile.TemporaryDirectory() as folder:
         rows += torch_case(args.size, args.repeat, Path(folder))

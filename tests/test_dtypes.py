@@ -228,7 +228,8 @@ def test_a_training_step_on_an_empty_batch_keeps_torch_s_statistics_and_writes_n
 
 
 def test_a_bfloat16_model_registers_as_an_artifact_bit_exactly(tmp_path):
-    from registry.artifact import extract_artifact, load_artifact_folder, save_artifact_folder, tensors_from_blobs
+    from registry.artifact import extract_artifact
+    from registry.manifest_io import load_artifact_folder, save_artifact_folder, tensors_from_blobs
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.BatchNorm1d(8)).to(torch.bfloat16)

@@ -10,6 +10,7 @@ from schemas.kinds import KIND_INFO
 from ..options import ConversionOptions
 from .facts import read_facts
 from .kind_adapter import KerasKindAdapter
+from .probed import is_stock, probed_spec
 from .runtime import import_keras
 from .shapes import (build_rank, built_input_shape, channels_first_shape, normalises_channel_axis, trailing_axes, trailing_axis_argument,
                      trailing_shape)
@@ -25,6 +26,8 @@ class KerasLayerAdapter(KerasKindAdapter):
     holds = KerasKindAdapter.holds | {"layout"}
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
+        if not is_stock(obj, self.layer_classes):  # a custom layer (keras_hub's): what the probe proved
+            return probed_spec(obj, self.kind, report)
         layer = self.layer_of(obj)
         if getattr(layer, "rms_scaling", False):
             # keras/src/ops/nn.py: rms_scaling divides by sqrt(var + eps) without centring,

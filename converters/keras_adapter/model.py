@@ -16,6 +16,9 @@ from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, statistics
 from .artifact_contents import keras_contents
+from .inputs import pack_inputs
+from .standardization import standardization_hazards
+from .unrecognised import unrecognised_hazards
 from .runtime import import_keras
 
 
@@ -79,6 +82,9 @@ class KerasModelAdapter(ModelAdapter):
     def layer_spec(self, ref: NormLayerRef) -> NormSpec:
         return layer_spec(ref)
 
+    def model_hazards(self, model: Any) -> list:
+        return standardization_hazards(model) + unrecognised_hazards(model)
+
     def describe(self, model: Any) -> str:
         return f"keras '{model.name}'"
 
@@ -115,8 +121,7 @@ class KerasModelAdapter(ModelAdapter):
         specs = self.input_specs(model)
 
         def run(arrays):
-            inputs = arrays[0] if len(arrays) == 1 else list(arrays)
-            return [keras.ops.convert_to_numpy(o) for o in _flatten(model(inputs, training=False))]
+            return [keras.ops.convert_to_numpy(o) for o in _flatten(model(pack_inputs(model, list(arrays)), training=False))]
 
         return ModelRunner(run, f"keras {type(model).__name__} '{model.name}' (training=False)", specs)
 

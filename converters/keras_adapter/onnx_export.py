@@ -1,4 +1,4 @@
-"""Exporting a Keras model to ONNX for serving (model.export through tf2onnx), and what TF folded on the way.
+"""Exporting a Keras model to ONNX for serving (tf2onnx, traced by normbridge), and what TF folded on the way.
 
 tf2onnx writes at most the opset it supports; the rewrite raises the opset only where a native
 op needs it. TF's grappler folds each BatchNorm that follows a convolution into the Conv
@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from schemas import NormSpec, UnsupportedObjectError
+from schemas import InputFileError, NormSpec, UnsupportedObjectError
 
+from . import tf2onnx_export
+from .inputs import pack_inputs
 from .runtime import import_keras
 
 
@@ -25,25 +27,55 @@ def _tf2onnx_max_opset() -> int:
     return max(tf2onnx.constants.OPSET_TO_IR_VERSION)
 
 
+def _call_once(model, sample) -> None:
+    """Keras exports only a model that has been called."""
+    model(pack_inputs(model, list(sample.rows(slice(0, 1)))), training=False)
+
+
+def _opset(opset: int) -> tuple[int, list[str]]:
+    import tf2onnx
+
+    used = min(opset, _tf2onnx_max_opset())
+    if used < opset:
+        return used, [f"tf2onnx {tf2onnx.__version__} writes at most opset {used}; the rewrite raises the opset only where a native op needs it"]
+    return used, []
+
+
 def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
-    """(onnx.ModelProto, the exporter as named in reports, notes); the model is called once on the sample first."""
+    """(onnx.ModelProto, the exporter as named in reports, notes) through normbridge's own tf2onnx call (tf2onnx_export.py)."""
+    import tf2onnx
+
+    used, notes = _opset(opset)
+    _call_once(model, sample)
+    exported = tf2onnx_export.export_model(model, used)
+    return exported, f"tf2onnx {tf2onnx.__version__} (traced by normbridge: captured constants kept, Erfc as 1 - Erf) at opset {used}", notes
+
+
+def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
+    """The same through keras.Model.export(format='onnx'), the path normbridge used before (kept for bench/models.py)."""
     import tf2onnx
 
     from ..onnx_adapter.files import load_onnx
 
-    used = min(opset, _tf2onnx_max_opset())
-    notes = []
-    if used < opset:
-        notes.append(f"tf2onnx {tf2onnx.__version__} writes at most opset {used}; the rewrite raises the opset only where a native op needs it")
-    rows = sample.rows(slice(0, 1))
-    model(rows[0] if len(rows) == 1 else list(rows), training=False)  # Keras exports only a model that has been called
+    used, notes = _opset(opset)
+    _call_once(model, sample)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
+
+        def told(error: Exception) -> str:  # the message without normbridge's temporary file, which the user never made
+            message = str(error).strip().replace(f"'{path}' ", "").replace(str(path), "the exported file").replace(folder, "a temporary folder")
+            return message.splitlines()[0][:300] if message else type(error).__name__
+
         try:
             model.export(str(path), format="onnx", opset_version=used, verbose=False)
         except Exception as error:
-            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}).") from error
-        return load_onnx(path), f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
+            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {told(error)}).") from error
+        try:
+            loaded = load_onnx(path)
+        except InputFileError as error:
+            detail = told(error).removeprefix("is not a valid ONNX model").split(";")[0].strip()
+            raise UnsupportedObjectError(f"Keras's ONNX export wrote an invalid ONNX file {detail}; normbridge's own export (export_onnx) traces the model itself.") from error
+        return loaded, f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
 
 
 def _onnx_kernel(layer) -> np.ndarray | None:

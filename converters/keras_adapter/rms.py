@@ -13,6 +13,7 @@ from .. import markers
 from ..options import ConversionOptions
 from .facts import STORED_NOTE, read_facts
 from .kind_adapter import KerasKindAdapter
+from .probed import is_stock, probed_spec
 from .runtime import import_keras
 from .shapes import build_rank, built_input_shape, trailing_axes, trailing_axis_argument, trailing_shape
 from .variables import assign_variable, read_variable, variable_dtype
@@ -28,6 +29,8 @@ class KerasRmsAdapter(KerasKindAdapter):
     layer_classes = KIND_INFO["rms"].classes["keras"]
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
+        if not is_stock(obj, self.layer_classes):  # a custom layer (keras_hub's): what the probe proved
+            return probed_spec(obj, self.kind, report)
         layer = self.layer_of(obj)
         shape = built_input_shape(layer)
         trailing_axes(layer, layer.axis, len(shape))

@@ -90,6 +90,14 @@ def _entry(site: str, spec: NormSpec | None, kind: str, setting: str, expected: 
                             expected=expected, found=found, passed=passed, note=note)
 
 
+def expected_tensor(spec: NormSpec, setting: str) -> np.ndarray | None:
+    """The tensor an exported graph holds for `setting`: the affine factor scale_offset + scale (Gemma's 1 + w), in its dtype."""
+    tensor = spec.tensors.get(setting)
+    if setting != "scale" or tensor is None or not spec.scale_offset:
+        return tensor
+    return (tensor.dtype.type(spec.scale_offset) + tensor).astype(tensor.dtype)
+
+
 def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the exporter removed or fused it beyond recognition") -> list[SiteVerification]:
     """Every normalization site of the exported graph against its source layer: presence, eps, state tensors, mode."""
     entries: list[SiteVerification] = []
@@ -112,7 +120,7 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
             entries.append(_entry(label, spec, spec.kind, "eps", repr(spec.eps), repr(recovered), ok, "" if ok else "eps changed on export"))
         exported = site.spec.tensors if site.spec is not None else {}
         for setting in STATE_SETTINGS:
-            expected = spec.tensors.get(setting)
+            expected = expected_tensor(spec, setting)
             if expected is None:
                 continue
             got = exported.get(setting)

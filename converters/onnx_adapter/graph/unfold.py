@@ -77,6 +77,40 @@ class _Unfolder:
                 return position
         return None
 
+    def consumers(self, name: str) -> list[onnx.NodeProto]:
+        return [n for n in self.graph.node if name in n.input]
+
+    def detached_offset(self, conv: onnx.NodeProto, expected: np.ndarray) -> np.ndarray | None:
+        """The folded offset of a bias-less Conv, taken out of the Add that applies it later; None when there is no such Add.
+
+        tf2onnx leaves it after a Transpose to channels-last when its transpose optimizer fails
+        (MobileNetV3: "max() arg is an empty sequence"), so the Add is not next to the Conv. The
+        Add becomes an Identity and the offset moves into the Mul/Add written after the Conv.
+        """
+        path, channels_last = self.consumers(conv.output[0]), False
+        if len(path) == 1 and path[0].op_type == "Transpose":
+            perm = _ints(path[0], "perm")
+            if perm != [0, *range(2, len(perm)), 1]:
+                return None
+            path, channels_last = self.consumers(path[0].output[0]), True
+        if len(path) != 1 or path[0].op_type != "Add":
+            return None
+        add = path[0]
+        constant = [i for i, name in enumerate(add.input) if name in self.initializers]
+        if len(constant) != 1:
+            return None
+        values = numpy_helper.to_array(self.initializers[add.input[constant[0]]]).astype(np.float64)
+        shape = tuple(values.shape)
+        along = shape[-1:] if channels_last else shape[-3:-2] if len(shape) >= 3 else ()
+        if along != (expected.size,) or values.size != expected.size:
+            return None
+        values = values.reshape(-1)
+        if not np.allclose(values, expected, rtol=1e-5, atol=1e-6 * max(1.0, float(np.max(np.abs(expected))))):
+            return None
+        add.op_type = "Identity"
+        del add.input[constant[0]]
+        return values
+
     def unfold(self, node: onnx.NodeProto) -> tuple[str, list[onnx.NodeProto]] | None:
         """(BatchNorm name, the Mul and Add that follow `node` once its kernel is the source's); None when it is not a folded Conv."""
         if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in self.initializers or not self.candidates:
@@ -95,7 +129,9 @@ class _Unfolder:
             # dropped the Add of zeros, so there is nothing more to undo than the kernel.
             merged = np.zeros(candidate.kernel.shape[0])
         else:
-            return None  # the conv bias went into a later Add together with the BatchNorm offset: leave it folded
+            merged = self.detached_offset(node, _folded_offset(candidate.spec, candidate.bias, k))
+            if merged is None:
+                return None  # the conv bias went into a later Add together with the BatchNorm offset: leave it folded
         del self.candidates[position]
         return candidate.name, self._rewire(node, candidate, k, merged, has_bias, folded.dtype)
 
@@ -124,6 +160,10 @@ class _Unfolder:
             helper.make_node("Add", [scaled, self.constant(f"{name}/normbridge_offset", offset.reshape(shape).astype(dtype))], [output],
                              name=self.fresh(f"{name}/batchnorm/normbridge_add")),
         ]
+
+
+def _ints(node: onnx.NodeProto, name: str) -> list[int]:
+    return next((list(a.ints) for a in node.attribute if a.name == name), [])
 
 
 def unfold_conv_batchnorms(model: onnx.ModelProto, candidates: list[ConvBatchNorm]) -> tuple[onnx.ModelProto, list[str]]:

@@ -1,0 +1,122 @@
+"""Keras -> ONNX through tf2onnx, called by normbridge directly rather than through `keras.Model.export(format="onnx")`.
+
+`model.export` (keras/src/export/onnx.py) traces `model.call` and hands it to
+`tf2onnx.convert.from_function`; on real models that file is incomplete or wrong in three ways,
+each fixed here, in memory (no temporary file):
+
+- tensors the trace captures by value (keras.layers.Normalization keeps its statistics as eager
+  tensors made by `finalize_state`) become extra graph *inputs*: the served model then asks the
+  caller for the training data's mean and variance (EfficientNetB0, ConvNeXtTiny). Here they are
+  initializers holding the captured values, bit for bit.
+- tf2onnx has no `Erfc`, which TF's exact GELU uses (ConvNeXt): written here as `1 - Erf(x)`.
+- Keras wraps a grouped convolution (ConvNeXt's depthwise Conv2D with groups=channels) in a
+  nested `tf.function(jit_compile=True)` (keras/src/backend/tensorflow/nn.py: grouped convolutions
+  fail on CPU without XLA), which TF's freezing keeps as a `StatefulPartitionedCall` tf2onnx cannot
+  convert. While tracing for export, Keras's TF `conv` is swapped for the plain
+  `tf.nn.convolution` (what tf2onnx turns into an ONNX Conv with `group`); only the trace sees it.
+- a model with nested inputs (keras_hub's dict of token_ids and padding_mask) is traced with its
+  own structure; the ONNX inputs come in `model.inputs` order, the order normbridge feeds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import numpy as np
+
+from schemas import UnsupportedObjectError
+
+from ..model_values import first_line
+from .inputs import pack_inputs
+from .runtime import import_keras
+
+
+def _erfc(ctx, node, name, args) -> None:
+    """tf2onnx custom handler: Erfc(x) -> Sub(1, Erf(x))."""
+    from tf2onnx import utils
+
+    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+    node.type = "Erf"
+    one = ctx.make_const(utils.make_name(f"{name}_one"), np.array(1, dtype=dtype))
+    ctx.insert_new_node_on_output("Sub", node.output[0], name=utils.make_name(f"{name}_erfc"), inputs=[one.output[0], node.output[0]])
+
+
+CUSTOM_OPS = {"Erfc": (_erfc, [])}
+_TRACE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _plain_convolutions():
+    """Keras's TF `conv` without its XLA wrapper for grouped convolutions, for the duration of one trace."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import nn as keras_tf_nn
+
+    from keras.src.backend import standardize_data_format
+
+    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
+        tf_format = keras_tf_nn._convert_data_format(standardize_data_format(data_format), len(inputs.shape))
+        return tf.nn.convolution(inputs, kernel, strides, padding.upper(), data_format=tf_format, dilations=dilation_rate)
+
+    with _TRACE_LOCK:
+        original = keras_tf_nn.conv
+        keras_tf_nn.conv = conv
+        try:
+            yield
+        finally:
+            keras_tf_nn.conv = original
+
+
+def _signature(model: Any) -> list:
+    import tensorflow as tf
+
+    try:
+        inputs = list(model.inputs)
+    except (AttributeError, ValueError) as error:
+        raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input.") from error
+    return [tf.TensorSpec(tuple(t.shape), t.dtype, name=f"input_{i}") for i, t in enumerate(inputs)]
+
+
+def _inline_captures(model_proto, captured: dict[str, np.ndarray]):
+    """Graph inputs that are tensors the trace captured, replaced by initializers with their values."""
+    from onnx import numpy_helper
+
+    graph = model_proto.graph
+    keep = []
+    for value in graph.input:
+        array = captured.get(value.name, captured.get(value.name.split(":")[0]))
+        if array is None:
+            keep.append(value)
+            continue
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), value.name))
+    del graph.input[:]
+    graph.input.extend(keep)
+    return model_proto
+
+
+def export_model(model: Any, opset: int):
+    """The ONNX ModelProto of `model` in inference mode (training=False) at `opset`."""
+    import tensorflow as tf
+    import tf2onnx
+
+    signature = _signature(model)
+
+    @tf.function(autograph=False)
+    def serve(*flat):
+        return model(pack_inputs(model, list(flat)), training=False)
+
+    import_keras()
+    try:
+        with _plain_convolutions():
+            concrete = serve.get_concrete_function(*signature)
+            model_proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)
+    except Exception as error:
+        raise UnsupportedObjectError(f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)}).") from error
+    captured = {}
+    for external, internal in concrete.graph.captures:
+        if external.dtype != tf.resource:
+            value = np.asarray(external.numpy())
+            captured[internal.name] = value
+            captured[internal.name.split(":")[0]] = value
+    return _inline_captures(model_proto, captured)

@@ -1,0 +1,176 @@
+"""Custom Keras normalization layers (keras_hub's and a user's own), recognised by the behavioural probe.
+
+One row per family: the layer is built from its class with a random state, read through
+`converters.to_spec`, and must give the right kind, eps, axes, affine factor and variables; its
+outputs must equal the NumPy reference of the spec on inputs the probe never saw. Near misses
+(layers named like a norm that compute something else) must not be recognised, and inspecting a
+model that holds one reports an `unrecognised_normalization` hazard naming it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+keras_hub = pytest.importorskip("keras_hub")
+
+import converters  # noqa: E402
+from converters import reference  # noqa: E402
+from converters.keras_adapter.probe import probe_layer  # noqa: E402
+from converters.models.inspection import inspect_model  # noqa: E402
+from schemas import UnsupportedObjectError  # noqa: E402
+
+from keras_hub.src.layers.modeling.rms_normalization import RMSNormalization as HubRMSNormalization  # noqa: E402
+from keras_hub.src.models.gemma.rms_normalization import RMSNormalization as GemmaRMSNormalization  # noqa: E402
+from keras_hub.src.models.gemma3.gemma3_layers import RMSNormalization as Gemma3RMSNormalization  # noqa: E402
+from keras_hub.src.models.llama.llama_layernorm import LlamaLayerNorm  # noqa: E402
+from keras_hub.src.models.mistral.mistral_layer_norm import MistralLayerNormalization  # noqa: E402
+from keras_hub.src.models.phi3.phi3_layernorm import Phi3LayerNorm  # noqa: E402
+from keras_hub.src.models.qwen.qwen_layernorm import QwenLayerNorm  # noqa: E402
+from keras_hub.src.models.roformer_v2.roformer_v2_attention import RoformerNorm  # noqa: E402
+from keras_hub.src.models.t5.t5_layer_norm import T5LayerNorm  # noqa: E402
+
+ops = keras.ops
+
+
+class CentredNorm(keras.layers.Layer):
+    """A hand-written LayerNorm with gamma/beta, as many Keras codebases carry one."""
+
+    def __init__(self, epsilon=1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def build(self, shape):
+        self.gamma = self.add_weight(shape=(shape[-1],), initializer="ones", name="gamma")
+        self.beta = self.add_weight(shape=(shape[-1],), initializer="zeros", name="beta")
+
+    def call(self, x):
+        mean = ops.mean(x, axis=-1, keepdims=True)
+        var = ops.mean(ops.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) / ops.sqrt(var + self.epsilon) * self.gamma + self.beta
+
+
+class EpsOutsideNorm(keras.layers.Layer):
+    """Near miss: eps added to the standard deviation, not to the variance."""
+
+    def build(self, shape):
+        self.scale = self.add_weight(shape=(shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        return x / (ops.sqrt(ops.mean(ops.square(x), axis=-1, keepdims=True)) + 1e-3) * self.scale
+
+
+class BatchAxisNorm(keras.layers.Layer):
+    """Near miss: statistics over the batch axis, named like a LayerNorm."""
+
+    def build(self, shape):
+        self.gamma = self.add_weight(shape=(shape[-1],), initializer="ones", name="gamma")
+
+    def call(self, x):
+        mean = ops.mean(x, axis=0, keepdims=True)
+        var = ops.var(x, axis=0, keepdims=True)
+        return (x - mean) / ops.sqrt(var + 1e-5) * self.gamma
+
+
+class UnbiasedLayerNorm(keras.layers.Layer):
+    """Near miss: an unbiased (n - 1) variance."""
+
+    def build(self, shape):
+        self.gamma = self.add_weight(shape=(shape[-1],), initializer="ones", name="gamma")
+        self.beta = self.add_weight(shape=(shape[-1],), initializer="zeros", name="beta")
+
+    def call(self, x):
+        n = x.shape[-1]
+        mean = ops.mean(x, axis=-1, keepdims=True)
+        var = ops.sum(ops.square(x - mean), axis=-1, keepdims=True) / (n - 1)
+        return (x - mean) / ops.sqrt(var + 1e-5) * self.gamma + self.beta
+
+
+FEATURES = 16
+
+#: (id, factory, kind, eps, scale_offset, scale variable, bias variable)
+FAMILIES = [
+    ("keras_hub gemma RMSNormalization", lambda: GemmaRMSNormalization(epsilon=1e-6), "rms", 1e-6, 1.0, "scale", None),
+    ("keras_hub gemma3 RMSNormalization", lambda: Gemma3RMSNormalization(epsilon=3e-6), "rms", 3e-6, 1.0, "scale", None),
+    ("keras_hub.layers.RMSNormalization (eps in the code)", lambda: HubRMSNormalization(FEATURES), "rms", 1e-6, 0.0, "scale", None),
+    ("keras_hub LlamaLayerNorm", lambda: LlamaLayerNorm(epsilon=1e-5), "rms", 1e-5, 0.0, "scale", None),
+    ("keras_hub MistralLayerNormalization", lambda: MistralLayerNormalization(epsilon=2e-6), "rms", 2e-6, 0.0, "scale", None),
+    ("keras_hub QwenLayerNorm", lambda: QwenLayerNorm(epsilon=1e-6), "rms", 1e-6, 0.0, "scale", None),
+    ("keras_hub Phi3LayerNorm", lambda: Phi3LayerNorm(epsilon=1e-5), "rms", 1e-5, 0.0, "scale", None),
+    ("keras_hub RoformerNorm", lambda: RoformerNorm(epsilon=1e-12), "rms", 1e-12, 0.0, "scale", None),
+    ("keras_hub T5LayerNorm (weight)", lambda: T5LayerNorm(epsilon=1e-6), "rms", 1e-6, 0.0, "weight", None),
+    ("hand-written LayerNorm (gamma, beta)", lambda: CentredNorm(epsilon=1e-4), "layer", 1e-4, 0.0, "gamma", "beta"),
+]
+
+NEAR_MISSES = [
+    ("eps outside the square root", EpsOutsideNorm),
+    ("statistics over the batch axis", BatchAxisNorm),
+    ("unbiased variance", UnbiasedLayerNorm),
+]
+
+
+def randomised(layer, shape=(None, 5, FEATURES), seed=0):
+    if not layer.built:
+        layer.build(shape)
+    rng = np.random.default_rng(seed)
+    for variable in layer.weights:
+        variable.assign((rng.standard_normal(tuple(variable.shape)) * 0.5 + 0.2).astype(variable.dtype))
+    return layer
+
+
+@pytest.mark.parametrize("factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES])
+def test_a_custom_family_is_read_with_its_kind_eps_and_affine(factory, kind, eps, offset, scale, bias):
+    layer = randomised(factory())
+    spec = converters.to_spec(layer)
+    assert (spec.kind, spec.eps, spec.scale_offset, spec.normalized_shape, spec.input_rank) == (kind, eps, offset, (FEATURES,), 3)
+    assert spec.source.layer_type == type(layer).__name__
+    variables = {v.path.rsplit("/", 1)[-1]: np.asarray(v.numpy()) for v in layer.weights}
+    assert np.array_equal(spec.tensors["scale"], variables[scale])
+    assert spec.bias == (bias is not None)
+    if bias is not None:
+        assert np.array_equal(spec.tensors["bias"], variables[bias])
+    x = np.random.default_rng(5).standard_normal((2, 7, FEATURES)).astype("float32") * 3 - 1
+    got = np.asarray(ops.convert_to_numpy(layer(x)), dtype=np.float64)
+    np.testing.assert_allclose(got, reference.forward(spec, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("factory", [row[1] for row in NEAR_MISSES], ids=[row[0] for row in NEAR_MISSES])
+def test_a_near_miss_is_not_recognised_and_is_named_as_a_hazard(factory):
+    layer = randomised(factory())
+    assert probe_layer(layer).norm is None
+    with pytest.raises(UnsupportedObjectError):
+        converters.to_spec(layer)
+    inputs = keras.Input((5, FEATURES))
+    model = keras.Model(inputs, factory(name="odd_norm")(keras.layers.Dense(FEATURES)(inputs)))
+    found = inspect_model(model)
+    assert not found.layers
+    hazards = [h for h in found.hazards if h.code == "unrecognised_normalization"]
+    assert len(hazards) == 1 and "'odd_norm'" in hazards[0].message and type(layer).__name__ in hazards[0].message
+
+
+def test_probing_leaves_the_layer_s_variables_as_they_were():
+    layer = randomised(GemmaRMSNormalization())
+    before = [np.array(v.numpy()) for v in layer.weights]
+    probe_layer(layer)
+    assert all(np.array_equal(a, np.asarray(v.numpy())) for a, v in zip(before, layer.weights))
+
+
+def test_a_layer_that_is_not_built_is_reported_not_guessed():
+    inputs = keras.Input((5, FEATURES))
+    model = keras.Model(inputs, keras.layers.Dense(FEATURES)(inputs))
+    loose = GemmaRMSNormalization(name="loose_norm")
+    model.loose = loose  # tracked, never called
+    assert probe_layer(loose).norm is None and "not built" in probe_layer(loose).reason
+
+
+def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=128, num_layers=2, num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=8,
+    )
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, GemmaRMSNormalization):
+            randomised(layer, seed=len(layer.name))
+    found = inspect_model(backbone)
+    assert [(layer.kind, layer.spec["eps"], layer.spec["scale_offset"]) for layer in found.layers] == [("rms", 1e-6, 1.0)] * 5
+    assert not [h for h in found.hazards if h.code == "unrecognised_normalization"]
