@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .norm_graph import IGNORED, NodeGroup, NotANormalization, schema
+from .norm_graph import IGNORED, NodeGroup, NotANormalization, schema, strip
 
 
 def state_names(program: Any) -> dict[str, str]:
@@ -50,7 +50,9 @@ def group_of(program: Any, nodes: list, prefix: str = "") -> NodeGroup:
                 state[arg] = key[len(prefix) + 1:] if prefix and key.startswith(prefix + ".") else key
             elif arg not in data:
                 data.append(arg)
-    outputs = [n for n in nodes if schema(n) not in IGNORED and any(u not in members for u in n.users)]
+    # A no-op cast of the input (`x.to(float32)` on a float32 x) is the input itself: torch.export hands that alias to
+    # the caller's other uses of x (LlamaRMSNorm's residual), which does not make it an output of the module.
+    outputs = [n for n in nodes if schema(n) not in IGNORED and any(u not in members for u in n.users) and strip(n) not in data]
     if len(data) != 1 or len(outputs) != 1:
         raise NotANormalization(f"it takes {len(data)} tensor inputs and gives {len(outputs)} outputs, not one of each")
     return NodeGroup(nodes=list(nodes), x=data[0], out=outputs[0], state=state)

@@ -1,0 +1,86 @@
+"""Model hazards of torch models that no layer hazard can see: normalizations nobody proved, and SyncBatchNorm.
+
+A module that looks like a normalization (a class name with "Norm", a 1-D weight and no children,
+a stock subclass with its own forward) and that no recognizer proves is never skipped silently:
+it is an `unrecognised_normalization` error naming its path and class, which `inspect`, `export`
+and `register` report. A stock subclass whose forward does more than normalise (BatchNormAct2d)
+is read as its stock class, and `computes_more` says what the conversion leaves out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from schemas.inspection import Hazard
+
+from ..recognizers import RECOGNIZERS
+from ..recognizers.base import ObjectRecognizer
+from .computed import recognition
+from .exported_computed import program_modules
+
+FIX = ("declare what it computes with converters.recognize(<class>, kind=..., eps=...), or register a recognizer "
+       "(docs/contributing.md); until then its settings and state are unchecked")
+
+
+def unrecognised(path: str, type_name: str, why: str, reason: str) -> Hazard:
+    return Hazard(code="unrecognised_normalization", severity="error",
+                  message=f"'{path}' ({type_name}) looks like a normalization ({why}) but no recognizer proved what it computes: "
+                          f"{reason}; {FIX}.")
+
+
+def _claimed_by_another(module: torch.nn.Module) -> bool:
+    for recognizer in RECOGNIZERS.of("torch", ObjectRecognizer):
+        if recognizer.name == "torch.computed":
+            continue
+        try:
+            if recognizer.kind_of(module) is not None:
+                return True
+        except Exception:  # UnsupportedObjectError: a known class that cannot be converted, reported by its own path
+            return True
+    return False
+
+
+def module_hazards(model: torch.nn.Module) -> list[Hazard]:
+    """Hazards of a live module tree."""
+    hazards = []
+    for path, module in model.named_modules():
+        path = path or type(module).__name__
+        if isinstance(module, torch.nn.SyncBatchNorm):
+            hazards.append(sync_batchnorm(path))
+        found = recognition(module)
+        if found is None or found.spec is not None:
+            continue
+        if _claimed_by_another(module):
+            hazards.append(Hazard(code="computes_more", severity="warning", message=(
+                f"'{path}' ({type(module).__name__}) is read as its stock normalization class, but its forward is not only that: "
+                f"{found.reason}; a converted layer holds the normalization alone.")))
+        else:
+            hazards.append(unrecognised(path, type(module).__name__, found.why_candidate, found.reason))
+    return hazards
+
+
+def program_hazards(program: Any) -> list[Hazard]:
+    """Hazards of a .pt2 program's modules."""
+    hazards = []
+    for module in program_modules(program):
+        if module.spec is not None:
+            continue
+        if module.has_native_op:
+            hazards.append(Hazard(code="computes_more", severity="warning", message=(
+                f"'{module.path}' ({module.module_type}) calls a normalization op but computes more than it: {module.reason}; "
+                "only the op is read and converted.")))
+        else:
+            hazards.append(unrecognised(module.path, module.module_type, module.why_candidate, module.reason))
+    return hazards
+
+
+def sync_batchnorm(path: str) -> Hazard:
+    return Hazard(code="per_device_statistics", severity="warning", message=(
+        f"'{path}' is a SyncBatchNorm: at eval it computes what BatchNorm does (and is converted as one), but in training it "
+        "averages batch statistics across the devices of its process group, which no converted layer does; a converted "
+        "layer trained further uses per-device statistics."))
+
+
+__all__ = ["module_hazards", "program_hazards", "unrecognised"]
