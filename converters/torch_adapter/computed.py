@@ -113,10 +113,13 @@ def _recognise(module: torch.nn.Module, why: str) -> Recognition:
             return Recognition(None, f"its declaration does not fit it: {error}", why, "declared")
         problem = prove(module, spec, shape)
         return Recognition(spec if problem is None else None, problem and f"its declaration does not hold: {problem}", why, "declared")
-    reasons = []
+    reasons, unexportable = [], []
     for shape in probe_shapes(module):
         try:
             spec = traced_spec(module, shape)
+        except _Unexportable as error:
+            unexportable.append(f"on a {tuple(shape)} input {error}")
+            continue
         except NotANormalization as error:
             reasons.append(f"on a {tuple(shape)} input {error}")
             continue
@@ -124,7 +127,11 @@ def _recognise(module: torch.nn.Module, why: str) -> Recognition:
         if problem is None:
             return Recognition(spec, None, why, "traced")
         reasons.append(f"read as a {spec.kind} norm on a {tuple(shape)} input, {problem}")
-    return Recognition(None, "; ".join(reasons) or "it keeps no 1-D tensor to size a probe", why, "traced")
+    return Recognition(None, "; ".join(reasons or unexportable) or "it keeps no 1-D tensor to size a probe", why, "traced")
+
+
+class _Unexportable(NotANormalization):
+    """The probe's shape does not fit the module (the other probe shape may)."""
 
 
 def probe_shapes(module: torch.nn.Module) -> list[tuple[int, ...]]:
@@ -151,7 +158,7 @@ def traced_spec(module: torch.nn.Module, shape: tuple[int, ...]) -> NormSpec:
         with _quiet_tracing():
             program = torch.export.export(probe, (torch.zeros(shape, dtype=dtype),))
     except Exception as error:  # a module that cannot run on this shape: the next probe is tried
-        raise NotANormalization(f"it could not be exported ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})")
+        raise _Unexportable(f"it could not be exported ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})")
     group = whole_program_group(program)
     derivation = derive(group)
     if derivation.native is not None:
