@@ -204,13 +204,13 @@ def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_i
 
 
 def _export(family: Family, model: nn.Module):
-    if family.kind == "rms" and family.name != "T5LayerNorm":
-        return torch.export.export(model, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False})
-    if family.name == "ConvNextLayerNorm":
-        return torch.export.export(model, (torch.randn(1, 3, 32, 32),))
-    if family.name == "DetrFrozenBatchNorm2d":
-        return torch.export.export(model, (torch.randn(1, 3, 64, 64),))
-    pytest.skip("T5 needs decoder inputs; its modules are covered by the nn.Module rows")
+    """(program, the module it was exported from): T5's encoder alone, which needs no decoder inputs."""
+    if family.name == "T5LayerNorm":
+        return torch.export.export(model.encoder, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}), model.encoder
+    if family.kind == "rms":
+        return torch.export.export(model, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}), model
+    size = 32 if family.name == "ConvNextLayerNorm" else 64
+    return torch.export.export(model, (torch.randn(1, 3, size, size),)), model
 
 
 @pytest.mark.slow
@@ -218,7 +218,7 @@ def test_a_saved_program_lists_the_family_with_the_same_specs_as_the_module(fami
     family, model = family_model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = _export(family, model)
+        program, model = _export(family, model)
     torch.export.save(program, tmp_path / "model.pt2")
     inspection = inspect_path(tmp_path / "model.pt2")
     found = {layer.path: layer for layer in inspection.layers if layer.layer_type == family.name}
@@ -240,3 +240,24 @@ def test_a_program_names_a_module_it_cannot_prove():
     assert [(layer.path, layer.kind) for layer in inspection.layers] == [("2", "rms")]
     [message] = [h.message for _, h in inspection.all_hazards() if h.code == "unrecognised_normalization"]
     assert message.startswith("'1' (EpsOutsideNorm)")
+
+
+@pytest.mark.slow
+def test_rt_detr_s_frozen_batchnorms_are_found_beside_its_stock_ones():
+    from transformers import RTDetrConfig, RTDetrModel, RTDetrResNetConfig
+
+    backbone = RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1], layer_type="basic",
+                                  out_features=["stage2", "stage3", "stage4"])
+    config = RTDetrConfig(backbone_config=backbone, use_pretrained_backbone=False, use_timm_backbone=False, d_model=32,
+                          encoder_hidden_dim=32, encoder_in_channels=[16, 16, 16], encoder_ffn_dim=32, decoder_ffn_dim=32,
+                          num_queries=5, decoder_layers=1, encoder_layers=1, decoder_in_channels=[32, 32, 32], num_feature_levels=3,
+                          decoder_attention_heads=2, encoder_attention_heads=2, num_denoising=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = R.randomise(RTDetrModel(config))
+    frozen = {path for path, m in model.named_modules() if type(m).__name__ == "RTDetrFrozenBatchNorm2d"}
+    inspection = inspect_model(model)
+    found = {layer.path for layer in inspection.layers if layer.layer_type == "RTDetrFrozenBatchNorm2d"}
+    assert frozen and found == frozen and "unrecognised_normalization" not in codes(inspection)
+    assert all(layer.spec["frozen"] for layer in inspection.layers if layer.path in frozen)
+    assert len(inspection.layers) == sum(isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)) for m in model.modules()) + len(frozen)

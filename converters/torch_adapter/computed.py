@@ -113,6 +113,9 @@ def _recognise(module: torch.nn.Module, why: str) -> Recognition:
             return Recognition(None, f"its declaration does not fit it: {error}", why, "declared")
         problem = prove(module, spec, shape)
         return Recognition(spec if problem is None else None, problem and f"its declaration does not hold: {problem}", why, "declared")
+    reused = _from_template(module, why)
+    if reused is not None:
+        return reused
     reasons, unexportable = [], []
     for shape in probe_shapes(module):
         try:
@@ -126,8 +129,33 @@ def _recognise(module: torch.nn.Module, why: str) -> Recognition:
         problem = prove(module, spec, shape)
         if problem is None:
             return Recognition(spec, None, why, "traced")
+        _TEMPLATES.pop(_template_key(module), None)
         reasons.append(f"read as a {spec.kind} norm on a {tuple(shape)} input, {problem}")
     return Recognition(None, "; ".join(reasons or unexportable) or "it keeps no 1-D tensor to size a probe", why, "traced")
+
+
+#: (class, state shapes and dtypes, plain settings) -> (probe shape, Derivation) of a module proved before: the ops a
+#: module traces to depend on nothing else, so its twins (the 5 RMSNorms of a decoder) skip the export, never the proof.
+_TEMPLATES: dict[tuple, tuple] = {}
+
+
+def _template_key(module: torch.nn.Module) -> tuple:
+    shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in _state(module).items())
+    return type(module), shapes, scalar_attributes(module)
+
+
+def _from_template(module: torch.nn.Module, why: str) -> Recognition | None:
+    with _LOCK:
+        template = _TEMPLATES.get(_template_key(module))
+    if template is None:
+        return None
+    shape, derivation = template
+    try:
+        spec = build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__,
+                          training=bool(module.training), input_dtype=_module_dtype(module))
+    except NotANormalization:
+        return None
+    return Recognition(spec, None, why, "traced") if prove(module, spec, shape) is None else None
 
 
 class _Unexportable(NotANormalization):
@@ -163,6 +191,8 @@ def traced_spec(module: torch.nn.Module, shape: tuple[int, ...]) -> NormSpec:
     derivation = derive(group)
     if derivation.native is not None:
         return _native_spec(program, derivation, module, shape)
+    with _LOCK:
+        _TEMPLATES[_template_key(module)] = (shape, derivation)
     return build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__,
                       training=bool(module.training), input_dtype=dtype)
 
