@@ -261,3 +261,20 @@ def test_rt_detr_s_frozen_batchnorms_are_found_beside_its_stock_ones():
     assert frozen and found == frozen and "unrecognised_normalization" not in codes(inspection)
     assert all(layer.spec["frozen"] for layer in inspection.layers if layer.path in frozen)
     assert len(inspection.layers) == sum(isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)) for m in model.modules()) + len(frozen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [R.llama, R.gemma], ids=["Llama", "Gemma"])
+def test_export_verifies_every_hand_written_norm_it_rewrites_one_count_with_inspect(build, tmp_path):
+    from converters.models.serving.export import export_for_serving
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = R.randomise(build())
+        model.config.use_cache = False
+        torch.export.save(torch.export.export(model, (torch.randint(0, 64, (1, 5)),)), tmp_path / "m.pt2")
+        result = export_for_serving(tmp_path / "m.pt2", tmp_path / "m.onnx")
+    inspected = {layer.path for layer in inspect_path(tmp_path / "m.pt2").layers}
+    verified = {entry.source_layer for entry in result.verification}
+    assert result.written and verified == inspected and len(inspected) == 5
+    assert all(entry.passed for entry in result.verification)

@@ -81,9 +81,9 @@ class TorchModelAdapter(ModelAdapter):
         from . import norm_hazards
 
         if exported_program.is_exported_program(model):
-            return norm_hazards.program_hazards(model)
+            return norm_hazards.program_hazards(model, len(exported_program.exported_norm_layers(model)))
         if isinstance(model, torch.nn.Module):
-            return norm_hazards.module_hazards(model)
+            return norm_hazards.module_hazards(model, len(self.norm_layers(model)))
         return []
 
     def inspection_source(self, model: Any) -> str:

@@ -42,8 +42,15 @@ def _claimed_by_another(module: torch.nn.Module) -> bool:
     return False
 
 
-def module_hazards(model: torch.nn.Module) -> list[Hazard]:
-    """Hazards of a live module tree."""
+def nothing_found(parameters: int) -> Hazard:
+    return Hazard(code="no_normalization_found", severity="warning", message=(
+        f"no normalization layer was found in a model with {parameters} parameter values: an equivalence check of its "
+        "normalizations would check nothing, so it must not count as a pass; if the model has normalizations, they are "
+        "spelled in a way no recognizer reads (docs/recognition.md)."))
+
+
+def module_hazards(model: torch.nn.Module, found_count: int | None = None) -> list[Hazard]:
+    """Hazards of a live module tree; `found_count` is how many normalization layers inspection listed."""
     hazards = []
     for path, module in model.named_modules():
         path = path or type(module).__name__
@@ -58,11 +65,18 @@ def module_hazards(model: torch.nn.Module) -> list[Hazard]:
                 f"{found.reason}; a converted layer holds the normalization alone.")))
         else:
             hazards.append(unrecognised(path, type(module).__name__, found.why_candidate, found.reason))
-    return hazards
+    return hazards + _empty(hazards, found_count, sum(p.numel() for p in model.parameters()))
 
 
-def program_hazards(program: Any) -> list[Hazard]:
-    """Hazards of a .pt2 program's modules."""
+def _empty(hazards: list[Hazard], found: int | None, parameters: int) -> list[Hazard]:
+    """no_normalization_found when inspection listed nothing, nothing unrecognised was named, and the model has parameters."""
+    if found == 0 and parameters > 0 and not any(h.code == "unrecognised_normalization" for h in hazards):
+        return [nothing_found(parameters)]
+    return []
+
+
+def program_hazards(program: Any, found: int | None = None) -> list[Hazard]:
+    """Hazards of a .pt2 program's modules; `found` is how many normalization layers inspection listed."""
     hazards = []
     for module in program_modules(program):
         if module.spec is not None:
@@ -73,7 +87,7 @@ def program_hazards(program: Any) -> list[Hazard]:
                 "only the op is read and converted.")))
         else:
             hazards.append(unrecognised(module.path, module.module_type, module.why_candidate, module.reason))
-    return hazards
+    return hazards + _empty(hazards, found, sum(t.numel() for t in program.state_dict.values()))
 
 
 def sync_batchnorm(path: str) -> Hazard:
