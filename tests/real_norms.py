@@ -155,6 +155,20 @@ class WrittenOutLayerNorm(nn.Module):
         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
 
 
+class ChannelsFirstLayerNorm(nn.Module):
+    """The original ConvNeXt repository's LayerNorm for data_format="channels_first", its statistics written out over axis 1."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.bias, self.eps = nn.Parameter(torch.ones(channels)), nn.Parameter(torch.zeros(channels)), eps
+
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
 # -- near misses: they look like normalizations and compute something else ---------------------
 
 

@@ -126,13 +126,15 @@ REPLICAS = [
     (lambda: R.RmsNorm(8, eps=2e-6), "rms", 2e-6, None, False, None),
     (lambda: R.FunctionalLayerNorm(8, eps=1e-4), "layer", 1e-4, None, False, None),
     (lambda: R.WrittenOutLayerNorm(8, eps=6e-6), "layer", 6e-6, None, False, None),
+    (lambda: R.ChannelsFirstLayerNorm(8, eps=5e-6), "layer", 5e-6, "channels_first", False, None),
     (SyncBN, "batch", 2e-5, "channels_first", False, "per_device_statistics"),
     (lambda: R.BatchNormAct2d(8, eps=7e-5), "batch", 7e-5, "channels_first", False, "computes_more"),
 ]
 
 
 @pytest.mark.parametrize("build, kind, eps, layout, frozen, hazard", REPLICAS,
-                         ids=["FrozenBatchNorm2d", "LayerNorm2d", "RmsNorm", "F.layer_norm", "written-out", "SyncBatchNorm", "BatchNormAct2d"])
+                         ids=["FrozenBatchNorm2d", "LayerNorm2d", "RmsNorm", "F.layer_norm", "written-out", "ConvNeXt-repo-channels-first", "SyncBatchNorm",
+                              "BatchNormAct2d"])
 def test_replicas_of_torchvision_and_timm_classes_are_read_exactly(build, kind, eps, layout, frozen, hazard):
     norm = R.randomise(build())
     model = nn.Sequential(nn.Identity(), norm)

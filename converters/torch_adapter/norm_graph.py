@@ -28,6 +28,7 @@ CASTS = frozenset({"aten::to", "aten::_to_copy", "aten::type_as"})
 VIEWS = frozenset({
     "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::unsqueeze", "aten::expand", "aten::alias", "aten::clone",
     "aten::detach", "aten::contiguous", "aten::squeeze", "aten::view_as", "aten::expand_as", "aten::lift_fresh_copy",
+    "aten::slice",  # weight[:, None, None]; a slice that drops values is caught by the proof
 })
 PASS = CASTS | VIEWS
 #: Ops that produce nothing (checks torch.export inserts): ignored.
@@ -194,8 +195,8 @@ def _decomposed(group: NodeGroup, ops: tuple) -> Derivation:
     stat, eps = strip(added[0]), added[1]
     if stat in group.state:
         return _frozen_batch(group, inverse, group.state[stat], eps, ops)
-    kind, source, dims = _statistic(group, stat)
     shape, rank = shape_of(group.x), len(shape_of(group.x))
+    kind, source, dims = _statistic(group, stat, rank)
     dims = tuple(sorted(d % rank for d in dims))
     fields: dict[str, Any] = {"eps": eps}
     if dims == tuple(range(rank - len(dims), rank)):
@@ -210,7 +211,7 @@ def _decomposed(group: NodeGroup, ops: tuple) -> Derivation:
     return Derivation(kind, _with_compute(fields, compute, group), roles, ops)
 
 
-def _statistic(group: NodeGroup, stat: Any) -> tuple[str, Any, list]:
+def _statistic(group: NodeGroup, stat: Any, rank: int) -> tuple[str, Any, list]:
     """(kind, the input value the statistic reads, its dims) of mean(x^2), var(x) or mean((x - mean x)^2)."""
     s = schema(stat)
     if s == "aten::getitem" and schema(stat.args[0]) == "aten::var_mean" and stat.args[1] == 0:
@@ -240,7 +241,7 @@ def _statistic(group: NodeGroup, stat: Any) -> tuple[str, Any, list]:
     centred = strip(base)
     if schema(centred) == "aten::sub" and strip(centred.args[0]) is group.x and schema(strip(centred.args[1])) == "aten::mean":
         mean = strip(centred.args[1])
-        if strip(mean.args[0]) is group.x and sorted(d % 64 for d in mean.args[1]) == sorted(d % 64 for d in dims):
+        if strip(mean.args[0]) is group.x and sorted(d % rank for d in mean.args[1]) == sorted(d % rank for d in dims):
             return "layer", centred.args[0], dims
     raise NotANormalization("the squares under its square root are not of the input or of the input minus its mean")
 
