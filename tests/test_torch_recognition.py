@@ -280,3 +280,20 @@ def test_export_verifies_every_hand_written_norm_it_rewrites_one_count_with_insp
     verified = {entry.source_layer for entry in result.verification}
     assert result.written and verified == inspected and len(inspected) == 5
     assert all(entry.passed for entry in result.verification)
+
+
+def test_a_program_of_channel_norm_replicas_reads_each_like_its_module():
+    norms = [R.BatchNormAct2d(8, eps=7e-5), R.FrozenBatchNorm2d(8, eps=3e-5), R.LayerNorm2d(8, eps=4e-6), R.ChannelsFirstLayerNorm(8, eps=5e-6),
+             nn.SyncBatchNorm(8, eps=2e-5)]
+    model = R.randomise(nn.Sequential(*norms))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, (torch.randn(2, 8, 3, 5),))
+    inspection = inspect_model(program)
+    read = [(layer.path, layer.kind, layer.spec["eps"], layer.spec["layout"], layer.spec["frozen"]) for layer in inspection.layers]
+    assert read == [("0", "batch", 7e-5, "channels_first", False), ("1", "batch", 3e-5, "channels_first", True),
+                    ("2", "layer", 4e-6, "channels_first", False), ("3", "layer", 5e-6, "channels_first", False),
+                    ("4", "batch", 2e-5, "channels_first", False)]
+    assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "computes_more"] == ["'0'"]
+    assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "per_device_statistics"] == ["'4'"]
+    assert "unrecognised_normalization" not in codes(inspection)

@@ -19,6 +19,7 @@ from ..recognizers import RECOGNIZERS
 from ..recognizers.base import ObjectRecognizer
 from .computed import recognition
 from .exported_computed import program_modules
+from .traced_groups import module_paths
 
 FIX = ("declare what it computes with converters.recognize(<class>, kind=..., eps=...), or register a recognizer "
        "(docs/contributing.md); until then its settings and state are unchecked")
@@ -77,7 +78,8 @@ def _empty(hazards: list[Hazard], found: int | None, parameters: int) -> list[Ha
 
 def program_hazards(program: Any, found: int | None = None) -> list[Hazard]:
     """Hazards of a .pt2 program's modules; `found` is how many normalization layers inspection listed."""
-    hazards = []
+    synced = {path for node in program.graph.nodes for path, type_name in module_paths(node) if type_name == "SyncBatchNorm"}
+    hazards = [sync_batchnorm(path) for path in sorted(synced)]
     for module in program_modules(program):
         if module.spec is not None:
             continue
