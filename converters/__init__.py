@@ -7,6 +7,7 @@
     converters.write_layer(obj, spec, "onnx", "bn.onnx")  # spec folder, .onnx, .keras, torch safetensors
     report = converters.last_report()            # per-layer fidelity report (text and JSON)
     result = converters.check(spec_or_obj)       # round trips + numerics against a NumPy reference
+    converters.recognize(MyNorm, kind="rms", eps="variance_epsilon")  # a class of your own, proved per instance
 
 Whole-model tools (inspect_model, port_state, export_for_serving, contract_test, drift_check,
 recalibrate) are imported on first use, so `import converters` stays light.
@@ -19,6 +20,7 @@ from .equivalence import check
 from .layer_files import write_layer
 from .options import ConversionOptions
 from .adapters import REGISTRY
+from .recognizers.declared import recognize
 
 #: Lazily imported functions: name -> module in converters (the whole-model tools live in converters.models).
 _MODEL_TOOLS = {
@@ -38,4 +40,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'converters' has no attribute '{name}'")
 
 
-__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "to_spec", "write_layer", *_MODEL_TOOLS]
+__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "recognize", "to_spec", "write_layer", *_MODEL_TOOLS]

@@ -97,6 +97,10 @@ class FrameworkAdapter(abc.ABC):
     def kind_of(self, obj: Any) -> str:
         """The normalizer kind of `obj`; UnsupportedObjectError if it is not one."""
 
+    def recognised_spec(self, obj: Any) -> NormSpec | None:
+        """The spec a recognizer proved for `obj` by what it computes (a class no kind adapter reads), else None."""
+        return None
+
     @abc.abstractmethod
     def version(self) -> str:
         """The framework's version string, for provenance."""

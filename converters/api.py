@@ -40,7 +40,11 @@ def read_spec(obj: Any, report: LayerReport | None = None, registry: AdapterRegi
     framework = registry.framework_of(obj)
     kind = framework.kind_of(obj)
     layer_report = report or LayerReport(layer="?", kind=kind, source_framework=framework.name, target_framework="spec", target_op="NormSpec")
-    spec = registry.get(framework.name, kind).to_spec(obj, layer_report)
+    spec = framework.recognised_spec(obj)
+    if spec is None:
+        spec = registry.get(framework.name, kind).to_spec(obj, layer_report)
+    else:
+        layer_report.add("recognised", None, spec.source.layer_type, "translated", "read from what the module computes, proved on a probe")
     layer_report.layer = spec.name
     return spec, layer_report
 

@@ -78,7 +78,7 @@ def test_a_registered_recognizer_is_asked_after_the_stock_ones():
     recognizers.register(WhiteningAsLayer())
     assert recognizers.kind_of("torch", Whitening()) == "layer"
     assert recognizers.kind_of("torch", torch.nn.BatchNorm2d(3)) == "batch"  # the stock ones still answer first
-    assert [r.name for r in recognizers.of("torch", ObjectRecognizer)] == ["torch.modules", "torch.aten_ops", "tests.whitening"]
+    assert [r.name for r in recognizers.of("torch", ObjectRecognizer)] == ["torch.computed", "torch.modules", "torch.aten_ops", "tests.whitening"]
 
 
 def test_a_duplicate_recognizer_raises_and_a_missing_one_lists_the_registered():

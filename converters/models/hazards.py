@@ -140,6 +140,9 @@ def eps_not_default(facts: LayerFacts) -> Hazard | None:
         eps, dtype_eps = facts.eps, False
     else:
         return None
+    if facts.framework == "torch" and facts.origin != "normbridge" and not facts.layer_type.startswith("aten") \
+            and facts.layer_type not in KIND_INFO[facts.kind].classes["torch"]:
+        return None  # a hand-written class (LlamaRMSNorm) has its own default, not the stock class's
     default, named = default_eps(facts)
     if default is None:
         if dtype_eps:

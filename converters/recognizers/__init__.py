@@ -19,7 +19,8 @@ from .base import GraphRecognizer, ObjectRecognizer, Recognizer
 
 #: framework -> modules holding its stock recognizers (each a RECOGNIZER), in the order they are asked.
 STOCK_RECOGNIZERS: dict[str, tuple[str, ...]] = {
-    "torch": ("converters.recognizers.torch_modules", "converters.recognizers.torch_aten_ops"),
+    # torch_computed first: a stock subclass with its own forward computes what its forward says.
+    "torch": ("converters.recognizers.torch_computed", "converters.recognizers.torch_modules", "converters.recognizers.torch_aten_ops"),
     "keras": ("converters.recognizers.keras_layers", "converters.recognizers.keras_standardization", "converters.recognizers.keras_probed"),
     "onnx": (
         "converters.recognizers.onnx_ops",

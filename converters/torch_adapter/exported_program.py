@@ -84,8 +84,20 @@ def exported_norm_layers(program: Any) -> list[ExportedNormLayer]:
     for module_path, (position, module_type) in seen_modules.items():
         if module_path not in covered:
             found.append((position, _dissolved(module_path, module_type)))
+    found = _with_computed(program, found)
     layers = [layer for _, layer in sorted(found, key=lambda pair: pair[0])]
     return _with_program_mode(layers)
+
+
+def _with_computed(program: Any, found: list) -> list:
+    """Hand-written normalization modules proved from their ops (exported_computed.py) replace the native-op reading of them."""
+    from .exported_computed import program_modules
+
+    proved = {m.path: m for m in program_modules(program) if m.spec is not None}
+    kept = [(p, layer) for p, layer in found if layer.path not in proved]
+    for m in proved.values():
+        kept.append((m.position, ExportedNormLayer(m.path, m.spec.kind, "computed", m.module_type, m.spec, m.spec.training)))
+    return kept
 
 
 def exported_specs(program: Any) -> list[NormSpec]:

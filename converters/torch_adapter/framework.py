@@ -30,6 +30,13 @@ class TorchFramework(FrameworkAdapter):
             raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.")
         return kind
 
+    def recognised_spec(self, obj: Any):
+        """The proved spec of a module no stock class covers (torch_adapter/computed.py), else None."""
+        from .computed import recognition
+
+        found = recognition(obj)
+        return None if found is None else found.spec
+
     def version(self) -> str:
         return torch.__version__.split("+")[0]
 

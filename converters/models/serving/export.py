@@ -129,6 +129,9 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
                     continue
                 entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "not readable from the graph", False))
                 continue
+            if setting == "scale" and spec.scale_offset:
+                # GemmaRMSNorm's `1.0 + weight.float()`: the exported graph holds the factor, computed in float32.
+                expected = (expected.astype(np.float32) + np.float32(spec.scale_offset)).astype(np.float32)
             same = got.shape == expected.shape and np.array_equal(got.astype(np.float32), expected.astype(np.float32))
             note = "" if same else f"max |difference| {float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))):.3e}" if got.shape == expected.shape else "shape differs"
             entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "equal as float32" if same else "different", same, note))
