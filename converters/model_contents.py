@@ -54,6 +54,8 @@ class ModelContents:
     normalizers: list[ModelNormalizer] = field(default_factory=list)
     sites: int = 0
     mode: str | None = None
+    #: The model adapter's model_hazards: among them the layers that look like normalizations and that no recognizer proved.
+    hazards: list = field(default_factory=list)
 
 
 def hinted(prefix: str, names: list[str], separator: str) -> dict[str, str]:

@@ -21,10 +21,11 @@ from converters.model_contents import ModelContents
 from converters.models.artifact import model_contents
 from schemas import NormSpec
 from schemas.errors import InputFileError
-from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, sha256_hex
+from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, UnrecognisedLayer, sha256_hex
 from schemas.tensors import STORED_DTYPES, tensors_identical
 
 from .manifest_io import MANIFEST_FILE, Artifact, load_artifact_folder
+from .recognition_gate import unrecognised_layers
 from .tensor_blobs import tensor_blob
 
 
@@ -39,6 +40,7 @@ class _Builder:
         self.entries: list[NormalizerEntry] = []
         self.specs: list[NormSpec] = []
         self.sites = 0  # normalization layers found in the model (each must become an entry)
+        self.unrecognised: list[UnrecognisedLayer] = []  # layers that look like normalizations and that no recognizer proved
 
     def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None) -> None:
         if str(array.dtype) not in STORED_DTYPES:
@@ -64,6 +66,7 @@ class _Builder:
     def add(self, contents: ModelContents) -> None:
         """Every tensor of the model, then each normalizer pointed at the tensors holding its bytes."""
         self.sites = contents.sites
+        self.unrecognised = unrecognised_layers(contents.hazards)
         for tensor in contents.tensors:
             self.add_tensor(tensor.name, tensor.array, layer=tensor.layer)
         for normalizer in contents.normalizers:
@@ -83,7 +86,7 @@ class _Builder:
             )
         manifest = ArtifactManifest(
             framework=self.framework, format=self.format, mode=mode, tensors=refs,
-            normalizers=self.entries, lineage=lineage or Lineage(),
+            normalizers=self.entries, lineage=lineage or Lineage(), unrecognised=self.unrecognised,
         )
         return Artifact(manifest=manifest, blobs=blobs, specs=self.specs, sites=self.sites)
 

@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 import converters
 from converters.models.loading import load_model
 from schemas import CheckResult
-from schemas.manifest import load_manifest
+from schemas.manifest import UnrecognisedLayer, load_manifest
 from schemas.manifest_diff import ManifestDiff
 from schemas.errors import (
     CheckFailedError,
@@ -167,7 +167,7 @@ class RemoteRegistry:
     # ------------------------------------------------------------------ registration
 
     def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
-                 progress=None):
+                 progress=None, allow_unrecognised: bool = False):
         """Upload a model file (.onnx, .keras, .pt2) or an artifact folder; the server runs the equivalence gate and stores it.
 
         Returns a registry.service.Registration. An in-memory model is refused: save it to a file first.
@@ -175,6 +175,8 @@ class RemoteRegistry:
         path, fmt, size, chunks = self._upload_body(model)
         report = progress or (lambda step, done, total: None)
         params = {k: v for k, v in (("format", fmt), ("parent", parent), ("note", note), ("operation", operation)) if v is not None}
+        if allow_unrecognised:
+            params["allow_unrecognised"] = "true"
 
         with ExitStack() as stack:
             def body() -> Iterator[bytes]:
@@ -198,7 +200,8 @@ class RemoteRegistry:
         answer = self._json(response)
         report("committed", 1, 1)
         return Registration(version=_version(answer["version"]), created=bool(answer["created"]),
-                            checks=[check_result(c) for c in answer.get("checks") or []])
+                            checks=[check_result(c) for c in answer.get("checks") or []],
+                            unrecognised=[UnrecognisedLayer.model_validate(u) for u in answer.get("unrecognised") or []])
 
     def _upload_body(self, model: Any):
         """(path, format, size, chunks(advance)) for a model path; InputFileError/RegistryError before anything is sent."""

@@ -117,6 +117,9 @@ class MetadataStore(MetadataReads):
             session.flush()
             session.add_all(BlobRefRow(version_id=row.id, digest=blob) for blob in sorted(set(blob_digests)))
             detail = {"digest": digest, "content_digest": content_digest, "operation": operation}
+            if manifest.get("unrecognised"):
+                # Registered with --allow-unrecognised: the audit log says which layers were left unchecked.
+                detail["allowed_unrecognised"] = [entry["path"] for entry in manifest["unrecognised"]]
             if parent is not None:
                 detail["parent"] = f"{parent[0]}@{int(parent[1])}"
             queries.append_audit(session, user, "register", model, row.number, detail)

@@ -58,6 +58,7 @@ class Hazard(BaseModel):
     code: str
     severity: Severity
     message: str
+    layer: str | None = Field(default=None, description="The layer's path in the model, for a hazard about one layer that inspection does not list.")
 
 
 class LayerInspection(BaseModel):

@@ -112,8 +112,8 @@ def _options(spec, target: str) -> dict:
 def _refused_setting(spec, target: str) -> str | None:
     if target == "keras" and spec.kind == "batch" and not spec.track_running_stats:
         return "track_running_stats"  # Keras BatchNormalization always uses its moving statistics at inference
-    if target == "keras" and spec.kind == "instance" and spec.track_running_stats:
-        return "track_running_stats"  # no Keras layer normalises per instance in training and with running statistics at eval
+    if target == "keras" and spec.kind == "instance" and spec.track_running_stats and spec.momentum is None:
+        return "momentum"  # a tracked InstanceNorm becomes a BatchNormalization (exact at eval), which has no cumulative average
     return None
 
 
@@ -145,6 +145,8 @@ def test_module_db_sample_converts_at_its_rank(module_cls, sample, target):
 
     if x.shape[0] == 0:
         return  # an empty batch has no batch statistics: issue 13 item 10 (torch keeps its statistics, Keras and onnxruntime write NaN)
+    if target == "keras" and spec.kind == "instance" and spec.track_running_stats:
+        return  # held as a BatchNormalization: exact at eval (above); its training step uses batch statistics, as the report warns
     if target == "onnx" and spec.kind == "instance" and spec.track_running_stats:
         with pytest.raises(NotExpressibleError) as error:
             framework.run_train_step(obj, x)

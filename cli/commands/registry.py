@@ -82,17 +82,22 @@ def register(
                                          callback=arguments.operation),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
+    allow_unrecognised: bool = typer.Option(False, "--allow-unrecognised",
+                                            help="Register a model holding layers that look like normalizations and that no recognizer "
+                                                 "proved (or no normalization at all); they are recorded as unchecked in the manifest "
+                                                 "and the audit log."),
     json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON."),
 ) -> None:
     """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
 
-    Nothing is stored when a check fails (exit 7); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
+    Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21, unless
+    --allow-unrecognised); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
     from registry.client import RemoteRegistry
 
     registry = _registry(db, blobs, json_output)
     if json_output or isinstance(registry, RemoteRegistry):  # over a server the upload draws a byte bar instead of steps
-        result = registry.register(name, model, parent=parent, note=note, operation=operation)
+        result = registry.register(name, model, parent=parent, note=note, operation=operation, allow_unrecognised=allow_unrecognised)
     else:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       console=Console(stderr=True), transient=True, disable=not Console(stderr=True).is_terminal) as bar:
@@ -101,10 +106,12 @@ def register(
             def progress(step: str, done: int, total: int) -> None:
                 bar.update(task, description=f"{name}: {step}", completed=done, total=max(total, 1))
 
-            result = registry.register(name, model, parent=parent, note=note, operation=operation, progress=progress)
+            result = registry.register(name, model, parent=parent, note=note, operation=operation, progress=progress,
+                                       allow_unrecognised=allow_unrecognised)
     v = result.version
     if json_output:
-        _dump({"created": result.created, "version": v, "checks": [c.model_dump(mode="json") for c in result.checks]})
+        _dump({"created": result.created, "version": v, "checks": [c.model_dump(mode="json") for c in result.checks],
+               "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised]})
         return
     if result.created:
         console.print(f"[green]registered[/] {v.model}@{v.number}", highlight=False)
@@ -113,7 +120,10 @@ def register(
     _say(f"  operation {v.operation}" + (f" from {v.parent}" if v.parent else ""))
     _say(f"  digest    {v.digest}")
     passed = sum(c.passed for c in result.checks)
-    _say(f"  checks    {passed}/{len(result.checks)} normalization layers passed the round-trip equivalence check")
+    if result.checks:
+        _say(f"  checks    {passed}/{len(result.checks)} normalization layers passed the round-trip equivalence check")
+    if result.unrecognised:
+        _say(f"  [yellow]unchecked[/] {len(result.unrecognised)} (--allow-unrecognised): " + ", ".join(u.path for u in result.unrecognised))
 
 
 @app.command()

@@ -23,7 +23,10 @@ def model_contents(model: Any) -> ModelContents:
         model = load_model(Path(model))
     if isinstance(model, NormSpec):
         raise InputFileError("got a single-layer spec folder; register a whole model (.pt2, .keras, .onnx, a torch module or an artifact folder).")
-    return REGISTRY.model_adapter_of(model).artifact_contents(model)
+    adapter = REGISTRY.model_adapter_of(model)
+    contents = adapter.artifact_contents(model)
+    contents.hazards = list(adapter.model_hazards(model))
+    return contents
 
 
 __all__ = ["model_contents"]

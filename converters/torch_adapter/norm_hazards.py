@@ -26,7 +26,7 @@ FIX = ("declare what it computes with converters.recognize(<class>, kind=..., ep
 
 
 def unrecognised(path: str, type_name: str, why: str, reason: str) -> Hazard:
-    return Hazard(code="unrecognised_normalization", severity="error",
+    return Hazard(code="unrecognised_normalization", severity="error", layer=path,
                   message=f"'{path}' ({type_name}) looks like a normalization ({why}) but no recognizer proved what it computes: "
                           f"{reason}; {FIX}.")
 

@@ -16,6 +16,7 @@ from registry.entities import AuditRecord
 from registry.lineage import LineageView
 from registry.service.results import GcResult, VerifyProblem
 from schemas.check_result import CheckResult
+from schemas.manifest import UnrecognisedLayer
 from schemas.manifest_diff import ManifestDiff
 
 
@@ -69,6 +70,9 @@ class Registered(BaseModel):
     created: bool = Field(description="False when identical content was already registered (the existing version is returned).")
     version: Version
     checks: list[CheckResult]
+    unrecognised: list[UnrecognisedLayer] = Field(
+        default_factory=list, description="Layers that look like normalizations and that no recognizer proved, registered unchecked "
+        "because allow_unrecognised was given (a model with weights and no normalization found is one entry, '<model>').")
 
 
 class AliasBody(BaseModel):

@@ -53,7 +53,9 @@ async def register(request: Request, principal: Writer,
                    file_format: Annotated[Literal["onnx", "keras", "pt2", "bundle"], Query(alias="format", description="What the body is.")],
                    parent: Annotated[str | None, Query(description="Parent version NAME@N (default: the latest version of NAME).")] = None,
                    note: Annotated[str | None, Query(description="Free-text note stored with the version.")] = None,
-                   operation: Annotated[str | None, Query(description="registered, fine-tuned, recalibrated, converted, imported.")] = None):
+                   operation: Annotated[str | None, Query(description="registered, fine-tuned, recalibrated, converted, imported.")] = None,
+                   allow_unrecognised: Annotated[bool, Query(description="Register a model holding normalization no recognizer proved; "
+                                                                         "those layers are recorded as unchecked.")] = False):
     principal.check("write", name)
     if parent is not None:
         principal.check("read", model_of(parent))
@@ -61,21 +63,23 @@ async def register(request: Request, principal: Writer,
     registry = registry_for(request, principal)
     lock = request.app.state.register_lock
     if file_format == "bundle":
-        result = await _register_streamed_bundle(request, principal, lock, registry, name, limit, parent, note, operation)
+        result = await _register_streamed_bundle(request, principal, lock, registry, name, limit, parent, note, operation, allow_unrecognised)
     else:
         workspace = new_workspace()
         try:
             received = workspace / f"upload{SUFFIXES[file_format]}"
             await receive_body(request, received, limit)
             result = await run_in_threadpool(_one_at_a_time, lock, registry.register, name, received, parent=parent, note=note,
-                                             operation=operation)
+                                             operation=operation, allow_unrecognised=allow_unrecognised)
         finally:
             remove_workspace(workspace)
-    body = Registered(created=result.created, version=Version.model_validate(Redactor(principal).version(result.version)), checks=result.checks)
+    body = Registered(created=result.created, version=Version.model_validate(Redactor(principal).version(result.version)), checks=result.checks,
+                      unrecognised=result.unrecognised)
     return Response(body.model_dump_json(), status_code=201 if result.created else 200, media_type="application/json")
 
 
-async def _register_streamed_bundle(request: Request, principal: Principal, lock, registry, name, limit, parent, note, operation):
+async def _register_streamed_bundle(request: Request, principal: Principal, lock, registry, name, limit, parent, note, operation,
+                                    allow_unrecognised: bool):
     """Read the bundle in a worker thread while the event loop feeds it the body (see registry.bundle_stream)."""
     await refuse_declared_excess(request, limit)
     pipe = BodyPipe()
@@ -85,7 +89,8 @@ async def _register_streamed_bundle(request: Request, principal: Principal, lock
 
     def read_and_register():
         try:
-            return registry.register_stream(name, pipe, limit, parent=parent, note=note, operation=operation, reuse=reuse)
+            return registry.register_stream(name, pipe, limit, parent=parent, note=note, operation=operation, reuse=reuse,
+                                            allow_unrecognised=allow_unrecognised)
         finally:
             pipe.abandon()  # the reader is done: the sender drops the rest of the body instead of waiting
 

@@ -23,6 +23,7 @@ from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, No
 from schemas.manifest import Lineage, Operation
 
 from ..artifact import extract_artifact
+from ..recognition_gate import admit
 from ..blob_leases import BlobLeases
 from ..blobs.base import BlobStore
 from ..bundle_stream import UploadInterrupted, receive_bundle
@@ -65,7 +66,7 @@ class Registrations:
     user: str
 
     def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
-                 progress: Progress | None = None) -> Registration:
+                 progress: Progress | None = None, allow_unrecognised: bool = False) -> Registration:
         """Register `model` as the next version of `name`, only if every normalizer passes the equivalence check.
 
         `model` is a torch module / ExportedProgram, keras.Model, onnx.ModelProto, or a path (.pt2, .keras, .onnx,
@@ -73,18 +74,22 @@ class Registrations:
         no version is created and the audit log records 'register_failed' (an S3 store may keep the staged blobs,
         referenced by nothing, until `gc`).
 
+        A model holding layers that look like normalizations and that no recognizer proved, or holding weights and no
+        normalization at all, is refused unless `allow_unrecognised` (registry/recognition_gate.py).
+
         Raises:
             CheckFailedError: a normalizer failed the round-trip check (names the layer and why).
+            UnrecognisedNormalizationError: unchecked normalization, and `allow_unrecognised` is False.
             InputFileError / SpecError: the model or its state is unreadable (corrupt file, NaN statistics, ...).
             NotFoundError: `parent` does not exist.
         """
         report = progress or (lambda step, done, total: None)
         model_input = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-        return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report))
+        return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report, allow_unrecognised))
 
     def register_stream(self, name: str, stream: BinaryIO, limit: int, parent: str | None = None, note: str | None = None,
                         operation: str | None = None, progress: Progress | None = None,
-                        reuse: Callable[[set[str]], set[str]] | None = None) -> Registration:
+                        reuse: Callable[[set[str]], set[str]] | None = None, allow_unrecognised: bool = False) -> Registration:
         """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
 
         Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as
@@ -96,7 +101,8 @@ class Registrations:
         other upload formats, no registration was attempted.
         """
         report = progress or (lambda step, done, total: None)
-        return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse),
+        return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse,
+                                                                                  allow_unrecognised),
                              unaudited=(UploadInterrupted, PayloadTooLargeError))
 
     def _audited(self, name: str, model_input: str, register: Callable[[], Registration], unaudited: tuple = ()) -> Registration:
@@ -111,11 +117,12 @@ class Registrations:
                                                        "model_input": model_input})
             raise
 
-    def _register(self, name, model, parent, note, operation, report: Progress) -> Registration:
+    def _register(self, name, model, parent, note, operation, report: Progress, allow_unrecognised: bool) -> Registration:
         is_folder = isinstance(model, (str, Path)) and Path(model).is_dir()
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
         artifact = extract_artifact(model, lineage)
+        manifest = admit(artifact.manifest, allow_unrecognised)  # before anything is staged
         items = list(artifact.blobs.items())
         lease = self.leases.new()
         try:
@@ -124,23 +131,24 @@ class Registrations:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 staging = pool.submit(self._stage, items)
                 try:
-                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites)
+                    checks = self._gate(manifest, list(artifact.specs), report, artifact.sites)
                 except BaseException:
                     self._discard(staging.result())
                     raise
                 staged = staging.result()
-            return self._commit(name, artifact.manifest, checks, staged, parent_record, note, report, lease)
+            return self._commit(name, manifest, checks, staged, parent_record, note, report, lease)
         finally:
             lease.release()
 
-    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress, reuse) -> Registration:
+    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress, reuse, allow_unrecognised: bool) -> Registration:
         parent_record, lineage = self._lineage(name, parent, operation, imported=True)
         report("receiving the bundle", 0, 1)
         lease = self.leases.new()
         try:
-            received = receive_bundle(stream, limit, self.store, lambda manifest, specs: self._gate(manifest, specs, report), reuse,
-                                      claim=lease.take)
-            manifest = received.manifest.model_copy(update={"lineage": lineage})
+            # A bundle's manifest says itself what it leaves unchecked (the uploader's reader found it): admitted before the gate.
+            gate = lambda manifest, specs: self._gate(admit(manifest, allow_unrecognised), specs, report)  # noqa: E731
+            received = receive_bundle(stream, limit, self.store, gate, reuse, claim=lease.take)
+            manifest = admit(received.manifest, allow_unrecognised).model_copy(update={"lineage": lineage})
             return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease)
         finally:
             lease.release()
@@ -171,7 +179,7 @@ class Registrations:
         lease.committed = True
         fault_point("after_commit")
         report("committed", 1, 1)
-        return Registration(version=record, created=created, checks=checks)
+        return Registration(version=record, created=created, checks=checks, unrecognised=list(manifest.unrecognised))
 
     def _publish(self, staged: list, report: Progress) -> None:
         for i, blob in enumerate(staged):

@@ -20,6 +20,7 @@ class Registration:
     version: VersionRecord
     created: bool
     checks: list = field(default_factory=list)  # list[schemas.CheckResult]
+    unrecognised: list = field(default_factory=list)  # list[schemas.manifest.UnrecognisedLayer]: registered unchecked, by request
 
 
 class VerifyProblem(BaseModel):

@@ -1,0 +1,59 @@
+"""What a registration does with normalization it cannot check: refuse it, or hold it unchecked by request; never pass it.
+
+A model can hold layers that look like normalizations and that no recognizer proved (a hand-rolled
+class, a spelling normbridge does not read). The equivalence gate checks only what was recognised, so
+"every check passed" would be false for the rest. Such a model is refused unless the user asks for it
+(`register --allow-unrecognised`); the layers are then kept in the manifest (`unrecognised`) and named
+in the audit entry, so nobody reads the version as checked. A model with weights in which nothing was
+recognised at all is refused the same way: "0/0 passed" is not a pass.
+"""
+
+from __future__ import annotations
+
+from schemas.errors import UnrecognisedNormalizationError
+from schemas.inspection import Hazard
+from schemas.manifest import ArtifactManifest, UnrecognisedLayer
+
+#: The hazard code of a layer that looks like a normalization and that no recognizer proved.
+UNRECOGNISED = "unrecognised_normalization"
+#: The manifest entry standing for a model in which no normalization was found at all.
+WHOLE_MODEL = "<model>"
+
+
+def unrecognised_layers(hazards: list[Hazard]) -> list[UnrecognisedLayer]:
+    """The manifest entries for the unrecognised_normalization hazards of a model adapter."""
+    return [UnrecognisedLayer(path=h.layer or WHOLE_MODEL, type=_type_of(h), reason=h.message) for h in hazards if h.code == UNRECOGNISED]
+
+
+def _type_of(hazard: Hazard) -> str:
+    # The adapters name the class in the message ("'path' (Class) ..." or "module.Class 'path' ..."); keep it whole.
+    return hazard.message.split(" looks like", 1)[0][:200]
+
+
+def unchecked(manifest: ArtifactManifest) -> list[UnrecognisedLayer]:
+    """What the gate cannot check in `manifest`: its unrecognised layers, or the whole model when it lists no normalizer
+    but holds tensors."""
+    if manifest.unrecognised:
+        return list(manifest.unrecognised)
+    if not manifest.normalizers and manifest.tensors:
+        return [UnrecognisedLayer(path=WHOLE_MODEL, type=manifest.framework,
+                                  reason=f"no normalization layer was found among the model's {len(manifest.tensors)} tensors, so the "
+                                         "equivalence check would check nothing")]
+    return []
+
+
+def admit(manifest: ArtifactManifest, allow_unrecognised: bool) -> ArtifactManifest:
+    """`manifest`, holding every unchecked layer, when it has none or they are allowed; UnrecognisedNormalizationError otherwise."""
+    found = unchecked(manifest)
+    if not found or allow_unrecognised:
+        return manifest.model_copy(update={"unrecognised": found})
+    first = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    raise UnrecognisedNormalizationError(
+        f"{first.reason.rstrip('.')}{more}. Nothing was registered, since the equivalence check cannot cover it: declare the class with "
+        "converters.recognize(...) (docs/recognition.md), or register with --allow-unrecognised to keep it recorded as unchecked.",
+        layer=None if first.path == WHOLE_MODEL else first.path,
+    )
+
+
+__all__ = ["UNRECOGNISED", "WHOLE_MODEL", "admit", "unchecked", "unrecognised_layers"]
