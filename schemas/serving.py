@@ -281,7 +281,8 @@ class RecalibrationReport(_Result):
     variance_estimator: Literal["unbiased", "biased"]
     layers: list[RecalibratedLayer]
     output: str | None = None
-    registered: bool = Field(False, description="Registered in the artifact registry with lineage 'recalibrated' (not available yet).")
+    registered: bool = Field(False, description="Always False: recalibrate writes a file; `normbridge register NAME FILE --parent NAME@N "
+                             "--operation recalibrated` registers it with its lineage.")
     notes: list[str] = Field(default_factory=list)
 
     def render_text(self) -> str:

@@ -130,3 +130,9 @@ def recalibrate(
         for note in report.notes:
             say(f"note: {note}")
         say_marked("[green]wrote[/] ", str(output))
+        say(register_hint(output))
+
+
+def register_hint(output: Path) -> str:
+    """How to register a recalibrated file with its lineage (recalibrate writes a file, it never registers)."""
+    return f"to register it as the next version of its model: normbridge register NAME {output} --parent NAME@N --operation recalibrated"

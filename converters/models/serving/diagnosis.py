@@ -46,7 +46,7 @@ def mismatch_findings(source: Any, serving: Any, sample: Sample, outputs: list[O
         return findings + [f"the serving graph's normalizations could not be compared with the source's layers ({error})"], []
     for v in differing[:SHOWN]:
         where = v.source_layer or "(no source layer)"
-        note = f" ({v.note})" if v.note else ""
+        note = f" ({v.note})" if v.note and not v.note.startswith(v.setting) else ""
         findings.append(f"layer {where}, graph site {v.site}, setting {v.setting}: source {v.expected}, serving {v.found}{note}")
     if len(differing) > SHOWN:
         findings.append(f"... and {len(differing) - SHOWN} more differing setting(s) (see --json: differing_settings)")

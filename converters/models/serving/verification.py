@@ -95,7 +95,7 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
         else:
             recovered = recover_from_float32(site.eps, hint=spec.eps)
             ok = bool(np.float32(site.eps) == np.float32(spec.eps))
-            entries.append(_entry(label, spec, spec.kind, "eps", repr(spec.eps), repr(recovered), ok, "" if ok else "eps changed on export"))
+            entries.append(_entry(label, spec, spec.kind, "eps", repr(spec.eps), repr(recovered), ok, "" if ok else "eps differs from the source layer's"))
         exported = site.spec.tensors if site.spec is not None else {}
         for setting in STATE_SETTINGS:
             expected = spec.tensors.get(setting)
