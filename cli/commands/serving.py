@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..app import app, console
 from ..errors import reports_errors
+from ..files import check_headers
 from ..fitting import print_table, say, say_marked
 
 
@@ -150,6 +151,7 @@ def export_command(
     from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 
+    check_headers((model_path,), (sample,))
     try:
         if json_output:
             result = export_for_serving(load_model(model_path), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
@@ -202,6 +204,7 @@ def contract(
     from converters.models.serving.contract import DEFAULT_TOLERANCES, contract_test
     from converters.models.loading import load_model
 
+    check_headers((source, serving), (sample,))
     tolerances = None
     if atol is not None or rtol is not None:
         default_atol, default_rtol = DEFAULT_TOLERANCES["float32"]

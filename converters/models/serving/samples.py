@@ -19,6 +19,7 @@ from schemas import InputFileError, UnsupportedObjectError
 
 from ...adapters import REGISTRY
 from ...model_values import InputSpec
+from ..file_headers import check_sample_header
 
 #: Size given to an open non-batch dimension in a random sample.
 DEFAULT_OPEN_DIM = 32
@@ -116,6 +117,7 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
     suffix = path.suffix.lower()
     if suffix not in (".npy", ".npz"):
         raise InputFileError(f"sample file '{path}' is a '{suffix}' file; pass a .npy (one input) or .npz (one array per input).")
+    check_sample_header(path)  # magic and header first: a file that is not NumPy's is refused before it is read
     try:
         loaded = np.load(path, allow_pickle=False)
         if suffix == ".npy":
