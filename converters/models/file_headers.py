@@ -90,9 +90,15 @@ def check_zip_header(path: Path, what: str, fix: str) -> None:
     """Refuse a file that is not a zip archive: its magic bytes, then the central directory record at its end."""
     with path.open("rb") as handle:
         magic = handle.read(4)
-    if magic not in ZIP_MAGICS or not zipfile.is_zipfile(path):
-        found = "it is empty" if not magic else f"it starts with {magic!r}, not a zip archive's {ZIP_MAGICS[0]!r}"
-        raise InputFileError(f"'{path}' is not {what} ({found}); {fix}.")
+    if not magic:
+        found = "it is empty"
+    elif magic not in ZIP_MAGICS:
+        found = f"it starts with {magic!r}, not {ZIP_MAGICS[0]!r}"
+    elif not zipfile.is_zipfile(path):
+        found = "no end-of-central-directory record at its end: cut off, or not an archive"
+    else:
+        return
+    raise InputFileError(f"'{path}' is not {what} (not a zip file: {found}); {fix}.")
 
 
 def check_npy_header(path: Path) -> None:
