@@ -19,9 +19,23 @@ def load_layer(path: Path) -> Any:
     if path.is_dir() or path.name == "spec.json":
         return load_spec(path)
     if path.suffix == ".onnx":
+        from converters.models.file_headers import check_onnx_header
         from converters.onnx_adapter.files import load_onnx
+
+        check_onnx_header(path)
 
         return load_onnx(path)
     raise InputFileError(
         f"'{path}' is neither a spec folder nor an .onnx file; pickled and other formats are refused because loading them can execute code."
     )
+
+
+def check_headers(models: tuple[Path, ...] = (), samples: tuple[Path | None, ...] = ()) -> None:
+    """Refuse every model and sample file whose first bytes do not match its suffix, before any framework loads one."""
+    from converters.models.file_headers import check_model_header, check_sample_header
+
+    for path in models:
+        check_model_header(path)
+    for path in samples:
+        if path is not None:
+            check_sample_header(path)

@@ -68,11 +68,11 @@ def diff_manifests(a: ArtifactManifest, b: ArtifactManifest, get: Callable[[str]
     stats_layers: list[str] = []
     config_layers: list[str] = []
     for path in list(entries_a) + [p for p in entries_b if p not in entries_a]:
-        if path not in entries_b:
-            normalizers.append(NormalizerChange(path=path, status="removed"))
+        if path not in entries_b:  # nothing to compare: weights and statistics are neither identical nor changed (None)
+            normalizers.append(NormalizerChange(path=path, status="removed", statistics_changed=None, weights_changed=None))
             continue
         if path not in entries_a:
-            normalizers.append(NormalizerChange(path=path, status="added"))
+            normalizers.append(NormalizerChange(path=path, status="added", statistics_changed=None, weights_changed=None))
             continue
         entry_a, entry_b = entries_a[path], entries_b[path]
         config = _config_changes(entry_a.spec, entry_b.spec)
@@ -113,26 +113,33 @@ def diff_manifests(a: ArtifactManifest, b: ArtifactManifest, get: Callable[[str]
 
 
 def _headline(identical, moved_weights, stats_layers, config_layers, normalizers, tensors, top_level) -> str:
+    """The headline, derived from the rows: every part counts tensor or normalizer rows, so it cannot contradict them."""
     if identical:
         return "identical content"
     parts = []
     if top_level:
         parts.append(", ".join(f"{c.field} {c.before} -> {c.after}" for c in top_level))
-    if moved_weights:
-        layers = {t.layer or t.name for t in moved_weights}
-        parts.append(f"weights changed in {_plural(len(moved_weights), 'tensor')} ({_plural(len(layers), 'layer')})")
-    else:
+    weights = [t for t in tensors if t.role in WEIGHT_ROLES]
+    changed_weights = [t for t in moved_weights if t.status == "changed"]
+    if changed_weights:
+        layers = {t.layer or t.name for t in changed_weights}
+        parts.append(f"weights changed in {_plural(len(changed_weights), 'tensor')} ({_plural(len(layers), 'layer')})")
+    elif not moved_weights and weights:
         parts.append("weights identical")
-    if stats_layers:
-        parts.append(f"running statistics changed in {_plural(len(stats_layers), 'layer')}")
-    elif any(t.role in STATISTIC_ROLES for t in tensors):
+    parts += _appeared(weights, "weight tensor")
+    statistics = [t for t in tensors if t.role in STATISTIC_ROLES]
+    moved_stat_layers = set(stats_layers) | {t.layer or t.name for t in statistics if t.status == "changed"}
+    if moved_stat_layers:
+        parts.append(f"running statistics changed in {_plural(len(moved_stat_layers), 'layer')}")
+    elif statistics and all(t.status == "unchanged" for t in statistics):
         parts.append("running statistics identical")
+    parts += _appeared(statistics, "running-statistics tensor")
     if config_layers:
         parts.append(f"config changed in {_plural(len(config_layers), 'normalizer')}")
-    added = sum(n.status == "added" for n in normalizers)
-    removed = sum(n.status == "removed" for n in normalizers)
-    if added:
-        parts.append(f"{_plural(added, 'normalizer')} added")
-    if removed:
-        parts.append(f"{_plural(removed, 'normalizer')} removed")
+    parts += _appeared(normalizers, "normalizer")
     return ", ".join(parts)
+
+
+def _appeared(rows, word: str) -> list[str]:
+    """'N <word>s added' and 'M <word>s removed' for the rows with those statuses."""
+    return [f"{_plural(count, word)} {status}" for status in ("added", "removed") if (count := sum(r.status == status for r in rows))]

@@ -40,8 +40,8 @@ class NormalizerChange(BaseModel):
     path: str
     status: Literal["unchanged", "changed", "added", "removed"]
     config_changes: list[ConfigChange] = Field(default_factory=list)
-    statistics_changed: bool = False
-    weights_changed: bool = False
+    statistics_changed: bool | None = Field(default=False, description="None for an added or removed normalizer (nothing to compare).")
+    weights_changed: bool | None = Field(default=False, description="None for an added or removed normalizer (nothing to compare).")
 
 
 class ManifestDiff(BaseModel):

@@ -75,6 +75,19 @@ class BatchIndependenceCheck(_Result):
     reason: str = ""
 
 
+class SiteVerification(_Result):
+    """One setting of one normalization site of the exported graph against the source layer's spec."""
+
+    site: str = Field(description="Name of the normalization site in the exported graph.")
+    source_layer: str | None
+    kind: str
+    setting: str = Field(description="presence, kind, eps, running_mean, running_var, scale, bias or mode.")
+    expected: str
+    found: str
+    passed: bool
+    note: str = ""
+
+
 class ContractResult(_Result):
     """Verdict of `contract_test`: the serving model computes what the source computes in eval mode."""
 
@@ -85,7 +98,10 @@ class ContractResult(_Result):
     tolerances: list[Tolerance]
     outputs: list[OutputCheck] = Field(default_factory=list)
     batch_independence: list[BatchIndependenceCheck] = Field(default_factory=list)
-    findings: list[str] = Field(default_factory=list, description="Train-mode layers or nodes found in the source or serving model.")
+    findings: list[str] = Field(default_factory=list, description="Train-mode layers or nodes found in the source or serving model; "
+                                "for differing outputs, the first one and the layers and settings behind it.")
+    differing_settings: list[SiteVerification] = Field(default_factory=list, description="Normalization settings of the serving graph "
+                                                         "that differ from their source layer (looked for when an output differs).")
     errors: list[str] = Field(default_factory=list)
     passed: bool
 
@@ -122,19 +138,6 @@ class ContractResult(_Result):
 # --------------------------------------------------------------------------- export
 
 
-class SiteVerification(_Result):
-    """One setting of one normalization site of the exported graph against the source layer's spec."""
-
-    site: str = Field(description="Name of the normalization site in the exported graph.")
-    source_layer: str | None
-    kind: str
-    setting: str = Field(description="presence, kind, eps, running_mean, running_var, scale, bias or mode.")
-    expected: str
-    found: str
-    passed: bool
-    note: str = ""
-
-
 class RewrittenSite(_Result):
     """A decomposed (or folded) normalization the export replaced by the native ONNX op."""
 
@@ -145,8 +148,17 @@ class RewrittenSite(_Result):
     eps: float | None
 
 
+class ServingHazard(_Result):
+    """A warning- or error-level hazard `inspect` reports on the source model, repeated by the serving export."""
+
+    layer: str | None = Field(description="The source layer's path, or None for a hazard of the model as a whole.")
+    code: str
+    severity: Literal["warning", "error"]
+    message: str
+
+
 class ExportResult(_Result):
-    """What `export_for_serving` did: exporter, verification per site, rewrites, contract, and whether it wrote."""
+    """What `export_for_serving` did: exporter, verification per site, rewrites, contract, hazards, and whether it wrote."""
 
     source: str
     exporter: str
@@ -157,9 +169,14 @@ class ExportResult(_Result):
     verification: list[SiteVerification] = Field(default_factory=list)
     rewritten: list[RewrittenSite] = Field(default_factory=list)
     contract: ContractResult | None = None
+    hazards: list[ServingHazard] = Field(default_factory=list, description="Error-level ones refuse the export unless forced.")
     notes: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
     passed: bool
+
+    @property
+    def error_hazards(self) -> list[ServingHazard]:
+        return [h for h in self.hazards if h.severity == "error"]
 
     @property
     def failed_checks(self) -> list[SiteVerification]:
@@ -184,6 +201,7 @@ class ExportResult(_Result):
             lines.append(f"  rewrote {len(names)} x {ops} -> {to_op}" + ("" if eps is None else f" eps={eps!r}") + f": {shown}")
         if self.contract is not None:
             lines += ["  " + line for line in self.contract.render_text().splitlines()]
+        lines += [f"  {h.severity} {h.code} {h.layer or '(model)'}: {h.message}" for h in self.hazards]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  error: {e}" for e in self.errors]
         return "\n".join(lines)
@@ -263,7 +281,8 @@ class RecalibrationReport(_Result):
     variance_estimator: Literal["unbiased", "biased"]
     layers: list[RecalibratedLayer]
     output: str | None = None
-    registered: bool = Field(False, description="Registered in the artifact registry with lineage 'recalibrated' (not available yet).")
+    registered: bool = Field(False, description="Always False: recalibrate writes a file; `normbridge register NAME FILE --parent NAME@N "
+                             "--operation recalibrated` registers it with its lineage.")
     notes: list[str] = Field(default_factory=list)
 
     def render_text(self) -> str:

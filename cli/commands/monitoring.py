@@ -14,6 +14,7 @@ from schemas.errors import DRIFT_ALARM_EXIT
 from ..app import app, console
 from ..arguments import version_ref
 from ..errors import reports_errors
+from ..files import check_headers
 from ..fitting import print_table, say, say_marked
 
 #: Exit code of `drift` when at least one layer alarms (0: no alarm): a verdict, not an error.
@@ -62,6 +63,7 @@ def drift(
     if shift_threshold <= 0:
         raise InputFileError(f"--shift-threshold {shift_threshold} must be positive (in standard deviations of the running statistics).")
     thresholds = DriftThresholds(shift=shift_threshold, log_ratio=math.log(ratio_threshold))
+    check_headers((model_path,), (data,))
     registry = None
     if record is not None:
         from registry.service import Registry
@@ -109,6 +111,7 @@ def recalibrate(
         raise InputFileError(f"'{model_path}' is a '{model_path.suffix}' file; recalibrate takes an .onnx, .pt2 or .keras model.")
     if output.suffix.lower() != model_path.suffix.lower():
         raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")
+    check_headers((model_path,), (data,))
     model = load_model(model_path)
     if json_output:
         new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
@@ -130,3 +133,9 @@ def recalibrate(
         for note in report.notes:
             say(f"note: {note}")
         say_marked("[green]wrote[/] ", str(output))
+        say(register_hint(output))
+
+
+def register_hint(output: Path) -> str:
+    """How to register a recalibrated file with its lineage (recalibrate writes a file, it never registers)."""
+    return f"to register it as the next version of its model: normbridge register NAME {output} --parent NAME@N --operation recalibrated"

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..app import app, console
 from ..errors import reports_errors
+from ..files import check_headers
 from ..fitting import print_table, say, say_marked
 
 
@@ -34,8 +35,15 @@ def contract_tables(result) -> list[Table]:
         batch.add_column(column, justify=justify)
     for b in result.batch_independence:
         batch.add_row(b.side, b.method, str(b.requests), "n/a" if b.max_abs_difference is None else f"{b.max_abs_difference:.3e}",
-                      "yes" if b.deterministic else "[bold red]NO[/]", "[green]ok[/]" if b.passed else "[bold red]FAILED[/]")
+                      "yes" if b.deterministic else "[bold red]NO[/]", _batch_verdict(b))
     return [outputs, batch]
+
+
+def _batch_verdict(check) -> str:
+    """ok / FAILED, or "skipped" when the test could not run (one request): never "ok" for a test that did not run."""
+    if check.method == "skipped":
+        return "[yellow]skipped[/]" if check.passed else "[bold red]skipped, FAILED[/]"
+    return "[green]ok[/]" if check.passed else "[bold red]FAILED[/]"
 
 
 def print_contract(result) -> None:
@@ -46,7 +54,7 @@ def print_contract(result) -> None:
         print_table(table)
     for b in result.batch_independence:
         if b.reason:
-            say(f"{b.side}: {b.reason}")
+            say(f"{b.side}: batch independence {'skipped: ' if b.method == 'skipped' else ''}{b.reason}")
     for finding in result.findings:
         say_marked("[yellow]finding[/]: ", finding)
     for error in result.errors:
@@ -88,22 +96,39 @@ def _rewrites(result) -> list[str]:
     return lines
 
 
+def _print_hazards(result) -> None:
+    """The source's warning- and error-level hazards, as `inspect` prints them, and what the error-level ones did to the export."""
+    from schemas.inspection import severity_style
+
+    for h in result.hazards:
+        say_marked(f"[{severity_style(h.severity)}]{h.severity}[/] {h.code} ", f"{h.layer or '(model)'}: {h.message}")
+    errors = result.error_hazards
+    if errors and not result.written:
+        say(f"error: {len(errors)} error-level hazard(s) in the source refuse the export; fix them, or pass --force to write it anyway.", style="red")
+    elif result.hazards:
+        say(f"{len(result.hazards)} hazard(s) in the source (normbridge inspect shows them too); the contract compares the file "
+            "with the source as it is, so it passes even when the source is not fit to serve.")
+
+
 @app.command(name="export")
 @reports_errors
 def export_command(
     model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export) or .keras (loaded with safe_mode)."),
     to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
     output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
-    opset: int = typer.Option(23, "--opset", help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23)."),
+    opset: int = typer.Option(23, "--opset", help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
+                              "a graph the exporter wrote above it is converted down with onnx's version converter, or refused (exit 5)."),
     no_rewrite: bool = typer.Option(False, "--no-rewrite", help="Keep the exporter's decomposed or folded normalizations instead of native ops."),
-    force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails; the report records the failure."),
-    sample: Path | None = typer.Option(None, "--sample", help="Inputs for the contract: .npy or .npz; default a seeded random batch."),
+    force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails or the source has an "
+                               "error-level hazard; the report records it."),
+    sample: Path | None = typer.Option(None, "--sample", help="Inputs for the contract: .npy or .npz; default a seeded random batch of 4 requests."),
     json_output: bool = typer.Option(False, "--json", help="Print the export result as JSON."),
 ) -> None:
     """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops, run the contract.
 
-    Nothing is written when a check fails (exit 7) unless --force; the layers of a registry version are written by
-    normbridge export-layers. Example: normbridge export resnet.keras --to onnx -o resnet.onnx
+    The warnings and errors `inspect` reports on the model are repeated; nothing is written when a check fails or the model
+    has an error-level hazard (exit 7) unless --force; the layers of a registry version are written by normbridge export-layers.
+    Example: normbridge export resnet.keras --to onnx -o resnet.onnx
     """
     from converters.models.loading import load_model
     from schemas import InputFileError
@@ -117,6 +142,7 @@ def export_command(
     from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 
+    check_headers((model_path,), (sample,))
     try:
         if json_output:
             result = export_for_serving(load_model(model_path), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
@@ -137,6 +163,7 @@ def export_command(
             say(line)
         if result.contract is not None:
             print_contract(result.contract)
+        _print_hazards(result)
         for note in result.notes:
             say(f"note: {note}")
         for message in result.errors:
@@ -168,6 +195,7 @@ def contract(
     from converters.models.serving.contract import DEFAULT_TOLERANCES, contract_test
     from converters.models.loading import load_model
 
+    check_headers((source, serving), (sample,))
     tolerances = None
     if atol is not None or rtol is not None:
         default_atol, default_rtol = DEFAULT_TOLERANCES["float32"]

@@ -3,7 +3,8 @@
 Accepted: the model files of every registered framework (`adapters.MODEL_FILES`: `.pt2`, a
 torch.export ExportedProgram read by `torch_adapter.pt2_archive` with no full unpickler;
 `.keras`, loaded with safe_mode=True, so Lambda layers and other deserialised code are refused;
-`.onnx`), each loaded by its framework's model adapter, and a spec folder. Pickle-based formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them
+`.onnx`), each loaded by its framework's model adapter once its first bytes say it is one
+(`file_headers`), and a spec folder. Pickle-based formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them
 can run arbitrary code.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 from schemas import InputFileError
 
 from ..adapters import MODEL_FILES, REGISTRY
+from .file_headers import check_model_header
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib")
 SUPPORTED = ", ".join(described for _, described in MODEL_FILES.values()) + " or a spec folder"
@@ -37,6 +39,7 @@ def load_model(path: str | Path) -> Any:
         )
     if suffix in MODEL_FILES:
         framework, _ = MODEL_FILES[suffix]
+        check_model_header(path)  # a file that is not a model is refused from its first bytes, before its framework reads it whole
         return REGISTRY.model_adapter(framework).load(path)
     raise InputFileError(f"'{path}' has an unknown format '{suffix}'; pass a {SUPPORTED}.")
 

@@ -14,6 +14,11 @@ import torch
 
 from schemas import NormbridgeError, UnsupportedObjectError
 
+#: The lowest opset torch.onnx's dynamo exporter implements (torch/onnx/_internal/exporter/_constants.py, TORCHLIB_OPSET).
+#: Asked for less, it exports at this one and converts with onnxscript, logging a traceback and keeping this opset when that
+#: fails; so it is asked for at least this, and the serving export converts down to the cap (models/serving/opset.py).
+TORCH_ONNX_MIN_OPSET = 18
+
 
 def _clean(model):
     """Fold constants and drop dead nodes (what torch.onnx's optimizer does, minus folding BatchNorm into Conv)."""
@@ -31,6 +36,7 @@ def _tensors(arrays) -> tuple[torch.Tensor, ...]:
 def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
     """(onnx.ModelProto, the exporter as named in reports, notes) for an nn.Module (with a dynamic batch when it allows one) or an ExportedProgram."""
     notes = ["torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"]
+    opset = max(opset, TORCH_ONNX_MIN_OPSET)
     options = {"dynamo": True, "opset_version": opset, "optimize": False, "verbose": False}
     name = f"torch.onnx.export(dynamo=True, optimize=False) torch {torch.__version__.split('+')[0]} at opset {opset}"
     try:

@@ -55,9 +55,6 @@ def _movement(name: str, old_mean, old_var, new_mean, new_var, eps: float) -> Re
     return RecalibratedLayer(name=name, channels=int(old_mean.shape[0]), max_mean_shift=float(shift.max()), max_abs_log_var_ratio=float(ratio.max()))
 
 
-NOT_REGISTERED = "not registered: the artifact registry does not exist yet (lineage 'recalibrated' comes with it)"
-
-
 def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, variance_estimator: str = "unbiased") -> tuple[Any, RecalibrationReport]:
     """Re-estimate every BatchNorm's running statistics on `batches`; returns (new model, report). The input model is not modified.
 
@@ -79,7 +76,7 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
     if not layers:
         raise UnsupportedObjectError(f"{describe(model)} has no BatchNorm layer with running statistics to recalibrate.")
     report = RecalibrationReport(model=describe(model), framework=adapter.framework, method=method, batches=len(split), samples=samples,
-                                 variance_estimator=variance_estimator, layers=layers, notes=[NOT_REGISTERED])
+                                 variance_estimator=variance_estimator, layers=layers)
     return new_model, report
 
 

@@ -33,6 +33,7 @@ from schemas.serving import (
 from ...adapters import REGISTRY
 from ...model_values import ModelRunner, Outputs
 from ..loading import load_model
+from .diagnosis import mismatch_findings
 from .samples import DEFAULT_BATCH, DEFAULT_SEED, Sample, as_sample, merge_specs
 
 #: (atol, rtol) per output dtype for a whole model: |serving - source| <= atol + rtol * |source|.
@@ -152,7 +153,8 @@ def batch_independence(side: str, run: ModelRunner, sample: Sample, full: Output
 
 
 def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any = None, *,
-                  batch_size: int = DEFAULT_BATCH, seed: int = DEFAULT_SEED, optimized_runtime: bool = False) -> ContractResult:
+                  batch_size: int = DEFAULT_BATCH, seed: int = DEFAULT_SEED, optimized_runtime: bool = False,
+                  diagnose: bool = True) -> ContractResult:
     """Replay one sample through the source (eval) and the serving ONNX model (onnxruntime); compare outputs and batch independence.
 
     Args:
@@ -161,8 +163,11 @@ def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any
         sample: None (seeded random for the models' input shape), a .npy/.npz path, arrays, or a Sample.
         tolerances: None (DEFAULT_TOLERANCES), {dtype: (atol, rtol)} overrides, or one (atol, rtol).
         optimized_runtime: run onnxruntime with its default graph optimizations instead of the graph as written.
+        diagnose: when an output differs, name it and every normalization setting of the serving graph that differs
+            from its source layer (`diagnosis.mismatch_findings`).
     """
     table = resolve_tolerances(tolerances)
+    source, serving = (load_model(m) if isinstance(m, (str, Path)) else m for m in (source, serving))
     src = source_runner(source)
     srv = serving_runner(serving, optimized=optimized_runtime)
     specs = merge_specs(src.specs, srv.specs)
@@ -179,6 +184,7 @@ def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any
     outputs, output_errors = _output_checks(source_out, serving_out, srv.output_names or [], table)
     errors += output_errors
     independence = [batch_independence("source", src, sample, source_out, table), batch_independence("serving", srv, sample, serving_out, table)]
+    diagnosis, differing = mismatch_findings(source, serving, sample, outputs) if diagnose else ([], [])
     used = sorted({np.dtype(o.dtype).name for o in outputs} & set(table)) or ["float32"]
     passed = not errors and all(o.passed for o in outputs) and all(b.passed for b in independence)
     return ContractResult(
@@ -190,7 +196,8 @@ def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any
         tolerances=[Tolerance(dtype=d, atol=table[d][0], rtol=table[d][1]) for d in used],
         outputs=outputs,
         batch_independence=independence,
-        findings=src.findings + srv.findings,
+        findings=src.findings + srv.findings + diagnosis,
+        differing_settings=differing,
         errors=errors,
         passed=passed,
     )

@@ -19,6 +19,7 @@ from schemas import InputFileError, UnsupportedObjectError
 
 from ...adapters import REGISTRY
 from ...model_values import InputSpec
+from ..file_headers import check_sample_header
 
 #: Size given to an open non-batch dimension in a random sample.
 DEFAULT_OPEN_DIM = 32
@@ -96,7 +97,12 @@ def random_sample(specs: Sequence[InputSpec], batch_size: int = DEFAULT_BATCH, s
         else:
             raise UnsupportedObjectError(f"input '{spec.name}' has dtype {dtype}, for which no random sample is defined; pass a sample file.")
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-    return Sample(tuple(arrays), tuple(s.name for s in specs), f"seeded random (seed {seed}, standard normal) {shapes}", seed=seed)
+    return Sample(tuple(arrays), tuple(s.name for s in specs), f"seeded random batch of {_requests(batch_size)} (seed {seed}, standard normal) {shapes}",
+                  seed=seed)
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" + ("" if count == 1 else "s")
 
 
 def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> Sample:
@@ -111,6 +117,7 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
     suffix = path.suffix.lower()
     if suffix not in (".npy", ".npz"):
         raise InputFileError(f"sample file '{path}' is a '{suffix}' file; pass a .npy (one input) or .npz (one array per input).")
+    check_sample_header(path)  # magic and header first: a file that is not NumPy's is refused before it is read
     try:
         loaded = np.load(path, allow_pickle=False)
         if suffix == ".npy":
@@ -132,7 +139,7 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
     if any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
         raise InputFileError(f"sample file '{path}': every array needs the same leading batch axis; got shapes {[list(a.shape) for a in arrays]}.")
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-    return Sample(tuple(arrays), tuple(names), f"{path.name} {shapes}", path=str(path))
+    return Sample(tuple(arrays), tuple(names), f"{path.name}: {_requests(int(arrays[0].shape[0]))} {shapes}", path=str(path))
 
 
 def _match(path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequence[InputSpec]) -> tuple[list[str], list[np.ndarray]]:
@@ -171,7 +178,8 @@ def as_sample(sample: Any, specs: Sequence[InputSpec] | None, batch_size: int = 
     if specs and len(specs) == len(arrays):  # float64 NumPy data for a float32 model: cast within the same kind only
         arrays = [a.astype(s.dtype, copy=False) if a.dtype.kind == np.dtype(s.dtype).kind else a for a, s in zip(arrays, specs)]
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-    return Sample(tuple(arrays), tuple(names), f"given arrays {shapes}")
+    count = f"{_requests(int(arrays[0].shape[0]))} " if arrays and arrays[0].ndim else ""
+    return Sample(tuple(arrays), tuple(names), f"given arrays: {count}{shapes}")
 
 
 def _numpy(value: Any) -> np.ndarray:
