@@ -15,7 +15,7 @@ import torch
 
 from schemas.errors import UnrecognisedNormalizationError
 from tests.cli_run import run_cli
-from tests.http_server import create_token, running_server
+from tests.http_server import running_server
 from tests.real_norms import EpsOutsideNorm
 
 
@@ -109,15 +109,19 @@ def test_the_cli_exits_21_then_registers_with_the_flag_and_says_what_is_unchecke
 
 
 @pytest.mark.slow
-def test_the_server_answers_422_and_registers_only_when_allowed(tmp_path):
+def test_the_server_answers_422_and_registers_only_when_allowed_and_its_page_says_unchecked(tmp_path):
     db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
-    token = create_token(db, "ci-bot", "write")
     body = save_pt2(block(), tmp_path / "block.pt2").read_bytes()
-    with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server, \
-            httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
-        refused = client.post("/api/v1/models/block/versions", params={"format": "pt2"}, content=body)
-        assert refused.status_code == 422 and refused.json()["error"]["code"] == "unrecognised_normalization"
+    with running_server(db=db, blobs=blobs, args=["--insecure-local"], log=tmp_path / "serve.log") as server, \
+            httpx.Client(base_url=server.url, timeout=300) as client:
+        refused = client.post("/api/v1/models/block/versions", params={"format": "pt2"}, content=body,
+                              headers={"Content-Type": "application/octet-stream"})
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "unrecognised_normalization", refused.text
         assert client.get("/api/v1/models/block/versions").status_code == 404  # nothing was registered
-        allowed = client.post("/api/v1/models/block/versions", params={"format": "pt2", "allow_unrecognised": "true"}, content=body)
+        allowed = client.post("/api/v1/models/block/versions", params={"format": "pt2", "allow_unrecognised": "true"}, content=body,
+                              headers={"Content-Type": "application/octet-stream"})
         assert allowed.status_code == 201, allowed.text
         assert [u["path"] for u in allowed.json()["unrecognised"]] == ["odd"]
+        page = client.get("/ui/models/block/versions/1")
+        assert page.status_code == 200
+        assert "equivalence incomplete" in page.text and 'data-unchecked="odd"' in page.text and "equivalence passed" not in page.text

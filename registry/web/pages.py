@@ -43,11 +43,14 @@ def split(ref: str) -> tuple[str, int]:
 
 
 def verdict(record) -> str:
-    """'passed' / 'failed' / 'none' from the equivalence results stored in the manifest."""
+    """'passed' / 'failed' / 'none' from the equivalence results stored in the manifest; 'incomplete' when it was registered
+    with --allow-unrecognised (some normalization was not checked), however its checks went."""
     results = record.manifest.get("equivalence") or []
-    if not results:
-        return "none"
-    return "passed" if all(r.get("passed") for r in results) else "failed"
+    if results and not all(r.get("passed") for r in results):
+        return "failed"
+    if record.manifest.get("unrecognised"):
+        return "incomplete"
+    return "passed" if results else "none"
 
 
 # --------------------------------------------------------------------------- models
