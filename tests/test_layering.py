@@ -57,6 +57,7 @@ SERVICE_FLOOR = (
     "registry/artifact*",
     "registry/bundle_stream*",
     "registry/coverage.py",
+    "registry/recognition_gate.py",
     "registry/diff.py",
     "registry/lineage.py",
     "registry/drift_records.py",

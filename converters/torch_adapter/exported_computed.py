@@ -21,7 +21,8 @@ from schemas import NormSpec
 
 from . import norm_proof
 from .derived_spec import TORCH_OF, build_spec, to_torch
-from .norm_graph import NotANormalization, derive, schema, shape_of
+from .aten_calls import MODULE_KINDS, _Reader
+from .norm_graph import NATIVE_OPS, NotANormalization, derive, schema, shape_of
 from .traced_groups import group_of, module_paths, runner, state_names, state_tensor
 
 
@@ -74,7 +75,6 @@ def _groups(program: Any) -> dict[str, tuple[str, int, list]]:
 
 
 def _why(program: Any, path: str, type_name: str, groups: dict) -> str | None:
-    from .exported_program import MODULE_KINDS
 
     if type_name in MODULE_KINDS or type_name == "SyncBatchNorm":
         return None  # the stock classes are read from their native op
@@ -100,16 +100,12 @@ def _read(program: Any, path: str, type_name: str, position: int, nodes: list, w
 
 
 def _native_ops() -> frozenset:
-    from .norm_graph import NATIVE_OPS
-
     return frozenset(NATIVE_OPS)
 
 
 def _spec(program: Any, group, path: str, type_name: str) -> NormSpec:
     derivation = derive(group)
     if derivation.native is not None:
-        from .exported_program import _Reader
-
         layer = _Reader(program).read(derivation.native, derivation.kind, path, type_name)
         if layer.spec is None:
             raise NotANormalization(f"its {derivation.native.target} could not be read: {layer.problem}")

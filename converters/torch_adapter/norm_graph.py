@@ -21,6 +21,8 @@ from typing import Any
 
 from schemas.kinds import KIND_INFO
 
+from .aten_calls import _arguments
+
 #: aten op (schema name) -> kind, for the native ops of every kind.
 NATIVE_OPS: dict[str, str] = {op: kind for kind, info in KIND_INFO.items() for op in info.aten_ops}
 #: Ops that change no value (shape views, aliases) or only its dtype (casts).
@@ -130,8 +132,6 @@ def _permuted_to_last(node: Any, rank: int) -> bool:
 
 
 def _native(group: NodeGroup, node: Any, ops: tuple) -> Derivation:
-    from .exported_program import _arguments
-
     kind = NATIVE_OPS[schema(node)]
     a = _arguments(node)
     source = a["input"]
