@@ -4,7 +4,7 @@ As with Click and argparse, a value the command line cannot take (a malformed `N
 unknown role, an alias that could never be valid) exits 2 with the usage line, before any
 registry is opened. Exit 14 stays for what the registry itself refuses (an alias on another
 model's version, a duplicate). The rules are the registry's (registry.service, registry.tokens);
-tests/test_cli_conventions.py checks that both sides accept and refuse the same values.
+tests/cli/test_cli_conventions.py checks that both sides accept and refuse the same values.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every command is a thin shell over the library (converters, registry); failures print one line
 naming the layer and setting and exit non-zero (see schemas.errors.EXIT_CODES). Command modules are
-imported here explicitly: tests/test_cli.py::test_every_command_module_is_registered fails when a
+imported here explicitly: tests/cli/test_cli.py::test_every_command_module_is_registered fails when a
 module in cli/commands/ is missing from COMMAND_MODULES.
 """
 

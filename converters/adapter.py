@@ -62,7 +62,7 @@ def kind_adapters(package: str) -> dict[str, type[KindAdapter]]:
 
     A framework package builds its KIND_ADAPTERS with this, so a new kind needs a module, not a table
     entry. A kind without a module is left out here and fails
-    tests/test_registry.py::test_every_framework_has_an_adapter_for_every_kind; a module that
+    tests/converters/test_registry.py::test_every_framework_has_an_adapter_for_every_kind; a module that
     exists but fails to import raises.
     """
     found: dict[str, type[KindAdapter]] = {}

@@ -75,7 +75,7 @@ def estimator_matches(report: LayerReport, spec: NormSpec, target_estimator: str
     return target_estimator
 
 
-#: What a training step on an empty batch does to the running statistics, per framework (checked: tests/test_dtypes.py).
+#: What a training step on an empty batch does to the running statistics, per framework (checked: tests/converters/test_dtypes.py).
 EMPTY_BATCH = {"torch": "keeps them", "keras": "writes NaN into them", "onnx": "writes NaN into them (onnxruntime, training_mode=1)"}
 
 

@@ -1,6 +1,6 @@
 """A deliberately wrong PyTorch adapter package: the bugs the field ships, to prove `check` catches them.
 
-Loaded only into a private AdapterRegistry by tests/test_check.py; never registered globally.
+Loaded only into a private AdapterRegistry by tests/converters/test_check.py; never registered globally.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import numpy as np
 
 from schemas import NormSpec
 
-from .spec_factory import make_spec
+from tests.spec_factory import make_spec
 
 F32_EPS = float(np.finfo(np.float32).eps)
 

@@ -1,0 +1,128 @@
+"""The registry commands as real processes: register .pt2 files, read, diff, lineage, alias, verify, audit, gc, bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.cli_process import normbridge_command
+from tests.registry.test_registry_service import (
+    blob_path,
+    finetune_statistics,
+    save_pt2,
+    trained_cnn,
+)
+
+pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def command() -> list[str]:
+    return normbridge_command()
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """run(*args, json_out=False): a CompletedProcess on a registry in tmp_path selected by env NORMBRIDGE_DB / NORMBRIDGE_BLOBS."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'reg.db'}",
+           "NORMBRIDGE_BLOBS": str(tmp_path / "blobs"), "NORMBRIDGE_USER": "cli-user", "COLUMNS": "200"}
+    env.pop("NORMBRIDGE_FAULT", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+    return run
+
+
+def data(run: subprocess.CompletedProcess):
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
+    model = trained_cnn()
+    v1 = save_pt2(model, tmp_path / "v1.pt2")
+    v2 = save_pt2(finetune_statistics(model), tmp_path / "v2.pt2")
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+
+    first = cli("register", "cnn", str(v1), "--note", "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "registered cnn@1" in first.stdout and "2/2 normalization layers passed" in first.stdout
+    second = data(cli("register", "cnn", str(v2), "--json"))
+    assert second["created"] is True and second["version"]["number"] == 2
+    assert (second["version"]["parent"], second["version"]["operation"]) == ("cnn@1", "fine-tuned")
+    assert all(c["passed"] for c in second["checks"])
+
+    refused = cli("register", "cnn", str(tmp_path / "model.pt"))
+    assert refused.returncode == 6 and "pickle" in refused.stderr
+    assert [v["number"] for v in data(cli("versions", "cnn", "--json"))["versions"]] == [1, 2]
+    entries = data(cli("audit", "--json"))["entries"]
+    assert [e["action"] for e in entries] == ["register", "register", "register_failed"]
+    assert {e["user"] for e in entries} == {"cli-user"}
+
+    assert data(cli("models", "--json")) == [{"name": "cnn", "latest": 2, "versions": 2}]
+    shown = cli("show", "cnn@2")
+    assert shown.returncode == 0 and "bn1" in shown.stdout and "bn2" in shown.stdout and "passed" in shown.stdout
+    diff = data(cli("diff", "cnn@1", "cnn@2", "--json"))
+    assert "weights identical" in diff["headline"]
+    assert "weights identical" in cli("diff", "cnn@1", "cnn@2").stdout
+    tree = cli("lineage", "cnn@2")
+    assert tree.returncode == 0 and "cnn@1" in tree.stdout and "fine-tuned" in tree.stdout
+    assert cli("alias", "cnn", "production", "cnn@1").returncode == 0
+    moved = data(cli("alias", "cnn", "production", "cnn@2", "--json"))
+    assert moved["number"] == 2
+    assert data(cli("show", "cnn@production", "--json"))["number"] == 2
+    verified = cli("verify", "--no-check")  # re-running the checks is covered in test_registry_service
+    assert verified.returncode == 0 and "verify PASSED" in verified.stdout
+    chain = cli("audit", "--model", "cnn", "--verify")
+    assert chain.returncode == 0 and "hash chain intact" in chain.stdout
+    assert data(cli("gc", "--grace", "0", "--json"))["deleted"] == []
+
+    missing = cli("show", "cnn@9")
+    assert missing.returncode == 13 and "cnn" in missing.stderr
+
+    from registry.service import Registry
+
+    registry = Registry(db=f"sqlite:///{tmp_path / 'reg.db'}", blobs=str(tmp_path / "blobs"))
+    path = blob_path(registry, registry.show("cnn@2").manifest["tensors"]["bn2.running_mean"]["digest"])
+    path.chmod(stat.S_IWUSR | stat.S_IRUSR)
+    data_bytes = bytearray(path.read_bytes())
+    data_bytes[-2] ^= 0x10
+    path.write_bytes(bytes(data_bytes))
+    tampered = cli("verify", "--no-check", "--json")
+    assert tampered.returncode == 12
+    problems = json.loads(tampered.stdout)["problems"]
+    assert [(p["number"], p["tensor"]) for p in problems] == [(2, "bn2.running_mean")]
+    refused_show = cli("show", "cnn@2")
+    assert refused_show.returncode == 12 and "bn2.running_mean" in refused_show.stderr
+
+
+def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path):
+    import keras
+    import onnx
+
+    import converters
+
+    model = trained_cnn()
+    assert cli("register", "cnn", str(save_pt2(model, tmp_path / "v1.pt2"))).returncode == 0
+    for to, suffix in (("onnx", ".onnx"), ("keras", ".keras"), ("torch", ".safetensors")):
+        out = tmp_path / f"layers_{to}"
+        done = data(cli("export-layers", "cnn@1", "--to", to, "-o", str(out), "--json"))
+        files = sorted(Path(layer["file"]) for layer in done["layers"])
+        assert len(files) == 2 and all(f.suffix == suffix and f.is_file() for f in files), files
+    # what was exported computes the registered layers: eps and statistics survive
+    first_bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    onnx_spec = converters.to_spec(onnx.load(str(sorted((tmp_path / "layers_onnx").iterdir())[0])))
+    keras_layer = keras.saving.load_model(sorted((tmp_path / "layers_keras").iterdir())[0], safe_mode=True).layers[-1]
+    assert onnx_spec.eps == first_bn.eps == keras_layer.epsilon
+    assert (onnx_spec.tensors["running_var"] == first_bn.running_var.numpy()).all()
+    missing = cli("export-layers", "cnn@9", "--to", "onnx", "-o", str(tmp_path / "none"))
+    assert missing.returncode == 13 and "cnn@9" in missing.stderr

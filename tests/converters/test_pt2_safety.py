@@ -1,0 +1,247 @@
+"""Hostile `.pt2` files: nothing stored in one ever runs, in the library, the CLI or the server.
+
+Each attack in `tests.pt2_crafting.HOSTILE` is a genuine torch.export.save archive with one entry
+rewritten by zipfile, as an attacker would: a pickle whose unpickling writes a marker file in every
+pickle-bearing entry (sample inputs, a use_pickle weight or constant, an opaque or TorchScript
+object, a legacy state dict or constants file), and program JSON that torch turns into Python
+(a sympy expression, a guard, a node calling aten.from_file or os.system, an input name or a
+parameter path that breaks out of FX's generated code), and an AOTInductor library. The control
+test proves the live ones do write the marker through torch.export.load; every other test asserts
+that normbridge refuses the file with bad_input_file naming the entry (exit 6, HTTP 400), writes
+nothing, registers nothing, and that the marker never appears. A genuine archive (buffers,
+non-persistent buffers, lifted constants, shared storage, train mode, dynamic shapes) loads to the
+same program torch.export.load returns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from converters.models.loading import load_model
+from schemas import InputFileError
+from tests.cli_process import normbridge_command
+from tests.http_server import create_token, running_server
+from tests.pt2_crafting import HOSTILE, PROGRAM, WEIGHTS_CONFIG, SmallNet, craft, genuine_pt2, root_of
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = ("inspect", "register", "export", "drift", "contract")
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory) -> Path:
+    return genuine_pt2(tmp_path_factory.mktemp("genuine") / "model.pt2")
+
+
+def hostile(name: str, genuine: Path, folder: Path) -> tuple[Path, Path]:
+    """(the crafted archive, the marker its payload writes) in `folder`."""
+    marker = folder / f"{name}.marker"
+    return HOSTILE[name].build(genuine, folder / f"{name}.pt2", marker), marker
+
+
+# -- the attacks are real ----------------------------------------------------------------------
+
+CONTROL = """
+import sys, torch
+program = torch.export.load(sys.argv[1])
+program.module()(torch.randn(2, 3, 8, 8))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, h in HOSTILE.items() if h.live_on_torch_load])
+def test_each_live_attack_runs_its_payload_through_torch_export_load(name, genuine, tmp_path):
+    path, marker = hostile(name, genuine, tmp_path)
+    subprocess.run([sys.executable, "-c", CONTROL, str(path)], capture_output=True, timeout=300, cwd=tmp_path)
+    assert marker.exists(), f"torch.export.load no longer runs the '{name}' payload: the attack is not live any more, update tests/pt2_crafting.py"
+
+
+# -- the library ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_load_model_refuses_each_attack_naming_the_entry_and_runs_nothing(name, genuine, tmp_path):
+    path, marker = hostile(name, genuine, tmp_path)
+    try:
+        load_model(path)
+    except InputFileError as error:
+        refused = error
+    else:
+        refused = None
+    assert not marker.exists(), f"the '{name}' payload ran inside load_model"
+    assert refused is not None, f"load_model accepted the '{name}' attack"
+    assert refused.code == "bad_input_file" and HOSTILE[name].entry in str(refused), str(refused)
+
+
+def _appended(genuine: Path, out: Path, name: str, data: bytes) -> Path:
+    """`genuine` plus one more entry written after the others (zipfile allows a name twice)."""
+    out.write_bytes(genuine.read_bytes())
+    with zipfile.ZipFile(out, "a") as archive, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name: that is the attack
+        archive.writestr(root_of(genuine) + name, data)
+    return out
+
+
+def _out_of_bounds(document: dict) -> None:
+    document["config"]["bn.running_mean"]["tensor_meta"]["sizes"] = [{"as_int": 1000}]
+
+
+MALFORMED = {
+    "duplicate_entry": (lambda g, o: _appended(g, o, PROGRAM, b"{}"), "twice"),
+    "path_traversal": (lambda g, o: craft(g, o, replace={"../escape.json": b"{}"}), "'model/../escape.json'"),
+    "big_endian": (lambda g, o: craft(g, o, replace={"byteorder": b"big"}), "'byteorder' is 'big'"),
+    "view_out_of_bounds": (lambda g, o: craft(g, o, edit_json={WEIGHTS_CONFIG: _out_of_bounds}), "reaches element 999"),
+    "not_a_zip": (lambda g, o: o.write_bytes(b"PK\x03\x04 not really a zip") and o, "not a zip file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_archives_are_refused_with_a_message_naming_the_problem(name, genuine, tmp_path):
+    build, expected = MALFORMED[name]
+    path = build(genuine, tmp_path / f"{name}.pt2")
+    with pytest.raises(InputFileError, match=re.escape(expected)):
+        load_model(path)
+
+
+def test_a_genuine_archive_loads_to_the_program_torch_export_load_returns(genuine):
+    ours, theirs = load_model(genuine), torch.export.load(str(genuine))
+    assert isinstance(ours, torch.export.ExportedProgram)
+    assert str(ours.graph) == str(theirs.graph) and str(ours.graph_signature) == str(theirs.graph_signature)
+    assert ours.example_inputs is None  # never read: a pickle nothing needs
+    for table in ("state_dict", "constants"):
+        mine, reference = getattr(ours, table), getattr(theirs, table)
+        assert mine.keys() == reference.keys() and mine
+        for key in reference:
+            assert type(mine[key]) is type(reference[key]) and mine[key].stride() == reference[key].stride(), key
+            assert mine[key].requires_grad == reference[key].requires_grad, key
+            torch.testing.assert_close(mine[key].detach(), reference[key].detach(), rtol=0, atol=0)
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(ours.module()(x), SmallNet()(x), rtol=0, atol=0)
+
+
+class Everything(torch.nn.Module):
+    """Shared storage, a buffer view, an empty parameter, float16 and int64 state, a no_grad region, several norms."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        base = torch.randn(10, 6)
+        self.register_buffer("window", base[2:8])  # a view at an offset into a larger storage
+        self.register_buffer("transposed", base.t())
+        self.register_buffer("scale", torch.rand(6).half(), persistent=False)
+        self.ids = torch.tensor([1, 2, 3])  # lifted as a tensor constant
+        self.empty = torch.nn.Parameter(torch.empty(0))
+        self.linear = torch.nn.Linear(6, 6)
+        self.tied = self.linear  # the same parameters under two names
+        self.ln, self.rms, self.gn = torch.nn.LayerNorm(6), torch.nn.RMSNorm(6), torch.nn.GroupNorm(2, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x, y):
+        with torch.no_grad():
+            z = self.linear(x)
+        out = self.rms(self.ln(z + self.tied(x))) @ self.window.t() + self.transposed.sum() + self.scale.float()[:6].sum()
+        return out + self.ids.sum() + self.empty.sum(), self.bn(self.gn(y))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_genuine_archives_with_every_kind_of_state_load_like_torch_export_load(mode, tmp_path):
+    model = Everything().train(mode == "train")
+    batch = torch.export.Dim("batch", min=2, max=64)
+    example = (torch.randn(4, 6), torch.randn(4, 4, 5))
+    program = torch.export.export(model, example, dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(program, str(tmp_path / "everything.pt2"))
+    ours, theirs = load_model(tmp_path / "everything.pt2"), torch.export.load(str(tmp_path / "everything.pt2"))
+    assert str(ours.graph) == str(theirs.graph) and str(ours.range_constraints) == str(theirs.range_constraints)
+    assert ours.state_dict.keys() == theirs.state_dict.keys() and ours.constants.keys() == theirs.constants.keys()
+    for key, tensor in {**theirs.state_dict, **theirs.constants}.items():
+        mine = ours.state_dict.get(key, ours.constants.get(key))
+        assert (type(mine), mine.dtype, mine.shape, mine.stride()) == (type(tensor), tensor.dtype, tensor.shape, tensor.stride()), key
+        torch.testing.assert_close(mine.detach(), tensor.detach(), rtol=0, atol=0)
+    inputs = (torch.randn(7, 6), torch.randn(7, 4, 5))
+    torch.testing.assert_close(ours.module()(*inputs), theirs.module()(*inputs), rtol=0, atol=0)
+
+
+# -- the CLI as a user runs it ------------------------------------------------------------------
+
+
+def commands_for(name: str) -> tuple[str, ...]:
+    """Every model-reading command for an entry attack; for program JSON, inspect (loads) and drift (also runs the program)."""
+    return ("inspect", "drift") if HOSTILE[name].entry == PROGRAM else COMMANDS
+
+
+def _cli_runs(path: Path, folder: Path, commands: tuple[str, ...]) -> dict[str, subprocess.Popen]:
+    """The model-reading `commands` started on `path` at once (each a real process); outputs under `folder`."""
+    np.save(folder / "inputs.npy", np.random.default_rng(0).normal(size=(4, 3, 8, 8)).astype(np.float32))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": f"sqlite:///{folder / 'reg.db'}",
+           "NORMBRIDGE_BLOBS": str(folder / "blobs"), "COLUMNS": "200"}
+    arguments = {
+        "inspect": ["inspect", str(path)],
+        "register": ["register", "victim", str(path)],
+        "export": ["export", str(path), "-o", str(folder / "served.onnx")],
+        "drift": ["drift", str(path), str(folder / "inputs.npy")],
+        "contract": ["contract", str(path), str(folder / "served.onnx")],
+    }
+    return {command: subprocess.Popen([*normbridge_command(), *arguments[command]], cwd=folder, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for command in commands}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_every_cli_command_refuses_each_attack_with_exit_6_and_runs_nothing(name, genuine, tmp_path):
+    path, marker = hostile(name, genuine, tmp_path)
+    processes = _cli_runs(path, tmp_path, commands_for(name))
+    results = {command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()}
+    assert not marker.exists(), f"the '{name}' payload ran in one of {commands_for(name)}"
+    for command, (stdout, stderr, code) in results.items():
+        assert code == 6, f"{command}: exit {code}\n{stdout[-2000:]}{stderr[-2000:]}"
+        assert "bad_input_file" in stderr and HOSTILE[name].entry in stderr, f"{command}: {stderr[-2000:]}"
+    assert not (tmp_path / "served.onnx").exists()
+    if (tmp_path / "reg.db").exists():
+        from registry.service import Registry
+
+        assert Registry(db=f"sqlite:///{tmp_path / 'reg.db'}", blobs=str(tmp_path / "blobs")).models() == []
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pt2-server")
+    db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
+    token = create_token(db, "uploader", "write")
+    with running_server(db=db, blobs=blobs, log=root / "serve.log") as running:
+        with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
+            yield {"client": client, "db": db, "blobs": blobs}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_the_server_answers_400_to_each_attack_uploaded_as_pt2_and_registers_nothing(name, genuine, server, tmp_path):
+    path, marker = hostile(name, genuine, tmp_path)
+    model = name.replace("_", "-")
+    response = server["client"].post(f"/api/v1/models/{model}/versions", params={"format": "pt2"}, content=path.read_bytes())
+    assert not marker.exists(), f"the '{name}' payload ran inside normbridge serve"
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "bad_input_file" and HOSTILE[name].entry in error["message"], error
+    assert server["client"].get(f"/api/v1/models/{model}/versions").status_code == 404
+    assert model not in [m["name"] for m in server["client"].get("/api/v1/models").json()]
+
+
+@pytest.mark.slow
+def test_the_server_still_registers_a_genuine_pt2(genuine, server):
+    response = server["client"].post("/api/v1/models/genuine/versions", params={"format": "pt2"}, content=genuine.read_bytes())
+    assert response.status_code == 201, response.text
+    listed = server["client"].get("/api/v1/models/genuine/versions").json()
+    assert [v["number"] for v in listed["versions"]] == [1]

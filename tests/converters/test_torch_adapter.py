@@ -1,0 +1,84 @@
+"""PyTorch specifics: RMSNorm eps=None, frozen identities, mode, counters, unsupported modules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import converters
+from schemas import UnsupportedObjectError
+
+from tests.harness import assert_matches_reference
+
+
+def test_rms_eps_none_is_stored_as_its_number_and_restored_as_none():
+    module = torch.nn.RMSNorm([4, 3])
+    spec = converters.to_spec(module)
+    assert spec.eps == float(torch.finfo(torch.float32).eps) and spec.eps_origin == "dtype_eps"
+    assert converters.from_spec(spec, "torch").eps is None
+    assert_matches_reference(module, spec)
+
+
+def test_non_default_settings_and_mode_are_read():
+    module = torch.nn.BatchNorm3d(4, eps=1e-3, momentum=0.01, affine=True, bias=False).train()
+    spec = converters.to_spec(module)
+    assert (spec.eps, spec.momentum, spec.momentum_convention) == (1e-3, 0.01, "batch_weight")
+    assert spec.spatial_rank == 3 and spec.training and spec.scale and not spec.bias
+    assert spec.variance_estimator == "unbiased" and "num_batches_tracked" in spec.tensors
+
+
+def test_bias_without_weight_becomes_a_frozen_identity_and_reads_back_absent():
+    spec = converters.to_spec(torch.nn.GroupNorm(2, 4))
+    spec = spec.replace(scale=False, tensors={"bias": spec.tensors["bias"] + 0.5})
+    module = converters.from_spec(spec, "torch")
+    assert not module.weight.requires_grad and torch.all(module.weight == 1)
+    assert any(t.setting == "scale" and t.fate == "stored" for t in converters.last_report().layers[0].translations)
+    assert converters.to_spec(module) == spec
+    with torch.no_grad():
+        module.weight.mul_(2)  # someone changed it: it is a real scale now, and we say so
+    assert converters.to_spec(module).scale is True
+    assert converters.last_report().layers[0].warnings
+
+
+def test_state_is_bit_identical_after_round_trip():
+    module = torch.nn.BatchNorm2d(6)
+    with torch.no_grad():
+        module.running_mean.copy_(torch.randn(6))
+        module.running_var.copy_(torch.rand(6) + 0.1)
+        module.weight.copy_(torch.randn(6))
+    back = converters.convert(module, "torch")
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+# SyncBatchNorm is read as the BatchNorm it computes at eval (tests/converters/test_torch_recognition.py), with a hazard.
+@pytest.mark.parametrize("module", [torch.nn.Linear(3, 3), torch.nn.LazyBatchNorm2d()])
+def test_unsupported_modules_are_refused_with_the_class_name(module):
+    with pytest.raises(UnsupportedObjectError) as info:
+        converters.to_spec(module)
+    assert type(module).__name__ in str(info.value)
+
+
+def test_bfloat16_converts_and_a_dtype_torch_norms_lack_is_refused_naming_dtype():
+    from schemas import SpecError
+
+    assert converters.to_spec(torch.nn.LayerNorm(4).to(torch.bfloat16)).dtype == "bfloat16"
+    with pytest.raises(SpecError, match="dtype"):
+        converters.to_spec(torch.nn.LayerNorm(4).to(torch.float8_e4m3fn))
+
+
+def test_user_subclass_of_a_torch_norm_is_recognised():
+    class MyNorm(torch.nn.LayerNorm):
+        pass
+
+    spec = converters.to_spec(MyNorm(5, eps=3e-4))
+    assert spec.kind == "layer" and spec.eps == 3e-4
+
+
+def test_float16_batchnorm_matches_reference():
+    module = torch.nn.BatchNorm1d(3, eps=1e-3).to(torch.float16).eval()
+    spec = converters.to_spec(module)
+    assert spec.dtype == "float16"
+    assert_matches_reference(module, spec)
+    assert np.all(spec.tensors["running_var"] == 1)
