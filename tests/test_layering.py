@@ -272,7 +272,7 @@ def test_the_parser_sees_relative_and_function_local_imports(tmp_path):
     """The rules above are only as good as the edges found: relative and function-local edges are found."""
     package = tmp_path / "registry"
     package.mkdir()
-    (package / "__init__.py").write_text("from tests import a\n")
+    (package / "__init__.py").write_text("from . import a\n")
     (package / "a.py").write_text(
         "from typing import TYPE_CHECKING\nimport json\nfrom .b import thing\n"
         "if TYPE_CHECKING:\n    from converters.api import convert\n"

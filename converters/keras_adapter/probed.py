@@ -38,7 +38,7 @@ def probed_spec(layer: Any, kind: str, report: LayerReport) -> NormSpec:
         tensors["scale"] = read_variable(variables[norm.scale])
     if norm.bias is not None:
         tensors["bias"] = read_variable(variables[norm.bias])
-    facts = KerasFacts(name=spec_name(layer, report), dtype=layer_dtype(layer), eps=norm.eps, eps_origin="explicit", training=False)
+    facts = KerasFacts(name=spec_name(layer, report), dtype=layer_dtype(layer), compute_dtype=None, eps=norm.eps, eps_origin="explicit", training=False)
     offset = f", affine factor {norm.scale_offset:g} + {norm.scale}" if norm.scale_offset else ""
     report.warn(
         f"{type(layer).__name__} is not a stock Keras layer: read by the behavioural probe ({kind} over the last {len(norm.normalized_shape)} "

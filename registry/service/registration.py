@@ -122,7 +122,6 @@ class Registrations:
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
         artifact = extract_artifact(model, lineage)
-        manifest = admit(artifact.manifest, allow_unrecognised)  # before anything is staged
         items = list(artifact.blobs.items())
         lease = self.leases.new()
         try:
@@ -131,11 +130,12 @@ class Registrations:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 staging = pool.submit(self._stage, items)
                 try:
-                    checks = self._gate(manifest, list(artifact.specs), report, artifact.sites)
+                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised)
                 except BaseException:
                     self._discard(staging.result())
                     raise
                 staged = staging.result()
+            manifest = admit(artifact.manifest, allow_unrecognised)  # the gate admitted it: now it holds its unchecked layers
             return self._commit(name, manifest, checks, staged, parent_record, note, report, lease)
         finally:
             lease.release()
@@ -146,7 +146,7 @@ class Registrations:
         lease = self.leases.new()
         try:
             # A bundle's manifest says itself what it leaves unchecked (the uploader's reader found it): admitted before the gate.
-            gate = lambda manifest, specs: self._gate(admit(manifest, allow_unrecognised), specs, report)  # noqa: E731
+            gate = lambda manifest, specs: self._gate(manifest, specs, report, allow_unrecognised=allow_unrecognised)  # noqa: E731
             received = receive_bundle(stream, limit, self.store, gate, reuse, claim=lease.take)
             manifest = admit(received.manifest, allow_unrecognised).model_copy(update={"lineage": lineage})
             return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease)
@@ -187,12 +187,14 @@ class Registrations:
             self.store.publish(blob)
         report("storing blobs", len(staged), len(staged))
 
-    def _gate(self, manifest, specs, report: Progress, sites: int | None = None) -> list:
+    def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None) -> list:
         """converters.check on every normalizer; CheckFailedError naming the first layer that fails.
 
         First coverage.check_registrable: every tensor record is valid and each of the `sites` normalization layers
         the model's reader found has a spec, so none passes unchecked."""
         check_registrable(manifest, specs, sites)
+        if allow_unrecognised is not None:  # what the model leaves unchecked is refused once its records are known sound
+            admit(manifest, allow_unrecognised)
         checks = []
         for i, spec in enumerate(specs):
             report(f"checking {spec.name or i}", i, len(specs))

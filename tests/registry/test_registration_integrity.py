@@ -257,7 +257,14 @@ def test_verify_fails_when_a_stored_manifest_row_is_edited_to_lie(local, tmp_pat
         assert not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize("layer", ["SyncBatchNorm", "LazyBatchNorm2d"])
+def test_a_syncbatchnorm_is_now_read_as_a_batchnorm_and_checked_not_passed_over(local):
+    """SyncBatchNorm computes a BatchNorm at eval (issue 13): it is read and checked like the others, never skipped."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.SyncBatchNorm(4)).eval()
+    result = local.register("cnn", model)
+    assert [c.passed for c in result.checks] == [True, True] and result.unrecognised == []
+
+
+@pytest.mark.parametrize("layer", ["LazyBatchNorm2d"])
 def test_a_torch_normalization_layer_the_reader_cannot_classify_refuses_the_model(local, layer):
     """The torch-module form of item 5: the walker used to pass over these, so they registered unchecked."""
     from schemas.errors import UnsupportedObjectError
