@@ -21,13 +21,10 @@ WHOLE_MODEL = "<model>"
 
 
 def unrecognised_layers(hazards: list[Hazard]) -> list[UnrecognisedLayer]:
-    """The manifest entries for the unrecognised_normalization hazards of a model adapter."""
-    return [UnrecognisedLayer(path=h.layer or WHOLE_MODEL, type=_type_of(h), reason=h.message) for h in hazards if h.code == UNRECOGNISED]
-
-
-def _type_of(hazard: Hazard) -> str:
-    # The adapters name the class in the message ("'path' (Class) ..." or "module.Class 'path' ..."); keep it whole.
-    return hazard.message.split(" looks like", 1)[0][:200]
+    """The manifest entries for the unrecognised_normalization hazards of a model adapter (the adapters name the class
+    at the head of the message, before " looks like")."""
+    return [UnrecognisedLayer(path=h.layer or WHOLE_MODEL, type=h.message.split(" looks like", 1)[0][:200], reason=h.message)
+            for h in hazards if h.code == UNRECOGNISED]
 
 
 def unchecked(manifest: ArtifactManifest) -> list[UnrecognisedLayer]:

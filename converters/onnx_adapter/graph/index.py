@@ -342,3 +342,13 @@ def same_shape(index: GraphIndex, shape_tensor: str, reference: str) -> bool:
     if target is None or dims is None or len(target) != len(dims) or target.count(-1) > 1:
         return False
     return all(t == d or t == -1 or (p == 0 and t == 0) for p, (t, d) in enumerate(zip(target, dims)))
+
+
+def fresh_name(taken: set[str], base: str) -> str:
+    """`base`, or `base_N` for the smallest N not in `taken`; the name is added to `taken` (graph edits never collide)."""
+    name, count = base, 0
+    while name in taken:
+        count += 1
+        name = f"{base}_{count}"
+    taken.add(name)
+    return name

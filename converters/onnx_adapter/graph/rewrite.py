@@ -24,7 +24,7 @@ from .channels import folded_candidate
 from .match import Match
 from .patterns import find_matches
 from ..proto import opset_of
-from .index import GraphIndex, attribute, subgraph_reads
+from .index import GraphIndex, attribute, fresh_name, subgraph_reads
 from .sites import NormSite, require_model, site_of, spec_of_match
 
 #: Relative tolerance of a folded BatchNorm's constants against the ones recomputed from a spec:
@@ -187,12 +187,7 @@ class _Names:
             self.taken.add(node.name)
 
     def fresh(self, base: str) -> str:
-        name, count = base, 0
-        while name in self.taken:
-            count += 1
-            name = f"{base}_{count}"
-        self.taken.add(name)
-        return name
+        return fresh_name(self.taken, base)
 
 
 class _Rewrite:

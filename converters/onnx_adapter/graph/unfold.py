@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper
 
 from schemas import NormSpec
 
+from .index import fresh_name
 from .rewrite import folded_constants
 
 #: Relative tolerance of a folded Conv kernel against the source kernel times the BatchNorm factor
@@ -53,12 +54,7 @@ class _Unfolder:
         self.candidates = list(candidates)
 
     def fresh(self, base: str) -> str:
-        name, count = base, 0
-        while name in self.taken:
-            count += 1
-            name = f"{base}_{count}"
-        self.taken.add(name)
-        return name
+        return fresh_name(self.taken, base)
 
     def constant(self, base: str, array: np.ndarray) -> str:
         name = self.fresh(base)
