@@ -8,7 +8,7 @@ those import each other to name a record. Times are timezone-aware UTC.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +17,11 @@ from schemas.errors import RegistryError
 
 @dataclass(frozen=True)
 class VersionRecord:
-    """One immutable version of a model: its artifact digest, manifest and lineage."""
+    """One immutable version of a model: its artifact digest, manifest, lineage and servable verdict.
+
+    `servable` is None only for a version registered before the verdict existed and not yet assessed; `hazards` are
+    the warning- and error-level hazards found in it, each a dict with layer, code, severity, message and blocking.
+    """
 
     model: str
     number: int
@@ -29,6 +33,8 @@ class VersionRecord:
     note: str | None
     created_at: datetime
     user: str
+    servable: bool | None = None
+    hazards: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ref(self) -> str:

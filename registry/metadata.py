@@ -70,11 +70,14 @@ class MetadataStore(MetadataReads):
         note: str | None,
         user: str,
         guard: Callable[[Session], None] | None = None,
+        verdict: tuple[bool, list[dict]] | None = None,
     ) -> tuple[VersionRecord, bool]:
         """Register a version in one transaction; identical content returns the existing version.
 
         `guard(session)` runs first inside that transaction and may refuse: the registry ends the registration's blob
-        lease there (registry/blob_leases.py), atomically with the blob references that replace it.
+        lease there (registry/blob_leases.py), atomically with the blob references that replace it. `verdict` is
+        (servable, hazards) as registry/service/servable.py computed it; a version that is not servable says so in
+        its audit entry.
         """
         if not model or "@" in model:
             raise RegistryError(f"model name {model!r} is not allowed; use a non-empty name without '@'")
@@ -112,6 +115,8 @@ class MetadataStore(MetadataReads):
                 note=note,
                 created_at=now(),
                 user=user,
+                servable=None if verdict is None else verdict[0],
+                hazards=None if verdict is None else verdict[1],
             )
             session.add(row)
             session.flush()
@@ -122,6 +127,8 @@ class MetadataStore(MetadataReads):
                 detail["allowed_unrecognised"] = [entry["path"] for entry in manifest["unrecognised"]]
             if parent is not None:
                 detail["parent"] = f"{parent[0]}@{int(parent[1])}"
+            if verdict is not None and not verdict[0]:
+                detail["not_servable"] = sorted({h["code"] for h in verdict[1] if h.get("blocking")})
             queries.append_audit(session, user, "register", model, row.number, detail)
             return queries.record(session, row), True
 
@@ -141,8 +148,10 @@ class MetadataStore(MetadataReads):
         with self._sessions() as session, session.begin():
             queries.append_audit(session, user, "register_failed", model, None, detail)
 
-    def set_alias(self, model: str, alias: str, number: int, user: str) -> AliasRecord:
-        """Point `model@alias` at version `number`, recording the move in the history and the audit log."""
+    def set_alias(self, model: str, alias: str, number: int, user: str, audit: dict | None = None) -> AliasRecord:
+        """Point `model@alias` at version `number`, recording the move in the history and the audit log.
+
+        `audit` adds to the entry's detail (a forced move of a guarded alias names what it overrode)."""
         if not alias or alias.isdigit() or "@" in alias:
             raise RegistryError(
                 f"alias {alias!r} is not allowed; use a name that is not a number and has no '@', e.g. 'production'"
@@ -164,7 +173,7 @@ class MetadataStore(MetadataReads):
             session.flush()
             session.refresh(row)
             queries.append_audit(
-                session, user, "alias", model, version.number, {"alias": alias, "from": previous, "to": version.number}
+                session, user, "alias", model, version.number, {"alias": alias, "from": previous, "to": version.number, **(audit or {})}
             )
             return row.to_record()
 

@@ -2,19 +2,24 @@
 
 Order: an explicit argument (`--db`, `--blobs`), then $NORMBRIDGE_DB / $NORMBRIDGE_BLOBS, then
 SQLite and a blobs folder under $NORMBRIDGE_HOME, else ~/.local/share/normbridge
-($XDG_DATA_HOME/normbridge when set), created on first use.
+($XDG_DATA_HOME/normbridge when set), created on first use. The aliases guarded against a version
+that is not servable: `serve --guarded-alias`, then $NORMBRIDGE_GUARDED_ALIASES, then production.
 """
 
 from __future__ import annotations
 
 import getpass
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 DB_ENV = "NORMBRIDGE_DB"
 BLOBS_ENV = "NORMBRIDGE_BLOBS"
 HOME_ENV = "NORMBRIDGE_HOME"
 USER_ENV = "NORMBRIDGE_USER"
+GUARDED_ALIASES_ENV = "NORMBRIDGE_GUARDED_ALIASES"
+#: Aliases that may point only at a servable version (registry/service/servable.py) unless forced.
+DEFAULT_GUARDED_ALIASES = ("production",)
 
 
 def home() -> Path:
@@ -59,4 +64,15 @@ def current_user(explicit: str | None = None) -> str:
         return "unknown"
 
 
-__all__ = ["BLOBS_ENV", "DB_ENV", "HOME_ENV", "USER_ENV", "blobs_uri", "current_user", "database_url", "home"]
+def guarded_aliases(explicit: Iterable[str] | None = None) -> frozenset[str]:
+    """The aliases a not-servable version may not take without force: explicit (`serve --guarded-alias`), else
+    $NORMBRIDGE_GUARDED_ALIASES (comma-separated; set but empty: none), else production."""
+    if explicit is not None:
+        return frozenset(name.strip() for name in explicit if name.strip())
+    if GUARDED_ALIASES_ENV in os.environ:
+        return frozenset(name.strip() for name in os.environ[GUARDED_ALIASES_ENV].split(",") if name.strip())
+    return frozenset(DEFAULT_GUARDED_ALIASES)
+
+
+__all__ = ["BLOBS_ENV", "DB_ENV", "DEFAULT_GUARDED_ALIASES", "GUARDED_ALIASES_ENV", "HOME_ENV", "USER_ENV", "blobs_uri", "current_user",
+           "database_url", "guarded_aliases", "home"]

@@ -133,6 +133,12 @@ class UnrecognisedNormalizationError(NormbridgeError):
     code = "unrecognised_normalization"
 
 
+class NotServableError(RegistryError):
+    """A guarded alias (production by default) was to point at a version whose verdict is not servable; `--force` overrides, audited."""
+
+    code = "not_servable"
+
+
 class ServerUnreachableError(NormbridgeError):
     """The registry server did not answer (connection refused, timeout, not a normbridge server)."""
 
@@ -163,6 +169,7 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     UntrustedRequestError: 19,
     UnsupportedMediaTypeError: 20,
     UnrecognisedNormalizationError: 21,
+    NotServableError: 22,
     NormbridgeError: 9,
 }
 
@@ -185,6 +192,7 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     UntrustedRequestError: 403,
     UnsupportedMediaTypeError: 415,
     UnrecognisedNormalizationError: 422,
+    NotServableError: 409,
     NormbridgeError: 500,
 }
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -65,6 +66,9 @@ class VersionRow(Base):
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     user: Mapped[str] = mapped_column(String(255), nullable=False)
+    # The servable verdict and its hazards (registry/service/servable.py); NULL for versions registered before it existed.
+    servable: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    hazards: Mapped[list | None] = mapped_column(JSON, nullable=True)
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
 
@@ -84,6 +88,8 @@ class VersionRow(Base):
             note=self.note,
             created_at=utc(self.created_at),
             user=self.user,
+            servable=self.servable,
+            hazards=list(self.hazards or []),
         )
 
 

@@ -4,17 +4,18 @@
 lineage, aliases, audit log, all in SQL) and the artifact code (manifests, diffs, lineage
 views). Registering is `registration.py` here (the crash-safe order: stage while the gate runs,
 publish, one commit), verifying and garbage collection `integrity.py`, what they return
-`results.py`, each layer of a version as a file `layer_export.py`; this module holds the reads,
-aliases and the export.
+`results.py`, each layer of a version as a file `layer_export.py`, the servable verdict and the
+guard on aliases `servable.py`; this module holds the reads, aliases and the export.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import IntegrityError, NotFoundError, RegistryError
+from schemas.errors import IntegrityError, NormbridgeError, NotFoundError, NotServableError, RegistryError
 from schemas.manifest import load_manifest
 
 from .. import settings
@@ -28,6 +29,7 @@ from .integrity import Integrity
 from .layer_export import export_layers
 from .registration import NAME, Registrations
 from .results import RegistryExport
+from .servable import assess, guard_alias, unassessable
 
 
 class Registry(Registrations, Integrity):
@@ -37,12 +39,16 @@ class Registry(Registrations, Integrity):
         db: SQLAlchemy URL; default $NORMBRIDGE_DB, else SQLite under $NORMBRIDGE_HOME (~/.local/share/normbridge).
         blobs: blob store URI ('file:///abs/path' or a path); default $NORMBRIDGE_BLOBS, else `blobs/` there.
         user: recorded in the audit log; default $NORMBRIDGE_USER, else the login name.
+        guarded_aliases: aliases only a servable version may take unless forced; default $NORMBRIDGE_GUARDED_ALIASES,
+            else production (settings.guarded_aliases).
     """
 
-    def __init__(self, db: str | None = None, blobs: str | None = None, user: str | None = None):
+    def __init__(self, db: str | None = None, blobs: str | None = None, user: str | None = None,
+                 guarded_aliases: Iterable[str] | None = None):
         self.db_url = settings.database_url(db)
         self.blob_uri = settings.blobs_uri(blobs)
         self.user = settings.current_user(user)
+        self.guarded_aliases = settings.guarded_aliases(guarded_aliases)
         self.store = open_blob_store(self.blob_uri)
         self.meta = MetadataStore(self.db_url)
         self.leases = BlobLeases(self.meta)
@@ -65,11 +71,24 @@ class Registry(Registrations, Integrity):
         records = self.meta.versions(name)
         if not records:
             raise NotFoundError(f"model '{name}' does not exist; `normbridge models` lists the registered models.")
-        return records
+        return [self._assessed(r) for r in records]
 
     def show(self, ref: str):
-        """The VersionRecord of 'name@N', 'name@alias' or 'name' (latest)."""
-        return self.meta.resolve(ref)
+        """The VersionRecord of 'name@N', 'name@alias' or 'name' (latest), with its servable verdict."""
+        return self._assessed(self.meta.resolve(ref))
+
+    def _assessed(self, record):
+        """`record` with its servable verdict: as stored, or, for a version registered before verdicts were stored,
+        assessed now from its manifest and (re-hashed) specs (registry/service/servable.py)."""
+        if record.servable is not None:
+            return record
+        try:
+            manifest = load_manifest(record.manifest)
+            verdict = assess(manifest, specs_from_manifest(manifest, self.blob_reader(record)))
+        except NormbridgeError as error:
+            verdict = unassessable(str(error))
+        servable, hazards = verdict.stored()
+        return dataclasses.replace(record, servable=servable, hazards=hazards)
 
     def manifest(self, ref: str):
         """The validated ArtifactManifest of a version."""
@@ -125,16 +144,25 @@ class Registry(Registrations, Integrity):
 
     # ------------------------------------------------------------------ writing (beyond register)
 
-    def set_alias(self, name: str, alias: str, ref: str):
-        """Point `name@alias` at a version of `name`; every move is recorded in the alias history and the audit log."""
+    def set_alias(self, name: str, alias: str, ref: str, force: bool = False):
+        """Point `name@alias` at a version of `name`; every move is recorded in the alias history and the audit log.
+
+        A guarded alias (`guarded_aliases`, production by default) is refused a version that is not servable
+        (NotServableError naming the reasons, audited as 'alias_refused') unless `force`; the forced move's audit entry
+        says it was forced and what it overrode."""
         if alias.isdigit() or not NAME.match(alias) or alias == "latest":
             raise RegistryError(f"alias '{alias}' is not valid; use a name that starts with a letter and is not a number or 'latest'.")
         if "@" not in ref and ref.isdigit():
             ref = f"{name}@{ref}"
-        record = self.meta.resolve(ref)
+        record = self.show(ref)
         if record.model != name:
             raise RegistryError(f"alias '{name}@{alias}' cannot point at '{record.ref}', a version of another model; pass a version of '{name}'.")
-        return self.meta.set_alias(name, alias, record.number, self.user)
+        try:
+            forced = guard_alias(alias, record, self.guarded_aliases, force)
+        except NotServableError as error:
+            self.meta.append_audit("alias_refused", name, record.number, {"alias": alias, "error": error.code, "message": str(error)}, self.user)
+            raise
+        return self.meta.set_alias(name, alias, record.number, self.user, audit=forced)
 
     def delete_version(self, ref: str) -> None:
         record = self.show(ref)

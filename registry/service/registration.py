@@ -31,6 +31,7 @@ from ..coverage import check_registrable
 from ..faults import fault_point
 from ..metadata import MetadataStore
 from .results import Registration
+from .servable import assess
 
 #: progress(step, done, total): called as a registration advances (the CLI draws a bar from it).
 Progress = Callable[[str, int, int], None]
@@ -136,7 +137,7 @@ class Registrations:
                     raise
                 staged = staging.result()
             manifest = admit(artifact.manifest, allow_unrecognised)  # the gate admitted it: now it holds its unchecked layers
-            return self._commit(name, manifest, checks, staged, parent_record, note, report, lease)
+            return self._commit(name, manifest, checks, staged, parent_record, note, report, lease, assess(manifest, artifact.specs))
         finally:
             lease.release()
 
@@ -146,10 +147,15 @@ class Registrations:
         lease = self.leases.new()
         try:
             # A bundle's manifest says itself what it leaves unchecked (the uploader's reader found it): admitted before the gate.
-            gate = lambda manifest, specs: self._gate(manifest, specs, report, allow_unrecognised=allow_unrecognised)  # noqa: E731
+            checked: list = []  # the specs the gate checked, for the servable verdict
+
+            def gate(manifest, specs):
+                checked[:] = specs
+                return self._gate(manifest, specs, report, allow_unrecognised=allow_unrecognised)
+
             received = receive_bundle(stream, limit, self.store, gate, reuse, claim=lease.take)
             manifest = admit(received.manifest, allow_unrecognised).model_copy(update={"lineage": lineage})
-            return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease)
+            return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease, assess(manifest, checked))
         finally:
             lease.release()
 
@@ -162,9 +168,9 @@ class Registrations:
             raise RegistryError(f"operation '{operation}' is not known; use one of {', '.join(OPERATIONS)}.")
         return parent_record, Lineage(parent=parent_record.ref if parent_record else None, operation=operation)
 
-    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress, lease) -> Registration:
-        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version (crash-safe order)
-        and ends the blob lease (registry.blob_leases.Lease.settle)."""
+    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress, lease, verdict) -> Registration:
+        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version with its servable
+        `verdict` (crash-safe order) and ends the blob lease (registry.blob_leases.Lease.settle)."""
         manifest = manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
         fault_point("after_check")
         self._publish(staged, report)
@@ -175,7 +181,7 @@ class Registrations:
         record, created = self.meta.add_version(
             name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), digests,
             (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user,
-            guard=lambda session: lease.settle(session, self.store, digests))
+            guard=lambda session: lease.settle(session, self.store, digests), verdict=verdict.stored())
         lease.committed = True
         fault_point("after_commit")
         report("committed", 1, 1)
