@@ -54,6 +54,12 @@ def alias_name(value: str) -> str:
     return value
 
 
+def alias_names(values: list[str] | None) -> list[str] | None:
+    for value in values or ():
+        alias_name(value)
+    return values
+
+
 def token_role(value: str) -> str:
     """One of registry.tokens.ROLES."""
     from registry.tokens import ROLES
@@ -81,4 +87,4 @@ def token_roles() -> list[str]:
     return list(ROLES)
 
 
-__all__ = ["NAME", "alias_name", "model_name", "model_names", "operation", "token_role", "token_roles", "version_ref"]
+__all__ = ["NAME", "alias_name", "alias_names", "model_name", "model_names", "operation", "token_role", "token_roles", "version_ref"]

@@ -265,8 +265,9 @@ class RemoteRegistry:
 
     # ------------------------------------------------------------------ writing
 
-    def set_alias(self, name: str, alias: str, ref: str) -> AliasRecord:
-        return _alias(self._request("PUT", f"/models/{_q(name)}/aliases/{_q(alias)}", json={"version": ref}))
+    def set_alias(self, name: str, alias: str, ref: str, force: bool = False) -> AliasRecord:
+        params = {"force": "true"} if force else None
+        return _alias(self._request("PUT", f"/models/{_q(name)}/aliases/{_q(alias)}", json={"version": ref}, params=params))
 
     def verify(self, ref: str | None = None, rerun_checks: bool = True):
         params = {"check": "true" if rerun_checks else "false", **({"ref": ref} if ref is not None else {})}

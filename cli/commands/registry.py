@@ -25,6 +25,7 @@ from ..app import app, console
 from ..arguments import model_name, version_ref
 from ..errors import reports_errors
 from ..fitting import print_table, say
+from ..servable_text import say_registered_verdict, say_verdict, servable_cell
 
 DB_HELP = "SQLAlchemy URL of the metadata database (env NORMBRIDGE_DB; default SQLite under NORMBRIDGE_HOME)."
 BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default NORMBRIDGE_HOME/blobs)."
@@ -124,6 +125,7 @@ def register(
         _say(f"  checks    {passed}/{len(result.checks)} normalization layers passed the round-trip equivalence check")
     if result.unrecognised:
         _say(f"  [yellow]unchecked[/] {len(result.unrecognised)} (--allow-unrecognised): " + ", ".join(u.path for u in result.unrecognised))
+    say_registered_verdict(v)
 
 
 @app.command()
@@ -154,7 +156,7 @@ def versions(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the versions as JSON."),
 ) -> None:
-    """List the versions of a model, oldest first, with lineage and aliases. Example: normbridge versions resnet"""
+    """List the versions of a model, oldest first, with lineage, aliases and whether each may serve. Example: normbridge versions resnet"""
     registry = _registry(db, blobs, json_output)
     records = registry.versions(name)
     aliases = registry.aliases(name)
@@ -165,11 +167,11 @@ def versions(
     for a in aliases:
         by_number.setdefault(a.number, []).append(a.alias)
     table = Table(title=f"{name}: {len(records)} version(s)")
-    for column in ("version", "created", "user", "operation", "parent", "digest", "aliases", "note"):
+    for column in ("version", "created", "user", "operation", "parent", "digest", "aliases", "servable", "note"):
         table.add_column(column, overflow="fold")
     for r in records:
         table.add_row(str(r.number), _when(r.created_at), r.user, r.operation, r.parent or "-", r.digest[:12],
-                      ", ".join(by_number.get(r.number, [])) or "-", r.note or "")
+                      ", ".join(by_number.get(r.number, [])) or "-", servable_cell(r), r.note or "")
     print_table(table)
 
 
@@ -187,9 +189,10 @@ def show(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the version and its manifest as JSON."),
 ) -> None:
-    """Show a version: its normalization layers (specs, modes, statistics summary) and the equivalence report.
+    """Show a version: whether it may serve and why, its normalization layers (specs, modes, statistics summary) and the equivalence report.
 
-    Every blob is re-hashed before its statistics are shown (exit 12 if tampered). Example: normbridge show resnet@2
+    Every blob is re-hashed before its statistics are shown (exit 12 if tampered); --json carries "servable" and
+    "hazards". Example: normbridge show resnet@2
     """
     registry = _registry(db, blobs, json_output)
     record = registry.show(ref)
@@ -203,6 +206,7 @@ def show(
     _say(f"digest {record.digest}")
     if record.note:
         _say(f"note: {record.note}")
+    say_verdict(record)
     equivalence = manifest.get("equivalence") or []
     table = Table(title=f"{len(specs)} normalization layer(s), {len(manifest.get('tensors', {}))} tensor(s)")
     for column in ("layer", "kind", "features", "eps", "momentum", "mode", "running_mean min/mean/max", "running_var min/mean/max", "check"):
@@ -289,12 +293,18 @@ def alias(
     name: str = typer.Argument(..., help="Model name.", callback=model_name),
     alias_name: str = typer.Argument(..., metavar="ALIAS", help="Alias to set or move, e.g. production.", callback=arguments.alias_name),
     ref: str = typer.Argument(..., metavar="NAME@N", help="The version it points at from now on (NAME@N, or N).", callback=version_ref),
+    force: bool = typer.Option(False, "--force", help="Move a guarded alias (production) to a version that is not servable anyway; "
+                                                      "the audit entry records that it was forced and what it overrode."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the alias record as JSON."),
 ) -> None:
-    """Point NAME@ALIAS at a version; every move is recorded in the audit log. Example: normbridge alias resnet production resnet@2"""
-    record = _registry(db, blobs, json_output).set_alias(name, alias_name, ref)
+    """Point NAME@ALIAS at a version; every move is recorded in the audit log.
+
+    A guarded alias (production, or those in NORMBRIDGE_GUARDED_ALIASES) refuses a version that is not servable, naming
+    why (exit 22), unless --force. Example: normbridge alias resnet production resnet@2
+    """
+    record = _registry(db, blobs, json_output).set_alias(name, alias_name, ref, force=force)
     if json_output:
         _dump(record)
         return

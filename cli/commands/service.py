@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from ..app import app, console
-from ..arguments import model_names, token_role, token_roles
+from ..arguments import alias_names, model_names, token_role, token_roles
 from ..errors import reports_errors, stderr
 from ..fitting import print_table
 from .registry import BLOBS_HELP, DB_HELP
@@ -25,6 +25,9 @@ app.add_typer(token_app, name="token")
 
 ALLOWED_HOST_HELP = ("Another name clients reach this server by (a DNS name, or a reverse proxy's host), optionally NAME:PORT; repeat "
                      "for several. Without it only the --host address is answered (plus localhost on loopback, any IP on 0.0.0.0).")
+
+GUARDED_ALIAS_HELP = ("An alias only a servable version may take without force=true (repeat for several; default "
+                      "$NORMBRIDGE_GUARDED_ALIASES, comma-separated, else production).")
 
 #: Thread counts `serve` sets to 1 unless they are set: torch (OpenMP) and MKL read them when torch loads.
 SINGLE_THREADED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -41,11 +44,15 @@ def serve(
     insecure_local: bool = typer.Option(False, "--insecure-local", help="Let requests without a token act as admin 'local' (loopback hosts only)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (each opens its own database pool)."),
     allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),
+    guarded_alias: list[str] = typer.Option([], "--guarded-alias", metavar="ALIAS", help=GUARDED_ALIAS_HELP,
+                                          callback=alias_names),
+    no_alias_guard: bool = typer.Option(False, "--no-alias-guard", help="Guard no alias: any version may become production."),
 ) -> None:
     """Serve the registry over HTTP (/api/v1, OpenAPI at /docs); every request needs a token unless --insecure-local.
 
     Requests whose Host is not this server's address (or an --allowed-host name), and state-changing ones sent from
-    another site's page, are refused. Example: normbridge serve --host 127.0.0.1 --port 8000 --db sqlite:///registry.db --blobs ./blobs
+    another site's page, are refused. A guarded alias (production unless --guarded-alias) refuses a version that is
+    not servable with 409 not_servable unless the request says force=true. Example: normbridge serve --host 127.0.0.1 --port 8000 --db sqlite:///registry.db --blobs ./blobs
     """
     import uvicorn
 
@@ -72,7 +79,8 @@ def serve(
     for variable in SINGLE_THREADED:
         os.environ.setdefault(variable, "1")
     db_url, blob_uri = settings.database_url(db), settings.blobs_uri(blobs)
-    registry = Registry(db=db_url, blobs=blob_uri, user="server")  # runs the migrations once, before any worker starts
+    guarded = [] if no_alias_guard else (guarded_alias or None)  # None: $NORMBRIDGE_GUARDED_ALIASES, else production
+    registry = Registry(db=db_url, blobs=blob_uri, user="server", guarded_aliases=guarded)  # migrations run once, before any worker
     if workers == 1:
         uvicorn.run(http_app.create_app(registry, insecure_local=insecure_local, max_upload_bytes=limit, host=host, allowed_hosts=allowed_host),
                     host=host, port=port, log_level="info")
@@ -80,7 +88,8 @@ def serve(
     registry.meta.close()
     os.environ.update({"NORMBRIDGE_DB": db_url, "NORMBRIDGE_BLOBS": blob_uri, http_app.HOST_ENV: host,
                        http_app.INSECURE_ENV: "1" if insecure_local else "0", http_app.MAX_UPLOAD_ENV: str(limit),
-                       http_app.ALLOWED_HOSTS_ENV: ",".join(allowed_host)})
+                       http_app.ALLOWED_HOSTS_ENV: ",".join(allowed_host),
+                       settings.GUARDED_ALIASES_ENV: ",".join(sorted(registry.guarded_aliases))})
     uvicorn.run("registry.http.app:app_from_env", factory=True, host=host, port=port, workers=workers, log_level="info")
 
 

@@ -15,6 +15,7 @@ from registry.drift_records import DriftRecord
 from registry.entities import AuditRecord
 from registry.lineage import LineageView
 from registry.service.results import GcResult, VerifyProblem
+from registry.service.servable import VersionHazard
 from schemas.check_result import CheckResult
 from schemas.manifest import UnrecognisedLayer
 from schemas.manifest_diff import ManifestDiff
@@ -46,6 +47,12 @@ class Version(_Record):
     note: str | None
     created_at: datetime
     user: str
+    servable: bool | None = Field(default=None, description=(
+        "Whether the version may serve: false when a hazard blocks (train mode, statistics that never saw data, an eps that "
+        "rounds to 0 in the layer's dtype, normalization the equivalence check did not cover). A guarded alias (production) "
+        "refuses a version that is not servable unless forced."))
+    hazards: list[VersionHazard] = Field(default_factory=list, description="The warning- and error-level hazards found at registration; "
+                                                                           "the blocking ones are the reasons it is not servable.")
 
 
 class Alias(_Record):

@@ -111,13 +111,15 @@ def _one_at_a_time(lock, register, *args, **kwargs):
 
 @router.put("/models/{name}/aliases/{alias}", response_model=Alias, tags=["write"], responses=error_responses(401, 403, 404, 409, 422, 500),
             dependencies=[Depends(body_of(JSON))],
-            summary="Point NAME@ALIAS at a version of NAME (every move is audited)")
-def set_alias(name: str, alias: str, request: Request, principal: Writer, body: Annotated[AliasBody, Body()]) -> Alias:
+            summary="Point NAME@ALIAS at a version of NAME (every move is audited; a guarded alias refuses a version that is not servable with 409 not_servable unless force=true)")
+def set_alias(name: str, alias: str, request: Request, principal: Writer, body: Annotated[AliasBody, Body()],
+              force: Annotated[bool, Query(description="Move a guarded alias (production) to a version that is not servable anyway; "
+                                                       "the audit entry records that it was forced and what it overrode.")] = False) -> Alias:
     principal.check("write", name)
     target = str(body.version)
     if "@" in target:
         principal.check("read", model_of(target))
-    return Alias.model_validate(registry_for(request, principal).set_alias(name, alias, target))
+    return Alias.model_validate(registry_for(request, principal).set_alias(name, alias, target, force=force))
 
 
 @router.post("/gc", response_model=GcResult, tags=["admin"], responses=error_responses(401, 403, 409, 422, 500),

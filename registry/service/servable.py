@@ -118,7 +118,7 @@ def guard_alias(alias: str, record, guarded: frozenset[str], force: bool) -> dic
     if not force:
         more = f" (and {len(why) - 1} more)" if len(why) > 1 else ""
         raise NotServableError(
-            f"alias '{record.model}@{alias}' is guarded and {record.ref} is not servable: {why[0].rstrip(".") if why else "no verdict"}{more}; "
+            f"alias '{record.model}@{alias}' is guarded and {record.ref} is not servable: {why[0].rstrip('.') if why else 'no verdict'}{more}; "
             f"nothing was moved. Register a version without these hazards (`normbridge show {record.ref}` lists them), or move the "
             "alias anyway with `normbridge alias --force` (HTTP: ?force=true), which the audit log records. The guarded aliases "
             "are set by `normbridge serve --guarded-alias` or NORMBRIDGE_GUARDED_ALIASES.")

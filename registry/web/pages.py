@@ -23,6 +23,10 @@ MAX_GRAPH_NODES = 400
 HIDDEN_LABEL = "outside your scope"
 #: Per-channel plots beyond this many layers show the layers that moved most.
 MAX_PLOTTED_LAYERS = 40
+#: What the equivalence table says of a target that was not converted: never "ok", which reads as a checked pass.
+UNCONVERTED_OUTCOMES = {"not_expressible": "not converted", "skipped": "skipped"}
+#: The CSS class of each outcome of the equivalence table.
+OUTCOME_CLASSES = {"ok": "passed", "FAILED": "failed", "not converted": "unconverted", "skipped": "unconverted"}
 
 
 def version_url(model: str, number: int | str) -> str:
@@ -53,6 +57,17 @@ def verdict(record) -> str:
     return "passed" if results else "none"
 
 
+def row_verdict(record) -> str:
+    """The verdict a versions table shows: 'not servable' when a hazard blocks serving (the equivalence verdict would read as
+    green), else the equivalence verdict."""
+    return "not servable" if record.servable is False else verdict(record)
+
+
+def serving_rows(record) -> list[dict]:
+    """The hazards stored with a version, blocking ones first: what its servable verdict rests on."""
+    return sorted(record.hazards, key=lambda h: not h.get("blocking"))
+
+
 # --------------------------------------------------------------------------- models
 
 
@@ -76,12 +91,14 @@ def model_rows(registry, name: str, redactor: Redactor, limit: int | None = None
         if record.number == latest:
             badges = ["latest", *badges]
         versions.append({
-            "record": record, "url": version_url(record.model, record.number), "aliases": badges, "verdict": verdict(record),
+            "record": record, "url": version_url(record.model, record.number), "aliases": badges, "verdict": row_verdict(record),
             "layers": len(record.manifest.get("normalizers", [])),
             "parent_url": version_url(*split(record.parent)) if visible_parent else None,
             "diff_url": diff_url(record.parent, record.ref) if visible_parent else None,
         })
-    return {"name": name, "url": model_url(name), "versions": versions, "aliases": aliases, "total": total, "hidden": total - len(shown)}
+    latest_servable = next(r.servable for r in records if r.number == latest)
+    return {"name": name, "url": model_url(name), "versions": versions, "aliases": aliases, "total": total, "hidden": total - len(shown),
+            "latest_servable": latest_servable is not False}
 
 
 # --------------------------------------------------------------------------- a version
@@ -128,12 +145,13 @@ def equivalence_rows(record) -> list[dict]:
                 "layer": result.get("layer"), "pair": f"{source} → {framework}", "max_abs": output.get("max_abs_error"),
                 "max_rel": output.get("max_rel_error"), "atol": output.get("atol"), "rtol": output.get("rtol"), "passed": output.get("passed"),
                 "mean_err": step.get("max_abs_error_mean"), "var_err": step.get("max_abs_error_var"),
-                "warnings": target.get("warnings") or [],
+                "warnings": target.get("warnings") or [], "outcome": "ok" if output.get("passed") else "FAILED",
             })
         for framework, target in statuses.items():
             if target.get("status") in ("not_expressible", "skipped", "failed") and framework not in {o.get("framework") for o in result.get("outputs") or []}:
                 rows.append({"layer": result.get("layer"), "pair": f"{source} → {framework}", "status": target.get("status"),
-                             "reason": target.get("reason"), "passed": target.get("status") != "failed", "warnings": target.get("warnings") or []})
+                             "reason": target.get("reason"), "passed": target.get("status") != "failed", "warnings": target.get("warnings") or [],
+                             "outcome": UNCONVERTED_OUTCOMES.get(target.get("status"), "FAILED")})
     return rows
 
 
@@ -218,5 +236,5 @@ def drift_charts(report) -> tuple[str, str]:
     return shift, ratio
 
 
-__all__ = ["channel_movements", "diff_url", "drift_charts", "equivalence_rows", "layer_rows", "lineage_graph", "model_rows", "model_url",
-           "movement_plot", "verdict", "version_url"]
+__all__ = ["OUTCOME_CLASSES", "channel_movements", "diff_url", "drift_charts", "equivalence_rows", "layer_rows", "lineage_graph", "model_rows",
+           "model_url", "movement_plot", "row_verdict", "serving_rows", "verdict", "version_url"]

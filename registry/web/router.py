@@ -35,6 +35,7 @@ router = APIRouter(include_in_schema=False)
 templates = Environment(loader=PackageLoader("registry.web", "templates"), autoescape=select_autoescape(default=True, default_for_string=True),
                         trim_blocks=True, lstrip_blocks=True)
 templates.globals["version_url"] = pages.version_url
+templates.globals["outcome_classes"] = pages.OUTCOME_CLASSES
 
 #: No scripts at all; styles are inline in the page; forms post only to this origin; never framed.
 SECURITY_HEADERS = {
@@ -192,6 +193,7 @@ def version_page(request: Request, principal: Principal, name: str, ref: str) ->
     return render(
         request, "version.html", record=record, manifest=manifest, aliases=badges, verdict=pages.verdict(record),
         layers=pages.layer_rows(registry, record), equivalence=pages.equivalence_rows(record), model_url=pages.model_url(record.model),
+        serving=pages.serving_rows(record),
         lineage_url=pages.version_url(record.model, record.number) + "/lineage", drift_url=pages.version_url(record.model, record.number) + "/drift",
         parent_url=pages.version_url(*pages.split(record.parent)) if parent_visible else None,
         diff_parent_url=pages.diff_url(record.parent, record.ref) if parent_visible else None,
