@@ -71,7 +71,9 @@ class Verdict:
         return self.servable, [h.model_dump(mode="json") for h in self.hazards]
 
 
-def _facts(manifest: ArtifactManifest, path: str, spec: NormSpec) -> LayerFacts:
+def stored_layer_facts(manifest: ArtifactManifest, path: str, spec: NormSpec) -> LayerFacts:
+    """What the hazards read of a stored layer; its origin comes from the manifest's format, so a `.pt2`'s layers are
+    worded as exported ops ("exported in train mode"), not as live modules."""
     origin = ORIGINS.get(manifest.format) or FRAMEWORK_ORIGINS.get(manifest.framework, "module")
     return LayerFacts(path=path, kind=spec.kind, framework=manifest.framework, origin=origin,
                       layer_type=spec.source.layer_type or spec.kind, spec=spec, training=spec.training)
@@ -92,7 +94,7 @@ def assess(manifest: ArtifactManifest, specs: Iterable[NormSpec]) -> Verdict:
     """The verdict of a version from its manifest and its normalizers' specs (one per manifest normalizer, in order)."""
     found = _unchecked(manifest)
     for entry, spec in zip(manifest.normalizers, specs):
-        found += [(entry.path, h) for h in layer_hazards(_facts(manifest, entry.path, spec))]
+        found += [(entry.path, h) for h in layer_hazards(stored_layer_facts(manifest, entry.path, spec))]
     hazards = [VersionHazard(layer=where, code=h.code, severity=h.severity, message=h.message, blocking=blocks(h))
                for where, h in found if h.severity in RECORDED]
     return Verdict(servable=not any(h.blocking for h in hazards), hazards=hazards)
@@ -125,4 +127,5 @@ def guard_alias(alias: str, record, guarded: frozenset[str], force: bool) -> dic
     return {"forced": True, "not_servable": sorted({h["code"] for h in record.hazards if h.get("blocking")})}
 
 
-__all__ = ["BLOCKING_WARNINGS", "RECORDED", "Verdict", "VersionHazard", "assess", "blocks", "guard_alias", "reasons", "unassessable"]
+__all__ = ["BLOCKING_WARNINGS", "RECORDED", "Verdict", "VersionHazard", "assess", "blocks", "guard_alias", "reasons", "stored_layer_facts",
+           "unassessable"]

@@ -10,8 +10,10 @@ from urllib.parse import quote, urlencode
 
 import numpy as np
 
+from converters.models.hazards import layer_hazards
 from converters.models.inspection import inspect_model
 from registry.http.redaction import Redactor
+from registry.service.servable import stored_layer_facts
 from registry.tensor_blobs import tensor_from_blob
 from schemas.manifest import TensorRef, load_manifest
 
@@ -120,12 +122,13 @@ def layer_rows(registry, record) -> list[dict]:
     rows = []
     for entry, spec in zip(manifest.normalizers, specs):
         layer = inspect_model(spec).layers[0]
+        hazards = layer_hazards(stored_layer_facts(manifest, entry.path, spec))  # worded by the stored format, as the verdict is
         config = entry.spec
         rows.append({
             "path": entry.path, "kind": config.get("kind"), "layer_type": (config.get("source") or {}).get("layer_type") or "",
             "eps": config.get("eps"), "momentum": _momentum(config), "mode": "train" if config.get("training") else layer.mode,
             "dtype": config.get("dtype"), "features": config.get("num_features") or config.get("normalized_shape"),
-            "stats": layer.stats, "hazards": layer.hazards,
+            "stats": layer.stats, "hazards": hazards,
         })
     return rows
 

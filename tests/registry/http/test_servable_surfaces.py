@@ -156,6 +156,8 @@ def test_the_pages_do_not_show_a_version_that_may_not_serve_as_green(surfaces, b
     rows = page.locator("table.hazards tbody tr")
     assert [(r.get_attribute("data-hazard"), r.get_attribute("data-layer"), r.locator("td").nth(2).inner_text()) for r in rows.all()] == [
         ("train_mode", layer, "yes") for layer in BATCHNORMS]
+    layer_hazards = page.locator("table.layers tr[data-layer='bn1'] td").nth(8).inner_text()
+    assert "train_mode" in layer_hazards and "exported in train mode" in layer_hazards  # the layer table words it as the verdict does
     readme_copy(shot(page, "version-not-servable"), "version-not-servable.png")
 
     page.goto(surfaces.url + "/ui/models/clean/versions/1")
