@@ -9,8 +9,9 @@ result comes back as the CheckResult's fields in JSON (infinities included), an 
 NormbridgeError class, message, layer and setting.
 
 Frames on the pipes are an 8-byte big-endian length and that many bytes: a request is two frames
-(header JSON, tensor bytes), a reply one. `python -m converters.leg_worker torch keras` imports the
-named frameworks at once, then serves until its input closes.
+(header JSON, tensor bytes), a reply one. `python -m converters.leg_worker PACKAGES torch keras` builds
+the caller's AdapterRegistry from PACKAGES (JSON), imports the named frameworks at once, then serves
+until its input closes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from schemas import CheckResult, NormSpec, NormbridgeError
 from schemas import errors as error_types
 from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
 
-from .adapters import REGISTRY
+from .adapters import AdapterRegistry
 from .equivalence import check
 
 _LENGTH = struct.Struct(">Q")
@@ -74,11 +75,11 @@ def _error_from(fields: dict) -> Exception:
 class LegWorker:
     """One worker process and the checks in flight on it; requests are answered in the order they were sent."""
 
-    def __init__(self, warm: list[str]):
+    def __init__(self, warm: list[str], packages: dict[str, str]):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self._stderr = tempfile.TemporaryFile()
-        self._process = subprocess.Popen([sys.executable, "-m", "converters.leg_worker", *warm], stdin=subprocess.PIPE,
+        self._process = subprocess.Popen([sys.executable, "-m", "converters.leg_worker", json.dumps(packages), *warm], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self._stderr, env=env)
         self._lock = threading.Lock()
         self._pending: list[Future] = []
@@ -132,12 +133,12 @@ class LegWorker:
             pass
 
 
-def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
+def _serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry) -> None:
     while (header := _read_frame(requests)) is not None:
         tensors = _read_frame(requests)
         try:
             request = json.loads(header)
-            result = check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
+            result = check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"], registry=registry)
             reply = {"result": result.model_dump(mode="python")}
         except Exception as error:  # every error goes back to the caller, which raises it there
             reply = {"error": {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),
@@ -147,9 +148,11 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> None:
 
 
 def main(argv: list[str]) -> None:
-    for name in argv:
-        REGISTRY.framework(name).version()  # imports the framework now, while the caller reads its model
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    """argv: the caller's adapter packages (JSON: AdapterRegistry.packages), then the frameworks to import at once."""
+    registry = AdapterRegistry(json.loads(argv[0]))
+    for name in argv[1:]:
+        registry.framework(name).version()  # imports the framework now, while the caller reads its model
+    _serve(sys.stdin.buffer, sys.stdout.buffer, registry)
     sys.stdout.flush()
     os._exit(0)  # TensorFlow's teardown takes seconds and nobody waits for it
 

@@ -13,12 +13,14 @@ puts the worker's entries where an in-process check puts them: the results are t
 from __future__ import annotations
 
 import atexit
+import json
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import converters
 from schemas import CheckResult, NormSpec, NormbridgeError
 
 from .adapters import MODEL_FILES, REGISTRY
@@ -28,7 +30,7 @@ from .leg_worker import LegWorker
 #: Frameworks whose legs always run in process: onnx and onnxruntime import in under a second, less than a worker costs.
 IN_PROCESS = ("onnx",)
 
-_WORKERS: dict[tuple[str, ...], LegWorker] = {}
+_WORKERS: dict[tuple[str, tuple[str, ...]], LegWorker] = {}
 _WORKERS_LOCK = threading.Lock()
 
 
@@ -47,12 +49,14 @@ def expected_framework(model: Any) -> str | None:
         return None
 
 
-def _worker(frameworks: tuple[str, ...]) -> LegWorker:
-    """The live worker warmed with `frameworks`, started if there is none (reused by later registrations)."""
+def _worker(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker:
+    """The live worker with these adapter packages, warmed with `frameworks`, started if there is none (reused by later
+    registrations)."""
+    key = (json.dumps(packages, sort_keys=True), frameworks)
     with _WORKERS_LOCK:
-        worker = _WORKERS.get(frameworks)
+        worker = _WORKERS.get(key)
         if worker is None or not worker.alive():
-            worker = _WORKERS[frameworks] = LegWorker(list(frameworks))
+            worker = _WORKERS[key] = LegWorker(list(frameworks), packages)
         return worker
 
 
@@ -65,21 +69,27 @@ def _close_workers() -> None:
 class SplitCheck:
     """`check` for every spec of one model; legs of frameworks this process has not imported run in a worker."""
 
-    def __init__(self, model_framework: str | None = None, registry=REGISTRY):
+    def __init__(self, model_framework: str | None = None, registry=REGISTRY, in_worker: Sequence[str] | None = None):
+        """`in_worker` names the legs to run in the worker whatever this process has imported (the tests compare both ways)."""
         self._registry = registry
         self._order = registry.framework_names
-        self._own = model_framework
+        self._in_worker = None if in_worker is None else list(in_worker)
         if model_framework is not None and self._remote_legs(model_framework):
             self._worker_for(model_framework)  # starts importing now
 
     def _remote_legs(self, own: str) -> list[str]:
-        if self._registry is not REGISTRY:  # the worker knows only the process-wide adapters
-            return []
+        if self._in_worker is not None:
+            return [name for name in self._order if name in self._in_worker]
         return [name for name in self._order if name != own and name not in IN_PROCESS and not imported(name)]
+
+    def _local(self, spec: NormSpec, frameworks: list[str]) -> CheckResult:
+        if frameworks == self._order and self._registry is REGISTRY:
+            return converters.check(spec)  # every leg here: the public entry point itself, looked up now (a caller may wrap it)
+        return check(spec, frameworks=frameworks, registry=self._registry)
 
     def _worker_for(self, own: str) -> LegWorker:
         # The worker converts back to the spec's own framework too (the round trip), so it warms that one as well.
-        return _worker(tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])])))
+        return _worker(self._registry.packages, tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])])))
 
     def check_all(self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
         """`check(spec)` of every spec, in order; the worker's legs are all sent first, so both processes work at once.
@@ -94,7 +104,7 @@ class SplitCheck:
             if progress is not None:
                 progress(i, spec)
             local = [name for name in self._order if name not in remote]
-            parts = [check(spec, frameworks=local, registry=self._registry)] if local else []
+            parts = [self._local(spec, local)] if local else []
             if future is not None:
                 parts.append(future.result())
             results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))
