@@ -125,12 +125,17 @@ class LegWorker:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def close(self) -> None:
-        """End the worker: it exits when its input closes (without waiting for the frameworks' teardown)."""
+    def close(self, wait: float = 0.0) -> None:
+        """End the worker: it exits when its input closes, skipping the frameworks' teardown; wait up to `wait` seconds."""
         try:
             self._process.stdin.close()
         except OSError:
             pass
+        if wait:
+            try:
+                self._process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass  # still finishing a check nobody waits for: it ends when that write fails
 
 
 def _serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry) -> None:
