@@ -86,7 +86,7 @@ model.load_state_dict(load_file(sys.argv[2]))
 mlflow.set_tracking_uri(f"sqlite:///{sys.argv[1]}/mlflow.db")
 mlflow.set_experiment("bench")
 with mlflow.start_run():
-    info = mlflow.pytorch.log_model(model.eval(), name="model")
+    info = mlflow.pytorch.log_model(model.eval(), name="model", serialization_format="pickle")  # its cheapest format
     mlflow.register_model(info.model_uri, "bench")
 """
 
