@@ -2,9 +2,12 @@
 and a hand-written PyTorch ResNet-18, each step timed against the bare exporter, in one run.
 
 Targets (issue 3): inspect under 0.5 s beyond model loading; export with verification, rewrite
-and contract tests at most 2x the bare exporter.
+and contract tests at most 2x the bare exporter. Then, in cold processes as a user runs them (issue
+15): `normbridge inspect` of the .pt2 and of the .keras against a bare `torch.export.load` and a bare
+`keras.saving.load_model` of the same file in a fresh process (target: within 1.5x), median of
+--cold-repeat runs.
 
-    python bench/models.py [--repeat 1] [--size 224]
+    python bench/models.py [--repeat 1] [--size 224] [--cold-repeat 3]
     python bench/models.py --keras-exporters [--size 32]   # the Keras -> ONNX candidates side by side
 """
 
@@ -33,6 +36,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import torch  # noqa: E402
 
+from bench.cold import BARE_KERAS_LOAD, BARE_TORCH_LOAD, median_seconds, normbridge  # noqa: E402
 from converters.models.serving.contract import contract_test  # noqa: E402
 from converters.models.inspection import inspect_model  # noqa: E402
 from converters.models.loading import load_model  # noqa: E402
@@ -114,6 +118,19 @@ def keras_case(size: int, repeat: int, folder: Path) -> list[tuple]:
     ]
 
 
+def cold_inspect_rows(folder: Path, repeat: int) -> list[tuple]:
+    """`normbridge inspect` of the files torch_case and keras_case wrote, against the bare loader, each in a fresh process."""
+    rows = []
+    for model, path, bare in (("torch ResNet-18", folder / "resnet18.pt2", BARE_TORCH_LOAD), ("keras ResNet50", folder / "resnet50.keras", BARE_KERAS_LOAD)):
+        loader = median_seconds(lambda i: [sys.executable, "-c", bare, str(path)], repeat)
+        inspect = median_seconds(lambda i: normbridge("inspect", str(path)), repeat)
+        name = "torch.export.load" if path.suffix == ".pt2" else "keras.saving.load_model"
+        rows.append((model, f"cold: bare {name} process", loader.wall, 1.0, f"cpu {loader.cpu:.2f} s"))
+        rows.append((model, "cold: normbridge inspect process", inspect.wall, inspect.wall / loader.wall,
+                     f"cpu {inspect.cpu:.2f} s = {inspect.cpu / loader.cpu:.2f}x; target <= 1.5x"))
+    return rows
+
+
 def keras_exporter_models(size: int) -> list[tuple[str, object]]:
     """The real Keras models every exporter candidate is tried on (random init, small inputs)."""
     import keras
@@ -160,6 +177,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--size", type=int, default=224, help="input height/width")
     parser.add_argument("--keras-exporters", action="store_true", help="compare the Keras -> ONNX exporter candidates instead")
+    parser.add_argument("--cold-repeat", type=int, default=3, help="cold processes per inspect and bare-loader row (0: skip them)")
     args = parser.parse_args()
     if args.keras_exporters:
         keras_exporters(args.size)
@@ -168,6 +186,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         rows += torch_case(args.size, args.repeat, Path(folder))
         rows += keras_case(args.size, args.repeat, Path(folder))
+        if args.cold_repeat:
+            rows += cold_inspect_rows(Path(folder), args.cold_repeat)
     print(f"whole models, input {args.size}x{args.size}, median of {args.repeat} run(s)")
     print(f"{'model':<16} {'step':<44} {'seconds':>9} {'x bare':>7}  notes")
     for model, step, seconds, ratio, notes in rows:

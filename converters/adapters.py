@@ -88,6 +88,11 @@ class AdapterRegistry:
     # -- lookup ------------------------------------------------------------------------
 
     @property
+    def packages(self) -> dict[str, str]:
+        """framework name -> the package holding its adapters (a worker process builds the same registry from it)."""
+        return dict(self._packages)
+
+    @property
     def framework_names(self) -> list[str]:
         """The registered frameworks, in registration order (the order `check` runs them)."""
         return list(self._packages)

@@ -187,11 +187,32 @@ def check(
         except NormbridgeError as error:
             result.targets.append(TargetCheck(framework=target, status="failed", reason=str(error)))
             result.errors.append(f"{target}: {error}")
-    result.passed = (
+    result.passed = verdict(result)
+    return result
+
+
+def verdict(result: CheckResult) -> bool:
+    """Whether a check passed: no error, no failed target, every output and training step within tolerance, one target passed."""
+    return (
         not result.errors
         and all(t.status != "failed" for t in result.targets)
         and all(o.passed for o in result.outputs)
         and all(s.passed for s in result.training_step)
         and any(t.status == "passed" for t in result.targets)
     )
-    return result
+
+
+def merge_legs(parts: list[CheckResult], order: list[str]) -> CheckResult:
+    """One CheckResult from checks of the same spec on disjoint sets of frameworks (converters/split_check.py runs some
+    legs in a worker process): every entry in the place `check(spec)` over `order` puts it, and the same verdict."""
+    rank = {name: i for i, name in enumerate(order)}
+
+    def gathered(field: str, framework=lambda entry: entry.framework) -> list:
+        return sorted((entry for part in parts for entry in getattr(part, field)), key=lambda entry: rank[framework(entry)])
+
+    merged = parts[0].model_copy(update={
+        "targets": gathered("targets"), "outputs": gathered("outputs"), "training_step": gathered("training_step"),
+        "errors": gathered("errors", lambda error: error.split(":", 1)[0]),
+    })
+    merged.passed = verdict(merged)
+    return merged

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.tree import Tree
 
-from .. import arguments
+from .. import arguments, remote
 from ..app import app, console
 from ..arguments import model_name, version_ref
 from ..errors import reports_errors
@@ -34,11 +34,9 @@ INTEGRITY_EXIT = 12
 
 def _registry(db: str | None, blobs: str | None, quiet: bool = False):
     """The local Registry, or a RemoteRegistry when --server / NORMBRIDGE_SERVER is set (byte bars unless `quiet`)."""
-    from ..remote import remote_registry
-
-    remote = remote_registry(db, blobs, quiet=quiet)
-    if remote is not None:
-        return remote
+    client = remote.remote_registry(db, blobs, quiet=quiet)
+    if client is not None:
+        return client
     from registry.service import Registry
 
     return Registry(db=db, blobs=blobs)
@@ -94,10 +92,8 @@ def register(
     Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21, unless
     --allow-unrecognised); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
-    from registry.client import RemoteRegistry
-
     registry = _registry(db, blobs, json_output)
-    if json_output or isinstance(registry, RemoteRegistry):  # over a server the upload draws a byte bar instead of steps
+    if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps
         result = registry.register(name, model, parent=parent, note=note, operation=operation, allow_unrecognised=allow_unrecognised)
     else:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, get_args
 
-import converters
+from converters.split_check import SplitCheck, expected_framework
 from schemas import CheckResult
 from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, NotFoundError, PayloadTooLargeError, RegistryError
 from schemas.manifest import Lineage, Operation
@@ -122,6 +122,7 @@ class Registrations:
         is_folder = isinstance(model, (str, Path)) and Path(model).is_dir()
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
+        legs = SplitCheck(expected_framework(model))  # a worker for the frameworks the model does not use starts importing them now
         artifact = extract_artifact(model, lineage)
         items = list(artifact.blobs.items())
         lease = self.leases.new()
@@ -131,7 +132,7 @@ class Registrations:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 staging = pool.submit(self._stage, items)
                 try:
-                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised)
+                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised, legs)
                 except BaseException:
                     self._discard(staging.result())
                     raise
@@ -193,18 +194,20 @@ class Registrations:
             self.store.publish(blob)
         report("storing blobs", len(staged), len(staged))
 
-    def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None) -> list:
-        """converters.check on every normalizer; CheckFailedError naming the first layer that fails.
+    def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None,
+              legs: SplitCheck | None = None) -> list:
+        """converters.check on every normalizer (legs of frameworks this process has not imported run in a worker:
+        converters/split_check.py); CheckFailedError naming the first layer that fails.
 
         First coverage.check_registrable: every tensor record is valid and each of the `sites` normalization layers
         the model's reader found has a spec, so none passes unchecked."""
         check_registrable(manifest, specs, sites)
         if allow_unrecognised is not None:  # what the model leaves unchecked is refused once its records are known sound
             admit(manifest, allow_unrecognised)
+        legs = legs or SplitCheck(manifest.framework)
+        results = legs.check_all(specs, lambda i, spec: report(f"checking {spec.name or i}", i, len(specs)))
         checks = []
-        for i, spec in enumerate(specs):
-            report(f"checking {spec.name or i}", i, len(specs))
-            result = converters.check(spec)
+        for i, (spec, result) in enumerate(zip(specs, results)):
             checks.append(result)
             if not result.passed:
                 layer = manifest.normalizers[i].path if i < len(manifest.normalizers) else spec.name

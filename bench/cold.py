@@ -1,0 +1,121 @@
+"""Cold processes, as a user runs them: the `normbridge` CLI, MLflow's log_model + register_model, the bare loaders.
+
+Each measurement is a fresh Python process (imports included), timed from start to exit, median of
+`repeat` runs. Stores are created before the clock starts (a user registers into a registry that
+exists), and each run gets its own copy of the empty store, so no run finds its model already there.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
+ENV.pop("NORMBRIDGE_SERVER", None)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall seconds of a process from start to exit, and the CPU seconds (user + system) it and the children it waited for used.
+
+    CPU seconds hardly move with other processes' load on the cores; wall seconds show what overlapping work saves."""
+
+    wall: float
+    cpu: float
+
+
+def run_seconds(argv: list[str], env: dict | None = None) -> Timing:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env or ENV, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
+    return Timing(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+
+
+def median_seconds(make_argv, repeat: int, prepare=None) -> Timing:
+    """Medians (wall and CPU, each) of `repeat` runs; `prepare(i)` (untimed) sets up run i and returns its env or None."""
+    times = []
+    for i in range(repeat):
+        env = prepare(i) if prepare else None
+        times.append(run_seconds(make_argv(i), env))
+    return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times))
+
+
+def normbridge(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli.main", *args]
+
+
+class NormbridgeStores:
+    """An empty registry home (migrations run once, untimed), copied fresh for every timed run."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.template = folder / "normbridge-template"
+        run_seconds(normbridge("models"), {**ENV, "NORMBRIDGE_HOME": str(self.template)})
+
+    def fresh(self, label: str) -> dict:
+        home = self.folder / f"normbridge-{label}"
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.copytree(self.template, home)
+        return {**ENV, "NORMBRIDGE_HOME": str(home)}
+
+
+MLFLOW_SETUP = """
+import sys, mlflow
+mlflow.set_tracking_uri(f"sqlite:///{sys.argv[1]}/mlflow.db")
+mlflow.MlflowClient().create_experiment("bench", artifact_location=(__import__("pathlib").Path(sys.argv[1]) / "artifacts").as_uri())
+"""
+
+MLFLOW_TORCH = """
+import sys, mlflow, mlflow.pytorch, torch
+from safetensors.torch import load_file
+from bench.cold_models import bn_stack
+model = bn_stack(int(sys.argv[3]))
+model.load_state_dict(load_file(sys.argv[2]))
+mlflow.set_tracking_uri(f"sqlite:///{sys.argv[1]}/mlflow.db")
+mlflow.set_experiment("bench")
+with mlflow.start_run():
+    info = mlflow.pytorch.log_model(model.eval(), name="model", serialization_format="pickle")  # its cheapest format
+    mlflow.register_model(info.model_uri, "bench")
+"""
+
+MLFLOW_KERAS = """
+import sys, mlflow, mlflow.keras, keras
+model = keras.saving.load_model(sys.argv[2])
+mlflow.set_tracking_uri(f"sqlite:///{sys.argv[1]}/mlflow.db")
+mlflow.set_experiment("bench")
+with mlflow.start_run():
+    info = mlflow.keras.log_model(model, name="model")
+    mlflow.register_model(info.model_uri, "bench")
+"""
+
+
+class MlflowStores:
+    """An MLflow tracking store with its experiment (created once, untimed), copied fresh for every timed run."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.template = folder / "mlflow-template"
+        self.template.mkdir()
+        run_seconds([sys.executable, "-c", MLFLOW_SETUP, str(self.template)])
+
+    def fresh(self, label: str) -> Path:
+        store = self.folder / f"mlflow-{label}"
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.copytree(self.template, store)
+        return store  # its runs' artifacts go under the template's artifact folder, where the experiment points
+
+
+BARE_TORCH_LOAD = "import sys, torch; torch.export.load(sys.argv[1])"
+BARE_KERAS_LOAD = "import sys, keras; keras.saving.load_model(sys.argv[1])"

@@ -1,0 +1,84 @@
+"""A cold `normbridge` process imports only the frameworks its job needs (issue 15).
+
+Registering a .pt2 reads it with torch and runs the ONNX leg here; the Keras leg of the gate runs in a
+worker process (converters/split_check.py), so the command's own process never imports TensorFlow or
+Keras, and the version still records the Keras check. Inspecting a .pt2 imports neither Keras nor ONNX,
+inspecting a .keras no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from registry.service import Registry
+
+from tests.pt2_crafting import genuine_pt2
+
+pytestmark = pytest.mark.slow  # runs the CLI in fresh processes
+
+ROOT = Path(__file__).resolve().parents[2]
+FRAMEWORKS = ("keras", "mlflow", "onnx", "onnxruntime", "tensorflow", "torch")
+#: Runs the CLI in this process, then writes which frameworks it imported to the file $PROBE_OUT.
+PROBE = """
+import json, os, sys
+from cli.main import app
+try:
+    app(sys.argv[1:], prog_name="normbridge")
+    code = 0
+except SystemExit as exit:
+    code = exit.code
+with open(os.environ["PROBE_OUT"], "w") as out:
+    json.dump({"exit": code, "imported": [m for m in %r if m in sys.modules]}, out)
+""" % (FRAMEWORKS,)
+
+
+def imports_of(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_OUT": str(out), "NORMBRIDGE_HOME": str(tmp_path / "home")}
+    env.pop("NORMBRIDGE_SERVER", None)
+    done = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert out.exists(), done.stderr[-2000:]
+    found = json.loads(out.read_text())
+    assert found["exit"] in (0, None), done.stdout[-2000:] + done.stderr[-2000:]
+    return found["exit"], found["imported"]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def test_registering_a_pt2_imports_no_tensorflow_and_still_checks_on_keras(tmp_path):
+    torch.manual_seed(0)
+    model = Net().eval()
+    pt2 = genuine_pt2(tmp_path / "net.pt2", model, (torch.randn(2, 3, 8, 8),))
+    _, imported = imports_of(tmp_path, "register", "net", str(pt2))
+    assert imported == ["onnx", "onnxruntime", "torch"]
+    _, imported = imports_of(tmp_path, "inspect", str(pt2))
+    assert imported == ["torch"]
+    home = tmp_path / "home"
+    manifest = Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs")).manifest("net@1")
+    [check] = manifest.equivalence
+    assert check["passed"] and [o["framework"] for o in check["outputs"]] == ["torch", "keras", "onnx"]
+
+
+def test_inspecting_a_keras_file_imports_no_torch(tmp_path):
+    from converters.keras_adapter.runtime import import_keras
+
+    keras = import_keras()
+    inputs = keras.Input((6, 6, 3))
+    model = keras.Model(inputs, keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3)(inputs)))
+    model.save(tmp_path / "net.keras")
+    _, imported = imports_of(tmp_path, "inspect", str(tmp_path / "net.keras"))
+    assert "torch" not in imported and "keras" in imported
