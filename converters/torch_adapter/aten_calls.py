@@ -30,7 +30,7 @@ def module_kind(type_name: str | None) -> str | None:
 _PASS_THROUGH = frozenset({"aten::repeat", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::clone", "aten::expand", "aten::detach"})
 
 
-_DTYPE_NAMES = {"torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64"}
+_DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64"}
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def _value(node: Any) -> Any:
 def _dtype(x: Any, path: str) -> str:
     name = str(getattr(x, "dtype", "torch.float32"))
     if name not in _DTYPE_NAMES:
-        raise SpecError(f"the input is {name}, expected float16, float32 or float64.", layer=path, setting="dtype")
+        raise SpecError(f"the input is {name}, expected bfloat16, float16, float32 or float64.", layer=path, setting="dtype")
     return _DTYPE_NAMES[name]
 
 
