@@ -15,6 +15,7 @@ from schemas import NormbridgeError, NormSpec, Source, SpecError
 from schemas.kinds import KIND_INFO
 
 from .. import recognizers
+from .common import numpy_from_tensor
 
 
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
@@ -102,7 +103,7 @@ class _Reader:
                 layer=path, setting=setting,
             )
         tensor = self.state[name] if name in self.state else self.constants[name]
-        return tensor.detach().cpu().clone().numpy()
+        return numpy_from_tensor(tensor.detach().cpu().clone())  # bfloat16 as ml_dtypes' bfloat16, bit for bit
 
     def counter(self, running_mean: Any) -> np.ndarray | None:
         """num_batches_tracked next to the running mean's buffer, when the module has one."""
