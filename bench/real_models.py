@@ -40,8 +40,9 @@ def export_through_torch_backend(model, sample, opset: int):
         done = subprocess.run([sys.executable, "-c", CHILD, str(keras_path), str(onnx_path), str(npz)], capture_output=True, text=True,
                               env={**os.environ, "KERAS_BACKEND": "torch"}, timeout=1200)
         if done.returncode != 0:
-            last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:] or ["no message"]
-            raise RuntimeError(last[0][:200])
+            lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+            errors = [line for line in lines if "Error" in line.split(":", 1)[0]] or lines[-1:] or ["no message"]
+            raise RuntimeError(errors[-1][:200])
         return onnx.load(str(onnx_path)), "keras.Model.export (torch backend, torch.onnx)", []
 
 

@@ -66,15 +66,15 @@ def restore_class(spec: NormSpec) -> tuple[torch.nn.Module | None, str]:
     cls, why = _importable(module_name, class_name)
     if cls is None:
         return None, why
-    constructor = CONSTRUCTORS.get(class_name, _size_eps)
+    args, kwargs = CONSTRUCTORS.get(class_name, _size_eps)(spec)
     try:
-        args, kwargs = constructor(spec)
         module = cls(*args, **kwargs).to(SPEC_TO_TORCH[spec.dtype])
         with torch.no_grad():
             for role, name in names.items():
                 getattr(module, name).copy_(tensor_from_numpy(spec.tensors[role].copy()))
     except Exception as error:  # a constructor or a state it does not take: the stock class is built instead
-        return None, f"{class_name}{args if 'args' in locals() else ''} could not be rebuilt ({type(error).__name__}: {error})"
+        call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+        return None, f"{class_name}({call}) could not be rebuilt with the spec's state ({type(error).__name__}: {error})"
     module.train(spec.training)
     markers.remember(module, name=spec.name)
     found = recognition(module)
