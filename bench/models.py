@@ -43,6 +43,8 @@ from converters.models.loading import load_model  # noqa: E402
 from converters.models.serving.export import export_for_serving  # noqa: E402
 from testkit.model_zoo import torch_resnet18, train_batchnorm_statistics  # noqa: E402
 
+from real_models import export_through_torch_backend, real_cases  # noqa: E402  (bench/, the script's folder, is on sys.path)
+
 
 def timed(fn, repeat: int):
     times, result = [], None
@@ -149,8 +151,9 @@ def keras_exporters(size: int) -> None:
     from converters.models.serving.samples import as_sample, input_specs
     from converters.onnx_adapter.graph.sites import find_norm_sites
 
-    candidates = [("keras.Model.export (tf2onnx)", onnx_export.export_with_keras), ("normbridge trace + tf2onnx", onnx_export.export_onnx)]
-    print(f"{'model':<24} {'exporter':<30} {'ok':<4} {'seconds':>8} {'inputs':>7} {'norms':>6} {'contract':<9} notes", flush=True)
+    candidates = [("keras.Model.export (tf2onnx)", onnx_export.export_with_keras), ("normbridge trace + tf2onnx", onnx_export.export_onnx),
+                  ("keras.Model.export (torch backend)", export_through_torch_backend)]
+    print(f"{'model':<24} {'exporter':<34} {'ok':<4} {'seconds':>8} {'inputs':>7} {'norms':>6} {'contract':<9} notes", flush=True)
     for name, model in keras_exporter_models(size):
         sample = as_sample(None, input_specs(model))
         expected = len(sample.arrays)
@@ -160,7 +163,7 @@ def keras_exporters(size: int) -> None:
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     exported = export(model, sample, 23)[0]
             except Exception as error:  # a failing candidate is a row, not the end of the run
-                print(f"{name:<24} {label:<30} {'no':<4} {time.perf_counter() - start:>8.1f} {'-':>7} {'-':>6} {'-':<9} {str(error)[:90]}", flush=True)
+                print(f"{name:<24} {label:<34} {'no':<4} {time.perf_counter() - start:>8.1f} {'-':>7} {'-':>6} {'-':<9} {str(error)[:90]}", flush=True)
                 continue
             seconds = time.perf_counter() - start
             inputs, sites = len(exported.graph.input), len(find_norm_sites(exported))
@@ -169,7 +172,7 @@ def keras_exporters(size: int) -> None:
             except Exception as error:
                 passed = f"error: {str(error)[:60]}"
             note = "" if inputs == expected else f"{inputs - expected} extra graph input(s)"
-            print(f"{name:<24} {label:<30} {'yes':<4} {seconds:>8.1f} {inputs:>7} {sites:>6} {passed:<9} {note}", flush=True)
+            print(f"{name:<24} {label:<34} {'yes':<4} {seconds:>8.1f} {inputs:>7} {sites:>6} {passed:<9} {note}", flush=True)
 
 
 def main() -> int:
@@ -178,22 +181,27 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=224, help="input height/width")
     parser.add_argument("--keras-exporters", action="store_true", help="compare the Keras -> ONNX exporter candidates instead")
     parser.add_argument("--cold-repeat", type=int, default=3, help="cold processes per inspect and bare-loader row (0: skip them)")
+    parser.add_argument("--real", choices=("with", "only", "without"), default="with",
+                        help="the transformers rows (Llama-100M decoder, DETR-R50 detector): with the ResNets, alone, or not")
     args = parser.parse_args()
     if args.keras_exporters:
         keras_exporters(args.size)
         return 0
     rows: list[tuple] = []
     with tempfile.TemporaryDirectory() as folder:
-        rows += torch_case(args.size, args.repeat, Path(folder))
-        rows += keras_case(args.size, args.repeat, Path(folder))
-        if args.cold_repeat:
-            rows += cold_inspect_rows(Path(folder), args.cold_repeat)
-    print(f"whole models, input {args.size}x{args.size}, median of {args.repeat} run(s)")
-    print(f"{'model':<16} {'step':<44} {'seconds':>9} {'x bare':>7}  notes")
+        if args.real != "only":
+            rows += torch_case(args.size, args.repeat, Path(folder))
+            rows += keras_case(args.size, args.repeat, Path(folder))
+            if args.cold_repeat:
+                rows += cold_inspect_rows(Path(folder), args.cold_repeat)
+        if args.real != "without":
+            rows += real_cases(Path(folder), timed)
+    print(f"whole models, input {args.size}x{args.size} (transformers rows: 16 tokens, 224x224), median of {args.repeat} run(s)")
+    print(f"{'model':<19} {'step':<44} {'seconds':>9} {'x bare':>7}  notes")
     for model, step, seconds, ratio, notes in rows:
-        print(f"{model:<16} {step:<44} {seconds:>9.3f} {'' if ratio is None else f'{ratio:.2f}':>7}  {notes}")
+        print(f"{model:<19} {step:<44} {seconds:>9.3f} {'' if ratio is None else f'{ratio:.2f}':>7}  {notes}")
     print()
-    for model in ("torch ResNet-18", "keras ResNet50"):
+    for model in ("torch ResNet-18", "keras ResNet50") if args.real != "only" else ():
         inspect = next(r for r in rows if r[0] == model and r[1].startswith("inspect"))
         export = next(r for r in rows if r[0] == model and r[1].startswith("normbridge export"))
         print(f"{model}: inspect {inspect[2]:.3f} s beyond loading (target < 0.5 s); export {export[3]:.2f}x the bare exporter (target <= 2x)")

@@ -101,6 +101,11 @@ class FrameworkAdapter(abc.ABC):
         """The spec a recognizer proved for `obj` by what it computes (a class no kind adapter reads), else None."""
         return None
 
+    def restore(self, spec: NormSpec) -> tuple[Any, str]:
+        """(the class `spec` was read from, rebuilt and proved equal; how) or (None, why not): a framework that can rebuild
+        a source class (torch: torch_adapter/restoring.py) overrides this."""
+        return None, f"{self.name} layers are always converted to their stock class"
+
     @abc.abstractmethod
     def version(self) -> str:
         """The framework's version string, for provenance."""

@@ -12,6 +12,7 @@ from schemas import ConversionReport, LayerReport, NormSpec, NotExpressibleError
 
 from .options import ConversionOptions
 from .adapters import REGISTRY, AdapterRegistry
+from .expressing import stock_spec
 from .model_values import NormLayerRef
 
 _last = threading.local()
@@ -69,9 +70,36 @@ def write_spec(
     layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
     layer_report.target_framework = to
     adapter = registry.get(to, spec.kind)
+    restored = restored_layer(spec, to, options, layer_report, registry)
+    if restored is not None:
+        return restored, layer_report
+    spec = stock_spec(spec, adapter.holds, layer_report)  # what a stock layer computes of settings it has no attribute for
     refuse_unheld_settings(spec, adapter)
     obj = adapter.from_spec(with_input_rank(spec, options), options, layer_report)
     return obj, layer_report
+
+
+def restored_layer(spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport, registry: AdapterRegistry = REGISTRY) -> Any:
+    """The class `spec` was read from, when converting back to its framework can rebuild it (options.restore_source_class), else None;
+    either way `report` says which class the layer becomes and why."""
+    if spec.source.framework != to or not spec.source.module_class:
+        return None
+    if not options.restore_source_class:
+        report.add("class", spec.source.module_class, None, "dropped", "restore_source_class=False: the stock class is built")
+        return None
+    layer, how = registry.framework(to).restore(with_input_rank(spec, options))
+    if layer is None:
+        report.add("class", spec.source.module_class, None, "dropped", f"the stock class is built: {how}")
+        return None
+    report.target_op = type(layer).__name__
+    report.add("class", spec.source.module_class, spec.source.module_class, "exact", how)
+    return layer
+
+
+def target_spec_of(spec: NormSpec, to: str, registry: AdapterRegistry = REGISTRY) -> NormSpec:
+    """The spec `write_spec(spec, to)` builds its layer for: `spec` with what the target holds no attribute for expressed in
+    what it does (expressing.stock_spec). A layer read back from the target should equal it."""
+    return stock_spec(spec, registry.get(to, spec.kind).holds)
 
 
 def with_input_rank(spec: NormSpec, options: ConversionOptions) -> NormSpec:
@@ -89,8 +117,8 @@ def refuse_unheld_settings(spec: NormSpec, adapter) -> None:
     for setting, value in spec.extended_settings().items():
         if setting not in adapter.holds:
             raise NotExpressibleError(
-                f"its {adapter.framework} {adapter.kind} layer cannot hold {setting}={value!r}; keep the layer in its source framework "
-                "or convert a spec without it.", layer=spec.name, setting=setting, target=adapter.framework)
+                f"no stock {adapter.framework} {adapter.kind} normalization holds {setting}={value!r}; keep the layer in its source "
+                "framework or convert a spec without it.", layer=spec.name, setting=setting, target=adapter.framework)
 
 
 def from_spec(spec: NormSpec, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> Any:

@@ -29,6 +29,10 @@ class ConversionOptions(BaseModel):
         default="error",
         description="PyTorch momentum=None: refuse, or emit the momentum 1/(num_batches_tracked+1) that matches the next step only.",
     )
+    restore_source_class: bool = Field(
+        default=True, description="Converting a layer back to the framework it was read from rebuilds its own class (LlamaRMSNorm) "
+        "where the spec records it, it is importable and proved equal (torch_adapter/restoring.py); False builds the stock class.",
+    )
     input_rank: int | None = Field(
         default=None, ge=1, le=8,
         description="Rank of the inputs the converted layer takes, where the target fixes one (an ONNX graph input, a built Keras layer); "

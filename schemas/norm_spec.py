@@ -55,6 +55,12 @@ class Source(BaseModel):
     framework: Framework = Field(description="Framework the layer was read from.")
     framework_version: str | None = Field(default=None, description="Version of that framework.")
     layer_type: str | None = Field(default=None, description="Class or op name, e.g. BatchNorm2d, BatchNormalization-15.")
+    module_class: str | None = Field(
+        default=None, description="Import path of the class a layer recognised by what it computes was read from "
+        "(transformers.models.llama.modeling_llama.LlamaRMSNorm): converting back to its framework rebuilds that class where it "
+        "is importable and normbridge knows its constructor, and proves the rebuilt layer equal.")
+    state_names: dict[str, str] | None = Field(
+        default=None, description="The class's own names of the spec's tensors (scale -> weight), for rebuilding it.")
 
 
 class NormSpec(BaseModel):

@@ -70,7 +70,7 @@ def emit_axes(spec: NormSpec, report: LayerReport) -> tuple[Any, tuple]:
         report.add("layout", "channels_first", "axis=1", "exact", "statistics over the channel axis of a channels_first input")
         return 1, channels_first_shape(spec.normalized_shape[0], build_rank(spec, report, 4, minimum=3))
     count = len(spec.normalized_shape)
-    return trailing_axis_argument(count), trailing_shape(spec.normalized_shape, build_rank(spec, report, count + 2))
+    return trailing_axis_argument(count), trailing_shape(spec.normalized_shape, build_rank(spec, report, count + 2, fixes_rank=False))
 
 
 def read_channel_axis(layer: Any, report: LayerReport, kind: str, variables: dict, shape: tuple, **fields: Any) -> NormSpec:

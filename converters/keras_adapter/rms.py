@@ -54,7 +54,7 @@ class KerasRmsAdapter(KerasKindAdapter):
         common = self.begin_emit(spec, report)
         count = len(spec.normalized_shape)
         layer = import_keras().layers.RMSNormalization(axis=trailing_axis_argument(count), **common)
-        rank = build_rank(spec, report, count + 2)
+        rank = build_rank(spec, report, count + 2, fixes_rank=False)
         self.finish_emit(layer, spec, report, trailing_shape(spec.normalized_shape, rank), VARIABLES)
         if not spec.scale:
             # Keras RMSNormalization always multiplies by its scale weight: ones, frozen, is the identity.

@@ -85,17 +85,24 @@ def trailing_shape(normalized_shape: tuple[int, ...], rank: int) -> tuple[int | 
 #: Why a Keras layer has one input rank, said in every report that picks one.
 FIXED_RANK = ("a built Keras layer takes one input rank (its InputSpec fixes ndim, and BatchNormalization fixes its "
               "reduction axes in build)")
+#: Why the rank a trailing-axes layer is built for does not restrict it.
+ANY_RANK = ("built for this rank, but a Keras LayerNormalization or RMSNormalization over trailing axes fixes no input rank "
+            "(its build records only the normalised axes' sizes): it takes inputs of any rank >= the normalised axes + 1")
 
 
-def build_rank(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2) -> int:
+def build_rank(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2, fixes_rank: bool = True) -> int:
     """spec.input_rank (the source's, or `input_rank=` of the conversion), or `default` (reported) when there is none.
 
     Keras layers are built for the rank given; only without one is the kind's usual rank used, and the
-    report says so, with how to choose another.
+    report says so, with how to choose another. `fixes_rank=False` (trailing-axes layer and RMS norms) says instead
+    that the rank built for does not restrict the layer's inputs.
     """
     if spec.input_rank is not None and spec.input_rank >= minimum:
-        report.add("input_rank", spec.input_rank, note=FIXED_RANK)
+        report.add("input_rank", spec.input_rank, note=FIXED_RANK if fixes_rank else ANY_RANK)
         return spec.input_rank
+    if not fixes_rank:
+        report.add("input_rank", spec.input_rank, default, "translated", f"not recorded by the source; {ANY_RANK}")
+        return default
     reason = "not recorded by the source" if spec.input_rank is None else f"rank {spec.input_rank} has no batch axis here"
     report.add("input_rank", spec.input_rank, default, "translated",
                f"{reason}; {FIXED_RANK}, so it is built for rank-{default} inputs: pass input_rank= to build it for another rank")

@@ -108,8 +108,8 @@ def never_trained(facts: LayerFacts) -> Hazard | None:
 
 
 def momentum_none(facts: LayerFacts) -> Hazard | None:
-    """PyTorch momentum=None: a cumulative average over every batch seen."""
-    if not facts.tracked or facts.spec.momentum is not None:
+    """PyTorch momentum=None: a cumulative average over every batch seen (not for frozen statistics, which no step moves)."""
+    if not facts.tracked or facts.spec.momentum is not None or facts.spec.frozen:
         return None
     count = facts.spec.tensors.get("num_batches_tracked")
     seen = "" if count is None else f" (num_batches_tracked={int(count)})"

@@ -15,6 +15,7 @@ from schemas import NormbridgeError, NormSpec, Source, SpecError
 from schemas.kinds import KIND_INFO
 
 from .. import recognizers
+from .common import numpy_from_tensor
 
 
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
@@ -30,7 +31,7 @@ def module_kind(type_name: str | None) -> str | None:
 _PASS_THROUGH = frozenset({"aten::repeat", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::clone", "aten::expand", "aten::detach"})
 
 
-_DTYPE_NAMES = {"torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64"}
+_DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class _Reader:
                 layer=path, setting=setting,
             )
         tensor = self.state[name] if name in self.state else self.constants[name]
-        return tensor.detach().cpu().clone().numpy()
+        return numpy_from_tensor(tensor.detach().cpu().clone())  # bfloat16 as ml_dtypes' bfloat16, bit for bit
 
     def counter(self, running_mean: Any) -> np.ndarray | None:
         """num_batches_tracked next to the running mean's buffer, when the module has one."""
@@ -207,7 +208,7 @@ def _value(node: Any) -> Any:
 def _dtype(x: Any, path: str) -> str:
     name = str(getattr(x, "dtype", "torch.float32"))
     if name not in _DTYPE_NAMES:
-        raise SpecError(f"the input is {name}, expected float16, float32 or float64.", layer=path, setting="dtype")
+        raise SpecError(f"the input is {name}, expected bfloat16, float16, float32 or float64.", layer=path, setting="dtype")
     return _DTYPE_NAMES[name]
 
 

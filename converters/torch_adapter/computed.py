@@ -89,6 +89,12 @@ def recognition(module: Any) -> Recognition | None:
     return result
 
 
+def class_path(module: torch.nn.Module) -> str | None:
+    """The import path of the module's class, when it is importable by that path (not a class defined in a function)."""
+    cls = type(module)
+    return None if "<" in cls.__qualname__ else f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _fingerprint(module: torch.nn.Module) -> tuple:
     state = tuple((n, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for n, t in _state(module).items())
     return state, scalar_attributes(module), markers.recall(module).get("name")
@@ -151,7 +157,7 @@ def _from_template(module: torch.nn.Module, why: str) -> Recognition | None:
         return None
     shape, derivation = template
     try:
-        spec = build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__,
+        spec = build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__, module_class=class_path(module),
                           training=bool(module.training), input_dtype=_module_dtype(module))
     except NotANormalization:
         return None
@@ -193,7 +199,7 @@ def traced_spec(module: torch.nn.Module, shape: tuple[int, ...]) -> NormSpec:
         return _native_spec(program, derivation, module, shape)
     with _LOCK:
         _TEMPLATES[_template_key(module)] = (shape, derivation)
-    return build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__,
+    return build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__, module_class=class_path(module),
                       training=bool(module.training), input_dtype=dtype)
 
 

@@ -36,8 +36,9 @@ def to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 def build_spec(derivation: Derivation, state: dict[str, torch.Tensor], *, name: str, layer_type: str, training: bool,
-               input_dtype: torch.dtype) -> NormSpec:
-    """The spec of `derivation` for one module whose state tensors (by their names in the module) are `state`."""
+               input_dtype: torch.dtype, module_class: str | None = None) -> NormSpec:
+    """The spec of `derivation` for one module whose state tensors (by their names in the module) are `state`;
+    `module_class` (the class's import path) and the tensors' own names go into its provenance, to rebuild the class."""
     fields = dict(derivation.fields)
     tensors = {}
     for role, state_name in derivation.roles.items():
@@ -62,7 +63,8 @@ def build_spec(derivation: Derivation, state: dict[str, torch.Tensor], *, name: 
         return NormSpec(
             name=name, kind=derivation.kind, eps=float(eps), eps_origin=origin, scale="scale" in tensors,
             bias="bias" in tensors, training=training if derivation.kind == "batch" else False, dtype=dtype,
-            source=Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=layer_type),
+            source=Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=layer_type,
+                          module_class=module_class, state_names=dict(derivation.roles) if module_class else None),
             tensors={role: to_numpy(t) for role, t in tensors.items()}, **fields,
         )
     except SpecError as error:

@@ -23,7 +23,7 @@ from . import norm_proof
 from .derived_spec import TORCH_OF, build_spec, to_torch
 from .aten_calls import MODULE_KINDS, _Reader
 from .norm_graph import NATIVE_OPS, NotANormalization, derive, schema, shape_of
-from .traced_groups import group_of, module_paths, runner, state_names, state_tensor
+from .traced_groups import class_path_of, group_of, module_paths, runner, state_names, state_tensor
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ def _spec(program: Any, group, path: str, type_name: str) -> NormSpec:
     names = state_names(program)
     state = {rel: state_tensor(program, names[node.name]) for node, rel in group.state.items()}
     dtype = group.x.meta["val"].dtype
-    return build_spec(derivation, state, name=path, layer_type=type_name, training=False, input_dtype=dtype)
+    return build_spec(derivation, state, name=path, layer_type=type_name, training=False, input_dtype=dtype,
+                      module_class=class_path_of(group.nodes, path))
 
 
 def _prove(program: Any, group, spec: NormSpec) -> str | None:

@@ -69,6 +69,12 @@ class TorchFramework(FrameworkAdapter):
         found = recognition(obj)
         return None if found is None else found.spec
 
+    def restore(self, spec):
+        """The class a recognised spec was read from (LlamaRMSNorm), rebuilt and proved equal (restoring.py), else (None, why)."""
+        from .restoring import restore_class  # restoring imports the recognizer, as recognised_spec does
+
+        return restore_class(spec)
+
     def version(self) -> str:
         return torch.__version__.split("+")[0]
 

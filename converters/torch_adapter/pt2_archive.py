@@ -33,6 +33,7 @@ from typing import Any
 from schemas import InputFileError
 
 from .pt2_program import check_graph, check_program, is_fqn
+from .pt2_treespecs import read_as_dicts
 
 MAX_ENTRIES = 100_000
 MAX_TOTAL_BYTES = 32 * 1024**3  # what all entries may unpack to: a zip bomb is refused before reading
@@ -151,6 +152,7 @@ def _program(archive: _Archive) -> dict:
     try:
         document = json.loads(archive.read(PROGRAM, limit=MAX_JSON_BYTES))
         check_program(document, archive.where(PROGRAM))
+        read_as_dicts(document)  # a library's output type (transformers' ModelOutput) read as a dict, never imported
     except (UnicodeDecodeError, ValueError, RecursionError) as error:  # InputFileError is not a ValueError: it passes through
         raise InputFileError(f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
                              "save the model with torch.export.save.") from error

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_unflatten
 
 from schemas import NormSpec, UnsupportedObjectError
 
@@ -81,10 +82,19 @@ def program_runner(program) -> ModelRunner:
         )
 
     def run(arrays):
+        args, kwargs = program_call(program, _tensors(arrays))
         with torch.no_grad():
-            return flatten(module(*_tensors(arrays)))
+            return flatten(module(*args, **kwargs))
 
     return ModelRunner(run, "torch ExportedProgram (as traced)", program_input_specs(program), findings)
+
+
+def program_call(program, tensors: list) -> tuple[tuple, dict]:
+    """(args, kwargs) for `program.module()`: the tensors in place of the tensor inputs, and the constants the program was
+    exported with (`use_cache=False`) where it recorded them, which its module insists on being passed again."""
+    given = iter(tensors)
+    leaves = [next(given) if isinstance(name, str) else name for name in program.graph_signature.user_inputs]
+    return tree_unflatten(leaves, program.call_spec.in_spec)
 
 
 def program_input_specs(program) -> list[InputSpec]:
@@ -92,6 +102,8 @@ def program_input_specs(program) -> list[InputSpec]:
     by_name = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
     specs = []
     for name in program.graph_signature.user_inputs:
+        if not isinstance(name, str):
+            continue  # a constant the program was exported with (use_cache=False): program_call passes it again
         value = by_name[name].meta.get("val")
         if value is None or not hasattr(value, "shape"):
             raise UnsupportedObjectError(f"input '{name}' of the ExportedProgram is not a tensor; pass a sample for it.")

@@ -36,6 +36,17 @@ def module_paths(node: Any) -> list[tuple[str, str]]:
     return out
 
 
+def class_path_of(nodes: list, path: str) -> str | None:
+    """The import path nn_module_stack records for the module at `path` ('transformers.models....LlamaRMSNorm'), or None."""
+    for node in nodes:
+        stack = node.meta.get("nn_module_stack") if hasattr(node, "meta") else None
+        for module_path, type_name in (stack or {}).values():
+            if module_path == path:
+                name = type_name if isinstance(type_name, str) else f"{type_name.__module__}.{type_name.__qualname__}"
+                return name if "." in name and "<" not in name else None
+    return None
+
+
 def group_of(program: Any, nodes: list, prefix: str = "") -> NodeGroup:
     """The NodeGroup of `nodes` (graph order); state names are relative to `prefix` (the module's path)."""
     names = state_names(program)

@@ -188,18 +188,22 @@ def test_a_declared_class_is_proved_per_instance_and_a_wrong_declaration_is_refu
 def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_it():
     llama = R.randomise(importlib.import_module(f"{TF}.llama.modeling_llama").LlamaRMSNorm(16, eps=1e-5))
     spec = converters.to_spec(llama)
-    stock = converters.from_spec(spec, "torch")
+    stock = converters.from_spec(spec, "torch", restore_source_class=False)
     assert isinstance(stock, nn.RMSNorm) and stock.eps == 1e-5
     assert_computes(stock, spec)
-    for module, setting in [(importlib.import_module(f"{TF}.gemma.modeling_gemma").GemmaRMSNorm(16), "scale_offset"),
-                            (R.FrozenBatchNorm2d(8), "frozen"), (R.LayerNorm2d(8), "layout")]:
+    gemma = importlib.import_module(f"{TF}.gemma.modeling_gemma").GemmaRMSNorm(16)
+    for module, stock_class in [(gemma, nn.RMSNorm), (R.FrozenBatchNorm2d(8), nn.BatchNorm2d)]:  # scale offset folded; frozen held
         spec = converters.to_spec(R.randomise(module))
-        try:
-            converted = converters.from_spec(spec, "torch")
-        except NotExpressibleError as refused:  # until the torch adapters hold the schema-2 settings
-            assert refused.setting == setting and refused.layer == spec.name
-        else:
-            assert_computes(converted, spec)
+        converted = converters.from_spec(spec, "torch", restore_source_class=False)
+        assert isinstance(converted, stock_class)
+        assert_computes(converted, spec)
+    spec = converters.to_spec(R.randomise(R.LayerNorm2d(8)))
+    with pytest.raises(NotExpressibleError) as refused:  # no stock torch class normalises axis 1 alone
+        converters.from_spec(spec, "torch", restore_source_class=False)
+    assert refused.value.setting == "layout" and refused.value.layer == spec.name
+    restored = converters.from_spec(spec, "torch")  # its own class (imported here) is rebuilt instead
+    assert type(restored) is R.LayerNorm2d
+    assert_computes(restored, spec)
 
 
 # -- .pt2 programs -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import json
 import pytest
 
 import converters
+from converters.expressing import EXPRESSIBLE
 from converters.adapters import REGISTRY
 from schemas import NotExpressibleError, NormSpec, SpecError, load_spec, save_spec
 from schemas.norm_spec import EXTENDED_DEFAULTS, SCHEMA_VERSION
@@ -62,8 +63,18 @@ def _unheld() -> list[tuple[str, str]]:
     pairs = []
     for setting, build in sorted(EXTENDED.items()):
         spec = build()
-        pairs += [(setting, f) for f in REGISTRY.framework_names if not set(spec.extended_settings()) <= REGISTRY.get(f, spec.kind).holds]
+        used = set(spec.extended_settings()) - set(EXPRESSIBLE)  # those a stock layer computes are expressed, not refused
+        pairs += [(setting, f) for f in REGISTRY.framework_names if not used <= REGISTRY.get(f, spec.kind).holds]
     return pairs
+
+
+@pytest.mark.parametrize("setting", sorted(EXPRESSIBLE))
+def test_a_setting_no_adapter_holds_but_a_stock_layer_computes_is_expressed_and_reported(setting):
+    spec = EXTENDED[setting]()
+    for framework in REGISTRY.framework_names:
+        converters.from_spec(spec, framework)
+        [line] = [t for t in converters.last_report().layers[0].translations if t.setting == setting]
+        assert line.fate in ("translated", "approximate") and line.note, (framework, line)
 
 
 @pytest.mark.parametrize("setting, framework", _unheld())

@@ -62,6 +62,7 @@ class GraphIndex:
             for name in list(node.input) + sorted(subgraph_reads(node)):
                 if name:
                     self.consumers.setdefault(name, []).append(index)
+        self._int_cache: dict[str, tuple[int, int, list | None]] = {}  # int_values: name -> (constants known, depth, value)
         self.graph_outputs = frozenset(o.name for o in model.graph.output)
         self.graph_inputs = frozenset(i.name for i in model.graph.input)
         self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -154,7 +155,20 @@ class GraphIndex:
         return self.constants.get(name) if name else None
 
     def int_values(self, name: str, depth: int = 0) -> list[DimValue] | None:
-        """A 1-D int tensor as a list of dims (ints or Dim tokens), following Shape/Gather/Slice/Concat/Cast; else None."""
+        """A 1-D int tensor as a list of dims (ints or Dim tokens), following Shape/Gather/Slice/Concat/Cast; else None.
+
+        Remembered per tensor while the known constants are unchanged (folding adds some): without it, asking about a
+        float tensor walks every Add of a residual stream up to the depth limit, along both inputs of each, which
+        took minutes on a 12-layer decoder. A None found with `depth` steps used holds for any deeper question."""
+        cache = self._int_cache
+        hit = cache.get(name)
+        if hit is not None and hit[0] == len(self.constants) and (hit[2] is not None or depth >= hit[1]):
+            return None if hit[2] is None else list(hit[2])
+        value = self._int_values(name, depth)
+        cache[name] = (len(self.constants), depth, None if value is None else list(value))
+        return value
+
+    def _int_values(self, name: str, depth: int) -> list[DimValue] | None:
         if depth > 32:
             return None
         array = self.constant(name)
