@@ -1,4 +1,8 @@
-"""The `normbridge` command as a user runs it: real processes, real files, exit codes scripts can trust."""
+"""The `normbridge` command as a user runs it: real files, exit codes scripts can trust.
+
+`process` starts the installed command (convert then check, and --help, run that way); `run` runs the
+console script's app in this process (tests.cli_run.invoke_cli) for the rows that only vary the arguments.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +17,19 @@ import pytest
 
 from schemas import load_spec, save_spec
 
+from tests.cli_run import invoke_cli
 from tests.spec_factory import make_spec
 
 SCRIPT = Path(sys.executable).parent / "normbridge"
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
     return subprocess.run(command + list(args), capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return invoke_cli(*args, cwd=cwd or Path.cwd())
 
 
 @pytest.fixture
@@ -31,10 +40,10 @@ def bn_folder(tmp_path):
 @pytest.mark.slow
 def test_convert_spec_to_onnx_then_check_the_onnx_file(bn_folder, tmp_path):
     out = tmp_path / "bn.onnx"
-    done = run("convert", str(bn_folder), "--to", "onnx", "-o", str(out), "--opset", "23")
+    done = process("convert", str(bn_folder), "--to", "onnx", "-o", str(out), "--opset", "23")
     assert done.returncode == 0, done.stderr
     assert out.is_file() and "BatchNormalization" in done.stdout and "features.1" in done.stdout
-    checked = run("check", str(out), "--json")
+    checked = process("check", str(out), "--json")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     result = json.loads(checked.stdout)
     assert result["passed"] is True and result["layer"] == "features.1"
@@ -128,7 +137,7 @@ def test_a_foreign_train_mode_onnx_file_is_read_as_train_mode(tmp_path):
 
 @pytest.mark.slow
 def test_help_lists_the_commands():
-    listing = run("--help")
+    listing = process("--help")
     assert listing.returncode == 0
     for command in ("convert", "check", "schema"):
         assert command in listing.stdout

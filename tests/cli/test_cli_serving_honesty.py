@@ -1,4 +1,7 @@
-"""`export` and `contract` say what they did, as real processes (issue 16 items 5, 6, 7 and 9).
+"""`export` and `contract` say what they did (issue 16 items 5, 6, 7 and 9).
+
+The opset cap runs as real processes (with --verbose the frameworks' own lines are on, and no traceback
+may reach stderr); the other rows run the console script's app in this process (tests.cli_run.invoke_cli).
 
 5. `export --opset N` writes a file at opset N or below (converted down with onnx's version
    converter) or refuses with the reason and a non-zero exit, and never prints a traceback.
@@ -26,7 +29,7 @@ from torch import nn
 from converters.models.inspection import inspect_path
 from converters.models.loading import load_model
 from converters.models.serving.contract import contract_test
-from tests.cli_run import run_cli
+from tests.cli_run import invoke_cli, run_cli
 from testkit.model_zoo import torch_resnet_small, train_batchnorm_statistics
 
 pytestmark = pytest.mark.slow
@@ -95,11 +98,11 @@ def test_export_repeats_inspect_s_warnings_and_errors(work):
     expected = sorted((where, h.code, h.severity) for where, h in inspection.all_hazards() if h.severity in ("warning", "error"))
     assert {code for _, code, _ in expected} == {"never_trained"} and len(expected) == len(RESNET_NORMS)
 
-    exported = run_cli("export", "untrained.pt2", "-o", "untrained.onnx", "--json", cwd=work)
+    exported = invoke_cli("export", "untrained.pt2", "-o", "untrained.onnx", "--json", cwd=work)
     assert exported.returncode == 0, exported.stderr  # warnings do not refuse
     result = json.loads(exported.stdout)
     assert sorted((h["layer"], h["code"], h["severity"]) for h in result["hazards"]) == expected
-    text = run_cli("export", "untrained.pt2", "-o", "untrained_text.onnx", cwd=work, columns=200)
+    text = invoke_cli("export", "untrained.pt2", "-o", "untrained_text.onnx", cwd=work, columns=200)
     assert text.returncode == 0, text.stderr
     assert text.stdout.count("warning never_trained") == len(RESNET_NORMS) and "contract PASSED" in text.stdout
     assert "hazard(s) in the source" in text.stdout
@@ -111,12 +114,12 @@ def test_export_of_a_trained_model_has_no_hazards(at_17):
 
 
 def test_an_error_level_hazard_refuses_the_export_unless_forced(work):
-    text = run_cli("export", "untracked.pt2", "-o", "untracked.onnx", cwd=work, columns=200)
+    text = invoke_cli("export", "untracked.pt2", "-o", "untracked.onnx", cwd=work, columns=200)
     assert text.returncode == 7, text.stderr
     assert "error batch_stats_at_eval" in text.stdout and "error-level hazard(s) in the source refuse" in text.stdout
     assert not (work / "untracked.onnx").exists()
 
-    forced = run_cli("export", "untracked.pt2", "-o", "untracked.onnx", "--force", "--json", cwd=work)
+    forced = invoke_cli("export", "untracked.pt2", "-o", "untracked.onnx", "--force", "--json", cwd=work)
     assert forced.returncode == 0, forced.stderr
     result = json.loads(forced.stdout)
     assert result["written"] and result["forced"] and (work / "untracked.onnx").is_file()
@@ -134,7 +137,7 @@ def test_contract_names_the_output_the_layer_and_the_setting_of_a_changed_eps(wo
     next(a for a in norms[3].attribute if a.name == "epsilon").f = 0.5
     onnx.save(model, work / "eps_changed.onnx")
 
-    text = run_cli("contract", "trained.pt2", "eps_changed.onnx", cwd=work, columns=400)
+    text = invoke_cli("contract", "trained.pt2", "eps_changed.onnx", cwd=work, columns=400)
     assert text.returncode == 7, text.stderr
     assert "first differing output: linear" in text.stdout
     assert f"layer {RESNET_NORMS[3]}, graph site {norms[3].name}, setting eps: source 1e-05, serving 0.5" in text.stdout
@@ -151,7 +154,7 @@ def test_contract_names_the_output_the_layer_and_the_setting_of_a_changed_eps(wo
 
 
 def test_a_single_request_contract_says_its_batch_test_was_skipped(work, at_17):
-    text = run_cli("contract", "trained.pt2", "at17.onnx", "--sample", "one.npy", cwd=work, columns=200)
+    text = invoke_cli("contract", "trained.pt2", "at17.onnx", "--sample", "one.npy", cwd=work, columns=200)
     assert text.returncode == 0, text.stderr
     rows = [line for line in text.stdout.splitlines() if line.startswith(("│ source", "│ serving"))]
     assert len(rows) == 2 and all("skipped" in row and " ok " not in row for row in rows)
@@ -168,7 +171,7 @@ def test_export_says_the_batch_size_of_its_sample(at_17):
 
 
 def test_recalibrate_says_how_to_register_the_result_and_not_that_the_registry_is_missing(work):
-    result = run_cli("recalibrate", "trained.pt2", "inputs.npy", "-o", "recalibrated.pt2", cwd=work, columns=300)
+    result = invoke_cli("recalibrate", "trained.pt2", "inputs.npy", "-o", "recalibrated.pt2", cwd=work, columns=300)
     assert result.returncode == 0, result.stderr
     assert "does not exist yet" not in result.stdout + result.stderr and "not registered" not in result.stdout
     assert "normbridge register NAME recalibrated.pt2 --parent NAME@N --operation recalibrated" in result.stdout

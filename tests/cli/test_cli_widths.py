@@ -1,7 +1,8 @@
 """Every table-printing command fits COLUMNS=80 and COLUMNS=60 without breaking a number or a name across lines.
 
-Real processes with stdout piped (not a terminal), as in `normbridge show x | less`. Each command
-is run once at 1000 columns, where nothing wraps, and then at 80 and 60: no line may be longer
+Stdout captured (not a terminal), as in `normbridge show x | less`: every command in-process (the
+console script's app through CliRunner, COLUMNS set as a shell sets it) and one as a real process with
+stdout piped. Each command is run once at 1000 columns, where nothing wraps, and then at 80 and 60: no line may be longer
 than COLUMNS, and every word of the wide output (a number, a layer path, a digest prefix, a
 header word) must appear whole on some line of the narrow one; only a word longer than the whole
 line may be folded. Known values (layer paths, eps, alias, token owner) are checked by name too.
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from schemas import save_spec
-from tests.cli_run import run_cli
+from tests.cli_run import invoke_cli, run_cli
 from testkit.model_zoo import torch_resnet_small, train_batchnorm_statistics
 from tests.spec_factory import make_spec
 
@@ -57,7 +58,7 @@ def work(tmp_path_factory) -> tuple[Path, dict[str, str]]:
              ("alias", "resnet", "production", "resnet@2"),
              ("token", "create", "--owner", "nightly-ci", "--role", "write", "--model", "resnet", "--note", "for the nightly pipeline")]
     for args in setup:
-        done = run_cli(*args, cwd=folder, env=env)
+        done = invoke_cli(*args, cwd=folder, env=env)
         assert done.returncode == 0, (args, done.stderr[-2000:])
     return folder, env
 
@@ -86,17 +87,22 @@ def words(text: str) -> set[str]:
     return {word for word in BORDERS.split(text) if word}
 
 
-@pytest.mark.parametrize("what", list(COMMANDS))
-def test_output_fits_the_width_with_every_value_whole(work, what):
+#: Commands also run as real processes (stdout a pipe, COLUMNS from the environment at start-up).
+PROCESS_COMMANDS = ("inspect .pt2",)
+
+
+@pytest.mark.parametrize("what, how", [(w, "in-process") for w in COMMANDS] + [(w, "process") for w in PROCESS_COMMANDS])
+def test_output_fits_the_width_with_every_value_whole(work, what, how):
     folder, env = work
     args, values = COMMANDS[what]
     expected_code = VERDICTS.get(what, 0)
-    wide = run_cli(*args, cwd=folder, env=env, columns=WIDE)
+    run_cli_as = run_cli if how == "process" else invoke_cli
+    wide = run_cli_as(*args, cwd=folder, env=env, columns=WIDE)
     assert wide.returncode == expected_code, wide.stderr[-3000:]
     for value in values:
         assert value in words(wide.stdout), f"{what}: {value!r} missing from the wide output"
     for width in NARROW:
-        narrow = run_cli(*args, cwd=folder, env=env, columns=width)
+        narrow = run_cli_as(*args, cwd=folder, env=env, columns=width)
         assert narrow.returncode == expected_code, narrow.stderr[-3000:]
         lines = narrow.stdout.splitlines()
         too_long = [line for line in lines if len(line) > width]

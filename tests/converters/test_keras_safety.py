@@ -6,8 +6,8 @@ naming `os.system` or `builtins.eval` through `module`/`registered_name`, a Lamb
 `torch.save` with `arguments={"f": marker}` (it writes the marker when the model runs), a Keras
 non-modeling API (`keras.utils.get_file`) and a `TFSMLayer` (it loads a SavedModel from a path).
 The control test shows the Lambda payload is live once the name resolves; the others assert that
-`load_model`, `normbridge inspect` and `normbridge export` (real processes) and a real `normbridge
-serve` refuse each file (bad_input_file, exit 6, HTTP 400), that the marker never appears and that
+`load_model`, `normbridge inspect` and `normbridge export` (in-process for every file, as real processes
+for one) and a real `normbridge serve` refuse each file (bad_input_file, exit 6, HTTP 400), that the marker never appears and that
 nothing is registered.
 """
 
@@ -30,6 +30,7 @@ from converters.keras_adapter.runtime import import_keras
 from converters.models.loading import load_model
 from schemas import InputFileError
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.http_server import create_token, running_server
 
 
@@ -138,18 +139,40 @@ def test_load_model_refuses_each_hostile_config_and_runs_nothing(name, genuine, 
     assert refused is not None and refused.code == "bad_input_file" and str(path) in str(refused), refused
 
 
+def _cli_arguments(path: Path, folder: Path) -> dict[str, list[str]]:
+    return {"inspect": ["inspect", str(path)], "export": ["export", str(path), "-o", str(folder / "served.onnx")]}
+
+
+def _assert_refused_and_nothing_ran(results: dict[str, tuple[str, str, int]], marker: Path, folder: Path) -> None:
+    for command, (stdout, stderr, code) in results.items():
+        assert code == 6 and "bad_input_file" in stderr, f"{command}: exit {code}\n{stdout}{stderr}"
+    assert not marker.exists() and not (folder / "served.onnx").exists()
+
+
+#: Attacks also run through real processes: the Lambda whose payload is live once resolved. Every attack runs in-process below.
+PROCESS_ATTACKS = ("lambda_module_function",)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(ATTACKS))
+@pytest.mark.parametrize("name", PROCESS_ATTACKS)
 def test_inspect_and_export_processes_exit_6_and_run_nothing(name, genuine, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "COLUMNS": "200"}
-    runs = {"inspect": ["inspect", str(path)], "export": ["export", str(path), "-o", str(tmp_path / "served.onnx")]}
     processes = {cmd: subprocess.Popen([*normbridge_command(), *args], cwd=tmp_path, env=env, text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE) for cmd, args in runs.items()}
-    for command, process in processes.items():
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 6 and "bad_input_file" in stderr, f"{command}: exit {process.returncode}\n{stdout}{stderr}"
-    assert not marker.exists() and not (tmp_path / "served.onnx").exists()
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE) for cmd, args in _cli_arguments(path, tmp_path).items()}
+    results = {command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()}
+    _assert_refused_and_nothing_ran(results, marker, tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_inspect_and_export_exit_6_and_run_nothing(name, genuine, tmp_path):
+    """The same commands in this process (the console script's app through CliRunner), for every attack."""
+    path, marker = hostile(name, genuine, tmp_path)
+    results = {}
+    for command, args in _cli_arguments(path, tmp_path).items():
+        done = invoke_cli(*args, cwd=tmp_path, columns=200)
+        results[command] = (done.stdout, done.stderr, done.returncode)
+    _assert_refused_and_nothing_ran(results, marker, tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ import torch
 from converters.models.loading import load_model
 from schemas import InputFileError
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.http_server import create_token, running_server
 from tests.pt2_crafting import HOSTILE, PROGRAM, WEIGHTS_CONFIG, SmallNet, craft, genuine_pt2, root_of
 
@@ -179,37 +180,66 @@ def commands_for(name: str) -> tuple[str, ...]:
     return ("inspect", "drift") if HOSTILE[name].entry == PROGRAM else COMMANDS
 
 
-def _cli_runs(path: Path, folder: Path, commands: tuple[str, ...]) -> dict[str, subprocess.Popen]:
-    """The model-reading `commands` started on `path` at once (each a real process); outputs under `folder`."""
+def _cli_arguments(path: Path, folder: Path) -> dict[str, list[str]]:
+    """Each model-reading command's arguments on `path`, its outputs under `folder` (which gets the drift inputs)."""
     np.save(folder / "inputs.npy", np.random.default_rng(0).normal(size=(4, 3, 8, 8)).astype(np.float32))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": f"sqlite:///{folder / 'reg.db'}",
-           "NORMBRIDGE_BLOBS": str(folder / "blobs"), "COLUMNS": "200"}
-    arguments = {
+    return {
         "inspect": ["inspect", str(path)],
         "register": ["register", "victim", str(path)],
         "export": ["export", str(path), "-o", str(folder / "served.onnx")],
         "drift": ["drift", str(path), str(folder / "inputs.npy")],
         "contract": ["contract", str(path), str(folder / "served.onnx")],
     }
+
+
+def _cli_env(folder: Path) -> dict[str, str]:
+    return {"NORMBRIDGE_DB": f"sqlite:///{folder / 'reg.db'}", "NORMBRIDGE_BLOBS": str(folder / "blobs"), "COLUMNS": "200"}
+
+
+def _cli_runs(path: Path, folder: Path, commands: tuple[str, ...]) -> dict[str, subprocess.Popen]:
+    """The model-reading `commands` started on `path` at once (each a real process); outputs under `folder`."""
+    arguments = _cli_arguments(path, folder)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **_cli_env(folder)}
     return {command: subprocess.Popen([*normbridge_command(), *arguments[command]], cwd=folder, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE) for command in commands}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_every_cli_command_refuses_each_attack_with_exit_6_and_runs_nothing(name, genuine, tmp_path):
-    path, marker = hostile(name, genuine, tmp_path)
-    processes = _cli_runs(path, tmp_path, commands_for(name))
-    results = {command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()}
-    assert not marker.exists(), f"the '{name}' payload ran in one of {commands_for(name)}"
+def _assert_refused_and_nothing_ran(name: str, folder: Path, marker: Path, results: dict[str, tuple[str, str, int]]) -> None:
+    """Every command exited 6 naming the entry, the payload never ran, nothing was written or registered."""
+    assert not marker.exists(), f"the '{name}' payload ran in one of {sorted(results)}"
     for command, (stdout, stderr, code) in results.items():
         assert code == 6, f"{command}: exit {code}\n{stdout[-2000:]}{stderr[-2000:]}"
         assert "bad_input_file" in stderr and HOSTILE[name].entry in stderr, f"{command}: {stderr[-2000:]}"
-    assert not (tmp_path / "served.onnx").exists()
-    if (tmp_path / "reg.db").exists():
+    assert not (folder / "served.onnx").exists()
+    if (folder / "reg.db").exists():
         from registry.service import Registry
 
-        assert Registry(db=f"sqlite:///{tmp_path / 'reg.db'}", blobs=str(tmp_path / "blobs")).models() == []
+        assert Registry(db=f"sqlite:///{folder / 'reg.db'}", blobs=str(folder / "blobs")).models() == []
+
+
+#: Attacks also run through real processes (every command at once): the full-unpickler fallback. The others run in-process below.
+PROCESS_ATTACKS = ("legacy_state_dict",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PROCESS_ATTACKS)
+def test_every_cli_command_as_a_process_refuses_an_attack_with_exit_6_and_runs_nothing(name, genuine, tmp_path):
+    path, marker = hostile(name, genuine, tmp_path)
+    processes = _cli_runs(path, tmp_path, commands_for(name))
+    results = {command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()}
+    _assert_refused_and_nothing_ran(name, tmp_path, marker, results)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_every_cli_command_refuses_each_attack_with_exit_6_and_runs_nothing(name, genuine, tmp_path):
+    """The same commands in this process (the console script's app through CliRunner), for every attack."""
+    path, marker = hostile(name, genuine, tmp_path)
+    arguments = _cli_arguments(path, tmp_path)
+    results = {}
+    for command in commands_for(name):
+        done = invoke_cli(*arguments[command], cwd=tmp_path, env=_cli_env(tmp_path), columns=200)
+        results[command] = (done.stdout, done.stderr, done.returncode)
+    _assert_refused_and_nothing_ran(name, tmp_path, marker, results)
 
 
 # -- the server --------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from registry.manifest_io import save_artifact_folder
 from registry.service import Registry
 from schemas.errors import CheckFailedError, InputFileError, SpecError
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.http_server import create_token, running_server
 from tests.registry.test_bundle_stream import members_of, tar_of
 from tests.registry.test_registry_service import trained_cnn
@@ -105,10 +106,20 @@ def lying_folder(base: Path, target: Path, lie: str) -> Path:
     return folder
 
 
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    return {"NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'cli.db'}", "NORMBRIDGE_BLOBS": str(tmp_path / "cli-blobs"), "NORMBRIDGE_USER": "cli",
+            "COLUMNS": "250"}
+
+
 def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'cli.db'}",
-           "NORMBRIDGE_BLOBS": str(tmp_path / "cli-blobs"), "NORMBRIDGE_USER": "cli", "COLUMNS": "250"}
+    """`normbridge ARGS` as a real process on the registry in `tmp_path`."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **cli_env(tmp_path)}
     return subprocess.run(normbridge_command() + list(args), env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def invoke(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """The same command in this process (the console script's app through CliRunner)."""
+    return invoke_cli(*args, cwd=tmp_path, env=cli_env(tmp_path), columns=250)
 
 
 # -- item 5: every normalizer is checked, or the registration is refused -------------------------------
@@ -131,7 +142,7 @@ def test_the_cli_refuses_the_nan_onnx_and_registers_nothing(tmp_path, onnx_files
     refused = run_cli(tmp_path, "register", "cnn", str(onnx_files["nan"]))
     assert refused.returncode == 3, (refused.stdout, refused.stderr)
     assert BN_NODE in refused.stderr and "running_var" in refused.stderr and "NaN" in refused.stderr
-    models = run_cli(tmp_path, "models", "--json")
+    models = invoke(tmp_path, "models", "--json")
     assert models.returncode == 0 and json.loads(models.stdout) == []
 
 
@@ -190,7 +201,7 @@ def test_a_bundle_tensor_whose_header_lies_is_refused_streamed_and_from_a_folder
     with pytest.raises(InputFileError, match=LIE_MESSAGE):
         local.register("cnn", folder)
     assert stored(local) == {"versions": [], "blobs": []}
-    refused = run_cli(tmp_path, "register", "cnn", str(folder))
+    refused = invoke(tmp_path, "register", "cnn", str(folder))
     assert refused.returncode == 6 and "extra.weight" in refused.stderr, (refused.stdout, refused.stderr)
 
 

@@ -6,6 +6,7 @@ import json
 import pickle
 import subprocess
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from schemas import spec_differences
 from schemas.inspection import ModelInspection
 from schemas.tensors import tensors_identical
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 
 BN_PATHS = ["block1.1", "block2.1", "block3.1"]
 
@@ -304,9 +306,18 @@ def test_onnx_export_with_batch_norm_folded_into_conv_says_so(onnx_files):
 # -- the command line ----------------------------------------------------------------------
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def process(*args: str) -> subprocess.CompletedProcess:
     """`normbridge ARGS` in a new process."""
     return subprocess.run(normbridge_command() + list(args), capture_output=True, text=True, timeout=300)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    """`normbridge ARGS` in this process (the console script's app through CliRunner)."""
+    return invoke_cli(*args, cwd=Path.cwd())
+
+
+#: Formats whose table and JSON also come from a real process; every format runs in-process.
+PROCESS_FORMATS = ("pt2",)
 
 
 @pytest.fixture(scope="module")
@@ -314,14 +325,19 @@ def cli_files(cnn_and_pt2, keras_files, onnx_files):
     return {"pt2": cnn_and_pt2[1], "keras": keras_files[1], "onnx": onnx_files[1]}
 
 
+FORMATS = {"pt2": ("block1.1", "torch"), "keras": ("bn", "keras"), "onnx": (None, "onnx")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt, first_path, framework", [("pt2", "block1.1", "torch"), ("keras", "bn", "keras"), ("onnx", None, "onnx")])
-def test_cli_prints_the_table_and_valid_json(cli_files, fmt, first_path, framework):
+@pytest.mark.parametrize("fmt, how", [(f, "in-process") for f in FORMATS] + [(f, "process") for f in PROCESS_FORMATS])
+def test_cli_prints_the_table_and_valid_json(cli_files, fmt, how):
+    first_path, framework = FORMATS[fmt]
+    run_as = process if how == "process" else run
     path = cli_files[fmt]
-    table = run("inspect", str(path))
+    table = run_as("inspect", str(path))
     assert table.returncode == 0, table.stdout + table.stderr
     assert "eps" in table.stdout and "momentum" in table.stdout and "hazards" in table.stdout and "batch" in table.stdout
-    as_json = run("inspect", str(path), "--json")
+    as_json = run_as("inspect", str(path), "--json")
     assert as_json.returncode == 0, as_json.stdout + as_json.stderr
     inspection = ModelInspection.model_validate(json.loads(as_json.stdout))
     assert inspection.framework == framework and inspection.source == str(path) and inspection.layers
@@ -334,7 +350,7 @@ def test_cli_fail_on_error_exits_10_on_a_train_mode_export_and_0_without_it(tmp_
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
     path = tmp_path / "train.pt2"
     torch.export.save(export(net), str(path))
-    failed = run("inspect", str(path), "--fail-on", "error", "--json")
+    failed = process("inspect", str(path), "--fail-on", "error", "--json")  # the verdict as a process exit status
     assert failed.returncode == 10, failed.stdout + failed.stderr
     assert "train_mode" in {h["code"] for h in json.loads(failed.stdout)["layers"][0]["hazards"]}
     shown = run("inspect", str(path))

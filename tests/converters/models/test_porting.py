@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 
 keras = pytest.importorskip("keras")
 
@@ -382,7 +383,7 @@ def test_cli_ports_a_pt2_file_into_a_keras_file(torch_resnet, keras_twin, tmp_pa
 
     short = tmp_path / "short.keras"
     keras.Model(keras_twin.input, keras_twin.get_layer("layer2_1_relu1").output).save(short)
-    refused = run("port", str(source), str(short), "-o", str(tmp_path / "never.keras"))
+    refused = invoke_cli("port", str(source), str(short), "-o", str(tmp_path / "never.keras"), cwd=tmp_path)  # in-process: same command
     assert refused.returncode == 3, refused.stdout + refused.stderr
     assert "layer2.1.bn2" in refused.stderr and "port_mismatch" in refused.stderr
     assert not (tmp_path / "never.keras").exists()
