@@ -1,0 +1,42 @@
+"""The drift history over HTTP: a serving collector posts statistics windows, operators read the history and its state.
+
+POST needs role write on the model (the collector's token can be scoped to the one model it serves); GET needs read.
+The offline checks recorded by `normbridge drift --record` come back in the same answer (`reports`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Query, Request
+
+from registry.drift_history import history, record_window
+from registry.drift_records import drift_reports
+from schemas.monitoring import DriftWindow, WindowRecord
+
+from .api_models import DriftList
+from .auth import Principal, require
+from .context import error_responses, registry_for, version_ref
+from .request_guard import JSON, body_of
+
+router = APIRouter(prefix="/api/v1")
+Reader = Annotated[Principal, Depends(require("read"))]
+Writer = Annotated[Principal, Depends(require("write"))]
+
+
+@router.post("/models/{name}/versions/{ref}/drift", status_code=201, response_model=WindowRecord, tags=["write"],
+             dependencies=[Depends(body_of(JSON))], responses=error_responses(400, 401, 403, 404, 409, 415, 422, 500),
+             summary="Store one statistics window of a served version (what converters.monitor ships); returns it with the new state")
+def post_window(name: str, ref: str, request: Request, principal: Writer, window: Annotated[DriftWindow, Body()]) -> WindowRecord:
+    principal.check("write", name)
+    return record_window(registry_for(request, principal), version_ref(name, ref), window)
+
+
+@router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=error_responses(401, 403, 404, 409, 422, 500),
+            summary="A version's drift history (newest window first), its state ok|warning|alert, and its recorded drift checks")
+def get_history(name: str, ref: str, request: Request, principal: Reader,
+                limit: Annotated[int, Query(ge=0, le=10_000, description="Newest windows to return.")] = 100) -> DriftList:
+    principal.check("read", name)
+    registry = registry_for(request, principal)
+    found = history(registry, version_ref(name, ref), limit=limit)
+    return DriftList(**dict(found), reports=drift_reports(registry, version_ref(name, ref)))
