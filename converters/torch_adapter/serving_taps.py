@@ -50,8 +50,13 @@ def _layer(name: str, mean: torch.Tensor, var: torch.Tensor, eps: float) -> Tapp
 
 
 def _root_hooks(root: torch.nn.Module, sink: TapSink) -> list:
-    return [root.register_forward_pre_hook(lambda _m, _args: sink.begin() and None),
-            root.register_forward_hook(lambda _m, _args, _out: sink.end())]
+    def starts(_module, _args) -> None:  # a pre-hook returning anything but None would replace the arguments
+        sink.begin()
+
+    def ends(_module, _args, _out) -> None:
+        sink.end()
+
+    return [root.register_forward_pre_hook(starts), root.register_forward_hook(ends)]
 
 
 def module_taps(model: torch.nn.Module, refs: list, sink: TapSink) -> ServingTaps:

@@ -71,6 +71,7 @@ class Monitor:
             raise InputFileError("window_requests must be at least 1 and window_seconds above 0; e.g. window_requests=1000, window_seconds=60.")
         if server is not None and ref is None:
             raise InputFileError("monitor(..., server=URL) needs ref='NAME@N', the registered version being served.")
+        url = drift_url(server, ref) if server else None  # a bad ref is refused before the model is touched
         self.ref, self.sample_rate = ref, float(sample_rate)
         self.window_requests, self.window_seconds = int(window_requests), float(window_seconds)
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
@@ -84,7 +85,7 @@ class Monitor:
         self.layers = [layer.name for layer in self._taps.layers]
         self.statistics_digest = statistics_digest((layer.running_mean, layer.running_var) for layer in self._taps.layers)
         self._window = Window(len(self.layers))
-        self._sender = Sender(drift_url(server, ref), token, max_pending=max_pending, timeout=timeout) if server else None
+        self._sender = Sender(url, token, max_pending=max_pending, timeout=timeout) if url else None
         self._stopped = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="normbridge-monitor-window", daemon=True)
         self._ticker.start()
