@@ -1,6 +1,7 @@
 """The drift history over HTTP: a serving collector posts statistics windows, operators read the history and its state.
 
-POST needs role write on the model (the collector's token can be scoped to the one model it serves); GET needs read.
+POST .../drift/reports stores an offline check (`normbridge --server URL drift MODEL DATA --record NAME@N`), refused
+(409) when the report's statistics digest is not the version's. POST needs role write on the model (the collector's token can be scoped to the one model it serves); GET needs read.
 The offline checks recorded by `normbridge drift --record` come back in the same answer (`reports`).
 """
 
@@ -11,10 +12,11 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Query, Request
 
 from registry.drift_history import history, record_window
-from registry.drift_records import drift_reports
+from registry.drift_records import drift_reports, record_drift
 from schemas.monitoring import DriftWindow, WindowRecord
+from schemas.serving import DriftReport
 
-from .api_models import DriftList
+from .api_models import DriftList, DriftRecord
 from .auth import Principal, require
 from .context import error_responses, registry_for, version_ref
 from .request_guard import JSON, body_of
@@ -40,3 +42,11 @@ def get_history(name: str, ref: str, request: Request, principal: Reader,
     registry = registry_for(request, principal)
     found = history(registry, version_ref(name, ref), limit=limit)
     return DriftList(**dict(found), reports=drift_reports(registry, version_ref(name, ref)))
+
+
+@router.post("/models/{name}/versions/{ref}/drift/reports", status_code=201, response_model=DriftRecord, tags=["write"],
+             dependencies=[Depends(body_of(JSON))], responses=error_responses(400, 401, 403, 404, 409, 415, 422, 500),
+             summary="Record an offline drift check (`normbridge drift --record`) against the version it was computed on")
+def post_report(name: str, ref: str, request: Request, principal: Writer, report: Annotated[DriftReport, Body()]) -> DriftRecord:
+    principal.check("write", name)
+    return record_drift(registry_for(request, principal), version_ref(name, ref), report)

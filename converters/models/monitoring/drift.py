@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
+from schemas.monitoring import statistics_digest
 from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 
 from ...adapters import REGISTRY
@@ -119,6 +120,7 @@ def drift_check(model: Any, data: Any, thresholds: DriftThresholds | dict | None
         model=describe(model), framework=REGISTRY.model_framework(model), samples=sample.batch_size, thresholds=thresholds,
         variance="population variance (ddof=0) per channel over batch and spatial positions; ratio (var + eps) / (running_var + eps)",
         layers=layers, alarms=alarms, verdict="drift" if alarms else "no drift",
+        statistics_digest=statistics_digest((m.running_mean, m.running_var) for m in moments),
     )
 
 
