@@ -20,14 +20,24 @@ from .api_models import DriftList, DriftRecord
 from .auth import Principal, require
 from .context import error_responses, registry_for, version_ref
 from .request_guard import JSON, body_of
+from .uploads import refuse_declared_excess
 
 router = APIRouter(prefix="/api/v1")
+#: Largest window body accepted (a hundred layers of 2048 channels is about 8 MB of JSON).
+MAX_WINDOW_BYTES = 32 * 1024 * 1024
+
+
+async def bounded_body(request: Request) -> None:
+    """413 for a declared body over MAX_WINDOW_BYTES, before it is validated (FastAPI has received it by then, as for
+    every JSON endpoint here; the per-field bounds of schemas.monitoring keep what is validated bounded)."""
+    await refuse_declared_excess(request, MAX_WINDOW_BYTES)
+
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 
 
 @router.post("/models/{name}/versions/{ref}/drift", status_code=201, response_model=WindowRecord, tags=["write"],
-             dependencies=[Depends(body_of(JSON))], responses=error_responses(400, 401, 403, 404, 409, 415, 422, 500),
+             dependencies=[Depends(body_of(JSON)), Depends(bounded_body)], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
              summary="Store one statistics window of a served version (what converters.monitor ships); returns it with the new state")
 def post_window(name: str, ref: str, request: Request, principal: Writer, window: Annotated[DriftWindow, Body()]) -> WindowRecord:
     principal.check("write", name)
@@ -45,7 +55,7 @@ def get_history(name: str, ref: str, request: Request, principal: Reader,
 
 
 @router.post("/models/{name}/versions/{ref}/drift/reports", status_code=201, response_model=DriftRecord, tags=["write"],
-             dependencies=[Depends(body_of(JSON))], responses=error_responses(400, 401, 403, 404, 409, 415, 422, 500),
+             dependencies=[Depends(body_of(JSON)), Depends(bounded_body)], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
              summary="Record an offline drift check (`normbridge drift --record`) against the version it was computed on")
 def post_report(name: str, ref: str, request: Request, principal: Writer, report: Annotated[DriftReport, Body()]) -> DriftRecord:
     principal.check("write", name)
