@@ -10,7 +10,7 @@
     converters.recognize(MyNorm, kind="rms", eps="variance_epsilon")  # a class of your own, proved per instance
 
 Whole-model tools (inspect_model, port_state, export_for_serving, contract_test, drift_check,
-recalibrate) are imported on first use, so `import converters` stays light.
+recalibrate, monitor) are imported on first use, so `import converters` stays light.
 """
 
 from importlib import import_module
@@ -30,6 +30,7 @@ _MODEL_TOOLS = {
     "contract_test": "models.serving.contract",
     "drift_check": "models.monitoring.drift",
     "recalibrate": "models.monitoring.recalibration",
+    "monitor": "models.monitoring.collector",
     "refuse_external_data_upload": "onnx_adapter.external_data",
 }
 

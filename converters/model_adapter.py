@@ -151,3 +151,9 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def recalibrate(self, model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
         """(new model, how each BatchNorm's statistics moved, the method in one sentence); `model` is left as it was."""
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def serving_taps(self, model: Any, sink: Any) -> Any:
+        """`model` instrumented for the serving collector (converters.serving_taps.ServingTaps); refused unless the framework provides it."""
+        raise UnsupportedObjectError(f"{self.framework} models cannot be monitored while serving; monitor a torch, Keras or onnxruntime model.")

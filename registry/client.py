@@ -44,6 +44,7 @@ from schemas.errors import (
 from .audit_chain import AuditCheck, AuditHead
 from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
                               save_stream, server_error_in)
+from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
 from .service.layer_export import export_layers
 from .lineage import LineageView
@@ -289,6 +290,12 @@ class RemoteRegistry:
         head = answer.get("head")
         return AuditCheck(problems=list(answer.get("chain_problems") or []), head=None if head is None else AuditHead(head["seq"], head["hash"]),
                           entries=len(answer.get("entries", [])))
+
+    def record_drift(self, ref: str, report) -> DriftRecord:
+        """Store a drift report on the server against `ref` (refused there unless the report's statistics are that version's)."""
+        name, version = _split(ref)
+        body = report.model_dump(mode="json") if hasattr(report, "model_dump") else report
+        return DriftRecord.model_validate(self._request("POST", f"/models/{_q(name)}/versions/{_q(version)}/drift/reports", json=body))
 
     def gc(self, grace_seconds: float = 3600.0):
         return GcResult.model_validate(self._request("POST", "/gc", params={"grace": grace_seconds}))

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
 from registry.db.engine import READ_ONLY
+from registry.drift_reference import reference_of
 from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftReport
 
@@ -51,10 +52,26 @@ def _as_report(report) -> DriftReport:
     raise RegistryError(f"got a {type(report).__name__} as drift report; pass the DriftReport that drift_check returned (or its JSON dict).")
 
 
+def check_belongs(registry, version, report: DriftReport) -> None:
+    """Refuse a report computed on a model whose running statistics are not `version`'s (their digests differ)."""
+    expected = reference_of(registry, version).digest
+    if report.statistics_digest is None:
+        raise RegistryError(f"the drift report carries no statistics_digest, so it cannot be shown to belong to {version.model}@{version.number}; "
+                            "compute it again with this normbridge (`normbridge drift MODEL DATA --record NAME@N`).")
+    if report.statistics_digest != expected:
+        raise RegistryError(f"the drift report was computed on a model whose running statistics (digest {report.statistics_digest[:12]}) are not "
+                            f"those of {version.model}@{version.number} (digest {expected[:12]}); run drift on the model registered as that "
+                            "version, or record the report against the version it was computed on.")
+
+
 def record_drift(registry, ref: str, report) -> DriftRecord:
-    """Store `report` (a DriftReport or its JSON dict) against version `ref` ('name@N', 'name@alias' or 'name')."""
+    """Store `report` (a DriftReport or its JSON dict) against version `ref` ('name@N', 'name@alias' or 'name').
+
+    Refused (RegistryError) when the report's statistics_digest is not the version's: a report belongs to its version.
+    """
     report = _as_report(report)
     version = registry.show(ref)
+    check_belongs(registry, version, report)
     at = datetime.now(UTC).replace(tzinfo=None)
     with Session(registry.meta.engine) as session, session.begin():
         row = DriftReportRow(version_id=_version_id(session, version.model, version.number), created_at=at,
@@ -79,4 +96,4 @@ def drift_reports(registry, ref: str) -> list[DriftRecord]:
                             report=DriftReport.model_validate(row.report)) for row in rows]
 
 
-__all__ = ["DriftRecord", "drift_reports", "record_drift"]
+__all__ = ["DriftRecord", "check_belongs", "drift_reports", "record_drift"]

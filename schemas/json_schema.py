@@ -9,6 +9,7 @@ from .check_result import CheckResult
 from .inspection import ModelInspection
 from .norm_spec import NormSpec
 from .report import ConversionReport
+from .monitoring import DriftHistory, DriftWindow
 from .serving import ContractResult, DriftReport, ExportResult, RecalibrationReport
 
 SCHEMA_DIR = Path(__file__).parent / "json"
@@ -21,6 +22,8 @@ MODELS = {
     "export_result": ExportResult,
     "drift_report": DriftReport,
     "recalibration_report": RecalibrationReport,
+    "drift_window": DriftWindow,
+    "drift_history": DriftHistory,
 }
 
 

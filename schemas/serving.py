@@ -242,6 +242,9 @@ class DriftReport(_Result):
     layers: list[DriftLayer]
     alarms: list[str]
     verdict: Literal["no drift", "drift"]
+    statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description=(
+        "sha256 of the running statistics the report compared against (schemas.monitoring.statistics_digest): a report is "
+        "recorded only against a version holding the same statistics."))
 
     def render_text(self) -> str:
         t = self.thresholds

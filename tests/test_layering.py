@@ -61,6 +61,8 @@ SERVICE_FLOOR = (
     "registry/diff.py",
     "registry/lineage.py",
     "registry/drift_records.py",
+    "registry/drift_history.py",
+    "registry/drift_reference.py",
     "registry/client*",
     "registry/mlflow_bridge.py",
     "registry/http/*",

@@ -98,7 +98,7 @@ def check(
 
 @app.command()
 def schema(
-    name: str = typer.Argument("normspec", help="normspec, conversion_report, check_result, model_inspection, contract_result, export_result, drift_report or recalibration_report."),
+    name: str = typer.Argument("normspec", help="normspec, conversion_report, check_result, model_inspection, contract_result, export_result, drift_report, recalibration_report, drift_window or drift_history."),
 ) -> None:
     """Print the JSON Schema of the spec, the fidelity report or the check result.
 

@@ -35,6 +35,35 @@ def _drift_table(report) -> Table:
     return table
 
 
+class _LocalRecorder:
+    """The local registry with `record_drift` as a method, like RemoteRegistry's."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def show(self, ref: str):
+        return self.registry.show(ref)
+
+    def record_drift(self, ref: str, report):
+        from registry.drift_records import record_drift
+
+        return record_drift(self.registry, ref, report)
+
+
+def _recording_registry(record: str | None, db: str | None, blobs: str | None):
+    """Where --record stores: the server given with --server (never a local registry then), else the local one; None without --record."""
+    if record is None:
+        return None
+    from ..remote import remote_registry
+
+    remote = remote_registry(db, blobs, quiet=True)
+    if remote is not None:
+        return remote
+    from registry.service import Registry
+
+    return _LocalRecorder(Registry(db=db, blobs=blobs))
+
+
 @app.command()
 @reports_errors
 def drift(
@@ -51,7 +80,9 @@ def drift(
 ) -> None:
     """Compare every BatchNorm layer's input statistics on serving data with its frozen running statistics.
 
-    Exit 0 when no layer alarms, 11 when one does. Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
+    Exit 0 when no layer alarms, 11 when one does. --record refuses (exit 14) a report whose model holds other running statistics
+    than the version; with the global --server it records on that server and opens no local registry.
+    Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
     """
     from converters.models.monitoring.drift import drift_check
     from converters.models.loading import load_model
@@ -64,25 +95,22 @@ def drift(
         raise InputFileError(f"--shift-threshold {shift_threshold} must be positive (in standard deviations of the running statistics).")
     thresholds = DriftThresholds(shift=shift_threshold, log_ratio=math.log(ratio_threshold))
     check_headers((model_path,), (data,))
-    registry = None
+    registry = _recording_registry(record, db, blobs)
     if record is not None:
-        from registry.service import Registry
-
-        registry = Registry(db=db, blobs=blobs)
         record = registry.show(record).ref  # fail before the forward passes when the version does not exist
     if json_output:
         report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
-        print(report.to_json())
     else:
         with Console(stderr=True).status(f"measuring BatchNorm inputs of {model_path} on {data}"):
             report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
+    stored = registry.record_drift(record, report) if record is not None else None  # a refusal prints no report, only its error
+    if json_output:
+        print(report.to_json())
+    else:
         print_table(_drift_table(report))
         verdict = f"[bold red]DRIFT[/] in {', '.join(report.alarms)}" if report.alarms else "[green]no drift[/]"
         console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)")
-    if record is not None:
-        from registry.drift_records import record_drift
-
-        stored = record_drift(registry, record, report)
+    if stored is not None:
         Console(stderr=True).print(f"recorded drift report {stored.id} against {stored.model}@{stored.number}", highlight=False, markup=False)
     if report.alarms:
         raise typer.Exit(DRIFT_EXIT_CODE)

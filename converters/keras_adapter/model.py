@@ -14,7 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
-from . import onnx_export, porting, statistics
+from . import onnx_export, porting, serving_taps, statistics
 from .artifact_contents import keras_contents
 from .inputs import pack_inputs
 from .standardization import standardization_hazards
@@ -144,3 +144,12 @@ class KerasModelAdapter(ModelAdapter):
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
         return statistics.recalibrate_keras(model, batches, variance_estimator)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def serving_taps(self, model: Any, sink):
+        """A wrapper that serves the model, sampled calls through a sub-model returning the BatchNormalization inputs too."""
+        refs = [ref for ref in self.norm_layers(model) if ref.kind == "batch" and getattr(ref.obj, "moving_mean", None) is not None]
+        if not refs:
+            raise UnsupportedObjectError(f"{self.describe(model)} has no BatchNormalization for the recognizers to find; nothing to monitor.")
+        return serving_taps.keras_taps(model, refs, sink)

@@ -10,7 +10,7 @@ from schemas.inspection import Hazard
 
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import running, statistics
+from . import running, serving_taps, statistics
 from .files import load_onnx, save_onnx
 
 
@@ -93,3 +93,9 @@ class OnnxModelAdapter(ModelAdapter):
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
         return statistics.recalibrate_onnx(model, batches, variance_estimator)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def serving_taps(self, model: Any, sink):
+        """An onnxruntime session (or a ModelProto) served through a MonitoredSession; the served graph's outputs are unchanged."""
+        return serving_taps.session_taps(model, sink)

@@ -14,7 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import artifact_contents, exported_program, onnx_export, porting, running, statistics
+from . import artifact_contents, exported_program, onnx_export, porting, running, serving_taps, statistics
 
 
 def _load_pt2(path: Path) -> Any:
@@ -155,3 +155,14 @@ class TorchModelAdapter(ModelAdapter):
                 raise InputFileError("a torch.nn.Module is recalibrated by PyTorch itself, which uses the unbiased variance; leave variance_estimator='unbiased'.")
             return statistics.recalibrate_module(model, batches)
         raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module or ExportedProgram.")
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def serving_taps(self, model: Any, sink):
+        """Hooks on the module itself (it keeps serving), or the program's module() with a tap before each batch-norm op."""
+        if exported_program.is_exported_program(model):
+            return serving_taps.program_taps(model, sink)
+        refs = [ref for ref in self.norm_layers(model) if ref.kind == "batch" and getattr(ref.obj, "running_mean", None) is not None]
+        if not refs:
+            raise UnsupportedObjectError(f"{self.describe(model)} has no BatchNorm with running statistics for the recognizers to find; nothing to monitor.")
+        return serving_taps.module_taps(model, refs, sink)

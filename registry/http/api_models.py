@@ -12,6 +12,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from registry.drift_records import DriftRecord
+from schemas.monitoring import DriftHistory
 from registry.entities import AuditRecord
 from registry.lineage import LineageView
 from registry.service.results import GcResult, VerifyProblem
@@ -112,7 +113,9 @@ class AuditOut(BaseModel):
                                                                 "or if the head row is missing).")
 
 
-class DriftList(BaseModel):
+class DriftList(DriftHistory):
+    """A version's drift history (windows from serving collectors, newest first, and its state) and its recorded offline checks."""
+
     reports: list[DriftRecord]
 
 

@@ -1,4 +1,4 @@
-"""Read endpoints: models, versions, lineage, diff, aliases, audit, verify, drift (role read, model scope enforced).
+"""Read endpoints: models, versions, lineage, diff, aliases, audit, verify (role read, model scope enforced).
 
 Scope is checked on the model name before the registry is asked anything, so an out-of-scope
 caller gets 403 whether or not the model exists.
@@ -11,10 +11,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from registry.drift_records import drift_reports
 from registry.service.results import VerifyResult
 
-from .api_models import (Alias, AuditEntry, AuditHeadOut, AuditOut, DriftList, Health, LineageView, ManifestDiff, ModelSummary, Version,
+from .api_models import (Alias, AuditEntry, AuditHeadOut, AuditOut, Health, LineageView, ManifestDiff, ModelSummary, Version,
                          VersionList, VerifyOut)
 from .auth import Principal, require
 from .context import error_responses, model_of, registry_for, version_ref
@@ -135,10 +134,3 @@ def audit(request: Request, principal: Reader, model: Annotated[str | None, Quer
     return AuditOut(entries=[AuditEntry.model_validate(e) for e in entries], chain_ok=None if check is None else not check.problems,
                     chain_problems=None if check is None else check.problems,
                     head=None if check is None or check.head is None else AuditHeadOut(seq=check.head.seq, hash=check.head.hash))
-
-
-@router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=READ_ERRORS,
-            summary="Recorded drift checks of a version, newest first")
-def drift(name: str, ref: str, request: Request, principal: Reader) -> DriftList:
-    principal.check("read", name)
-    return DriftList(reports=drift_reports(registry_for(request, principal), version_ref(name, ref)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
+from registry.db import drift_rows  # noqa: F401  (its tables join Base.metadata)
 from registry.db.models import Base
 from registry.db.engine import make_engine
 

@@ -25,3 +25,12 @@ def test_convert_benchmark_runs_and_normbridge_emits_native_ops_with_exact_eps()
     assert "mismatches: normbridge 0" in done.stdout
     for kind in ("batch", "layer", "rms", "group", "instance"):
         assert f"{kind:<9} normbridge" in done.stdout
+
+
+def test_monitor_benchmark_runs_and_reports_both_sides():
+    bench = BENCH.parent / "monitor.py"
+    done = subprocess.run([sys.executable, str(bench), "--rounds", "1", "--per-round", "10", "--size", "32", "--sample-rate", "0.5"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "53 BatchNorms, 25.6M parameters" in done.stdout
+    assert "without monitor" in done.stdout and "with monitor" in done.stdout and "added latency p99" in done.stdout

@@ -21,7 +21,7 @@ from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftThresholds
 from tests.cli_process import normbridge_command
 from tests.pg import registry_on
-from tests.registry.test_registry_service import save_pt2, trained_cnn
+from tests.registry.test_registry_service import finetune_statistics, save_pt2, trained_cnn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,3 +105,55 @@ def test_drift_record_option_stores_the_report_the_command_printed(tmp_path):
     [stored] = drift_reports(Registry(db=db, blobs=blobs), "cnn@1")
     assert stored.report.model_dump(mode="json") == printed
     assert stored.user == "nightly" and stored.report.verdict == "drift"
+
+
+def test_a_report_computed_on_other_statistics_is_refused(registry):
+    """Issue 14 item 6: a report belongs to the version whose running statistics it was computed against."""
+    model = trained_cnn()
+    registry.register("cnn", model)
+    other = finetune_statistics(trained_cnn())  # same weights, other running statistics
+    registry.register("cnn", other)
+    audit_before = len(registry.audit())
+    report = drift_check(other, shifted_inputs())
+    with pytest.raises(RegistryError, match="not those of cnn@1"):
+        record_drift(registry, "cnn@1", report)
+    with pytest.raises(RegistryError, match="no statistics_digest"):
+        record_drift(registry, "cnn@1", {**drift_check(model, shifted_inputs()).model_dump(mode="json"), "statistics_digest": None})
+    assert drift_reports(registry, "cnn@1") == [] and len(registry.audit()) == audit_before
+    assert record_drift(registry, "cnn@2", report).number == 2  # the version it was computed on takes it
+
+
+@pytest.mark.slow
+def test_drift_record_with_server_records_there_and_never_opens_a_local_registry(tmp_path):
+    from registry.service import Registry
+    from tests.http_server import create_token, running_server
+
+    db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
+    model = trained_cnn()
+    Registry(db=db, blobs=blobs, user="ci").register("cnn", model)
+    Registry(db=db, blobs=blobs, user="ci").register("cnn", finetune_statistics(trained_cnn()))
+    model_file = save_pt2(model, tmp_path / "cnn.pt2")
+    data_file = tmp_path / "inputs.npy"
+    np.save(data_file, shifted_inputs())
+    home = tmp_path / "home"  # where a local registry would be created
+    token = create_token(db, "nightly", "write", ["cnn"])
+    with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_HOME": str(home), "NORMBRIDGE_SERVER": server.url, "NORMBRIDGE_TOKEN": token}
+        env.pop("NORMBRIDGE_DB", None), env.pop("NORMBRIDGE_BLOBS", None)
+
+        def drift(ref: str) -> subprocess.CompletedProcess:
+            return subprocess.run([*normbridge_command(), "drift", str(model_file), str(data_file), "--json", "--record", ref],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+        missing = drift("cnn@9")
+        assert missing.returncode == 13 and json.loads(missing.stdout)["error"]["code"] == "not_found", missing.stderr[-2000:]
+        wrong = drift("cnn@2")  # the file holds cnn@1's statistics
+        assert wrong.returncode == 14, wrong.stderr[-2000:]
+        assert "not those of cnn@2" in json.loads(wrong.stdout)["error"]["message"]
+        done = drift("cnn@1")
+        assert done.returncode in (0, 11), done.stderr[-2000:]
+        assert "recorded drift report" in done.stderr
+    assert not home.exists()  # no local registry was created on the way
+    [stored] = drift_reports(Registry(db=db, blobs=blobs), "cnn@1")
+    assert stored.user == "nightly" and stored.report.model_dump(mode="json") == json.loads(done.stdout)
+    assert drift_reports(Registry(db=db, blobs=blobs), "cnn@2") == []

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
+from schemas.monitoring import statistics_digest
 from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 
 from ...adapters import REGISTRY
@@ -40,12 +41,19 @@ def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]], train
 # --------------------------------------------------------------------------- the monitor
 
 
+def channel_shift(mean, var, running_mean, running_var, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per channel: the standardized mean shift |mean - running_mean| / sqrt(running_var + eps) and the log variance ratio
+    log((var + eps) / (running_var + eps)) (signed), in float64. The one definition `drift` and the registry's history share."""
+    mean, var, running_mean, running_var = (np.asarray(a, dtype=np.float64) for a in (mean, var, running_mean, running_var))
+    shift = np.abs(mean - running_mean) / np.sqrt(running_var + eps)
+    return shift, np.log((var + eps) / (running_var + eps))
+
+
 def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLayer:
     """Standardized mean shift and log variance ratio of one layer, per channel, summarized."""
     mean, var = moments.pooled()
-    scale = np.sqrt(moments.running_var + moments.eps)
-    shift = np.abs(mean - moments.running_mean) / scale
-    log_ratio = np.abs(np.log((var + moments.eps) / (moments.running_var + moments.eps)))
+    shift, signed_log_ratio = channel_shift(mean, var, moments.running_mean, moments.running_var, moments.eps)
+    log_ratio = np.abs(signed_log_ratio)
     alarm = bool(shift.max() > thresholds.shift or log_ratio.max() > thresholds.log_ratio)
     return DriftLayer(
         name=moments.name, channels=moments.channels,
@@ -112,7 +120,8 @@ def drift_check(model: Any, data: Any, thresholds: DriftThresholds | dict | None
         model=describe(model), framework=REGISTRY.model_framework(model), samples=sample.batch_size, thresholds=thresholds,
         variance="population variance (ddof=0) per channel over batch and spatial positions; ratio (var + eps) / (running_var + eps)",
         layers=layers, alarms=alarms, verdict="drift" if alarms else "no drift",
+        statistics_digest=statistics_digest((m.running_mean, m.running_var) for m in moments),
     )
 
 
-__all__ = ["DEFAULT_THRESHOLDS", "LayerMoments", "batchnorm_moments", "drift_check", "layer_drift"]
+__all__ = ["DEFAULT_THRESHOLDS", "LayerMoments", "batchnorm_moments", "channel_shift", "drift_check", "layer_drift"]

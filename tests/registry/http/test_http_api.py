@@ -179,7 +179,7 @@ def test_upload_registers_201_then_200_for_identical_content_and_every_read_work
     assert [(e["action"], e["user"]) for e in audit["entries"]] == [
         ("register", "ci-bot"), ("register_existing", "ci-bot"), ("register", "ci-bot"), ("alias", "ci-bot"), ("alias", "ci-bot")]
     assert reader.get("/api/v1/audit", params={"user": "nobody"}).json()["entries"] == []
-    assert reader.get("/api/v1/models/cnn/versions/2/drift").json() == {"reports": []}
+    assert reader.get("/api/v1/models/cnn/versions/2/drift").json()["reports"] == []
 
 
 def test_onnx_upload_and_bundle_download_round_trip(env, registered):
@@ -398,7 +398,8 @@ def test_recorded_drift_checks_come_back_newest_first(env, registered):
     from registry.drift_records import record_drift
 
     reader = env["clients"]["reader"]
-    assert reader.get("/api/v1/models/cnn/versions/1/drift").json() == {"reports": []}
+    empty = reader.get("/api/v1/models/cnn/versions/1/drift").json()
+    assert (empty["reports"], empty["windows"], empty["state"]) == ([], [], "ok")
     inputs = np.random.default_rng(0).standard_normal((32, 3)).astype(np.float32)
     calm, shifted = drift_check(small_model(), inputs), drift_check(small_model(), inputs * 3 + 2)
     record_drift(env["registry"].as_user("monitor"), "cnn@1", calm)
@@ -420,6 +421,7 @@ def test_openapi_lists_every_route_with_its_responses(env):
         ("get", "/api/v1/models/{name}/versions/{ref}/lineage"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/bundle"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/drift"): {"200", "401", "403", "404", "422"},
+        ("post", "/api/v1/models/{name}/versions/{ref}/drift"): {"201", "400", "401", "403", "404", "409", "415", "422"},
         ("get", "/api/v1/blobs/{digest}"): {"200", "401", "403", "404", "422"},
         ("post", "/api/v1/blobs/present"): {"200", "401", "403", "415", "422"},
         ("get", "/api/v1/diff"): {"200", "401", "403", "404", "422"},

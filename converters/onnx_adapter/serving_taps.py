@@ -1,0 +1,85 @@
+"""Serving taps of ONNX models: an onnxruntime session whose sampled requests also return every BatchNormalization input.
+
+The served graph is left alone: unsampled requests run the caller's own session; sampled ones run a second session
+on a copy of the graph that adds each BatchNormalization node's input as an extra output (statistics._with_outputs,
+what `drift` reads), and the wrapper returns only the outputs the caller asked for. Should the copy fail on a request,
+that request is served by the original session and the failure counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from schemas import UnsupportedObjectError
+
+from ..serving_taps import ServingTaps, TappedLayer, TapSink, numpy_moments
+from .statistics import _with_outputs, onnx_batchnorms, onnx_constant
+
+
+def _proto_of(session: Any) -> onnx.ModelProto:
+    """The graph an onnxruntime session was made from (its bytes or its path, as onnxruntime keeps them)."""
+    data, path = getattr(session, "_model_bytes", None), getattr(session, "_model_path", None)
+    if data:
+        return onnx.load_from_string(data)
+    if path:
+        return onnx.load(path, load_external_data=True)
+    raise UnsupportedObjectError("this onnxruntime session keeps neither the model's bytes nor its path; pass the onnx.ModelProto to monitor().")
+
+
+class MonitoredSession:
+    """An InferenceSession stand-in: `run` answers exactly as the session does; sampled requests report their BatchNorm inputs."""
+
+    def __init__(self, session: Any, probe: Any, taps: list[str], sink: TapSink):
+        self.session, self._probe, self._taps, self._sink = session, probe, taps, sink
+        self._outputs = [o.name for o in session.get_outputs()]
+
+    def run(self, output_names, input_feed, run_options=None):
+        names = list(output_names) if output_names else self._outputs
+        try:
+            if self._sink.begin():
+                try:
+                    values = self._probe.run(names + self._taps, input_feed, run_options)
+                except Exception as error:  # the copy failed: serve from the original, count it
+                    self._sink.failed(error)
+                else:
+                    for index, value in enumerate(values[len(names):]):
+                        try:
+                            self._sink.observe(index, *numpy_moments(value, 1))
+                        except Exception as error:
+                            self._sink.failed(error)
+                    return values[: len(names)]
+            return self.session.run(names, input_feed, run_options)
+        finally:
+            self._sink.end()
+
+    def __getattr__(self, name: str):
+        return getattr(self.session, name)
+
+
+def session_taps(model: Any, sink: TapSink) -> ServingTaps:
+    """`model` (an onnxruntime InferenceSession or an onnx.ModelProto) served through a MonitoredSession."""
+    import onnxruntime
+
+    if isinstance(model, onnx.ModelProto):
+        proto, session = model, onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    else:
+        proto, session = _proto_of(model), model
+    sites = onnx_batchnorms(proto)
+    if not sites:
+        raise UnsupportedObjectError("the ONNX graph has no BatchNormalization node with stored statistics to monitor "
+                                     "(an exporter may have folded them into the Conv: export with `normbridge export`, which keeps them).")
+    layers = [TappedLayer(s.name, onnx_constant(proto, s.mean_name).astype(np.float64), onnx_constant(proto, s.var_name).astype(np.float64), s.eps)
+              for s in sites]
+    probe_proto = _with_outputs(proto, [s.input for s in sites], train=False)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    probe = onnxruntime.InferenceSession(probe_proto.SerializeToString(), options, providers=session.get_providers())
+    outputs = [o.name for o in probe.get_outputs()]
+    taps = [s.input if s.input in outputs else next(n for n in outputs if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
+    return ServingTaps(MonitoredSession(session, probe, taps, sink), layers)
+
+
+__all__ = ["MonitoredSession", "session_taps"]

@@ -1,0 +1,62 @@
+"""What a model adapter hands the serving collector: the model instrumented to report its BatchNorm inputs.
+
+`ModelAdapter.serving_taps(model, sink)` returns `ServingTaps`: the object to serve (the same nn.Module with hooks, a
+rewritten program, a session or Keras wrapper returning exactly the served outputs), the layers it reports (name and
+frozen statistics, in tap order) and how to take the instrumentation off. The served object tells the `TapSink` when a
+request starts (`begin`, which says whether it is sampled), each sampled layer input's per-channel moments (`observe`)
+and when it ends (`end`). The sink (converters/models/monitoring/collector.py) never raises into the request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class TapSink(Protocol):
+    def begin(self) -> bool:
+        """A request starts; True when it is sampled (its layer inputs are to be observed)."""
+
+    def sampling(self) -> bool:
+        """Whether the request running in this thread is sampled."""
+
+    def observe(self, index: int, count: int, mean: np.ndarray, var: np.ndarray) -> None:
+        """Layer `index`'s input in a sampled request: `count` values per channel, their mean and population variance."""
+
+    def failed(self, error: BaseException) -> None:
+        """Observing failed (counted; the request goes on)."""
+
+    def end(self) -> None:
+        """The request is done."""
+
+
+@dataclass(frozen=True)
+class TappedLayer:
+    """One BatchNorm layer the served object reports, with the statistics it froze."""
+
+    name: str
+    running_mean: np.ndarray
+    running_var: np.ndarray
+    eps: float
+
+
+@dataclass
+class ServingTaps:
+    served: Any
+    layers: list[TappedLayer]
+    remove: Callable[[], None] = field(default=lambda: None)
+
+
+def numpy_moments(x: Any, axis: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(values per channel, per-channel mean, population variance) of an array whose channels are on `axis`, in float64."""
+    x = np.asarray(x)
+    axis = axis % x.ndim
+    axes = tuple(i for i in range(x.ndim) if i != axis)
+    count = int(x.size // x.shape[axis]) if x.shape[axis] else 0
+    return count, x.mean(axis=axes, dtype=np.float64), x.var(axis=axes, dtype=np.float64)
+
+
+__all__ = ["ServingTaps", "TapSink", "TappedLayer", "numpy_moments"]

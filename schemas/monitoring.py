@@ -1,0 +1,141 @@
+"""What a serving collector sends (one statistics window) and what the registry keeps of it (the drift history).
+
+The collector (`converters.monitor`) posts a `DriftWindow` as JSON to
+`POST /api/v1/models/{name}/versions/{n}/drift`; the registry compares every layer's pooled input
+statistics with the running statistics stored for that version and keeps a `WindowRecord` per
+window, with an overall `DriftState` that a sustained-shift rule (`DriftRule`) moves one window at a
+time. Both sides import these models from here, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+State = Literal["ok", "warning", "alert"]
+
+#: Channels one layer may send (a bound on the body; ResNet-50's widest BatchNorm has 2048).
+MAX_CHANNELS = 65_536
+#: Layers one window may carry.
+MAX_LAYERS = 4_096
+
+
+def statistics_digest(layers: Iterable[tuple[object, object]]) -> str:
+    """sha256 of a model's running statistics: one (running_mean, running_var) pair per BatchNorm layer.
+
+    Each pair is taken as float64 (exact for float16/32 values) and the pairs are sorted by their bytes, so the digest
+    names no layer and ignores order: a torch module, its ONNX export and the registered version agree on it whatever
+    each calls its layers. Two models share it exactly when they hold the same statistics.
+    """
+    parts = sorted(np.asarray(mean, dtype="<f8").tobytes() + b"|" + np.asarray(var, dtype="<f8").tobytes() for mean, var in layers)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little") + part)
+    return digest.hexdigest()
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LayerWindow(_Frozen):
+    """One normalization layer's input over a window: per-channel mean and population variance of `count` values per channel."""
+
+    name: str = Field(min_length=1, max_length=512, description="Module path (torch), layer name (Keras) or BatchNormalization name (ONNX).")
+    count: int = Field(ge=1, description="Values per channel pooled into mean and var (batch x spatial positions, over the sampled requests).")
+    mean: list[float] = Field(min_length=1, max_length=MAX_CHANNELS, description="Per-channel mean of the layer input.")
+    var: list[float] = Field(min_length=1, max_length=MAX_CHANNELS, description="Per-channel population variance (ddof=0) of the layer input.")
+
+    @model_validator(mode="after")
+    def _same_channels(self):
+        if len(self.mean) != len(self.var):
+            raise ValueError(f"layer '{self.name}': mean has {len(self.mean)} channels and var {len(self.var)}; send one value per channel in each.")
+        return self
+
+
+class DriftWindow(_Frozen):
+    """One closed window of sampled serving traffic, as the collector ships it."""
+
+    started_at: datetime
+    ended_at: datetime
+    requests: int = Field(ge=0, description="Requests the model served in the window.")
+    sampled: int = Field(ge=1, description="Requests whose layer inputs were pooled (sample_rate of `requests`).")
+    replica: str | None = Field(default=None, max_length=255, description="Who sent it (host:pid by default).")
+    dropped: int = Field(default=0, ge=0, description="Windows this collector dropped so far (registry unreachable, queue full).")
+    statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                          description="sha256 of the running statistics the served model holds (converters.monitoring digest).")
+    layers: list[LayerWindow] = Field(min_length=1, max_length=MAX_LAYERS)
+
+
+class DriftRule(_Frozen):
+    """The sustained-shift rule: a window is over threshold when any layer is; `alert` when at least `k` of the last `m` windows are
+    over, `warning` when at least one of them is, `ok` otherwise."""
+
+    shift: float = Field(0.5, gt=0, description="Max standardized mean shift |mean - running_mean| / sqrt(running_var + eps) of a layer.")
+    log_ratio: float = Field(0.6931471805599453, gt=0, description="Max |log((var + eps) / (running_var + eps))|; log(2) = a factor of two.")
+    k: int = Field(3, ge=1, description="Windows over threshold among the last m that make an alert.")
+    m: int = Field(5, ge=1, le=64, description="How many recent windows the rule looks at.")
+
+    @model_validator(mode="after")
+    def _k_within_m(self):
+        if self.k > self.m:
+            raise ValueError(f"k={self.k} exceeds m={self.m}; an alert needs k of the last m windows, so k <= m.")
+        return self
+
+    def state_of(self, recent: str) -> State:
+        """The state for `recent`, the over-threshold flags ('1'/'0') of the last windows, oldest first (at most m)."""
+        over = recent[-self.m:].count("1")
+        return "alert" if over >= self.k else "warning" if over else "ok"
+
+
+class LayerShift(_Frozen):
+    """One layer of one stored window against the version's running statistics."""
+
+    name: str
+    channels: int
+    count: int
+    max_shift: float = Field(description="Largest standardized mean shift over channels.")
+    mean_shift: float
+    worst_shift_channel: int
+    variance_ratio: float = Field(description="(var + eps) / (running_var + eps) of the channel furthest from 1 (log scale).")
+    max_abs_log_ratio: float
+    over: bool = Field(description="Over either threshold of the rule in force when the window was stored.")
+
+
+class WindowRecord(_Frozen):
+    """One stored window: when, who, how much traffic, each layer's shift, and the version's state right after it."""
+
+    id: int
+    received_at: datetime
+    started_at: datetime
+    ended_at: datetime
+    replica: str | None
+    user: str
+    requests: int
+    sampled: int
+    dropped: int
+    statistics_digest: str | None
+    over: bool
+    state: State
+    layers: list[LayerShift]
+    unmatched: list[str] = Field(default_factory=list, description="Layers sent that the version holds no running statistics for.")
+
+
+class DriftHistory(_Frozen):
+    """A version's drift history, newest window first, and its current state."""
+
+    model: str
+    number: int
+    state: State
+    rule: DriftRule
+    windows_total: int = Field(description="Windows stored for the version since its first (the history below may be limited).")
+    recent: str = Field(description="Over-threshold flags of the last m windows, oldest first ('1' = over).")
+    windows: list[WindowRecord]
+
+
+__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerWindow", "MAX_CHANNELS", "MAX_LAYERS", "State", "WindowRecord"]

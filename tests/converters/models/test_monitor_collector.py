@@ -1,0 +1,157 @@
+"""The serving collector without a registry: windows merge exactly, served outputs are unchanged, nothing fails a request.
+
+Expected values come from NumPy over the same layer inputs (read by independent hooks or by running the graph's parts),
+never from the collector itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+import converters
+from converters.models.monitoring.window import ChannelMoments
+from schemas import InputFileError
+from schemas.monitoring import DriftWindow, statistics_digest
+from testkit.monitoring_models import calm, keras_cnn, onnx_bn_model, shifted, torch_cnn
+
+
+def test_chan_merges_of_uneven_batches_equal_numpy_over_everything():
+    rng = np.random.default_rng(3)
+    parts = [rng.standard_normal((n, 5)) * 3 + 7 for n in (1, 2, 17, 250)]
+    merged = ChannelMoments()
+    for part in parts:
+        merged.merge(part.shape[0], part.mean(0), part.var(0))
+    everything = np.concatenate(parts)
+    assert merged.count == everything.shape[0]
+    np.testing.assert_allclose(merged.mean, everything.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(merged.var, everything.var(0), rtol=1e-10)
+
+
+def _bn_inputs(model, batches):
+    """Each BatchNorm's input over `batches`, read by hooks of this test (not the collector's)."""
+    seen = {name: [] for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    handles = [m.register_forward_pre_hook(lambda _m, a, name=name: seen[name].append(a[0].detach().double().numpy()))
+               for name, m in model.named_modules() if name in seen]
+    with torch.no_grad():
+        for batch in batches:
+            model(torch.from_numpy(batch))
+    for h in handles:
+        h.remove()
+    return {name: np.concatenate(v) for name, v in seen.items()}
+
+
+def test_torch_module_window_is_numpy_over_the_sampled_inputs_and_outputs_are_unchanged():
+    model = torch_cnn()
+    rng = np.random.default_rng(0)
+    batches = [shifted(rng) for _ in range(6)]
+    with torch.no_grad():
+        expected_out = [model(torch.from_numpy(b)).numpy() for b in batches]
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=6)
+    with torch.no_grad():
+        served = [model(torch.from_numpy(b)).numpy() for b in batches]
+    stats = watch.stats()
+    watch.close()
+    for a, b in zip(served, expected_out):
+        np.testing.assert_array_equal(a, b)
+    assert (stats.requests, stats.sampled, stats.windows_closed, stats.errors) == (6, 6, 1, 0)
+    window = DriftWindow.model_validate(watch.closed_windows[0])
+    inputs = _bn_inputs(model, batches)  # hooks removed by close(): this reads them afresh
+    for layer in window.layers:
+        x = inputs[layer.name]
+        np.testing.assert_allclose(layer.mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer.var, x.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+        assert layer.count == x.shape[0] * x.shape[2] * x.shape[3]
+    expected_digest = statistics_digest((m.running_mean.numpy(), m.running_var.numpy())
+                                        for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert window.statistics_digest == expected_digest
+    assert not model._forward_pre_hooks and not model.bn1._forward_pre_hooks  # close() took the hooks off
+
+
+def test_sample_rate_zero_observes_nothing_and_windows_close_on_time():
+    model = torch_cnn()
+    quiet = converters.monitor(model, sample_rate=0.0, window_requests=2)
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.from_numpy(calm(np.random.default_rng(1))))
+    assert quiet.stats().sampled == 0 and not quiet.closed_windows  # empty windows are not shipped
+    quiet.close()
+    timed = converters.monitor(model, sample_rate=1.0, window_requests=10_000, window_seconds=0.2)
+    with torch.no_grad():
+        model(torch.from_numpy(calm(np.random.default_rng(1))))
+    deadline = __import__("time").monotonic() + 5
+    while not timed.closed_windows and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.05)
+    timed.close()
+    assert len(timed.closed_windows) == 1 and timed.closed_windows[0]["requests"] == 1
+
+
+def test_exported_program_taps_agree_with_the_module_and_keep_its_outputs():
+    model = torch_cnn()
+    x = shifted(np.random.default_rng(2))
+    program = torch.export.export(model, (torch.from_numpy(x),))
+    with_module = converters.monitor(model, sample_rate=1.0, window_requests=1)
+    with_program = converters.monitor(program, sample_rate=1.0, window_requests=1)
+    with torch.no_grad():
+        expected = program.module()(torch.from_numpy(x)).numpy()
+        served = with_program.served(torch.from_numpy(x)).numpy()
+        model(torch.from_numpy(x))
+    with_module.close(), with_program.close()
+    np.testing.assert_array_equal(served, expected)
+    assert with_program.layers == with_module.layers == ["bn1", "bn2"]
+    assert with_program.statistics_digest == with_module.statistics_digest
+    for a, b in zip(with_program.closed_windows[0]["layers"], with_module.closed_windows[0]["layers"]):
+        np.testing.assert_allclose(a["mean"], b["mean"], rtol=1e-6, atol=1e-7)
+
+
+def test_onnxruntime_session_serves_its_own_outputs_and_reports_the_batchnorm_input():
+    model = onnx_bn_model()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = shifted(np.random.default_rng(4))
+    expected = session.run(None, {"x": x})
+    watch = converters.monitor(session, sample_rate=1.0, window_requests=1)
+    served = watch.served.run(None, {"x": x})
+    assert len(served) == len(expected) == 1
+    np.testing.assert_array_equal(served[0], expected[0])
+    assert [o.name for o in watch.served.get_outputs()] == ["y"]  # the served graph's outputs, unchanged
+    watch.close()
+    layer = watch.closed_windows[0]["layers"][0]
+    assert layer["name"] == "bn"
+    np.testing.assert_allclose(layer["mean"], (2 * x.astype(np.float64)).mean(axis=(0, 2, 3)), rtol=1e-5)
+    np.testing.assert_allclose(layer["var"], (2 * x.astype(np.float64)).var(axis=(0, 2, 3)), rtol=1e-5)
+
+
+def test_keras_model_served_through_the_monitor_returns_what_the_model_returns():
+    model = keras_cnn()
+    x = shifted(np.random.default_rng(5), 4, (8, 8, 3))
+    expected = np.asarray(model(x, training=False))
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=1)
+    served = np.asarray(watch.served(x))
+    watch.close()
+    np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
+    layer = watch.closed_windows[0]["layers"][0]
+    assert layer["name"] == "bn" and layer["count"] == 4 * 8 * 8 and len(layer["mean"]) == 4
+
+
+def test_a_failing_tap_is_counted_and_the_request_still_answers():
+    model = torch_cnn()
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=100)
+    watch._window.moments = []  # every merge now fails inside the collector
+    with torch.no_grad():
+        out = model(torch.from_numpy(calm(np.random.default_rng(6))))
+    stats = watch.stats()
+    watch.close()
+    assert out.shape == (4, 2) and stats.errors == 2 and "IndexError" in stats.last_error
+
+
+def test_bad_settings_are_refused_before_anything_is_hooked():
+    model = torch_cnn()
+    with pytest.raises(InputFileError, match="sample_rate"):
+        converters.monitor(model, sample_rate=1.5)
+    with pytest.raises(InputFileError, match="ref="):
+        converters.monitor(model, server="http://127.0.0.1:9")
+    with pytest.raises(InputFileError, match="NAME@N"):
+        converters.monitor(model, server="http://127.0.0.1:9", ref="cnn")
+    assert not model._forward_pre_hooks

@@ -1,0 +1,150 @@
+"""The drift history store on SQLite and PostgreSQL: shifts against the version's own statistics (checked with NumPy),
+the k-of-m rule moved one window at a time, a bounded number of statements per window whatever its size, retention.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+import torch
+from sqlalchemy import event, update
+from sqlalchemy.orm import Session
+
+from registry import drift_history
+from registry.db.drift_rows import DriftWindowRow
+from schemas.errors import InputFileError, RegistryError
+from schemas.monitoring import DriftRule
+from tests.pg import registry_on
+from testkit.monitoring_models import MonitoredCNN, converged, torch_cnn
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def registry(request, tmp_path):
+    with registry_on(request.param, tmp_path, "collector") as reg:
+        yield reg
+
+
+def _bns(model):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+
+
+def window(model, shift_sd: float = 0.0, ratio: float = 1.0, count: int = 500, digest: str | None = None) -> dict:
+    """A window whose every channel sits `shift_sd` running standard deviations off and has `ratio` times the running variance."""
+    now = datetime.now(UTC)
+    layers = [{"name": n, "count": count, "mean": (m.running_mean.double() + shift_sd * m.running_var.double().sqrt()).tolist(),
+               "var": (m.running_var.double() * ratio).tolist()} for n, m in _bns(model)]
+    return {"started_at": (now - timedelta(seconds=60)).isoformat(), "ended_at": now.isoformat(), "requests": 100, "sampled": 10,
+            "layers": layers, "statistics_digest": digest}
+
+
+def test_each_layer_is_compared_with_the_versions_statistics(registry):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    body = window(model)
+    rng = np.random.default_rng(0)
+    for layer in body["layers"]:
+        layer["mean"] = (np.asarray(layer["mean"]) + rng.standard_normal(len(layer["mean"]))).tolist()
+    record = drift_history.record_window(registry, "cnn@1", body)
+    for layer, (name, bn) in zip(record.layers, _bns(model)):
+        sent = next(item for item in body["layers"] if item["name"] == name)
+        shift = np.abs(np.asarray(sent["mean"]) - bn.running_mean.double().numpy()) / np.sqrt(bn.running_var.double().numpy() + bn.eps)
+        assert layer.name == name and layer.max_shift == pytest.approx(shift.max(), rel=1e-9)
+        assert layer.mean_shift == pytest.approx(shift.mean(), rel=1e-9) and layer.worst_shift_channel == int(shift.argmax())
+        assert layer.variance_ratio == pytest.approx(1.0, abs=1e-6)
+    stored = drift_history.window_arrays(registry, record.id)
+    assert stored[body["layers"][0]["name"]]["mean"] == body["layers"][0]["mean"]
+
+
+def test_the_rule_moves_one_window_at_a_time_and_audits_each_change(registry):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    rule = DriftRule(k=2, m=3)
+    states = [drift_history.record_window(registry, "cnn", window(model, shift_sd=s, ratio=r), rule).state
+              for s, r in ((0, 1), (2, 1), (0, 1), (0, 3), (0, 1), (0, 1), (0, 1))]
+    assert states == ["ok", "warning", "warning", "alert", "warning", "warning", "ok"]  # a ratio of 3 is over log(2) too
+    found = drift_history.history(registry, "cnn@1", limit=2)
+    assert (found.state, found.recent, found.windows_total, len(found.windows)) == ("ok", "000", 7, 2)
+    assert found.windows[0].id > found.windows[1].id  # newest first
+    assert drift_history.state(registry, "cnn@1") == "ok"
+    changes = [(e.detail["from"], e.detail["to"]) for e in registry.audit(model="cnn") if e.action == "drift_state_changed"]
+    assert changes == [("ok", "warning"), ("warning", "alert"), ("alert", "warning"), ("warning", "ok")]
+    assert registry.verify_audit() == []
+    [current] = drift_history.current(registry)
+    assert (current.model, current.number, current.state, current.windows, current.last.id) == ("cnn", 1, "ok", 7, found.windows[0].id)
+
+
+def _statements(registry, work) -> int:
+    seen = []
+    listener = lambda *args: seen.append(args[2])  # noqa: E731  (before_cursor_execute: conn, cursor, statement, ...)
+    event.listen(registry.meta.engine, "before_cursor_execute", listener)
+    try:
+        work()
+    finally:
+        event.remove(registry.meta.engine, "before_cursor_execute", listener)
+    return len([s for s in seen if not s.lstrip().upper().startswith(("SELECT", "PRAGMA", "BEGIN", "SAVEPOINT", "RELEASE"))])
+
+
+class WideCNN(MonitoredCNN):
+    """Ten BatchNorm layers instead of two (the statements per window must not grow with them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra = torch.nn.ModuleList(torch.nn.BatchNorm2d(6) for _ in range(8))
+
+    def forward(self, x):
+        x = super().forward(x)
+        return x
+
+
+def test_a_window_costs_the_same_few_writes_whatever_its_layer_count(registry):
+    small, wide = torch_cnn(), converged(WideCNN())
+    registry.register("small", small)
+    registry.register("wide", wide)
+    for name, model in (("small", small), ("wide", wide)):
+        drift_history.record_window(registry, name, window(model))  # first window: creates the state row
+    writes = {name: _statements(registry, lambda name=name, model=model: drift_history.record_window(registry, name, window(model)))
+              for name, model in (("small", small), ("wide", wide))}
+    assert writes["small"] == writes["wide"] <= 5, writes  # window, layers (one executemany), arrays, state
+
+
+def test_refusals_store_nothing(registry):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    with pytest.raises(RegistryError, match="other running statistics"):
+        drift_history.record_window(registry, "cnn@1", window(model, digest="0" * 64))
+    body = window(model)
+    body["layers"] = [{**layer, "name": f"not-{layer['name']}"} for layer in body["layers"]]
+    with pytest.raises(InputFileError, match="none of the window's layers"):
+        drift_history.record_window(registry, "cnn@1", body)
+    body = window(model)
+    body["layers"][0] = {**body["layers"][0], "mean": [0.0], "var": [1.0]}
+    with pytest.raises(InputFileError, match="channels"):
+        drift_history.record_window(registry, "cnn@1", body)
+    assert drift_history.history(registry, "cnn@1").windows_total == 0
+
+
+def test_retention_drops_old_arrays_and_keeps_the_summaries(registry, monkeypatch):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    old = drift_history.record_window(registry, "cnn@1", window(model))
+    with Session(registry.meta.engine) as session, session.begin():
+        session.execute(update(DriftWindowRow).where(DriftWindowRow.id == old.id)
+                        .values(received_at=datetime.now(UTC).replace(tzinfo=None) - timedelta(days=40)))
+    monkeypatch.setattr(drift_history, "_last_sweep", [0.0])
+    fresh = drift_history.record_window(registry, "cnn@1", window(model))
+    assert drift_history.window_arrays(registry, old.id) is None and drift_history.window_arrays(registry, fresh.id) is not None
+    assert [w.id for w in drift_history.history(registry, "cnn@1").windows] == [fresh.id, old.id]
+
+
+def test_rule_settings_come_from_the_environment_and_bad_ones_name_the_setting(monkeypatch):
+    monkeypatch.setenv("NORMBRIDGE_DRIFT_K", "2")
+    monkeypatch.setenv("NORMBRIDGE_DRIFT_SHIFT", "0.25")
+    assert (drift_history.rule().k, drift_history.rule().m, drift_history.rule().shift) == (2, 5, 0.25)
+    monkeypatch.setenv("NORMBRIDGE_DRIFT_K", "9")
+    with pytest.raises(InputFileError, match="NORMBRIDGE_DRIFT"):
+        drift_history.rule()
+    monkeypatch.setenv("NORMBRIDGE_DRIFT_K", "three")
+    with pytest.raises(InputFileError, match="NORMBRIDGE_DRIFT_K"):
+        drift_history.rule()
