@@ -1,4 +1,4 @@
-"""Rows of the drift history (migration 0004): one per stored window, one per layer of it, its per-channel arrays, and each
+"""Rows of the drift history (migration 0005): one per stored window, one per layer of it, its per-channel arrays, and each
 version's incremental alert state.
 
 The window and layer rows are the summaries the history and the charts read; the per-channel arrays sit apart in
