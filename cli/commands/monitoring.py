@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.errors import DRIFT_ALARM_EXIT
+from schemas.errors import DRIFT_ALARM_EXIT, DRIFT_UNCONVERGED_EXIT
 
 from ..app import app, console
 from ..arguments import version_ref
@@ -19,20 +19,44 @@ from ..fitting import print_table, say, say_marked
 
 #: Exit code of `drift` when at least one layer alarms (0: no alarm): a verdict, not an error.
 DRIFT_EXIT_CODE = DRIFT_ALARM_EXIT
+#: Exit code of `drift` when no layer drifted but some layer's statistics never converged.
+UNCONVERGED_EXIT_CODE = DRIFT_UNCONVERGED_EXIT
 
 
 def _drift_table(report) -> Table:
     t = report.thresholds
     table = Table(title=f"BatchNorm input drift on {report.samples} samples (shift > {t.shift:g}, |log var ratio| > {t.log_ratio:.3g})")
     for column, justify in (("layer", "left"), ("channels", "right"), ("max shift", "right"), ("mean shift", "right"),
-                            ("max |log ratio|", "right"), ("worst channel", "right"), ("alarm", "left")):
+                            ("max |log ratio|", "right"), ("worst channel", "right"), ("status", "left")):
         table.add_column(column, justify=justify)
     for layer in report.layers:
         ratio_only = layer.max_abs_log_ratio > t.log_ratio and layer.max_shift <= t.shift
         worst = layer.worst_ratio_channel if ratio_only else layer.worst_shift_channel
         table.add_row(layer.name, str(layer.channels), f"{layer.max_shift:.3f}", f"{layer.mean_shift:.3f}", f"{layer.max_abs_log_ratio:.3f}",
-                      str(worst), "[bold red]ALARM[/]" if layer.alarm else "[green]-[/]")
+                      str(worst), _STATUS_CELLS[layer.status])
     return table
+
+
+#: How a layer's status reads in the table: an alarm is DRIFT only when the input moved.
+_STATUS_CELLS = {"ok": "[green]-[/]", "drift": "[bold red]DRIFT[/]", "unconverged_statistics": "[yellow]unconverged_statistics[/]"}
+
+
+def _print_verdict(report) -> None:
+    """The verdict line, then why the unconverged layers are not drift (each distinct reason once)."""
+    total = len(report.layers)
+    if report.alarms:
+        console.print(f"[bold red]DRIFT[/] in {', '.join(report.alarms)} ({len(report.alarms)} of {total} BatchNorm layers drifted)")
+    if report.unconverged:
+        say_marked("[yellow]unconverged statistics[/] ", f"in {len(report.unconverged)} of {total} BatchNorm layers: their running "
+                   "statistics never converged, so their alarms say nothing about the served input (recalibrate or train longer)")
+        reasons: dict[str, list[str]] = {}
+        for layer in report.layers:
+            if layer.status == "unconverged_statistics" and layer.reason:
+                reasons.setdefault(layer.reason, []).append(layer.name)
+        for reason, names in reasons.items():
+            say(f"  {names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''}: {reason}")
+    if not report.alarms and not report.unconverged:
+        console.print(f"[green]no drift[/] (0 of {total} BatchNorm layers alarmed)")
 
 
 @app.command()
@@ -51,7 +75,9 @@ def drift(
 ) -> None:
     """Compare every BatchNorm layer's input statistics on serving data with its frozen running statistics.
 
-    Exit 0 when no layer alarms, 11 when one does. Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
+    A layer alarms as DRIFT when its input moved, as unconverged_statistics when its running statistics never converged
+    (few tracked batches for the momentum, values still near mean 0 / variance 1, or downstream of such a layer).
+    Exit 0 when no layer alarms, 11 when one drifted, 22 when none drifted but some statistics never converged. Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
     """
     from converters.models.monitoring.drift import drift_check
     from converters.models.loading import load_model
@@ -77,8 +103,7 @@ def drift(
         with Console(stderr=True).status(f"measuring BatchNorm inputs of {model_path} on {data}"):
             report = drift_check(load_model(model_path), data, thresholds, batch_size=batch_size)
         print_table(_drift_table(report))
-        verdict = f"[bold red]DRIFT[/] in {', '.join(report.alarms)}" if report.alarms else "[green]no drift[/]"
-        console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)")
+        _print_verdict(report)
     if record is not None:
         from registry.drift_records import record_drift
 
@@ -86,6 +111,8 @@ def drift(
         Console(stderr=True).print(f"recorded drift report {stored.id} against {stored.model}@{stored.number}", highlight=False, markup=False)
     if report.alarms:
         raise typer.Exit(DRIFT_EXIT_CODE)
+    if report.unconverged:
+        raise typer.Exit(UNCONVERGED_EXIT_CODE)
 
 
 @app.command()
