@@ -306,8 +306,12 @@ class RecalibrationReport(_Result):
     variance_estimator: Literal["unbiased", "biased"]
     layers: list[RecalibratedLayer]
     output: str | None = None
-    registered: bool = Field(False, description="Always False: recalibrate writes a file; `normbridge register NAME FILE --parent NAME@N "
-                             "--operation recalibrated` registers it with its lineage.")
+    registered: bool = Field(False, description="True with `recalibrate --register NAME@N`: the output became a 'recalibrated' child "
+                             "version of NAME@N (else `normbridge register NAME FILE --parent NAME@N --operation recalibrated` does it).")
+    version: str | None = Field(None, description="The registered version 'NAME@M' (with --register).")
+    parent: str | None = Field(None, description="The version it was recalibrated from (with --register).")
+    diff: str | None = Field(None, description="The diff's headline against the parent, e.g. 'weights identical, running statistics "
+                             "changed in 3 layers'.")
     notes: list[str] = Field(default_factory=list)
 
     def render_text(self) -> str:

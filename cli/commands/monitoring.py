@@ -124,10 +124,17 @@ def recalibrate(
     batch_size: int = typer.Option(32, "--batch-size", help="Inputs per batch; the statistics are the cumulative average over batches."),
     biased: bool = typer.Option(False, "--biased", help="running_var from the biased batch variance (Keras/ONNX training) instead of PyTorch's unbiased one."),
     json_output: bool = typer.Option(False, "--json", help="Print the recalibration report as JSON."),
+    register_from: str | None = typer.Option(None, "--register", metavar="NAME@N", callback=version_ref,
+                                             help="Register the output as a 'recalibrated' child of this version (lineage and a diff "
+                                                  "against it); local with --db/--blobs, or over --server."),
+    db: str | None = typer.Option(None, "--db", help="With --register: SQLAlchemy URL of the registry database (env NORMBRIDGE_DB)."),
+    blobs: str | None = typer.Option(None, "--blobs", help="With --register: the registry's blob store (env NORMBRIDGE_BLOBS)."),
 ) -> None:
     """Re-estimate BatchNorm running statistics on new data (weights untouched) and write the new model.
 
-    Example: normbridge recalibrate model.onnx new_inputs.npy -o model.recalibrated.onnx
+    With --register NAME@N the new model becomes the next version of NAME, a 'recalibrated' child of NAME@N, and its diff
+    against NAME@N is printed ("weights identical, running statistics changed in K layers").
+    Example: normbridge recalibrate model.onnx recent_traffic.npy -o model.recalibrated.onnx --register resnet@3
     """
     from converters.models.loading import load_model
     from converters.models.monitoring.recalibration import recalibrate as run_recalibration
@@ -139,6 +146,12 @@ def recalibrate(
     if output.suffix.lower() != model_path.suffix.lower():
         raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")
     check_headers((model_path,), (data,))
+    registry = None
+    if register_from is not None:
+        from .registry import _registry  # here, not at the top: importing it first would list its commands before these in --help
+
+        registry = _registry(db, blobs, json_output)
+        register_from = registry.show(register_from).ref  # fail before the forward passes when the parent does not exist
     model = load_model(model_path)
     if json_output:
         new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
@@ -147,6 +160,9 @@ def recalibrate(
             new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
     save_recalibrated(new, output)
     report = report.model_copy(update={"output": str(output)})
+    headline = None
+    if registry is not None:
+        report, headline = register_recalibrated(registry, register_from, output, data, report)
     if json_output:
         print(report.to_json())
     else:
@@ -160,7 +176,20 @@ def recalibrate(
         for note in report.notes:
             say(f"note: {note}")
         say_marked("[green]wrote[/] ", str(output))
-        say(register_hint(output))
+        if report.registered:
+            say_marked("[green]registered[/] ", f"{report.version} (recalibrated from {register_from}): {headline}")
+        else:
+            say(register_hint(output))
+
+
+def register_recalibrated(registry, parent: str, output: Path, data: Path, report):
+    """Register `output` as the recalibrated child of `parent`; (report with the new version, the diff's headline)."""
+    name = parent.split("@", 1)[0]
+    note = f"recalibrated on {report.samples} samples of {data.name} in {report.batches} batches"
+    result = registry.register(name, output, parent=parent, operation="recalibrated", note=note)
+    version = f"{result.version.model}@{result.version.number}"
+    headline = registry.diff(parent, version).headline
+    return report.model_copy(update={"registered": True, "version": version, "parent": parent, "diff": headline}), headline
 
 
 def register_hint(output: Path) -> str:
