@@ -227,8 +227,10 @@ def drift_page(request: Request, principal: Principal, name: str, ref: str) -> H
     reports = drift_reports(registry, record.ref)
     latest = reports[0] if reports else None
     shift_chart, ratio_chart = pages.drift_charts(latest.report) if latest else ("", "")
+    recalibrated = [{"ref": node.ref, "note": node.note, "url": pages.version_url(*node.ref.rsplit("@", 1))}
+                    for node in registry.lineage(record.ref).nodes if node.parent == record.ref and node.operation == "recalibrated"]
     return render(request, "drift.html", record=record, latest=latest, older=reports[1:], shift_chart=shift_chart, ratio_chart=ratio_chart,
-                  ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None,
+                  ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None, recalibrated=recalibrated,
                   version_url=pages.version_url(record.model, record.number))
 
 

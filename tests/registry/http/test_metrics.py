@@ -8,6 +8,7 @@ a drift report recorded against a version, and a token scoped to another model d
 from __future__ import annotations
 
 import math
+import re
 
 import httpx
 import numpy as np
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from converters.models.monitoring.drift import drift_check
 from registry.drift_records import record_drift
+from registry.http.metrics import LAYER_STATES
 from tests.http_server import create_token, running_server
 from tests.registry.http.test_http_api import assert_error, bearer, failing_gate_bundle, onnx_bytes, pt2_bytes, small_model
 
@@ -97,25 +99,48 @@ def test_registrations_are_counted_by_outcome_and_the_gate_is_timed(env):
     assert value(after, "normbridge_gate_duration_seconds_sum", outcome="passed") > value(before, "normbridge_gate_duration_seconds_sum", outcome="passed")
 
 
-def test_drift_series_follow_the_newest_recorded_report_and_the_token_scope(env):
+@pytest.fixture(scope="module")
+def shifted(env):
+    """served@1 with two drift reports recorded against it, a calm one then a shifted one; returns the shifted (newest) report."""
     writer, registry = env["clients"]["writer"], env["registry"]
     assert writer.post("/api/v1/models/other/versions", params={"format": "onnx"}, content=onnx_bytes()).status_code in (200, 201)
     assert writer.post("/api/v1/models/served/versions", params={"format": "pt2"}, content=pt2_bytes(small_model(seed=5), env["root"])).status_code == 201
     model = small_model(seed=5)
     rng = np.random.default_rng(0)
     record_drift(registry, "served@1", drift_check(model, rng.standard_normal((256, 3)).astype(np.float32)))
-    shifted = drift_check(model, (rng.standard_normal((256, 3)) * 3 + 4).astype(np.float32))
-    assert shifted.verdict == "drift"
-    record_drift(registry, "served@1", shifted)  # the newer report is the one exported
+    report = drift_check(model, (rng.standard_normal((256, 3)) * 3 + 4).astype(np.float32))
+    assert report.verdict == "drift"
+    record_drift(registry, "served@1", report)  # the newer report is the one exported
+    return report
+
+
+def test_drift_series_follow_the_newest_recorded_report_and_the_token_scope(env, shifted):
     samples = scrape(env["clients"]["prometheus"])
     for layer in shifted.layers:
         labels = {"model": "served", "version": "1", "layer": layer.name}
         assert value(samples, "normbridge_drift_shift", **labels) == pytest.approx(layer.max_shift)
         assert value(samples, "normbridge_drift_variance_ratio", **labels) == pytest.approx(math.exp(layer.max_abs_log_ratio))
-        assert value(samples, "normbridge_drift_layer_state", **labels) == (2 if layer.status == "drift" else 0)
+        assert value(samples, "normbridge_drift_layer_state", **labels) == LAYER_STATES[layer.status]
     assert value(samples, "normbridge_drift_alert_state", model="served", version="1") == 2
 
     scoped = scrape(env["clients"]["other_reader"])
     assert not [labels for name in ("normbridge_drift_shift", "normbridge_drift_alert_state") for labels in scoped.get(name, {})
                 if dict(labels)["model"] != "other"]
     assert "normbridge_http_requests_total" in scoped  # service metrics carry no model name
+
+
+def test_the_drift_page_shows_each_layers_status_and_links_the_recalibrated_child(env, shifted):
+    writer = env["clients"]["writer"]
+    child = writer.post("/api/v1/models/served/versions", params={"format": "pt2", "parent": "served@1", "operation": "recalibrated",
+                                                                  "note": "recalibrated on recent traffic"},
+                        content=pt2_bytes(small_model(seed=6), env["root"]))
+    assert child.status_code == 201, child.text
+    number = child.json()["version"]["number"]
+    token = env["clients"]["prometheus"].headers["authorization"].removeprefix("Bearer ")
+    with httpx.Client(base_url=env["server"].url, cookies={"nb_session": token}, timeout=60) as browser:
+        page = browser.get("/ui/models/served/versions/1/drift")
+    assert page.status_code == 200, page.text
+    report = shifted  # the page shows the newest report
+    statuses = re.findall(r'class="layer-status" data-status="([a-z_]+)"', page.text)
+    assert statuses == [layer.status for layer in report.layers] and "drift" in statuses
+    assert f'href="/ui/models/served/versions/{number}"' in page.text and "recalibrated on recent traffic" in page.text
