@@ -57,7 +57,7 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     install_web_pages(app)
     install_api_docs(app)
     app.add_middleware(RequestGuard, hosts=HostPolicy.serving(host, allowed_hosts))
-    install_metrics(app, registry.meta)  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
+    install_metrics(app, registry)  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
     _declare_guard_in_openapi(app)
     return app
 

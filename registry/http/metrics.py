@@ -6,10 +6,10 @@ request is labelled with its route *template* ('/api/v1/models/{name}/versions')
 no route matched, never the raw path; drift series carry model, version and layer only.
 
 Service metrics are kept per process (with `serve --workers N` each scrape answers from one worker).
-Drift metrics are read at scrape time: the newest recorded drift report of every version (the
-drift_reports table, so every worker and replica answers the same), overlaid by whatever a drift
-history store pushed through `DriftGauges.observe` (the interface its POST path calls; see
-docs/metrics.md). Access follows the API's tokens: a read token may scrape, and a token scoped to
+Drift metrics are read from the database at scrape time, so every worker and replica answers the
+same: by default the newest recorded drift report of every version (`recorded_reports`); a drift
+history store adds its own read (`history_windows(current)`), and a store with no such read can
+push through `DriftGauges.observe` (see docs/metrics.md). Access follows the API's tokens: a read token may scrape, and a token scoped to
 some models sees only those models' drift series.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -63,15 +63,55 @@ class DriftObservation:
     at: float
 
 
-class DriftGauges:
-    """The drift series: the newest recorded report per version, overlaid by what `observe` was told (thread-safe).
+#: Where drift figures come from at scrape time: source(registry) -> (layers, alert states), keyed like the labels.
+DriftSource = Callable[[Any], tuple[dict[tuple[str, int, str], DriftObservation], dict[tuple[str, int], str]]]
 
-    `observe(model, version, layer, shift, ratio, state)` is the call a drift history store makes per layer when it
-    stores a window; `set_alert_state(model, version, state)` sets the version's state from its alert rule.
+
+def recorded_reports(registry) -> tuple[dict, dict]:
+    """The newest drift report recorded per version (`drift --record`): its layers, and 'alert' when its verdict is drift."""
+    layers, alerts = {}, {}
+    for record in latest_drift_reports(registry.meta):
+        stamp = record.created_at.timestamp()
+        for layer in record.report.layers:
+            layers[(record.model, record.number, layer.name)] = DriftObservation(layer.max_shift, math.exp(layer.max_abs_log_ratio),
+                                                                                 layer.status, stamp)
+        alerts[(record.model, record.number)] = "alert" if record.report.verdict == "drift" else "ok"
+    return layers, alerts
+
+
+def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
+    """A source over a drift history store's `current(registry)`: per version its state and newest window's layers.
+
+    Each item is read by attribute: model, number, state (ok|warning|alert) and last (None, or a window with received_at and
+    layers, each with name, max_shift, max_abs_log_ratio, over and optionally status)."""
+
+    def source(registry) -> tuple[dict, dict]:
+        layers, alerts = {}, {}
+        for version in current(registry):
+            alerts[(version.model, version.number)] = version.state
+            window = version.last
+            if window is None:
+                continue
+            stamp = window.received_at.timestamp()
+            for layer in window.layers:
+                state = getattr(layer, "status", None) or ("drift" if layer.over else "ok")
+                layers[(version.model, version.number, layer.name)] = DriftObservation(
+                    layer.max_shift, math.exp(layer.max_abs_log_ratio), state, stamp)
+        return layers, alerts
+
+    return source
+
+
+class DriftGauges:
+    """The drift series: each source read at scrape time (later ones override earlier ones), then what `observe` was told.
+
+    `observe(model, version, layer, shift, ratio, state)` is the push alternative for a store that has no `current` read:
+    it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a version's state.
     """
 
-    def __init__(self, meta=None):
-        self._meta = meta
+    def __init__(self, registry=None, sources: Sequence[DriftSource] = (recorded_reports,)):
+        self._registry = registry
+        self._sources = tuple(sources) if registry is not None else ()
         self._lock = threading.Lock()
         self._layers: dict[tuple[str, int, str], DriftObservation] = {}
         self._alerts: dict[tuple[str, int], str] = {}
@@ -91,16 +131,13 @@ class DriftGauges:
             self._alerts[(model, int(version))] = state
 
     def snapshot(self) -> tuple[dict, dict]:
-        """(layers, alert states) keyed like the labels: recorded reports first, observations on top."""
+        """(layers, alert states) keyed like the labels: the sources in order, observations on top."""
         layers: dict[tuple[str, int, str], DriftObservation] = {}
         alerts: dict[tuple[str, int], str] = {}
-        if self._meta is not None:
-            for record in latest_drift_reports(self._meta):
-                stamp = record.created_at.timestamp()
-                for layer in record.report.layers:
-                    layers[(record.model, record.number, layer.name)] = DriftObservation(
-                        layer.max_shift, math.exp(layer.max_abs_log_ratio), layer.status, stamp)
-                alerts[(record.model, record.number)] = "alert" if record.report.verdict == "drift" else "ok"
+        for source in self._sources:
+            found_layers, found_alerts = source(self._registry)
+            layers.update(found_layers)
+            alerts.update(found_alerts)
         with self._lock:
             layers.update(self._layers)
             alerts.update(self._alerts)
@@ -160,7 +197,7 @@ class GateTimer:
 class ServiceMetrics:
     """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram, drift gauges."""
 
-    def __init__(self, meta=None):
+    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,)):
         self.registry = CollectorRegistry()
         self.requests = Counter("normbridge_http_requests", "HTTP requests by method, route template and status.",
                                 ["method", "route", "status"], registry=self.registry)
@@ -170,7 +207,7 @@ class ServiceMetrics:
                                      ["outcome"], registry=self.registry)
         self.gate = Histogram("normbridge_gate_duration_seconds", "Time the equivalence gate took per registration, by outcome.",
                               ["outcome"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.drift = DriftGauges(meta)
+        self.drift = DriftGauges(registry, drift_sources)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in _METHODS else "OTHER"
@@ -232,13 +269,15 @@ def metrics(request: Request, principal: Reader) -> Response:
     return Response(request.app.state.metrics.exposition(principal), media_type=CONTENT_TYPE_LATEST)
 
 
-def install(app, meta=None) -> ServiceMetrics:
-    """Give `app` its own metrics (app.state.metrics), the counting middleware and GET /metrics; call after every other middleware."""
-    app.state.metrics = ServiceMetrics(meta)
+def install(app, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,)) -> ServiceMetrics:
+    """Give `app` its own metrics (app.state.metrics), the counting middleware and GET /metrics; call after every other middleware.
+
+    `drift_sources` are read at each scrape, in order (a history store adds `history_windows(its current)` after the reports)."""
+    app.state.metrics = ServiceMetrics(registry, drift_sources)
     app.include_router(router)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app.state.metrics
 
 
-__all__ = ["ALERT_STATES", "DriftGauges", "GateTimer", "LAYER_STATES", "MetricsMiddleware", "ServiceMetrics", "install",
-           "registration_outcome"]
+__all__ = ["ALERT_STATES", "DriftGauges", "DriftObservation", "DriftSource", "GateTimer", "LAYER_STATES", "MetricsMiddleware", "ServiceMetrics",
+           "history_windows", "install", "recorded_reports", "registration_outcome"]
