@@ -230,7 +230,8 @@ def drift_page(request: Request, principal: Principal, name: str, ref: str) -> H
     latest = reports[0] if reports else None
     shift_chart, ratio_chart = pages.drift_charts(latest.report) if latest else ("", "")
     recalibrated = [{"ref": node.ref, "note": node.note, "url": pages.version_url(*node.ref.rsplit("@", 1))}
-                    for node in registry.lineage(record.ref).nodes if node.parent == record.ref and node.operation == "recalibrated"]
+                    for node in registry.lineage(record.ref).nodes
+                    if node.parent == record.ref and node.operation == "recalibrated" and principal.may_see(split_ref(node.ref)[0])]
     return render(request, "drift.html", record=record, latest=latest, older=reports[1:], shift_chart=shift_chart, ratio_chart=ratio_chart,
                   timeline=drift_view.shift_timeline(reports), state=drift_view.report_state(latest.report) if latest else None,
                   ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None, recalibrated=recalibrated,
