@@ -93,6 +93,8 @@ class LayerMoments:
     counts: list[int] = field(default_factory=list)
     means: list[np.ndarray] = field(default_factory=list)
     variances: list[np.ndarray] = field(default_factory=list)  # biased (ddof=0) within each batch
+    batches_tracked: int | None = None  # num_batches_tracked where the format keeps it (torch), else None
+    momentum: float | None = None  # torch convention (weight of a new batch); None when unknown or a cumulative average
 
     @property
     def channels(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
@@ -96,4 +96,14 @@ def drift_reports(registry, ref: str) -> list[DriftRecord]:
                             report=DriftReport.model_validate(row.report)) for row in rows]
 
 
-__all__ = ["DriftRecord", "check_belongs", "drift_reports", "record_drift"]
+def latest_drift_reports(meta) -> list[DriftRecord]:
+    """The newest recorded drift report of every version that has one (one query; what GET /metrics exports)."""
+    newest = select(DriftReportRow.version_id, func.max(DriftReportRow.id).label("id")).group_by(DriftReportRow.version_id).subquery()
+    query = (select(DriftReportRow, ModelRow.name, VersionRow.number).join(newest, DriftReportRow.id == newest.c.id)
+             .join(VersionRow, DriftReportRow.version_id == VersionRow.id).join(ModelRow, VersionRow.model_id == ModelRow.id))
+    with Session(meta.engine.execution_options(**{READ_ONLY: True})) as session:
+        return [DriftRecord(id=row.id, model=name, number=number, created_at=utc(row.created_at), user=row.user,
+                            report=DriftReport.model_validate(row.report)) for row, name, number in session.execute(query)]
+
+
+__all__ = ["DriftRecord", "check_belongs", "drift_reports", "latest_drift_reports", "record_drift"]

@@ -148,6 +148,7 @@ class ServerUnreachableError(NormbridgeError):
 #: Exit codes of verdicts that are not errors (a command ran and found something):
 HAZARD_FOUND_EXIT = 10  # `normbridge inspect --fail-on`: a hazard at or above the severity
 DRIFT_ALARM_EXIT = 11  # `normbridge drift`: a layer's activations drifted past the thresholds
+DRIFT_UNCONVERGED_EXIT = 23  # `normbridge drift`: no layer drifted, but some layer's running statistics never converged
 
 #: Error type -> CLI exit code (the most specific class listed wins; HTTP_STATUSES below has the same keys).
 #: 1 is left to unexpected crashes and 2 to usage errors (Typer/Click's own).

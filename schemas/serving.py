@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Result(BaseModel):
@@ -217,8 +217,15 @@ class DriftThresholds(_Result):
     log_ratio: float = Field(0.6931471805599453, description="Max |log(var / running_var)|; log(2) = a factor of two either way.")
 
 
+#: Why a layer is reported: its input matches its statistics, its input moved, or its statistics never converged.
+LayerStatus = Literal["ok", "drift", "unconverged_statistics"]
+
+
 class DriftLayer(_Result):
-    """One BatchNorm layer: serving-time input statistics against its frozen running statistics."""
+    """One BatchNorm layer: serving-time input statistics against its frozen running statistics.
+
+    `alarm` says a threshold was exceeded; `status` says why: 'drift' (the input moved) or 'unconverged_statistics'
+    (the running statistics still hold much of their initial mean 0 / variance 1, so no input could match them)."""
 
     name: str
     channels: int
@@ -229,10 +236,26 @@ class DriftLayer(_Result):
     mean_abs_log_ratio: float
     worst_ratio_channel: int
     alarm: bool
+    status: LayerStatus = Field("ok", description="ok, drift, or unconverged_statistics (see `reason`).")
+    reason: str | None = Field(None, description="Why the statistics are judged unconverged, with the evidence.")
+    batches_tracked: int | None = Field(None, description="num_batches_tracked where the model keeps it (torch), else None.")
+    momentum: float | None = Field(None, description="The layer's momentum (torch convention: weight of the new batch), where known.")
+    initial_weight: float | None = Field(None, description="Share of the initial values (mean 0, variance 1) still in the running "
+                                         "statistics: (1 - momentum) ** batches_tracked, or 1.0 when they are exactly the initial values.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _status_of_older_records(cls, data):
+        """A report stored before `status` existed reads as 'drift' where it alarmed."""
+        if isinstance(data, dict) and "status" not in data:
+            data = {**data, "status": "drift" if data.get("alarm") else "ok"}
+        return data
 
 
 class DriftReport(_Result):
-    """Verdict of `drift_check` over every BatchNorm layer, in execution order."""
+    """Verdict of `drift_check` over every BatchNorm layer, in execution order.
+
+    `alarms` lists the layers whose input moved (status 'drift'); `unconverged` those whose statistics never converged."""
 
     model: str
     framework: str
@@ -241,7 +264,8 @@ class DriftReport(_Result):
     variance: str = "population variance (ddof=0) of the layer input per channel over batch and spatial positions"
     layers: list[DriftLayer]
     alarms: list[str]
-    verdict: Literal["no drift", "drift"]
+    unconverged: list[str] = Field(default_factory=list)
+    verdict: Literal["no drift", "drift", "unconverged statistics"]
     statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description=(
         "sha256 of the running statistics the report compared against (schemas.monitoring.statistics_digest): a report is "
         "recorded only against a version holding the same statistics."))
@@ -249,7 +273,8 @@ class DriftReport(_Result):
     def render_text(self) -> str:
         t = self.thresholds
         lines = [
-            f"drift: {self.verdict.upper()} ({len(self.alarms)} of {len(self.layers)} BatchNorm layers alarmed) on {self.samples} samples, {self.model}",
+            f"drift: {self.verdict.upper()} ({len(self.alarms)} of {len(self.layers)} BatchNorm layers drifted, {len(self.unconverged)} with "
+            f"unconverged statistics) on {self.samples} samples, {self.model}",
             f"  thresholds: standardized mean shift > {t.shift:g} or |log variance ratio| > {t.log_ratio:.4g} on any channel",
             f"  {'layer':<28} {'ch':>4} {'max shift':>10} {'mean shift':>10} {'max|log r|':>10}  alarm",
         ]
@@ -284,8 +309,12 @@ class RecalibrationReport(_Result):
     variance_estimator: Literal["unbiased", "biased"]
     layers: list[RecalibratedLayer]
     output: str | None = None
-    registered: bool = Field(False, description="Always False: recalibrate writes a file; `normbridge register NAME FILE --parent NAME@N "
-                             "--operation recalibrated` registers it with its lineage.")
+    registered: bool = Field(False, description="True with `recalibrate --register NAME@N`: the output became a 'recalibrated' child "
+                             "version of NAME@N (else `normbridge register NAME FILE --parent NAME@N --operation recalibrated` does it).")
+    version: str | None = Field(None, description="The registered version 'NAME@M' (with --register).")
+    parent: str | None = Field(None, description="The version it was recalibrated from (with --register).")
+    diff: str | None = Field(None, description="The diff's headline against the parent, e.g. 'weights identical, running statistics "
+                             "changed in 3 layers'.")
     notes: list[str] = Field(default_factory=list)
 
     def render_text(self) -> str:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from cli.commands.inspect import HAZARD_EXIT_CODE
-from cli.commands.monitoring import DRIFT_EXIT_CODE
+from cli.commands.monitoring import DRIFT_EXIT_CODE, UNCONVERGED_EXIT_CODE
 from cli.docs_reference import PAGE, command_helps
 from schemas.errors import EXIT_CODES
 
@@ -154,5 +154,5 @@ def test_the_site_home_installs_as_the_readme_does():
 
 def test_every_exit_code_is_in_the_exit_code_table():
     documented = {int(code) for code in re.findall(r"^\| (\d+) \|", (DOCS / "commands.md").read_text(), re.M)}
-    used = set(EXIT_CODES.values()) | {0, 1, 2, HAZARD_EXIT_CODE, DRIFT_EXIT_CODE}
+    used = set(EXIT_CODES.values()) | {0, 1, 2, HAZARD_EXIT_CODE, DRIFT_EXIT_CODE, UNCONVERGED_EXIT_CODE}
     assert not sorted(used - documented), f"docs/commands.md does not list exit codes {sorted(used - documented)}"

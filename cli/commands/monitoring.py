@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.errors import DRIFT_ALARM_EXIT
+from schemas.errors import DRIFT_ALARM_EXIT, DRIFT_UNCONVERGED_EXIT
 
 from ..app import app, console
 from ..arguments import version_ref
@@ -19,19 +19,21 @@ from ..fitting import print_table, say, say_marked
 
 #: Exit code of `drift` when at least one layer alarms (0: no alarm): a verdict, not an error.
 DRIFT_EXIT_CODE = DRIFT_ALARM_EXIT
+#: Exit code of `drift` when no layer drifted but some layer's statistics never converged.
+UNCONVERGED_EXIT_CODE = DRIFT_UNCONVERGED_EXIT
 
 
 def _drift_table(report) -> Table:
     t = report.thresholds
     table = Table(title=f"BatchNorm input drift on {report.samples} samples (shift > {t.shift:g}, |log var ratio| > {t.log_ratio:.3g})")
     for column, justify in (("layer", "left"), ("channels", "right"), ("max shift", "right"), ("mean shift", "right"),
-                            ("max |log ratio|", "right"), ("worst channel", "right"), ("alarm", "left")):
+                            ("max |log ratio|", "right"), ("worst channel", "right"), ("status", "left")):
         table.add_column(column, justify=justify)
     for layer in report.layers:
         ratio_only = layer.max_abs_log_ratio > t.log_ratio and layer.max_shift <= t.shift
         worst = layer.worst_ratio_channel if ratio_only else layer.worst_shift_channel
         table.add_row(layer.name, str(layer.channels), f"{layer.max_shift:.3f}", f"{layer.mean_shift:.3f}", f"{layer.max_abs_log_ratio:.3f}",
-                      str(worst), "[bold red]ALARM[/]" if layer.alarm else "[green]-[/]")
+                      str(worst), _STATUS_CELLS[layer.status])
     return table
 
 
@@ -64,6 +66,28 @@ def _recording_registry(record: str | None, db: str | None, blobs: str | None):
     return _LocalRecorder(Registry(db=db, blobs=blobs))
 
 
+#: How a layer's status reads in the table: an alarm is DRIFT only when the input moved.
+_STATUS_CELLS = {"ok": "[green]-[/]", "drift": "[bold red]DRIFT[/]", "unconverged_statistics": "[yellow]unconverged_statistics[/]"}
+
+
+def _print_verdict(report) -> None:
+    """The verdict line, then why the unconverged layers are not drift (each distinct reason once)."""
+    total = len(report.layers)
+    if report.alarms:
+        console.print(f"[bold red]DRIFT[/] in {', '.join(report.alarms)} ({len(report.alarms)} of {total} BatchNorm layers drifted)")
+    if report.unconverged:
+        say_marked("[yellow]unconverged statistics[/] ", f"in {len(report.unconverged)} of {total} BatchNorm layers: their running "
+                   "statistics never converged, so their alarms say nothing about the served input (recalibrate or train longer)")
+        reasons: dict[str, list[str]] = {}
+        for layer in report.layers:
+            if layer.status == "unconverged_statistics" and layer.reason:
+                reasons.setdefault(layer.reason, []).append(layer.name)
+        for reason, names in reasons.items():
+            say(f"  {names[0]}{f' and {len(names) - 1} more' if len(names) > 1 else ''}: {reason}")
+    if not report.alarms and not report.unconverged:
+        console.print(f"[green]no drift[/] (0 of {total} BatchNorm layers alarmed)")
+
+
 @app.command()
 @reports_errors
 def drift(
@@ -80,8 +104,11 @@ def drift(
 ) -> None:
     """Compare every BatchNorm layer's input statistics on serving data with its frozen running statistics.
 
-    Exit 0 when no layer alarms, 11 when one does. --record refuses (exit 14) a report whose model holds other running statistics
-    than the version; with the global --server it records on that server and opens no local registry.
+    A layer alarms as DRIFT when its input moved, as unconverged_statistics when its running statistics never converged
+    (few tracked batches for the momentum, values still near mean 0 / variance 1, or downstream of such a layer).
+    Exit 0 when no layer alarms, 11 when one drifted, 23 when none drifted but some statistics never converged. --record
+    refuses (exit 14) a report whose model holds other running statistics than the version; with the global --server it
+    records on that server and opens no local registry.
     Example: normbridge drift model.onnx todays_inputs.npy --json --record resnet@3
     """
     from converters.models.monitoring.drift import drift_check
@@ -108,12 +135,13 @@ def drift(
         print(report.to_json())
     else:
         print_table(_drift_table(report))
-        verdict = f"[bold red]DRIFT[/] in {', '.join(report.alarms)}" if report.alarms else "[green]no drift[/]"
-        console.print(f"{verdict} ({len(report.alarms)} of {len(report.layers)} BatchNorm layers alarmed)")
+        _print_verdict(report)
     if stored is not None:
         Console(stderr=True).print(f"recorded drift report {stored.id} against {stored.model}@{stored.number}", highlight=False, markup=False)
     if report.alarms:
         raise typer.Exit(DRIFT_EXIT_CODE)
+    if report.unconverged:
+        raise typer.Exit(UNCONVERGED_EXIT_CODE)
 
 
 @app.command()
@@ -125,10 +153,17 @@ def recalibrate(
     batch_size: int = typer.Option(32, "--batch-size", help="Inputs per batch; the statistics are the cumulative average over batches."),
     biased: bool = typer.Option(False, "--biased", help="running_var from the biased batch variance (Keras/ONNX training) instead of PyTorch's unbiased one."),
     json_output: bool = typer.Option(False, "--json", help="Print the recalibration report as JSON."),
+    register_from: str | None = typer.Option(None, "--register", metavar="NAME@N", callback=version_ref,
+                                             help="Register the output as a 'recalibrated' child of this version (lineage and a diff "
+                                                  "against it); local with --db/--blobs, or over --server."),
+    db: str | None = typer.Option(None, "--db", help="With --register: SQLAlchemy URL of the registry database (env NORMBRIDGE_DB)."),
+    blobs: str | None = typer.Option(None, "--blobs", help="With --register: the registry's blob store (env NORMBRIDGE_BLOBS)."),
 ) -> None:
     """Re-estimate BatchNorm running statistics on new data (weights untouched) and write the new model.
 
-    Example: normbridge recalibrate model.onnx new_inputs.npy -o model.recalibrated.onnx
+    With --register NAME@N the new model becomes the next version of NAME, a 'recalibrated' child of NAME@N, and its diff
+    against NAME@N is printed ("weights identical, running statistics changed in K layers").
+    Example: normbridge recalibrate model.onnx recent_traffic.npy -o model.recalibrated.onnx --register resnet@3
     """
     from converters.models.loading import load_model
     from converters.models.monitoring.recalibration import recalibrate as run_recalibration
@@ -140,6 +175,12 @@ def recalibrate(
     if output.suffix.lower() != model_path.suffix.lower():
         raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")
     check_headers((model_path,), (data,))
+    registry = None
+    if register_from is not None:
+        from .registry import _registry  # here, not at the top: importing it first would list its commands before these in --help
+
+        registry = _registry(db, blobs, json_output)
+        register_from = registry.show(register_from).ref  # fail before the forward passes when the parent does not exist
     model = load_model(model_path)
     if json_output:
         new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
@@ -148,6 +189,9 @@ def recalibrate(
             new, report = run_recalibration(model, data, batch_size=batch_size, variance_estimator="biased" if biased else "unbiased")
     save_recalibrated(new, output)
     report = report.model_copy(update={"output": str(output)})
+    headline = None
+    if registry is not None:
+        report, headline = register_recalibrated(registry, register_from, output, data, report)
     if json_output:
         print(report.to_json())
     else:
@@ -161,7 +205,20 @@ def recalibrate(
         for note in report.notes:
             say(f"note: {note}")
         say_marked("[green]wrote[/] ", str(output))
-        say(register_hint(output))
+        if report.registered:
+            say_marked("[green]registered[/] ", f"{report.version} (recalibrated from {register_from}): {headline}")
+        else:
+            say(register_hint(output))
+
+
+def register_recalibrated(registry, parent: str, output: Path, data: Path, report):
+    """Register `output` as the recalibrated child of `parent`; (report with the new version, the diff's headline)."""
+    name = parent.split("@", 1)[0]
+    note = f"recalibrated on {report.samples} samples of {data.name} in {report.batches} batches"
+    result = registry.register(name, output, parent=parent, operation="recalibrated", note=note)
+    version = f"{result.version.model}@{result.version.number}"
+    headline = registry.diff(parent, version).headline
+    return report.model_copy(update={"registered": True, "version": version, "parent": parent, "diff": headline}), headline
 
 
 def register_hint(output: Path) -> str:

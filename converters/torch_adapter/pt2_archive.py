@@ -160,12 +160,16 @@ def _program(archive: _Archive) -> dict:
 
 
 def _check_sample_inputs(archive: _Archive) -> None:
-    """Refuse sample inputs whose pickle names anything but tensors: scanned statically, never unpickled (nothing needs them)."""
+    """Refuse sample inputs whose pickle names anything but tensors: scanned statically, never unpickled (nothing needs them).
+    An empty entry holds nothing to run."""
     import torch
 
     for entry in sorted(e for e in archive.entries if e.startswith(SAMPLE_INPUTS)):
+        data = archive.read(entry)
+        if not data:
+            continue  # torch.export.save writes an empty entry for a program without example inputs (one loaded by this reader): no pickle
         try:
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(archive.read(entry)))
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
         except Exception as error:  # not a torch.save zip, or opcodes the static scanner does not know
             unsafe = [f"an unreadable pickle ({type(error).__name__})"]
         if unsafe:

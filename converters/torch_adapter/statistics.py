@@ -34,12 +34,22 @@ def batchnorm_modules(module: torch.nn.Module) -> list[tuple[str, Any]]:
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None]
 
 
+def _tracked(counter) -> int | None:
+    """num_batches_tracked as an int (None when the layer keeps no counter)."""
+    return None if counter is None else int(counter.reshape(-1)[0].item()) if counter.numel() else None
+
+
+def _momentum(value) -> float | None:
+    """A program's momentum argument: 0.0 is what an eval export of momentum=None (a cumulative average) records."""
+    return float(value) if isinstance(value, (int, float)) and 0.0 < float(value) < 1.0 else None
+
+
 def module_moments(module: torch.nn.Module, batches: Iterable[Sequence[np.ndarray]]) -> list[LayerMoments]:
     """BatchNorm inputs of an nn.Module, read by forward pre-hooks on a deep copy in eval mode."""
     served = copy.deepcopy(module).eval()
     layers = batchnorm_modules(served)
-    moments = [LayerMoments(name, m.running_mean.detach().double().numpy().copy(), m.running_var.detach().double().numpy().copy(), float(m.eps))
-               for name, m in layers]
+    moments = [LayerMoments(name, m.running_mean.detach().double().numpy().copy(), m.running_var.detach().double().numpy().copy(), float(m.eps),
+                            batches_tracked=_tracked(m.num_batches_tracked), momentum=m.momentum) for name, m in layers]
     handles = []
     for record, (_, bn) in zip(moments, layers):
         handles.append(bn.register_forward_pre_hook(lambda _m, args, record=record: record.add(args[0].detach().numpy(), 1)))
@@ -67,6 +77,7 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
 
     module = program.module()
     buffer_names = {id(t): name for name, t in module.named_buffers()}
+    tracked = {name: t for name, t in module.named_buffers() if name.endswith("num_batches_tracked")}
     moments: dict[str, LayerMoments] = {}
 
     class Recorder(torch.fx.Interpreter):
@@ -80,7 +91,9 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
                 return super().call_function(target, args, kwargs)
             name = buffer_names.get(id(running_mean), f"batch_norm_{len(moments)}").removesuffix(".running_mean")
             if name not in moments:
-                moments[name] = LayerMoments(name, running_mean.double().numpy().copy(), running_var.double().numpy().copy(), float(bound["eps"]))
+                moments[name] = LayerMoments(name, running_mean.double().numpy().copy(), running_var.double().numpy().copy(), float(bound["eps"]),
+                                             batches_tracked=_tracked(tracked.get(f"{name}.num_batches_tracked")),
+                                             momentum=_momentum(bound.get("momentum")))
             moments[name].add(bound["input"].numpy(), 1)
             if not train:
                 return super().call_function(target, args, kwargs)

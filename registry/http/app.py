@@ -3,7 +3,8 @@
 `create_app(registry, insecure_local=..., max_upload_bytes=..., host=..., allowed_hosts=...)` is what
 `normbridge serve` runs with one worker; with several, uvicorn imports `app_from_env` (a factory) in
 each worker, which rebuilds the same app from the NORMBRIDGE_* variables serve sets. Every request
-passes the request guard first (request_guard.py: Host, Origin, Content-Type). /docs and /redoc load
+passes the request guard first (request_guard.py: Host, Origin, Content-Type), inside the metrics middleware
+(metrics.py: GET /metrics). /docs and /redoc load
 their scripts from this server (api_docs.py), never from a CDN.
 """
 
@@ -22,6 +23,7 @@ from registry.web import install as install_web_pages
 from . import routes_blobs, routes_drift, routes_read, routes_write
 from .api_docs import install as install_api_docs
 from .errors import install_error_handlers
+from .metrics import install as install_metrics
 from .request_guard import ALLOWED_HOSTS_ENV, HostPolicy, RequestGuard, declare_refusals, is_loopback
 from .responses import SafeJSONResponse
 from .uploads import remove_orphaned_workspaces
@@ -55,6 +57,7 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     install_web_pages(app)
     install_api_docs(app)
     app.add_middleware(RequestGuard, hosts=HostPolicy.serving(host, allowed_hosts))
+    install_metrics(app, registry)  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
     _declare_guard_in_openapi(app)
     return app
 

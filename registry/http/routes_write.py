@@ -69,8 +69,9 @@ async def register(request: Request, principal: Writer,
         try:
             received = workspace / f"upload{SUFFIXES[file_format]}"
             await receive_body(request, received, limit)
-            result = await run_in_threadpool(_one_at_a_time, lock, registry.register, name, received, parent=parent, note=note,
-                                             operation=operation, allow_unrecognised=allow_unrecognised)
+            with request.app.state.metrics.gate_timer() as timer:
+                result = await run_in_threadpool(_one_at_a_time, lock, registry.register, name, received, parent=parent, note=note,
+                                                 operation=operation, allow_unrecognised=allow_unrecognised, progress=timer)
         finally:
             remove_workspace(workspace)
     body = Registered(created=result.created, version=Version.model_validate(Redactor(principal).version(result.version)), checks=result.checks,
@@ -89,8 +90,9 @@ async def _register_streamed_bundle(request: Request, principal: Principal, lock
 
     def read_and_register():
         try:
-            return registry.register_stream(name, pipe, limit, parent=parent, note=note, operation=operation, reuse=reuse,
-                                            allow_unrecognised=allow_unrecognised)
+            with request.app.state.metrics.gate_timer() as timer:  # the gate's duration (GET /metrics)
+                return registry.register_stream(name, pipe, limit, parent=parent, note=note, operation=operation, reuse=reuse,
+                                                allow_unrecognised=allow_unrecognised, progress=timer)
         finally:
             pipe.abandon()  # the reader is done: the sender drops the rest of the body instead of waiting
 

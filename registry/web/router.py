@@ -26,7 +26,7 @@ from registry.http.redaction import Redactor
 from registry.entities import split_ref
 from schemas.errors import NormbridgeError
 
-from . import pages
+from . import drift_view, pages
 from .session import (CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, clear_cookie, csrf_matches, new_csrf_token, principal_of, read_form,
                       safe_next, same_origin, set_cookie, wants_html)
 
@@ -169,14 +169,15 @@ async def logout(request: Request) -> Response:
 def models_page(request: Request, principal: Principal) -> HTMLResponse:
     registry, redactor = _registry(request, principal), Redactor(principal)
     models = [pages.model_rows(registry, name, redactor, limit=MODELS_PAGE_VERSIONS) for name, _, _ in registry.models() if principal.may_see(name)]
-    return render(request, "models.html", models=models)
+    return render(request, "models.html", models=models, drift_states=drift_view.drift_states(registry))
 
 
 @router.get("/ui/models/{name}", response_class=HTMLResponse)
 @page
 def model_page(request: Request, principal: Principal, name: str) -> HTMLResponse:
     principal.check("read", name)
-    return render(request, "model.html", model=pages.model_rows(_registry(request, principal), name, Redactor(principal)))
+    registry = _registry(request, principal)
+    return render(request, "model.html", model=pages.model_rows(registry, name, Redactor(principal)), drift_states=drift_view.drift_states(registry))
 
 
 @router.get("/ui/models/{name}/versions/{ref}", response_class=HTMLResponse)
@@ -192,6 +193,7 @@ def version_page(request: Request, principal: Principal, name: str, ref: str) ->
     parent_visible = record.parent is not None and not redactor.is_hidden(record.parent)
     return render(
         request, "version.html", record=record, manifest=manifest, aliases=badges, verdict=pages.verdict(record),
+        drift_state=drift_view.drift_states(registry).get((record.model, record.number)),
         layers=pages.layer_rows(registry, record), equivalence=pages.equivalence_rows(record), model_url=pages.model_url(record.model),
         serving=pages.serving_rows(record),
         lineage_url=pages.version_url(record.model, record.number) + "/lineage", drift_url=pages.version_url(record.model, record.number) + "/drift",
@@ -229,8 +231,12 @@ def drift_page(request: Request, principal: Principal, name: str, ref: str) -> H
     reports = drift_reports(registry, record.ref)
     latest = reports[0] if reports else None
     shift_chart, ratio_chart = pages.drift_charts(latest.report) if latest else ("", "")
+    recalibrated = [{"ref": node.ref, "note": node.note, "url": pages.version_url(*node.ref.rsplit("@", 1))}
+                    for node in registry.lineage(record.ref).nodes
+                    if node.parent == record.ref and node.operation == "recalibrated" and principal.may_see(split_ref(node.ref)[0])]
     return render(request, "drift.html", record=record, latest=latest, older=reports[1:], shift_chart=shift_chart, ratio_chart=ratio_chart,
-                  ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None,
+                  timeline=drift_view.shift_timeline(reports), state=drift_view.report_state(latest.report) if latest else None,
+                  ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None, recalibrated=recalibrated,
                   version_url=pages.version_url(record.model, record.number))
 
 

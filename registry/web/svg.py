@@ -15,6 +15,8 @@ from html import escape
 
 import numpy as np
 
+from .labels import distinct_labels
+
 MUTED = "#6b7280"
 AXIS = "#9ca3af"
 BLUE = "#2563eb"
@@ -185,11 +187,10 @@ def threshold_bars_svg(labels: Sequence[str], values: Sequence[float], threshold
     if secondary is not None:
         parts.append(f"<rect x='0' y='26' width='12' height='4' fill='#111827' opacity='0.55'/>"
                      f"<text x='16' y='31' font-size='11' fill='{MUTED}'>{esc(secondary_name)}; bars: max over channels</text>")
-    for i, (label, value) in enumerate(zip(labels, values)):
+    for i, (label, value, shown) in enumerate(zip(labels, values, distinct_labels(labels))):
         y = top + i * (bar_h + gap)
         over = math.isfinite(value) and value > threshold
         length = (min(value, scale) / scale * plot_w) if math.isfinite(value) else plot_w
-        shown = label if len(label) <= 28 else "…" + label[-27:]
         text = f"<text x='{left - 8}' y='{y + 13}' text-anchor='end' fill='#111827'>{esc(shown)}<title>{esc(label)}</title></text>"
         if href is not None:
             text = f"<a href='{esc(href(label))}'>{text}</a>"

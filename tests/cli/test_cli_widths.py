@@ -73,7 +73,7 @@ COMMANDS = {
     "diff": (["diff", "resnet@1", "resnet@2"], ["layer2.0.downsample.1.running_var", "num_batches_tracked"]),
     "audit": (["audit"], ["width-tester", "token_create", "resnet@2"]),
     "token list": (["token", "list"], ["nightly-ci", "write", "pipeline"]),
-    "drift": (["drift", "resnet.onnx", "inputs.npy"], ["layer2.0.downsample.1", "ALARM"]),
+    "drift": (["drift", "resnet.onnx", "inputs.npy"], ["layer2.0.downsample.1", "DRIFT"]),
     "contract": (["contract", "resnet.pt2", "resnet.onnx"], ["PASSED", "deterministic"]),
     "check": (["check", "bn"], ["features.1", "PASSED"]),
     "export": (["export", "resnet.pt2", "--to", "onnx", "-o", "again.onnx"], ["layer2.0.downsample.1", "node__native_batch_norm_legit_no_training__0", "1e-05"]),

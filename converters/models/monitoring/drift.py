@@ -5,7 +5,8 @@ of serving data and compare them with the layer's running statistics: the standa
 shift |mean - running_mean| / sqrt(running_var + eps) and the log variance ratio
 log((var + eps) / (running_var + eps)) (eps on both sides keeps dead channels finite; it is
 negligible elsewhere). Shifted inputs move the first layers most: by the time a shift reaches
-deeper layers, earlier BatchNorms and non-linearities have absorbed part of it.
+deeper layers, earlier BatchNorms and non-linearities have absorbed part of it. A layer that alarms
+because its statistics never converged (convergence.py) is `unconverged_statistics`, not drift.
 
 The layer inputs are read by the model's adapter without changing the model (ModelAdapter.batchnorm_moments):
 forward pre-hooks on the BatchNorm modules of a deep copy (torch nn.Module), an FX interpreter over
@@ -28,6 +29,7 @@ from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 from ...adapters import REGISTRY
 from ...model_values import LayerMoments
 from ..serving.samples import Sample, as_sample, input_specs
+from .convergence import INITIAL_WEIGHT_FLOOR, judge
 
 DEFAULT_THRESHOLDS = DriftThresholds()
 DEFAULT_BATCH_SIZE = 64
@@ -50,17 +52,45 @@ def channel_shift(mean, var, running_mean, running_var, eps: float) -> tuple[np.
 
 
 def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLayer:
-    """Standardized mean shift and log variance ratio of one layer, per channel, summarized."""
+    """Standardized mean shift and log variance ratio of one layer, per channel, summarized, and why it alarms (convergence.py)."""
     mean, var = moments.pooled()
     shift, signed_log_ratio = channel_shift(mean, var, moments.running_mean, moments.running_var, moments.eps)
     log_ratio = np.abs(signed_log_ratio)
     alarm = bool(shift.max() > thresholds.shift or log_ratio.max() > thresholds.log_ratio)
+    verdict = judge(mean, var, moments.running_mean, moments.running_var, moments.eps, thresholds, alarm,
+                    moments.batches_tracked, moments.momentum)
     return DriftLayer(
         name=moments.name, channels=moments.channels,
         max_shift=float(shift.max()), mean_shift=float(shift.mean()), worst_shift_channel=int(shift.argmax()),
         max_abs_log_ratio=float(log_ratio.max()), mean_abs_log_ratio=float(log_ratio.mean()), worst_ratio_channel=int(log_ratio.argmax()),
-        alarm=alarm,
+        alarm=alarm, status=verdict.status, reason=verdict.reason, batches_tracked=moments.batches_tracked, momentum=moments.momentum,
+        initial_weight=verdict.initial_weight,
     )
+
+
+def downstream_of_unconverged(layers: list[DriftLayer]) -> list[DriftLayer]:
+    """Alarms after an unconverged layer (execution order) are that layer's doing, not the input's.
+
+    In eval mode an unconverged BatchNorm normalizes with statistics its training batches never had, so every later layer
+    sees inputs unlike its training inputs although the served input did not move. A layer that drifted on its own
+    (its corrected statistics do not explain it) stays 'drift'; so does every layer before it."""
+    first = next((layer.name for layer in layers if layer.status == "unconverged_statistics"), None)
+    if first is None:
+        return layers
+    out, seen = [], False
+    for layer in layers:
+        if seen and layer.status == "drift" and not _explains_itself(layer):
+            layer = layer.model_copy(update={"status": "unconverged_statistics", "reason": (
+                f"downstream of '{first}', whose statistics never converged: in eval mode it normalizes with statistics its training "
+                "batches never had, so this layer's input differs from its training input although the served input did not move")})
+        seen = seen or layer.name == first
+        out.append(layer)
+    return out
+
+
+def _explains_itself(layer: DriftLayer) -> bool:
+    """A layer whose own statistics are known converged (the batch counter says so) drifted for itself."""
+    return layer.initial_weight is not None and layer.initial_weight < INITIAL_WEIGHT_FLOOR
 
 
 def fixed_batch_size(model: Any) -> int | None:
@@ -114,12 +144,14 @@ def drift_check(model: Any, data: Any, thresholds: DriftThresholds | dict | None
             f"{describe(model)} has no BatchNorm layer with running statistics to monitor (an exporter may have folded them into the "
             "preceding Conv: export with `normbridge export`, which keeps them)."
         )
-    layers = [layer_drift(m, thresholds) for m in moments]
-    alarms = [layer.name for layer in layers if layer.alarm]
+    layers = downstream_of_unconverged([layer_drift(m, thresholds) for m in moments])
+    alarms = [layer.name for layer in layers if layer.status == "drift"]
+    unconverged = [layer.name for layer in layers if layer.status == "unconverged_statistics"]
     return DriftReport(
         model=describe(model), framework=REGISTRY.model_framework(model), samples=sample.batch_size, thresholds=thresholds,
         variance="population variance (ddof=0) per channel over batch and spatial positions; ratio (var + eps) / (running_var + eps)",
-        layers=layers, alarms=alarms, verdict="drift" if alarms else "no drift",
+        layers=layers, alarms=alarms, unconverged=unconverged,
+        verdict="drift" if alarms else "unconverged statistics" if unconverged else "no drift",
         statistics_digest=statistics_digest((m.running_mean, m.running_var) for m in moments),
     )
 

@@ -153,6 +153,6 @@ def test_cli_drift_exit_codes_and_json(exported, tmp_path, cli_app):
     report = json.loads(loud.output)
     assert report["verdict"] == "drift" and report["alarms"][0] == "1" and report["samples"] == 40
     table = runner.invoke(cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "shifted.npz"), "--shift-threshold", "100", "--ratio-threshold", "1000"])
-    assert table.exit_code == 0 and "ALARM" not in table.output
+    assert table.exit_code == 0 and "DRIFT" not in table.output
     bad = runner.invoke(cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "same.npy"), "--ratio-threshold", "0.5"])
     assert bad.exit_code == 6 and "ratio-threshold" in bad.output

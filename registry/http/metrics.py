@@ -1,0 +1,283 @@
+"""GET /metrics: the service's own counters and each version's drift state, in the Prometheus text format.
+
+Every app gets its own `prometheus_client.CollectorRegistry` (`app.state.metrics`), never the
+process-global one, so tests that build several apps do not collide. Labels stay bounded: a
+request is labelled with its route *template* ('/api/v1/models/{name}/versions'), 'unmatched' when
+no route matched, never the raw path; drift series carry model, version and layer only.
+
+Service metrics are kept per process (with `serve --workers N` each scrape answers from one worker).
+Drift metrics are read from the database at scrape time, so every worker and replica answers the
+same: by default the newest recorded drift report of every version (`recorded_reports`); a drift
+history store adds its own read (`history_windows(current)`), and a store with no such read can
+push through `DriftGauges.observe` (see docs/metrics.md). Access follows the API's tokens: a read token may scrape, and a token scoped to
+some models sees only those models' drift series.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from registry.drift_records import latest_drift_reports
+from schemas.errors import CheckFailedError
+
+from .auth import Principal, require
+
+#: A version's alert state as a number, so an alert rule can say `>= 2`.
+ALERT_STATES = {"ok": 0, "warning": 1, "alert": 2}
+#: A layer's state as a number (drift's per-layer status).
+LAYER_STATES = {"ok": 0, "unconverged_statistics": 1, "drift": 2}
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_REGISTER_ROUTE = ("POST", "/api/v1/models/{name}/versions")
+
+
+def registration_outcome(status: int) -> str:
+    """What a POST of a model ended as, from its status: created, existing (identical content), refused (gate), rejected, error."""
+    if status == 201:
+        return "created"
+    if status == 200:
+        return "existing"
+    if status == 409:
+        return "refused"
+    return "rejected" if status < 500 else "error"
+
+
+@dataclass(frozen=True)
+class DriftObservation:
+    """One layer's latest drift figures for a version: max standardized shift, worst variance factor, state."""
+
+    shift: float
+    variance_ratio: float
+    state: str
+    at: float
+
+
+#: Where drift figures come from at scrape time: source(registry) -> (layers, alert states), keyed like the labels.
+DriftSource = Callable[[Any], tuple[dict[tuple[str, int, str], DriftObservation], dict[tuple[str, int], str]]]
+
+
+def recorded_reports(registry) -> tuple[dict, dict]:
+    """The newest drift report recorded per version (`drift --record`): its layers, and 'alert' when its verdict is drift."""
+    layers, alerts = {}, {}
+    for record in latest_drift_reports(registry.meta):
+        stamp = record.created_at.timestamp()
+        for layer in record.report.layers:
+            layers[(record.model, record.number, layer.name)] = DriftObservation(layer.max_shift, math.exp(layer.max_abs_log_ratio),
+                                                                                 layer.status, stamp)
+        alerts[(record.model, record.number)] = "alert" if record.report.verdict == "drift" else "ok"
+    return layers, alerts
+
+
+def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
+    """A source over a drift history store's `current(registry)`: per version its state and newest window's layers.
+
+    Each item is read by attribute: model, number, state (ok|warning|alert) and last (None, or a window with received_at and
+    layers, each with name, max_shift, max_abs_log_ratio, over and optionally status)."""
+
+    def source(registry) -> tuple[dict, dict]:
+        layers, alerts = {}, {}
+        for version in current(registry):
+            alerts[(version.model, version.number)] = version.state
+            window = version.last
+            if window is None:
+                continue
+            stamp = window.received_at.timestamp()
+            for layer in window.layers:
+                state = getattr(layer, "status", None) or ("drift" if layer.over else "ok")
+                layers[(version.model, version.number, layer.name)] = DriftObservation(
+                    layer.max_shift, math.exp(layer.max_abs_log_ratio), state, stamp)
+        return layers, alerts
+
+    return source
+
+
+class DriftGauges:
+    """The drift series: each source read at scrape time (later ones override earlier ones), then what `observe` was told.
+
+    `observe(model, version, layer, shift, ratio, state)` is the push alternative for a store that has no `current` read:
+    it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a version's state.
+    """
+
+    def __init__(self, registry=None, sources: Sequence[DriftSource] = (recorded_reports,)):
+        self._registry = registry
+        self._sources = tuple(sources) if registry is not None else ()
+        self._lock = threading.Lock()
+        self._layers: dict[tuple[str, int, str], DriftObservation] = {}
+        self._alerts: dict[tuple[str, int], str] = {}
+
+    def observe(self, model: str, version: int, layer: str, shift: float, ratio: float, state: str) -> None:
+        """Record a layer's latest window: `shift` the max standardized mean shift, `ratio` the worst variance factor (>= 1)."""
+        if state not in LAYER_STATES:
+            raise ValueError(f"layer state '{state}' for {model}@{version} layer '{layer}' is not one of {sorted(LAYER_STATES)}")
+        with self._lock:
+            self._layers[(model, int(version), layer)] = DriftObservation(float(shift), float(ratio), state, time.time())
+
+    def set_alert_state(self, model: str, version: int, state: str) -> None:
+        """The version's state by the history's sustained-shift rule: ok, warning or alert."""
+        if state not in ALERT_STATES:
+            raise ValueError(f"alert state '{state}' for {model}@{version} is not one of {sorted(ALERT_STATES)}")
+        with self._lock:
+            self._alerts[(model, int(version))] = state
+
+    def snapshot(self) -> tuple[dict, dict]:
+        """(layers, alert states) keyed like the labels: the sources in order, observations on top."""
+        layers: dict[tuple[str, int, str], DriftObservation] = {}
+        alerts: dict[tuple[str, int], str] = {}
+        for source in self._sources:
+            found_layers, found_alerts = source(self._registry)
+            layers.update(found_layers)
+            alerts.update(found_alerts)
+        with self._lock:
+            layers.update(self._layers)
+            alerts.update(self._alerts)
+        return layers, alerts
+
+    def families(self, principal: Principal) -> list[GaugeMetricFamily]:
+        """The drift metric families the caller may see (a scoped token: its models only)."""
+        layers, alerts = self.snapshot()
+        shift = GaugeMetricFamily("normbridge_drift_shift", "Max over channels of |mean - running_mean| / sqrt(running_var + eps) "
+                                  "in the latest window.", labels=["model", "version", "layer"])
+        ratio = GaugeMetricFamily("normbridge_drift_variance_ratio", "Worst channel's variance factor against running_var "
+                                  "(exp of max |log ratio|; 2 = halved or doubled).", labels=["model", "version", "layer"])
+        layer_state = GaugeMetricFamily("normbridge_drift_layer_state", "Layer state: 0 ok, 1 unconverged_statistics, 2 drift.",
+                                        labels=["model", "version", "layer"])
+        alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state: 0 ok, 1 warning, 2 alert.", labels=["model", "version"])
+        for (model, version, layer), seen in sorted(layers.items()):
+            if principal.may_see(model):
+                labels = [model, str(version), layer]
+                shift.add_metric(labels, seen.shift)
+                ratio.add_metric(labels, seen.variance_ratio)
+                layer_state.add_metric(labels, LAYER_STATES[seen.state])
+        for (model, version), state in sorted(alerts.items()):
+            if principal.may_see(model):
+                alert.add_metric([model, str(version)], ALERT_STATES[state])
+        return [shift, ratio, layer_state, alert]
+
+
+class GateTimer:
+    """A registration's progress callback that times the equivalence gate (the 'checking ...' steps) into a histogram.
+
+    Used as a context manager around the registration: a gate that raises ends there, as 'failed' or 'error'."""
+
+    def __init__(self, histogram: Histogram):
+        self._histogram = histogram
+        self._started: float | None = None
+        self._finished = False
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if step.startswith("checking "):
+            if self._started is None:
+                self._started = time.perf_counter()
+        elif self._started is not None:
+            self._finish("passed")
+
+    def _finish(self, outcome: str) -> None:
+        if not self._finished and self._started is not None:
+            self._finished = True
+            self._histogram.labels(outcome=outcome).observe(time.perf_counter() - self._started)
+
+    def __enter__(self) -> "GateTimer":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self._finish("passed" if error is None else "failed" if isinstance(error, CheckFailedError) else "error")
+
+
+class ServiceMetrics:
+    """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram, drift gauges."""
+
+    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,)):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("normbridge_http_requests", "HTTP requests by method, route template and status.",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("normbridge_http_request_duration_seconds", "Time from request to the end of the response, by route template.",
+                                 ["method", "route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.registrations = Counter("normbridge_registrations", "Model registrations by outcome: created, existing, refused, rejected, error.",
+                                     ["outcome"], registry=self.registry)
+        self.gate = Histogram("normbridge_gate_duration_seconds", "Time the equivalence gate took per registration, by outcome.",
+                              ["outcome"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.drift = DriftGauges(registry, drift_sources)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in _METHODS else "OTHER"
+        self.requests.labels(method=method, route=route, status=str(status)).inc()
+        self.latency.labels(method=method, route=route).observe(seconds)
+        if (method, route) == _REGISTER_ROUTE:
+            self.registrations.labels(outcome=registration_outcome(status)).inc()
+
+    def gate_timer(self) -> GateTimer:
+        return GateTimer(self.gate)
+
+    def exposition(self, principal: Principal) -> bytes:
+        """The text the caller may scrape."""
+        return generate_latest(_Scrape(self, principal))
+
+
+class _Scrape:
+    """What generate_latest collects for one caller: the service families and the drift families in scope."""
+
+    def __init__(self, metrics: ServiceMetrics, principal: Principal):
+        self._metrics, self._principal = metrics, principal
+
+    def collect(self) -> Iterable:
+        yield from self._metrics.registry.collect()
+        yield from self._metrics.drift.families(self._principal)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware (outermost): counts every HTTP request by its route template and status, and times it."""
+
+    def __init__(self, app, metrics: ServiceMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"  # the router fills scope["route"] in place
+            self.metrics.observe_request(scope.get("method", "GET"), route, status[0], time.perf_counter() - started)
+
+
+router = APIRouter()
+Reader = Annotated[Principal, Depends(require("read"))]
+
+
+@router.get("/metrics", include_in_schema=False)  # a text format for Prometheus, outside the JSON API (docs/metrics.md)
+def metrics(request: Request, principal: Reader) -> Response:
+    """Service and drift metrics in the Prometheus text format (a read token; a scoped token sees its models' drift)."""
+    return Response(request.app.state.metrics.exposition(principal), media_type=CONTENT_TYPE_LATEST)
+
+
+def install(app, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,)) -> ServiceMetrics:
+    """Give `app` its own metrics (app.state.metrics), the counting middleware and GET /metrics; call after every other middleware.
+
+    `drift_sources` are read at each scrape, in order (a history store adds `history_windows(its current)` after the reports)."""
+    app.state.metrics = ServiceMetrics(registry, drift_sources)
+    app.include_router(router)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    return app.state.metrics
+
+
+__all__ = ["ALERT_STATES", "DriftGauges", "DriftObservation", "DriftSource", "GateTimer", "LAYER_STATES", "MetricsMiddleware", "ServiceMetrics",
+           "history_windows", "install", "recorded_reports", "registration_outcome"]
