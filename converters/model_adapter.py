@@ -22,6 +22,7 @@ import numpy as np
 from schemas import InputFileError, LayerReport, NormbridgeError, NormSpec, UnsupportedObjectError
 
 from .model_contents import ModelContents
+from .model_structure import StructureParts
 from .model_values import InputSpec, LayerFacts, LayerMoments, ModelRunner, Movement, NormLayerRef
 
 
@@ -94,6 +95,15 @@ class ModelAdapter(abc.ABC):
         """Every tensor of `model` and, per normalization layer, its spec and the tensors holding it (what the registry
         stores); refused unless the framework provides it."""
         raise UnsupportedObjectError(f"{self.framework} models cannot be registered yet; register a PyTorch, Keras or ONNX model.")
+
+    def structure_of(self, model: Any, tensors: dict[str, np.ndarray], source: Path | None = None) -> StructureParts | None:
+        """The model's structure without its tensor bytes (model_structure.py), `tensors` being artifact_contents' by name and
+        `source` the file it was loaded from; None when there is none to store (a torch nn.Module is its state dict)."""
+        return None
+
+    def model_file(self, parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
+        """The runnable model file of a stored structure with its tensors put back (the bytes of a file `load` reads)."""
+        raise UnsupportedObjectError(f"{self.framework} models have no stored structure to rebuild; pull the state dict (--format safetensors).")
 
     # -- porting into an existing model ------------------------------------------------------
 

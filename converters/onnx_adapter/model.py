@@ -12,6 +12,7 @@ from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
 from . import running, statistics
 from .files import load_onnx, save_onnx
+from .structure import onnx_file, onnx_structure
 
 
 class OnnxModelAdapter(ModelAdapter):
@@ -77,6 +78,12 @@ class OnnxModelAdapter(ModelAdapter):
         from .artifact_contents import onnx_contents
 
         return onnx_contents(model)
+
+    def structure_of(self, model: Any, tensors, source=None):
+        return onnx_structure(model, tensors)
+
+    def model_file(self, parts, tensors) -> bytes:
+        return onnx_file(parts, tensors)
 
     # -- running and serving ---------------------------------------------------------------
 
