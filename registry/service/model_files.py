@@ -18,7 +18,7 @@ from typing import Any
 from converters.adapters import REGISTRY
 from converters.model_structure import STRUCTURE_SUFFIXES, sha256_of
 from schemas.atomic_io import atomic_write_bytes
-from schemas.errors import IntegrityError, RegistryError
+from schemas.errors import IntegrityError, NormbridgeError, RegistryError
 
 from ..manifest_io import tensors_from_blobs
 from ..state_dict_file import state_dict_file, state_dict_names
@@ -100,22 +100,13 @@ class ModelFiles:
         if expected is not None and sha256_of(data) != expected:
             raise IntegrityError(f"version {record.ref}: the rebuilt {fmt} file hashes to {sha256_of(data)[:12]}, not the {expected[:12]} registered; "
                                  "it is not served: run `normbridge verify` on the version.")
-        self._read_back(record.ref, fmt, manifest.framework, data)
+        read_back(record.ref, fmt, manifest.framework, data)
         report(f"rebuilding the {fmt} model", 1, 1)
         return ModelFile(record.ref, fmt, data)
 
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress: Progress | None = None) -> PullResult:
         """Write the version to `path` atomically (see `model_file`); a directory gets '<name>-<N><suffix>' inside it."""
-        file = self.model_file(ref, fmt, progress)
-        target = Path(path)
-        if target.is_dir():
-            target = target / f"{file.ref.replace('@', '-')}{file.suffix}"
-        if progress:
-            progress("writing", 0, len(file.data))
-        atomic_write_bytes(target, file.data)
-        if progress:
-            progress("writing", len(file.data), len(file.data))
-        return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.digest, nbytes=len(file.data))
+        return write_pulled(self.model_file(ref, fmt, progress), path, progress)
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object (onnx.ModelProto, keras.Model, torch.export.ExportedProgram), read back safely.
@@ -123,7 +114,7 @@ class ModelFiles:
         A torch nn.Module was stored as its state dict: build the module and call load_state_dict(registry.state_dict(ref)).
         """
         file = self.model_file(ref)
-        return self._read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
+        return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
 
     def state_dict(self, ref: str) -> dict:
         """The version's state dict as NumPy arrays by the model's own tensor names (what `--format safetensors` writes)."""
@@ -147,16 +138,29 @@ class ModelFiles:
                                 f"to serve it as ONNX run `normbridge export {ref} --to onnx -o FILE`.")
         return stored
 
-    @staticmethod
-    def _read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
-        """The framework's safe reader on the rebuilt bytes: nobody gets a file normbridge itself would not load."""
-        with tempfile.TemporaryDirectory(prefix="normbridge-pull-") as folder:
-            path = Path(folder) / f"model{STRUCTURE_SUFFIXES[fmt]}"
-            path.write_bytes(data)
-            try:
-                return REGISTRY.model_adapter(framework).load(path)
-            except Exception as error:
-                raise IntegrityError(f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it.") from error
+
+def read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
+    """The framework's safe reader on a rebuilt model file: nobody gets a file normbridge itself would not load."""
+    with tempfile.TemporaryDirectory(prefix="normbridge-pull-") as folder:
+        path = Path(folder) / f"model{STRUCTURE_SUFFIXES[fmt]}"
+        path.write_bytes(data)
+        try:
+            return REGISTRY.model_adapter(framework).load(path)
+        except NormbridgeError as error:
+            raise IntegrityError(f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it.") from error
 
 
-__all__ = ["ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult"]
+def write_pulled(file: ModelFile, path: str | Path, progress: Progress | None = None) -> PullResult:
+    """Write `file` to `path` atomically; a directory gets '<name>-<N><suffix>' inside it."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / f"{file.ref.replace('@', '-')}{file.suffix}"
+    if progress:
+        progress("writing", 0, len(file.data))
+    atomic_write_bytes(target, file.data)
+    if progress:
+        progress("writing", len(file.data), len(file.data))
+    return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.digest, nbytes=len(file.data))
+
+
+__all__ = ["ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult", "read_back", "write_pulled"]
