@@ -8,7 +8,7 @@ model exists.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
@@ -19,6 +19,7 @@ from .auth import Principal, require
 from .context import error_responses, registry_for, version_ref
 
 router = APIRouter(prefix="/api/v1")
+PullFormat = Literal[PULL_FORMATS]  # validated by FastAPI: an unknown format is a 422 naming the ones there are
 Reader = Annotated[Principal, Depends(require("read"))]
 CHUNK = 1024 * 1024
 HEADERS = {
@@ -38,7 +39,7 @@ def _pieces(data: bytes):
             responses={200: {"description": "The file's bytes.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                              "headers": HEADERS}, **error_responses(401, 403, 404, 409, 422, 500)})
 def get_model_file(name: str, ref: str, request: Request, principal: Reader,
-                   format: Annotated[str, Query(description=f"One of {', '.join(PULL_FORMATS)}; source: the format it was registered in.")] = "source",
+                   format: Annotated[PullFormat, Query(description=f"One of {', '.join(PULL_FORMATS)}; source: the format it was registered in.")] = "source",
                    ) -> StreamingResponse:
     principal.check("read", name)
     file = registry_for(request, principal).model_file(version_ref(name, ref), format)
