@@ -44,6 +44,8 @@ STORE_FLOOR = (
     "registry/tokens.py",
     "registry/manifest_io*",
     "registry/tensor_blobs.py",
+    "registry/structure.py",
+    "registry/state_dict_file.py",
     "registry/tar_reader.py",
     "registry/faults.py",
 )
