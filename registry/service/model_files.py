@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class PullResult:
 class ModelFiles:
     """The model-file half of `Registry` (registry/service/__init__.py)."""
 
+    store: Any
     show: Callable[[str], Any]
     manifest: Callable[[str], Any]
     blob_reader: Callable[[Any], Callable[[str], bytes]]
@@ -80,18 +82,9 @@ class ModelFiles:
         manifest = self.manifest(record.ref)
         stored = manifest.structure.format if manifest.structure is not None else None
         fmt = self._pull_format(record.ref, fmt or "source", stored)
-        get = self.blob_reader(record)
-        refs = manifest.blob_refs()
-        done = [0]
-
-        def counted(digest: str) -> bytes:
-            report("reading blobs", done[0], len(refs))
-            done[0] += 1
-            return get(digest)
-
-        tensors = tensors_from_blobs(manifest, counted)
-        parts = structure_parts(manifest, counted)
-        report("reading blobs", len(refs), len(refs))
+        blobs = self._read_blobs(record, manifest.blob_digests(), report)
+        tensors = tensors_from_blobs(manifest, blobs.__getitem__)
+        parts = structure_parts(manifest, blobs.__getitem__)
         if fmt == "safetensors":
             return ModelFile(record.ref, fmt, state_dict_file(manifest, tensors, parts))
         report(f"rebuilding the {fmt} model", 0, 1)
@@ -123,6 +116,17 @@ class ModelFiles:
         get = self.blob_reader(record)
         tensors = tensors_from_blobs(manifest, get)
         return {name: tensors[name] for name in state_dict_names(manifest, structure_parts(manifest, get))}
+
+    def _read_blobs(self, record, digests: list[str], report: Progress) -> dict[str, bytes]:
+        """Every blob of the version, re-hashed (blob_reader), several at once where the store gains from it (S3)."""
+        get = self.blob_reader(record)
+        blobs: dict[str, bytes] = {}
+        with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers)) as pool:
+            for i, (digest, data) in enumerate(zip(digests, pool.map(get, digests))):
+                report("reading blobs", i, len(digests))
+                blobs[digest] = data
+        report("reading blobs", len(digests), len(digests))
+        return blobs
 
     @staticmethod
     def _pull_format(ref: str, fmt: str, stored: str | None) -> str:
