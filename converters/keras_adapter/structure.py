@@ -24,9 +24,15 @@ from .runtime import import_keras
 CONFIG, METADATA = "config.json", "metadata.json"
 
 
-def keras_structure(model: Any) -> StructureParts:
+def keras_structure(model: Any) -> StructureParts | None:
+    """The config and metadata parts; None for a model Keras cannot serialise (a subclassed model without get_config),
+    which is then stored as its tensors only (`pull` says so and offers the state dict)."""
     keras = import_keras()
-    config = keras.saving.serialize_keras_object(model)
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        json.dumps(config)
+    except (NotImplementedError, TypeError, ValueError):
+        return None
     parts = {CONFIG: json.dumps(config, sort_keys=True).encode(), METADATA: json.dumps({"keras_version": keras.__version__}).encode()}
     return StructureParts("keras", parts)
 

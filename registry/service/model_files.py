@@ -135,8 +135,9 @@ class ModelFiles:
         if fmt == "safetensors":
             return fmt
         if stored is None:
-            raise RegistryError(f"version {ref} holds no model structure (a torch nn.Module registered from Python, or a version registered "
-                                "before normbridge stored structures), only its tensors; pull its state dict with --format safetensors.")
+            raise RegistryError(f"version {ref} holds no model structure (a torch nn.Module or a Keras model without a config registered "
+                                "from Python, or a version registered before normbridge stored structures), only its tensors; pull its "
+                                "state dict with --format safetensors.")
         if fmt not in ("source", stored):
             raise RegistryError(f"version {ref} was registered as {stored} and is given back as {stored} or safetensors, not {fmt}; "
                                 f"to serve it as ONNX run `normbridge export {ref} --to onnx -o FILE`.")

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from registry.service import Registry
 from schemas.errors import IntegrityError, RegistryError
-from schemas.manifest import ArtifactManifest
+from schemas.manifest import ArtifactManifest, canonical_json, sha256_hex
 
 
 def trained_cnn(seed: int = 0) -> torch.nn.Module:
@@ -171,3 +171,5 @@ def test_a_manifest_without_structure_keeps_its_document_and_digest():
     manifest = ArtifactManifest.model_validate(document)
     assert "structure" not in json.loads(manifest.to_canonical_json())
     assert "structure" not in manifest.model_dump(mode="json")
+    fields = {"framework", "format", "mode", "tensors", "normalizers"}  # what the content digest covered before structures
+    assert manifest.content_digest() == sha256_hex(canonical_json(manifest.model_dump(mode="json", include=fields)).encode())
