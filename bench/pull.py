@@ -4,8 +4,9 @@
   read (several at once) and re-hashed, the archive rebuilt, read back by the safe `.pt2` reader and written
   atomically; versus a plain boto3 `get_object` of the registered `.pt2` file's bytes from the same moto server.
   Target (issue 14): at least 0.8x boto3's throughput.
-- versus `mlflow models download` of the same model logged with mlflow.pytorch (serialization_format pt2) into a
-  local MLflow store (sqlite + file artifacts); the CLI as a user runs it, and MLflow's Python download alone.
+- versus MLflow's download of the same model logged with mlflow.pytorch (serialization_format pt2) into a local
+  MLflow store (sqlite + file artifacts): `mlflow artifacts download -u models:/NAME/1` as a user runs it (MLflow
+  3.17 has no `mlflow models download`; this is its CLI for it), and MLflow's Python `download_artifacts` alone.
 
     python bench/pull.py [--megabytes 100] [--rounds 3]
 """
@@ -103,14 +104,19 @@ def mlflow_rates(folder: Path, model: torch.nn.Module, megabytes: float, rounds:
         mlflow.pytorch.log_model(model, name="model", input_example=torch.randn(2, 2048).numpy(), serialization_format="pt2",
                                  registered_model_name="big", pip_requirements=["torch"])
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri}
-    rates: dict[str, list[float]] = {"mlflow models download (CLI)": [], "mlflow download_artifacts (Python)": []}
+    rates: dict[str, list[float]] = {"mlflow artifacts download (CLI)": [], "mlflow download_artifacts (Python)": []}
     for round_ in range(rounds):
         target = folder / f"mlflow-cli-{round_}"
-        rates["mlflow models download (CLI)"].append(rate(megabytes, lambda: subprocess.run(
-            [str(BIN / "mlflow"), "models", "download", "-m", "models:/big/1", "-d", str(target)], env=env, check=True, capture_output=True)))
+        rates["mlflow artifacts download (CLI)"].append(rate(megabytes, lambda: subprocess.run(
+            [str(BIN / "mlflow"), "artifacts", "download", "-u", "models:/big/1", "-d", str(target)], env=env, check=True, capture_output=True)))
         rates["mlflow download_artifacts (Python)"].append(rate(megabytes, lambda: mlflow.artifacts.download_artifacts(
             "models:/big/1", dst_path=str(folder / f"mlflow-py-{round_}"))))
     return rates
+
+
+def show(rates: dict[str, list[float]]) -> None:
+    for name, values in rates.items():
+        print(f"  {name:<38} {statistics.median(values):8.1f}  ({' '.join(f'{v:.1f}' for v in values)})", flush=True)
 
 
 def main() -> int:
@@ -124,14 +130,16 @@ def main() -> int:
         source = folder / "model.pt2"
         torch.export.save(torch.export.export(model, (torch.randn(2, 2048),)), str(source))
         megabytes = source.stat().st_size / 1e6
-        rates = {**s3_rates(folder, source, args.rounds), **mlflow_rates(folder, model, megabytes, args.rounds)}
-    print(f"pull of a {megabytes:.1f} MB .pt2, {args.rounds} rounds (S3 = local moto server); MB/s median (per round)")
-    for name, values in rates.items():
-        print(f"  {name:<38} {statistics.median(values):8.1f}  ({' '.join(f'{v:.1f}' for v in values)})")
+        print(f"pull of a {megabytes:.1f} MB .pt2, {args.rounds} rounds (S3 = local moto server); MB/s median (per round)")
+        rates = s3_rates(folder, source, args.rounds)
+        show(rates)
+        mlflow = mlflow_rates(folder, model, megabytes, args.rounds)
+        show(mlflow)
+        rates.update(mlflow)
     ratio = statistics.median(p / b for p, b in zip(rates["normbridge pull (S3 blobs)"], rates["boto3 get_object"]))
-    versus_mlflow = statistics.median(rates["normbridge pull (S3 blobs)"]) / statistics.median(rates["mlflow models download (CLI)"])
+    versus_mlflow = statistics.median(rates["normbridge pull (S3 blobs)"]) / statistics.median(rates["mlflow artifacts download (CLI)"])
     print(f"normbridge pull / boto3 get_object: median {ratio:.2f} (target >= {PULL_TARGET}): {'met' if ratio >= PULL_TARGET else 'NOT met'}")
-    print(f"normbridge pull / mlflow models download (CLI): {versus_mlflow:.2f}x")
+    print(f"normbridge pull / mlflow artifacts download (CLI): {versus_mlflow:.2f}x")
     return 0
 
 
