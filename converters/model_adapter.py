@@ -13,6 +13,7 @@ or nothing to do.
 from __future__ import annotations
 
 import abc
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,6 +43,15 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def load(self, path: Path) -> Any:
         """The model in `path` (a file with one of this framework's MODEL_FILES suffixes), without executing code from it."""
+
+    def load_bytes(self, data: bytes, name: str) -> Any:
+        """The model in the file bytes `data` (`name`, e.g. 'model.pt2', for its suffix and messages), read as `load` reads a file.
+
+        By default through a temporary file; frameworks that read from memory override it."""
+        with tempfile.TemporaryDirectory(prefix="normbridge-model-") as folder:
+            path = Path(folder) / name
+            path.write_bytes(data)
+            return self.load(path)
 
     @abc.abstractmethod
     def save(self, model: Any, path: Path) -> None:

@@ -11,7 +11,7 @@ from schemas.inspection import Hazard
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
 from . import running, statistics
-from .files import load_onnx, save_onnx
+from .files import load_onnx, load_onnx_bytes, save_onnx
 from .structure import onnx_file, onnx_structure
 
 
@@ -25,6 +25,9 @@ class OnnxModelAdapter(ModelAdapter):
 
     def load(self, path: Path) -> Any:
         return load_onnx(path)
+
+    def load_bytes(self, data: bytes, name: str) -> Any:
+        return load_onnx_bytes(data, Path(name))
 
     def save(self, model: Any, path: Path) -> None:
         save_onnx(model, path)

@@ -40,6 +40,11 @@ class TorchModelAdapter(ModelAdapter):
     def load(self, path: Path) -> Any:
         return _load_pt2(path)
 
+    def load_bytes(self, data: bytes, name: str) -> Any:
+        from .pt2_archive import load_exported_program
+
+        return load_exported_program(Path(name), data)
+
     def save(self, model: Any, path: Path) -> None:
         if not exported_program.is_exported_program(model):
             raise UnsupportedObjectError(f"cannot write a recalibrated {type(model).__name__} to '{path}'; recalibrate a .pt2, .keras or .onnx model.")

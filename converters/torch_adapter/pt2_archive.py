@@ -78,15 +78,16 @@ class _Archive:
         return data
 
 
-def load_exported_program(path: str | Path) -> Any:
-    """The torch.export.ExportedProgram stored in the `.pt2` at `path`, read without unpickling anything unsafe.
+def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
+    """The torch.export.ExportedProgram stored in the `.pt2` at `path` (or in `data`, `path` then only naming it in messages),
+    read without unpickling anything unsafe.
 
     Raises:
         InputFileError: not a readable archive, or an entry that would need code to run (named in the message).
     """
     path = Path(path)
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(path if data is None else io.BytesIO(data))
     except (zipfile.BadZipFile, OSError) as error:
         raise InputFileError(f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save.") from error
     with zf:

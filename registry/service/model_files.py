@@ -9,7 +9,6 @@ result is read back through the framework's safe reader (onnx protobuf and check
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -146,13 +145,10 @@ class ModelFiles:
 
 def read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
     """The framework's safe reader on a rebuilt model file: nobody gets a file normbridge itself would not load."""
-    with tempfile.TemporaryDirectory(prefix="normbridge-pull-") as folder:
-        path = Path(folder) / f"model{STRUCTURE_SUFFIXES[fmt]}"
-        path.write_bytes(data)
-        try:
-            return REGISTRY.model_adapter(framework).load(path)
-        except NormbridgeError as error:
-            raise IntegrityError(f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it.") from error
+    try:
+        return REGISTRY.model_adapter(framework).load_bytes(data, f"{ref.replace('@', '-')}{STRUCTURE_SUFFIXES[fmt]}")
+    except NormbridgeError as error:
+        raise IntegrityError(f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it.") from error
 
 
 def write_pulled(file: ModelFile, path: str | Path, progress: Progress | None = None) -> PullResult:
