@@ -23,6 +23,7 @@ from schemas.errors import IntegrityError, NormbridgeError, RegistryError
 from ..manifest_io import tensors_from_blobs
 from ..state_dict_file import state_dict_file, state_dict_names
 from ..structure import structure_parts
+from ..tensor_blobs import tensor_view
 
 #: What `pull` writes: the source format of the version's structure, or its state dict.
 PULL_FORMATS: tuple[str, ...] = ("source", *STRUCTURE_SUFFIXES, "safetensors")
@@ -82,7 +83,7 @@ class ModelFiles:
         stored = manifest.structure.format if manifest.structure is not None else None
         fmt = self._pull_format(record.ref, fmt or "source", stored)
         blobs = self._read_blobs(record, manifest.blob_digests(), report)
-        tensors = tensors_from_blobs(manifest, blobs.__getitem__)
+        tensors = {name: tensor_view(blobs[ref.digest], ref, name) for name, ref in manifest.tensors.items()}
         parts = structure_parts(manifest, blobs.__getitem__)
         if fmt == "safetensors":
             return ModelFile(record.ref, fmt, state_dict_file(manifest, tensors, parts))
