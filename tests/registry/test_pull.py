@@ -173,3 +173,31 @@ def test_a_manifest_without_structure_keeps_its_document_and_digest():
     assert "structure" not in manifest.model_dump(mode="json")
     fields = {"framework", "format", "mode", "tensors", "normalizers"}  # what the content digest covered before structures
     assert manifest.content_digest() == sha256_hex(canonical_json(manifest.model_dump(mode="json", include=fields)).encode())
+
+
+def test_a_manifest_naming_a_structure_part_outside_its_folder_or_not_bytes_is_refused():
+    from schemas.errors import SpecError
+    from schemas.manifest import load_manifest
+
+    ref = {"digest": "0" * 64, "dtype": "uint8", "shape": [3], "nbytes": 3, "role": "weight"}
+    base = {"framework": "onnx", "format": "onnx", "mode": "eval", "tensors": {}, "normalizers": []}
+    for part, entry in (("../model.onnx", ref), ("/etc/passwd", ref), ("model.onnx", {**ref, "dtype": "float32", "shape": [3], "nbytes": 12})):
+        with pytest.raises(SpecError, match="structure part"):
+            load_manifest({**base, "structure": {"format": "onnx", "parts": {part: entry}}})
+    assert load_manifest({**base, "structure": {"format": "onnx", "parts": {"model.onnx": ref}}}).blob_digests() == ["0" * 64]
+
+
+def test_an_onnx_file_read_from_memory_may_not_point_at_external_data(tmp_path):
+    from converters.onnx_adapter.files import load_onnx_bytes
+    from schemas.errors import InputFileError
+
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["w"], ["y"])], "g", [], [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])]))
+    assert load_onnx_bytes(model.SerializeToString(), tmp_path / "m.onnx").graph.initializer[0].name == "w"
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="../../secret.bin")
+    with pytest.raises(InputFileError, match="external file"):
+        load_onnx_bytes(model.SerializeToString(), tmp_path / "m.onnx")
