@@ -36,6 +36,7 @@ bench: setup
 	$(PY) bench/models.py
 	$(PY) bench/registry.py
 	$(PY) bench/service.py
+	$(PY) bench/pull.py
 
 schemas: setup
 	$(PY) -m schemas.json_schema

@@ -9,9 +9,9 @@ module in cli/commands/ is missing from COMMAND_MODULES.
 from __future__ import annotations
 
 from .app import app
-from .commands import inspect, layers, mlflow_commands, monitoring, port, registry, layer_export, service, serving  # noqa: F401  (each registers its commands on `app`, in this order)
+from .commands import inspect, layers, mlflow_commands, monitoring, port, pull, registry, layer_export, service, serving  # noqa: F401  (each registers its commands on `app`, in this order)
 
-COMMAND_MODULES = (layers, inspect, port, serving, monitoring, registry, layer_export, service, mlflow_commands)
+COMMAND_MODULES = (layers, inspect, port, serving, monitoring, registry, pull, layer_export, service, mlflow_commands)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -13,6 +13,7 @@ or nothing to do.
 from __future__ import annotations
 
 import abc
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,6 +23,7 @@ import numpy as np
 from schemas import InputFileError, LayerReport, NormbridgeError, NormSpec, UnsupportedObjectError
 
 from .model_contents import ModelContents
+from .model_structure import StructureParts
 from .model_values import InputSpec, LayerFacts, LayerMoments, ModelRunner, Movement, NormLayerRef
 
 
@@ -41,6 +43,15 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def load(self, path: Path) -> Any:
         """The model in `path` (a file with one of this framework's MODEL_FILES suffixes), without executing code from it."""
+
+    def load_bytes(self, data: bytes, name: str) -> Any:
+        """The model in the file bytes `data` (`name`, e.g. 'model.pt2', for its suffix and messages), read as `load` reads a file.
+
+        By default through a temporary file; frameworks that read from memory override it."""
+        with tempfile.TemporaryDirectory(prefix="normbridge-model-") as folder:
+            path = Path(folder) / name
+            path.write_bytes(data)
+            return self.load(path)
 
     @abc.abstractmethod
     def save(self, model: Any, path: Path) -> None:
@@ -94,6 +105,15 @@ class ModelAdapter(abc.ABC):
         """Every tensor of `model` and, per normalization layer, its spec and the tensors holding it (what the registry
         stores); refused unless the framework provides it."""
         raise UnsupportedObjectError(f"{self.framework} models cannot be registered yet; register a PyTorch, Keras or ONNX model.")
+
+    def structure_of(self, model: Any, tensors: dict[str, np.ndarray], source: Path | None = None) -> StructureParts | None:
+        """The model's structure without its tensor bytes (model_structure.py), `tensors` being artifact_contents' by name and
+        `source` the file it was loaded from; None when there is none to store (a torch nn.Module is its state dict)."""
+        return None
+
+    def model_file(self, parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
+        """The runnable model file of a stored structure with its tensors put back (the bytes of a file `load` reads)."""
+        raise UnsupportedObjectError(f"{self.framework} models have no stored structure to rebuild; pull the state dict (--format safetensors).")
 
     # -- porting into an existing model ------------------------------------------------------
 

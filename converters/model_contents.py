@@ -15,6 +15,8 @@ import numpy as np
 
 from schemas import NormSpec
 
+from .model_structure import StructureParts
+
 #: Spec tensor name -> the short names a framework gives the tensor holding it.
 NAME_HINTS: dict[str, tuple[str, ...]] = {
     "scale": ("weight", "gamma", "scale"),
@@ -56,6 +58,8 @@ class ModelContents:
     mode: str | None = None
     #: The model adapter's model_hazards: among them the layers that look like normalizations and that no recognizer proved.
     hazards: list = field(default_factory=list)
+    #: The model's structure without the tensor bytes (ModelAdapter.structure_of), None when only the tensors are stored.
+    structure: StructureParts | None = None
 
 
 def hinted(prefix: str, names: list[str], separator: str) -> dict[str, str]:

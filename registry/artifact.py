@@ -26,6 +26,7 @@ from schemas.tensors import STORED_DTYPES, tensors_identical
 
 from .manifest_io import MANIFEST_FILE, Artifact, load_artifact_folder
 from .recognition_gate import unrecognised_layers
+from .structure import structure_record
 from .tensor_blobs import tensor_blob
 
 
@@ -41,6 +42,7 @@ class _Builder:
         self.specs: list[NormSpec] = []
         self.sites = 0  # normalization layers found in the model (each must become an entry)
         self.unrecognised: list[UnrecognisedLayer] = []  # layers that look like normalizations and that no recognizer proved
+        self.structure = None  # converters.model_structure.StructureParts, stored as one uint8 blob per part
 
     def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None) -> None:
         if str(array.dtype) not in STORED_DTYPES:
@@ -67,6 +69,7 @@ class _Builder:
         """Every tensor of the model, then each normalizer pointed at the tensors holding its bytes."""
         self.sites = contents.sites
         self.unrecognised = unrecognised_layers(contents.hazards)
+        self.structure = contents.structure
         for tensor in contents.tensors:
             self.add_tensor(tensor.name, tensor.array, layer=tensor.layer)
         for normalizer in contents.normalizers:
@@ -87,6 +90,7 @@ class _Builder:
         manifest = ArtifactManifest(
             framework=self.framework, format=self.format, mode=mode, tensors=refs,
             normalizers=self.entries, lineage=lineage or Lineage(), unrecognised=self.unrecognised,
+            structure=structure_record(self.structure, blobs),
         )
         return Artifact(manifest=manifest, blobs=blobs, specs=self.specs, sites=self.sites)
 

@@ -178,6 +178,7 @@ class _Receiver:
                  claim: Callable[[set[str]], None] | None = None):
         self.store, self.gate, self.stager, self.gater, self.reuse, self.claim = store, gate, stager, gater, reuse, claim
         self.manifest: ArtifactManifest | None = None
+        self.refs: dict = {}
         self.names: dict[str, list[str]] = {}  # digest -> the manifest tensors it holds
         self.needed: set[str] = set()  # the normalizers' blobs
         self.early: dict[str, bytes] = {}  # arrived before the manifest
@@ -190,7 +191,8 @@ class _Receiver:
         if self.manifest is not None:
             raise InputFileError(f"the bundle holds {MANIFEST_FILE} twice; pack one artifact folder.")
         self.manifest = _parse_manifest(data)
-        for name, ref in self.manifest.tensors.items():
+        self.refs = self.manifest.blob_refs()  # the tensors and the structure parts, each a single-tensor blob
+        for name, ref in self.refs.items():
             self.names.setdefault(ref.digest, []).append(name)
         if self.claim is not None:
             self.claim(set(self.names))
@@ -219,7 +221,7 @@ class _Receiver:
         if not names:
             return
         for name in names:
-            check_tensor_header(data, self.manifest.tensors[name], name)
+            check_tensor_header(data, self.refs[name], name)
         if digest in self.needed:
             self.gated[digest] = data
         if stored:
@@ -240,7 +242,7 @@ class _Receiver:
         if 8 + length > len(head) and 8 + length <= total:
             head, total = self.store.head_of(digest, 8 + length)
         for name in self.names[digest]:
-            check_tensor_header(head, self.manifest.tensors[name], name, total)
+            check_tensor_header(head, self.refs[name], name, total)
 
     def _gate_when_ready(self) -> None:
         if self.checked is None and self.manifest is not None and self.needed <= self.gated.keys():
@@ -254,7 +256,7 @@ class _Receiver:
         for digest, check in [(d, self.stager.submit(self._check_stored, d)) for d in reused]:  # header reads overlap
             check.result()
             self.staging[digest] = _done(StagedBlob(digest=digest))
-        for name, ref in self.manifest.tensors.items():
+        for name, ref in self.refs.items():
             if ref.digest not in self.staging:
                 reusing = " (it may be left out only when a version this uploader may read holds it)" if self.reuse else ""
                 raise InputFileError(f"the blob of tensor '{name}' (blobs/{ref.digest}.safetensors) is missing from the bundle{reusing}; "

@@ -23,6 +23,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 import converters
+from converters.model_structure import sha256_of
 from converters.models.loading import load_model
 from schemas import CheckResult
 from schemas.manifest import UnrecognisedLayer, load_manifest
@@ -47,6 +48,7 @@ from .client_transfer import (TransferProgress, extract_bundle, file_chunks, fol
 from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
 from .service.layer_export import export_layers
+from .service.model_files import ModelFile, PullResult, read_back, write_pulled
 from .lineage import LineageView
 from .manifest_io import load_artifact_folder, tensors_from_blobs
 from .service.results import GcResult, Registration, VerifyResult
@@ -299,6 +301,27 @@ class RemoteRegistry:
 
     def gc(self, grace_seconds: float = 3600.0):
         return GcResult.model_validate(self._request("POST", "/gc", params={"grace": grace_seconds}))
+
+    def model_file(self, ref: str, fmt: str | None = None, progress=None) -> ModelFile:
+        """The version as one file from GET .../model (streamed; its sha256 must be the X-Normbridge-Digest the server sent)."""
+        name, version = _split(ref)
+        path = f"/models/{_q(name)}/versions/{_q(version)}/model?format={_q(fmt or 'source')}"
+        with self._download(path, f"downloading {ref}") as (body, headers):
+            data = body.read_bytes()
+        announced, got = headers.get("X-Normbridge-Digest"), sha256_of(data)
+        if announced != got:
+            raise IntegrityError(f"the model file of {ref} downloaded from {self.url} hashes to {got[:12]} but the server announced "
+                                 f"{str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+        return ModelFile(headers.get("X-Normbridge-Version") or ref, headers.get("X-Normbridge-Format") or (fmt or "source"), data)
+
+    def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress=None) -> PullResult:
+        """Download the version's model file (digest checked) and write it atomically, as `Registry.pull` does."""
+        return write_pulled(self.model_file(ref, fmt), path)
+
+    def load(self, ref: str) -> Any:
+        """The version as its framework's object, read from the downloaded file by the framework's safe reader."""
+        file = self.model_file(ref)
+        return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
 
     def export(self, ref: str, to: str, folder: str | Path):
         """Download the version's bundle (re-hashed) and write each normalization layer locally, as `Registry.export` does."""

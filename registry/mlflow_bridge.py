@@ -1,7 +1,8 @@
 """The bridge to an MLflow Model Registry: push a normbridge version out, import an MLflow model in.
 
 Push logs the version's artifact bundle (manifest.json + blobs, the same folder
-`save_artifact_folder` writes) to an MLflow run and creates a registered-model version whose
+`save_artifact_folder` writes, which is also a runnable MLflow model when the version holds its
+structure: registry/mlflow_model.py) to an MLflow run and creates a registered-model version whose
 source is that folder, tagged with the normbridge digest, lineage and equivalence verdict, so an
 MLflow user can trace the model back and re-verify it. Import goes the other way through the
 normal gate (`Registry.register(..., operation="imported")`): ONNX, Keras 3 (.keras, safe_mode)
@@ -22,6 +23,7 @@ from typing import Any
 from schemas.errors import InputFileError, NormbridgeError, NotFoundError, RegistryError, ServerUnreachableError
 
 from .manifest_io import Artifact, save_artifact_folder
+from .mlflow_model import write_mlflow_model
 
 EXPERIMENT = "normbridge"
 BUNDLE_PATH = "normbridge-artifact"
@@ -173,6 +175,7 @@ def _log_bundle(client, registry, record, tags: dict[str, str]) -> str:
     try:
         with tempfile.TemporaryDirectory(prefix="normbridge-mlflow-") as tmp:
             folder = save_version_bundle(registry, f"{record.model}@{record.number}", Path(tmp) / BUNDLE_PATH)
+            write_mlflow_model(registry, f"{record.model}@{record.number}", folder)  # MLflow can load and serve it too
             client.log_artifacts(run.info.run_id, str(folder), artifact_path=BUNDLE_PATH)
     except BaseException:
         client.set_terminated(run.info.run_id, status="FAILED")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
 import numpy as np
 
 from schemas.errors import InputFileError
@@ -34,6 +35,15 @@ def tensor_from_blob(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
     if str(array.dtype) != ref.dtype or list(array.shape) != ref.shape:
         raise InputFileError(f"the blob of tensor '{name}' holds {array.dtype}{list(array.shape)} but the manifest says {ref.dtype}{ref.shape}.")
     return array
+
+
+def tensor_view(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
+    """The tensor in a blob as a read-only view of its bytes (no decode, no copy), checked against its manifest entry from
+    the header (check_tensor_header): what `pull` reads, where every tensor is written out once anyway."""
+    check_tensor_header(data, ref, name)
+    start = 8 + int.from_bytes(data[:8], "little")
+    dtype = ml_dtypes.bfloat16 if ref.dtype == "bfloat16" else np.dtype(ref.dtype)
+    return np.frombuffer(data, dtype=dtype, count=ref.nbytes // np.dtype(dtype).itemsize, offset=start).reshape(ref.shape)
 
 
 def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | None = None) -> None:
@@ -99,4 +109,4 @@ def stored_tensor_problem(name: str, record: dict, data: bytes | None = None) ->
     return None
 
 
-__all__ = ["SAFETENSORS_DTYPES", "check_tensor_header", "stored_tensor_problem", "tensor_blob", "tensor_from_blob"]
+__all__ = ["SAFETENSORS_DTYPES", "check_tensor_header", "stored_tensor_problem", "tensor_blob", "tensor_from_blob", "tensor_view"]

@@ -30,6 +30,8 @@ Mode = Literal["train", "eval", "mixed", "n/a"]
 STATISTIC_ROLES: frozenset[str] = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 #: Roles an optimizer moves.
 WEIGHT_ROLES: frozenset[str] = frozenset({"weight", "scale", "bias"})
+#: How `blob_refs` names a structure part's blob beside the tensors.
+STRUCTURE_PREFIX = "structure:"
 
 
 def canonical_json(value: Any) -> str:
@@ -83,6 +85,25 @@ class UnrecognisedLayer(BaseModel):
     reason: str = Field(description="Why it looks like a normalization and why it was not proved.")
 
 
+StructureFormat = Literal["onnx", "keras", "pt2"]
+
+
+class ModelStructure(BaseModel):
+    """What the model computes besides its tensors, so a version can be given back runnable (registry/structure.py).
+
+    Each part is a file of the model's own format with the tensor bytes left out (an ONNX graph whose initializers
+    hold no data, a .keras config, a .pt2 program's JSON): stored as a blob like a tensor (a uint8 tensor of the
+    part's bytes), so identical structure is stored once. Never a pickle, never code.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: StructureFormat = Field(description="The file format `pull` writes: onnx, keras or pt2.")
+    parts: dict[str, TensorRef] = Field(description="Part name (a file of the format) -> its blob, a uint8 tensor of its bytes.")
+    file_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                    description="sha256 of the file `pull` writes, when it is byte-identical to what was registered.")
+
+
 class ArtifactManifest(BaseModel):
     """A model version without its tensor bytes."""
 
@@ -102,18 +123,24 @@ class ArtifactManifest(BaseModel):
         description="Layers that look like normalizations and that no recognizer proved; a registration holds them only when "
         "--allow-unrecognised was given, and they are left out of the document when there are none.",
     )
+    structure: ModelStructure | None = Field(
+        default=None,
+        description="The model's structure (graph, config or program) beside its tensors, so `pull` can give the version back runnable; "
+        "left out of the document when there is none (a torch nn.Module is stored as its state dict).",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_empty_unrecognised(self, handler):
-        """Manifests without unrecognised layers serialise (and so digest) exactly as before the field existed."""
+        """Manifests without unrecognised layers or structure serialise (and so digest) exactly as before the fields existed."""
         document = handler(self)
-        if not document.get("unrecognised"):
-            document.pop("unrecognised", None)
+        for name in ("unrecognised", "structure"):
+            if name in document and not document[name]:
+                document.pop(name)
         return document
 
     def content_digest(self) -> str:
-        """sha256 of what the model computes; lineage, equivalence report and note are left out."""
-        document = self.model_dump(mode="json", include={"framework", "format", "mode", "tensors", "normalizers"})
+        """sha256 of what the model computes (its structure too, when stored); lineage, equivalence report and note are left out."""
+        document = self.model_dump(mode="json", include={"framework", "format", "mode", "tensors", "normalizers", "structure"})
         return sha256_hex(canonical_json(document).encode())
 
     def digest(self) -> str:
@@ -126,9 +153,16 @@ class ArtifactManifest(BaseModel):
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=indent, sort_keys=True)
 
+    def blob_refs(self) -> dict[str, TensorRef]:
+        """Every blob the manifest references by name: the tensors, then each structure part as 'structure:<part>'."""
+        refs = dict(self.tensors)
+        if self.structure is not None:
+            refs.update({f"{STRUCTURE_PREFIX}{part}": ref for part, ref in self.structure.parts.items()})
+        return refs
+
     def blob_digests(self) -> list[str]:
-        """Every distinct blob digest the manifest references, sorted."""
-        return sorted({ref.digest for ref in self.tensors.values()})
+        """Every distinct blob digest the manifest references (tensors and structure parts), sorted."""
+        return sorted({ref.digest for ref in self.blob_refs().values()})
 
 
 def upgrade_manifest(document: dict) -> dict:
@@ -154,8 +188,13 @@ def load_manifest(document: dict) -> ArtifactManifest:
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()[:5])
         raise SpecError(f"the manifest does not match the schema ({problems}); re-extract the artifact.") from error
-    for name, ref in manifest.tensors.items():
+    for name, ref in manifest.blob_refs().items():
         check_tensor_record(name, ref.dtype, ref.shape, ref.nbytes)
+    if manifest.structure is not None:
+        for part, ref in manifest.structure.parts.items():
+            if ref.dtype != "uint8" or len(ref.shape) != 1 or not part or ".." in part.split("/") or part.startswith("/"):
+                raise SpecError(f"structure part '{part}' is {ref.dtype}{ref.shape}; a part is a plain relative name holding a 1-d uint8 "
+                                "tensor of its bytes; re-extract the artifact.")
     for entry in manifest.normalizers:
         for spec_name, tensor_name in entry.tensors.items():
             if tensor_name not in manifest.tensors:

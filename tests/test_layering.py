@@ -44,6 +44,8 @@ STORE_FLOOR = (
     "registry/tokens.py",
     "registry/manifest_io*",
     "registry/tensor_blobs.py",
+    "registry/structure.py",
+    "registry/state_dict_file.py",
     "registry/tar_reader.py",
     "registry/faults.py",
 )
@@ -65,6 +67,7 @@ SERVICE_FLOOR = (
     "registry/drift_reference.py",
     "registry/client*",
     "registry/mlflow_bridge.py",
+    "registry/mlflow_model.py",
     "registry/http/*",
     "registry/web/*",
 )

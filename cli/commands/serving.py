@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..app import app, console
+from ..arguments import version_ref
 from ..errors import reports_errors
 from ..files import check_headers
 from ..fitting import print_table, say, say_marked
@@ -113,7 +114,8 @@ def _print_hazards(result) -> None:
 @app.command(name="export")
 @reports_errors
 def export_command(
-    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export) or .keras (loaded with safe_mode)."),
+    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export), .keras (loaded with safe_mode), "
+                                      "or a registry version NAME@REF (rebuilt from the registry alone)."),
     to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
     output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
     opset: int = typer.Option(23, "--opset", help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
@@ -122,33 +124,41 @@ def export_command(
     force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails or the source has an "
                                "error-level hazard; the report records it."),
     sample: Path | None = typer.Option(None, "--sample", help="Inputs for the contract: .npy or .npz; default a seeded random batch of 4 requests."),
+    db: str | None = typer.Option(None, "--db", help="With NAME@REF: SQLAlchemy URL of the registry's metadata database (env NORMBRIDGE_DB)."),
+    blobs: str | None = typer.Option(None, "--blobs", help="With NAME@REF: the registry's blob store (env NORMBRIDGE_BLOBS)."),
     json_output: bool = typer.Option(False, "--json", help="Print the export result as JSON."),
 ) -> None:
     """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops, run the contract.
 
     The warnings and errors `inspect` reports on the model are repeated; nothing is written when a check fails or the model
-    has an error-level hazard (exit 7) unless --force; the layers of a registry version are written by normbridge export-layers.
-    Example: normbridge export resnet.keras --to onnx -o resnet.onnx
+    has an error-level hazard (exit 7) unless --force. MODEL may be a registry version NAME@REF (with --server too): it is
+    rebuilt from the registry (blobs re-hashed, read back safely), no source file or model code needed; the layers of a
+    version are written by normbridge export-layers.
+    Example: normbridge export resnet.keras --to onnx -o resnet.onnx; normbridge export resnet@production --to onnx -o prod.onnx
     """
     from converters.models.loading import load_model
     from schemas import InputFileError
 
-    if "@" in model_path.name and not model_path.exists():
-        raise typer.BadParameter(f"'{model_path}' is a registry version, not a model file; write its layers with "
-                                 f"normbridge export-layers {model_path} --to torch|keras|onnx -o DIR.", param_hint="MODEL")
+    from_registry = "@" in str(model_path) and not model_path.exists()
+    if from_registry:
+        version_ref(str(model_path))
     if to is not ExportTarget.onnx:
         raise InputFileError(f"a model file exports to onnx for serving (got --to {to.value}); the layers of a registry version are written "
                              f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.")
     from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 
-    check_headers((model_path,), (sample,))
+    check_headers(() if from_registry else (model_path,), (sample,))
+
+    def model():
+        return registry_model(str(model_path), db, blobs, json_output) if from_registry else load_model(model_path)
+
     try:
         if json_output:
-            result = export_for_serving(load_model(model_path), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
+            result = export_for_serving(model(), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
         else:
             with Console(stderr=True).status(f"exporting {model_path} to {output}"):
-                result = export_for_serving(load_model(model_path), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
+                result = export_for_serving(model(), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
     except CheckFailedError as error:
         if error.result is None:
             raise
@@ -174,6 +184,13 @@ def export_command(
             console.print(f"[bold red]refused[/]: nothing written to {output}")
     if not result.written:
         raise typer.Exit(_check_failed_code())
+
+
+def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
+    """The framework object of a registry version (local, or over --server), rebuilt from its stored structure."""
+    from .registry import _registry
+
+    return _registry(db, blobs, quiet).load(ref)
 
 
 @app.command()

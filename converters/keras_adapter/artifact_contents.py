@@ -13,15 +13,19 @@ from ..model_values import NormLayerRef
 from ..models.walking import spec_of
 
 
+def variable_name(model: Any, variable: Any) -> str:
+    """A variable's tensor name: its path without the model's name, which it starts with in memory ('sequential/dense/kernel')
+    but not after loading a .keras file ('dense/kernel'), so the same model has the same tensor names."""
+    top = f"{model.name}/"
+    return variable.path[len(top) :] if variable.path.startswith(top) else variable.path
+
+
 def keras_contents(model: Any, refs: list[NormLayerRef]) -> ModelContents:
     """A keras.Model whose normalization layers the walk found as `refs` (no training mode: Keras layers hold none)."""
     specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
-    # variable.path starts with the model's name in memory ('sequential/dense/kernel') but not after
-    # loading a .keras file ('dense/kernel'): drop it so the same model has the same tensor names.
-    top = f"{model.name}/"
 
     def name_of(variable: Any) -> str:
-        return variable.path[len(top) :] if variable.path.startswith(top) else variable.path
+        return variable_name(model, variable)
 
     tensors = []
     for variable in model.weights:
@@ -35,4 +39,4 @@ def keras_contents(model: Any, refs: list[NormLayerRef]) -> ModelContents:
     return ModelContents("keras", "keras", tensors, normalizers, sites=len(refs), mode="n/a")
 
 
-__all__ = ["keras_contents"]
+__all__ = ["keras_contents", "variable_name"]

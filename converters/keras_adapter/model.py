@@ -16,6 +16,7 @@ from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, serving_taps, statistics
 from .artifact_contents import keras_contents
+from .structure import keras_file, keras_structure
 from .inputs import pack_inputs
 from .standardization import standardization_hazards
 from .unrecognised import unrecognised_hazards
@@ -59,6 +60,12 @@ class KerasModelAdapter(ModelAdapter):
             temporary = Path(folder) / path.name
             model.save(temporary)
             atomic_write_bytes(path, temporary.read_bytes())
+
+    def structure_of(self, model: Any, tensors, source=None):
+        return keras_structure(model)
+
+    def model_file(self, parts, tensors) -> bytes:
+        return keras_file(parts, tensors)
 
     # -- layers ----------------------------------------------------------------------------
 

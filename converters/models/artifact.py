@@ -18,14 +18,18 @@ from .loading import load_model
 
 
 def model_contents(model: Any) -> ModelContents:
-    """The contents of a torch nn.Module, ExportedProgram, keras.Model, onnx.ModelProto, or a model file (.pt2, .keras, .onnx)."""
+    """The contents of a torch nn.Module, ExportedProgram, keras.Model, onnx.ModelProto, or a model file (.pt2, .keras, .onnx),
+    with the model's structure (ModelAdapter.structure_of) so the registry can give it back runnable."""
+    source = None
     if isinstance(model, (str, Path)):
-        model = load_model(Path(model))
+        source = Path(model)
+        model = load_model(source)
     if isinstance(model, NormSpec):
         raise InputFileError("got a single-layer spec folder; register a whole model (.pt2, .keras, .onnx, a torch module or an artifact folder).")
     adapter = REGISTRY.model_adapter_of(model)
     contents = adapter.artifact_contents(model)
     contents.hazards = list(adapter.model_hazards(model))
+    contents.structure = adapter.structure_of(model, {t.name: t.array for t in contents.tensors}, source if source and source.is_file() else None)
     return contents
 
 

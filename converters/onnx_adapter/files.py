@@ -39,6 +39,20 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     return model
 
 
+def load_onnx_bytes(data: bytes, path: Path) -> onnx.ModelProto:
+    """Load and check a self-contained ONNX model from `data` (`path` names it in messages): a tensor kept in an external
+    file is refused, since nothing says where that file would be."""
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, ValueError) as error:
+        raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}).") from error
+    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise InputFileError(f"'{path}' keeps tensor '{external[0]}' in an external file; a model read from memory must hold all its data.")
+    _check(model, path)
+    return model
+
+
 def _check(model: onnx.ModelProto, path: Path) -> None:
     """The structural checker only: full_check's strict shape inference also rejects foreign graphs
     normbridge reads fine (a training_mode=1 BatchNormalization exported with Y alone)."""

@@ -11,7 +11,8 @@ from schemas.inspection import Hazard
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
 from . import running, serving_taps, statistics
-from .files import load_onnx, save_onnx
+from .files import load_onnx, load_onnx_bytes, save_onnx
+from .structure import onnx_file, onnx_structure
 
 
 class OnnxModelAdapter(ModelAdapter):
@@ -24,6 +25,9 @@ class OnnxModelAdapter(ModelAdapter):
 
     def load(self, path: Path) -> Any:
         return load_onnx(path)
+
+    def load_bytes(self, data: bytes, name: str) -> Any:
+        return load_onnx_bytes(data, Path(name))
 
     def save(self, model: Any, path: Path) -> None:
         save_onnx(model, path)
@@ -77,6 +81,12 @@ class OnnxModelAdapter(ModelAdapter):
         from .artifact_contents import onnx_contents
 
         return onnx_contents(model)
+
+    def structure_of(self, model: Any, tensors, source=None):
+        return onnx_structure(model, tensors)
+
+    def model_file(self, parts, tensors) -> bytes:
+        return onnx_file(parts, tensors)
 
     # -- running and serving ---------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from schemas.atomic_io import atomic_write_bytes
 from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import artifact_contents, exported_program, onnx_export, porting, running, serving_taps, statistics
+from . import artifact_contents, exported_program, onnx_export, porting, pt2_structure, running, serving_taps, statistics
 
 
 def _load_pt2(path: Path) -> Any:
@@ -39,6 +39,11 @@ class TorchModelAdapter(ModelAdapter):
 
     def load(self, path: Path) -> Any:
         return _load_pt2(path)
+
+    def load_bytes(self, data: bytes, name: str) -> Any:
+        from .pt2_archive import load_exported_program
+
+        return load_exported_program(Path(name), data)
 
     def save(self, model: Any, path: Path) -> None:
         if not exported_program.is_exported_program(model):
@@ -102,6 +107,15 @@ class TorchModelAdapter(ModelAdapter):
         if exported_program.is_exported_program(model):
             return artifact_contents.program_contents(model)
         return artifact_contents.module_contents(model, self.norm_layers(model))
+
+    def structure_of(self, model: Any, tensors, source=None):
+        """A program's archive parts; an nn.Module has no structure normbridge can store safely: its state dict is what is kept."""
+        if exported_program.is_exported_program(model):
+            return pt2_structure.pt2_structure(model, tensors, source)
+        return None
+
+    def model_file(self, parts, tensors) -> bytes:
+        return pt2_structure.pt2_file(parts, tensors)
 
     # -- porting ---------------------------------------------------------------------------
 

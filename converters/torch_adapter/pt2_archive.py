@@ -79,15 +79,16 @@ class _Archive:
         return data
 
 
-def load_exported_program(path: str | Path) -> Any:
-    """The torch.export.ExportedProgram stored in the `.pt2` at `path`, read without unpickling anything unsafe.
+def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
+    """The torch.export.ExportedProgram stored in the `.pt2` at `path` (or in `data`, `path` then only naming it in messages),
+    read without unpickling anything unsafe.
 
     Raises:
         InputFileError: not a readable archive, or an entry that would need code to run (named in the message).
     """
     path = Path(path)
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(path if data is None else io.BytesIO(data))
     except (zipfile.BadZipFile, OSError) as error:
         raise InputFileError(f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save.") from error
     with zf:
@@ -167,7 +168,7 @@ def _check_sample_inputs(archive: _Archive) -> None:
     for entry in sorted(e for e in archive.entries if e.startswith(SAMPLE_INPUTS)):
         data = archive.read(entry)
         if not data:
-            continue  # torch.export.save writes an empty entry for a program without example inputs (one loaded by this reader): no pickle
+            continue  # torch.export.save writes an empty entry for a program without example inputs (one loaded by this reader, or what normbridge's pull writes): no pickle
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
         except Exception as error:  # not a torch.save zip, or opcodes the static scanner does not know

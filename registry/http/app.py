@@ -20,7 +20,7 @@ from registry.service import Registry
 from registry.tokens import TokenStore
 from registry.web import install as install_web_pages
 
-from . import routes_blobs, routes_drift, routes_read, routes_write
+from . import routes_blobs, routes_drift, routes_model_file, routes_read, routes_write
 from .api_docs import install as install_api_docs
 from .errors import install_error_handlers
 from .metrics import install as install_metrics
@@ -52,7 +52,7 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     app.state.register_lock = threading.Lock()  # see routes_write._one_at_a_time
     install_error_handlers(app)
     remove_orphaned_workspaces()
-    for module in (routes_read, routes_write, routes_blobs, routes_drift):
+    for module in (routes_read, routes_write, routes_blobs, routes_drift, routes_model_file):
         app.include_router(module.router)
     install_web_pages(app)
     install_api_docs(app)

@@ -27,12 +27,13 @@ from ..manifest_io import specs_from_manifest, tensors_from_blobs
 from ..metadata import MetadataStore
 from .integrity import Integrity
 from .layer_export import export_layers
+from .model_files import ModelFiles
 from .registration import NAME, Registrations
 from .results import RegistryExport
 from .servable import assess, guard_alias, unassessable
 
 
-class Registry(Registrations, Integrity):
+class Registry(Registrations, Integrity, ModelFiles):
     """A model registry on a metadata database and a blob store; zero configuration by default.
 
     Args:
@@ -102,6 +103,8 @@ class Registry(Registrations, Integrity):
         names: dict[str, list[str]] = {}
         for tensor, ref in record.manifest.get("tensors", {}).items():
             names.setdefault(ref.get("digest"), []).append(tensor)
+        for part, ref in (record.manifest.get("structure") or {}).get("parts", {}).items():
+            names.setdefault(ref.get("digest"), []).append(f"structure:{part}")
 
         def get(digest: str) -> bytes:
             try:

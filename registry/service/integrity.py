@@ -47,7 +47,9 @@ class Integrity:
         blobs_checked = checks_run = 0
         for record in records:
             bad = False
-            for tensor, t in record.manifest.get("tensors", {}).items():
+            parts = (record.manifest.get("structure") or {}).get("parts", {})
+            rows = [*record.manifest.get("tensors", {}).items(), *((f"structure:{part}", t) for part, t in parts.items())]
+            for tensor, t in rows:  # the tensors, then the structure parts (each a uint8 tensor blob)
                 blobs_checked += 1
                 problem = stored_tensor_problem(tensor, t)  # the row itself, before its digest is used
                 try:

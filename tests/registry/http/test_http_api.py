@@ -199,7 +199,9 @@ def test_onnx_upload_and_bundle_download_round_trip(env, registered):
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
         names = tar.getnames()
         tar.extractall(target, filter="data")
-    digests = sorted({t["digest"] for t in version["manifest"]["tensors"].values()})
+    parts = (version["manifest"].get("structure") or {}).get("parts", {})  # the model's structure travels with its tensors
+    assert parts, "a .pt2 version holds its structure"
+    digests = sorted({t["digest"] for t in version["manifest"]["tensors"].values()} | {p["digest"] for p in parts.values()})
     assert sorted(names) == sorted(["manifest.json", *[f"blobs/{d}.safetensors" for d in digests]])
     artifact = load_artifact_folder(target)  # re-hashes every blob and re-validates every spec
     assert artifact.manifest.digest() == version["digest"]

@@ -1,0 +1,103 @@
+"""A torch.export program's structure: the `.pt2` archive's JSON entries, its tensor payloads rebuilt from the tensors.
+
+The parts are the archive's entries under its root folder (models/model.json, the weights and constants configs,
+archive_format, archive_version, byteorder), never its sample inputs (a pickle, and nothing needs them) nor the
+`.data/` records the zip writer makes itself. Each payload (data/weights/weight_N, data/constants/tensor_N) is the
+bytes of the first tensor its config names, so it is left out and rebuilt from that tensor; one that is not (a
+view into a shared storage) is kept as a part, so the archive always comes back with the same bytes per entry. An
+archive holding a pickled state dict (the legacy model.pt) is re-saved with torch.export.save first, so no part is
+ever a pickle. The rebuilt archive is written with torch's own PT2ArchiveWriter and read back by pt2_archive.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from schemas import InputFileError
+
+from ..model_structure import StructureParts, little_endian_bytes
+from .pt2_archive import CONSTANTS, SAMPLE_INPUTS, WEIGHTS
+
+#: Records torch's zip writer adds itself (a random serialization id among them): never parts.
+WRITER_RECORDS = (".data/",)
+#: (folder, config entry) of each payload kind.
+PAYLOAD_CONFIGS = ((WEIGHTS[0], WEIGHTS[1]), (CONSTANTS[0], CONSTANTS[1]))
+LEGACY = (WEIGHTS[2], CONSTANTS[2])
+PROGRAMS = "models/"
+
+
+def _entries(data: bytes) -> dict[str, bytes]:
+    """Every entry of an archive by its name under the root folder."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        infos = [i for i in zf.infolist() if not i.filename.endswith("/")]
+        return {i.filename.split("/", 1)[1]: zf.read(i) for i in infos if "/" in i.filename}
+
+
+def _saved(program: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    return buffer.getvalue()
+
+
+def _payload_sources(entries: dict[str, bytes]) -> dict[str, str]:
+    """Payload entry -> the tensor (fqn) whose bytes it should be: the first one its config names."""
+    sources: dict[str, str] = {}
+    for folder, config in PAYLOAD_CONFIGS:
+        if config not in entries:
+            continue
+        try:
+            payloads = json.loads(entries[config]).get("config", {})
+        except (ValueError, AttributeError) as error:
+            raise InputFileError(f"the .pt2 entry '{config}' is not a JSON object ({error}).") from error
+        for fqn, payload in payloads.items():
+            name = payload.get("path_name") if isinstance(payload, dict) else None
+            if isinstance(name, str):
+                sources.setdefault(folder + name, fqn)
+    return sources
+
+
+def pt2_structure(program: Any, tensors: dict[str, np.ndarray], source: Path | None = None) -> StructureParts:
+    """The parts of `program` (read from `source`, the .pt2 it was loaded from, when given); `tensors` by fqn, as stored."""
+    entries = _entries(source.read_bytes()) if source is not None else None
+    if entries is None or any(entry in entries for entry in LEGACY):
+        entries = _entries(_saved(program))
+    sources = _payload_sources(entries)
+    parts = {}
+    for name, data in entries.items():
+        if name.startswith(SAMPLE_INPUTS) or name.startswith(WRITER_RECORDS):
+            continue
+        fqn = sources.get(name)
+        if fqn is not None and fqn in tensors and little_endian_bytes(tensors[fqn]) == data:
+            continue  # rebuilt from the tensor
+        parts[name] = bytes(data)
+    return StructureParts("pt2", parts)
+
+
+def pt2_file(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
+    """The .pt2 archive of the structure with its payloads rebuilt from `tensors`."""
+    from torch.export.pt2_archive._package import PT2ArchiveWriter
+
+    records = dict(parts)
+    for name, fqn in _payload_sources(parts).items():
+        if name not in records:
+            if fqn not in tensors:
+                raise InputFileError(f"the .pt2 payload '{name}' is the tensor '{fqn}', which the version does not hold; the stored version is inconsistent.")
+            records[name] = little_endian_bytes(tensors[fqn])
+    for name in parts:  # torch.export.load reads each program's sample inputs: an empty record, no pickle (it loads as none)
+        if name.startswith(PROGRAMS) and name.endswith(".json"):
+            records.setdefault(f"{SAMPLE_INPUTS}{name[len(PROGRAMS):-len('.json')]}.pt", b"")
+    buffer = io.BytesIO()
+    with PT2ArchiveWriter(buffer) as writer:
+        for name in sorted(records):
+            writer.write_bytes(name, records[name])
+    return buffer.getvalue()
+
+
+__all__ = ["pt2_file", "pt2_structure"]

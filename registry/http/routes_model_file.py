@@ -1,0 +1,49 @@
+"""The runnable model of a version: GET /api/v1/models/{name}/versions/{ref}/model?format=... (role read, model scope enforced).
+
+The server rebuilds the file (registry/service/model_files.py: blobs re-hashed, the file read back through the
+framework's safe reader) and streams it with its sha256 in X-Normbridge-Digest, which the client checks before it
+writes anything. Scope is checked on the model name first, so an out-of-scope caller gets 403 whether or not the
+model exists.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
+
+from registry.service.model_files import PULL_FORMATS
+
+from .auth import Principal, require
+from .context import error_responses, registry_for, version_ref
+
+router = APIRouter(prefix="/api/v1")
+PullFormat = Literal[PULL_FORMATS]  # validated by FastAPI: an unknown format is a 422 naming the ones there are
+Reader = Annotated[Principal, Depends(require("read"))]
+CHUNK = 1024 * 1024
+HEADERS = {
+    "X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
+    "X-Normbridge-Digest": {"description": "sha256 hex of the file sent.", "schema": {"type": "string"}},
+    "X-Normbridge-Format": {"description": "onnx, keras, pt2 or safetensors.", "schema": {"type": "string"}},
+}
+
+
+def _pieces(data: bytes):
+    for start in range(0, len(data), CHUNK):
+        yield data[start:start + CHUNK]
+
+
+@router.get("/models/{name}/versions/{ref}/model", tags=["read"], response_class=StreamingResponse,
+            summary="The version as a runnable model file (its source format) or its state dict as safetensors",
+            responses={200: {"description": "The file's bytes.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                             "headers": HEADERS}, **error_responses(401, 403, 404, 409, 422, 500)})
+def get_model_file(name: str, ref: str, request: Request, principal: Reader,
+                   format: Annotated[PullFormat, Query(description=f"One of {', '.join(PULL_FORMATS)}; source: the format it was registered in.")] = "source",
+                   ) -> StreamingResponse:
+    principal.check("read", name)
+    file = registry_for(request, principal).model_file(version_ref(name, ref), format)
+    filename = f"{file.ref.replace('@', '-')}{file.suffix}"
+    headers = {"X-Normbridge-Version": file.ref, "X-Normbridge-Digest": file.digest, "X-Normbridge-Format": file.format,
+               "Content-Length": str(len(file.data)), "Content-Disposition": f'attachment; filename="{filename}"'}
+    return StreamingResponse(_pieces(file.data), media_type="application/octet-stream", headers=headers)
