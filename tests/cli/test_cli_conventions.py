@@ -12,7 +12,9 @@ could not load, and the file it writes loads with safe_mode=True.
 from __future__ import annotations
 
 import os
+import shlex
 import stat
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -21,7 +23,8 @@ import pytest
 import torch
 
 from schemas import save_spec
-from tests.cli_run import invoke_cli, run_cli
+from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli, run_cli, user_environment
 from testkit.model_zoo import torch_resnet_small
 from tests.spec_factory import make_spec
 
@@ -112,7 +115,11 @@ def test_flags_show_no_bool_placeholder_in_help(tmp_path):
 
 
 def test_shell_completion_as_typer_offers_it(tmp_path):
-    script = run_cli("--show-completion", "bash", cwd=tmp_path)
+    # Typer detects the shell from the process tree (shellingham): typed in bash, as a user does, whatever runs the tests.
+    # (a second command keeps bash from exec-ing normbridge in its place, which would hide bash from the detection)
+    command = " ".join(shlex.quote(part) for part in normbridge_command() + ["--show-completion"]) + "; exit $?"
+    script = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=user_environment(), capture_output=True, text=True,
+                            timeout=120, stdin=subprocess.DEVNULL)
     assert script.returncode == 0 and "_NORMBRIDGE_COMPLETE=complete_bash" in script.stdout and "complete " in script.stdout
     complete = {"_NORMBRIDGE_COMPLETE": "complete_bash", "COMP_CWORD": "1", "COMP_WORDS": "normbridge insp"}
     assert invoke_cli(cwd=tmp_path, env=complete).stdout.split() == ["inspect"]

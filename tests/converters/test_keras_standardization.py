@@ -90,4 +90,7 @@ def test_export_keeps_its_statistics_as_constants_not_graph_inputs(tmp_path):
     assert len(session.get_inputs()) == 1  # tf2onnx through model.export made the mean and variance two more inputs
     probe = (RNG.standard_normal((2, 6, 6, 3))).astype("float32")
     served = session.run(None, {session.get_inputs()[0].name: probe})[0]
-    np.testing.assert_allclose(served, keras.ops.convert_to_numpy(model(probe, training=False)), rtol=1e-5, atol=1e-5)
+    expected = keras.ops.convert_to_numpy(model(probe, training=False))
+    # The constant channel is divided by the epsilon floor, so outputs reach ~1e6 and float32 sums cancel: an absolute
+    # tolerance of one part in 1e6 of the largest output (a few float32 ulps of it), not of each element.
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6 * float(np.abs(expected).max()))
