@@ -78,7 +78,8 @@ def check_bundle(response: httpx.Response, name: str, number: int, digest: str) 
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar if m.isreg()}
     manifest = json.loads(members.pop("manifest.json"))
-    wanted = {t["digest"] for t in manifest["tensors"].values()}
+    parts = (manifest.get("structure") or {}).get("parts", {})  # the model's structure blobs travel beside its tensors
+    wanted = {t["digest"] for t in [*manifest["tensors"].values(), *parts.values()]}
     if {f"blobs/{d}.safetensors" for d in wanted} != set(members):
         return f"bundle members {sorted(members)} are not the manifest's blobs"
     for member, data in members.items():
@@ -256,7 +257,9 @@ def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tm
         assert all(len(r.checks) == 6 and all(c.passed for c in r.checks) for r in results)
         registry = Registry(db=db, blobs=blobs, user="checker")
         assert registry.verify(rerun_checks=False).passed
-        referenced = {ref.digest for ref in registry.manifest("streamed@1").tensors.values()}
+        manifest = registry.manifest("streamed@1")
+        parts = manifest.structure.parts.values() if manifest.structure is not None else ()
+        referenced = {ref.digest for ref in [*manifest.tensors.values(), *parts]}  # tensors and the graph's structure blobs
         assert referenced == set(registry.store.digests())  # each blob once in the bucket, nothing else
         from registry.manifest_io import load_artifact_folder
 
