@@ -19,7 +19,7 @@ from pathlib import Path
 from tests.cli_process import normbridge_command
 from testkit.processes import free_port, stop_process_group, wait_for_http
 
-__all__ = ["Server", "create_token", "free_port", "running_server"]
+__all__ = ["Server", "create_token", "free_port", "running_server", "writer_server"]
 
 
 @dataclass
@@ -59,3 +59,16 @@ def create_token(db: str, owner: str, role: str, models: Sequence[str] = ()) -> 
     if done.returncode != 0:
         raise RuntimeError(f"normbridge token create failed ({done.returncode}): {done.stderr}{done.stdout}")
     return json.loads(done.stdout)["token"]
+
+
+@contextmanager
+def writer_server(root: Path, owner: str) -> Iterator[tuple]:
+    """A `normbridge serve` on a fresh SQLite registry under `root` and an httpx client holding `owner`'s write token:
+    (client, db, blobs)."""
+    import httpx
+
+    db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
+    token = create_token(db, owner, "write")
+    with running_server(db=db, blobs=blobs, log=root / "serve.log") as running:
+        with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
+            yield client, db, blobs

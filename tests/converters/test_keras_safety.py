@@ -21,7 +21,6 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -31,7 +30,7 @@ from converters.models.loading import load_model
 from schemas import InputFileError
 from tests.cli_process import normbridge_command
 from tests.cli_run import invoke_cli
-from tests.http_server import create_token, running_server
+from tests.http_server import writer_server
 
 
 def genuine_keras(path: Path) -> Path:
@@ -177,12 +176,8 @@ def test_inspect_and_export_exit_6_and_run_nothing(name, genuine, tmp_path):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("keras-server")
-    db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
-    token = create_token(db, "uploader", "write")
-    with running_server(db=db, blobs=blobs, log=root / "serve.log") as running:
-        with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
-            yield client
+    with writer_server(tmp_path_factory.mktemp("keras-server"), "uploader") as (client, _, _):
+        yield client
 
 
 @pytest.mark.slow

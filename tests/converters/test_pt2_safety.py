@@ -23,7 +23,6 @@ import warnings
 import zipfile
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -32,7 +31,7 @@ from converters.models.loading import load_model
 from schemas import InputFileError
 from tests.cli_process import normbridge_command
 from tests.cli_run import invoke_cli
-from tests.http_server import create_token, running_server
+from tests.http_server import writer_server
 from tests.pt2_crafting import HOSTILE, PROGRAM, WEIGHTS_CONFIG, SmallNet, craft, genuine_pt2, root_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,12 +246,8 @@ def test_every_cli_command_refuses_each_attack_with_exit_6_and_runs_nothing(name
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pt2-server")
-    db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
-    token = create_token(db, "uploader", "write")
-    with running_server(db=db, blobs=blobs, log=root / "serve.log") as running:
-        with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
-            yield {"client": client, "db": db, "blobs": blobs}
+    with writer_server(tmp_path_factory.mktemp("pt2-server"), "uploader") as (client, db, blobs):
+        yield {"client": client, "db": db, "blobs": blobs}
 
 
 @pytest.mark.slow

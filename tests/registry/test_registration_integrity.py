@@ -22,7 +22,6 @@ import subprocess
 import warnings
 from pathlib import Path
 
-import httpx
 import numpy as np
 import onnx
 import pytest
@@ -35,7 +34,7 @@ from registry.service import Registry
 from schemas.errors import CheckFailedError, InputFileError, SpecError
 from tests.cli_process import normbridge_command
 from tests.cli_run import invoke_cli
-from tests.http_server import create_token, running_server
+from tests.http_server import writer_server
 from tests.registry.test_bundle_stream import members_of, tar_of
 from tests.registry.test_registry_service import trained_cnn
 
@@ -208,11 +207,8 @@ def test_a_bundle_tensor_whose_header_lies_is_refused_streamed_and_from_a_folder
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
-    db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
-    token = create_token(db, "writer", "write")
-    with running_server(db=db, blobs=blobs, log=root / "serve.log") as running:
-        with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
-            yield client, Registry(db=db, blobs=blobs, user="test"), root
+    with writer_server(root, "writer") as (client, db, blobs):
+        yield client, Registry(db=db, blobs=blobs, user="test"), root
 
 
 @pytest.mark.slow

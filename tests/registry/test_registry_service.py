@@ -212,6 +212,7 @@ def test_zero_configuration_uses_sqlite_and_blobs_under_normbridge_home(tmp_path
 
 def test_a_failing_equivalence_check_stores_nothing_and_names_the_layer(sqlite_registry, monkeypatch):
     import converters
+    import keras  # noqa: F401  every framework imported here, so the gate runs every leg in this process, through converters.check
 
     reg = sqlite_registry
     reg.register("cnn", trained_cnn())
