@@ -7,6 +7,7 @@
     converters.write_layer(obj, spec, "onnx", "bn.onnx")  # spec folder, .onnx, .keras, torch safetensors
     report = converters.last_report()            # per-layer fidelity report (text and JSON)
     result = converters.check(spec_or_obj)       # round trips + numerics against a NumPy reference
+    results = converters.check_many(specs)       # the same for many layers, each object built once per configuration
     converters.recognize(MyNorm, kind="rms", eps="variance_epsilon")  # a class of your own, proved per instance
 
 Whole-model tools (inspect_model, port_state, export_for_serving, contract_test, drift_check,
@@ -17,6 +18,7 @@ from importlib import import_module
 
 from .api import convert, convert_with_report, from_spec, last_report, to_spec
 from .equivalence import check
+from .grouped_check import check_many
 from .layer_files import write_layer
 from .options import ConversionOptions
 from .adapters import REGISTRY
@@ -41,4 +43,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'converters' has no attribute '{name}'")
 
 
-__all__ = ["ConversionOptions", "REGISTRY", "check", "convert", "convert_with_report", "from_spec", "last_report", "recognize", "to_spec", "write_layer", *_MODEL_TOOLS]
+__all__ = ["ConversionOptions", "REGISTRY", "check", "check_many", "convert", "convert_with_report", "from_spec", "last_report", "recognize", "to_spec", "write_layer", *_MODEL_TOOLS]

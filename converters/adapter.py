@@ -115,9 +115,12 @@ class FrameworkAdapter(abc.ABC):
         """Where this framework's natural layers keep channels (channels_first/channels_last)."""
 
     @abc.abstractmethod
-    def run_eval(self, obj: Any, x: np.ndarray) -> np.ndarray:
-        """Eval-mode output of `obj` on `x` (in the object's own layout), without changing its state."""
+    def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
+        """Eval-mode output of `obj` on `x` (in the object's own layout), without changing its state.
+
+        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/grouped_check.py), so no copy is made.
+        """
 
     @abc.abstractmethod
-    def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """One training-mode forward pass: (output, new running_mean, new running_var), on a copy."""
+    def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """One training-mode forward pass: (output, new running_mean, new running_var), on a copy (on `obj` itself if `in_place`)."""

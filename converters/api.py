@@ -6,10 +6,12 @@ Every direction composes through the spec: convert(x, to) == from_spec(to_spec(x
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from schemas import ConversionReport, LayerReport, NormSpec, NotExpressibleError, SpecError
 
+from .adapter import KindAdapter
 from .options import ConversionOptions
 from .adapters import REGISTRY, AdapterRegistry
 from .expressing import stock_spec
@@ -64,9 +66,14 @@ def to_spec(obj: Any) -> NormSpec:
 
 
 def write_spec(
-    spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY
+    spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY,
+    build: Callable[[KindAdapter, NormSpec, ConversionOptions, LayerReport], Any] | None = None,
 ) -> tuple[Any, LayerReport]:
-    """from_spec plus its layer report."""
+    """from_spec plus its layer report.
+
+    `build(adapter, spec, options, report)` stands in for `adapter.from_spec(spec, options, report)` on the spec it would get:
+    check_many (converters/grouped_check.py) passes one that builds a layer once per configuration and gives it each state.
+    """
     layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
     layer_report.target_framework = to
     adapter = registry.get(to, spec.kind)
@@ -75,8 +82,12 @@ def write_spec(
         return restored, layer_report
     spec = stock_spec(spec, adapter.holds, layer_report)  # what a stock layer computes of settings it has no attribute for
     refuse_unheld_settings(spec, adapter)
-    obj = adapter.from_spec(with_input_rank(spec, options), options, layer_report)
+    obj = (build or _from_spec)(adapter, with_input_rank(spec, options), options, layer_report)
     return obj, layer_report
+
+
+def _from_spec(adapter: KindAdapter, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
+    return adapter.from_spec(spec, options, report)
 
 
 def restored_layer(spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport, registry: AdapterRegistry = REGISTRY) -> Any:

@@ -74,10 +74,10 @@ def _runtime_unavailable(error: Exception) -> bool:
 
 
 def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, x_cf: np.ndarray, dtype: str,
-                         source: Callable[[], reference.TrainStep]) -> StatsComparison:
+                         source: Callable[[], reference.TrainStep], bench: "Bench") -> StatsComparison:
     """`source()` is reference.train_step(spec, x_cf): the same for every target, so check() computes it at most once."""
     x = from_channels_first(x_cf, target_spec.layout)
-    y, mean, var = framework.run_train_step(obj, x)
+    y, mean, var = bench.run_train_step(framework, obj, x)
     expected = reference.train_step(target_spec, x_cf)
     source_step = source()
     err_mean = float(np.max(np.abs(mean - expected.running_mean)))
@@ -117,14 +117,14 @@ def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expe
 
 
 def _back_to_source(spec: NormSpec, target_spec: NormSpec, source: str, options: ConversionOptions,
-                    registry: AdapterRegistry) -> tuple[NormSpec, NormSpec | None]:
+                    bench: "Bench") -> tuple[NormSpec, NormSpec | None]:
     """(the spec read back after converting `target_spec` to the source framework, the spec it must equal or None for the
     expressed one). Into the stock class first; where no stock class holds the layer (a channels-first LayerNorm in torch),
     into the class the source was read from, rebuilt with the source's provenance (torch_adapter/restoring.py): then the
     round trip must give the source spec itself."""
+    registry = bench.registry
     try:
-        back, _ = write_spec(target_spec, source, options, registry=registry)
-        return read_spec(back, registry=registry)[0], None
+        return bench.read(bench.write_back(target_spec, source, options)), None
     except NotExpressibleError as refused:
         if not spec.source.module_class:
             raise
@@ -133,23 +133,24 @@ def _back_to_source(spec: NormSpec, target_spec: NormSpec, source: str, options:
             raise NotExpressibleError(f"no stock {source} class holds {refused.setting}, and its own class "
                                       f"{spec.source.module_class} was not rebuilt: {how}", layer=spec.name,
                                       setting=refused.setting or "class", target=source) from refused
-        return read_spec(layer, registry=registry)[0], spec
+        return bench.read(layer), spec
 
 
 def _check_target(
-    spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult, registry: AdapterRegistry,
-    source_step: Callable[[], reference.TrainStep],
+    spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
+    source_step: Callable[[], reference.TrainStep], bench: "Bench",
 ) -> None:
+    registry = bench.registry
     framework = registry.framework(target)
-    options = options.model_copy(update={"restore_source_class": False})  # every target is checked with its stock class
+    options = target_options(options)
     try:
-        obj, layer_report = write_spec(spec, target, options, registry=registry)
+        obj, layer_report = bench.write(spec, target, options)
     except NotExpressibleError as error:
         result.targets.append(TargetCheck(framework=target, status="not_expressible", reason=str(error)))
         return
     entry = TargetCheck(framework=target, status="passed", warnings=list(layer_report.warnings))
     result.targets.append(entry)
-    target_spec, _ = read_spec(obj, registry=registry)
+    target_spec = bench.read(obj)
     # A setting the target has no attribute for may be expressed in one it has (a scale offset folded into the scale):
     # the layer read back is compared with that, and its outputs, below, with the source spec's reference.
     expressed = target_spec_of(spec, target, registry)
@@ -160,10 +161,10 @@ def _check_target(
         if source == "onnx" and spec.training:
             # The source graph itself had training_mode=1: writing it back that way is the faithful round trip.
             back_options = options.model_copy(update={"onnx_training_mode": True})
-        back_spec, home = _back_to_source(spec, target_spec, source, back_options, registry)
+        back_spec, home = _back_to_source(spec, target_spec, source, back_options, bench)
         entry.round_trip_differences = [str(d) for d in spec_differences(home or expressed, back_spec, ignore=ROUND_TRIP_IGNORED)]
     try:
-        out = framework.run_eval(obj, from_channels_first(x_cf, target_spec.layout))
+        out = bench.run_eval(framework, obj, from_channels_first(x_cf, target_spec.layout))
     except Exception as error:  # runtimes raise their own types
         if _runtime_unavailable(error):
             entry.status, entry.reason = "skipped", f"runtime cannot evaluate it: {str(error).splitlines()[0]}"
@@ -174,7 +175,7 @@ def _check_target(
     result.outputs.append(OutputComparison(framework=target, max_abs_error=max_abs, max_rel_error=max_rel, atol=atol, rtol=rtol, passed=ok))
     if spec.track_running_stats:
         try:
-            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype, source_step)
+            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype, source_step, bench)
             result.training_step.append(stats)
             ok = ok and stats.passed
         except NotExpressibleError as error:
@@ -199,23 +200,68 @@ def check(
     options = options or ConversionOptions()
     spec = spec_or_obj if isinstance(spec_or_obj, NormSpec) else read_spec(spec_or_obj, registry=registry)[0]
     x_cf = probe_input(spec)
-    result = CheckResult(
-        layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, dtype=spec.dtype, passed=False, probe_shape=list(x_cf.shape)
-    )
+    result = new_result(spec, x_cf)
     y_ref = reference.forward(spec, x_cf, training=False)
     source_step = functools.cache(lambda: reference.train_step(spec, x_cf))  # computed by the first target that needs it
+    bench = Bench(registry)
     for target in registry.framework_names if frameworks is None else frameworks:
-        try:
-            _check_target(spec, target, options, x_cf, y_ref, result, registry, source_step)
-        except NormbridgeError as error:
-            entry = result.targets[-1] if result.targets and result.targets[-1].framework == target else None
-            if entry is None:  # the target's entry, when it was made before the failure, says it failed: one entry per target
-                result.targets.append(TargetCheck(framework=target, status="failed", reason=str(error)))
-            else:
-                entry.status, entry.reason = "failed", str(error)
-            result.errors.append(f"{target}: {error}")
+        check_target(spec, target, options, x_cf, y_ref, result, source_step, bench)
     result.passed = verdict(result)
     return result
+
+
+def new_result(spec: NormSpec, x_cf: np.ndarray) -> CheckResult:
+    """The result `check` fills for `spec` probed with `x_cf`: no entries yet, not passed."""
+    return CheckResult(
+        layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, dtype=spec.dtype, passed=False, probe_shape=list(x_cf.shape)
+    )
+
+
+def check_target(spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
+                 source_step: Callable[[], reference.TrainStep], bench: "Bench") -> None:
+    """One target's leg of `check` into `result`: a NormbridgeError becomes that target's failed entry and an error line."""
+    try:
+        _check_target(spec, target, options, x_cf, y_ref, result, source_step, bench)
+    except NormbridgeError as error:
+        entry = result.targets[-1] if result.targets and result.targets[-1].framework == target else None
+        if entry is None:  # the target's entry, when it was made before the failure, says it failed: one entry per target
+            result.targets.append(TargetCheck(framework=target, status="failed", reason=str(error)))
+        else:
+            entry.status, entry.reason = "failed", str(error)
+        result.errors.append(f"{target}: {error}")
+
+
+def target_options(options: ConversionOptions) -> ConversionOptions:
+    """The options a target is written with: every target is checked with its stock class."""
+    return options.model_copy(update={"restore_source_class": False})
+
+
+class Bench:
+    """How `check` builds, reads and runs the layers it checks: here each call is the plain one.
+
+    `check_many` (converters/grouped_check.py) passes a bench that builds a layer once per configuration and reuses it;
+    everything `check` concludes from what these calls return is the same code for both.
+    """
+
+    def __init__(self, registry: AdapterRegistry):
+        self.registry = registry
+
+    def write(self, spec: NormSpec, target: str, options: ConversionOptions) -> tuple[Any, Any]:
+        """(the target's layer for `spec`, its LayerReport)."""
+        return write_spec(spec, target, options, registry=self.registry)
+
+    def write_back(self, spec: NormSpec, source: str, options: ConversionOptions) -> Any:
+        """The layer a spec read from a target becomes in the source framework (the round trip)."""
+        return write_spec(spec, source, options, registry=self.registry)[0]
+
+    def read(self, obj: Any) -> NormSpec:
+        return read_spec(obj, registry=self.registry)[0]
+
+    def run_eval(self, framework, obj: Any, x: np.ndarray) -> np.ndarray:
+        return framework.run_eval(obj, x)
+
+    def run_train_step(self, framework, obj: Any, x: np.ndarray):
+        return framework.run_train_step(obj, x)
 
 
 def verdict(result: CheckResult) -> bool:

@@ -3,8 +3,9 @@
 Why: a registration of a .pt2 checks every normalizer on Keras too, and importing TensorFlow costs
 about 4 s, more than reading the model. A worker started when the registration starts imports it
 while the caller reads the model and runs its own legs (converters/split_check.py). The worker runs
-the very `converters.check` the caller would, on the same spec: the spec travels as its JSON
-document and safetensors bytes (schemas/spec_io.py, bit-exact, nothing executed on reading), the
+`converters.check` on the same spec, keeping the objects it built for later specs of the same
+configuration (grouped_check.checker_for: the results are check's, field for field): the spec
+travels as its JSON document and safetensors bytes (schemas/spec_io.py, bit-exact, nothing executed on reading), the
 result comes back as the CheckResult's fields in JSON (infinities included), an error as its
 NormbridgeError class, message, layer and setting.
 
@@ -32,7 +33,7 @@ from schemas import errors as error_types
 from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
 
 from .adapters import AdapterRegistry
-from .equivalence import check
+from .grouped_check import checker_for
 
 _LENGTH = struct.Struct(">Q")
 #: The folder holding the `converters` package, put first on the worker's path (it runs this copy of normbridge).
@@ -144,7 +145,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry) -> 
         tensors = _read_frame(requests)
         try:
             request = json.loads(header)
-            result = check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"], registry=registry)
+            result = checker_for(registry).check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
             reply = {"result": result.model_dump(mode="python")}
         except Exception as error:  # every error goes back to the caller, which raises it there
             reply = {"error": {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),

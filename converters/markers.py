@@ -25,3 +25,8 @@ def recall(obj: Any) -> dict[str, Any]:
     """The fields remembered on `obj`, or an empty dict."""
     extras = getattr(obj, ATTRIBUTE, None)
     return dict(extras) if isinstance(extras, dict) else {}
+
+
+def replace(obj: Any, fields: dict[str, Any]) -> None:
+    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state: converters/grouped_check.py)."""
+    object.__setattr__(obj, ATTRIBUTE, dict(fields))

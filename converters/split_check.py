@@ -83,10 +83,25 @@ class SplitCheck:
             return [name for name in self._order if name in self._in_worker]
         return [name for name in self._order if name != own and name not in IN_PROCESS and not imported(name)]
 
-    def _local(self, spec: NormSpec, frameworks: list[str]) -> CheckResult:
-        if frameworks == self._order and self._registry is REGISTRY:
-            return converters.check(spec)  # every leg here: the public entry point itself, looked up now (a caller may wrap it)
-        return check(spec, frameworks=frameworks, registry=self._registry)
+    def _local_all(self, plans: list, progress: Callable[[int, NormSpec], None] | None) -> list[CheckResult | None] | None:
+        """Every spec's legs in this process, through `converters.check_many` (each object built once per configuration; the
+        public entry point, looked up now: a caller may wrap it); None if it raises, so that each spec is then checked alone
+        and the error raised is the first spec's, in order."""
+        by_legs: dict[tuple[str, ...], list[int]] = {}
+        for i, (_, remote, _) in enumerate(plans):
+            legs = tuple(name for name in self._order if name not in remote)
+            if legs:
+                by_legs.setdefault(legs, []).append(i)
+        results: list[CheckResult | None] = [None] * len(plans)
+        try:
+            for legs, indices in by_legs.items():
+                told = None if progress is None else lambda j, spec, indices=indices: progress(indices[j], spec)
+                checked = converters.check_many([plans[i][0] for i in indices], frameworks=list(legs), registry=self._registry, progress=told)
+                for i, result in zip(indices, checked):
+                    results[i] = result
+        except Exception:  # noqa: BLE001  checked again spec by spec, which raises it in order
+            return None
+        return results
 
     def _worker_for(self, own: str) -> LegWorker:
         # The worker converts back to the spec's own framework too (the round trip), so it warms that one as well.
@@ -100,12 +115,13 @@ class SplitCheck:
             own = spec.source.framework
             remote = self._remote_legs(own)
             plans.append((spec, remote, self._worker_for(own).submit(spec, remote) if remote else None))
+        checked = self._local_all(plans, progress)
         results = []
         for i, (spec, remote, future) in enumerate(plans):
-            if progress is not None:
-                progress(i, spec)
             local = [name for name in self._order if name not in remote]
-            parts = [self._local(spec, local)] if local else []
+            if progress is not None and (checked is None or not local):
+                progress(i, spec)
+            parts = [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)] if local else []
             if future is not None:
                 parts.append(future.result())
             results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))

@@ -27,6 +27,7 @@ class KerasBatchAdapter(KerasKindAdapter):
     kind = "batch"
     layer_classes = KIND_INFO["batch"].classes["keras"]
     holds = KerasKindAdapter.holds | {"frozen"}
+    restatable = True  # from_spec: configuration, then finish_emit writes the tensors (KerasKindAdapter.restate)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         from .unbiased_batch_normalization import UnbiasedBatchNormalization

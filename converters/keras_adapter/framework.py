@@ -40,21 +40,21 @@ class KerasFramework(FrameworkAdapter):
     def natural_layout(self) -> str:
         return "channels_last"
 
-    def run_eval(self, obj: Any, x: np.ndarray) -> np.ndarray:
+    def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         """layer(x, training=False): inference mode never updates Keras's moving statistics."""
         built_input_shape(obj)  # calling an unbuilt layer would build it: refuse instead
         keras = import_keras()
         inputs = np.asarray(x).astype(obj.compute_dtype, copy=False)
         return np.asarray(keras.ops.convert_to_numpy(obj(inputs, training=False)))
 
-    def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were."""
+    def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were (on the layer itself if `in_place`)."""
         if markers.recall(obj).get("kind") == "instance" and isinstance(obj, import_keras().layers.BatchNormalization):
             raise NotExpressibleError(
                 "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
                 "instead of normalising per instance; train the source layer instead.", layer=obj.name, setting="track_running_stats", target="keras")
         keras = import_keras()
-        clone = copy_layer(obj)
+        clone = obj if in_place else copy_layer(obj)
         inputs = np.asarray(x).astype(clone.compute_dtype, copy=False)
         output = np.asarray(keras.ops.convert_to_numpy(clone(inputs, training=True)))
         moving_mean, moving_variance = getattr(clone, "moving_mean", None), getattr(clone, "moving_variance", None)

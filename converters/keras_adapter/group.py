@@ -23,6 +23,7 @@ class KerasGroupAdapter(KerasKindAdapter):
 
     kind = "group"
     layer_classes = KIND_INFO["group"].classes["keras"]
+    restatable = True  # from_spec: configuration, then finish_emit writes the tensors (KerasKindAdapter.restate)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         return read_group_layer(self.layer_of(obj), report, "group")

@@ -32,6 +32,7 @@ class KerasInstanceAdapter(KerasKindAdapter):
 
     kind = "instance"
     layer_classes = KIND_INFO["instance"].classes["keras"]
+    restatable = True  # from_spec: configuration, then finish_emit writes the tensors (KerasKindAdapter.restate)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         if isinstance(obj, import_keras().layers.BatchNormalization) and markers.recall(obj).get("kind") == "instance":

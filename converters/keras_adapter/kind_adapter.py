@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
 
 from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
 
@@ -11,7 +13,10 @@ from ..adapter import KindAdapter
 from ..translate import record_eps, tensor_fate
 from .facts import MODE_NOTE, STORED_NOTE
 from .runtime import keras_class
-from .variables import assign_variable, check_spec_dtype, variable_dtype
+from .variables import assign_variable, check_spec_dtype, read_variable, variable_dtype, write_variable
+
+#: Where finish_emit leaves which variable holds which spec tensor (spec tensor -> attribute), for `restate`.
+STATE_SLOTS = "_normbridge_state_slots"
 
 
 def keras_name(spec: NormSpec, report: LayerReport) -> str:
@@ -31,6 +36,10 @@ class KerasKindAdapter(KindAdapter):
     holds: ClassVar[frozenset[str]] = frozenset({"dtype", "compute_dtype"})
     #: Names in keras.layers this adapter reads.
     layer_classes: ClassVar[tuple[str, ...]]
+    #: Declared by a class whose from_spec builds from the configuration alone and writes the spec's tensors only in
+    #: finish_emit, so `restate` may stand in for it (converters/grouped_check.py). Read from the class that defines
+    #: from_spec: a subclass overriding from_spec without declaring it again is never restated.
+    restatable: ClassVar[bool] = False
 
     def layer_of(self, obj: Any) -> Any:
         """`obj` if it is one of this adapter's Keras classes."""
@@ -57,9 +66,9 @@ class KerasKindAdapter(KindAdapter):
     def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple, variables: Mapping[str, str]) -> Any:
         """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report."""
         layer.build(input_shape)
-        for tensor_name, attribute in variables.items():
-            if tensor_name in spec.tensors:
-                assign_variable(layer, attribute, spec.tensors[tensor_name].astype(variable_dtype(spec)), tensor_name)
+        slots = {tensor_name: attribute for tensor_name, attribute in variables.items() if tensor_name in spec.tensors}
+        object.__setattr__(layer, STATE_SLOTS, slots)
+        write_state(layer, spec, slots)
         tensor_fate(report, spec)
         report.add("training", spec.training, spec.training, "stored", MODE_NOTE)
         fields: dict[str, Any] = {"training": spec.training}
@@ -72,3 +81,35 @@ class KerasKindAdapter(KindAdapter):
         report.target_op = type(layer).__name__
         report.native = True
         return layer
+
+    def template_state(self, layer: Any) -> list[np.ndarray]:
+        """Every variable's value as from_spec left `layer`: what `restate` gives back to the variables no tensor is written to."""
+        return [read_variable(variable) for variable in layer.weights]
+
+    def restate(self, layer: Any, spec: NormSpec, template: Sequence[np.ndarray]) -> None:
+        """Make `layer` what this adapter's from_spec builds for `spec`, without building: `layer` was built by from_spec for a
+        spec of the same configuration (everything but the name and the tensors' values), and `template` holds the values
+        its variables had then.
+
+        from_spec(spec) would build the same class with the same configuration, name it after `spec` and write `spec`'s
+        tensors in finish_emit; every other variable keeps what the configuration gave it, which `template` holds (a
+        training step since may have moved them).
+        """
+        layer.name = keras_name(spec, LayerReport(layer=spec.name, kind=spec.kind, source_framework="spec", target_framework="keras", target_op="?"))
+        extras = markers.recall(layer)
+        extras.pop("name", None)
+        if layer.name != spec.name:
+            extras["name"] = spec.name
+        markers.replace(layer, extras)
+        slots = getattr(layer, STATE_SLOTS)
+        held = {id(getattr(layer, attribute)) for attribute in slots.values()}
+        for variable, value in zip(layer.weights, template):
+            if id(variable) not in held:
+                write_variable(variable, value, layer=layer.name, setting=variable.path.rsplit("/", 1)[-1])
+        write_state(layer, spec, slots)
+
+
+def write_state(layer: Any, spec: NormSpec, slots: Mapping[str, str]) -> None:
+    """Write the spec's tensors into the variables `slots` names (spec tensor -> attribute), bit-exactly."""
+    for tensor_name, attribute in slots.items():
+        assign_variable(layer, attribute, spec.tensors[tensor_name].astype(variable_dtype(spec)), tensor_name)

@@ -24,6 +24,7 @@ class KerasLayerAdapter(KerasKindAdapter):
     layer_classes = KIND_INFO["layer"].classes["keras"]
     #: axis=1: the channel axis of a channels_first input (ConvNeXt's LayerNorm), as well as bf16 and mixed policies.
     holds = KerasKindAdapter.holds | {"layout"}
+    restatable = True  # from_spec: configuration, then finish_emit writes the tensors (KerasKindAdapter.restate)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         if not is_stock(obj, self.layer_classes):  # a custom layer (keras_hub's): what the probe proved

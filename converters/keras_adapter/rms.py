@@ -27,6 +27,7 @@ class KerasRmsAdapter(KerasKindAdapter):
 
     kind = "rms"
     layer_classes = KIND_INFO["rms"].classes["keras"]
+    restatable = True  # from_spec: configuration, then finish_emit writes the tensors (KerasKindAdapter.restate)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
         if not is_stock(obj, self.layer_classes):  # a custom layer (keras_hub's): what the probe proved

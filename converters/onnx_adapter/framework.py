@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,14 +18,29 @@ from .proto import DEFAULT_DOMAINS
 from .reading import OnnxLayer, parse
 
 
-def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:
-    """Run the layer's model (or `model`, a variant of it) on `x`, cast to the input type, with onnxruntime's CPU provider."""
-    import onnxruntime  # only `check` runs models: converting never pays for onnxruntime
+@dataclass(frozen=True)
+class Run:
+    """What running a layer's model means: the model to run (the layer's own, or its training copy), the outputs to fetch
+    (None: every graph output), and whether the result is a training step."""
 
-    if layer.dtype == "bfloat16":
-        # Checked on onnxruntime 1.32: its CPU provider has no bfloat16 kernel for the normalization ops (nor their Mul), and its
-        # Python binding has no NumPy type for bfloat16 outputs. The graph is valid ONNX (checked on write); check lists it as skipped.
-        raise RuntimeError(f"NOT_IMPLEMENTED: onnxruntime {onnxruntime.__version__}'s CPU provider cannot run bfloat16 normalization layers.")
+    layer: OnnxLayer
+    model: onnx.ModelProto
+    outputs: list[str] | None
+    train: bool
+
+    def result(self, values: list[np.ndarray]) -> Any:
+        """run_eval's or run_train_step's return value from the fetched `values`."""
+        if not self.train:
+            return values[0]
+        if self.outputs is None:
+            return values[0], None, None
+        y, mean, var = values
+        return y, mean, var
+
+
+def session(model: onnx.ModelProto):
+    """A CPU InferenceSession for `model`, set up as every check's probe is: one thread, no spinning, quiet."""
+    import onnxruntime  # only `check` runs models: converting never pays for onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # warnings about unused initializers (untracked BatchNorm outputs) are noise here
@@ -32,8 +48,22 @@ def _run(layer: OnnxLayer, x: np.ndarray, model: onnx.ModelProto | None = None, 
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = onnxruntime.InferenceSession((model or layer.model).SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(outputs, {layer.input_name: np.asarray(x, dtype=layer.dtype)})
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def refuse_unrunnable(layer: OnnxLayer) -> None:
+    """Checked on onnxruntime 1.32: its CPU provider has no bfloat16 kernel for the normalization ops (nor their Mul), and its
+    Python binding has no NumPy type for bfloat16 outputs. The graph is valid ONNX (checked on write); check lists it as skipped."""
+    if layer.dtype == "bfloat16":
+        import onnxruntime
+
+        raise RuntimeError(f"NOT_IMPLEMENTED: onnxruntime {onnxruntime.__version__}'s CPU provider cannot run bfloat16 normalization layers.")
+
+
+def execute(run: Run, x: np.ndarray) -> Any:
+    """`run` on `x`, cast to the input type, in a session of its own."""
+    refuse_unrunnable(run.layer)
+    return run.result(session(run.model).run(run.outputs, {run.layer.input_name: np.asarray(x, dtype=run.layer.dtype)}))
 
 
 class OnnxFramework(FrameworkAdapter):
@@ -51,10 +81,18 @@ class OnnxFramework(FrameworkAdapter):
     def natural_layout(self) -> str | None:
         return "channels_first"
 
-    def run_eval(self, obj: Any, x: np.ndarray) -> np.ndarray:
-        return _run(parse(obj), x)[0]
+    def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
+        return execute(self.eval_run(obj), x)
 
-    def run_train_step(self, obj: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        return execute(self.train_run(obj), x)
+
+    def eval_run(self, obj: Any) -> Run:
+        """The model as written, every output."""
+        layer = parse(obj)
+        return Run(layer, layer.model, None, train=False)
+
+    def train_run(self, obj: Any) -> Run:
         """BatchNormalization: a training_mode=1 copy exposing the updated running statistics; other ops have no mode."""
         layer = parse(obj)
         if (layer.raw_metadata or {}).get("frozen") is True:
@@ -62,7 +100,7 @@ class OnnxFramework(FrameworkAdapter):
                 "this BatchNormalization holds frozen statistics: ONNX has no training step that keeps them (training_mode=1 would use and "
                 "update batch statistics); a frozen layer computes its eval output in training too.", layer=layer.name, setting="frozen", target="onnx")
         if layer.node is None or layer.node.op_type != BATCH_NORM:
-            return _run(layer, x)[0], None, None
+            return Run(layer, layer.model, None, train=True)
         if layer.kind == "instance":
             raise NotExpressibleError(
                 "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval, and a training step of it would pool "
@@ -70,8 +108,7 @@ class OnnxFramework(FrameworkAdapter):
                 layer=layer.name, setting="training", target="onnx",
             )
         model, outputs = _training_copy(layer)
-        y, mean, var = _run(layer, x, model, outputs)
-        return y, mean, var
+        return Run(layer, model, outputs, train=True)
 
 
 def _training_copy(layer: OnnxLayer) -> tuple[onnx.ModelProto, list[str]]:

@@ -7,6 +7,7 @@ import torch
 from schemas import LayerReport, NormSpec
 
 from ..adapter import KindAdapter
+from .state_slots import TorchRestating
 from ..options import ConversionOptions
 from .common import STOCK_HOLDS
 from .running_stats import build_norm_base, read_norm_base
@@ -21,10 +22,11 @@ def spatial_rank_of(module: torch.nn.Module, classes: dict) -> int:
     raise TypeError(type(module))
 
 
-class TorchBatchAdapter(KindAdapter):
+class TorchBatchAdapter(TorchRestating, KindAdapter):
     framework = "torch"
     kind = "batch"
     holds = STOCK_HOLDS | {"frozen"}
+    restatable = True  # from_spec: the configuration, then the tensors through write_tensor (TorchRestating.restate)
 
     def to_spec(self, obj: torch.nn.Module, report: LayerReport) -> NormSpec:
         return read_norm_base(obj, "batch", spatial_rank_of(obj, BATCH_CLASSES), report)

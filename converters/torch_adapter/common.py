@@ -76,6 +76,17 @@ def assign(target: torch.Tensor, array: np.ndarray) -> None:
         target.copy_(source)
 
 
+#: Where `write_tensor` notes which module tensor holds which spec tensor (spec tensor -> attribute), for
+#: state_slots.TorchRestating.restate.
+STATE_SLOTS = "_normbridge_state_slots"
+
+
+def write_tensor(module: torch.nn.Module, attribute: str, spec: NormSpec, name: str) -> None:
+    """Copy the spec's tensor `name` into `module.<attribute>` bit-exactly, noting the slot (the one way from_spec writes tensors)."""
+    assign(getattr(module, attribute), spec.tensors[name])
+    object.__setattr__(module, STATE_SLOTS, {**getattr(module, STATE_SLOTS, {}), name: attribute})
+
+
 def layer_name(module: torch.nn.Module, default: str) -> str:
     """PyTorch modules carry no name of their own: use the remembered one, else `default`."""
     return markers.recall(module).get("name") or default
@@ -119,7 +130,7 @@ def write_affine(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -
         if param is None:
             continue
         if getattr(spec, spec_name):
-            assign(param, spec.tensors[spec_name])
+            write_tensor(module, attr, spec, spec_name)
         else:
             with torch.no_grad():
                 param.fill_(identity)

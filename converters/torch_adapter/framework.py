@@ -81,18 +81,18 @@ class TorchFramework(FrameworkAdapter):
     def natural_layout(self) -> str:
         return "channels_first"
 
-    def run_eval(self, obj: torch.nn.Module, x: np.ndarray) -> np.ndarray:
-        module = copy.deepcopy(obj).eval()
+    def run_eval(self, obj: torch.nn.Module, x: np.ndarray, in_place: bool = False) -> np.ndarray:
+        module = (obj if in_place else copy.deepcopy(obj)).eval()
         with torch.no_grad(), one_thread():
             return numpy_from_tensor(module(tensor_from_numpy(np.asarray(x))))
 
-    def run_train_step(self, obj: torch.nn.Module, x: np.ndarray):
+    def run_train_step(self, obj: torch.nn.Module, x: np.ndarray, in_place: bool = False):
         if markers.recall(obj).get("frozen") is True:
             raise NotExpressibleError(
                 "this stock module holds frozen statistics for eval only (momentum 0): its training-mode forward uses batch statistics, "
                 "which the frozen layer never does; train the source layer instead.",
                 layer=markers.recall(obj).get("name"), setting="frozen", target="torch")
-        module = copy.deepcopy(obj).train()
+        module = (obj if in_place else copy.deepcopy(obj)).train()
         with torch.no_grad(), one_thread():
             y = numpy_from_tensor(module(tensor_from_numpy(np.asarray(x))))
         if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None:

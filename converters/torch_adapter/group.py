@@ -8,15 +8,17 @@ from schemas import LayerReport, NormSpec
 
 from .. import markers
 from ..adapter import KindAdapter
+from .state_slots import TorchRestating
 from ..options import ConversionOptions
 from ..translate import record_eps, record_layout, tensor_fate
 from .common import SPEC_TO_TORCH, STOCK_HOLDS, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
 
 
-class TorchGroupAdapter(KindAdapter):
+class TorchGroupAdapter(TorchRestating, KindAdapter):
     framework = "torch"
     kind = "group"
     holds = STOCK_HOLDS
+    restatable = True  # from_spec: the configuration, then the tensors through write_tensor (TorchRestating.restate)
 
     def to_spec(self, obj: torch.nn.GroupNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "GroupNorm")

@@ -7,6 +7,7 @@ import torch
 from schemas import LayerReport, NormSpec
 
 from ..adapter import KindAdapter
+from .state_slots import TorchRestating
 from ..options import ConversionOptions
 from .batch import spatial_rank_of
 from .common import STOCK_HOLDS
@@ -15,10 +16,11 @@ from .running_stats import build_norm_base, read_norm_base
 INSTANCE_CLASSES = {1: torch.nn.InstanceNorm1d, 2: torch.nn.InstanceNorm2d, 3: torch.nn.InstanceNorm3d}
 
 
-class TorchInstanceAdapter(KindAdapter):
+class TorchInstanceAdapter(TorchRestating, KindAdapter):
     framework = "torch"
     kind = "instance"
     holds = STOCK_HOLDS | {"frozen"}
+    restatable = True  # from_spec: the configuration, then the tensors through write_tensor (TorchRestating.restate)
 
     def to_spec(self, obj: torch.nn.Module, report: LayerReport) -> NormSpec:
         return read_norm_base(obj, "instance", spatial_rank_of(obj, INSTANCE_CLASSES), report)

@@ -8,15 +8,17 @@ from schemas import LayerReport, NormSpec
 
 from .. import markers
 from ..adapter import KindAdapter
+from .state_slots import TorchRestating
 from ..options import ConversionOptions
 from ..translate import record_eps, tensor_fate
 from .common import SPEC_TO_TORCH, STOCK_HOLDS, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
 
 
-class TorchLayerAdapter(KindAdapter):
+class TorchLayerAdapter(TorchRestating, KindAdapter):
     framework = "torch"
     kind = "layer"
     holds = STOCK_HOLDS
+    restatable = True  # from_spec: the configuration, then the tensors through write_tensor (TorchRestating.restate)
 
     def to_spec(self, obj: torch.nn.LayerNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "LayerNorm")

@@ -11,7 +11,8 @@ from .. import markers
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_eps, record_layout, tensor_fate
 from .biased_batch_norm import BIASED_CLASSES, biased_class_for
-from .common import SPEC_TO_TORCH, affine_kwargs, assign, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, to_numpy, write_affine
+from .common import (SPEC_TO_TORCH, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, to_numpy,
+                     write_affine, write_tensor)
 
 
 def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report: LayerReport) -> NormSpec:
@@ -95,10 +96,10 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
     )
     write_affine(module, spec, report)
     if spec.track_running_stats:
-        assign(module.running_mean, spec.tensors["running_mean"])
-        assign(module.running_var, spec.tensors["running_var"])
+        write_tensor(module, "running_mean", spec, "running_mean")
+        write_tensor(module, "running_var", spec, "running_var")
         if "num_batches_tracked" in spec.tensors:
-            assign(module.num_batches_tracked, spec.tensors["num_batches_tracked"])
+            write_tensor(module, "num_batches_tracked", spec, "num_batches_tracked")
             report.add("num_batches_tracked", int(spec.tensors["num_batches_tracked"]), note="buffer")
         else:
             report.add("num_batches_tracked", None, 0, "stored", "absent in the source; set to 0 (used only when momentum=None)")

@@ -45,7 +45,8 @@ def test_the_deliberately_broken_adapters_still_fail_when_their_leg_runs_in_the_
         assert result.model_dump() == expected.model_dump()
 
 
-def test_a_gate_with_every_leg_here_is_converters_check_itself(monkeypatch):
+def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch):
     seen = []
-    monkeypatch.setattr(converters, "check", lambda spec: seen.append(spec.name) or "checked")
-    assert SplitCheck(in_worker=[]).check_all(SPECS[:2]) == ["checked", "checked"] and seen == ["bn", "bn_half"]
+    monkeypatch.setattr(converters, "check_many", lambda specs, **legs: [seen.append((spec.name, legs["frameworks"])) or "checked" for spec in specs])
+    assert SplitCheck(in_worker=[]).check_all(SPECS[:2]) == ["checked", "checked"]
+    assert seen == [("bn", ["torch", "keras", "onnx"]), ("bn_half", ["torch", "keras", "onnx"])]

@@ -1,0 +1,281 @@
+"""`check_many`: `check` of many layers at once, each framework object built once per configuration.
+
+Why: the registry's gate checks every normalizer of a model, and a model repeats a few configurations
+(ResNet-50: 53 BatchNorms of a handful of shapes; a decoder: 160 identical RMSNorms). `check` builds each
+layer from scratch per target: a Keras layer and its TensorFlow variables cost milliseconds, an
+onnxruntime session about one. Here layers of one configuration (everything but the name and the
+tensors' values: `configuration`) are checked together, with the same code as `check`
+(equivalence.check_target) and a `GroupBench` that changes only how the objects are made and run:
+
+- Keras: a kind adapter that declares `restatable` builds its layer from the configuration and writes the
+  tensors in one place (keras_adapter/kind_adapter.py); the group's first layer is built by from_spec,
+  later ones are that layer given their name and tensors (`restate`, every variable written bit-exactly),
+  and the training step runs on it (the next `restate` writes every variable it moved). An adapter that
+  does not declare it (a subclass overriding from_spec) builds every layer with from_spec.
+- ONNX: every member's model is written by from_spec as `check` writes it, then all are run in one
+  session over one graph holding each model as written (onnx_adapter/merged_runs.py).
+- torch: modules are built by from_spec per member (cheap) and run without a defensive copy.
+
+Anything else is `check`'s own code on the member's own objects. Results are field for field the ones
+`[check(s) for s in specs]` gives, failures included (tests/converters/test_grouped_check.py); a member
+whose grouped check raises is checked again by `check` itself, so an error is the one `check` raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schemas import CheckResult, LayerReport, NormSpec
+
+from . import reference
+from .adapter import KindAdapter
+from .adapters import REGISTRY, AdapterRegistry
+from .api import read_spec, write_spec
+from .equivalence import Bench, check, check_target, new_result, target_options, verdict
+from .options import ConversionOptions
+from .probe import probe_input
+
+
+def configuration(spec: NormSpec) -> str:
+    """Everything a converter builds a layer from except the name and the tensors' values: kind, shapes, dtype, layout, flags,
+    eps, momentum, provenance, the tensors' names, dtypes and shapes, and num_batches_tracked's value (a momentum=None layer's
+    emitted momentum and Keras's remembered counter depend on it)."""
+    fields = spec.model_dump(mode="json", exclude={"name", "tensors"})
+    tensors = sorted((name, str(array.dtype), list(array.shape)) for name, array in spec.tensors.items())
+    counter = spec.tensors.get("num_batches_tracked")
+    return json.dumps([fields, tensors, None if counter is None else int(counter)], sort_keys=True)
+
+
+def groups(specs: Sequence[NormSpec]) -> list[list[int]]:
+    """Indices of `specs` by configuration, in order of first appearance."""
+    found: dict[str, list[int]] = {}
+    for index, spec in enumerate(specs):
+        found.setdefault(configuration(spec), []).append(index)
+    return list(found.values())
+
+
+def check_many(specs: Iterable[Any], frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None,
+               registry: AdapterRegistry = REGISTRY, progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
+    """`[check(s, frameworks, options, registry) for s in specs]`, each object built once per configuration of layer.
+
+    Raises what that list would raise: the error of the first spec whose `check` raises. `progress(i, spec)` is called as
+    each spec's checks start.
+    """
+    return _check_all(list(specs), frameworks, options, registry, progress, lambda: GroupBench(registry))
+
+
+def _check_all(specs: list, frameworks: Iterable[str] | None, options: ConversionOptions | None, registry: AdapterRegistry,
+               progress: Callable[[int, NormSpec], None] | None, bench: Callable[[], "GroupBench"]) -> list[CheckResult]:
+    options = options or ConversionOptions()
+    specs = [s if isinstance(s, NormSpec) else read_spec(s, registry=registry)[0] for s in specs]
+    targets = list(registry.framework_names if frameworks is None else frameworks)
+    outcomes: list[CheckResult | Exception | None] = [None] * len(specs)
+    for members in groups(specs):
+        checked = _check_group([specs[i] for i in members], targets, options, bench(),
+                               None if progress is None else lambda j, members=members: progress(members[j], specs[members[j]]))
+        for index, outcome in zip(members, checked):
+            outcomes[index] = outcome
+    results = []
+    for spec, outcome in zip(specs, outcomes):
+        # A member whose grouped check raised is checked by `check` itself: the error is check's (or, if check passes it, its result).
+        results.append(check(spec, targets, options, registry) if isinstance(outcome, Exception) else outcome)
+    return results
+
+
+class Checker:
+    """`check` of one spec after another, the objects built for earlier ones kept for later ones of the same configuration.
+
+    A leg worker (converters/leg_worker.py) answers a gate's requests one spec at a time; this gives it what check_many
+    gives a whole model. At most `keep` configurations' objects are kept; calls are serialised.
+    """
+
+    def __init__(self, registry: AdapterRegistry = REGISTRY, keep: int = 64):
+        self._registry, self._keep = registry, keep
+        self._bench = GroupBench(registry)
+        self._lock = threading.Lock()
+
+    def check(self, spec: NormSpec, frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None) -> CheckResult:
+        with self._lock:
+            self._bench.forget_beyond(self._keep)
+            return _check_all([spec], frameworks, options, self._registry, None, lambda: self._bench)[0]
+
+
+_CHECKERS: dict[int, tuple[AdapterRegistry, Checker]] = {}
+_CHECKERS_LOCK = threading.Lock()
+
+
+def checker_for(registry: AdapterRegistry) -> Checker:
+    """This process's Checker for `registry` (a leg worker keeps its objects across the requests it answers)."""
+    with _CHECKERS_LOCK:
+        held = _CHECKERS.get(id(registry))
+        if held is None or held[0] is not registry:
+            held = _CHECKERS[id(registry)] = (registry, Checker(registry))
+        return held[1]
+
+
+@dataclass
+class _Member:
+    spec: NormSpec
+    x_cf: np.ndarray
+    y_ref: np.ndarray
+    result: CheckResult
+    source_step: Callable[[], reference.TrainStep]
+    error: Exception | None = None
+
+
+def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionOptions, bench: "GroupBench",
+                 progress: Callable[[int], None] | None) -> list[CheckResult | Exception]:
+    """check() of specs of one configuration, target by target, through one GroupBench."""
+    members = []
+    for spec in specs:
+        x_cf = probe_input(spec)
+        members.append(_Member(spec, x_cf, reference.forward(spec, x_cf, training=False), new_result(spec, x_cf),
+                               functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf))))
+    for target in targets:
+        bench.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
+        for index, member in enumerate(members):
+            if member.error is not None:
+                continue
+            if progress is not None and target == targets[0]:
+                progress(index)
+            try:
+                check_target(member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, bench)
+            except Exception as error:  # check would stop here: the member is checked again by check itself
+                member.error = error
+    for member in members:
+        member.result.passed = verdict(member.result)
+    return [member.error or member.result for member in members]
+
+
+@dataclass
+class _Template:
+    """A layer from_spec built, and what from_spec gave it that `restate` cannot: its state then, its warnings, its op."""
+
+    layer: Any
+    state: Any
+    warnings: list[str]
+    target_op: str
+    native: bool
+
+
+def restatable(adapter: KindAdapter) -> bool:
+    """Whether the class defining the adapter's from_spec declares that `restate` may stand in for it."""
+    owner = next(cls for cls in type(adapter).__mro__ if "from_spec" in vars(cls))
+    return vars(owner).get("restatable") is True and hasattr(adapter, "restate")
+
+
+class GroupBench(Bench):
+    """The objects of one group's checks: Keras layers restated per configuration, ONNX models run in one session each way."""
+
+    def __init__(self, registry: AdapterRegistry):
+        super().__init__(registry)
+        self._templates: dict[tuple, _Template] = {}
+        self._ahead: dict[int, tuple[ConversionOptions, Any]] = {}  # id(spec) -> (options, (obj, report) or the error)
+        self._runs: dict[tuple[bool, int], Any] = {}  # (train, id(obj)) -> the value run_eval/run_train_step returns
+        self._merged: dict[bool, bytes | None] = {}  # train -> the input the merged run was made with (None: not made)
+
+    def forget_beyond(self, count: int) -> None:
+        """Keep only the `count` most recently built templates (a long-lived worker meets ever new configurations)."""
+        while len(self._templates) > count:
+            del self._templates[next(iter(self._templates))]  # the oldest first
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _builder(self, role: str, to: str, options: ConversionOptions):
+        def build(adapter: KindAdapter, spec: NormSpec, build_options: ConversionOptions, report: LayerReport) -> Any:
+            if not restatable(adapter):
+                return adapter.from_spec(spec, build_options, report)
+            key = (role, to, type(adapter), build_options.model_dump_json(), configuration(spec))
+            template = self._templates.get(key)
+            if template is None:
+                before = len(report.warnings)
+                layer = adapter.from_spec(spec, build_options, report)
+                self._templates[key] = _Template(layer, adapter.template_state(layer), report.warnings[before:], report.target_op, report.native)
+                return layer
+            adapter.restate(template.layer, spec, template.state)
+            for warning in template.warnings:
+                report.warn(warning)
+            report.target_op, report.native = template.target_op, template.native
+            return template.layer
+
+        return build
+
+    def write_ahead(self, target: str, specs: list[NormSpec], options: ConversionOptions) -> None:
+        """ONNX: write every member's model now, so one merged session runs them all when the first is run."""
+        self._ahead.clear()
+        self._runs.clear()
+        self._merged.clear()
+        if target != "onnx" or len(specs) < 2:
+            return
+        for spec in specs:
+            try:
+                self._ahead[id(spec)] = (options, write_spec(spec, target, options, registry=self.registry))
+            except Exception as error:  # raised again where check meets it
+                self._ahead[id(spec)] = (options, error)
+
+    def write(self, spec: NormSpec, target: str, options: ConversionOptions) -> tuple[Any, Any]:
+        ahead = self._ahead.get(id(spec))
+        if ahead is not None and ahead[0] == options:
+            if isinstance(ahead[1], Exception):
+                raise ahead[1]
+            return ahead[1]
+        return write_spec(spec, target, options, registry=self.registry, build=self._builder("target", target, options))
+
+    def write_back(self, spec: NormSpec, source: str, options: ConversionOptions) -> Any:
+        return write_spec(spec, source, options, registry=self.registry, build=self._builder("back", source, options))[0]
+
+    # -- running -------------------------------------------------------------------------
+
+    def run_eval(self, framework, obj: Any, x: np.ndarray) -> np.ndarray:
+        return self._run(framework, obj, x, train=False)
+
+    def run_train_step(self, framework, obj: Any, x: np.ndarray):
+        return self._run(framework, obj, x, train=True)
+
+    def _run(self, framework, obj: Any, x: np.ndarray, train: bool) -> Any:
+        if framework.name == "onnx" and self._ahead:
+            self._run_merged(framework, x, train)
+            if (train, id(obj)) in self._runs and self._merged.get(train) == _fingerprint(x):
+                return self._runs[(train, id(obj))]
+        run = framework.run_train_step if train else framework.run_eval
+        return run(obj, x, in_place=True)  # every object here is this bench's own: a torch module per member, a restated Keras layer
+
+    def _run_merged(self, framework, x: np.ndarray, train: bool) -> None:
+        """Run every model written ahead in one session (once per mode); a model whose run cannot be planned, or a merged run
+        that fails, leaves its members to run on their own (where each raises its own error)."""
+        from .onnx_adapter.merged_runs import mergeable, run_merged
+
+        if train in self._merged:
+            return
+        self._merged[train] = None
+        objects, runs = [], []
+        for _, written in self._ahead.values():
+            if isinstance(written, Exception):
+                continue
+            try:
+                runs.append(framework.train_run(written[0]) if train else framework.eval_run(written[0]))
+                objects.append(written[0])
+            except Exception:  # raised again when this member runs on its own
+                continue
+        if len(runs) < 2 or not mergeable(runs):
+            return
+        try:
+            values = run_merged(runs, x)
+        except Exception:  # each member runs on its own and meets its own error
+            return
+        self._runs.update(((train, id(obj)), value) for obj, value in zip(objects, values))
+        self._merged[train] = _fingerprint(x)
+
+
+def _fingerprint(x: np.ndarray) -> bytes:
+    return repr((x.dtype.str, x.shape)).encode() + np.ascontiguousarray(x).tobytes()
+
+
+__all__ = ["Checker", "GroupBench", "check_many", "checker_for", "configuration", "groups"]
