@@ -1,0 +1,81 @@
+"""Property-based: check_many over groups of one random configuration with different states equals check, member by member.
+
+Random kinds, shapes, dtypes, eps, momentum, flags and layouts, read from each framework (so the round trips run); in
+some examples one
+member carries a scale the adapter package of tests/buggy_torch_values.py converts wrongly: it alone must fail, in
+both paths. HYPOTHESIS_PROFILE=thorough runs more examples.
+"""
+
+from __future__ import annotations
+
+from hypothesis import assume, given, strategies as st
+
+import converters
+from converters.grouped_check import check_many, groups
+from schemas import NotExpressibleError
+from schemas.kinds import KIND_INFO
+
+from tests.buggy_torch_values import SATURATION
+from tests.converters.test_grouped_check import assert_same, values_registry
+from tests.converters.test_properties import decimals, momenta
+from tests.spec_factory import make_spec
+
+
+@st.composite
+def configurations(draw) -> dict:
+    """make_spec's arguments for one random configuration (the state comes from the seed, drawn per member)."""
+    kind = draw(st.sampled_from(tuple(KIND_INFO)))
+    info = KIND_INFO[kind]
+    kwargs = dict(kind=kind, dtype=draw(st.sampled_from(["float32", "float32", "float64", "float16", "bfloat16"])), eps=draw(decimals),
+                  scale=draw(st.booleans()), bias=draw(st.booleans()))
+    if not info.trailing:
+        kwargs["layout"] = draw(st.sampled_from(["channels_first", "channels_last"]))
+        kwargs["num_features"] = draw(st.integers(1, 8))
+    if "spatial_rank" in info.required:
+        kwargs["spatial_rank"] = draw(st.integers(1, 3))
+    if info.running_stats:
+        kwargs["tracked"] = True if kind == "batch" else draw(st.booleans())
+        kwargs["momentum"] = draw(momenta)
+        kwargs["convention"] = draw(st.sampled_from(["batch_weight", "running_weight"]))
+        kwargs["estimator"] = draw(st.sampled_from(["unbiased", "biased"]))
+        kwargs["nbt"] = draw(st.one_of(st.none(), st.integers(0, 10_000)))
+    if "num_groups" in info.required:
+        channels = kwargs["num_features"]
+        kwargs["num_groups"] = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
+    if info.trailing:
+        kwargs["normalized_shape"] = tuple(draw(st.lists(st.integers(2, 6), min_size=1, max_size=2)))
+    return kwargs
+
+
+def members(config: dict, seeds: list[int], source: str) -> list:
+    """One spec per seed, read from `source`'s layer for it (so it is one that framework holds), or as made for "spec"."""
+    made = [make_spec(**config, seed=seed, name=f"m{i}/{config['kind']}") for i, seed in enumerate(seeds)]
+    if source == "spec":
+        return made
+    try:
+        return [converters.to_spec(converters.from_spec(spec, source)) for spec in made]
+    except NotExpressibleError:
+        assume(False)
+
+
+@given(config=configurations(), seeds=st.lists(st.integers(0, 2**16), min_size=2, max_size=4, unique=True),
+       source=st.sampled_from(["spec", "torch", "keras", "onnx"]), broken=st.booleans())
+def test_a_group_of_one_configuration_gives_checks_results_member_by_member(config, seeds, source, broken):
+    specs = members(config, seeds, source)
+    registry = converters.REGISTRY
+    victim = None
+    if broken and "scale" in specs[0].tensors:
+        registry, victim = values_registry(), len(specs) // 2
+        scale = specs[victim].tensors["scale"].copy()
+        scale.flat[-1] = 2 * SATURATION
+        specs[victim] = specs[victim].replace(tensors={**specs[victim].tensors, "scale": scale})
+    assume(len(groups(specs)) == 1)  # a framework may read a state-dependent setting (a frozen identity scale) differently
+    plain = [converters.check(spec, registry=registry) for spec in specs]
+    grouped = check_many(specs, registry=registry)
+    assert_same(grouped, plain)
+    for index, result in enumerate(grouped):
+        torch_built = any(t.framework == "torch" and t.status != "not_expressible" for t in result.targets)
+        if index == victim and torch_built:
+            assert not result.passed, "the member the broken adapter converts wrongly must fail"
+        elif index != victim:
+            assert result.passed, result.render_text()
