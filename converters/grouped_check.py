@@ -24,7 +24,6 @@ whose grouped check raises is checked again by `check` itself, so an error is th
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -47,10 +46,10 @@ def configuration(spec: NormSpec) -> str:
     """Everything a converter builds a layer from except the name and the tensors' values: kind, shapes, dtype, layout, flags,
     eps, momentum, provenance, the tensors' names, dtypes and shapes, and num_batches_tracked's value (a momentum=None layer's
     emitted momentum and Keras's remembered counter depend on it)."""
-    fields = spec.model_dump(mode="json", exclude={"name", "tensors"})
-    tensors = sorted((name, str(array.dtype), list(array.shape)) for name, array in spec.tensors.items())
+    fields = spec.model_dump(exclude={"name", "tensors"})  # in the model's field order: its repr is the same for equal fields
+    tensors = sorted((name, array.dtype.str, array.shape) for name, array in spec.tensors.items())
     counter = spec.tensors.get("num_batches_tracked")
-    return json.dumps([fields, tensors, None if counter is None else int(counter)], sort_keys=True)
+    return repr((fields, tensors, None if counter is None else int(counter)))
 
 
 def groups(specs: Sequence[NormSpec]) -> list[list[int]]:
@@ -192,7 +191,7 @@ class GroupBench(Bench):
         def build(adapter: KindAdapter, spec: NormSpec, build_options: ConversionOptions, report: LayerReport) -> Any:
             if not restatable(adapter):
                 return adapter.from_spec(spec, build_options, report)
-            key = (role, to, type(adapter), build_options.model_dump_json(), configuration(spec))
+            key = (role, to, type(adapter), build_options, configuration(spec))  # options are frozen, hashed by value
             template = self._templates.get(key)
             if template is None:
                 before = len(report.warnings)

@@ -10,6 +10,7 @@ is taken on the decimal the user wrote, where it is exact and reversible.
 from __future__ import annotations
 
 from decimal import Decimal
+from functools import lru_cache
 
 import numpy as np
 
@@ -40,6 +41,7 @@ def recover_from_float32(stored: float, hint: float | None = None) -> float:
     return shortest_float32_decimal(stored)
 
 
+@lru_cache(maxsize=4096)  # a pure function of one float, asked for every momentum of every spec compared, read and written
 def decimal_complement(value: float) -> float:
     """`1 - value`, computed on the shortest decimal of `value` so it round-trips.
 
