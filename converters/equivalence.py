@@ -231,6 +231,7 @@ def check_target(spec: NormSpec, target: str, options: ConversionOptions, x_cf: 
         result.errors.append(f"{target}: {error}")
 
 
+@functools.lru_cache(maxsize=64)  # options are frozen and hashed by value; every target of every spec asks
 def target_options(options: ConversionOptions) -> ConversionOptions:
     """The options a target is written with: every target is checked with its stock class."""
     return options.model_copy(update={"restore_source_class": False})

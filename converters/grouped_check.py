@@ -166,8 +166,13 @@ class _Template:
 
 def restatable(adapter: KindAdapter) -> bool:
     """Whether the class defining the adapter's from_spec declares that `restate` may stand in for it."""
-    owner = next(cls for cls in type(adapter).__mro__ if "from_spec" in vars(cls))
-    return vars(owner).get("restatable") is True and hasattr(adapter, "restate")
+    return _restatable(type(adapter))
+
+
+@functools.lru_cache(maxsize=None)
+def _restatable(cls: type) -> bool:
+    owner = next(base for base in cls.__mro__ if "from_spec" in vars(base))
+    return vars(owner).get("restatable") is True and hasattr(cls, "restate")
 
 
 class GroupBench(Bench):
