@@ -203,7 +203,10 @@ class GroupBench(Bench):
                 layer = adapter.from_spec(spec, build_options, report)
                 self._templates[key] = _Template(layer, adapter.template_state(layer), report.warnings[before:], report.target_op, report.native)
                 return layer
-            adapter.restate(template.layer, spec, template.state)
+            try:
+                adapter.restate(template.layer, spec, template.state)
+            except Exception:  # noqa: BLE001  from_spec meets the same problem and says it in its own words (a layer of this name)
+                return adapter.from_spec(spec, build_options, report)
             for warning in template.warnings:
                 report.warn(warning)
             report.target_op, report.native = template.target_op, template.native

@@ -123,6 +123,15 @@ def test_check_many_raises_what_check_raises_for_the_first_spec_that_raises():
     assert str(grouped.value) == str(plain.value) == "boom_first: the adapter broke"
 
 
+def test_a_member_restate_cannot_give_its_state_is_built_by_from_spec():
+    registry = AdapterRegistry({"torch": "tests.fragile_restate_torch", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
+    assert restatable(registry.get("torch", "batch"))
+    specs = [member(make_spec("batch", source="torch"), i, name) for i, name in enumerate(["bn", "fragile_bn", "bn_after"])]
+    grouped = check_many(specs, registry=registry)
+    assert all(result.passed for result in grouped)
+    assert_same(grouped, [converters.check(spec, registry=registry) for spec in specs])
+
+
 def test_a_checker_answering_one_spec_at_a_time_gives_checks_results():
     checker = Checker()
     specs = [member(make_spec(kind, source="torch"), i) for i in range(3) for kind in ("batch", "rms", "group")]
