@@ -10,6 +10,7 @@ should hold the same bytes (`candidates`). The registry turns this into a manife
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +30,15 @@ NAME_HINTS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ModelTensor:
-    """One tensor of the model, under the framework's name for it; `layer`: the layer path it belongs to, if any."""
+    """One tensor of the model, under the framework's name for it; `layer`: the layer path it belongs to, if any.
+
+    `source`, when given, reads the array's bytes again in chunks (converters/tensor_bytes.py): the array may then be
+    mapped from the model file, and the registry streams the bytes from there rather than reading the array whole."""
 
     name: str
     array: np.ndarray
     layer: str | None = None
+    source: Any = None
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from converters.model_contents import ModelContents
 from converters.models.artifact import model_contents
 from schemas import NormSpec
 from schemas.errors import InputFileError
-from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, UnrecognisedLayer, sha256_hex
+from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, UnrecognisedLayer
 from schemas.tensors import STORED_DTYPES, tensors_identical
 
 from .manifest_io import MANIFEST_FILE, Artifact, load_artifact_folder
 from .recognition_gate import unrecognised_layers
 from .structure import structure_record
-from .tensor_blobs import tensor_blob
+from .streamed_blobs import BlobMap, TensorBlob
 
 
 class _Builder:
@@ -36,6 +36,7 @@ class _Builder:
     def __init__(self, framework: str, fmt: str):
         self.framework, self.format = framework, fmt
         self.arrays: dict[str, np.ndarray] = {}
+        self.sources: dict[str, object] = {}  # name -> where the tensor's bytes can be streamed from (converters.tensor_bytes)
         self.layers: dict[str, str | None] = {}
         self.roles: dict[str, str] = {}
         self.entries: list[NormalizerEntry] = []
@@ -44,11 +45,16 @@ class _Builder:
         self.unrecognised: list[UnrecognisedLayer] = []  # layers that look like normalizations and that no recognizer proved
         self.structure = None  # converters.model_structure.StructureParts, stored as one uint8 blob per part
 
-    def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None) -> None:
+    def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None, source: object = None) -> None:
+        """Keep the tensor as the model holds it (no copy: a large one may be mapped from the model file and is streamed into
+        its blob, from `source` when given); its blob is hashed in `build` and staged from the same place again."""
         if str(array.dtype) not in STORED_DTYPES:
             raise InputFileError(f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
                                  f"convert it to one of {', '.join(STORED_DTYPES)}.")
-        self.arrays[name] = np.array(array, order="C", copy=True)  # a copy: torch's .numpy() shares the module's memory
+        self.arrays[name] = array
+        self.sources.pop(name, None)
+        if source is not None:
+            self.sources[name] = source
         self.layers[name] = layer
 
     def add_normalizer(self, path: str, spec: NormSpec, candidates: dict[str, str]) -> None:
@@ -58,7 +64,9 @@ class _Builder:
             target = candidates.get(spec_name)
             if target is None or target not in self.arrays or not tensors_identical(self.arrays[target], array) or target in self.roles:
                 target = f"{path}::{spec_name}"
-                self.add_tensor(target, np.asarray(array))
+            # The checked spec's own copy is what is stored: a live model changing under the registration cannot make
+            # the blob differ from what the gate checks.
+            self.add_tensor(target, np.array(array, order="C", copy=True))
             self.roles[target] = spec_name
             self.layers[target] = path
             mapping[spec_name] = target
@@ -71,18 +79,17 @@ class _Builder:
         self.unrecognised = unrecognised_layers(contents.hazards)
         self.structure = contents.structure
         for tensor in contents.tensors:
-            self.add_tensor(tensor.name, tensor.array, layer=tensor.layer)
+            self.add_tensor(tensor.name, tensor.array, layer=tensor.layer, source=tensor.source)
         for normalizer in contents.normalizers:
             self.add_normalizer(normalizer.path, normalizer.spec, normalizer.candidates)
 
     def build(self, mode: str, lineage: Lineage | None) -> Artifact:
-        blobs: dict[str, bytes] = {}
+        """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole."""
+        blobs = BlobMap()
         refs: dict[str, TensorRef] = {}
         for name in sorted(self.arrays):
             array = self.arrays[name]
-            data = tensor_blob(array)
-            digest = sha256_hex(data)
-            blobs[digest] = data
+            digest = blobs.add(TensorBlob(array, self.sources.get(name)))
             refs[name] = TensorRef(
                 digest=digest, dtype=str(array.dtype), shape=list(array.shape), nbytes=int(array.nbytes),
                 role=self.roles.get(name, "weight"), layer=self.layers.get(name),
