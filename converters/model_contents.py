@@ -65,6 +65,9 @@ class ModelContents:
     hazards: list = field(default_factory=list)
     #: The model's structure without the tensor bytes (ModelAdapter.structure_of), None when only the tensors are stored.
     structure: StructureParts | None = None
+    #: True when the model was read from a file for these contents alone: no one else holds its tensors, so they cannot
+    #: change and need no snapshot (the registry streams them from where they are); False for a caller's live model.
+    private: bool = False
 
 
 def hinted(prefix: str, names: list[str], separator: str) -> dict[str, str]:

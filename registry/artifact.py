@@ -8,6 +8,11 @@ tensors point to the model tensor that holds the same bytes; a spec tensor the m
 hold (Keras and ONNX keep no num_batches_tracked) is stored as an extra tensor '<path>::<name>'.
 What a model holds is read by its framework's model adapter (converters.models.artifact); the
 manifest, blobs and folders are registry/manifest_io.py.
+
+No tensor is copied and no blob of a model file is held whole: each blob is hashed a chunk at a time
+here and streamed into the store again when staged (registry/streamed_blobs.py), from the file where
+the model's reader left the bytes (a `.pt2`'s large payloads are mapped, not read). Only a caller's
+live model object has its blobs' bytes kept, as a snapshot of what was checked.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class _Builder:
         self.framework, self.format = framework, fmt
         self.arrays: dict[str, np.ndarray] = {}
         self.sources: dict[str, object] = {}  # name -> where the tensor's bytes can be streamed from (converters.tensor_bytes)
+        self.private = False  # the model was read from a file for this artifact alone (ModelContents.private)
         self.layers: dict[str, str | None] = {}
         self.roles: dict[str, str] = {}
         self.entries: list[NormalizerEntry] = []
@@ -46,8 +52,9 @@ class _Builder:
         self.structure = None  # converters.model_structure.StructureParts, stored as one uint8 blob per part
 
     def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None, source: object = None) -> None:
-        """Keep the tensor as the model holds it (no copy: a large one may be mapped from the model file and is streamed into
-        its blob, from `source` when given); its blob is hashed in `build` and staged from the same place again."""
+        """Keep the tensor as the model holds it, uncopied (a large one may be mapped from the model file, and streamed into its
+        blob from `source` when given); `build` hashes its blob, and keeps the blob's bytes only for a caller's live model,
+        which may change afterwards (a model read from a file for this artifact alone is streamed again when staged)."""
         if str(array.dtype) not in STORED_DTYPES:
             raise InputFileError(f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
                                  f"convert it to one of {', '.join(STORED_DTYPES)}.")
@@ -76,6 +83,7 @@ class _Builder:
     def add(self, contents: ModelContents) -> None:
         """Every tensor of the model, then each normalizer pointed at the tensors holding its bytes."""
         self.sites = contents.sites
+        self.private = contents.private
         self.unrecognised = unrecognised_layers(contents.hazards)
         self.structure = contents.structure
         for tensor in contents.tensors:
@@ -89,7 +97,7 @@ class _Builder:
         refs: dict[str, TensorRef] = {}
         for name in sorted(self.arrays):
             array = self.arrays[name]
-            digest = blobs.add(TensorBlob(array, self.sources.get(name)))
+            digest = blobs.add(TensorBlob(array, self.sources.get(name), snapshot=not self.private))
             refs[name] = TensorRef(
                 digest=digest, dtype=str(array.dtype), shape=list(array.shape), nbytes=int(array.nbytes),
                 role=self.roles.get(name, "weight"), layer=self.layers.get(name),

@@ -31,16 +31,25 @@ def blob_header(dtype: str, shape: list[int], nbytes: int) -> bytes:
 
 class TensorBlob:
     """One tensor's blob, read again on demand: from `source` (an object with `chunks(size)`: converters.tensor_bytes),
-    else from the array's own memory. `digest` and `size` are known once `hash()` has read it."""
+    else from the array's own memory. `digest` and `size` are known once `hash()` has read it.
 
-    def __init__(self, array: np.ndarray, source: Any = None):
+    `snapshot`: the array belongs to a caller's live model, which may change after extraction, so `hash()` keeps the
+    blob's bytes as they were then (a model read from a file for the registration alone is streamed instead)."""
+
+    def __init__(self, array: np.ndarray, source: Any = None, snapshot: bool = False):
         self.array, self.source = array, source
-        self.header = blob_header(str(array.dtype), list(array.shape), int(array.nbytes))
+        self.header = blob_header(array.dtype.name, list(array.shape), int(array.nbytes))
         self.size = len(self.header) + int(array.nbytes)
         self.digest: str | None = None
+        self.snapshot = snapshot and source is None
+        self.data: bytes | None = None
 
     def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
         """The blob's bytes: the header, then the tensor's C-order little-endian bytes, at most `size` at a time."""
+        if self.data is not None:
+            for start in range(0, len(self.data), size):
+                yield self.data[start:start + size]
+            return
         yield self.header
         if self.source is not None:
             yield from self.source.chunks(size)
@@ -54,7 +63,10 @@ class TensorBlob:
 
     def hash(self) -> str:
         """The blob's sha256, read through `chunks` (once; the value is kept)."""
-        if self.digest is None:
+        if self.digest is None and self.snapshot:
+            self.data = b"".join(self.chunks())
+            self.digest = hashlib.sha256(self.data).hexdigest()
+        elif self.digest is None:
             self.digest = hash_chunks(self.chunks())[0]
         return self.digest
 
@@ -95,7 +107,9 @@ class BlobMap(MutableMapping):
 
     def __getitem__(self, digest: str) -> bytes:
         blob = self._blobs[digest]
-        return b"".join(blob.chunks()) if isinstance(blob, TensorBlob) else blob
+        if not isinstance(blob, TensorBlob):
+            return blob
+        return blob.data if blob.data is not None else b"".join(blob.chunks())
 
     def __setitem__(self, digest: str, data: bytes) -> None:
         self._blobs[digest] = data
