@@ -163,3 +163,34 @@ def test_a_live_module_s_blobs_are_a_snapshot_of_what_was_extracted():
     ref = artifact.manifest.tensors["0.weight"]
     assert sha256_hex(artifact.blobs[ref.digest]) == ref.digest
     assert extract_artifact(model).manifest.tensors["0.weight"].digest != ref.digest
+
+
+def test_the_onnx_skeleton_is_the_model_serialized_with_its_initializers_raw_data_cleared():
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from converters.onnx_adapter.structure import PART, onnx_file, onnx_structure
+
+    rng = np.random.default_rng(1)
+    raw = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in (("w", (6, 4)), ("scale", (4,)), ("bias", (4,)))}
+    initializers = [numpy_helper.from_array(array, name) for name, array in raw.items()]
+    initializers.append(helper.make_tensor("shape", onnx.TensorProto.INT64, [2], [3, 4]))  # typed int64_data: stays in the skeleton
+    initializers[0].doc_string = "kept"
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "shape"], ["r"]),
+         helper.make_node("LayerNormalization", ["r", "scale", "bias"], ["y"], epsilon=1e-5)],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
+    tensors = {**raw, "shape": np.array([3, 4], np.int64)}
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    for initializer in expected.graph.initializer:
+        if initializer.raw_data:
+            initializer.ClearField("raw_data")
+    parts = onnx_structure(model, tensors)
+    assert parts.parts[PART] == expected.SerializeToString()
+    assert onnx_file(parts.parts, tensors) == model.SerializeToString()
+    assert parts.file_digest == sha256_hex(model.SerializeToString())
+    tensors["scale"] = tensors["scale"] + 1  # a tensor that is not the initializer's bytes: the graph is kept whole
+    assert onnx_structure(model, tensors).parts[PART] == model.SerializeToString()
