@@ -105,6 +105,17 @@ def test_a_corrupt_mapped_payload_is_refused_and_nothing_is_stored(tmp_path):
     assert [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()] == []  # no blob and no staging file
 
 
+def test_a_payload_whose_local_header_names_another_entry_is_refused_before_it_is_mapped(tmp_path):
+    path = _saved(_wide_model(), tmp_path / "wide.pt2")
+    with zipfile.ZipFile(path) as zf:
+        info = next(i for i in zf.infolist() if i.filename.endswith("data/weights/weight_0"))
+    data = bytearray(path.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) - 1] = ord("9")  # the local header now says weight_9
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputFileError, match="weight_9' in its local header"):
+        load_model(path)
+
+
 def test_a_stream_that_does_not_hash_to_its_digest_stages_nothing(tmp_path):
     store = LocalBlobStore(tmp_path / "blobs")
     expected = sha256_hex(b"the bytes that were hashed")
@@ -135,7 +146,7 @@ print(baseline, kb("VmHWM:"))
 
 @pytest.mark.slow
 def test_registering_a_200_mb_checkpoint_stays_within_a_memory_bound(tmp_path):
-    width, blocks = 2048, 12  # 12 x 2048 x 2048 float32 = 201 MB of Linear weights, each with a BatchNorm1d
+    width, blocks = 4096, 3  # 3 x 4096 x 4096 float32 = 201 MB of Linear weights, each with a BatchNorm1d
     layers: list[torch.nn.Module] = []
     for _ in range(blocks):
         layers += [torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width), torch.nn.ReLU()]
