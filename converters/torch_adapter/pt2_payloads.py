@@ -5,8 +5,10 @@ the tensor costs no memory until its pages are read, and only the few a registra
 state, which the recognizers and the gate use) are ever resident. The registry streams every other tensor from
 the archive into its blob (converters/tensor_bytes.py), so registering a 1 GB checkpoint never holds 1 GB. A
 compressed, small or misaligned payload is read into memory as before (pt2_archive reads it and checks its CRC).
-A mapped payload's CRC is checked when its bytes are streamed; its length and bounds are checked here, from the
-zip's own records, before anything is mapped.
+A mapped payload's CRC is checked when its bytes are streamed; its length, its bounds in the file and the name in its
+local header (as zipfile checks it) are checked here, before anything is mapped. A file truncated by another process
+while it is mapped would end the process (SIGBUS) when a lost page is read: registrations read files they were given
+(a server's uploads live in its own workspace).
 """
 
 from __future__ import annotations
