@@ -6,15 +6,16 @@ is temp file + fsync + rename, so a blob appears whole or not at all.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from schemas.errors import NotFoundError
 
-from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
+from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, stream_mismatch
 
 
 #: Blobs are read-only once written; the process umask is taken off this mode.
@@ -55,6 +56,31 @@ class LocalBlobStore(BlobStore):
                 stream.write(data)
                 stream.flush()
                 os.fsync(stream.fileno())
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return StagedBlob(digest=digest, temporary=Path(temporary))
+
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> StagedBlob:
+        """Write the chunks into the hidden temporary file while hashing them, a chunk at a time; a blob already stored is not
+        read again. IntegrityError, and the temporary file removed, when they do not hash to `digest`."""
+        target = self.path_of(digest)
+        if target.exists():
+            return StagedBlob(digest=digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
+        try:
+            hashed, length = hashlib.sha256(), 0
+            with os.fdopen(handle, "wb") as stream:
+                for chunk in chunks:
+                    hashed.update(chunk)
+                    length += len(chunk)
+                    stream.write(chunk)
+                stream.flush()
+                os.fsync(stream.fileno())
+            if hashed.hexdigest() != digest or length != size:
+                raise stream_mismatch(digest, hashed.hexdigest(), length, size)
+            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise

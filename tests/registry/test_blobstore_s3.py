@@ -281,3 +281,24 @@ def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_
         assert not (tmp_path / "remote-export").exists() and not (tmp_path / "remote-pull.safetensors").exists()
     assert "bn1.running_var" in server.log_text()
     reg.meta.close()
+
+
+def test_a_streamed_large_blob_goes_up_in_parts_and_appears_only_if_it_hashes_to_its_digest(s3_env):
+    _, bucket, client = s3_env
+    store = S3BlobStore.from_uri(f"s3://{bucket}/stream", multipart_threshold=5 * MiB, part_size=5 * MiB)
+    data = os.urandom(12 * MiB)
+    digest = hashlib.sha256(data).hexdigest()
+
+    def chunks():
+        return (data[start:start + 3 * MiB] for start in range(0, len(data), 3 * MiB))
+
+    with pytest.raises(IntegrityError, match="changed"):
+        store.stage_stream(chunks(), hashlib.sha256(b"what was hashed before").hexdigest(), len(data))
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket)  # no object under either digest
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the upload was aborted
+    staged = store.stage_stream(chunks(), digest, len(data))
+    assert store.publish(staged) == digest and store.get(digest) == data
+    assert client.head_object(Bucket=bucket, Key=store.key_of(digest))["ETag"].strip('"').endswith("-3")  # 5 + 5 + 2 MiB
+    small = b"running statistics"
+    assert store.publish(store.stage_stream(iter([small[:7], small[7:]]), hashlib.sha256(small).hexdigest(), len(small))) \
+        == hashlib.sha256(small).hexdigest()
