@@ -41,6 +41,11 @@ from .pt2_treespecs import read_as_dicts
 MAX_ENTRIES = 100_000
 MAX_TOTAL_BYTES = 32 * 1024**3  # what all entries may unpack to: a zip bomb is refused before reading
 MAX_JSON_BYTES = 512 * 1024**2
+#: A deflated entry may unpack to at most this many times its stored size (above MIN_BOMB_BYTES): torch.export.save stores
+#: entries plainly, so only a hand-made archive compresses, and 1 MiB of deflated zeros unpacks to 1 GiB, held whole by
+#: the reader of that entry. Keras refuses ratios over 100x in `.keras` files the same way.
+MAX_DEFLATE_RATIO = 100
+MIN_BOMB_BYTES = 1024**2
 PROGRAM = "models/model.json"
 SAMPLE_INPUTS = "data/sample_inputs/"
 WEIGHTS = ("data/weights/", "data/weights/model_weights_config.json", "data/weights/model.pt", re.compile(r"weight_[0-9]+"))
@@ -134,6 +139,9 @@ def _entries(path: Path, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
         if relative.startswith(COMPILED_CODE):
             raise InputFileError(f"'{path}' entry '{relative}' is compiled code for another runtime (AOTInductor, ExecuTorch), "
                                  "which normbridge never loads; save the model with torch.export.save alone.")
+        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > max(MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * info.compress_size):
+            raise InputFileError(f"'{path}' entry '{relative}' unpacks to {info.file_size} bytes from {info.compress_size}, more than "
+                                 f"{MAX_DEFLATE_RATIO} times its stored size (a zip bomb); torch.export.save stores entries plainly.")
         total += info.file_size
         entries[relative] = info
     if total > MAX_TOTAL_BYTES:

@@ -68,7 +68,7 @@ class LocalBlobStore(BlobStore):
         if target.exists():
             return StagedBlob(digest=digest)
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
+        handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.")
         try:
             hashed, length = hashlib.sha256(), 0
             with os.fdopen(handle, "wb") as stream:
@@ -80,7 +80,6 @@ class LocalBlobStore(BlobStore):
                 os.fsync(stream.fileno())
             if hashed.hexdigest() != digest or length != size:
                 raise stream_mismatch(digest, hashed.hexdigest(), length, size)
-            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
