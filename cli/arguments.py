@@ -80,6 +80,28 @@ def operation(value: str | None) -> str | None:
     return value
 
 
+def frameworks(values: list[str] | None) -> list[str] | None:
+    """Framework names of converters.REGISTRY (`check --framework`); an unknown one is a usage error, not a failed check."""
+    if not values:
+        return values
+    from converters import REGISTRY
+
+    known = REGISTRY.framework_names
+    for value in values:
+        if value not in known:
+            raise typer.BadParameter(f"'{value}' is not a framework; choose {', '.join(known[:-1])} or {known[-1]}.")
+    return values
+
+
+def conversion_opset(value: int) -> int:
+    """An opset the layer converters can write (converters.options.MIN_OPSET and up)."""
+    from converters.options import MIN_OPSET
+
+    if value < MIN_OPSET:
+        raise typer.BadParameter(f"{value} is below opset {MIN_OPSET}, the lowest normbridge converts a layer to; pass --opset {MIN_OPSET} or higher.")
+    return value
+
+
 def token_roles() -> list[str]:
     """Shell completion of --role."""
     from registry.tokens import ROLES
@@ -87,4 +109,5 @@ def token_roles() -> list[str]:
     return list(ROLES)
 
 
-__all__ = ["NAME", "alias_name", "alias_names", "model_name", "model_names", "operation", "token_role", "token_roles", "version_ref"]
+__all__ = ["NAME", "alias_name", "alias_names", "conversion_opset", "frameworks", "model_name", "model_names", "operation", "token_role", "token_roles",
+           "version_ref"]

@@ -148,6 +148,14 @@ def wrapped_lines(text: str, width: int) -> list[str]:
     return lines
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text`, or its words up to `limit` characters and '…': a cut cell must not read as a whole one (--json has it all)."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    return (head.rsplit(" ", 1)[0] if " " in head else head) + "…"
+
+
 def say(text: str, style: str | None = None, console: Console | None = None) -> None:
     """Print plain text (no markup) wrapped to the console width."""
     console = _default(console)
@@ -163,4 +171,4 @@ def say_marked(prefix: str, text: str, console: Console | None = None) -> None:
     console.print(line, highlight=False, overflow="fold")
 
 
-__all__: Sequence[str] = ["fitted_table", "print_table", "say", "say_marked", "wrapped_lines"]
+__all__: Sequence[str] = ["clipped", "fitted_table", "print_table", "say", "say_marked", "wrapped_lines"]

@@ -10,6 +10,7 @@ should hold the same bytes (`candidates`). The registry turns this into a manife
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,11 +30,15 @@ NAME_HINTS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class ModelTensor:
-    """One tensor of the model, under the framework's name for it; `layer`: the layer path it belongs to, if any."""
+    """One tensor of the model, under the framework's name for it; `layer`: the layer path it belongs to, if any.
+
+    `source`, when given, reads the array's bytes again in chunks (converters/tensor_bytes.py): the array may then be
+    mapped from the model file, and the registry streams the bytes from there rather than reading the array whole."""
 
     name: str
     array: np.ndarray
     layer: str | None = None
+    source: Any = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class ModelContents:
     hazards: list = field(default_factory=list)
     #: The model's structure without the tensor bytes (ModelAdapter.structure_of), None when only the tensors are stored.
     structure: StructureParts | None = None
+    #: True when the model was read from a file for these contents alone: no one else holds its tensors, so they cannot
+    #: change and need no snapshot (the registry streams them from where they are); False for a caller's live model.
+    private: bool = False
 
 
 def hinted(prefix: str, names: list[str], separator: str) -> dict[str, str]:

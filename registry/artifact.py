@@ -8,6 +8,11 @@ tensors point to the model tensor that holds the same bytes; a spec tensor the m
 hold (Keras and ONNX keep no num_batches_tracked) is stored as an extra tensor '<path>::<name>'.
 What a model holds is read by its framework's model adapter (converters.models.artifact); the
 manifest, blobs and folders are registry/manifest_io.py.
+
+No tensor is copied and no blob of a model file is held whole: each blob is hashed a chunk at a time
+here and streamed into the store again when staged (registry/streamed_blobs.py), from the file where
+the model's reader left the bytes (a `.pt2`'s large payloads are mapped, not read). Only a caller's
+live model object has its blobs' bytes kept, as a snapshot of what was checked.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ from converters.model_contents import ModelContents
 from converters.models.artifact import model_contents
 from schemas import NormSpec
 from schemas.errors import InputFileError
-from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, UnrecognisedLayer, sha256_hex
+from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorRef, UnrecognisedLayer
 from schemas.tensors import STORED_DTYPES, tensors_identical
 
 from .manifest_io import MANIFEST_FILE, Artifact, load_artifact_folder
 from .recognition_gate import unrecognised_layers
 from .structure import structure_record
-from .tensor_blobs import tensor_blob
+from .streamed_blobs import BlobMap, TensorBlob
 
 
 class _Builder:
@@ -36,6 +41,8 @@ class _Builder:
     def __init__(self, framework: str, fmt: str):
         self.framework, self.format = framework, fmt
         self.arrays: dict[str, np.ndarray] = {}
+        self.sources: dict[str, object] = {}  # name -> where the tensor's bytes can be streamed from (converters.tensor_bytes)
+        self.private = False  # the model was read from a file for this artifact alone (ModelContents.private)
         self.layers: dict[str, str | None] = {}
         self.roles: dict[str, str] = {}
         self.entries: list[NormalizerEntry] = []
@@ -44,11 +51,17 @@ class _Builder:
         self.unrecognised: list[UnrecognisedLayer] = []  # layers that look like normalizations and that no recognizer proved
         self.structure = None  # converters.model_structure.StructureParts, stored as one uint8 blob per part
 
-    def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None) -> None:
+    def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None, source: object = None) -> None:
+        """Keep the tensor as the model holds it, uncopied (a large one may be mapped from the model file, and streamed into its
+        blob from `source` when given); `build` hashes its blob, and keeps the blob's bytes only for a caller's live model,
+        which may change afterwards (a model read from a file for this artifact alone is streamed again when staged)."""
         if str(array.dtype) not in STORED_DTYPES:
             raise InputFileError(f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
                                  f"convert it to one of {', '.join(STORED_DTYPES)}.")
-        self.arrays[name] = np.array(array, order="C", copy=True)  # a copy: torch's .numpy() shares the module's memory
+        self.arrays[name] = array
+        self.sources.pop(name, None)
+        if source is not None:
+            self.sources[name] = source
         self.layers[name] = layer
 
     def add_normalizer(self, path: str, spec: NormSpec, candidates: dict[str, str]) -> None:
@@ -58,7 +71,9 @@ class _Builder:
             target = candidates.get(spec_name)
             if target is None or target not in self.arrays or not tensors_identical(self.arrays[target], array) or target in self.roles:
                 target = f"{path}::{spec_name}"
-                self.add_tensor(target, np.asarray(array))
+            # The checked spec's own copy is what is stored: a live model changing under the registration cannot make
+            # the blob differ from what the gate checks.
+            self.add_tensor(target, np.array(array, order="C", copy=True))
             self.roles[target] = spec_name
             self.layers[target] = path
             mapping[spec_name] = target
@@ -68,21 +83,21 @@ class _Builder:
     def add(self, contents: ModelContents) -> None:
         """Every tensor of the model, then each normalizer pointed at the tensors holding its bytes."""
         self.sites = contents.sites
+        self.private = contents.private
         self.unrecognised = unrecognised_layers(contents.hazards)
         self.structure = contents.structure
         for tensor in contents.tensors:
-            self.add_tensor(tensor.name, tensor.array, layer=tensor.layer)
+            self.add_tensor(tensor.name, tensor.array, layer=tensor.layer, source=tensor.source)
         for normalizer in contents.normalizers:
             self.add_normalizer(normalizer.path, normalizer.spec, normalizer.candidates)
 
     def build(self, mode: str, lineage: Lineage | None) -> Artifact:
-        blobs: dict[str, bytes] = {}
+        """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole."""
+        blobs = BlobMap()
         refs: dict[str, TensorRef] = {}
         for name in sorted(self.arrays):
             array = self.arrays[name]
-            data = tensor_blob(array)
-            digest = sha256_hex(data)
-            blobs[digest] = data
+            digest = blobs.add(TensorBlob(array, self.sources.get(name), snapshot=not self.private))
             refs[name] = TensorRef(
                 digest=digest, dtype=str(array.dtype), shape=list(array.shape), nbytes=int(array.nbytes),
                 role=self.roles.get(name, "weight"), layer=self.layers.get(name),

@@ -9,7 +9,7 @@ refused, naming the layer). Extraction from a model object is registry/artifact.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from schemas.errors import InputFileError, SpecError
 from schemas.layer_errors import layer_error
 from schemas.manifest import ArtifactManifest, load_manifest, sha256_hex
 
+from .streamed_blobs import BlobMap
 from .tensor_blobs import tensor_from_blob
 
 MANIFEST_FILE = "manifest.json"
@@ -31,14 +32,15 @@ BUNDLE_ERROR_FILE = "normbridge-error.json"
 
 @dataclass
 class Artifact:
-    """A manifest, the blobs it references (digest -> bytes) and the normalizer specs.
+    """A manifest, the blobs it references (digest -> bytes; an extracted model's are a streamed_blobs.BlobMap, which reads
+    each tensor's blob only when asked, and a chunk at a time through `chunks`) and the normalizer specs.
 
     `sites` is how many normalization layers the model holds, as its reader found them (None for a saved artifact
     folder, whose manifest is all there is): the registry's gate refuses a registration that checks fewer.
     """
 
     manifest: ArtifactManifest
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: MutableMapping[str, bytes] = field(default_factory=dict)
     specs: list[NormSpec] = field(default_factory=list)
     sites: int | None = None
 
@@ -75,13 +77,23 @@ def _spec(path: str, config: dict, tensors: dict[str, np.ndarray]) -> NormSpec:
 # -- folders ----------------------------------------------------------------------------------
 
 
+def blob_chunks(blobs: MutableMapping[str, bytes], digest: str) -> Iterator[bytes]:
+    """The bytes of blob `digest` a chunk at a time where `blobs` streams them (streamed_blobs.BlobMap), else at once."""
+    if isinstance(blobs, BlobMap):
+        yield from blobs.chunks(digest)
+    else:
+        yield blobs[digest]
+
+
 def save_artifact_folder(artifact: Artifact, folder: str | Path) -> Path:
     """Write manifest.json and blobs/<digest>.safetensors into `folder`, atomically."""
 
     def fill(target: Path) -> None:
         (target / BLOBS_DIR).mkdir(parents=True, exist_ok=True)
         for digest in artifact.manifest.blob_digests():
-            (target / BLOBS_DIR / f"{digest}.safetensors").write_bytes(artifact.blobs[digest])
+            with open(target / BLOBS_DIR / f"{digest}.safetensors", "wb") as stream:
+                for chunk in blob_chunks(artifact.blobs, digest):
+                    stream.write(chunk)
         (target / MANIFEST_FILE).write_text(artifact.manifest.to_json() + "\n")
 
     return atomic_write_folder(folder, fill)

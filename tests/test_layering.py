@@ -44,6 +44,7 @@ STORE_FLOOR = (
     "registry/tokens.py",
     "registry/manifest_io*",
     "registry/tensor_blobs.py",
+    "registry/streamed_blobs.py",
     "registry/structure.py",
     "registry/state_dict_file.py",
     "registry/tar_reader.py",

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from ..app import app, console
+from ..arguments import conversion_opset, frameworks
 from ..errors import reports_errors
 from ..fitting import say, say_marked
 
@@ -31,9 +31,9 @@ class CumulativeMomentum(str, Enum):
 @reports_errors
 def convert(
     source: Path = typer.Argument(..., help="A spec folder (spec.json + tensors.safetensors) or an .onnx file with one normalization layer."),
-    to: Target = typer.Option(..., "--to", help="Target: spec (folder), onnx (.onnx), keras (.keras one-layer model), torch (folder with state_dict.safetensors + spec)."),
+    to: Target = typer.Option(..., "--to", metavar="TARGET", help="Target: spec (folder), onnx (.onnx), keras (.keras one-layer model), torch (folder with state_dict.safetensors + spec)."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the result (written atomically)."),
-    opset: int = typer.Option(23, help="ONNX opset; native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23, decompositions below."),
+    opset: int = typer.Option(23, callback=conversion_opset, help="ONNX opset; native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23, decompositions below."),
     training_mode: bool = typer.Option(False, "--training-mode", help="Allow a train-mode BatchNorm into ONNX as training_mode=1 (outputs then depend on the batch)."),
     match_estimator: bool = typer.Option(False, "--match-estimator", help="Emit a subclass so running_var updates use the source's variance estimator."),
     cumulative_momentum: CumulativeMomentum = typer.Option(CumulativeMomentum.error, help="PyTorch momentum=None: refuse (error) or emit the next step's momentum (next_step)."),
@@ -74,8 +74,9 @@ def convert(
 @reports_errors
 def check(
     source: Path = typer.Argument(..., help="A spec folder or an .onnx file with one normalization layer."),
-    framework: Optional[list[str]] = typer.Option(None, "--framework", "-f", help="Limit the targets (repeatable): torch, keras, onnx."),
-    opset: int = typer.Option(23, help="ONNX opset used for the ONNX leg."),
+    framework: Optional[list[str]] = typer.Option(None, "--framework", "-f", metavar="FRAMEWORK", callback=frameworks,
+                                                  help="Limit the targets (repeatable): torch, keras, onnx."),
+    opset: int = typer.Option(23, callback=conversion_opset, help="ONNX opset used for the ONNX leg."),
     json_output: bool = typer.Option(False, "--json", help="Print the structured result as JSON."),
 ) -> None:
     """Round-trip a layer through every framework and compare against the NumPy reference.
@@ -109,8 +110,7 @@ def schema(
     documents = schema_documents()
     key = f"{name}.schema.json"
     if key not in documents:
-        Console(stderr=True).print(f"[bold red]error[/]: unknown schema '{name}'; choose one of {', '.join(k.split('.')[0] for k in documents)}.")
-        raise typer.Exit(2)
+        raise typer.BadParameter(f"'{name}' is not a schema; choose one of {', '.join(k.split('.')[0] for k in documents)}.", param_hint="'name'")
     print(documents[key], end="")
 
 

@@ -222,5 +222,6 @@ def register_recalibrated(registry, parent: str, output: Path, data: Path, repor
 
 
 def register_hint(output: Path) -> str:
-    """How to register a recalibrated file with its lineage (recalibrate writes a file, it never registers)."""
-    return f"to register it as the next version of its model: normbridge register NAME {output} --parent NAME@N --operation recalibrated"
+    """How to register a recalibrated file with its lineage, printed when recalibrate ran without --register."""
+    return (f"to register it as the next version of its model: normbridge register NAME {output} --parent NAME@N --operation recalibrated "
+            "(or recalibrate with --register NAME@N)")

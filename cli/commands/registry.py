@@ -24,12 +24,14 @@ from .. import arguments, remote
 from ..app import app, console
 from ..arguments import model_name, version_ref
 from ..errors import reports_errors
-from ..fitting import print_table, say
+from ..fitting import clipped, print_table, say
 from ..servable_text import say_registered_verdict, say_verdict, servable_cell
 
 DB_HELP = "SQLAlchemy URL of the metadata database (env NORMBRIDGE_DB; default SQLite under NORMBRIDGE_HOME)."
 BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default NORMBRIDGE_HOME/blobs)."
 INTEGRITY_EXIT = 12
+#: Characters of an audit entry's detail the table shows (a refusal's message can run to several sentences).
+AUDIT_DETAIL_CHARS = 120
 
 
 def _registry(db: str | None, blobs: str | None, quiet: bool = False):
@@ -260,7 +262,7 @@ def lineage(
 @app.command()
 @reports_errors
 def verify(
-    ref: str | None = typer.Argument(None, metavar="[NAME@N]", help="One version; default every version of every model.", callback=version_ref),
+    ref: str | None = typer.Argument(None, metavar="NAME@N", help="One version; default every version of every model.", callback=version_ref),
     no_check: bool = typer.Option(False, "--no-check", help="Only re-hash the blobs; skip re-running the equivalence check."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
@@ -349,7 +351,7 @@ def audit(
         for e in entries:
             where = "-" if e.model is None else (e.model if e.number is None else f"{e.model}@{e.number}")
             detail = e.detail.get("message") or ", ".join(f"{k}={_short(v)}" for k, v in e.detail.items() if not isinstance(v, (dict, list)))
-            table.add_row(str(e.seq), _when(e.at), e.user, e.action, where, detail[:120], e.hash[:12])
+            table.add_row(str(e.seq), _when(e.at), e.user, e.action, where, clipped(detail, AUDIT_DETAIL_CHARS), e.hash[:12])
         print_table(table)
         if check is not None:
             _say_chain(check)

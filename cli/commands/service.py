@@ -40,7 +40,8 @@ def serve(
     port: int = typer.Option(8000, "--port", help="TCP port."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
-    max_upload_mb: float = typer.Option(2048.0, "--max-upload-mb", help="Largest upload accepted, in MiB (larger ones get 413); for a bundle, its decompressed bytes, tar headers and padding included."),
+    max_upload_mb: float = typer.Option(2048.0, "--max-upload-mb", help="Largest upload accepted, in MiB (larger ones get 413); for a bundle, its decompressed bytes, tar headers and "
+                                       "padding included; for a .pt2 or .keras, what its zip entries unpack to."),
     insecure_local: bool = typer.Option(False, "--insecure-local", help="Let requests without a token act as admin 'local' (loopback hosts only)."),
     workers: int = typer.Option(1, "--workers", min=1, help="Worker processes (each opens its own database pool)."),
     allowed_host: list[str] = typer.Option([], "--allowed-host", help=ALLOWED_HOST_HELP),

@@ -118,7 +118,7 @@ def export_command(
                                       "or a registry version NAME@REF (rebuilt from the registry alone)."),
     to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
     output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
-    opset: int = typer.Option(23, "--opset", help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
+    opset: int = typer.Option(23, "--opset", min=1, help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
                               "a graph the exporter wrote above it is converted down with onnx's version converter, or refused (exit 5)."),
     no_rewrite: bool = typer.Option(False, "--no-rewrite", help="Keep the exporter's decomposed or folded normalizations instead of native ops."),
     force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails or the source has an "

@@ -30,7 +30,7 @@ class MonitoredKerasModel:
         try:
             if not training and self._sink.begin():
                 try:
-                    values = self._probe(inputs, training=False, **kwargs)
+                    values = self._probe(keras.tree.flatten(inputs), training=False, **kwargs)  # model.inputs order, as the probe takes them
                 except Exception as error:
                     self._sink.failed(error)
                 else:

@@ -118,7 +118,7 @@ def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]]) -> li
         moments.append(LayerMoments(layer.name, mean, var, float(layer.epsilon)))
     axes = [layer.axis if isinstance(layer.axis, int) else layer.axis[0] for layer in layers]
     for batch in batches:
-        values = probe(batch[0] if len(batch) == 1 else list(batch), training=False)
+        values = probe(list(batch), training=False)  # the probe is built on model.inputs, a list: a bare tensor makes Keras warn
         values = values if isinstance(values, (list, tuple)) else [values]
         for record, value, axis in zip(moments, values, axes):
             record.add(keras.ops.convert_to_numpy(value), axis)

@@ -30,6 +30,7 @@ def model_contents(model: Any) -> ModelContents:
     contents = adapter.artifact_contents(model)
     contents.hazards = list(adapter.model_hazards(model))
     contents.structure = adapter.structure_of(model, {t.name: t.array for t in contents.tensors}, source if source and source.is_file() else None)
+    contents.private = source is not None
     return contents
 
 

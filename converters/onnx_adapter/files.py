@@ -32,6 +32,7 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         raise InputFileError(f"cannot read ONNX file '{path}' ({error.strerror or error}); check the path and its permissions.") from error
     try:
         model = onnx.load_from_string(data)
+        del data  # the file's bytes are not held while the checker serializes the model again
     except (DecodeError, ValueError) as error:
         raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}); expected a file written by onnx.save or save_onnx.") from error
     load_external_data(model, path)  # from the model's own folder only (external_data.py)

@@ -27,17 +27,101 @@ def _has_data(tensor: onnx.TensorProto) -> bool:
 
 
 def onnx_structure(model: onnx.ModelProto, tensors: dict[str, np.ndarray]) -> StructureParts:
-    """The skeleton of `model` (initializers without raw_data); `tensors` are the initializers by name, as stored."""
+    """The skeleton of `model` (initializers without raw_data); `tensors` are the initializers by name, as stored.
+
+    Cut from the model's serialized bytes (no second copy of the model's weights): each initializer whose raw_data is
+    its tensor's bytes (checked one at a time) has that field left out (`_without_raw_data`)."""
     whole = model.SerializeToString()
-    skeleton = onnx.ModelProto()
-    skeleton.CopyFrom(model)
-    for initializer in skeleton.graph.initializer:
+    cleared = _refillable(model, tensors)
+    if cleared is None:
+        return StructureParts("onnx", {PART: whole}, sha256_of(whole))  # the bytes would not come back the same: keep the graph whole
+    return StructureParts("onnx", {PART: _without_raw_data(whole, {i.name for i in cleared})}, sha256_of(whole))
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _encoded(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fields(data: memoryview):
+    """(field number, the field's whole record, its payload when length-delimited) of a serialized message."""
+    at = 0
+    while at < len(data):
+        start = at
+        key, at = _varint(data, at)
+        kind, payload = key & 7, None
+        if kind == 0:
+            at = _varint(data, at)[1]
+        elif kind == 1:
+            at += 8
+        elif kind == 5:
+            at += 4
+        elif kind == 2:
+            length, at = _varint(data, at)
+            payload, at = data[at:at + length], at + length
+        else:
+            raise ValueError(f"wire type {kind} in a serialized ONNX model")
+        yield key >> 3, data[start:at], payload
+
+
+def _rewritten(data: memoryview, edit) -> bytes:
+    """The message with each field's record replaced by `edit(number, record, payload)` (bytes, or None to keep it)."""
+    out = []
+    for number, record, payload in _fields(data):
+        replaced = edit(number, record, payload)
+        out.append(bytes(record) if replaced is None else replaced)
+    return b"".join(out)
+
+
+def _without_raw_data(whole: bytes, names: set[str]) -> bytes:
+    """`whole` (ModelProto bytes as protobuf writes them) with the raw_data (field 9) of the initializers named `names`
+    (ModelProto.graph = 7, GraphProto.initializer = 5, TensorProto.name = 8) left out, every other byte as it was: what
+    serializing the model with those fields cleared gives."""
+    def tensor(number, record, payload):
+        if number != 5:
+            return None
+        name = next((bytes(p).decode("utf-8", "replace") for n, _, p in _fields(payload) if n == 8), None)
+        if name not in names:
+            return None
+        body = _rewritten(payload, lambda n, r, p: b"" if n == 9 else None)
+        return _encoded(5 << 3 | 2) + _encoded(len(body)) + body
+
+    def graph(number, record, payload):
+        if number != 7:
+            return None
+        body = _rewritten(payload, tensor)
+        return _encoded(7 << 3 | 2) + _encoded(len(body)) + body
+
+    return _rewritten(memoryview(whole), graph)
+
+
+def _refillable(model: onnx.ModelProto, tensors: dict[str, np.ndarray]) -> list | None:
+    """The initializers the skeleton leaves empty, or None when filling it back (`_fill`) would not give `model`'s bytes:
+    a raw_data that is not its tensor's little-endian bytes, or an initializer without data that `_fill` would give some."""
+    cleared = []
+    for initializer in model.graph.initializer:
         if initializer.raw_data and initializer.name in tensors:
-            initializer.ClearField("raw_data")
-    part = skeleton.SerializeToString()
-    if _fill(part, tensors, "<registration>") != whole:
-        part = whole  # the bytes would not come back the same: keep the graph whole
-    return StructureParts("onnx", {PART: part}, sha256_of(whole))
+            if little_endian_bytes(tensors[initializer.name]) != initializer.raw_data:
+                return None
+            cleared.append(initializer)
+        elif not _has_data(initializer):
+            return None
+    return cleared
 
 
 def onnx_file(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:

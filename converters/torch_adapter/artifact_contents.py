@@ -16,6 +16,7 @@ from ..model_values import NormLayerRef
 from ..models.walking import spec_of
 from .common import numpy_from_tensor
 from .exported_program import exported_specs
+from .pt2_payloads import tensor_sources
 
 #: The normalization module classes a walk must have read, or the model is refused (they would pass unchecked).
 _NORM_MODULES = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.RMSNorm)
@@ -26,8 +27,10 @@ def torch_array(tensor: Any, name: str) -> np.ndarray:
     return numpy_from_tensor(tensor.detach().cpu())
 
 
-def _tensors(state: dict[str, Any]) -> list[ModelTensor]:
-    return [ModelTensor(name, torch_array(tensor, name), name.rpartition(".")[0] or None) for name, tensor in state.items()]
+def _tensors(state: dict[str, Any], sources: dict | None = None) -> list[ModelTensor]:
+    """Each tensor as NumPy (sharing its memory, which a .pt2's large payloads map from the file) with where its bytes are."""
+    sources = sources or {}
+    return [ModelTensor(name, torch_array(tensor, name), name.rpartition(".")[0] or None, sources.get(name)) for name, tensor in state.items()]
 
 
 def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelContents:
@@ -63,7 +66,7 @@ def program_contents(program: Any) -> ModelContents:
     specs = read_layer(lambda: exported_specs(program), None)  # refuses a layer it cannot read, naming it
     state = dict(program.state_dict)
     state.update({name: value for name, value in program.constants.items() if hasattr(value, "detach")})
-    tensors = _tensors(state)
+    tensors = _tensors(state, tensor_sources(program))
     names = list(dict.fromkeys(t.name for t in tensors))
     normalizers = [ModelNormalizer(spec.name, spec, hinted(spec.name, names, ".")) for spec in specs]
     return ModelContents("torch", "pt2", tensors, normalizers, sites=len(specs))

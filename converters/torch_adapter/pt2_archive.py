@@ -8,7 +8,8 @@ archive with `zipfile` itself and takes only what an ExportedProgram needs:
 
 - `models/model.json`, checked by `pt2_program.check_program` before torch sees it;
 - tensors of the weights and constants configs, built from their raw bytes (dtype, sizes, strides
-  and offset from the config); a legacy `model.pt` state dict only through `torch.load(weights_only=True)`;
+  and offset from the config; a large stored payload mapped from the file, not read: pt2_payloads); a
+  legacy `model.pt` state dict only through `torch.load(weights_only=True)`;
 - never the sample inputs (their pickle is only scanned statically, by
   `torch.serialization.get_unsafe_globals_in_checkpoint`, so a hostile one is refused), extra files
   or other models. Entries that only a full unpickler or a native loader reads (`use_pickle`, custom and opaque objects, AOTInductor/ExecuTorch code) are
@@ -32,12 +33,19 @@ from typing import Any
 
 from schemas import InputFileError
 
+from ..tensor_bytes import ZipEntryBytes
+from .pt2_payloads import contiguous_range, mappable, mapped_bytes, remember
 from .pt2_program import check_graph, check_program, is_fqn
 from .pt2_treespecs import read_as_dicts
 
 MAX_ENTRIES = 100_000
 MAX_TOTAL_BYTES = 32 * 1024**3  # what all entries may unpack to: a zip bomb is refused before reading
 MAX_JSON_BYTES = 512 * 1024**2
+#: A deflated entry may unpack to at most this many times its stored size (above MIN_BOMB_BYTES): torch.export.save stores
+#: entries plainly, so only a hand-made archive compresses, and 1 MiB of deflated zeros unpacks to 1 GiB, held whole by
+#: the reader of that entry. Keras refuses ratios over 100x in `.keras` files the same way.
+MAX_DEFLATE_RATIO = 100
+MIN_BOMB_BYTES = 1024**2
 PROGRAM = "models/model.json"
 SAMPLE_INPUTS = "data/sample_inputs/"
 WEIGHTS = ("data/weights/", "data/weights/model_weights_config.json", "data/weights/model.pt", re.compile(r"weight_[0-9]+"))
@@ -56,6 +64,7 @@ class _Archive:
     path: Path
     zf: zipfile.ZipFile
     entries: dict[str, zipfile.ZipInfo]
+    on_disk: bool = False  # read from the file at `path` (so its large payloads can be mapped), not from bytes
 
     def where(self, entry: str) -> str:
         return f"'{self.path}' entry '{entry}'"
@@ -92,14 +101,16 @@ def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
     except (zipfile.BadZipFile, OSError) as error:
         raise InputFileError(f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save.") from error
     with zf:
-        archive = _Archive(path, zf, _entries(path, zf))
+        archive = _Archive(path, zf, _entries(path, zf), on_disk=data is None)
         _check_format(archive)
         document = _program(archive)
         _check_sample_inputs(archive)
-        state_dict = _tensors(archive, *WEIGHTS, parameters=True)
-        constants = _tensors(archive, *CONSTANTS, parameters=False)
+        sources: dict[str, ZipEntryBytes] = {}
+        state_dict = _tensors(archive, *WEIGHTS, parameters=True, sources=sources)
+        constants = _tensors(archive, *CONSTANTS, parameters=False, sources=sources)
     program = _deserialize(path, document, state_dict, constants)
     check_graph(program, f"'{path}' entry '{PROGRAM}'")
+    remember(program, sources)
     return program
 
 
@@ -128,6 +139,9 @@ def _entries(path: Path, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
         if relative.startswith(COMPILED_CODE):
             raise InputFileError(f"'{path}' entry '{relative}' is compiled code for another runtime (AOTInductor, ExecuTorch), "
                                  "which normbridge never loads; save the model with torch.export.save alone.")
+        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > max(MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * info.compress_size):
+            raise InputFileError(f"'{path}' entry '{relative}' unpacks to {info.file_size} bytes from {info.compress_size}, more than "
+                                 f"{MAX_DEFLATE_RATIO} times its stored size (a zip bomb); torch.export.save stores entries plainly.")
         total += info.file_size
         entries[relative] = info
     if total > MAX_TOTAL_BYTES:
@@ -180,8 +194,10 @@ def _check_sample_inputs(archive: _Archive) -> None:
                 "with torch.export.save from code you trust.")
 
 
-def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name: re.Pattern, *, parameters: bool) -> dict:
-    """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file."""
+def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name: re.Pattern, *, parameters: bool,
+             sources: dict[str, ZipEntryBytes]) -> dict:
+    """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file; `sources` gets where
+    the bytes of each tensor of a mapped payload are (pt2_payloads)."""
     if legacy in archive.entries:  # torch prefers the legacy file when both exist
         return _weights_only(archive, legacy)
     if config not in archive.entries:
@@ -210,8 +226,12 @@ def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name
         meta = _tensor_meta(payload.get("tensor_meta"), where)
         if name not in flat:
             flat[name] = _flat_tensor(archive, folder + name, meta)
-        view = _view(flat[name], meta, f"{where} (entry '{folder}{name}')")
+        tensor, mapped = flat[name]
+        view = _view(tensor, meta, f"{where} (entry '{folder}{name}')")
         found[fqn] = _parameter(view, meta) if parameters and payload.get("is_param") is True else view
+        span = contiguous_range(view, meta, view.element_size()) if mapped else None
+        if span is not None:
+            sources[fqn] = ZipEntryBytes(archive.path, archive.entries[folder + name].filename, *span)
     return found
 
 
@@ -240,25 +260,32 @@ def _tensor_meta(meta: Any, where: str) -> dict:
             "device": (device["type"], device.get("index"))}
 
 
-def _flat_tensor(archive: _Archive, entry: str, meta: dict) -> Any:
-    """The entry's raw bytes as a flat tensor of the payload's dtype (torch's rule: an empty entry is zeros of the sizes)."""
+def _flat_tensor(archive: _Archive, entry: str, meta: dict) -> tuple[Any, bool]:
+    """(the entry's raw bytes as a flat tensor of the payload's dtype, whether they are mapped from the file rather than read);
+    torch's rule: an empty entry is zeros of the sizes. A large stored payload is mapped (pt2_payloads)."""
     import torch
 
-    data = archive.read(entry)
     dtype = meta["dtype"]
+    element = torch.empty((), dtype=dtype).element_size()
+    info = archive.entries.get(entry)
+    data = None
+    if archive.on_disk and info is not None and meta["device"][0] == "cpu" and mappable(archive.path, info, element):
+        data = mapped_bytes(archive.path, info, element)
+    mapped = data is not None
+    if data is None:
+        data = archive.read(entry)
     try:
-        if not data:
+        if not len(data):
             flat = torch.zeros(meta["sizes"], dtype=dtype)
         else:
-            element = torch.empty((), dtype=dtype).element_size()
             if len(data) % element:
                 raise InputFileError(f"{archive.where(entry)} holds {len(data)} bytes, not a whole number of {dtype} elements.")
-            flat = torch.frombuffer(data, dtype=dtype)
+            flat = torch.from_numpy(data).view(dtype) if mapped else torch.frombuffer(data, dtype=dtype)
         if meta["requires_grad"]:
             flat.requires_grad_(True)
         kind, index = meta["device"]
         device = torch.device(kind) if index is None else torch.device(kind, index)
-        return flat if device.type == "cpu" else flat.to(device)
+        return (flat, mapped) if device.type == "cpu" else (flat.to(device), False)
     except (RuntimeError, TypeError, ValueError) as error:
         raise InputFileError(f"{archive.where(entry)} cannot be read as {dtype} on {meta['device'][0]} ({error}).") from error
 

@@ -24,6 +24,7 @@ from schemas import InputFileError
 
 from ..model_structure import StructureParts, little_endian_bytes
 from .pt2_archive import CONSTANTS, SAMPLE_INPUTS, WEIGHTS
+from .pt2_payloads import tensor_sources
 
 #: Records torch's zip writer adds itself (a random serialization id among them): never parts.
 WRITER_RECORDS = (".data/",)
@@ -33,11 +34,9 @@ LEGACY = (WEIGHTS[2], CONSTANTS[2])
 PROGRAMS = "models/"
 
 
-def _entries(data: bytes) -> dict[str, bytes]:
-    """Every entry of an archive by its name under the root folder."""
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        infos = [i for i in zf.infolist() if not i.filename.endswith("/")]
-        return {i.filename.split("/", 1)[1]: zf.read(i) for i in infos if "/" in i.filename}
+def _entries(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """Every entry of an archive by its name under the root folder (read only when needed: payloads can be large)."""
+    return {i.filename.split("/", 1)[1]: i for i in zf.infolist() if not i.filename.endswith("/") and "/" in i.filename}
 
 
 def _saved(program: Any) -> bytes:
@@ -65,19 +64,35 @@ def _payload_sources(entries: dict[str, bytes]) -> dict[str, str]:
 
 def pt2_structure(program: Any, tensors: dict[str, np.ndarray], source: Path | None = None) -> StructureParts:
     """The parts of `program` (read from `source`, the .pt2 it was loaded from, when given); `tensors` by fqn, as stored."""
-    entries = _entries(source.read_bytes()) if source is not None else None
-    if entries is None or any(entry in entries for entry in LEGACY):
-        entries = _entries(_saved(program))
-    sources = _payload_sources(entries)
+    if source is not None:
+        with zipfile.ZipFile(source) as zf:
+            entries = _entries(zf)
+            if not any(entry in entries for entry in LEGACY):
+                mapped = {fqn: where for fqn, where in tensor_sources(program).items() if where.archive == source}
+                return StructureParts("pt2", _parts(zf, entries, tensors, mapped))
+    with zipfile.ZipFile(io.BytesIO(_saved(program))) as zf:
+        return StructureParts("pt2", _parts(zf, _entries(zf), tensors, {}))
+
+
+def _parts(zf: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], tensors: dict[str, np.ndarray], mapped: dict) -> dict[str, bytes]:
+    """Every entry but the payloads the tensors rebuild, the sample inputs and the writer's records.
+
+    A payload mapped whole as its tensor (pt2_payloads) is that tensor's bytes by construction, so it is not read;
+    any other payload is read and compared with its tensor."""
+    sources = _payload_sources({config: zf.read(entries[config]) for _, config in PAYLOAD_CONFIGS if config in entries})
     parts = {}
-    for name, data in entries.items():
+    for name, info in entries.items():
         if name.startswith(SAMPLE_INPUTS) or name.startswith(WRITER_RECORDS):
             continue
         fqn = sources.get(name)
+        where = mapped.get(fqn)
+        if fqn in tensors and where is not None and (where.entry, where.start, where.length) == (info.filename, 0, info.file_size):
+            continue  # the tensor is this whole payload, mapped from it: rebuilt from the tensor
+        data = zf.read(info)
         if fqn is not None and fqn in tensors and little_endian_bytes(tensors[fqn]) == data:
             continue  # rebuilt from the tensor
         parts[name] = bytes(data)
-    return StructureParts("pt2", parts)
+    return parts
 
 
 def pt2_file(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:

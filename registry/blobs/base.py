@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from schemas.errors import IntegrityError, RegistryError
@@ -93,6 +93,16 @@ class BlobStore(abc.ABC):
         computed it (a registration hashes every blob once, on arrival)."""
         return StagedBlob(digest=digest or sha256_hex(data), data=data)
 
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> "StagedBlob":
+        """Stage the blob whose `size` bytes arrive as `chunks` and must hash to `digest`; IntegrityError (and nothing
+        staged) if they do not. A store that can write as it reads (local files, S3 multipart) never holds the blob whole;
+        this default joins the chunks."""
+        data = b"".join(chunks)
+        actual = sha256_hex(data)
+        if actual != digest or len(data) != size:
+            raise stream_mismatch(digest, actual, len(data), size)
+        return self.stage(data, digest)
+
     def publish(self, staged: "StagedBlob") -> str:
         """Make a staged blob visible (atomic, idempotent); returns its digest."""
         return staged.digest if staged.data is None else self.put(staged.data)
@@ -108,6 +118,12 @@ class BlobStore(abc.ABC):
         written as (registry/blob_leases.py), whatever their age.
         """
         return 0
+
+
+def stream_mismatch(digest: str, actual: str, length: int, size: int) -> IntegrityError:
+    """The error of a streamed blob whose bytes are not the ones it was hashed as (its source changed since)."""
+    return IntegrityError(f"blob '{digest}' ({size} bytes) read again as {length} bytes hashing to '{actual}': its source changed "
+                          "while it was being registered; nothing was stored under either digest, register again.")
 
 
 @dataclass

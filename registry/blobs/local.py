@@ -6,16 +6,20 @@ is temp file + fsync + rename, so a blob appears whole or not at all.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import stat
-import tempfile
+import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from schemas.errors import NotFoundError
 
-from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
+from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, stream_mismatch
+
+
+#: Blobs are read-only once written; the process umask is taken off this mode.
+BLOB_MODE = 0o444
 
 
 class LocalBlobStore(BlobStore):
@@ -46,13 +50,36 @@ class LocalBlobStore(BlobStore):
         if target.exists():
             return StagedBlob(digest=digest)
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=f".{digest[2:10]}.", suffix=".tmp", dir=target.parent)
+        handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.")
         try:
             with os.fdopen(handle, "wb") as stream:
                 stream.write(data)
                 stream.flush()
                 os.fsync(stream.fileno())
-            os.chmod(temporary, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return StagedBlob(digest=digest, temporary=Path(temporary))
+
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> StagedBlob:
+        """Write the chunks into the hidden temporary file while hashing them, a chunk at a time; a blob already stored is not
+        read again. IntegrityError, and the temporary file removed, when they do not hash to `digest`."""
+        target = self.path_of(digest)
+        if target.exists():
+            return StagedBlob(digest=digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.")
+        try:
+            hashed, length = hashlib.sha256(), 0
+            with os.fdopen(handle, "wb") as stream:
+                for chunk in chunks:
+                    hashed.update(chunk)
+                    length += len(chunk)
+                    stream.write(chunk)
+                stream.flush()
+                os.fsync(stream.fileno())
+            if hashed.hexdigest() != digest or length != size:
+                raise stream_mismatch(digest, hashed.hexdigest(), length, size)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
@@ -134,6 +161,23 @@ class LocalBlobStore(BlobStore):
 
     def age_seconds(self, digest: str) -> float:
         return max(0.0, time.time() - self._stat(digest).st_mtime)
+
+
+def _new_read_only_file(folder: Path, prefix: str) -> tuple[int, str]:
+    """A new hidden '<prefix><random>.tmp' in `folder`, open for writing, created read-only as the umask allows (0444 under 022, 0400 under 077).
+
+    Created with mode 0444 rather than chmod-ed after tempfile.mkstemp (0600): a blob store under umask 077 stays
+    private to its owner, and one under 022 can be read by a server running as another user. The mode applies to later
+    opens only, so this descriptor still writes.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        path = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(path, flags, BLOB_MODE), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary blob file in '{folder}' after 100 attempts; run normbridge gc to remove stale .*.tmp files.")
 
 
 def _fsync_folder(folder: Path) -> None:

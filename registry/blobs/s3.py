@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import io
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from urllib.parse import urlparse
 
 from schemas.errors import NotFoundError, RegistryError
 
-from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex
+from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, stream_mismatch
 
 ENDPOINT_ENV = "NORMBRIDGE_S3_ENDPOINT"
 DEFAULT_MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -136,13 +137,43 @@ class S3BlobStore(BlobStore):
         """Upload now (see the module doc); `publish` then has nothing left to do."""
         return StagedBlob(digest=self._put(digest or sha256_hex(data), data))
 
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> StagedBlob:
+        """A blob above the multipart threshold is uploaded part by part as its chunks arrive, hashed on the way, and completed
+        only if it hashes to `digest` (else aborted: IntegrityError, no object); a smaller one is joined and PUT."""
+        if size <= self.multipart_threshold:
+            return super().stage_stream(chunks, digest, size)
+        head = self._head(digest)
+        if head is not None and head.get("ContentLength") == size:
+            return StagedBlob(digest=digest)  # stored already: not read again
+        hashed, length = hashlib.sha256(), [0]
+
+        def parts() -> Iterator[bytes]:
+            buffer = bytearray()
+            for chunk in chunks:
+                hashed.update(chunk)
+                length[0] += len(chunk)
+                buffer += chunk
+                while len(buffer) >= self.part_size:
+                    yield bytes(buffer[:self.part_size])
+                    del buffer[:self.part_size]
+            if buffer:
+                yield bytes(buffer)
+
+        def verify() -> None:
+            if hashed.hexdigest() != digest or length[0] != size:
+                raise stream_mismatch(digest, hashed.hexdigest(), length[0], size)
+
+        self._put_multipart(digest, parts(), verify)
+        return StagedBlob(digest=digest)
+
     def _put(self, digest: str, data: bytes) -> str:
         if len(data) >= ASK_FIRST_BYTES:  # a large blob already stored is not sent again
             head = self._head(digest)
             if head is not None and head.get("ContentLength") == len(data):
                 return digest
         if len(data) > self.multipart_threshold:
-            self._put_multipart(digest, data)
+            view = memoryview(data)
+            self._put_multipart(digest, (view[start:start + self.part_size] for start in range(0, len(data), self.part_size)))
         else:
             from botocore.exceptions import ClientError
 
@@ -153,8 +184,9 @@ class S3BlobStore(BlobStore):
                 raise self._refuse(error, f"upload of blob {digest}") from error
         return digest
 
-    def _put_multipart(self, digest: str, data: bytes) -> None:
-        """Parts, then CompleteMultipartUpload (the object appears only then); aborted on any failure."""
+    def _put_multipart(self, digest: str, chunks: Iterable, verify: Callable[[], None] = lambda: None) -> None:
+        """Parts (`chunks`, each but the last at least 5 MiB), then `verify()` and CompleteMultipartUpload (the object appears
+        only then); aborted on any failure."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self.key_of(digest)
@@ -166,11 +198,10 @@ class S3BlobStore(BlobStore):
         upload_id = upload["UploadId"]
         try:
             parts = []
-            view = memoryview(data)
-            for number, start in enumerate(range(0, len(data), self.part_size), start=1):
-                chunk = view[start:start + self.part_size]
+            for number, chunk in enumerate(chunks, start=1):
                 response = self._upload_part(key, upload_id, number, chunk)
                 parts.append({"ETag": response["ETag"], "PartNumber": number})
+            verify()
             self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
         except BaseException as failure:

@@ -13,7 +13,6 @@ can say which tensor was refused.
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from collections import deque
@@ -96,10 +95,4 @@ def _error_json(error: IntegrityError) -> bytes:
         message = message[: len(message) // 2]
 
 
-def read_bundle_names(data: bytes) -> list[str]:
-    """Member names of a bundle (tests and clients)."""
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        return tar.getnames()
-
-
-__all__ = ["VersionBundle", "read_bundle_names"]
+__all__ = ["VersionBundle"]

@@ -24,7 +24,7 @@ from .context import error_responses, model_of, registry_for
 from .errors import forbidden
 from .redaction import Redactor
 from .request_guard import JSON, UPLOAD_MEDIA_TYPES, body_of
-from .uploads import SUFFIXES, new_workspace, receive_body, refuse_declared_excess, remove_workspace
+from .uploads import SUFFIXES, ZIP_FORMATS, new_workspace, receive_body, refuse_declared_excess, refuse_unpacked_excess, remove_workspace
 
 router = APIRouter(prefix="/api/v1")
 Writer = Annotated[Principal, Depends(require("write"))]
@@ -69,6 +69,8 @@ async def register(request: Request, principal: Writer,
         try:
             received = workspace / f"upload{SUFFIXES[file_format]}"
             await receive_body(request, received, limit)
+            if file_format in ZIP_FORMATS:
+                await run_in_threadpool(refuse_unpacked_excess, received, limit)  # reads the central directory only
             with request.app.state.metrics.gate_timer() as timer:
                 result = await run_in_threadpool(_one_at_a_time, lock, registry.register, name, received, parent=parent, note=note,
                                                  operation=operation, allow_unrecognised=allow_unrecognised, progress=timer)

@@ -3,6 +3,8 @@
 Nothing is registered until the whole body has arrived, so a dropped connection or a killed
 server leaves the registry as it was (the temp folder is removed in the route's `finally`).
 Bundles take another path: they are read while they arrive (body_pipe, registry.bundle_stream).
+A `.pt2` or `.keras` is a zip whose entries may be deflated, so what its entries unpack to counts
+against the same limit, as a bundle's decompressed tar does (`refuse_unpacked_excess`).
 """
 
 from __future__ import annotations
@@ -10,18 +12,21 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from registry.bundle_stream import too_large
-from schemas.errors import InputFileError
+from schemas.errors import InputFileError, PayloadTooLargeError
 
 #: After the limit is passed, up to this many more bytes are read and dropped, so the client sees the 413
 #: instead of a reset connection while it is still sending.
 DRAIN_BYTES = 16 * 1024 * 1024
 SUFFIXES = {"onnx": ".onnx", "keras": ".keras", "pt2": ".pt2"}  # bundles are read as they arrive, not saved
+#: Upload formats that are zip archives.
+ZIP_FORMATS = frozenset({"keras", "pt2"})
 
 
 WORKSPACE_PREFIX = "normbridge-upload-"
@@ -94,4 +99,23 @@ async def receive_body(request: Request, target: Path, limit: int) -> int:
     return received
 
 
-__all__ = ["DRAIN_BYTES", "SUFFIXES", "new_workspace", "receive_body", "refuse_declared_excess", "remove_orphaned_workspaces", "remove_workspace"]
+def refuse_unpacked_excess(path: Path, limit: int) -> None:
+    """413 when the zip archive at `path` declares entries that unpack to more than `limit` bytes, before any is read.
+
+    A megabyte of deflated zeros unpacks to a gigabyte, which the readers hold in memory (the .pt2 reader reads an
+    entry whole; Keras reads config.json whole and refuses only ratios over 100x). Both read through `zipfile`, which
+    never inflates an entry past the size its central directory declares, so the declared sizes bound the bytes.
+    A file that is not a zip passes: its reader refuses it, naming the problem.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return
+    if unpacked > limit:
+        raise PayloadTooLargeError(f"the uploaded archive's entries unpack to {unpacked} bytes, more than this server's limit of {limit} "
+                                   "bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
+
+
+__all__ = ["DRAIN_BYTES", "SUFFIXES", "ZIP_FORMATS", "new_workspace", "receive_body", "refuse_declared_excess", "refuse_unpacked_excess",
+           "remove_orphaned_workspaces", "remove_workspace"]

@@ -30,6 +30,7 @@ from ..bundle_stream import UploadInterrupted, receive_bundle
 from ..coverage import check_registrable
 from ..faults import fault_point
 from ..metadata import MetadataStore
+from ..streamed_blobs import BlobMap
 from .results import Registration
 from .servable import assess
 
@@ -124,13 +125,13 @@ class Registrations:
         report("extracting the artifact", 0, 1)
         legs = SplitCheck(expected_framework(model))  # a worker for the frameworks the model does not use starts importing them now
         artifact = extract_artifact(model, lineage)
-        items = list(artifact.blobs.items())
+        digests = list(artifact.blobs)
         lease = self.leases.new()
         try:
-            lease.take(digest for digest, _ in items)  # before staging looks at the store: gc keeps them from now on
+            lease.take(digests)  # before staging looks at the store: gc keeps them from now on
             # Blobs are staged while the gate runs and published only if it passes.
             with ThreadPoolExecutor(max_workers=1) as pool:
-                staging = pool.submit(self._stage, items)
+                staging = pool.submit(self._stage, artifact.blobs, digests)
                 try:
                     checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised, legs)
                 except BaseException:
@@ -216,12 +217,20 @@ class Registrations:
                     "fix the layer's state or settings and register again.", result)
         return checks
 
-    def _stage(self, items: list[tuple[str, bytes]]) -> list:
-        """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's."""
+    def _stage(self, blobs, digests: list[str]) -> list:
+        """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's.
+
+        An extracted model's blobs (registry/streamed_blobs.BlobMap) are streamed into the store a chunk at a time from
+        where the model file holds them, and hashed again on the way."""
+        def stage(digest: str):
+            if isinstance(blobs, BlobMap):
+                return self.store.stage_stream(blobs.chunks(digest), digest, blobs.size(digest))
+            return self.store.stage(blobs[digest])
+
         staged = []
         try:
             with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers)) as pool:
-                for (digest, _), blob in zip(items, pool.map(lambda item: self.store.stage(item[1]), items)):
+                for digest, blob in zip(digests, pool.map(stage, digests)):
                     staged.append(blob)
                     if blob.digest != digest:
                         raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "

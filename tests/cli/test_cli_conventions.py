@@ -3,7 +3,8 @@
 A few rows run as real processes (the umask, the exit status and the completion script as a shell
 sees them); the rest run the console script's app in this process (tests.cli_run.invoke_cli).
 
-Files written for the user get the mode the umask gives (0644 / 0755 under 022, not 0600); usage
+Files written for the user get the mode the umask gives (0644 / 0755 under 022, not 0600), and so do the
+registry's database and read-only blobs; usage
 mistakes exit 2 with the usage line while registry refusals keep exit 14; `--version`, shell
 completion, flags without a `<bool>` placeholder; `convert --to keras` refuses an output Keras
 could not load, and the file it writes loads with safe_mode=True.
@@ -87,6 +88,21 @@ def test_outputs_get_the_umask_mode_like_any_file_the_user_writes(work, what, ho
             assert found == expected, f"{what} {name} under umask {umask:03o}: {found:04o}, expected {expected:04o}"
 
 
+def test_the_registry_follows_the_umask_too(work):
+    """The database, the blob files (read-only) and their folders: readable by a server running as another user under 022, private under 077."""
+    for umask, db_mode, blob_mode, folder_mode in ((0o022, 0o644, 0o444, 0o755), (0o077, 0o600, 0o400, 0o700)):
+        home = work / f"registry_{umask:03o}"
+        env = {"NORMBRIDGE_DB": f"sqlite:///{home / 'registry.db'}", "NORMBRIDGE_BLOBS": str(home / "blobs")}
+        assert invoke_cli("convert", "bn", "--to", "onnx", "-o", f"bn_{umask:03o}.onnx", cwd=work).returncode == 0
+        done = invoke_cli("register", "bn", f"bn_{umask:03o}.onnx", cwd=work, env=env, umask=umask)
+        assert done.returncode == 0, done.stderr
+        blobs = [p for p in (home / "blobs").rglob("*") if p.is_file()]
+        assert blobs and {mode(p) for p in blobs} == {blob_mode}, f"blobs under umask {umask:03o}: {sorted({oct(mode(p)) for p in blobs})}"
+        assert mode(home / "registry.db") == db_mode
+        folders = [home, home / "blobs", *(p for p in (home / "blobs").rglob("*") if p.is_dir())]
+        assert {mode(p) for p in folders} == {folder_mode}, f"folders under umask {umask:03o}"
+
+
 def test_replacing_a_file_keeps_its_permissions(work):
     target = work / "private.onnx"
     target.write_bytes(b"old")
@@ -155,6 +171,11 @@ USAGE_MISTAKES = {
     "bad drift record": (["drift", "a.onnx", "inputs.npy", "--record", "a@"], "'a@' is not a version reference"),
     "unknown operation": (["register", "a", "a.onnx", "--operation", "retrained"], "'retrained' is not a lineage operation"),
     "negative grace": (["gc", "--grace", "-1"], "'--grace': Input should be greater than or equal to 0"),
+    "unknown framework": (["check", "bn", "--framework", "tflite"], "'tflite' is not a framework; choose torch, keras or onnx"),
+    "opset below the converters'": (["convert", "bn", "--to", "onnx", "-o", "low.onnx", "--opset", "12"], "12 is below opset 13"),
+    "check at opset 0": (["check", "bn", "--opset", "0"], "0 is below opset 13"),
+    "export at opset 0": (["export", "resnet.pt2", "-o", "zero.onnx", "--opset", "0"], "'--opset': Input should be greater than or equal to 1"),
+    "unknown schema": (["schema", "bogus"], "'bogus' is not a schema; choose one of normspec"),
 }
 
 

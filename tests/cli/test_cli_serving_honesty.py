@@ -4,7 +4,8 @@ The opset cap runs as real processes (with --verbose the frameworks' own lines a
 may reach stderr); the other rows run the console script's app in this process (tests.cli_run.invoke_cli).
 
 5. `export --opset N` writes a file at opset N or below (converted down with onnx's version
-   converter) or refuses with the reason and a non-zero exit, and never prints a traceback.
+   converter) or refuses with the reason and a non-zero exit, and never prints a traceback; above
+   the newest opset onnx knows, the exporter is asked for that newest one.
 6. `export` repeats every warning- and error-level hazard `inspect` reports on the same file, in
    its text and its JSON (`hazards`), and refuses error-level ones unless `--force`.
 7. `contract` on a file with one layer's eps changed names the first differing output, the layer
@@ -12,7 +13,7 @@ may reach stderr); the other rows run the console script's app in this process (
 9. A single-request contract shows its batch test as skipped, with the reason; the export says
    how many requests its seeded sample has.
 10. `recalibrate` no longer ends with "the artifact registry does not exist yet"; it says how to
-   register the file it wrote.
+   register the file it wrote (or to pass --register).
 """
 
 from __future__ import annotations
@@ -88,6 +89,17 @@ def test_export_below_what_the_converter_can_reach_is_refused_with_the_reason(wo
     assert "cannot take the graph down to --opset 14" in result.stderr and "BatchNormalization" in result.stderr
     assert "pass a higher --opset" in result.stderr
     assert not (work / "at14.onnx").exists()
+
+
+def test_export_above_the_newest_opset_onnx_knows_asks_the_exporter_for_that_one(work):
+    newest = onnx.defs.onnx_opset_version()
+    done = invoke_cli("export", "trained.pt2", "-o", "above.onnx", "--opset", str(newest + 2), "--json", cwd=work)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # torch.onnx asked for an opset onnx does not know exports at 18 and logs a traceback; asked for the newest, it writes that one
+    assert result["exporter"].endswith(f"at opset {newest}") and result["opset"] == newest
+    assert f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {newest + 2} cap" in result["notes"]
+    assert {o.domain or "ai.onnx": o.version for o in onnx.load(work / "above.onnx").opset_import}["ai.onnx"] == newest
 
 
 # -- 6. hazards -----------------------------------------------------------------------------------------
@@ -175,4 +187,5 @@ def test_recalibrate_says_how_to_register_the_result_and_not_that_the_registry_i
     assert result.returncode == 0, result.stderr
     assert "does not exist yet" not in result.stdout + result.stderr and "not registered" not in result.stdout
     assert "normbridge register NAME recalibrated.pt2 --parent NAME@N --operation recalibrated" in result.stdout
+    assert "(or recalibrate with --register NAME@N)" in result.stdout
     assert (work / "recalibrated.pt2").is_file()

@@ -112,3 +112,38 @@ def test_output_fits_the_width_with_every_value_whole(work, what, how):
         assert not broken, f"{what} at {width} columns broke {broken[:10]} across lines:\n{narrow.stdout[:3000]}"
         for value in values:
             assert any(value in words(line) for line in lines), f"{what} at {width} columns: {value!r} not whole on any line"
+
+
+def command_paths() -> list[list[str]]:
+    """Every command and subcommand of the app, as its words (`["token", "create"]`)."""
+    import typer
+
+    from cli.main import app
+
+    def walk(group, prefix: list[str]):
+        for name, command in group.commands.items():
+            yield from walk(command, [*prefix, name]) if hasattr(command, "commands") else [[*prefix, name]]
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_every_help_fits_80_columns_without_cutting_a_word(tmp_path):
+    for path in command_paths():
+        done = invoke_cli(*path, "--help", cwd=tmp_path, columns=80)
+        assert done.returncode == 0, (path, done.stderr)
+        lines = done.stdout.splitlines()
+        assert not [line for line in lines if len(line) > 80], f"{' '.join(path)} --help is wider than 80 columns"
+        cut = [line for line in lines if "…" in line]
+        assert not cut, f"{' '.join(path)} --help cuts a word or an option name at 80 columns: {cut}"
+        usage = next(line for line in lines if "Usage:" in line)
+        assert "[[" not in usage and "]]" not in usage, usage
+
+
+def test_a_cell_cut_for_length_ends_in_an_ellipsis_after_a_whole_word():
+    from cli.fitting import clipped
+
+    message = "no normalization layer was found among the model's 7 tensors, so the equivalence check would check nothing. Nothing was registered."
+    cut = clipped(message, 120)
+    assert len(cut) <= 120 and cut.endswith("…") and message.startswith(cut[:-1])
+    assert cut[:-1].split()[-1] in message.split()  # the last word kept is whole
+    assert clipped("short", 120) == "short"

@@ -120,6 +120,7 @@ def big(tmp_path_factory) -> Path:
     (("drift", "tiny.onnx", "big.npz"), "'big.npz' is not a NumPy .npz file"),
     (("recalibrate", "tiny.onnx", "big.npy", "-o", "out.onnx"), "'big.npy' is not a NumPy .npy file"),
     (("export", "big.pt2", "-o", "out.onnx"), "'big.pt2' is not a torch.export .pt2 archive"),
+    (("port", "tiny.pt2", "big.keras", "-o", "out.keras"), "'big.keras' is not a .keras file"),  # both checked before the source loads
 ])
 def test_a_3gb_file_that_is_not_a_model_is_refused_without_reading_it(big, args, refused):
     done = subprocess.run([sys.executable, "-c", MEASURE, *normbridge_command(), *args], cwd=big, env=user_environment(),
@@ -128,4 +129,4 @@ def test_a_3gb_file_that_is_not_a_model_is_refused_without_reading_it(big, args,
     assert measured["rc"] == 6, measured["stderr"]
     assert refused in measured["stderr"] and "Traceback" not in measured["stderr"]
     assert measured["peak_rss"] < MAX_RSS_BYTES, f"peak RSS {measured['peak_rss'] / 2**20:.0f} MiB for a refused {BIG / 2**30:.0f} GiB file"
-    assert not (big / "out.onnx").exists()
+    assert not (big / "out.onnx").exists() and not (big / "out.keras").exists()

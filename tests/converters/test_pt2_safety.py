@@ -92,6 +92,22 @@ def _appended(genuine: Path, out: Path, name: str, data: bytes) -> Path:
     return out
 
 
+def _rewrite_deflated(out: Path, entry: str) -> Path:
+    """`out` with `entry` holding 256 MiB of zeros, deflated."""
+    with zipfile.ZipFile(out) as source:
+        kept = [(info.filename, source.read(info)) for info in source.infolist() if info.filename != entry]
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
+        for name, data in kept:
+            target.writestr(name, data)
+        info = zipfile.ZipInfo(entry)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with target.open(info, "w", force_zip64=True) as stream:
+            zeros = bytes(1024**2)
+            for _ in range(256):
+                stream.write(zeros)
+    return out
+
+
 def _out_of_bounds(document: dict) -> None:
     document["config"]["bn.running_mean"]["tensor_meta"]["sizes"] = [{"as_int": 1000}]
 
@@ -102,6 +118,7 @@ MALFORMED = {
     "big_endian": (lambda g, o: craft(g, o, replace={"byteorder": b"big"}), "'byteorder' is 'big'"),
     "view_out_of_bounds": (lambda g, o: craft(g, o, edit_json={WEIGHTS_CONFIG: _out_of_bounds}), "reaches element 999"),
     "not_a_zip": (lambda g, o: o.write_bytes(b"PK\x03\x04 not really a zip") and o, "not a zip file"),
+    "deflate_bomb": (lambda g, o: _rewrite_deflated(craft(g, o), root_of(g) + "data/sample_inputs/model.pt"), "(a zip bomb)"),
 }
 
 

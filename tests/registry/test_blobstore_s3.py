@@ -223,8 +223,9 @@ def test_head_of_reads_the_start_of_a_blob_and_its_whole_length_in_one_request(s
 
 def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_tensor(s3_env, tmp_path):
     """Attack: overwrite a stored blob's bytes in the bucket (same length, same safetensors header, one bit of data
-    flipped, the sha256 metadata kept), then read it through every door: the library (verify, tensors, export) and a
-    real `normbridge serve` on the same bucket (blob GET, bundle GET, and the client's tensors and export)."""
+    flipped, the sha256 metadata kept), then read it through every door: the library (verify, tensors, export, pull) and a
+    real `normbridge serve` on the same bucket (verify, blob GET, bundle GET, model GET, and the client's tensors, export
+    and pull)."""
     import httpx
 
     from registry.client import RemoteRegistry
@@ -250,10 +251,18 @@ def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_
     with pytest.raises(IntegrityError, match=r"cnn@1: tensor 'bn1.running_var'"):
         reg.export("cnn@1", "onnx", tmp_path / "local-export")
     assert not (tmp_path / "local-export").exists() or not any((tmp_path / "local-export").iterdir())
+    with pytest.raises(IntegrityError, match=r"cnn@1: tensor 'bn1.running_var'"):
+        reg.pull("cnn@1", tmp_path / "local-pull.safetensors", "safetensors")  # an nn.Module: its state dict
+    assert not (tmp_path / "local-pull.safetensors").exists()
 
     token = create_token(db, "dashboard", "read")
     with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
         http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        verified = http.post("/api/v1/verify", params={"check": "false"}).json()
+        assert verified["passed"] is False and [(p["kind"], p["tensor"]) for p in verified["problems"]] == [("blob", "bn1.running_var")]
+        model = http.get("/api/v1/models/cnn/versions/1/model", params={"format": "safetensors"})
+        assert model.status_code == 500 and model.json()["error"]["code"] == "integrity_error", model.text
+        assert "bn1.running_var" in model.json()["error"]["message"]
         blob = http.get(f"/api/v1/blobs/{digest}")
         assert blob.status_code == 500 and blob.json()["error"]["code"] == "integrity_error", blob.text
         assert digest in blob.json()["error"]["message"] and bytes(tampered) not in blob.content
@@ -267,6 +276,29 @@ def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_
                 remote.tensors("cnn@1")
             with pytest.raises(IntegrityError, match=r"tensor 'bn1.running_var'"):
                 remote.export("cnn@1", "onnx", tmp_path / "remote-export")
-        assert not (tmp_path / "remote-export").exists()
+            with pytest.raises(IntegrityError, match=r"tensor 'bn1.running_var'"):
+                remote.pull("cnn@1", tmp_path / "remote-pull.safetensors", "safetensors")
+        assert not (tmp_path / "remote-export").exists() and not (tmp_path / "remote-pull.safetensors").exists()
     assert "bn1.running_var" in server.log_text()
     reg.meta.close()
+
+
+def test_a_streamed_large_blob_goes_up_in_parts_and_appears_only_if_it_hashes_to_its_digest(s3_env):
+    _, bucket, client = s3_env
+    store = S3BlobStore.from_uri(f"s3://{bucket}/stream", multipart_threshold=5 * MiB, part_size=5 * MiB)
+    data = os.urandom(12 * MiB)
+    digest = hashlib.sha256(data).hexdigest()
+
+    def chunks():
+        return (data[start:start + 3 * MiB] for start in range(0, len(data), 3 * MiB))
+
+    with pytest.raises(IntegrityError, match="changed"):
+        store.stage_stream(chunks(), hashlib.sha256(b"what was hashed before").hexdigest(), len(data))
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket)  # no object under either digest
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the upload was aborted
+    staged = store.stage_stream(chunks(), digest, len(data))
+    assert store.publish(staged) == digest and store.get(digest) == data
+    assert client.head_object(Bucket=bucket, Key=store.key_of(digest))["ETag"].strip('"').endswith("-3")  # 5 + 5 + 2 MiB
+    small = b"running statistics"
+    assert store.publish(store.stage_stream(iter([small[:7], small[7:]]), hashlib.sha256(small).hexdigest(), len(small))) \
+        == hashlib.sha256(small).hexdigest()

@@ -2,15 +2,22 @@
 
 A bundle upload may be gzip, so a small body can hold gigabytes of tar. The bombs are built by
 streaming zeros through zlib (the test never holds them decompressed): a GNU long-name header, a
-pax header and plain members, each declaring hundreds of MiB of zeros. The server's peak resident
+pax header and plain members, each declaring hundreds of MiB of zeros. `.pt2` and `.keras`
+uploads are zip archives, whose entries may be deflated: a genuine `.pt2` whose sample inputs or
+one weight entry is 1 GiB of deflated zeros, and a `.keras` whose config.json unpacks to 256 MiB
+at a ratio under the 100x that Keras itself refuses. The server's peak resident
 memory is read from /proc/<pid>/status (VmHWM, reset first through /proc/<pid>/clear_refs), so
 the bound is measured on the process that received the upload, not inferred.
 """
 
 from __future__ import annotations
 
+import io
+import os
+import random
 import re
 import tarfile
+import zipfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +72,53 @@ def members_bomb(mib: int) -> bytes:
     return gzip_of(pieces())
 
 
+def zip_bomb(base: bytes, name: str, pieces: Iterator[bytes]) -> bytes:
+    """The zip archive `base` (b"" for none) with the entry `name` replaced by `pieces`, deflated as they come (what an attacker does with zipfile)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as target:
+        if base:
+            with zipfile.ZipFile(io.BytesIO(base)) as source:
+                for info in source.infolist():
+                    if info.filename != name:
+                        target.writestr(info, source.read(info))
+        entry = zipfile.ZipInfo(name)
+        entry.compress_type = zipfile.ZIP_DEFLATED
+        with target.open(entry, "w", force_zip64=True) as bomb:
+            for piece in pieces:
+                bomb.write(piece)
+    return out.getvalue()
+
+
+def genuine_pt2_bytes() -> bytes:
+    from tests.pt2_crafting import genuine_pt2
+
+    folder = Path(os.environ.get("TMPDIR", "/tmp"))
+    path = genuine_pt2(folder / f"bomb-base-{os.getpid()}.pt2")
+    try:
+        return path.read_bytes()
+    finally:
+        path.unlink()
+
+
+def pt2_bomb(entry: str, mib: int) -> bytes:
+    """A genuine `.pt2` whose `entry` (below its root folder) holds `mib` MiB of zeros, deflated."""
+    base = genuine_pt2_bytes()
+    with zipfile.ZipFile(io.BytesIO(base)) as archive:
+        root = archive.namelist()[0].split("/")[0]
+    return zip_bomb(base, f"{root}/{entry}", zeros(mib << 20))
+
+
+def keras_bomb(mib: int) -> bytes:
+    """A `.keras` archive whose config.json unpacks to `mib` MiB at about 60x: each 4 KiB holds 64 random bytes, under Keras's own 100x check."""
+    noise = random.Random(0)
+    block = 4096
+
+    def pieces() -> Iterator[bytes]:
+        for _ in range((mib << 20) // (256 * block)):
+            yield b"".join(noise.randbytes(64) + bytes(block - 64) for _ in range(256))
+    return zip_bomb(b"", "config.json", pieces())
+
+
 def memory(pid: int, field: str) -> int:
     """A /proc/<pid>/status memory field (VmRSS, VmHWM) in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -83,6 +137,10 @@ def server(tmp_path_factory):
             # warm up: the bundle path's modules are imported before anything is measured
             warm = client.post("/api/v1/models/warm/versions", params={"format": "bundle"}, content=header("x", 0) + bytes(1024))
             assert warm.status_code == 400, warm.text
+            warm = client.post("/api/v1/models/warm-pt2/versions", params={"format": "pt2"}, content=genuine_pt2_bytes())
+            assert warm.status_code == 201, warm.text  # torch, onnx and the gate are loaded
+            warm = client.post("/api/v1/models/warm-keras/versions", params={"format": "keras"}, content=zip_bomb(b"", "config.json", iter([b"{}"])))
+            assert warm.status_code == 400, warm.text  # keras is loaded
             yield running, client
 
 
@@ -93,13 +151,30 @@ def server(tmp_path_factory):
     ("members", lambda: members_bomb(512), 413, "payload_too_large", r"decompressed.*larger than this server's limit of 8388608 bytes"),
 ])
 def test_a_gzip_bomb_is_refused_and_the_servers_peak_memory_stays_bounded(server, label, bomb, status, code, message):
+    refused_with_bounded_memory(server, label, "bundle", bomb, status, code, message)
+
+
+UNPACKED_413 = r"entries unpack to \d+ bytes, more than this server's limit of 8388608 bytes"
+
+
+@pytest.mark.parametrize("label, file_format, bomb", [
+    (".pt2 sample inputs 1 GiB", "pt2", lambda: pt2_bomb("data/sample_inputs/model.pt", 1024)),
+    (".pt2 weight 1 GiB", "pt2", lambda: pt2_bomb("data/weights/weight_0", 1024)),
+    (".keras config.json 256 MiB at 60x", "keras", lambda: keras_bomb(256)),
+])
+def test_a_zip_bomb_uploaded_as_a_model_file_is_refused_before_it_is_read(server, label, file_format, bomb):
+    refused_with_bounded_memory(server, label, file_format, bomb, 413, "payload_too_large", UNPACKED_413)
+
+
+def refused_with_bounded_memory(server, label: str, file_format: str, bomb, status: int, code: str, message: str) -> None:
+    """Upload `bomb()` as `file_format`: refused with `status`/`code`/`message`, the server's peak memory raised by under PEAK_BOUND."""
     running, client = server
     body = bomb()
-    assert len(body) <= (1 << 20) + (64 << 10), f"{label}: the bomb is {len(body)} bytes, meant to be about 1 MiB at most"
+    assert len(body) <= 5 << 20, f"{label}: the bomb is {len(body)} bytes, meant to be a few MiB at most (under the 8 MiB limit)"
     pid = running.process.pid
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS now
     before = memory(pid, "VmRSS")
-    response = client.post("/api/v1/models/bomb/versions", params={"format": "bundle"}, content=body)
+    response = client.post("/api/v1/models/bomb/versions", params={"format": file_format}, content=body)
     peak = memory(pid, "VmHWM")
     assert peak - before < PEAK_BOUND, f"{label}: the upload raised the server's peak memory by {(peak - before) >> 20} MiB"
     assert response.status_code == status, (label, response.status_code, response.text[:500])

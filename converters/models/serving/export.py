@@ -31,7 +31,7 @@ from schemas.serving import ExportResult, RewrittenSite
 from ...adapters import REGISTRY
 from .contract import contract_test
 from ..loading import load_model
-from .opset import cap_opset
+from .opset import cap_opset, exporter_opset
 from .samples import as_sample, input_specs
 from .source_hazards import serving_hazards
 from .verification import source_specs, verify_sites
@@ -75,7 +75,9 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     sample = as_sample(sample, specs_in)
     specs = source_specs(model, sample)
     hazards = serving_hazards(model)
-    exported, exporter, notes = adapter.export_onnx(model, sample, opset)
+    asked, known_notes = exporter_opset(opset)
+    exported, exporter, notes = adapter.export_onnx(model, sample, asked)
+    notes = [*known_notes, *notes]
     exported, opset_notes = cap_opset(exported, opset)
     notes += opset_notes
     final, rewritten, errors = _rewrite(adapter, model, exported, specs, opset, notes) if rewrite else (exported, [], [])

@@ -54,6 +54,18 @@ def _first_line(error: Exception) -> str:
     return (text[0] if text else type(error).__name__)[:300]
 
 
+def exporter_opset(cap: int) -> tuple[int, list[str]]:
+    """(the opset to ask the exporter for, notes): `cap`, or the newest opset the installed onnx knows when `cap` is beyond it.
+
+    Asked for an opset newer than onnx knows, torch.onnx exports at its own 18, fails to convert up (logging a
+    traceback) and keeps 18 without a word; asked for onnx's newest instead, it writes that.
+    """
+    newest = onnx.defs.onnx_opset_version()
+    if cap <= newest:
+        return cap, []
+    return newest, [f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {cap} cap"]
+
+
 def cap_opset(model: onnx.ModelProto, cap: int) -> tuple[onnx.ModelProto, list[str]]:
     """`model` at opset <= `cap` (a converted copy, with notes), or UnsupportedObjectError saying why it cannot be.
 
@@ -84,4 +96,4 @@ def cap_opset(model: onnx.ModelProto, cap: int) -> tuple[onnx.ModelProto, list[s
     return converted, [f"the exporter wrote opset {current}; converted down to opset {cap} (--opset) with onnx's version converter"]
 
 
-__all__ = ["cap_opset"]
+__all__ = ["cap_opset", "exporter_opset"]

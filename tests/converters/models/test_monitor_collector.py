@@ -6,6 +6,8 @@ never from the collector itself.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -128,11 +130,32 @@ def test_keras_model_served_through_the_monitor_returns_what_the_model_returns()
     x = shifted(np.random.default_rng(5), 4, (8, 8, 3))
     expected = np.asarray(model(x, training=False))
     watch = converters.monitor(model, sample_rate=1.0, window_requests=1)
-    served = np.asarray(watch.served(x))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        served = np.asarray(watch.served(x))
     watch.close()
     np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
     layer = watch.closed_windows[0]["layers"][0]
     assert layer["name"] == "bn" and layer["count"] == 4 * 8 * 8 and len(layer["mean"]) == 4
+    assert not [w for w in seen if issubclass(w.category, UserWarning)], [str(w.message) for w in seen]  # called as the model is called
+
+
+def test_a_keras_model_on_a_dict_of_inputs_is_tapped_as_it_is_called():
+    import keras
+
+    a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+    model = keras.Model({"b": b, "a": a}, keras.layers.BatchNormalization(name="bn")(a - 2 * b))
+    rng = np.random.default_rng(7)
+    xa, xb = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        served = np.asarray(watch.served({"a": xa, "b": xb}))
+    watch.close()
+    np.testing.assert_allclose(served, np.asarray(model({"a": xa, "b": xb}, training=False)), rtol=1e-6, atol=1e-6)
+    layer = watch.closed_windows[0]["layers"][0]
+    np.testing.assert_allclose(layer["mean"], (xa.astype(np.float64) - 2 * xb).mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert not [w for w in seen if issubclass(w.category, UserWarning)], [str(w.message) for w in seen]
 
 
 def test_a_failing_tap_is_counted_and_the_request_still_answers():

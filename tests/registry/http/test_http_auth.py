@@ -163,15 +163,22 @@ def test_a_scoped_token_never_sees_the_name_of_a_parent_outside_its_scope(env):
     hidden = "hidden-parent-qz"
     first = admin.post(f"/api/v1/models/{hidden}/versions", params={"format": "pt2"}, content=pt2_bytes(small_model(seed=21), root))
     assert first.status_code == 201, first.text
+    child_body = pt2_bytes(small_model(seed=22), root)
     child = admin.post("/api/v1/models/derived/versions", params={"format": "pt2", "parent": f"{hidden}@1", "operation": "converted"},
-                       content=pt2_bytes(small_model(seed=22), root))
+                       content=child_body)
     assert child.status_code == 201 and child.json()["version"]["parent"] == f"{hidden}@1"
     assert hidden in admin.get("/api/v1/models/derived/versions/1").text  # the admin sees it: the redaction is per token
-    token = create_token(env["db"], "derived-team", "read", models=["derived"])
+    token = create_token(env["db"], "derived-team", "write", models=["derived"])
     with client(env, token) as scoped:
         answers = {path: scoped.get(path) for path in ("/api/v1/models/derived/versions", "/api/v1/models/derived/versions/1",
                                                        "/api/v1/models/derived/versions/latest", "/api/v1/models/derived/versions/1/lineage",
-                                                       "/api/v1/audit", "/api/v1/audit?model=derived", "/api/v1/models/derived/versions/1/bundle")}
+                                                       "/api/v1/audit", "/api/v1/audit?model=derived", "/api/v1/models/derived/versions/1/bundle",
+                                                       "/api/v1/models/derived/aliases", "/api/v1/diff?a=derived@1&b=derived@1",
+                                                       "/api/v1/models/derived/versions/1/drift", "/api/v1/models/derived/versions/1/model")}
+        answers["POST verify"] = scoped.post("/api/v1/verify", params={"check": "false"})
+        # the same bytes again: 200 with the existing version, whose parent is the hidden one
+        answers["POST identical upload"] = scoped.post("/api/v1/models/derived/versions", params={"format": "pt2"}, content=child_body)
+    assert answers["POST identical upload"].json()["created"] is False
     for path, response in answers.items():
         assert response.status_code == 200, (path, response.text)
         assert hidden.encode() not in response.content, path
