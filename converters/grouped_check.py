@@ -121,11 +121,13 @@ def checker_for(registry: AdapterRegistry) -> Checker:
 
 @dataclass
 class _Member:
+    """One spec's check in progress (`error`: what its check raised, which ends it)."""
+
     spec: NormSpec
-    x_cf: np.ndarray
-    y_ref: np.ndarray
-    result: CheckResult
-    source_step: Callable[[], reference.TrainStep]
+    x_cf: np.ndarray | None
+    y_ref: np.ndarray | None
+    result: CheckResult | None
+    source_step: Callable[[], reference.TrainStep] | None
     error: Exception | None = None
 
 
@@ -134,9 +136,12 @@ def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionO
     """check() of specs of one configuration, target by target, through one GroupBench."""
     members = []
     for spec in specs:
-        x_cf = probe_input(spec)
-        members.append(_Member(spec, x_cf, reference.forward(spec, x_cf, training=False), new_result(spec, x_cf),
-                               functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf))))
+        try:
+            x_cf = probe_input(spec)
+            members.append(_Member(spec, x_cf, reference.forward(spec, x_cf, training=False), new_result(spec, x_cf),
+                                   functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf))))
+        except Exception as error:  # check raises it before any target: checked again by check itself
+            members.append(_Member(spec, None, None, None, None, error))
     for target in targets:
         bench.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
         for index, member in enumerate(members):
@@ -149,7 +154,8 @@ def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionO
             except Exception as error:  # check would stop here: the member is checked again by check itself
                 member.error = error
     for member in members:
-        member.result.passed = verdict(member.result)
+        if member.error is None:
+            member.result.passed = verdict(member.result)
     return [member.error or member.result for member in members]
 
 
