@@ -145,8 +145,8 @@ print(baseline, kb("VmHWM:"))
 
 
 @pytest.mark.slow
-def test_registering_a_200_mb_checkpoint_stays_within_a_memory_bound(tmp_path):
-    width, blocks = 4096, 3  # 3 x 4096 x 4096 float32 = 201 MB of Linear weights, each with a BatchNorm1d
+def test_registering_a_large_checkpoint_stays_within_a_memory_bound(tmp_path):
+    width, blocks = 2048, 4  # 4 x 2048 x 2048 float32 = 67 MB of Linear weights, each with a BatchNorm1d
     layers: list[torch.nn.Module] = []
     for _ in range(blocks):
         layers += [torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width), torch.nn.ReLU()]
@@ -161,9 +161,9 @@ def test_registering_a_200_mb_checkpoint_stays_within_a_memory_bound(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     baseline, peak = (int(v) for v in done.stdout.split()[-2:])
     megabytes = (peak - baseline) / 1024
-    # Holding the tensors (as registration did before streaming) costs over 3x the 201 MB checkpoint; streamed, what grows
-    # is the normalizers' state, the gate's work and a few 8 MB chunks.
-    assert megabytes < 100, f"registering a 201 MB checkpoint peaked {megabytes:.0f} MB above the warm process"
+    # Holding the tensors (as registration did before streaming) costs over 3x the 67 MB checkpoint (about 200 MB); streamed,
+    # what grows is the normalizers' state, the gate's work and a few 8 MB chunks (about 20 MB measured for 201 MB).
+    assert megabytes < 50, f"registering a 67 MB checkpoint peaked {megabytes:.0f} MB above the warm process"
 
 
 def test_a_live_module_s_blobs_are_a_snapshot_of_what_was_extracted():
