@@ -37,8 +37,12 @@ def _registry(db: str | None, blobs: str | None, quiet: bool = False):
     client = remote.remote_registry(db, blobs, quiet=quiet)
     if client is not None:
         return client
+    from converters.split_check import share_workers
     from registry.service import Registry
+    from registry.settings import gate_worker
 
+    folder, idle = gate_worker() or (None, 0)
+    share_workers(folder, idle)  # a CLI process is short-lived: the gate's legs it has not imported go to the warm shared worker
     return Registry(db=db, blobs=blobs)
 
 
