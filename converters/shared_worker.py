@@ -41,8 +41,6 @@ from .leg_worker import ROOT, LegWorker, ProtocolError, read_frame, serve, write
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0
-#: Unix socket paths are limited to 108 bytes; a longer folder cannot hold the socket (the caller uses a private worker).
-MAX_SOCKET_PATH = 100
 #: Environment variables that change what a check computes (the Keras backend, TensorFlow's oneDNN kernels) or which code runs.
 RESULT_ENV = ("KERAS_BACKEND", "TF_ENABLE_ONEDNN_OPTS", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
 #: Packages whose installed files the results depend on (an upgrade changes the socket's name).
@@ -54,22 +52,31 @@ class WorkerUnavailable(Exception):
     """No shared worker can be used (an unsafe folder, a path too long, a worker that did not start): use a private one."""
 
 
-def check_folder(folder: Path) -> Path:
-    """`folder`, created 0700 if missing; it must be a directory (not a link) owned by this user, closed to group and others.
-    Raises WorkerUnavailable naming what is wrong."""
+def open_folder(folder: Path) -> int:
+    """A descriptor of `folder`, created 0700 if missing; it must be a directory (not a link) owned by this user, closed to
+    group and others, checked on the descriptor itself (so nothing swaps it after the check). Raises WorkerUnavailable."""
     folder = Path(folder)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(folder)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as error:
-        raise WorkerUnavailable(f"the worker folder '{folder}' cannot be created ({error})") from error
-    if not stat.S_ISDIR(info.st_mode):
-        raise WorkerUnavailable(f"the worker folder '{folder}' is not a directory (a link or a file)")
+        raise WorkerUnavailable(f"the worker folder '{folder}' is not a directory that can be opened (a link or a file?: {error})") from error
+    info = os.fstat(fd)
+    problem = None
     if info.st_uid != os.getuid():
-        raise WorkerUnavailable(f"the worker folder '{folder}' belongs to user id {info.st_uid}, not to this user ({os.getuid()})")
-    if info.st_mode & 0o077:
-        raise WorkerUnavailable(f"the worker folder '{folder}' is open to other users (mode {stat.S_IMODE(info.st_mode):o}, expected 700)")
-    return folder
+        problem = f"belongs to user id {info.st_uid}, not to this user ({os.getuid()})"
+    elif info.st_mode & 0o077:
+        problem = f"is open to other users (mode {stat.S_IMODE(info.st_mode):o}, expected 700)"
+    if problem is not None:
+        os.close(fd)
+        raise WorkerUnavailable(f"the worker folder '{folder}' {problem}")
+    return fd
+
+
+def _address(folder_fd: int, name: str) -> str:
+    """The socket's address through the checked folder's descriptor: short whatever the folder's path (Unix socket
+    addresses hold 108 bytes) and always inside the folder that was checked."""
+    return f"/proc/self/fd/{folder_fd}/{name}"
 
 
 def _stat_line(path: Path) -> str:
@@ -93,21 +100,20 @@ def fingerprint(packages: dict[str, str]) -> str:
 
 
 def socket_path(folder: Path, packages: dict[str, str]) -> Path:
-    path = folder / f"legs-{fingerprint(packages)[:24]}.sock"
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise WorkerUnavailable(f"the socket path '{path}' is longer than the {MAX_SOCKET_PATH} bytes a Unix socket takes")
-    return path
+    """Where the shared worker for these adapter packages listens (its name: a digest of what the results depend on)."""
+    return Path(folder) / f"legs-{fingerprint(packages)[:24]}.sock"
 
 
 def peer_uid(sock: socket.socket) -> int:
     return _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))[1]
 
 
-def _open(path: Path) -> LegWorker | None:
-    """A connection to the worker at `path`, or None when none answers there. Raises WorkerUnavailable for a foreign worker."""
+def _open(folder_fd: int, path: Path) -> LegWorker | None:
+    """A connection to the worker at `path` (in the folder of `folder_fd`), or None when none answers there.
+    Raises WorkerUnavailable for a foreign worker."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(path))
+        sock.connect(_address(folder_fd, path.name))
     except OSError:
         sock.close()
         return None
@@ -128,7 +134,11 @@ def _open(path: Path) -> LegWorker | None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        sock.close()
+        for stream in (requests, replies, sock):
+            try:
+                stream.close()
+            except OSError:
+                pass
 
     return LegWorker(replies, requests, lambda: sock.fileno() != -1, close, lambda: f"the shared worker (pid {hello['pid']}) hung up",
                      pid=hello["pid"])
@@ -148,30 +158,40 @@ def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float
             wait: float = 300.0) -> LegWorker:
     """A connection to the shared worker of `folder` for these adapter packages, started (importing `warm`) if none runs.
     Raises WorkerUnavailable when none can be used (the caller then runs a private worker)."""
-    path = socket_path(check_folder(folder), packages)
-    worker = _open(path)
-    if worker is not None:
-        return worker
-    process = _spawn(path, idle, packages, warm)
-    deadline = time.monotonic() + wait
-    delay = 0.02
-    while time.monotonic() < deadline:
-        worker = _open(path)
+    folder_fd = open_folder(folder)
+    try:
+        path = socket_path(folder, packages)
+        worker = _open(folder_fd, path)
         if worker is not None:
             return worker
-        if process.poll() not in (None, 0):  # 0: another worker held the lock, and answers in a moment
-            raise WorkerUnavailable(f"the shared worker exited with code {process.returncode}; see '{path.with_suffix('.log')}'")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
-    raise WorkerUnavailable(f"no shared worker answered at '{path}' within {wait:.0f} s")
+        process = _spawn(path, idle, packages, warm)
+        deadline = time.monotonic() + wait
+        delay = 0.02
+        while time.monotonic() < deadline:
+            worker = _open(folder_fd, path)
+            if worker is not None:
+                return worker
+            if process.poll() not in (None, 0):  # 0: another worker held the lock, and answers in a moment
+                raise WorkerUnavailable(f"the shared worker exited with code {process.returncode}; see '{path.with_suffix('.log')}'")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        raise WorkerUnavailable(f"no shared worker answered at '{path}' within {wait:.0f} s")
+    finally:
+        os.close(folder_fd)
 
 
 def stop(folder: Path, packages: dict[str, str]) -> bool:
     """Ask the shared worker of `folder` for these packages to exit now; whether one was running."""
     try:
-        worker = _open(socket_path(check_folder(folder), packages))
+        folder_fd = open_folder(folder)
     except WorkerUnavailable:
         return False
+    try:
+        worker = _open(folder_fd, socket_path(folder, packages))
+    except WorkerUnavailable:
+        return False
+    finally:
+        os.close(folder_fd)
     if worker is None:
         return False
     future = worker.send({"shutdown": True}, b"")
@@ -197,7 +217,7 @@ class _Server:
         self.path.unlink(missing_ok=True)  # a socket left by a worker that was killed (the lock says none runs)
         old = os.umask(0o177)
         try:
-            self.listener.bind(str(self.path))
+            self.listener.bind(self.path.name)  # relative to the folder, this process's working directory: any path length
         finally:
             os.umask(old)
         self.listener.listen(64)

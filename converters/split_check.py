@@ -68,7 +68,7 @@ def share_workers(folder: str | Path | None, idle_seconds: float = shared_worker
 def _shared(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker | None:
     """A connection to the shared worker, asked to import `frameworks` now; None (with a warning) when none can be used."""
     folder, idle = _SHARED
-    key = (json.dumps(packages, sort_keys=True), ("shared",))
+    key = (json.dumps(packages, sort_keys=True), ("shared", str(folder)))
     worker = _WORKERS.get(key)
     if worker is None or not worker.alive():
         try:
