@@ -45,6 +45,10 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 MAX_FRAME = 1 << 30
 
 
+class WorkerGone(RuntimeError):
+    """The worker ended (killed, out of memory) before it answered: nothing was checked there."""
+
+
 class ProtocolError(Exception):
     """A frame this protocol never sends (too long): the connection is dropped."""
 
@@ -117,6 +121,9 @@ class LegWorker:
         """A future of the reply to one request (a CheckResult, None for the others)."""
         future: Future = Future()
         with self._lock:
+            if self._ended:  # the reply reader has stopped: nothing would ever answer this request
+                future.set_exception(WorkerGone(f"the check's worker process had ended: {self._last_words()}"))
+                return future
             self._pending.append(future)
             self._outbox.put((json.dumps(header).encode(), tensors))
         return future
@@ -148,7 +155,7 @@ class LegWorker:
                 future.set_result(CheckResult.model_validate(fields["result"]))
             else:
                 future.set_result(None)
-        error = RuntimeError(f"the check's worker process ended before answering: {self._last_words()}")
+        error = WorkerGone(f"the check's worker process ended before answering: {self._last_words()}")
         for future in pending:
             future.set_exception(error)
 

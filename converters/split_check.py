@@ -31,7 +31,7 @@ from schemas import CheckResult, NormSpec, NormbridgeError
 from .adapters import MODEL_FILES, REGISTRY
 from .equivalence import check, merge_legs
 from . import shared_worker
-from .leg_worker import LegWorker, start_child
+from .leg_worker import LegWorker, WorkerGone, start_child
 
 #: Frameworks whose legs run in process beside a private worker: onnx and onnxruntime import in under a second, less
 #: than a worker costs. Beside a shared worker (already warm) they go there too.
@@ -85,13 +85,17 @@ def _worker(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker:
     registrations): the shared one when `share_workers` named a folder and it can be used, else a private child."""
     with _WORKERS_LOCK:
         worker = _shared(packages, frameworks) if _SHARED is not None else None
-        if worker is not None:
-            return worker
-        key = (json.dumps(packages, sort_keys=True), frameworks)
-        worker = _WORKERS.get(key)
-        if worker is None or not worker.alive():
-            worker = _WORKERS[key] = start_child(list(frameworks), packages)
-        return worker
+        return worker if worker is not None else _private(packages, frameworks)
+
+
+def _private(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker:
+    """The live private worker (this process's child) for these packages and frameworks, started if there is none.
+    Called with _WORKERS_LOCK held."""
+    key = (json.dumps(packages, sort_keys=True), frameworks)
+    worker = _WORKERS.get(key)
+    if worker is None or not worker.alive():
+        worker = _WORKERS[key] = start_child(list(frameworks), packages)
+    return worker
 
 
 @atexit.register
@@ -131,6 +135,19 @@ class SplitCheck:
             self._workers[own] = _worker(self._registry.packages, warm)
         return self._workers[own]
 
+    def _remote_result(self, spec: NormSpec, remote: list[str], future) -> CheckResult:
+        """The worker's answer; if a shared worker ended before answering (killed, out of memory), the same legs again in a
+        private worker: they are never skipped."""
+        try:
+            return future.result()
+        except WorkerGone:
+            if _SHARED is None:
+                raise
+            own = spec.source.framework
+            with _WORKERS_LOCK:
+                worker = _private(self._registry.packages, tuple(dict.fromkeys([*remote, *([own] if own in self._order else [])])))
+            return worker.submit(spec, remote).result()
+
     def check_all(self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
         """`check(spec)` of every spec, in order; the worker's legs are all sent first, so both processes work at once.
         Raises what `check` raises, for the first spec it raises on."""
@@ -146,7 +163,7 @@ class SplitCheck:
             local = [name for name in self._order if name not in remote]
             parts = [self._local(spec, local)] if local else []
             if future is not None:
-                parts.append(future.result())
+                parts.append(self._remote_result(spec, remote, future))
             results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))
         return results
 

@@ -140,6 +140,22 @@ def test_a_gate_whose_shared_worker_cannot_be_used_warns_and_gives_the_same_resu
     assert result.model_dump() == converters.check(spec).model_dump()
 
 
+def test_a_shared_worker_killed_before_answering_has_its_legs_run_again_in_a_private_one(folder):
+    path, pids = folder
+    share_workers(path, idle_seconds=60)
+    specs = [make_spec("batch", source="torch"), make_spec("layer", source="torch", normalized_shape=(16,))]
+    gate = SplitCheck(in_worker=["onnx"])  # connects to (starts) the shared worker
+    probe = shared_worker.connect(path, REGISTRY.packages, [])
+    pid = probe.pid
+    probe.close()
+    pids.append(pid)
+    os.kill(pid, 9)
+    assert _gone(pid)
+    got = gate.check_all(specs)
+    for spec, result in zip(specs, got):
+        assert result.model_dump() == converters.check(spec).model_dump(), spec.name
+
+
 def _run_as_nobody(action) -> int:
     """Run `action()` in a child process that became user `nobody`; its exit code."""
     pid = os.fork()
