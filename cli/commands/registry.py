@@ -94,7 +94,9 @@ def register(
     """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
 
     Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21, unless
-    --allow-unrecognised); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
+    --allow-unrecognised); identical content returns the existing version. The checks on frameworks the model does not use run in
+    a shared worker process that stays up for the next registration (NORMBRIDGE_WORKER_IDLE, 600 s; NORMBRIDGE_GATE_WORKER=private: one per
+    command). Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
     registry = _registry(db, blobs, json_output)
     if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps
