@@ -3,6 +3,10 @@
 Each measurement is a fresh Python process (imports included), timed from start to exit, median of
 `repeat` runs. Stores are created before the clock starts (a user registers into a registry that
 exists), and each run gets its own copy of the empty store, so no run finds its model already there.
+A registration's gate runs the legs its process has not imported in the shared worker
+(converters/shared_worker.py), which is not the CLI's child: `SharedWorkers` adds the CPU it spent
+during the run to the CLI's, and times runs with no worker alive (the first registration on a
+machine, or after the idle timeout) apart from runs that find it warm (every later one).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -20,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
 ENV.pop("NORMBRIDGE_SERVER", None)
+ENV["NORMBRIDGE_GATE_WORKER"] = "shared"  # what the CLI does by default
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,54 @@ def median_seconds(make_argv, repeat: int, prepare=None) -> Timing:
         env = prepare(i) if prepare else None
         times.append(run_seconds(make_argv(i), env))
     return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times))
+
+
+class SharedWorkers:
+    """The shared gate workers of one folder (the CLI's NORMBRIDGE_WORKER_DIR in these runs): their CPU time and stopping them."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.env = {"NORMBRIDGE_WORKER_DIR": str(folder)}
+
+    def cpu(self) -> dict[int, float]:
+        """{pid: CPU seconds so far} of the live workers serving this folder (read from /proc)."""
+        found, tick = {}, os.sysconf("SC_CLK_TCK")
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(self.folder)) for arg in argv):
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+    def stop(self) -> None:
+        """End every worker of this folder (the bench started them) and wait until they are gone."""
+        for pid in self.cpu():
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while self.cpu() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def timed(self, argv: list[str], env: dict, cold: bool) -> Timing:
+        """One run; its CPU includes what the workers spent meanwhile (all of a worker it started, when `cold`)."""
+        if cold:
+            self.stop()
+        before = self.cpu()
+        run = run_seconds(argv, {**env, **self.env})
+        after = self.cpu()
+        spent = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+        return Timing(run.wall, run.cpu + spent)
+
+    def median(self, make_argv, repeat: int, prepare, cold: bool) -> Timing:
+        """Medians of `repeat` runs, each with no worker alive (`cold`) or after one untimed run warmed it."""
+        if not cold:
+            self.timed(make_argv(-1), prepare(-1), cold=False)
+        times = [self.timed(make_argv(i), prepare(i), cold) for i in range(repeat)]
+        if cold:
+            self.stop()
+        return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times))
 
 
 def normbridge(*args: str) -> list[str]:

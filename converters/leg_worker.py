@@ -1,29 +1,31 @@
 """A worker process that runs `check` on the frameworks it is asked for, so the caller need not import them.
 
 Why: a registration of a .pt2 checks every normalizer on Keras too, and importing TensorFlow costs
-about 4 s, more than reading the model. A worker started when the registration starts imports it
-while the caller reads the model and runs its own legs (converters/split_check.py). The worker runs
-`converters.check` on the same spec, keeping the objects it built for later specs of the same
-configuration (grouped_check.checker_for: the results are check's, field for field): the spec
-travels as its JSON document and safetensors bytes (schemas/spec_io.py, bit-exact, nothing executed on reading), the
-result comes back as the CheckResult's fields in JSON (infinities included), an error as its
-NormbridgeError class, message, layer and setting.
+about 4-7 s of CPU, more than reading the model. The worker runs `converters.check` on the same spec, keeping
+the objects it built for later specs of the same configuration (grouped_check.checker_for: the results are check's,
+field for field): the spec travels as its JSON document and safetensors bytes (schemas/spec_io.py, bit-exact, nothing
+executed on reading), the result comes back as the CheckResult's fields in JSON (infinities included), an error as its
+NormbridgeError class, message, layer and setting. A worker is either the caller's own child on pipes (`start_child`) or
+the shared one on a Unix socket that outlives its callers (converters/shared_worker.py); both speak this.
 
-Frames on the pipes are an 8-byte big-endian length and that many bytes: a request is two frames
-(header JSON, tensor bytes), a reply one. `python -m converters.leg_worker PACKAGES torch keras` builds
-the caller's AdapterRegistry from PACKAGES (JSON), imports the named frameworks at once, then serves
-until its input closes.
+Frames are an 8-byte big-endian length and that many bytes: a request is two frames (header JSON,
+tensor bytes), a reply one. A header is a check ({"frameworks", "spec"}), or {"warm": [names]}
+(import those frameworks now), or {"shutdown": true} (shared worker only). Requests are answered in
+order. `python -m converters.leg_worker PACKAGES torch keras` builds the caller's AdapterRegistry
+from PACKAGES (JSON), imports the named frameworks at once, then serves its stdin until it closes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
@@ -37,10 +39,21 @@ from .grouped_check import checker_for
 
 _LENGTH = struct.Struct(">Q")
 #: The folder holding the `converters` package, put first on the worker's path (it runs this copy of normbridge).
-_ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parent.parent)
+#: Largest frame a worker reads: a header is a spec's JSON, the tensors one normalizer's state (a vocabulary-sized
+#: LayerNorm is a few MB); anything larger is not a request of this protocol.
+MAX_FRAME = 1 << 30
 
 
-def _write_frame(stream: BinaryIO, payload: bytes) -> None:
+class WorkerGone(RuntimeError):
+    """The worker ended (killed, out of memory) before it answered: nothing was checked there."""
+
+
+class ProtocolError(Exception):
+    """A frame this protocol never sends (too long): the connection is dropped."""
+
+
+def write_frame(stream: BinaryIO, payload: bytes) -> None:
     stream.write(_LENGTH.pack(len(payload)))
     stream.write(payload)
 
@@ -56,9 +69,15 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _read_frame(stream: BinaryIO) -> bytes | None:
+def read_frame(stream: BinaryIO, limit: int = MAX_FRAME) -> bytes | None:
+    """The next frame, None at the end of the stream. Raises ProtocolError for a frame longer than `limit`."""
     head = _read_exactly(stream, _LENGTH.size)
-    return None if head is None else _read_exactly(stream, _LENGTH.unpack(head)[0])
+    if head is None:
+        return None
+    size = _LENGTH.unpack(head)[0]
+    if size > limit:
+        raise ProtocolError(f"a frame of {size} bytes, more than the {limit} a leg worker reads")
+    return _read_exactly(stream, size)
 
 
 def _error_from(fields: dict) -> Exception:
@@ -74,83 +93,142 @@ def _error_from(fields: dict) -> Exception:
 
 
 class LegWorker:
-    """One worker process and the checks in flight on it; requests are answered in the order they were sent."""
+    """The caller's side of one worker: requests are written by a thread of their own (a worker still importing its
+    frameworks reads nothing, and the caller must not wait on a full pipe meanwhile) and answered in order."""
 
-    def __init__(self, warm: list[str], packages: dict[str, str]):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        self._stderr = tempfile.TemporaryFile()
-        self._process = subprocess.Popen([sys.executable, "-m", "converters.leg_worker", json.dumps(packages), *warm], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._stderr, env=env)
+    def __init__(self, replies: BinaryIO, requests: BinaryIO, alive: Callable[[], bool], close: Callable[[], None],
+                 last_words: Callable[[], str], pid: int | None = None):
+        self._replies, self._requests = replies, requests
+        self._alive, self._close, self._last_words = alive, close, last_words
+        self.pid = pid  #: the worker's process id (the benchmarks read its CPU time)
         self._lock = threading.Lock()
+        self._ended = False
         self._pending: list[Future] = []
-        self._reader = threading.Thread(target=self._read_replies, name="normbridge-leg-worker", daemon=True)
-        self._reader.start()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._write_requests, name="normbridge-leg-requests", daemon=True).start()
+        threading.Thread(target=self._read_replies, name="normbridge-leg-replies", daemon=True).start()
 
     def submit(self, spec: NormSpec, frameworks: list[str]) -> Future:
         """A future CheckResult of `check(spec, frameworks)` run in the worker."""
-        header = json.dumps({"frameworks": frameworks, "spec": json.loads(spec_to_json(spec))}).encode()
+        header = {"frameworks": frameworks, "spec": json.loads(spec_to_json(spec))}
+        return self.send(header, tensors_to_bytes(spec))
+
+    def warm(self, frameworks: list[str]) -> Future:
+        """Ask the worker to import `frameworks` now (a shared worker started for another model's frameworks)."""
+        return self.send({"warm": list(frameworks)}, b"")
+
+    def send(self, header: dict, tensors: bytes) -> Future:
+        """A future of the reply to one request (a CheckResult, None for the others)."""
         future: Future = Future()
         with self._lock:
+            if self._ended:  # the reply reader has stopped: nothing would ever answer this request
+                future.set_exception(WorkerGone(f"the check's worker process had ended: {self._last_words()}"))
+                return future
             self._pending.append(future)
-            try:
-                _write_frame(self._process.stdin, header)
-                _write_frame(self._process.stdin, tensors_to_bytes(spec))
-                self._process.stdin.flush()
-            except OSError:
-                pass  # the worker is gone: the reader fails every pending check with its last words
+            self._outbox.put((json.dumps(header).encode(), tensors))
         return future
+
+    def _write_requests(self) -> None:
+        while (frames := self._outbox.get()) is not None:
+            try:
+                for frame in frames:
+                    write_frame(self._requests, frame)
+                self._requests.flush()
+            except (OSError, ValueError):
+                return  # the worker is gone: the reply reader fails every pending request with its last words
 
     def _read_replies(self) -> None:
         while True:
-            reply = _read_frame(self._process.stdout)
+            try:
+                reply = read_frame(self._replies)
+            except (OSError, ValueError, ProtocolError):
+                reply = None
             with self._lock:
                 if reply is None:
-                    pending, self._pending = self._pending, []
+                    pending, self._pending, self._ended = self._pending, [], True
                     break
                 future = self._pending.pop(0)
             fields = json.loads(reply)
             if "error" in fields:
                 future.set_exception(_error_from(fields["error"]))
-            else:
+            elif "result" in fields:
                 future.set_result(CheckResult.model_validate(fields["result"]))
-        error = RuntimeError(f"the check's worker process ended (exit code {self._process.wait()}): {self._last_words()}")
+            else:
+                future.set_result(None)
+        error = WorkerGone(f"the check's worker process ended before answering: {self._last_words()}")
         for future in pending:
             future.set_exception(error)
 
-    def _last_words(self) -> str:
-        self._stderr.seek(0)
-        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
-        return lines[-1] if lines else "it printed nothing"
-
     def alive(self) -> bool:
-        return self._process.poll() is None
+        return not self._ended and self._alive()
 
     def close(self) -> None:
-        """End the worker now and reap it: it holds no state worth a graceful exit, and one still importing TensorFlow
-        (a registration that failed before its gate) would otherwise keep its caller waiting seconds at exit."""
+        """Stop writing and let go of the worker (a child is ended, a shared worker only disconnected)."""
+        self._outbox.put(None)
+        self._close()
+
+
+def start_child(warm: list[str], packages: dict[str, str]) -> LegWorker:
+    """A worker that is this process's child on pipes, importing `warm` at once; it ends with its caller."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    stderr = tempfile.TemporaryFile()
+    process = subprocess.Popen([sys.executable, "-m", "converters.leg_worker", json.dumps(packages), *warm], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=stderr, env=env)
+
+    def last_words() -> str:
+        stderr.seek(0)
+        lines = stderr.read().decode(errors="replace").strip().splitlines()
+        return f"exit code {process.wait()}: " + (lines[-1] if lines else "it printed nothing")
+
+    def close() -> None:
+        # End it now and reap it: it holds no state worth a graceful exit, and one still importing TensorFlow (a
+        # registration that failed before its gate) would otherwise keep its caller waiting seconds at exit.
         try:
-            self._process.stdin.close()
+            process.stdin.close()
         except OSError:
             pass
-        self._process.terminate()
+        process.terminate()
         try:
-            self._process.wait(timeout=10)
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._process.kill()
+            process.kill()
+
+    return LegWorker(process.stdout, process.stdin, lambda: process.poll() is None, close, last_words, process.pid)
 
 
-def _serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry) -> None:
-    while (header := _read_frame(requests)) is not None:
-        tensors = _read_frame(requests)
-        try:
-            request = json.loads(header)
-            result = checker_for(registry).check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
-            reply = {"result": result.model_dump(mode="python")}
-        except Exception as error:  # every error goes back to the caller, which raises it there
-            reply = {"error": {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),
-                               "layer": getattr(error, "layer", None), "setting": getattr(error, "setting", None)}}
-        _write_frame(replies, json.dumps(reply).encode())
+def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
+    """The reply to one request: a check's result, or its error as fields (every error goes back to the caller)."""
+    try:
+        request = json.loads(header)
+        if "warm" in request:
+            for name in request["warm"]:
+                registry.framework(name).version()
+            return {"warmed": request["warm"]}
+        result = checker_for(registry).check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
+        return {"result": result.model_dump(mode="python")}
+    except Exception as error:
+        return {"error": {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),
+                          "layer": getattr(error, "layer", None), "setting": getattr(error, "setting", None)}}
+
+
+def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock: threading.Lock | None = None,
+          on_shutdown: Callable[[], None] | None = None) -> None:
+    """Answer requests until the stream ends; `lock` is held around each answer (a shared worker serves several callers
+    from threads, and the frameworks' objects are built one at a time). Raises ProtocolError for a frame too long."""
+    lock = lock or threading.Lock()
+    while (header := read_frame(requests)) is not None:
+        tensors = read_frame(requests)
+        if tensors is None:
+            return
+        if on_shutdown is not None and header.startswith(b'{"shutdown"') and json.loads(header) == {"shutdown": True}:
+            write_frame(replies, b'{"stopped": true}')
+            replies.flush()
+            on_shutdown()
+            return
+        with lock:
+            reply = answer(header, tensors, registry)
+        write_frame(replies, json.dumps(reply).encode())
         replies.flush()
 
 
@@ -159,7 +237,7 @@ def main(argv: list[str]) -> None:
     registry = AdapterRegistry(json.loads(argv[0]))
     for name in argv[1:]:
         registry.framework(name).version()  # imports the framework now, while the caller reads its model
-    _serve(sys.stdin.buffer, sys.stdout.buffer, registry)
+    serve(sys.stdin.buffer, sys.stdout.buffer, registry)
     sys.stdout.flush()
     os._exit(0)  # TensorFlow's teardown takes seconds and nobody waits for it
 

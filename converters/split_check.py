@@ -1,13 +1,17 @@
 """The equivalence gate over a model's normalizers, each framework's leg run where it costs least.
 
 `check(spec)` converts a layer to every framework; a registration of a .pt2 would import TensorFlow
-for the Keras leg (about 4 s) and one of a .keras would import torch. Here a leg runs in this
-process when its framework is imported here already, is the spec's own (reading the model imported
-it), or is light to import (ONNX); otherwise it runs in a worker process (converters/leg_worker.py),
-started when the gate learns the model's framework, so its imports overlap reading the model, and
-kept for the next registration. Each leg is `converters.check` on the same spec and `merge_legs`
-puts the worker's entries where an in-process check puts them: the results are the ones
-`check(spec)` gives, passed or failed (tests/converters/test_split_check.py compares them).
+for the Keras leg (4-7 s of CPU) and one of a .keras would import torch. Here a leg runs in this
+process when its framework is imported here already or is the spec's own (reading the model
+imported it); otherwise it runs in a worker process (converters/leg_worker.py), started when the
+gate learns the model's framework, so its imports overlap reading the model. The worker is private
+(this process's child, kept for the next registration of a long-lived process; ONNX legs stay here,
+onnx imports in under a second, less than a worker costs) unless `share_workers` named a folder:
+then it is the shared worker of that folder (converters/shared_worker.py), which outlives this
+process and serves the next CLI process warm, and every leg not imported here goes to it. Each leg is
+`converters.check` on the same spec and `merge_legs` puts the worker's entries where an in-process
+check puts them: the results are the ones `check(spec)` gives, passed or failed
+(tests/converters/test_split_check.py compares them).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import atexit
 import json
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,13 +30,17 @@ from schemas import CheckResult, NormSpec, NormbridgeError
 
 from .adapters import MODEL_FILES, REGISTRY
 from .equivalence import check, merge_legs
-from .leg_worker import LegWorker
+from . import shared_worker
+from .leg_worker import LegWorker, WorkerGone, start_child
 
-#: Frameworks whose legs always run in process: onnx and onnxruntime import in under a second, less than a worker costs.
+#: Frameworks whose legs run in process beside a private worker: onnx and onnxruntime import in under a second, less
+#: than a worker costs. Beside a shared worker (already warm) they go there too.
 IN_PROCESS = ("onnx",)
 
 _WORKERS: dict[tuple[str, tuple[str, ...]], LegWorker] = {}
 _WORKERS_LOCK = threading.Lock()
+#: (folder, idle seconds) of the shared worker this process uses; None: a private worker.
+_SHARED: tuple[Path, float] | None = None
 
 
 def imported(framework: str) -> bool:
@@ -49,20 +58,49 @@ def expected_framework(model: Any) -> str | None:
         return None
 
 
+def share_workers(folder: str | Path | None, idle_seconds: float = shared_worker.DEFAULT_IDLE_SECONDS) -> None:
+    """Send the legs this process has not imported to the shared worker of `folder` (started if none runs; it exits after
+    `idle_seconds` without a caller); None: a private worker, this process's child (the default)."""
+    global _SHARED
+    _SHARED = None if folder is None else (Path(folder), float(idle_seconds))
+
+
+def _shared(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker | None:
+    """A connection to the shared worker, asked to import `frameworks` now; None (with a warning) when none can be used."""
+    folder, idle = _SHARED
+    key = (json.dumps(packages, sort_keys=True), ("shared", str(folder)))
+    worker = _WORKERS.get(key)
+    if worker is None or not worker.alive():
+        try:
+            worker = _WORKERS[key] = shared_worker.connect(folder, packages, list(frameworks), idle)
+        except shared_worker.WorkerUnavailable as reason:
+            warnings.warn(f"the gate's legs run in a private worker: {reason}", RuntimeWarning, stacklevel=3)
+            return None
+    worker.warm(list(frameworks))  # a worker started for another model's frameworks imports these now
+    return worker
+
+
 def _worker(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker:
     """The live worker with these adapter packages, warmed with `frameworks`, started if there is none (reused by later
-    registrations)."""
-    key = (json.dumps(packages, sort_keys=True), frameworks)
+    registrations): the shared one when `share_workers` named a folder and it can be used, else a private child."""
     with _WORKERS_LOCK:
-        worker = _WORKERS.get(key)
-        if worker is None or not worker.alive():
-            worker = _WORKERS[key] = LegWorker(list(frameworks), packages)
-        return worker
+        worker = _shared(packages, frameworks) if _SHARED is not None else None
+        return worker if worker is not None else _private(packages, frameworks)
+
+
+def _private(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker:
+    """The live private worker (this process's child) for these packages and frameworks, started if there is none.
+    Called with _WORKERS_LOCK held."""
+    key = (json.dumps(packages, sort_keys=True), frameworks)
+    worker = _WORKERS.get(key)
+    if worker is None or not worker.alive():
+        worker = _WORKERS[key] = start_child(list(frameworks), packages)
+    return worker
 
 
 @atexit.register
 def _close_workers() -> None:
-    """At exit, end the workers and reap them: no orphan outlives the process."""
+    """At exit, end the private workers and reap them (no orphan outlives the process); leave the shared one serving."""
     for worker in _WORKERS.values():
         worker.close()
 
@@ -75,13 +113,15 @@ class SplitCheck:
         self._registry = registry
         self._order = registry.framework_names
         self._in_worker = None if in_worker is None else list(in_worker)
+        self._workers: dict[str, LegWorker] = {}
         if model_framework is not None and self._remote_legs(model_framework):
             self._worker_for(model_framework)  # starts importing now
 
     def _remote_legs(self, own: str) -> list[str]:
         if self._in_worker is not None:
             return [name for name in self._order if name in self._in_worker]
-        return [name for name in self._order if name != own and name not in IN_PROCESS and not imported(name)]
+        here = () if _SHARED is not None else IN_PROCESS
+        return [name for name in self._order if name != own and name not in here and not imported(name)]
 
     def _local_all(self, plans: list, progress: Callable[[int, NormSpec], None] | None) -> list[CheckResult | None] | None:
         """Every spec's legs in this process, through `converters.check_many` (each object built once per configuration; the
@@ -104,8 +144,24 @@ class SplitCheck:
         return results
 
     def _worker_for(self, own: str) -> LegWorker:
-        # The worker converts back to the spec's own framework too (the round trip), so it warms that one as well.
-        return _worker(self._registry.packages, tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])])))
+        """The worker for specs from `own`, asked once per gate (it converts back to `own` too: the round trip)."""
+        if own not in self._workers:
+            warm = tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])]))
+            self._workers[own] = _worker(self._registry.packages, warm)
+        return self._workers[own]
+
+    def _remote_result(self, spec: NormSpec, remote: list[str], future) -> CheckResult:
+        """The worker's answer; if a shared worker ended before answering (killed, out of memory), the same legs again in a
+        private worker: they are never skipped."""
+        try:
+            return future.result()
+        except WorkerGone:
+            if _SHARED is None:
+                raise
+            own = spec.source.framework
+            with _WORKERS_LOCK:
+                worker = _private(self._registry.packages, tuple(dict.fromkeys([*remote, *([own] if own in self._order else [])])))
+            return worker.submit(spec, remote).result()
 
     def check_all(self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
         """`check(spec)` of every spec, in order; the worker's legs are all sent first, so both processes work at once.
@@ -123,9 +179,9 @@ class SplitCheck:
                 progress(i, spec)
             parts = [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)] if local else []
             if future is not None:
-                parts.append(future.result())
+                parts.append(self._remote_result(spec, remote, future))
             results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))
         return results
 
 
-__all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "imported"]
+__all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "imported", "share_workers"]

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from alembic import command
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry.db import queries
-from registry.db.engine import READ_ONLY, alembic_config, make_engine, now
+from registry.db.engine import READ_ONLY, alembic_config, at_head, make_engine, now
 from registry.db.models import AliasHistoryRow, AliasRow, BlobRefRow, VersionRow
 from registry.entities import AliasRecord, AuditRecord, VersionRecord
 from registry.metadata_reads import MetadataReads
@@ -51,7 +50,11 @@ class MetadataStore(MetadataReads):
         self.engine.dispose()
 
     def upgrade(self) -> None:
-        """Apply every pending Alembic migration (upgrade head)."""
+        """Apply every pending Alembic migration (upgrade head); a database at the head is left alone without loading Alembic."""
+        if at_head(self.engine):
+            return
+        from alembic import command
+
         with self.engine.connect() as connection:
             command.upgrade(alembic_config(connection), "head")
             connection.commit()

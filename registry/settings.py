@@ -4,6 +4,10 @@ Order: an explicit argument (`--db`, `--blobs`), then $NORMBRIDGE_DB / $NORMBRID
 SQLite and a blobs folder under $NORMBRIDGE_HOME, else ~/.local/share/normbridge
 ($XDG_DATA_HOME/normbridge when set), created on first use. The aliases guarded against a version
 that is not servable: `serve --guarded-alias`, then $NORMBRIDGE_GUARDED_ALIASES, then production.
+Where the CLI's gate runs the legs of frameworks its process has not imported: the shared worker
+(converters/shared_worker.py) with its socket in $NORMBRIDGE_WORKER_DIR, else `workers/` in the data
+folder, exiting after $NORMBRIDGE_WORKER_IDLE seconds (600) alone; NORMBRIDGE_GATE_WORKER=private
+gives each process a worker of its own instead.
 """
 
 from __future__ import annotations
@@ -13,11 +17,18 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from schemas.errors import RegistryError
+
 DB_ENV = "NORMBRIDGE_DB"
 BLOBS_ENV = "NORMBRIDGE_BLOBS"
 HOME_ENV = "NORMBRIDGE_HOME"
 USER_ENV = "NORMBRIDGE_USER"
 GUARDED_ALIASES_ENV = "NORMBRIDGE_GUARDED_ALIASES"
+GATE_WORKER_ENV = "NORMBRIDGE_GATE_WORKER"
+WORKER_DIR_ENV = "NORMBRIDGE_WORKER_DIR"
+WORKER_IDLE_ENV = "NORMBRIDGE_WORKER_IDLE"
+#: Seconds the shared gate worker stays up with no caller (it holds TensorFlow or torch in memory meanwhile).
+DEFAULT_WORKER_IDLE = 600.0
 #: Aliases that may point only at a servable version (registry/service/servable.py) unless forced.
 DEFAULT_GUARDED_ALIASES = ("production",)
 
@@ -74,5 +85,29 @@ def guarded_aliases(explicit: Iterable[str] | None = None) -> frozenset[str]:
     return frozenset(DEFAULT_GUARDED_ALIASES)
 
 
-__all__ = ["BLOBS_ENV", "DB_ENV", "DEFAULT_GUARDED_ALIASES", "GUARDED_ALIASES_ENV", "HOME_ENV", "USER_ENV", "blobs_uri", "current_user",
-           "database_url", "guarded_aliases", "home"]
+def gate_worker() -> tuple[Path, float] | None:
+    """(folder, idle seconds) of the shared gate worker the CLI uses, or None for a private worker per process.
+
+    Raises:
+        RegistryError: NORMBRIDGE_GATE_WORKER is neither 'shared' nor 'private', or NORMBRIDGE_WORKER_IDLE is not a positive number.
+    """
+    mode = os.environ.get(GATE_WORKER_ENV, "shared").strip().lower() or "shared"
+    if mode not in ("shared", "private"):
+        raise RegistryError(f"{GATE_WORKER_ENV} is {mode!r}; expected 'shared' (one warm worker serves every CLI process) or 'private' "
+                            "(a worker per process).", setting=GATE_WORKER_ENV)
+    if mode == "private":
+        return None
+    raw = os.environ.get(WORKER_IDLE_ENV, "").strip()
+    try:
+        idle = float(raw) if raw else DEFAULT_WORKER_IDLE
+    except ValueError:
+        idle = -1.0
+    if not idle > 0:
+        raise RegistryError(f"{WORKER_IDLE_ENV} is {raw!r}; expected the seconds the shared gate worker waits for a caller before it "
+                            "exits, a positive number such as 600.", setting=WORKER_IDLE_ENV)
+    folder = Path(os.environ[WORKER_DIR_ENV]).expanduser() if os.environ.get(WORKER_DIR_ENV) else home() / "workers"
+    return folder, idle
+
+
+__all__ = ["BLOBS_ENV", "DB_ENV", "DEFAULT_GUARDED_ALIASES", "DEFAULT_WORKER_IDLE", "GATE_WORKER_ENV", "GUARDED_ALIASES_ENV", "HOME_ENV",
+           "USER_ENV", "WORKER_DIR_ENV", "WORKER_IDLE_ENV", "blobs_uri", "current_user", "database_url", "gate_worker", "guarded_aliases", "home"]

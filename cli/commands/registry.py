@@ -39,8 +39,12 @@ def _registry(db: str | None, blobs: str | None, quiet: bool = False):
     client = remote.remote_registry(db, blobs, quiet=quiet)
     if client is not None:
         return client
+    from converters.split_check import share_workers
     from registry.service import Registry
+    from registry.settings import gate_worker
 
+    folder, idle = gate_worker() or (None, 0)
+    share_workers(folder, idle)  # a CLI process is short-lived: the gate's legs it has not imported go to the warm shared worker
     return Registry(db=db, blobs=blobs)
 
 
@@ -92,7 +96,9 @@ def register(
     """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
 
     Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21, unless
-    --allow-unrecognised); identical content returns the existing version. Example: normbridge register resnet resnet.pt2 --note "epoch 3"
+    --allow-unrecognised); identical content returns the existing version. The checks on frameworks the model does not use run in
+    a shared worker process that stays up for the next registration (NORMBRIDGE_WORKER_IDLE, 600 s; NORMBRIDGE_GATE_WORKER=private: one per
+    command). Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
     registry = _registry(db, blobs, json_output)
     if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps

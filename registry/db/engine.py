@@ -2,17 +2,20 @@
 
 SQLite gets a busy timeout, WAL and BEGIN IMMEDIATE writers (so two registrations never read the
 same version counter); sessions marked READ_ONLY begin deferred and never queue behind a writer.
-The schema is created and upgraded only by Alembic (registry/migrations), never by `create_all`.
+The schema is created and upgraded only by Alembic (registry/migrations), never by `create_all`;
+a database already at the newest migration is recognised without importing Alembic (`at_head`: a
+cold CLI process would otherwise spend a third of a second loading it to find nothing to do).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
-from alembic.config import Config
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
@@ -29,14 +32,45 @@ def now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def alembic_config(connection=None) -> Config:
+def alembic_config(connection=None):
     """Alembic configured from code, so the migrations are found wherever the package is installed."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("path_separator", "os")
     if connection is not None:
         config.attributes["connection"] = connection
     return config
+
+
+_REVISION = re.compile(r'^(down_revision|revision) = (None|"([^"]+)")$', re.MULTILINE)
+
+
+@cache
+def head_revision() -> str:
+    """The newest migration's revision id, read from the migration files' `revision = "..."` lines (the one no other
+    migration names as its down_revision); the migrations test checks it is Alembic's own head."""
+    downs, revisions = set(), set()
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        found = {name: value for name, _, value in _REVISION.findall(path.read_text())}
+        revisions.add(found["revision"])
+        downs.add(found["down_revision"] or None)
+    heads = revisions - downs
+    if len(heads) != 1:
+        raise RuntimeError(f"the migrations in {MIGRATIONS / 'versions'} have heads {sorted(heads)}; exactly one expected")
+    return heads.pop()
+
+
+def at_head(engine: Engine) -> bool:
+    """Whether the database's schema is at the newest migration (False for an empty database or any doubt: Alembic decides)."""
+    try:
+        with engine.connect().execution_options(**{READ_ONLY: True}) as connection:
+            versions = [row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))]
+            connection.rollback()
+    except Exception:  # no table yet, or a database that cannot say: the upgrade finds out
+        return False
+    return versions == [head_revision()]
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -85,4 +119,4 @@ def make_engine(url: str | URL) -> Engine:
     return engine
 
 
-__all__ = ["MIGRATIONS", "READ_ONLY", "SQLITE_BUSY_TIMEOUT", "alembic_config", "make_engine", "normalize_url", "now"]
+__all__ = ["MIGRATIONS", "READ_ONLY", "SQLITE_BUSY_TIMEOUT", "alembic_config", "at_head", "head_revision", "make_engine", "normalize_url", "now"]

@@ -1,8 +1,9 @@
 """A cold `normbridge` process imports only the frameworks its job needs (issue 15).
 
-Registering a .pt2 reads it with torch and runs the ONNX leg here; the Keras leg of the gate runs in a
-worker process (converters/split_check.py), so the command's own process never imports TensorFlow or
-Keras, and the version still records the Keras check. Inspecting a .pt2 imports neither Keras nor ONNX,
+Registering a .pt2 reads it with torch; with a private worker (what the test suite sets) the ONNX leg
+runs here and the Keras leg in the worker, with the shared worker (the CLI's default) both run there,
+so the command's own process imports torch alone, and the version still records every check; a second
+registration finds the shared worker warm. Inspecting a .pt2 imports neither Keras nor ONNX,
 inspecting a .keras no torch.
 """
 
@@ -39,9 +40,9 @@ with open(os.environ["PROBE_OUT"], "w") as out:
 """ % (FRAMEWORKS,)
 
 
-def imports_of(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+def imports_of(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[int, list[str]]:
     out = tmp_path / "probe.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_OUT": str(out), "NORMBRIDGE_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_OUT": str(out), "NORMBRIDGE_HOME": str(tmp_path / "home"), **(env or {})}
     env.pop("NORMBRIDGE_SERVER", None)
     done = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), done.stderr[-2000:]
@@ -71,6 +72,42 @@ def test_registering_a_pt2_imports_no_tensorflow_and_still_checks_on_keras(tmp_p
     manifest = Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs")).manifest("net@1")
     [check] = manifest.equivalence
     assert check["passed"] and [o["framework"] for o in check["outputs"]] == ["torch", "keras", "onnx"]
+
+
+def workers_of(folder: Path) -> list[int]:
+    """The shared workers serving `folder` (their command line names its socket)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(folder)) for arg in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def test_with_the_shared_worker_a_pt2_registration_imports_torch_alone_and_the_next_one_finds_it_warm(tmp_path):
+    torch.manual_seed(0)
+    pt2 = genuine_pt2(tmp_path / "net.pt2", Net().eval(), (torch.randn(2, 3, 8, 8),))
+    folder = tmp_path / "workers"
+    shared = {"NORMBRIDGE_GATE_WORKER": "shared", "NORMBRIDGE_WORKER_DIR": str(folder)}
+    try:
+        _, imported = imports_of(tmp_path, "register", "net", str(pt2), env=shared)
+        assert imported == ["torch"]
+        [worker] = workers_of(folder)
+        torch.manual_seed(1)
+        other = genuine_pt2(tmp_path / "other.pt2", Net().eval(), (torch.randn(2, 3, 8, 8),))
+        _, imported = imports_of(tmp_path, "register", "other", str(other), env=shared)
+        assert imported == ["torch"] and workers_of(folder) == [worker]  # the same worker answered
+    finally:
+        for pid in workers_of(folder):
+            os.kill(pid, 15)
+    home = tmp_path / "home"
+    registry = Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs"))
+    for ref in ("net@1", "other@1"):
+        [check] = registry.manifest(ref).equivalence
+        assert check["passed"] and [o["framework"] for o in check["outputs"]] == ["torch", "keras", "onnx"]
 
 
 def test_inspecting_a_keras_file_imports_no_torch(tmp_path):

@@ -1,16 +1,21 @@
 """The gate's legs run in a worker process (converters/split_check.py) give exactly what an in-process check gives.
 
-Same CheckResult, field for field, for passing layers, layers a target cannot express, and the
+Same CheckResult, field for field, on the whole case table (tests/cases.py, as read from the spec and as
+read from torch) and these extra specs: passing layers, layers a target cannot express, and the
 deliberately broken adapters of tests/buggy_torch.py: moving a leg to a worker makes no check laxer.
+The shared worker is compared the same way in tests/converters/test_shared_worker.py.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
 import converters
 from converters.split_check import SplitCheck
 
+from tests.cases import CASES
 from tests.converters.test_check import buggy_registry
 from tests.spec_factory import make_spec
 
@@ -29,10 +34,25 @@ SPECS = [
 ]
 
 
+def as_torch(spec):
+    """The spec as if read from torch: the round trip then goes back to torch too."""
+    return spec.replace(source=spec.source.model_copy(update={"framework": "torch"}))
+
+
+#: Every row of the case table, as the spec and as read from torch, and the specs above.
+ALL_SPECS = [case.spec for case in CASES] + [as_torch(case.spec) for case in CASES] + SPECS
+
+
+@functools.cache
+def in_process_results() -> list[dict]:
+    """`converters.check` of ALL_SPECS in this process, every leg here (computed once for both worker kinds)."""
+    return [converters.check(spec).model_dump() for spec in ALL_SPECS]
+
+
 def test_legs_in_a_worker_give_the_in_process_results():
-    got = SplitCheck(in_worker=["keras", "onnx"]).check_all(SPECS)
-    for spec, result in zip(SPECS, got):
-        assert result.model_dump() == converters.check(spec).model_dump(), spec.name
+    got = SplitCheck(in_worker=["keras", "onnx"]).check_all(ALL_SPECS)
+    for spec, result, expected in zip(ALL_SPECS, got, in_process_results()):
+        assert result.model_dump() == expected, spec.name
 
 
 def test_the_deliberately_broken_adapters_still_fail_when_their_leg_runs_in_the_worker():

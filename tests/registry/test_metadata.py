@@ -9,6 +9,7 @@ import time
 import pytest
 from sqlalchemy import inspect, text
 
+from registry.db.engine import make_engine
 from registry.metadata import MetadataStore
 from schemas.errors import NotFoundError, RegistryError
 from tests.pg import fresh_database
@@ -51,6 +52,18 @@ def test_the_schema_comes_from_alembic(store):
     with store.engine.connect() as connection:
         assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0005"
     MetadataStore(store.url).close()  # opening again is an idempotent upgrade
+
+
+def test_the_head_read_from_the_migration_files_is_alembics_own(store, tmp_path):
+    from alembic.script import ScriptDirectory
+
+    from registry.db.engine import alembic_config, at_head, head_revision
+
+    assert head_revision() == ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert at_head(store.engine)  # a store at the head opens without Alembic
+    empty = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    assert not at_head(empty)  # no alembic_version table: Alembic creates the schema
+    empty.dispose()
 
 
 def test_versions_are_numbered_per_model_and_never_reused(store):
