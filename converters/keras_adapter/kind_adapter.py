@@ -9,6 +9,7 @@ from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
 from .. import markers
 from ..adapter import KindAdapter
 from ..translate import record_eps, tensor_fate
+from .deferred import defer_build
 from .facts import MODE_NOTE, STORED_NOTE
 from .runtime import keras_class
 from .variables import assign_variable, check_spec_dtype, variable_dtype
@@ -54,12 +55,17 @@ class KerasKindAdapter(KindAdapter):
             report.add("compute_dtype", spec.compute_dtype, dtype, "translated", f"dtype policy {dtype}: float32 variables holding the {spec.dtype} state exactly")
         return {"name": keras_name(spec, report), "dtype": dtype, "epsilon": record_eps(report, spec)}
 
-    def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple, variables: Mapping[str, str]) -> Any:
-        """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report."""
-        layer.build(input_shape)
-        for tensor_name, attribute in variables.items():
-            if tensor_name in spec.tensors:
-                assign_variable(layer, attribute, spec.tensors[tensor_name].astype(variable_dtype(spec)), tensor_name)
+    def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple | None, variables: Mapping[str, str]) -> Any:
+        """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report.
+
+        `input_shape` None leaves the layer unbuilt: its first call builds it with the tensors (deferred.py)."""
+        if input_shape is None:
+            defer_build(layer, spec, variables, report)
+        else:
+            layer.build(input_shape)
+            for tensor_name, attribute in variables.items():
+                if tensor_name in spec.tensors:
+                    assign_variable(layer, attribute, spec.tensors[tensor_name].astype(variable_dtype(spec)), tensor_name)
         tensor_fate(report, spec)
         report.add("training", spec.training, spec.training, "stored", MODE_NOTE)
         fields: dict[str, Any] = {"training": spec.training}
