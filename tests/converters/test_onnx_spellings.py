@@ -162,7 +162,9 @@ def test_a_rank_the_source_does_not_record_is_reported(target):
 
     obj, report = convert_with_report(torch.nn.BatchNorm1d(3).eval(), target)
     (rank,) = [t for t in report.layers[0].translations if t.setting == "input_rank"]
-    assert rank.fate == "translated" and rank.target_value == 3 and "input_rank=" in rank.note
+    # ONNX fixes rank 3 (the IR wants a shaped input); Keras builds the layer on its first call (BatchNorm1d takes 2 and 3).
+    expected = 3 if target == "onnx" else "rank of the first input"
+    assert rank.fate == "translated" and rank.target_value == expected and "input_rank=" in rank.note
     obj, report = convert_with_report(torch.nn.BatchNorm1d(3).eval(), target, input_rank=2)
     (rank,) = [t for t in report.layers[0].translations if t.setting == "input_rank"]
     assert rank.target_value == 2

@@ -45,7 +45,9 @@ def _interpret(index: GraphIndex, node: onnx.NodeProto, values: dict[str, Value]
         if name in values:
             return values[name]
         array = index.constant(name)
-        if array is not None and array.dtype.kind == "f":
+        if array is not None and (array.dtype.kind == "f" or array.dtype.name == "bfloat16"):  # ml_dtypes' bfloat16 is kind 'V'
+            if array.dtype.name == "bfloat16":  # exact in float32; the coefficients are combined in floating point
+                array = array.astype(np.float32)
             return Value.constant(array)
         raise NotNormalization(f"input {name!r} is neither derived from X nor a float constant")
 
