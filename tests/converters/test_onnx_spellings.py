@@ -286,3 +286,34 @@ def test_torch_onnx_group_norm_without_optimisation_is_a_group_norm(opset):
     assert (site.kind, site.eps, site.spec.num_groups) == ("group", 1e-4, 4)
     np.testing.assert_allclose(_run(model, x.numpy()), reference.forward(site.spec, x.numpy()), atol=1e-5, rtol=1e-4)
     np.testing.assert_array_equal(site.spec.tensors["scale"], norm.weight.detach().numpy())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form,kind", [("rms-rsqrt", "rms"), ("rms-sqrt-div", "rms"), ("layer-mean-var", "layer"), ("group", "group")])
+def test_onnxsim_s_spellings_of_torch_onnx_graphs_are_recognised(form, kind):
+    """onnxsim (a test dependency: pyproject's `test` extra) simplifies what torch.onnx wrote; the simplified graph's norm is
+    found with its kind and eps and computes the reference of the spec read from it."""
+    onnxsim = pytest.importorskip("onnxsim")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    if form == "group":
+        norm, x, options = torch.nn.GroupNorm(4, 8, eps=1e-6), torch.randn(2, 8, 5, 5), {"optimize": False}
+    else:
+        norm, x, options = _hand_rolled(torch, form), torch.randn(2, 5, 16), {}
+    simplified, ok = onnxsim.simplify(_torch_graph(norm, 18, x, **options))
+    assert ok
+    (site,) = find_norm_sites(simplified)
+    assert (site.kind, site.eps) == (kind, 1e-6) and site.spec is not None
+    np.testing.assert_allclose(_run(simplified, x.numpy()), reference.forward(site.spec, x.numpy()), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_onnxsim_folds_an_eval_batchnorm_into_its_conv_and_the_fold_is_named():
+    onnxsim = pytest.importorskip("onnxsim")
+    torch = pytest.importorskip("torch")
+    from converters.onnx_adapter.graph.sites import batchnorm_folded_into_conv
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).eval()
+    simplified, ok = onnxsim.simplify(_torch_graph(net, 18, torch.randn(1, 3, 8, 8)))
+    assert ok and [n.op_type for n in simplified.graph.node] == ["Conv"]
+    assert batchnorm_folded_into_conv(simplified) and not find_norm_sites(simplified)
