@@ -4,7 +4,8 @@ Keras's LayerNormalization and RMSNormalization over trailing axes record only t
 so one built for rank 3 normalises (N, C) and (N, H, W, C) inputs too; BatchNormalization and GroupNormalization
 fix ndim and their reduction axes in build, so they are built for `input_rank=` (or the source's only rank: a
 BatchNorm2d's 4) and the report says why; a source that takes several ranks and records none (BatchNorm1d,
-GroupNorm) gives a layer built on its first call. Expected values are the NumPy reference's.
+GroupNorm) gives a layer built on its first call, and porting such a source into a Keras model reads it at the
+target layer's rank. Expected values are the NumPy reference's.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from converters import from_spec, last_report, reference, to_spec
-from converters.layout import from_channels_first
-from schemas import spec_differences
+keras = pytest.importorskip("keras")
+
+from converters import from_spec, last_report, reference, to_spec  # noqa: E402
+from converters.layout import from_channels_first  # noqa: E402
+from converters.models.porting import port_state  # noqa: E402
+from schemas import spec_differences  # noqa: E402
+from schemas.tensors import tensors_identical  # noqa: E402
 
 
 def random_state(module: torch.nn.Module) -> torch.nn.Module:
@@ -71,3 +76,26 @@ def test_a_batchnorm2d_has_one_rank_and_is_built_for_it():
     spec = to_spec(random_state(torch.nn.BatchNorm2d(6)))
     layer = from_spec(spec, "keras")
     assert layer.built and to_spec(layer).input_rank == 4
+
+
+def test_a_batchnorm1d_and_a_groupnorm_on_flat_features_port_bit_exactly():
+    """Neither records an input rank (BatchNorm1d takes (N, C) and (N, C, L)); the converted layer is built on first call,
+    so porting must read its state at the target layer's own rank, not find no variables and write identities."""
+    torch.manual_seed(3)
+    source = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6, eps=1e-3), torch.nn.GroupNorm(3, 6, eps=1e-4)).eval()
+    with torch.no_grad():
+        for norm in (source[1], source[2]):
+            norm.weight.copy_(torch.rand(6) + 0.5)
+            norm.bias.copy_(torch.randn(6))
+        source[1].running_mean.copy_(torch.randn(6))
+        source[1].running_var.copy_(torch.rand(6) + 0.5)
+    twin = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, name="dense"), keras.layers.BatchNormalization(name="bn"),
+                             keras.layers.GroupNormalization(groups=3, name="gn")])
+    twin.get_layer("dense").set_weights([source[0].weight.detach().numpy().T, source[0].bias.detach().numpy()])
+    port_state(source, twin)
+    bn, gn = twin.get_layer("bn"), twin.get_layer("gn")
+    for variable, tensor in ((bn.gamma, source[1].weight), (bn.beta, source[1].bias), (bn.moving_mean, source[1].running_mean),
+                             (bn.moving_variance, source[1].running_var), (gn.gamma, source[2].weight), (gn.beta, source[2].bias)):
+        assert tensors_identical(np.asarray(variable.numpy()), tensor.detach().numpy()), variable.path
+    x = np.random.default_rng(4).standard_normal((7, 5)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(twin(x, training=False)), source(torch.from_numpy(x)).detach().numpy(), atol=1e-4, rtol=0)

@@ -225,29 +225,6 @@ def test_transformer_block_both_directions():
 # -- refusals leave the target untouched -----------------------------------------------------
 
 
-def test_a_batchnorm1d_and_a_groupnorm_on_flat_features_port_bit_exactly():
-    """Neither records an input rank (BatchNorm1d takes (N, C) and (N, C, L)); the converted layer is built on first call,
-    so porting must read its state at the target layer's own rank, not find no variables and write identities."""
-    torch.manual_seed(3)
-    source = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6, eps=1e-3), torch.nn.GroupNorm(3, 6, eps=1e-4)).eval()
-    with torch.no_grad():
-        for norm in (source[1], source[2]):
-            norm.weight.copy_(torch.rand(6) + 0.5)
-            norm.bias.copy_(torch.randn(6))
-        source[1].running_mean.copy_(torch.randn(6))
-        source[1].running_var.copy_(torch.rand(6) + 0.5)
-    twin = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, name="dense"), keras.layers.BatchNormalization(name="bn"),
-                             keras.layers.GroupNormalization(groups=3, name="gn")])
-    twin.get_layer("dense").set_weights([source[0].weight.detach().numpy().T, source[0].bias.detach().numpy()])
-    port_state(source, twin)
-    bn, gn = twin.get_layer("bn"), twin.get_layer("gn")
-    for variable, tensor in ((bn.gamma, source[1].weight), (bn.beta, source[1].bias), (bn.moving_mean, source[1].running_mean),
-                             (bn.moving_variance, source[1].running_var), (gn.gamma, source[2].weight), (gn.beta, source[2].bias)):
-        assert tensors_identical(np.asarray(variable.numpy()), tensor.detach().numpy()), variable.path
-    x = random_input((7, 5), seed=4)
-    np.testing.assert_allclose(keras_out(twin, x), torch_out(source, x), atol=ATOL, rtol=0)
-
-
 def test_a_count_mismatch_is_refused_naming_the_layer_and_nothing_changes(torch_resnet, keras_twin):
     shorter = keras.Model(keras_twin.input, keras_twin.get_layer("layer2_1_relu1").output)  # without layer2_1_bn2
     state, settings = keras_state(keras_twin), keras_settings(keras_twin)
