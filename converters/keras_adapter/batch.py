@@ -10,12 +10,12 @@ from schemas.kinds import KIND_INFO
 from .. import markers
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_layout, warn_empty_batch
+from .deferred import channel_build_shape, deferred_spec, is_deferred
 from .facts import read_facts, without_training
 from .kind_adapter import KerasKindAdapter
 from .momentum import RUNNING_WEIGHT, recall_running, remember_running
 from .runtime import import_keras
-from .deferred import deferred_spec, is_deferred
-from .shapes import built_input_shape, channel_build_shape, channel_layout, spatial_rank_of
+from .shapes import built_input_shape, channel_layout, spatial_rank_of
 from .variables import AFFINE_VARIABLES, read_variables
 
 #: Spec tensor -> BatchNormalization variable.

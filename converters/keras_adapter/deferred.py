@@ -24,7 +24,7 @@ from schemas import LayerReport, NormSpec, SpecError
 from schemas.tensors import tensors_identical
 
 from .. import markers
-from .shapes import channels_last_shape
+from .shapes import build_rank, channels_last_shape
 from .variables import variable_dtype
 
 #: Marker holding the pending state: {"<variable>_initializer": array, ...}, the channel count and the rank it is read at.
@@ -42,6 +42,14 @@ def open_rank(spec: NormSpec) -> bool:
     if spec.input_rank is not None:
         return False
     return spec.kind == "group" or (spec.kind == "batch" and spec.spatial_rank == 1)
+
+
+def channel_build_shape(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2) -> tuple[int | None, ...] | None:
+    """The channels-last shape a channel kind is built for (the rank given, or the kind's only rank), or None when the source
+    takes several ranks and records none: the layer is then built on its first call (defer_build, which reports it)."""
+    if open_rank(spec):
+        return None
+    return channels_last_shape(spec.num_features, build_rank(spec, report, default, minimum))
 
 
 def defer_build(layer: Any, spec: NormSpec, variables: Mapping[str, str], report: LayerReport) -> None:

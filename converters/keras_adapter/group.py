@@ -10,12 +10,11 @@ from schemas.kinds import KIND_INFO
 from .. import markers
 from ..options import ConversionOptions
 from ..translate import record_layout
+from .deferred import channel_build_shape, deferred_spec, is_deferred
 from .facts import STORED_NOTE
 from .groups import read_group_layer
 from .kind_adapter import KerasKindAdapter
 from .runtime import import_keras
-from .deferred import deferred_spec, is_deferred
-from .shapes import channel_build_shape
 from .variables import AFFINE_VARIABLES
 
 

@@ -109,16 +109,6 @@ def build_rank(spec: NormSpec, report: LayerReport, default: int, minimum: int =
     return default
 
 
-def channel_build_shape(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2) -> tuple[int | None, ...] | None:
-    """The channels-last shape a channel kind is built for (the rank given, or the kind's only rank), or None when the source
-    takes several ranks and records none: the layer is then built on its first call (deferred.py, which reports it)."""
-    from .deferred import open_rank
-
-    if open_rank(spec):
-        return None
-    return channels_last_shape(spec.num_features, build_rank(spec, report, default, minimum))
-
-
 def spatial_rank_of(layer: Any, rank: int, min_rank: int) -> int:
     """Spatial axes of a channel kind: 1 to 3, as PyTorch's 1d/2d/3d (a rank-2 BatchNorm input counts as 1d)."""
     if not min_rank <= rank <= 5:
