@@ -31,10 +31,12 @@ class ConversionOptions(BaseModel):
     )
     restore_source_class: bool = Field(
         default=True, description="Converting a layer back to the framework it was read from rebuilds its own class (LlamaRMSNorm) "
-        "where the spec records it, it is importable and proved equal (torch_adapter/restoring.py); False builds the stock class.",
+        "where the spec records it, it is importable (torch) or registered or already imported (Keras), and proved equal "
+        "(torch_adapter/restoring.py, keras_adapter/restoring.py); False builds the stock class.",
     )
     input_rank: int | None = Field(
         default=None, ge=1, le=8,
         description="Rank of the inputs the converted layer takes, where the target fixes one (an ONNX graph input, a built Keras layer); "
-        "default: the rank the source recorded, else the kind's usual rank (reported).",
+        "default: the rank the source recorded, else the kind's usual rank (reported); a Keras BatchNormalization or "
+        "GroupNormalization whose source takes several ranks (BatchNorm1d, GroupNorm) is then built on its first call.",
     )

@@ -57,8 +57,9 @@ class Source(BaseModel):
     layer_type: str | None = Field(default=None, description="Class or op name, e.g. BatchNorm2d, BatchNormalization-15.")
     module_class: str | None = Field(
         default=None, description="Import path of the class a layer recognised by what it computes was read from "
-        "(transformers.models.llama.modeling_llama.LlamaRMSNorm): converting back to its framework rebuilds that class where it "
-        "is importable and normbridge knows its constructor, and proves the rebuilt layer equal.")
+        "(transformers.models.llama.modeling_llama.LlamaRMSNorm, a keras_hub RMSNormalization): converting back to its framework "
+        "rebuilds that class where it is importable (Keras: registered or already imported, never imported for a spec) and "
+        "normbridge knows its constructor, and proves the rebuilt layer equal.")
     state_names: dict[str, str] | None = Field(
         default=None, description="The class's own names of the spec's tensors (scale -> weight), for rebuilding it.")
 

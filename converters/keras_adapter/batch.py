@@ -10,11 +10,12 @@ from schemas.kinds import KIND_INFO
 from .. import markers
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_layout, warn_empty_batch
+from .deferred import channel_build_shape, deferred_spec, is_deferred
 from .facts import read_facts, without_training
 from .kind_adapter import KerasKindAdapter
 from .momentum import RUNNING_WEIGHT, recall_running, remember_running
 from .runtime import import_keras
-from .shapes import build_rank, built_input_shape, channel_layout, channels_last_shape, spatial_rank_of
+from .shapes import built_input_shape, channel_layout, spatial_rank_of
 from .variables import AFFINE_VARIABLES, read_variables
 
 #: Spec tensor -> BatchNormalization variable.
@@ -33,6 +34,8 @@ class KerasBatchAdapter(KerasKindAdapter):
         from .unbiased_batch_normalization import UnbiasedBatchNormalization
 
         layer = self.layer_of(obj)
+        if is_deferred(layer):  # not built yet: what its first call builds
+            return deferred_spec(layer, lambda built: self.to_spec(built, report))
         if layer.renorm:
             raise NotExpressibleError(
                 "renorm=True (batch renormalisation) corrects training outputs with clipped r and d factors that no PyTorch or ONNX "
@@ -89,8 +92,7 @@ class KerasBatchAdapter(KerasKindAdapter):
         layer_class = UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization
         layer = layer_class(axis=-1, momentum=momentum, center=spec.bias, scale=spec.scale, **common)
         remember_running(layer, spec, report, momentum)
-        rank = build_rank(spec, report, spec.spatial_rank + 2)
-        return self.finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)
+        return self.finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2), VARIABLES)
 
 
 def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "batch") -> Any:
@@ -105,8 +107,7 @@ def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "
     if kind == "batch":
         report.add("frozen", True, "trainable=False", "exact", "moving statistics in training mode too, never updated")
         markers.remember(layer, frozen=True)
-    rank = build_rank(spec, report, spec.spatial_rank + 2)
-    return KerasBatchAdapter().finish_emit(layer, spec, report, channels_last_shape(spec.num_features, rank), VARIABLES)
+    return KerasBatchAdapter().finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2), VARIABLES)
 
 
 def read_frozen(layer: Any, facts, rank: int, layout: str) -> NormSpec:

@@ -10,6 +10,7 @@ from schemas import NotExpressibleError, UnsupportedObjectError
 
 from .. import markers, recognizers
 from ..adapter import FrameworkAdapter
+from .deferred import built_copy, is_deferred
 from .runtime import import_keras
 from .shapes import built_input_shape
 from .variables import read_variable, write_variable
@@ -34,6 +35,12 @@ class KerasFramework(FrameworkAdapter):
             layer=getattr(obj, "name", None),
         )
 
+    def restore(self, spec):
+        """The custom class a probed spec was read from (keras_hub's RMSNormalization), rebuilt and proved equal (restoring.py), else (None, why)."""
+        from .restoring import restore_class
+
+        return restore_class(spec)
+
     def version(self) -> str:
         return import_keras().__version__
 
@@ -42,6 +49,8 @@ class KerasFramework(FrameworkAdapter):
 
     def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         """layer(x, training=False): inference mode never updates Keras's moving statistics."""
+        if is_deferred(obj):  # built on its first call: run a copy built for this input, so the layer keeps its open rank
+            obj = built_copy(obj, np.ndim(x))
         built_input_shape(obj)  # calling an unbuilt layer would build it: refuse instead
         keras = import_keras()
         inputs = np.asarray(x).astype(obj.compute_dtype, copy=False)
@@ -54,7 +63,7 @@ class KerasFramework(FrameworkAdapter):
                 "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
                 "instead of normalising per instance; train the source layer instead.", layer=obj.name, setting="track_running_stats", target="keras")
         keras = import_keras()
-        clone = obj if in_place else copy_layer(obj)
+        clone = built_copy(obj, np.ndim(x)) if is_deferred(obj) else (obj if in_place else copy_layer(obj))
         inputs = np.asarray(x).astype(clone.compute_dtype, copy=False)
         output = np.asarray(keras.ops.convert_to_numpy(clone(inputs, training=True)))
         moving_mean, moving_variance = getattr(clone, "moving_mean", None), getattr(clone, "moving_variance", None)

@@ -11,6 +11,7 @@ from schemas import LayerReport, NormSpec, SpecError, UnsupportedObjectError
 from .. import markers
 from ..adapter import KindAdapter
 from ..translate import record_eps, tensor_fate
+from .deferred import defer_build
 from .facts import MODE_NOTE, STORED_NOTE
 from .runtime import keras_class
 from .variables import assign_variable, check_spec_dtype, read_variable, variable_dtype, write_variable
@@ -63,12 +64,17 @@ class KerasKindAdapter(KindAdapter):
             report.add("compute_dtype", spec.compute_dtype, dtype, "translated", f"dtype policy {dtype}: float32 variables holding the {spec.dtype} state exactly")
         return {"name": keras_name(spec, report), "dtype": dtype, "epsilon": record_eps(report, spec)}
 
-    def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple, variables: Mapping[str, str]) -> Any:
-        """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report."""
-        layer.build(input_shape)
-        slots = {tensor_name: attribute for tensor_name, attribute in variables.items() if tensor_name in spec.tensors}
-        object.__setattr__(layer, STATE_SLOTS, slots)
-        write_state(layer, spec, slots)
+    def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple | None, variables: Mapping[str, str]) -> Any:
+        """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report.
+
+        `input_shape` None leaves the layer unbuilt: its first call builds it with the tensors (deferred.py)."""
+        if input_shape is None:
+            defer_build(layer, spec, variables, report)
+        else:
+            layer.build(input_shape)
+            slots = {tensor_name: attribute for tensor_name, attribute in variables.items() if tensor_name in spec.tensors}
+            object.__setattr__(layer, STATE_SLOTS, slots)
+            write_state(layer, spec, slots)
         tensor_fate(report, spec)
         report.add("training", spec.training, spec.training, "stored", MODE_NOTE)
         fields: dict[str, Any] = {"training": spec.training}
@@ -93,8 +99,11 @@ class KerasKindAdapter(KindAdapter):
 
         from_spec(spec) would build the same class with the same configuration, name it after `spec` and write `spec`'s
         tensors in finish_emit; every other variable keeps what the configuration gave it, which `template` holds (a
-        training step since may have moved them).
+        training step since may have moved them). A layer left unbuilt for its first call (deferred.py) holds no variables
+        to write: it is refused before anything changes, and the caller builds that member with from_spec.
         """
+        if not hasattr(layer, STATE_SLOTS):
+            raise ValueError(f"the Keras layer '{layer.name}' is built on its first call; it is rebuilt, not restated")
         layer.name = keras_name(spec, LayerReport(layer=spec.name, kind=spec.kind, source_framework="spec", target_framework="keras", target_op="?"))
         extras = markers.recall(layer)
         extras.pop("name", None)

@@ -17,7 +17,9 @@ import numpy as np
 from schemas import LayerReport, NotExpressibleError
 
 from .. import markers
+from .deferred import built_copy, is_deferred
 from .runtime import import_keras
+from .shapes import built_input_shape
 from .variables import read_variable, write_variable
 
 #: Keras variable attribute -> (spec setting, identity value). RMSNormalization keeps its
@@ -47,6 +49,8 @@ class KerasWrite:
 def plan_write(fresh: Any, target: Any, path: str, report: LayerReport) -> KerasWrite:
     """Check that `target` can hold `fresh`'s state and return the writes (nothing is written yet)."""
     plan = KerasWrite(target)
+    if is_deferred(fresh):  # a BatchNorm1d or GroupNorm with no recorded rank, built on first call: its state at the target's rank
+        fresh = built_copy(fresh, len(built_input_shape(target)))
     for attribute, (setting, identity) in _affine_attributes(target).items():
         ours, theirs = _variable(fresh, attribute), _variable(target, attribute)
         if ours is not None and theirs is None:

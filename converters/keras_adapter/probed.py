@@ -1,8 +1,9 @@
 """Specs of custom Keras normalization layers the behavioural probe proved (keras_adapter/probe.py).
 
 The stock kind adapters (rms.py, layer.py) hand a layer that is not of a stock class to
-`probed_spec`; the spec then holds the layer's own variables, its proved eps, and Gemma's affine
-factor `1 + w` as `scale_offset=1.0`.
+`probed_spec`; the spec then holds the layer's own variables, its proved eps, Gemma's affine
+factor `1 + w` as `scale_offset=1.0`, and the class and variable names it was read from, so
+converting it back to Keras rebuilds that class (restoring.py).
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ def probed_spec(layer: Any, kind: str, report: LayerReport) -> NormSpec:
         f"{type(layer).__name__} is not a stock Keras layer: read by the behavioural probe ({kind} over the last {len(norm.normalized_shape)} "
         f"axis/axes, eps {norm.eps!r}{offset}), proved against the NumPy reference on probe inputs."
     )
-    return facts.spec(
+    spec = facts.spec(
         layer, kind, tensors,
         normalized_shape=norm.normalized_shape, input_rank=norm.input_rank,
         scale=norm.scale is not None, bias=norm.bias is not None, scale_offset=norm.scale_offset,
     )
+    # The class and its variables' names, so converting back to Keras can rebuild it (restoring.py).
+    roles = {role: name for role, name in (("scale", norm.scale), ("bias", norm.bias)) if name is not None}
+    cls = type(layer)
+    return spec.replace(source=spec.source.model_copy(update={"module_class": f"{cls.__module__}.{cls.__qualname__}", "state_names": roles}))

@@ -5,6 +5,7 @@ unless asked otherwise (converters/models/serving/contract.py says why).
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import helper, numpy_helper
 
 from schemas import InputFileError
@@ -24,6 +25,14 @@ def input_specs(model) -> list[InputSpec]:
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
         specs.append(InputSpec(value.name, shape, np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name))
     return specs
+
+
+def computes_in_bfloat16(model) -> bool:
+    """Whether the graph has a bfloat16 input, output, initializer or intermediate value."""
+    bfloat16 = onnx.TensorProto.BFLOAT16
+    values = list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info)
+    return (any(v.type.tensor_type.elem_type == bfloat16 for v in values)
+            or any(t.data_type == bfloat16 for t in model.graph.initializer))
 
 
 def _true(value: np.ndarray) -> bool:
@@ -59,7 +68,14 @@ def serving_runner(model, optimized: bool = False) -> ModelRunner:
     try:
         session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise InputFileError(f"onnxruntime cannot load the serving model ({str(error).strip().splitlines()[0]}); check the opset and ops it uses.") from error
+        first = str(error).strip().splitlines()[0]
+        if computes_in_bfloat16(model):
+            raise InputFileError(
+                f"onnxruntime {onnxruntime.__version__}'s CPU provider has no bfloat16 kernels for this bfloat16 graph ({first}), so the "
+                "serving contract was not run: the file's outputs were not compared with "
+                "the model's; export a float32 copy of the model (model.float() before torch.export) to have it run, or pass --force "
+                "to write the bfloat16 file with its normalizations verified from the graph only.") from error
+        raise InputFileError(f"onnxruntime cannot load the serving model ({first}); check the opset and ops it uses.") from error
     names = [i.name for i in session.get_inputs()]
 
     def run(arrays):

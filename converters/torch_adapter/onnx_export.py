@@ -7,6 +7,7 @@ the preceding Conv; neither eps nor the statistics could be checked afterwards (
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -54,5 +55,29 @@ def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
     except NormbridgeError:
         raise
     except Exception as error:
-        raise UnsupportedObjectError(f"torch.onnx.export failed at opset {opset} ({type(error).__name__}: {str(error).strip().splitlines()[0][:300]}).") from error
+        raise UnsupportedObjectError(
+            f"torch.onnx.export failed at opset {opset} ({exporter_failure(error)}): the exporter's own failure, before normbridge "
+            "sees a graph, so nothing was written and no normalization was checked in ONNX; `normbridge register` checks each "
+            "normalization layer without exporting the whole model, or export a submodule that torch.onnx handles.") from error
     return _clean(program.model_proto), name, notes
+
+
+#: Terminal colour codes torch.onnx puts in its messages.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def exporter_failure(error: BaseException) -> str:
+    """torch.onnx's error in one line: its step, the underlying exception (its 'Exception summary') and the user code it ran."""
+    text = _ANSI.sub("", str(error)).strip()
+    step = re.search(r"step (\d)/3", text)
+    where = f"step {step.group(1)} of 3, {_STEPS.get(step.group(1), '')}: " if step else ""
+    cause = error.__cause__ or error
+    cause_text = _ANSI.sub("", str(cause)).strip()
+    first = next((line.strip() for line in cause_text.splitlines() if line.strip()), type(cause).__name__)
+    frames = re.findall(r'File "([^"]+)", line (\d+)', cause_text)
+    at = f", at {frames[-1][0].split('site-packages/')[-1]} line {frames[-1][1]}" if frames else ""
+    return f"{where}{type(cause).__name__}: {first[:300]}{at}"
+
+
+#: torch.onnx.export's three steps, as its messages number them.
+_STEPS = {"1": "capturing the model with torch.export", "2": "decomposing the graph for ONNX", "3": "translating it to ONNX"}

@@ -4,10 +4,14 @@ One row per family: the layer is built from its class with a random state, read 
 `converters.to_spec`, and must give the right kind, eps, axes, affine factor and variables; its
 outputs must equal the NumPy reference of the spec on inputs the probe never saw. Near misses
 (layers named like a norm that compute something else) must not be recognised, and inspecting a
-model that holds one reports an `unrecognised_normalization` hazard naming it.
+model that holds one reports an `unrecognised_normalization` hazard naming it. Converted back to Keras, a
+family's spec rebuilds its own class (looked up among registered and already imported classes, never
+imported) with identical numbers; to the stock class, the report says what is not kept.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +24,7 @@ from converters import reference  # noqa: E402
 from converters.keras_adapter.probe import probe_layer  # noqa: E402
 from converters.models.inspection import inspect_model  # noqa: E402
 from schemas import UnsupportedObjectError  # noqa: E402
+from schemas.spec_io import load_spec, save_spec  # noqa: E402
 
 from keras_hub.src.layers.modeling.rms_normalization import RMSNormalization as HubRMSNormalization  # noqa: E402
 from keras_hub.src.models.gemma.rms_normalization import RMSNormalization as GemmaRMSNormalization  # noqa: E402
@@ -174,3 +179,103 @@ def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
     found = inspect_model(backbone)
     assert [(layer.kind, layer.spec["eps"], layer.spec["scale_offset"]) for layer in found.layers] == [("rms", 1e-6, 1.0)] * 5
     assert not [h for h in found.hazards if h.code == "unrecognised_normalization"]
+
+
+# -- back to Keras: the source class, rebuilt where it is registered or already imported ------------------------------
+
+
+def class_lines():
+    return [t for t in converters.last_report().layers[0].translations if t.setting == "class"]
+
+
+def variables_of(layer) -> dict:
+    return {v.path.rsplit("/", 1)[-1]: np.asarray(v.numpy()) for v in layer.weights}
+
+
+@pytest.mark.parametrize("factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES])
+def test_converting_back_to_keras_rebuilds_the_source_class_with_identical_numbers(factory, kind, eps, offset, scale, bias, tmp_path):
+    layer = randomised(factory())
+    spec = converters.to_spec(layer)
+    assert spec.source.module_class == f"{type(layer).__module__}.{type(layer).__qualname__}"
+    for given in (spec, load_spec(save_spec(spec, tmp_path / "spec"))):  # also from a file: the class is looked up, not imported
+        back = converters.from_spec(given, "keras")
+        assert type(back) is type(layer)
+        [line] = class_lines()
+        assert line.fate == "exact" and "proved equal" in line.note
+        assert {k: v.tobytes() for k, v in variables_of(back).items()} == {k: v.tobytes() for k, v in variables_of(layer).items()}
+        for shape in [(2, 7, FEATURES), (3, FEATURES)]:
+            x = np.random.default_rng(9).standard_normal(shape).astype("float32") * 2 + 0.5
+            got = np.asarray(ops.convert_to_numpy(back(x)), dtype=np.float64)
+            np.testing.assert_allclose(got, reference.forward(spec, x), rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(got, np.asarray(ops.convert_to_numpy(layer(x)), dtype=np.float64))  # the same class, same numbers
+
+
+@pytest.mark.parametrize("factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES])
+def test_to_the_stock_class_the_numbers_hold_in_eval_and_the_report_says_what_is_not_kept(factory, kind, eps, offset, scale, bias):
+    layer = randomised(factory())
+    spec = converters.to_spec(layer)
+    stock = converters.from_spec(spec, "keras", restore_source_class=False)
+    assert type(stock) is {"rms": keras.layers.RMSNormalization, "layer": keras.layers.LayerNormalization}[kind]
+    [line] = class_lines()
+    assert line.fate == "dropped" and "restore_source_class=False" in line.note
+    if offset:
+        offsets = [t for t in converters.last_report().layers[0].translations if t.setting == "scale_offset"]
+        assert offsets and offsets[0].fate != "exact"
+    x = np.random.default_rng(10).standard_normal((2, 7, FEATURES)).astype("float32") * 2 + 0.5
+    np.testing.assert_allclose(np.asarray(ops.convert_to_numpy(stock(x)), dtype=np.float64), reference.forward(spec, x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_class_registered_with_keras_saving_is_rebuilt_even_when_no_module_holds_it():
+    @keras.saving.register_keras_serializable(package="normbridge_test")
+    class LocalRMSNorm(keras.layers.Layer):
+        def __init__(self, eps=1e-5, **kwargs):
+            super().__init__(**kwargs)
+            self.eps = eps
+
+        def build(self, shape):
+            self.w = self.add_weight(shape=(shape[-1],), initializer="ones", name="w")
+
+        def call(self, x):
+            return x * ops.rsqrt(ops.mean(ops.square(x), axis=-1, keepdims=True) + self.eps) * self.w
+
+    try:
+        spec = converters.to_spec(randomised(LocalRMSNorm(eps=2e-5)))
+        assert "<locals>" in spec.source.module_class and spec.eps == 2e-5
+        back = converters.from_spec(spec, "keras")
+        assert type(back) is LocalRMSNorm and "registered with keras.saving" in class_lines()[0].note
+    finally:
+        keras.saving.get_custom_objects().pop("normbridge_test>LocalRMSNorm", None)
+    back = converters.from_spec(spec, "keras")  # no longer registered, and a class inside a function has no import path
+    assert type(back) is keras.layers.RMSNormalization and class_lines()[0].fate == "dropped"
+
+
+def test_a_class_in_a_module_not_imported_is_never_imported_and_the_stock_class_is_built():
+    spec = converters.to_spec(randomised(GemmaRMSNormalization(epsilon=1e-6)))
+    elsewhere = spec.replace(source=spec.source.model_copy(update={"module_class": "normbridge_test_absent.norms.GemmaRMSNorm"}))
+    back = converters.from_spec(elsewhere, "keras")
+    assert type(back) is keras.layers.RMSNormalization
+    [line] = class_lines()
+    assert line.fate == "dropped" and "never imports a module" in line.note
+    assert not [name for name in sys.modules if name.startswith("normbridge_test_absent")]
+
+
+@pytest.mark.parametrize("path,why", [
+    ("keras.src.layers.core.lambda_layer.Lambda", "Lambda layer"),
+    ("os.path.join", "not a keras.layers.Layer class"),
+    ("keras.src.layers.core.dense.Dense", "has no variable 'scale'"),
+])
+def test_a_class_that_is_not_a_restorable_normalization_is_refused_with_the_reason(path, why):
+    spec = converters.to_spec(randomised(LlamaLayerNorm(epsilon=1e-5)))
+    back = converters.from_spec(spec.replace(source=spec.source.model_copy(update={"module_class": path})), "keras")
+    assert type(back) is keras.layers.RMSNormalization
+    [line] = class_lines()
+    assert line.fate == "dropped" and why in line.note, line.note
+
+
+def test_a_rebuilt_class_that_computes_another_spec_is_not_used():
+    """keras_hub.layers.RMSNormalization writes eps 1e-6 in its code: a spec with another eps cannot be that class."""
+    spec = converters.to_spec(randomised(HubRMSNormalization(FEATURES))).replace(eps=1e-5)
+    back = converters.from_spec(spec, "keras")
+    assert type(back) is keras.layers.RMSNormalization and back.epsilon == 1e-5
+    [line] = class_lines()
+    assert line.fate == "dropped" and "computes another spec (eps" in line.note

@@ -170,3 +170,40 @@ def test_every_normalization_module_of_module_db_is_covered():
     listed = {info.module_cls.__name__ for info in _module_db() if "Norm" in info.module_cls.__name__}
     assert listed - covered <= {"LocalResponseNorm"}, listed - covered
     assert {"BatchNorm1d", "GroupNorm", "InstanceNorm1d", "LayerNorm", "RMSNorm"} <= covered
+
+
+@pytest.mark.parametrize("module_cls,sample", CASES)
+def test_module_db_sample_runs_in_keras_converted_without_a_rank(module_cls, sample):
+    """No `input_rank=`: the layer Keras gets takes the sample's rank on its first call (a BatchNorm1d's (N, C) as well as
+    (N, C, L), a GroupNorm's any rank), in eval and in one training step, with the state bit-exact once built."""
+    module = _randomised(module_cls, sample)
+    x, _ = _input(module, sample)
+    spec = to_spec(module)
+    refused = _refused_setting(spec, "keras")
+    if refused is not None:
+        return  # refused at every rank, naming the setting: test_module_db_sample_converts_at_its_rank
+    options = _options(spec, "keras")
+    layout = None if KIND_INFO[spec.kind].trailing else "channels_last"
+    x_keras = from_channels_first(x, layout)
+    layer = from_spec(spec, "keras", **options)
+    y = to_channels_first(np.asarray(layer(x_keras, training=False)), layout)
+    expected = reference.forward(spec, x, training=False)
+    atol, rtol = output_tolerances(REGISTRY.framework("keras"), spec, float(np.max(np.abs(expected), initial=0.0)))
+    np.testing.assert_allclose(y, expected, atol=atol, rtol=rtol, err_msg=f"keras eval on {x.shape}, first call")
+    built = to_spec(layer)
+    if not KIND_INFO[spec.kind].trailing:  # a trailing-axes layer is built for one rank and takes any (test_keras_ranks.py)
+        assert built.input_rank == x.ndim
+    assert all(np.array_equal(built.tensors[name], spec.tensors[name]) for name in spec.tensors if name != "num_batches_tracked")
+
+    if x.shape[0] == 0 or (spec.kind == "instance" and spec.track_running_stats):
+        return  # as in test_module_db_sample_converts_at_its_rank
+    layer = from_spec(spec, "keras", **options)
+    target_spec = to_spec(layer)  # read before the step (from a built copy when the layer waits for its first call)
+    y = to_channels_first(np.asarray(layer(x_keras, training=True)), layout)
+    step = reference.train_step(target_spec, x)
+    atol, rtol = output_tolerances(REGISTRY.framework("keras"), spec, float(np.max(np.abs(step.output))))
+    np.testing.assert_allclose(y, step.output, atol=atol, rtol=rtol, err_msg=f"keras training step on {x.shape}, first call")
+    if step.running_mean is not None:
+        tol_mean, tol_var = training_tolerances(REGISTRY.framework("keras"), target_spec, x, step)
+        np.testing.assert_allclose(np.asarray(layer.moving_mean.numpy()), step.running_mean, atol=tol_mean, rtol=0)
+        np.testing.assert_allclose(np.asarray(layer.moving_variance.numpy()), step.running_var, atol=tol_var, rtol=0)

@@ -254,3 +254,54 @@ def test_folded_batchnorms_pair_with_specs_given_in_another_order():
     after = ort.InferenceSession(rewritten.SerializeToString()).run(None, {"X": x})
     for a, b in zip(before, after):
         np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+
+
+def _bfloat16_export(module, shape) -> onnx.ModelProto:
+    """A bfloat16 module on a bfloat16 input as `normbridge export` writes it before its rewrite: torch.onnx.export(dynamo=True)
+    with its optimizer off, constants folded (onnxruntime cannot run it on CPU: the graph is only read)."""
+    import onnxscript.optimizer
+    import torch
+
+    from tests.converters.test_onnx_sites import quiet
+
+    with quiet():
+        program = torch.onnx.export(module, (torch.randn(*shape, dtype=torch.bfloat16),), dynamo=True, opset_version=23, optimize=False)
+    onnxscript.optimizer.fold_constants(program.model)
+    onnxscript.optimizer.remove_unused_nodes(program.model)
+    return program.model_proto
+
+
+def test_a_bfloat16_rms_norm_weighted_after_its_cast_back_is_one_native_site_with_its_weight():
+    """LlamaRMSNorm in bfloat16: statistics in float32, cast back, then `weight * x` with a bfloat16 weight: the weight (a
+    bfloat16 constant) is the site's scale, so export verifies it (it used to be left outside, the site reading scale 1)."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tests import real_norms as R
+
+    norm = R.randomise(LlamaRMSNorm(8, eps=3e-6)).to(torch.bfloat16)
+    model = _bfloat16_export(norm, (2, 3, 8))
+    spec = converters.to_spec(norm)
+    rewritten, sites = rewrite_decompositions(model, 23, [spec])
+    [site] = find_norm_sites(rewritten)
+    assert (site.kind, site.native, site.spec.dtype) == ("rms", True, "bfloat16") and np.float32(site.eps) == np.float32(3e-6)
+    assert np.array_equal(site.spec.tensors["scale"].astype(np.float32), spec.tensors["scale"].astype(np.float32))
+    assert [n.op_type for n in rewritten.graph.node] == ["RMSNormalization"]
+
+
+def test_a_bfloat16_frozen_batchnorm_folded_into_bfloat16_constants_is_unfolded_with_its_spec():
+    """DETR's frozen BatchNorm computes its folded scale and offset in bfloat16; they agree with the spec's to bfloat16
+    rounding, so the folded Mul/Add pair with it and become a native BatchNormalization holding its exact statistics."""
+    import torch
+
+    from tests import real_norms as R
+
+    norm = R.randomise(R.FrozenBatchNorm2d(6, eps=2e-5)).to(torch.bfloat16)
+    model = _bfloat16_export(norm, (2, 6, 3, 3))
+    spec = converters.to_spec(norm)
+    assert spec.frozen and spec.dtype == "bfloat16"
+    rewritten, sites = rewrite_decompositions(model, 23, [spec])
+    [site] = find_norm_sites(rewritten)
+    assert (site.kind, site.native, site.spec.dtype) == ("batch", True, "bfloat16") and np.float32(site.eps) == np.float32(2e-5)
+    for name in ("running_mean", "running_var", "scale", "bias"):
+        assert np.array_equal(site.spec.tensors[name], spec.tensors[name]), name

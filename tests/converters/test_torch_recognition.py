@@ -3,6 +3,7 @@ missed or misread (count, kind, eps, axes, scale offset, compute dtype, frozen),
 
 from __future__ import annotations
 
+import json
 import importlib
 import warnings
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from converters.torch_adapter.derived_spec import to_torch
 from schemas import DuplicateAdapterError, NotExpressibleError
 
 from tests import real_norms as R
+from tests.cli_run import invoke_cli
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,55 @@ def test_export_verifies_every_hand_written_norm_it_rewrites_one_count_with_insp
     verified = {entry.source_layer for entry in result.verification}
     assert result.written and verified == inspected and len(inspected) == 5
     assert all(entry.passed for entry in result.verification)
+
+
+def _saved(model: nn.Module, example: tuple, path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.export.save(torch.export.export(model, example), path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build,example", [
+    (R.llama, lambda: (torch.randint(0, 64, (1, 5)),)),
+    (R.detr, lambda: (torch.randn(1, 3, 64, 64, dtype=torch.bfloat16),)),
+], ids=["Llama-bf16", "DETR-bf16"])
+def test_a_bfloat16_export_verifies_every_norm_and_says_the_contract_was_not_run(build, example, tmp_path):
+    """onnxruntime's CPU provider has no bfloat16 kernels: the contract cannot run. The export says so (what, why, how to
+    get it checked), still verifies every normalization site from the graph, writes nothing unless --force, and no traceback."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = R.randomise(build()).to(torch.bfloat16)
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+    _saved(model, example(), tmp_path / "m.pt2")
+    inspected = {layer.path for layer in inspect_path(tmp_path / "m.pt2").layers}
+    refused = invoke_cli("export", "m.pt2", "--to", "onnx", "-o", "m.onnx", "--json", cwd=tmp_path)
+    assert refused.returncode == 7 and not (tmp_path / "m.onnx").exists() and "Traceback" not in refused.stderr
+    result = json.loads(refused.stdout)
+    assert result["contract"] is None and not result["passed"]
+    [error] = result["errors"]
+    assert error.startswith("not checked:") and "bfloat16" in error and "serving contract was not run" in error and "--force" in error
+    assert {entry["source_layer"] for entry in result["verification"]} == inspected and inspected
+    assert all(entry["passed"] for entry in result["verification"])  # every norm verified from the graph alone
+    forced = invoke_cli("export", "m.pt2", "--to", "onnx", "-o", "m.onnx", "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and (tmp_path / "m.onnx").exists() and "forced" in forced.stdout + forced.stderr
+
+
+@pytest.mark.slow
+def test_t5_s_exporter_failure_is_named_with_its_cause_and_nothing_is_written(tmp_path):
+    """torch.onnx 2.13 fails to decompose T5's attention reshape: the message says which step, the cause and the code line,
+    that nothing was written and no normalization checked in ONNX, and what checks them instead; no colour codes, no traceback."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = R.randomise(R.t5())
+    _saved(model.encoder, (torch.randint(0, 64, (1, 5)),), tmp_path / "t5.pt2")
+    refused = invoke_cli("export", "t5.pt2", "--to", "onnx", "-o", "t5.onnx", cwd=tmp_path)
+    assert refused.returncode == 5 and not (tmp_path / "t5.onnx").exists()
+    message = " ".join((refused.stdout + refused.stderr).split())
+    assert "Traceback" not in message and "\x1b[" not in message
+    assert "torch.onnx.export failed" in message and "decomposing the graph" in message and "modeling_t5.py" in message
+    assert "nothing was written and no normalization was checked in ONNX" in message and "normbridge register" in message
 
 
 def test_a_program_of_channel_norm_replicas_reads_each_like_its_module():

@@ -140,7 +140,7 @@ def folded_candidate(index: GraphIndex, i: int, claimed: set[int]) -> Match | No
         return None
     rank = index.rank(data[0])
     k = index.constant(constant[0])
-    if rank is None or rank < 2 or k.dtype.kind != "f" or k.ndim > rank or k.size < 2:
+    if rank is None or rank < 2 or not (k.dtype.kind == "f" or k.dtype.name == "bfloat16") or k.ndim > rank or k.size < 2:
         return None
     padded = k.reshape((1,) * (rank - k.ndim) + k.shape)
     wide = [p for p in range(rank) if padded.shape[p] != 1]

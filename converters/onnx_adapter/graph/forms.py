@@ -45,7 +45,9 @@ def _interpret(index: GraphIndex, node: onnx.NodeProto, values: dict[str, Value]
         if name in values:
             return values[name]
         array = index.constant(name)
-        if array is not None and array.dtype.kind == "f":
+        if array is not None and (array.dtype.kind == "f" or array.dtype.name == "bfloat16"):  # ml_dtypes' bfloat16 is kind 'V'
+            if array.dtype.name == "bfloat16":  # exact in float32; the coefficients are combined in floating point
+                array = array.astype(np.float32)
             return Value.constant(array)
         raise NotNormalization(f"input {name!r} is neither derived from X nor a float constant")
 
@@ -85,9 +87,11 @@ def _interpret(index: GraphIndex, node: onnx.NodeProto, values: dict[str, Value]
     if op in ("ReduceMean", "GlobalAveragePool"):
         base = value(0)
         if op == "ReduceMean":
-            if attribute(node, "keepdims", 1) != 1:
-                raise NotNormalization("keepdims=0")
             positions = _positions(node, index, base.rank)
+            if attribute(node, "keepdims", 1) != 1:  # torch.onnx's x.var(): the reduced axes dropped, a Reshape puts them back
+                reduced = algebra.reduce_mean(base, positions)
+                dims = algebra.value_dims(reduced, x_dims)
+                return algebra.reshape(reduced, [d for p, d in enumerate(dims) if p not in positions], x_dims)
         else:
             if base.rank < 3:
                 raise NotNormalization("GlobalAveragePool needs rank >= 3")

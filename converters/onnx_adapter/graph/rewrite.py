@@ -30,6 +30,9 @@ from .sites import NormSite, require_model, site_of, spec_of_match
 #: Relative tolerance of a folded BatchNorm's constants against the ones recomputed from a spec:
 #: TF folds them in float32 (rsqrt, a product and a difference), a few ulps at most.
 FOLD_ULPS = 16 * 2.0**-24
+#: The same for constants a bfloat16/float16 model folds in its own dtype (DETR's frozen BatchNorm computes
+#: `w * (rv + eps).rsqrt()` and `b - rm * scale` in bfloat16): a few roundings of that dtype, 4 ulps at most.
+FOLD_TOLERANCE = {"float32": FOLD_ULPS, "float64": FOLD_ULPS, "float16": 4 * 2.0**-11, "bfloat16": 4 * 2.0**-8}
 
 
 def rewrite_decompositions(
@@ -148,10 +151,11 @@ def folded_agrees(spec: NormSpec, k: np.ndarray, offset: np.ndarray | None) -> b
     mean = spec.tensors["running_mean"].astype(np.float64)
     inv, expected = folded_constants(spec)
     tiny = float(np.finfo(np.float32).tiny)
-    if not np.all(np.abs(k.astype(np.float64) - inv) <= FOLD_ULPS * np.abs(inv) + tiny):
+    ulps = FOLD_TOLERANCE.get(spec.dtype, FOLD_ULPS)
+    if not np.all(np.abs(k.astype(np.float64) - inv) <= ulps * np.abs(inv) + tiny):
         return False
     found = np.zeros(count) if offset is None else offset.astype(np.float64)
-    return bool(np.all(np.abs(found - expected) <= FOLD_ULPS * (np.abs(beta) + np.abs(mean * inv)) + tiny))
+    return bool(np.all(np.abs(found - expected) <= ulps * (np.abs(beta) + np.abs(mean * inv)) + tiny))
 
 
 def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto | None:
