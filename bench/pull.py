@@ -1,12 +1,17 @@
 """Benchmark: `normbridge pull` of a ~100 MB model against fetching the same bytes another way, in one run.
 
 - `Registry.pull` of a `.pt2` registered in a registry whose blobs live in S3 (a local moto server): every blob
-  read (several at once) and re-hashed, the archive rebuilt, read back by the safe `.pt2` reader and written
-  atomically; versus a plain boto3 `get_object` of the registered `.pt2` file's bytes from the same moto server.
+  read (several at once, ahead of the writer) and re-hashed as it streams in, the archive written straight into the
+  temporary file of the atomic write and hashed as it is written (its structure was accepted by the safe `.pt2`
+  reader at registration, so it is not read back); versus a plain boto3 `get_object` of the registered `.pt2`
+  file's bytes from the same moto server.
   Target (issue 14): at least 0.8x boto3's throughput.
 - versus MLflow's download of the same model logged with mlflow.pytorch (serialization_format pt2) into a local
   MLflow store (sqlite + file artifacts): `mlflow artifacts download -u models:/NAME/1` as a user runs it (MLflow
   3.17 has no `mlflow models download`; this is its CLI for it), and MLflow's Python `download_artifacts` alone.
+
+Beside each rate it prints the CPU seconds (user + sys) the step cost this process (the mlflow CLI: its child
+process) and, for the S3 steps, the moto server's; and the load average, since the machine may be shared.
 
     python bench/pull.py [--megabytes 100] [--rounds 3]
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,13 +59,35 @@ def checkpoint(megabytes: int) -> torch.nn.Module:
     return model.eval()
 
 
-def rate(megabytes: float, fn) -> float:
-    began = time.perf_counter()
+#: name -> one (MB/s, CPU seconds of this process or its child, CPU seconds of the moto server or None) per round.
+Rates = dict[str, list[tuple[float, float, float | None]]]
+
+
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu(pid: int | None) -> float | None:
+    """user + sys seconds of process `pid` so far (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, TypeError):
+        return None
+
+
+def rate(megabytes: float, fn, server: int | None = None, child: bool = False) -> tuple[float, float, float | None]:
+    """(MB/s, CPU seconds it cost this process (`child`: its child processes), CPU seconds it cost process `server`)."""
+    who = resource.RUSAGE_CHILDREN if child else resource.RUSAGE_SELF
+    began, cpu, served = time.perf_counter(), cpu_seconds(who), server_cpu(server)
     fn()
-    return megabytes / (time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    after = server_cpu(server)
+    return megabytes / seconds, cpu_seconds(who) - cpu, None if served is None or after is None else after - served
 
 
-def s3_rates(folder: Path, source: Path, rounds: int) -> dict[str, list[float]]:
+def s3_rates(folder: Path, source: Path, rounds: int) -> Rates:
     import boto3
 
     from registry.service import Registry
@@ -68,9 +96,9 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> dict[str, list[float]]:
     os.environ.update(env)
     data = source.read_bytes()
     megabytes = len(data) / 1e6
-    rates: dict[str, list[float]] = {"boto3 get_object": [], "normbridge pull (S3 blobs)": []}
+    rates: Rates = {"boto3 get_object": [], "normbridge pull (S3 blobs)": []}
     port = free_port()
-    with started("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder):
+    with started("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder) as moto:
         url = f"http://127.0.0.1:{port}"
         os.environ["NORMBRIDGE_S3_ENDPOINT"] = url
         client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
@@ -88,12 +116,12 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> dict[str, list[float]]:
                 registry.pull("big@1", folder / f"pulled-{round_}.pt2")
 
             for name, step in (("boto3 get_object", plain), ("normbridge pull (S3 blobs)", pull))[:: 1 if round_ % 2 == 0 else -1]:
-                rates[name].append(rate(megabytes, step))
+                rates[name].append(rate(megabytes, step, server=moto.process.pid))
             (folder / f"pulled-{round_}.pt2").unlink()
     return rates
 
 
-def mlflow_rates(folder: Path, model: torch.nn.Module, megabytes: float, rounds: int) -> dict[str, list[float]]:
+def mlflow_rates(folder: Path, model: torch.nn.Module, megabytes: float, rounds: int) -> Rates:
     import mlflow
 
     uri = f"sqlite:///{folder / 'mlflow.db'}"
@@ -104,19 +132,24 @@ def mlflow_rates(folder: Path, model: torch.nn.Module, megabytes: float, rounds:
         mlflow.pytorch.log_model(model, name="model", input_example=torch.randn(2, 2048).numpy(), serialization_format="pt2",
                                  registered_model_name="big", pip_requirements=["torch"])
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri}
-    rates: dict[str, list[float]] = {"mlflow artifacts download (CLI)": [], "mlflow download_artifacts (Python)": []}
+    rates: Rates = {"mlflow artifacts download (CLI)": [], "mlflow download_artifacts (Python)": []}
     for round_ in range(rounds):
         target = folder / f"mlflow-cli-{round_}"
         rates["mlflow artifacts download (CLI)"].append(rate(megabytes, lambda: subprocess.run(
-            [str(BIN / "mlflow"), "artifacts", "download", "-u", "models:/big/1", "-d", str(target)], env=env, check=True, capture_output=True)))
+            [str(BIN / "mlflow"), "artifacts", "download", "-u", "models:/big/1", "-d", str(target)], env=env, check=True, capture_output=True),
+            child=True))
         rates["mlflow download_artifacts (Python)"].append(rate(megabytes, lambda: mlflow.artifacts.download_artifacts(
             "models:/big/1", dst_path=str(folder / f"mlflow-py-{round_}"))))
     return rates
 
 
-def show(rates: dict[str, list[float]]) -> None:
-    for name, values in rates.items():
-        print(f"  {name:<38} {statistics.median(values):8.1f}  ({' '.join(f'{v:.1f}' for v in values)})", flush=True)
+def show(rates: Rates) -> None:
+    for name, rounds in rates.items():
+        speeds = [r[0] for r in rounds]
+        servers = [r[2] for r in rounds if r[2] is not None]
+        server = f"  server CPU {statistics.median(servers):.2f} s" if servers else ""
+        print(f"  {name:<38} {statistics.median(speeds):8.1f}  ({' '.join(f'{v:.1f}' for v in speeds)})  "
+              f"CPU {statistics.median(r[1] for r in rounds):.2f} s{server}", flush=True)
 
 
 def main() -> int:
@@ -130,15 +163,19 @@ def main() -> int:
         source = folder / "model.pt2"
         torch.export.save(torch.export.export(model, (torch.randn(2, 2048),)), str(source))
         megabytes = source.stat().st_size / 1e6
-        print(f"pull of a {megabytes:.1f} MB .pt2, {args.rounds} rounds (S3 = local moto server); MB/s median (per round)")
+        print(f"pull of a {megabytes:.1f} MB .pt2, {args.rounds} rounds (S3 = local moto server); MB/s median (per round), "
+              f"median CPU seconds per step; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
         rates = s3_rates(folder, source, args.rounds)
         show(rates)
         mlflow = mlflow_rates(folder, model, megabytes, args.rounds)
         show(mlflow)
         rates.update(mlflow)
-    ratio = statistics.median(p / b for p, b in zip(rates["normbridge pull (S3 blobs)"], rates["boto3 get_object"]))
-    versus_mlflow = statistics.median(rates["normbridge pull (S3 blobs)"]) / statistics.median(rates["mlflow artifacts download (CLI)"])
+    pulls, gets = rates["normbridge pull (S3 blobs)"], rates["boto3 get_object"]
+    ratio = statistics.median(p[0] / b[0] for p, b in zip(pulls, gets))
+    versus_mlflow = statistics.median(p[0] for p in pulls) / statistics.median(r[0] for r in rates["mlflow artifacts download (CLI)"])
     print(f"normbridge pull / boto3 get_object: median {ratio:.2f} (target >= {PULL_TARGET}): {'met' if ratio >= PULL_TARGET else 'NOT met'}")
+    print(f"CPU of this process per pull / per get_object: {statistics.median(p[1] for p in pulls) / statistics.median(b[1] for b in gets):.1f}x; "
+          f"load average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     print(f"normbridge pull / mlflow artifacts download (CLI): {versus_mlflow:.2f}x")
     return 0
 

@@ -15,9 +15,11 @@ def blocking_text(record) -> str:
 
 
 def servable_cell(record) -> str:
-    """The versions table's verdict: yes, or NO with the blocking hazards' codes."""
+    """The versions table's verdict: yes (with the codes of the recorded hazards that do not block, when there are any), or NO
+    with the blocking hazards' codes."""
     if record.servable:
-        return "yes"
+        warnings = list(dict.fromkeys(h["code"] for h in record.hazards if not h.get("blocking")))
+        return f"yes (warns: {', '.join(warnings)})" if warnings else "yes"
     return "NO: " + ", ".join(dict.fromkeys(h["code"] for h in record.hazards if h.get("blocking")))
 
 

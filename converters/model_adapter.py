@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import abc
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
@@ -111,9 +111,19 @@ class ModelAdapter(abc.ABC):
         `source` the file it was loaded from; None when there is none to store (a torch nn.Module is its state dict)."""
         return None
 
-    def model_file(self, parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
+    def model_file(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray]) -> bytes:
         """The runnable model file of a stored structure with its tensors put back (the bytes of a file `load` reads)."""
         raise UnsupportedObjectError(f"{self.framework} models have no stored structure to rebuild; pull the state dict (--format safetensors).")
+
+    def write_model_file(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], stream: BinaryIO) -> None:
+        """Write `model_file`'s bytes to `stream` (a pulled file's temporary sibling); frameworks that can write the file as
+        they go, each tensor read once when its turn comes, override it."""
+        stream.write(self.model_file(parts, tensors))
+
+    def tensor_order(self, parts: dict[str, bytes], tensor_names: Iterable[str]) -> list[str]:
+        """The tensors in the order `write_model_file` reads them, so a registry can fetch them ahead in that order (empty:
+        no order, all are read before writing starts)."""
+        return []
 
     # -- porting into an existing model ------------------------------------------------------
 

@@ -20,11 +20,16 @@ STRUCTURE_SUFFIXES: dict[str, str] = {"onnx": ".onnx", "keras": ".keras", "pt2":
 @dataclass(frozen=True)
 class StructureParts:
     """The parts of one model's structure; `file_digest`: sha256 of the file they rebuild when it is byte-identical to the
-    registered one (ONNX), else None (a rebuilt .keras or .pt2 archive holds the same model in a new file)."""
+    registered one (ONNX), else None (a rebuilt .keras or .pt2 archive holds the same model in a new file).
+
+    `read_safely`: the parts are what the framework's safe reader accepted when it loaded the registered file (a .pt2's
+    own entries, the graph or config of the model read from the file), so the registry need not rebuild and read them
+    back to know a reader accepts them; False for a model given as an object, whose parts no reader has seen."""
 
     format: str
     parts: dict[str, bytes] = field(default_factory=dict)
     file_digest: str | None = None
+    read_safely: bool = False
 
 
 def sha256_of(data: bytes) -> str:
@@ -33,10 +38,16 @@ def sha256_of(data: bytes) -> str:
 
 def little_endian_bytes(array: np.ndarray) -> bytes:
     """The tensor's bytes as ONNX raw_data and .pt2 payloads hold them (little-endian, C order)."""
+    return little_endian_view(array).tobytes()
+
+
+def little_endian_view(array: np.ndarray) -> memoryview:
+    """The same bytes as `little_endian_bytes`, without a copy when the array already holds them (C order, little-endian):
+    a pulled file is written from its blobs' bytes as they are."""
     array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return array.tobytes()
+    return memoryview(array.reshape(-1).view(np.uint8))
 
 
-__all__ = ["STRUCTURE_SUFFIXES", "StructureParts", "little_endian_bytes", "sha256_of"]
+__all__ = ["STRUCTURE_SUFFIXES", "StructureParts", "little_endian_bytes", "little_endian_view", "sha256_of"]

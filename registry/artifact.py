@@ -107,7 +107,8 @@ class _Builder:
             normalizers=self.entries, lineage=lineage or Lineage(), unrecognised=self.unrecognised,
             structure=structure_record(self.structure, blobs),
         )
-        return Artifact(manifest=manifest, blobs=blobs, specs=self.specs, sites=self.sites)
+        return Artifact(manifest=manifest, blobs=blobs, specs=self.specs, sites=self.sites,
+                        structure_read_safely=self.structure is not None and self.structure.read_safely)
 
 
 def _mode_of(specs: list[NormSpec]) -> str:

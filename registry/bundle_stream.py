@@ -3,8 +3,9 @@
 A bundle is a tar of an artifact folder (manifest.json and blobs/<sha256>.safetensors), at the
 top level or inside one folder. It is read as a stream (tar_reader, bounded), so no member is written to
 disk or read twice: each blob is hashed as it arrives and staged in the blob store (unreferenced
-until the commit), and the equivalence gate starts in its own thread as soon as the manifest and the
-blobs its normalizers use have arrived, while the bulk weights are still on the wire. Links,
+until the commit), and the equivalence gate (then the structure check, registry/service/structure_check.py) starts
+in its own thread as soon as the manifest, the blobs its normalizers use and the structure parts have arrived, while
+the bulk weights are still on the wire. Links,
 devices, unsafe paths, a blob that does not hash to its name, a tensor whose header disagrees
 with the manifest and a bundle past the size limit are refused; whatever was staged is discarded.
 """
@@ -34,8 +35,9 @@ MAX_MEMBERS = 100_000
 #: Bytes of blobs queued for the blob store before the reader (and so the uploading client) waits.
 STAGING_WINDOW = 256 << 20
 
-#: gate(manifest, specs) -> the CheckResults (raises CheckFailedError); Registry._gate.
-Gate = Callable[[ArtifactManifest, list], list]
+#: gate(manifest, specs, held) -> the CheckResults (raises CheckFailedError); Registry._gate, then the structure check on the
+#: structure parts' bytes, which `held(digest)` gives (with the normalizers' blobs).
+Gate = Callable[[ArtifactManifest, list, Callable[[str], bytes]], list]
 #: reuse(digests) -> the subset the bundle may leave out because the store holds them for this uploader (the HTTP
 #: layer allows blobs of models the token may read); None: every blob must be in the bundle.
 Reuse = Callable[[set[str]], set[str]]
@@ -138,9 +140,11 @@ def _parse_manifest(data: bytes) -> ArtifactManifest:
         raise InputFileError(f"the bundle's {MANIFEST_FILE} is not valid JSON ({error}); export the artifact again.") from error
 
 
-def normalizer_digests(manifest: ArtifactManifest) -> set[str]:
-    """The blobs the equivalence gate needs: those of the normalizers' spec tensors."""
-    return {manifest.tensors[t].digest for entry in manifest.normalizers for t in entry.tensors.values() if t in manifest.tensors}
+def gated_digests(manifest: ArtifactManifest) -> set[str]:
+    """The blobs the equivalence gate needs: those of the normalizers' spec tensors, and the structure parts (small; the
+    structure is checked beside the gate)."""
+    parts = {ref.digest for ref in manifest.structure.parts.values()} if manifest.structure is not None else set()
+    return parts | {manifest.tensors[t].digest for entry in manifest.normalizers for t in entry.tensors.values() if t in manifest.tensors}
 
 
 def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, reuse: Reuse | None = None,
@@ -170,8 +174,8 @@ def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, r
 
 class _Receiver:
     """One bundle on its way in. Memory stays near what is in flight when the manifest comes first: a bulk blob's
-    bytes are dropped once staged, only the normalizers' blobs are kept (for the gate), and the reader, so the
-    sender, waits while more than STAGING_WINDOW bytes are queued for the store. Blobs that arrive before the
+    bytes are dropped once staged, only the normalizers' blobs and the structure parts are kept (for the gate and the
+    structure check), and the reader, so the sender, waits while more than STAGING_WINDOW bytes are queued for the store. Blobs that arrive before the
     manifest are held until it comes (a manifest-last tar costs its size in memory)."""
 
     def __init__(self, store: BlobStore, gate: Gate, stager: ThreadPoolExecutor, gater: ThreadPoolExecutor, reuse: Reuse | None = None,
@@ -180,7 +184,7 @@ class _Receiver:
         self.manifest: ArtifactManifest | None = None
         self.refs: dict = {}
         self.names: dict[str, list[str]] = {}  # digest -> the manifest tensors it holds
-        self.needed: set[str] = set()  # the normalizers' blobs
+        self.needed: set[str] = set()  # the normalizers' blobs and the structure parts
         self.early: dict[str, bytes] = {}  # arrived before the manifest
         self.gated: dict[str, bytes] = {}
         self.staging: dict[str, Future] = {}
@@ -196,7 +200,7 @@ class _Receiver:
             self.names.setdefault(ref.digest, []).append(name)
         if self.claim is not None:
             self.claim(set(self.names))
-        self.needed = normalizer_digests(self.manifest)
+        self.needed = gated_digests(self.manifest)
         early, self.early = self.early, {}
         for digest, blob in early.items():
             self._accept(digest, blob)
@@ -300,8 +304,8 @@ def _done(value) -> Future:
 
 
 def _specs_then_gate(manifest: ArtifactManifest, held: dict[str, bytes], gate: Gate) -> list:
-    return gate(manifest, specs_from_manifest(manifest, held.__getitem__))
+    return gate(manifest, specs_from_manifest(manifest, held.__getitem__), held.__getitem__)
 
 
-__all__ = ["BundleMember", "MAX_MEMBERS", "ReceivedBundle", "UploadInterrupted", "member_path", "normalizer_digests", "read_bundle_stream",
+__all__ = ["BundleMember", "MAX_MEMBERS", "ReceivedBundle", "UploadInterrupted", "member_path", "gated_digests", "read_bundle_stream",
            "receive_bundle", "too_large"]

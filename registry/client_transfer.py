@@ -6,7 +6,7 @@ bundle is streamed into a temporary file. A bundle is extracted only if every me
 regular file named `manifest.json` or `blobs/<sha256>.safetensors` (no links, no absolute or
 `..` paths), so a hostile server cannot write outside the temporary folder.
 
-A folder is sent manifest first, then its normalizers' blobs, so the server can gate it early;
+A folder is sent manifest first, then its normalizers' blobs and structure parts, so the server can gate it early;
 blobs the server already holds for the token (POST /api/v1/blobs/present) are left out.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from schemas.errors import InputFileError, IntegrityError
 from schemas.manifest import load_manifest
 
-from .bundle_stream import normalizer_digests
+from .bundle_stream import gated_digests
 from .manifest_io import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
 from .tar_reader import TarFormatError, read_tar
 
@@ -58,23 +58,24 @@ def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[tu
     """(name in the tar, file) for an artifact folder; nothing but the manifest and the blobs (less those in `skip`,
     which the server already holds for this token) is sent.
 
-    The manifest goes first, then the blobs of the normalizers' tensors, then the bulk: the server
-    starts the equivalence gate as soon as it has the first two, while the bulk is still on the way.
+    The manifest goes first, then the blobs of the normalizers' tensors and the structure parts, then the bulk: the
+    server starts the equivalence gate (and the structure check) as soon as it has the first two, while the bulk is
+    still on the way.
     """
     members = [(MANIFEST_FILE, folder / MANIFEST_FILE)]
     blobs = folder / BLOBS_DIR
     if blobs.is_dir():
-        gated = _normalizer_digests(folder / MANIFEST_FILE)
+        gated = _gated_digests(folder / MANIFEST_FILE)
         files = [p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors" and p.stem not in skip]
-        files.sort(key=lambda p: p.stem not in gated)  # stable: normalizers' blobs first, each group sorted
+        files.sort(key=lambda p: p.stem not in gated)  # stable: the gated blobs first, each group sorted
         members += [(f"{BLOBS_DIR}/{p.name}", p) for p in files]
     return members
 
 
-def _normalizer_digests(manifest_path: Path) -> set[str]:
-    """Digests of the normalizers' tensors; empty when the manifest is unreadable (the server reports that)."""
+def _gated_digests(manifest_path: Path) -> set[str]:
+    """Digests of the normalizers' tensors and the structure parts; empty when the manifest is unreadable (the server reports that)."""
     try:
-        return normalizer_digests(load_manifest(json.loads(manifest_path.read_text())))
+        return gated_digests(load_manifest(json.loads(manifest_path.read_text())))
     except Exception:  # noqa: BLE001 - the order is only an optimisation; the server names what is wrong
         return set()
 

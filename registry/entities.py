@@ -21,6 +21,8 @@ class VersionRecord:
 
     `servable` is None only for a version registered before the verdict existed and not yet assessed; `hazards` are
     the warning- and error-level hazards found in it, each a dict with layer, code, severity, message and blocking.
+    `structure_checked` is True when a safe reader accepted its stored structure at registration (so `pull` need not read
+    the rebuilt file back), None for a version registered before that was recorded.
     """
 
     model: str
@@ -35,6 +37,7 @@ class VersionRecord:
     user: str
     servable: bool | None = None
     hazards: list[dict[str, Any]] = field(default_factory=list)
+    structure_checked: bool | None = None
 
     @property
     def ref(self) -> str:

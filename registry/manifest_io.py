@@ -37,12 +37,15 @@ class Artifact:
 
     `sites` is how many normalization layers the model holds, as its reader found them (None for a saved artifact
     folder, whose manifest is all there is): the registry's gate refuses a registration that checks fewer.
+    `structure_read_safely`: the manifest's structure is what the framework's safe reader accepted when it loaded the
+    registered file (converters.model_structure.StructureParts.read_safely); otherwise registration checks it.
     """
 
     manifest: ArtifactManifest
     blobs: MutableMapping[str, bytes] = field(default_factory=dict)
     specs: list[NormSpec] = field(default_factory=list)
     sites: int | None = None
+    structure_read_safely: bool = False
 
 
 # -- reading blobs ----------------------------------------------------------------------------

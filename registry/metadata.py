@@ -74,13 +74,14 @@ class MetadataStore(MetadataReads):
         user: str,
         guard: Callable[[Session], None] | None = None,
         verdict: tuple[bool, list[dict]] | None = None,
+        structure_checked: bool | None = None,
     ) -> tuple[VersionRecord, bool]:
         """Register a version in one transaction; identical content returns the existing version.
 
         `guard(session)` runs first inside that transaction and may refuse: the registry ends the registration's blob
         lease there (registry/blob_leases.py), atomically with the blob references that replace it. `verdict` is
         (servable, hazards) as registry/service/servable.py computed it; a version that is not servable says so in
-        its audit entry.
+        its audit entry. `structure_checked`: a safe reader accepted the stored structure (registry/service/structure_check.py).
         """
         if not model or "@" in model:
             raise RegistryError(f"model name {model!r} is not allowed; use a non-empty name without '@'")
@@ -120,6 +121,7 @@ class MetadataStore(MetadataReads):
                 user=user,
                 servable=None if verdict is None else verdict[0],
                 hazards=None if verdict is None else verdict[1],
+                structure_checked=structure_checked,
             )
             session.add(row)
             session.flush()

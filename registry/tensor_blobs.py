@@ -37,13 +37,18 @@ def tensor_from_blob(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
     return array
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a stored dtype name (bfloat16 is ml_dtypes')."""
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
 def tensor_view(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
     """The tensor in a blob as a read-only view of its bytes (no decode, no copy), checked against its manifest entry from
     the header (check_tensor_header): what `pull` reads, where every tensor is written out once anyway."""
     check_tensor_header(data, ref, name)
     start = 8 + int.from_bytes(data[:8], "little")
-    dtype = ml_dtypes.bfloat16 if ref.dtype == "bfloat16" else np.dtype(ref.dtype)
-    return np.frombuffer(data, dtype=dtype, count=ref.nbytes // np.dtype(dtype).itemsize, offset=start).reshape(ref.shape)
+    dtype = numpy_dtype(ref.dtype)
+    return np.frombuffer(data, dtype=dtype, count=ref.nbytes // dtype.itemsize, offset=start).reshape(ref.shape)
 
 
 def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | None = None) -> None:
@@ -109,4 +114,4 @@ def stored_tensor_problem(name: str, record: dict, data: bytes | None = None) ->
     return None
 
 
-__all__ = ["SAFETENSORS_DTYPES", "check_tensor_header", "stored_tensor_problem", "tensor_blob", "tensor_from_blob", "tensor_view"]
+__all__ = ["SAFETENSORS_DTYPES", "check_tensor_header", "numpy_dtype", "stored_tensor_problem", "tensor_blob", "tensor_from_blob", "tensor_view"]

@@ -10,12 +10,14 @@ permission bits, so a model the user made private stays private.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 #: Modes asked of the kernel for a new file and folder; the process umask is taken off them.
 FILE_MODE = 0o666
@@ -61,6 +63,16 @@ def _new_folder(target: Path) -> Path:
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `target` so that readers see the old file or the whole new one, never a part."""
+    with atomic_writer(target) as stream:
+        stream.write(data)
+    return Path(target)
+
+
+@contextlib.contextmanager
+def atomic_writer(target: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary stream into a temporary sibling of `target` that becomes `target` (fsync, rename) when the block ends
+    without an error, and is removed when it raises: a large file is written once, straight to disk, never held whole in
+    memory, and readers still see the old file or the whole new one."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     keep = _existing_mode(target)
@@ -69,14 +81,13 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> Path:
         with os.fdopen(handle, "wb") as stream:
             if keep is not None:
                 os.chmod(stream.fileno(), keep)
-            stream.write(data)
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, target)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    return target
 
 
 def atomic_write_folder(target: str | os.PathLike, fill: Callable[[Path], object]) -> Path:

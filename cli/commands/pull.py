@@ -54,9 +54,10 @@ def pull(
 ) -> None:
     """Write a registered version as a runnable model in its source format, or its state dict as safetensors.
 
-    Every blob is re-hashed on the way out (exit 12 if one was tampered with); an ONNX file comes back byte-identical to
-    the one registered; the file is read back by normbridge's safe reader before it is written. A torch nn.Module
-    registered from Python is stored as its state dict: pull it with --format safetensors.
+    Every blob is re-hashed on the way out (exit 12 if one was tampered with, and nothing is written); an ONNX file comes
+    back byte-identical to the one registered; the structure was accepted by normbridge's safe reader when the version was
+    registered, and the file is written straight to disk, atomically. A torch nn.Module registered from Python is stored
+    as its state dict: pull it with --format safetensors.
     Example: normbridge pull resnet@production -o resnet.pt2
     """
     from registry.client import RemoteRegistry

@@ -62,7 +62,7 @@ class KerasModelAdapter(ModelAdapter):
             atomic_write_bytes(path, temporary.read_bytes())
 
     def structure_of(self, model: Any, tensors, source=None):
-        return keras_structure(model)
+        return keras_structure(model, read_safely=source is not None)
 
     def model_file(self, parts, tensors) -> bytes:
         return keras_file(parts, tensors)

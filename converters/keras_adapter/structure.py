@@ -24,9 +24,10 @@ from .runtime import import_keras
 CONFIG, METADATA = "config.json", "metadata.json"
 
 
-def keras_structure(model: Any) -> StructureParts | None:
+def keras_structure(model: Any, read_safely: bool = False) -> StructureParts | None:
     """The config and metadata parts; None for a model Keras cannot serialise (a subclassed model without get_config),
-    which is then stored as its tensors only (`pull` says so and offers the state dict)."""
+    which is then stored as its tensors only (`pull` says so and offers the state dict). `read_safely`: `model` was
+    loaded from the registered file with safe_mode=True, and the config is its own serialisation."""
     keras = import_keras()
     try:
         config = keras.saving.serialize_keras_object(model)
@@ -34,7 +35,7 @@ def keras_structure(model: Any) -> StructureParts | None:
     except (NotImplementedError, TypeError, ValueError):
         return None
     parts = {CONFIG: json.dumps(config, sort_keys=True).encode(), METADATA: json.dumps({"keras_version": keras.__version__}).encode()}
-    return StructureParts("keras", parts)
+    return StructureParts("keras", parts, read_safely=read_safely)
 
 
 def keras_model(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> Any:

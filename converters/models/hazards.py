@@ -8,6 +8,7 @@ intended are info.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import ml_dtypes
@@ -18,6 +19,7 @@ from schemas.inspection import Hazard
 from schemas.kinds import KIND_INFO
 
 from ..model_values import LayerFacts
+from .monitoring.convergence import INITIAL_WEIGHT_FLOOR, initial_weight, is_initial
 
 #: How a hazard names the default of each framework (KindInfo.default_eps holds the values); another
 #: framework's is called "the <name> default".
@@ -104,6 +106,42 @@ def never_trained(facts: LayerFacts) -> Hazard | None:
         "never_trained", "warning",
         f"{why}: the layer never saw data, so at eval it normalises nothing but scale and shift; train or recalibrate it "
         "(normbridge recalibrate) before serving.",
+    )
+
+
+def unconverged_statistics(facts: LayerFacts) -> Hazard | None:
+    """A BatchNorm whose running statistics may still hold a large share of their initial values (mean 0, var 1).
+
+    They start at mean 0 / var 1 and move by `momentum` per training batch, so after num_batches_tracked = t batches a
+    share w = (1 - momentum) ** t of the initial values is left (monitoring/convergence.py): running_var = w + (1 - w)
+    * sigma^2 >= w, running_mean = (1 - w) * mu. Flagged when w >= INITIAL_WEIGHT_FLOOR (5%: fewer than 29 batches at
+    momentum 0.1) and every variance is at least w (a smaller one cannot be such a blend). Judged only where the layer
+    keeps its batch counter and a momentum (torch modules and programs); Keras and ONNX keep no counter. The counter is
+    history, not a measurement: statistics set another way (recalibrated, torch.optim.swa_utils.update_bn, copied) keep
+    a counter that says nothing about them, so this is a warning that does not block serving, and `normbridge drift`
+    tells the two apart on real inputs. num_batches_tracked == 0 is never_trained; momentum=None, a cumulative average,
+    forgets the initial values at the first batch.
+    """
+    if facts.kind != "batch" or not facts.tracked or facts.spec.frozen:
+        return None
+    tensors = facts.spec.tensors
+    count = tensors.get("num_batches_tracked")
+    if count is None or int(count) <= 0 or is_initial(tensors["running_mean"], tensors["running_var"]):
+        return None
+    momentum = facts.spec.momentum_as("batch_weight")
+    weight = initial_weight(int(count), momentum)
+    if weight is None or weight < INITIAL_WEIGHT_FLOOR:
+        return None
+    if not np.all(np.asarray(tensors["running_var"], dtype=np.float64) >= weight * (1.0 - 1e-4)):
+        return None
+    needed = math.ceil(math.log(INITIAL_WEIGHT_FLOOR) / math.log(1.0 - momentum))
+    return _hazard(
+        "unconverged_statistics", "warning",
+        f"num_batches_tracked={int(count)} at momentum {momentum:g}: if these are the running statistics kept since training began, "
+        f"{weight:.0%} of them is still the initial values (mean 0, var 1), pulling running_var toward 1 and running_mean toward 0, so "
+        f"at eval the layer normalises with statistics that match no input; train until num_batches_tracked reaches {needed} or "
+        "recalibrate it (normbridge recalibrate). Statistics set another way (recalibrated, update_bn, copied) keep a counter that says "
+        "nothing about them: `normbridge drift` on real inputs tells the two apart.",
     )
 
 
@@ -228,10 +266,25 @@ def folded_site(facts: LayerFacts) -> Hazard | None:
 
 #: Every layer hazard, in the order they are reported.
 LAYER_HAZARDS: tuple[Callable[[LayerFacts], Hazard | None], ...] = (
-    unreadable, train_mode, batch_stats_at_eval, never_trained, momentum_none, eps_not_default, eps_underflow, decomposed, folded_site,
+    unreadable, train_mode, batch_stats_at_eval, never_trained, unconverged_statistics, momentum_none, eps_not_default, eps_underflow,
+    decomposed, folded_site,
 )
 
 
 def layer_hazards(facts: LayerFacts) -> list[Hazard]:
     """Every hazard of one layer."""
     return [hazard for check in LAYER_HAZARDS if (hazard := check(facts)) is not None]
+
+
+def convergence_unjudged(facts: list[LayerFacts]) -> Hazard | None:
+    """Tracked BatchNorms whose format keeps no batch counter (Keras, ONNX): whether their statistics converged
+    (unconverged_statistics) cannot be judged from the file, and inspection says so rather than pass over it."""
+    unjudged = [f.path for f in facts if f.kind == "batch" and f.tracked and not f.spec.frozen and "num_batches_tracked" not in f.spec.tensors]
+    if not unjudged:
+        return None
+    more = f" and {len(unjudged) - 3} more" if len(unjudged) > 3 else ""
+    return _hazard(
+        "convergence_unjudged", "info",
+        f"{len(unjudged)} BatchNorm layer(s) ({', '.join(unjudged[:3])}{more}) keep no batch counter in this format, so whether their running "
+        "statistics converged (unconverged_statistics) is not judged from the file; `normbridge drift` judges it on real inputs.",
+    )

@@ -18,7 +18,7 @@ from schemas.kinds import KIND_INFO
 
 from ..adapters import REGISTRY
 from ..model_values import LayerFacts
-from .hazards import layer_hazards
+from .hazards import convergence_unjudged, layer_hazards
 
 
 def inspect_path(path: str | Path) -> ModelInspection:
@@ -52,7 +52,8 @@ def _spec_facts(spec: NormSpec) -> LayerFacts:
 
 def _inspection(framework: str, source: str, facts: list[LayerFacts], hazards: list) -> ModelInspection:
     layers = [_layer(index, f) for index, f in enumerate(facts)]
-    return ModelInspection(framework=framework, source=source, layers=layers, hazards=hazards)
+    unjudged = convergence_unjudged(facts)
+    return ModelInspection(framework=framework, source=source, layers=layers, hazards=list(hazards) + ([unjudged] if unjudged else []))
 
 
 def _layer(index: int, facts: LayerFacts) -> LayerInspection:

@@ -83,7 +83,7 @@ class OnnxModelAdapter(ModelAdapter):
         return onnx_contents(model)
 
     def structure_of(self, model: Any, tensors, source=None):
-        return onnx_structure(model, tensors)
+        return onnx_structure(model, tensors, read_safely=source is not None)
 
     def model_file(self, parts, tensors) -> bytes:
         return onnx_file(parts, tensors)

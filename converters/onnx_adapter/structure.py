@@ -26,16 +26,18 @@ def _has_data(tensor: onnx.TensorProto) -> bool:
     return bool(tensor.raw_data) or any(len(getattr(tensor, name)) for name in typed) or tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
-def onnx_structure(model: onnx.ModelProto, tensors: dict[str, np.ndarray]) -> StructureParts:
-    """The skeleton of `model` (initializers without raw_data); `tensors` are the initializers by name, as stored.
+def onnx_structure(model: onnx.ModelProto, tensors: dict[str, np.ndarray], read_safely: bool = False) -> StructureParts:
+    """The skeleton of `model` (initializers without raw_data); `tensors` are the initializers by name, as stored;
+    `read_safely`: `model` is what the safe reader read from the registered file.
 
     Cut from the model's serialized bytes (no second copy of the model's weights): each initializer whose raw_data is
     its tensor's bytes (checked one at a time) has that field left out (`_without_raw_data`)."""
     whole = model.SerializeToString()
     cleared = _refillable(model, tensors)
     if cleared is None:
-        return StructureParts("onnx", {PART: whole}, sha256_of(whole))  # the bytes would not come back the same: keep the graph whole
-    return StructureParts("onnx", {PART: _without_raw_data(whole, {i.name for i in cleared})}, sha256_of(whole))
+        # the bytes would not come back the same: keep the graph whole
+        return StructureParts("onnx", {PART: whole}, sha256_of(whole), read_safely=read_safely)
+    return StructureParts("onnx", {PART: _without_raw_data(whole, {i.name for i in cleared})}, sha256_of(whole), read_safely=read_safely)
 
 
 def _varint(data: memoryview, at: int) -> tuple[int, int]:

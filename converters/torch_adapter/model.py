@@ -117,6 +117,12 @@ class TorchModelAdapter(ModelAdapter):
     def model_file(self, parts, tensors) -> bytes:
         return pt2_structure.pt2_file(parts, tensors)
 
+    def write_model_file(self, parts, tensors, stream) -> None:
+        pt2_structure.write_pt2(parts, tensors, stream)
+
+    def tensor_order(self, parts, tensor_names) -> list[str]:
+        return pt2_structure.pt2_tensor_order(parts, set(tensor_names))
+
     # -- porting ---------------------------------------------------------------------------
 
     def port_targets(self, model: Any) -> list[NormLayerRef]:

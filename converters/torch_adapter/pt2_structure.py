@@ -6,23 +6,26 @@ archive_format, archive_version, byteorder), never its sample inputs (a pickle, 
 bytes of the first tensor its config names, so it is left out and rebuilt from that tensor; one that is not (a
 view into a shared storage) is kept as a part, so the archive always comes back with the same bytes per entry. An
 archive holding a pickled state dict (the legacy model.pt) is re-saved with torch.export.save first, so no part is
-ever a pickle. The rebuilt archive is written with torch's own PT2ArchiveWriter and read back by pt2_archive.
+ever a pickle. The rebuilt archive is written with torch's own PT2ArchiveWriter, straight into the stream it goes to
+(a pulled file's temporary sibling), each payload from its tensor's bytes without a copy.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from schemas import InputFileError
 
-from ..model_structure import StructureParts, little_endian_bytes
+from ..model_structure import StructureParts, little_endian_view
 from .pt2_archive import CONSTANTS, SAMPLE_INPUTS, WEIGHTS
 from .pt2_payloads import tensor_sources
 
@@ -69,7 +72,8 @@ def pt2_structure(program: Any, tensors: dict[str, np.ndarray], source: Path | N
             entries = _entries(zf)
             if not any(entry in entries for entry in LEGACY):
                 mapped = {fqn: where for fqn, where in tensor_sources(program).items() if where.archive == source}
-                return StructureParts("pt2", _parts(zf, entries, tensors, mapped))
+                # the safe reader loaded `source`: these are the entries it accepted
+                return StructureParts("pt2", _parts(zf, entries, tensors, mapped), read_safely=True)
     with zipfile.ZipFile(io.BytesIO(_saved(program))) as zf:
         return StructureParts("pt2", _parts(zf, _entries(zf), tensors, {}))
 
@@ -89,30 +93,56 @@ def _parts(zf: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], tensors: di
         if fqn in tensors and where is not None and (where.entry, where.start, where.length) == (info.filename, 0, info.file_size):
             continue  # the tensor is this whole payload, mapped from it: rebuilt from the tensor
         data = zf.read(info)
-        if fqn is not None and fqn in tensors and little_endian_bytes(tensors[fqn]) == data:
+        if fqn is not None and fqn in tensors and little_endian_view(tensors[fqn]) == data:
             continue  # rebuilt from the tensor
         parts[name] = bytes(data)
     return parts
 
 
-def pt2_file(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
-    """The .pt2 archive of the structure with its payloads rebuilt from `tensors`."""
-    from torch.export.pt2_archive._package import PT2ArchiveWriter
-
-    records = dict(parts)
+def _records(parts: dict[str, bytes], tensor_names) -> dict[str, bytes | str]:
+    """Every entry of the rebuilt archive, in the order it is written: a part's bytes, or the name of the tensor it holds."""
+    records: dict[str, bytes | str] = dict(parts)
     for name, fqn in _payload_sources(parts).items():
         if name not in records:
-            if fqn not in tensors:
+            if fqn not in tensor_names:
                 raise InputFileError(f"the .pt2 payload '{name}' is the tensor '{fqn}', which the version does not hold; the stored version is inconsistent.")
-            records[name] = little_endian_bytes(tensors[fqn])
+            records[name] = fqn
     for name in parts:  # torch.export.load reads each program's sample inputs: an empty record, no pickle (it loads as none)
         if name.startswith(PROGRAMS) and name.endswith(".json"):
             records.setdefault(f"{SAMPLE_INPUTS}{name[len(PROGRAMS):-len('.json')]}.pt", b"")
+    return {name: records[name] for name in sorted(records)}
+
+
+def pt2_tensor_order(parts: dict[str, bytes], tensor_names) -> list[str]:
+    """The tensors in the order `write_pt2` writes them (a registry reads them ahead in that order)."""
+    return [source for source in _records(parts, tensor_names).values() if isinstance(source, str)]
+
+
+def write_pt2(parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], stream: BinaryIO) -> None:
+    """Write the .pt2 archive of the structure, its payloads taken from `tensors` (each looked up once, in archive order),
+    to `stream`, which torch's zip writer only ever appends to."""
+    from torch.export.pt2_archive._package import PT2ArchiveWriter
+
+    with PT2ArchiveWriter(stream) as writer:
+        for name, source in _records(parts, tensors.keys()).items():
+            if isinstance(source, bytes):
+                writer.write_bytes(name, source)
+                continue
+            payload = little_endian_view(tensors[source])
+            if not payload.nbytes:
+                writer.write_bytes(name, b"")
+                continue
+            with warnings.catch_warnings():  # a blob's bytes are read-only; the writer only reads them
+                warnings.simplefilter("ignore", UserWarning)
+                storage = torch.frombuffer(payload, dtype=torch.uint8).untyped_storage()
+            writer.archive_file.write_record(name, storage, payload.nbytes)
+
+
+def pt2_file(parts: dict[str, bytes], tensors: Mapping[str, np.ndarray]) -> bytes:
+    """The .pt2 archive of the structure with its payloads rebuilt from `tensors`."""
     buffer = io.BytesIO()
-    with PT2ArchiveWriter(buffer) as writer:
-        for name in sorted(records):
-            writer.write_bytes(name, records[name])
+    write_pt2(parts, tensors, buffer)
     return buffer.getvalue()
 
 
-__all__ = ["pt2_file", "pt2_structure"]
+__all__ = ["pt2_file", "pt2_structure", "pt2_tensor_order", "write_pt2"]

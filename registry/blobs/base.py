@@ -16,6 +16,8 @@ from pathlib import Path
 from schemas.errors import IntegrityError, RegistryError
 
 HEX_DIGITS = frozenset("0123456789abcdef")
+#: Bytes read (and hashed) at a time when a blob is streamed in.
+READ_CHUNK = 8 * 1024 * 1024
 
 
 def sha256_hex(data: bytes) -> str:
@@ -36,7 +38,7 @@ class BlobStore(abc.ABC):
     """Immutable, content-addressed bytes. `uri` names the store (what `open_blob_store` accepts)."""
 
     uri: str
-    #: How many blobs a registration stages, or a bundle download reads ahead, at once (a network store overlaps round
+    #: How many blobs a registration stages, or a bundle download or a pull reads ahead, at once (a network store overlaps round
     #: trips; a disk does not gain).
     parallel_transfers: int = 1
 
@@ -73,15 +75,27 @@ class BlobStore(abc.ABC):
         data = self.get(digest)
         return data[:size], len(data)
 
+    def read_verified(self, digest: str, read: Callable[[int], bytes]) -> bytes:
+        """Every byte `read(n)` gives until it gives none, hashed chunk by chunk as it arrives (no second pass over the
+        blob, and over a network the hashing overlaps the wait for the next chunk); IntegrityError unless it is `digest`."""
+        sha = hashlib.sha256()
+        chunks = []
+        while chunk := read(READ_CHUNK):
+            sha.update(chunk)
+            chunks.append(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return self._refuse_changed(digest, sha.hexdigest()) or data
+
     def verified(self, digest: str, data: bytes) -> bytes:
         """`data` if it still hashes to `digest`; IntegrityError otherwise (tampered bytes are never served)."""
-        actual = sha256_hex(data)
+        return self._refuse_changed(digest, sha256_hex(data)) or data
+
+    def _refuse_changed(self, digest: str, actual: str) -> None:
         if actual != digest:
             raise IntegrityError(
                 f"blob {digest} in {self.uri} now hashes to {actual}: its bytes were modified or corrupted, "
                 "so it is not served; restore it from a backup or re-register the version"
             )
-        return data
 
     # Staging lets a registration write its bytes while the equivalence gate runs and publish them
     # only if it passes. The default stages in memory; the local store writes hidden synced files;

@@ -65,7 +65,7 @@ class S3BlobStore(BlobStore):
             raise RegistryError(f"multipart threshold {multipart_threshold} bytes is not positive; pass at least 1 byte")
         self.multipart_threshold = multipart_threshold
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
-        self.parallel_transfers = 4  # concurrent PUTs or GETs per registration or bundle (boto3 clients are thread-safe; its pool holds 10)
+        self.parallel_transfers = 4  # concurrent PUTs or GETs per registration, bundle or pull (boto3 clients are thread-safe; its pool holds 10)
         self.part_size = part_size
         self.endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None
         if client is None:
@@ -222,14 +222,13 @@ class S3BlobStore(BlobStore):
         key = self.key_of(digest)
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=key)
-            data = response["Body"].read()
+            return self.read_verified(digest, response["Body"].read)  # hashed as it streams in
         except ClientError as error:
             if str(error.response.get("Error", {}).get("Code", "")) in _MISSING:
                 raise NotFoundError(
                     f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
                 ) from None
             raise self._refuse(error, f"read of blob {digest}") from error
-        return self.verified(digest, data)
 
     def head_of(self, digest: str, size: int) -> tuple[bytes, int]:
         """One ranged GET: the first `size` bytes and, from Content-Range, the object's whole length."""

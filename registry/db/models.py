@@ -69,6 +69,8 @@ class VersionRow(Base):
     # The servable verdict and its hazards (registry/service/servable.py); NULL for versions registered before it existed.
     servable: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     hazards: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    # Whether a safe reader accepted the stored structure at registration (registry/service/structure_check.py); NULL before.
+    structure_checked: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
     model: Mapped[ModelRow] = relationship(lazy="joined")
 
@@ -90,6 +92,7 @@ class VersionRow(Base):
             user=self.user,
             servable=self.servable,
             hazards=list(self.hazards or []),
+            structure_checked=self.structure_checked,
         )
 
 

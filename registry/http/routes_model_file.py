@@ -1,6 +1,7 @@
 """The runnable model of a version: GET /api/v1/models/{name}/versions/{ref}/model?format=... (role read, model scope enforced).
 
-The server rebuilds the file (registry/service/model_files.py: blobs re-hashed, the file read back through the
+The server rebuilds the file (registry/service/model_files.py: blobs re-hashed as they are read, a structure a safe
+reader accepted at registration, or, for a version registered before that was recorded, the file read back through the
 framework's safe reader) and streams it with its sha256 in X-Normbridge-Digest, which the client checks before it
 writes anything. Scope is checked on the model name first, so an out-of-scope caller gets 403 whether or not the
 model exists.

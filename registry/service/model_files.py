@@ -1,29 +1,35 @@
 """Giving a version back: its runnable model file in the source format, or its state dict as safetensors, or the framework object.
 
 The model file is rebuilt from the version's structure (registry/structure.py) with its tensors put back, by the
-framework's model adapter (`ModelAdapter.model_file`); every blob is re-hashed on the way out (a tampered one is
-refused, naming the version and the tensor), an ONNX file must hash to the digest recorded at registration, and the
-result is read back through the framework's safe reader (onnx protobuf and checker, Keras safe_mode, the project's
-.pt2 reader) before anyone gets it. Files are written atomically.
+framework's model adapter (`ModelAdapter.write_model_file`), straight into the stream it goes to: a pulled file's
+temporary sibling, fsynced and renamed when whole (schemas.atomic_io.atomic_writer), never built in memory first.
+Every blob is re-hashed as it streams in from the store (a tampered one is refused, naming the version and the
+tensor, and nothing is written), several at once and ahead of the writer (blob_fetch.py); the file is hashed as it
+is written, and an ONNX file must hash to the digest recorded at registration. A safe reader accepted the structure
+when the version was registered (structure_check.py, `structure_checked`), so the file is not read back; the file of
+a version registered before that record existed is read back through the framework's safe reader (onnx protobuf and
+checker, Keras safe_mode, the project's .pt2 reader) before anyone gets it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from converters.adapters import REGISTRY
 from converters.model_structure import STRUCTURE_SUFFIXES, sha256_of
-from schemas.atomic_io import atomic_write_bytes
+from schemas.atomic_io import atomic_writer
 from schemas.errors import IntegrityError, NormbridgeError, RegistryError
 
 from ..manifest_io import tensors_from_blobs
 from ..state_dict_file import state_dict_file, state_dict_names
 from ..structure import structure_parts
-from ..tensor_blobs import tensor_view
+from .blob_fetch import FetchedTensors
 
 #: What `pull` writes: the source format of the version's structure, or its state dict.
 PULL_FORMATS: tuple[str, ...] = ("source", *STRUCTURE_SUFFIXES, "safetensors")
@@ -40,6 +46,7 @@ class ModelFile:
     ref: str
     format: str
     data: bytes
+    sha256: str | None = None  # computed as it was written, when it was
 
     @property
     def suffix(self) -> str:
@@ -47,7 +54,7 @@ class ModelFile:
 
     @property
     def digest(self) -> str:
-        return sha256_of(self.data)
+        return self.sha256 or sha256_of(self.data)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,26 @@ class PullResult:
     format: str
     digest: str
     nbytes: int
+
+
+class HashingWriter:
+    """A binary stream that hashes what it forwards to `stream`: a file's sha256 without a second pass over it."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream, self.sha, self.nbytes = stream, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.stream.write(view)
+        self.nbytes += view.nbytes
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def hexdigest(self) -> str:
+        return self.sha.hexdigest()
 
 
 class ModelFiles:
@@ -77,29 +104,30 @@ class ModelFiles:
                 converting to ONNX for serving is `export`).
             IntegrityError: a blob is tampered or missing, or the rebuilt file is not the one registered.
         """
-        report = progress or (lambda step, done, total: None)
-        record = self.show(ref)
-        manifest = self.manifest(record.ref)
-        stored = manifest.structure.format if manifest.structure is not None else None
-        fmt = self._pull_format(record.ref, fmt or "source", stored)
-        blobs = self._read_blobs(record, manifest.blob_digests(), report)
-        tensors = {name: tensor_view(blobs[ref.digest], ref, name) for name, ref in manifest.tensors.items()}
-        parts = structure_parts(manifest, blobs.__getitem__)
-        if fmt == "safetensors":
-            return ModelFile(record.ref, fmt, state_dict_file(manifest, tensors, parts))
-        report(f"rebuilding the {fmt} model", 0, 1)
-        data = REGISTRY.model_adapter(manifest.framework).model_file(parts, tensors)
-        expected = manifest.structure.file_digest
-        if expected is not None and sha256_of(data) != expected:
-            raise IntegrityError(f"version {record.ref}: the rebuilt {fmt} file hashes to {sha256_of(data)[:12]}, not the {expected[:12]} registered; "
-                                 "it is not served: run `normbridge verify` on the version.")
-        read_back(record.ref, fmt, manifest.framework, data)
-        report(f"rebuilding the {fmt} model", 1, 1)
-        return ModelFile(record.ref, fmt, data)
+        record, manifest, fmt = self._resolve_pull(ref, fmt)
+        return self._model_file(record, manifest, fmt, progress)
+
+    def _model_file(self, record, manifest, fmt: str, progress: Progress | None) -> ModelFile:
+        buffer = io.BytesIO()
+        written = HashingWriter(buffer)
+        self._write_version(record, manifest, fmt, written, progress)
+        data = buffer.getvalue()
+        if self._needs_read_back(record, fmt):
+            read_back(record.ref, fmt, manifest.framework, data)
+        return ModelFile(record.ref, fmt, data, written.hexdigest())
 
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress: Progress | None = None) -> PullResult:
         """Write the version to `path` atomically (see `model_file`); a directory gets '<name>-<N><suffix>' inside it."""
-        return write_pulled(self.model_file(ref, fmt, progress), path, progress)
+        record, manifest, fmt = self._resolve_pull(ref, fmt)
+        if self._needs_read_back(record, fmt):  # read back from memory before anything is written
+            return write_pulled(self._model_file(record, manifest, fmt, progress), path, progress)
+        target = pulled_path(path, record.ref, SUFFIXES[fmt])
+        with atomic_writer(target) as stream:
+            written = HashingWriter(stream)
+            self._write_version(record, manifest, fmt, written, progress)
+        if progress:
+            progress("writing", written.nbytes, written.nbytes)
+        return PullResult(ref=record.ref, path=str(target), format=fmt, digest=written.hexdigest(), nbytes=written.nbytes)
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object (onnx.ModelProto, keras.Model, torch.export.ExportedProgram), read back safely.
@@ -117,16 +145,40 @@ class ModelFiles:
         tensors = tensors_from_blobs(manifest, get)
         return {name: tensors[name] for name in state_dict_names(manifest, structure_parts(manifest, get))}
 
-    def _read_blobs(self, record, digests: list[str], report: Progress) -> dict[str, bytes]:
-        """Every blob of the version, re-hashed (blob_reader), several at once where the store gains from it (S3)."""
+    def _resolve_pull(self, ref: str, fmt: str | None):
+        """(record, manifest, format written) of a pull of `ref` in `fmt`."""
+        record = self.show(ref)
+        manifest = self.manifest(record.ref)
+        stored = manifest.structure.format if manifest.structure is not None else None
+        return record, manifest, self._pull_format(record.ref, fmt or "source", stored)
+
+    @staticmethod
+    def _needs_read_back(record, fmt: str) -> bool:
+        """A model file is read back unless a safe reader accepted its structure at registration (a state dict never is)."""
+        return fmt != "safetensors" and not record.structure_checked
+
+    def _write_version(self, record, manifest, fmt: str, stream: HashingWriter, progress: Progress | None) -> None:
+        """Write the version in `fmt` to `stream`: the structure parts first, then each tensor as the writer reaches it, its
+        blob read ahead and re-hashed (blob_fetch.FetchedTensors); an ONNX file must hash to the recorded digest."""
+        report = progress or (lambda step, done, total: None)
         get = self.blob_reader(record)
-        blobs: dict[str, bytes] = {}
-        with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers)) as pool:
-            for i, (digest, data) in enumerate(zip(digests, pool.map(get, digests))):
-                report("reading blobs", i, len(digests))
-                blobs[digest] = data
-        report("reading blobs", len(digests), len(digests))
-        return blobs
+        pool = ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers))
+        try:
+            digests = sorted({ref.digest for ref in (manifest.structure.parts.values() if manifest.structure else ())})
+            blobs = dict(zip(digests, pool.map(get, digests)))
+            parts = structure_parts(manifest, blobs.__getitem__)
+            if fmt == "safetensors":
+                stream.write(state_dict_file(manifest, FetchedTensors(manifest, get, pool, state_dict_names(manifest, parts), report), parts))
+                return
+            adapter = REGISTRY.model_adapter(manifest.framework)
+            tensors = FetchedTensors(manifest, get, pool, adapter.tensor_order(parts, manifest.tensors), report)
+            adapter.write_model_file(parts, tensors, stream)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # after a refusal, blobs not yet read are not read
+        expected = manifest.structure.file_digest
+        if expected is not None and stream.hexdigest() != expected:
+            raise IntegrityError(f"version {record.ref}: the rebuilt {fmt} file hashes to {stream.hexdigest()[:12]}, not the {expected[:12]} "
+                                 "registered; it is not served: run `normbridge verify` on the version.")
 
     @staticmethod
     def _pull_format(ref: str, fmt: str, stored: str | None) -> str:
@@ -152,17 +204,22 @@ def read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
         raise IntegrityError(f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it.") from error
 
 
+def pulled_path(path: str | Path, ref: str, suffix: str) -> Path:
+    """`path`, or '<name>-<N><suffix>' inside it when it is a directory."""
+    target = Path(path)
+    return target / f"{ref.replace('@', '-')}{suffix}" if target.is_dir() else target
+
+
 def write_pulled(file: ModelFile, path: str | Path, progress: Progress | None = None) -> PullResult:
     """Write `file` to `path` atomically; a directory gets '<name>-<N><suffix>' inside it."""
-    target = Path(path)
-    if target.is_dir():
-        target = target / f"{file.ref.replace('@', '-')}{file.suffix}"
+    target = pulled_path(path, file.ref, file.suffix)
     if progress:
         progress("writing", 0, len(file.data))
-    atomic_write_bytes(target, file.data)
+    with atomic_writer(target) as stream:
+        stream.write(file.data)
     if progress:
         progress("writing", len(file.data), len(file.data))
     return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.digest, nbytes=len(file.data))
 
 
-__all__ = ["ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult", "read_back", "write_pulled"]
+__all__ = ["HashingWriter", "ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult", "pulled_path", "read_back", "write_pulled"]

@@ -31,8 +31,10 @@ from ..coverage import check_registrable
 from ..faults import fault_point
 from ..metadata import MetadataStore
 from ..streamed_blobs import BlobMap
+from ..structure import structure_parts
 from .results import Registration
 from .servable import assess
+from .structure_check import check_structure
 
 #: progress(step, done, total): called as a registration advances (the CLI draws a bar from it).
 Progress = Callable[[str, int, int], None]
@@ -129,11 +131,15 @@ class Registrations:
         lease = self.leases.new()
         try:
             lease.take(digests)  # before staging looks at the store: gc keeps them from now on
-            # Blobs are staged while the gate runs and published only if it passes.
-            with ThreadPoolExecutor(max_workers=1) as pool:
+            # Blobs are staged while the gate runs (and a structure no reader has seen is checked) and published only if both pass.
+            with ThreadPoolExecutor(max_workers=2) as pool:
                 staging = pool.submit(self._stage, artifact.blobs, digests)
+                structure = None if artifact.structure_read_safely else pool.submit(
+                    check_structure, artifact.manifest, structure_parts(artifact.manifest, artifact.blobs.__getitem__))
                 try:
                     checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised, legs)
+                    if structure is not None:
+                        structure.result()
                 except BaseException:
                     self._discard(staging.result())
                     raise
@@ -151,9 +157,11 @@ class Registrations:
             # A bundle's manifest says itself what it leaves unchecked (the uploader's reader found it): admitted before the gate.
             checked: list = []  # the specs the gate checked, for the servable verdict
 
-            def gate(manifest, specs):
+            def gate(manifest, specs, held):
                 checked[:] = specs
-                return self._gate(manifest, specs, report, allow_unrecognised=allow_unrecognised)
+                checks = self._gate(manifest, specs, report, allow_unrecognised=allow_unrecognised)
+                check_structure(manifest, structure_parts(manifest, held))  # an uploaded structure is hostile until a reader accepts it
+                return checks
 
             received = receive_bundle(stream, limit, self.store, gate, reuse, claim=lease.take)
             manifest = admit(received.manifest, allow_unrecognised).model_copy(update={"lineage": lineage})
@@ -171,8 +179,9 @@ class Registrations:
         return parent_record, Lineage(parent=parent_record.ref if parent_record else None, operation=operation)
 
     def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress, lease, verdict) -> Registration:
-        """After the gate passed: publish the staged blobs, then ONE transaction assigns the version with its servable
-        `verdict` (crash-safe order) and ends the blob lease (registry.blob_leases.Lease.settle)."""
+        """After the gate passed (and a reader accepted the structure: every path checks it before it gets here): publish the
+        staged blobs, then ONE transaction assigns the version with its servable `verdict` and its structure recorded as
+        checked (crash-safe order) and ends the blob lease (registry.blob_leases.Lease.settle)."""
         manifest = manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
         fault_point("after_check")
         self._publish(staged, report)
@@ -183,7 +192,8 @@ class Registrations:
         record, created = self.meta.add_version(
             name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), digests,
             (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user,
-            guard=lambda session: lease.settle(session, self.store, digests), verdict=verdict.stored())
+            guard=lambda session: lease.settle(session, self.store, digests), verdict=verdict.stored(),
+            structure_checked=True if manifest.structure is not None else None)
         lease.committed = True
         fault_point("after_commit")
         report("committed", 1, 1)

@@ -34,8 +34,13 @@ from ..recognition_gate import WHOLE_MODEL
 RECORDED = ("warning", "error")
 #: Warning-level hazards that block serving as errors do: statistics that never saw data, an eps that rounds to 0
 #: in the layer's compute dtype (eps_underflow is a warning only then; a subnormal eps is info), and layers the
-#: equivalence check could not cover. Other warnings (momentum=None, a folded BatchNorm) are recorded, not blocking.
+#: equivalence check could not cover. Other warnings (momentum=None, a folded BatchNorm, unconverged statistics, whose batch
+#: counter is history rather than a measurement) are recorded, not blocking.
 BLOCKING_WARNINGS = frozenset({"never_trained", "eps_underflow", "unrecognised_normalization", "no_normalization_found"})
+#: Hazards a version's lineage answers, by its operation: a `recalibrated` version's statistics are a cumulative average over
+#: the recalibration batches (`normbridge recalibrate --register`), which keeps none of the initial values whatever its
+#: batch counter says, so it is not called unconverged.
+ANSWERED_BY_LINEAGE = {"recalibrated": frozenset({"unconverged_statistics"})}
 #: Where a stored layer was read from, by the manifest's format (the hazards word their fix by it).
 ORIGINS = {"pt2": "exported_program", "torch-module": "module", "keras": "keras", "onnx": "native"}
 #: The origin of an imported artifact folder's layers, by framework.
@@ -79,6 +84,12 @@ def stored_layer_facts(manifest: ArtifactManifest, path: str, spec: NormSpec) ->
                       layer_type=spec.source.layer_type or spec.kind, spec=spec, training=spec.training)
 
 
+def stored_layer_hazards(manifest: ArtifactManifest, path: str, spec: NormSpec) -> list[Hazard]:
+    """Every hazard of a stored layer (all severities), less those the version's lineage answers (ANSWERED_BY_LINEAGE)."""
+    answered = ANSWERED_BY_LINEAGE.get(manifest.lineage.operation, frozenset())
+    return [h for h in layer_hazards(stored_layer_facts(manifest, path, spec)) if h.code not in answered]
+
+
 def _unchecked(manifest: ArtifactManifest) -> list[tuple[str | None, Hazard]]:
     """The layers registered unchecked (--allow-unrecognised) as hazards: the equivalence check did not cover them."""
     found = []
@@ -94,7 +105,7 @@ def assess(manifest: ArtifactManifest, specs: Iterable[NormSpec]) -> Verdict:
     """The verdict of a version from its manifest and its normalizers' specs (one per manifest normalizer, in order)."""
     found = _unchecked(manifest)
     for entry, spec in zip(manifest.normalizers, specs):
-        found += [(entry.path, h) for h in layer_hazards(stored_layer_facts(manifest, entry.path, spec))]
+        found += [(entry.path, h) for h in stored_layer_hazards(manifest, entry.path, spec)]
     hazards = [VersionHazard(layer=where, code=h.code, severity=h.severity, message=h.message, blocking=blocks(h))
                for where, h in found if h.severity in RECORDED]
     return Verdict(servable=not any(h.blocking for h in hazards), hazards=hazards)
@@ -127,5 +138,5 @@ def guard_alias(alias: str, record, guarded: frozenset[str], force: bool) -> dic
     return {"forced": True, "not_servable": sorted({h["code"] for h in record.hazards if h.get("blocking")})}
 
 
-__all__ = ["BLOCKING_WARNINGS", "RECORDED", "Verdict", "VersionHazard", "assess", "blocks", "guard_alias", "reasons", "stored_layer_facts",
-           "unassessable"]
+__all__ = ["ANSWERED_BY_LINEAGE", "BLOCKING_WARNINGS", "RECORDED", "Verdict", "VersionHazard", "assess", "blocks", "guard_alias", "reasons",
+           "stored_layer_facts", "stored_layer_hazards", "unassessable"]

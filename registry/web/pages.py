@@ -10,10 +10,9 @@ from urllib.parse import quote, urlencode
 
 import numpy as np
 
-from converters.models.hazards import layer_hazards
 from converters.models.inspection import inspect_model
 from registry.http.redaction import Redactor
-from registry.service.servable import stored_layer_facts
+from registry.service.servable import stored_layer_hazards
 from registry.tensor_blobs import tensor_from_blob
 from schemas.manifest import TensorRef, load_manifest
 
@@ -65,6 +64,14 @@ def row_verdict(record) -> str:
     return "not servable" if record.servable is False else verdict(record)
 
 
+def warning_codes(record) -> list[str]:
+    """The codes of a servable version's recorded hazards that do not block serving (unconverged_statistics, momentum_none, ...):
+    the versions table names them beside the verdict, so a green row still says what to look at."""
+    if record.servable is False:
+        return []
+    return list(dict.fromkeys(h["code"] for h in record.hazards if not h.get("blocking")))
+
+
 def serving_rows(record) -> list[dict]:
     """The hazards stored with a version, blocking ones first: what its servable verdict rests on."""
     return sorted(record.hazards, key=lambda h: not h.get("blocking"))
@@ -94,7 +101,7 @@ def model_rows(registry, name: str, redactor: Redactor, limit: int | None = None
             badges = ["latest", *badges]
         versions.append({
             "record": record, "url": version_url(record.model, record.number), "aliases": badges, "verdict": row_verdict(record),
-            "layers": len(record.manifest.get("normalizers", [])),
+            "warnings": warning_codes(record), "layers": len(record.manifest.get("normalizers", [])),
             "parent_url": version_url(*split(record.parent)) if visible_parent else None,
             "diff_url": diff_url(record.parent, record.ref) if visible_parent else None,
         })
@@ -122,7 +129,7 @@ def layer_rows(registry, record) -> list[dict]:
     rows = []
     for entry, spec in zip(manifest.normalizers, specs):
         layer = inspect_model(spec).layers[0]
-        hazards = layer_hazards(stored_layer_facts(manifest, entry.path, spec))  # worded by the stored format, as the verdict is
+        hazards = stored_layer_hazards(manifest, entry.path, spec)  # worded by the stored format, as the verdict is
         config = entry.spec
         rows.append({
             "path": entry.path, "kind": config.get("kind"), "layer_type": (config.get("source") or {}).get("layer_type") or "",
@@ -240,4 +247,4 @@ def drift_charts(report) -> tuple[str, str]:
 
 
 __all__ = ["OUTCOME_CLASSES", "channel_movements", "diff_url", "drift_charts", "equivalence_rows", "layer_rows", "lineage_graph", "model_rows",
-           "model_url", "movement_plot", "row_verdict", "serving_rows", "verdict", "version_url"]
+           "model_url", "movement_plot", "row_verdict", "serving_rows", "verdict", "version_url", "warning_codes"]

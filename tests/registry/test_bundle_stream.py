@@ -24,7 +24,7 @@ import pytest
 from registry.tensor_blobs import check_tensor_header, tensor_blob
 from registry.artifact import extract_artifact
 from registry.manifest_io import save_artifact_folder
-from registry.bundle_stream import UploadInterrupted, normalizer_digests
+from registry.bundle_stream import UploadInterrupted, gated_digests
 from registry.client_transfer import folder_tar_chunks
 from registry.service import Registry
 from schemas.errors import CheckFailedError, InputFileError, PayloadTooLargeError
@@ -122,7 +122,7 @@ def test_a_streamed_bundle_registers_the_same_content_as_the_folder(local, artif
 def test_the_gate_starts_before_the_bulk_weights_have_arrived(local, artifact_folder):
     """The client sends the manifest and the normalizers' blobs first; the stream stalls right after them until
     the gate has started, so this registration completes only if the gate did not wait for the whole bundle."""
-    gated = normalizer_digests(load_manifest(json.loads((artifact_folder / "manifest.json").read_text())))
+    gated = gated_digests(load_manifest(json.loads((artifact_folder / "manifest.json").read_text())))
     data = client_tar(artifact_folder)
     names = [m.name for m in tarfile.open(fileobj=io.BytesIO(data))]
     digests = [n.removeprefix("blobs/").removesuffix(".safetensors") for n in names[1:]]

@@ -138,3 +138,23 @@ def test_a_version_registered_before_verdicts_were_stored_is_assessed_when_read(
     assert [r.servable for r in local.versions("clean")] == [True]
     with pytest.raises(NotServableError):
         local.set_alias("cnn", "production", "1")
+
+
+def test_unconverged_statistics_are_recorded_as_a_warning_that_does_not_block(local):
+    from converters import recalibrate
+
+    model = trained_cnn()  # three SGD steps: each BatchNorm counted 3 batches at momentum 0.1
+    expected = {name for name in batchnorm_paths(model)
+                if (1 - model.get_submodule(name).momentum) ** int(model.get_submodule(name).num_batches_tracked) >= 0.05}
+    assert expected == set(batchnorm_paths(model))
+    record = local.register("cnn", model).version
+    found = {h["layer"]: h for h in record.hazards if h["code"] == "unconverged_statistics"}
+    assert set(found) == expected and all(h["severity"] == "warning" and not h["blocking"] for h in found.values())
+    assert record.servable is True and local.show("cnn@1").hazards == record.hazards
+    assert "not_servable" not in local.audit(model="cnn")[-1].detail
+    assert local.set_alias("cnn", "production", "cnn@1").number == 1  # recorded and shown, never a reason to refuse
+    # statistics re-estimated as a cumulative average over 4 batches keep none of the initial values, whatever the counter says
+    recalibrated, _ = recalibrate(model, [np.random.default_rng(i).standard_normal((8, 3, 8, 8)).astype(np.float32) for i in range(4)])
+    assert all(int(recalibrated.get_submodule(name).num_batches_tracked) == 4 for name in expected)
+    child = local.register("cnn", recalibrated, operation="recalibrated").version
+    assert child.servable is True and not [h for h in child.hazards if h["code"] == "unconverged_statistics"]
