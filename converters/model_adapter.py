@@ -37,6 +37,15 @@ class ModelAdapter(abc.ABC):
     port_source_note: ClassVar[str] = ""
     #: Its models can be exported for serving and be the source side of the contract.
     serving_source: ClassVar[bool] = False
+    #: How the train_mode hazard says a layer of this framework is in train mode, and how to fix it.
+    train_mode_wording: ClassVar[tuple[str, str]] = (
+        "is in train mode (module.training is True)", "call model.eval() before exporting or serving")
+    #: Its eps attributes are stored as float32 (ONNX), so an eps equals the default when their float32 values do.
+    eps_stored_as_float32: ClassVar[bool] = False
+
+    def own_eps_default(self, facts: LayerFacts) -> bool:
+        """Whether the layer's class sets its own default eps (a hand-written class), so the stock default does not apply."""
+        return False
 
     # -- files -----------------------------------------------------------------------------
 

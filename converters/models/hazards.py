@@ -18,6 +18,7 @@ from schemas.floats import as_float32
 from schemas.inspection import Hazard
 from schemas.kinds import KIND_INFO
 
+from ..adapters import REGISTRY
 from ..model_values import LayerFacts
 from .monitoring.convergence import INITIAL_WEIGHT_FLOOR, initial_weight, is_initial
 
@@ -58,10 +59,8 @@ def train_mode(facts: LayerFacts) -> Hazard | None:
         return None
     if facts.origin == "exported_program":
         how, fix = "was exported in train mode (its op has training=True)", "call model.eval() and export again"
-    elif facts.framework == "onnx":
-        how, fix = "has training_mode=1", "export the model again from eval mode"
     else:
-        how, fix = "is in train mode (module.training is True)", "call model.eval() before exporting or serving"
+        how, fix = REGISTRY.model_adapter(facts.framework).train_mode_wording
     return _hazard(
         "train_mode", "error",
         f"{facts.layer_type} {how}: it normalises with the statistics of the current batch, so one request's output depends on the "
@@ -178,15 +177,15 @@ def eps_not_default(facts: LayerFacts) -> Hazard | None:
         eps, dtype_eps = facts.eps, False
     else:
         return None
-    if facts.framework == "torch" and facts.origin != "normbridge" and not facts.layer_type.startswith("aten") \
-            and facts.layer_type not in KIND_INFO[facts.kind].classes["torch"]:
-        return None  # a hand-written class (LlamaRMSNorm) has its own default, not the stock class's
+    adapter = REGISTRY.model_adapter(facts.framework)
+    if adapter.own_eps_default(facts):
+        return None
     default, named = default_eps(facts)
     if default is None:
         if dtype_eps:
             return None
-    elif facts.framework == "onnx":
-        if as_float32(eps) == as_float32(default):  # ONNX attributes are float32
+    elif adapter.eps_stored_as_float32:
+        if as_float32(eps) == as_float32(default):
             return None
     elif eps == default:
         return None

@@ -19,6 +19,8 @@ class OnnxModelAdapter(ModelAdapter):
     """Graphs have no layer objects: normalizations are sites (native nodes or decompositions), and graphs are what is served."""
 
     framework = "onnx"
+    train_mode_wording = ("has training_mode=1", "export the model again from eval mode")
+    eps_stored_as_float32 = True
     port_source_note = (
         " (an ONNX source offers native normalization nodes only: a BatchNorm folded into a Conv or a decomposed norm is not a layer there)"
     )

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from schemas import InputFileError, NormSpec, UnsupportedObjectError
+from schemas.kinds import KIND_INFO
 from schemas.atomic_io import atomic_write_bytes
 
 from ..api import layer_spec
@@ -36,6 +37,11 @@ class TorchModelAdapter(ModelAdapter):
     framework = "torch"
     walk_origin = "module"
     serving_source = True
+
+    def own_eps_default(self, facts: LayerFacts) -> bool:
+        """A hand-written class (LlamaRMSNorm) has its own default eps, not the stock class's."""
+        return facts.origin != "normbridge" and not facts.layer_type.startswith("aten") \
+            and facts.layer_type not in KIND_INFO[facts.kind].classes["torch"]
 
     def load(self, path: Path) -> Any:
         return _load_pt2(path)
