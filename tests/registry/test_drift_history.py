@@ -1,5 +1,6 @@
 """The drift history store on SQLite and PostgreSQL: shifts against the version's own statistics (checked with NumPy),
-the k-of-m rule moved one window at a time, a bounded number of statements per window whatever its size, retention.
+the k-of-m rule moved one window at a time, a bounded number of statements per window whatever its size, retention,
+and each layer's status: statistics that never converged are not drift and never alert.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from registry.db.drift_rows import DriftWindowRow
 from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftRule
 from tests.pg import registry_on
-from testkit.monitoring_models import MonitoredCNN, converged, torch_cnn
+from converters.models.monitoring.drift import batchnorm_moments, drift_check
+from testkit.monitoring_models import MonitoredCNN, calm, converged, shifted, torch_cnn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -148,3 +150,60 @@ def test_rule_settings_come_from_the_environment_and_bad_ones_name_the_setting(m
     monkeypatch.setenv("NORMBRIDGE_DRIFT_K", "three")
     with pytest.raises(InputFileError, match="NORMBRIDGE_DRIFT_K"):
         drift_history.rule()
+
+
+@torch.no_grad()
+def few_batches(batches: int = 3, seed: int = 0) -> MonitoredCNN:
+    """Three training forwards at momentum 0.1: 0.9 ** 3 = 73% of the initial values (mean 0, variance 1) left in the statistics."""
+    torch.manual_seed(seed)
+    model, rng = MonitoredCNN().train(), np.random.default_rng(seed)
+    for _ in range(batches):
+        model(torch.from_numpy(calm(rng, 32)))
+    return model.eval()
+
+
+def served(model, inputs: np.ndarray) -> dict:
+    """The window a collector would send for `inputs`: each BatchNorm input's pooled moments, read by the model's own adapter."""
+    now = datetime.now(UTC)
+    layers = []
+    for moments in batchnorm_moments(model, [(inputs,)]):
+        mean, var = moments.pooled()
+        layers.append({"name": moments.name, "count": sum(moments.counts), "mean": mean.tolist(), "var": var.tolist()})
+    return {"started_at": (now - timedelta(seconds=60)).isoformat(), "ended_at": now.isoformat(), "requests": len(inputs),
+            "sampled": len(inputs), "layers": layers}
+
+
+def test_unconverged_statistics_are_reported_as_such_and_never_alert(registry):
+    model = few_batches()
+    registry.register("fresh", model)
+    rng = np.random.default_rng(3)
+    traffic = [calm(rng, 32) for _ in range(5)]  # the very population the statistics were tracking
+    records = [drift_history.record_window(registry, "fresh@1", served(model, x)) for x in traffic]
+    offline = drift_check(model, traffic[0])  # the offline command on the first window's inputs: the same rule
+    assert offline.verdict == "unconverged statistics"
+    for record in records:
+        assert any(layer.over for layer in record.layers)  # the thresholds alone alarm: it looks shifted
+        assert [layer.status for layer in record.layers] == ["unconverged_statistics"] * 2, record.layers
+        assert not record.over and record.state == "ok"
+    assert [layer.status for layer in records[0].layers] == [layer.status for layer in offline.layers]
+    assert records[0].layers[0].initial_weight == pytest.approx(0.9 ** 3)  # num_batches_tracked 3 at momentum 0.1, from the manifest
+    found = drift_history.history(registry, "fresh@1")
+    assert (found.state, found.recent) == ("ok", "00000")
+    assert [[layer.status for layer in w.layers] for w in found.windows] == [["unconverged_statistics"] * 2] * 5  # read back as stored
+    assert not [e for e in registry.audit(model="fresh") if e.action == "drift_state_changed"]
+
+
+def test_converged_statistics_on_shifted_traffic_still_alert(registry):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    rng = np.random.default_rng(4)
+    calm_record = drift_history.record_window(registry, "cnn@1", served(model, calm(rng, 32)))
+    assert [layer.status for layer in calm_record.layers] == ["ok", "ok"] and calm_record.state == "ok"
+    states = []
+    for _ in range(3):
+        record = drift_history.record_window(registry, "cnn@1", served(model, shifted(rng, 32)))
+        assert "drift" in [layer.status for layer in record.layers] and record.over, record.layers
+        assert all(layer.initial_weight < 0.05 for layer in record.layers)  # 64 tracked batches at 0.1: converged
+        states.append(record.state)
+    assert states == ["warning", "warning", "alert"]
+    assert drift_history.history(registry, "cnn@1").windows[0].layers[0].status == "drift"
