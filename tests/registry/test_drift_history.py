@@ -19,7 +19,7 @@ from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftRule
 from tests.pg import registry_on
 from converters.models.monitoring.drift import batchnorm_moments, drift_check
-from testkit.monitoring_models import MonitoredCNN, calm, converged, shifted, torch_cnn
+from testkit.monitoring_models import MonitoredCNN, calm, converged, shifted, torch_cnn, unconverged_cnn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -152,16 +152,6 @@ def test_rule_settings_come_from_the_environment_and_bad_ones_name_the_setting(m
         drift_history.rule()
 
 
-@torch.no_grad()
-def few_batches(batches: int = 3, seed: int = 0) -> MonitoredCNN:
-    """Three training forwards at momentum 0.1: 0.9 ** 3 = 73% of the initial values (mean 0, variance 1) left in the statistics."""
-    torch.manual_seed(seed)
-    model, rng = MonitoredCNN().train(), np.random.default_rng(seed)
-    for _ in range(batches):
-        model(torch.from_numpy(calm(rng, 32)))
-    return model.eval()
-
-
 def served(model, inputs: np.ndarray) -> dict:
     """The window a collector would send for `inputs`: each BatchNorm input's pooled moments, read by the model's own adapter."""
     now = datetime.now(UTC)
@@ -174,7 +164,7 @@ def served(model, inputs: np.ndarray) -> dict:
 
 
 def test_unconverged_statistics_are_reported_as_such_and_never_alert(registry):
-    model = few_batches()
+    model = unconverged_cnn()
     registry.register("fresh", model)
     rng = np.random.default_rng(3)
     traffic = [calm(rng, 32) for _ in range(5)]  # the very population the statistics were tracking
