@@ -9,6 +9,7 @@ The store API (the HTTP routes, the metrics endpoint and the pages call only the
   state row (and an audit entry only when the state changes). The history is never rescanned.
 - `history(registry, ref, limit=100)`: the `DriftHistory` (state, rule, newest windows first with their layers).
 - `state(registry, ref)`: the version's state alone ('ok' when nothing was recorded).
+- `states(registry)`: every version's state that has windows, in one query (the pages' drift column).
 - `current(registry)`: one `VersionDrift` per version that has windows: its state and its newest window's layers (the
   metrics endpoint reads this, in two queries).
 
@@ -233,6 +234,14 @@ def state(registry, ref: str) -> State:
         return current.state if current else "ok"
 
 
+def states(registry) -> dict[tuple[str, int], State]:
+    """(model, number) -> state for every version with windows, in one query (the pages' state column)."""
+    with _read(registry) as session:
+        rows = session.execute(select(ModelRow.name, VersionRow.number, DriftStateRow.state).join(VersionRow, DriftStateRow.version_id == VersionRow.id)
+                               .join(ModelRow, VersionRow.model_id == ModelRow.id)).all()
+    return {(name, number): found for name, number, found in rows}
+
+
 def current(registry) -> list[VersionDrift]:
     """Every version with windows: its state and newest window, in two queries (the metrics endpoint's read)."""
     with _read(registry) as session:
@@ -253,4 +262,4 @@ def window_arrays(registry, window_id: int) -> dict | None:
         return None if row is None else json.loads(zlib.decompress(row.data))
 
 
-__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "window_arrays"]
+__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "states", "window_arrays"]

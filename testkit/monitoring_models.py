@@ -72,6 +72,22 @@ def torch_cnn(seed: int = 0) -> MonitoredCNN:
     return converged(MonitoredCNN(), seed=seed)
 
 
+def served_window(model, inputs: np.ndarray) -> dict:
+    """The window body a collector would send for `inputs` (one request): each BatchNorm input's pooled moments, read by
+    the model's own adapter (converters' batchnorm_moments), with timestamps ending now."""
+    from datetime import UTC, datetime, timedelta
+
+    from converters.models.monitoring.drift import batchnorm_moments
+
+    now = datetime.now(UTC)
+    layers = []
+    for moments in batchnorm_moments(model, [(inputs,)]):
+        mean, var = moments.pooled()
+        layers.append({"name": moments.name, "count": sum(moments.counts), "mean": mean.tolist(), "var": var.tolist()})
+    return {"started_at": (now - timedelta(seconds=60)).isoformat(), "ended_at": now.isoformat(), "requests": len(inputs),
+            "sampled": len(inputs), "layers": layers}
+
+
 def onnx_bn_model() -> onnx.ModelProto:
     """x (N,3,8,8) -> Mul 2 -> BatchNormalization (mean 0, var 4: what 2x of standard normal inputs has) -> Relu -> y."""
     inits = [numpy_helper.from_array(np.full((1, 1, 1, 1), 2.0, np.float32), "two"),
@@ -106,4 +122,4 @@ def keras_cnn(seed: int = 0):
     return new
 
 
-__all__ = ["MonitoredCNN", "calm", "converged", "keras_cnn", "onnx_bn_model", "shifted", "torch_cnn", "unconverged_cnn"]
+__all__ = ["MonitoredCNN", "calm", "converged", "keras_cnn", "onnx_bn_model", "served_window", "shifted", "torch_cnn", "unconverged_cnn"]

@@ -13,13 +13,13 @@ import torch
 from sqlalchemy import event, update
 from sqlalchemy.orm import Session
 
+from converters.models.monitoring.drift import drift_check
 from registry import drift_history
 from registry.db.drift_rows import DriftWindowRow
 from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftRule
 from tests.pg import registry_on
-from converters.models.monitoring.drift import batchnorm_moments, drift_check
-from testkit.monitoring_models import MonitoredCNN, calm, converged, shifted, torch_cnn, unconverged_cnn
+from testkit.monitoring_models import MonitoredCNN, calm, converged, served_window, shifted, torch_cnn, unconverged_cnn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -152,23 +152,12 @@ def test_rule_settings_come_from_the_environment_and_bad_ones_name_the_setting(m
         drift_history.rule()
 
 
-def served(model, inputs: np.ndarray) -> dict:
-    """The window a collector would send for `inputs`: each BatchNorm input's pooled moments, read by the model's own adapter."""
-    now = datetime.now(UTC)
-    layers = []
-    for moments in batchnorm_moments(model, [(inputs,)]):
-        mean, var = moments.pooled()
-        layers.append({"name": moments.name, "count": sum(moments.counts), "mean": mean.tolist(), "var": var.tolist()})
-    return {"started_at": (now - timedelta(seconds=60)).isoformat(), "ended_at": now.isoformat(), "requests": len(inputs),
-            "sampled": len(inputs), "layers": layers}
-
-
 def test_unconverged_statistics_are_reported_as_such_and_never_alert(registry):
     model = unconverged_cnn()
     registry.register("fresh", model)
     rng = np.random.default_rng(3)
     traffic = [calm(rng, 32) for _ in range(5)]  # the very population the statistics were tracking
-    records = [drift_history.record_window(registry, "fresh@1", served(model, x)) for x in traffic]
+    records = [drift_history.record_window(registry, "fresh@1", served_window(model, x)) for x in traffic]
     offline = drift_check(model, traffic[0])  # the offline command on the first window's inputs: the same rule
     assert offline.verdict == "unconverged statistics"
     for record in records:
@@ -187,11 +176,11 @@ def test_converged_statistics_on_shifted_traffic_still_alert(registry):
     model = torch_cnn()
     registry.register("cnn", model)
     rng = np.random.default_rng(4)
-    calm_record = drift_history.record_window(registry, "cnn@1", served(model, calm(rng, 32)))
+    calm_record = drift_history.record_window(registry, "cnn@1", served_window(model, calm(rng, 32)))
     assert [layer.status for layer in calm_record.layers] == ["ok", "ok"] and calm_record.state == "ok"
     states = []
     for _ in range(3):
-        record = drift_history.record_window(registry, "cnn@1", served(model, shifted(rng, 32)))
+        record = drift_history.record_window(registry, "cnn@1", served_window(model, shifted(rng, 32)))
         assert "drift" in [layer.status for layer in record.layers] and record.over, record.layers
         assert all(layer.initial_weight < 0.05 for layer in record.layers)  # 64 tracked batches at 0.1: converged
         states.append(record.state)
