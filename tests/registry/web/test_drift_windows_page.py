@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.http_server import create_token, running_server
-from tests.registry.web.test_web import Site, browser, login, shot  # noqa: F401  (fixtures)
+from tests.registry.web.test_web import Site, browser, login, readme_copy, shot  # noqa: F401  (fixtures)
 from testkit.monitoring_models import calm, served_window, shifted, torch_cnn
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def test_the_drift_page_plots_the_serving_windows(live, browser):  # noqa: F811
     assert chart.locator("rect.alert-window").evaluate_all("rs => rs.map(r => Number(r.dataset.window))") == alerts == [4, 5]
     shown = page.locator("td.window-status").evaluate_all("ts => ts.map(t => t.dataset.status)")
     assert shown == [layer["status"] for layer in stored[-1]["layers"]]
-    shot(page, "drift-windows")
+    readme_copy(shot(page, "drift-windows"), "drift-windows.png")
 
     page.goto(site.url + "/ui/models/live/versions/1")
     assert page.locator("#drift-state").inner_text() == "alert"
