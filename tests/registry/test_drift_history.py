@@ -10,12 +10,14 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 import torch
+from alembic import command
 from sqlalchemy import event, update
 from sqlalchemy.orm import Session
 
 from converters.models.monitoring.drift import drift_check
 from registry import drift_history
 from registry.db.drift_rows import DriftWindowRow
+from registry.db.engine import alembic_config
 from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftRule
 from tests.pg import registry_on
@@ -186,3 +188,19 @@ def test_converged_statistics_on_shifted_traffic_still_alert(registry):
         states.append(record.state)
     assert states == ["warning", "warning", "alert"]
     assert drift_history.history(registry, "cnn@1").windows[0].layers[0].status == "drift"
+
+
+def test_layers_stored_before_migration_0007_read_drift_where_they_were_over(registry):
+    model = unconverged_cnn()
+    registry.register("fresh", model)
+    record = drift_history.record_window(registry, "fresh@1", served_window(model, calm(np.random.default_rng(3), 32)))
+    over = [layer.over for layer in record.layers]
+    assert any(over) and {layer.status for layer in record.layers} == {"unconverged_statistics"}
+    with registry.meta.engine.connect() as connection:  # back to the schema before the status, and up again
+        command.downgrade(alembic_config(connection), "0006")
+        connection.commit()
+        command.upgrade(alembic_config(connection), "head")
+        connection.commit()
+    [stored] = drift_history.history(registry, "fresh@1").windows
+    assert [layer.status for layer in stored.layers] == ["drift" if flag else "ok" for flag in over]  # as the rule counted them then
+    assert all(layer.initial_weight is None for layer in stored.layers)
