@@ -9,12 +9,16 @@ The store API (the HTTP routes, the metrics endpoint and the pages call only the
   state row (and an audit entry only when the state changes). The history is never rescanned.
 - `history(registry, ref, limit=100)`: the `DriftHistory` (state, rule, newest windows first with their layers).
 - `state(registry, ref)`: the version's state alone ('ok' when nothing was recorded).
+- `states(registry)`: every version's state that has windows, in one query (the pages' drift column).
 - `current(registry)`: one `VersionDrift` per version that has windows: its state and its newest window's layers (the
   metrics endpoint reads this, in two queries).
 
 The rule (`DriftRule`): a layer is over threshold when some channel's standardized mean shift exceeds `shift` (0.5) or
-its |log variance ratio| exceeds `log_ratio` (log 2); a window is over when any layer is; the state is `alert` when at
-least `k` (3) of the last `m` (5) windows are over, `warning` when at least one is, `ok` otherwise. Override with
+its |log variance ratio| exceeds `log_ratio` (log 2); each layer then gets the status `drift` command gives it
+(drift_status.py): `unconverged_statistics` when the version's stored statistics never converged, `drift` when over
+with converged statistics, `ok` otherwise. A window is over when any layer's status is drift (unconverged layers never
+count); the state is `alert` when at least `k` (3) of the last `m` (5) windows are over, `warning` when at least one
+is, `ok` otherwise. Override with
 $NORMBRIDGE_DRIFT_SHIFT, $NORMBRIDGE_DRIFT_LOG_RATIO, $NORMBRIDGE_DRIFT_K, $NORMBRIDGE_DRIFT_M. Per-channel arrays are
 kept $NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summaries are kept.
 """
@@ -38,6 +42,7 @@ from registry.db.drift_rows import DriftArraysRow, DriftLayerRow, DriftStateRow,
 from registry.db.engine import READ_ONLY
 from registry.db.models import ModelRow, VersionRow, utc
 from registry.drift_reference import Reference, reference_of
+from registry.drift_status import downstream_of_unconverged, layer_status
 from schemas.errors import InputFileError, NotFoundError, RegistryError
 from schemas.monitoring import DriftHistory, DriftRule, DriftWindow, LayerShift, State, WindowRecord
 
@@ -114,20 +119,22 @@ def _shifts(window: DriftWindow, reference: Reference, active: DriftRule) -> tup
         shift, log_ratio = channel_shift(layer.mean, layer.var, ref.running_mean, ref.running_var, ref.eps)
         worst = int(np.abs(log_ratio).argmax())
         over = bool(shift.max() > active.shift or abs(log_ratio[worst]) > active.log_ratio)
+        verdict = layer_status(layer.mean, layer.var, ref, active, over)
         shifts.append(LayerShift(name=layer.name, channels=ref.channels, count=layer.count, max_shift=float(shift.max()),
                                  mean_shift=float(shift.mean()), worst_shift_channel=int(shift.argmax()),
-                                 variance_ratio=float(np.exp(log_ratio[worst])), max_abs_log_ratio=float(abs(log_ratio[worst])), over=over))
+                                 variance_ratio=float(np.exp(log_ratio[worst])), max_abs_log_ratio=float(abs(log_ratio[worst])), over=over,
+                                 status=verdict.status, initial_weight=verdict.initial_weight))
         arrays[layer.name] = {"count": layer.count, "mean": layer.mean, "var": layer.var}
     if not shifts:
         raise InputFileError(f"none of the window's layers ({', '.join(unmatched[:5])}) has running statistics in version "
                              f"{reference.ref}; its BatchNorm layers are {', '.join(reference.names()[:5]) or 'none'}.")
-    return shifts, unmatched, arrays
+    return downstream_of_unconverged(shifts), unmatched, arrays
 
 
 def _layer_rows(window_id: int, shifts: list[LayerShift]) -> list[dict]:
     return [{"window_id": window_id, "layer": s.name, "channels": s.channels, "count": s.count, "max_shift": s.max_shift,
              "mean_shift": s.mean_shift, "worst_shift_channel": s.worst_shift_channel, "variance_ratio": s.variance_ratio,
-             "max_abs_log_ratio": s.max_abs_log_ratio, "over": s.over} for s in shifts]
+             "max_abs_log_ratio": s.max_abs_log_ratio, "over": s.over, "status": s.status, "initial_weight": s.initial_weight} for s in shifts]
 
 
 def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None) -> WindowRecord:
@@ -143,7 +150,7 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
         raise RegistryError(f"the window's model holds other running statistics (digest {window.statistics_digest[:12]}) than version "
                             f"{version.model}@{version.number} (digest {reference.digest[:12]}); monitor the model registered as that version.")
     shifts, unmatched, arrays = _shifts(window, reference, active)
-    over = any(s.over for s in shifts)
+    over = any(s.status == "drift" for s in shifts)  # unconverged statistics never count toward the rule
     at = datetime.now(UTC).replace(tzinfo=None)
     with Session(registry.meta.engine) as session, session.begin():
         version_id = _version_id(session, version.model, version.number, lock=True)  # one writer per version at a time
@@ -195,7 +202,7 @@ def _records(session: Session, rows: list[DriftWindowRow]) -> list[WindowRecord]
             by_window[layer.window_id].append(LayerShift(
                 name=layer.layer, channels=layer.channels, count=layer.count, max_shift=layer.max_shift, mean_shift=layer.mean_shift,
                 worst_shift_channel=layer.worst_shift_channel, variance_ratio=layer.variance_ratio,
-                max_abs_log_ratio=layer.max_abs_log_ratio, over=layer.over))
+                max_abs_log_ratio=layer.max_abs_log_ratio, over=layer.over, status=layer.status, initial_weight=layer.initial_weight))
     return [WindowRecord(id=row.id, received_at=utc(row.received_at), started_at=utc(row.started_at), ended_at=utc(row.ended_at),
                          replica=row.replica, user=row.user, requests=row.requests, sampled=row.sampled, dropped=row.dropped,
                          statistics_digest=row.statistics_digest, over=row.over, state=row.state, layers=by_window[row.id],
@@ -227,6 +234,14 @@ def state(registry, ref: str) -> State:
         return current.state if current else "ok"
 
 
+def states(registry) -> dict[tuple[str, int], State]:
+    """(model, number) -> state for every version with windows, in one query (the pages' state column)."""
+    with _read(registry) as session:
+        rows = session.execute(select(ModelRow.name, VersionRow.number, DriftStateRow.state).join(VersionRow, DriftStateRow.version_id == VersionRow.id)
+                               .join(ModelRow, VersionRow.model_id == ModelRow.id)).all()
+    return {(name, number): found for name, number, found in rows}
+
+
 def current(registry) -> list[VersionDrift]:
     """Every version with windows: its state and newest window, in two queries (the metrics endpoint's read)."""
     with _read(registry) as session:
@@ -247,4 +262,4 @@ def window_arrays(registry, window_id: int) -> dict | None:
         return None if row is None else json.loads(zlib.decompress(row.data))
 
 
-__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "window_arrays"]
+__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "states", "window_arrays"]

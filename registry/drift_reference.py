@@ -1,4 +1,5 @@
-"""A version's running statistics, as the drift history compares serving windows with them (read once per version, cached).
+"""A version's running statistics, as the drift history compares serving windows with them (read once per version, cached),
+with each layer's batch counter and momentum, which the convergence rule reads (drift_status.py).
 
 Versions are immutable, so the statistics are cached by the version's artifact digest. A layer sent by a collector is
 found by the normalizer's path in the manifest, or by the name its running-mean tensor carries without the suffix
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from registry.tensor_blobs import tensor_from_blob
+from schemas.floats import decimal_complement
 from schemas.manifest import load_manifest
 from schemas.monitoring import statistics_digest
 
@@ -29,6 +31,8 @@ class ReferenceLayer:
     running_mean: np.ndarray
     running_var: np.ndarray
     eps: float
+    batches_tracked: int | None = None  # num_batches_tracked where the version keeps it (torch sources), else None
+    momentum: float | None = None  # PyTorch's convention (weight of a new batch), as the convergence rule reads it
 
     @property
     def channels(self) -> int:
@@ -67,7 +71,7 @@ def _read(registry, version) -> Reference:
         for role in ("running_mean", "running_var"):
             tensor = manifest.tensors[names[role]]
             arrays.append(np.asarray(tensor_from_blob(registry.store.get(tensor.digest), tensor, names[role]), dtype=np.float64).reshape(-1))
-        layer = ReferenceLayer(entry.path, arrays[0], arrays[1], float(spec["eps"]))
+        layer = ReferenceLayer(entry.path, arrays[0], arrays[1], float(spec["eps"]), _tracked(registry, manifest, names), _batch_weight(spec))
         layers.append(layer)
         aliases.setdefault(entry.path, layer)
         stripped = _strip(names["running_mean"])
@@ -75,6 +79,21 @@ def _read(registry, version) -> Reference:
             aliases.setdefault(stripped, layer)
     digest = statistics_digest((layer.running_mean, layer.running_var) for layer in layers)
     return Reference(ref=f"{version.model}@{version.number}", digest=digest, layers=layers, aliases=aliases)
+
+
+def _tracked(registry, manifest, names: dict[str, str]) -> int | None:
+    if "num_batches_tracked" not in names:
+        return None
+    tensor = manifest.tensors[names["num_batches_tracked"]]
+    return int(np.asarray(tensor_from_blob(registry.store.get(tensor.digest), tensor, names["num_batches_tracked"])).reshape(-1)[0])
+
+
+def _batch_weight(spec: dict) -> float | None:
+    """The momentum as the weight of a new batch (Keras and ONNX store the running weight: complemented on its decimal)."""
+    momentum = spec.get("momentum")
+    if momentum is None:
+        return None
+    return float(momentum) if spec.get("momentum_convention") == "batch_weight" else decimal_complement(float(momentum))
 
 
 _cache: OrderedDict[str, Reference] = OrderedDict()

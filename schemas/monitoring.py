@@ -18,6 +18,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 State = Literal["ok", "warning", "alert"]
+#: Why a stored layer reads as it does: its input matches the statistics, its input moved, or the statistics never converged.
+LayerStatus = Literal["ok", "drift", "unconverged_statistics"]
 
 #: Channels one layer may send (a bound on the body; ResNet-50's widest BatchNorm has 2048).
 MAX_CHANNELS = 65_536
@@ -73,8 +75,9 @@ class DriftWindow(_Frozen):
 
 
 class DriftRule(_Frozen):
-    """The sustained-shift rule: a window is over threshold when any layer is; `alert` when at least `k` of the last `m` windows are
-    over, `warning` when at least one of them is, `ok` otherwise."""
+    """The sustained-shift rule: a window is over threshold when any layer's status is drift (over a threshold, statistics
+    converged); `alert` when at least `k` of the last `m` windows are over, `warning` when at least one of them is, `ok`
+    otherwise. A layer whose statistics never converged (unconverged_statistics) does not make its window over."""
 
     shift: float = Field(0.5, gt=0, description="Max standardized mean shift |mean - running_mean| / sqrt(running_var + eps) of a layer.")
     log_ratio: float = Field(0.6931471805599453, gt=0, description="Max |log((var + eps) / (running_var + eps))|; log(2) = a factor of two.")
@@ -105,6 +108,11 @@ class LayerShift(_Frozen):
     variance_ratio: float = Field(description="(var + eps) / (running_var + eps) of the channel furthest from 1 (log scale).")
     max_abs_log_ratio: float
     over: bool = Field(description="Over either threshold of the rule in force when the window was stored.")
+    status: LayerStatus = Field("ok", description="drift when over and the version's statistics converged; unconverged_statistics when "
+                                "they never did (converters/models/monitoring/convergence.py), over or not; ok otherwise. Only "
+                                "drift counts toward the sustained-shift rule.")
+    initial_weight: float | None = Field(None, description="Share of BatchNorm's initial values (mean 0, variance 1) judged left in the "
+                                         "version's running statistics, where known or fitted.")
 
 
 class WindowRecord(_Frozen):
@@ -120,7 +128,7 @@ class WindowRecord(_Frozen):
     sampled: int
     dropped: int
     statistics_digest: str | None
-    over: bool
+    over: bool = Field(description="Some layer's status is drift: the window counts toward the rule (unconverged layers never do).")
     state: State
     layers: list[LayerShift]
     unmatched: list[str] = Field(default_factory=list, description="Layers sent that the version holds no running statistics for.")
@@ -138,4 +146,4 @@ class DriftHistory(_Frozen):
     windows: list[WindowRecord]
 
 
-__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerWindow", "MAX_CHANNELS", "MAX_LAYERS", "State", "WindowRecord"]
+__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerStatus", "LayerWindow", "MAX_CHANNELS", "MAX_LAYERS", "State", "WindowRecord"]

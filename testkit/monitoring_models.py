@@ -56,9 +56,36 @@ def converged(model: nn.Module, batches: int = 64, n: int = 32, seed: int = 0, s
     return model.eval()
 
 
+@torch.no_grad()
+def unconverged_cnn(batches: int = 3, seed: int = 0) -> MonitoredCNN:
+    """`batches` training forwards on calm inputs at momentum 0.1: 0.9 ** 3 = 73% of BatchNorm's initial values (mean 0,
+    variance 1) stay in the running statistics, so even calm inputs look shifted against them; eval mode."""
+    torch.manual_seed(seed)
+    model, rng = MonitoredCNN().train(), np.random.default_rng(seed)
+    for _ in range(batches):
+        model(torch.from_numpy(calm(rng, 32)))
+    return model.eval()
+
+
 def torch_cnn(seed: int = 0) -> MonitoredCNN:
     torch.manual_seed(seed)
     return converged(MonitoredCNN(), seed=seed)
+
+
+def served_window(model, inputs: np.ndarray) -> dict:
+    """The window body a collector would send for `inputs` (one request): each BatchNorm input's pooled moments, read by
+    the model's own adapter (converters' batchnorm_moments), with timestamps ending now."""
+    from datetime import UTC, datetime, timedelta
+
+    from converters.models.monitoring.drift import batchnorm_moments
+
+    now = datetime.now(UTC)
+    layers = []
+    for moments in batchnorm_moments(model, [(inputs,)]):
+        mean, var = moments.pooled()
+        layers.append({"name": moments.name, "count": sum(moments.counts), "mean": mean.tolist(), "var": var.tolist()})
+    return {"started_at": (now - timedelta(seconds=60)).isoformat(), "ended_at": now.isoformat(), "requests": len(inputs),
+            "sampled": len(inputs), "layers": layers}
 
 
 def onnx_bn_model() -> onnx.ModelProto:
@@ -95,4 +122,4 @@ def keras_cnn(seed: int = 0):
     return new
 
 
-__all__ = ["MonitoredCNN", "calm", "converged", "keras_cnn", "onnx_bn_model", "shifted", "torch_cnn"]
+__all__ = ["MonitoredCNN", "calm", "converged", "keras_cnn", "onnx_bn_model", "served_window", "shifted", "torch_cnn", "unconverged_cnn"]

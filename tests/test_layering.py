@@ -66,6 +66,7 @@ SERVICE_FLOOR = (
     "registry/drift_records.py",
     "registry/drift_history.py",
     "registry/drift_reference.py",
+    "registry/drift_status.py",
     "registry/client*",
     "registry/mlflow_bridge.py",
     "registry/mlflow_model.py",

@@ -1,4 +1,4 @@
-"""Rows of the drift history (migration 0005): one per stored window, one per layer of it, its per-channel arrays, and each
+"""Rows of the drift history (migrations 0005, 0007): one per stored window, one per layer of it, its per-channel arrays, and each
 version's incremental alert state.
 
 The window and layer rows are the summaries the history and the charts read; the per-channel arrays sit apart in
@@ -56,6 +56,8 @@ class DriftLayerRow(Base):
     variance_ratio: Mapped[float] = mapped_column(Float, nullable=False)
     max_abs_log_ratio: Mapped[float] = mapped_column(Float, nullable=False)
     over: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    status: Mapped[str] = mapped_column(String(24), nullable=False, server_default="ok")  # ok, drift, unconverged_statistics (0007)
+    initial_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class DriftArraysRow(Base):

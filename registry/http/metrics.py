@@ -83,7 +83,8 @@ def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
     """A source over a drift history store's `current(registry)`: per version its state and newest window's layers.
 
     Each item is read by attribute: model, number, state (ok|warning|alert) and last (None, or a window with received_at and
-    layers, each with name, max_shift, max_abs_log_ratio, over and optionally status)."""
+    layers, each with name, max_shift, max_abs_log_ratio, over and status: the layer state is the status, so a layer whose stored
+    statistics never converged reads unconverged_statistics (1), not drift; `over` stands in for a store that keeps no status)."""
 
     def source(registry) -> tuple[dict, dict]:
         layers, alerts = {}, {}

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from registry import drift_history
 from registry.drift_records import drift_reports
 from registry.http.auth import Principal, principal_from_token
 from registry.http.errors import ApiError, error_body, status_for
@@ -48,6 +49,8 @@ SECURITY_HEADERS = {
 }
 #: The models page lists this many newest versions per model (the model's page lists all).
 MODELS_PAGE_VERSIONS = 10
+#: The drift page plots this many newest serving windows.
+DRIFT_PAGE_WINDOWS = 100
 #: The audit page shows at most this many entries (newest first).
 MAX_AUDIT_ROWS = 1000
 
@@ -230,12 +233,15 @@ def drift_page(request: Request, principal: Principal, name: str, ref: str) -> H
     registry, record = _shown(request, principal, name, ref)
     reports = drift_reports(registry, record.ref)
     latest = reports[0] if reports else None
+    served = drift_history.history(registry, record.ref, limit=DRIFT_PAGE_WINDOWS)
     shift_chart, ratio_chart = pages.drift_charts(latest.report) if latest else ("", "")
     recalibrated = [{"ref": node.ref, "note": node.note, "url": pages.version_url(*node.ref.rsplit("@", 1))}
                     for node in registry.lineage(record.ref).nodes
                     if node.parent == record.ref and node.operation == "recalibrated" and principal.may_see(split_ref(node.ref)[0])]
     return render(request, "drift.html", record=record, latest=latest, older=reports[1:], shift_chart=shift_chart, ratio_chart=ratio_chart,
-                  timeline=drift_view.shift_timeline(reports), state=drift_view.report_state(latest.report) if latest else None,
+                  history=served if served.windows else None, log_ratio_factor=math.exp(served.rule.log_ratio),
+                  timeline=drift_view.window_timeline(served) if served.windows else drift_view.shift_timeline(reports),
+                  state=drift_view.report_state(latest.report) if latest else None,
                   ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None, recalibrated=recalibrated,
                   version_url=pages.version_url(record.model, record.number))
 

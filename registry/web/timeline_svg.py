@@ -1,15 +1,16 @@
 """Each layer's drift over time against the threshold, as inline SVG (no script, like the other charts in svg.py).
 
-One line per layer through its max standardized shift in each recorded window (oldest left), the
-dashed threshold across, and every window whose verdict was drift shaded as an alert window. Every
-text goes through `svg.esc`: the SVG is inserted into the page unescaped.
+One line per layer through its max standardized shift in each window (oldest left): the serving collector's windows from
+the drift history, or the recorded offline checks where a version has none. The dashed threshold runs across, every
+alert window is shaded, and a point whose layer's statistics never converged is drawn hollow (class `unconverged`):
+its height is not drift. Every text goes through `svg.esc`: the SVG is inserted into the page unescaped.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .labels import distinct_labels
 from .svg import AXIS, FONT, MUTED, RED, esc, num
@@ -19,11 +20,23 @@ PALETTE = ("#2563eb", "#d97706", "#16a34a", "#7c3aed", "#0891b2", "#be185d", "#4
 
 @dataclass(frozen=True)
 class Window:
-    """One point in time: its label (a timestamp), whether it alerted, and each layer's value."""
+    """One point in time: its label (a timestamp), whether it alerted, each layer's value and status (ok, drift,
+    unconverged_statistics; a layer with none given reads ok)."""
 
     label: str
     alert: bool
     values: dict[str, float]
+    statuses: dict[str, str] = field(default_factory=dict)
+
+
+def _point(layer: str, i: int, px: float, py: float, value: float, status: str, threshold: float, colour: str) -> str:
+    """One circle: filled in the layer's colour, hollow when its statistics never converged."""
+    classes = "point" + (" over" if value > threshold else "") + (" unconverged" if status == "unconverged_statistics" else "")
+    hollow = status == "unconverged_statistics"
+    paint = f"fill='#ffffff' stroke='{colour}' stroke-width='1.5'" if hollow else f"fill='{colour}'"
+    note = " (unconverged statistics)" if hollow else ""
+    return (f"<circle class='{classes}' data-window='{i}' data-status='{esc(status)}' cx='{px:.2f}' cy='{py:.2f}' r='3' {paint}>"
+            f"<title>{esc(layer)}: {num(value, 4)}{note}</title></circle>")
 
 
 def timeline_svg(windows: Sequence[Window], layers: Sequence[str], threshold: float, title: str, width: int = 760) -> str:
@@ -53,10 +66,10 @@ def timeline_svg(windows: Sequence[Window], layers: Sequence[str], threshold: fl
                  f"stroke-dasharray='5 4'/><text x='{left + plot_w + 4}' y='{ty + 4:.2f}' fill='{RED}' font-size='11'>threshold {num(threshold)}</text>")
     for rank, (layer, shown) in enumerate(zip(layers, distinct_labels(layers, 24))):
         colour = PALETTE[rank % len(PALETTE)]
-        points = [(x(i), y(w.values[layer]), w.values[layer]) for i, w in enumerate(windows) if math.isfinite(w.values.get(layer, math.nan))]
-        path = " ".join(f"{px:.2f},{py:.2f}" for px, py, _ in points)
-        dots = "".join(f"<circle class='point{' over' if v > threshold else ''}' cx='{px:.2f}' cy='{py:.2f}' r='3' fill='{colour}'>"
-                       f"<title>{esc(layer)}: {num(v, 4)}</title></circle>" for px, py, v in points)
+        points = [(i, x(i), y(w.values[layer]), w.values[layer], w.statuses.get(layer, "ok")) for i, w in enumerate(windows)
+                  if math.isfinite(w.values.get(layer, math.nan))]
+        path = " ".join(f"{px:.2f},{py:.2f}" for _, px, py, _, _ in points)
+        dots = "".join(_point(layer, i, px, py, v, status, threshold, colour) for i, px, py, v, status in points)
         legend_y = top + 12 + rank * 15
         legend = (f"<text x='{width - right + 70}' y='{legend_y}' fill='{colour}' font-size='11'>{esc(shown)}<title>{esc(layer)}</title></text>"
                   if legend_y < top + plot_h + 20 else "")

@@ -1,5 +1,6 @@
 """The drift history store on SQLite and PostgreSQL: shifts against the version's own statistics (checked with NumPy),
-the k-of-m rule moved one window at a time, a bounded number of statements per window whatever its size, retention.
+the k-of-m rule moved one window at a time, a bounded number of statements per window whatever its size, retention,
+and each layer's status: statistics that never converged are not drift and never alert.
 """
 
 from __future__ import annotations
@@ -9,15 +10,18 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 import torch
+from alembic import command
 from sqlalchemy import event, update
 from sqlalchemy.orm import Session
 
+from converters.models.monitoring.drift import drift_check
 from registry import drift_history
 from registry.db.drift_rows import DriftWindowRow
+from registry.db.engine import alembic_config
 from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftRule
 from tests.pg import registry_on
-from testkit.monitoring_models import MonitoredCNN, converged, torch_cnn
+from testkit.monitoring_models import MonitoredCNN, calm, converged, served_window, shifted, torch_cnn, unconverged_cnn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -148,3 +152,55 @@ def test_rule_settings_come_from_the_environment_and_bad_ones_name_the_setting(m
     monkeypatch.setenv("NORMBRIDGE_DRIFT_K", "three")
     with pytest.raises(InputFileError, match="NORMBRIDGE_DRIFT_K"):
         drift_history.rule()
+
+
+def test_unconverged_statistics_are_reported_as_such_and_never_alert(registry):
+    model = unconverged_cnn()
+    registry.register("fresh", model)
+    rng = np.random.default_rng(3)
+    traffic = [calm(rng, 32) for _ in range(5)]  # the very population the statistics were tracking
+    records = [drift_history.record_window(registry, "fresh@1", served_window(model, x)) for x in traffic]
+    offline = drift_check(model, traffic[0])  # the offline command on the first window's inputs: the same rule
+    assert offline.verdict == "unconverged statistics"
+    for record in records:
+        assert any(layer.over for layer in record.layers)  # the thresholds alone alarm: it looks shifted
+        assert [layer.status for layer in record.layers] == ["unconverged_statistics"] * 2, record.layers
+        assert not record.over and record.state == "ok"
+    assert [layer.status for layer in records[0].layers] == [layer.status for layer in offline.layers]
+    assert records[0].layers[0].initial_weight == pytest.approx(0.9 ** 3)  # num_batches_tracked 3 at momentum 0.1, from the manifest
+    found = drift_history.history(registry, "fresh@1")
+    assert (found.state, found.recent) == ("ok", "00000")
+    assert [[layer.status for layer in w.layers] for w in found.windows] == [["unconverged_statistics"] * 2] * 5  # read back as stored
+    assert not [e for e in registry.audit(model="fresh") if e.action == "drift_state_changed"]
+
+
+def test_converged_statistics_on_shifted_traffic_still_alert(registry):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    rng = np.random.default_rng(4)
+    calm_record = drift_history.record_window(registry, "cnn@1", served_window(model, calm(rng, 32)))
+    assert [layer.status for layer in calm_record.layers] == ["ok", "ok"] and calm_record.state == "ok"
+    states = []
+    for _ in range(3):
+        record = drift_history.record_window(registry, "cnn@1", served_window(model, shifted(rng, 32)))
+        assert "drift" in [layer.status for layer in record.layers] and record.over, record.layers
+        assert all(layer.initial_weight < 0.05 for layer in record.layers)  # 64 tracked batches at 0.1: converged
+        states.append(record.state)
+    assert states == ["warning", "warning", "alert"]
+    assert drift_history.history(registry, "cnn@1").windows[0].layers[0].status == "drift"
+
+
+def test_layers_stored_before_migration_0007_read_drift_where_they_were_over(registry):
+    model = unconverged_cnn()
+    registry.register("fresh", model)
+    record = drift_history.record_window(registry, "fresh@1", served_window(model, calm(np.random.default_rng(3), 32)))
+    over = [layer.over for layer in record.layers]
+    assert any(over) and {layer.status for layer in record.layers} == {"unconverged_statistics"}
+    with registry.meta.engine.connect() as connection:  # back to the schema before the status, and up again
+        command.downgrade(alembic_config(connection), "0006")
+        connection.commit()
+        command.upgrade(alembic_config(connection), "head")
+        connection.commit()
+    [stored] = drift_history.history(registry, "fresh@1").windows
+    assert [layer.status for layer in stored.layers] == ["drift" if flag else "ok" for flag in over]  # as the rule counted them then
+    assert all(layer.initial_weight is None for layer in stored.layers)

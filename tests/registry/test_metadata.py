@@ -50,7 +50,7 @@ def test_the_schema_comes_from_alembic(store):
     tables = set(inspect(store.engine).get_table_names())
     assert {"alembic_version", "models", "versions", "version_blobs", "aliases", "alias_history", "audit_log", "api_tokens", "drift_reports", "blob_leases", "audit_head"} <= tables
     with store.engine.connect() as connection:
-        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0006"
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0007"
     MetadataStore(store.url).close()  # opening again is an idempotent upgrade
 
 

@@ -3,7 +3,8 @@
 Each framework's model is served in a bounded loop, first on inputs like those its BatchNorms converged on (the state
 stays ok), then on shifted inputs: the default rule (alert when 3 of the last 5 windows are over threshold) reaches
 alert on the third shifted window. The registry is stopped mid-run: serving answers as before and the windows sent
-meanwhile are counted as dropped. Tokens are honoured: a read token or a token scoped to another model cannot post,
+meanwhile are counted as dropped. A version whose statistics never converged, served calm traffic that looks shifted
+against them, reads unconverged_statistics in the history and the metrics and never alerts. Tokens are honoured: a read token or a token scoped to another model cannot post,
 and a collector watching another model's statistics is refused (409).
 """
 
@@ -19,7 +20,9 @@ import torch
 import converters
 from registry.drift_history import history
 from tests.http_server import create_token, running_server
-from testkit.monitoring_models import calm, keras_cnn, onnx_bn_model, shifted, torch_cnn
+from prometheus_client.parser import text_string_to_metric_families
+
+from testkit.monitoring_models import calm, keras_cnn, onnx_bn_model, shifted, torch_cnn, unconverged_cnn
 from testkit.processes import stop_process_group
 
 pytestmark = pytest.mark.slow
@@ -96,8 +99,36 @@ def test_calm_traffic_stays_ok_and_shifted_traffic_alerts_on_the_third_window(en
     worst = max(newest.layers, key=lambda layer: layer.max_shift)
     assert worst.max_shift > found.rule.shift and newest.sampled >= 1 and newest.requests == WINDOW
     assert newest.statistics_digest == watch.statistics_digest
+    assert worst.status == "drift" and all(layer.status != "unconverged_statistics" for layer in newest.layers)
     changes = [e.detail for e in env["registry"].audit(model=name) if e.action == "drift_state_changed"]
     assert [(c["from"], c["to"]) for c in changes] == [("ok", "warning"), ("warning", "alert")]
+
+
+def test_statistics_that_never_converged_read_unconverged_in_the_history_and_metrics_and_never_alert(env):
+    model = unconverged_cnn()
+    env["registry"].register("fresh", model)
+    token = create_token(env["db"], "fresh-serving", "write", ["fresh"])
+    watch = converters.monitor(model, server=env["server"].url, token=token, ref="fresh@1", sample_rate=1.0,
+                               window_requests=WINDOW, window_seconds=600, seed=0)
+    rng = np.random.default_rng(2)
+    try:
+        with torch.no_grad():
+            for _ in range(5 * WINDOW):
+                model(torch.from_numpy(calm(rng)))  # the population its few batches came from
+        assert watch.flush(30)
+    finally:
+        watch.close()
+    reader = {"Authorization": f"Bearer {env['tokens']['reader']}"}
+    found = httpx.get(f"{env['server'].url}/api/v1/models/fresh/versions/1/drift", headers=reader, timeout=30).json()
+    assert (found["state"], found["recent"], len(found["windows"])) == ("ok", "00000", 5), found["recent"]
+    for window in found["windows"]:
+        assert any(layer["over"] for layer in window["layers"])  # over a threshold: the old history called this drift
+        assert [layer["status"] for layer in window["layers"]] == ["unconverged_statistics"] * len(watch.layers) and not window["over"]
+    exposition = httpx.get(f"{env['server'].url}/metrics", headers=reader, timeout=30).text
+    samples = [s for family in text_string_to_metric_families(exposition) for s in family.samples if s.labels.get("model") == "fresh"]
+    layer_states = {s.labels["layer"]: s.value for s in samples if s.name == "normbridge_drift_layer_state"}
+    assert layer_states == {name: 1.0 for name in watch.layers}  # 1 = unconverged_statistics
+    assert [s.value for s in samples if s.name == "normbridge_drift_alert_state"] == [0.0]
 
 
 def test_stopping_the_registry_mid_run_leaves_serving_alone_and_counts_the_drops(env, models, tmp_path):
