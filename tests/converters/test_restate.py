@@ -50,13 +50,20 @@ def state(obj, framework: str) -> dict:
             "trainable": obj.trainable, "class": type(obj)}
 
 
+#: The cases a framework's stock classes cannot hold (write_spec refuses them): a cumulative moving average or an
+#: untracked BatchNorm in Keras, a channels-first LayerNorm/RMSNorm in torch, a channels-first RMSNorm in Keras.
+NOT_HELD = {("keras", "bn2d_cumulative"), ("keras", "bn2d_untracked"), ("torch", "ln_channels_first"), ("torch", "rms_channels_first"),
+            ("keras", "rms_channels_first")}
+
+
 @pytest.mark.parametrize("framework", ["torch", "keras"])
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_restated_layer_is_the_layer_from_spec_builds(case, framework):
     first, second = member(case.spec, 1, f"{case.id}_first"), member(case.spec, 2, f"{case.id}/second")
     built = build(first, framework)
+    assert (built is None) == ((framework, case.id) in NOT_HELD), f"{framework} refusing {case.id}: {built is None}"
     if built is None:
-        pytest.skip(f"{framework} cannot hold {case.id}")
+        return  # refused by write_spec with NotExpressibleError, as the conversion tests check in detail
     adapter, _, layer = built
     template = adapter.template_state(layer)
     x = from_channels_first(probe_input(first), read_spec(layer)[0].layout)
