@@ -246,3 +246,19 @@ def test_an_onnxruntime_sample_recalibrates_the_batchnorm_to_numpy_over_the_kept
     np.testing.assert_allclose(stats["bn.running_mean"], np.mean([b.mean(axis=(0, 2, 3)) for b in per_batch], axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats["bn.running_var"], np.mean([b.var(axis=(0, 2, 3)) for b in per_batch], axis=0), rtol=1e-5)
     assert report.samples == 8 and report.batches == 2
+
+
+def test_a_keras_sample_is_named_after_the_model_input_and_reads_back_for_the_model(tmp_path):
+    from converters.models.serving.samples import input_specs, load_sample
+
+    model = keras_cnn()
+    rng = np.random.default_rng(11)
+    batches = [shifted(rng, 4, (8, 8, 3)) for _ in range(3)]
+    watch = converters.monitor(model, sample_rate=1.0, keep_sample=6)
+    for batch in batches:
+        watch.served(batch)
+    assert watch.save_sample(tmp_path / "traffic.npz") == 6
+    watch.close()
+    kept = load_sample(tmp_path / "traffic.npz", input_specs(model))  # matched to the model's input, channels last
+    assert kept.names == ("image",)
+    np.testing.assert_array_equal(kept.arrays[0], np.concatenate(batches)[-6:])
