@@ -159,9 +159,9 @@ class Monitor:
             window = self._window
             window.requests += 1
             if sampled:
-                window.sampled += 1
                 if self._backlog < self._max_backlog:
                     self._backlog += 1
+                    window.sampled += 1  # a window's `sampled` counts the requests whose statistics it holds
                     self._work.put((window, observed))
                 else:
                     self._discarded += 1
@@ -256,8 +256,9 @@ class Monitor:
         """The counters, once the requests answered so far are merged (waits for the worker, at most a second)."""
         self.settle(1.0)
         with self._lock:
-            requests, sampled, closed, errors, last_error = self._requests, self._sampled + self._window.sampled, self._closed, self._errors, self._last_error
             discarded = self._discarded
+            requests, sampled, closed, errors, last_error = (self._requests, self._sampled + self._window.sampled + discarded, self._closed,
+                                                             self._errors, self._last_error)
         sender = self._sender.stats if self._sender else None
         return MonitorStats(requests=requests, sampled=sampled, windows_closed=closed, windows_sent=sender.sent if sender else 0,
                             dropped=sender.dropped if sender else 0, rejected=sender.rejected if sender else 0, errors=errors,

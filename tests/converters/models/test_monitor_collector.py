@@ -262,3 +262,31 @@ def test_a_keras_sample_is_named_after_the_model_input_and_reads_back_for_the_mo
     kept = load_sample(tmp_path / "traffic.npz", input_specs(model))  # matched to the model's input, channels last
     assert kept.names == ("image",)
     np.testing.assert_array_equal(kept.arrays[0], np.concatenate(batches)[-6:])
+
+
+def test_a_stalled_worker_never_holds_up_requests_and_what_it_cannot_take_is_counted():
+    import threading
+
+    model = torch_cnn()
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=1000, keep_sample=64, max_backlog=1)
+    entered, release = threading.Event(), threading.Event()
+    keep = watch.sample.add
+
+    def stalled(arrays):  # the worker's first hand-over blocks until released
+        entered.set()
+        release.wait(30)
+        keep(arrays)
+
+    watch.sample.add = stalled
+    rng = np.random.default_rng(12)
+    with torch.no_grad():
+        model(torch.from_numpy(calm(rng)))
+        assert entered.wait(30)  # the worker holds the first request; the backlog (1) takes the second
+        outputs = [model(torch.from_numpy(calm(rng))) for _ in range(4)]
+    assert all(out.shape == (4, 2) for out in outputs)
+    release.set()
+    stats = watch.stats()
+    watch.close()
+    assert (stats.requests, stats.sampled, stats.discarded, stats.errors, stats.kept_rows) == (5, 5, 3, 0, 8)
+    window = watch.closed_windows[0]
+    assert window["sampled"] == 2 and window["layers"][0]["count"] == 2 * 4 * 8 * 8  # the window holds the two merged requests
