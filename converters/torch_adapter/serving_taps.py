@@ -25,6 +25,7 @@ from schemas.kinds import KIND_INFO
 from ..serving_taps import ServingTaps, TappedLayer, TapSink
 
 BATCH = KIND_INFO["batch"]
+_NARROW = (torch.float16, torch.bfloat16)
 
 #: sink id -> sink, for the taps inserted into program graphs (a graph can only name importable functions and constants).
 _SINKS: dict[int, TapSink] = {}
@@ -36,8 +37,9 @@ def _observe(sink: TapSink, index: int, x: torch.Tensor) -> None:
     try:
         x = x.detach()
         dims = [d for d in range(x.ndim) if d != 1]
-        sums = x.sum(dim=dims)
-        squares = torch.linalg.vector_norm(x, dim=dims).square_()
+        wide = torch.float32 if x.dtype in _NARROW else None  # float16 sums of squares overflow at 65504, bfloat16 ones keep 8 bits
+        sums = x.sum(dim=dims, dtype=wide)
+        squares = torch.linalg.vector_norm(x, dim=dims, dtype=wide).square_()
         sink.observe_sums(index, int(x.numel() // max(1, x.shape[1])), sums, squares)
     except Exception as error:  # never into the request path
         sink.failed(error)

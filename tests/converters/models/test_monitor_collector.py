@@ -290,3 +290,21 @@ def test_a_stalled_worker_never_holds_up_requests_and_what_it_cannot_take_is_cou
     assert (stats.requests, stats.sampled, stats.discarded, stats.errors, stats.kept_rows) == (5, 5, 3, 0, 8)
     window = watch.closed_windows[0]
     assert window["sampled"] == 2 and window["layers"][0]["count"] == 2 * 4 * 8 * 8  # the window holds the two merged requests
+
+
+def test_a_bfloat16_model_is_reduced_in_float32_not_in_its_8_bit_mantissa():
+    model = torch_cnn().to(torch.bfloat16)
+    x = torch.from_numpy(shifted(np.random.default_rng(13), 64, (3, 32, 32))).to(torch.bfloat16)  # 65536 values per channel
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=1)
+    with torch.no_grad():
+        model(x)
+    watch.close()
+    seen = []
+    probe = model.bn2.register_forward_pre_hook(lambda _m, a: seen.append(a[0].double().numpy()))
+    with torch.no_grad():
+        model(x)
+    probe.remove()
+    layer = watch.closed_windows[0]["layers"][1]
+    assert layer["name"] == "bn2" and watch.stats().errors == 0
+    np.testing.assert_allclose(layer["mean"], seen[0].mean(axis=(0, 2, 3)), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(layer["var"], seen[0].var(axis=(0, 2, 3)), rtol=1e-3)
