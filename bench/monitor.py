@@ -6,7 +6,10 @@ hooks off) so that load from anything else on the machine falls on both sides al
 Wall-clock percentiles are only meaningful on an otherwise idle machine; the CPU time per request (all threads of
 this process) is printed beside them as the figure that other load disturbs least.
 
-    python bench/monitor.py [--rounds 10] [--per-round 20] [--size 224] [--sample-rate 0.1]
+The load average is printed at the start and the end: on a shared machine, read the figures beside it (and try
+--threads 1: with two intra-op threads, every parallel region waits for a thread another process has preempted).
+
+    python bench/monitor.py [--rounds 10] [--per-round 20] [--size 224] [--sample-rate 0.1] [--threads N] [--keep-sample N]
 """
 
 from __future__ import annotations
@@ -67,11 +70,16 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=20)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--sample-rate", type=float, default=0.1)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own choice)")
+    parser.add_argument("--keep-sample", type=int, default=0, help="monitor(..., keep_sample=N): also copy sampled inputs into the ring")
     parser.add_argument("--server")
     parser.add_argument("--token", default=os.environ.get("NORMBRIDGE_TOKEN"))
     parser.add_argument("--ref")
     args = parser.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     torch.manual_seed(0)
     model = resnet50()
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 3, args.size, args.size)).astype(np.float32))
@@ -84,7 +92,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for side in ("plain", "watched"):
             watch = converters.monitor(model, server=args.server, token=args.token, ref=args.ref, sample_rate=args.sample_rate,
-                                       window_requests=50, window_seconds=60) if side == "watched" else None
+                                       window_requests=50, window_seconds=60, keep_sample=args.keep_sample) if side == "watched" else None
             times = watched if watch else plain
             with torch.no_grad():
                 for _ in range(args.per_round):
@@ -99,7 +107,9 @@ def main() -> None:
     n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"collector overhead, ResNet-50 layout ({n_bn} BatchNorms, {params:.1f}M parameters), batch 1, {args.size}x{args.size}, "
-          f"sample_rate={args.sample_rate}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"sample_rate={args.sample_rate}, keep_sample={args.keep_sample}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("load average (1, 5, 15 min): at the start " + " ".join(f"{v:.2f}" for v in load_before)
+          + ", at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()) + f", on {os.cpu_count()} CPUs")
     print(f"requests per side: {len(plain)} in {args.rounds} alternating rounds; sampled {sampled}; windows sent {sent}, dropped {dropped}")
     print(f"{'':<18}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     for name, times in (("without monitor", plain), ("with monitor", watched)):

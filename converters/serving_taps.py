@@ -3,8 +3,10 @@
 `ModelAdapter.serving_taps(model, sink)` returns `ServingTaps`: the object to serve (the same nn.Module with hooks, a
 rewritten program, a session or Keras wrapper returning exactly the served outputs), the layers it reports (name and
 frozen statistics, in tap order) and how to take the instrumentation off. The served object tells the `TapSink` when a
-request starts (`begin`, which says whether it is sampled), each sampled layer input's per-channel moments (`observe`)
-and when it ends (`end`). The sink (converters/models/monitoring/collector.py) never raises into the request path.
+request starts (`begin`, which says whether it is sampled), the inputs of a sampled request (`keep`, for the collector's
+traffic sample), each sampled layer input's per-channel moments (`observe`) or raw sums (`observe_sums`, cheaper: the
+collector's worker thread turns them into moments) and when it ends (`end`). The sink
+(converters/models/monitoring/collector.py) never raises into the request path.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ class TapSink(Protocol):
 
     def observe(self, index: int, count: int, mean: np.ndarray, var: np.ndarray) -> None:
         """Layer `index`'s input in a sampled request: `count` values per channel, their mean and population variance."""
+
+    def observe_sums(self, index: int, count: int, sums: Any, squares: Any) -> None:
+        """Layer `index`'s input in a sampled request: `count` values per channel, their per-channel sum and sum of squares
+        (arrays or CPU tensors the tap will not touch again; converted off the request thread)."""
+
+    def keep(self, inputs: Any) -> None:
+        """The inputs of the sampled request that just began, in the model's input order (copied if a sample is kept)."""
 
     def failed(self, error: BaseException) -> None:
         """Observing failed (counted; the request goes on)."""
@@ -48,6 +57,7 @@ class ServingTaps:
     served: Any
     layers: list[TappedLayer]
     remove: Callable[[], None] = field(default=lambda: None)
+    input_names: list[str] | None = None  # the model's inputs in the order `keep` reports them, when known
 
 
 def numpy_moments(x: Any, axis: int) -> tuple[int, np.ndarray, np.ndarray]:

@@ -148,7 +148,7 @@ def drift(
 @reports_errors
 def recalibrate(
     model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to recalibrate: .onnx, .pt2 (torch.export) or .keras."),
-    data: Path = typer.Argument(..., help="New inputs: .npy (one input) or .npz (one array per input), batch axis first; never unpickled."),
+    data: Path = typer.Argument(..., help="New inputs: .npy (one input) or .npz (one array per input, e.g. the traffic sample of monitor(..., keep_sample=N).save_sample), batch axis first; never unpickled."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the recalibrated model (same format as MODEL; written atomically)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Inputs per batch; the statistics are the cumulative average over batches."),
     biased: bool = typer.Option(False, "--biased", help="running_var from the biased batch variance (Keras/ONNX training) instead of PyTorch's unbiased one."),

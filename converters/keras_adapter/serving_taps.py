@@ -29,8 +29,10 @@ class MonitoredKerasModel:
         keras = import_keras()
         try:
             if not training and self._sink.begin():
+                flat = keras.tree.flatten(inputs)  # model.inputs order, as the probe takes them
+                self._sink.keep(flat)  # copied by the collector only when it keeps a sample
                 try:
-                    values = self._probe(keras.tree.flatten(inputs), training=False, **kwargs)  # model.inputs order, as the probe takes them
+                    values = self._probe(flat, training=False, **kwargs)  # model.inputs order, as the probe takes them
                 except Exception as error:
                     self._sink.failed(error)
                 else:
@@ -66,7 +68,8 @@ def keras_taps(model: Any, refs: list, sink: TapSink) -> ServingTaps:
     tapped = [TappedLayer(layer.name, *(keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.moving_mean, layer.moving_variance)),
                           float(layer.epsilon)) for layer in layers]
     axes = [layer.axis if isinstance(layer.axis, int) else layer.axis[0] for layer in layers]
-    return ServingTaps(MonitoredKerasModel(model, probe, axes, sink), tapped)
+    names = [getattr(tensor, "name", None) for tensor in model.inputs]
+    return ServingTaps(MonitoredKerasModel(model, probe, axes, sink), tapped, input_names=names if all(names) else None)
 
 
 __all__ = ["MonitoredKerasModel", "keras_taps"]

@@ -35,11 +35,13 @@ class MonitoredSession:
     def __init__(self, session: Any, probe: Any, taps: list[str], sink: TapSink):
         self.session, self._probe, self._taps, self._sink = session, probe, taps, sink
         self._outputs = [o.name for o in session.get_outputs()]
+        self.input_names = [i.name for i in session.get_inputs()]
 
     def run(self, output_names, input_feed, run_options=None):
         names = list(output_names) if output_names else self._outputs
         try:
             if self._sink.begin():
+                self._sink.keep(tuple(input_feed[name] for name in self.input_names if name in input_feed))
                 try:
                     values = self._probe.run(names + self._taps, input_feed, run_options)
                 except Exception as error:  # the copy failed: serve from the original, count it
@@ -79,7 +81,8 @@ def session_taps(model: Any, sink: TapSink) -> ServingTaps:
     probe = onnxruntime.InferenceSession(probe_proto.SerializeToString(), options, providers=session.get_providers())
     outputs = [o.name for o in probe.get_outputs()]
     taps = [s.input if s.input in outputs else next(n for n in outputs if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
-    return ServingTaps(MonitoredSession(session, probe, taps, sink), layers)
+    served = MonitoredSession(session, probe, taps, sink)
+    return ServingTaps(served, layers, input_names=served.input_names)
 
 
 __all__ = ["MonitoredSession", "session_taps"]

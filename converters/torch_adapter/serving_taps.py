@@ -4,11 +4,15 @@ An nn.Module gets forward pre-hooks in place (the caller keeps serving the same 
 request's start and whether it is sampled, one per BatchNorm the recognizers find reads its input, a forward hook on
 the root marks the end. An unsampled request costs each hook one thread-local read. An ExportedProgram is served as
 its `module()` with a `tap` call inserted before each batch-norm op of the graph (the program itself is untouched).
-Moments are computed by torch.var_mean in the layer's dtype and handed over as float64.
+A sampled layer input costs two reductions in its dtype, the per-channel sum and the per-channel 2-norm (squared into
+the sum of squares), handed to the collector as small tensors; the float64 moments and the merge happen on the
+collector's worker thread. (torch.var_mean over dims (0, 2, 3) was the obvious single call, and ran about ten times
+slower than these two on CPU: 80 ms against 8 ms for the 53 BatchNorm inputs of a ResNet-50 at batch 1, one thread.)
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 from typing import Any
@@ -21,6 +25,7 @@ from schemas.kinds import KIND_INFO
 from ..serving_taps import ServingTaps, TappedLayer, TapSink
 
 BATCH = KIND_INFO["batch"]
+_NARROW = (torch.float16, torch.bfloat16)
 
 #: sink id -> sink, for the taps inserted into program graphs (a graph can only name importable functions and constants).
 _SINKS: dict[int, TapSink] = {}
@@ -32,8 +37,10 @@ def _observe(sink: TapSink, index: int, x: torch.Tensor) -> None:
     try:
         x = x.detach()
         dims = [d for d in range(x.ndim) if d != 1]
-        var, mean = torch.var_mean(x, dim=dims, correction=0)
-        sink.observe(index, int(x.numel() // max(1, x.shape[1])), mean.double().numpy(), var.double().numpy())
+        wide = torch.float32 if x.dtype in _NARROW else None  # float16 sums of squares overflow at 65504, bfloat16 ones keep 8 bits
+        sums = x.sum(dim=dims, dtype=wide)
+        squares = torch.linalg.vector_norm(x, dim=dims, dtype=wide).square_()
+        sink.observe_sums(index, int(x.numel() // max(1, x.shape[1])), sums, squares)
     except Exception as error:  # never into the request path
         sink.failed(error)
 
@@ -49,9 +56,20 @@ def _layer(name: str, mean: torch.Tensor, var: torch.Tensor, eps: float) -> Tapp
     return TappedLayer(name, mean.detach().double().numpy().copy(), var.detach().double().numpy().copy(), float(eps))
 
 
+def _argument_names(forward) -> list[str] | None:
+    """The positional argument names of a forward (the names a traffic sample gives its arrays), or None."""
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names or None
+
+
 def _root_hooks(root: torch.nn.Module, sink: TapSink) -> list:
-    def starts(_module, _args) -> None:  # a pre-hook returning anything but None would replace the arguments
-        sink.begin()
+    def starts(_module, args) -> None:  # a pre-hook returning anything but None would replace the arguments
+        if sink.begin():
+            sink.keep(args)
 
     def ends(_module, _args, _out) -> None:
         sink.end()
@@ -77,7 +95,7 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink) -> ServingTap
         for handle in handles:
             handle.remove()
 
-    return ServingTaps(model, layers, remove)
+    return ServingTaps(model, layers, remove, _argument_names(model.forward))
 
 
 def program_taps(program: Any, sink: TapSink) -> ServingTaps:
@@ -113,7 +131,7 @@ def program_taps(program: Any, sink: TapSink) -> ServingTaps:
             handle.remove()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(module, layers, remove)
+    return ServingTaps(module, layers, remove, _argument_names(module.forward))
 
 
 __all__ = ["module_taps", "program_taps", "tap"]

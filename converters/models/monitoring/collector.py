@@ -1,10 +1,17 @@
 """The serving collector: `monitor(model, server=..., token=..., ref="NAME@N")` watches a served model's BatchNorm inputs.
 
-A fraction `sample_rate` of requests is sampled; for those, each BatchNorm input's per-channel mean and variance are
-merged into the open window (window.py). A window closes every `window_requests` requests or `window_seconds` seconds,
+A fraction `sample_rate` of requests is sampled; for those, each BatchNorm input's per-channel statistics are merged
+into the open window (window.py). A window closes every `window_requests` requests or `window_seconds` seconds,
 whichever comes first, and is queued for the background sender (sender.py), which posts it to the registry. Nothing
 here blocks or fails a request: the taps catch their own errors (counted in `stats().errors`), a full queue or an
 unreachable registry drops the window (counted in `stats().dropped`), and the request path only takes a short lock.
+
+The request thread does as little as it can: an unsampled request costs one random draw, a thread-local flag per
+hook and a counter under the lock. A sampled one collects each layer's raw reductions in a thread-local list and, at
+its end, hands the list (with a copy of its inputs when `keep_sample` is set) to the collector's worker thread, which
+does the float64 Chan merges, keeps the traffic sample (sample.py) and closes windows on time. The hand-over and the
+window-closing markers are queued under the same lock as the request count, so every sampled request is merged into
+the window that counted it, before that window is shipped.
 
 The model adapter instruments the model (ModelAdapter.serving_taps): a torch nn.Module keeps serving itself with
 hooks; an ExportedProgram is served as `monitor.served` (its module with taps); an onnxruntime session and a Keras
@@ -14,27 +21,31 @@ model are served through `monitor.served` too, a wrapper returning exactly the o
 from __future__ import annotations
 
 import os
+import queue
 import random
 import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from schemas import InputFileError
 from schemas.monitoring import statistics_digest
 
 from ...adapters import REGISTRY
 from ...serving_taps import ServingTaps
+from .sample import TrafficSample, copied_inputs
 from .sender import Sender, drift_url
 from .window import Window
 
 DEFAULT_SAMPLE_RATE = 0.1
 DEFAULT_WINDOW_REQUESTS = 1000
 DEFAULT_WINDOW_SECONDS = 60.0
+DEFAULT_MAX_BACKLOG = 256  # sampled requests waiting for the worker; beyond it their statistics are discarded and counted
+
+_CLOSE, _STOP = object(), object()  # markers on the worker's queue
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,8 @@ class MonitorStats:
     errors: int
     last_error: str | None
     last_state: str | None
+    discarded: int = 0  # sampled requests whose statistics the worker was too far behind to take (max_backlog)
+    kept_rows: int = 0  # input rows in the traffic sample (keep_sample)
 
 
 def _adapter_of(model: Any):
@@ -63,12 +76,14 @@ class Monitor:
     """A running collector (the TapSink the served object reports to); see the module docstring."""
 
     def __init__(self, model: Any, *, server: str | None, token: str | None, ref: str | None, sample_rate: float,
-                 window_requests: int, window_seconds: float, max_pending: int = 8, timeout: float = 5.0, seed: int | None = None,
-                 replica: str | None = None):
+                 window_requests: int, window_seconds: float, keep_sample: int = 0, max_pending: int = 8, timeout: float = 5.0,
+                 seed: int | None = None, replica: str | None = None, max_backlog: int = DEFAULT_MAX_BACKLOG):
         if not 0.0 <= sample_rate <= 1.0:
             raise InputFileError(f"sample_rate={sample_rate} is not a fraction; pass a value between 0 and 1, e.g. 0.1.")
         if window_requests < 1 or window_seconds <= 0:
             raise InputFileError("window_requests must be at least 1 and window_seconds above 0; e.g. window_requests=1000, window_seconds=60.")
+        if keep_sample < 0:
+            raise InputFileError(f"keep_sample={keep_sample} is negative; pass 0 (keep no sample) or the number of input rows to keep.")
         if server is not None and ref is None:
             raise InputFileError("monitor(..., server=URL) needs ref='NAME@N', the registered version being served.")
         url = drift_url(server, ref) if server else None  # a bad ref is refused before the model is touched
@@ -78,17 +93,19 @@ class Monitor:
         self._random = random.Random(seed)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._requests = self._sampled = self._closed = self._errors = 0
+        self._requests = self._sampled = self._closed = self._errors = self._discarded = self._backlog = 0
+        self._max_backlog = max(1, int(max_backlog))
         self._last_error: str | None = None
         self.closed_windows: deque[dict] = deque(maxlen=64)  # the newest closed windows, also without a server
         self._taps: ServingTaps = _adapter_of(model).serving_taps(model, self)
         self.layers = [layer.name for layer in self._taps.layers]
         self.statistics_digest = statistics_digest((layer.running_mean, layer.running_var) for layer in self._taps.layers)
+        self.sample = TrafficSample(keep_sample, self._taps.input_names) if keep_sample else None
         self._window = Window(len(self.layers))
         self._sender = Sender(url, token, max_pending=max_pending, timeout=timeout) if url else None
-        self._stopped = threading.Event()
-        self._ticker = threading.Thread(target=self._tick, name="normbridge-monitor-window", daemon=True)
-        self._ticker.start()
+        self._work: queue.Queue = queue.Queue()  # (window, request's observations) and (window, _CLOSE), in lock order
+        self._worker = threading.Thread(target=self._run, name="normbridge-monitor-worker", daemon=True)
+        self._worker.start()
 
     # -- what the served object calls (the request path) --------------------------------------
 
@@ -102,18 +119,30 @@ class Monitor:
 
     def begin(self) -> bool:
         sampled = self.sample_rate > 0 and self._random.random() < self.sample_rate
-        self._local.sampled = sampled
+        local = self._local
+        local.sampled, local.pending, local.kept = sampled, ([] if sampled else None), None
         return sampled
 
     def sampling(self) -> bool:
         return getattr(self._local, "sampled", False)
 
-    def observe(self, index: int, count: int, mean: np.ndarray, var: np.ndarray) -> None:
+    def keep(self, inputs: Any) -> None:
+        if self.sample is None or not getattr(self._local, "sampled", False):
+            return
         try:
-            with self._lock:
-                self._window.moments[index].merge(count, mean, var)
+            self._local.kept = copied_inputs(inputs)
         except Exception as error:
             self.failed(error)
+
+    def observe(self, index: int, count: int, mean: Any, var: Any) -> None:
+        pending = getattr(self._local, "pending", None)
+        if pending is not None:
+            pending.append((index, count, mean, var, False))
+
+    def observe_sums(self, index: int, count: int, sums: Any, squares: Any) -> None:
+        pending = getattr(self._local, "pending", None)
+        if pending is not None:
+            pending.append((index, count, sums, squares, True))
 
     def failed(self, error: BaseException) -> None:
         with self._lock:
@@ -121,25 +150,50 @@ class Monitor:
             self._last_error = f"{type(error).__name__}: {error}"[:300]
 
     def end(self) -> None:
-        sampled = getattr(self._local, "sampled", False)
-        self._local.sampled = False
-        closing = None
+        local = self._local
+        sampled = getattr(local, "sampled", False)
+        observed = (local.pending or [], local.kept) if sampled else None
+        local.sampled, local.pending, local.kept = False, None, None
         with self._lock:
             self._requests += 1
-            self._window.requests += 1
-            self._window.sampled += int(sampled)
-            if self._window.requests >= self.window_requests:
-                closing = self._swap()
-        if closing is not None:
-            self._ship(closing)
+            window = self._window
+            window.requests += 1
+            if sampled:
+                if self._backlog < self._max_backlog:
+                    self._backlog += 1
+                    window.sampled += 1  # a window's `sampled` counts the requests whose statistics it holds
+                    self._work.put((window, observed))
+                else:
+                    self._discarded += 1
+            if window.requests >= self.window_requests:
+                self._close_locked()
 
-    # -- windows ---------------------------------------------------------------------------
+    # -- the worker thread: merges, the traffic sample, windows ----------------------------------
 
-    def _swap(self) -> Window:
-        """The open window, replaced by a fresh one (caller holds the lock)."""
+    def _close_locked(self) -> None:
+        """Swap in a fresh window and queue the old one to be shipped after its pending merges (caller holds the lock)."""
         closing, self._window = self._window, Window(len(self.layers))
         self._sampled += closing.sampled
-        return closing
+        self._work.put((closing, _CLOSE))
+
+    def _merge(self, window: Window, observed: tuple) -> None:
+        pending, kept = observed
+        with self._lock:
+            self._backlog -= 1
+        for index, count, first, second, sums in pending:
+            try:
+                moments = window.moments[index]
+                if sums:
+                    moments.merge_sums(count, first, second)
+                else:
+                    moments.merge(count, first, second)
+            except Exception as error:
+                self.failed(error)
+        if kept is not None:
+            try:
+                self.sample.add(kept)
+            except Exception as error:
+                self.failed(error)
 
     def _ship(self, window: Window) -> None:
         if window.sampled == 0 or not any(m.count for m in window.moments):
@@ -152,35 +206,71 @@ class Monitor:
         if self._sender is not None:
             self._sender.submit(body)
 
-    def _tick(self) -> None:
-        while not self._stopped.wait(min(self.window_seconds / 4, 0.5)):
+    def _run(self) -> None:
+        tick = min(self.window_seconds / 4, 0.5)
+        while True:
+            try:
+                window, what = self._work.get(timeout=tick)
+            except queue.Empty:
+                window = what = None
+            if what is not None:
+                try:
+                    if what is _STOP:
+                        return
+                    if what is _CLOSE:
+                        self._ship(window)
+                    else:
+                        self._merge(window, what)
+                except Exception as error:  # never let the worker die
+                    self.failed(error)
+                finally:
+                    self._work.task_done()
             with self._lock:
-                age = time.time() - self._window.started_at.timestamp()
-                closing = self._swap() if age >= self.window_seconds and self._window.requests else None
-            if closing is not None:
-                self._ship(closing)
+                if self._window.requests and time.time() - self._window.started_at.timestamp() >= self.window_seconds:
+                    self._close_locked()
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until the worker has merged every request answered so far; False if `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        while self._work.unfinished_tasks:
+            if time.monotonic() > deadline or not self._worker.is_alive():
+                return False
+            time.sleep(0.002)
+        return True
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Close the open window and wait until every pending window was sent or dropped; False if `timeout` passed first."""
         with self._lock:
-            closing = self._swap()
-        self._ship(closing)
-        return self._sender.wait(timeout) if self._sender else True
+            self._close_locked()
+        settled = self.settle(timeout)
+        return (self._sender.wait(timeout) if self._sender else True) and settled
+
+    def save_sample(self, path: str | Path) -> int:
+        """Write the kept traffic sample as an .npz for `normbridge recalibrate` (sample.py); returns the rows written."""
+        if self.sample is None:
+            raise InputFileError("this collector keeps no traffic sample; start it with monitor(..., keep_sample=N) to keep the last N input rows.")
+        self.settle()
+        return self.sample.save(path)
 
     def stats(self) -> MonitorStats:
+        """The counters, once the requests answered so far are merged (waits for the worker, at most a second)."""
+        self.settle(1.0)
         with self._lock:
-            requests, sampled, closed, errors, last_error = self._requests, self._sampled + self._window.sampled, self._closed, self._errors, self._last_error
+            discarded = self._discarded
+            requests, sampled, closed, errors, last_error = (self._requests, self._sampled + self._window.sampled + discarded, self._closed,
+                                                             self._errors, self._last_error)
         sender = self._sender.stats if self._sender else None
         return MonitorStats(requests=requests, sampled=sampled, windows_closed=closed, windows_sent=sender.sent if sender else 0,
                             dropped=sender.dropped if sender else 0, rejected=sender.rejected if sender else 0, errors=errors,
                             last_error=(sender.last_error if sender and sender.last_error else last_error),
-                            last_state=sender.last_state if sender else None)
+                            last_state=sender.last_state if sender else None, discarded=discarded,
+                            kept_rows=self.sample.rows if self.sample else 0)
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush, stop the threads and take the taps off the model."""
         self.flush(timeout)
-        self._stopped.set()
-        self._ticker.join(timeout)
+        self._work.put((None, _STOP))
+        self._worker.join(timeout)
         if self._sender is not None:
             self._sender.close(timeout)
         self._taps.remove()
@@ -193,7 +283,8 @@ class Monitor:
 
 
 def monitor(model: Any, server: str | None = None, token: str | None = None, ref: str | None = None, sample_rate: float = DEFAULT_SAMPLE_RATE,
-            window_requests: int = DEFAULT_WINDOW_REQUESTS, window_seconds: float = DEFAULT_WINDOW_SECONDS, **options) -> Monitor:
+            window_requests: int = DEFAULT_WINDOW_REQUESTS, window_seconds: float = DEFAULT_WINDOW_SECONDS, keep_sample: int = 0,
+            **options) -> Monitor:
     """Watch the BatchNorm inputs of a served model and ship statistics windows to a registry.
 
     Args:
@@ -204,7 +295,10 @@ def monitor(model: Any, server: str | None = None, token: str | None = None, ref
         ref: the registered version being served, 'NAME@N'.
         sample_rate: fraction of requests whose layer inputs are pooled.
         window_requests, window_seconds: a window closes after this many requests or this many seconds.
-        options: max_pending (queued windows, default 8), timeout (seconds per POST, 5), seed, replica.
+        keep_sample: keep the last this many input rows of sampled requests (copied; 0 keeps none), for
+            `monitor.save_sample("traffic.npz")` and then `normbridge recalibrate MODEL traffic.npz`.
+        options: max_pending (queued windows, default 8), timeout (seconds per POST, 5), seed, replica,
+            max_backlog (sampled requests waiting for the worker thread, default 256; beyond it they are discarded and counted).
 
     Example:
         >>> watch = monitor(model, server="http://127.0.0.1:8000", token=TOKEN, ref="cnn@3")
@@ -212,7 +306,7 @@ def monitor(model: Any, server: str | None = None, token: str | None = None, ref
         >>> watch.flush()         # send the open window now
     """
     return Monitor(model, server=server, token=token, ref=ref, sample_rate=sample_rate, window_requests=window_requests,
-                   window_seconds=window_seconds, **options)
+                   window_seconds=window_seconds, keep_sample=keep_sample, **options)
 
 
 __all__ = ["Monitor", "MonitorStats", "monitor"]

@@ -4,6 +4,8 @@ Each sampled request's batch moments are merged in with Chan, Golub and LeVeque'
 of Welford's), which is exact in float64 whatever the order and sizes of the batches:
 n = na + nb, d = mb - ma, mean = ma + d * nb / n, M2 = M2a + M2b + d^2 * na * nb / n; the population variance is M2 / n.
 The merged window equals LayerMoments.pooled() over the same batches (tests/converters/models check both against NumPy).
+A torch tap hands over a batch's per-channel sum and sum of squares instead (two plain reductions, far cheaper on the
+request thread than torch.var_mean); `merge_sums` turns them into the batch's mean and variance in float64 first.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ class ChannelMoments:
         self.mean = self.mean + delta * (count / total)
         self.m2 = self.m2 + m2 + np.square(delta) * (self.count * count / total)
         self.count = total
+
+    def merge_sums(self, count: int, sums, squares) -> None:
+        """Merge in `count` values per channel given their sum and sum of squares (float32 reductions are fine: the
+        variance E[x^2] - mean^2 of one batch loses about 1e-7 * (1 + mean^2 / var) of itself, relatively)."""
+        if count <= 0:
+            return
+        mean = np.asarray(sums, dtype=np.float64) / count
+        var = np.maximum(np.asarray(squares, dtype=np.float64) / count - np.square(mean), 0.0)
+        self.merge(count, mean, var)
 
     @property
     def var(self) -> np.ndarray:

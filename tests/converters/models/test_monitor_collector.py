@@ -178,3 +178,133 @@ def test_bad_settings_are_refused_before_anything_is_hooked():
     with pytest.raises(InputFileError, match="NAME@N"):
         converters.monitor(model, server="http://127.0.0.1:9", ref="cnn")
     assert not model._forward_pre_hooks
+
+
+def test_sum_merges_of_far_from_zero_batches_equal_numpy_over_everything():
+    """The torch taps hand over per-channel sums and sums of squares in float32; the worker merges them in float64."""
+    rng = np.random.default_rng(8)
+    parts = [(rng.standard_normal((n, 6, 5, 5)) * 2 + 3).astype(np.float32) for n in (1, 3, 8)]
+    merged = ChannelMoments()
+    for part in parts:
+        t = torch.from_numpy(part)
+        merged.merge_sums(part.size // 6, t.sum(dim=(0, 2, 3)), torch.linalg.vector_norm(t, dim=(0, 2, 3)).square())
+    everything = np.concatenate(parts).astype(np.float64)
+    assert merged.count == everything.size // 6
+    np.testing.assert_allclose(merged.mean, everything.mean(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(merged.var, everything.var(axis=(0, 2, 3)), rtol=1e-5)
+
+
+def test_keep_sample_is_a_ring_of_the_newest_sampled_rows_saved_for_recalibrate(tmp_path):
+    from converters.models.serving.samples import load_sample
+
+    model = torch_cnn()
+    rng = np.random.default_rng(9)
+    batches = [shifted(rng) for _ in range(40)]
+    seen = []  # what the served model's first layer received on sampled requests, by a hook of this test
+    watch = converters.monitor(model, sample_rate=0.5, window_requests=1000, keep_sample=10, seed=3)
+    probe = model.conv1.register_forward_pre_hook(lambda _m, a: seen.append(a[0].numpy().copy()) if watch.sampling() else None)
+    with torch.no_grad():
+        for batch in batches:
+            model(torch.from_numpy(batch))
+            batch[:] = 0  # the caller reuses its buffer: the sample holds copies
+    probe.remove()
+    stats = watch.stats()
+    rows = watch.save_sample(tmp_path / "traffic.npz")
+    watch.close()
+    assert 0 < stats.sampled < 40 and len(seen) == stats.sampled and stats.kept_rows == rows == 10
+    kept = load_sample(tmp_path / "traffic.npz")
+    assert kept.names == ("x",)  # MonitoredCNN.forward(self, x)
+    np.testing.assert_array_equal(kept.arrays[0], np.concatenate(seen)[-10:])  # the newest 10 rows, oldest first
+    with pytest.raises(InputFileError, match="keep_sample=N"):
+        converters.monitor(model, sample_rate=1.0).save_sample(tmp_path / "none.npz")
+    with pytest.raises(InputFileError, match="empty"):
+        converters.monitor(model, sample_rate=0.0, keep_sample=4).save_sample(tmp_path / "empty.npz")
+    with pytest.raises(InputFileError, match=".npz"):
+        watch.save_sample(tmp_path / "traffic.npy")
+
+
+def test_an_onnxruntime_sample_recalibrates_the_batchnorm_to_numpy_over_the_kept_inputs(tmp_path):
+    from converters import recalibrate
+    from onnx import numpy_helper
+
+    model = onnx_bn_model()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(10)
+    batches = [shifted(rng, 2) for _ in range(6)]
+    watch = converters.monitor(session, sample_rate=1.0, keep_sample=8)
+    for batch in batches:
+        watch.served.run(None, {"x": batch})
+    watch.save_sample(tmp_path / "traffic.npz")
+    watch.close()
+    with np.load(tmp_path / "traffic.npz") as saved:
+        assert saved.files == ["x"]
+        np.testing.assert_array_equal(saved["x"], np.concatenate(batches)[-8:])
+    new, report = recalibrate(model, str(tmp_path / "traffic.npz"), batch_size=4, variance_estimator="biased")
+    stats = {i.name: numpy_helper.to_array(i) for i in new.graph.initializer}
+    doubled = 2 * np.concatenate(batches)[-8:].astype(np.float64)  # the BatchNormalization input is 2x
+    per_batch = [doubled[i:i + 4] for i in (0, 4)]
+    np.testing.assert_allclose(stats["bn.running_mean"], np.mean([b.mean(axis=(0, 2, 3)) for b in per_batch], axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats["bn.running_var"], np.mean([b.var(axis=(0, 2, 3)) for b in per_batch], axis=0), rtol=1e-5)
+    assert report.samples == 8 and report.batches == 2
+
+
+def test_a_keras_sample_is_named_after_the_model_input_and_reads_back_for_the_model(tmp_path):
+    from converters.models.serving.samples import input_specs, load_sample
+
+    model = keras_cnn()
+    rng = np.random.default_rng(11)
+    batches = [shifted(rng, 4, (8, 8, 3)) for _ in range(3)]
+    watch = converters.monitor(model, sample_rate=1.0, keep_sample=6)
+    for batch in batches:
+        watch.served(batch)
+    assert watch.save_sample(tmp_path / "traffic.npz") == 6
+    watch.close()
+    kept = load_sample(tmp_path / "traffic.npz", input_specs(model))  # matched to the model's input, channels last
+    assert kept.names == ("image",)
+    np.testing.assert_array_equal(kept.arrays[0], np.concatenate(batches)[-6:])
+
+
+def test_a_stalled_worker_never_holds_up_requests_and_what_it_cannot_take_is_counted():
+    import threading
+
+    model = torch_cnn()
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=1000, keep_sample=64, max_backlog=1)
+    entered, release = threading.Event(), threading.Event()
+    keep = watch.sample.add
+
+    def stalled(arrays):  # the worker's first hand-over blocks until released
+        entered.set()
+        release.wait(30)
+        keep(arrays)
+
+    watch.sample.add = stalled
+    rng = np.random.default_rng(12)
+    with torch.no_grad():
+        model(torch.from_numpy(calm(rng)))
+        assert entered.wait(30)  # the worker holds the first request; the backlog (1) takes the second
+        outputs = [model(torch.from_numpy(calm(rng))) for _ in range(4)]
+    assert all(out.shape == (4, 2) for out in outputs)
+    release.set()
+    stats = watch.stats()
+    watch.close()
+    assert (stats.requests, stats.sampled, stats.discarded, stats.errors, stats.kept_rows) == (5, 5, 3, 0, 8)
+    window = watch.closed_windows[0]
+    assert window["sampled"] == 2 and window["layers"][0]["count"] == 2 * 4 * 8 * 8  # the window holds the two merged requests
+
+
+def test_a_bfloat16_model_is_reduced_in_float32_not_in_its_8_bit_mantissa():
+    model = torch_cnn().to(torch.bfloat16)
+    x = torch.from_numpy(shifted(np.random.default_rng(13), 64, (3, 32, 32))).to(torch.bfloat16)  # 65536 values per channel
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=1)
+    with torch.no_grad():
+        model(x)
+    watch.close()
+    seen = []
+    probe = model.bn2.register_forward_pre_hook(lambda _m, a: seen.append(a[0].double().numpy()))
+    with torch.no_grad():
+        model(x)
+    probe.remove()
+    layer = watch.closed_windows[0]["layers"][1]
+    assert layer["name"] == "bn2" and watch.stats().errors == 0
+    np.testing.assert_allclose(layer["mean"], seen[0].mean(axis=(0, 2, 3)), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(layer["var"], seen[0].var(axis=(0, 2, 3)), rtol=1e-3)
