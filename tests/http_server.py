@@ -2,7 +2,8 @@
 
 `running_server(db=..., blobs=...)` starts the installed command in a new process, waits until
 GET /api/v1/health answers, yields a `Server` (base URL, process, log file) and stops it
-afterwards. `create_token(db, owner, role)` mints a token with the real `normbridge token create`.
+afterwards. `create_token(db, owner, role)` mints a token with the real `normbridge token create` (in this process
+unless asked for a process).
 Nothing is mocked: requests go over TCP to uvicorn.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from testkit.processes import free_port, stop_process_group, wait_for_http
 
 __all__ = ["Server", "create_token", "free_port", "running_server", "writer_server"]
@@ -50,12 +52,20 @@ def running_server(*, db: str, blobs: str, args: Sequence[str] = (), env: dict |
         stop_process_group(process)
 
 
-def create_token(db: str, owner: str, role: str, models: Sequence[str] = ()) -> str:
-    """A new token from the real `normbridge token create ... --json` (its secret is printed once)."""
-    command = [*normbridge_command(), "token", "create", "--db", db, "--owner", owner, "--role", role, "--json"]
+def create_token(db: str, owner: str, role: str, models: Sequence[str] = (), *, process: bool = False) -> str:
+    """A new token from the real `normbridge token create ... --json` (its secret is printed once).
+
+    The console script's app runs in this process (tests.cli_run.invoke_cli: same parsing, command and store) unless
+    `process`: minting is set-up for most tests, and a real process costs 2-4 s; tests/registry/http/test_http_auth.py
+    mints one token with a real process.
+    """
+    args = ["token", "create", "--db", db, "--owner", owner, "--role", role, "--json"]
     for model in models:
-        command += ["--model", model]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        args += ["--model", model]
+    if process:
+        done = subprocess.run([*normbridge_command(), *args], capture_output=True, text=True, timeout=120)
+    else:
+        done = invoke_cli(*args, cwd=Path.cwd())
     if done.returncode != 0:
         raise RuntimeError(f"normbridge token create failed ({done.returncode}): {done.stderr}{done.stdout}")
     return json.loads(done.stdout)["token"]

@@ -1,4 +1,7 @@
-"""The registry commands as real processes: register .pt2 files, read, diff, lineage, alias, verify, audit, gc, bad input.
+"""The registry commands: register .pt2 files, read, diff, lineage, alias, verify, audit, gc, bad input.
+
+A registration, a tampered blob and a Keras export run as real processes; the other rows run the console
+script's app in this process (tests.cli_run.invoke_cli), the same parsing, command and exit-status mapping.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.registry.test_registry_service import (
     blob_path,
     finetune_statistics,
@@ -31,12 +35,19 @@ def command() -> list[str]:
 
 @pytest.fixture
 def cli(tmp_path):
-    """run(*args, json_out=False): a CompletedProcess on a registry in tmp_path selected by env NORMBRIDGE_DB / NORMBRIDGE_BLOBS."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'reg.db'}",
-           "NORMBRIDGE_BLOBS": str(tmp_path / "blobs"), "NORMBRIDGE_USER": "cli-user", "COLUMNS": "200"}
+    """run(*args, process=False): a CompletedProcess on a registry in tmp_path selected by env NORMBRIDGE_DB / NORMBRIDGE_BLOBS.
+
+    In this process (tests.cli_run.invoke_cli: the console script's app) unless `process`: then a real `normbridge` process,
+    for the rows whose exit status and start-up are the behaviour (a registration, a tampered blob, a Keras export).
+    """
+    registry_env = {"NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'reg.db'}", "NORMBRIDGE_BLOBS": str(tmp_path / "blobs"),
+                    "NORMBRIDGE_USER": "cli-user"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **registry_env, "COLUMNS": "200"}
     env.pop("NORMBRIDGE_FAULT", None)
 
-    def run(*args: str) -> subprocess.CompletedProcess:
+    def run(*args: str, process: bool = False) -> subprocess.CompletedProcess:
+        if not process:
+            return invoke_cli(*args, cwd=ROOT, columns=200, env=registry_env)
         return subprocess.run(command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
 
     return run
@@ -53,7 +64,7 @@ def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
     v2 = save_pt2(finetune_statistics(model), tmp_path / "v2.pt2")
     torch.save(model.state_dict(), tmp_path / "model.pt")
 
-    first = cli("register", "cnn", str(v1), "--note", "first")
+    first = cli("register", "cnn", str(v1), "--note", "first", process=True)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "registered cnn@1" in first.stdout and "2/2 normalization layers passed" in first.stdout
     second = data(cli("register", "cnn", str(v2), "--json"))
@@ -61,7 +72,7 @@ def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
     assert (second["version"]["parent"], second["version"]["operation"]) == ("cnn@1", "fine-tuned")
     assert all(c["passed"] for c in second["checks"])
 
-    refused = cli("register", "cnn", str(tmp_path / "model.pt"))
+    refused = cli("register", "cnn", str(tmp_path / "model.pt"))  # as a process: tests/converters/test_pt2_safety.py
     assert refused.returncode == 6 and "pickle" in refused.stderr
     assert [v["number"] for v in data(cli("versions", "cnn", "--json"))["versions"]] == [1, 2]
     entries = data(cli("audit", "--json"))["entries"]
@@ -97,7 +108,7 @@ def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
     data_bytes = bytearray(path.read_bytes())
     data_bytes[-2] ^= 0x10
     path.write_bytes(bytes(data_bytes))
-    tampered = cli("verify", "--no-check", "--json")
+    tampered = cli("verify", "--no-check", "--json", process=True)
     assert tampered.returncode == 12
     problems = json.loads(tampered.stdout)["problems"]
     assert [(p["number"], p["tensor"]) for p in problems] == [(2, "bn2.running_mean")]
@@ -115,7 +126,7 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
     assert cli("register", "cnn", str(save_pt2(model, tmp_path / "v1.pt2"))).returncode == 0
     for to, suffix in (("onnx", ".onnx"), ("keras", ".keras"), ("torch", ".safetensors")):
         out = tmp_path / f"layers_{to}"
-        done = data(cli("export-layers", "cnn@1", "--to", to, "-o", str(out), "--json"))
+        done = data(cli("export-layers", "cnn@1", "--to", to, "-o", str(out), "--json", process=to == "keras"))
         files = sorted(Path(layer["file"]) for layer in done["layers"])
         assert len(files) == 2 and all(f.suffix == suffix and f.is_file() for f in files), files
     # what was exported computes the registered layers: eps and statistics survive

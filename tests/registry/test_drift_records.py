@@ -20,6 +20,7 @@ from registry.drift_records import DriftRecord, drift_reports, record_drift
 from schemas.errors import NotFoundError, RegistryError
 from schemas.serving import DriftThresholds
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.pg import registry_on
 from tests.registry.test_registry_service import finetune_statistics, save_pt2, trained_cnn
 
@@ -89,15 +90,17 @@ def test_drift_record_option_stores_the_report_the_command_printed(tmp_path):
     np.save(data_file, shifted_inputs())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_USER": "nightly"}
 
-    def drift(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*normbridge_command(), "drift", str(model_file), str(data_file), "--json", "--db", db, "--blobs", blobs, *extra],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    def drift(*extra: str, process: bool = False) -> subprocess.CompletedProcess:
+        args = ["drift", str(model_file), str(data_file), "--json", "--db", db, "--blobs", blobs, *extra]
+        if not process:  # the console script's app in this process
+            return invoke_cli(*args, cwd=ROOT, env={"NORMBRIDGE_USER": "nightly"})
+        return subprocess.run([*normbridge_command(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
 
     missing = drift("--record", "cnn@9")
     assert missing.returncode == 13, missing.stderr[-2000:]  # NotFoundError, before any forward pass
     assert json.loads(missing.stdout)["error"]["code"] == "not_found" and "cnn@9" in missing.stdout  # --json: the error is JSON too
 
-    done = drift("--record", "cnn@1", "--shift-threshold", "0.2")
+    done = drift("--record", "cnn@1", "--shift-threshold", "0.2", process=True)
     assert done.returncode == 11, done.stderr[-2000:]  # the alarm still decides the exit code
     printed = json.loads(done.stdout)
     assert "recorded drift report" in done.stderr and "cnn@1" in done.stderr
@@ -141,16 +144,19 @@ def test_drift_record_with_server_records_there_and_never_opens_a_local_registry
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_HOME": str(home), "NORMBRIDGE_SERVER": server.url, "NORMBRIDGE_TOKEN": token}
         env.pop("NORMBRIDGE_DB", None), env.pop("NORMBRIDGE_BLOBS", None)
 
-        def drift(ref: str) -> subprocess.CompletedProcess:
-            return subprocess.run([*normbridge_command(), "drift", str(model_file), str(data_file), "--json", "--record", ref],
-                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+        def drift(ref: str, process: bool = False) -> subprocess.CompletedProcess:
+            args = ["drift", str(model_file), str(data_file), "--json", "--record", ref]
+            if not process:  # the console script's app in this process, in the same environment
+                return invoke_cli(*args, cwd=ROOT, env={"NORMBRIDGE_HOME": str(home), "NORMBRIDGE_SERVER": server.url, "NORMBRIDGE_TOKEN": token,
+                                                        "NORMBRIDGE_DB": None, "NORMBRIDGE_BLOBS": None})
+            return subprocess.run([*normbridge_command(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
 
         missing = drift("cnn@9")
         assert missing.returncode == 13 and json.loads(missing.stdout)["error"]["code"] == "not_found", missing.stderr[-2000:]
         wrong = drift("cnn@2")  # the file holds cnn@1's statistics
         assert wrong.returncode == 14, wrong.stderr[-2000:]
         assert "not those of cnn@2" in json.loads(wrong.stdout)["error"]["message"]
-        done = drift("cnn@1")
+        done = drift("cnn@1", process=True)
         assert done.returncode in (0, 11), done.stderr[-2000:]
         assert "recorded drift report" in done.stderr
     assert not home.exists()  # no local registry was created on the way

@@ -1,10 +1,11 @@
-"""`normbridge mlflow import` of hostile MLflow models, as real processes against a real `mlflow server`.
+"""`normbridge mlflow import` of hostile MLflow models against a real `mlflow server`.
 
 A pickled PyTorch flavour whose unpickling writes a marker is refused without --trust-pickle
 (exit 6, bad_input_file, nothing unpickled, nothing registered); a pytorch flavour whose model.pt2
 is a crafted archive (a pickle in its sample inputs or a use_pickle weight) is refused the same way,
 naming the entry; and an MLmodel whose data path points outside the downloaded model (an absolute
-path or '../') is refused instead of registering a file from the importing machine.
+path or '../') is refused instead of registering a file from the importing machine. The pickle row runs
+a real process; the others run the console script's app in this process (tests.cli_run.invoke_cli).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from registry.service import Registry
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.mlflow_server import mlflow_server  # noqa: F401  (module-scoped fixture)
 from tests.pt2_crafting import HOSTILE, genuine_pt2
 from tests.registry.test_mlflow import MarkingBatchNorm, mlflow_fluent, no_implicit_mlflow_store, store  # noqa: F401  (fixtures)
@@ -27,9 +29,12 @@ pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def import_process(uri: str, tracking: str, store: dict, *extra: str) -> subprocess.CompletedProcess:  # noqa: F811
-    command = [*normbridge_command(), "mlflow", "import", uri, "--tracking-uri", tracking, "--name", "imported",
-               "--db", store["db"], "--blobs", store["blobs"], *extra]
+def import_process(uri: str, tracking: str, store: dict, *extra: str, process: bool = True) -> subprocess.CompletedProcess:  # noqa: F811
+    """`normbridge mlflow import` as a real process, or in this process (tests.cli_run.invoke_cli) if not `process`."""
+    args = ["mlflow", "import", uri, "--tracking-uri", tracking, "--name", "imported", "--db", store["db"], "--blobs", store["blobs"], *extra]
+    if not process:
+        return invoke_cli(*args, cwd=ROOT, columns=200)
+    command = [*normbridge_command(), *args]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "COLUMNS": "200"}
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -68,7 +73,7 @@ def test_a_pt2_flavour_holding_a_crafted_archive_is_refused_naming_the_entry(att
     (folder / "MLmodel").write_text("flavors:\n  pytorch:\n    model_data: data\n    pytorch_version: 2.13.0\n")
     uri = log_folder(mlflow_fluent, folder)
 
-    refused = import_process(uri, mlflow_server.url, store)
+    refused = import_process(uri, mlflow_server.url, store, process=False)  # the pickle row above is the real process
     assert refused.returncode == 6 and "bad_input_file" in refused.stderr, refused.stderr[-3000:]
     assert HOSTILE[attack].entry in refused.stderr, refused.stderr[-3000:]
     assert not marker.exists(), f"the '{attack}' payload ran during mlflow import"
@@ -85,6 +90,6 @@ def test_an_mlmodel_data_path_outside_the_model_folder_is_refused(where, mlflow_
     (folder / "MLmodel").write_text(f"flavors:\n  onnx:\n    data: {data}\n    onnx_version: 1.17.0\n")
     uri = log_folder(mlflow_fluent, folder)
 
-    refused = import_process(uri, mlflow_server.url, store)
+    refused = import_process(uri, mlflow_server.url, store, process=False)  # the pickle row above is the real process
     assert refused.returncode == 6 and "bad_input_file" in refused.stderr and "outside" in refused.stderr, refused.stderr[-3000:]
     assert_nothing_registered(store)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from schemas.errors import UnrecognisedNormalizationError
-from tests.cli_run import run_cli
+from tests.cli_run import invoke_cli, run_cli
 from tests.http_server import running_server
 from tests.real_norms import EpsOutsideNorm
 
@@ -98,7 +98,7 @@ def test_the_cli_exits_21_then_registers_with_the_flag_and_says_what_is_unchecke
     refused = run_cli("register", "block", "block.pt2", *store, cwd=tmp_path)
     assert refused.returncode == 21, refused.stderr
     assert "'odd'" in refused.stderr and "--allow-unrecognised" in refused.stderr and "Traceback" not in refused.stderr
-    done = run_cli("register", "block", "block.pt2", "--allow-unrecognised", *store, cwd=tmp_path, columns=200)
+    done = invoke_cli("register", "block", "block.pt2", "--allow-unrecognised", *store, cwd=tmp_path, columns=200)  # in this process
     assert done.returncode == 0, done.stderr
     assert "unchecked" in done.stdout and "odd" in done.stdout
     from registry.service import Registry

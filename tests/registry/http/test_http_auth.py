@@ -1,6 +1,7 @@
 """Who may do what over HTTP: tokens (hashed, revocable), roles, model scopes, and --insecure-local.
 
-Real `normbridge serve` processes and real `normbridge token` commands; the database is read back
+Real `normbridge serve` processes and real `normbridge token create` and `revoke` processes (the other token rows run the
+console script's app in this process); the database is read back
 with SQLAlchemy to show that only the hash of a secret is stored.
 """
 
@@ -9,18 +10,23 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.cli_process import normbridge_command
+from tests.cli_run import invoke_cli
 from tests.http_server import create_token, running_server
 from tests.registry.http.test_http_api import assert_error, bearer, onnx_bytes, pt2_bytes, small_model, snapshot
 
 pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
 
-def token_command(db: str, *args: str) -> subprocess.CompletedProcess:
+def token_command(db: str, *args: str, process: bool = True) -> subprocess.CompletedProcess:
+    """`normbridge token ARGS --db DB` as a real process, or in this process (tests.cli_run.invoke_cli) if not `process`."""
+    if not process:
+        return invoke_cli("token", *args, "--db", db, cwd=Path.cwd())
     return subprocess.run([*normbridge_command(), "token", *args, "--db", db], capture_output=True, text=True, timeout=120)
 
 
@@ -63,19 +69,19 @@ def test_requests_without_a_valid_token_are_refused_with_401(env):
 
 
 def test_a_revoked_token_is_refused_from_then_on_and_both_events_are_audited(env):
-    token = create_token(env["db"], "temp-user", "read")
+    token = create_token(env["db"], "temp-user", "read", process=True)  # token create as a real process
     token_id = token.split("_")[1]
     with client(env, token) as c:
         assert c.get("/api/v1/models").status_code == 200
         revoked = token_command(env["db"], "revoke", token_id)
         assert revoked.returncode == 0, revoked.stderr
         assert_error(c.get("/api/v1/models"), 401, "unauthorized")
-    listed = json.loads(token_command(env["db"], "list", "--json").stdout)
+    listed = json.loads(token_command(env["db"], "list", "--json", process=False).stdout)
     entry = next(t for t in listed if t["id"] == token_id)
     assert entry["revoked_at"] is not None and "token" not in entry and token not in json.dumps(listed)
     actions = [(e.action, e.detail.get("token_id")) for e in env["registry"].audit()]
     assert ("token_create", token_id) in actions and ("token_revoke", token_id) in actions
-    unknown = token_command(env["db"], "revoke", "ffffffffffff")
+    unknown = token_command(env["db"], "revoke", "ffffffffffff", process=False)
     assert unknown.returncode != 0 and "does not exist" in unknown.stderr
 
 
