@@ -25,6 +25,9 @@ class TapSink(Protocol):
     def sampling(self) -> bool:
         """Whether the request running in this thread is sampled."""
 
+    def observing(self, index: int) -> bool:
+        """Whether layer `index`'s input is to be observed in the request running in this thread (taps with per_layer)."""
+
     def observe(self, index: int, count: int, mean: np.ndarray, var: np.ndarray) -> None:
         """Layer `index`'s input in a sampled request: `count` values per channel, their mean and population variance."""
 
@@ -58,6 +61,9 @@ class ServingTaps:
     layers: list[TappedLayer]
     remove: Callable[[], None] = field(default=lambda: None)
     input_names: list[str] | None = None  # the model's inputs in the order `keep` reports them, when known
+    #: The taps see one layer at a time and ask `observing(index)`, so each layer's observations can be drawn apart
+    #: (spreading a sampled request's cost over many requests); False where one run yields every layer (sampling()).
+    per_layer: bool = False
 
 
 def numpy_moments(x: Any, axis: int) -> tuple[int, np.ndarray, np.ndarray]:

@@ -1,8 +1,9 @@
 """Serving taps of PyTorch models: every BatchNorm input of sampled requests, reported to the collector's sink.
 
 An nn.Module gets forward pre-hooks in place (the caller keeps serving the same object): one on the root marks the
-request's start and whether it is sampled, one per BatchNorm the recognizers find reads its input, a forward hook on
-the root marks the end. An unsampled request costs each hook one thread-local read. An ExportedProgram is served as
+request's start and which of its layers are observed (drawn per layer: `ServingTaps.per_layer`), one per BatchNorm the
+recognizers find reads its input when its layer is drawn, a forward hook on the root marks the end. A layer not drawn
+costs its hook one thread-local read. An ExportedProgram is served as
 its `module()` with a `tap` call inserted before each batch-norm op of the graph (the program itself is untouched).
 A sampled layer input costs two reductions in its dtype, the per-channel sum and the per-channel 2-norm (squared into
 the sum of squares), handed to the collector as small tensors; the float64 moments and the merge happen on the
@@ -48,7 +49,7 @@ def _observe(sink: TapSink, index: int, x: torch.Tensor) -> None:
 def tap(x: torch.Tensor, sink_id: int, index: int) -> None:
     """Inserted before a program's batch-norm op: report its input when the request is sampled."""
     sink = _SINKS.get(sink_id)
-    if sink is not None and sink.sampling():
+    if sink is not None and sink.observing(index):
         _observe(sink, index, x)
 
 
@@ -85,7 +86,7 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink) -> ServingTap
         layers.append(_layer(ref.path, module.running_mean, module.running_var, module.eps))
 
         def hook(_module, args, index=index):
-            if sink.sampling():
+            if sink.observing(index):
                 _observe(sink, index, args[0])
 
         handles.append(module.register_forward_pre_hook(hook))
@@ -95,7 +96,7 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink) -> ServingTap
         for handle in handles:
             handle.remove()
 
-    return ServingTaps(model, layers, remove, _argument_names(model.forward))
+    return ServingTaps(model, layers, remove, _argument_names(model.forward), per_layer=True)
 
 
 def program_taps(program: Any, sink: TapSink) -> ServingTaps:
@@ -131,7 +132,7 @@ def program_taps(program: Any, sink: TapSink) -> ServingTaps:
             handle.remove()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(module, layers, remove, _argument_names(module.forward))
+    return ServingTaps(module, layers, remove, _argument_names(module.forward), per_layer=True)
 
 
 __all__ = ["module_taps", "program_taps", "tap"]

@@ -1,17 +1,23 @@
 """The serving collector: `monitor(model, server=..., token=..., ref="NAME@N")` watches a served model's BatchNorm inputs.
 
-A fraction `sample_rate` of requests is sampled; for those, each BatchNorm input's per-channel statistics are merged
-into the open window (window.py). A window closes every `window_requests` requests or `window_seconds` seconds,
-whichever comes first, and is queued for the background sender (sender.py), which posts it to the registry. Nothing
-here blocks or fails a request: the taps catch their own errors (counted in `stats().errors`), a full queue or an
-unreachable registry drops the window (counted in `stats().dropped`), and the request path only takes a short lock.
+A fraction `sample_rate` of requests is sampled; each BatchNorm input's per-channel statistics are merged into the
+open window (window.py) for a fraction `sample_rate` of requests too. Where the taps see one layer at a time (torch
+hooks and program taps: `ServingTaps.per_layer`), that fraction is drawn per layer and per request, independently:
+each layer still sees a tenth of the traffic at 0.1, but a request pays for about a tenth of the layers instead of
+one request in ten paying for all of them, which is what put the sampled requests (and so the p99) about 7% above the
+rest. Taps that run the whole model again to see its layers (onnxruntime, Keras) observe every layer of the sampled
+requests. The sampled requests (the request-level draw) are what `keep_sample` copies and `stats().sampled` counts. A
+window closes every `window_requests` requests or `window_seconds` seconds, whichever comes first, and is queued for
+the background sender (sender.py), which posts it to the registry. Nothing here blocks or fails a request: the taps
+catch their own errors (counted in `stats().errors`), a full queue or an unreachable registry drops the window
+(counted in `stats().dropped`), and the request path only takes a short lock.
 
-The request thread does as little as it can: an unsampled request costs one random draw, a thread-local flag per
-hook and a counter under the lock. A sampled one collects each layer's raw reductions in a thread-local list and, at
-its end, hands the list (with a copy of its inputs when `keep_sample` is set) to the collector's worker thread, which
-does the float64 Chan merges, keeps the traffic sample (sample.py) and closes windows on time. The hand-over and the
-window-closing markers are queued under the same lock as the request count, so every sampled request is merged into
-the window that counted it, before that window is shipped.
+The request thread does as little as it can: a request that observes nothing costs its random draws, a thread-local
+read per hook and a counter under the lock. One that observes layers collects each observed layer's raw reductions in
+a thread-local list and, at its end, hands the list (with a copy of its inputs when `keep_sample` is set) to the
+collector's worker thread, which does the float64 Chan merges, keeps the traffic sample (sample.py) and closes
+windows on time. The hand-over and the window-closing markers are queued under the same lock as the request count, so
+every request's observations are merged into the window that counted it, before that window is shipped.
 
 The model adapter instruments the model (ModelAdapter.serving_taps): a torch nn.Module keeps serving itself with
 hooks; an ExportedProgram is served as `monitor.served` (its module with taps); an onnxruntime session and a Keras
@@ -61,7 +67,7 @@ class MonitorStats:
     errors: int
     last_error: str | None
     last_state: str | None
-    discarded: int = 0  # sampled requests whose statistics the worker was too far behind to take (max_backlog)
+    discarded: int = 0  # requests whose observations the worker was too far behind to take (max_backlog)
     kept_rows: int = 0  # input rows in the traffic sample (keep_sample)
 
 
@@ -93,12 +99,14 @@ class Monitor:
         self._random = random.Random(seed)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._requests = self._sampled = self._closed = self._errors = self._discarded = self._backlog = 0
+        self._requests = self._closed = self._errors = self._discarded = self._backlog = self._drawn = 0
         self._max_backlog = max(1, int(max_backlog))
         self._last_error: str | None = None
         self.closed_windows: deque[dict] = deque(maxlen=64)  # the newest closed windows, also without a server
         self._taps: ServingTaps = _adapter_of(model).serving_taps(model, self)
         self.layers = [layer.name for layer in self._taps.layers]
+        self._every_layer = [True] * len(self.layers)  # the mask of a sampled request where layers are not drawn apart
+        self._per_layer = self._taps.per_layer and 0.0 < self.sample_rate < 1.0
         self.statistics_digest = statistics_digest((layer.running_mean, layer.running_var) for layer in self._taps.layers)
         self.sample = TrafficSample(keep_sample, self._taps.input_names) if keep_sample else None
         self._window = Window(len(self.layers))
@@ -118,13 +126,23 @@ class Monitor:
         return self._taps.served(*args, **kwargs)
 
     def begin(self) -> bool:
-        sampled = self.sample_rate > 0 and self._random.random() < self.sample_rate
+        rate, draw = self.sample_rate, self._random.random
+        sampled = rate > 0 and draw() < rate
+        if self._per_layer:
+            mask = [draw() < rate for _ in self._every_layer]
+            mask = mask if True in mask else None
+        else:
+            mask = self._every_layer if sampled else None
         local = self._local
-        local.sampled, local.pending, local.kept = sampled, ([] if sampled else None), None
+        local.sampled, local.mask, local.pending, local.kept = sampled, mask, ([] if mask is not None else None), None
         return sampled
 
     def sampling(self) -> bool:
         return getattr(self._local, "sampled", False)
+
+    def observing(self, index: int) -> bool:
+        mask = getattr(self._local, "mask", None)
+        return mask is not None and mask[index]
 
     def keep(self, inputs: Any) -> None:
         if self.sample is None or not getattr(self._local, "sampled", False):
@@ -152,19 +170,21 @@ class Monitor:
     def end(self) -> None:
         local = self._local
         sampled = getattr(local, "sampled", False)
-        observed = (local.pending or [], local.kept) if sampled else None
-        local.sampled, local.pending, local.kept = False, None, None
+        pending, kept = getattr(local, "pending", None), getattr(local, "kept", None)
+        observed = (pending or [], kept) if pending or kept is not None or sampled else None
+        local.sampled, local.mask, local.pending, local.kept = False, None, None, None
         with self._lock:
             self._requests += 1
             window = self._window
             window.requests += 1
-            if sampled:
+            if observed is not None:
                 if self._backlog < self._max_backlog:
                     self._backlog += 1
-                    window.sampled += 1  # a window's `sampled` counts the requests whose statistics it holds
+                    window.sampled += sampled  # a window's `sampled` counts the sampled requests whose statistics it holds
                     self._work.put((window, observed))
                 else:
                     self._discarded += 1
+            self._drawn += sampled
             if window.requests >= self.window_requests:
                 self._close_locked()
 
@@ -173,7 +193,6 @@ class Monitor:
     def _close_locked(self) -> None:
         """Swap in a fresh window and queue the old one to be shipped after its pending merges (caller holds the lock)."""
         closing, self._window = self._window, Window(len(self.layers))
-        self._sampled += closing.sampled
         self._work.put((closing, _CLOSE))
 
     def _merge(self, window: Window, observed: tuple) -> None:
@@ -257,7 +276,7 @@ class Monitor:
         self.settle(1.0)
         with self._lock:
             discarded = self._discarded
-            requests, sampled, closed, errors, last_error = (self._requests, self._sampled + self._window.sampled + discarded, self._closed,
+            requests, sampled, closed, errors, last_error = (self._requests, self._drawn, self._closed,
                                                              self._errors, self._last_error)
         sender = self._sender.stats if self._sender else None
         return MonitorStats(requests=requests, sampled=sampled, windows_closed=closed, windows_sent=sender.sent if sender else 0,
@@ -293,7 +312,8 @@ def monitor(model: Any, server: str | None = None, token: str | None = None, ref
         server: the registry's base URL (`normbridge serve`); None keeps closed windows in `closed_windows` only.
         token: a bearer token with role write on the model (`normbridge token create --role write --model NAME`).
         ref: the registered version being served, 'NAME@N'.
-        sample_rate: fraction of requests whose layer inputs are pooled.
+        sample_rate: fraction of requests whose layer inputs are pooled; for torch drawn per layer (each layer sees
+            that share of the traffic, a request pays for about that share of its layers).
         window_requests, window_seconds: a window closes after this many requests or this many seconds.
         keep_sample: keep the last this many input rows of sampled requests (copied; 0 keeps none), for
             `monitor.save_sample("traffic.npz")` and then `normbridge recalibrate MODEL traffic.npz`.

@@ -72,6 +72,49 @@ def test_torch_module_window_is_numpy_over_the_sampled_inputs_and_outputs_are_un
     assert not model._forward_pre_hooks and not model.bn1._forward_pre_hooks  # close() took the hooks off
 
 
+def test_torch_layers_are_drawn_apart_each_seeing_its_share_and_its_window_is_numpy_over_what_it_saw():
+    """At sample_rate < 1 a torch layer's observations are drawn per request and per layer: each layer sees about that
+    share of the requests, not the same ones, and its window is NumPy over exactly the inputs it observed."""
+    model = torch_cnn()
+    rng = np.random.default_rng(14)
+    batches = [shifted(rng) for _ in range(200)]
+    watch = converters.monitor(model, sample_rate=0.3, window_requests=10_000, seed=5)
+    index = {name: i for i, name in enumerate(watch.layers)}
+    seen = {name: [] for name in watch.layers}  # what each layer received when drawn, by hooks of this test
+    requests = {name: set() for name in watch.layers}
+    count = iter(range(len(batches)))
+
+    def recorder(name):
+        def hook(_module, args):
+            if watch.observing(index[name]):
+                seen[name].append(args[0].detach().double().numpy())
+                requests[name].add(current[0])
+        return hook
+
+    current = [None]
+    handles = [getattr(model, name).register_forward_pre_hook(recorder(name)) for name in watch.layers]
+    with torch.no_grad():
+        for batch in batches:
+            current[0] = next(count)
+            model(torch.from_numpy(batch))
+    for handle in handles:
+        handle.remove()
+    stats = watch.stats()
+    watch.flush()
+    watch.close()
+    assert stats.errors == 0 and 30 <= stats.sampled <= 90  # the request-level draw (keep_sample, stats) at 0.3
+    for name in watch.layers:
+        assert 30 <= len(requests[name]) <= 90, (name, len(requests[name]))  # about 0.3 of 200 requests each
+    first, second = (requests[name] for name in watch.layers[:2])
+    assert first != second and len(first | second) > max(len(first), len(second))  # drawn apart, not the same requests
+    window = DriftWindow.model_validate(watch.closed_windows[0])
+    for layer in window.layers:
+        x = np.concatenate(seen[layer.name])
+        assert layer.count == x.shape[0] * x.shape[2] * x.shape[3]
+        np.testing.assert_allclose(layer.mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer.var, x.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+
+
 def test_sample_rate_zero_observes_nothing_and_windows_close_on_time():
     model = torch_cnn()
     quiet = converters.monitor(model, sample_rate=0.0, window_requests=2)
