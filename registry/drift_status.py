@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from converters.models.monitoring.convergence import INITIAL_WEIGHT_FLOOR, Convergence, judge
+from converters.models.monitoring.convergence import Convergence, blamed_on_unconverged, judge
 from registry.drift_reference import ReferenceLayer
 from schemas.monitoring import DriftRule, LayerShift
 from schemas.serving import DriftThresholds
@@ -27,14 +27,9 @@ def layer_status(mean, var, reference: ReferenceLayer, active: DriftRule, over: 
 
 def downstream_of_unconverged(shifts: list[LayerShift]) -> list[LayerShift]:
     """Drift after the first unconverged layer (the window's order, which the collector takes from execution) is that
-    layer's doing, not the input's; a later layer whose own counter shows converged statistics keeps its drift."""
-    first = next((i for i, s in enumerate(shifts) if s.status == "unconverged_statistics"), None)
-    if first is None:
-        return shifts
-    return shifts[: first + 1] + [
-        s.model_copy(update={"status": "unconverged_statistics"})
-        if s.status == "drift" and not (s.initial_weight is not None and s.initial_weight < INITIAL_WEIGHT_FLOOR) else s
-        for s in shifts[first + 1:]]
+    layer's doing, not the input's: the offline `drift` command's rule (convergence.blamed_on_unconverged)."""
+    _, blamed = blamed_on_unconverged(shifts)
+    return [s.model_copy(update={"status": "unconverged_statistics"}) if i in blamed else s for i, s in enumerate(shifts)]
 
 
 __all__ = ["downstream_of_unconverged", "layer_status"]

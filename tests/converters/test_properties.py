@@ -23,19 +23,16 @@ decimals = st.builds(lambda digits, exponent: float(f"{digits}e{exponent}"), st.
 momenta = st.builds(lambda digits: digits / 1000, st.integers(1, 999))
 
 
+#: bfloat16 is held by every framework (onnxruntime cannot run it: those examples are assumed away in _eval).
+DTYPES = ("float32", "float32", "float64", "bfloat16")
+
+
 @st.composite
-def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
+def configurations(draw, kinds=tuple(KIND_INFO), tracked_only=False, dtypes=DTYPES) -> dict:
+    """make_spec's arguments for one random configuration, kind included (the state comes from a seed drawn apart)."""
     kind = draw(st.sampled_from(kinds))
     info = KIND_INFO[kind]
-    kwargs = dict(
-        seed=draw(st.integers(0, 2**16)),
-        # bfloat16 is held by every framework (onnxruntime cannot run it: those examples are assumed away in _eval).
-        dtype=draw(st.sampled_from(["float32", "float32", "float64", "bfloat16"])),
-        eps=draw(decimals),
-        scale=draw(st.booleans()),
-        bias=draw(st.booleans()),
-        name=f"prop_{kind}",
-    )
+    kwargs = dict(kind=kind, dtype=draw(st.sampled_from(dtypes)), eps=draw(decimals), scale=draw(st.booleans()), bias=draw(st.booleans()))
     if not info.trailing:
         kwargs["layout"] = draw(st.sampled_from(["channels_first", "channels_last"]))
         kwargs["num_features"] = draw(st.integers(1, 8))
@@ -52,7 +49,13 @@ def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
         kwargs["num_groups"] = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
     if info.trailing:
         kwargs["normalized_shape"] = tuple(draw(st.lists(st.integers(2, 6), min_size=1, max_size=2)))
-    return make_spec(kind, **kwargs)
+    return kwargs
+
+
+@st.composite
+def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
+    config = draw(configurations(kinds, tracked_only))
+    return make_spec(**config, seed=draw(st.integers(0, 2**16)), name=f"prop_{config['kind']}")
 
 
 def _build(spec, framework, **options):

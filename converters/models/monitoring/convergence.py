@@ -103,4 +103,18 @@ def _count(batches_tracked: int | None) -> str:
     return "not kept in this format" if batches_tracked is None else str(batches_tracked)
 
 
-__all__ = ["Convergence", "FITTED_FLOOR", "INITIAL_WEIGHT_FLOOR", "corrected", "initial_weight", "is_initial", "judge", "score"]
+def blamed_on_unconverged(layers) -> tuple[str | None, list[int]]:
+    """The first unconverged layer (execution order) and the indices of the later drifting layers it explains.
+
+    In eval mode an unconverged BatchNorm normalizes with statistics its training batches never had, so every later layer
+    sees inputs unlike its training inputs although the served input did not move. A later layer whose own statistics are
+    known converged (its batch counter says so) drifted for itself and is not blamed. `layers` are anything with `name`,
+    `status` and `initial_weight` (the offline report's layers, the history's layer summaries)."""
+    first = next((i for i, layer in enumerate(layers) if layer.status == "unconverged_statistics"), None)
+    if first is None:
+        return None, []
+    return layers[first].name, [i for i, layer in enumerate(layers) if i > first and layer.status == "drift"
+                                and not (layer.initial_weight is not None and layer.initial_weight < INITIAL_WEIGHT_FLOOR)]
+
+
+__all__ = ["Convergence", "FITTED_FLOOR", "INITIAL_WEIGHT_FLOOR", "blamed_on_unconverged", "corrected", "initial_weight", "is_initial", "judge", "score"]

@@ -29,7 +29,7 @@ from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 from ...adapters import REGISTRY
 from ...model_values import LayerMoments
 from ..serving.samples import Sample, as_sample, input_specs
-from .convergence import INITIAL_WEIGHT_FLOOR, judge
+from .convergence import blamed_on_unconverged, judge
 
 DEFAULT_THRESHOLDS = DriftThresholds()
 DEFAULT_BATCH_SIZE = 64
@@ -69,28 +69,12 @@ def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLaye
 
 
 def downstream_of_unconverged(layers: list[DriftLayer]) -> list[DriftLayer]:
-    """Alarms after an unconverged layer (execution order) are that layer's doing, not the input's.
-
-    In eval mode an unconverged BatchNorm normalizes with statistics its training batches never had, so every later layer
-    sees inputs unlike its training inputs although the served input did not move. A layer that drifted on its own
-    (its corrected statistics do not explain it) stays 'drift'; so does every layer before it."""
-    first = next((layer.name for layer in layers if layer.status == "unconverged_statistics"), None)
-    if first is None:
-        return layers
-    out, seen = [], False
-    for layer in layers:
-        if seen and layer.status == "drift" and not _explains_itself(layer):
-            layer = layer.model_copy(update={"status": "unconverged_statistics", "reason": (
-                f"downstream of '{first}', whose statistics never converged: in eval mode it normalizes with statistics its training "
-                "batches never had, so this layer's input differs from its training input although the served input did not move")})
-        seen = seen or layer.name == first
-        out.append(layer)
-    return out
-
-
-def _explains_itself(layer: DriftLayer) -> bool:
-    """A layer whose own statistics are known converged (the batch counter says so) drifted for itself."""
-    return layer.initial_weight is not None and layer.initial_weight < INITIAL_WEIGHT_FLOOR
+    """Alarms after an unconverged layer are that layer's doing, not the input's (convergence.blamed_on_unconverged)."""
+    first, blamed = blamed_on_unconverged(layers)
+    reason = (f"downstream of '{first}', whose statistics never converged: in eval mode it normalizes with statistics its training "
+              "batches never had, so this layer's input differs from its training input although the served input did not move")
+    return [layer.model_copy(update={"status": "unconverged_statistics", "reason": reason}) if i in blamed else layer
+            for i, layer in enumerate(layers)]
 
 
 def fixed_batch_size(model: Any) -> int | None:
