@@ -351,3 +351,38 @@ def test_a_bfloat16_model_is_reduced_in_float32_not_in_its_8_bit_mantissa():
     assert layer["name"] == "bn2" and watch.stats().errors == 0
     np.testing.assert_allclose(layer["mean"], seen[0].mean(axis=(0, 2, 3)), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(layer["var"], seen[0].var(axis=(0, 2, 3)), rtol=1e-3)
+
+
+def test_a_transformers_resnet_is_tapped_at_every_batchnorm_and_each_window_is_numpy_over_what_it_saw():
+    """A model nobody here wrote (transformers ResNet from a small config, random init): every BatchNorm2d is tapped,
+    drawn per layer at 0.5, and each layer's window is NumPy over the inputs it observed (read by this test's hooks)."""
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+    model = ResNetModel(ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")).eval()
+    norms = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    watch = converters.monitor(model, sample_rate=0.5, window_requests=10_000, seed=7)
+    assert sorted(watch.layers) == sorted(norms)  # every BatchNorm found, whatever its class's module path
+    index = {name: i for i, name in enumerate(watch.layers)}
+    seen = {name: [] for name in watch.layers}
+    handles = [norms[name].register_forward_pre_hook(
+        lambda _m, a, name=name: seen[name].append(a[0].detach().double().numpy()) if watch.observing(index[name]) else None)
+        for name in watch.layers]
+    rng = np.random.default_rng(15)
+    with torch.no_grad():
+        for _ in range(30):
+            model(torch.from_numpy(rng.standard_normal((2, 3, 32, 32)).astype(np.float32) * 2 + 1))
+    for handle in handles:
+        handle.remove()
+    watch.flush()
+    stats = watch.stats()
+    watch.close()
+    assert stats.errors == 0
+    window = DriftWindow.model_validate(watch.closed_windows[0])
+    assert {layer.name for layer in window.layers} == {name for name in seen if seen[name]}
+    assert len({len(v) for v in seen.values()}) > 1  # layers drawn apart: not every layer saw the same number of requests
+    for layer in window.layers:
+        x = np.concatenate(seen[layer.name])
+        assert layer.count == x.shape[0] * x.shape[2] * x.shape[3]
+        np.testing.assert_allclose(layer.mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(layer.var, x.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
