@@ -324,11 +324,12 @@ def _weights_only(archive: _Archive, entry: str) -> dict:
 
 def _deserialize(path: Path, document: dict, state_dict: dict, constants: dict) -> Any:
     """torch's own deserializer on the checked parts; no sample inputs (they are a pickle and nothing here needs them)."""
-    from torch._export.serde import schema
-    from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+    from torch._export.serde.serialize import ExportedProgramDeserializer
+
+    from .program_schema import program_from_dict
 
     try:
-        serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+        serialized = program_from_dict(document)
         return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
     except InputFileError:
         raise

@@ -1,0 +1,55 @@
+"""program_schema.program_from_dict builds the same torch schema dataclasses as torch's own _dict_to_dataclass.
+
+The oracle is torch's function on the JSON torch.export.save writes, for programs torch and transformers make
+(dynamic shapes, a training-mode BatchNorm, a Llama decoder), compared by value and by repr (repr tells 1 from 1.0).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch._export.serde import schema
+from torch._export.serde.serialize import _dict_to_dataclass, serialize
+
+from converters.torch_adapter.program_schema import program_from_dict
+from tests import real_norms as R
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.ln = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LayerNorm(4, eps=1e-3)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)).permute(0, 2, 3, 1)
+        return self.ln(y * 0.5 + 1.25).flatten(1).sum(-1)
+
+
+def _programs():
+    batch = torch.export.Dim("batch", min=2, max=64)
+    yield "train-mode BatchNorm, dynamic batch", torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),), dynamic_shapes=({0: batch},))
+    yield "eval", torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))
+    yield "transformers Llama", torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False})
+
+
+@pytest.mark.parametrize("name, program", list(_programs()), ids=lambda value: value if isinstance(value, str) else "")
+def test_the_same_dataclasses_as_torch(name, program):
+    document = json.loads(serialize(program).exported_program.decode("utf-8"))
+    ours, torchs = program_from_dict(document), _dict_to_dataclass(schema.ExportedProgram, document)
+    assert ours == torchs
+    assert repr(ours) == repr(torchs)
+    assert len(ours.graph_module.graph.nodes) > 3
+
+
+def test_unknown_keys_are_ignored_and_a_bad_union_is_refused_as_torch_does():
+    document = json.loads(serialize(torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))).exported_program.decode("utf-8"))
+    document["from_the_future"] = 1
+    assert program_from_dict(document) == _dict_to_dataclass(schema.ExportedProgram, document)
+    node = document["graph_module"]["graph"]["nodes"][0]
+    node["inputs"][0]["arg"] = {"as_tensor": {"name": "x"}, "as_int": 1}  # a union holds exactly one member
+    for convert in (program_from_dict, lambda d: _dict_to_dataclass(schema.ExportedProgram, d)):
+        with pytest.raises(AssertionError, match="expected dict with 1 key"):
+            convert(document)
