@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 
 import typer
@@ -86,5 +87,6 @@ def global_options(
     Example: normbridge --server http://registry:8080 --token nbt_... models
     """
     framework_noise.configure(verbose)
+    os.environ.setdefault("NORMBRIDGE_LEAN_IMPORTS", "1")  # Keras without scikit-learn, matplotlib, pandas (converters/lean_imports.py)
     fit_console_to_terminal()
     remote.set_options(server, token)

@@ -34,6 +34,7 @@ from schemas import CheckResult, NormSpec, NormbridgeError
 from schemas import errors as error_types
 from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
 
+from . import lean_imports
 from .adapters import AdapterRegistry
 from .grouped_check import checker_for
 
@@ -234,6 +235,7 @@ def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock
 
 def main(argv: list[str]) -> None:
     """argv: the caller's adapter packages (JSON: AdapterRegistry.packages), then the frameworks to import at once."""
+    lean_imports.enable()
     registry = AdapterRegistry(json.loads(argv[0]))
     for name in argv[1:]:
         registry.framework(name).version()  # imports the framework now, while the caller reads its model

@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import lean_imports
 from .adapters import AdapterRegistry
 from .leg_worker import ROOT, LegWorker, ProtocolError, read_frame, serve, write_frame
 
@@ -272,6 +273,7 @@ def main(argv: list[str]) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return  # another worker serves this socket
+    lean_imports.enable()
     server = _Server(path, idle, AdapterRegistry(packages))
     server.bind()  # callers may connect and queue their requests while the frameworks import
     with server.check_lock:

@@ -7,12 +7,15 @@ from typing import Any
 
 from schemas import Source
 
+from ..lean_imports import optional_packages_kept_out
+
 
 def import_keras():
     """Import Keras on the TensorFlow backend (unless the user chose another) with TF's logs quiet."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
+    with optional_packages_kept_out():  # normbridge's own processes: no scikit-learn, matplotlib, pandas (lean_imports.py)
+        import keras
 
     return keras
 

@@ -4,7 +4,8 @@ Registering a .pt2 reads it with torch; with a private worker (what the test sui
 runs here and the Keras leg in the worker, with the shared worker (the CLI's default) both run there,
 so the command's own process imports torch alone, and the version still records every check; a second
 registration finds the shared worker warm. Inspecting a .pt2 imports neither Keras nor ONNX,
-inspecting a .keras no torch.
+inspecting a .keras no torch, and Keras loads without the optional packages it would import for features normbridge
+never uses (scikit-learn, matplotlib, pandas: converters/lean_imports.py), in the CLI and in the shared worker.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from tests.pt2_crafting import genuine_pt2
 pytestmark = pytest.mark.slow  # runs the CLI in fresh processes
 
 ROOT = Path(__file__).resolve().parents[2]
-FRAMEWORKS = ("keras", "mlflow", "onnx", "onnxruntime", "tensorflow", "torch")
+FRAMEWORKS = ("keras", "matplotlib", "mlflow", "onnx", "onnxruntime", "pandas", "sklearn", "tensorflow", "torch")
+OPTIONAL = ["matplotlib", "pandas", "sklearn"]
 #: Runs the CLI in this process, then writes which frameworks it imported to the file $PROBE_OUT.
 PROBE = """
 import json, os, sys
@@ -100,6 +102,9 @@ def test_with_the_shared_worker_a_pt2_registration_imports_torch_alone_and_the_n
         other = genuine_pt2(tmp_path / "other.pt2", Net().eval(), (torch.randn(2, 3, 8, 8),))
         _, imported = imports_of(tmp_path, "register", "other", str(other), env=shared)
         assert imported == ["torch"] and workers_of(folder) == [worker]  # the same worker answered
+        loaded = Path(f"/proc/{worker}/maps").read_text()  # the worker ran the Keras leg: Keras and TensorFlow, nothing optional
+        assert "site-packages/tensorflow/" in loaded
+        assert not [name for name in OPTIONAL if f"site-packages/{name}/" in loaded]
     finally:
         for pid in workers_of(folder):
             os.kill(pid, 15)
@@ -119,3 +124,16 @@ def test_inspecting_a_keras_file_imports_no_torch(tmp_path):
     model.save(tmp_path / "net.keras")
     _, imported = imports_of(tmp_path, "inspect", str(tmp_path / "net.keras"))
     assert "torch" not in imported and "keras" in imported
+
+
+def test_keras_loads_without_its_optional_packages_in_the_cli_and_with_them_when_turned_off(tmp_path):
+    from converters.keras_adapter.runtime import import_keras
+
+    keras = import_keras()
+    inputs = keras.Input((6, 6, 3))
+    model = keras.Model(inputs, keras.layers.BatchNormalization()(keras.layers.Conv2D(4, 3)(inputs)))
+    model.save(tmp_path / "net.keras")
+    _, lean = imports_of(tmp_path, "inspect", str(tmp_path / "net.keras"), "--json")
+    assert "keras" in lean and "tensorflow" in lean and not [name for name in OPTIONAL if name in lean]
+    _, full = imports_of(tmp_path, "inspect", str(tmp_path / "net.keras"), "--json", env={"NORMBRIDGE_LEAN_IMPORTS": "0"})
+    assert [name for name in OPTIONAL if name in full] == OPTIONAL  # installed here (MLflow's), so the lean run kept them out
