@@ -34,17 +34,23 @@ INTEGRITY_EXIT = 12
 AUDIT_DETAIL_CHARS = 120
 
 
-def _registry(db: str | None, blobs: str | None, quiet: bool = False):
-    """The local Registry, or a RemoteRegistry when --server / NORMBRIDGE_SERVER is set (byte bars unless `quiet`)."""
+def _registry(db: str | None, blobs: str | None, quiet: bool = False, gate_for: Path | None = None):
+    """The local Registry, or a RemoteRegistry when --server / NORMBRIDGE_SERVER is set (byte bars unless `quiet`).
+
+    `gate_for`: a model about to be registered here; the gate's worker for the frameworks it does not use is asked for (and
+    started, if none runs) before anything else is imported, so its imports overlap this process's."""
     client = remote.remote_registry(db, blobs, quiet=quiet)
     if client is not None:
         return client
-    from converters.split_check import share_workers
-    from registry.service import Registry
+    from converters.split_check import SplitCheck, expected_framework, share_workers
     from registry.settings import gate_worker
 
     folder, idle = gate_worker() or (None, 0)
     share_workers(folder, idle)  # a CLI process is short-lived: the gate's legs it has not imported go to the warm shared worker
+    if gate_for is not None:
+        SplitCheck(expected_framework(gate_for))  # the registration's own SplitCheck finds this worker
+    from registry.service import Registry
+
     return Registry(db=db, blobs=blobs)
 
 
@@ -100,7 +106,7 @@ def register(
     a shared worker process that stays up for the next registration (NORMBRIDGE_WORKER_IDLE, 600 s; NORMBRIDGE_GATE_WORKER=private: one per
     command). Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
-    registry = _registry(db, blobs, json_output)
+    registry = _registry(db, blobs, json_output, gate_for=model)
     if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps
         result = registry.register(name, model, parent=parent, note=note, operation=operation, allow_unrecognised=allow_unrecognised)
     else:
