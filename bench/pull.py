@@ -5,7 +5,8 @@
   temporary file of the atomic write and hashed as it is written (its structure was accepted by the safe `.pt2`
   reader at registration, so it is not read back); versus a plain boto3 `get_object` of the registered `.pt2`
   file's bytes from the same moto server.
-  Target (issue 14): at least 0.8x boto3's throughput.
+  Target (issue 14): at least 0.8x boto3's throughput. Beside it, boto3's `download_file` of the same object followed by
+  a sha256 of the file: the bytes on disk and checked once, as a careful user gets a file without normbridge.
 - versus MLflow's download of the same model logged with mlflow.pytorch (serialization_format pt2) into a local
   MLflow store (sqlite + file artifacts): `mlflow artifacts download -u models:/NAME/1` as a user runs it (MLflow
   3.17 has no `mlflow models download`; this is its CLI for it), and MLflow's Python `download_artifacts` alone.
@@ -19,6 +20,7 @@ process) and, for the S3 steps, the moto server's; and the load average, since t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import resource
@@ -96,7 +98,7 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> Rates:
     os.environ.update(env)
     data = source.read_bytes()
     megabytes = len(data) / 1e6
-    rates: Rates = {"boto3 get_object": [], "normbridge pull (S3 blobs)": []}
+    rates: Rates = {"boto3 get_object": [], "boto3 download_file + sha256": [], "normbridge pull (S3 blobs)": []}
     port = free_port()
     with started("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder) as moto:
         url = f"http://127.0.0.1:{port}"
@@ -112,12 +114,19 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> Rates:
             def plain() -> None:
                 assert len(client.get_object(Bucket="bench", Key="plain/model.pt2")["Body"].read()) == len(data)
 
+            def to_file() -> None:  # what a careful user does to get a file they can trust: download it, then hash it
+                client.download_file("bench", "plain/model.pt2", str(folder / f"plain-{round_}.pt2"))
+                with open(folder / f"plain-{round_}.pt2", "rb") as stream:
+                    hashlib.file_digest(stream, "sha256")
+
             def pull() -> None:
                 registry.pull("big@1", folder / f"pulled-{round_}.pt2")
 
-            for name, step in (("boto3 get_object", plain), ("normbridge pull (S3 blobs)", pull))[:: 1 if round_ % 2 == 0 else -1]:
+            steps = (("boto3 get_object", plain), ("boto3 download_file + sha256", to_file), ("normbridge pull (S3 blobs)", pull))
+            for name, step in steps[:: 1 if round_ % 2 == 0 else -1]:
                 rates[name].append(rate(megabytes, step, server=moto.process.pid))
             (folder / f"pulled-{round_}.pt2").unlink()
+            (folder / f"plain-{round_}.pt2").unlink()
     return rates
 
 
@@ -174,6 +183,8 @@ def main() -> int:
     ratio = statistics.median(p[0] / b[0] for p, b in zip(pulls, gets))
     versus_mlflow = statistics.median(p[0] for p in pulls) / statistics.median(r[0] for r in rates["mlflow artifacts download (CLI)"])
     print(f"normbridge pull / boto3 get_object: median {ratio:.2f} (target >= {PULL_TARGET}): {'met' if ratio >= PULL_TARGET else 'NOT met'}")
+    to_file = statistics.median(p[0] / b[0] for p, b in zip(pulls, rates["boto3 download_file + sha256"]))
+    print(f"normbridge pull / boto3 download_file + sha256 (a file on disk, hashed once, no fsync): median {to_file:.2f}")
     print(f"CPU of this process per pull / per get_object: {statistics.median(p[1] for p in pulls) / statistics.median(b[1] for b in gets):.1f}x; "
           f"load average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     print(f"normbridge pull / mlflow artifacts download (CLI): {versus_mlflow:.2f}x")
