@@ -74,6 +74,15 @@ class KerasFramework(FrameworkAdapter):
         )
 
 
+    def kept_runs(self, obj: Any) -> Any:
+        """The layer's traced eval and training calls (traced.py), for a layer built and run again and again."""
+        if is_deferred(obj):
+            return None
+        from .traced import traced_calls
+
+        return traced_calls(obj)
+
+
 def copy_layer(layer: Any) -> Any:
     """A built copy of `layer`: same class and config (trainable included), variables copied bit-exactly."""
     shape = built_input_shape(layer)
