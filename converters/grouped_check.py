@@ -134,10 +134,12 @@ class _Member:
 def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionOptions, bench: "GroupBench",
                  progress: Callable[[int], None] | None) -> list[CheckResult | Exception]:
     """check() of specs of one configuration, target by target, through one GroupBench."""
-    members = []
+    members, probe = [], None
     for spec in specs:
         try:
-            x_cf = probe_input(spec)
+            # The probe is a function of fields every member shares (kind, shapes, layout, dtype): made once, copied per member.
+            probe = probe_input(spec) if probe is None else probe
+            x_cf = probe.copy()
             members.append(_Member(spec, x_cf, reference.forward(spec, x_cf, training=False), new_result(spec, x_cf),
                                    functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf))))
         except Exception as error:  # check raises it before any target: checked again by check itself

@@ -4,11 +4,12 @@ Why: check_many (converters/grouped_check.py) gives one Keras layer per configur
 (`KerasKindAdapter.restate`) and runs it. Eagerly, every call of a layer on a probe of a few thousand numbers spends
 1-3 ms in Python (Keras's `__call__`, one TensorFlow dispatch per op), and every variable write a few hundred
 microseconds; traced into tf.functions, as Keras's own predict and fit run layers, they cost a fraction, and the trace is
-paid once per configuration. Grappler is off for these calls (a thread-local call option, `_plain_graphs`): the graph
-then runs the kernels the eager calls run, on the same inputs and states, so the written variables, outputs and moved
-statistics are the eager ones bit for bit (tests/converters/test_traced_calls.py); left on, TensorFlow may rewrite the
-arithmetic (fuse a layer norm's ops, reorder a chain of products) and change the last bits, and `check_many` would
-then no longer give `check`'s results.
+paid once per configuration. Grappler is off for these calls and the kernels run in the calling thread one after
+another (thread-local call options, `_plain_graphs`): the graph then runs the kernels the eager calls run, on the same
+inputs and states, so the written variables, outputs and moved statistics are the eager ones bit for bit
+(tests/converters/test_traced_calls.py). With grappler on, the LayerNormalization and RMSNormalization outputs of 8
+cases of the table differ from the eager ones in the last bits (it rewrites their arithmetic), and check_many would
+no longer give `check`'s results.
 """
 
 from __future__ import annotations
@@ -47,15 +48,17 @@ def traced_calls(layer: Any) -> "TracedCalls":
 class TracedCalls:
     """`write`, `run_eval` and `run_train_step` of one built Keras layer, each traced on first use.
 
-    Each does what its eager counterpart does (variables.write_variable over every weight; KerasFramework.run_eval and
-    run_train_step in place), with the same checks before it runs and the same values after.
+    Each does what its eager counterpart does (variables.write_variable over every weight, KerasFramework.run_eval and
+    run_train_step in place), with the same checks before it runs and the same values after. (Reading the variables
+    back traced saves nothing: four eager reads cost what one traced call does.)
     """
 
     def __init__(self, layer: Any):
         import tensorflow as tf
 
         self.layer = layer
-        weights = list(layer.weights)
+        self._weights = weights = list(layer.weights)  # a built layer's variables: the same objects for its life
+        self._expected = [(tuple(variable.shape), str(variable.dtype)) for variable in weights]
         moving = [getattr(layer, name, None) for name in ("moving_mean", "moving_variance")]
 
         def write(values):
@@ -74,7 +77,7 @@ class TracedCalls:
 
     def _call(self, name: str, inputs: Any) -> Any:
         """The function `name` traced for these inputs' dtypes and shapes (once), called on them without grappler."""
-        tensors = self._tf.nest.map_structure(self._tf.convert_to_tensor, inputs)
+        tensors = self._tf.nest.map_structure(self._tf.constant, inputs)  # NumPy arrays, as they are (no dtype asked)
         key = (name, *((t.dtype, tuple(t.shape)) for t in self._tf.nest.flatten(tensors)))
         concrete = self._traced.get(key)
         if concrete is None:
@@ -84,16 +87,13 @@ class TracedCalls:
 
     def write(self, values: Sequence[np.ndarray]) -> None:
         """Assign `values` to the layer's weights, in order, and verify each reads back bit-identically."""
-        weights = self.layer.weights
-        if len(values) != len(weights):
-            raise SpecError(f"{len(values)} values for the {len(weights)} variables of the Keras layer.", layer=self.layer.name)
-        for variable, value in zip(weights, values):
-            if tuple(variable.shape) != tuple(value.shape) or str(variable.dtype) != str(value.dtype):
-                raise SpecError(f"a {value.dtype}{list(value.shape)} value for Keras variable '{variable.path}', expected "
-                                f"{variable.dtype}{list(variable.shape)}.", layer=self.layer.name)
-        read = self._call("write", [np.asarray(value) for value in values])
-        for variable, value, back in zip(weights, values, read):
-            if not tensors_identical(back.numpy(), np.asarray(value)):
+        values = [np.asarray(value) for value in values]
+        if [(value.shape, str(value.dtype)) for value in values] != self._expected:
+            raise SpecError(f"values {[f'{v.dtype}{list(v.shape)}' for v in values]} for the Keras layer's variables, expected "
+                            f"{[f'{dtype}{list(shape)}' for shape, dtype in self._expected]}.", layer=self.layer.name)
+        read = self._call("write", values)
+        for variable, value, back in zip(self._weights, values, read):
+            if not tensors_identical(back.numpy(), value):
                 raise SpecError(f"Keras variable '{variable.path}' did not read back bit-identical after assignment.", layer=self.layer.name)
 
     def run_eval(self, x: np.ndarray) -> np.ndarray:
@@ -117,7 +117,8 @@ _PLAIN: dict[bytes, Any] = {}  # the caller's serialized call config -> the same
 
 @contextlib.contextmanager
 def _plain_graphs() -> Iterator[None]:
-    """Run tf.functions called in this block, in this thread, without grappler's rewrites."""
+    """Run tf.functions called in this block, in this thread, without grappler's rewrites and each kernel in the calling
+    thread, one after another, as eager ops run (the single-threaded executor: no hand-offs between threads per op)."""
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.eager import context
 
@@ -129,7 +130,7 @@ def _plain_graphs() -> Iterator[None]:
         config = config_pb2.ConfigProto()
         config.ParseFromString(key)
         config.graph_options.rewrite_options.disable_meta_optimizer = True
-        plain = _PLAIN.setdefault(key, type(current)(current.executor_type, config))
+        plain = _PLAIN.setdefault(key, type(current)("SINGLE_THREADED_EXECUTOR", config))
     ctx.function_call_options = plain
     try:
         yield
