@@ -104,12 +104,18 @@ class TracedCalls:
     def run_train_step(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """KerasFramework.run_train_step(layer, x, in_place=True)."""
         layer = self.layer
-        if markers.recall(layer).get("kind") == "instance" and isinstance(layer, import_keras().layers.BatchNormalization):
-            raise NotExpressibleError(
-                "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
-                "instead of normalising per instance; train the source layer instead.", layer=layer.name, setting="track_running_stats", target="keras")
+        refuse_instance_training(layer)
         y, (mean, var) = self._call("train", np.asarray(x).astype(layer.compute_dtype, copy=False))
         return np.asarray(y.numpy()), None if mean is None else np.array(mean.numpy(), copy=True), None if var is None else np.array(var.numpy(), copy=True)
+
+
+def refuse_instance_training(layer: Any) -> None:
+    """NotExpressibleError for a BatchNormalization holding a tracked InstanceNorm: its training step is not the source's
+    (KerasFramework.run_train_step and TracedCalls.run_train_step both refuse it)."""
+    if markers.recall(layer).get("kind") == "instance" and isinstance(layer, import_keras().layers.BatchNormalization):
+        raise NotExpressibleError(
+            "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
+            "instead of normalising per instance; train the source layer instead.", layer=layer.name, setting="track_running_stats", target="keras")
 
 
 _PLAIN: dict[bytes, Any] = {}  # the caller's serialized call config -> the same with grappler off
