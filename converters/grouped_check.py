@@ -11,7 +11,9 @@ tensors' values: `configuration`) are checked together, with the same code as `c
   tensors in one place (keras_adapter/kind_adapter.py); the group's first layer is built by from_spec,
   later ones are that layer given their name and tensors (`restate`, every variable written bit-exactly),
   and the training step runs on it (the next `restate` writes every variable it moved). An adapter that
-  does not declare it (a subclass overriding from_spec) builds every layer with from_spec.
+  does not declare it (a subclass overriding from_spec) builds every layer with from_spec. A layer serving at least
+  KEEP_RUNS_FROM members is written and run through the framework's kept runs (Keras: tf.functions traced once,
+  bit for bit its eager calls: keras_adapter/traced.py).
 - ONNX: every member's model is written by from_spec as `check` writes it, then all are run in one
   session over one graph holding each model as written (onnx_adapter/merged_runs.py).
 - torch: modules are built by from_spec per member (cheap) and run without a defensive copy.
