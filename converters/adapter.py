@@ -124,3 +124,9 @@ class FrameworkAdapter(abc.ABC):
     @abc.abstractmethod
     def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """One training-mode forward pass: (output, new running_mean, new running_var), on a copy (on `obj` itself if `in_place`)."""
+
+    def kept_runs(self, obj: Any) -> Any:
+        """An object whose `run_eval(x)` and `run_train_step(x)` give what `run_eval(obj, x, in_place=True)` and
+        `run_train_step(obj, x, in_place=True)` give, bit for bit, at less cost to a caller that runs `obj` again and again
+        with its state changed in between (check_many's bench); None where running `obj` directly costs no more."""
+        return None

@@ -63,9 +63,13 @@ def _errors(out: np.ndarray, ref: np.ndarray, dtype: str, tolerances: tuple[floa
     if out.shape != ref.shape:
         return float("inf"), float("inf"), False
     diff = np.abs(out - ref)
-    max_abs = float(diff.max()) if diff.size else 0.0
-    max_rel = float((diff / np.maximum(np.abs(ref), np.finfo(np.float64).tiny)).max()) if diff.size else 0.0
-    return max_abs, max_rel, bool(np.all(diff <= atol + rtol * np.abs(ref)))
+    if not diff.size:
+        return 0.0, 0.0, True
+    magnitude = np.abs(ref)
+    return float(diff.max()), float((diff / np.maximum(magnitude, _TINY)).max()), bool((diff <= atol + rtol * magnitude).all())
+
+
+_TINY = np.finfo(np.float64).tiny
 
 
 def _runtime_unavailable(error: Exception) -> bool:

@@ -11,7 +11,9 @@ tensors' values: `configuration`) are checked together, with the same code as `c
   tensors in one place (keras_adapter/kind_adapter.py); the group's first layer is built by from_spec,
   later ones are that layer given their name and tensors (`restate`, every variable written bit-exactly),
   and the training step runs on it (the next `restate` writes every variable it moved). An adapter that
-  does not declare it (a subclass overriding from_spec) builds every layer with from_spec.
+  does not declare it (a subclass overriding from_spec) builds every layer with from_spec. A layer serving at least
+  KEEP_RUNS_FROM members is written and run through the framework's kept runs (Keras: tf.functions traced once,
+  bit for bit its eager calls: keras_adapter/traced.py).
 - ONNX: every member's model is written by from_spec as `check` writes it, then all are run in one
   session over one graph holding each model as written (onnx_adapter/merged_runs.py).
 - torch: modules are built by from_spec per member (cheap) and run without a defensive copy.
@@ -134,10 +136,12 @@ class _Member:
 def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionOptions, bench: "GroupBench",
                  progress: Callable[[int], None] | None) -> list[CheckResult | Exception]:
     """check() of specs of one configuration, target by target, through one GroupBench."""
-    members = []
+    members, probe = [], None
     for spec in specs:
         try:
-            x_cf = probe_input(spec)
+            # The probe is a function of fields every member shares (kind, shapes, layout, dtype): made once, copied per member.
+            probe = probe_input(spec) if probe is None else probe
+            x_cf = probe.copy()
             members.append(_Member(spec, x_cf, reference.forward(spec, x_cf, training=False), new_result(spec, x_cf),
                                    functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf))))
         except Exception as error:  # check raises it before any target: checked again by check itself
@@ -168,6 +172,9 @@ class _Template:
     warnings: list[str]
     target_op: str
     native: bool
+    uses: int = 0  # members built on it so far
+    runs: Any = None  # framework.kept_runs(layer), asked for once the layer serves enough members (`_keep_runs`)
+    asked: bool = False
 
 
 def restatable(adapter: KindAdapter) -> bool:
@@ -181,12 +188,18 @@ def _restatable(cls: type) -> bool:
     return vars(owner).get("restatable") is True and hasattr(cls, "restate")
 
 
+#: Members of one configuration from which a layer is run by the framework's kept runs (GroupBench._keep_runs).
+KEEP_RUNS_FROM = 8
+
+
 class GroupBench(Bench):
     """The objects of one group's checks: Keras layers restated per configuration, ONNX models run in one session each way."""
 
     def __init__(self, registry: AdapterRegistry):
         super().__init__(registry)
         self._templates: dict[tuple, _Template] = {}
+        self._kept: dict[int, _Template] = {}  # id(template layer) -> its template
+        self._group = 1  # members in the group being checked (write_ahead)
         self._ahead: dict[int, tuple[ConversionOptions, Any]] = {}  # id(spec) -> (options, (obj, report) or the error)
         self._runs: dict[tuple[bool, int], Any] = {}  # (train, id(obj)) -> the value run_eval/run_train_step returns
         self._merged: dict[bool, bytes | None] = {}  # train -> the input the merged run was made with (None: not made)
@@ -194,7 +207,8 @@ class GroupBench(Bench):
     def forget_beyond(self, count: int) -> None:
         """Keep only the `count` most recently built templates (a long-lived worker meets ever new configurations)."""
         while len(self._templates) > count:
-            del self._templates[next(iter(self._templates))]  # the oldest first
+            oldest = self._templates.pop(next(iter(self._templates)))  # the oldest first
+            self._kept.pop(id(oldest.layer), None)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -207,8 +221,11 @@ class GroupBench(Bench):
             if template is None:
                 before = len(report.warnings)
                 layer = adapter.from_spec(spec, build_options, report)
-                self._templates[key] = _Template(layer, adapter.template_state(layer), report.warnings[before:], report.target_op, report.native)
+                template = self._templates[key] = _Template(layer, adapter.template_state(layer), report.warnings[before:], report.target_op, report.native)
+                self._kept[id(layer)] = template
+                self._keep_runs(template, to)
                 return layer
+            self._keep_runs(template, to)  # before restate: a layer run by its kept runs is written by them too
             try:
                 adapter.restate(template.layer, spec, template.state)
             except Exception:  # noqa: BLE001  from_spec meets the same problem and says it in its own words (a layer of this name)
@@ -220,11 +237,21 @@ class GroupBench(Bench):
 
         return build
 
+    def _keep_runs(self, template: _Template, to: str) -> None:
+        """Count a member built on `template`; once it serves KEEP_RUNS_FROM members (counted so far, or in the group being
+        checked), ask the framework for runs kept with the layer (Keras: traced, converters/keras_adapter/traced.py). Fewer
+        members would not pay back the trace: about 45 ms per configuration against about 4 ms saved per member."""
+        template.uses += 1
+        if not template.asked and max(template.uses, self._group) >= KEEP_RUNS_FROM:
+            template.asked = True
+            template.runs = self.registry.framework(to).kept_runs(template.layer)
+
     def write_ahead(self, target: str, specs: list[NormSpec], options: ConversionOptions) -> None:
         """ONNX: write every member's model now, so one merged session runs them all when the first is run."""
         self._ahead.clear()
         self._runs.clear()
         self._merged.clear()
+        self._group = len(specs)
         if target != "onnx" or len(specs) < 2:
             return
         for spec in specs:
@@ -257,6 +284,9 @@ class GroupBench(Bench):
             self._run_merged(framework, x, train)
             if (train, id(obj)) in self._runs and self._merged.get(train) == _fingerprint(x):
                 return self._runs[(train, id(obj))]
+        template = self._kept.get(id(obj))
+        if template is not None and template.layer is obj and template.runs is not None:
+            return template.runs.run_train_step(x) if train else template.runs.run_eval(x)
         run = framework.run_train_step if train else framework.run_eval
         return run(obj, x, in_place=True)  # every object here is this bench's own: a torch module per member, a restated Keras layer
 

@@ -6,13 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from schemas import NotExpressibleError, UnsupportedObjectError
+from schemas import UnsupportedObjectError
 
-from .. import markers, recognizers
+from .. import recognizers
 from ..adapter import FrameworkAdapter
 from .deferred import built_copy, is_deferred
 from .runtime import import_keras
 from .shapes import built_input_shape
+from .traced import refuse_instance_training, traced_calls
 from .variables import read_variable, write_variable
 
 
@@ -58,10 +59,7 @@ class KerasFramework(FrameworkAdapter):
 
     def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were (on the layer itself if `in_place`)."""
-        if markers.recall(obj).get("kind") == "instance" and isinstance(obj, import_keras().layers.BatchNormalization):
-            raise NotExpressibleError(
-                "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
-                "instead of normalising per instance; train the source layer instead.", layer=obj.name, setting="track_running_stats", target="keras")
+        refuse_instance_training(obj)
         keras = import_keras()
         clone = built_copy(obj, np.ndim(x)) if is_deferred(obj) else (obj if in_place else copy_layer(obj))
         inputs = np.asarray(x).astype(clone.compute_dtype, copy=False)
@@ -72,6 +70,13 @@ class KerasFramework(FrameworkAdapter):
             None if moving_mean is None else read_variable(moving_mean),
             None if moving_variance is None else read_variable(moving_variance),
         )
+
+
+    def kept_runs(self, obj: Any) -> Any:
+        """The layer's traced eval and training calls (traced.py), for a layer built and run again and again."""
+        if is_deferred(obj):
+            return None
+        return traced_calls(obj)
 
 
 def copy_layer(layer: Any) -> Any:

@@ -14,6 +14,7 @@ from ..translate import record_eps, tensor_fate
 from .deferred import defer_build
 from .facts import MODE_NOTE, STORED_NOTE
 from .runtime import keras_class
+from .traced import kept_calls
 from .variables import assign_variable, check_spec_dtype, read_variable, variable_dtype, write_variable
 
 #: Where finish_emit leaves which variable holds which spec tensor (spec tensor -> attribute), for `restate`.
@@ -110,12 +111,20 @@ class KerasKindAdapter(KindAdapter):
         if layer.name != spec.name:
             extras["name"] = spec.name
         markers.replace(layer, extras)
-        slots = getattr(layer, STATE_SLOTS)
-        held = {id(getattr(layer, attribute)) for attribute in slots.values()}
-        for variable, value in zip(layer.weights, template):
-            if id(variable) not in held:
-                write_variable(variable, value, layer=layer.name, setting=variable.path.rsplit("/", 1)[-1])
-        write_state(layer, spec, slots)
+        slots = {tensor_name: getattr(layer, attribute, None) for tensor_name, attribute in getattr(layer, STATE_SLOTS).items()}
+        if any(variable is None for variable in slots.values()):
+            raise ValueError(f"the Keras layer '{layer.name}' lacks a variable its tensors were written to; it is rebuilt, not restated")
+        held = {id(variable): tensor_name for tensor_name, variable in slots.items()}
+        dtype = variable_dtype(spec)
+        # The spec's tensors where from_spec's write_state writes them, the template's values elsewhere, each verified to read
+        # back bit-identically: in one traced call when the layer is run traced (traced.py), else one variable at a time.
+        values = [spec.tensors[held[id(variable)]].astype(dtype) if id(variable) in held else value for variable, value in zip(layer.weights, template)]
+        calls = kept_calls(layer)
+        if calls is not None:
+            calls.write(values)
+            return
+        for variable, value in zip(layer.weights, values):
+            write_variable(variable, value, layer=layer.name, setting=held.get(id(variable)) or variable.path.rsplit("/", 1)[-1])
 
 
 def write_state(layer: Any, spec: NormSpec, slots: Mapping[str, str]) -> None:

@@ -91,7 +91,13 @@ def check_spec_dtype(spec: NormSpec) -> str:
 
 
 def read_variable(variable: Any) -> np.ndarray:
-    """A bit-exact NumPy copy of a Keras variable."""
+    """A bit-exact NumPy copy of a Keras variable.
+
+    On TensorFlow, one ReadVariableOp of the tf.Variable it holds (`value()`): `numpy()` runs that op and an Identity of
+    its result, twice the eager dispatch for the same bytes."""
+    held = getattr(variable, "value", None)
+    if type(held).__module__.startswith("tensorflow.") and callable(getattr(held, "value", None)):
+        return np.array(held.value().numpy(), copy=True)
     return np.array(variable.numpy(), copy=True)
 
 

@@ -6,6 +6,8 @@ adds the rules only it has between the two.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import SpecError
@@ -128,11 +130,17 @@ def check_common_tensors(spec) -> None:
                     setting=name,
                 )
             continue
-        if str(array.dtype) != spec.dtype:
+        if _dtype_name(array.dtype) != spec.dtype:
             raise SpecError(f"tensor '{name}' has dtype {array.dtype}, expected the spec dtype {spec.dtype}.", layer=spec.name, setting=name)
-        if not np.all(np.isfinite(array)):
+        if not np.isfinite(array).all():
             raise SpecError(f"tensor '{name}' holds NaN or Inf values; the layer's state is corrupt.", layer=spec.name, setting=name)
-    if "running_var" in spec.tensors and np.any(spec.tensors["running_var"] < 0):
+    if "running_var" in spec.tensors and (spec.tensors["running_var"] < 0).any():
         raise SpecError("running_var holds negative values; a variance cannot be negative.", layer=spec.name, setting="running_var")
     if "num_batches_tracked" in spec.tensors and not spec.track_running_stats:
         raise SpecError("num_batches_tracked is present but statistics are not tracked.", layer=spec.name, setting="num_batches_tracked")
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    """str(dtype), remembered (NumPy computes a dtype's name in Python on every call; every spec checks every tensor's)."""
+    return str(dtype)

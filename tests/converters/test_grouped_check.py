@@ -3,7 +3,9 @@
 Every case of the case table, with several members of one configuration holding different states and names, read
 from each framework (so the round trips back to the source run too); the deliberately broken adapters of
 tests/buggy_torch.py and tests/buggy_torch_values.py (a bug only some members' states trigger); a member whose check
-raises; a Checker answering one spec at a time. Grouping must make no check laxer.
+raises; a Checker answering one spec at a time. Grouping must make no check laxer. Every test runs twice: with the
+Keras layers run eagerly (groups smaller than KEEP_RUNS_FROM) and traced from the first member
+(converters/keras_adapter/traced.py), so a failing member fails through the traced calls too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 import converters
+from converters import grouped_check
 from converters.adapters import AdapterRegistry
 from converters.grouped_check import Checker, check_many, configuration, groups, restatable
 from schemas import NormSpec, NotExpressibleError
@@ -24,6 +27,14 @@ from tests.converters.test_check import buggy_registry
 from tests.spec_factory import make_spec
 
 FRAMEWORKS = ("torch", "keras", "onnx")
+
+
+@pytest.fixture(autouse=True, params=["eager", "traced"])
+def keras_runs(request, monkeypatch):
+    """Every test with the Keras layers run eagerly (these groups are small) and traced from a group's first member."""
+    if request.param == "traced":
+        monkeypatch.setattr(grouped_check, "KEEP_RUNS_FROM", 1)
+    return request.param
 
 
 def fields(result) -> str:

@@ -1,0 +1,144 @@
+"""A Keras layer's writes and calls traced once and run for every state it is given (check_many's Keras leg).
+
+Why: check_many (converters/grouped_check.py) gives one Keras layer per configuration each member's state in turn
+(`KerasKindAdapter.restate`) and runs it. Eagerly, every call of a layer on a probe of a few thousand numbers spends
+1-3 ms in Python (Keras's `__call__`, one TensorFlow dispatch per op), and every variable write a few hundred
+microseconds; traced into tf.functions, as Keras's own predict and fit run layers, they cost a fraction, and the trace is
+paid once per configuration. Grappler is off for these calls and the kernels run in the calling thread one after
+another (thread-local call options, `_plain_graphs`): the graph then runs the kernels the eager calls run, on the same
+inputs and states, so the written variables, outputs and moved statistics are the eager ones bit for bit
+(tests/converters/test_traced_calls.py). With grappler on, the LayerNormalization and RMSNormalization outputs of 8
+cases of the table differ from the eager ones in the last bits (it rewrites their arithmetic), and check_many would
+no longer give `check`'s results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from schemas import NotExpressibleError, SpecError
+from schemas.tensors import tensors_identical
+
+from .. import markers
+from .runtime import import_keras
+from .shapes import built_input_shape
+
+#: Where a layer keeps its TracedCalls (set with object.__setattr__: Keras tracks no such attribute).
+TRACED = "_normbridge_traced_calls"
+
+
+def kept_calls(layer: Any) -> "TracedCalls | None":
+    """The layer's TracedCalls if it has been given them (it is then written traced as well), else None."""
+    return getattr(layer, TRACED, None)
+
+
+def traced_calls(layer: Any) -> "TracedCalls":
+    """The layer's TracedCalls, made on first use and kept with the layer."""
+    calls = getattr(layer, TRACED, None)
+    if calls is None:
+        calls = TracedCalls(layer)
+        object.__setattr__(layer, TRACED, calls)
+    return calls
+
+
+class TracedCalls:
+    """`write`, `run_eval` and `run_train_step` of one built Keras layer, each traced on first use.
+
+    Each does what its eager counterpart does (variables.write_variable over every weight, KerasFramework.run_eval and
+    run_train_step in place), with the same checks before it runs and the same values after. (Reading the variables
+    back traced saves nothing: four eager reads cost what one traced call does.)
+    """
+
+    def __init__(self, layer: Any):
+        import tensorflow as tf
+
+        self.layer = layer
+        self._weights = weights = list(layer.weights)  # a built layer's variables: the same objects for its life
+        self._expected = [(tuple(variable.shape), str(variable.dtype)) for variable in weights]
+        moving = [getattr(layer, name, None) for name in ("moving_mean", "moving_variance")]
+
+        def write(values):
+            for variable, value in zip(weights, values):
+                variable.assign(value)
+            return [variable.value.read_value() for variable in weights]
+
+        def train(x):
+            y = layer(x, training=True)
+            return y, [None if variable is None else variable.value.read_value() for variable in moving]
+
+        self._tf = tf
+        self._functions = {"write": tf.function(write, autograph=False), "eval": tf.function(lambda x: layer(x, training=False), autograph=False),
+                           "train": tf.function(train, autograph=False)}
+        self._traced: dict[tuple, Any] = {}  # (function, its inputs' dtypes and shapes) -> the concrete function
+
+    def _call(self, name: str, inputs: Any) -> Any:
+        """The function `name` traced for these inputs' dtypes and shapes (once), called on them without grappler."""
+        tensors = self._tf.nest.map_structure(self._tf.constant, inputs)  # NumPy arrays, as they are (no dtype asked)
+        key = (name, *((t.dtype, tuple(t.shape)) for t in self._tf.nest.flatten(tensors)))
+        concrete = self._traced.get(key)
+        if concrete is None:
+            concrete = self._traced[key] = self._functions[name].get_concrete_function(tensors)
+        with _plain_graphs():
+            return concrete(tensors)
+
+    def write(self, values: Sequence[np.ndarray]) -> None:
+        """Assign `values` to the layer's weights, in order, and verify each reads back bit-identically."""
+        values = [np.asarray(value) for value in values]
+        if [(value.shape, str(value.dtype)) for value in values] != self._expected:
+            raise SpecError(f"values {[f'{v.dtype}{list(v.shape)}' for v in values]} for the Keras layer's variables, expected "
+                            f"{[f'{dtype}{list(shape)}' for shape, dtype in self._expected]}.", layer=self.layer.name)
+        read = self._call("write", values)
+        for variable, value, back in zip(self._weights, values, read):
+            if not tensors_identical(back.numpy(), value):
+                raise SpecError(f"Keras variable '{variable.path}' did not read back bit-identical after assignment.", layer=self.layer.name)
+
+    def run_eval(self, x: np.ndarray) -> np.ndarray:
+        """KerasFramework.run_eval(layer, x, in_place=True)."""
+        built_input_shape(self.layer)
+        return np.asarray(self._call("eval", np.asarray(x).astype(self.layer.compute_dtype, copy=False)).numpy())
+
+    def run_train_step(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """KerasFramework.run_train_step(layer, x, in_place=True)."""
+        layer = self.layer
+        refuse_instance_training(layer)
+        y, (mean, var) = self._call("train", np.asarray(x).astype(layer.compute_dtype, copy=False))
+        return np.asarray(y.numpy()), None if mean is None else np.array(mean.numpy(), copy=True), None if var is None else np.array(var.numpy(), copy=True)
+
+
+def refuse_instance_training(layer: Any) -> None:
+    """NotExpressibleError for a BatchNormalization holding a tracked InstanceNorm: its training step is not the source's
+    (KerasFramework.run_train_step and TracedCalls.run_train_step both refuse it)."""
+    if markers.recall(layer).get("kind") == "instance" and isinstance(layer, import_keras().layers.BatchNormalization):
+        raise NotExpressibleError(
+            "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
+            "instead of normalising per instance; train the source layer instead.", layer=layer.name, setting="track_running_stats", target="keras")
+
+
+_PLAIN: dict[bytes, Any] = {}  # the caller's serialized call config -> the same with grappler off
+
+
+@contextlib.contextmanager
+def _plain_graphs() -> Iterator[None]:
+    """Run tf.functions called in this block, in this thread, without grappler's rewrites and each kernel in the calling
+    thread, one after another, as eager ops run (the single-threaded executor: no hand-offs between threads per op)."""
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    current = ctx.function_call_options
+    key = current.config_proto_serialized
+    plain = _PLAIN.get(key)
+    if plain is None:
+        config = config_pb2.ConfigProto()
+        config.ParseFromString(key)
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+        plain = _PLAIN.setdefault(key, type(current)("SINGLE_THREADED_EXECUTOR", config))
+    ctx.function_call_options = plain
+    try:
+        yield
+    finally:
+        ctx.function_call_options = current
