@@ -136,15 +136,14 @@ def export_command(
     version are written by normbridge export-layers.
     Example: normbridge export resnet.keras --to onnx -o resnet.onnx; normbridge export resnet@production --to onnx -o prod.onnx
     """
+    if to is not ExportTarget.onnx:  # a usage error (exit 2): the option asks for something this command does not do
+        raise typer.BadParameter(f"a model exports to onnx for serving (got {to.value}); the layers of a registry version are written "
+                                 f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.", param_hint="'--to'")
     from converters.models.loading import load_model
-    from schemas import InputFileError
 
     from_registry = "@" in str(model_path) and not model_path.exists()
     if from_registry:
         version_ref(str(model_path))
-    if to is not ExportTarget.onnx:
-        raise InputFileError(f"a model file exports to onnx for serving (got --to {to.value}); the layers of a registry version are written "
-                             f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.")
     from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 

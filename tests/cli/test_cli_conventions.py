@@ -175,6 +175,7 @@ USAGE_MISTAKES = {
     "opset below the converters'": (["convert", "bn", "--to", "onnx", "-o", "low.onnx", "--opset", "12"], "12 is below opset 13"),
     "check at opset 0": (["check", "bn", "--opset", "0"], "0 is below opset 13"),
     "export at opset 0": (["export", "resnet.pt2", "-o", "zero.onnx", "--opset", "0"], "'--opset': Input should be greater than or equal to 1"),
+    "export to a layer format": (["export", "resnet.pt2", "--to", "torch", "-o", "out"], "written as torch files by normbridge export-layers"),
     "unknown schema": (["schema", "bogus"], "'bogus' is not a schema; choose one of normspec"),
 }
 
