@@ -4,9 +4,9 @@ Why: where scikit-learn, matplotlib and pandas are installed (MLflow brings all 
 imports them through Keras's optional integrations (its scikit-learn wrappers, its image gallery, pandas inputs to
 `fit`): 2.2 s of the 6 s a cold CLI process or gate worker spends importing Keras and TensorFlow. Keras wraps each of
 those imports in `try/except ImportError` and runs as on a machine without them; no layer computes with them, so
-every check's numbers are the same. Only normbridge's own processes opt in: the gate's workers call `enable`, the CLI
-sets NORMBRIDGE_LEAN_IMPORTS=1 unless the user set it (0 turns it off); a program that imports normbridge as a library
-keeps its environment as it is. Once Keras is in, the packages import normally (only Keras's own optional hooks stay
+every check's numbers are the same. Only normbridge's own processes opt in, by NORMBRIDGE_LEAN_IMPORTS=1 unless the
+user set it (0 turns it off): the CLI sets it (without importing this package), the gate's workers call `enable`; a
+program that imports normbridge as a library keeps its environment as it is. Once Keras is in, the packages import normally (only Keras's own optional hooks stay
 off in that process).
 """
 
@@ -20,21 +20,19 @@ from contextlib import contextmanager
 
 #: Top-level packages kept out while Keras first loads.
 OPTIONAL_PACKAGES = ("sklearn", "matplotlib", "pandas")
-#: "1": this process (the CLI) opted in; "0": kept as it is.
+#: "1": this process opted in; "0": kept as it is.
 ENV = "NORMBRIDGE_LEAN_IMPORTS"
-_enabled = False
 
 
 def enable() -> None:
-    """In this process, load Keras without OPTIONAL_PACKAGES (see the module's docstring)."""
-    global _enabled
-    _enabled = True
+    """In this process, load Keras without OPTIONAL_PACKAGES, unless the user set NORMBRIDGE_LEAN_IMPORTS=0."""
+    os.environ.setdefault(ENV, "1")
 
 
 @contextmanager
 def optional_packages_kept_out() -> Iterator[None]:
     """While the block runs, importing any of OPTIONAL_PACKAGES fails as if it were not installed (when `enable`d)."""
-    if not (_enabled or os.environ.get(ENV) == "1"):
+    if os.environ.get(ENV) != "1":
         yield
         return
     finder = _Absent()
