@@ -87,3 +87,36 @@ def test_the_bench_traces_a_layer_that_serves_enough_members_and_no_other():
         assert len(layers) == 1  # one layer restated per member
         layer = bench.write(specs[-1], "keras", OPTIONS)[0]
         assert (kept_calls(layer) is not None) is traced
+
+
+def _llama_with_nine_rmsnorms():
+    import transformers
+
+    from tests import real_norms as R
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=64, rms_norm_eps=3e-6)
+    return R.randomise(transformers.LlamaModel(config))  # 2 RMSNorms per block and the final one: 9 of one configuration
+
+
+def _keras_resnet50():
+    from converters.keras_adapter.runtime import import_keras
+
+    return import_keras().applications.ResNet50(weights=None, input_shape=(32, 32, 3))  # 53 BatchNormalization layers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [_llama_with_nine_rmsnorms, _keras_resnet50], ids=["transformers Llama", "keras.applications ResNet50"])
+def test_models_nobody_here_wrote_check_the_same_through_traced_keras_runs(build, monkeypatch):
+    from converters import check
+    from converters.grouped_check import check_many, groups
+    from registry.artifact import extract_artifact
+    from tests.converters.test_grouped_check import assert_same
+
+    specs = list(extract_artifact(build()).specs)
+    assert max(len(members) for members in groups(specs)) >= KEEP_RUNS_FROM  # a group large enough to run traced
+    traced = []
+    real = TracedCalls.run_eval
+    monkeypatch.setattr(TracedCalls, "run_eval", lambda self, x: traced.append(self.layer.name) or real(self, x))
+    assert_same(check_many(specs), [check(spec) for spec in specs])
+    assert traced  # the Keras leg of the large groups did run traced
