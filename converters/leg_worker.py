@@ -10,9 +10,12 @@ the shared one on a Unix socket that outlives its callers (converters/shared_wor
 
 Frames are an 8-byte big-endian length and that many bytes: a request is two frames (header JSON,
 tensor bytes), a reply one. A header is a check ({"frameworks", "spec"}), or {"warm": [names]}
-(import those frameworks now), or {"shutdown": true} (shared worker only). Requests are answered in
-order. `python -m converters.leg_worker PACKAGES torch keras` builds the caller's AdapterRegistry
-from PACKAGES (JSON), imports the named frameworks at once, then serves its stdin until it closes.
+(import those frameworks now), or {"shutdown": true} (shared worker only), or {"job": NAME, "args": {...}}
+(shared worker only: one of the jobs the worker was started with, `serve(jobs=...)`; answered by zero or more
+{"progress": [...]} frames, then {"done": ...} or {"error": ...}; a caller that hangs up stops the job at its next
+progress frame). Requests are answered in order. `python -m converters.leg_worker PACKAGES torch keras` builds
+the caller's AdapterRegistry from PACKAGES (JSON), imports the named frameworks at once, then serves its stdin
+until it closes.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def read_frame(stream: BinaryIO, limit: int = MAX_FRAME) -> bytes | None:
     return _read_exactly(stream, size)
 
 
-def _error_from(fields: dict) -> Exception:
+def error_from(fields: dict) -> Exception:
     """The worker's error as the caller would have seen it in process: its NormbridgeError class when it had one."""
     classes = {cls.code: cls for cls in vars(error_types).values() if isinstance(cls, type) and issubclass(cls, NormbridgeError)}
     cls = classes.get(fields.get("code"))
@@ -104,7 +107,7 @@ class LegWorker:
         self.pid = pid  #: the worker's process id (the benchmarks read its CPU time)
         self._lock = threading.Lock()
         self._ended = False
-        self._pending: list[Future] = []
+        self._pending: list[tuple[Future, Callable[[list], None] | None]] = []
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._write_requests, name="normbridge-leg-requests", daemon=True).start()
         threading.Thread(target=self._read_replies, name="normbridge-leg-replies", daemon=True).start()
@@ -118,14 +121,23 @@ class LegWorker:
         """Ask the worker to import `frameworks` now (a shared worker started for another model's frameworks)."""
         return self.send({"warm": list(frameworks)}, b"")
 
-    def send(self, header: dict, tensors: bytes) -> Future:
-        """A future of the reply to one request (a CheckResult, None for the others)."""
+    def run(self, job: str, args: dict, progress: Callable[[list], None] | None = None) -> dict | None:
+        """Run a job of a shared worker (its `serve(jobs=...)`) and wait: its result, None if the worker ended before it
+        answered. Raises the job's error."""
+        try:
+            return self.send({"job": job, "args": args}, b"", progress).result()
+        except WorkerGone:
+            return None
+
+    def send(self, header: dict, tensors: bytes, progress: Callable[[list], None] | None = None) -> Future:
+        """A future of the reply to one request (a CheckResult, a job's result, None for the others); `progress` is given
+        each progress frame answered before it (a job's)."""
         future: Future = Future()
         with self._lock:
             if self._ended:  # the reply reader has stopped: nothing would ever answer this request
                 future.set_exception(WorkerGone(f"the check's worker process had ended: {self._last_words()}"))
                 return future
-            self._pending.append(future)
+            self._pending.append((future, progress))
             self._outbox.put((json.dumps(header).encode(), tensors))
         return future
 
@@ -144,20 +156,32 @@ class LegWorker:
                 reply = read_frame(self._replies)
             except (OSError, ValueError, ProtocolError):
                 reply = None
+            fields = None if reply is None else json.loads(reply)
             with self._lock:
-                if reply is None:
+                if fields is None:
                     pending, self._pending, self._ended = self._pending, [], True
                     break
-                future = self._pending.pop(0)
-            fields = json.loads(reply)
+                if "progress" in fields:
+                    told = self._pending[0][1]
+                else:
+                    future, told = self._pending.pop(0)[0], None
+            if "progress" in fields:
+                if told is not None:
+                    try:
+                        told(fields["progress"])
+                    except Exception:  # noqa: BLE001  a progress display that fails must not lose the answer
+                        pass
+                continue
             if "error" in fields:
-                future.set_exception(_error_from(fields["error"]))
+                future.set_exception(error_from(fields["error"]))
             elif "result" in fields:
                 future.set_result(CheckResult.model_validate(fields["result"]))
+            elif "done" in fields:
+                future.set_result(fields["done"])
             else:
                 future.set_result(None)
         error = WorkerGone(f"the check's worker process ended before answering: {self._last_words()}")
-        for future in pending:
+        for future, _ in pending:
             future.set_exception(error)
 
     def alive(self) -> bool:
@@ -198,6 +222,26 @@ def start_child(warm: list[str], packages: dict[str, str]) -> LegWorker:
     return LegWorker(process.stdout, process.stdin, lambda: process.poll() is None, close, last_words, process.pid)
 
 
+#: A job a shared worker runs for its callers: (arguments from the request, a function that sends a progress frame) -> result.
+Job = Callable[[dict, Callable[[list], None]], dict]
+
+
+def error_fields(error: BaseException) -> dict:
+    """An error as the fields `error_from` turns back into it on the caller's side."""
+    return {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),
+            "layer": getattr(error, "layer", None), "setting": getattr(error, "setting", None)}
+
+
+def _run_job(request: dict, jobs: dict[str, Job], progress: Callable[[list], None]) -> dict:
+    job = jobs.get(request.get("job"))
+    if job is None:
+        return {"error": {"type": "ProtocolError", "message": f"this worker runs no job named {request.get('job')!r}", "code": None}}
+    try:
+        return {"done": job(request.get("args") or {}, progress)}
+    except Exception as error:  # every error goes back to the caller, as `answer`'s do
+        return {"error": error_fields(error)}
+
+
 def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
     """The reply to one request: a check's result, or its error as fields (every error goes back to the caller)."""
     try:
@@ -209,15 +253,19 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
         result = checker_for(registry).check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
         return {"result": result.model_dump(mode="python")}
     except Exception as error:
-        return {"error": {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),
-                          "layer": getattr(error, "layer", None), "setting": getattr(error, "setting", None)}}
+        return {"error": error_fields(error)}
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock: threading.Lock | None = None,
-          on_shutdown: Callable[[], None] | None = None) -> None:
+          on_shutdown: Callable[[], None] | None = None, jobs: dict[str, Job] | None = None) -> None:
     """Answer requests until the stream ends; `lock` is held around each answer (a shared worker serves several callers
     from threads, and the frameworks' objects are built one at a time). Raises ProtocolError for a frame too long."""
     lock = lock or threading.Lock()
+
+    def progress(fields: list) -> None:
+        write_frame(replies, json.dumps({"progress": fields}).encode())
+        replies.flush()
+
     while (header := read_frame(requests)) is not None:
         tensors = read_frame(requests)
         if tensors is None:
@@ -228,7 +276,10 @@ def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock
             on_shutdown()
             return
         with lock:
-            reply = answer(header, tensors, registry)
+            if jobs and header.startswith(b'{"job"'):
+                reply = _run_job(json.loads(header), jobs, progress)
+            else:
+                reply = answer(header, tensors, registry)
         write_frame(replies, json.dumps(reply).encode())
         replies.flush()
 

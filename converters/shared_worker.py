@@ -17,13 +17,18 @@ installs, KERAS_BACKEND and the adapter packages), so an upgrade or an edit star
 instead of asking a stale one. A worker with no connection for `idle` seconds removes its socket and
 exits; an flock on `<name>.lock` keeps one worker per name.
 
-    python -m converters.shared_worker SOCKET IDLE_SECONDS PACKAGES_JSON [FRAMEWORK ...]
+A worker may also run whole jobs for its callers (`run_job`): the CLI starts it with `--jobs=MODULE`, a module whose
+`JOBS` maps names to functions (registry/worker_jobs.py: a registration, so that a CLI process with a warm worker
+imports no framework at all). The module's package is part of the socket's name, like the code above.
+
+    python -m converters.shared_worker SOCKET IDLE_SECONDS PACKAGES_JSON [--jobs=MODULE] [FRAMEWORK ...]
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -34,11 +39,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import lean_imports
 from .adapters import AdapterRegistry
-from .leg_worker import ROOT, LegWorker, ProtocolError, read_frame, serve, write_frame
+from .leg_worker import ROOT, Job, LegWorker, ProtocolError, error_from, read_frame, serve, write_frame
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0
@@ -88,11 +94,12 @@ def _stat_line(path: Path) -> str:
         return f"{path}:missing"
 
 
-def fingerprint(packages: dict[str, str]) -> str:
-    """A digest of what a worker's results depend on: a worker is shared only by callers that agree on all of it."""
-    lines = [sys.executable, sys.version, ROOT, json.dumps(packages, sort_keys=True)]
+def fingerprint(packages: dict[str, str], jobs: str | None = None) -> str:
+    """A digest of what a worker's results depend on: a worker is shared only by callers that agree on all of it (the
+    jobs module and its package's code included)."""
+    lines = [sys.executable, sys.version, ROOT, json.dumps(packages, sort_keys=True), f"jobs={jobs or ''}"]
     lines += [f"{name}={os.environ.get(name, '')}" for name in RESULT_ENV]
-    for package in ("schemas", "converters"):
+    for package in ("schemas", "converters", *([jobs.split(".")[0]] if jobs else [])):
         lines += sorted(_stat_line(path) for path in (Path(ROOT) / package).rglob("*.py"))
     for name in FRAMEWORK_PACKAGES:
         spec = importlib.util.find_spec(name)  # finds the package without importing it
@@ -100,9 +107,9 @@ def fingerprint(packages: dict[str, str]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def socket_path(folder: Path, packages: dict[str, str]) -> Path:
-    """Where the shared worker for these adapter packages listens (its name: a digest of what the results depend on)."""
-    return Path(folder) / f"legs-{fingerprint(packages)[:24]}.sock"
+def socket_path(folder: Path, packages: dict[str, str], jobs: str | None = None) -> Path:
+    """Where the shared worker for these adapter packages (and jobs) listens (its name: a digest of what the results depend on)."""
+    return Path(folder) / f"legs-{fingerprint(packages, jobs)[:24]}.sock"
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -145,27 +152,28 @@ def _open(folder_fd: int, path: Path) -> LegWorker | None:
                      pid=hello["pid"])
 
 
-def _spawn(path: Path, idle: float, packages: dict[str, str], warm: list[str]) -> subprocess.Popen:
+def _spawn(path: Path, idle: float, packages: dict[str, str], warm: list[str], jobs: str | None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with open(path.with_suffix(".log"), "ab") as log:
         os.chmod(log.fileno(), 0o600)
-        return subprocess.Popen([sys.executable, "-m", "converters.shared_worker", str(path), str(idle), json.dumps(packages), *warm],
+        argv = [str(path), str(idle), json.dumps(packages), *([f"--jobs={jobs}"] if jobs else []), *warm]
+        return subprocess.Popen([sys.executable, "-m", "converters.shared_worker", *argv],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(path.parent),
                                 start_new_session=True)  # outlives this process, and a Ctrl-C of this one
 
 
 def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float = DEFAULT_IDLE_SECONDS,
-            wait: float = 300.0) -> LegWorker:
-    """A connection to the shared worker of `folder` for these adapter packages, started (importing `warm`) if none runs.
-    Raises WorkerUnavailable when none can be used (the caller then runs a private worker)."""
+            wait: float = 300.0, jobs: str | None = None) -> LegWorker:
+    """A connection to the shared worker of `folder` for these adapter packages (and `jobs`), started (importing `warm`) if
+    none runs. Raises WorkerUnavailable when none can be used (the caller then runs a private worker)."""
     folder_fd = open_folder(folder)
     try:
-        path = socket_path(folder, packages)
+        path = socket_path(folder, packages, jobs)
         worker = _open(folder_fd, path)
         if worker is not None:
             return worker
-        process = _spawn(path, idle, packages, warm)
+        process = _spawn(path, idle, packages, warm, jobs)
         deadline = time.monotonic() + wait
         delay = 0.02
         while time.monotonic() < deadline:
@@ -181,14 +189,14 @@ def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float
         os.close(folder_fd)
 
 
-def stop(folder: Path, packages: dict[str, str]) -> bool:
-    """Ask the shared worker of `folder` for these packages to exit now; whether one was running."""
+def stop(folder: Path, packages: dict[str, str], jobs: str | None = None) -> bool:
+    """Ask the shared worker of `folder` for these packages (and jobs) to exit now; whether one was running."""
     try:
         folder_fd = open_folder(folder)
     except WorkerUnavailable:
         return False
     try:
-        worker = _open(folder_fd, socket_path(folder, packages))
+        worker = _open(folder_fd, socket_path(folder, packages, jobs))
     except WorkerUnavailable:
         return False
     finally:
@@ -204,11 +212,34 @@ def stop(folder: Path, packages: dict[str, str]) -> bool:
     return True
 
 
+def run_job(folder: Path, packages: dict[str, str], jobs: str, name: str, args: dict,
+            progress: Callable[[list], None] | None = None) -> dict | None:
+    """Run job `name` of `jobs` in the shared worker of `folder` if one is running (none is started), passing each progress
+    frame to `progress`: its result, or None when no worker answers or it hung up before the result (nothing was done, or
+    what was done is all-or-nothing: the caller runs the job itself). Raises the job's error as the caller would have seen it."""
+    try:
+        folder_fd = open_folder(folder)
+    except WorkerUnavailable:
+        return None
+    try:
+        worker = _open(folder_fd, socket_path(folder, packages, jobs))
+    except WorkerUnavailable:
+        return None
+    finally:
+        os.close(folder_fd)
+    if worker is None:
+        return None
+    try:
+        return worker.run(name, args, progress)
+    finally:
+        worker.close()
+
+
 class _Server:
     """The worker's side: accept same-user connections, answer each on its own thread, exit after `idle` seconds alone."""
 
-    def __init__(self, path: Path, idle: float, registry: AdapterRegistry):
-        self.path, self.idle, self.registry = path, idle, registry
+    def __init__(self, path: Path, idle: float, registry: AdapterRegistry, jobs: dict[str, Job] | None = None):
+        self.path, self.idle, self.registry, self.jobs = path, idle, registry, jobs
         self.check_lock = threading.Lock()  # one check at a time: frameworks build their objects on one thread
         self.count_lock = threading.Lock()
         self.active, self.last_seen = 0, time.monotonic()
@@ -255,7 +286,7 @@ class _Server:
             replies = conn.makefile("wb")
             write_frame(replies, json.dumps({"worker": self.path.name, "pid": os.getpid()}).encode())
             replies.flush()
-            serve(conn.makefile("rb"), replies, self.registry, self.check_lock, on_shutdown=self.shutdown)
+            serve(conn.makefile("rb"), replies, self.registry, self.check_lock, on_shutdown=self.shutdown, jobs=self.jobs)
         except (OSError, ValueError, ProtocolError):
             pass  # a caller that hung up or sent what this protocol never sends: its connection ends
         finally:
@@ -266,15 +297,17 @@ class _Server:
 
 
 def main(argv: list[str]) -> None:
-    """argv: the socket path, the idle seconds, the adapter packages (JSON), then the frameworks to import at once."""
+    """argv: the socket path, the idle seconds, the adapter packages (JSON), `--jobs=MODULE` if any, then the frameworks to
+    import at once."""
     path, idle, packages, warm = Path(argv[0]), float(argv[1]), json.loads(argv[2]), argv[3:]
+    jobs_module = warm.pop(0).removeprefix("--jobs=") if warm and warm[0].startswith("--jobs=") else None
     lock = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return  # another worker serves this socket
     lean_imports.enable()
-    server = _Server(path, idle, AdapterRegistry(packages))
+    server = _Server(path, idle, AdapterRegistry(packages), importlib.import_module(jobs_module).JOBS if jobs_module else None)
     server.bind()  # callers may connect and queue their requests while the frameworks import
     with server.check_lock:
         threading.Thread(target=server.run, daemon=True).start()

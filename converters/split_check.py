@@ -39,8 +39,8 @@ IN_PROCESS = ("onnx",)
 
 _WORKERS: dict[tuple[str, tuple[str, ...]], LegWorker] = {}
 _WORKERS_LOCK = threading.Lock()
-#: (folder, idle seconds) of the shared worker this process uses; None: a private worker.
-_SHARED: tuple[Path, float] | None = None
+#: (folder, idle seconds, jobs module or None) of the shared worker this process uses; None: a private worker.
+_SHARED: tuple[Path, float, str | None] | None = None
 
 
 def imported(framework: str) -> bool:
@@ -58,21 +58,22 @@ def expected_framework(model: Any) -> str | None:
         return None
 
 
-def share_workers(folder: str | Path | None, idle_seconds: float = shared_worker.DEFAULT_IDLE_SECONDS) -> None:
+def share_workers(folder: str | Path | None, idle_seconds: float = shared_worker.DEFAULT_IDLE_SECONDS, jobs: str | None = None) -> None:
     """Send the legs this process has not imported to the shared worker of `folder` (started if none runs; it exits after
-    `idle_seconds` without a caller); None: a private worker, this process's child (the default)."""
+    `idle_seconds` without a caller, and runs the `jobs` module's jobs for callers: shared_worker.run_job); None: a private
+    worker, this process's child (the default)."""
     global _SHARED
-    _SHARED = None if folder is None else (Path(folder), float(idle_seconds))
+    _SHARED = None if folder is None else (Path(folder), float(idle_seconds), jobs)
 
 
 def _shared(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker | None:
     """A connection to the shared worker, asked to import `frameworks` now; None (with a warning) when none can be used."""
-    folder, idle = _SHARED
-    key = (json.dumps(packages, sort_keys=True), ("shared", str(folder)))
+    folder, idle, jobs = _SHARED
+    key = (json.dumps(packages, sort_keys=True), ("shared", str(folder), jobs))
     worker = _WORKERS.get(key)
     if worker is None or not worker.alive():
         try:
-            worker = _WORKERS[key] = shared_worker.connect(folder, packages, list(frameworks), idle)
+            worker = _WORKERS[key] = shared_worker.connect(folder, packages, list(frameworks), idle, jobs=jobs)
         except shared_worker.WorkerUnavailable as reason:
             warnings.warn(f"the gate's legs run in a private worker: {reason}", RuntimeWarning, stacklevel=3)
             return None

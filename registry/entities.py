@@ -45,6 +45,16 @@ class VersionRecord:
 
 
 @dataclass(frozen=True)
+class Registration:
+    """What `register` did: the version (new, or the existing one with identical content) and the checks it passed."""
+
+    version: VersionRecord
+    created: bool
+    checks: list = field(default_factory=list)  # list[schemas.CheckResult]
+    unrecognised: list = field(default_factory=list)  # list[schemas.manifest.UnrecognisedLayer]: registered unchecked, by request
+
+
+@dataclass(frozen=True)
 class AliasRecord:
     """Where `model@alias` points (or pointed, in the alias history)."""
 
@@ -80,4 +90,4 @@ def split_ref(ref: str) -> tuple[str, str | None]:
     return name, suffix
 
 
-__all__ = ["AliasRecord", "AuditRecord", "VersionRecord", "split_ref"]
+__all__ = ["AliasRecord", "AuditRecord", "Registration", "VersionRecord", "split_ref"]

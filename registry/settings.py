@@ -7,7 +7,8 @@ that is not servable: `serve --guarded-alias`, then $NORMBRIDGE_GUARDED_ALIASES,
 Where the CLI's gate runs the legs of frameworks its process has not imported: the shared worker
 (converters/shared_worker.py) with its socket in $NORMBRIDGE_WORKER_DIR, else `workers/` in the data
 folder, exiting after $NORMBRIDGE_WORKER_IDLE seconds (600) alone; NORMBRIDGE_GATE_WORKER=private
-gives each process a worker of its own instead.
+gives each process a worker of its own instead. A running shared worker registers into a local registry
+for the CLI (registry/worker_jobs.py) unless NORMBRIDGE_REGISTER_IN_WORKER=0.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ SERVICE_FLOOR = (
     "registry/drift_reference.py",
     "registry/drift_status.py",
     "registry/client*",
+    "registry/worker_jobs.py",
     "registry/mlflow_bridge.py",
     "registry/mlflow_model.py",
     "registry/http/*",

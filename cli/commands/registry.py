@@ -10,7 +10,6 @@ server through registry.client.RemoteRegistry (cli/remote.py), with byte progres
 from __future__ import annotations
 
 import dataclasses
-import json
 from datetime import datetime
 from pathlib import Path
 
@@ -25,52 +24,12 @@ from ..app import app, console
 from ..arguments import model_name, version_ref
 from ..errors import reports_errors
 from ..fitting import clipped, print_table, say
+from ..registry_access import BLOBS_HELP, DB_HELP, _dump, _register, _registry  # noqa: F401  (the other command modules import them from here)
 from ..servable_text import say_registered_verdict, say_verdict, servable_cell
 
-DB_HELP = "SQLAlchemy URL of the metadata database (env NORMBRIDGE_DB; default SQLite under NORMBRIDGE_HOME)."
-BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default NORMBRIDGE_HOME/blobs)."
 INTEGRITY_EXIT = 12
 #: Characters of an audit entry's detail the table shows (a refusal's message can run to several sentences).
 AUDIT_DETAIL_CHARS = 120
-
-
-def _registry(db: str | None, blobs: str | None, quiet: bool = False, gate_for: Path | None = None):
-    """The local Registry, or a RemoteRegistry when --server / NORMBRIDGE_SERVER is set (byte bars unless `quiet`).
-
-    `gate_for`: a model about to be registered here; the gate's worker for the frameworks it does not use is asked for (and
-    started, if none runs) before anything else is imported, so its imports overlap this process's."""
-    client = remote.remote_registry(db, blobs, quiet=quiet)
-    if client is not None:
-        return client
-    from converters.split_check import SplitCheck, expected_framework, share_workers
-    from registry.settings import gate_worker
-
-    folder, idle = gate_worker() or (None, 0)
-    share_workers(folder, idle)  # a CLI process is short-lived: the gate's legs it has not imported go to the warm shared worker
-    if gate_for is not None:
-        SplitCheck(expected_framework(gate_for))  # the registration's own SplitCheck finds this worker
-    from registry.service import Registry
-
-    return Registry(db=db, blobs=blobs)
-
-
-def _plain(value):
-    """JSON-ready form of records (dataclasses with datetimes) and pydantic results."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _dump(value) -> None:
-    print(json.dumps(_plain(value), indent=2))
 
 
 def _say(text: str, style: str | None = None) -> None:
@@ -104,11 +63,12 @@ def register(
     Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21, unless
     --allow-unrecognised); identical content returns the existing version. The checks on frameworks the model does not use run in
     a shared worker process that stays up for the next registration (NORMBRIDGE_WORKER_IDLE, 600 s; NORMBRIDGE_GATE_WORKER=private: one per
-    command). Example: normbridge register resnet resnet.pt2 --note "epoch 3"
+    command); into a local registry, a registration that finds it running is run there whole (NORMBRIDGE_REGISTER_IN_WORKER=0: here).
+    Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
-    registry = _registry(db, blobs, json_output, gate_for=model)
+    options = {"parent": parent, "note": note, "operation": operation, "allow_unrecognised": allow_unrecognised}
     if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps
-        result = registry.register(name, model, parent=parent, note=note, operation=operation, allow_unrecognised=allow_unrecognised)
+        result = _register(name, model, db, blobs, json_output, None, options)
     else:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       console=Console(stderr=True), transient=True, disable=not Console(stderr=True).is_terminal) as bar:
@@ -117,8 +77,7 @@ def register(
             def progress(step: str, done: int, total: int) -> None:
                 bar.update(task, description=f"{name}: {step}", completed=done, total=max(total, 1))
 
-            result = registry.register(name, model, parent=parent, note=note, operation=operation, progress=progress,
-                                       allow_unrecognised=allow_unrecognised)
+            result = _register(name, model, db, blobs, json_output, progress, options)
     v = result.version
     if json_output:
         _dump({"created": result.created, "version": v, "checks": [c.model_dump(mode="json") for c in result.checks],

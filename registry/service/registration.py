@@ -70,7 +70,7 @@ class Registrations:
     user: str
 
     def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
-                 progress: Progress | None = None, allow_unrecognised: bool = False) -> Registration:
+                 progress: Progress | None = None, allow_unrecognised: bool = False, model_input: str | None = None) -> Registration:
         """Register `model` as the next version of `name`, only if every normalizer passes the equivalence check.
 
         `model` is a torch module / ExportedProgram, keras.Model, onnx.ModelProto, or a path (.pt2, .keras, .onnx,
@@ -88,7 +88,8 @@ class Registrations:
             NotFoundError: `parent` does not exist.
         """
         report = progress or (lambda step, done, total: None)
-        model_input = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+        if model_input is None:  # how the audit log names the model (a job run for a caller names it as the caller did)
+            model_input = str(model) if isinstance(model, (str, Path)) else type(model).__name__
         return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report, allow_unrecognised))
 
     def register_stream(self, name: str, stream: BinaryIO, limit: int, parent: str | None = None, note: str | None = None,

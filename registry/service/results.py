@@ -6,21 +6,10 @@ Pydantic models (frozen), so the HTTP API sends them as they are and /openapi.js
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..entities import VersionRecord
-
-
-@dataclass(frozen=True)
-class Registration:
-    """What `register` did: the version (new, or the existing one with identical content) and the checks it passed."""
-
-    version: VersionRecord
-    created: bool
-    checks: list = field(default_factory=list)  # list[schemas.CheckResult]
-    unrecognised: list = field(default_factory=list)  # list[schemas.manifest.UnrecognisedLayer]: registered unchecked, by request
+from ..entities import Registration  # noqa: F401  it lives with the records: a CLI reads one without importing this package
 
 
 class VerifyProblem(BaseModel):
