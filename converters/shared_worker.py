@@ -189,18 +189,23 @@ def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float
         os.close(folder_fd)
 
 
-def stop(folder: Path, packages: dict[str, str], jobs: str | None = None) -> bool:
-    """Ask the shared worker of `folder` for these packages (and jobs) to exit now; whether one was running."""
+def running(folder: Path, packages: dict[str, str], jobs: str | None = None) -> LegWorker | None:
+    """A connection to the shared worker of `folder` for these packages (and jobs) if one is running (none is started)."""
     try:
         folder_fd = open_folder(folder)
     except WorkerUnavailable:
-        return False
+        return None
     try:
-        worker = _open(folder_fd, socket_path(folder, packages, jobs))
+        return _open(folder_fd, socket_path(folder, packages, jobs))
     except WorkerUnavailable:
-        return False
+        return None
     finally:
         os.close(folder_fd)
+
+
+def stop(folder: Path, packages: dict[str, str], jobs: str | None = None) -> bool:
+    """Ask the shared worker of `folder` for these packages (and jobs) to exit now; whether one was running."""
+    worker = running(folder, packages, jobs)
     if worker is None:
         return False
     future = worker.send({"shutdown": True}, b"")
@@ -217,16 +222,7 @@ def run_job(folder: Path, packages: dict[str, str], jobs: str, name: str, args: 
     """Run job `name` of `jobs` in the shared worker of `folder` if one is running (none is started), passing each progress
     frame to `progress`: its result, or None when no worker answers or it hung up before the result (nothing was done, or
     what was done is all-or-nothing: the caller runs the job itself). Raises the job's error as the caller would have seen it."""
-    try:
-        folder_fd = open_folder(folder)
-    except WorkerUnavailable:
-        return None
-    try:
-        worker = _open(folder_fd, socket_path(folder, packages, jobs))
-    except WorkerUnavailable:
-        return None
-    finally:
-        os.close(folder_fd)
+    worker = running(folder, packages, jobs)
     if worker is None:
         return None
     try:
