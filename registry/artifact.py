@@ -30,7 +30,7 @@ from schemas.manifest import ArtifactManifest, Lineage, NormalizerEntry, TensorR
 from schemas.tensors import STORED_DTYPES, tensors_identical
 
 from .manifest_io import MANIFEST_FILE, Artifact, load_artifact_folder
-from .recognition_gate import unrecognised_layers
+from .recognition_gate import EXPLAINS_NONE, nothing_found, unrecognised_layers
 from .structure import structure_record
 from .streamed_blobs import BlobMap, TensorBlob
 
@@ -90,6 +90,8 @@ class _Builder:
             self.add_tensor(tensor.name, tensor.array, layer=tensor.layer, source=tensor.source)
         for normalizer in contents.normalizers:
             self.add_normalizer(normalizer.path, normalizer.spec, normalizer.candidates)
+        if not self.entries and self.arrays and not self.unrecognised and any(h.code in EXPLAINS_NONE for h in contents.hazards):
+            self.unrecognised = [nothing_found(self.framework, len(self.arrays), contents.hazards)]  # the refusal says why
 
     def build(self, mode: str, lineage: Lineage | None) -> Artifact:
         """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole."""

@@ -18,6 +18,9 @@ from schemas.manifest import ArtifactManifest, UnrecognisedLayer
 UNRECOGNISED = "unrecognised_normalization"
 #: The manifest entry standing for a model in which no normalization was found at all.
 WHOLE_MODEL = "<model>"
+#: Model hazards that say why a model holds no normalization layer: the refusal quotes them (an ONNX graph whose
+#: BatchNorms an exporter folded into the Conv weights has none left to check, and the user needs to know how to keep them).
+EXPLAINS_NONE = ("folded_batchnorm",)
 
 
 def unrecognised_layers(hazards: list[Hazard]) -> list[UnrecognisedLayer]:
@@ -27,15 +30,21 @@ def unrecognised_layers(hazards: list[Hazard]) -> list[UnrecognisedLayer]:
             for h in hazards if h.code == UNRECOGNISED]
 
 
+def nothing_found(framework: str, tensors: int, hazards: list[Hazard] = ()) -> UnrecognisedLayer:
+    """The entry for a model with `tensors` tensors and no normalization layer, with what its hazards say about why."""
+    why = "".join(f"; {h.message.rstrip('.')}" for h in hazards if h.code in EXPLAINS_NONE)
+    return UnrecognisedLayer(path=WHOLE_MODEL, type=framework,
+                             reason=f"no normalization layer was found among the model's {tensors} tensors, so the equivalence check "
+                                    f"would check nothing{why}")
+
+
 def unchecked(manifest: ArtifactManifest) -> list[UnrecognisedLayer]:
     """What the gate cannot check in `manifest`: its unrecognised layers, or the whole model when it lists no normalizer
     but holds tensors."""
     if manifest.unrecognised:
         return list(manifest.unrecognised)
     if not manifest.normalizers and manifest.tensors:
-        return [UnrecognisedLayer(path=WHOLE_MODEL, type=manifest.framework,
-                                  reason=f"no normalization layer was found among the model's {len(manifest.tensors)} tensors, so the "
-                                         "equivalence check would check nothing")]
+        return [nothing_found(manifest.framework, len(manifest.tensors))]
     return []
 
 
@@ -53,4 +62,4 @@ def admit(manifest: ArtifactManifest, allow_unrecognised: bool) -> ArtifactManif
     )
 
 
-__all__ = ["UNRECOGNISED", "WHOLE_MODEL", "admit", "unchecked", "unrecognised_layers"]
+__all__ = ["EXPLAINS_NONE", "UNRECOGNISED", "WHOLE_MODEL", "admit", "nothing_found", "unchecked", "unrecognised_layers"]

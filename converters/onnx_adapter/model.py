@@ -70,7 +70,8 @@ class OnnxModelAdapter(ModelAdapter):
             code="folded_batchnorm", severity="warning",
             message="the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
             "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
-            "export with torch.onnx.export(..., optimize=False) to keep the BatchNormalization nodes.",
+            "export with torch.onnx.export(..., optimize=False) (with dynamo=False: do_constant_folding=False) to keep the "
+            "BatchNormalization nodes.",
         )]
 
     def inspection_source(self, model: Any) -> str:

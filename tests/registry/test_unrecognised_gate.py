@@ -84,6 +84,31 @@ def test_a_model_with_weights_and_no_normalization_is_not_a_pass(registry):
     assert result.checks == [] and [u.path for u in result.unrecognised] == ["<model>"]
 
 
+def test_an_onnx_graph_whose_batchnorm_the_exporter_folded_is_refused_saying_so(registry, tmp_path):
+    import warnings
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), str(tmp_path / "folded.onnx"), dynamo=False)  # its default folds Conv+BN
+    with pytest.raises(UnrecognisedNormalizationError) as info:
+        registry.register("folded", tmp_path / "folded.onnx")
+    message = str(info.value)
+    assert "no normalization layer was found" in message and "folded into the Conv weights" in message and "optimize=False" in message and "do_constant_folding=False" in message
+    assert registry.models() == []
+    result = registry.register("folded", tmp_path / "folded.onnx", allow_unrecognised=True)
+    [entry] = result.unrecognised
+    assert entry.path == "<model>" and "folded into the Conv weights" in entry.reason
+    record = registry.show("folded@1")
+    assert record.servable is False and [h["code"] for h in record.hazards if h.get("blocking")] == ["no_normalization_found"]
+    # a model with no normalization and nothing that explains it keeps the plain refusal
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    with pytest.raises(UnrecognisedNormalizationError) as plain:
+        registry.register("mlp", mlp)
+    assert "folded" not in str(plain.value)
+
+
 def test_a_fully_recognised_model_has_no_unrecognised_entry_and_keeps_its_manifest_shape(registry):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).eval()
     result = registry.register("bn", model)
