@@ -35,7 +35,7 @@ import numpy as np
 
 from schemas import CheckResult, LayerReport, NormSpec
 
-from . import reference
+from . import kept_benches, reference
 from .adapter import KindAdapter
 from .adapters import REGISTRY, AdapterRegistry
 from .api import read_spec, write_spec
@@ -67,9 +67,10 @@ def check_many(specs: Iterable[Any], frameworks: Iterable[str] | None = None, op
     """`[check(s, frameworks, options, registry) for s in specs]`, each object built once per configuration of layer.
 
     Raises what that list would raise: the error of the first spec whose `check` raises. `progress(i, spec)` is called as
-    each spec's checks start.
+    each spec's checks start. The objects are kept for later calls in this process (converters/kept_benches.py).
     """
-    return _check_all(list(specs), frameworks, options, registry, progress, lambda: GroupBench(registry))
+    with kept_benches.lent(registry, GroupBench) as bench:  # a process's objects of earlier calls serve this one
+        return _check_all(list(specs), frameworks, options, registry, progress, lambda: bench)
 
 
 def _check_all(specs: list, frameworks: Iterable[str] | None, options: ConversionOptions | None, registry: AdapterRegistry,
@@ -209,6 +210,14 @@ class GroupBench(Bench):
         while len(self._templates) > count:
             oldest = self._templates.pop(next(iter(self._templates)))  # the oldest first
             self._kept.pop(id(oldest.layer), None)
+
+    def release(self, keep: int) -> None:
+        """End a call: drop the last group's written models and runs, keep at most `keep` configurations' templates."""
+        self._ahead.clear()
+        self._runs.clear()
+        self._merged.clear()
+        self._group = 1
+        self.forget_beyond(keep)
 
     # -- writing -------------------------------------------------------------------------
 
