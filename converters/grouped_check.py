@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import CheckResult, LayerReport, NormSpec
+from schemas import CheckResult, LayerReport, NormSpec, NotExpressibleError
 
 from . import kept_benches, reference
 from .adapter import KindAdapter
@@ -204,6 +204,8 @@ class GroupBench(Bench):
         self._ahead: dict[int, tuple[ConversionOptions, Any]] = {}  # id(spec) -> (options, (obj, report) or the error)
         self._runs: dict[tuple[bool, int], Any] = {}  # (train, id(obj)) -> the value run_eval/run_train_step returns
         self._merged: dict[bool, bytes | None] = {}  # train -> the input the merged run was made with (None: not made)
+        self._trains: dict[int, bool] = {}  # id(layer written for a target) -> whether its check asks for a training step
+        self._stepped: dict[int, tuple[bytes, Any]] = {}  # id(layer) -> (input, training step) run with its eval (`_eval`)
 
     def forget_beyond(self, count: int) -> None:
         """Keep only the `count` most recently built templates (a long-lived worker meets ever new configurations)."""
@@ -216,6 +218,8 @@ class GroupBench(Bench):
         self._ahead.clear()
         self._runs.clear()
         self._merged.clear()
+        self._trains.clear()
+        self._stepped.clear()
         self._group = 1
         self.forget_beyond(keep)
 
@@ -270,14 +274,18 @@ class GroupBench(Bench):
                 self._ahead[id(spec)] = (options, error)
 
     def write(self, spec: NormSpec, target: str, options: ConversionOptions) -> tuple[Any, Any]:
+        self._stepped.clear()  # a layer written since its eval holds another state
         ahead = self._ahead.get(id(spec))
         if ahead is not None and ahead[0] == options:
             if isinstance(ahead[1], Exception):
                 raise ahead[1]
             return ahead[1]
-        return write_spec(spec, target, options, registry=self.registry, build=self._builder("target", target, options))
+        written = write_spec(spec, target, options, registry=self.registry, build=self._builder("target", target, options))
+        self._trains[id(written[0])] = spec.track_running_stats  # check_target's training step follows the eval of these
+        return written
 
     def write_back(self, spec: NormSpec, source: str, options: ConversionOptions) -> Any:
+        self._stepped.clear()
         return write_spec(spec, source, options, registry=self.registry, build=self._builder("back", source, options))[0]
 
     # -- running -------------------------------------------------------------------------
@@ -295,9 +303,31 @@ class GroupBench(Bench):
                 return self._runs[(train, id(obj))]
         template = self._kept.get(id(obj))
         if template is not None and template.layer is obj and template.runs is not None:
-            return template.runs.run_train_step(x) if train else template.runs.run_eval(x)
+            return self._kept_run(template.runs, obj, x, train)
         run = framework.run_train_step if train else framework.run_eval
         return run(obj, x, in_place=True)  # every object here is this bench's own: a torch module per member, a restated Keras layer
+
+    def _kept_run(self, runs: Any, obj: Any, x: np.ndarray, train: bool) -> Any:
+        """A run through the layer's kept runs. An eval whose check asks for a training step next runs both in one call where
+        the runs can (`run_eval_and_train_step`; a step it refuses is refused before anything runs, then asked for alone), and
+        the step is handed over when asked for on the same input with no write between. Any other run of a layer whose step
+        has run is not the one check makes: it raises, and the member is checked by `check` itself."""
+        held = self._stepped.pop(id(obj), None)
+        if held is not None:
+            if train and held[0] == _fingerprint(x):
+                return held[1]
+            raise RuntimeError("the layer was stepped with its eval; this run would see the moved statistics")
+        if train:
+            return runs.run_train_step(x)
+        both = getattr(runs, "run_eval_and_train_step", None)
+        if both is None or not self._trains.get(id(obj)):
+            return runs.run_eval(x)
+        try:
+            out, step = both(x)
+        except NotExpressibleError:
+            return runs.run_eval(x)
+        self._stepped[id(obj)] = (_fingerprint(x), step)
+        return out
 
     def _run_merged(self, framework, x: np.ndarray, train: bool) -> None:
         """Run every model written ahead in one session (once per mode); a model whose run cannot be planned, or a merged run

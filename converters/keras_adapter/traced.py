@@ -46,7 +46,7 @@ def traced_calls(layer: Any) -> "TracedCalls":
 
 
 class TracedCalls:
-    """`write`, `run_eval` and `run_train_step` of one built Keras layer, each traced on first use.
+    """`write`, `run_eval` and `run_train_step` of one built Keras layer (and the last two in one call), each traced on first use.
 
     Each does what its eager counterpart does (variables.write_variable over every weight, KerasFramework.run_eval and
     run_train_step in place), with the same checks before it runs and the same values after. (Reading the variables
@@ -70,9 +70,14 @@ class TracedCalls:
             y = layer(x, training=True)
             return y, [None if variable is None else variable.value.read_value() for variable in moving]
 
+        def evaluate(x):
+            return layer(x, training=False)
+
         self._tf = tf
-        self._functions = {"write": tf.function(write, autograph=False), "eval": tf.function(lambda x: layer(x, training=False), autograph=False),
-                           "train": tf.function(train, autograph=False)}
+        # "both": the eval output, then the step; the function's reads and writes of a variable run in program order (TensorFlow's
+        # automatic control dependencies), so the eval output is computed from the statistics before the step moves them.
+        self._functions = {name: tf.function(function, autograph=False) for name, function in
+                           (("write", write), ("eval", evaluate), ("train", train), ("both", lambda x: (evaluate(x), train(x))))}
         self._traced: dict[tuple, Any] = {}  # (function, its inputs' dtypes and shapes) -> the concrete function
 
     def _call(self, name: str, inputs: Any) -> Any:
@@ -107,8 +112,22 @@ class TracedCalls:
         """KerasFramework.run_train_step(layer, x, in_place=True)."""
         layer = self.layer
         refuse_instance_training(layer)
-        y, (mean, var) = self._call("train", np.asarray(x).astype(layer.compute_dtype, copy=False))
-        return np.asarray(y.numpy()), None if mean is None else np.array(mean.numpy(), copy=True), None if var is None else np.array(var.numpy(), copy=True)
+        return _step(self._call("train", np.asarray(x).astype(layer.compute_dtype, copy=False)))
+
+    def run_eval_and_train_step(self, x: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
+        """(run_eval(x), then run_train_step(x)) in one call, for a check that asks for both on one state: one dispatch instead
+        of two. Refuses what either refuses, before anything runs."""
+        layer = self.layer
+        built_input_shape(layer)
+        refuse_instance_training(layer)
+        out, step = self._call("both", np.asarray(x).astype(layer.compute_dtype, copy=False))
+        return np.asarray(out.numpy()), _step(step)
+
+
+def _step(values: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The training function's (output, [moving mean, moving variance]) as run_train_step returns them."""
+    y, (mean, var) = values
+    return np.asarray(y.numpy()), None if mean is None else np.array(mean.numpy(), copy=True), None if var is None else np.array(var.numpy(), copy=True)
 
 
 def refuse_instance_training(layer: Any) -> None:
