@@ -25,6 +25,7 @@ whose grouped check raises is checked again by `check` itself, so an error is th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -148,20 +149,36 @@ def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionO
         except Exception as error:  # check raises it before any target: checked again by check itself
             members.append(_Member(spec, None, None, None, None, error))
     for target in targets:
-        bench.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
-        for index, member in enumerate(members):
-            if member.error is not None:
-                continue
-            if progress is not None and target == targets[0]:
-                progress(index)
-            try:
-                check_target(member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, bench)
-            except Exception as error:  # check would stop here: the member is checked again by check itself
-                member.error = error
+        with _unchanged_objects(bench.registry, target):
+            _check_target_of_members(members, target, options, bench, progress if target == targets[0] else None)
     for member in members:
         if member.error is None:
             member.result.passed = verdict(member.result)
     return [member.error or member.result for member in members]
+
+
+def _unchanged_objects(registry: AdapterRegistry, target: str) -> contextlib.AbstractContextManager:
+    """The target framework's block for objects nobody changes (the bench's own, written and read and run by the check); no
+    block where the framework cannot be had: each member's check_target meets that error and says it as check does."""
+    try:
+        framework = registry.framework(target)
+    except Exception:  # noqa: BLE001
+        return contextlib.nullcontext()
+    return framework.unchanged_objects()
+
+
+def _check_target_of_members(members: list[_Member], target: str, options: ConversionOptions, bench: "GroupBench",
+                             progress: Callable[[int], None] | None) -> None:
+    bench.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
+    for index, member in enumerate(members):
+        if member.error is not None:
+            continue
+        if progress is not None:
+            progress(index)
+        try:
+            check_target(member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, bench)
+        except Exception as error:  # check would stop here: the member is checked again by check itself
+            member.error = error
 
 
 @dataclass
