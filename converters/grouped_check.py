@@ -232,13 +232,14 @@ class GroupBench(Bench):
 
     def release(self, keep: int) -> None:
         """End a call: drop the last group's written models and runs, keep at most `keep` configurations' templates."""
-        self._ahead.clear()
-        self._runs.clear()
-        self._merged.clear()
-        self._trains.clear()
-        self._stepped.clear()
+        self._forget_runs()
         self._group = 1
         self.forget_beyond(keep)
+
+    def _forget_runs(self) -> None:
+        """Drop what one target's leg of a group wrote ahead and ran (every leg starts here: nothing grows across legs)."""
+        for held in (self._ahead, self._runs, self._merged, self._trains, self._stepped):
+            held.clear()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -278,9 +279,7 @@ class GroupBench(Bench):
 
     def write_ahead(self, target: str, specs: list[NormSpec], options: ConversionOptions) -> None:
         """ONNX: write every member's model now, so one merged session runs them all when the first is run."""
-        self._ahead.clear()
-        self._runs.clear()
-        self._merged.clear()
+        self._forget_runs()
         self._group = len(specs)
         if target != "onnx" or len(specs) < 2:
             return
