@@ -193,6 +193,7 @@ class _Template:
     uses: int = 0  # members built on it so far
     runs: Any = None  # framework.kept_runs(layer), asked for once the layer serves enough members (`_keep_runs`)
     asked: bool = False
+    probe: Any = None  # the input its last eval and step ran on, given to the next write where the runs take it (`_kept_run`)
 
 
 def restatable(adapter: KindAdapter) -> bool:
@@ -257,10 +258,17 @@ class GroupBench(Bench):
                 self._keep_runs(template, to)
                 return layer
             self._keep_runs(template, to)  # before restate: a layer run by its kept runs is written by them too
+            # A target's check runs the eval and the step next on the group's probe: where the runs can, the write runs them too.
+            ahead = getattr(template.runs, "run_with_next_write", None) if role == "target" and spec.track_running_stats else None
             try:
+                if ahead is not None:
+                    ahead(template.probe)
                 adapter.restate(template.layer, spec, template.state)
             except Exception:  # noqa: BLE001  from_spec meets the same problem and says it in its own words (a layer of this name)
                 return adapter.from_spec(spec, build_options, report)
+            finally:
+                if ahead is not None:
+                    ahead(None)  # a restate that wrote nothing leaves no input for a later write
             for warning in template.warnings:
                 report.warn(warning)
             report.target_op, report.native = template.target_op, template.native
@@ -319,15 +327,16 @@ class GroupBench(Bench):
                 return self._runs[(train, id(obj))]
         template = self._kept.get(id(obj))
         if template is not None and template.layer is obj and template.runs is not None:
-            return self._kept_run(template.runs, obj, x, train)
+            return self._kept_run(template, x, train)
         run = framework.run_train_step if train else framework.run_eval
         return run(obj, x, in_place=True)  # every object here is this bench's own: a torch module per member, a restated Keras layer
 
-    def _kept_run(self, runs: Any, obj: Any, x: np.ndarray, train: bool) -> Any:
+    def _kept_run(self, template: _Template, x: np.ndarray, train: bool) -> Any:
         """A run through the layer's kept runs. An eval whose check asks for a training step next runs both in one call where
         the runs can (`run_eval_and_train_step`; a step it refuses is refused before anything runs, then asked for alone), and
         the step is handed over when asked for on the same input with no write between. Any other run of a layer whose step
         has run is not the one check makes: it raises, and the member is checked by `check` itself."""
+        runs, obj = template.runs, template.layer
         held = self._stepped.pop(id(obj), None)
         if held is not None:
             if train and held[0] == _fingerprint(x):
@@ -338,6 +347,7 @@ class GroupBench(Bench):
         both = getattr(runs, "run_eval_and_train_step", None)
         if both is None or not self._trains.get(id(obj)):
             return runs.run_eval(x)
+        template.probe = x
         try:
             out, step = both(x)
         except NotExpressibleError:

@@ -3,8 +3,8 @@
 check_many runs a layer serving many members of one configuration through tf.functions traced once (without grappler);
 `check` calls it eagerly. On every case of the table Keras builds a layer for, after the layer is given a second member's
 state: the written variables, the eval output, the training output and the moved statistics are the eager ones byte for
-byte, and so are they when the eval and the step run in one call. The bench asks for these runs only for a layer serving
-enough members; below that it keeps the eager calls.
+byte, and so are they when the eval and the step run in one call, or in the write's. The bench asks for these runs only
+for a layer serving enough members; below that it keeps the eager calls.
 """
 
 from __future__ import annotations
@@ -77,14 +77,19 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
         else:
             assert all(same(a, b) for a, b in zip(traced[1], eager[1])), "training output and moved statistics"
         assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
-        calls.write(state)  # the eval and the step in one call: the same values as the two calls one after the other
-        if isinstance(eager[1], type):
-            with pytest.raises(eager[1]):
-                calls.run_eval_and_train_step(x)
-            continue
-        out, step = calls.run_eval_and_train_step(x)
-        assert same(out, eager[0]) and all(same(a, b) for a, b in zip(step, eager[1])), "eval and step in one call"
-        assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after eval and step"
+        for with_write in (False, True):  # the eval and the step in one call, and in the write's call: the same values
+            if with_write:
+                calls.run_with_next_write(x)
+            calls.write(state)
+            assert all(same(read_variable(v), value) for v, value in zip(layer.weights, state)), "variables as written"
+            if isinstance(eager[1], type):
+                with pytest.raises(eager[1]):
+                    calls.run_eval_and_train_step(x)
+                continue
+            out, step = calls.run_eval_and_train_step(x)
+            assert same(out, eager[0]) and all(same(a, b) for a, b in zip(step, eager[1])), f"eval and step, with the write: {with_write}"
+            if not with_write:  # a step run with the write leaves the state written (the bench writes the next member over it)
+                assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
 
 
 def test_the_bench_traces_a_layer_that_serves_enough_members_and_no_other():
@@ -158,3 +163,23 @@ def test_the_bench_runs_a_checks_eval_and_step_in_one_call_and_hands_the_step_ov
     bench.run_eval(KERAS, layer, x)
     with pytest.raises(RuntimeError, match="stepped with its eval"):  # a step on another input is not the one that ran
         bench.run_train_step(KERAS, layer, x + 1)
+
+
+def test_the_bench_runs_a_members_eval_and_step_in_the_call_that_writes_it_once_it_knows_the_probe(monkeypatch):
+    specs = [member(make_spec("batch", source="torch"), i) for i in range(KEEP_RUNS_FROM)]
+    bench = GroupBench(REGISTRY)
+    bench.write_ahead("keras", specs, OPTIONS)
+    calls = []
+    real = TracedCalls._call
+    monkeypatch.setattr(TracedCalls, "_call", lambda self, name, inputs: calls.append(name) or real(self, name, inputs))
+    for index, spec in enumerate(specs):
+        layer = bench.write(spec, "keras", OPTIONS)[0]
+        if kept_calls(layer) is None:
+            continue
+        fresh = write_spec(spec, "keras", OPTIONS)[0]  # what check runs on: a layer of its own, eagerly
+        x = from_channels_first(probe_input(spec), read_spec(fresh)[0].layout)
+        assert same(read_variable(layer.weights[0]), read_variable(fresh.weights[0]))  # the spec reads the state written
+        out, step = bench.run_eval(KERAS, layer, x), bench.run_train_step(KERAS, layer, x)
+        expected = KERAS.run_eval(fresh, x), KERAS.run_train_step(fresh, x)
+        assert same(out, expected[0]) and all(same(a, b) for a, b in zip(step, expected[1])), spec.name
+    assert calls[-3:] == ["write+both"] * 3  # once the probe is known: one call per member, its write, eval and step
