@@ -327,7 +327,11 @@ class GroupBench(Bench):
                 return self._runs[(train, id(obj))]
         template = self._kept.get(id(obj))
         if template is not None and template.layer is obj and template.runs is not None:
-            return self._kept_run(template, x, train)
+            if template.probe is not None or not self._trains.get(id(obj)) or not hasattr(template.runs, "run_with_next_write"):
+                return self._kept_run(template, x, train)
+            # The first eval and step since the runs were asked run as written here: they give the probe, and every later
+            # member's write carries its own (one trace per configuration, of the write with them).
+            template.probe = x if train else None
         run = framework.run_train_step if train else framework.run_eval
         return run(obj, x, in_place=True)  # every object here is this bench's own: a torch module per member, a restated Keras layer
 
