@@ -8,6 +8,7 @@ They are real ABCs: a subclass that forgets a method cannot be instantiated.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Iterable
 from importlib import import_module
 from typing import Any, ClassVar
@@ -124,6 +125,11 @@ class FrameworkAdapter(abc.ABC):
     @abc.abstractmethod
     def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """One training-mode forward pass: (output, new running_mean, new running_var), on a copy (on `obj` itself if `in_place`)."""
+
+    def unchanged_objects(self) -> contextlib.AbstractContextManager:
+        """A block in which the caller changes none of the objects it hands this framework (check_many, over the objects it
+        wrote): the framework may read each once there (ONNX: onnx_adapter/reading.models_unchanged). Default: no effect."""
+        return contextlib.nullcontext()
 
     def kept_runs(self, obj: Any) -> Any:
         """An object whose `run_eval(x)` and `run_train_step(x)` give what `run_eval(obj, x, in_place=True)` and

@@ -25,6 +25,7 @@ whose grouped check raises is checked again by `check` itself, so an error is th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -33,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from schemas import CheckResult, LayerReport, NormSpec
+from schemas import CheckResult, LayerReport, NormSpec, NotExpressibleError
 
-from . import reference
+from . import kept_benches, reference
 from .adapter import KindAdapter
 from .adapters import REGISTRY, AdapterRegistry
 from .api import read_spec, write_spec
@@ -67,9 +68,10 @@ def check_many(specs: Iterable[Any], frameworks: Iterable[str] | None = None, op
     """`[check(s, frameworks, options, registry) for s in specs]`, each object built once per configuration of layer.
 
     Raises what that list would raise: the error of the first spec whose `check` raises. `progress(i, spec)` is called as
-    each spec's checks start.
+    each spec's checks start. The objects are kept for later calls in this process (converters/kept_benches.py).
     """
-    return _check_all(list(specs), frameworks, options, registry, progress, lambda: GroupBench(registry))
+    with kept_benches.lent(registry, GroupBench) as bench:  # a process's objects of earlier calls serve this one
+        return _check_all(list(specs), frameworks, options, registry, progress, lambda: bench)
 
 
 def _check_all(specs: list, frameworks: Iterable[str] | None, options: ConversionOptions | None, registry: AdapterRegistry,
@@ -147,20 +149,36 @@ def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionO
         except Exception as error:  # check raises it before any target: checked again by check itself
             members.append(_Member(spec, None, None, None, None, error))
     for target in targets:
-        bench.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
-        for index, member in enumerate(members):
-            if member.error is not None:
-                continue
-            if progress is not None and target == targets[0]:
-                progress(index)
-            try:
-                check_target(member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, bench)
-            except Exception as error:  # check would stop here: the member is checked again by check itself
-                member.error = error
+        with _unchanged_objects(bench.registry, target):
+            _check_target_of_members(members, target, options, bench, progress if target == targets[0] else None)
     for member in members:
         if member.error is None:
             member.result.passed = verdict(member.result)
     return [member.error or member.result for member in members]
+
+
+def _unchanged_objects(registry: AdapterRegistry, target: str) -> contextlib.AbstractContextManager:
+    """The target framework's block for objects nobody changes (the bench's own, written and read and run by the check); no
+    block where the framework cannot be had: each member's check_target meets that error and says it as check does."""
+    try:
+        framework = registry.framework(target)
+    except Exception:  # noqa: BLE001
+        return contextlib.nullcontext()
+    return framework.unchanged_objects()
+
+
+def _check_target_of_members(members: list[_Member], target: str, options: ConversionOptions, bench: "GroupBench",
+                             progress: Callable[[int], None] | None) -> None:
+    bench.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
+    for index, member in enumerate(members):
+        if member.error is not None:
+            continue
+        if progress is not None:
+            progress(index)
+        try:
+            check_target(member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, bench)
+        except Exception as error:  # check would stop here: the member is checked again by check itself
+            member.error = error
 
 
 @dataclass
@@ -175,6 +193,7 @@ class _Template:
     uses: int = 0  # members built on it so far
     runs: Any = None  # framework.kept_runs(layer), asked for once the layer serves enough members (`_keep_runs`)
     asked: bool = False
+    probe: Any = None  # the input its last eval and step ran on, given to the next write where the runs take it (`_kept_run`)
 
 
 def restatable(adapter: KindAdapter) -> bool:
@@ -203,12 +222,25 @@ class GroupBench(Bench):
         self._ahead: dict[int, tuple[ConversionOptions, Any]] = {}  # id(spec) -> (options, (obj, report) or the error)
         self._runs: dict[tuple[bool, int], Any] = {}  # (train, id(obj)) -> the value run_eval/run_train_step returns
         self._merged: dict[bool, bytes | None] = {}  # train -> the input the merged run was made with (None: not made)
+        self._trains: dict[int, bool] = {}  # id(layer written for a target) -> whether its check asks for a training step
+        self._stepped: dict[int, tuple[bytes, Any]] = {}  # id(layer) -> (input, training step) run with its eval (`_eval`)
 
     def forget_beyond(self, count: int) -> None:
         """Keep only the `count` most recently built templates (a long-lived worker meets ever new configurations)."""
         while len(self._templates) > count:
             oldest = self._templates.pop(next(iter(self._templates)))  # the oldest first
             self._kept.pop(id(oldest.layer), None)
+
+    def release(self, keep: int) -> None:
+        """End a call: drop the last group's written models and runs, keep at most `keep` configurations' templates."""
+        self._forget_runs()
+        self._group = 1
+        self.forget_beyond(keep)
+
+    def _forget_runs(self) -> None:
+        """Drop what one target's leg of a group wrote ahead and ran (every leg starts here: nothing grows across legs)."""
+        for held in (self._ahead, self._runs, self._merged, self._trains, self._stepped):
+            held.clear()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -226,10 +258,17 @@ class GroupBench(Bench):
                 self._keep_runs(template, to)
                 return layer
             self._keep_runs(template, to)  # before restate: a layer run by its kept runs is written by them too
+            # A target's check runs the eval and the step next on the group's probe: where the runs can, the write runs them too.
+            ahead = getattr(template.runs, "run_with_next_write", None) if role == "target" and spec.track_running_stats else None
             try:
+                if ahead is not None:
+                    ahead(template.probe)
                 adapter.restate(template.layer, spec, template.state)
             except Exception:  # noqa: BLE001  from_spec meets the same problem and says it in its own words (a layer of this name)
                 return adapter.from_spec(spec, build_options, report)
+            finally:
+                if ahead is not None:
+                    ahead(None)  # a restate that wrote nothing leaves no input for a later write
             for warning in template.warnings:
                 report.warn(warning)
             report.target_op, report.native = template.target_op, template.native
@@ -248,9 +287,7 @@ class GroupBench(Bench):
 
     def write_ahead(self, target: str, specs: list[NormSpec], options: ConversionOptions) -> None:
         """ONNX: write every member's model now, so one merged session runs them all when the first is run."""
-        self._ahead.clear()
-        self._runs.clear()
-        self._merged.clear()
+        self._forget_runs()
         self._group = len(specs)
         if target != "onnx" or len(specs) < 2:
             return
@@ -261,14 +298,18 @@ class GroupBench(Bench):
                 self._ahead[id(spec)] = (options, error)
 
     def write(self, spec: NormSpec, target: str, options: ConversionOptions) -> tuple[Any, Any]:
+        self._stepped.clear()  # a layer written since its eval holds another state
         ahead = self._ahead.get(id(spec))
         if ahead is not None and ahead[0] == options:
             if isinstance(ahead[1], Exception):
                 raise ahead[1]
             return ahead[1]
-        return write_spec(spec, target, options, registry=self.registry, build=self._builder("target", target, options))
+        written = write_spec(spec, target, options, registry=self.registry, build=self._builder("target", target, options))
+        self._trains[id(written[0])] = spec.track_running_stats  # check_target's training step follows the eval of these
+        return written
 
     def write_back(self, spec: NormSpec, source: str, options: ConversionOptions) -> Any:
+        self._stepped.clear()
         return write_spec(spec, source, options, registry=self.registry, build=self._builder("back", source, options))[0]
 
     # -- running -------------------------------------------------------------------------
@@ -286,9 +327,37 @@ class GroupBench(Bench):
                 return self._runs[(train, id(obj))]
         template = self._kept.get(id(obj))
         if template is not None and template.layer is obj and template.runs is not None:
-            return template.runs.run_train_step(x) if train else template.runs.run_eval(x)
+            if template.probe is not None or not self._trains.get(id(obj)) or not hasattr(template.runs, "run_with_next_write"):
+                return self._kept_run(template, x, train)
+            # The first eval and step since the runs were asked run as written here: they give the probe, and every later
+            # member's write carries its own (one trace per configuration, of the write with them).
+            template.probe = x if train else None
         run = framework.run_train_step if train else framework.run_eval
         return run(obj, x, in_place=True)  # every object here is this bench's own: a torch module per member, a restated Keras layer
+
+    def _kept_run(self, template: _Template, x: np.ndarray, train: bool) -> Any:
+        """A run through the layer's kept runs. An eval whose check asks for a training step next runs both in one call where
+        the runs can (`run_eval_and_train_step`; a step it refuses is refused before anything runs, then asked for alone), and
+        the step is handed over when asked for on the same input with no write between. Any other run of a layer whose step
+        has run is not the one check makes: it raises, and the member is checked by `check` itself."""
+        runs, obj = template.runs, template.layer
+        held = self._stepped.pop(id(obj), None)
+        if held is not None:
+            if train and held[0] == _fingerprint(x):
+                return held[1]
+            raise RuntimeError("the layer was stepped with its eval; this run would see the moved statistics")
+        if train:
+            return runs.run_train_step(x)
+        both = getattr(runs, "run_eval_and_train_step", None)
+        if both is None or not self._trains.get(id(obj)):
+            return runs.run_eval(x)
+        template.probe = x
+        try:
+            out, step = both(x)
+        except NotExpressibleError:
+            return runs.run_eval(x)
+        self._stepped[id(obj)] = (_fingerprint(x), step)
+        return out
 
     def _run_merged(self, framework, x: np.ndarray, train: bool) -> None:
         """Run every model written ahead in one session (once per mode); a model whose run cannot be planned, or a merged run

@@ -15,7 +15,7 @@ from ..adapter import FrameworkAdapter
 from .batch import OP as BATCH_NORM, TRAINING_MODE_VERSION
 from .layer_graph import element_type
 from .proto import DEFAULT_DOMAINS
-from .reading import OnnxLayer, parse
+from .reading import OnnxLayer, models_unchanged, parse
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,9 @@ class OnnxFramework(FrameworkAdapter):
 
     def version(self) -> str:
         return onnx.__version__
+
+    def unchanged_objects(self):
+        return models_unchanged()
 
     def natural_layout(self) -> str | None:
         return "channels_first"

@@ -8,6 +8,8 @@ a conversion never hands out a model that onnxruntime would reject on load.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -73,9 +75,19 @@ def record_rank(report: LayerReport, spec: NormSpec, dims: list[int | str]) -> N
         report.add("input_rank", spec.input_rank, note=why.rstrip("; "))
 
 
+@functools.lru_cache(maxsize=256)  # onnx's schemas are fixed for the process; get_schema copies one out per call (~10 us)
 def op_version(op: str, opset: int) -> int:
     """The version of `op` an opset selects (BatchNormalization at opset 13 is BatchNormalization-9)."""
     return onnx.defs.get_schema(op, opset).since_version
+
+
+@functools.lru_cache(maxsize=256)
+def first_input_types(op: str, opset: int) -> tuple[int, tuple[str, ...] | None]:
+    """(the op's version at `opset`, the types its first input takes; None where no type constraint names that input)."""
+    schema = onnx.defs.get_schema(op, opset)
+    first = schema.inputs[0].type_str if schema.inputs else ""
+    allowed = next((tuple(c.allowed_type_strs) for c in schema.type_constraints if c.type_param_str == first), None)
+    return schema.since_version, allowed
 
 
 class LayerGraph:
@@ -186,12 +198,10 @@ class LayerGraph:
         """
         wanted = f"tensor({ONNX_TYPE_NAMES[self.spec.dtype]})"
         for node in self.nodes:
-            schema = onnx.defs.get_schema(node.op_type, self.opset)
-            first = schema.inputs[0].type_str if schema.inputs else ""
-            allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == first), [wanted])
-            if wanted not in allowed:
+            since_version, allowed = first_input_types(node.op_type, self.opset)
+            if allowed is not None and wanted not in allowed:
                 raise NotExpressibleError(
-                    f"{node.op_type}-{schema.since_version} (opset {self.opset}) takes no {self.spec.dtype} input; pass a higher opset "
+                    f"{node.op_type}-{since_version} (opset {self.opset}) takes no {self.spec.dtype} input; pass a higher opset "
                     "(opset 22 and later hold every kind in bfloat16) or convert a float32 spec.", layer=self.spec.name, setting="dtype", target="onnx")
 
     def finish_native(self, op: str, inputs: list[str], **attributes) -> onnx.ModelProto:

@@ -9,6 +9,9 @@ an arbitrary graph would silently convert the wrong thing.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,8 +144,46 @@ class OnnxLayer:
         return count
 
 
+#: id(model) -> (model, its layer) while a caller holds its models unchanged (`models_unchanged`); None otherwise.
+_PARSED: contextvars.ContextVar[dict[int, tuple[onnx.ModelProto, OnnxLayer]] | None] = contextvars.ContextVar("parsed", default=None)
+
+
+@contextlib.contextmanager
+def models_unchanged() -> Iterator[None]:
+    """A block in which the caller changes none of the models it passes `parse`: each model object is parsed once there.
+
+    Why: check_many reads, then runs, every ONNX model it writes; each of those asks `parse` (the kind, the spec, the eval
+    run, the training run), and a parse reads every initializer. The layer found is the one a parse of the unchanged model
+    finds; its tensors are made read-only, so no reader can change what the next one reads."""
+    token = _PARSED.set({})
+    try:
+        yield
+    finally:
+        _PARSED.reset(token)
+
+
 def parse(model, kind: str | None = None) -> OnnxLayer:
     """The layer held by `model`; UnsupportedObjectError when it holds anything else (or not kind `kind`)."""
+    parsed = _PARSED.get()
+    if parsed is None:
+        return _parse(model, kind)
+    held = parsed.get(id(model))
+    if held is not None and held[0] is model:  # parsed whole once: only the kind is left to check, as _parse checks it
+        _refuse_other_kind(held[1].kind, kind)
+        return held[1]
+    layer = _parse(model, kind)
+    for array in layer.initializers.values():
+        array.setflags(write=False)
+    parsed[id(model)] = (model, layer)
+    return layer
+
+
+def _refuse_other_kind(found: str, kind: str | None) -> None:
+    if kind is not None and found != kind:
+        raise UnsupportedObjectError(f"the ONNX model holds a {found} layer, expected a {kind} layer; use the {found} adapter (converters.to_spec picks it).")
+
+
+def _parse(model, kind: str | None) -> OnnxLayer:
     if not isinstance(model, onnx.ModelProto):
         raise UnsupportedObjectError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto; load files with load_onnx().")
     graph = model.graph
@@ -173,8 +214,7 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
             f"({', '.join(NATIVE_OPS)}) or a decomposition normbridge emitted (with its '{metadata.KEY}' metadata); "
             "extract the layer into a model of its own."
         )
-    if kind is not None and found != kind:
-        raise UnsupportedObjectError(f"the ONNX model holds a {found} layer, expected a {kind} layer; use the {found} adapter (converters.to_spec picks it).")
+    _refuse_other_kind(found, kind)
     if x not in inputs or x in initializers:
         raise UnsupportedObjectError(f"the normalization's data input '{x}' is not a graph input, expected the model's input X to feed it directly.")
     tensor_type = inputs[x].type.tensor_type

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import converters
-from converters import grouped_check
+from converters import grouped_check, kept_benches
 from converters.adapters import AdapterRegistry
 from converters.grouped_check import Checker, check_many, configuration, groups, restatable
 from schemas import NormSpec, NotExpressibleError
@@ -31,7 +31,9 @@ FRAMEWORKS = ("torch", "keras", "onnx")
 
 @pytest.fixture(autouse=True, params=["eager", "traced"])
 def keras_runs(request, monkeypatch):
-    """Every test with the Keras layers run eagerly (these groups are small) and traced from a group's first member."""
+    """Every test with the Keras layers run eagerly (these groups are small) and traced from a group's first member; each
+    test's calls build their objects afresh (no bench kept from an earlier test, whose layers may run traced)."""
+    kept_benches.forget()
     if request.param == "traced":
         monkeypatch.setattr(grouped_check, "KEEP_RUNS_FROM", 1)
     return request.param
@@ -149,6 +151,27 @@ def test_a_checker_answering_one_spec_at_a_time_gives_checks_results():
     assert_same([checker.check(spec) for spec in specs], [converters.check(spec) for spec in specs])
     frameworks = ["keras"]  # as a leg worker is asked
     assert_same([checker.check(spec, frameworks) for spec in specs], [converters.check(spec, frameworks) for spec in specs])
+
+
+def test_a_later_call_checks_on_the_objects_an_earlier_one_built_and_gives_checks_results(monkeypatch):
+    """check_many keeps its objects for the process's later calls (converters/kept_benches.py): a second model's members
+    of the configurations the first one checked are checked on the layers (and, traced, the runs) built then, and a member
+    the broken adapter converts wrongly still fails alone."""
+    registry = values_registry()
+    built = []
+    for kind in ("batch", "rms"):
+        adapter = registry.get("keras", kind)
+        monkeypatch.setattr(adapter, "from_spec", lambda *args, real=adapter.from_spec: built.append(args[0].name) or real(*args))
+    specs = [member(make_spec(kind, source="torch"), i) for i in range(6) for kind in ("batch", "rms")]
+    scale = specs[8].tensors["scale"].copy()
+    scale.flat[0] = 2 * SATURATION
+    specs[8] = specs[8].replace(tensors={**specs[8].tensors, "scale": scale})
+    first = check_many(specs[:6], registry=registry)
+    assert len(built) == 2  # one Keras layer per configuration
+    later = check_many(specs[6:], registry=registry)
+    assert len(built) == 2  # none built again
+    assert [result.passed for result in later] == [True, True, False, True, True, True]
+    assert_same(first + later, [converters.check(spec, registry=registry) for spec in specs])
 
 
 def test_the_configuration_is_everything_but_the_name_and_the_values():

@@ -455,3 +455,22 @@ def test_unreadable_metadata_is_ignored_with_a_warning():
     back, report = read(model)
     assert back.eps == 2e-5 and back.name == "ln"  # the node keeps the layer name
     assert any("is not a JSON object" in w for w in report.warnings)
+
+
+def test_a_model_is_parsed_once_while_its_caller_holds_it_unchanged_and_refused_as_ever():
+    import converters
+    from converters.onnx_adapter.reading import models_unchanged, parse
+
+    model = converters.from_spec(make_spec("batch"), "onnx")
+    assert parse(model) is not parse(model)  # outside the block every parse reads the model
+    with FRAMEWORK.unchanged_objects():
+        layer = parse(model)
+        assert parse(model, "batch") is layer and FRAMEWORK.kind_of(model) == "batch"
+        assert layer.initializers and not any(array.flags.writeable for array in layer.initializers.values())  # no reader changes them
+        with pytest.raises(UnsupportedObjectError, match="holds a batch layer, expected a layer layer"):
+            parse(model, "layer")
+        other = onnx.ModelProto()
+        other.CopyFrom(model)
+        assert parse(other) is not layer  # another object is parsed on its own
+    with models_unchanged():
+        assert parse(model) is not layer  # a new block parses afresh

@@ -3,7 +3,8 @@
 check_many runs a layer serving many members of one configuration through tf.functions traced once (without grappler);
 `check` calls it eagerly. On every case of the table Keras builds a layer for, after the layer is given a second member's
 state: the written variables, the eval output, the training output and the moved statistics are the eager ones byte for
-byte. The bench asks for these runs only for a layer serving enough members; below that it keeps the eager calls.
+byte, and so are they when the eval and the step run in one call, or in the write's. The bench asks for these runs only
+for a layer serving enough members; below that it keeps the eager calls.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from schemas import NotExpressibleError
 
 from tests.cases import CASES
 from tests.converters.test_grouped_check import member
+from tests.spec_factory import make_spec
 
 OPTIONS = target_options(ConversionOptions())
 KERAS = REGISTRY.framework("keras")
@@ -75,6 +77,19 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
         else:
             assert all(same(a, b) for a, b in zip(traced[1], eager[1])), "training output and moved statistics"
         assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
+        for with_write in (False, True):  # the eval and the step in one call, and in the write's call: the same values
+            if with_write:
+                calls.run_with_next_write(x)
+            calls.write(state)
+            assert all(same(read_variable(v), value) for v, value in zip(layer.weights, state)), "variables as written"
+            if isinstance(eager[1], type):
+                with pytest.raises(eager[1]):
+                    calls.run_eval_and_train_step(x)
+                continue
+            out, step = calls.run_eval_and_train_step(x)
+            assert same(out, eager[0]) and all(same(a, b) for a, b in zip(step, eager[1])), f"eval and step, with the write: {with_write}"
+            if not with_write:  # a step run with the write leaves the state written (the bench writes the next member over it)
+                assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
 
 
 def test_the_bench_traces_a_layer_that_serves_enough_members_and_no_other():
@@ -116,7 +131,58 @@ def test_models_nobody_here_wrote_check_the_same_through_traced_keras_runs(build
     specs = list(extract_artifact(build()).specs)
     assert max(len(members) for members in groups(specs)) >= KEEP_RUNS_FROM  # a group large enough to run traced
     traced = []
-    real = TracedCalls.run_eval
-    monkeypatch.setattr(TracedCalls, "run_eval", lambda self, x: traced.append(self.layer.name) or real(self, x))
+    for name in ("run_eval", "run_eval_and_train_step"):  # the latter where the check asks for a training step too
+        real = getattr(TracedCalls, name)
+        monkeypatch.setattr(TracedCalls, name, lambda self, x, real=real: traced.append(self.layer.name) or real(self, x))
     assert_same(check_many(specs), [check(spec) for spec in specs])
     assert traced  # the Keras leg of the large groups did run traced
+
+
+def test_the_bench_runs_a_checks_eval_and_step_in_one_call_and_hands_the_step_over_unchanged_only(monkeypatch):
+    spec = make_spec("batch", source="torch")
+    specs = [member(spec, i) for i in range(KEEP_RUNS_FROM)]
+    fresh = write_spec(specs[1], "keras", OPTIONS)[0]  # what check runs: a layer of its own, eagerly
+    x = from_channels_first(probe_input(spec), read_spec(fresh)[0].layout)
+    expected = KERAS.run_eval(fresh, x), KERAS.run_train_step(fresh, x)
+    calls = []
+    real = TracedCalls.run_eval_and_train_step
+    monkeypatch.setattr(TracedCalls, "run_eval_and_train_step", lambda self, x: calls.append(x) or real(self, x))
+    bench = GroupBench(REGISTRY)
+    bench.write_ahead("keras", specs, OPTIONS)
+    layer = bench.write(specs[0], "keras", OPTIONS)[0]
+    assert kept_calls(layer) is not None
+    bench.run_eval(KERAS, layer, x)  # the first member's eval and step run as written: then the probe is known
+    bench.run_train_step(KERAS, layer, x)
+    assert not calls
+    bench.write(specs[1], "keras", OPTIONS)
+    out, step = bench.run_eval(KERAS, layer, x), bench.run_train_step(KERAS, layer, x)
+    assert len(calls) == 1  # one call for both
+    assert same(out, expected[0]) and all(same(a, b) for a, b in zip(step, expected[1]))
+    bench.write(specs[1], "keras", OPTIONS)
+    bench.run_eval(KERAS, layer, x)
+    with pytest.raises(RuntimeError, match="stepped with its eval"):  # a second eval would see the moved statistics
+        bench.run_eval(KERAS, layer, x)
+    bench.write(specs[1], "keras", OPTIONS)
+    bench.run_eval(KERAS, layer, x)
+    with pytest.raises(RuntimeError, match="stepped with its eval"):  # a step on another input is not the one that ran
+        bench.run_train_step(KERAS, layer, x + 1)
+
+
+def test_the_bench_runs_a_members_eval_and_step_in_the_call_that_writes_it_once_it_knows_the_probe(monkeypatch):
+    specs = [member(make_spec("batch", source="torch"), i) for i in range(KEEP_RUNS_FROM)]
+    bench = GroupBench(REGISTRY)
+    bench.write_ahead("keras", specs, OPTIONS)
+    calls = []
+    real = TracedCalls._call
+    monkeypatch.setattr(TracedCalls, "_call", lambda self, name, inputs: calls.append(name) or real(self, name, inputs))
+    for index, spec in enumerate(specs):
+        layer = bench.write(spec, "keras", OPTIONS)[0]
+        if kept_calls(layer) is None:
+            continue
+        fresh = write_spec(spec, "keras", OPTIONS)[0]  # what check runs on: a layer of its own, eagerly
+        x = from_channels_first(probe_input(spec), read_spec(fresh)[0].layout)
+        assert same(read_variable(layer.weights[0]), read_variable(fresh.weights[0]))  # the spec reads the state written
+        out, step = bench.run_eval(KERAS, layer, x), bench.run_train_step(KERAS, layer, x)
+        expected = KERAS.run_eval(fresh, x), KERAS.run_train_step(fresh, x)
+        assert same(out, expected[0]) and all(same(a, b) for a, b in zip(step, expected[1])), spec.name
+    assert calls == ["write+both"] * (KEEP_RUNS_FROM - 1)  # one call per member after the first: its write, eval and step
