@@ -44,7 +44,7 @@ from pathlib import Path
 
 from . import lean_imports
 from .adapters import AdapterRegistry
-from .leg_worker import ROOT, Job, LegWorker, ProtocolError, error_from, read_frame, serve, write_frame
+from .leg_worker import ROOT, Job, LegWorker, ProtocolError, error_from, read_frame, serve, settle_heap, write_frame
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0
@@ -309,6 +309,7 @@ def main(argv: list[str]) -> None:
         threading.Thread(target=server.run, daemon=True).start()
         for name in warm:
             server.registry.framework(name).version()
+        settle_heap()
         server.last_seen = time.monotonic()
     threading.Event().wait()  # the accept thread exits the process
 

@@ -257,3 +257,25 @@ def test_the_socket_name_changes_with_what_the_results_depend_on(tmp_path, monke
     assert shared_worker.socket_path(tmp_path, REGISTRY.packages) != first
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     assert shared_worker.socket_path(tmp_path, buggy_registry().packages) != first
+
+
+def test_settling_the_heap_collects_garbage_first_and_then_exempts_what_is_alive():
+    """What a worker does after its imports and after each job (leg_worker.settle_heap): garbage is freed, not frozen."""
+    import gc
+    import weakref
+
+    from converters.leg_worker import settle_heap
+
+    class Node:
+        pass
+
+    garbage, alive = Node(), Node()
+    garbage.me, alive.me = garbage, alive  # two reference cycles: only a collection frees the first
+    gone = weakref.ref(garbage)
+    del garbage
+    try:
+        settle_heap()
+        assert gone() is None and gc.get_freeze_count() > 0
+        assert not gc.is_tracked(alive) or alive not in gc.get_objects()  # frozen objects leave the collector's generations
+    finally:
+        gc.unfreeze()
