@@ -134,5 +134,7 @@ class FrameworkAdapter(abc.ABC):
     def kept_runs(self, obj: Any) -> Any:
         """An object whose `run_eval(x)` and `run_train_step(x)` give what `run_eval(obj, x, in_place=True)` and
         `run_train_step(obj, x, in_place=True)` give, bit for bit, at less cost to a caller that runs `obj` again and again
-        with its state changed in between (check_many's bench); None where running `obj` directly costs no more."""
+        with its state changed in between (check_many's bench); None where running `obj` directly costs no more. It also has
+        `run_eval_and_train_step(x)` (both, from one state) and `run_with_next_write(x)` (the next write runs both on `x`
+        and hands them over): keras_adapter/traced.TracedCalls."""
         return None

@@ -259,7 +259,7 @@ class GroupBench(Bench):
                 return layer
             self._keep_runs(template, to)  # before restate: a layer run by its kept runs is written by them too
             # A target's check runs the eval and the step next on the group's probe: where the runs can, the write runs them too.
-            ahead = getattr(template.runs, "run_with_next_write", None) if role == "target" and spec.track_running_stats else None
+            ahead = template.runs.run_with_next_write if template.runs is not None and role == "target" and spec.track_running_stats else None
             try:
                 if ahead is not None:
                     ahead(template.probe)
@@ -327,7 +327,7 @@ class GroupBench(Bench):
                 return self._runs[(train, id(obj))]
         template = self._kept.get(id(obj))
         if template is not None and template.layer is obj and template.runs is not None:
-            if template.probe is not None or not self._trains.get(id(obj)) or not hasattr(template.runs, "run_with_next_write"):
+            if template.probe is not None or not self._trains.get(id(obj)):
                 return self._kept_run(template, x, train)
             # The first eval and step since the runs were asked run as written here: they give the probe, and every later
             # member's write carries its own (one trace per configuration, of the write with them).
@@ -348,12 +348,11 @@ class GroupBench(Bench):
             raise RuntimeError("the layer was stepped with its eval; this run would see the moved statistics")
         if train:
             return runs.run_train_step(x)
-        both = getattr(runs, "run_eval_and_train_step", None)
-        if both is None or not self._trains.get(id(obj)):
+        if not self._trains.get(id(obj)):
             return runs.run_eval(x)
         template.probe = x
         try:
-            out, step = both(x)
+            out, step = runs.run_eval_and_train_step(x)
         except NotExpressibleError:
             return runs.run_eval(x)
         self._stepped[id(obj)] = (_fingerprint(x), step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -10,19 +11,14 @@ from schemas import Source
 from ..lean_imports import optional_packages_kept_out
 
 
-_KERAS: list = []  # keras, once imported here: every later call (several per layer converted or read) returns it as it is
-
-
+@functools.cache  # once imported, every later call (several per layer converted or read) returns it as it is
 def import_keras():
     """Import Keras on the TensorFlow backend (unless the user chose another) with TF's logs quiet."""
-    if _KERAS:
-        return _KERAS[0]
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with optional_packages_kept_out():  # normbridge's own processes: no scikit-learn, matplotlib, pandas (lean_imports.py)
         import keras
 
-    _KERAS[:] = [keras]
     return keras
 
 
