@@ -84,6 +84,42 @@ def test_the_workers_registration_stores_and_answers_what_an_in_process_one_does
     assert not again.created and again.version.number == 1
 
 
+def llama_pt2(folder: Path) -> Path:
+    """A transformers Llama from a tiny config, random state (tests/real_norms.py), saved as a .pt2."""
+    import warnings
+
+    from tests import real_norms as R
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = R.randomise(R.llama())
+        model.config.use_cache = False
+        ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(0))
+        torch.export.save(torch.export.export(model, (ids,)), str(folder / "llama.pt2"))
+    return folder / "llama.pt2"
+
+
+def mobilenet_keras(folder: Path) -> Path:
+    """keras.applications MobileNet (weights=None, 32x32, alpha 0.25) with Keras's initial statistics: never_trained hazards."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=10).save(folder / "mobilenet.keras")
+    return folder / "mobilenet.keras"
+
+
+@pytest.mark.parametrize("make", [llama_pt2, mobilenet_keras], ids=["transformers llama .pt2", "keras.applications mobilenet .keras"])
+def test_models_nobody_here_wrote_register_in_the_worker_as_in_process(tmp_path, worker_folder, monkeypatch, make):
+    name = make(tmp_path).name
+    monkeypatch.chdir(tmp_path)
+    (ours, theirs), (worker_registry, here_registry), _ = both_ways(tmp_path, worker_folder, name)
+    assert ours.created and theirs.created and ours.checks and all(c.passed for c in ours.checks)
+    for field in ("digest", "content_digest", "servable", "hazards", "structure_checked"):
+        assert getattr(ours.version, field) == getattr(theirs.version, field), field
+    assert [c.model_dump(mode="json") for c in ours.checks] == [c.model_dump(mode="json") for c in theirs.checks]
+    assert worker_registry.show("net@1").manifest == here_registry.show("net@1").manifest
+
+
 @pytest.mark.parametrize("case", ["corrupt file", "unrecognised normalization"])
 def test_a_refusal_in_the_worker_is_the_in_process_refusal(tmp_path, worker_folder, monkeypatch, case):
     if case == "corrupt file":
