@@ -3,7 +3,8 @@
 `config.attributes["connection"]` carries an open SQLAlchemy connection (MetadataStore);
 otherwise the URL comes from `-x url=...` or `sqlalchemy.url` (alembic on the command line).
 On PostgreSQL an advisory lock serialises concurrent first openings of one database, so eight
-processes opening a fresh registry at once do not all try to create the tables.
+processes opening a fresh registry at once do not all try to create the tables; on SQLite the one
+transaction holding every migration does (its BEGIN IMMEDIATE takes the write lock).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ target_metadata = Base.metadata
 
 
 def _migrate(connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+    # transactional_ddl: every migration in ONE transaction, on SQLite too (Alembic's SQLite default commits after each
+    # migration, so a process that read the version between two of another's commits ran a migration again: "duplicate
+    # column"). SQLite's transaction BEGINs IMMEDIATE (registry/db/engine.py): concurrent first openings queue behind it.
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True, transactional_ddl=True)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
