@@ -1,0 +1,70 @@
+"""How the `normbridge` process ends (cli.main.main): without Python's teardown, yet with everything an exit owes done.
+
+Each test runs a real interpreter: the console script's `main`, with the command's app wrapped where a test needs to
+register an atexit handler the way a command's imports do (split_check's worker reaper), or to crash.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from schemas.errors import EXIT_CODES, InputFileError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WRAPPED = """
+import atexit, sys
+import cli.main
+
+def app():
+    atexit.register(lambda: print("handler registered by the command ran", flush=True))
+    {body}
+
+cli.main.app_original, cli.main.app = cli.main.app, app
+sys.argv = ["normbridge", *sys.argv[1:]]
+cli.main.main()
+"""
+
+
+def run(body: str, *args: str) -> subprocess.CompletedProcess:
+    script = WRAPPED.format(body=textwrap.indent(body, "    ").strip())
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_output_is_whole_and_handlers_registered_by_the_command_run():
+    done = run("cli.main.app_original()", "--help")
+    assert done.returncode == 0, done.stderr
+    for command in ("register", "pull", "export", "inspect", "drift"):
+        assert command in done.stdout
+    assert done.stdout.rstrip().endswith("handler registered by the command ran")
+
+
+def test_a_failing_command_keeps_its_exit_code_and_message(tmp_path):
+    missing = tmp_path / "missing.pt2"
+    done = run("cli.main.app_original()", "inspect", str(missing))
+    assert done.returncode == EXIT_CODES[InputFileError], done.stdout + done.stderr
+    assert str(missing) in done.stderr + done.stdout
+    assert "handler registered by the command ran" in done.stdout
+
+
+def test_a_message_exit_prints_the_message_and_exits_1():
+    done = run("raise SystemExit('stopped: a message, not a number')")
+    assert done.returncode == 1
+    assert "stopped: a message, not a number" in done.stderr
+    assert "handler registered by the command ran" in done.stdout
+
+
+def test_a_crash_exits_as_python_does_with_its_traceback():
+    done = run("raise RuntimeError('a bug, not a refusal')")
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "RuntimeError: a bug, not a refusal" in done.stderr
+    assert "handler registered by the command ran" in done.stdout
+
+
+def test_the_console_script_runs_main():
+    """pyproject's entry point is `main`, not the bare app (which would tear the interpreter down)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'normbridge = "cli.main:main"' in text
