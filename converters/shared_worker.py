@@ -44,7 +44,7 @@ from pathlib import Path
 
 from . import lean_imports
 from .adapters import AdapterRegistry
-from .leg_worker import ROOT, Job, LegWorker, ProtocolError, error_from, read_frame, serve, settle_heap, write_frame
+from .leg_worker import ROOT, Job, LegWorker, ProtocolError, error_from, read_frame, serve, settle_heap, warm_up, write_frame
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0
@@ -163,6 +163,26 @@ def _spawn(path: Path, idle: float, packages: dict[str, str], warm: list[str], j
                                 start_new_session=True)  # outlives this process, and a Ctrl-C of this one
 
 
+#: Workers this process started that may not listen yet, by socket path: `connect` waits for one instead of starting another.
+_STARTED: dict[Path, subprocess.Popen] = {}
+
+
+def start(folder: Path, packages: dict[str, str], warm: list[str], idle: float = DEFAULT_IDLE_SECONDS,
+          jobs: str | None = None) -> LegWorker | None:
+    """A connection to the shared worker of `folder` when one answers now; else one is started (importing `warm`) and None
+    returned at once, and `connect` waits for it later. Why: a cold CLI process reads its model meanwhile instead of
+    waiting about 0.5 s for the new worker's socket. Raises WorkerUnavailable as `connect` does."""
+    folder_fd = open_folder(folder)
+    try:
+        path = socket_path(folder, packages, jobs)
+        worker = _open(folder_fd, path)
+        if worker is None and path not in _STARTED:
+            _STARTED[path] = _spawn(path, idle, packages, warm, jobs)
+        return worker
+    finally:
+        os.close(folder_fd)
+
+
 def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float = DEFAULT_IDLE_SECONDS,
             wait: float = 300.0, jobs: str | None = None) -> LegWorker:
     """A connection to the shared worker of `folder` for these adapter packages (and `jobs`), started (importing `warm`) if
@@ -173,7 +193,7 @@ def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float
         worker = _open(folder_fd, path)
         if worker is not None:
             return worker
-        process = _spawn(path, idle, packages, warm, jobs)
+        process = _STARTED.pop(path, None) or _spawn(path, idle, packages, warm, jobs)
         deadline = time.monotonic() + wait
         delay = 0.02
         while time.monotonic() < deadline:
@@ -307,8 +327,7 @@ def main(argv: list[str]) -> None:
     server.bind()  # callers may connect and queue their requests while the frameworks import
     with server.check_lock:
         threading.Thread(target=server.run, daemon=True).start()
-        for name in warm:
-            server.registry.framework(name).version()
+        warm_up(server.registry, warm)
         settle_heap()
         server.last_seen = time.monotonic()
     threading.Event().wait()  # the accept thread exits the process

@@ -66,10 +66,36 @@ def share_workers(folder: str | Path | None, idle_seconds: float = shared_worker
     _SHARED = None if folder is None else (Path(folder), float(idle_seconds), jobs)
 
 
+def _shared_key(packages: dict[str, str]) -> tuple:
+    folder, _, jobs = _SHARED
+    return json.dumps(packages, sort_keys=True), ("shared", str(folder), jobs)
+
+
+def _start(packages: dict[str, str], frameworks: tuple[str, ...]) -> None:
+    """Have the worker for `frameworks` start importing them, without waiting for it: the shared one is started if none
+    runs (`_worker` connects when the gate needs it) or asked to import them; a private one starts as in `_worker`."""
+    if _SHARED is None:
+        _worker(packages, frameworks)
+        return
+    with _WORKERS_LOCK:
+        key = _shared_key(packages)
+        worker = _WORKERS.get(key)
+        if worker is None or not worker.alive():
+            folder, idle, jobs = _SHARED
+            try:
+                worker = shared_worker.start(folder, packages, list(frameworks), idle, jobs=jobs)
+            except shared_worker.WorkerUnavailable:
+                return  # `_worker` says why when the gate asks for it, and runs a private worker
+            if worker is None:
+                return  # started, importing `frameworks`
+            _WORKERS[key] = worker
+        worker.warm(list(frameworks))
+
+
 def _shared(packages: dict[str, str], frameworks: tuple[str, ...]) -> LegWorker | None:
     """A connection to the shared worker, asked to import `frameworks` now; None (with a warning) when none can be used."""
     folder, idle, jobs = _SHARED
-    key = (json.dumps(packages, sort_keys=True), ("shared", str(folder), jobs))
+    key = _shared_key(packages)
     worker = _WORKERS.get(key)
     if worker is None or not worker.alive():
         try:
@@ -116,7 +142,7 @@ class SplitCheck:
         self._in_worker = None if in_worker is None else list(in_worker)
         self._workers: dict[str, LegWorker] = {}
         if model_framework is not None and self._remote_legs(model_framework):
-            self._worker_for(model_framework)  # starts importing now
+            _start(registry.packages, self._warm(model_framework))  # its imports overlap this process's reading the model
 
     def _remote_legs(self, own: str) -> list[str]:
         if self._in_worker is not None:
@@ -147,9 +173,12 @@ class SplitCheck:
     def _worker_for(self, own: str) -> LegWorker:
         """The worker for specs from `own`, asked once per gate (it converts back to `own` too: the round trip)."""
         if own not in self._workers:
-            warm = tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])]))
-            self._workers[own] = _worker(self._registry.packages, warm)
+            self._workers[own] = _worker(self._registry.packages, self._warm(own))
         return self._workers[own]
+
+    def _warm(self, own: str) -> tuple[str, ...]:
+        """The frameworks the worker imports for specs from `own`: its legs, and `own` for the way back."""
+        return tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])]))
 
     def _remote_result(self, spec: NormSpec, remote: list[str], future) -> CheckResult:
         """The worker's answer; if a shared worker ended before answering (killed, out of memory), the same legs again in a

@@ -279,3 +279,32 @@ def test_settling_the_heap_collects_garbage_first_and_then_exempts_what_is_alive
         assert not gc.is_tracked(alive) or alive not in gc.get_objects()  # frozen objects leave the collector's generations
     finally:
         gc.unfreeze()
+
+
+def test_a_started_worker_is_not_waited_for_and_the_gate_connects_to_that_one(folder):
+    """shared_worker.start: no worker runs, so one is started and None comes back at once; asking again starts no other,
+    and `connect` waits for the one started (what SplitCheck does: start while the model is read, connect at the gate)."""
+    path, pids = folder
+    assert shared_worker.start(path, REGISTRY.packages, ["onnx"], idle=60) is None
+    started = shared_worker._STARTED[shared_worker.socket_path(path, REGISTRY.packages)]
+    pids.append(started.pid)
+    assert shared_worker.start(path, REGISTRY.packages, ["onnx"], idle=60) is None
+    assert list(shared_worker._STARTED.values()).count(started) == 1
+    worker = shared_worker.connect(path, REGISTRY.packages, ["onnx"], idle=60)
+    assert worker.pid == started.pid and not shared_worker._STARTED
+    again = shared_worker.start(path, REGISTRY.packages, ["onnx"], idle=60)  # it runs now: a connection at once
+    assert again is not None and again.pid == started.pid
+    spec = make_spec("batch", source="torch")
+    assert again.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    worker.close()
+    again.close()
+
+
+def test_the_warm_up_checks_a_sample_through_every_leg_and_a_broken_adapter_only_fails_it():
+    from converters.leg_worker import warm_up
+
+    result = warm_up(REGISTRY, ["keras", "onnx", "torch"])
+    assert result is not None and result.passed
+    assert [target.framework for target in result.targets] == ["keras", "onnx", "torch"]
+    broken = warm_up(buggy_registry(), ["keras", "onnx", "torch"])
+    assert broken is None or not broken.passed  # what a broken adapter does to the sample is never raised at a caller
