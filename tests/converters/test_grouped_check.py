@@ -125,6 +125,16 @@ def test_a_member_whose_state_overflows_fails_alone():
     assert_same(grouped, [converters.check(spec) for spec in specs])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_members_of_equal_state_step_from_their_own_statistics_in_onnx(dtype):
+    """Never-trained BatchNorms all hold the same state. In one merged onnxruntime session their float16 Casts became one
+    value and the second member's training step started from the first one's moved statistics (merged_runs._state_shared)."""
+    specs = [make_spec("batch", dtype=dtype, source="torch", name=f"bn{i}") for i in range(3)]
+    assert len(groups(specs)) == 1 and all(np.array_equal(specs[0].tensors["running_mean"], s.tensors["running_mean"]) for s in specs)
+    for frameworks in (["onnx"], list(FRAMEWORKS)):
+        assert_same(check_many(specs, frameworks=frameworks), [converters.check(spec, frameworks=frameworks) for spec in specs])
+
+
 def test_check_many_raises_what_check_raises_for_the_first_spec_that_raises():
     registry = AdapterRegistry({"torch": "tests.buggy_torch_raising", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
     specs = [make_spec("rms", source="torch", name="fine", normalized_shape=(8,)), make_spec("layer", source="torch", name="boom_first"),
