@@ -9,7 +9,9 @@ NormbridgeError class, message, layer and setting. A worker is either the caller
 the shared one on a Unix socket that outlives its callers (converters/shared_worker.py); both speak this.
 
 Frames are an 8-byte big-endian length and that many bytes: a request is two frames (header JSON,
-tensor bytes), a reply one. A header is a check ({"frameworks", "spec"}), or {"warm": [names]}
+tensor bytes), a reply one. A header is a check ({"frameworks", "spec"}), or the checks of several specs at once
+({"frameworks", "specs", "sizes"}: the tensor frame is each spec's safetensors bytes one after another, `sizes` long;
+answered by {"results": [...]} from `check_many`, each object built once per configuration), or {"warm": [names]}
 (import those frameworks now), or {"shutdown": true} (shared worker only), or {"job": NAME, "args": {...}}
 (shared worker only: one of the jobs the worker was started with, `serve(jobs=...)`; answered by zero or more
 {"progress": [...]} frames, then {"done": ...} or {"error": ...}; a caller that hangs up stops the job at its next
@@ -42,7 +44,7 @@ from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
 
 from . import lean_imports
 from .adapters import AdapterRegistry
-from .grouped_check import checker_for
+from .grouped_check import check_many, checker_for
 
 _LENGTH = struct.Struct(">Q")
 #: The folder holding the `converters` package, put first on the worker's path (it runs this copy of normbridge).
@@ -120,6 +122,13 @@ class LegWorker:
         header = {"frameworks": frameworks, "spec": json.loads(spec_to_json(spec))}
         return self.send(header, tensors_to_bytes(spec))
 
+    def submit_many(self, specs: list[NormSpec], frameworks: list[str]) -> Future:
+        """A future list of CheckResults: `check_many(specs, frameworks)` run in the worker in one request. Why: one spec
+        per request costs the worker about 8 ms per spec against 5 for the same checks grouped by configuration."""
+        blobs = [tensors_to_bytes(spec) for spec in specs]
+        header = {"frameworks": frameworks, "specs": [json.loads(spec_to_json(spec)) for spec in specs], "sizes": [len(b) for b in blobs]}
+        return self.send(header, b"".join(blobs))
+
     def warm(self, frameworks: list[str]) -> Future:
         """Ask the worker to import `frameworks` now (a shared worker started for another model's frameworks)."""
         return self.send({"warm": list(frameworks)}, b"")
@@ -179,6 +188,8 @@ class LegWorker:
                 future.set_exception(error_from(fields["error"]))
             elif "result" in fields:
                 future.set_result(CheckResult.model_validate(fields["result"]))
+            elif "results" in fields:
+                future.set_result([CheckResult.model_validate(result) for result in fields["results"]])
             elif "done" in fields:
                 future.set_result(fields["done"])
             else:
@@ -245,7 +256,7 @@ def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | N
                           num_features=4, spatial_rank=2, layout="channels_first", momentum=0.1, momentum_convention="batch_weight",
                           track_running_stats=True, variance_estimator="unbiased", scale=True, bias=True,
                           tensors={key: np.asarray(values, dtype=np.float32) for key, values in state.items()})
-        return checker_for(registry).check(sample, frameworks=list(frameworks))
+        return check_many([sample], frameworks=list(frameworks), registry=registry)[0]
     except Exception:  # noqa: BLE001  see the docstring: nothing is skipped for a caller
         pass
 
@@ -281,6 +292,18 @@ def _run_job(request: dict, jobs: dict[str, Job], progress: Callable[[list], Non
         return {"error": error_fields(error)}
 
 
+def _specs_from_parts(documents: list, sizes: list, tensors: bytes) -> list[NormSpec]:
+    """The specs of a many-spec request: `tensors` cut at `sizes`, which must cover it exactly."""
+    if (not isinstance(documents, list) or not isinstance(sizes, list) or len(documents) != len(sizes)
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) or sum(sizes) != len(tensors)):
+        raise ProtocolError(f"a request of {len(tensors)} tensor bytes whose sizes do not cover them")
+    specs, start = [], 0
+    for document, size in zip(documents, sizes):
+        specs.append(spec_from_parts(document, tensors[start:start + size]))
+        start += size
+    return specs
+
+
 def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
     """The reply to one request: a check's result, or its error as fields (every error goes back to the caller)."""
     try:
@@ -289,6 +312,9 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
             for name in request["warm"]:
                 registry.framework(name).version()
             return {"warmed": request["warm"]}
+        if "specs" in request:
+            results = check_many(_specs_from_parts(request["specs"], request["sizes"], tensors), frameworks=request["frameworks"], registry=registry)
+            return {"results": [result.model_dump(mode="python") for result in results]}
         result = checker_for(registry).check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
         return {"result": result.model_dump(mode="python")}
     except Exception as error:

@@ -37,6 +37,9 @@ from .leg_worker import LegWorker, WorkerGone, start_child
 #: than a worker costs. Beside a shared worker (already warm) they go there too.
 IN_PROCESS = ("onnx",)
 
+#: Tensor bytes of the specs sent to a worker in one request, at most (one spec larger than this goes alone).
+BATCH_BYTES = 64 << 20
+
 _WORKERS: dict[tuple[str, tuple[str, ...]], LegWorker] = {}
 _WORKERS_LOCK = threading.Lock()
 #: (folder, idle seconds, jobs module or None) of the shared worker this process uses; None: a private worker.
@@ -155,7 +158,7 @@ class SplitCheck:
         public entry point, looked up now: a caller may wrap it); None if it raises, so that each spec is then checked alone
         and the error raised is the first spec's, in order."""
         by_legs: dict[tuple[str, ...], list[int]] = {}
-        for i, (_, remote, _) in enumerate(plans):
+        for i, (_, remote) in enumerate(plans):
             legs = tuple(name for name in self._order if name not in remote)
             if legs:
                 by_legs.setdefault(legs, []).append(i)
@@ -180,11 +183,11 @@ class SplitCheck:
         """The frameworks the worker imports for specs from `own`: its legs, and `own` for the way back."""
         return tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])]))
 
-    def _remote_result(self, spec: NormSpec, remote: list[str], future) -> CheckResult:
+    def _remote_result(self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int) -> CheckResult:
         """The worker's answer; if a shared worker ended before answering (killed, out of memory), the same legs again in a
         private worker: they are never skipped."""
         try:
-            return future.result()
+            return batch.result(position)
         except WorkerGone:
             if _SHARED is None:
                 raise
@@ -193,25 +196,67 @@ class SplitCheck:
                 worker = _private(self._registry.packages, tuple(dict.fromkeys([*remote, *([own] if own in self._order else [])])))
             return worker.submit(spec, remote).result()
 
+    def _send_remote(self, plans: list) -> dict[int, tuple["_Batch", int]]:
+        """Every spec's worker legs, sent at once: one request per source framework and legs (up to BATCH_BYTES of
+        tensors each); index -> (its batch, its position there)."""
+        groups: dict[tuple[str, tuple[str, ...]], list[list[int]]] = {}
+        filled: dict[tuple[str, tuple[str, ...]], int] = {}  # tensor bytes of each group's last chunk
+        for i, (spec, remote) in enumerate(plans):
+            if remote:
+                key, size = (spec.source.framework, tuple(remote)), _tensor_bytes(spec)
+                chunks = groups.setdefault(key, [[]])
+                if chunks[-1] and filled[key] + size > BATCH_BYTES:
+                    chunks.append([])
+                    filled[key] = 0
+                chunks[-1].append(i)
+                filled[key] = filled.get(key, 0) + size
+        sent = {}
+        for (own, remote), chunks in groups.items():
+            for indices in chunks:
+                batch = _Batch(self._worker_for(own), [plans[i][0] for i in indices], list(remote))
+                sent.update({i: (batch, position) for position, i in enumerate(indices)})
+        return sent
+
     def check_all(self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
         """`check(spec)` of every spec, in order; the worker's legs are all sent first, so both processes work at once.
         Raises what `check` raises, for the first spec it raises on."""
-        plans = []
-        for spec in specs:
-            own = spec.source.framework
-            remote = self._remote_legs(own)
-            plans.append((spec, remote, self._worker_for(own).submit(spec, remote) if remote else None))
+        plans = [(spec, self._remote_legs(spec.source.framework)) for spec in specs]
+        sent = self._send_remote(plans)
         checked = self._local_all(plans, progress)
         results = []
-        for i, (spec, remote, future) in enumerate(plans):
+        for i, (spec, remote) in enumerate(plans):
             local = [name for name in self._order if name not in remote]
             if progress is not None and (checked is None or not local):
                 progress(i, spec)
             parts = [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)] if local else []
-            if future is not None:
-                parts.append(self._remote_result(spec, remote, future))
+            if i in sent:
+                parts.append(self._remote_result(spec, remote, *sent[i]))
             results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))
         return results
+
+
+def _tensor_bytes(spec: NormSpec) -> int:
+    return sum(getattr(tensor, "nbytes", 0) for tensor in spec.tensors.values())
+
+
+class _Batch:
+    """The worker's legs of several specs, asked in one request (LegWorker.submit_many: checked by `check_many`). If the
+    request raises, each of its specs is asked alone, so that the error raised is the first spec's own, in order."""
+
+    def __init__(self, worker: LegWorker, specs: list[NormSpec], remote: list[str]):
+        self.worker, self.specs, self.remote = worker, specs, remote
+        self.future = worker.submit_many(specs, remote)
+        self.alone: list | None = None
+
+    def result(self, position: int) -> CheckResult:
+        try:
+            return self.future.result()[position]
+        except WorkerGone:
+            raise
+        except Exception:  # noqa: BLE001  asked again spec by spec, which raises it for the spec it belongs to
+            if self.alone is None:
+                self.alone = [self.worker.submit(spec, self.remote) for spec in self.specs]
+            return self.alone[position].result()
 
 
 __all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "imported", "share_workers"]

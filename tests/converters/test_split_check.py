@@ -70,3 +70,30 @@ def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch)
     monkeypatch.setattr(converters, "check_many", lambda specs, **legs: [seen.append((spec.name, legs["frameworks"])) or "checked" for spec in specs])
     assert SplitCheck(in_worker=[]).check_all(SPECS[:2]) == ["checked", "checked"]
     assert seen == [("bn", ["torch", "keras", "onnx"]), ("bn_half", ["torch", "keras", "onnx"])]
+
+
+def test_the_workers_legs_go_in_one_request_per_source_and_legs(monkeypatch):
+    """One request carries every spec of a source framework (LegWorker.submit_many, checked by check_many there)."""
+    from converters.leg_worker import LegWorker
+
+    sent = []
+    original = LegWorker.send
+    monkeypatch.setattr(LegWorker, "send", lambda self, header, tensors, progress=None: sent.append(header) or original(self, header, tensors, progress))
+    got = SplitCheck(in_worker=["keras", "onnx"]).check_all(SPECS)
+    checks = [header for header in sent if "specs" in header or "spec" in header]
+    assert sorted((header["specs"][0]["source"]["framework"], len(header["specs"])) for header in checks) == [("keras", 1), ("torch", 8)]
+    for spec, result in zip(SPECS, got):
+        assert result.model_dump() == converters.check(spec).model_dump(), spec.name
+
+
+def test_a_request_that_raises_is_asked_again_spec_by_spec_and_raises_the_first_specs_error():
+    from converters.adapters import AdapterRegistry
+
+    registry = AdapterRegistry({"torch": "tests.buggy_torch_raising", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
+    specs = [make_spec("rms", source="torch", name="fine", normalized_shape=(8,)), make_spec("layer", source="torch", name="boom_first"),
+             make_spec("rms", source="torch", name="boom_second", normalized_shape=(8,), seed=3)]
+    with pytest.raises(RuntimeError) as plain:
+        [converters.check(spec, registry=registry) for spec in specs]
+    with pytest.raises(Exception) as split:
+        SplitCheck(registry=registry, in_worker=["torch"]).check_all(specs)
+    assert str(split.value) == str(plain.value) == "boom_first: the adapter broke"
