@@ -36,28 +36,29 @@ def mergeable(runs: Sequence[Run]) -> bool:
             return False
         if _data_input(run).type != input_type or run.layer.dtype != first.layer.dtype:
             return False
-    return not (any(_steps(run) for run in runs) and _state_shared(runs))
+    return not _stepped_state_shared(runs)
 
 
-def _steps(run: Run) -> bool:
-    """Whether the run's model holds a node in training mode (one that writes new running statistics)."""
-    return any(a.name == "training_mode" and a.i == 1 for node in run.model.graph.node for a in node.attribute)
-
-
-def _state_shared(runs: Sequence[Run]) -> bool:
-    """Whether two runs' models hold an initializer of the same type, shape and values.
+def _stepped_state_shared(runs: Sequence[Run]) -> bool:
+    """Whether a running statistic a node steps in training mode holds the same type, shape and values as an initializer
+    of another run's model.
 
     Why: onnxruntime's common-subexpression pass then feeds both models' nodes one value (the float32 Cast it inserts
     before a float16 BatchNormalization, say), and a BatchNormalization in training mode writes its moved running
     statistics into the buffer it read them from: the second model stepped from the first one's moved statistics
     (onnxruntime 1.32, two float16 BatchNorms of equal state, as every never-trained layer has). Such models run alone."""
-    seen: dict[tuple, int] = {}
+    owners: dict[tuple, set[int]] = {}
+    stepped: set[tuple] = set()
     for index, run in enumerate(runs):
-        for tensor in run.model.graph.initializer:
+        graph = run.model.graph
+        statistics = {name for node in graph.node if any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
+                      for name in node.input[3:5]}
+        for tensor in graph.initializer:
             key = (tensor.data_type, tuple(tensor.dims), numpy_helper.to_array(tensor).tobytes())
-            if seen.setdefault(key, index) != index:
-                return True
-    return False
+            owners.setdefault(key, set()).add(index)
+            if tensor.name in statistics:
+                stepped.add(key)
+    return any(len(owners[key]) > 1 for key in stepped)
 
 
 def _data_input(run: Run) -> onnx.ValueInfoProto:

@@ -128,7 +128,7 @@ def test_a_member_whose_state_overflows_fails_alone():
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_members_of_equal_state_step_from_their_own_statistics_in_onnx(dtype):
     """Never-trained BatchNorms all hold the same state. In one merged onnxruntime session their float16 Casts became one
-    value and the second member's training step started from the first one's moved statistics (merged_runs._state_shared)."""
+    value and the second member's training step started from the first one's moved statistics (merged_runs._stepped_state_shared)."""
     specs = [make_spec("batch", dtype=dtype, source="torch", name=f"bn{i}") for i in range(3)]
     assert len(groups(specs)) == 1 and all(np.array_equal(specs[0].tensors["running_mean"], s.tensors["running_mean"]) for s in specs)
     for frameworks in (["onnx"], list(FRAMEWORKS)):
