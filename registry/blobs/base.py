@@ -102,12 +102,13 @@ class BlobStore(abc.ABC):
     # S3 writes the object at once (see registry/blobs/s3.py). Either way no version references a blob
     # before the commit, so a refused registration's blobs are unreachable, and gc removes them.
 
-    def stage(self, data: bytes, digest: str | None = None) -> "StagedBlob":
+    def stage(self, data: bytes, digest: str | None = None, sync: bool = True) -> "StagedBlob":
         """Prepare `data` for publishing; returns the staged blob. `digest`, when given, is sha256(data) as the caller
-        computed it (a registration hashes every blob once, on arrival)."""
+        computed it (a registration hashes every blob once, on arrival). `sync=False`: a store that writes files leaves
+        them unsynced for one `sync` of many blobs (publishing syncs whatever is not)."""
         return StagedBlob(digest=digest or sha256_hex(data), data=data)
 
-    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> "StagedBlob":
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> "StagedBlob":
         """Stage the blob whose `size` bytes arrive as `chunks` and must hash to `digest`; IntegrityError (and nothing
         staged) if they do not. A store that can write as it reads (local files, S3 multipart) never holds the blob whole;
         this default joins the chunks."""
@@ -115,11 +116,21 @@ class BlobStore(abc.ABC):
         actual = sha256_hex(data)
         if actual != digest or len(data) != size:
             raise stream_mismatch(digest, actual, len(data), size)
-        return self.stage(data, digest)
+        return self.stage(data, digest, sync)
 
     def publish(self, staged: "StagedBlob") -> str:
         """Make a staged blob visible (atomic, idempotent); returns its digest."""
         return staged.digest if staged.data is None else self.put(staged.data)
+
+    def sync(self, staged: list["StagedBlob"]) -> None:
+        """Make staged blobs durable before they are published (a store writing files syncs them; others have nothing to do)."""
+
+    def publish_all(self, staged: list["StagedBlob"], progress: Callable[[int], None] | None = None) -> None:
+        """`publish` each staged blob, in order; `progress(i)` as the i-th starts."""
+        for i, blob in enumerate(staged):
+            if progress is not None:
+                progress(i)
+            self.publish(blob)
 
     def discard(self, staged: "StagedBlob") -> None:
         """Forget a staged blob that will not be published."""
@@ -142,8 +153,9 @@ def stream_mismatch(digest: str, actual: str, length: int, size: int) -> Integri
 
 @dataclass
 class StagedBlob:
-    """Bytes on their way into a store: in memory, or a written and synced temporary file."""
+    """Bytes on their way into a store: in memory, or a written temporary file (synced unless `synced` is False)."""
 
     digest: str
     data: bytes | None = None
     temporary: Path | None = None
+    synced: bool = True

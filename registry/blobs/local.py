@@ -1,13 +1,16 @@
 """The local blob store: read-only files sharded by the first two hex digits ('ab/cdef...').
 
 Sharding as git's object store does, so no folder grows past a few thousand entries; every write
-is temp file + fsync + rename, so a blob appears whole or not at all.
+is temp file + fsync + rename (+ fsync of the folder), so a blob appears whole or not at all. A
+registration stages its blobs unsynced and syncs them together before publishing (`sync`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import sys
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -43,59 +46,83 @@ class LocalBlobStore(BlobStore):
         # may have renamed the same bytes in between: replacing it is harmless.
         return self.publish(self.stage(data))
 
-    def stage(self, data: bytes, digest: str | None = None) -> StagedBlob:
-        """Write and fsync a hidden temporary file next to the blob's final place (not yet a blob)."""
+    def stage(self, data: bytes, digest: str | None = None, sync: bool = True) -> StagedBlob:
+        """Write (and fsync, unless `sync` is False) a hidden temporary file next to the blob's final place (not yet a blob)."""
         digest = digest or sha256_hex(data)
-        target = self.path_of(digest)
-        if target.exists():
-            return StagedBlob(digest=digest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.")
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                stream.write(data)
-                stream.flush()
-                os.fsync(stream.fileno())
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        return StagedBlob(digest=digest, temporary=Path(temporary))
+        return self._staged(digest, lambda stream: stream.write(data), sync)
 
-    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> StagedBlob:
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> StagedBlob:
         """Write the chunks into the hidden temporary file while hashing them, a chunk at a time; a blob already stored is not
         read again. IntegrityError, and the temporary file removed, when they do not hash to `digest`."""
+        def write(stream) -> None:
+            hashed, length = hashlib.sha256(), 0
+            for chunk in chunks:
+                hashed.update(chunk)
+                length += len(chunk)
+                stream.write(chunk)
+            if hashed.hexdigest() != digest or length != size:
+                raise stream_mismatch(digest, hashed.hexdigest(), length, size)
+
+        return self._staged(digest, write, sync)
+
+    def _staged(self, digest: str, write: Callable, sync: bool) -> StagedBlob:
         target = self.path_of(digest)
         if target.exists():
             return StagedBlob(digest=digest)
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.")
         try:
-            hashed, length = hashlib.sha256(), 0
             with os.fdopen(handle, "wb") as stream:
-                for chunk in chunks:
-                    hashed.update(chunk)
-                    length += len(chunk)
-                    stream.write(chunk)
+                write(stream)
                 stream.flush()
-                os.fsync(stream.fileno())
-            if hashed.hexdigest() != digest or length != size:
-                raise stream_mismatch(digest, hashed.hexdigest(), length, size)
+                if sync:
+                    os.fsync(stream.fileno())
+                else:
+                    _start_writeback(stream.fileno())
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-        return StagedBlob(digest=digest, temporary=Path(temporary))
+        return StagedBlob(digest=digest, temporary=Path(temporary), synced=sync)
+
+    def sync(self, staged: list[StagedBlob]) -> None:
+        """fsync every staged file not synced yet. Why in one call: written without a sync each and with their writeback
+        started as they were written, 221 small blobs took about 50 ms to sync against 130-200 ms synced one by one."""
+        for blob in staged:
+            if blob.temporary is not None and not blob.synced:
+                handle = os.open(blob.temporary, os.O_RDONLY)
+                try:
+                    os.fsync(handle)
+                finally:
+                    os.close(handle)
+                blob.synced = True
 
     def publish(self, staged: StagedBlob) -> str:
-        if staged.temporary is None:
-            return super().publish(staged)
-        target = self.path_of(staged.digest)
-        try:
-            os.replace(staged.temporary, target)
-        except BaseException:
-            staged.temporary.unlink(missing_ok=True)
-            raise
-        _fsync_folder(target.parent)
+        self.publish_all([staged])
         return staged.digest
+
+    def publish_all(self, staged: list[StagedBlob], progress: Callable[[int], None] | None = None) -> None:
+        """Sync what is not, rename every blob into place, then fsync each folder once: the renames are durable when this
+        returns (one journal commit for all, where a sync of each folder after its rename cost one each)."""
+        staged = list(staged)
+        self.sync(staged)
+        folders: dict[Path, None] = {}
+        for i, blob in enumerate(staged):
+            if progress is not None:
+                progress(i)
+            if blob.temporary is None:
+                if blob.data is not None:
+                    self.put(blob.data)
+                continue
+            target = self.path_of(blob.digest)
+            try:
+                os.replace(blob.temporary, target)
+            except BaseException:
+                for left in staged[i:]:
+                    self.discard(left)
+                raise
+            folders[target.parent] = None
+        for folder in folders:
+            _fsync_folder(folder)
 
     def discard(self, staged: StagedBlob) -> None:
         if staged.temporary is not None:
@@ -178,6 +205,29 @@ def _new_read_only_file(folder: Path, prefix: str) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a temporary blob file in '{folder}' after 100 attempts; run normbridge gc to remove stale .*.tmp files.")
+
+
+def _start_writeback(handle: int) -> None:
+    """Ask the kernel to start writing the file's dirty pages now, without waiting (Linux sync_file_range; elsewhere a no-op):
+    the later fsync of many files then finds most of them written."""
+    if _SYNC_FILE_RANGE is None:
+        return
+    _SYNC_FILE_RANGE(handle, ctypes.c_longlong(0), ctypes.c_longlong(0), _SYNC_FILE_RANGE_WRITE)
+
+
+def _libc_sync_file_range():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
+    return function
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -133,15 +133,15 @@ class S3BlobStore(BlobStore):
         """Upload `data` (idempotent); a large blob is not sent again when an object of its size is under its key."""
         return self._put(sha256_hex(data), data)
 
-    def stage(self, data: bytes, digest: str | None = None) -> StagedBlob:
+    def stage(self, data: bytes, digest: str | None = None, sync: bool = True) -> StagedBlob:
         """Upload now (see the module doc); `publish` then has nothing left to do."""
         return StagedBlob(digest=self._put(digest or sha256_hex(data), data))
 
-    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int) -> StagedBlob:
+    def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> StagedBlob:
         """A blob above the multipart threshold is uploaded part by part as its chunks arrive, hashed on the way, and completed
         only if it hashes to `digest` (else aborted: IntegrityError, no object); a smaller one is joined and PUT."""
         if size <= self.multipart_threshold:
-            return super().stage_stream(chunks, digest, size)
+            return super().stage_stream(chunks, digest, size, sync)
         head = self._head(digest)
         if head is not None and head.get("ContentLength") == size:
             return StagedBlob(digest=digest)  # stored already: not read again

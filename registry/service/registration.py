@@ -201,9 +201,7 @@ class Registrations:
         return Registration(version=record, created=created, checks=checks, unrecognised=list(manifest.unrecognised))
 
     def _publish(self, staged: list, report: Progress) -> None:
-        for i, blob in enumerate(staged):
-            report("storing blobs", i, len(staged))
-            self.store.publish(blob)
+        self.store.publish_all(staged, lambda i: report("storing blobs", i, len(staged)))
         report("storing blobs", len(staged), len(staged))
 
     def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None,
@@ -233,10 +231,10 @@ class Registrations:
 
         An extracted model's blobs (registry/streamed_blobs.BlobMap) are streamed into the store a chunk at a time from
         where the model file holds them, and hashed again on the way."""
-        def stage(digest: str):
+        def stage(digest: str):  # synced together below
             if isinstance(blobs, BlobMap):
-                return self.store.stage_stream(blobs.chunks(digest), digest, blobs.size(digest))
-            return self.store.stage(blobs[digest])
+                return self.store.stage_stream(blobs.chunks(digest), digest, blobs.size(digest), sync=False)
+            return self.store.stage(blobs[digest], sync=False)
 
         staged = []
         try:
@@ -246,6 +244,7 @@ class Registrations:
                     if blob.digest != digest:
                         raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
                                              "extract it again.")
+            self.store.sync(staged)  # here, beside the gate, not after it
         except BaseException:
             self._discard(staged)
             raise

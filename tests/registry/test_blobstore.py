@@ -95,3 +95,46 @@ def test_open_blob_store_takes_a_path_or_a_file_uri(tmp_path):
 def test_an_unknown_scheme_lists_the_registered_schemes():
     with pytest.raises(RegistryError, match="unknown scheme 'gs'; currently registered schemes are file, s3"):
         open_blob_store("gs://bucket/blobs")
+
+
+def test_blobs_staged_unsynced_are_synced_together_then_published_at_once(tmp_path):
+    """What a registration does (registration._stage, _publish): stage with sync=False, one sync, one publish_all."""
+    store = LocalBlobStore(tmp_path)
+    blobs = [f"tensor {i}".encode() * (i + 1) for i in range(20)]
+    staged = [store.stage(data, sync=False) for data in blobs[:10]]
+    staged += [store.stage_stream(iter([data[:3], data[3:]]), hashlib.sha256(data).hexdigest(), len(data), sync=False) for data in blobs[10:]]
+    assert not any(blob.synced for blob in staged) and all(blob.temporary.read_bytes() == data for blob, data in zip(staged, blobs))
+    assert list(store.digests()) == []  # staged is not stored
+    store.sync(staged)
+    assert all(blob.synced for blob in staged)
+    seen = []
+    store.publish_all(staged, seen.append)
+    assert seen == list(range(20))
+    assert sorted(store.digests()) == sorted(hashlib.sha256(data).hexdigest() for data in blobs)
+    assert all(store.get(hashlib.sha256(data).hexdigest()) == data for data in blobs)
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+def test_a_blob_published_unsynced_is_synced_first_and_a_failed_rename_leaves_no_temporary(tmp_path, monkeypatch):
+    store = LocalBlobStore(tmp_path)
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda handle: synced.append(handle) or real_fsync(handle))
+    lone = store.stage(b"one blob", sync=False)
+    assert store.publish(lone) == hashlib.sha256(b"one blob").hexdigest() and lone.synced and synced  # its file, then its folder
+    staged = [store.stage(f"blob {i}".encode(), sync=False) for i in range(4)]
+    renamed = []
+    real_replace = os.replace
+
+    def replace_then_fail(source, target):
+        if len(renamed) == 2:
+            raise OSError(28, "No space left on device (injected)")
+        renamed.append(target)
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace_then_fail)
+    with pytest.raises(OSError, match="injected"):
+        store.publish_all(staged)
+    monkeypatch.undo()
+    assert not list(tmp_path.rglob(".*.tmp"))  # the two left unpublished were discarded, not left half way
+    assert sorted(store.digests()) == sorted([lone.digest, *(blob.digest for blob in staged[:2])])
