@@ -40,7 +40,7 @@ def test_the_readme_says_how_to_install_and_how_normbridge_gets_on_path():
     install = README.read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
     for said in ('pip install ".[all]"', "make setup", ".venv/bin/normbridge", "source .venv/bin/activate"):
         assert said in install, f"the README's Install section does not say {said!r}"
-    assert re.search(r'^normbridge = "cli\.main:app"$', (ROOT / "pyproject.toml").read_text(), re.M)  # the script pip puts in bin/
+    assert re.search(r'^normbridge = "cli\.main:main"$', (ROOT / "pyproject.toml").read_text(), re.M)  # the script pip puts in bin/
 
 
 def test_after_activating_the_venv_normbridge_is_on_path(tmp_path):

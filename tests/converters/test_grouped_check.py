@@ -135,10 +135,17 @@ def test_members_of_equal_state_step_from_their_own_statistics_in_onnx(dtype):
         assert_same(check_many(specs, frameworks=frameworks), [converters.check(spec, frameworks=frameworks) for spec in specs])
 
 
-def test_check_many_raises_what_check_raises_for_the_first_spec_that_raises():
+def raising_case() -> tuple[AdapterRegistry, list[NormSpec]]:
+    """A registry whose torch adapter crashes on layers named 'boom...' (tests/buggy_torch_raising.py), and three specs: a
+    fine one, then two that crash; the error every gate must raise is the first one's, "boom_first: the adapter broke"."""
     registry = AdapterRegistry({"torch": "tests.buggy_torch_raising", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
     specs = [make_spec("rms", source="torch", name="fine", normalized_shape=(8,)), make_spec("layer", source="torch", name="boom_first"),
              make_spec("rms", source="torch", name="boom_second", normalized_shape=(8,), seed=3)]
+    return registry, specs
+
+
+def test_check_many_raises_what_check_raises_for_the_first_spec_that_raises():
+    registry, specs = raising_case()
     with pytest.raises(RuntimeError) as plain:
         [converters.check(spec, registry=registry) for spec in specs]
     with pytest.raises(RuntimeError) as grouped:

@@ -87,11 +87,9 @@ def test_the_workers_legs_go_in_one_request_per_source_and_legs(monkeypatch):
 
 
 def test_a_request_that_raises_is_asked_again_spec_by_spec_and_raises_the_first_specs_error():
-    from converters.adapters import AdapterRegistry
+    from tests.converters.test_grouped_check import raising_case
 
-    registry = AdapterRegistry({"torch": "tests.buggy_torch_raising", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
-    specs = [make_spec("rms", source="torch", name="fine", normalized_shape=(8,)), make_spec("layer", source="torch", name="boom_first"),
-             make_spec("rms", source="torch", name="boom_second", normalized_shape=(8,), seed=3)]
+    registry, specs = raising_case()
     with pytest.raises(RuntimeError) as plain:
         [converters.check(spec, registry=registry) for spec in specs]
     with pytest.raises(Exception) as split:
