@@ -12,7 +12,8 @@ Frames are an 8-byte big-endian length and that many bytes: a request is two fra
 tensor bytes), a reply one. A header is a check ({"frameworks", "spec"}), or the checks of several specs at once
 ({"frameworks", "specs", "sizes"}: the tensor frame is each spec's safetensors bytes one after another, `sizes` long;
 answered by {"results": [...]} from `check_many`, each object built once per configuration), or {"warm": [names]}
-(import those frameworks now), or {"shutdown": true} (shared worker only), or {"job": NAME, "args": {...}}
+(import those frameworks now), or {"prepare": [names]} (answered at once, then those frameworks imported with
+what reading their models imports, and a shared worker's jobs module's `prepare`), or {"shutdown": true} (shared worker only), or {"job": NAME, "args": {...}}
 (shared worker only: one of the jobs the worker was started with, `serve(jobs=...)`; answered by zero or more
 {"progress": [...]} frames, then {"done": ...} or {"error": ...}; a caller that hangs up stops the job at its next
 progress frame). Requests are answered in order. `python -m converters.leg_worker PACKAGES torch keras` builds
@@ -22,6 +23,7 @@ until it closes.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -42,7 +44,7 @@ from schemas import CheckResult, NormSpec, NormbridgeError
 from schemas import errors as error_types
 from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
 
-from . import lean_imports
+from . import lean_imports, round_trips
 from .adapters import AdapterRegistry
 from .grouped_check import check_many, checker_for
 
@@ -117,21 +119,29 @@ class LegWorker:
         threading.Thread(target=self._write_requests, name="normbridge-leg-requests", daemon=True).start()
         threading.Thread(target=self._read_replies, name="normbridge-leg-replies", daemon=True).start()
 
-    def submit(self, spec: NormSpec, frameworks: list[str]) -> Future:
-        """A future CheckResult of `check(spec, frameworks)` run in the worker."""
-        header = {"frameworks": frameworks, "spec": json.loads(spec_to_json(spec))}
+    def submit(self, spec: NormSpec, frameworks: list[str], defer_round_trips: bool = False) -> Future:
+        """A future CheckResult of `check(spec, frameworks)` run in the worker; with `defer_round_trips`, a future
+        round_trips.Checked whose round trips the caller runs (round_trips.finish)."""
+        header = {"frameworks": frameworks, "spec": json.loads(spec_to_json(spec)), **_deferral(defer_round_trips)}
         return self.send(header, tensors_to_bytes(spec))
 
-    def submit_many(self, specs: list[NormSpec], frameworks: list[str]) -> Future:
-        """A future list of CheckResults: `check_many(specs, frameworks)` run in the worker in one request. Why: one spec
-        per request costs the worker about 8 ms per spec against 5 for the same checks grouped by configuration."""
+    def submit_many(self, specs: list[NormSpec], frameworks: list[str], defer_round_trips: bool = False) -> Future:
+        """A future list of CheckResults (of round_trips.Checked with `defer_round_trips`): `check_many(specs, frameworks)`
+        run in the worker in one request. Why: one spec per request costs the worker about 8 ms per spec against 5 for
+        the same checks grouped by configuration."""
         blobs = [tensors_to_bytes(spec) for spec in specs]
-        header = {"frameworks": frameworks, "specs": [json.loads(spec_to_json(spec)) for spec in specs], "sizes": [len(b) for b in blobs]}
+        header = {"frameworks": frameworks, "specs": [json.loads(spec_to_json(spec)) for spec in specs], "sizes": [len(b) for b in blobs],
+                  **_deferral(defer_round_trips)}
         return self.send(header, b"".join(blobs))
 
     def warm(self, frameworks: list[str]) -> Future:
         """Ask the worker to import `frameworks` now (a shared worker started for another model's frameworks)."""
         return self.send({"warm": list(frameworks)}, b"")
+
+    def prepare(self, frameworks: list[str]) -> Future:
+        """Ask the worker to import `frameworks` and what reading their models imports, after the requests sent before;
+        answered at once (nobody need wait for it): a shared worker then runs the next registration of such a model warm."""
+        return self.send({"prepare": list(frameworks)}, b"")
 
     def run(self, job: str, args: dict, progress: Callable[[list], None] | None = None) -> dict | None:
         """Run a job of a shared worker (its `serve(jobs=...)`) and wait: its result, None if the worker ended before it
@@ -187,9 +197,10 @@ class LegWorker:
             if "error" in fields:
                 future.set_exception(error_from(fields["error"]))
             elif "result" in fields:
-                future.set_result(CheckResult.model_validate(fields["result"]))
+                future.set_result(_checked(fields["result"], fields.get("round_trips")))
             elif "results" in fields:
-                future.set_result([CheckResult.model_validate(result) for result in fields["results"]])
+                trips = fields.get("round_trips") or [None] * len(fields["results"])
+                future.set_result([_checked(result, spec_trips) for result, spec_trips in zip(fields["results"], trips)])
             elif "done" in fields:
                 future.set_result(fields["done"])
             else:
@@ -205,6 +216,16 @@ class LegWorker:
         """Stop writing and let go of the worker (a child is ended, a shared worker only disconnected)."""
         self._outbox.put(None)
         self._close()
+
+
+def _deferral(defer_round_trips: bool) -> dict:
+    return {"defer_round_trips": True} if defer_round_trips else {}
+
+
+def _checked(result: dict, trips: list | None) -> CheckResult | round_trips.Checked:
+    """A reply's result: a CheckResult, or with its deferred round trips (`trips`, sent when asked for) a Checked."""
+    checked = CheckResult.model_validate(result)
+    return checked if trips is None else round_trips.Checked(checked, [round_trips.RoundTrip.from_fields(trip) for trip in trips])
 
 
 def start_child(warm: list[str], packages: dict[str, str]) -> LegWorker:
@@ -312,19 +333,33 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
             for name in request["warm"]:
                 registry.framework(name).version()
             return {"warmed": request["warm"]}
-        if "specs" in request:
-            results = check_many(_specs_from_parts(request["specs"], request["sizes"], tensors), frameworks=request["frameworks"], registry=registry)
-            return {"results": [result.model_dump(mode="python") for result in results]}
-        result = checker_for(registry).check(spec_from_parts(request["spec"], tensors), frameworks=request["frameworks"])
-        return {"result": result.model_dump(mode="python")}
+        many = "specs" in request
+        specs = _specs_from_parts(request["specs"], request["sizes"], tensors) if many else [spec_from_parts(request["spec"], tensors)]
+        # The caller runs the round trips back to a source framework this worker has not imported (it read the model):
+        # importing it here would cost more than they do. One this worker has is cheaper here, beside the caller's own legs.
+        defer = request.get("defer_round_trips") and not all(spec.source.framework in sys.modules for spec in specs)
+        with round_trips.deferring() if defer else contextlib.nullcontext() as held:
+            if many:
+                results = check_many(specs, frameworks=request["frameworks"], registry=registry)
+            else:
+                results = [checker_for(registry).check(specs[0], frameworks=request["frameworks"])]
+        fields = [result.model_dump(mode="python") for result in results]
+        reply = {"results": fields} if many else {"result": fields[0]}
+        if request.get("defer_round_trips"):  # each result's round trips left to the caller (converters/round_trips.py)
+            trips = [[trip.fields() for trip in held.of(result)] if held is not None else [] for result in results]
+            reply["round_trips"] = trips if many else trips[0]
+        return reply
     except Exception as error:
         return {"error": error_fields(error)}
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock: threading.Lock | None = None,
-          on_shutdown: Callable[[], None] | None = None, jobs: dict[str, Job] | None = None) -> None:
+          on_shutdown: Callable[[], None] | None = None, jobs: dict[str, Job] | None = None,
+          on_prepare: Callable[[list[str]], None] | None = None) -> None:
     """Answer requests until the stream ends; `lock` is held around each answer (a shared worker serves several callers
-    from threads, and the frameworks' objects are built one at a time). Raises ProtocolError for a frame too long."""
+    from threads, and the frameworks' objects are built one at a time). A prepare request is answered at once, then its
+    frameworks imported and `on_prepare` run (the jobs module's preparation for their models). Raises ProtocolError for
+    a frame too long."""
     lock = lock or threading.Lock()
 
     def progress(fields: list) -> None:
@@ -340,6 +375,13 @@ def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock
             replies.flush()
             on_shutdown()
             return
+        if header.startswith(b'{"prepare"'):
+            names = _prepared(json.loads(header), registry.framework_names)
+            write_frame(replies, json.dumps({"prepared": names}).encode())
+            replies.flush()
+            with lock:  # nobody waits for it: off every caller's clock but the next request's
+                _prepare(registry, names, on_prepare)
+            continue
         job = bool(jobs) and header.startswith(b'{"job"')
         with lock:
             reply = _run_job(json.loads(header), jobs, progress) if job else answer(header, tensors, registry)
@@ -348,6 +390,26 @@ def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock
         if job:
             with lock:  # after the answer, off the caller's clock
                 settle_heap()
+
+
+def _prepared(request: dict, known: list[str]) -> list[str]:
+    """The frameworks a prepare request names, those of this worker's registry only (anything else is ignored)."""
+    names = request.get("prepare")
+    return [name for name in names if name in known] if isinstance(names, list) else []
+
+
+def _prepare(registry: AdapterRegistry, names: list[str], on_prepare: Callable[[list[str]], None] | None) -> None:
+    """Import `names` and what reading their models imports, ahead of the next job. A failure costs only its time: the
+    job that needs them meets it again and reports it."""
+    try:
+        for name in names:
+            registry.framework(name).version()
+            registry.model_adapter(name).prepare_loading()
+        if on_prepare is not None:
+            on_prepare(names)
+    except Exception:  # noqa: BLE001  see the docstring
+        pass
+    settle_heap()
 
 
 def main(argv: list[str]) -> None:

@@ -53,6 +53,9 @@ class ModelAdapter(abc.ABC):
     def load(self, path: Path) -> Any:
         """The model in `path` (a file with one of this framework's MODEL_FILES suffixes), without executing code from it."""
 
+    def prepare_loading(self) -> None:
+        """Import now what `load` imports on its first call (a warm worker does it between registrations). Default: nothing."""
+
     def load_bytes(self, data: bytes, name: str) -> Any:
         """The model in the file bytes `data` (`name`, e.g. 'model.pt2', for its suffix and messages), read as `load` reads a file.
 

@@ -19,7 +19,8 @@ exits; an flock on `<name>.lock` keeps one worker per name.
 
 A worker may also run whole jobs for its callers (`run_job`): the CLI starts it with `--jobs=MODULE`, a module whose
 `JOBS` maps names to functions (registry/worker_jobs.py: a registration, so that a CLI process with a warm worker
-imports no framework at all). The module's package is part of the socket's name, like the code above.
+imports no framework at all), and whose `prepare(frameworks)`, if it has one, readies the worker for the next job of
+a model of those frameworks (run after a gate's legs: leg_worker.serve's prepare requests). The module's package is part of the socket's name, like the code above.
 
     python -m converters.shared_worker SOCKET IDLE_SECONDS PACKAGES_JSON [--jobs=MODULE] [FRAMEWORK ...]
 """
@@ -254,8 +255,9 @@ def run_job(folder: Path, packages: dict[str, str], jobs: str, name: str, args: 
 class _Server:
     """The worker's side: accept same-user connections, answer each on its own thread, exit after `idle` seconds alone."""
 
-    def __init__(self, path: Path, idle: float, registry: AdapterRegistry, jobs: dict[str, Job] | None = None):
-        self.path, self.idle, self.registry, self.jobs = path, idle, registry, jobs
+    def __init__(self, path: Path, idle: float, registry: AdapterRegistry, jobs: dict[str, Job] | None = None,
+                 prepare: Callable[[list[str]], None] | None = None):
+        self.path, self.idle, self.registry, self.jobs, self.prepare = path, idle, registry, jobs, prepare
         self.check_lock = threading.Lock()  # one check at a time: frameworks build their objects on one thread
         self.count_lock = threading.Lock()
         self.active, self.last_seen = 0, time.monotonic()
@@ -302,7 +304,8 @@ class _Server:
             replies = conn.makefile("wb")
             write_frame(replies, json.dumps({"worker": self.path.name, "pid": os.getpid()}).encode())
             replies.flush()
-            serve(conn.makefile("rb"), replies, self.registry, self.check_lock, on_shutdown=self.shutdown, jobs=self.jobs)
+            serve(conn.makefile("rb"), replies, self.registry, self.check_lock, on_shutdown=self.shutdown, jobs=self.jobs,
+                  on_prepare=self.prepare)
         except (OSError, ValueError, ProtocolError):
             pass  # a caller that hung up or sent what this protocol never sends: its connection ends
         finally:
@@ -323,7 +326,8 @@ def main(argv: list[str]) -> None:
     except OSError:
         return  # another worker serves this socket
     lean_imports.enable()
-    server = _Server(path, idle, AdapterRegistry(packages), importlib.import_module(jobs_module).JOBS if jobs_module else None)
+    jobs = importlib.import_module(jobs_module) if jobs_module else None
+    server = _Server(path, idle, AdapterRegistry(packages), jobs and jobs.JOBS, jobs and getattr(jobs, "prepare", None))
     server.bind()  # callers may connect and queue their requests while the frameworks import
     with server.check_lock:
         threading.Thread(target=server.run, daemon=True).start()

@@ -11,7 +11,9 @@ then it is the shared worker of that folder (converters/shared_worker.py), which
 process and serves the next CLI process warm, and every leg not imported here goes to it. Each leg is
 `converters.check` on the same spec and `merge_legs` puts the worker's entries where an in-process
 check puts them: the results are the ones `check(spec)` gives, passed or failed
-(tests/converters/test_split_check.py compares them).
+(tests/converters/test_split_check.py compares them). A worker that has not imported the spec's own framework leaves
+its legs' round trips back to it to this process, which has it (converters/round_trips.py), so it never imports it
+for them; a shared one imports it after answering, for the next registration it runs whole.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from schemas import CheckResult, NormSpec, NormbridgeError
 
 from .adapters import MODEL_FILES, REGISTRY
 from .equivalence import check, merge_legs
-from . import shared_worker
+from .grouped_check import GroupBench
+from . import kept_benches, round_trips, shared_worker
 from .leg_worker import LegWorker, WorkerGone, start_child
 
 #: Frameworks whose legs run in process beside a private worker: onnx and onnxruntime import in under a second, less
@@ -174,27 +177,38 @@ class SplitCheck:
         return results
 
     def _worker_for(self, own: str) -> LegWorker:
-        """The worker for specs from `own`, asked once per gate (it converts back to `own` too: the round trip)."""
+        """The worker for specs from `own`, asked once per gate."""
         if own not in self._workers:
             self._workers[own] = _worker(self._registry.packages, self._warm(own))
         return self._workers[own]
 
     def _warm(self, own: str) -> tuple[str, ...]:
-        """The frameworks the worker imports for specs from `own`: its legs, and `own` for the way back."""
-        return tuple(dict.fromkeys([*self._remote_legs(own), *([own] if own in self._order else [])]))
+        """The frameworks the worker imports for specs from `own`: its legs. Not `own`: the round trips back to it run here
+        (converters/round_trips.py), where reading the model imported it."""
+        return tuple(self._remote_legs(own))
+
+    def _prepare_next(self) -> None:
+        """Have the shared worker import the models' own frameworks and their readers once it has answered this gate's legs
+        (requests are answered in order): off this registration's clock, for the next one, which it runs whole
+        (registry/worker_jobs.py)."""
+        if _SHARED is not None:
+            for own, worker in self._workers.items():
+                if own in self._order:
+                    worker.prepare([own])
 
     def _remote_result(self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int) -> CheckResult:
         """The worker's answer; if a shared worker ended before answering (killed, out of memory), the same legs again in a
         private worker: they are never skipped."""
         try:
-            return batch.result(position)
+            checked = batch.result(position)
         except WorkerGone:
             if _SHARED is None:
                 raise
-            own = spec.source.framework
             with _WORKERS_LOCK:
-                worker = _private(self._registry.packages, tuple(dict.fromkeys([*remote, *([own] if own in self._order else [])])))
-            return worker.submit(spec, remote).result()
+                worker = _private(self._registry.packages, tuple(remote))
+            checked = worker.submit(spec, remote, defer_round_trips=True).result()
+        with kept_benches.lent(self._registry, GroupBench) as bench:  # the layers written back built as check_many builds them
+            return round_trips.finish(spec, checked, self._registry, bench)
 
     def _send_remote(self, plans: list) -> dict[int, tuple["_Batch", int]]:
         """Every spec's worker legs, sent at once: one request per source framework and legs (up to BATCH_BYTES of
@@ -222,6 +236,7 @@ class SplitCheck:
         Raises what `check` raises, for the first spec it raises on."""
         plans = [(spec, self._remote_legs(spec.source.framework)) for spec in specs]
         sent = self._send_remote(plans)
+        self._prepare_next()
         checked = self._local_all(plans, progress)
         results = []
         for i, (spec, remote) in enumerate(plans):
@@ -245,7 +260,7 @@ class _Batch:
 
     def __init__(self, worker: LegWorker, specs: list[NormSpec], remote: list[str]):
         self.worker, self.specs, self.remote = worker, specs, remote
-        self.future = worker.submit_many(specs, remote)
+        self.future = worker.submit_many(specs, remote, defer_round_trips=True)
         self.alone: list | None = None
 
     def result(self, position: int) -> CheckResult:
@@ -255,7 +270,7 @@ class _Batch:
             raise
         except Exception:  # noqa: BLE001  asked again spec by spec, which raises it for the spec it belongs to
             if self.alone is None:
-                self.alone = [self.worker.submit(spec, self.remote) for spec in self.specs]
+                self.alone = [self.worker.submit(spec, self.remote, defer_round_trips=True) for spec in self.specs]
             return self.alone[position].result()
 
 

@@ -92,6 +92,12 @@ def register_job(args: dict, progress: Callable[[list], None]) -> dict:
 JOBS = {"register": register_job}
 
 
+def prepare(frameworks: list[str]) -> None:
+    """Ready the worker for a registration of a model of `frameworks` (it has imported them and their readers): import
+    the registry's service (about 0.5 s), as a job's first registration otherwise does while its caller waits."""
+    from .service import Registry  # noqa: F401
+
+
 def registration_to_json(result: Registration) -> dict:
     """A Registration as JSON values (checks keep their infinities: both ends are Python's json)."""
     version = {key: (value.isoformat() if key == "created_at" else value) for key, value in vars(result.version).items()}
@@ -108,4 +114,4 @@ def registration_from_json(document: dict) -> Registration:
                         unrecognised=[UnrecognisedLayer.model_validate(u) for u in document["unrecognised"]])
 
 
-__all__ = ["JOBS", "JOBS_MODULE", "SWITCH_ENV", "local_store", "register_in_worker", "registration_from_json", "registration_to_json"]
+__all__ = ["JOBS", "JOBS_MODULE", "prepare", "SWITCH_ENV", "local_store", "register_in_worker", "registration_from_json", "registration_to_json"]

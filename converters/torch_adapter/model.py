@@ -46,6 +46,12 @@ class TorchModelAdapter(ModelAdapter):
     def load(self, path: Path) -> Any:
         return _load_pt2(path)
 
+    def prepare_loading(self) -> None:
+        """torch's .pt2 deserializer and what it imports (torch._dynamo): about 2 s on a first load."""
+        import torch._export.serde.serialize  # noqa: F401
+
+        from . import pt2_archive, program_schema  # noqa: F401
+
     def load_bytes(self, data: bytes, name: str) -> Any:
         from .pt2_archive import load_exported_program
 

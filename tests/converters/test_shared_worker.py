@@ -308,3 +308,29 @@ def test_the_warm_up_checks_a_sample_through_every_leg_and_a_broken_adapter_only
     assert [target.framework for target in result.targets] == ["keras", "onnx", "torch"]
     broken = warm_up(buggy_registry(), ["keras", "onnx", "torch"])
     assert broken is None or not broken.passed  # what a broken adapter does to the sample is never raised at a caller
+
+
+def _maps(pid: int) -> str:
+    return open(f"/proc/{pid}/maps").read()
+
+
+def test_after_a_gate_the_shared_worker_imports_the_models_own_framework_for_the_next_registration(folder):
+    """The legs' round trips back to torch run in this process (converters/round_trips.py): the worker has no torch while
+    it checks them; once it has answered, it imports torch and its .pt2 reader (a prepare request, answered at once), off
+    the gate's clock, so the next registration it runs whole finds them."""
+    path, pids = folder
+    worker = shared_worker.connect(path, REGISTRY.packages, ["keras", "onnx"], idle=120)
+    pids.append(worker.pid)
+    worker.close()
+    assert "libtorch" not in _maps(pids[0])
+    share_workers(path, idle_seconds=120)
+    try:
+        spec = make_spec("batch", source="torch", name="bn")
+        got = SplitCheck(in_worker=["keras", "onnx"]).check_all([spec])[0]
+    finally:
+        share_workers(None)
+    assert got.model_dump() == converters.check(spec).model_dump()
+    deadline = time.monotonic() + 120
+    while "libtorch" not in _maps(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "libtorch" in _maps(pids[0])

@@ -9,6 +9,7 @@ The shared worker is compared the same way in tests/converters/test_shared_worke
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -55,14 +56,28 @@ def test_legs_in_a_worker_give_the_in_process_results():
         assert result.model_dump() == expected, spec.name
 
 
-def test_the_deliberately_broken_adapters_still_fail_when_their_leg_runs_in_the_worker():
+@pytest.mark.parametrize("in_worker", [["torch"], ["keras", "onnx"]], ids=["broken leg in the worker", "broken round trips back here"])
+def test_the_deliberately_broken_adapters_still_fail_when_their_leg_runs_in_the_worker(in_worker):
+    """The broken torch adapter's own leg in the worker; or the Keras and ONNX legs there, whose round trips back to the
+    broken torch adapter run here (converters/round_trips.py) and must fail those targets as check does."""
     registry = buggy_registry()
     specs = [make_spec("layer", eps=1e-3, normalized_shape=(16,), source="torch"), make_spec("batch", source="torch")]
-    got = SplitCheck(registry=registry, in_worker=["torch"]).check_all(specs)
+    got = SplitCheck(registry=registry, in_worker=in_worker).check_all(specs)
     for spec, result in zip(specs, got):
         expected = converters.check(spec, registry=registry)
         assert not result.passed and not expected.passed
         assert result.model_dump() == expected.model_dump()
+
+
+def test_the_worker_never_loads_the_source_framework_its_round_trips_go_back_to():
+    """A torch spec's Keras and ONNX legs in a worker: the round trips back to torch run in this process, so the worker
+    (a private child here; the shared one alike) has TensorFlow and onnxruntime mapped and no libtorch."""
+    split = SplitCheck(in_worker=["keras", "onnx"])
+    spec = make_spec("batch", source="torch", name="bn")
+    assert split.check_all([spec])[0].model_dump() == converters.check(spec).model_dump()
+    maps = Path(f"/proc/{split._workers['torch'].pid}/maps").read_text()
+    assert "libtensorflow" in maps and "onnxruntime" in maps
+    assert "libtorch" not in maps
 
 
 def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch):
