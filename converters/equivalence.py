@@ -157,6 +157,31 @@ def round_trip_differences(spec: NormSpec, target_spec: NormSpec, expressed: Nor
     return [str(d) for d in spec_differences(home or expressed, back_spec, ignore=ROUND_TRIP_IGNORED)]
 
 
+def finish_round_trips(spec: NormSpec, checked: round_trips.Checked, registry: AdapterRegistry, bench: "Bench") -> CheckResult:
+    """A worker's result whose round trips it left to this process (converters/round_trips.py), completed here as
+    `_check_target` would have: each round trip run with `bench` (layers built as `check`'s) and its outcome put where
+    `check` puts it. Raises what the round trip raises when it is not a NormbridgeError, as `check` does."""
+    result = checked.result
+    options = target_options(ConversionOptions())  # the options a worker's legs are checked with
+    for trip in checked.round_trips:
+        entry = next(e for e in result.targets if e.framework == trip.target)
+        try:
+            entry.round_trip_differences = round_trip_differences(spec, trip.target_spec, trip.expressed, options, bench)
+        except NormbridgeError as error:  # as check_target: the target failed there, before its eval and training step
+            result.outputs = [o for o in result.outputs if o.framework != trip.target]
+            result.training_step = [s for s in result.training_step if s.framework != trip.target]
+            del entry.warnings[trip.warnings:]
+            entry.status, entry.reason = "failed", str(error)
+            result.errors = [line for line in result.errors if line.split(":", 1)[0] != trip.target] + [f"{trip.target}: {error}"]
+            continue
+        if trip.reached_end and entry.round_trip_differences:
+            entry.status = "failed"
+    rank = {name: i for i, name in enumerate(registry.framework_names)}
+    result.errors.sort(key=lambda line: rank.get(line.split(":", 1)[0], len(rank)))  # in target order, as check writes them
+    result.passed = verdict(result)
+    return result
+
+
 def _check_target(
     spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
     source_step: Callable[[], reference.TrainStep], bench: "Bench",

@@ -121,7 +121,7 @@ class LegWorker:
 
     def submit(self, spec: NormSpec, frameworks: list[str], defer_round_trips: bool = False) -> Future:
         """A future CheckResult of `check(spec, frameworks)` run in the worker; with `defer_round_trips`, a future
-        round_trips.Checked whose round trips the caller runs (round_trips.finish)."""
+        round_trips.Checked whose round trips the caller runs (equivalence.finish_round_trips)."""
         header = {"frameworks": frameworks, "spec": json.loads(spec_to_json(spec)), **_deferral(defer_round_trips)}
         return self.send(header, tensors_to_bytes(spec))
 

@@ -3,12 +3,13 @@
 Why: `check` converts the layer it read from each target back to the source framework and reads it again (the round
 trip). A worker running a .pt2's Keras and ONNX legs imported torch for that alone, about 1 s on the first
 registration's critical path (and Keras, 3 s, for a .keras model's torch legs), while its caller had read the model
-and imported torch already. Inside `deferring()` (a worker's request), `equivalence._check_target` records what the round
-trip needs (`hold`: the layer read from the target and the spec it must equal) instead of running it, and goes on with
-the eval and the training step; the caller runs it (`finish`) and puts its outcome where `check` puts it: the target's
-round-trip differences, its status where they fail it, and, where the round trip raises, the target failed with that
-error and without the outputs and training step `check` would not have reached. So the result is `check`'s field for
-field (tests/converters/test_split_check.py, on the case table and the broken adapters). One difference remains: where a
+and imported torch already. When the worker has not imported the source framework, its request runs inside
+`deferring()`: `equivalence._check_target` records what the round trip needs (`hold`: the layer read from the target
+and the spec it must equal) instead of running it, and goes on with the eval and the training step; the caller runs it
+(`equivalence.finish_round_trips`) and puts its outcome where `check` puts it: the target's round-trip differences, its
+status where they fail it, and, where the round trip raises, the target failed with that error and without the outputs
+and training step `check` would not have reached. So the result is `check`'s field for field
+(tests/converters/test_split_check.py, on the case table and the broken adapters). One difference remains: where a
 spec's round trip and a later step of another of its targets both raise an error that is not a NormbridgeError (an
 adapter's crash), the later one is raised (both abort the registration).
 """
@@ -22,11 +23,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from schemas import CheckResult, NormSpec, NormbridgeError, TargetCheck
+from schemas import CheckResult, NormSpec, TargetCheck
 from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
-
-from . import equivalence
-from .options import ConversionOptions
 
 
 @dataclass
@@ -93,30 +91,6 @@ def hold(result: CheckResult, entry: TargetCheck, target_spec: NormSpec, express
     trip = RoundTrip(entry.framework, target_spec, expressed, len(entry.warnings))
     held.add(result, trip)
     return trip
-
-
-def finish(spec: NormSpec, checked: Checked, registry, bench) -> CheckResult:
-    """Run `checked`'s round trips here (`bench`: how layers are built, as `check`'s) and return its result as `check` would
-    have made it. Raises what the round trip raises when it is not a NormbridgeError, as `check` does."""
-    result = checked.result
-    options = equivalence.target_options(ConversionOptions())  # the options a worker's legs are checked with
-    for trip in checked.round_trips:
-        entry = next(e for e in result.targets if e.framework == trip.target)
-        try:
-            entry.round_trip_differences = equivalence.round_trip_differences(spec, trip.target_spec, trip.expressed, options, bench)
-        except NormbridgeError as error:  # as check_target: the target failed there, before its eval and training step
-            result.outputs = [o for o in result.outputs if o.framework != trip.target]
-            result.training_step = [s for s in result.training_step if s.framework != trip.target]
-            del entry.warnings[trip.warnings:]
-            entry.status, entry.reason = "failed", str(error)
-            result.errors = [line for line in result.errors if line.split(":", 1)[0] != trip.target] + [f"{trip.target}: {error}"]
-            continue
-        if trip.reached_end and entry.round_trip_differences:
-            entry.status = "failed"
-    rank = {name: i for i, name in enumerate(registry.framework_names)}
-    result.errors.sort(key=lambda line: rank.get(line.split(":", 1)[0], len(rank)))  # in target order, as check writes them
-    result.passed = equivalence.verdict(result)
-    return result
 
 
 def _spec_fields(spec: NormSpec) -> dict:

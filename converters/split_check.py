@@ -31,9 +31,9 @@ import converters
 from schemas import CheckResult, NormSpec, NormbridgeError
 
 from .adapters import MODEL_FILES, REGISTRY
-from .equivalence import check, merge_legs
+from .equivalence import check, finish_round_trips, merge_legs
 from .grouped_check import GroupBench
-from . import kept_benches, round_trips, shared_worker
+from . import kept_benches, shared_worker
 from .leg_worker import LegWorker, WorkerGone, start_child
 
 #: Frameworks whose legs run in process beside a private worker: onnx and onnxruntime import in under a second, less
@@ -208,7 +208,7 @@ class SplitCheck:
                 worker = _private(self._registry.packages, tuple(remote))
             checked = worker.submit(spec, remote, defer_round_trips=True).result()
         with kept_benches.lent(self._registry, GroupBench) as bench:  # the layers written back built as check_many builds them
-            return round_trips.finish(spec, checked, self._registry, bench)
+            return finish_round_trips(spec, checked, self._registry, bench)
 
     def _send_remote(self, plans: list) -> dict[int, tuple["_Batch", int]]:
         """Every spec's worker legs, sent at once: one request per source framework and legs (up to BATCH_BYTES of
