@@ -5,16 +5,19 @@ about 4-7 s of CPU, more than reading the model. The worker runs `converters.che
 the objects it built for later specs of the same configuration (grouped_check.checker_for: the results are check's,
 field for field): the spec travels as its JSON document and safetensors bytes (schemas/spec_io.py, bit-exact, nothing
 executed on reading), the result comes back as the CheckResult's fields in JSON (infinities included), an error as its
-NormbridgeError class, message, layer and setting. A worker is either the caller's own child on pipes (`start_child`) or
-the shared one on a Unix socket that outlives its callers (converters/shared_worker.py); both speak this.
+NormbridgeError class, message, layer and setting. A check request may ask the worker to leave the round trips back to
+a source framework it has not imported to the caller (`defer_round_trips`; converters/round_trips.py). A worker is
+either the caller's own child on pipes (leg_client.start_child) or the shared one on a Unix socket that outlives its
+callers (converters/shared_worker.py); both speak this, and converters/leg_client.py is the caller's side.
 
 Frames are an 8-byte big-endian length and that many bytes: a request is two frames (header JSON,
 tensor bytes), a reply one. A header is a check ({"frameworks", "spec"}), or the checks of several specs at once
 ({"frameworks", "specs", "sizes"}: the tensor frame is each spec's safetensors bytes one after another, `sizes` long;
 answered by {"results": [...]} from `check_many`, each object built once per configuration), or {"warm": [names]}
 (import those frameworks now), or {"prepare": [names]} (answered at once, then those frameworks imported with
-what reading their models imports, and a shared worker's jobs module's `prepare`), or {"shutdown": true} (shared worker only), or {"job": NAME, "args": {...}}
-(shared worker only: one of the jobs the worker was started with, `serve(jobs=...)`; answered by zero or more
+what reading their models imports, and a shared worker's jobs module's `prepare`), or {"shutdown": true} (shared
+worker only), or {"job": NAME, "args": {...}} (shared worker only: one of the jobs the worker was started with,
+`serve(jobs=...)`; answered by zero or more
 {"progress": [...]} frames, then {"done": ...} or {"error": ...}; a caller that hangs up stops the job at its next
 progress frame). Requests are answered in order. `python -m converters.leg_worker PACKAGES torch keras` builds
 the caller's AdapterRegistry from PACKAGES (JSON), imports the named frameworks at once, then serves its stdin
@@ -27,14 +30,10 @@ import contextlib
 import gc
 import json
 import os
-import queue
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,7 +41,7 @@ import numpy as np
 
 from schemas import CheckResult, NormSpec, NormbridgeError
 from schemas import errors as error_types
-from schemas.spec_io import spec_from_parts, spec_to_json, tensors_to_bytes
+from schemas.spec_io import spec_from_parts
 
 from . import lean_imports, round_trips
 from .adapters import AdapterRegistry
@@ -54,10 +53,6 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 #: Largest frame a worker reads: a header is a spec's JSON, the tensors one normalizer's state (a vocabulary-sized
 #: LayerNorm is a few MB); anything larger is not a request of this protocol.
 MAX_FRAME = 1 << 30
-
-
-class WorkerGone(RuntimeError):
-    """The worker ended (killed, out of memory) before it answered: nothing was checked there."""
 
 
 class ProtocolError(Exception):
@@ -101,160 +96,6 @@ def error_from(fields: dict) -> Exception:
     Exception.__init__(error, fields["message"])
     error.message, error.layer, error.setting = fields["message"], fields.get("layer"), fields.get("setting")
     return error
-
-
-class LegWorker:
-    """The caller's side of one worker: requests are written by a thread of their own (a worker still importing its
-    frameworks reads nothing, and the caller must not wait on a full pipe meanwhile) and answered in order."""
-
-    def __init__(self, replies: BinaryIO, requests: BinaryIO, alive: Callable[[], bool], close: Callable[[], None],
-                 last_words: Callable[[], str], pid: int | None = None):
-        self._replies, self._requests = replies, requests
-        self._alive, self._close, self._last_words = alive, close, last_words
-        self.pid = pid  #: the worker's process id (the benchmarks read its CPU time)
-        self._lock = threading.Lock()
-        self._ended = False
-        self._pending: list[tuple[Future, Callable[[list], None] | None]] = []
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._write_requests, name="normbridge-leg-requests", daemon=True).start()
-        threading.Thread(target=self._read_replies, name="normbridge-leg-replies", daemon=True).start()
-
-    def submit(self, spec: NormSpec, frameworks: list[str], defer_round_trips: bool = False) -> Future:
-        """A future CheckResult of `check(spec, frameworks)` run in the worker; with `defer_round_trips`, a future
-        round_trips.Checked whose round trips the caller runs (equivalence.finish_round_trips)."""
-        header = {"frameworks": frameworks, "spec": json.loads(spec_to_json(spec)), **_deferral(defer_round_trips)}
-        return self.send(header, tensors_to_bytes(spec))
-
-    def submit_many(self, specs: list[NormSpec], frameworks: list[str], defer_round_trips: bool = False) -> Future:
-        """A future list of CheckResults (of round_trips.Checked with `defer_round_trips`): `check_many(specs, frameworks)`
-        run in the worker in one request. Why: one spec per request costs the worker about 8 ms per spec against 5 for
-        the same checks grouped by configuration."""
-        blobs = [tensors_to_bytes(spec) for spec in specs]
-        header = {"frameworks": frameworks, "specs": [json.loads(spec_to_json(spec)) for spec in specs], "sizes": [len(b) for b in blobs],
-                  **_deferral(defer_round_trips)}
-        return self.send(header, b"".join(blobs))
-
-    def warm(self, frameworks: list[str]) -> Future:
-        """Ask the worker to import `frameworks` now (a shared worker started for another model's frameworks)."""
-        return self.send({"warm": list(frameworks)}, b"")
-
-    def prepare(self, frameworks: list[str]) -> Future:
-        """Ask the worker to import `frameworks` and what reading their models imports, after the requests sent before;
-        answered at once (nobody need wait for it): a shared worker then runs the next registration of such a model warm."""
-        return self.send({"prepare": list(frameworks)}, b"")
-
-    def run(self, job: str, args: dict, progress: Callable[[list], None] | None = None) -> dict | None:
-        """Run a job of a shared worker (its `serve(jobs=...)`) and wait: its result, None if the worker ended before it
-        answered. Raises the job's error."""
-        try:
-            return self.send({"job": job, "args": args}, b"", progress).result()
-        except WorkerGone:
-            return None
-
-    def send(self, header: dict, tensors: bytes, progress: Callable[[list], None] | None = None) -> Future:
-        """A future of the reply to one request (a CheckResult, a job's result, None for the others); `progress` is given
-        each progress frame answered before it (a job's)."""
-        future: Future = Future()
-        with self._lock:
-            if self._ended:  # the reply reader has stopped: nothing would ever answer this request
-                future.set_exception(WorkerGone(f"the check's worker process had ended: {self._last_words()}"))
-                return future
-            self._pending.append((future, progress))
-            self._outbox.put((json.dumps(header).encode(), tensors))
-        return future
-
-    def _write_requests(self) -> None:
-        while (frames := self._outbox.get()) is not None:
-            try:
-                for frame in frames:
-                    write_frame(self._requests, frame)
-                self._requests.flush()
-            except (OSError, ValueError):
-                return  # the worker is gone: the reply reader fails every pending request with its last words
-
-    def _read_replies(self) -> None:
-        while True:
-            try:
-                reply = read_frame(self._replies)
-            except (OSError, ValueError, ProtocolError):
-                reply = None
-            fields = None if reply is None else json.loads(reply)
-            with self._lock:
-                if fields is None:
-                    pending, self._pending, self._ended = self._pending, [], True
-                    break
-                if "progress" in fields:
-                    told = self._pending[0][1]
-                else:
-                    future, told = self._pending.pop(0)[0], None
-            if "progress" in fields:
-                if told is not None:
-                    try:
-                        told(fields["progress"])
-                    except Exception:  # noqa: BLE001  a progress display that fails must not lose the answer
-                        pass
-                continue
-            if "error" in fields:
-                future.set_exception(error_from(fields["error"]))
-            elif "result" in fields:
-                future.set_result(_checked(fields["result"], fields.get("round_trips")))
-            elif "results" in fields:
-                trips = fields.get("round_trips") or [None] * len(fields["results"])
-                future.set_result([_checked(result, spec_trips) for result, spec_trips in zip(fields["results"], trips)])
-            elif "done" in fields:
-                future.set_result(fields["done"])
-            else:
-                future.set_result(None)
-        error = WorkerGone(f"the check's worker process ended before answering: {self._last_words()}")
-        for future, _ in pending:
-            future.set_exception(error)
-
-    def alive(self) -> bool:
-        return not self._ended and self._alive()
-
-    def close(self) -> None:
-        """Stop writing and let go of the worker (a child is ended, a shared worker only disconnected)."""
-        self._outbox.put(None)
-        self._close()
-
-
-def _deferral(defer_round_trips: bool) -> dict:
-    return {"defer_round_trips": True} if defer_round_trips else {}
-
-
-def _checked(result: dict, trips: list | None) -> CheckResult | round_trips.Checked:
-    """A reply's result: a CheckResult, or with its deferred round trips (`trips`, sent when asked for) a Checked."""
-    checked = CheckResult.model_validate(result)
-    return checked if trips is None else round_trips.Checked(checked, [round_trips.RoundTrip.from_fields(trip) for trip in trips])
-
-
-def start_child(warm: list[str], packages: dict[str, str]) -> LegWorker:
-    """A worker that is this process's child on pipes, importing `warm` at once; it ends with its caller."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    stderr = tempfile.TemporaryFile()
-    process = subprocess.Popen([sys.executable, "-m", "converters.leg_worker", json.dumps(packages), *warm], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=stderr, env=env)
-
-    def last_words() -> str:
-        stderr.seek(0)
-        lines = stderr.read().decode(errors="replace").strip().splitlines()
-        return f"exit code {process.wait()}: " + (lines[-1] if lines else "it printed nothing")
-
-    def close() -> None:
-        # End it now and reap it: it holds no state worth a graceful exit, and one still importing TensorFlow (a
-        # registration that failed before its gate) would otherwise keep its caller waiting seconds at exit.
-        try:
-            process.stdin.close()
-        except OSError:
-            pass
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-    return LegWorker(process.stdout, process.stdin, lambda: process.poll() is None, close, last_words, process.pid)
 
 
 def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | None:

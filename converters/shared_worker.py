@@ -20,7 +20,8 @@ exits; an flock on `<name>.lock` keeps one worker per name.
 A worker may also run whole jobs for its callers (`run_job`): the CLI starts it with `--jobs=MODULE`, a module whose
 `JOBS` maps names to functions (registry/worker_jobs.py: a registration, so that a CLI process with a warm worker
 imports no framework at all), and whose `prepare(frameworks)`, if it has one, readies the worker for the next job of
-a model of those frameworks (run after a gate's legs: leg_worker.serve's prepare requests). The module's package is part of the socket's name, like the code above.
+a model of those frameworks (run after a gate's legs: leg_worker.serve's prepare requests). The module's package is
+part of the socket's name, like the code above.
 
     python -m converters.shared_worker SOCKET IDLE_SECONDS PACKAGES_JSON [--jobs=MODULE] [FRAMEWORK ...]
 """
@@ -45,7 +46,8 @@ from pathlib import Path
 
 from . import lean_imports
 from .adapters import AdapterRegistry
-from .leg_worker import ROOT, Job, LegWorker, ProtocolError, error_from, read_frame, serve, settle_heap, warm_up, write_frame
+from .leg_client import LegWorker
+from .leg_worker import ROOT, Job, ProtocolError, read_frame, serve, settle_heap, warm_up, write_frame
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0

@@ -34,7 +34,7 @@ from .adapters import MODEL_FILES, REGISTRY
 from .equivalence import check, finish_round_trips, merge_legs
 from .grouped_check import GroupBench
 from . import kept_benches, shared_worker
-from .leg_worker import LegWorker, WorkerGone, start_child
+from .leg_client import LegWorker, WorkerGone, start_child
 
 #: Frameworks whose legs run in process beside a private worker: onnx and onnxruntime import in under a second, less
 #: than a worker costs. Beside a shared worker (already warm) they go there too.

@@ -89,7 +89,7 @@ def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch)
 
 def test_the_workers_legs_go_in_one_request_per_source_and_legs(monkeypatch):
     """One request carries every spec of a source framework (LegWorker.submit_many, checked by check_many there)."""
-    from converters.leg_worker import LegWorker
+    from converters.leg_client import LegWorker
 
     sent = []
     original = LegWorker.send
