@@ -147,7 +147,11 @@ def peak_memory_mb(megabytes: int, folder: Path) -> tuple[float, float]:
     return size, probe_peak_mb(path, folder / "big-store")
 
 
-def stats_only_and_lineage(folder: Path, chain: int, calls: int = 21) -> tuple[int, int, tuple[float, float]]:
+#: Lineage queries timed one by one (median and max printed).
+LINEAGE_CALLS = 21
+
+
+def stats_only_and_lineage(folder: Path, chain: int, calls: int = LINEAGE_CALLS) -> tuple[int, int, tuple[float, float]]:
     """(bytes a statistics-only fine-tune stored, full checkpoint bytes, (median, max) seconds of `calls` lineage queries of
     the middle of a `chain` chain). Why median and max, not a mean of a few: in this process (torch imported) a full
     garbage collection takes about 0.1 s and lands in one call of five to ten, whichever it is; the median is a query's
@@ -230,7 +234,7 @@ def main() -> int:
         print(f"memory: registering a {memory[0]:.0f} MB .pt2 peaked {memory[1]:.0f} MB above the baseline after imports (target <= 300 MB); "
               f"the 1-BatchNorm .pt2 {memory[2]:.0f} MB")
     print(f"stats-only fine-tune stored {stored:,} bytes = {100 * stored / size:.3f}% of the {size:,}-byte checkpoint (target < 1%)")
-    print(f"lineage of a {args.chain}-version chain (middle version): median {lineage[0] * 1000:.1f} ms of 21 calls (target < 50 ms), "
+    print(f"lineage of a {args.chain}-version chain (middle version): median {lineage[0] * 1000:.1f} ms of {LINEAGE_CALLS} calls (target < 50 ms), "
           f"max {lineage[1] * 1000:.1f} ms (a full garbage collection of this process)")
     return 0
 

@@ -11,6 +11,7 @@ lists what is available.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from typing import Any
 
@@ -33,6 +34,11 @@ MODEL_FILES: dict[str, tuple[str, str]] = {
     ".keras": ("keras", ".keras"),
     ".onnx": ("onnx", ".onnx"),
 }
+
+
+def imported(framework: str) -> bool:
+    """Whether this process has imported `framework` (its name is its top-level package: FRAMEWORK_PACKAGES)."""
+    return framework in sys.modules
 
 
 class AdapterRegistry:
@@ -100,6 +106,11 @@ class AdapterRegistry:
     def framework(self, name: str) -> FrameworkAdapter:
         self._load(name)
         return self._frameworks[name]
+
+    def import_frameworks(self, names) -> None:
+        """Import each framework of `names` now (its adapter package and the framework itself), as a first use would."""
+        for name in names:
+            self.framework(name).version()
 
     def get(self, framework: str, kind: str) -> KindAdapter:
         """The adapter for (framework, kind), or an error listing the registered pairs."""

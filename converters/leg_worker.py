@@ -44,7 +44,7 @@ from schemas import errors as error_types
 from schemas.spec_io import spec_from_parts
 
 from . import lean_imports, round_trips
-from .adapters import AdapterRegistry
+from .adapters import AdapterRegistry, imported
 from .grouped_check import check_many, checker_for
 
 _LENGTH = struct.Struct(">Q")
@@ -107,8 +107,7 @@ def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | N
     objects built for it are kept like any configuration's (converters/kept_benches.py), and no result depends on them.
     A sample that fails to check costs only its time: the callers' own checks say what is wrong. Returns the sample's
     result (None when it raised), for the tests."""
-    for name in frameworks:
-        registry.framework(name).version()
+    registry.import_frameworks(frameworks)
     if not frameworks:
         return
     state = {"scale": [1.5, 0.5, 1.0, 2.0], "bias": [0.1, -0.2, 0.0, 0.3], "running_mean": [0.5, -1.0, 0.25, 2.0],
@@ -171,14 +170,14 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
     try:
         request = json.loads(header)
         if "warm" in request:
-            for name in request["warm"]:
-                registry.framework(name).version()
+            registry.import_frameworks(request["warm"])
             return {"warmed": request["warm"]}
         many = "specs" in request
         specs = _specs_from_parts(request["specs"], request["sizes"], tensors) if many else [spec_from_parts(request["spec"], tensors)]
         # The caller runs the round trips back to a source framework this worker has not imported (it read the model):
         # importing it here would cost more than they do. One this worker has is cheaper here, beside the caller's own legs.
-        defer = request.get("defer_round_trips") and not all(spec.source.framework in sys.modules for spec in specs)
+        asked = bool(request.get("defer_round_trips"))
+        defer = asked and not all(imported(spec.source.framework) for spec in specs)
         with round_trips.deferring() if defer else contextlib.nullcontext() as held:
             if many:
                 results = check_many(specs, frameworks=request["frameworks"], registry=registry)
@@ -186,7 +185,7 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
                 results = [checker_for(registry).check(specs[0], frameworks=request["frameworks"])]
         fields = [result.model_dump(mode="python") for result in results]
         reply = {"results": fields} if many else {"result": fields[0]}
-        if request.get("defer_round_trips"):  # each result's round trips left to the caller (converters/round_trips.py)
+        if asked:  # each result's round trips left to the caller, none where this worker ran them (converters/round_trips.py)
             trips = [[trip.fields() for trip in held.of(result)] if held is not None else [] for result in results]
             reply["round_trips"] = trips if many else trips[0]
         return reply
@@ -241,16 +240,19 @@ def _prepared(request: dict, known: list[str]) -> list[str]:
 
 def _prepare(registry: AdapterRegistry, names: list[str], on_prepare: Callable[[list[str]], None] | None) -> None:
     """Import `names` and what reading their models imports, ahead of the next job. A failure costs only its time: the
-    job that needs them meets it again and reports it."""
+    job that needs them meets it again and reports it. The heap is settled only when something was imported: a worker
+    that had it all (asked after every gate of a registration that runs in its caller) does nothing."""
+    modules = len(sys.modules)
     try:
+        registry.import_frameworks(names)
         for name in names:
-            registry.framework(name).version()
             registry.model_adapter(name).prepare_loading()
         if on_prepare is not None:
             on_prepare(names)
     except Exception:  # noqa: BLE001  see the docstring
         pass
-    settle_heap()
+    if len(sys.modules) != modules:
+        settle_heap()
 
 
 def main(argv: list[str]) -> None:

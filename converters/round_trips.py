@@ -59,14 +59,13 @@ class Held:
     """The round trips deferred inside one `deferring()` block, by the result they belong to."""
 
     def __init__(self):
-        self._by_result: dict[int, tuple[CheckResult, list[RoundTrip]]] = {}  # the result is kept: its id is not reused
+        self._by_result: dict[int, tuple[CheckResult, list[RoundTrip]]] = {}  # the result is kept, so its id is not reused
 
     def add(self, result: CheckResult, trip: RoundTrip) -> None:
         self._by_result.setdefault(id(result), (result, []))[1].append(trip)
 
     def of(self, result: CheckResult) -> list[RoundTrip]:
-        held = self._by_result.get(id(result))
-        return held[1] if held is not None and held[0] is result else []
+        return self._by_result.get(id(result), (None, []))[1]
 
 
 _HELD: contextvars.ContextVar[Held | None] = contextvars.ContextVar("deferred_round_trips", default=None)

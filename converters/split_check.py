@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from typing import Any
 import converters
 from schemas import CheckResult, NormSpec, NormbridgeError
 
-from .adapters import MODEL_FILES, REGISTRY
+from .adapters import MODEL_FILES, REGISTRY, imported
 from .equivalence import check, finish_round_trips, merge_legs
 from .grouped_check import GroupBench
 from . import kept_benches, shared_worker
@@ -47,11 +46,6 @@ _WORKERS: dict[tuple[str, tuple[str, ...]], LegWorker] = {}
 _WORKERS_LOCK = threading.Lock()
 #: (folder, idle seconds, jobs module or None) of the shared worker this process uses; None: a private worker.
 _SHARED: tuple[Path, float, str | None] | None = None
-
-
-def imported(framework: str) -> bool:
-    """Whether this process has imported `framework` (its name is its top-level package: converters/adapters.py)."""
-    return framework in sys.modules
 
 
 def expected_framework(model: Any) -> str | None:
@@ -196,9 +190,9 @@ class SplitCheck:
                 if own in self._order:
                     worker.prepare([own])
 
-    def _remote_result(self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int) -> CheckResult:
-        """The worker's answer; if a shared worker ended before answering (killed, out of memory), the same legs again in a
-        private worker: they are never skipped."""
+    def _remote_result(self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int, bench: GroupBench) -> CheckResult:
+        """The worker's answer, its round trips run here with `bench`; if a shared worker ended before answering (killed, out
+        of memory), the same legs again in a private worker: they are never skipped."""
         try:
             checked = batch.result(position)
         except WorkerGone:
@@ -207,8 +201,7 @@ class SplitCheck:
             with _WORKERS_LOCK:
                 worker = _private(self._registry.packages, tuple(remote))
             checked = worker.submit(spec, remote, defer_round_trips=True).result()
-        with kept_benches.lent(self._registry, GroupBench) as bench:  # the layers written back built as check_many builds them
-            return finish_round_trips(spec, checked, self._registry, bench)
+        return finish_round_trips(spec, checked, self._registry, bench)
 
     def _send_remote(self, plans: list) -> dict[int, tuple["_Batch", int]]:
         """Every spec's worker legs, sent at once: one request per source framework and legs (up to BATCH_BYTES of
@@ -239,14 +232,15 @@ class SplitCheck:
         self._prepare_next()
         checked = self._local_all(plans, progress)
         results = []
-        for i, (spec, remote) in enumerate(plans):
-            local = [name for name in self._order if name not in remote]
-            if progress is not None and (checked is None or not local):
-                progress(i, spec)
-            parts = [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)] if local else []
-            if i in sent:
-                parts.append(self._remote_result(spec, remote, *sent[i]))
-            results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))
+        with kept_benches.lent(self._registry, GroupBench) as bench:  # the round trips' layers built as check_many builds them
+            for i, (spec, remote) in enumerate(plans):
+                local = [name for name in self._order if name not in remote]
+                if progress is not None and (checked is None or not local):
+                    progress(i, spec)
+                parts = [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)] if local else []
+                if i in sent:
+                    parts.append(self._remote_result(spec, remote, *sent[i], bench))
+                results.append(parts[0] if len(parts) == 1 else merge_legs(parts, self._order))
         return results
 
 
@@ -274,4 +268,4 @@ class _Batch:
             return self.alone[position].result()
 
 
-__all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "imported", "share_workers"]
+__all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "share_workers"]
