@@ -80,6 +80,42 @@ def test_the_worker_never_loads_the_source_framework_its_round_trips_go_back_to(
     assert "libtorch" not in maps
 
 
+def real_model_specs() -> list:
+    """The normalizers of models nobody here wrote: a transformers Llama and Gemma (hand-rolled RMSNorms, Gemma's x * (1 + w))
+    and DETR (frozen BatchNorms, LayerNorms) from tiny configs with random state (tests/real_norms.py), and keras.applications
+    MobileNet (weights=None) with random statistics."""
+    import keras
+    import numpy as np
+
+    from converters.adapters import REGISTRY
+    from tests import real_norms as R
+
+    specs = [spec for make in (R.llama, R.gemma, R.detr) for spec in REGISTRY.model_adapter("torch").layer_specs(R.randomise(make()))]
+    keras.utils.set_random_seed(0)
+    mobilenet = keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=10)
+    rng = np.random.default_rng(0)
+    for layer in mobilenet.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.moving_mean.assign(rng.uniform(-1, 1, layer.moving_mean.shape))
+            layer.moving_variance.assign(rng.uniform(0.5, 1.5, layer.moving_variance.shape))
+    return specs + REGISTRY.model_adapter("keras").layer_specs(mobilenet)
+
+
+def test_real_models_legs_in_a_worker_without_their_framework_give_the_in_process_results():
+    """Each model's other legs in a worker that has not imported the model's framework, so every round trip back runs
+    here (converters/round_trips.py): the results are check's, field for field."""
+    specs = real_model_specs()
+    by_source = {"torch": (["keras", "onnx"], "libtorch"), "keras": (["torch", "onnx"], "libtensorflow")}
+    assert {spec.source.framework for spec in specs} == set(by_source) and len(specs) > 40
+    for source, (legs, library) in by_source.items():
+        mine = [spec for spec in specs if spec.source.framework == source]
+        split = SplitCheck(in_worker=legs)
+        got = split.check_all(mine)
+        assert library not in Path(f"/proc/{split._workers[source].pid}/maps").read_text()  # it never loaded the source framework
+        for spec, result in zip(mine, got):
+            assert result.model_dump() == converters.check(spec).model_dump(), spec.name
+
+
 def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch):
     seen = []
     monkeypatch.setattr(converters, "check_many", lambda specs, **legs: [seen.append((spec.name, legs["frameworks"])) or "checked" for spec in specs])
