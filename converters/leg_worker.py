@@ -27,7 +27,6 @@ until it closes.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import struct
@@ -44,6 +43,7 @@ from schemas import errors as error_types
 from schemas.spec_io import spec_from_parts
 
 from . import lean_imports, round_trips
+from .heap import settle_heap, settled_after_imports
 from .adapters import AdapterRegistry, imported
 from .grouped_check import check_many, checker_for
 
@@ -120,17 +120,6 @@ def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | N
         return check_many([sample], frameworks=list(frameworks), registry=registry)[0]
     except Exception:  # noqa: BLE001  see the docstring: nothing is skipped for a caller
         pass
-
-
-def settle_heap() -> None:
-    """Collect what is garbage now, then exempt every object still alive from later collections (`gc.freeze`).
-
-    Why: a warm worker holds torch, TensorFlow and Keras (hundreds of thousands of objects), and reading a .pt2 allocates
-    enough to trigger full collections, each scanning all of them: the 53-BatchNorm file took 0.48 s to read there against
-    0.17 s once the heap was frozen. Frozen objects are still freed when nothing refers to them; only a reference cycle
-    among them outlives its use (a worker ends after its idle timeout). Called after imports and after each job's answer."""
-    gc.collect()
-    gc.freeze()
 
 
 #: A job a shared worker runs for its callers: (arguments from the request, a function that sends a progress frame) -> result.
@@ -242,17 +231,15 @@ def _prepare(registry: AdapterRegistry, names: list[str], on_prepare: Callable[[
     """Import `names` and what reading their models imports, ahead of the next job. A failure costs only its time: the
     job that needs them meets it again and reports it. The heap is settled only when something was imported: a worker
     that had it all (asked after every gate of a registration that runs in its caller) does nothing."""
-    modules = len(sys.modules)
-    try:
-        registry.import_frameworks(names)
-        for name in names:
-            registry.model_adapter(name).prepare_loading()
-        if on_prepare is not None:
-            on_prepare(names)
-    except Exception:  # noqa: BLE001  see the docstring
-        pass
-    if len(sys.modules) != modules:
-        settle_heap()
+    with settled_after_imports():
+        try:
+            registry.import_frameworks(names)
+            for name in names:
+                registry.model_adapter(name).prepare_loading()
+            if on_prepare is not None:
+                on_prepare(names)
+        except Exception:  # noqa: BLE001  see the docstring
+            pass
 
 
 def main(argv: list[str]) -> None:

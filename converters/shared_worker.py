@@ -47,7 +47,8 @@ from pathlib import Path
 from . import lean_imports
 from .adapters import AdapterRegistry
 from .leg_client import LegWorker
-from .leg_worker import ROOT, Job, ProtocolError, read_frame, serve, settle_heap, warm_up, write_frame
+from .heap import settle_heap
+from .leg_worker import ROOT, Job, ProtocolError, read_frame, serve, warm_up, write_frame
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0

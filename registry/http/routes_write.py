@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body, Depends, Path as PathParam, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from converters.heap import settled_after_imports
 from registry.bundle_stream import UploadInterrupted
 from registry.service.results import GcResult
 
@@ -108,8 +109,10 @@ async def _register_streamed_bundle(request: Request, principal: Principal, lock
 
 def _one_at_a_time(lock, register, *args, **kwargs):
     """A registration under the process's lock: loading a .pt2 is not thread-safe (torch.export keeps a global
-    deserializer), so one worker registers one model at a time; run `serve --workers N` for parallel registrations."""
-    with lock:
+    deserializer), so one worker registers one model at a time; run `serve --workers N` for parallel registrations.
+    The registration that first imports a framework settles the heap (converters.heap), so the full collections of a
+    server holding torch or TensorFlow no longer pause later requests."""
+    with lock, settled_after_imports():
         return register(*args, **kwargs)
 
 

@@ -260,11 +260,11 @@ def test_the_socket_name_changes_with_what_the_results_depend_on(tmp_path, monke
 
 
 def test_settling_the_heap_collects_garbage_first_and_then_exempts_what_is_alive():
-    """What a worker does after its imports and after each job (leg_worker.settle_heap): garbage is freed, not frozen."""
+    """What a worker does after its imports and after each job (converters.heap.settle_heap): garbage is freed, not frozen."""
     import gc
     import weakref
 
-    from converters.leg_worker import settle_heap
+    from converters.heap import settle_heap
 
     class Node:
         pass
