@@ -13,7 +13,7 @@ from .options import ConversionOptions
 
 def record_eps(report: LayerReport, spec: NormSpec, *, float32_attribute: bool = False) -> float:
     """Record how eps is carried; return the value to write (always the source's, never a default)."""
-    origin = " (PyTorch eps=None: finfo(dtype).eps)" if spec.eps_origin == "dtype_eps" else ""
+    origin = " (PyTorch eps=None: the eps of the dtype it computes in)" if spec.eps_origin == "dtype_eps" else ""
     if float32_attribute and as_float32(spec.eps) != spec.eps:
         report.add(
             "eps", spec.eps, as_float32(spec.eps), "stored",

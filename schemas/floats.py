@@ -61,3 +61,12 @@ def decimal_complement(value: float) -> float:
     if not returning:
         return exact
     return min(returning, key=lambda c: (len(repr(c)), abs(c - exact)))
+
+
+def dtype_default_eps(dtype: str) -> float:
+    """The eps PyTorch's RMSNorm uses when given eps=None, for a layer of `dtype` ("float16", "bfloat16", ...).
+
+    Not finfo(dtype).eps, as its docs say: torch computes the norm in its computation dtype (float32 for float16,
+    bfloat16 and float32; float64 for float64) and takes that type's eps (aten's `opmath_type` epsilon and
+    torch._decomp's `_fused_rms_norm`). A float16 RMSNorm(eps=None) adds 1.19e-07, not float16's 9.77e-04."""
+    return float(np.finfo(np.float64 if dtype == "float64" else np.float32).eps)

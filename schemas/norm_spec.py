@@ -85,7 +85,7 @@ class NormSpec(BaseModel):
     num_groups: int | None = Field(default=None, ge=1, description="Groups (group kind).")
 
     eps: float = Field(description="Epsilon added to the variance, exactly as the source gave it.")
-    eps_origin: EpsOrigin = Field(default="explicit", description="dtype_eps: PyTorch RMSNorm eps=None (finfo(dtype).eps).")
+    eps_origin: EpsOrigin = Field(default="explicit", description="dtype_eps: PyTorch RMSNorm eps=None (finfo of its computation dtype: float32 for 16-bit layers).")
 
     momentum: float | None = Field(default=None, description="Momentum as given, read with momentum_convention; None with tracked statistics means a cumulative average.")
     momentum_convention: MomentumConvention | None = Field(default=None, description="batch_weight (PyTorch) or running_weight (Keras, ONNX).")

@@ -26,7 +26,7 @@ MomentumConvention = Literal["batch_weight", "running_weight"]
 VarianceEstimator = Literal["unbiased", "biased"]
 
 #: Where the eps value came from: written explicitly, or PyTorch RMSNorm's `eps=None`
-#: (meaning `torch.finfo(dtype).eps`, which we store as its number too).
+#: (meaning the eps of the dtype torch computes in, floats.dtype_default_eps, which we store as its number too).
 EpsOrigin = Literal["explicit", "dtype_eps"]
 
 Framework = Literal["torch", "keras", "onnx", "spec"]

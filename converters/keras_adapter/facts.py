@@ -13,6 +13,7 @@ import numpy as np
 import pydantic
 
 from schemas import LayerReport, NormSpec, SpecError
+from schemas.floats import dtype_default_eps
 
 from .. import markers
 from .runtime import import_keras, source
@@ -77,8 +78,9 @@ def read_facts(layer: Any, report: LayerReport) -> KerasFacts:
         report.warn(f"the remembered training flag {training!r} is not a bool; reading the layer as in inference mode.")
         training = False
     eps_origin = remembered.get("eps_origin", "explicit")
-    if eps_origin == "dtype_eps" and eps != float(np.finfo(dtype).eps):
-        report.warn(f"eps was emitted as finfo({dtype}).eps but is now {eps!r}; it is read as an explicit eps.")
+    if eps_origin == "dtype_eps" and eps != dtype_default_eps(dtype):
+        report.warn(f"eps was emitted as PyTorch's eps=None for {dtype} ({dtype_default_eps(dtype)!r}) but is now {eps!r}; "
+                    "it is read as an explicit eps.")
         eps_origin = "explicit"
     elif eps_origin not in ("explicit", "dtype_eps"):
         report.warn(f"the remembered eps origin {eps_origin!r} is unknown; it is read as an explicit eps.")

@@ -159,13 +159,13 @@ def momentum_none(facts: LayerFacts) -> Hazard | None:
 
 
 def default_eps(facts: LayerFacts) -> tuple[float | None, str]:
-    """The default eps of the framework the layer came from, and how to name it (None: default is finfo(dtype).eps)."""
+    """The default eps of the framework the layer came from, and how to name it (None: PyTorch eps=None, schemas.floats.dtype_default_eps)."""
     framework = EXPORTER_FRAMEWORKS.get(facts.origin, facts.framework)
     info = KIND_INFO[facts.kind]
     named = DEFAULT_NAMES.get(framework, f"the {framework} default")
     default = info.default_eps[framework]
-    if default is None:  # PyTorch's RMSNorm: eps=None means finfo(dtype).eps, which the spec records as eps_origin="dtype_eps"
-        return None, f"{named} for {info.classes[framework][0]} (eps=None, finfo(dtype).eps)"
+    if default is None:  # PyTorch's RMSNorm: eps=None means the eps of the dtype torch computes in, which the spec records as eps_origin="dtype_eps"
+        return None, f"{named} for {info.classes[framework][0]} (eps=None: the eps of the dtype torch computes in)"
     return default, f"{named} {default!r}"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from schemas import NormbridgeError, NormSpec, Source, SpecError
+from schemas.floats import dtype_default_eps
 from schemas.kinds import KIND_INFO
 
 from .. import recognizers
@@ -124,8 +125,8 @@ class _Reader:
         fields: dict[str, Any] = {}
         eps = a.get("eps")
         eps_origin = "explicit"
-        if eps is None:  # rms_norm(eps=None): finfo(dtype).eps, exactly as RMSNorm(eps=None)
-            eps, eps_origin = float(np.finfo(dtype).eps), "dtype_eps"
+        if eps is None:  # rms_norm(eps=None): the eps of the dtype torch computes in, exactly as RMSNorm(eps=None)
+            eps, eps_origin = dtype_default_eps(dtype), "dtype_eps"
         rank = None if x is None else len(x.shape)
         info = KIND_INFO[kind]
         if info.running_stats:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from schemas import NormSpec, Source, SpecError
+from schemas.floats import dtype_default_eps
 
 from .norm_graph import Derivation, NotANormalization
 
@@ -53,8 +54,8 @@ def build_spec(derivation: Derivation, state: dict[str, torch.Tensor], *, name: 
         fields.pop("compute_dtype")
         fields.pop("cast_before_affine", None)
     eps, origin = fields.pop("eps"), "explicit"
-    if eps is None:  # rms_norm(eps=None): finfo of the dtype it computes in
-        eps, origin = float(torch.finfo(TORCH_OF[fields.get("compute_dtype") or dtype]).eps), "dtype_eps"
+    if eps is None:  # rms_norm(eps=None): the eps of the dtype torch computes it in
+        eps, origin = dtype_default_eps(fields.get("compute_dtype") or dtype), "dtype_eps"
     if derivation.kind == "rms" and "bias" in tensors:
         raise NotANormalization("it adds a bias after an RMS normalisation, which no RMSNorm holds")
     if fields.get("frozen"):

@@ -1,10 +1,11 @@
-"""PyTorch RMSNorm <-> NormSpec(kind="rms"), including eps=None (finfo(dtype).eps)."""
+"""PyTorch RMSNorm <-> NormSpec(kind="rms"), including eps=None (the eps of the dtype torch computes in)."""
 
 from __future__ import annotations
 
 import torch
 
 from schemas import LayerReport, NormSpec
+from schemas.floats import dtype_default_eps
 
 from .. import markers
 from ..adapter import KindAdapter
@@ -25,9 +26,10 @@ class TorchRmsAdapter(TorchRestating, KindAdapter):
         scale, _, tensors = read_affine(obj, name, report)
         dtype = spec_dtype(obj, name)
         if obj.eps is None:
-            # Note [RMSNorm eps=None]: PyTorch then uses torch.finfo(input dtype).eps; store the number and where it came from.
-            eps, origin = float(torch.finfo(SPEC_TO_TORCH[dtype]).eps), "dtype_eps"
-            report.add("eps", None, eps, "translated", f"eps=None means torch.finfo({dtype}).eps")
+            # Note [RMSNorm eps=None]: PyTorch then uses the eps of the dtype it computes in (float32 for a 16-bit layer,
+            # schemas.floats.dtype_default_eps); store the number and where it came from.
+            eps, origin = dtype_default_eps(dtype), "dtype_eps"
+            report.add("eps", None, eps, "translated", f"eps=None means the eps of the dtype torch computes a {dtype} RMSNorm in")
         else:
             eps, origin = float(obj.eps), "explicit"
         return NormSpec(
@@ -40,9 +42,9 @@ class TorchRmsAdapter(TorchRestating, KindAdapter):
         check_compute_dtype(spec)
         dtype = SPEC_TO_TORCH[spec.dtype]
         eps = spec.eps
-        if spec.eps_origin == "dtype_eps" and spec.eps == float(torch.finfo(dtype).eps):
+        if spec.eps_origin == "dtype_eps" and spec.eps == dtype_default_eps(spec.dtype):
             eps = None
-            report.add("eps", spec.eps, None, "translated", "written as eps=None, which PyTorch resolves to the same finfo(dtype).eps")
+            report.add("eps", spec.eps, None, "translated", "written as eps=None, which PyTorch resolves to the same eps")
         else:
             record_eps(report, spec)
         report.add("normalized_shape", list(spec.normalized_shape))

@@ -26,7 +26,7 @@ class KindInfo:
         forbidden: spec fields that mean nothing for the kind, checked in this order.
         classes: framework -> the stock layer class names that compute the kind (torch.nn, keras.layers).
         default_eps: framework -> the eps a layer gets when none is given; None where the framework
-            derives it (PyTorch RMSNorm: finfo(dtype).eps).
+            derives it (PyTorch RMSNorm: floats.dtype_default_eps).
         onnx_op: the native ONNX op.
         onnx_opset: the first opset holding `onnx_op` in the form normbridge writes.
         onnx_inputs: the spec tensor fed by `onnx_op`'s inputs 1, 2, ... (input 0 is the data).
