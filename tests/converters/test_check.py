@@ -42,6 +42,18 @@ def test_check_catches_a_default_eps_even_where_outputs_barely_move():
     assert any(d.startswith("eps") for d in torch_target.spec_differences), result.render_text()
 
 
+def test_check_catches_an_eps_read_wrong_where_its_writer_agrees():
+    """tests/buggy_torch_eps.py reads a float16 RMSNorm(eps=None) as float16's eps and writes it back as eps=None: every
+    spec comparison agrees, and only the probe's small sample (variance near eps) shows that torch adds another eps."""
+    module = torch.nn.RMSNorm(16).half().eval()
+    buggy = AdapterRegistry({"torch": "tests.buggy_torch_eps", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
+    result = converters.check(module, frameworks=["torch"], registry=buggy)
+    assert not result.passed
+    torch_output = next(o for o in result.outputs if o.framework == "torch")
+    assert not torch_output.passed and torch_output.max_abs_error > 0.1, result.render_text()
+    assert converters.check(module, frameworks=["torch"]).passed  # the real adapter reads the eps torch adds
+
+
 def test_check_catches_dropped_running_statistics():
     spec = make_spec("batch", source="torch")
     result = converters.check(spec, frameworks=["torch"], registry=buggy_registry())
