@@ -9,8 +9,19 @@ import typer
 from rich.console import Console
 
 from . import framework_noise, remote
+from .errors import output_closed
 
-console = Console()
+
+class OutputConsole(Console):
+    """Standard output's console: when its reader leaves (`normbridge versions NAME | head -1`) the command ends with
+    exit 141 (cli.errors.OUTPUT_CLOSED_EXIT), not the 1 Rich exits with, which this CLI keeps for crashes."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        output_closed()
+
+
+console = OutputConsole()
 
 
 class NormbridgeGroup(typer.core.TyperGroup):

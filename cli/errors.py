@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import select
+import sys
 from typing import Callable
 
 import typer
@@ -12,6 +15,9 @@ from rich.console import Console
 from schemas.errors import NormbridgeError, exit_code_for
 
 stderr = Console(stderr=True)
+#: Exit status when the reader of standard output closed it (`normbridge versions NAME | head -1`): 128 + SIGPIPE, what a
+#: Unix tool that SIGPIPE ends reports. Click's own handling said 1, which this CLI keeps for crashes.
+OUTPUT_CLOSED_EXIT = 141
 
 
 def reports_errors(func: Callable) -> Callable:
@@ -28,5 +34,27 @@ def reports_errors(func: Callable) -> Callable:
                 stderr.print(f"[bold red]error[/] ({error.code}): ", end="", highlight=False)
                 stderr.print(str(error), highlight=False, soft_wrap=True, markup=False)
             raise typer.Exit(exit_code_for(error)) from None
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise  # a socket's (the gate worker, a server): an error of the command, not of its reader
+            output_closed()
 
     return wrapper
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no file descriptor
+        return False
+
+
+def output_closed() -> None:
+    """The reader of standard output has gone: point it at /dev/null so the exit's flush is quiet, and end with
+    OUTPUT_CLOSED_EXIT. Called for the errors raised here and by the output console (cli.app.OutputConsole)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(OUTPUT_CLOSED_EXIT)

@@ -39,3 +39,16 @@ def check_headers(models: tuple[Path, ...] = (), samples: tuple[Path | None, ...
     for path in samples:
         if path is not None:
             check_sample_header(path)
+
+
+def output_path(path: Path, *, suffix: str | None = None, folder: bool = False) -> Path:
+    """Refuse, before any work, an output that does not end in `suffix` (a usage error, exit 2) or that cannot be written
+    (schemas.atomic_io.writable: exit 24): an export that ran for minutes no longer fails at its last step."""
+    import typer
+
+    from schemas.atomic_io import writable
+
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise typer.BadParameter(f"'{path}' does not end in {suffix}; pass -o {path.with_suffix(suffix).name if path.suffix else path.name + suffix}.",
+                                 param_hint="--output")
+    return writable(path, folder=folder)

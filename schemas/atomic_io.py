@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .errors import OutputPathError
+
 #: Modes asked of the kernel for a new file and folder; the process umask is taken off them.
 FILE_MODE = 0o666
 FOLDER_MODE = 0o777
@@ -61,6 +63,34 @@ def _new_folder(target: Path) -> Path:
     raise FileExistsError(f"could not create a temporary folder beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.* folders.")
 
 
+def writable(target: str | os.PathLike, folder: bool = False) -> Path:
+    """`target` as a Path, once nothing visible stops a file (or, with `folder`, a folder) being written there; else an
+    OutputPathError naming the path and what is in the way. Commands call it before their work, so an export does not
+    fail at its last step; the writers below call it too, and turn what the system refuses later into the same error."""
+    target = Path(target)
+    if folder and target.exists() and not target.is_dir():
+        raise OutputPathError(f"'{target}' is a file, and a folder is written there; remove it or pass another path.")
+    if not folder and target.is_dir():
+        raise OutputPathError(f"'{target}' is a folder, and a file is written there; pass a file path inside it or beside it.")
+    ancestor = target.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"cannot write '{target}': '{ancestor}' is a file, not a folder.")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot write '{target}': no permission to write in '{ancestor}'.")
+    return target
+
+
+@contextlib.contextmanager
+def _refused_as_output(target: Path) -> Iterator[None]:
+    """What the system refuses while making or publishing `target` (a read-only or full disk, /proc) as an OutputPathError."""
+    try:
+        yield
+    except OSError as error:
+        raise OutputPathError(f"cannot write '{target}': {error.strerror or error}.") from error
+
+
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `target` so that readers see the old file or the whole new one, never a part."""
     with atomic_writer(target) as stream:
@@ -73,18 +103,21 @@ def atomic_writer(target: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary stream into a temporary sibling of `target` that becomes `target` (fsync, rename) when the block ends
     without an error, and is removed when it raises: a large file is written once, straight to disk, never held whole in
     memory, and readers still see the old file or the whole new one."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    keep = _existing_mode(target)
-    handle, temporary = _new_file(target)
+    target = writable(target)
+    with _refused_as_output(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        keep = _existing_mode(target)
+        handle, temporary = _new_file(target)
     try:
         with os.fdopen(handle, "wb") as stream:
             if keep is not None:
                 os.chmod(stream.fileno(), keep)
             yield stream
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
+            with _refused_as_output(target):
+                stream.flush()
+                os.fsync(stream.fileno())
+        with _refused_as_output(target):
+            os.replace(temporary, target)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -92,17 +125,19 @@ def atomic_writer(target: str | os.PathLike) -> Iterator[BinaryIO]:
 
 def atomic_write_folder(target: str | os.PathLike, fill: Callable[[Path], object]) -> Path:
     """Let `fill` populate a temporary sibling folder, then move it to `target` (replacing it)."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    keep = _existing_mode(target)
-    temporary = _new_folder(target)
+    target = writable(target, folder=True)
+    with _refused_as_output(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        keep = _existing_mode(target)
+        temporary = _new_folder(target)
     try:
         if keep is not None:
             os.chmod(temporary, keep)
         fill(temporary)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(temporary, target)
+        with _refused_as_output(target):
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(temporary, target)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise

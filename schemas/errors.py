@@ -68,6 +68,13 @@ class InputFileError(NormbridgeError):
     code = "bad_input_file"
 
 
+class OutputPathError(NormbridgeError):
+    """An output path normbridge cannot write: its folder is a file or missing and cannot be made, it is a folder where a
+    file goes (or a file where a folder goes), or the system refused the write (permissions, a read-only or full disk)."""
+
+    code = "bad_output_path"
+
+
 class CheckFailedError(NormbridgeError):
     """An equivalence check ran and found a difference; carries the structured result."""
 
@@ -171,6 +178,7 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     UnsupportedMediaTypeError: 20,
     UnrecognisedNormalizationError: 21,
     NotServableError: 22,
+    OutputPathError: 24,
     NormbridgeError: 9,
 }
 
@@ -194,6 +202,7 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     UnsupportedMediaTypeError: 415,
     UnrecognisedNormalizationError: 422,
     NotServableError: 409,
+    OutputPathError: 500,
     NormbridgeError: 500,
 }
 

@@ -48,11 +48,12 @@ def convert(
     from converters.options import ConversionOptions
     from schemas import ConversionReport, NormSpec
 
-    from ..files import load_layer
+    from ..files import load_layer, output_path
 
     if to is Target.keras and output.suffix.lower() != ".keras":
         raise typer.BadParameter(f"'{output}' does not end in .keras, and Keras loads only files that do; pass -o {output.name}.keras "
                                  "(a one-layer Keras model).", param_hint="--output")
+    output_path(output, folder=to.value == "spec" or (to.value == "torch" and output.suffix != ".safetensors"))
     options = ConversionOptions(
         opset=opset, onnx_training_mode=training_mode, match_variance_estimator=match_estimator, cumulative_momentum=cumulative_momentum.value
     )
@@ -98,6 +99,7 @@ def check(
 
 
 @app.command()
+@reports_errors
 def schema(
     name: str = typer.Argument("normspec", help="normspec, conversion_report, check_result, model_inspection, contract_result, export_result, drift_report, recalibration_report, drift_window or drift_history."),
 ) -> None:

@@ -14,7 +14,7 @@ from schemas.errors import DRIFT_ALARM_EXIT, DRIFT_UNCONVERGED_EXIT
 from ..app import app, console
 from ..arguments import version_ref
 from ..errors import reports_errors
-from ..files import check_headers
+from ..files import check_headers, output_path
 from ..fitting import print_table, say, say_marked
 
 #: Exit code of `drift` when at least one layer alarms (0: no alarm): a verdict, not an error.
@@ -174,6 +174,7 @@ def recalibrate(
         raise InputFileError(f"'{model_path}' is a '{model_path.suffix}' file; recalibrate takes an .onnx, .pt2 or .keras model.")
     if output.suffix.lower() != model_path.suffix.lower():
         raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")
+    output_path(output)
     check_headers((model_path,), (data,))
     registry = None
     if register_from is not None:

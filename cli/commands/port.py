@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..app import app, console
 from ..errors import reports_errors
-from ..files import check_headers
+from ..files import check_headers, output_path
 from ..fitting import print_table, say, say_marked
 from .layers import CumulativeMomentum
 
@@ -54,6 +54,7 @@ def port(
             f"the target '{target}' is not a .keras file; the command line writes Keras targets only, PyTorch targets go through "
             "converters.models.porting.port_state(source, nn_module)."
         )
+    output_path(output)
     check_headers((source, target))  # both files, before either framework loads one
     mapping = _read_name_map(name_map) if name_map is not None else None
     import converters.keras_adapter.unbiased_batch_normalization  # noqa: F401  (registered class, in case the target holds one)

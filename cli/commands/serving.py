@@ -12,7 +12,7 @@ from rich.table import Table
 from ..app import app, console
 from ..arguments import version_ref
 from ..errors import reports_errors
-from ..files import check_headers
+from ..files import check_headers, output_path
 from ..fitting import print_table, say, say_marked
 
 
@@ -141,6 +141,7 @@ def export_command(
                                  f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.", param_hint="'--to'")
     from converters.models.loading import load_model
 
+    output_path(output, suffix=".onnx")
     from_registry = "@" in str(model_path) and not model_path.exists()
     if from_registry:
         version_ref(str(model_path))

@@ -12,7 +12,8 @@ from pathlib import Path
 from converters import ConversionOptions, write_layer
 from converters.api import write_spec
 from schemas import ConversionReport
-from schemas.errors import RegistryError
+from schemas.atomic_io import writable
+from schemas.errors import OutputPathError, RegistryError
 
 from .results import ExportedLayer, RegistryExport
 
@@ -24,14 +25,17 @@ def export_layers(manifest, specs: list, to: str, folder: str | Path, version: s
     """
     if to not in ("onnx", "torch", "keras"):
         raise RegistryError(f"export to '{to}' is not supported; use 'torch', 'keras' or 'onnx'.")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = writable(folder, folder=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputPathError(f"cannot write '{folder}': {error.strerror or error}.") from error
     layers = []
     for entry, spec in zip(manifest.normalizers, specs):
         obj, layer_report = write_spec(spec, to, ConversionOptions())
         report = ConversionReport(layers=[layer_report])
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", entry.path) or "layer"
-        suffix = {"onnx": ".onnx", "keras": ".keras", "torch": ".safetensors"}[to]
+        suffix = {"onnx": ".onnx", "keras": ".keras", "torch": ""}[to]  # torch: a folder, the state dict beside its spec
         target = write_layer(obj, spec, to, folder / f"{stem}{suffix}")
         layers.append(ExportedLayer(path=entry.path, file=str(target), report=report.render_text()))
     return RegistryExport(version=version, to=to, folder=str(folder), layers=layers)

@@ -23,8 +23,8 @@ from typing import Any, BinaryIO
 
 from converters.adapters import REGISTRY
 from converters.model_structure import STRUCTURE_SUFFIXES, sha256_of
-from schemas.atomic_io import atomic_writer
-from schemas.errors import IntegrityError, NormbridgeError, RegistryError
+from schemas.atomic_io import atomic_writer, writable
+from schemas.errors import IntegrityError, NormbridgeError, OutputPathError, RegistryError
 
 from ..manifest_io import tensors_from_blobs
 from ..state_dict_file import state_dict_file, state_dict_names
@@ -205,9 +205,15 @@ def read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
 
 
 def pulled_path(path: str | Path, ref: str, suffix: str) -> Path:
-    """`path`, or '<name>-<N><suffix>' inside it when it is a directory."""
+    """`path`, or '<name>-<N><suffix>' inside it when it is a directory; refused (OutputPathError) before anything is read
+    when it cannot be written or names another format than the one written (a .pt2 archive saved as 'model.onnx')."""
     target = Path(path)
-    return target / f"{ref.replace('@', '-')}{suffix}" if target.is_dir() else target
+    if target.is_dir():
+        return writable(target / f"{ref.replace('@', '-')}{suffix}")
+    if target.suffix.lower() != suffix:
+        raise OutputPathError(f"'{target}' ends in '{target.suffix}', but {ref} is written as a {suffix} file; pass a path "
+                              f"ending in {suffix}, or a folder to write {ref.replace('@', '-')}{suffix} into.")
+    return writable(target)
 
 
 def write_pulled(file: ModelFile, path: str | Path, progress: Progress | None = None) -> PullResult:

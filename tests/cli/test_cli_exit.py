@@ -6,6 +6,7 @@ register an atexit handler the way a command's imports do (split_check's worker 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -68,3 +69,21 @@ def test_the_console_script_runs_main():
     """pyproject's entry point is `main`, not the bare app (which would tear the interpreter down)."""
     text = (ROOT / "pyproject.toml").read_text()
     assert 'normbridge = "cli.main:main"' in text
+
+
+def test_a_reader_that_closed_the_output_ends_the_command_with_141_and_no_message(tmp_path):
+    """`normbridge schema | head -c 10`, `normbridge models | head -1`: the reader leaves, the command stops quietly with
+    128 + SIGPIPE as a Unix tool ends (was 1, this CLI's code for a crash). The pipe's read end is closed before it starts,
+    so every write fails, the plain print of `schema` and the Rich table of `models` alike."""
+    from cli.errors import OUTPUT_CLOSED_EXIT
+    from tests.cli_process import normbridge_command
+
+    for args in (["schema"], ["models", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--blobs", str(tmp_path / "blobs")]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            done = subprocess.run([*normbridge_command(), *args], stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+        finally:
+            os.close(write)
+        assert done.returncode == OUTPUT_CLOSED_EXIT == 141, (args, done.returncode, done.stderr)
+        assert done.stderr.strip() == "", done.stderr

@@ -7,6 +7,11 @@ Commands run in-process through Typer's CliRunner against a real SQLite registry
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,6 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from registry.service import Registry
+from tests.cli_process import normbridge_command
 from tests.http_server import create_token, running_server
 from tests.registry.test_pull import SAMPLE, trained_cnn
 
@@ -79,3 +85,69 @@ def test_pull_and_export_with_server_and_a_scoped_token(cli_app, local, tmp_path
         got = torch.export.load(str(tmp_path / "remote.pt2")).module()(torch.from_numpy(SAMPLE)).numpy()
         assert np.array_equal(got, local["model"](torch.from_numpy(SAMPLE)).numpy())
     assert not (tmp_path / "other.safetensors").exists()
+
+
+def _no_temporary_left(folder) -> bool:
+    return not any(path.name.startswith(".") for path in folder.rglob("*"))
+
+
+def test_outputs_that_cannot_be_written_are_refused_by_name_with_exit_24_and_nothing_left(cli_app, local, tmp_path):
+    """A file where a folder goes, a folder where a file goes, an unwritable place: one line naming the path, exit 24
+    (was a traceback, exit 1), and an export refuses before it loads the model."""
+    blocker = tmp_path / "a_file"
+    blocker.write_bytes(b"not a folder")
+    (tmp_path / "a_folder").mkdir()
+    cases = {
+        "pull under a file": (["pull", "cnn@1", "-o", str(blocker / "x.pt2")], "is a file, not a folder"),
+        "export under a file": (["export", "cnn@1", "--to", "onnx", "-o", str(blocker / "x.onnx")], "is a file, not a folder"),
+        "export-layers onto a file": (["export-layers", "cnn@1", "--to", "onnx", "-o", str(blocker)], "is a file, and a folder is written there"),
+        "export into /proc": (["export", "cnn@1", "--to", "onnx", "-o", "/proc/normbridge-test.onnx"], "cannot write '/proc/normbridge-test.onnx'"),
+    }
+    for name, (args, says) in cases.items():
+        done = CliRunner().invoke(cli_app, [*args, *local["args"]])
+        assert done.exit_code == 24, (name, done.exit_code, done.output)
+        assert "bad_output_path" in done.output and says in " ".join(done.output.split()), (name, done.output)
+        assert "Traceback" not in done.output
+    assert blocker.read_bytes() == b"not a folder" and _no_temporary_left(tmp_path)
+
+
+def test_outputs_named_for_another_format_are_refused_before_anything_is_written(cli_app, local, tmp_path):
+    pulled = CliRunner().invoke(cli_app, ["pull", "cnn@1", "-o", str(tmp_path / "wrong.onnx"), *local["args"]])
+    assert pulled.exit_code == 24 and "written as a .pt2 file" in " ".join(pulled.output.split()), pulled.output
+    state = CliRunner().invoke(cli_app, ["pull", "cnn@1", "--format", "safetensors", "-o", str(tmp_path / "st.pt2"), *local["args"]])
+    assert state.exit_code == 24 and ".safetensors" in state.output
+    exported = CliRunner().invoke(cli_app, ["export", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "x.txt"), *local["args"]])
+    assert exported.exit_code == 2 and "pass -o x.onnx" in exported.output
+    into_folder = CliRunner().invoke(cli_app, ["export", "cnn@1", "--to", "onnx", "-o", str(tmp_path), *local["args"]])
+    assert into_folder.exit_code == 2
+    assert not {"wrong.onnx", "st.pt2", "x.txt"} & {p.name for p in tmp_path.iterdir()} and _no_temporary_left(tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to user nobody to meet a folder it may not write")
+def test_a_folder_the_user_may_not_write_is_named_before_the_pull_reads_anything():
+    """As user nobody, in a process: pulling into a read-only folder is refused with exit 24 naming that folder."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="normbridge-nobody-"))  # pytest's own folders are 0700: nobody cannot reach them
+    try:
+        _pull_as_nobody(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _pull_as_nobody(tmp_path) -> None:
+    home = tmp_path / "home"
+    model = trained_cnn()
+    source = tmp_path / "cnn.pt2"
+    torch.export.save(torch.export.export(model, (torch.from_numpy(SAMPLE),)), str(source))
+    Registry(db=f"sqlite:///{home / 'r.db'}", blobs=str(home / "blobs"), user="test").register("cnn", source)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    shutil.chown(home, "nobody")
+    for path in home.rglob("*"):
+        shutil.chown(path, "nobody")
+    os.chmod(tmp_path, 0o755)
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *normbridge_command(), "pull", "cnn@1",
+                           "-o", str(locked / "y.pt2"), "--db", f"sqlite:///{home / 'r.db'}", "--blobs", str(home / "blobs")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HOME": str(tmp_path), "NORMBRIDGE_HOME": str(home)})
+    assert done.returncode == 24, done.stderr
+    assert f"no permission to write in '{locked}'" in " ".join(done.stderr.split())
+    assert list(locked.iterdir()) == []

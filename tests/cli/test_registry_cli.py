@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.numpy import load_file
+
+from schemas import load_spec
 
 from tests.cli_process import normbridge_command
 from tests.cli_run import invoke_cli
@@ -124,16 +127,23 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
 
     model = trained_cnn()
     assert cli("register", "cnn", str(save_pt2(model, tmp_path / "v1.pt2"))).returncode == 0
-    for to, suffix in (("onnx", ".onnx"), ("keras", ".keras"), ("torch", ".safetensors")):
+    for to, suffix in (("onnx", ".onnx"), ("keras", ".keras"), ("torch", "")):
         out = tmp_path / f"layers_{to}"
         done = data(cli("export-layers", "cnn@1", "--to", to, "-o", str(out), "--json", process=to == "keras"))
         files = sorted(Path(layer["file"]) for layer in done["layers"])
-        assert len(files) == 2 and all(f.suffix == suffix and f.is_file() for f in files), files
+        assert len(files) == 2 and all(f.suffix == suffix and (f.is_dir() if to == "torch" else f.is_file()) for f in files), files
     # what was exported computes the registered layers: eps and statistics survive
     first_bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     onnx_spec = converters.to_spec(onnx.load(str(sorted((tmp_path / "layers_onnx").iterdir())[0])))
     keras_layer = keras.saving.load_model(sorted((tmp_path / "layers_keras").iterdir())[0], safe_mode=True).layers[-1]
     assert onnx_spec.eps == first_bn.eps == keras_layer.epsilon
+    # torch: a folder per layer, the state dict beside the spec that says how to build the module (eps, momentum, flags)
+    torch_folder = sorted((tmp_path / "layers_torch").iterdir())[0]
+    torch_spec = load_spec(torch_folder)
+    assert (torch_spec.eps, torch_spec.momentum) == (first_bn.eps, first_bn.momentum)
+    rebuilt = converters.from_spec(torch_spec, "torch")
+    rebuilt.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in load_file(str(torch_folder / "state_dict.safetensors")).items()}, strict=True)
+    assert torch.equal(rebuilt.running_var, first_bn.running_var)
     assert (onnx_spec.tensors["running_var"] == first_bn.running_var.numpy()).all()
     missing = cli("export-layers", "cnn@9", "--to", "onnx", "-o", str(tmp_path / "none"))
     assert missing.returncode == 13 and "cnn@9" in missing.stderr
