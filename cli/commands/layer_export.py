@@ -28,7 +28,7 @@ class LayerFormat(str, Enum):
 @reports_errors
 def export_layers(
     ref: str = typer.Argument(..., metavar="NAME@N", help="The version whose normalization layers to write (NAME@N or NAME@ALIAS).", callback=version_ref),
-    to: LayerFormat = typer.Option(..., "--to", help="onnx (one .onnx per layer), keras (one .keras one-layer model) or torch (safetensors state dict plus spec)."),
+    to: LayerFormat = typer.Option(..., "--to", help="onnx (one .onnx per layer), keras (one .keras one-layer model) or torch (a folder per layer: state_dict.safetensors plus its spec)."),
     output: Path = typer.Option(..., "--output", "-o", help="The folder to write into (created if missing)."),
     json_output: bool = typer.Option(False, "--json", help="Print the exported layers as JSON."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
