@@ -81,13 +81,14 @@ class AuditRecord:
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
-    """'name@N' / 'name@alias' / 'name' -> (name, suffix or None)."""
+    """'name@N' / 'name@alias' / 'name' -> (name, suffix or None); 'name@latest' is 'name' (no alias may be called latest),
+    as in the HTTP API's paths."""
     name, at, suffix = ref.rpartition("@")
     if not at:
         return ref, None
     if not name or not suffix:
-        raise RegistryError(f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N' or 'NAME@ALIAS'")
-    return name, suffix
+        raise RegistryError(f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N', 'NAME@ALIAS' or 'NAME@latest'")
+    return name, None if suffix == "latest" else suffix
 
 
 __all__ = ["AliasRecord", "AuditRecord", "Registration", "VersionRecord", "split_ref"]

@@ -180,6 +180,9 @@ def test_parent_and_operation_can_be_given_and_aliases_move_with_history(sqlite_
     assert reg.show("cnn@production").number == 2
     reg.set_alias("cnn", "production", "3")
     assert reg.show("cnn@production").number == 3
+    assert reg.show("cnn@latest").number == reg.show("cnn").number == 3  # as the HTTP API's paths read it
+    with pytest.raises(RegistryError, match="not valid"):
+        reg.set_alias("cnn", "latest", "cnn@1")
     assert [a.number for a in reg.meta.alias_history("cnn", "production")] == [2, 3]
     view = reg.lineage("cnn@1").render_text()
     assert "cnn@2" in view and "cnn@3" in view
