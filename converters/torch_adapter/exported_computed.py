@@ -23,6 +23,7 @@ from . import norm_proof
 from .derived_spec import TORCH_OF, build_spec, to_torch
 from .aten_calls import MODULE_KINDS, _Reader
 from .norm_graph import NATIVE_OPS, NotANormalization, derive, schema, shape_of
+from .norm_names import names_a_norm
 from .traced_groups import class_path_of, group_of, module_paths, runner, state_names, state_tensor
 
 
@@ -79,8 +80,8 @@ def _why(program: Any, path: str, type_name: str, groups: dict) -> str | None:
     if type_name in MODULE_KINDS or type_name == "SyncBatchNorm":
         return None  # the stock classes are read from their native op
     children = [p for p in groups if p.startswith(path + ".")]
-    child_norm = any(groups[p][0] in MODULE_KINDS or "Norm" in groups[p][0] for p in children)
-    if "Norm" in type_name and not child_norm:
+    child_norm = any(groups[p][0] in MODULE_KINDS or names_a_norm(groups[p][0]) for p in children)
+    if names_a_norm(type_name) and not child_norm:
         return f"its class name {type_name} contains 'Norm'"
     keys = set(state_names(program).values())
     if not children and f"{path}.weight" in keys and state_tensor(program, f"{path}.weight").dim() == 1:

@@ -352,3 +352,20 @@ def test_a_program_of_channel_norm_replicas_reads_each_like_its_module():
     assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "computes_more"] == ["'0'"]
     assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "per_device_statistics"] == ["'4'"]
     assert "unrecognised_normalization" not in codes(inspection)
+
+
+def test_a_class_named_for_having_no_norm_is_not_a_candidate_in_wav2vec2s_feature_encoder():
+    """transformers' wav2vec2 with feat_extract_norm="group" (wav2vec2-base's default): its first conv layer holds a
+    GroupNorm, the later ones are Wav2Vec2NoLayerNormConvLayer (a Conv1d and a GELU). Only the GroupNorm is listed and
+    nothing is unrecognised (the class name's 'Norm' made those a candidate that failed its proof, refusing registration)."""
+    from transformers import Wav2Vec2Config
+    from transformers.models.wav2vec2.modeling_wav2vec2 import Wav2Vec2FeatureEncoder
+
+    config = Wav2Vec2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, conv_dim=(8, 8, 8),
+                            conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), feat_extract_norm="group")
+    encoder = R.randomise(Wav2Vec2FeatureEncoder(config)).eval()
+    assert [type(m).__name__ for m in encoder.conv_layers][1:] == ["Wav2Vec2NoLayerNormConvLayer"] * 2
+    for model in (encoder, torch.export.export(encoder, (torch.randn(1, 400),))):
+        inspection = inspect_model(model)
+        assert [(layer.path, layer.kind) for layer in inspection.layers] == [("conv_layers.0.layer_norm", "group")]
+        assert "unrecognised_normalization" not in codes(inspection)

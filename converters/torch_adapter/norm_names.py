@@ -1,0 +1,19 @@
+"""Whether a class name says it normalizes: the name rule by which a module (or a program's module) becomes a candidate.
+
+A candidate that its proof does not read is reported unrecognised, which refuses a registration; so a name that says
+there is no norm must not make one: wav2vec2's `Wav2Vec2NoLayerNormConvLayer` (a Conv1d and a GELU), MobileBERT's `NoNorm`.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NEGATED_NORM = re.compile(r"(?:No|Without)(?:[A-Z][a-z]*)?Norm")
+
+
+def names_a_norm(class_name: str) -> bool:
+    """'Norm' in the class name, outside a negation such as 'NoLayerNorm' or 'WithoutNorm'."""
+    return "Norm" in _NEGATED_NORM.sub("", class_name)
+
+
+__all__ = ["names_a_norm"]
