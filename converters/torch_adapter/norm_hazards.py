@@ -9,6 +9,7 @@ is read as its stock class, and `computes_more` says what the conversion leaves 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -58,7 +59,10 @@ def module_hazards(model: torch.nn.Module, found_count: int | None = None) -> li
         if isinstance(module, torch.nn.SyncBatchNorm):
             hazards.append(sync_batchnorm(path))
         found = recognition(module)
-        if found is None or found.spec is not None:
+        if found is None:
+            continue
+        if found.spec is not None:
+            hazards += _takes_more_than_its_input(path, module, found.spec.kind)
             continue
         if _claimed_by_another(module):
             hazards.append(Hazard(code="computes_more", severity="warning", message=(
@@ -67,6 +71,23 @@ def module_hazards(model: torch.nn.Module, found_count: int | None = None) -> li
         else:
             hazards.append(unrecognised(path, type(module).__name__, found.why_candidate, found.reason))
     return hazards + _empty(hazards, found_count, sum(p.numel() for p in model.parameters()))
+
+
+def _takes_more_than_its_input(path: str, module: torch.nn.Module, kind: str) -> list[Hazard]:
+    """computes_more for a proved module whose forward takes other inputs (transformers' MambaRMSNormGated(x, gate)
+    normalizes x * silu(gate)): the proof called it with its input alone, and a live module does not say how the model
+    calls it (a .pt2 does: there the gated call is not proved, and is unrecognised)."""
+    try:
+        parameters = list(inspect.signature(type(module).forward).parameters.values())[2:]  # after self and the input
+    except (TypeError, ValueError):
+        return []
+    others = [p.name for p in parameters if p.kind is not p.VAR_KEYWORD]
+    if not others:
+        return []
+    return [Hazard(code="computes_more", severity="warning", layer=path, message=(
+        f"'{path}' ({type(module).__name__}) was proved to be a {kind} normalization when called with its input alone, but its "
+        f"forward also takes {', '.join(others)}: a call that passes {'it' if len(others) == 1 else 'them'} computes more than "
+        "the normalization, and a converted layer holds the normalization alone (a .pt2 of the model shows how it is called)."))]
 
 
 def _empty(hazards: list[Hazard], found: int | None, parameters: int) -> list[Hazard]:

@@ -369,3 +369,28 @@ def test_a_class_named_for_having_no_norm_is_not_a_candidate_in_wav2vec2s_featur
         inspection = inspect_model(model)
         assert [(layer.path, layer.kind) for layer in inspection.layers] == [("conv_layers.0.layer_norm", "group")]
         assert "unrecognised_normalization" not in codes(inspection)
+
+
+def test_a_proved_norm_whose_forward_takes_a_gate_says_it_computes_more_and_the_program_says_unrecognised():
+    """transformers' MambaRMSNormGated(hidden, gate) normalizes hidden * silu(gate). Called alone it is an RMSNorm, which the
+    module's proof shows; the module cannot say whether the model passes the gate, so it warns; the .pt2 can, and the gated
+    call it holds is not a normalization any recognizer proves."""
+    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 32)
+            self.norm = MambaRMSNormGated(16, group_size=16, eps=1e-5)
+
+        def forward(self, x):
+            hidden, gate = self.proj(x).chunk(2, dim=-1)
+            return self.norm(hidden, gate)
+
+    block = R.randomise(Block()).eval()
+    inspection = inspect_model(block)
+    assert [(layer.path, layer.kind) for layer in inspection.layers] == [("norm", "rms")]
+    [warning] = [h for _, h in inspection.all_hazards() if h.code == "computes_more"]
+    assert warning.layer == "norm" and "also takes gate" in warning.message and warning.severity == "warning"
+    program = torch.export.export(block, (torch.randn(2, 3, 16),))
+    assert "unrecognised_normalization" in codes(inspect_model(program))
