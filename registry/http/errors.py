@@ -17,6 +17,7 @@ from starlette.routing import Match
 from schemas.errors import HTTP_STATUSES, CheckFailedError, NormbridgeError, NotFoundError, UnsupportedMediaTypeError
 
 from .responses import SafeJSONResponse
+from .uploads import without_workspace_paths
 
 log = logging.getLogger("normbridge.http")
 
@@ -54,7 +55,7 @@ def status_for(error: NormbridgeError) -> int:
 
 
 def _library_error(request: Request, error: NormbridgeError) -> SafeJSONResponse:
-    message = error.message
+    message = without_workspace_paths(error.message)
     principal = getattr(request.state, "principal", None)
     if isinstance(error, NotFoundError) and principal is not None and principal.models is not None:
         # NotFound messages list the registry's models; a scoped caller must not learn the others' names.

@@ -10,6 +10,7 @@ against the same limit, as a bundle's decompressed tar does (`refuse_unpacked_ex
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -30,6 +31,14 @@ ZIP_FORMATS = frozenset({"keras", "pt2"})
 
 
 WORKSPACE_PREFIX = "normbridge-upload-"
+
+
+def without_workspace_paths(message: str) -> str:
+    """`message` with the server's upload folders taken out: the uploaded file is 'the uploaded .pt2 file', a file inside
+    the upload is named from the upload's root. The client never saw those paths, and the server's layout is its own."""
+    root = re.escape(tempfile.gettempdir().rstrip("/")) + "/" + re.escape(WORKSPACE_PREFIX) + r"[^/\s']+"
+    message = re.sub(rf"'?{root}/upload(\.[A-Za-z0-9]+)'?", r"the uploaded \1 file", message)
+    return re.sub(rf"{root}/?", "", message)
 
 
 def new_workspace() -> Path:

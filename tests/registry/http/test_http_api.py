@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -237,6 +238,10 @@ def test_a_failing_gate_returns_the_error_with_its_report_and_stores_nothing(env
     assert snapshot(registry) == before
     failures = [e for e in registry.audit(model="cnn") if e.action == "register_failed"]
     assert [(e.user, e.detail["error"]) for e in failures][-3:] == [("ci-bot", "check_failed"), ("ci-bot", "invalid_spec"), ("ci-bot", "bad_input_file")]
+    # an error about the uploaded file names it as such, never by the server's temporary path
+    truncated = pt2_bytes(small_model(seed=5), root)[:3000]
+    error = assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=truncated), 400, "bad_input_file")
+    assert error["message"].startswith("the uploaded .pt2 file ") and tempfile.gettempdir() not in error["message"], error
 
 
 def test_an_upload_over_the_limit_is_refused_with_413_and_stores_nothing(env, registered):
