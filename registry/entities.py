@@ -8,11 +8,15 @@ those import each other to name a record. Times are timezone-aware UTC.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from schemas.errors import RegistryError
+from schemas.errors import InvalidReferenceError
+
+#: What a model name and an alias may be.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,11 @@ def split_ref(ref: str) -> tuple[str, str | None]:
     as in the HTTP API's paths."""
     name, at, suffix = ref.rpartition("@")
     if not at:
-        return ref, None
-    if not name or not suffix:
-        raise RegistryError(f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N', 'NAME@ALIAS' or 'NAME@latest'")
+        name, suffix = ref, None
+    if not NAME.match(name) or (at and not NAME.match(suffix)):
+        raise InvalidReferenceError(f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N', 'NAME@ALIAS' or 'NAME@latest' "
+                                    "(names of letters, digits, '.', '_' and '-')")
     return name, None if suffix == "latest" else suffix
 
 
-__all__ = ["AliasRecord", "AuditRecord", "Registration", "VersionRecord", "split_ref"]
+__all__ = ["AliasRecord", "AuditRecord", "NAME", "Registration", "VersionRecord", "split_ref"]

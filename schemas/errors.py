@@ -103,6 +103,13 @@ class RegistryError(NormbridgeError):
     code = "registry_error"
 
 
+class InvalidReferenceError(RegistryError):
+    """A model name, alias or version reference that is not well formed (`a b`, `cnn@@1`, an alias called `latest` or `42`):
+    a malformed request (HTTP 422 invalid_request, a usage error on the command line), not one the registry refused."""
+
+    code = "invalid_request"
+
+
 class UnauthorizedError(NormbridgeError):
     """A registry server refused the request: no token, or an unknown, malformed or revoked one (HTTP 401)."""
 
@@ -179,6 +186,7 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     UnrecognisedNormalizationError: 21,
     NotServableError: 22,
     OutputPathError: 24,
+    InvalidReferenceError: 2,
     NormbridgeError: 9,
 }
 
@@ -203,6 +211,7 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     UnrecognisedNormalizationError: 422,
     NotServableError: 409,
     OutputPathError: 500,
+    InvalidReferenceError: 422,
     NormbridgeError: 500,
 }
 

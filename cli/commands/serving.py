@@ -141,10 +141,10 @@ def export_command(
                                  f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.", param_hint="'--to'")
     from converters.models.loading import load_model
 
-    output_path(output, suffix=".onnx")
     from_registry = "@" in str(model_path) and not model_path.exists()
     if from_registry:
         version_ref(str(model_path))
+    output_path(output, suffix=".onnx")
     from converters.models.serving.export import export_for_serving
     from schemas import CheckFailedError
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import IntegrityError, NormbridgeError, NotFoundError, NotServableError, RegistryError
+from schemas.errors import IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, NotServableError, RegistryError
 from schemas.manifest import load_manifest
 
 from .. import settings
@@ -154,7 +154,7 @@ class Registry(Registrations, Integrity, ModelFiles):
         (NotServableError naming the reasons, audited as 'alias_refused') unless `force`; the forced move's audit entry
         says it was forced and what it overrode."""
         if alias.isdigit() or not NAME.match(alias) or alias == "latest":
-            raise RegistryError(f"alias '{alias}' is not valid; use a name that starts with a letter and is not a number or 'latest'.")
+            raise InvalidReferenceError(f"alias '{alias}' is not valid; use a name that starts with a letter and is not a number or 'latest'.")
         if "@" not in ref and ref.isdigit():
             ref = f"{name}@{ref}"
         record = self.show(ref)

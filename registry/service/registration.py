@@ -11,7 +11,6 @@ leases the digests it relies on, so gc (in any process) keeps them until the com
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any, BinaryIO, get_args
 
 from converters.split_check import SplitCheck, expected_framework
 from schemas import CheckResult
-from schemas.errors import CheckFailedError, IntegrityError, NormbridgeError, NotFoundError, PayloadTooLargeError, RegistryError
+from schemas.errors import (CheckFailedError, IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, PayloadTooLargeError,
+                            RegistryError)
 from schemas.manifest import Lineage, Operation
 
 from ..artifact import extract_artifact
@@ -28,6 +28,7 @@ from ..blob_leases import BlobLeases
 from ..blobs.base import BlobStore
 from ..bundle_stream import UploadInterrupted, receive_bundle
 from ..coverage import check_registrable
+from ..entities import NAME
 from ..faults import fault_point
 from ..metadata import MetadataStore
 from ..streamed_blobs import BlobMap
@@ -41,8 +42,6 @@ Progress = Callable[[str, int, int], None]
 
 #: The lineage operations a version may record (the manifest's Operation).
 OPERATIONS: tuple[str, ...] = get_args(Operation)
-#: What a model name and an alias may be.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def first_failure(result: CheckResult) -> str:
@@ -265,7 +264,7 @@ class Registrations:
     @staticmethod
     def _check_name(name: str) -> None:
         if not NAME.match(name or ""):
-            raise RegistryError(f"model name '{name}' is not valid; use letters, digits, '.', '_' or '-' (no '@'), starting with a letter or digit.")
+            raise InvalidReferenceError(f"model name '{name}' is not valid; use letters, digits, '.', '_' or '-' (no '@'), starting with a letter or digit.")
 
 
 __all__ = ["NAME", "OPERATIONS", "Progress", "Registrations", "first_failure"]

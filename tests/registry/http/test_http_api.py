@@ -384,6 +384,11 @@ def test_verify_gc_and_error_shapes(env, registered):
     assert_error(writer.put("/api/v1/models/cnn/aliases/prod", json={"version": "bn-onnx@1"}), 409, "registry_error")
     assert_error(writer.put("/api/v1/models/cnn/aliases/prod", json={"wrong": 1}), 422, "invalid_request")
     assert_error(reader.get("/api/v1/no/such/route"), 404, "not_found")
+    # malformed names and references are malformed requests (422), not refusals (409) or missing models (404)
+    assert_error(writer.put("/api/v1/models/cnn/aliases/latest", json={"version": 1}), 422, "invalid_request")
+    assert_error(writer.put("/api/v1/models/cnn/aliases/42", json={"version": 1}), 422, "invalid_request")
+    assert_error(writer.post("/api/v1/models/bad%20name/versions", params={"format": "onnx"}, content=b"x" * 64), 422, "invalid_request")
+    assert_error(reader.get("/api/v1/diff", params={"a": "cnn@@1", "b": "cnn@1"}), 422, "invalid_request")
 
 
 def test_concurrent_uploads_each_get_their_own_version(env, registered):
