@@ -31,7 +31,7 @@ from schemas.serving import RecalibratedLayer, RecalibrationReport
 
 from ...adapters import REGISTRY
 from ...model_values import cumulative_statistics
-from .drift import data_batches, describe
+from .drift import data_batches, describe, fixed_batch_size
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -71,13 +71,26 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
     if not split:
         raise InputFileError("no batches given; pass at least one batch of new data.")
     samples = sum(int(b[0].shape[0]) for b in split)
+    notes = _batch_size_notes(model, batches, batch_size or DEFAULT_BATCH_SIZE)
     new_model, moved, method = adapter.recalibrate(model, split, variance_estimator)
     layers = [_movement(*entry) for entry in moved]
     if not layers:
         raise UnsupportedObjectError(f"{describe(model)} has no BatchNorm layer with running statistics to recalibrate.")
     report = RecalibrationReport(model=describe(model), framework=adapter.framework, method=method, batches=len(split), samples=samples,
-                                 variance_estimator=variance_estimator, layers=layers)
+                                 variance_estimator=variance_estimator, layers=layers, notes=notes)
     return new_model, report
+
+
+def _batch_size_notes(model: Any, batches: Any, asked: int) -> list[str]:
+    """Say so when the data was split into batches of another size than asked: a model exported with a fixed batch size
+    takes no other, and the cumulative average of per-batch variances depends on the batch size."""
+    if isinstance(batches, (list, tuple)) and batches and not isinstance(batches[0], (int, float)):
+        return []  # the caller's own batches
+    fixed = fixed_batch_size(model)
+    if fixed is None or fixed == asked:
+        return []
+    return [f"the model accepts batches of exactly {fixed}, so the data was split into batches of {fixed}, not {asked}: the running "
+            f"variances average per-batch variances of {fixed} samples (export the model with a dynamic batch axis to choose)."]
 
 
 def save_recalibrated(model: Any, path) -> None:

@@ -125,6 +125,22 @@ def test_pt2_recalibration_updates_only_the_state_dict(source, batches, by_torch
     assert "graph unchanged" in report.method
 
 
+def test_a_fixed_batch_program_is_split_at_its_size_and_the_report_says_so_when_another_was_asked(source, batches):
+    """A .pt2 exported with a static batch of 4 takes no other; split at 4 the statistics are torch's cumulative average
+    over batches of 4 (recomputed by torch itself), and the report notes that the 16 asked for was not used."""
+    program = torch.export.export(source, (torch.from_numpy(batches[0][:4]),))
+    data = np.concatenate(batches)
+    new_program, report = recalibrate(program, data, batch_size=16)
+    expected, _ = recalibrate(source, [data[i:i + 4] for i in range(0, len(data), 4)])
+    np.testing.assert_allclose(new_program.state_dict["stem.1.running_var"].numpy(), expected.get_buffer("stem.1.running_var").numpy(),
+                               rtol=2e-6, atol=1e-7)
+    assert report.batches == len(data) // 4
+    [note] = report.notes
+    assert "batches of exactly 4" in note and "not 16" in note and "note: " + note in report.render_text()
+    _, asked_four = recalibrate(program, data, batch_size=4)
+    assert asked_four.notes == []
+
+
 def test_refusals(source, batches):
     with pytest.raises(InputFileError, match="variance_estimator"):
         recalibrate(source, batches, variance_estimator="sample")
