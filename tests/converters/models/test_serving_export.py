@@ -255,3 +255,24 @@ def test_keras_conv_with_bias_and_fresh_batchnorm_is_unfolded_to_native(tmp_path
     assert result.passed and result.written, result.render_text()
     nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "BatchNormalization"]
     assert len(nodes) == 1 and attribute(nodes[0], "epsilon") == float(np.float32(1.001e-5))
+
+
+def test_an_exported_graph_onnxruntime_cannot_run_is_an_unsupported_object_naming_the_op_not_a_bad_input_file():
+    """What `export --opset 26` met on a transformers Llama: the exporter's graph held Attention at an opset onnxruntime has no
+    kernel for. That is not the user's file (exit 6), it is the export (exit 5), and the message says the opset to use."""
+    from converters.models.serving.export import _contract
+    from schemas import UnsupportedObjectError
+
+    class Add(nn.Module):
+        def forward(self, q, k, v):
+            return q + k + v
+
+    example = tuple(torch.randn(1, 2, 3, 4) for _ in range(3))
+    source = torch.export.export(Add(), example)
+    inputs = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [1, 2, 3, 4]) for name in ("q", "k", "v")]
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"])], "g", inputs,
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 3, 4])])
+    final = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])  # Attention exists from opset 23
+    final.ir_version = 10
+    with pytest.raises(UnsupportedObjectError, match=r"uses Attention at opset 18, which onnxruntime .* cannot run.*lower --opset"):
+        _contract(source, final, None, None, [])
