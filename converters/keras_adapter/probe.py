@@ -90,6 +90,8 @@ def _probe(layer: Any) -> ProbeResult:
         return ProbeResult(None, "it records no single input shape")
     variables = list(layer.weights)
     normalized = _normalized_shape(variables, shape)
+    if normalized is None and (called := _called_shape(variables, shape)) is not None:
+        shape, normalized = called, _normalized_shape(variables, called)
     if normalized is None:
         return ProbeResult(None, f"its variables {[f'{short_name(v)}{list(v.shape)}' for v in variables]} are not per-feature vectors of "
                                  f"the trailing axes of its input {list(shape)}")
@@ -114,6 +116,21 @@ def _input_shape(layer: Any) -> tuple[int, ...] | None:
     if not isinstance(shape, (tuple, list)) or not shape or not all(d is None or isinstance(d, int) for d in shape):
         return None
     return tuple(OPEN_BATCH if i == 0 and d is None else OPEN_DIM if d is None else int(d) for i, d in enumerate(shape))
+
+
+def _called_shape(variables: list, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The recorded input shape with its trailing axes replaced by the variables' common shape, where they differ.
+
+    keras_hub builds Qwen3's per-head query and key norms (Qwen3LayerNorm(head_dim)) with the hidden states' shape
+    (B, T, hidden) and calls them on (B, T, heads, head_dim): their scale of head_dim can only meet an input whose trailing
+    axis is head_dim, so that is the input probed (and the proof still decides)."""
+    shapes = {tuple(int(d) for d in v.shape) for v in variables}
+    if len(shapes) != 1:
+        return None
+    trailing = shapes.pop()
+    if not trailing or len(trailing) >= len(shape) or tuple(shape[-len(trailing):]) == trailing:
+        return None
+    return tuple(shape[:-len(trailing)]) + trailing
 
 
 def _normalized_shape(variables: list, shape: tuple[int, ...]) -> tuple[int, ...] | None:

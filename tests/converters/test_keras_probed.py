@@ -279,3 +279,24 @@ def test_a_rebuilt_class_that_computes_another_spec_is_not_used():
     assert type(back) is keras.layers.RMSNormalization and back.epsilon == 1e-5
     [line] = class_lines()
     assert line.fate == "dropped" and "computes another spec (eps" in line.note
+
+
+def test_keras_hub_qwen3s_per_head_norms_built_with_the_hidden_shape_are_read_as_rms_over_the_head():
+    """keras_hub's Qwen3Backbone builds its query and key norms (Qwen3LayerNorm(head_dim)) with the hidden states' shape and
+    calls them per head: their scale of head_dim meets inputs whose last axis is head_dim. They were refused as
+    unrecognised (error-level: no Qwen3 could register); now each is an rms over head_dim, proved on such an input."""
+    import keras_hub
+
+    model = keras_hub.models.Qwen3Backbone(vocabulary_size=64, num_layers=1, hidden_dim=32, intermediate_dim=64, num_query_heads=4,
+                                           num_key_value_heads=2, head_dim=8, layer_norm_epsilon=2e-6)
+    inspection = inspect_model(model)
+    assert not [h for _, h in inspection.all_hazards() if h.code == "unrecognised_normalization"]
+    per_head = [layer for layer in inspection.layers if "query_dense_layernorm" in layer.path or "key_dense_layernorm" in layer.path]
+    assert len(per_head) == 2 and all(layer.kind == "rms" and layer.spec["normalized_shape"] == [8] for layer in per_head)
+    # what the proof accepted is what the layer computes on the (B, T, heads, head_dim) input the backbone gives it
+    layer = next(l for l in model._flatten_layers() if l.name == per_head[0].path.rsplit("/", 1)[-1])
+    assert per_head[0].spec["eps"] == layer.epsilon  # keras_hub 0.32's decoder does not pass layer_norm_epsilon on: 1e-5
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 8)).astype("float32")
+    spec = converters.to_spec(layer)
+    expected = reference.forward(spec.replace(input_rank=4), x, training=False)
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, rtol=1e-5, atol=1e-6)
