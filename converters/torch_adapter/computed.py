@@ -170,14 +170,25 @@ class _Unexportable(NotANormalization):
 
 
 def probe_shapes(module: torch.nn.Module) -> list[tuple[int, ...]]:
-    """Inputs to try: (N, L, C) for a trailing norm, (N, C, H, W) for a channel one; C from its 1-D state."""
+    """Inputs to try: (N, L, C) for a trailing norm, (N, C, H, W) for a channel one; C from its 1-D state. A module with no
+    state (OLMo's OlmoLayerNorm: layer_norm without weight or bias) is sized by its `normalized_shape` attribute."""
     vectors = [t for t in _state(module).values() if t.dim() == 1 and t.is_floating_point()]
     if not vectors:
-        return []
+        shape = _declared_shape(module)
+        return [(4, 3, *shape)] if shape else []
     c = int(vectors[0].shape[0])
     trailing, channels = (4, 3, c), (4, c, 3, 5)
     channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(module, torch.nn.modules.batchnorm._NormBase)
     return [channels, trailing] if channel_first else [trailing, channels]
+
+
+def _declared_shape(module: torch.nn.Module) -> tuple[int, ...] | None:
+    """A stateless module's own `normalized_shape` (an int or a tuple of positive ints), else None."""
+    shape = getattr(module, "normalized_shape", None)
+    shape = (shape,) if isinstance(shape, int) else shape
+    if isinstance(shape, (tuple, list, torch.Size)) and shape and all(isinstance(d, int) and 0 < d <= 65536 for d in shape):
+        return tuple(shape)
+    return None
 
 
 def _module_dtype(module: torch.nn.Module) -> torch.dtype:

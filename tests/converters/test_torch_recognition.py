@@ -394,3 +394,28 @@ def test_a_proved_norm_whose_forward_takes_a_gate_says_it_computes_more_and_the_
     assert warning.layer == "norm" and "also takes gate" in warning.message and warning.severity == "warning"
     program = torch.export.export(block, (torch.randn(2, 3, 16),))
     assert "unrecognised_normalization" in codes(inspect_model(program))
+
+
+def test_olmos_layer_norm_without_weight_or_bias_is_sized_by_its_normalized_shape_and_read_as_a_layer_norm():
+    """transformers' OlmoLayerNorm is F.layer_norm with no weight or bias: with no tensor to size a probe it was refused as
+    unrecognised (no OLMo could register). Its own `normalized_shape` sizes the probe now; the proof decides as before."""
+    from transformers import OlmoConfig, OlmoModel
+
+    config = OlmoConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2, max_position_embeddings=32)
+    model = R.randomise(OlmoModel(config)).eval()
+    norms = [path for path, m in model.named_modules() if type(m).__name__ == "OlmoLayerNorm"]
+    ids = torch.randint(0, 64, (1, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, (ids,), kwargs={"use_cache": False})
+    for source in (model, program):
+        inspection = inspect_model(source)
+        assert "unrecognised_normalization" not in codes(inspection)
+        found = {layer.path: layer for layer in inspection.layers}
+        assert set(norms) <= set(found) and len(norms) == 3
+        assert all(found[p].kind == "layer" and found[p].eps == 1e-5 and not found[p].spec["scale"] for p in norms)
+    x = torch.randn(2, 3, 16)
+    layer = converters.from_spec(converters.to_spec(model.norm), "torch")
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(layer(x), (x - mean) / torch.sqrt(var + 1e-5))
