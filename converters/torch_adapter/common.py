@@ -48,13 +48,16 @@ def extended_fields(module: torch.nn.Module, dtype: str) -> dict:
     return {"compute_dtype": remembered} if remembered == "float32" and dtype in ("bfloat16", "float16") else {}
 
 
-def spec_dtype(module: torch.nn.Module, name: str) -> str:
-    """The spec dtype of a module's floating state (parameters, then buffers, then torch's default)."""
+def spec_dtype(module: torch.nn.Module, name: str, report: LayerReport | None = None) -> str:
+    """The spec dtype of a module's floating state (parameters, then buffers, then torch's default, said in `report`)."""
     tensors = [t for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)) if t.is_floating_point()]
     if not tensors and markers.recall(module).get("dtype") in SPEC_TO_TORCH:
         # A stateless module (no affine, no statistics) has no dtype of its own: use the one it was built for.
         return markers.recall(module)["dtype"]
     dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
+    if not tensors and report is not None and dtype in TORCH_DTYPES:
+        report.warn(f"it holds no tensor, so it has no dtype of its own: read as torch's default dtype {TORCH_DTYPES[dtype]}; a converted "
+                    "layer takes inputs of that dtype (for another, convert spec.replace(dtype=...)).")
     if dtype not in TORCH_DTYPES:
         raise SpecError(
             f"dtype {dtype} is not supported; use float16, float32 or float64 (module.to(torch.float32)).", layer=name, setting="dtype"

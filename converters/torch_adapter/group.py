@@ -23,7 +23,7 @@ class TorchGroupAdapter(TorchRestating, KindAdapter):
     def to_spec(self, obj: torch.nn.GroupNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "GroupNorm")
         scale, bias, tensors = read_affine(obj, name, report)
-        dtype = spec_dtype(obj, name)
+        dtype = spec_dtype(obj, name, report)
         return NormSpec(**extended_fields(obj, dtype),
             name=name, kind="group", num_features=obj.num_channels, num_groups=obj.num_groups,
             input_rank=markers.recall(obj).get("input_rank"), layout="channels_first",

@@ -23,7 +23,7 @@ class TorchLayerAdapter(TorchRestating, KindAdapter):
     def to_spec(self, obj: torch.nn.LayerNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "LayerNorm")
         scale, bias, tensors = read_affine(obj, name, report)
-        dtype = spec_dtype(obj, name)
+        dtype = spec_dtype(obj, name, report)
         return NormSpec(**extended_fields(obj, dtype),
             name=name, kind="layer", normalized_shape=tuple(obj.normalized_shape),
             input_rank=markers.recall(obj).get("input_rank"), eps=float(obj.eps), scale=scale, bias=bias,

@@ -24,7 +24,7 @@ class TorchRmsAdapter(TorchRestating, KindAdapter):
     def to_spec(self, obj: torch.nn.RMSNorm, report: LayerReport) -> NormSpec:
         name = layer_name(obj, "RMSNorm")
         scale, _, tensors = read_affine(obj, name, report)
-        dtype = spec_dtype(obj, name)
+        dtype = spec_dtype(obj, name, report)
         if obj.eps is None:
             # Note [RMSNorm eps=None]: PyTorch then uses the eps of the dtype it computes in (float32 for a 16-bit layer,
             # schemas.floats.dtype_default_eps); store the number and where it came from.

@@ -41,7 +41,7 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
     if not tracked and momentum is not None:
         # Without tracked statistics momentum is never used, but it is the module's setting: kept, so round trips give it back.
         report.add("momentum", momentum, note="unused: statistics are not tracked; kept as given")
-    dtype = spec_dtype(module, name)
+    dtype = spec_dtype(module, name, report)
     return NormSpec(
         **extended_fields(module, dtype),
         frozen=frozen,

@@ -118,3 +118,15 @@ def test_rms_eps_none_is_the_eps_torch_adds_in_every_dtype_and_every_framework_c
         out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
         np.testing.assert_allclose(out.astype(np.float64), expected, atol=bound, rtol=bound, err_msg="onnx")
     assert converters.check(module).passed
+
+
+def test_a_stateless_module_has_no_dtype_of_its_own_and_the_report_says_which_it_was_read_as():
+    """LayerNorm(elementwise_affine=False).double() holds no tensor: its spec takes torch's default dtype, and the report
+    says so (a converted ONNX graph takes float32 inputs, which a float64 caller would meet as a refusal of its input)."""
+    stateless = torch.nn.LayerNorm(8, elementwise_affine=False).double()
+    spec = converters.to_spec(stateless)
+    assert spec.dtype == "float32"
+    [warning] = [w for w in converters.last_report().layers[0].warnings if "no dtype of its own" in w]
+    assert "float32" in warning and "spec.replace(dtype=" in warning
+    converters.to_spec(torch.nn.LayerNorm(8).double())
+    assert not [w for w in converters.last_report().layers[0].warnings if "no dtype of its own" in w]
