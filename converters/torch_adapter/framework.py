@@ -58,8 +58,13 @@ class TorchFramework(FrameworkAdapter):
         kind = recognizers.kind_of("torch", obj)
         if kind is None:
             from ..recognizers.torch_modules import SUPPORTED
+            from .computed import recognition
 
-            raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.")
+            found = recognition(obj)  # a candidate whose proof failed says why, as inspect does
+            why = "" if found is None or found.reason is None else (
+                f" It looks like a normalization ({found.why_candidate}) but no recognizer proved what it computes: {found.reason}; "
+                "declare it with converters.recognize(<class>, kind=..., eps=...) when it is one.")
+            raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.{why}")
         return kind
 
     def recognised_spec(self, obj: Any):

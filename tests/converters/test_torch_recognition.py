@@ -19,7 +19,7 @@ from converters.models.inspection import inspect_model, inspect_path
 from converters.torch_adapter import norm_proof
 from converters.torch_adapter.computed import prove, recognition
 from converters.torch_adapter.derived_spec import to_torch
-from schemas import DuplicateAdapterError, NotExpressibleError
+from schemas import DuplicateAdapterError, NotExpressibleError, UnsupportedObjectError
 
 from tests import real_norms as R
 from tests.cli_run import invoke_cli
@@ -158,7 +158,11 @@ def test_a_module_that_looks_like_a_norm_but_is_not_proved_is_named_never_skippe
     assert inspection.layers == []
     [message] = [h.message for _, h in inspection.all_hazards() if h.code == "unrecognised_normalization"]
     assert message.startswith(f"'1' ({near_miss.__name__})")
-    assert recognition(model[1]).spec is None
+    found = recognition(model[1])
+    assert found.spec is None
+    with pytest.raises(UnsupportedObjectError) as refused:  # converting it alone says why, as inspect does
+        converters.to_spec(model[1])
+    assert found.reason in str(refused.value) and "converters.recognize" in str(refused.value)
 
 
 def test_a_misread_eps_fails_the_proof():
