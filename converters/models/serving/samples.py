@@ -134,19 +134,23 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
         raise InputFileError(f"sample file '{path}' is not a readable NumPy file ({error}).") from error
     if not arrays:
         raise InputFileError(f"sample file '{path}' holds no arrays.")
+    stored = [a.dtype for a in arrays]
     if specs:
-        names, arrays = _match(path, names, arrays, specs)
+        names, arrays, stored = _match(path, names, arrays, specs)
     if any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
         raise InputFileError(f"sample file '{path}': every array needs the same leading batch axis; got shapes {[list(a.shape) for a in arrays]}.")
-    shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
+    # a cast to the model's input dtype is said, never silent: int64 pixels read as float32 are another input than the file's
+    shapes = ", ".join(f"{a.dtype}{list(a.shape)}" + ("" if was == a.dtype else f" (cast from the file's {was})") for a, was in zip(arrays, stored))
     return Sample(tuple(arrays), tuple(names), f"{path.name}: {_requests(int(arrays[0].shape[0]))} {shapes}", path=str(path))
 
 
-def _match(path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequence[InputSpec]) -> tuple[list[str], list[np.ndarray]]:
+def _match(path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequence[InputSpec]) -> tuple[list[str], list[np.ndarray], list]:
+    """(the inputs' names, the arrays cast to their dtypes, the dtypes the file stored them in), in the model's input order."""
     if len(arrays) != len(specs):
         raise InputFileError(f"sample file '{path}' holds {len(arrays)} arrays but the model takes {len(specs)} inputs ({', '.join(s.name for s in specs)}).")
     if len(arrays) > 1 and all(s.name in names for s in specs):
         arrays = [arrays[names.index(s.name)] for s in specs]
+    stored = [a.dtype for a in arrays]
     matched = []
     for array, spec in zip(arrays, specs):
         if array.ndim != len(spec.shape) or any(d is not None and d != n for d, n in zip(spec.shape[1:], array.shape[1:])):
@@ -155,7 +159,7 @@ def _match(path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequen
                 "save the sample in the model's layout (Keras models are channels-last)."
             )
         matched.append(array.astype(spec.dtype, copy=False))
-    return [s.name for s in specs], matched
+    return [s.name for s in specs], matched, stored
 
 
 def as_sample(sample: Any, specs: Sequence[InputSpec] | None, batch_size: int = DEFAULT_BATCH, seed: int = DEFAULT_SEED) -> Sample:

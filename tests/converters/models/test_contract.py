@@ -223,6 +223,15 @@ def test_sample_files_are_never_unpickled(tmp_path):
     assert sample.names == ("a", "b") and sample.arrays[0].shape == (2, 3)
     again = random_sample(specs, batch_size=2, seed=5)
     assert all(np.array_equal(x, y) for x, y in zip(again.arrays, random_sample(specs, batch_size=2, seed=5).arrays))
+    assert "cast" not in sample.description  # stored in the inputs' own dtype
+
+
+def test_a_sample_cast_to_the_models_input_dtype_says_so(tmp_path):
+    """int64 pixels in a .npy for a float32 model are cast (the model takes nothing else), and the description says it."""
+    np.save(tmp_path / "ints.npy", np.arange(24, dtype=np.int64).reshape(2, 3, 4))
+    sample = load_sample(tmp_path / "ints.npy", [InputSpec("x", (None, 3, 4), "float32")])
+    assert sample.arrays[0].dtype == np.float32 and np.array_equal(sample.arrays[0], np.arange(24).reshape(2, 3, 4))
+    assert "float32[2, 3, 4] (cast from the file's int64)" in sample.description
 
 def test_cli_contract_exit_codes_json_and_table(tmp_path, cli_app):
     model = trained()
