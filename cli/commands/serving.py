@@ -150,15 +150,19 @@ def export_command(
 
     check_headers(() if from_registry else (model_path,), (sample,))
 
-    def model():
-        return registry_model(str(model_path), db, blobs, json_output) if from_registry else load_model(model_path)
+    def model_and_answers():
+        return registry_model(str(model_path), db, blobs, json_output) if from_registry else (load_model(model_path), None)
+
+    def export():
+        model, answered = model_and_answers()
+        return export_for_serving(model, output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample, answered=answered)
 
     try:
         if json_output:
-            result = export_for_serving(model(), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
+            result = export()
         else:
             with Console(stderr=True).status(f"exporting {model_path} to {output}"):
-                result = export_for_serving(model(), output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample)
+                result = export()
     except CheckFailedError as error:
         if error.result is None:
             raise
@@ -187,10 +191,17 @@ def export_command(
 
 
 def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
-    """The framework object of a registry version (local, or over --server), rebuilt from its stored structure."""
+    """(the framework object of a registry version, rebuilt from its stored structure (local, or over --server); the hazards
+    its lineage answers, as the registry's servable verdict leaves them out: a recalibrated version is never unconverged)."""
+    from registry.service.servable import ANSWERED_BY_LINEAGE
+
     from .registry import _registry
 
-    return _registry(db, blobs, quiet).load(ref)
+    registry = _registry(db, blobs, quiet)
+    record = registry.show(ref)
+    answered = {code: f"{record.ref} is {record.operation} (its statistics are a cumulative average over its recalibration batches), "
+                      "as its servable verdict says" for code in ANSWERED_BY_LINEAGE.get(record.operation, ())}
+    return registry.load(record.ref), answered
 
 
 @app.command()

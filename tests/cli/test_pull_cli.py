@@ -151,3 +151,26 @@ def _pull_as_nobody(tmp_path) -> None:
     assert done.returncode == 24, done.stderr
     assert f"no permission to write in '{locked}'" in " ".join(done.stderr.split())
     assert list(locked.iterdir()) == []
+
+
+def test_export_of_a_recalibrated_version_does_not_call_its_statistics_unconverged_as_its_verdict_does_not(cli_app, tmp_path):
+    """A version registered as recalibrated (`recalibrate --register`, or `register --operation recalibrated`) has statistics
+    averaged over its recalibration batches: the registry's servable verdict leaves out unconverged_statistics for it, and
+    `export NAME@N` now says the same (it printed the warning). Both versions here hold three SGD steps' statistics, which
+    their batch counters call unconverged; only the lineage tells them apart."""
+    from tests.registry.test_registry_service import trained_cnn as stepped_cnn
+
+    db, blobs = f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path / "blobs")
+    registry = Registry(db=db, blobs=blobs, user="test")
+    for module, operation in ((stepped_cnn(seed=0), None), (stepped_cnn(seed=1), "recalibrated")):
+        path = tmp_path / "cnn.pt2"
+        torch.export.save(torch.export.export(module.eval(), (torch.randn(2, 3, 8, 8),)), str(path))
+        registry.register("cnn", path, operation=operation)
+    results = {}
+    for ref in ("cnn@1", "cnn@2"):
+        done = invoke(cli_app, "export", ref, "--to", "onnx", "-o", str(tmp_path / f"{ref.replace('@', '-')}.onnx"), "--db", db, "--blobs", blobs, "--json")
+        assert done.exit_code == 0, done.output
+        results[ref] = json.loads(done.output)
+    assert {h["code"] for h in results["cnn@1"]["hazards"]} >= {"unconverged_statistics"}
+    assert "unconverged_statistics" not in {h["code"] for h in results["cnn@2"]["hazards"]}
+    assert any(note.startswith("unconverged_statistics in ") and "cnn@2 is recalibrated" in note for note in results["cnn@2"]["notes"]), results["cnn@2"]["notes"]

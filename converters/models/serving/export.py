@@ -42,7 +42,7 @@ from .verification import source_specs, verify_sites
 
 
 def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: bool = True, force: bool = False, sample: Any = None,
-                       *, tolerances: Any = None) -> ExportResult:
+                       *, tolerances: Any = None, answered: dict[str, str] | None = None) -> ExportResult:
     """Export a torch or Keras model to ONNX for serving; write it only if verification, the contract and the hazards pass (or `force`).
 
     Args:
@@ -52,6 +52,8 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
         rewrite: replace decomposed or folded normalizations by native ops with the exact eps.
         force: write even when a check fails or the source has an error-level hazard; the result records it.
         sample: inputs for the export (torch module) and the contract; default a seeded random sample.
+        answered: hazard code -> why it does not apply, known beyond the model (a registry version's lineage: a recalibrated
+            version's statistics are a cumulative average, never unconverged); such hazards become notes saying so.
 
     Raises:
         CheckFailedError: verification, the contract or an error-level hazard failed and `force` is off
@@ -76,9 +78,11 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     sample = as_sample(sample, specs_in)
     specs = source_specs(model, sample)
     hazards = serving_hazards(model)
+    waived = [f"{h.code} in {h.layer or 'the model'} is not raised: {answered[h.code]}" for h in hazards if answered and h.code in answered]
+    hazards = [h for h in hazards if not answered or h.code not in answered]
     asked, known_notes = exporter_opset(opset)
     exported, exporter, notes = adapter.export_onnx(model, sample, asked)
-    notes = [*known_notes, *notes]
+    notes = [*waived, *known_notes, *notes]
     exported, opset_notes = cap_opset(exported, opset)
     notes += opset_notes
     final, rewritten, errors = _rewrite(adapter, model, exported, specs, opset, notes) if rewrite else (exported, [], [])
