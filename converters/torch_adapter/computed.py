@@ -29,7 +29,7 @@ from ..recognizers.declared import declaration_of
 from . import norm_proof
 from .derived_spec import TORCH_OF, build_spec, dtype_name, scalar_attributes, to_torch
 from .norm_graph import NotANormalization, derive
-from .norm_names import names_a_norm
+from .norm_names import names_a_norm, says_no_norm
 from .traced_groups import whole_program_group
 
 STOCK = tuple(getattr(torch.nn, n) for info in KIND_INFO.values() for n in info.classes["torch"])
@@ -63,7 +63,7 @@ def why_candidate(module: torch.nn.Module) -> str | None:
     if names_a_norm(cls.__name__) and not any(why_candidate(m) or isinstance(m, STOCK) for m in module.modules() if m is not module):
         return f"its class name {cls.__name__} contains 'Norm'"
     weight = getattr(module, "weight", None)
-    if not children and isinstance(weight, torch.Tensor) and weight.dim() == 1:
+    if not children and isinstance(weight, torch.Tensor) and weight.dim() == 1 and not says_no_norm(cls.__name__):
         return "it keeps a 1-D weight and has no child modules"
     return None
 

@@ -23,7 +23,7 @@ from . import norm_proof
 from .derived_spec import TORCH_OF, build_spec, to_torch
 from .aten_calls import MODULE_KINDS, _Reader
 from .norm_graph import NATIVE_OPS, NotANormalization, derive, schema, shape_of
-from .norm_names import names_a_norm
+from .norm_names import names_a_norm, says_no_norm
 from .traced_groups import class_path_of, group_of, module_paths, runner, state_names, state_tensor
 
 
@@ -84,7 +84,7 @@ def _why(program: Any, path: str, type_name: str, groups: dict) -> str | None:
     if names_a_norm(type_name) and not child_norm:
         return f"its class name {type_name} contains 'Norm'"
     keys = set(state_names(program).values())
-    if not children and f"{path}.weight" in keys and state_tensor(program, f"{path}.weight").dim() == 1:
+    if not children and f"{path}.weight" in keys and state_tensor(program, f"{path}.weight").dim() == 1 and not says_no_norm(type_name):
         return "it keeps a 1-D weight and has no child modules"
     return None
 

@@ -16,4 +16,10 @@ def names_a_norm(class_name: str) -> bool:
     return "Norm" in _NEGATED_NORM.sub("", class_name)
 
 
-__all__ = ["names_a_norm"]
+def says_no_norm(class_name: str) -> bool:
+    """The class name negates a norm ('NoNorm', 'NoLayerNorm'): its 1-D weight is a plain per-feature affine, put where a
+    normalization would be (MobileBERT's `NoNorm`: x * weight + bias), so that weight does not make it a candidate either."""
+    return _NEGATED_NORM.search(class_name) is not None
+
+
+__all__ = ["names_a_norm", "says_no_norm"]

@@ -423,3 +423,17 @@ def test_olmos_layer_norm_without_weight_or_bias_is_sized_by_its_normalized_shap
     layer = converters.from_spec(converters.to_spec(model.norm), "torch")
     mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
     torch.testing.assert_close(layer(x), (x - mean) / torch.sqrt(var + 1e-5))
+
+
+def test_mobileberts_no_norm_is_not_a_candidate_and_the_model_says_it_found_no_normalization():
+    """transformers' MobileBERT (normalization_type="no_norm", its default) puts NoNorm (x * weight + bias) where a LayerNorm
+    would be. Its 1-D weight made it a candidate that failed its proof, refusing every MobileBERT; its name says there is
+    no norm. The model then says, as any model without one does, that no normalization was found."""
+    from transformers import MobileBertConfig, MobileBertModel
+
+    config = MobileBertConfig(vocab_size=64, hidden_size=32, embedding_size=16, num_hidden_layers=1, num_attention_heads=2,
+                              intermediate_size=32, intra_bottleneck_size=16, true_hidden_size=16, num_feedforward_networks=1)
+    model = R.randomise(MobileBertModel(config)).eval()
+    assert config.normalization_type == "no_norm" and any(type(m).__name__ == "NoNorm" for m in model.modules())
+    inspection = inspect_model(model)
+    assert inspection.layers == [] and codes(inspection) == ["no_normalization_found"]
