@@ -91,6 +91,14 @@ def _refused_as_output(target: Path) -> Iterator[None]:
         raise OutputPathError(f"cannot write '{target}': {error.strerror or error}.") from error
 
 
+def make_folder(target: str | os.PathLike) -> Path:
+    """Create the output folder `target` (and its parents), or raise OutputPathError naming it and what is in the way."""
+    target = writable(target, folder=True)
+    with _refused_as_output(target):
+        target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `target` so that readers see the old file or the whole new one, never a part."""
     with atomic_writer(target) as stream:

@@ -150,11 +150,8 @@ def export_command(
 
     check_headers(() if from_registry else (model_path,), (sample,))
 
-    def model_and_answers():
-        return registry_model(str(model_path), db, blobs, json_output) if from_registry else (load_model(model_path), None)
-
     def export():
-        model, answered = model_and_answers()
+        model, answered = registry_model(str(model_path), db, blobs, json_output) if from_registry else (load_model(model_path), None)
         return export_for_serving(model, output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample, answered=answered)
 
     try:

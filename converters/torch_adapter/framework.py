@@ -59,11 +59,11 @@ class TorchFramework(FrameworkAdapter):
         if kind is None:
             from ..recognizers.torch_modules import SUPPORTED
             from .computed import recognition
+            from .norm_hazards import unrecognised
 
-            found = recognition(obj)  # a candidate whose proof failed says why, as inspect does
-            why = "" if found is None or found.reason is None else (
-                f" It looks like a normalization ({found.why_candidate}) but no recognizer proved what it computes: {found.reason}; "
-                "declare it with converters.recognize(<class>, kind=..., eps=...) when it is one.")
+            found = recognition(obj)  # a candidate whose proof failed says why, in inspect's words
+            why = "" if found is None or found.reason is None else " " + unrecognised(
+                type(obj).__name__, type(obj).__name__, found.why_candidate, found.reason).message
             raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.{why}")
         return kind
 

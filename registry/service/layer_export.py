@@ -12,8 +12,8 @@ from pathlib import Path
 from converters import ConversionOptions, write_layer
 from converters.api import write_spec
 from schemas import ConversionReport
-from schemas.atomic_io import writable
-from schemas.errors import OutputPathError, RegistryError
+from schemas.atomic_io import make_folder
+from schemas.errors import RegistryError
 
 from .results import ExportedLayer, RegistryExport
 
@@ -25,11 +25,7 @@ def export_layers(manifest, specs: list, to: str, folder: str | Path, version: s
     """
     if to not in ("onnx", "torch", "keras"):
         raise RegistryError(f"export to '{to}' is not supported; use 'torch', 'keras' or 'onnx'.")
-    folder = writable(folder, folder=True)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise OutputPathError(f"cannot write '{folder}': {error.strerror or error}.") from error
+    folder = make_folder(folder)
     layers = []
     for entry, spec in zip(manifest.normalizers, specs):
         obj, layer_report = write_spec(spec, to, ConversionOptions())

@@ -36,9 +36,14 @@ from .drift import data_batches, describe, fixed_batch_size
 DEFAULT_BATCH_SIZE = 32
 
 
+def _given_as_batches(batches: Any) -> bool:
+    """Whether `batches` are the caller's own batches (a list of arrays or tuples), not data to split."""
+    return isinstance(batches, (list, tuple)) and bool(batches) and not isinstance(batches[0], (int, float))
+
+
 def _as_batches(model: Any, batches: Any, batch_size: int | None) -> list[tuple[np.ndarray, ...]]:
     """A list of batches (each a tuple of arrays, one per input) from batches or from data to split."""
-    if isinstance(batches, (list, tuple)) and batches and not isinstance(batches[0], (int, float)):
+    if _given_as_batches(batches):
         out = []
         for batch in batches:
             arrays = batch if isinstance(batch, (list, tuple)) else (batch,)
@@ -84,8 +89,8 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
 def _batch_size_notes(model: Any, batches: Any, asked: int) -> list[str]:
     """Say so when the data was split into batches of another size than asked: a model exported with a fixed batch size
     takes no other, and the cumulative average of per-batch variances depends on the batch size."""
-    if isinstance(batches, (list, tuple)) and batches and not isinstance(batches[0], (int, float)):
-        return []  # the caller's own batches
+    if _given_as_batches(batches):
+        return []
     fixed = fixed_batch_size(model)
     if fixed is None or fixed == asked:
         return []
