@@ -97,8 +97,10 @@ def class_path(module: torch.nn.Module) -> str | None:
 
 
 def _fingerprint(module: torch.nn.Module) -> tuple:
+    """What a cached verdict depends on: the module's tensors and settings, its name, and its class's declaration (which
+    `recognize` and `forget` change after an instance was first read)."""
     state = tuple((n, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for n, t in _state(module).items())
-    return state, scalar_attributes(module), markers.recall(module).get("name")
+    return state, scalar_attributes(module), markers.recall(module).get("name"), declaration_of(module)
 
 
 def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -191,6 +191,20 @@ def test_a_declared_class_is_proved_per_instance_and_a_wrong_declaration_is_refu
         converters.recognizers.declared.forget(R.PowNorm)
 
 
+def test_declaring_or_forgetting_a_class_changes_the_verdict_of_an_instance_read_before():
+    """The verdict is cached per instance while its state is unchanged; a declaration made (or forgotten) after a first
+    reading is part of what it depends on, so the same instance is read again."""
+    norm = R.randomise(R.PowNorm(8, tiny=3e-5))
+    assert recognition(norm).spec is None
+    try:
+        converters.recognize(R.PowNorm, kind="rms", eps="tiny", weight="gain")
+        assert recognition(norm).spec is not None and recognition(norm).how == "declared"
+        assert_computes(norm, converters.to_spec(norm))
+    finally:
+        converters.recognizers.declared.forget(R.PowNorm)
+    assert recognition(norm).spec is None
+
+
 def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_it():
     llama = R.randomise(importlib.import_module(f"{TF}.llama.modeling_llama").LlamaRMSNorm(16, eps=1e-5))
     spec = converters.to_spec(llama)
