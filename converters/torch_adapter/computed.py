@@ -27,7 +27,7 @@ from schemas.kinds import KIND_INFO
 from .. import markers
 from ..recognizers.declared import declaration_of
 from . import norm_proof
-from .derived_spec import TORCH_OF, build_spec, dtype_name, scalar_attributes, to_torch
+from .derived_spec import TORCH_OF, build_spec, dtype_name, own_normalized_shape, scalar_attributes, to_torch
 from .norm_graph import NotANormalization, derive
 from .norm_names import names_a_norm, says_no_norm
 from .traced_groups import whole_program_group
@@ -176,21 +176,12 @@ def probe_shapes(module: torch.nn.Module) -> list[tuple[int, ...]]:
     state (OLMo's OlmoLayerNorm: layer_norm without weight or bias) is sized by its `normalized_shape` attribute."""
     vectors = [t for t in _state(module).values() if t.dim() == 1 and t.is_floating_point()]
     if not vectors:
-        shape = _declared_shape(module)
+        shape = own_normalized_shape(module)
         return [(4, 3, *shape)] if shape else []
     c = int(vectors[0].shape[0])
     trailing, channels = (4, 3, c), (4, c, 3, 5)
     channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(module, torch.nn.modules.batchnorm._NormBase)
     return [channels, trailing] if channel_first else [trailing, channels]
-
-
-def _declared_shape(module: torch.nn.Module) -> tuple[int, ...] | None:
-    """A stateless module's own `normalized_shape` (an int or a tuple of positive ints), else None."""
-    shape = getattr(module, "normalized_shape", None)
-    shape = (shape,) if isinstance(shape, int) else shape
-    if isinstance(shape, (tuple, list, torch.Size)) and shape and all(isinstance(d, int) and 0 < d <= 65536 for d in shape):
-        return tuple(shape)
-    return None
 
 
 def _module_dtype(module: torch.nn.Module) -> torch.dtype:

@@ -9,7 +9,7 @@ import torch
 from schemas import NormSpec, SpecError
 
 from ..recognizers.declared import Declaration
-from .derived_spec import build_spec
+from .derived_spec import build_spec, own_normalized_shape
 from .norm_graph import Derivation, NotANormalization
 
 
@@ -38,19 +38,20 @@ def declared_spec(module: torch.nn.Module, declaration: Declaration, name: str) 
             roles.pop(role)
         else:
             state[attribute] = tensor
-    if not state:
-        raise NotANormalization("it declares no scale, bias or statistics to size the layer")
-    size = int(next(iter(state.values())).shape[0])
+    own = own_normalized_shape(module)
+    if not state and own is None:
+        raise NotANormalization("it declares no scale, bias or statistics and has no normalized_shape to size the layer")
+    sizes = (int(next(iter(state.values())).shape[0]),) if state else own
     fields: dict[str, Any] = {"eps": float(eps)}
     if declaration.kind == "batch":
-        fields.update(num_features=size, spatial_rank=2, layout="channels_first", input_rank=4, track_running_stats=True, frozen=True)
-        shape = (4, size, 3, 5)
+        fields.update(num_features=sizes[0], spatial_rank=2, layout="channels_first", input_rank=4, track_running_stats=True, frozen=True)
+        shape = (4, sizes[0], 3, 5)
     else:
-        fields["normalized_shape"] = (size,)
-        shape = (4, 3, size)
+        fields["normalized_shape"] = sizes
+        shape = (4, 3, *sizes)
         if declaration.layout == "channels_first":
             fields.update(layout="channels_first", input_rank=4)
-            shape = (4, size, 3, 5)
+            shape = (4, sizes[0], 3, 5)
     if declaration.scale_offset:
         fields["scale_offset"] = declaration.scale_offset
     if declaration.compute_dtype is not None:
@@ -58,7 +59,7 @@ def declared_spec(module: torch.nn.Module, declaration: Declaration, name: str) 
         if declaration.cast_before_affine:
             fields["cast_before_affine"] = True
     derivation = Derivation(declaration.kind, fields, roles, ops=())
-    dtype = next(iter(state.values())).dtype
+    dtype = next(iter(state.values())).dtype if state else torch.get_default_dtype()
     try:
         spec = build_spec(derivation, state, name=name, layer_type=type(module).__name__, training=bool(module.training), input_dtype=dtype)
     except SpecError as error:

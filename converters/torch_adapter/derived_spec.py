@@ -81,3 +81,13 @@ def scalar_attributes(module: Any) -> tuple:
         if isinstance(value, (bool, int, float, str, type(None))) or (isinstance(value, tuple) and all(isinstance(v, (int, float, str)) for v in value)):
             items.append((key, value))
     return tuple(items)
+
+
+def own_normalized_shape(module: torch.nn.Module) -> tuple[int, ...] | None:
+    """A stateless module's own `normalized_shape` (an int or a tuple of positive ints), else None: what sizes a
+    normalization that keeps no tensor (OLMo's LayerNorm), for the tracer's probe and for a declaration alike."""
+    shape = getattr(module, "normalized_shape", None)
+    shape = (shape,) if isinstance(shape, int) else shape
+    if isinstance(shape, (tuple, list, torch.Size)) and shape and all(isinstance(d, int) and 0 < d <= 65536 for d in shape):
+        return tuple(shape)
+    return None

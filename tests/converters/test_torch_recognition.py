@@ -439,6 +439,26 @@ def test_olmos_layer_norm_without_weight_or_bias_is_sized_by_its_normalized_shap
     torch.testing.assert_close(layer(x), (x - mean) / torch.sqrt(var + 1e-5))
 
 
+def test_a_declared_class_without_tensors_is_sized_by_its_normalized_shape_and_a_wrong_declaration_still_fails():
+    """A declaration of a class that keeps no tensor (OLMo's LayerNorm) was refused ("nothing to size the layer"): its own
+    `normalized_shape` sizes it, as it sizes the tracer's probe; the proof still decides."""
+    from transformers.models.olmo.modeling_olmo import OlmoLayerNorm
+
+    norm = OlmoLayerNorm(16)
+    try:
+        converters.recognize(OlmoLayerNorm, kind="layer", eps=1e-5, weight=None)
+        found = recognition(norm)
+        assert found.how == "declared" and found.spec is not None and found.spec.normalized_shape == (16,)
+        x = torch.randn(2, 3, 16) * 3 + 1
+        mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+        torch.testing.assert_close(converters.from_spec(converters.to_spec(norm), "torch")(x), (x - mean) / torch.sqrt(var + 1e-5))
+        converters.recognizers.declared.forget(OlmoLayerNorm)
+        converters.recognize(OlmoLayerNorm, kind="rms", eps=1e-5, weight=None)
+        assert "its declaration does not hold" in recognition(norm).reason
+    finally:
+        converters.recognizers.declared.forget(OlmoLayerNorm)
+
+
 def test_mobileberts_no_norm_is_not_a_candidate_and_the_model_says_it_found_no_normalization():
     """transformers' MobileBERT (normalization_type="no_norm", its default) puts NoNorm (x * weight + bias) where a LayerNorm
     would be. Its 1-D weight made it a candidate that failed its proof, refusing every MobileBERT; its name says there is
