@@ -119,7 +119,7 @@ class FrameworkAdapter(abc.ABC):
     def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         """Eval-mode output of `obj` on `x` (in the object's own layout), without changing its state.
 
-        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/grouped_check.py), so no copy is made.
+        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/group_bench.py), so no copy is made.
         """
 
     @abc.abstractmethod

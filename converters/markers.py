@@ -28,5 +28,5 @@ def recall(obj: Any) -> dict[str, Any]:
 
 
 def replace(obj: Any, fields: dict[str, Any]) -> None:
-    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state: converters/grouped_check.py)."""
+    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state: converters/group_bench.py)."""
     object.__setattr__(obj, ATTRIBUTE, dict(fields))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import converters
-from converters import grouped_check, kept_benches
+from converters import group_bench, kept_benches
 from converters.adapters import AdapterRegistry
 from converters.grouped_check import Checker, check_many, configuration, groups, restatable
 from schemas import NormSpec, NotExpressibleError
@@ -35,7 +35,7 @@ def keras_runs(request, monkeypatch):
     test's calls build their objects afresh (no bench kept from an earlier test, whose layers may run traced)."""
     kept_benches.forget()
     if request.param == "traced":
-        monkeypatch.setattr(grouped_check, "KEEP_RUNS_FROM", 1)
+        monkeypatch.setattr(group_bench, "KEEP_RUNS_FROM", 1)
     return request.param
 
 

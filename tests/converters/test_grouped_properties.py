@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import assume, given, strategies as st
 
 import converters
-from converters import grouped_check, kept_benches
+from converters import group_bench, kept_benches
 from converters.grouped_check import check_many, groups
 from schemas import NotExpressibleError
 
@@ -52,13 +52,13 @@ def test_a_group_of_one_configuration_gives_checks_results_member_by_member(conf
         specs[victim] = specs[victim].replace(tensors={**specs[victim].tensors, "scale": scale})
     assume(len(groups(specs)) == 1)  # a framework may read a state-dependent setting (a frozen identity scale) differently
     plain = [converters.check(spec, registry=registry) for spec in specs]
-    keep = grouped_check.KEEP_RUNS_FROM
-    grouped_check.KEEP_RUNS_FROM = 1 if traced else keep
+    keep = group_bench.KEEP_RUNS_FROM
+    group_bench.KEEP_RUNS_FROM = 1 if traced else keep
     kept_benches.forget()  # objects built afresh: an earlier example's layer may run traced
     try:
         grouped = check_many(specs, registry=registry)
     finally:
-        grouped_check.KEEP_RUNS_FROM = keep
+        group_bench.KEEP_RUNS_FROM = keep
     assert_same(grouped, plain)
     for index, result in enumerate(grouped):
         torch_built = any(t.framework == "torch" and t.status != "not_expressible" for t in result.targets)

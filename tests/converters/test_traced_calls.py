@@ -15,7 +15,7 @@ import pytest
 from converters import REGISTRY
 from converters.api import read_spec, write_spec
 from converters.equivalence import target_options
-from converters.grouped_check import KEEP_RUNS_FROM, GroupBench
+from converters.group_bench import KEEP_RUNS_FROM, GroupBench
 from converters.keras_adapter.deferred import is_deferred
 from converters.keras_adapter.traced import TracedCalls, kept_calls
 from converters.keras_adapter.variables import read_variable, write_variable
