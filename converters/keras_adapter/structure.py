@@ -8,8 +8,10 @@ under its path (each variable and each tensor exactly once: a mismatch is refuse
 
 from __future__ import annotations
 
+import io
 import json
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +62,25 @@ def keras_model(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> Any:
 
 
 def keras_file(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
-    """A .keras file of the rebuilt model (written by model.save)."""
+    """A .keras file of the rebuilt model (written by model.save), the same bytes on every pull: `model.save` stamps
+    metadata.json with the time and the weights entry with its zip date, so both are set from what was stored."""
     model = keras_model(parts, tensors)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.keras"
         model.save(path)
-        return path.read_bytes()
+        return _without_dates(path.read_bytes(), parts.get(METADATA))
+
+
+def _without_dates(archive: bytes, metadata: bytes | None) -> bytes:
+    """The archive's entries in their order, each dated 1980-01-01 (the zip epoch), metadata.json the stored one."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as source, zipfile.ZipFile(out, "w") as target:
+        for entry in source.infolist():
+            data = metadata if entry.filename == METADATA and metadata is not None else source.read(entry)
+            dated = zipfile.ZipInfo(entry.filename, date_time=(1980, 1, 1, 0, 0, 0))
+            dated.compress_type, dated.external_attr = entry.compress_type, entry.external_attr
+            target.writestr(dated, data)
+    return out.getvalue()
 
 
 __all__ = ["CONFIG", "METADATA", "keras_file", "keras_model", "keras_structure"]

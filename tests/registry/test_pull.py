@@ -8,6 +8,7 @@ the original model's with NumPy (bit for bit), and the ONNX file byte for byte.
 from __future__ import annotations
 
 import json
+import zipfile
 
 import numpy as np
 import onnx
@@ -98,6 +99,11 @@ def test_a_keras_model_comes_back_with_safe_mode_and_identical_outputs(registry,
     sample = np.random.default_rng(1).standard_normal((3, 6)).astype(np.float32)
     assert np.array_equal(np.asarray(pulled(sample, training=False)), np.asarray(model(sample, training=False)))
     assert registry.manifest("dense@1").structure.format == "keras"
+    registry.pull("dense@1", tmp_path / "again.keras")  # model.save dates metadata.json and the zip's weights entry
+    assert (tmp_path / "again.keras").read_bytes() == (tmp_path / "back.keras").read_bytes()
+    with zipfile.ZipFile(tmp_path / "back.keras") as archive:  # dated to the second: two pulls in one second would not show it
+        assert {entry.date_time for entry in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+        assert "date_saved" not in json.loads(archive.read("metadata.json"))
 
 
 def test_the_safetensors_state_dict_loads_strictly_into_a_fresh_instance(registry, tmp_path):
@@ -126,6 +132,24 @@ def test_a_pt2_state_dict_leaves_out_what_the_module_does_not_hold(registry, tmp
     fresh = trained_cnn(seed=5)
     fresh.load_state_dict(load_file(registry.pull("cnn", tmp_path / "sd.safetensors", "safetensors").path), strict=True)
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_the_safetensors_file_keeps_each_tensor_shape_and_is_the_same_bytes_every_pull(registry, tmp_path):
+    """num_batches_tracked is 0-d: written as shape [1], torch's load_state_dict still took it (it broadcasts), so only the
+    file's own shapes show it. safetensors writes its metadata from a hash map, in another order each run."""
+    model = trained_cnn(seed=6)
+    registry.register("mod", model)
+    first = registry.pull("mod", tmp_path / "a.safetensors", "safetensors")
+    second = registry.pull("mod", tmp_path / "b.safetensors", "safetensors")
+    stored = load_file(first.path)
+    expected = model.state_dict()
+    assert sorted(stored) == sorted(expected)
+    for name, tensor in expected.items():
+        assert stored[name].shape == tensor.shape and stored[name].dtype == tensor.dtype, name
+        assert torch.equal(stored[name], tensor), name
+    assert stored["1.num_batches_tracked"].dim() == 0
+    assert (tmp_path / "a.safetensors").read_bytes() == (tmp_path / "b.safetensors").read_bytes()
+    assert first.digest == second.digest
 
 
 def _stored_bytes(registry) -> int:
