@@ -27,7 +27,7 @@ def port(
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the target with the ported state (.keras, written atomically)."),
     name_map: Optional[Path] = typer.Option(
-        None, "--name-map", help="JSON object {source layer path: target layer name}; layers it does not name are paired by order among the rest."
+        None, "--name-map", help="JSON object {source layer path: target layer name}; layers it does not name are paired by name when both models name them alike, else by order among the rest."
     ),
     cumulative_momentum: CumulativeMomentum = typer.Option(
         CumulativeMomentum.error, help="PyTorch momentum=None: refuse (error) or emit the next step's momentum (next_step)."
@@ -37,8 +37,8 @@ def port(
 ) -> None:
     """Copy every normalization layer's weights, statistics, eps and momentum from SOURCE into its twin TARGET.
 
-    Layers pair by order, checked by kind and shape; a count or shape mismatch is refused and
-    nothing is written. Only normalization state moves: copy convolution and dense weights yourself.
+    Layers pair by name when both models name them alike, else by order, checked by kind and shape;
+    a count or shape mismatch is refused and nothing is written. Only normalization state moves: copy convolution and dense weights yourself.
 
     Example: normbridge port resnet.pt2 resnet_twin.keras -o resnet_ported.keras
     """
@@ -117,10 +117,12 @@ def _arrow(layer, setting: str) -> str:
 
 
 def _pairing(layer) -> str:
-    """'3/10' (by order) or 'map', from the report's pairing note."""
+    """'3/10' (by order), 'map' or 'name', from the report's pairing note."""
     note = next((t.note for t in layer.translations if t.setting == "layer"), "")
     if "name map" in note:
         return "map"
+    if "by name" in note:
+        return "name"
     numbers = [word for word in note.replace(",", " ").split() if word.isdigit()]
     return f"{numbers[0]}/{numbers[1]}" if len(numbers) == 2 else note
 

@@ -7,7 +7,9 @@ Every normalization layer of the source is paired with one of the target: by ord
 by kind and shape (num_features, num_groups, normalized_shape, spatial rank, dtype), or
 through an explicit name map `{source path: target path or name}`. Layers the map does not
 name are paired by order among the layers it does not name either, so a map only has to
-fix the pairs that order gets wrong. Each pair goes through the converters (source layer ->
+fix the pairs that order gets wrong; when those layers have the same names on both sides (each
+name once), they pair by name, since a torch module's definition order need not be the order its
+twin calls them in, and order is refused where it would pair a layer with another than its namesake. Each pair goes through the converters (source layer ->
 spec -> the target framework's layer), so eps, momentum and their conventions are translated
 and refused exactly as a conversion does and the report uses the same vocabulary; the
 converted state is then written into the target's existing layer, bit-exactly.
@@ -166,6 +168,9 @@ def match_layers(
             f"{_examples(extra)} have no twin in the {other}; port between models of the same architecture{source_note}.",
             layer=extra[0], setting="layer_count",
         )
+    if _same_names(rest_sources, rest_targets):
+        named = {t.path: t for t in rest_targets}
+        return [Pair(s, by_target[name_map[s.path]], "name map") if s.path in name_map else Pair(s, named[s.path], "by name") for s in sources]
     order = iter(rest_targets)
     pairs = []
     for index, source in enumerate(sources, start=1):
@@ -173,7 +178,26 @@ def match_layers(
             pairs.append(Pair(source, by_target[name_map[source.path]], "name map"))
         else:
             pairs.append(Pair(source, next(order), f"by order, layer {index} of {len(sources)}"))
+    _refuse_order_against_names(pairs, {t.path for t in rest_targets})
     return pairs
+
+
+def _same_names(sources: list[SourceLayer], targets: list[TargetLayer]) -> bool:
+    """Both sides name their layers alike, each name once: twins whose definition orders differ still pair by name."""
+    names = [s.path for s in sources]
+    return len(set(names)) == len(names) and sorted(names) == sorted(t.path for t in targets)
+
+
+def _refuse_order_against_names(pairs: list[Pair], target_names: set[str]) -> None:
+    """Order may not send a source layer elsewhere than to the target layer of its own name: one of the two is wrong."""
+    crossed = [p for p in pairs if p.how.startswith("by order") and p.source.path != p.target.path and p.source.path in target_names]
+    if crossed:
+        first = crossed[0]
+        raise PortMismatchError(
+            f"paired by order, source layer '{first.source.path}' would go to target '{first.target.path}', but the target has a layer "
+            f"named '{first.source.path}'; pass a name map for the layers whose names or order differ.",
+            layer=first.source.path, setting="name_map",
+        )
 
 
 def _first_difference(a: NormSpec, b: NormSpec) -> str:
@@ -253,7 +277,7 @@ def port_state(
         source_model: torch.nn.Module, torch.export.ExportedProgram, keras.Model or onnx.ModelProto.
         target_model: torch.nn.Module or keras.Model; its existing layers are written in place.
         name_map: optional {source layer path: target layer path (PyTorch) or name (Keras)}; the
-            layers it does not name are paired by order among themselves.
+            layers it does not name are paired by name when both sides use the same names, else by order.
         options: conversion options (`cumulative_momentum` for PyTorch momentum=None into Keras).
             `match_variance_estimator` is not used: the target layer's class decides.
 

@@ -312,6 +312,57 @@ def test_a_name_map_that_swaps_two_same_shape_layers_is_honoured(torch_resnet, k
     assert np.abs(keras_out(keras_twin, nhwc(x)) - torch_out(torch_resnet, x)).max() > 1e-3  # swapped on purpose
 
 
+class _DefinedOutOfOrder(torch.nn.Module):
+    """bn_b is defined first and called second: named_modules order is not the order forward calls them in."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn_b = torch.nn.BatchNorm1d(8, eps=1e-3)
+        self.fc = torch.nn.Linear(8, 8)
+        self.bn_a = torch.nn.BatchNorm1d(8, eps=1e-3)
+
+    def forward(self, x):
+        return self.bn_b(self.fc(self.bn_a(x)))
+
+
+def _out_of_order_twins(names=("bn_a", "bn_b")):
+    torch.manual_seed(0)
+    model = _DefinedOutOfOrder().eval()
+    with torch.no_grad():
+        model.bn_a.running_mean.fill_(5.0), model.bn_a.running_var.fill_(4.0)
+        model.bn_b.running_mean.fill_(-1.0), model.bn_b.running_var.fill_(0.25), model.bn_b.weight.fill_(3.0)
+    inputs = keras.Input((8,))
+    x = keras.layers.BatchNormalization(epsilon=1e-3, name=names[0])(inputs)
+    x = keras.layers.Dense(8, name="fc")(x)
+    twin = keras.Model(inputs, keras.layers.BatchNormalization(epsilon=1e-3, name=names[1])(x))
+    twin.get_layer("fc").set_weights([model.fc.weight.detach().numpy().T, model.fc.bias.detach().numpy()])
+    return model, twin
+
+
+def test_layers_named_alike_pair_by_name_when_definition_order_differs_from_call_order():
+    """Order paired bn_b with the Keras bn_a (outputs off by 22.9) and reported success."""
+    model, twin = _out_of_order_twins()
+    report = port_state(model, twin)
+    pairing = {r.layer: next(t for t in r.translations if t.setting == "layer") for r in report.layers}
+    assert pairing["bn_b"].target_value == "bn_b" and pairing["bn_b"].note == "paired by name"
+    x = random_input((4, 8))
+    mean, var = model.bn_a.running_mean.numpy(), model.bn_a.running_var.numpy()
+    hidden = (x - mean) / np.sqrt(var + 1e-3) @ model.fc.weight.detach().numpy().T + model.fc.bias.detach().numpy()
+    b = model.bn_b
+    expected = (hidden - b.running_mean.numpy()) / np.sqrt(b.running_var.numpy() + 1e-3) * b.weight.detach().numpy() + b.bias.detach().numpy()
+    np.testing.assert_allclose(keras_out(twin, x), expected, atol=1e-5)
+
+
+def test_order_that_contradicts_a_shared_name_is_refused_and_nothing_changes():
+    model, twin = _out_of_order_twins(names=("bn_a", "other"))  # one name shared, one not: order would send bn_b to bn_a
+    state, settings = keras_state(twin), keras_settings(twin)
+    with pytest.raises(PortMismatchError, match="source layer 'bn_a' would go to target 'other'.*name map"):
+        port_state(model, twin)
+    assert_keras_unchanged(twin, state, settings)
+    port_state(model, twin, {"bn_b": "other"})  # the map settles it
+    assert tensors_identical(np.asarray(twin.get_layer("other").moving_mean.numpy()), model.bn_b.running_mean.numpy())
+
+
 def test_snapshots_put_a_written_layer_back_exactly():
     """What port_state runs when a write fails midway: every target layer restored."""
     from converters.keras_adapter import porting as porting_keras
