@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 
 from .app import app
@@ -28,12 +29,19 @@ def main() -> None:
     flushes the logs and standard streams. A command that crashed (not a SystemExit) exits as Python does."""
     finished: list = []
     atexit.register(_leave, finished)  # registered before anything the command imports: it runs last
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         app()
     except SystemExit as stop:
         finished.append(stop.code)
         raise
     finished.append(0)
+
+
+def _terminated(signum: int, frame) -> None:
+    """SIGTERM (`kill`, a supervisor stopping the command) unwinds like Ctrl-C, so half-written temporary files are
+    removed by the writers' own cleanup; Python's default would end the process where it stood. Exit 143 (128 + 15)."""
+    raise SystemExit(128 + signum)
 
 
 def _leave(finished: list) -> None:

@@ -171,3 +171,32 @@ def test_export_of_a_recalibrated_version_does_not_call_its_statistics_unconverg
     assert {h["code"] for h in results["cnn@1"]["hazards"]} >= {"unconverged_statistics"}
     assert "unconverged_statistics" not in {h["code"] for h in results["cnn@2"]["hazards"]}
     assert any(note.startswith("unconverged_statistics in ") and "cnn@2 is recalibrated" in note for note in results["cnn@2"]["notes"]), results["cnn@2"]["notes"]
+
+
+@pytest.mark.slow
+def test_a_pull_stopped_by_sigterm_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    """Python's default SIGTERM ends the process where it stands: a zero-byte '.big.pt2.<hex>.tmp' was left each time."""
+    import signal
+    import time
+
+    from tests.cli_process import normbridge_command
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.BatchNorm1d(4096), torch.nn.Linear(4096, 2048)).eval()
+    source = tmp_path / "big.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 2048),)), str(source))
+    db, blobs = f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path / "blobs")
+    Registry(db=db, blobs=blobs, user="test").register("big", source)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "big.pt2").write_bytes(b"OLD")
+    process = subprocess.Popen([*normbridge_command(), "pull", "big@1", "-o", str(out / "big.pt2"), "--db", db, "--blobs", blobs],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not any(p.name.endswith(".tmp") for p in out.iterdir()):
+        assert process.poll() is None and time.monotonic() < deadline, "the pull ended before its temporary file was seen"
+        time.sleep(0.001)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err.decode()[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["big.pt2"] and (out / "big.pt2").read_bytes() == b"OLD"
