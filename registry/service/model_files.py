@@ -191,8 +191,8 @@ class ModelFiles:
                                 "from Python, or a version registered before normbridge stored structures), only its tensors; pull its "
                                 "state dict with --format safetensors.")
         if fmt not in ("source", stored):
-            raise RegistryError(f"version {ref} was registered as {stored} and is given back as {stored} or safetensors, not {fmt}; "
-                                f"to serve it as ONNX run `normbridge export {ref} --to onnx -o FILE`.")
+            serve = f"; to serve it as ONNX run `normbridge export {ref} --to onnx -o FILE`" if fmt == "onnx" else ""
+            raise RegistryError(f"version {ref} was registered as {stored} and is given back as {stored} or safetensors, not {fmt}{serve}.")
         return stored
 
 

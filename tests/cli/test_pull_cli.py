@@ -55,6 +55,24 @@ def test_pull_refuses_a_format_the_version_is_not_and_names_the_way(cli_app, loc
     assert not (tmp_path / "x.onnx").exists()
 
 
+def test_an_onnx_version_is_pulled_not_exported_and_every_message_says_so(cli_app, local, tmp_path):
+    """export of an ONNX version said 'export_for_serving takes a torch or Keras model' (exit 5), and pull --format pt2
+    of it pointed to that same export."""
+    source = tmp_path / "cnn.onnx"
+    torch.onnx.export(local["model"], (torch.from_numpy(SAMPLE),), str(source), dynamo=False, do_constant_folding=False)
+    assert invoke(cli_app, "register", "cnnonnx", str(source), *local["args"]).exit_code == 0
+    done = invoke(cli_app, "export", "cnnonnx@1", "--to", "onnx", "-o", str(tmp_path / "served.onnx"), *local["args"])
+    assert done.exit_code == 14, done.output
+    assert "registered as ONNX" in done.output and "normbridge pull cnnonnx@1 -o FILE.onnx" in done.output
+    done = invoke(cli_app, "pull", "cnnonnx@1", "-o", str(tmp_path / "x.pt2"), "--format", "pt2", *local["args"])
+    assert done.exit_code == 14 and "given back as onnx or safetensors, not pt2" in done.output and "export" not in done.output
+    done = invoke(cli_app, "export", str(source), "--to", "onnx", "-o", str(tmp_path / "again.onnx"))
+    assert done.exit_code == 5 and "already in the format" in done.output and "export_for_serving" not in done.output
+    assert not (tmp_path / "served.onnx").exists() and not (tmp_path / "x.pt2").exists() and not (tmp_path / "again.onnx").exists()
+    assert invoke(cli_app, "pull", "cnnonnx@1", "-o", str(tmp_path / "back.onnx"), *local["args"]).exit_code == 0
+    assert (tmp_path / "back.onnx").read_bytes() == source.read_bytes()
+
+
 def test_export_for_serving_from_a_registry_whose_source_file_was_deleted(cli_app, local, tmp_path):
     out = tmp_path / "served.onnx"
     done = invoke(cli_app, "export", "cnn@1", "--to", "onnx", "-o", str(out), *local["args"], "--json")

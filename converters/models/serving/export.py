@@ -68,7 +68,9 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
         model = load_model(model)
     adapter = REGISTRY.model_adapter_of(model)
     if not adapter.serving_source:
-        raise UnsupportedObjectError(f"export_for_serving takes a torch or Keras model; got a {adapter.framework} model.")
+        raise UnsupportedObjectError(f"an {adapter.framework} model is already in the format the serving export writes: serve the file as it "
+                                     "is (`normbridge inspect` lists its normalization layers and hazards); the export takes the training "
+                                     "framework's model, a torch (.pt2, nn.Module) or Keras (.keras) one.")
     try:
         specs_in = input_specs(model)
     except UnsupportedObjectError:
@@ -91,7 +93,16 @@ def export_for_serving(model: Any, path: str | Path, opset: int = 23, rewrite: b
     missing = "the exporter removed or fused it beyond recognition"
     if batchnorm_folded_into_conv(final):
         missing = "the exporter folded it into the preceding Conv's weights: its eps and statistics are gone from the graph"
-    verification = verify_sites(specs, find_norm_sites(final), missing)
+    sites = find_norm_sites(final)
+    verification = verify_sites(specs, sites, missing)
+    if any(v.setting == "presence" and not v.passed for v in verification):  # a layer absent: dead code in the source, which the exporter dropped?
+        unused = adapter.unused_layers(model, sample)
+        if unused:
+            verification = verify_sites(specs, sites, missing, unused)
+            skipped = [v.source_layer for v in verification if v.passed and v.setting == "presence"]
+            if skipped:
+                notes.append(f"{len(skipped)} layer(s) not checked, absent from the exported graph because their output reaches no "
+                             f"output of the source (dead code the exporter dropped): {', '.join(skipped)}")
     contract = _contract(model, final, sample, tolerances, errors)
     passed = contract is not None and not errors and all(v.passed for v in verification) and contract.passed and not any(h.severity == "error" for h in hazards)
     written = passed or force
