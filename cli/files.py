@@ -6,6 +6,7 @@ normalization layer.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ def output_path(path: Path, *, suffix: str | None = None, folder: bool = False) 
     from schemas.atomic_io import writable
 
     if suffix is not None and path.suffix.lower() != suffix:
-        raise typer.BadParameter(f"'{path}' does not end in {suffix}; pass -o {path.with_suffix(suffix).name if path.suffix else path.name + suffix}.",
+        if path.is_dir() or str(path).endswith(("/", os.sep)):
+            raise typer.BadParameter(f"'{path}' is a folder; the output is one {suffix} file: pass -o {path / ('model' + suffix)}.", param_hint="--output")
+        raise typer.BadParameter(f"'{path}' does not end in {suffix}; pass -o {path.with_suffix(suffix) if path.suffix else str(path) + suffix}.",
                                  param_hint="--output")
     return writable(path, folder=folder)

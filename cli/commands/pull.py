@@ -7,7 +7,6 @@ file streamed from GET /api/v1/models/NAME/versions/N/model, its digest checked 
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -28,7 +27,7 @@ class PullFormat(str, Enum):
     safetensors = "safetensors"
 
 
-def _pull_with_bar(registry, ref: str, output: Path, fmt: str):
+def _pull_with_bar(registry, ref: str, output: str, fmt: str):
     """Registry.pull with a transient stderr bar over the blobs read and the bytes written (none when stderr is not a terminal)."""
     stderr = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -45,7 +44,8 @@ def _pull_with_bar(registry, ref: str, output: Path, fmt: str):
 @reports_errors
 def pull(
     ref: str = typer.Argument(..., metavar="NAME@REF", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref),
-    output: Path = typer.Option(..., "--output", "-o", help="The file to write (atomically), or a folder to write NAME-N.<suffix> into."),
+    output: str = typer.Option(..., "--output", "-o", help="The file to write (atomically), or a folder to write NAME-N.<suffix> into "
+                               "(an existing one, or a path ending in '/', made if missing)."),
     fmt: PullFormat = typer.Option(PullFormat.source, "--format", help="source: the format it was registered in (.onnx, .keras, .pt2); "
                                    "safetensors: the state dict as one file, normalizer specs in its metadata."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -205,14 +206,16 @@ def read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
 
 
 def pulled_path(path: str | Path, ref: str, suffix: str) -> Path:
-    """`path`, or '<name>-<N><suffix>' inside it when it is a directory; refused (OutputPathError) before anything is read
-    when it cannot be written or names another format than the one written (a .pt2 archive saved as 'model.onnx')."""
-    target = Path(path)
-    if target.is_dir():
-        return writable(target / f"{ref.replace('@', '-')}{suffix}")
+    """`path`, or '<name>-<N><suffix>' inside it when it is a folder (an existing one, or a path ending in '/', made if
+    missing); refused (OutputPathError) before anything is read when it cannot be written or names another format than
+    the one written (a .pt2 archive saved as 'model.onnx')."""
+    target, name = Path(path), f"{ref.replace('@', '-')}{suffix}"
+    if target.is_dir() or str(path).endswith(("/", os.sep)):
+        return writable(writable(target, folder=True) / name)
     if target.suffix.lower() != suffix:
-        raise OutputPathError(f"'{target}' ends in '{target.suffix}', but {ref} is written as a {suffix} file; pass a path "
-                              f"ending in {suffix}, or a folder to write {ref.replace('@', '-')}{suffix} into.")
+        what = f"ends in '{target.suffix}'" if target.suffix else "has no file extension"
+        raise OutputPathError(f"'{target}' {what}, but {ref} is written as a {suffix} file; pass a path ending in {suffix}, or a "
+                              f"folder (an existing one, or a path ending in '/') to write {name} into.")
     return writable(target)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -134,13 +135,28 @@ def test_outputs_named_for_another_format_are_refused_before_anything_is_written
     state = CliRunner().invoke(cli_app, ["pull", "cnn@1", "--format", "safetensors", "-o", str(tmp_path / "st.pt2"), *local["args"]])
     assert state.exit_code == 24 and ".safetensors" in state.output
     exported = CliRunner().invoke(cli_app, ["export", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "x.txt"), *local["args"]])
-    assert exported.exit_code == 2 and "pass -o x.onnx" in exported.output
+    assert exported.exit_code == 2 and f"pass-o{tmp_path / 'x.onnx'}" in re.sub(r"[\s│]", "", exported.output), exported.output
     into_folder = CliRunner().invoke(cli_app, ["export", "cnn@1", "--to", "onnx", "-o", str(tmp_path), *local["args"]])
-    assert into_folder.exit_code == 2
+    assert into_folder.exit_code == 2 and "is a folder" in into_folder.output
     assert not {"wrong.onnx", "st.pt2", "x.txt"} & {p.name for p in tmp_path.iterdir()} and _no_temporary_left(tmp_path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="drops to user nobody to meet a folder it may not write")
+def test_pull_into_a_path_ending_in_a_slash_makes_the_folder_and_a_file_there_or_no_extension_is_named(cli_app, local, tmp_path):
+    """'-o d3/' with d3 a file, '-o new/sub/' and '-o /dev/null' all said "'X' ends in ''"."""
+    made = CliRunner().invoke(cli_app, ["pull", "cnn@1", "-o", f"{tmp_path / 'new' / 'sub'}/", *local["args"]])
+    assert made.exit_code == 0, made.output
+    assert (tmp_path / "new" / "sub" / "cnn-1.pt2").is_file()
+    (tmp_path / "d3").write_bytes(b"a file")
+    blocked = CliRunner().invoke(cli_app, ["pull", "cnn@1", "-o", f"{tmp_path / 'd3'}/", *local["args"]])
+    assert blocked.exit_code == 24 and "is a file, and a folder is written there" in " ".join(blocked.output.split()), blocked.output
+    assert (tmp_path / "d3").read_bytes() == b"a file"
+    for target in ("/dev/null", str(tmp_path / "plain")):
+        done = CliRunner().invoke(cli_app, ["pull", "cnn@1", "-o", target, *local["args"]])
+        assert done.exit_code == 24 and "has no file extension" in " ".join(done.output.split()), done.output
+    assert not (tmp_path / "plain").exists() and _no_temporary_left(tmp_path)
+
+
 def test_a_folder_the_user_may_not_write_is_named_before_anything_is_written():
     """As user nobody: writing into a read-only folder is refused with an OutputPathError naming that folder, before any
     temporary file. The checkout (and its venv) may be private to its owner, so the very modules `writable` and the
