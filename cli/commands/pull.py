@@ -15,7 +15,8 @@ from rich.progress import BarColumn, Progress, TextColumn
 from ..app import app, console
 from ..arguments import version_ref
 from ..errors import reports_errors
-from ..fitting import say
+from ..fitting import say, say_marked
+from ..servable_text import blocking_text
 from .registry import BLOBS_HELP, DB_HELP, _dump, _registry
 
 
@@ -72,3 +73,6 @@ def pull(
         return
     console.print(f"[green]pulled[/] {result.ref} -> {result.path}", highlight=False)
     say(f"  format {result.format}, {result.nbytes} bytes, sha256 {result.digest}")
+    record = registry.show(result.ref)
+    if record.servable is False:  # an alias may have been forced onto it: the file is given back, and says what it is
+        say_marked("  [bold red]not servable[/]: ", f"{blocking_text(record)} (`normbridge show {result.ref}` says why)")

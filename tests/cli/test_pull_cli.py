@@ -234,3 +234,15 @@ def test_a_pull_stopped_by_sigterm_leaves_the_old_file_and_no_temporary_one(tmp_
     _, err = process.communicate(timeout=60)
     assert process.returncode == 143, err.decode()[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["big.pt2"] and (out / "big.pt2").read_bytes() == b"OLD"
+
+
+def test_pull_of_a_version_that_may_not_serve_says_so(cli_app, local, tmp_path):
+    """A guarded alias forced onto a train-mode version gave the file back with no word about it."""
+    source = tmp_path / "train.pt2"
+    torch.export.save(torch.export.export(trained_cnn().train(), (torch.from_numpy(SAMPLE),)), str(source))
+    assert invoke(cli_app, "register", "cnn", str(source), *local["args"]).exit_code == 0
+    assert invoke(cli_app, "alias", "cnn", "production", "cnn@2", "--force", *local["args"]).exit_code == 0
+    done = invoke(cli_app, "pull", "cnn@production", "-o", str(tmp_path / "prod.pt2"), *local["args"])
+    assert done.exit_code == 0 and "not servable" in done.output and "train_mode" in done.output, done.output
+    fine = invoke(cli_app, "pull", "cnn@1", "-o", str(tmp_path / "one.pt2"), *local["args"])
+    assert fine.exit_code == 0 and "servable" not in fine.output
