@@ -86,6 +86,11 @@ class ModelAdapter(abc.ABC):
         """
         raise UnsupportedObjectError(f"the {self.framework} model adapter reads no layer specs; define layer_spec (converters.api.layer_spec).")
 
+    def unused_layers(self, model: Any, sample: Any = None) -> frozenset[str]:
+        """The paths of the normalization layers whose output reaches no output of `model` (dead code, which an exporter
+        drops); by default none is known to be."""
+        return frozenset()
+
     def layer_facts(self, model: Any) -> list[LayerFacts]:
         """What inspection reports per layer: by default every walked layer, read through its adapter (`layer_spec`)."""
         facts = []

@@ -54,6 +54,25 @@ def exported_norm_layers(program: Any) -> list[ExportedNormLayer]:
     return _with_program_mode(layers)
 
 
+def unused_layers(program: Any) -> frozenset[str]:
+    """The paths of the normalization calls none of whose nodes reaches the program's outputs (dead code: exporters drop it;
+    a train-mode BatchNorm's statistics updates are outputs, so it is never one)."""
+    graph = program.graph
+    live, stack = set(), [node for node in graph.nodes if node.op == "output"]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(node.all_input_nodes)
+    unused = set()
+    for layer in exported_norm_layers(program):
+        nodes = [n for n in graph.nodes if n.name == layer.path
+                 or layer.path in (path for path, _ in (n.meta.get("nn_module_stack") or {}).values())]
+        if nodes and not any(n in live for n in nodes):
+            unused.add(layer.path)
+    return frozenset(unused)
+
+
 def _with_computed(program: Any, found: list) -> list:
     """Hand-written normalization modules proved from their ops (exported_computed.py) replace the native-op reading of them."""
     proved = {m.path: m for m in program_modules(program) if m.spec is not None}

@@ -92,6 +92,17 @@ class TorchModelAdapter(ModelAdapter):
     def layer_spec(self, ref: NormLayerRef) -> NormSpec:
         return layer_spec(ref)
 
+    def unused_layers(self, model: Any, sample: Any = None) -> frozenset[str]:
+        """Read from the program's graph: a module is traced (torch.export, as torch.onnx does) on `sample` first."""
+        if not exported_program.is_exported_program(model):
+            if sample is None:
+                return frozenset()
+            try:
+                model = torch.export.export(model, tuple(torch.as_tensor(a) for a in sample.arrays))
+            except Exception:  # a module torch.export cannot trace: no layer is known to be unused
+                return frozenset()
+        return exported_program.unused_layers(model)
+
     def layer_facts(self, model: Any) -> list[LayerFacts]:
         if exported_program.is_exported_program(model):
             return exported_program.exported_facts(model)

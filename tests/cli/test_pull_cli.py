@@ -64,11 +64,12 @@ def test_an_onnx_version_is_pulled_not_exported_and_every_message_says_so(cli_ap
     assert invoke(cli_app, "register", "cnnonnx", str(source), *local["args"]).exit_code == 0
     done = invoke(cli_app, "export", "cnnonnx@1", "--to", "onnx", "-o", str(tmp_path / "served.onnx"), *local["args"])
     assert done.exit_code == 14, done.output
-    assert "registered as ONNX" in done.output and "normbridge pull cnnonnx@1 -o FILE.onnx" in done.output
+    said = " ".join(done.output.split())
+    assert "registered as ONNX" in said and "normbridge pull cnnonnx@1 -o FILE.onnx" in said
     done = invoke(cli_app, "pull", "cnnonnx@1", "-o", str(tmp_path / "x.pt2"), "--format", "pt2", *local["args"])
-    assert done.exit_code == 14 and "given back as onnx or safetensors, not pt2" in done.output and "export" not in done.output
+    assert done.exit_code == 14 and "given back as onnx or safetensors, not pt2" in " ".join(done.output.split()) and "export" not in done.output
     done = invoke(cli_app, "export", str(source), "--to", "onnx", "-o", str(tmp_path / "again.onnx"))
-    assert done.exit_code == 5 and "already in the format" in done.output and "export_for_serving" not in done.output
+    assert done.exit_code == 5 and "already in the format" in " ".join(done.output.split()) and "export_for_serving" not in done.output
     assert not (tmp_path / "served.onnx").exists() and not (tmp_path / "x.pt2").exists() and not (tmp_path / "again.onnx").exists()
     assert invoke(cli_app, "pull", "cnnonnx@1", "-o", str(tmp_path / "back.onnx"), *local["args"]).exit_code == 0
     assert (tmp_path / "back.onnx").read_bytes() == source.read_bytes()
@@ -137,7 +138,7 @@ def test_outputs_named_for_another_format_are_refused_before_anything_is_written
     exported = CliRunner().invoke(cli_app, ["export", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "x.txt"), *local["args"]])
     assert exported.exit_code == 2 and f"pass-o{tmp_path / 'x.onnx'}" in re.sub(r"[\s│]", "", exported.output), exported.output
     into_folder = CliRunner().invoke(cli_app, ["export", "cnn@1", "--to", "onnx", "-o", str(tmp_path), *local["args"]])
-    assert into_folder.exit_code == 2 and "is a folder" in into_folder.output
+    assert into_folder.exit_code == 2 and "isafolder" in re.sub(r"[\s│]", "", into_folder.output), into_folder.output
     assert not {"wrong.onnx", "st.pt2", "x.txt"} & {p.name for p in tmp_path.iterdir()} and _no_temporary_left(tmp_path)
 
 
@@ -243,6 +244,6 @@ def test_pull_of_a_version_that_may_not_serve_says_so(cli_app, local, tmp_path):
     assert invoke(cli_app, "register", "cnn", str(source), *local["args"]).exit_code == 0
     assert invoke(cli_app, "alias", "cnn", "production", "cnn@2", "--force", *local["args"]).exit_code == 0
     done = invoke(cli_app, "pull", "cnn@production", "-o", str(tmp_path / "prod.pt2"), *local["args"])
-    assert done.exit_code == 0 and "not servable" in done.output and "train_mode" in done.output, done.output
+    assert done.exit_code == 0 and "not servable" in " ".join(done.output.split()) and "train_mode" in done.output, done.output
     fine = invoke(cli_app, "pull", "cnn@1", "-o", str(tmp_path / "one.pt2"), *local["args"])
     assert fine.exit_code == 0 and "servable" not in fine.output

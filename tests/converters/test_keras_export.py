@@ -141,3 +141,56 @@ def test_a_folded_offset_left_behind_a_transpose_is_unfolded_into_a_native_batch
         return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
     np.testing.assert_allclose(run(final), run(model), rtol=1e-5, atol=1e-5)
+
+
+def _onnx_output(path, x):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def test_two_norms_named_as_keras_names_them_are_each_checked_against_their_own_graph_site(tmp_path):
+    """'norm' and 'norm_1', the names Keras gives two unnamed layers of a class: tf2onnx scopes them 'norm_1' and 'norm_1_2', so
+    graph site 'norm_1' is layer 'norm''s. Each layer is checked against its own site; a wrong eps in the file still fails."""
+    from converters.models.serving.verification import verify_sites
+    from converters.onnx_adapter.graph.sites import find_norm_sites
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 12))
+    h = keras.layers.Dense(12)(inputs)
+    a = keras.layers.LayerNormalization(epsilon=1e-3, name="norm")(h)
+    b = keras.layers.LayerNormalization(epsilon=1e-5, name="norm_1")(a)
+    model = keras.Model(inputs, keras.layers.Add()([a, b]))
+    model.get_layer("norm_1").gamma.assign(np.full(12, 2.0, "float32"))
+    path = tmp_path / "names.onnx"
+    result = export_for_serving(model, path)
+    assert result.passed and result.written, result.failed_checks
+    eps = {v.source_layer: v.found for v in result.verification if v.setting == "eps"}
+    assert eps == {"norm": "0.001", "norm_1": "1e-05"}
+    x = np.random.default_rng(0).standard_normal((3, 16, 12)).astype(np.float32)
+    np.testing.assert_allclose(_onnx_output(path, x), keras.ops.convert_to_numpy(model(x)), atol=1e-5)
+
+    exported = onnx.load(str(path))
+    second = [n for n in exported.graph.node if n.op_type == "LayerNormalization"][1]  # layer norm_1's node, in graph order
+    next(a for a in second.attribute if a.name == "epsilon").f = 1e-3
+    failed = [(v.source_layer, v.setting) for v in verify_sites(source_specs(model), find_norm_sites(exported)) if not v.passed]
+    assert failed == [("norm_1", "eps")]
+
+
+def test_group_normalization_with_one_group_is_verified_as_a_group_norm(tmp_path):
+    """GroupNormalization(groups=1) reshapes (N, H, W, C) to (N, H, W, 1, C): the inserted axis reads as a split of W into (W, 1)
+    too; the axes the statistics cover tell that it splits C, so the site is a group norm with one group and the source's eps."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 12))
+    x = keras.layers.Reshape((4, 4, 12))(inputs)
+    model = randomise_norms(keras.Model(inputs, keras.layers.GroupNormalization(groups=1, epsilon=0.02, name="gn")(x)))
+    path = tmp_path / "gn1.onnx"
+    result = export_for_serving(model, path)
+    assert result.passed and result.written, result.failed_checks
+    assert {(v.source_layer, v.setting, v.found) for v in result.verification if v.setting == "eps"} == {("gn", "eps", "0.02")}
+    nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "GroupNormalization"]
+    assert len(nodes) == 1 and next(a.i for a in nodes[0].attribute if a.name == "num_groups") == 1
+    x = np.random.default_rng(0).standard_normal((3, 16, 12)).astype(np.float32)
+    x[1] *= 1e-4
+    np.testing.assert_allclose(_onnx_output(path, x), keras.ops.convert_to_numpy(model(x)), atol=1e-5)

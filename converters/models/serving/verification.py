@@ -46,13 +46,34 @@ def _names_match(site_name: str, layer_name: str, exact: bool) -> bool:
     return any(re.fullmatch(re.escape(layer_name) + r"_\d+", part) for part in parts)
 
 
-def _pair(specs: list[NormSpec], sites: list) -> list[tuple[NormSpec | None, Any | None]]:
-    """Source specs and graph sites paired per kind: by name where names tell, the rest in order when their counts agree."""
+def served_kind(spec: NormSpec) -> str:
+    """The kind of the node a layer is served as: an InstanceNorm in eval that tracks running statistics normalizes each
+    channel with them, which is a BatchNormalization (torch.onnx writes it as one); every other layer, its own kind."""
+    if spec.kind == "instance" and spec.track_running_stats and not spec.training:
+        return "batch"
+    return spec.kind
+
+
+def _pair(specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset()) -> list[tuple[NormSpec | None, Any | None]]:
+    """Source specs and graph sites paired per served kind: by name where names tell, the rest in order when their counts agree
+    (without the `unused` layers, dead code the exporter drops, when only that makes them agree)."""
     pairs: list[tuple[NormSpec | None, Any | None]] = []
-    for kind in dict.fromkeys([s.kind for s in specs] + [site.kind for site in sites]):
-        wanted = [s for s in specs if s.kind == kind]
+    for kind in dict.fromkeys([served_kind(s) for s in specs] + [site.kind for site in sites]):
+        wanted = [s for s in specs if served_kind(s) == kind]
         found = [site for site in sites if site.kind == kind]
         paired: dict[int, int] = {}
+        # A site whose name fits one unpaired layer only is that layer's, first: tf2onnx scopes layers 'x' and 'x_1' as
+        # 'x_1' and 'x_1_2', so 'x_1' alone does not tell (an exact match would take it for layer 'x_1').
+        fits = {(i, j) for i, spec in enumerate(wanted) for j, site in enumerate(found)
+                if _names_match(site.name, spec.name, True) or _names_match(site.name, spec.name, False)}
+        progress = True
+        while progress:
+            progress = False
+            for j in range(len(found)):
+                candidates = [i for i in range(len(wanted)) if i not in paired and (i, j) in fits]
+                if j not in paired.values() and len(candidates) == 1:
+                    paired[candidates[0]] = j
+                    progress = True
         for exact in (True, False):
             for i, spec in enumerate(wanted):
                 if i in paired:
@@ -62,9 +83,11 @@ def _pair(specs: list[NormSpec], sites: list) -> list[tuple[NormSpec | None, Any
                     paired[i] = j
         rest_specs = [i for i in range(len(wanted)) if i not in paired]
         rest_sites = [j for j in range(len(found)) if j not in paired.values()]
-        if len(rest_specs) == len(rest_sites):
-            paired.update(zip(rest_specs, rest_sites))
-            rest_specs, rest_sites = [], []
+        live = [i for i in rest_specs if wanted[i].name not in unused]
+        if len(rest_specs) == len(rest_sites) or len(live) == len(rest_sites):
+            matched = rest_specs if len(rest_specs) == len(rest_sites) else live
+            paired.update(zip(matched, rest_sites))
+            rest_specs, rest_sites = [i for i in rest_specs if i not in matched], []
         order = sorted(paired, key=lambda i: paired[i])
         pairs += [(wanted[i], found[paired[i]]) for i in order]
         pairs += [(wanted[i], None) for i in rest_specs] + [(None, found[j]) for j in rest_sites]
@@ -85,10 +108,21 @@ def expected_tensor(spec: NormSpec, setting: str) -> np.ndarray | None:
     return (tensor.astype(np.float32) + np.float32(spec.scale_offset)).astype(np.float32)
 
 
-def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the exporter removed or fused it beyond recognition") -> list[SiteVerification]:
-    """Every normalization site of the exported graph against its source layer: presence, eps, state tensors, mode."""
+#: What a layer absent from the graph is told when its output reaches no output of the source (`unused`).
+UNUSED_NOTE = "not checked: its output reaches no output of the source model (dead code), so the exporter dropped it and it cannot change what the file serves"
+
+
+def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the exporter removed or fused it beyond recognition",
+                 unused: frozenset[str] = frozenset()) -> list[SiteVerification]:
+    """Every normalization site of the exported graph against its source layer: presence, eps, state tensors, mode.
+
+    A layer named in `unused` (its output reaches no model output) that is absent from the graph passes presence, noted as not checked."""
     entries: list[SiteVerification] = []
-    for spec, site in _pair(specs, sites):
+    for spec, site in _pair(specs, sites, unused):
+        if site is None and spec.name in unused:
+            entries.append(_entry("(not exported: dead code, not checked)", spec, spec.kind, "presence", f"a {spec.kind} normalization",
+                                  "none in the exported graph (not checked)", True, UNUSED_NOTE))
+            continue
         if site is None:
             entries.append(_entry("(missing)", spec, spec.kind, "presence", f"a {spec.kind} normalization", "none in the exported graph", False,
                                   missing_note))
@@ -116,6 +150,9 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
                     continue
                 entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "not readable from the graph", False))
                 continue
+            if served_kind(spec) != spec.kind and got.ndim == expected.ndim == 1 and got.size > expected.size and got.size % expected.size == 0:
+                # torch.onnx's eval InstanceNorm: a BatchNormalization over the (1, N*C, ...) view, its state repeated for each of N requests
+                expected = np.tile(expected, got.size // expected.size)
             same = got.shape == expected.shape and np.array_equal(got.astype(np.float32), expected.astype(np.float32))
             note = "" if same else f"max |difference| {float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))):.3e}" if got.shape == expected.shape else "shape differs"
             entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "equal as float32" if same else "different", same, note))
@@ -129,4 +166,4 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
     return entries
 
 
-__all__ = ["STATE_SETTINGS", "source_specs", "verify_sites"]
+__all__ = ["STATE_SETTINGS", "UNUSED_NOTE", "served_kind", "source_specs", "verify_sites"]

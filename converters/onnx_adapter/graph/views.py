@@ -166,18 +166,27 @@ def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
 
 def reshape_split(index: GraphIndex, x5: str):
     """(Reshape node index, xin, axis c, groups, channels) when x5 = Reshape(xin) splits axis c of xin into (G, C/G)."""
+    splits = reshape_splits(index, x5)
+    return splits[0] if splits else None
+
+
+def reshape_splits(index: GraphIndex, x5: str) -> list:
+    """Every reading of x5 = Reshape(xin) as a split of one axis c of xin into (G, C/G), lowest c first: a size-1 axis
+    inserted between two axes reads both as (d, 1) of the axis before and as (1, d) of the axis after (Keras's
+    GroupNormalization(groups=1) reshapes (N, H, W, C) to (N, H, W, 1, C)); the axes the statistics cover tell which."""
     i = index.producer.get(x5)
     if i is None or index.nodes[i].op_type != "Reshape":
-        return None
+        return []
     node = index.nodes[i]
     xin = node.input[0]
     source = index.dims(xin)
     target = index.int_values(node.input[1])
     if source is None or target is None or len(target) != len(source) + 1:
-        return None
+        return []
     target = resolve_reshape(target, source, attribute(node, "allowzero", 0))
     if target is None:
-        return None
+        return []
+    splits = []
     for c in range(1, len(source)):
         channels, groups, per_group = source[c], target[c], target[c + 1]
         if not all(isinstance(d, int) for d in (channels, groups, per_group)) or groups < 1 or groups * per_group != channels:
@@ -185,5 +194,5 @@ def reshape_split(index: GraphIndex, x5: str):
         rest = list(source[:c]) + list(source[c + 1:])
         others = list(target[:c]) + list(target[c + 2:])
         if others.count(-1) <= 1 and all(d == r for d, r in zip(others, rest) if d != -1):
-            return i, xin, c, groups, channels
-    return None
+            splits.append((i, xin, c, groups, channels))
+    return splits

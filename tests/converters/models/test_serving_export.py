@@ -276,3 +276,88 @@ def test_an_exported_graph_onnxruntime_cannot_run_is_an_unsupported_object_namin
     final.ir_version = 10
     with pytest.raises(UnsupportedObjectError, match=r"uses Attention at opset 18, which onnxruntime .* cannot run.*lower --opset"):
         _contract(source, final, None, None, [])
+
+
+class DeadNorm(nn.Module):
+    """LayerNorm `pooler` computed but its result unused (a pooler output the model does not return): dead code torch.onnx drops."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.first = nn.LayerNorm(8, eps=1e-3)
+        self.pooler = nn.LayerNorm(8, eps=1e-4)
+        self.last = nn.LayerNorm(8, eps=1e-6)
+
+    def forward(self, x):
+        y = self.last(self.first(self.linear(x)))
+        _ = self.pooler(y)
+        return y
+
+
+@pytest.mark.parametrize("as_program", [True, False], ids=["pt2", "module"])
+def test_a_dead_norm_is_reported_not_checked_and_the_layers_in_the_graph_are_checked(tmp_path, as_program):
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = DeadNorm().eval()
+    with torch.no_grad():
+        for layer in (model.first, model.pooler, model.last):
+            layer.weight.normal_()
+            layer.bias.normal_()
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    source = torch.export.export(model, (torch.from_numpy(x),)) if as_program else model
+    path = tmp_path / "dead.onnx"
+    result = export_for_serving(source, path, sample=x)
+    assert result.passed and result.written, result.render_text()
+    checked = {v.source_layer: v.found for v in result.verification if v.setting == "eps"}
+    assert checked == {"first": "0.001", "last": "1e-06"}
+    dead = [v for v in result.verification if v.source_layer == "pooler"]
+    assert [(v.setting, v.passed, v.found) for v in dead] == [("presence", True, "none in the exported graph (not checked)")]
+    assert "dead code" in dead[0].note and any("pooler" in note and "not checked" in note for note in result.notes)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], model(torch.from_numpy(x)).detach().numpy(), atol=1e-5)
+
+    specs = source_specs(source, as_sample(x, None))
+    sites = find_norm_sites(onnx.load(str(path)))
+    assert ("pooler", "presence", False) in [(v.source_layer, v.setting, v.passed) for v in verify_sites(specs, sites)]  # unknown dead: fails
+    tampered = onnx.load(str(path))
+    node = [n for n in tampered.graph.node if n.op_type == "LayerNormalization"][1]
+    next(a for a in node.attribute if a.name == "epsilon").f = 1e-5
+    failed = verify_sites(specs, find_norm_sites(tampered), unused=frozenset({"pooler"}))
+    assert [(v.source_layer, v.setting) for v in failed if not v.passed] == [("last", "eps")]
+
+
+def test_an_eval_instance_norm_with_running_statistics_is_checked_as_the_batchnormalization_it_is_served_as(tmp_path):
+    """torch.onnx writes an eval InstanceNorm2d(track_running_stats=True) as a BatchNormalization over the (1, N*C, H, W) view,
+    its statistics and affine repeated N times: it pairs with that node (its neighbouring BatchNorms keep theirs), each repetition
+    is compared with the source, and one changed value still fails."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6, eps=0.3, affine=False),
+                          nn.InstanceNorm2d(6, affine=True, track_running_stats=True, eps=0.05), nn.GroupNorm(2, 6, eps=0.02),
+                          nn.BatchNorm2d(6, eps=1e-3))
+    with torch.no_grad():
+        for layer in (model[1], model[2], model[4]):
+            layer.running_mean.normal_()
+            layer.running_var.uniform_(0.5, 2)
+        for layer in (model[2], model[3], model[4]):
+            layer.weight.normal_()
+            layer.bias.normal_()
+    model.eval()
+    x = sample(2)
+    path = tmp_path / "in.onnx"
+    result = export_for_serving(torch.export.export(model, (torch.from_numpy(x),)), path, sample=x)
+    assert result.passed and result.written, result.render_text()
+    assert {v.source_layer: v.found for v in result.verification if v.setting == "eps"} == {"1": "0.3", "2": "0.05", "3": "0.02", "4": "0.001"}
+    assert {v.setting for v in result.verification if v.source_layer == "2"} == {"eps", "running_mean", "running_var", "scale", "bias", "mode"}
+    assert result.contract.passed and result.contract.outputs[0].max_abs_error < 1e-5
+
+    tampered = onnx.load(str(path))
+    node = next(n for n in tampered.graph.node if n.op_type == "BatchNormalization" and n.input[0] != "conv2d"
+                and numpy_helper.to_array(next(t for t in tampered.graph.initializer if t.name == n.input[3])).size == 12)
+    var = next(t for t in tampered.graph.initializer if t.name == node.input[4])
+    values = numpy_helper.to_array(var).copy()
+    values[7] *= np.float32(1.0001)  # the second request's copy of channel 1
+    var.CopyFrom(numpy_helper.from_array(values, var.name))
+    specs = source_specs(torch.export.export(model, (torch.from_numpy(x),)))
+    failed = [(v.source_layer, v.setting) for v in verify_sites(specs, find_norm_sites(tampered)) if not v.passed]
+    assert failed == [("2", "running_var")]
