@@ -22,7 +22,8 @@ timm's LayerNorm2d on NCHW inputs), `normalized_shape` being (C,).
 The affine factor is `scale_offset + scale` (Gemma stores its weight as an offset from 1).
 With a `compute_dtype`, the input is cast to it, statistics and normalisation are computed in
 it, and the result is cast back to `dtype`: before scale and bias when `cast_before_affine`
-(LlamaRMSNorm), after them otherwise (GemmaRMSNorm).
+(LlamaRMSNorm), after them otherwise (GemmaRMSNorm). The state tensors have `dtype`, or
+`state_dtype` when set (equal to `compute_dtype`: a Keras mixed-policy layer's float32 variables).
 
 One training step updates tracked statistics with the momentum in its convention and
 the batch variance given by `variance_estimator`; a `frozen` spec (FrozenBatchNorm2d) uses its
@@ -44,7 +45,7 @@ SCHEMA_VERSION = 2
 
 #: Settings added in schema version 2, with the value that means "as in version 1". An adapter
 #: holds only those it lists in `KindAdapter.holds`; any other non-default one is refused.
-EXTENDED_DEFAULTS: dict[str, Any] = {"compute_dtype": None, "cast_before_affine": False, "scale_offset": 0.0, "frozen": False}
+EXTENDED_DEFAULTS: dict[str, Any] = {"compute_dtype": None, "state_dtype": None, "cast_before_affine": False, "scale_offset": 0.0, "frozen": False}
 
 
 class Source(BaseModel):
@@ -99,6 +100,9 @@ class NormSpec(BaseModel):
     compute_dtype: DType | None = Field(
         default=None, description="Dtype the statistics and the normalisation are computed in when it differs from dtype "
         "(float32 for a bf16/fp16 layer: torch's explicit upcast, ONNX stash_type=1, Keras mixed policies).")
+    state_dtype: DType | None = Field(
+        default=None, description="Dtype of the state tensors when it differs from dtype: compute_dtype, the affine then "
+        "applied with them in it (a Keras mixed-policy layer's float32 variables that are not exact bf16/fp16 values).")
     cast_before_affine: bool = Field(
         default=False, description="With compute_dtype: cast the normalised value back to dtype before scale and bias "
         "(LlamaRMSNorm: weight * h.to(x.dtype)); False applies them in compute_dtype, then casts (GemmaRMSNorm).")
@@ -143,6 +147,10 @@ class NormSpec(BaseModel):
     def _validate_extended(self) -> None:
         if self.compute_dtype == self.dtype:
             raise SpecError(f"compute_dtype equals dtype ({self.dtype}); leave it None.", layer=self.name, setting="compute_dtype")
+        if self.state_dtype is not None and (self.state_dtype != self.compute_dtype or self.cast_before_affine):
+            raise SpecError(
+                f"state_dtype {self.state_dtype} must be the compute_dtype ({self.compute_dtype}) the affine is applied in "
+                "(cast_before_affine off); leave it None for state in dtype.", layer=self.name, setting="state_dtype")
         if self.cast_before_affine and self.compute_dtype is None:
             raise SpecError("cast_before_affine needs a compute_dtype to cast from.", layer=self.name, setting="cast_before_affine")
         if not math.isfinite(self.scale_offset):
@@ -185,8 +193,12 @@ class NormSpec(BaseModel):
         return NormSpec(**data)
 
     def config_dict(self) -> dict:
-        """Every field but the tensors, as JSON-ready Python values."""
-        return self.model_dump(mode="json", exclude={"tensors"})
+        """Every field but the tensors, as JSON-ready Python values; `state_dtype` only when set, because the manifest's content
+        digest hashes this dict: a model registered before the field existed must keep its digest (and deduplicate)."""
+        config = self.model_dump(mode="json", exclude={"tensors"})
+        if config.get("state_dtype") is None:
+            config.pop("state_dtype", None)
+        return config
 
     def __eq__(self, other: object) -> bool:
         from .compare import spec_differences

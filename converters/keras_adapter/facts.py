@@ -51,7 +51,9 @@ class KerasFacts:
     def spec(self, layer: Any, kind: str, tensors: dict[str, np.ndarray], **fields: Any) -> NormSpec:
         """The validated spec; a framework state pydantic rejects becomes a SpecError naming the layer."""
         if self.compute_dtype is not None:
-            tensors = narrow_state(layer, tensors, self.dtype)
+            tensors, state_dtype = narrow_state(layer, tensors, self.dtype)
+            if state_dtype is not None:
+                fields = {**fields, "state_dtype": state_dtype}
         try:
             return NormSpec(
                 name=self.name, kind=kind, eps=self.eps, eps_origin=self.eps_origin, training=self.training,

@@ -34,8 +34,9 @@ class KerasKindAdapter(KindAdapter):
     """Shared steps of the Keras kind adapters: class checks, the start and the end of from_spec."""
 
     framework: ClassVar[str] = "keras"
-    #: Every Keras layer holds bfloat16 and, under a mixed policy, float32 statistics of a bf16/fp16 layer.
-    holds: ClassVar[frozenset[str]] = frozenset({"dtype", "compute_dtype"})
+    #: Every Keras layer holds bfloat16 and, under a mixed policy, float32 statistics of a bf16/fp16 layer, with its state in
+    #: the float32 variables (state_dtype float32) or as exact bf16/fp16 values in them.
+    holds: ClassVar[frozenset[str]] = frozenset({"dtype", "compute_dtype", "state_dtype"})
     #: Names in keras.layers this adapter reads.
     layer_classes: ClassVar[tuple[str, ...]]
     #: Declared by a class whose from_spec builds from the configuration alone and writes the spec's tensors only in
@@ -62,7 +63,8 @@ class KerasKindAdapter(KindAdapter):
         if spec.compute_dtype is None:
             report.add("dtype", dtype)
         else:
-            report.add("compute_dtype", spec.compute_dtype, dtype, "translated", f"dtype policy {dtype}: float32 variables holding the {spec.dtype} state exactly")
+            state = spec.state_dtype or spec.dtype
+            report.add("compute_dtype", spec.compute_dtype, dtype, "translated", f"dtype policy {dtype}: float32 variables holding the {state} state exactly")
         return {"name": keras_name(spec, report), "dtype": dtype, "epsilon": record_eps(report, spec)}
 
     def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple | None, variables: Mapping[str, str]) -> Any:

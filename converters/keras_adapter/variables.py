@@ -24,7 +24,10 @@ def layer_dtypes(layer: Any) -> tuple[str, str | None]:
 
     Note [mixed policies]: `mixed_bfloat16` keeps float32 variables and casts inputs and outputs to bfloat16; Keras's
     normalization layers compute their statistics in float32 (ops.layer_normalization, BatchNormalization.call). The spec
-    calls that a bfloat16 layer with compute_dtype float32; its state must be bfloat16 values, read exactly (`narrow_state`).
+    calls that a bfloat16 layer with compute_dtype float32. Its state is read as bfloat16 tensors when every variable holds
+    exact bfloat16 values, else as the float32 tensors with state_dtype float32 (`narrow_state`): the layers cast their
+    variables to the float32 compute dtype and apply them there (BatchNormalization.call, GroupNormalization,
+    ops.layer_normalization/rms_normalization), so both spellings compute what the layer does.
     """
     variable_dtype, compute_dtype = str(layer.variable_dtype), str(layer.compute_dtype)
     if variable_dtype != compute_dtype:
@@ -38,21 +41,40 @@ def layer_dtypes(layer: Any) -> tuple[str, str | None]:
     return layer_dtype(layer), None
 
 
-def narrow_state(layer: Any, tensors: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """float32 variables of a mixed-policy layer as `dtype` tensors; SpecError naming the tensor when one is not exactly a `dtype` value."""
+def narrow_state(layer: Any, tensors: dict[str, np.ndarray], dtype: str) -> tuple[dict[str, np.ndarray], str | None]:
+    """(tensors, state_dtype) of a mixed-policy layer's float32 variables: `dtype` tensors and None when every one is exactly a
+    `dtype` value (the narrow spec computes the same and converts further), else the float32 tensors as they are and "float32"
+    (a trained layer: Keras applies them in float32, see Note [mixed policies])."""
+    autocast = autocast_variables(layer)
     out = {}
     for name, array in tensors.items():
         if name == "num_batches_tracked":
             out[name] = array
             continue
         narrow = array.astype(dtype)
-        if not tensors_identical(narrow.astype(array.dtype), array):
-            raise SpecError(
-                f"the {layer.dtype_policy.name} layer's float32 variable for '{name}' holds values that are not {dtype} numbers, expected "
-                f"{dtype}-exact state (a spec holds one dtype); rebuild the layer with dtype='float32' to convert it as a float32 layer.",
-                layer=layer.name, setting=name)
+        if not autocast and not tensors_identical(narrow.astype(array.dtype), array):
+            return tensors, str(array.dtype)
         out[name] = narrow
-    return out
+    return out, None
+
+
+def autocast_variables(layer: Any) -> bool:
+    """Whether the mixed layer's call reads its variables rounded to its compute dtype (Keras autocasting).
+
+    Note [autocast]: a Keras layer under a mixed policy calls itself in an AutocastScope, which casts every variable created
+    with autocast=True to the compute dtype when read, unless the layer sets `autocast = False`. RMSNormalization does
+    neither: its float32 `scale` is rounded to float16/bfloat16 before `ops.rms_normalization` widens it again, so the
+    spec holds those rounded values (what it computes with, and what tf2onnx exports). LayerNormalization and
+    GroupNormalization turn autocasting off, BatchNormalization creates its variables with autocast=False: their float32
+    values are applied in float32 (state_dtype float32 unless they are exact `dtype` values)."""
+    if not getattr(layer, "autocast", True):
+        return False
+    flags = {bool(getattr(variable, "_autocast", True)) for variable in layer.weights}
+    if len(flags) > 1:
+        raise SpecError(
+            f"the {layer.dtype_policy.name} layer autocasts some of its variables to {layer.compute_dtype} and not others; "
+            f"rebuild it with dtype='float32'.", layer=layer.name, setting="dtype")
+    return flags == {True}
 
 
 def variable_dtype(spec: NormSpec) -> str:

@@ -130,8 +130,9 @@ def check_common_tensors(spec) -> None:
                     setting=name,
                 )
             continue
-        if _dtype_name(array.dtype) != spec.dtype:
-            raise SpecError(f"tensor '{name}' has dtype {array.dtype}, expected the spec dtype {spec.dtype}.", layer=spec.name, setting=name)
+        if _dtype_name(array.dtype) != (spec.state_dtype or spec.dtype):
+            expected = f"the spec's state_dtype {spec.state_dtype}" if spec.state_dtype else f"the spec dtype {spec.dtype}"
+            raise SpecError(f"tensor '{name}' has dtype {array.dtype}, expected {expected}.", layer=spec.name, setting=name)
         if not np.isfinite(array).all():
             raise SpecError(f"tensor '{name}' holds NaN or Inf values; the layer's state is corrupt.", layer=spec.name, setting=name)
     if "running_var" in spec.tensors and (spec.tensors["running_var"] < 0).any():

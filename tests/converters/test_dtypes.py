@@ -131,15 +131,63 @@ def test_a_keras_mixed_policy_reads_as_its_compute_dtype_with_float32_statistics
     np.testing.assert_array_equal(REGISTRY.framework("keras").run_eval(layer, x).astype(np.float64), reference.forward(spec, x))
 
 
-def test_a_mixed_policy_layer_whose_state_is_not_bfloat16_is_refused_naming_the_tensor():
+def _trained_mixed_layer(kind: str, policy: str):
+    """A built Keras normalization layer under `policy` whose float32 variables hold values no 16-bit float holds (trained)."""
     import keras
 
-    layer = keras.layers.LayerNormalization(dtype="mixed_bfloat16", name="ln_wide")
-    layer.build((None, 8))
-    layer.gamma.assign(np.full(8, 1.0 + 2.0 ** -12, "float32"))
-    with pytest.raises(SpecError) as raised:
-        converters.to_spec(layer)
-    assert raised.value.layer == "ln_wide" and raised.value.setting == "scale"
+    layer = {
+        "layer": lambda: keras.layers.LayerNormalization(dtype=policy, name="ln_wide", epsilon=1e-5),
+        "rms": lambda: keras.layers.RMSNormalization(dtype=policy, name="rms_wide", epsilon=1e-6),
+        "batch": lambda: keras.layers.BatchNormalization(dtype=policy, name="bn_wide"),
+        "group": lambda: keras.layers.GroupNormalization(groups=2, dtype=policy, name="gn_wide"),
+    }[kind]()
+    layer.build((None, 3, 8))
+    rng = np.random.default_rng(0)
+    for variable in layer.weights:
+        variable.assign(rng.uniform(0.5, 2.0, tuple(variable.shape)).astype("float32") + np.float32(2.0 ** -14))
+    return layer
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms", "batch", "group"])
+@pytest.mark.parametrize("policy, dtype", [("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16")])
+def test_a_mixed_policy_layer_with_trained_float32_state_reads_as_float32_state_and_computes_what_keras_computes(kind, policy, dtype):
+    """Keras's normalization layers cast a mixed layer's float32 variables to float32 and apply them there: a trained layer
+    (state no 16-bit float holds) reads with state_dtype float32, the variables bit-exactly (it used to be refused);
+    RMSNormalization autocasts its scale to the compute dtype first, so it reads as that rounded scale."""
+    layer = _trained_mixed_layer(kind, policy)
+    spec = converters.to_spec(layer)
+    variables = {v.path.split("/")[-1]: np.asarray(v.numpy()) for v in layer.weights}
+    if kind == "rms":  # RMSNormalization autocasts its scale to `dtype` in call: the spec holds what it computes with
+        assert (spec.dtype, spec.compute_dtype, spec.state_dtype) == (dtype, "float32", None)
+        assert tensors_identical(spec.tensors["scale"], variables["scale"].astype(dtype))
+        _compare_with_keras(layer, spec, dtype)
+        return
+    assert (spec.dtype, spec.compute_dtype, spec.state_dtype) == (dtype, "float32", "float32")
+    assert all(a.dtype == np.float32 for a in spec.tensors.values())
+    assert tensors_identical(spec.tensors["scale"], variables["gamma"])
+    expected = _compare_with_keras(layer, spec, dtype)
+    # the float32 state matters: the same layer with its state rounded to `dtype` computes something else
+    narrowed = spec.replace(state_dtype=None, tensors={k: v.astype(dtype) for k, v in spec.tensors.items()})
+    assert not np.array_equal(reference.forward(narrowed, probe_input(spec)), expected)
+    back = converters.from_spec(spec, "keras")
+    assert back.dtype_policy.name == policy and spec_differences(spec, converters.to_spec(back)) == []
+    for target in ("torch", "onnx"):
+        with pytest.raises(NotExpressibleError) as raised:
+            converters.from_spec(spec, target)
+        assert raised.value.setting in set(spec.extended_settings()) - REGISTRY.get(target, kind).holds and raised.value.layer == spec.name
+
+
+def _compare_with_keras(layer, spec, dtype):
+    """The Keras layer's eval output against the NumPy reference of `spec`, to 2 ulps of `dtype`; the reference returned."""
+    x = probe_input(spec)  # channels first; Keras's channel kinds read channels last
+    channels_last = spec.layout == "channels_last"
+    got = REGISTRY.framework("keras").run_eval(layer, np.moveaxis(x, 1, -1) if channels_last else x)
+    got = np.moveaxis(got, -1, 1) if channels_last else got
+    assert got.dtype == np.dtype(dtype)
+    ulp = 2.0 ** (-10 if dtype == "float16" else -7)
+    expected = reference.forward(spec, x)
+    np.testing.assert_allclose(got.astype(np.float64), expected, atol=2 * ulp * max(1.0, np.abs(expected).max()), rtol=2 * ulp)
+    return expected
 
 
 def test_onnx_writes_bfloat16_tensors_bit_exactly_and_stash_type_for_float32_statistics():

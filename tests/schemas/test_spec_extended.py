@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import converters
@@ -31,6 +32,8 @@ def spec_with(kind, **fields):
 EXTENDED = {
     "compute_dtype": lambda: spec_with("rms", dtype="float16", compute_dtype="float32"),
     "cast_before_affine": lambda: spec_with("rms", dtype="float16", compute_dtype="float32", cast_before_affine=True),
+    "state_dtype": lambda: spec_with("rms", dtype="float16", compute_dtype="float32", state_dtype="float32",
+                                     tensors={"scale": np.linspace(0.5001, 2.0, 5, dtype=np.float32)}),
     "scale_offset": lambda: spec_with("rms", scale_offset=1.0),
     "frozen": lambda: spec_with("batch", frozen=True, momentum=None, momentum_convention=None, variance_estimator=None),
     "layout": lambda: spec_with("layer", normalized_shape=(4,), layout="channels_first"),
@@ -95,6 +98,9 @@ def test_bfloat16_is_an_extended_setting():
     (lambda: spec_with("rms", cast_before_affine=True), "cast_before_affine"),
     (lambda: spec_with("rms", scale_offset=float("nan")), "scale_offset"),
     (lambda: spec_with("rms", scale=False, scale_offset=1.0), "scale_offset"),
+    (lambda: spec_with("rms", dtype="float16", state_dtype="float32"), "state_dtype"),  # no compute dtype to apply it in
+    (lambda: spec_with("rms", dtype="float16", compute_dtype="float32", cast_before_affine=True, state_dtype="float32"), "state_dtype"),
+    (lambda: spec_with("rms", dtype="float16", compute_dtype="float32", state_dtype="float32"), "scale"),  # float16 tensors
     (lambda: spec_with("layer", frozen=True), "frozen"),
     (lambda: spec_with("batch", frozen=True), "momentum"),
     (lambda: spec_with("batch", frozen=True, track_running_stats=False, momentum=None, momentum_convention=None, variance_estimator=None,
@@ -106,3 +112,13 @@ def test_invalid_extended_settings_are_refused_naming_the_setting(build, setting
     with pytest.raises(SpecError) as raised:
         build()
     assert raised.value.setting == setting
+
+
+def test_state_dtype_is_left_out_of_the_config_unless_set_so_earlier_content_digests_hold():
+    """The manifest's content digest hashes config_dict(): a key added for every spec would give every model registered
+    before the field a new digest, so the same model registered again would be a new version instead of the old one."""
+    plain = spec_with("layer", normalized_shape=(4,))
+    assert "state_dtype" not in plain.config_dict()
+    assert set(plain.config_dict()) == set(NormSpec.model_fields) - {"tensors", "state_dtype"}
+    assert NormSpec(**plain.config_dict(), tensors=plain.tensors) == plain
+    assert EXTENDED["state_dtype"]().config_dict()["state_dtype"] == "float32"

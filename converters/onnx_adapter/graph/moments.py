@@ -18,7 +18,7 @@ from .algebra import Value
 from .forms import Form, interpret_region, read_form
 from .index import GraphIndex, same_shape, shape_chain
 from .match import Match, origin_of, recover_eps, site_name
-from .views import reshape_split, runtime_affine, unflatten, ungroup
+from .views import reshape_splits, runtime_affine, unflatten, ungroup
 
 
 def _slice(index: GraphIndex, region: dict[str, tuple[Value, int]], output: str, root: str) -> list[int]:
@@ -93,9 +93,13 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
     inverse = {label: p for p, label in enumerate(frame)}
 
     # GroupNorm written over a Reshape that splits the channels into (groups, channels per group).
-    split = reshape_split(index, root) if form.which == "V" else None
-    if split is not None:
-        r_in, xin, c, groups, channels = split
+    splits = reshape_splits(index, root) if form.which == "V" else []
+    widen = index.producer.get(root) if form.which == "V" and not splits else None
+    if widen is not None and index.nodes[widen].op_type == "Cast" and index.dtype(index.nodes[widen].input[0]) is not None:
+        splits = reshape_splits(index, index.nodes[widen].input[0])  # a Keras mixed-policy GroupNormalization: Reshape, then Cast
+    else:
+        widen = None
+    for r_in, xin, c, groups, channels in splits:
         r_out = index.single_consumer(output)
         if (
             r_out is not None and index.nodes[r_out].op_type == "Reshape" and frame == tuple(range(rank))
@@ -105,12 +109,14 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
             dims = (groups, channels // groups)
             scale, bias = (_squeeze_to(a, rank, [c, c + 1], dims) for a in (form.scale, form.bias))
             extra = [r_in, r_out] + shape_chain(index, index.nodes[r_out].input[1]) + shape_chain(index, index.nodes[r_in].input[1])
+            extra += [widen] if widen is not None else []
             common.update(rank=rank - 1, frame=tuple(range(rank - 1)))  # the site reads and writes xin's layout
             return Match(
                 kind="instance" if groups == channels else "group", input=xin, output=index.nodes[r_out].output[0],
                 nodes=sorted(set(nodes + extra)), origin="", name="", channel_axis=c, groups=groups, dims=(channels,),
                 scale=None if scale is None else scale.reshape(channels), bias=None if bias is None else bias.reshape(channels), **common,
             )
+    if splits:
         return None
 
     # LayerNorm / RMSNorm: the affine varies over the normalised axes only.
@@ -143,6 +149,10 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
     return None
 
 
+#: Float widths: a Cast to a narrower float rounds; one to a float as wide or wider is kept in the site, as before.
+_WIDTH = {"bfloat16": 16, "float16": 16, "float32": 32, "float64": 64}
+
+
 def _input_cast(index: GraphIndex, match: Match, claimed: set[int]) -> None:
     """Include a Cast that only widens the input for the statistics (normbridge's float16 graphs)."""
     i = index.producer.get(match.input)
@@ -152,6 +162,8 @@ def _input_cast(index: GraphIndex, match: Match, claimed: set[int]) -> None:
     users = set(index.consumer_nodes(match.input))
     if index.dtype(source) is None or not users <= set(match.nodes) or match.input in index.graph_outputs:
         return
+    if _WIDTH.get(index.dtype(source), 0) > _WIDTH.get(index.dtype(match.input), 0):
+        return  # a Cast that narrows (a mixed-precision layer's output cast before the next layer) rounds: it stays in the graph
     match.nodes = sorted(set(match.nodes) | {i})
     match.input, match.dtype = source, index.dtype(source)
 

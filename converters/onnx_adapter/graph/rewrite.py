@@ -112,7 +112,7 @@ def _folded_plans(index: GraphIndex, specs: list[NormSpec], claimed: set[int]) -
         match = folded_candidate(index, i, claimed)
         if match is None:
             continue
-        agreeing = [p for p in unused if specs[p].dtype == match.dtype and folded_agrees(specs[p], *match.folded_constants)]
+        agreeing = [p for p in unused if _folds_in(specs[p], match.dtype) and folded_agrees(specs[p], *match.folded_constants)]
         if not agreeing:
             continue
         site_name = _folded_name(index, match)
@@ -123,6 +123,12 @@ def _folded_plans(index: GraphIndex, specs: list[NormSpec], claimed: set[int]) -
         claimed.update(match.nodes)
         unused.remove(position)
     return plans
+
+
+def _folds_in(spec: NormSpec, dtype: str | None) -> bool:
+    """Whether a folded BatchNorm in `dtype` may be `spec`'s: its own dtype, or float32 for a float16/bfloat16 layer, which
+    Keras computes in float32 (BatchNormalization.call casts input and state up, a mixed policy or not; widening is exact)."""
+    return dtype == spec.dtype or (dtype == "float32" and spec.dtype in ("float16", "bfloat16"))
 
 
 def _folded_name(index: GraphIndex, match: Match) -> str | None:
@@ -238,7 +244,8 @@ class _Rewrite:
 
     def emit(self, match: Match, spec: NormSpec | None) -> None:
         rank, frame = match.rank, list(match.frame)
-        dtype = np.dtype(match.dtype)
+        native_dtype = _native_dtype(self.index, match)
+        dtype = np.dtype(native_dtype)
         info = KIND_INFO[match.kind]
         if info.trailing:
             order = [a for a in frame if a not in match.axes] + list(match.axes)
@@ -248,13 +255,24 @@ class _Rewrite:
         base = match.name or match.output
         x, before = self.source(match.input, order)
         y, after = self.target(match.output, [order.index(a) for a in frame], base)
+        # The native op runs in the dtype the decomposition computes in; Casts keep the site's input and output dtypes.
+        in_dtype, out_dtype = self.index.dtype(match.input), self.index.dtype(match.output)
+        if in_dtype is not None and in_dtype != native_dtype:
+            widened = self.names.fresh(f"{base}/normbridge_cast_in")
+            before = before + [helper.make_node("Cast", [x], [widened], name=self.names.fresh(f"{base}/normbridge_Cast"), to=_tensor_type(native_dtype))]
+            x = widened
+        if out_dtype is not None and out_dtype != native_dtype:
+            narrowed = self.names.fresh(f"{base}/normbridge_cast_out")
+            after = [helper.make_node("Cast", [narrowed], [y], name=self.names.fresh(f"{base}/normbridge_Cast"), to=_tensor_type(out_dtype))] + after
+            y = narrowed
         shape = tuple(match.dims)
         ones, zeros = np.ones(shape, dtype), np.zeros(shape, dtype)
-        stash = onnx.TensorProto.DOUBLE if match.dtype == "float64" else onnx.TensorProto.FLOAT
+        stash = onnx.TensorProto.DOUBLE if native_dtype == "float64" else onnx.TensorProto.FLOAT
         eps = as_float32(match.eps)
         op = info.onnx_op
         if match.kind == "batch":  # a folded BatchNorm: its tensors and eps come from the source spec
-            tensors = spec.tensors
+            # A mixed-precision spec's state may be narrower than the folded constants' dtype: widening it is exact.
+            tensors = {name: array.astype(dtype) for name, array in spec.tensors.items() if name != "num_batches_tracked"}
             inputs = [
                 tensors["scale"] if spec.scale else ones, tensors["bias"] if spec.bias else zeros, tensors["running_mean"], tensors["running_var"],
             ]
@@ -264,7 +282,8 @@ class _Rewrite:
             if momentum is not None:
                 attributes["momentum"] = as_float32(momentum)
         else:
-            # Coefficients were read in the widest type they met; the values are the graph's, so this cast is exact.
+            # Coefficients were read in the widest type they met and the op runs in the dtype they were applied in
+            # (`_native_dtype`); the values are the graph's, so this cast is exact.
             names = [self.constant(f"{base}.scale", ones if match.scale is None else match.scale.astype(dtype))]
             # LayerNormalization may omit B, RMSNormalization has none; the channel ops need one.
             if not info.trailing or (info.bias and match.bias is not None):
@@ -306,6 +325,35 @@ class _Rewrite:
         values = [v for v in graph.value_info if v.name in produced]
         del graph.value_info[:]
         graph.value_info.extend(values)
+
+
+def _tensor_type(dtype: str) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _native_dtype(index: GraphIndex, match: Match) -> str:
+    """The dtype the native op runs in: the site's input dtype, unless the site widens its input (a Cast it includes) and
+    computes in the wider dtype up to its affine or its output.
+
+    Keras's mixed-policy layers cast a float16 input to float32 and apply their float32 variables there, then cast back;
+    LlamaRMSNorm casts back first and applies its bfloat16 weight in bfloat16, which the narrow op with stash_type=1 computes.
+    A folded BatchNorm (no Cast in the site) runs in its constants' dtype, `match.dtype`."""
+    narrow = index.dtype(match.input)
+    casts = [i for i in match.nodes if index.nodes[i].op_type == "Cast" and index.nodes[i].input[0] == match.input]
+    wide = index.dtype(index.nodes[casts[0]].output[0]) if casts else None
+    if match.kind == "batch" or wide is None or wide == narrow:
+        return match.dtype
+    affine = {index.dtype(index.nodes[i].output[0]) for i in match.nodes
+              if index.nodes[i].op_type in ("Mul", "Add", "Sub") and any(_coefficient(index, name) for name in index.nodes[i].input)}
+    if wide in affine or (not affine and index.dtype(match.output) == wide):
+        return wide
+    return narrow
+
+
+def _coefficient(index: GraphIndex, name: str) -> bool:
+    """A per-feature float constant (a scale or bias), not a scalar such as eps."""
+    array = index.constant(name)
+    return array is not None and array.size > 1 and (array.dtype.kind == "f" or array.dtype.name == "bfloat16")
 
 
 def _dead_code(graph: onnx.GraphProto, nodes: list, origin: list, candidates: set[int]):
