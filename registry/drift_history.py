@@ -40,10 +40,11 @@ from sqlalchemy.orm import Session
 from converters.models.monitoring.drift import channel_shift
 from registry.db.drift_rows import DriftArraysRow, DriftLayerRow, DriftStateRow, DriftWindowRow
 from registry.db.engine import READ_ONLY
+from registry.db import queries
 from registry.db.models import ModelRow, VersionRow, utc
 from registry.drift_reference import Reference, reference_of
 from registry.drift_status import downstream_of_unconverged, layer_status
-from schemas.errors import InputFileError, NotFoundError, RegistryError
+from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftHistory, DriftRule, DriftWindow, LayerShift, State, WindowRecord
 
 RULE_ENV = {"shift": "NORMBRIDGE_DRIFT_SHIFT", "log_ratio": "NORMBRIDGE_DRIFT_LOG_RATIO", "k": "NORMBRIDGE_DRIFT_K", "m": "NORMBRIDGE_DRIFT_M"}
@@ -96,15 +97,6 @@ def _naive(at: datetime) -> datetime:
     return at.astimezone(UTC).replace(tzinfo=None) if at.tzinfo is not None else at
 
 
-def _version_id(session: Session, model: str, number: int, lock: bool = False) -> int:
-    query = (select(VersionRow.id).join(ModelRow, VersionRow.model_id == ModelRow.id)
-             .where(ModelRow.name == model, VersionRow.number == number))
-    found = session.execute(query.with_for_update() if lock else query).scalar_one_or_none()
-    if found is None:
-        raise NotFoundError(f"version {model}@{number} does not exist; `normbridge versions {model}` lists its versions.")
-    return found
-
-
 def _shifts(window: DriftWindow, reference: Reference, active: DriftRule) -> tuple[list[LayerShift], list[str], dict]:
     """Each sent layer against the version's running statistics; the layers the version has none for; the arrays kept."""
     shifts, unmatched, arrays = [], [], {}
@@ -153,7 +145,7 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
     over = any(s.status == "drift" for s in shifts)  # unconverged statistics never count toward the rule
     at = datetime.now(UTC).replace(tzinfo=None)
     with Session(registry.meta.engine) as session, session.begin():
-        version_id = _version_id(session, version.model, version.number, lock=True)  # one writer per version at a time
+        version_id = queries.version_id(session, version.model, version.number, lock=True)  # one writer per version at a time
         current = session.get(DriftStateRow, version_id)
         before = current.state if current is not None else "ok"
         recent = ((current.recent if current is not None else "") + ("1" if over else "0"))[-active.m:]
@@ -217,7 +209,7 @@ def history(registry, ref: str, limit: int = 100) -> DriftHistory:
     """Version `ref`'s state and its newest `limit` windows, newest first."""
     version = registry.show(ref)
     with _read(registry) as session:
-        version_id = _version_id(session, version.model, version.number)
+        version_id = queries.version_id(session, version.model, version.number)
         current = session.get(DriftStateRow, version_id)
         rows = session.scalars(select(DriftWindowRow).where(DriftWindowRow.version_id == version_id)
                                .order_by(DriftWindowRow.id.desc()).limit(max(0, limit))).all()
@@ -230,7 +222,7 @@ def state(registry, ref: str) -> State:
     """Version `ref`'s state: 'ok' when no window was recorded."""
     version = registry.show(ref)
     with _read(registry) as session:
-        current = session.get(DriftStateRow, _version_id(session, version.model, version.number))
+        current = session.get(DriftStateRow, queries.version_id(session, version.model, version.number))
         return current.state if current else "ok"
 
 

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 
 from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
 from registry.db.engine import READ_ONLY
+from registry.db import queries
 from registry.drift_reference import reference_of
-from schemas.errors import NotFoundError, RegistryError
+from schemas.errors import RegistryError
 from schemas.serving import DriftReport
 
 
@@ -32,16 +33,6 @@ class DriftRecord(BaseModel):
     created_at: datetime
     user: str
     report: DriftReport
-
-
-def _version_id(session: Session, model: str, number: int) -> int:
-    found = session.execute(
-        select(VersionRow.id).join(ModelRow, VersionRow.model_id == ModelRow.id)
-        .where(ModelRow.name == model, VersionRow.number == number)
-    ).scalar_one_or_none()
-    if found is None:
-        raise NotFoundError(f"version {model}@{number} does not exist; `normbridge versions {model}` lists its versions.")
-    return found
 
 
 def _as_report(report) -> DriftReport:
@@ -74,7 +65,7 @@ def record_drift(registry, ref: str, report) -> DriftRecord:
     check_belongs(registry, version, report)
     at = datetime.now(UTC).replace(tzinfo=None)
     with Session(registry.meta.engine) as session, session.begin():
-        row = DriftReportRow(version_id=_version_id(session, version.model, version.number), created_at=at,
+        row = DriftReportRow(version_id=queries.version_id(session, version.model, version.number), created_at=at,
                              user=registry.user, report=report.model_dump(mode="json"))
         session.add(row)
         session.flush()
@@ -88,7 +79,7 @@ def drift_reports(registry, ref: str) -> list[DriftRecord]:
     """Every drift check recorded for version `ref`, newest first (empty when none was recorded)."""
     version = registry.show(ref)
     with Session(registry.meta.engine.execution_options(**{READ_ONLY: True})) as session:
-        version_id = _version_id(session, version.model, version.number)
+        version_id = queries.version_id(session, version.model, version.number)
         rows = session.scalars(
             select(DriftReportRow).where(DriftReportRow.version_id == version_id).order_by(DriftReportRow.id.desc())
         ).all()

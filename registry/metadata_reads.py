@@ -56,7 +56,8 @@ class MetadataReads:
                 return found[0]
             if suffix.isdigit():
                 # one query with the parent joined in; only a missing version pays for the message listing the others
-                found = queries.records(session, (VersionRow.model_id == owner.id) & (VersionRow.number == int(suffix)))
+                found = queries.records(session, (VersionRow.model_id == owner.id) & (VersionRow.number == int(suffix))) \
+                    if queries.storable_number(int(suffix)) else []
                 return found[0] if found else queries.record(session, queries.version_row(session, name, int(suffix), owner))
             alias = session.get(AliasRow, (owner.id, suffix))
             if alias is None:

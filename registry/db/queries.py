@@ -41,12 +41,31 @@ def model_row(session: Session, name: str, *, lock: bool = False) -> ModelRow:
     return row
 
 
+#: The largest version number a 64-bit integer column holds: a larger one names no version (binding it overflows).
+MAX_VERSION_NUMBER = 2**63 - 1
+
+
+def storable_number(number: int) -> bool:
+    """Whether `number` can be a version's number (and be bound as one: SQLite raises OverflowError past 64 bits)."""
+    return 0 <= number <= MAX_VERSION_NUMBER
+
+
+def version_id(session: Session, model: str, number: int, lock: bool = False) -> int:
+    """The id of `model@number`'s row (`lock`: held FOR UPDATE until the session ends); NotFoundError when there is none."""
+    query = (select(VersionRow.id).join(ModelRow, VersionRow.model_id == ModelRow.id)
+             .where(ModelRow.name == model, VersionRow.number == number))
+    found = session.execute(query.with_for_update() if lock else query).scalar_one_or_none() if storable_number(number) else None
+    if found is None:
+        raise NotFoundError(f"version {model}@{number} does not exist; `normbridge versions {model}` lists its versions.")
+    return found
+
+
 def version_row(session: Session, model: str, number: int, owner: ModelRow | None = None) -> VersionRow:
     """The row of `model@number` (`owner`: the model's row, when already read); NotFoundError listing its versions."""
     owner = owner or model_row(session, model)
     row = session.scalars(
         select(VersionRow).where(VersionRow.model_id == owner.id, VersionRow.number == number)
-    ).one_or_none()
+    ).one_or_none() if storable_number(number) else None
     if row is None:
         numbers = session.scalars(
             select(VersionRow.number).where(VersionRow.model_id == owner.id).order_by(VersionRow.number)

@@ -389,6 +389,14 @@ def test_verify_gc_and_error_shapes(env, registered):
     assert_error(writer.put("/api/v1/models/cnn/aliases/42", json={"version": 1}), 422, "invalid_request")
     assert_error(writer.post("/api/v1/models/bad%20name/versions", params={"format": "onnx"}, content=b"x" * 64), 422, "invalid_request")
     assert_error(reader.get("/api/v1/diff", params={"a": "cnn@@1", "b": "cnn@1"}), 422, "invalid_request")
+    # a version number past 64 bits names no version: SQLite's OverflowError was a 500
+    huge = "99999999999999999999"
+    assert_error(reader.get("/api/v1/models/cnn/versions/9223372036854775808"), 404, "not_found")
+    assert_error(reader.get("/api/v1/diff", params={"a": f"cnn@{huge}", "b": "cnn@1"}), 404, "not_found")
+    assert_error(writer.put("/api/v1/models/cnn/aliases/staging", json={"version": int(huge)}), 404, "not_found")
+    assert_error(reader.get(f"/api/v1/models/cnn/versions/{huge}/drift"), 404, "not_found")
+    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "pt2", "parent": f"cnn@{huge}"},
+                             content=pt2_bytes(small_model(seed=5), env["root"])), 404, "not_found")
 
 
 def test_concurrent_uploads_each_get_their_own_version(env, registered):
