@@ -57,6 +57,12 @@ class LayerWindow(_Frozen):
     def _same_channels(self):
         if len(self.mean) != len(self.var):
             raise ValueError(f"layer '{self.name}': mean has {len(self.mean)} channels and var {len(self.var)}; send one value per channel in each.")
+        mean, var = np.asarray(self.mean, dtype=np.float64), np.asarray(self.var, dtype=np.float64)
+        if not (np.isfinite(mean).all() and np.isfinite(var).all()):
+            raise ValueError(f"layer '{self.name}': mean and var must be finite numbers (a NaN or infinite input was pooled); "
+                             "a window of such inputs measures nothing.")
+        if (var < 0).any():
+            raise ValueError(f"layer '{self.name}': var holds a negative value ({float(var.min())}); a variance is at least 0.")
         return self
 
 
@@ -72,6 +78,16 @@ class DriftWindow(_Frozen):
     statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                           description="sha256 of the running statistics the served model holds (converters.monitoring digest).")
     layers: list[LayerWindow] = Field(min_length=1, max_length=MAX_LAYERS)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.ended_at < self.started_at:
+            raise ValueError(f"the window ends ({self.ended_at.isoformat()}) before it starts ({self.started_at.isoformat()}).")
+        names = [layer.name for layer in self.layers]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"layer(s) {', '.join(repeated[:5])} appear more than once; send each layer once per window.")
+        return self
 
 
 class DriftRule(_Frozen):

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from alembic import command
 from sqlalchemy import event, update
 from sqlalchemy.orm import Session
@@ -125,6 +126,22 @@ def test_refusals_store_nothing(registry):
     body = window(model)
     body["layers"][0] = {**body["layers"][0], "mean": [0.0], "var": [1.0]}
     with pytest.raises(InputFileError, match="channels"):
+        drift_history.record_window(registry, "cnn@1", body)
+    # a NaN or negative variance was a 500 (NOT NULL constraint on variance_ratio); a NaN mean or an Infinity moved the state
+    for change, says in (({"mean": [float("nan")] + window(model)["layers"][0]["mean"][1:]}, "finite"),
+                         ({"var": [float("inf")] + window(model)["layers"][0]["var"][1:]}, "finite"),
+                         ({"var": [-5.0] + window(model)["layers"][0]["var"][1:]}, "negative")):
+        body = window(model)
+        body["layers"][0] = {**body["layers"][0], **change}
+        with pytest.raises(ValidationError, match=says):
+            drift_history.record_window(registry, "cnn@1", body)
+    body = window(model)
+    body["started_at"], body["ended_at"] = body["ended_at"], body["started_at"]
+    with pytest.raises(ValidationError, match="before it starts"):
+        drift_history.record_window(registry, "cnn@1", body)
+    body = window(model)
+    body["layers"].append(body["layers"][0])
+    with pytest.raises(ValidationError, match="more than once"):
         drift_history.record_window(registry, "cnn@1", body)
     assert drift_history.history(registry, "cnn@1").windows_total == 0
 

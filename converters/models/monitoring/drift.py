@@ -96,12 +96,32 @@ def data_batches(model: Any, data: Any, batch_size: int | None) -> tuple[Sample,
     if data is None:
         raise InputFileError("no data given; pass serving inputs as an array or a .npy/.npz file.")
     sample = as_sample(data, specs)
+    _refuse_unmeasurable(sample)
     fixed = fixed_batch_size(model)
     if fixed is not None:
         if sample.batch_size % fixed:
             raise InputFileError(f"the model accepts batches of exactly {fixed} and the data has {sample.batch_size} samples; pass a multiple of {fixed}.")
         batch_size = fixed
     return sample, list(sample.batches(batch_size))
+
+
+def _refuse_unmeasurable(sample: Sample) -> None:
+    """No samples, or a NaN or infinite value, measure nothing: a NaN mean compares as no drift (the report said so)."""
+    where = f"'{sample.path}'" if sample.path else "the data"
+    if sample.batch_size == 0:
+        raise InputFileError(f"{where} holds no samples (its batch axis is empty); pass at least one serving input.")
+    refuse_non_finite(sample.arrays, sample.names, where)
+
+
+def refuse_non_finite(arrays: Sequence[np.ndarray], names: Sequence[str], where: str) -> None:
+    """InputFileError naming the input, the count and the first sample holding a NaN or infinite value."""
+    for name, array in zip(names, arrays):
+        if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
+            bad = ~np.isfinite(np.asarray(array, dtype=np.float64))
+            if bad.any():
+                first = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0]) if bad.ndim else 0
+                raise InputFileError(f"{where}: input '{name}' holds {int(bad.sum())} NaN or infinite values (the first in sample {first}); "
+                                     "statistics of such inputs are not numbers: drop or repair those samples.")
 
 
 def describe(model: Any) -> str:

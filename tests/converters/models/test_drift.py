@@ -160,3 +160,25 @@ def test_cli_drift_exit_codes_and_json(exported, tmp_path, cli_app):
     assert table.exit_code == 0 and "DRIFT" not in table.output
     bad = runner.invoke(cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "same.npy"), "--ratio-threshold", "0.5"])
     assert bad.exit_code == 6 and "ratio-threshold" in bad.output
+
+
+def test_data_with_a_nan_or_no_samples_is_refused_not_read_as_no_drift(calibrated, exported, tmp_path, cli_app):
+    """One NaN pixel made every statistic NaN, every comparison false: 'no drift', exit 0, and a recorded 'ok'."""
+    import onnx
+
+    from schemas import InputFileError
+
+    poisoned = images(16, seed=106)
+    poisoned[3, 1, 2, 2] = np.nan
+    with pytest.raises(InputFileError, match=r"1 NaN or infinite values \(the first in sample 3\)"):
+        drift_check(calibrated, poisoned)
+    infinite = images(16, seed=107)
+    infinite[0, 0, 0, 0] = np.inf
+    with pytest.raises(InputFileError, match="NaN or infinite"):
+        recalibrate(cnn(), [infinite])
+    with pytest.raises(InputFileError, match="no samples"):
+        drift_check(calibrated, images(0))
+    onnx.save(exported, tmp_path / "cnn.onnx")
+    np.save(tmp_path / "nan.npy", poisoned)
+    done = CliRunner().invoke(cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "nan.npy"), "--json"])
+    assert done.exit_code == 6 and "nan.npy" in done.output and "no drift" not in done.output, done.output
