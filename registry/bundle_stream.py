@@ -71,10 +71,13 @@ def too_large(limit: int, decompressed: bool = False) -> PayloadTooLargeError:
                                 "raise `normbridge serve --max-upload-mb` or upload a smaller file.")
 
 
-def member_path(name: str) -> PurePosixPath:
-    """A member's path, refused unless it is relative and stays inside the bundle."""
+def member_path(name: str, folder: bool = False) -> PurePosixPath:
+    """A member's path, refused unless it is relative and stays inside the bundle; a `folder` may be the bundle's own root
+    ('./', the first member of `tar -cf - -C FOLDER .`)."""
     path = PurePosixPath(name)
     parts = [p for p in path.parts if p not in ("", ".")]
+    if folder and not parts and not path.is_absolute() and "\\" not in name:
+        return PurePosixPath(".")
     if path.is_absolute() or not parts or any(p == ".." for p in parts) or "\\" in name:
         raise InputFileError(f"bundle member '{name}' has an unsafe path; a bundle holds only relative paths inside the artifact folder.")
     return PurePosixPath(*parts)
@@ -104,7 +107,7 @@ def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
         members += 1
         if members > MAX_MEMBERS:
             raise InputFileError(f"the bundle has more than {MAX_MEMBERS} members; a bundle holds one manifest and its blobs.")
-        path = member_path(entry.name)
+        path = member_path(entry.name, folder=entry.kind == "directory")
         if entry.kind == "directory":
             continue
         if entry.kind != "file":

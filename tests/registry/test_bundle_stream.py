@@ -189,6 +189,18 @@ def test_extra_files_and_one_enclosing_folder_are_accepted(local, artifact_folde
     assert result.created and local.verify().passed and state(local)["staging"] == []
 
 
+def test_the_tar_the_docs_and_errors_recommend_registers(local, artifact_folder, tmp_path):
+    """`tar -cf - -C FOLDER .` (GNU tar) starts with the member './', which was refused as an unsafe path."""
+    import subprocess
+
+    data = subprocess.run(["tar", "-cf", "-", "-C", str(artifact_folder), "."], check=True, capture_output=True).stdout
+    assert tarfile.open(fileobj=io.BytesIO(data)).getnames()[0] in ("./", ".")
+    assert local.register_stream("cnn", io.BytesIO(data), NO_LIMIT).created
+    for unsafe in ("/", "../", "./../x"):
+        with pytest.raises(InputFileError, match="unsafe path"):
+            local.register_stream("cnn2", io.BytesIO(tar_of([(unsafe + "manifest.json", b"{}")])), NO_LIMIT)
+
+
 def test_over_the_limit_an_interrupted_upload_and_a_failing_gate_leave_nothing(local, artifact_folder):
     from tests.registry.http.test_http_api import failing_gate_bundle
 
