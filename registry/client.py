@@ -259,6 +259,19 @@ class RemoteRegistry:
         with self._bundle(ref) as (artifact, _):
             return tensors_from_blobs(artifact.manifest, artifact.blobs.__getitem__)
 
+    def blob_reader(self, record: VersionRecord) -> Callable[[str], bytes]:
+        """`Registry.blob_reader` over HTTP: the version's blobs from its downloaded bundle (each re-hashed, the manifest digest
+        checked against the server's), read once (`mlflow push --server` logs all of them)."""
+        with self._bundle(record.ref) as (artifact, _):
+            blobs = dict(artifact.blobs)
+
+        def get(digest: str) -> bytes:
+            if digest not in blobs:
+                raise IntegrityError(f"version {record.ref}: blob {digest[:12]} is not in the bundle {self.url} sent; run `normbridge verify` on the server.")
+            return blobs[digest]
+
+        return get
+
     def diff(self, ref_a: str, ref_b: str):
         return ManifestDiff.model_validate(self._request("GET", "/diff", params={"a": ref_a, "b": ref_b}))
 

@@ -262,3 +262,25 @@ def test_a_pickled_pytorch_model_is_refused_unpickled_unless_trusted_then_regist
     (spec,) = registry.specs("pickled-bn@1")
     np.testing.assert_array_equal(spec.tensors["running_mean"], np.array([0.5, -1.0, 2.0], np.float32))
     np.testing.assert_array_equal(spec.tensors["scale"], np.array([1.1, 0.9, -0.7], np.float32))
+
+
+@pytest.mark.slow
+def test_push_through_a_registry_server_logs_the_same_bundle(cli_app, mlflow_server, store, tmp_path, monkeypatch):  # noqa: F811
+    """`--server URL mlflow push` failed: 'RemoteRegistry' object has no attribute 'blob_reader' (exit 1), after creating a run."""
+    from mlflow.tracking import MlflowClient
+
+    from registry.manifest_io import load_artifact_folder
+    from tests.http_server import create_token, running_server
+
+    registry = Registry(db=store["db"], blobs=store["blobs"], user="tester")
+    record = registry.register("cnn-remote", trained_cnn()).version
+    token = create_token(store["db"], "pusher", "read", models=["cnn-remote"])
+    point_mlflow_at(mlflow_server.url, monkeypatch)
+    with running_server(db=store["db"], blobs=store["blobs"], log=tmp_path / "serve.log") as server:
+        pushed = run(cli_app, "--server", server.url, "--token", token, "mlflow", "push", "cnn-remote@1", "--tracking-uri", mlflow_server.url, "--json")
+    assert pushed.exit_code == 0, pushed.output
+    client = MlflowClient(tracking_uri=mlflow_server.url, registry_uri=mlflow_server.url)
+    version = client.get_model_version("cnn-remote", json.loads(pushed.stdout)["version"])
+    assert version.tags["normbridge.digest"] == record.digest
+    folder = client.download_artifacts(version.run_id, "normbridge-artifact", str(tmp_path / "dl"))
+    assert load_artifact_folder(folder).manifest.digest() == record.digest
