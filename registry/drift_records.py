@@ -8,6 +8,7 @@ against the threshold the check actually used, not today's default.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
@@ -18,7 +19,7 @@ from registry.db.models import DriftReportRow, ModelRow, VersionRow, utc
 from registry.db.engine import READ_ONLY
 from registry.db import queries
 from registry.drift_reference import reference_of
-from schemas.errors import RegistryError
+from schemas.errors import InvalidReferenceError, RegistryError
 from schemas.serving import DriftReport
 
 
@@ -43,9 +44,37 @@ def _as_report(report) -> DriftReport:
     raise RegistryError(f"got a {type(report).__name__} as drift report; pass the DriftReport that drift_check returned (or its JSON dict).")
 
 
+def check_consistent(report: DriftReport, reference) -> None:
+    """Refuse (InvalidReferenceError, HTTP 422) a report that does not say what its own numbers say: an alarm not given by
+    its thresholds, alarms, unconverged layers or a verdict other than its layers', a number that is not finite, or a layer
+    the version does not have. The server cannot re-measure an offline report; it can refuse one that contradicts itself."""
+    t, problems = report.thresholds, []
+    for layer in report.layers:
+        numbers = (layer.max_shift, layer.mean_shift, layer.max_abs_log_ratio, layer.mean_abs_log_ratio)
+        if not all(math.isfinite(x) for x in numbers):
+            problems.append(f"layer '{layer.name}' holds a number that is not finite")
+        elif layer.alarm != (layer.max_shift > t.shift or layer.max_abs_log_ratio > t.log_ratio):
+            problems.append(f"layer '{layer.name}' says alarm={layer.alarm} at max shift {layer.max_shift:g} and max |log ratio| "
+                            f"{layer.max_abs_log_ratio:g} against thresholds {t.shift:g} and {t.log_ratio:g}")
+        if (layer.status == "drift") != layer.alarm and layer.status != "unconverged_statistics":
+            problems.append(f"layer '{layer.name}' has status {layer.status} with alarm={layer.alarm} (an alarm is drift or unconverged statistics)")
+        if reference.layer(layer.name) is None:
+            problems.append(f"layer '{layer.name}' is not a BatchNorm of {reference.ref}")
+    alarms = [layer.name for layer in report.layers if layer.status == "drift"]
+    unconverged = [layer.name for layer in report.layers if layer.status == "unconverged_statistics"]
+    verdict = "drift" if alarms else "unconverged statistics" if unconverged else "no drift"
+    if list(report.alarms) != alarms or list(report.unconverged) != unconverged or report.verdict != verdict:
+        problems.append(f"its alarms, unconverged layers and verdict ({report.verdict!r}) are not its layers' ({verdict!r})")
+    if problems:
+        raise InvalidReferenceError(f"the drift report is not consistent: {'; '.join(problems[:5])}; record the report "
+                                    "`normbridge drift MODEL DATA --record NAME@N` wrote, unchanged.")
+
+
 def check_belongs(registry, version, report: DriftReport) -> None:
-    """Refuse a report computed on a model whose running statistics are not `version`'s (their digests differ)."""
-    expected = reference_of(registry, version).digest
+    """Refuse a report computed on a model whose running statistics are not `version`'s (their digests differ), or one that
+    contradicts itself (check_consistent)."""
+    reference = reference_of(registry, version)
+    expected = reference.digest
     if report.statistics_digest is None:
         raise RegistryError(f"the drift report carries no statistics_digest, so it cannot be shown to belong to {version.model}@{version.number}; "
                             "compute it again with this normbridge (`normbridge drift MODEL DATA --record NAME@N`).")
@@ -53,6 +82,7 @@ def check_belongs(registry, version, report: DriftReport) -> None:
         raise RegistryError(f"the drift report was computed on a model whose running statistics (digest {report.statistics_digest[:12]}) are not "
                             f"those of {version.model}@{version.number} (digest {expected[:12]}); run drift on the model registered as that "
                             "version, or record the report against the version it was computed on.")
+    check_consistent(report, reference)
 
 
 def record_drift(registry, ref: str, report) -> DriftRecord:

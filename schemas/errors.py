@@ -104,8 +104,9 @@ class RegistryError(NormbridgeError):
 
 
 class InvalidReferenceError(RegistryError):
-    """A model name, alias or version reference that is not well formed (`a b`, `cnn@@1`, an alias called `latest` or `42`):
-    a malformed request (HTTP 422 invalid_request, a usage error on the command line), not one the registry refused."""
+    """A model name, alias or version reference that is not well formed (`a b`, `cnn@@1`, an alias called `latest` or `42`),
+    or a drift report that contradicts its own numbers: a malformed request (HTTP 422 invalid_request, a usage error on the
+    command line), not one the registry refused."""
 
     code = "invalid_request"
 

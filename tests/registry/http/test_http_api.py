@@ -428,6 +428,17 @@ def test_recorded_drift_checks_come_back_newest_first(env, registered):
     assert [(r["model"], r["number"], r["user"]) for r in reports] == [("cnn", 1, "monitor")] * 2
     assert [r["report"]["verdict"] for r in reports] == [shifted.verdict, calm.verdict] and reports[0]["id"] > reports[1]["id"]
     assert_error(reader.get("/api/v1/models/cnn/versions/99/drift"), 404, "not_found")
+    # a report relabelled 'no drift' over layers whose own numbers alarm, or naming a layer the version lacks, is refused
+    writer, sent = env["clients"]["writer"], shifted.model_dump(mode="json")
+    assert sent["verdict"] == "drift"
+    relabelled = {**sent, "verdict": "no drift", "alarms": [], "layers": [{**layer, "status": "ok"} for layer in sent["layers"]]}
+    body = assert_error(writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=relabelled), 422, "invalid_request")
+    assert "not consistent" in body["message"]
+    renamed = {**sent, "layers": [{**sent["layers"][0], "name": "<b>not-a-layer</b>"}] + sent["layers"][1:]}
+    body = assert_error(writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=renamed), 422, "invalid_request")
+    assert "is not a BatchNorm of cnn@1" in body["message"]
+    assert len(reader.get("/api/v1/models/cnn/versions/1/drift").json()["reports"]) == 2
+    assert writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=sent).status_code == 201
 
 
 def test_openapi_lists_every_route_with_its_responses(env):
