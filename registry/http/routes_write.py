@@ -132,7 +132,7 @@ def set_alias(name: str, alias: str, request: Request, principal: Writer, body: 
 @router.post("/gc", response_model=GcResult, tags=["admin"], responses=error_responses(401, 403, 409, 422, 500),
              summary="Delete blobs no version references and older than the grace period")
 def gc(request: Request, principal: Admin,
-       grace: Annotated[float, Query(description="Keep unreferenced blobs younger than this many seconds.")] = 3600.0) -> GcResult:
+       grace: Annotated[float, Query(ge=0, allow_inf_nan=False, description="Keep unreferenced blobs younger than this many seconds.")] = 3600.0) -> GcResult:
     if principal.models is not None:
         raise forbidden("garbage collection touches every model; use an admin token that is not scoped to models.")
     return registry_for(request, principal).gc(grace)  # audited by Registry.gc, as a local `normbridge gc` is

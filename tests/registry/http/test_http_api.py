@@ -372,6 +372,7 @@ def test_verify_gc_and_error_shapes(env, registered):
 
     orphan = registry.store.put(b"left behind by a crashed upload " + os.urandom(8))
     assert_error(writer.post("/api/v1/gc", params={"grace": 0}), 403, "forbidden")
+    assert_error(admin.post("/api/v1/gc", params={"grace": -1}), 422, "invalid_request")  # a malformed request, not a refusal (409)
     swept = admin.post("/api/v1/gc", params={"grace": 0})
     assert swept.status_code == 200 and orphan in swept.json()["deleted"]
     assert not registry.store.exists(orphan)
