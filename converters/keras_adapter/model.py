@@ -45,6 +45,15 @@ def _flatten(value: Any) -> list:
     return [value]
 
 
+def _layer_path(layer: Any, names: list[str]) -> str:
+    """The layer's name, or its path inside the model ('transformer_layer_1/feedforward_layernorm') when another
+    normalization layer has the same name: keras_hub's blocks each hold a 'feedforward_layernorm', and one name for two
+    layers made export-layers overwrite a file and diff unable to say which block changed."""
+    if names.count(layer.name) > 1 and getattr(layer, "path", None):
+        return str(layer.path)
+    return layer.name
+
+
 class KerasModelAdapter(ModelAdapter):
     """Layers in the flattened layer order; the mode is chosen per call (training=False to serve)."""
 
@@ -80,8 +89,9 @@ class KerasModelAdapter(ModelAdapter):
                 kind = framework.kind_of(layer)
             except UnsupportedObjectError:
                 continue
-            found.append(NormLayerRef(layer.name, layer, "keras", kind))
-        return found
+            found.append((layer, kind))
+        names = [layer.name for layer, _ in found]
+        return [NormLayerRef(_layer_path(layer, names), layer, "keras", kind) for layer, kind in found]
 
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
         return [layer_spec(ref) for ref in self.norm_layers(model)]

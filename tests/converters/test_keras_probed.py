@@ -179,6 +179,17 @@ def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
     found = inspect_model(backbone)
     assert [(layer.kind, layer.spec["eps"], layer.spec["scale_offset"]) for layer in found.layers] == [("rms", 1e-6, 1.0)] * 5
     assert not [h for h in found.hazards if h.code == "unrecognised_normalization"]
+    # each block's norms share their names: a layer whose name another normalization layer has is named by its path in the
+    # model (the bare name made 5 layers 3 paths: export-layers overwrote files, diff could not say which block changed)
+    paths = [layer.path for layer in found.layers]
+    assert len(set(paths)) == 5 and paths[-1] == "final_normalization"
+    assert {"decoder_block_0/pre_attention_norm", "decoder_block_1/pre_attention_norm"} <= set(paths), paths
+    from converters.adapters import REGISTRY
+
+    specs = {spec.name: spec for spec in REGISTRY.model_adapter_of(backbone).layer_specs(backbone)}
+    for block in ("decoder_block_0", "decoder_block_1"):
+        own = next(layer for layer in backbone.get_layer(block)._flatten_layers(include_self=False) if layer.name == "pre_attention_norm")
+        assert np.array_equal(specs[f"{block}/pre_attention_norm"].tensors["scale"], own.weights[0].numpy())  # its own block's scale
 
 
 # -- back to Keras: the source class, rebuilt where it is registered or already imported ------------------------------

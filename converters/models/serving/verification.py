@@ -40,6 +40,11 @@ def _names_match(site_name: str, layer_name: str, exact: bool) -> bool:
     (tf2onnx scopes Keras layers as 'model_1/layer_1/...'; `exact` False also accepts that '_N' suffix)."""
     if site_name == layer_name:
         return True
+    if "/" in layer_name:  # a Keras layer named by its path inside the model: those parts in a row
+        scoped = "/" + re.sub(r":", "/", site_name) + "/"
+        if exact:
+            return f"/{layer_name}/" in scoped
+        return re.search("/" + re.escape(layer_name) + r"_\d+/", scoped) is not None
     parts = re.split(r"[/:]", site_name)
     if exact:
         return layer_name in parts
