@@ -4,11 +4,12 @@ A spec read from a class no stock adapter covers records the class's import path
 (`Source.module_class`, `Source.state_names`). Converting such a spec back to torch rebuilds that class when
 it can be done without running anything a file chose:
 
-- the class's module is already imported in this process, or is a module of transformers, whose
-  normalization classes are listed in CONSTRUCTORS (importing an installed library by a name a file holds
-  runs only that library's code; any other module is never imported for it);
-- its constructor is known (CONSTRUCTORS; for an already imported class of the user's, `cls(size, eps=eps)`
-  is tried);
+- the class's module is already imported in this process, or is a module of transformers (importing an
+  installed library by a name a file holds runs only that library's code; any other module is never
+  imported for it);
+- its constructor is known (CONSTRUCTORS), or is ConvNeXt's `(normalized_shape, eps=, data_format=)` (a
+  subclass of nn.LayerNorm whose constructor takes `data_format`: ConvNextV2LayerNorm, SamLayerNorm, ...),
+  or else `cls(size, eps=eps)` is tried;
 - the rebuilt module, given the spec's tensors bit for bit, is recognised again as the same spec (kind,
   eps, axes, offsets, compute dtype: `computed.recognition`, proved on a probe against the NumPy reference).
 
@@ -18,6 +19,7 @@ Otherwise None is returned with the reason, and the stock class is built as befo
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 
@@ -66,7 +68,7 @@ def restore_class(spec: NormSpec) -> tuple[torch.nn.Module | None, str]:
     cls, why = _importable(module_name, class_name)
     if cls is None:
         return None, why
-    args, kwargs = CONSTRUCTORS.get(class_name, _size_eps)(spec)
+    args, kwargs = _constructor(cls)(spec)
     try:
         module = cls(*args, **kwargs).to(SPEC_TO_TORCH[spec.dtype])
         with torch.no_grad():
@@ -86,10 +88,20 @@ def restore_class(spec: NormSpec) -> tuple[torch.nn.Module | None, str]:
     return module, f"rebuilt as {path}, proved equal to the spec on a probe"
 
 
+def _constructor(cls: type) -> Callable[[NormSpec], tuple[tuple, dict]]:
+    if cls.__name__ in CONSTRUCTORS:
+        return CONSTRUCTORS[cls.__name__]
+    try:
+        takes_format = issubclass(cls, torch.nn.LayerNorm) and "data_format" in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        takes_format = False
+    return _convnext if takes_format else _size_eps
+
+
 def _importable(module_name: str, class_name: str) -> tuple[type | None, str]:
     module = sys.modules.get(module_name)
     if module is None:
-        if not module_name.startswith(IMPORTABLE) or class_name not in CONSTRUCTORS:
+        if not module_name.startswith(IMPORTABLE):
             return None, f"{module_name} is not imported, and normbridge imports only {', '.join(IMPORTABLE)}* modules to rebuild a class"
         try:
             module = importlib.import_module(module_name)
