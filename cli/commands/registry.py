@@ -43,7 +43,7 @@ def _when(at: datetime) -> str:
 @app.command()
 @reports_errors
 def register(
-    name: str = typer.Argument(..., help="Model name (letters, digits, '.', '_', '-').", callback=model_name),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name (letters, digits, '.', '_', '-').", callback=model_name),
     model: Path = typer.Argument(..., metavar="MODEL", help="The model: .pt2, .keras (safe_mode), .onnx, or a saved artifact folder."),
     parent: str | None = typer.Option(None, "--parent", metavar="NAME@N", callback=version_ref,
                                        help="Parent version NAME@N (default: the latest version of NAME, if any)."),
@@ -120,7 +120,7 @@ def models(
 @app.command()
 @reports_errors
 def versions(
-    name: str = typer.Argument(..., help="Model name.", callback=model_name),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name.", callback=model_name),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the versions as JSON."),
@@ -259,7 +259,7 @@ def verify(
 @app.command()
 @reports_errors
 def alias(
-    name: str = typer.Argument(..., help="Model name.", callback=model_name),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name.", callback=model_name),
     alias_name: str = typer.Argument(..., metavar="ALIAS", help="Alias to set or move, e.g. production.", callback=arguments.alias_name),
     ref: str = typer.Argument(..., metavar="NAME@N", help="The version it points at from now on (NAME@N, or N).", callback=version_ref),
     force: bool = typer.Option(False, "--force", help="Move a guarded alias (production) to a version that is not servable anyway; "
