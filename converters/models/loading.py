@@ -34,7 +34,8 @@ def load_model(path: str | Path) -> Any:
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
         raise InputFileError(
-            f"'{path}' is a pickle-based file and loading it can execute code; save the model with torch.export.save (.pt2), "
+            f"'{path}' has a '{suffix}' extension, which names a pickle-based format (loading one can execute code), so it is not read; "
+            "save the model with torch.export.save (.pt2), "
             "model.save (.keras) or as ONNX instead."
         )
     if suffix in MODEL_FILES:

@@ -186,7 +186,10 @@ def _check_sample_inputs(archive: _Archive) -> None:
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
         except Exception as error:  # not a torch.save zip, or opcodes the static scanner does not know
-            unsafe = [f"an unreadable pickle ({type(error).__name__})"]
+            raise InputFileError(
+                f"{archive.where(entry)} is not a pickle torch's static scanner can read ({type(error).__name__}), so what it would run "
+                "cannot be shown safe; normbridge never unpickles sample inputs and refuses the file: re-save the model with "
+                "torch.export.save from code you trust.") from error
         if unsafe:
             raise InputFileError(
                 f"{archive.where(entry)} holds a pickle that calls {', '.join(sorted(unsafe)[:5])}, which only the full unpickler "

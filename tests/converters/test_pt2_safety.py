@@ -16,6 +16,7 @@ same program torch.export.load returns.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -133,6 +134,9 @@ MALFORMED = {
     "view_out_of_bounds": (lambda g, o: craft(g, o, edit_json={WEIGHTS_CONFIG: _out_of_bounds}), "reaches element 999"),
     "not_a_zip": (lambda g, o: o.write_bytes(b"PK\x03\x04 not really a zip") and o, "not a zip file"),
     "deflate_bomb": (lambda g, o: _rewrite_deflated(craft(g, o), root_of(g) + "data/sample_inputs/model.pt"), "(a zip bomb)"),
+    # a bare pickle (not torch.save's zip) the static scanner cannot read: it said "holds a pickle that calls an unreadable pickle"
+    "raw_pickle_inputs": (lambda g, o: craft(g, o, replace={"data/sample_inputs/model.pt": pickle.dumps(({"x": 1},), protocol=2)}),
+                          "is not a pickle torch's static scanner can read"),
 }
 
 
