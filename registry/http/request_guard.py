@@ -16,8 +16,12 @@ One ASGI middleware in front of the API and the web pages alike, in every mode (
   (text/plain, application/x-www-form-urlencoded, multipart/form-data) never reach an endpoint;
   `body_of` narrows it per route (a JSON endpoint takes only JSON).
 
-Refusals are 403 untrusted_request and 415 unsupported_media_type, with the header in the error's
-`setting` and the value received in its message. Every response gets X-Content-Type-Options: nosniff.
+* A JSON body is at most MAX_JSON_BYTES (32 MiB: a drift window of ResNet-50's 53 BatchNorms is about 2 MB): a
+  larger Content-Length is refused before a byte is read, and a chunked body once it passes the limit, since the
+  API parses a JSON body whole, and uploads, which stream, have their own `--max-upload-mb`.
+
+Refusals are 403 untrusted_request, 415 unsupported_media_type and 413 payload_too_large, with the header in the
+error's `setting` and the value received in its message. Every response gets X-Content-Type-Options: nosniff.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from fastapi import Request
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schemas.errors import UntrustedRequestError
+from schemas.errors import PayloadTooLargeError, UntrustedRequestError
 
 from .errors import ApiError, api_error_response, status_for, unsupported_media_type
 from .responses import NOSNIFF
@@ -54,6 +58,8 @@ ALLOWED_HOSTS_ENV = "NORMBRIDGE_SERVE_ALLOWED_HOSTS"
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _SHOWN = 200  # characters of a received header value quoted in a message
+#: The largest JSON body the API parses (bytes).
+MAX_JSON_BYTES = 32 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -231,7 +237,46 @@ class RequestGuard:
                     headers.setdefault(name, value)
             await send(message)
 
+        headers = Headers(scope=scope)
+        if media_type(headers.get("content-type") or "") == JSON:
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > MAX_JSON_BYTES:
+                await api_error_response(_json_too_large(int(length)))(scope, receive, send_nosniff)
+                return
+            if length is None:  # chunked: read up to the limit here, then hand the app the same body
+                replay = await _bounded(receive)
+                if replay is None:
+                    await api_error_response(_json_too_large(None))(scope, receive, send_nosniff)
+                    return
+                receive = replay
         await self.app(scope, receive, send_nosniff)
+
+
+def _json_too_large(size: int | None) -> ApiError:
+    error = PayloadTooLargeError(f"the JSON body is {'larger than' if size is None else f'{size} bytes, over'} this server's limit of "
+                                 f"{MAX_JSON_BYTES} bytes for a JSON request; send less per request.")
+    return ApiError(status_for(error), error.code, str(error), setting="Content-Length")
+
+
+async def _bounded(receive: Receive) -> Receive | None:
+    """A `receive` replaying the whole body read from `receive`, or None once it passes MAX_JSON_BYTES."""
+    messages, seen = [], 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        seen += len(message.get("body", b""))
+        if seen > MAX_JSON_BYTES:
+            return None
+        if not message.get("more_body", False):
+            break
+    pending = iter(messages)
+
+    async def replay() -> Message:
+        return next(pending, None) or await receive()
+
+    return replay
 
 
 def body_of(*media_types: str, optional: bool = False) -> Callable[[Request], None]:

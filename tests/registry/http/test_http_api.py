@@ -373,6 +373,22 @@ def test_verify_gc_and_error_shapes(env, registered):
     orphan = registry.store.put(b"left behind by a crashed upload " + os.urandom(8))
     assert_error(writer.post("/api/v1/gc", params={"grace": 0}), 403, "forbidden")
     assert_error(admin.post("/api/v1/gc", params={"grace": -1}), 422, "invalid_request")  # a malformed request, not a refusal (409)
+    # a JSON body over 32 MiB is refused before it is parsed whole (a read token's 300 MB body held about 1 GB of the server)
+    from registry.http.request_guard import MAX_JSON_BYTES
+
+    big = b"{\"digests\": [" + b" " * (MAX_JSON_BYTES + 1) + b"]}"
+    json_headers = {"Content-Type": "application/json"}
+    body = assert_error(reader.post("/api/v1/blobs/present", content=big, headers=json_headers), 413, "payload_too_large")
+    assert str(MAX_JSON_BYTES) in body["message"]
+
+    def chunked():
+        yield b'{"digests": ['
+        for _ in range(MAX_JSON_BYTES // (1 << 20) + 2):
+            yield b" " * (1 << 20)
+        yield b"]}"
+
+    assert_error(reader.post("/api/v1/blobs/present", content=chunked(), headers=json_headers), 413, "payload_too_large")
+    assert reader.post("/api/v1/blobs/present", json={"digests": []}).status_code == 200
     swept = admin.post("/api/v1/gc", params={"grace": 0})
     assert swept.status_code == 200 and orphan in swept.json()["deleted"]
     assert not registry.store.exists(orphan)
