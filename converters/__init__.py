@@ -33,7 +33,7 @@ _MODEL_TOOLS = {
     "drift_check": "models.monitoring.drift",
     "recalibrate": "models.monitoring.recalibration",
     "monitor": "models.monitoring.collector",
-    "refuse_external_data_upload": "onnx_adapter.external_data",
+    "onnx_upload_bytes": "onnx_adapter.external_data",
 }
 
 

@@ -43,7 +43,7 @@ from schemas.errors import (
 )
 
 from .audit_chain import AuditCheck, AuditHead
-from .client_transfer import (TransferProgress, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
+from .client_transfer import (TransferProgress, bytes_chunks, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
                               save_stream, server_error_in)
 from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
@@ -224,7 +224,9 @@ class RemoteRegistry:
             load_model(path)  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
             raise InputFileError(f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder.")
         if fmt == "onnx":
-            converters.refuse_external_data_upload(path)  # the server receives this one file: its data files would be missing there
+            embedded = converters.onnx_upload_bytes(path)  # the server receives one file: external data is embedded in it
+            if embedded is not None:
+                return path, fmt, len(embedded), lambda advance: bytes_chunks(embedded, advance)
         return path, fmt, path.stat().st_size, lambda advance: file_chunks(path, advance)
 
     def _present(self, digests: list[str]) -> frozenset[str]:

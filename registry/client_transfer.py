@@ -54,6 +54,13 @@ def file_chunks(path: Path, advance: Advance, start: int = 0) -> Iterator[bytes]
             advance(done)
 
 
+def bytes_chunks(data: bytes, advance: Advance) -> Iterator[bytes]:
+    """`data` in chunks, as file_chunks gives a file's (an ONNX model with its external data embedded for an upload)."""
+    for start in range(0, len(data), CHUNK):
+        yield data[start:start + CHUNK]
+        advance(min(start + CHUNK, len(data)))
+
+
 def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, Path]]:
     """(name in the tar, file) for an artifact folder; nothing but the manifest and the blobs (less those in `skip`,
     which the server already holds for this token) is sent.
@@ -185,5 +192,5 @@ def server_error_in(archive: Path) -> str | None:
     return None
 
 
-__all__ = ["Advance", "TransferProgress", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size", "server_error_in",
+__all__ = ["Advance", "TransferProgress", "bytes_chunks", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size", "server_error_in",
            "no_progress", "save_stream"]

@@ -93,18 +93,20 @@ def _read(path: Path, fields: dict[str, str], tensor: str, location: str, model_
         return handle.read() if length is None else handle.read(length)
 
 
-def refuse_external_data_upload(path: Path) -> None:
-    """InputFileError when the .onnx file at `path` keeps tensors in external files: a registry server receives one file,
-    so the data files would be missing there (the file is parsed, its data files are not opened)."""
+def onnx_upload_bytes(path: Path) -> bytes | None:
+    """The bytes to send a registry server for the .onnx file at `path`: None when the file is self-contained (it is sent as
+    it is), else the model with its external data read from its own folder (load_external_data: inside it only) and
+    embedded, since a server receives one file. InputFileError when the embedded model would pass protobuf's 2 GB limit."""
     try:
         model = onnx.load_from_string(Path(path).read_bytes())
     except Exception:  # noqa: BLE001 - an unreadable file is refused by the server with its own message
-        return
-    tensors = external_tensors(model)
-    if tensors:
-        location = next((e.value for e in tensors[0].external_data if e.key == "location"), "")
+        return None
+    if not external_tensors(model):
+        return None
+    load_external_data(model, Path(path))
+    try:
+        return model.SerializeToString()
+    except ValueError as error:  # protobuf refuses a message over 2 GB
         raise InputFileError(
-            f"'{path}' keeps {len(tensors)} tensor(s) in external data files (tensor '{tensors[0].name}' at '{location}'), and a registry server "
-            "receives the model file alone; embed the data with onnx.save(model, path, save_as_external_data=False) (models under 2 GB), "
-            "or register it without --server, which reads the data files from the model's folder."
-        )
+            f"'{path}' keeps its tensors in external data files and, embedded, is over protobuf's 2 GB limit, while a registry server "
+            "receives the model as one file; register it without --server, which reads the data files from the model's folder.") from error

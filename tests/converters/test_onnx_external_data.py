@@ -106,14 +106,27 @@ def test_offsets_past_the_end_are_refused(tmp_path):
         load_model(path)
 
 
-def test_a_registry_server_upload_of_external_data_is_refused_before_sending(tmp_path):
-    """The server receives one file, so its data files would be missing there: the client says so and sends nothing."""
+@pytest.mark.slow
+def test_a_registry_server_upload_embeds_the_external_data_from_the_models_own_folder(tmp_path):
+    """The server receives one file: the client used to refuse such a model (so `--server mlflow import` of a default
+    mlflow.onnx.log_model model failed); it now sends the model with its data embedded, read from the model's folder only."""
     from registry.client import RemoteRegistry
+    from tests.http_server import create_token, running_server
 
-    path, _ = _external_model(tmp_path)
-    client = RemoteRegistry("http://127.0.0.1:9")  # nothing listens: the refusal comes before any request
-    with pytest.raises(InputFileError, match="receives the model file alone"):
-        client.register("m", path)
+    path, scale = _external_model(tmp_path)
+    db, blobs = f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path / "blobs")
+    token = create_token(db, "uploader", "write")
+    with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
+        client = RemoteRegistry(server.url, token=token)
+        assert client.register("m", path).created
+        pulled = client.pull("m@1", tmp_path / "back.onnx")
+    back = onnx.load(pulled.path)
+    assert not external_tensors(back)
+    [stored] = [numpy_helper.to_array(t) for t in back.graph.initializer if t.name == "scale"]
+    assert np.array_equal(stored, scale)
+    _relocate(path, "../outside.data")  # an unsafe location is still refused before anything is sent
+    with pytest.raises(InputFileError, match="outside"):
+        RemoteRegistry("http://127.0.0.1:9").register("m", path)
 
 
 def test_a_server_side_load_without_the_data_file_names_it(tmp_path):
