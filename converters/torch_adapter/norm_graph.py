@@ -58,6 +58,10 @@ class NodeGroup:
     def users(self, node) -> list:
         return [u for u in node.users if u in self.members and schema(u) not in IGNORED]
 
+    def strip(self, node: Any) -> Any:
+        """`strip` inside the group: it stops at the group's input (and at any other value it does not compute)."""
+        return strip(node, self.members)
+
 
 @dataclass(frozen=True)
 class Derivation:
@@ -90,9 +94,14 @@ def shape_of(node: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in node.meta["val"].shape)
 
 
-def strip(node: Any) -> Any:
-    """`node` followed back through views and casts to the value they alias."""
-    while schema(node) in PASS:
+def strip(node: Any, members: set | None = None) -> Any:
+    """`node` followed back through views and casts to the value they alias.
+
+    With `members` (a module's nodes in a `.pt2` graph), only through views and casts among them: the module's input can
+    itself be a view or cast its parent made (Qwen3's `q_norm(q_proj(x).view(...))`), and a walk past it would never
+    meet the input.
+    """
+    while schema(node) in PASS and (members is None or node in members):
         node = node.args[0]
     return node
 
@@ -136,8 +145,8 @@ def _native(group: NodeGroup, node: Any, ops: tuple) -> Derivation:
     a = _arguments(node)
     source = a["input"]
     rank = len(shape_of(group.x))
-    permuted = _permuted_to_last(source, rank) and strip(source.args[0]) is group.x
-    if not permuted and strip(source) is not group.x:
+    permuted = _permuted_to_last(source, rank) and group.strip(source.args[0]) is group.x
+    if not permuted and group.strip(source) is not group.x:
         raise NotANormalization(f"its {schema(node)} reads a value computed from the input, not the input itself")
     if kind not in ("layer", "rms"):
         if permuted:
@@ -171,7 +180,7 @@ def _inverse_std(group: NodeGroup) -> tuple[Any, Any]:
         if s == "aten::rsqrt":
             users = [u for u in _through_views(group, node) if schema(u) == "aten::mul"]
         elif s == "aten::sqrt":
-            users = [u for u in _through_views(group, node) if schema(u) == "aten::div" and strip(u.args[1]) is node]
+            users = [u for u in _through_views(group, node) if schema(u) == "aten::div" and group.strip(u.args[1]) is node]
         else:
             continue
         if users:
@@ -189,10 +198,10 @@ def _through_views(group: NodeGroup, node: Any) -> list:
 
 def _decomposed(group: NodeGroup, ops: tuple) -> Derivation:
     inverse, normalised = _inverse_std(group)
-    added = _add_scalar(strip(inverse.args[0]))
+    added = _add_scalar(group.strip(inverse.args[0]))
     if added is None:
         raise NotANormalization("the value under its square root is not a statistic plus a constant eps")
-    stat, eps = strip(added[0]), added[1]
+    stat, eps = group.strip(added[0]), added[1]
     if stat in group.state:
         return _frozen_batch(group, inverse, group.state[stat], eps, ops)
     shape, rank = shape_of(group.x), len(shape_of(group.x))
@@ -223,12 +232,12 @@ def _statistic(group: NodeGroup, stat: Any, rank: int) -> tuple[str, Any, list]:
         if correction not in (0, 0.0):
             raise NotANormalization(f"its variance has correction={correction} (an unbiased variance), not the population variance")
         source = stat.args[0]
-        if strip(source) is not group.x:
+        if group.strip(source) is not group.x:
             raise NotANormalization("its variance reads a value computed from the input")
         return "layer", source, list(stat.args[1] if len(stat.args) > 1 else stat.kwargs["dim"])
     if s != "aten::mean" or len(stat.args) < 2:
         raise NotANormalization(f"the statistic under its square root is {s}, not a mean or a variance")
-    square = strip(stat.args[0])
+    square = group.strip(stat.args[0])
     if schema(square) == "aten::pow" and _scalar(square.args[1]) == 2.0:
         base = square.args[0]
     elif schema(square) == "aten::mul" and square.args[0] is square.args[1]:
@@ -236,12 +245,12 @@ def _statistic(group: NodeGroup, stat: Any, rank: int) -> tuple[str, Any, list]:
     else:
         raise NotANormalization("the mean under its square root is not a mean of squares")
     dims = list(stat.args[1])
-    if strip(base) is group.x:
+    if group.strip(base) is group.x:
         return "rms", base, dims
-    centred = strip(base)
-    if schema(centred) == "aten::sub" and strip(centred.args[0]) is group.x and schema(strip(centred.args[1])) == "aten::mean":
-        mean = strip(centred.args[1])
-        if strip(mean.args[0]) is group.x and sorted(d % rank for d in mean.args[1]) == sorted(d % rank for d in dims):
+    centred = group.strip(base)
+    if schema(centred) == "aten::sub" and group.strip(centred.args[0]) is group.x and schema(group.strip(centred.args[1])) == "aten::mean":
+        mean = group.strip(centred.args[1])
+        if group.strip(mean.args[0]) is group.x and sorted(d % rank for d in mean.args[1]) == sorted(d % rank for d in dims):
             return "layer", centred.args[0], dims
     raise NotANormalization("the squares under its square root are not of the input or of the input minus its mean")
 
@@ -256,7 +265,7 @@ def _frozen_batch(group: NodeGroup, inverse: Any, running_var: str, eps: float, 
         if len(users) != 1:
             continue
         use = users[0]
-        operands = [strip(a) for a in use.args[:2]]
+        operands = [group.strip(a) for a in use.args[:2]]
         if schema(use) == "aten::mul" and inverse in operands:
             roles["scale"] = name
         elif schema(use) == "aten::mul" or (schema(use) == "aten::sub" and operands[1] is node):
@@ -278,12 +287,12 @@ def _frozen_batch(group: NodeGroup, inverse: Any, running_var: str, eps: float, 
 
 def _state_source(group: NodeGroup, value: Any) -> tuple[str, float]:
     """(state name, offset) of a parameter read directly or as `w + c` (Gemma's `1.0 + weight`)."""
-    node = strip(value)
+    node = group.strip(value)
     if node in group.state:
         return group.state[node], 0.0
     added = _add_scalar(node)
-    if added is not None and strip(added[0]) in group.state:
-        return group.state[strip(added[0])], added[1]
+    if added is not None and group.strip(added[0]) in group.state:
+        return group.state[group.strip(added[0])], added[1]
     raise NotANormalization(f"an affine operand ({getattr(value, 'name', value)}) is computed, not a parameter")
 
 

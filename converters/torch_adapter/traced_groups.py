@@ -62,8 +62,10 @@ def group_of(program: Any, nodes: list, prefix: str = "") -> NodeGroup:
             elif arg not in data:
                 data.append(arg)
     # A no-op cast of the input (`x.to(float32)` on a float32 x) is the input itself: torch.export hands that alias to
-    # the caller's other uses of x (LlamaRMSNorm's residual), which does not make it an output of the module.
-    outputs = [n for n in nodes if schema(n) not in IGNORED and any(u not in members for u in n.users) and strip(n) not in data]
+    # the caller's other uses of x (LlamaRMSNorm's residual; Mamba's `residual.to(float32)`, where x is itself the
+    # block's cast), which does not make it an output of the module. Followed back only through the module's own nodes:
+    # past its input, the walk would never meet it.
+    outputs = [n for n in nodes if schema(n) not in IGNORED and any(u not in members for u in n.users) and strip(n, members) not in data]
     if len(data) != 1 or len(outputs) != 1:
         raise NotANormalization(f"it takes {len(data)} tensor inputs and gives {len(outputs)} outputs, not one of each")
     return NodeGroup(nodes=list(nodes), x=data[0], out=outputs[0], state=state)

@@ -226,6 +226,30 @@ def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_i
     assert_computes(restored, spec)
 
 
+def test_a_convnext_style_class_of_transformers_is_rebuilt_with_its_data_format_even_when_not_imported(tmp_path):
+    """ConvNextV2LayerNorm (channels_first) was not rebuilt: its module was not imported and only classes listed by name
+    were (the message said so of a transformers.models.* module), and an imported one got `cls(size, eps=)`, channels_last;
+    with no stock torch class for axis 1, every ConvNeXtV2 failed its registration check."""
+    import subprocess
+    import sys
+
+    from schemas import save_spec
+
+    module = importlib.import_module(f"{TF}.convnextv2.modeling_convnextv2")
+    spec = converters.to_spec(R.randomise(module.ConvNextV2LayerNorm(8, eps=1e-6, data_format="channels_first")))
+    assert spec.layout == "channels_first"
+    restored = converters.from_spec(spec, "torch")
+    assert type(restored) is module.ConvNextV2LayerNorm and restored.data_format == "channels_first"
+    assert_computes(restored, spec)
+    folder = save_spec(spec, tmp_path / "spec")
+    script = (f"import sys, converters; from schemas import load_spec; name = '{TF}.convnextv2.modeling_convnextv2'; "
+              f"assert name not in sys.modules; m = converters.from_spec(load_spec({str(folder)!r}), 'torch'); "
+              "print(type(m).__module__, type(m).__name__, m.data_format)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [f"{TF}.convnextv2.modeling_convnextv2", "ConvNextV2LayerNorm", "channels_first"]
+
+
 # -- .pt2 programs -------------------------------------------------------------------------------
 
 
@@ -386,6 +410,28 @@ def test_a_class_named_for_having_no_norm_is_not_a_candidate_in_wav2vec2s_featur
     for model in (encoder, torch.export.export(encoder, (torch.randn(1, 400),))):
         inspection = inspect_model(model)
         assert [(layer.path, layer.kind) for layer in inspection.layers] == [("conv_layers.0.layer_norm", "group")]
+        assert "unrecognised_normalization" not in codes(inspection)
+
+
+def test_weight_norm_and_spectral_norm_parametrizations_are_not_candidates():
+    """torch.nn.utils.parametrizations.weight_norm (wav2vec2's and HuBERT's pos_conv_embed) holds a `_WeightNorm` module: it
+    rescales a weight, not an activation, and was reported unrecognised, refusing every wav2vec2 registration."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.utils.parametrizations.weight_norm(nn.Conv1d(16, 16, 3, padding=1), dim=2)
+            self.head = torch.nn.utils.parametrizations.spectral_norm(nn.Linear(16, 16))
+            self.ln = nn.LayerNorm(16)
+
+        def forward(self, x):
+            return self.head(self.ln(self.conv(x).transpose(1, 2)))
+
+    block = R.randomise(Block()).eval()
+    assert {type(m).__name__ for m in block.modules()} >= {"_WeightNorm", "_SpectralNorm"}
+    for model in (block, torch.export.export(block, (torch.randn(1, 16, 10),))):
+        inspection = inspect_model(model)
+        assert [(layer.path, layer.kind) for layer in inspection.layers] == [("ln", "layer")]
         assert "unrecognised_normalization" not in codes(inspection)
 
 
