@@ -70,3 +70,8 @@ def dtype_default_eps(dtype: str) -> float:
     bfloat16 and float32; float64 for float64) and takes that type's eps (aten's `opmath_type` epsilon and
     torch._decomp's `_fused_rms_norm`). A float16 RMSNorm(eps=None) adds 1.19e-07, not float16's 9.77e-04."""
     return float(np.finfo(np.float64 if dtype == "float64" else np.float32).eps)
+
+
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """A floating dtype, bfloat16 included: ml_dtypes' bfloat16 is a float NumPy lists as kind 'V', not 'f'."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"

@@ -191,10 +191,9 @@ def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
     """(the framework object of a registry version, rebuilt from its stored structure (local, or over --server); the hazards
     its lineage answers, as the registry's servable verdict leaves them out: a recalibrated version is never unconverged)."""
     from registry.service.servable import ANSWERED_BY_LINEAGE
+    from schemas.errors import RegistryError
 
     from .registry import _registry
-
-    from schemas.errors import RegistryError
 
     registry = _registry(db, blobs, quiet)
     record = registry.show(ref)

@@ -225,7 +225,8 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refused = refusal(scope, Headers(scope=scope), self.hosts)
+        headers = Headers(scope=scope)
+        refused = refusal(scope, headers, self.hosts)
         if refused is not None:
             await api_error_response(refused)(scope, receive, send)
             return
@@ -237,7 +238,6 @@ class RequestGuard:
                     headers.setdefault(name, value)
             await send(message)
 
-        headers = Headers(scope=scope)
         if media_type(headers.get("content-type") or "") == JSON:
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > MAX_JSON_BYTES:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
+from schemas.floats import is_float_dtype
 from schemas.monitoring import statistics_digest
 from schemas.serving import DriftLayer, DriftReport, DriftThresholds
 
@@ -116,8 +117,8 @@ def _refuse_unmeasurable(sample: Sample) -> None:
 def refuse_non_finite(arrays: Sequence[np.ndarray], names: Sequence[str], where: str) -> None:
     """InputFileError naming the input, the count and the first sample holding a NaN or infinite value."""
     for name, array in zip(names, arrays):
-        if array.dtype.kind == "f" or array.dtype.name == "bfloat16":
-            bad = ~np.isfinite(np.asarray(array, dtype=np.float64))
+        if is_float_dtype(array.dtype):
+            bad = ~np.isfinite(array)  # in the array's own dtype (ml_dtypes' bfloat16 too): no float64 copy of the data
             if bad.any():
                 first = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0]) if bad.ndim else 0
                 raise InputFileError(f"{where}: input '{name}' holds {int(bad.sum())} NaN or infinite values (the first in sample {first}); "

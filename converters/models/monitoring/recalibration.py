@@ -48,7 +48,7 @@ def _as_batches(model: Any, batches: Any, batch_size: int | None) -> list[tuple[
         for batch in batches:
             arrays = batch if isinstance(batch, (list, tuple)) else (batch,)
             out.append(tuple(np.asarray(a.detach().numpy() if hasattr(a, "detach") else a) for a in arrays))
-            refuse_non_finite(out[-1], [f"{k}" for k in range(len(arrays))], f"batch {len(out) - 1}")
+            refuse_non_finite(out[-1], [str(k) for k in range(len(arrays))], f"batch {len(out) - 1}")
         return out
     _, split = data_batches(model, batches, batch_size or DEFAULT_BATCH_SIZE)
     return split

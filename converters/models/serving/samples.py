@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from schemas import InputFileError, UnsupportedObjectError
+from schemas.floats import is_float_dtype
 
 from ...adapters import REGISTRY
 from ...model_values import InputSpec
@@ -88,7 +89,7 @@ def random_sample(specs: Sequence[InputSpec], batch_size: int = DEFAULT_BATCH, s
     for spec in specs:
         shape = tuple((batch_size if i == 0 else DEFAULT_OPEN_DIM) if d is None else d for i, d in enumerate(spec.shape))
         dtype = np.dtype(spec.dtype)
-        if dtype.kind == "f" or dtype.name == "bfloat16":  # ml_dtypes' bfloat16 is a float NumPy lists as kind 'V'
+        if is_float_dtype(dtype):
             arrays.append(rng.standard_normal(shape).astype(dtype))
         elif dtype.kind in "iu":
             arrays.append(rng.integers(0, 8, size=shape).astype(dtype))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from schemas.floats import is_float_dtype
 from schemas.kinds import KIND_INFO
 
 from .index import GraphIndex, attribute, same_shape, shape_chain
@@ -140,7 +141,7 @@ def folded_candidate(index: GraphIndex, i: int, claimed: set[int]) -> Match | No
         return None
     rank = index.rank(data[0])
     k = index.constant(constant[0])
-    if rank is None or rank < 2 or not (k.dtype.kind == "f" or k.dtype.name == "bfloat16") or k.ndim > rank or k.size < 2:
+    if rank is None or rank < 2 or not is_float_dtype(k.dtype) or k.ndim > rank or k.size < 2:
         return None
     padded = k.reshape((1,) * (rank - k.ndim) + k.shape)
     wide = [p for p in range(rank) if padded.shape[p] != 1]

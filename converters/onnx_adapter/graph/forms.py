@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from schemas.floats import is_float_dtype
+
 from . import algebra
 from .algebra import NotNormalization, Value, X
 from .index import FLOAT_TYPES, GraphIndex, attribute, resolve_reshape
@@ -45,7 +47,7 @@ def _interpret(index: GraphIndex, node: onnx.NodeProto, values: dict[str, Value]
         if name in values:
             return values[name]
         array = index.constant(name)
-        if array is not None and (array.dtype.kind == "f" or array.dtype.name == "bfloat16"):  # ml_dtypes' bfloat16 is kind 'V'
+        if array is not None and is_float_dtype(array.dtype):
             if array.dtype.name == "bfloat16":  # exact in float32; the coefficients are combined in floating point
                 array = array.astype(np.float32)
             return Value.constant(array)

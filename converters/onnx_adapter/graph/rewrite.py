@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from schemas import NormSpec
-from schemas.floats import as_float32
+from schemas.floats import as_float32, is_float_dtype
 from schemas.kinds import KIND_INFO
 
 from .channels import folded_candidate
@@ -353,7 +353,7 @@ def _native_dtype(index: GraphIndex, match: Match) -> str:
 def _coefficient(index: GraphIndex, name: str) -> bool:
     """A per-feature float constant (a scale or bias), not a scalar such as eps."""
     array = index.constant(name)
-    return array is not None and array.size > 1 and (array.dtype.kind == "f" or array.dtype.name == "bfloat16")
+    return array is not None and array.size > 1 and is_float_dtype(array.dtype)
 
 
 def _dead_code(graph: onnx.GraphProto, nodes: list, origin: list, candidates: set[int]):
