@@ -41,6 +41,19 @@ def qwen2():
     return _decoder("Qwen2Config", "Qwen2Model", rms_norm_eps=2e-6)
 
 
+def qwen3():
+    """Qwen3's q_norm and k_norm normalize each head of a view the attention makes: `q_norm(q_proj(x).view(...))`."""
+    return _decoder("Qwen3Config", "Qwen3Model", rms_norm_eps=2.5e-6, head_dim=8)
+
+
+def mamba():
+    """Mamba's MambaRMSNorm, whose input cast the block reuses for its float32 residual."""
+    from transformers import MambaConfig, MambaModel
+
+    return MambaModel(MambaConfig(hidden_size=32, state_size=8, num_hidden_layers=2, vocab_size=64, layer_norm_epsilon=6e-6,
+                                  residual_in_fp32=True))
+
+
 def mistral():
     return _decoder("MistralConfig", "MistralModel", rms_norm_eps=4e-6)
 
@@ -62,6 +75,16 @@ def convnext():
     for module in model.modules():
         if type(module).__name__ == "ConvNextLayerNorm":
             module.eps = 3e-6  # transformers hard-codes 1e-6 there: another value shows a default misread as eps
+    return model
+
+
+def convnextv2():
+    from transformers import ConvNextV2Config, ConvNextV2Model
+
+    model = ConvNextV2Model(ConvNextV2Config(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, layer_norm_eps=2e-6))
+    for module in model.modules():
+        if type(module).__name__ == "ConvNextV2LayerNorm":
+            module.eps = 3e-6
     return model
 
 

@@ -47,10 +47,14 @@ TF = "transformers.models"
 FAMILIES = [
     Family("LlamaRMSNorm", R.llama, f"{TF}.llama.modeling_llama", "rms", 3e-6),
     Family("Qwen2RMSNorm", R.qwen2, f"{TF}.qwen2.modeling_qwen2", "rms", 2e-6),
+    Family("Qwen3RMSNorm", R.qwen3, f"{TF}.qwen3.modeling_qwen3", "rms", 2.5e-6),
+    Family("MambaRMSNorm", R.mamba, f"{TF}.mamba.modeling_mamba", "rms", 6e-6),
     Family("MistralRMSNorm", R.mistral, f"{TF}.mistral.modeling_mistral", "rms", 4e-6),
     Family("GemmaRMSNorm", R.gemma, f"{TF}.gemma.modeling_gemma", "rms", 5e-6, scale_offset=1.0),
     Family("T5LayerNorm", R.t5, f"{TF}.t5.modeling_t5", "rms", 7e-6),
     Family("ConvNextLayerNorm", R.convnext, f"{TF}.convnext.modeling_convnext", "layer", 3e-6,
+           layout=lambda m: "channels_first" if m.data_format == "channels_first" else None),
+    Family("ConvNextV2LayerNorm", R.convnextv2, f"{TF}.convnextv2.modeling_convnextv2", "layer", 3e-6,
            layout=lambda m: "channels_first" if m.data_format == "channels_first" else None),
     Family("DetrFrozenBatchNorm2d", R.detr, f"{TF}.detr.modeling_detr", "batch", 1e-5, frozen=True),
 ]
@@ -259,7 +263,7 @@ def _export(family: Family, model: nn.Module):
         return torch.export.export(model.encoder, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}), model.encoder
     if family.kind == "rms":
         return torch.export.export(model, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}), model
-    size = 32 if family.name == "ConvNextLayerNorm" else 64
+    size = 32 if family.name.startswith("ConvNext") else 64
     return torch.export.export(model, (torch.randn(1, 3, size, size),)), model
 
 
@@ -433,6 +437,18 @@ def test_weight_norm_and_spectral_norm_parametrizations_are_not_candidates():
         inspection = inspect_model(model)
         assert [(layer.path, layer.kind) for layer in inspection.layers] == [("ln", "layer")]
         assert "unrecognised_normalization" not in codes(inspection)
+
+    from transformers import Wav2Vec2Config
+    from transformers.models.wav2vec2.modeling_wav2vec2 import Wav2Vec2Encoder
+
+    config = Wav2Vec2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    encoder = R.randomise(Wav2Vec2Encoder(config)).eval()  # its pos_conv_embed holds a _WeightNorm
+    assert any(type(m).__name__ == "_WeightNorm" for m in encoder.modules())
+    norms = sorted(path for path, m in encoder.named_modules() if isinstance(m, nn.LayerNorm))
+    for model in (encoder, torch.export.export(encoder, (torch.randn(1, 20, 32),))):
+        inspection = inspect_model(model)
+        assert sorted(layer.path for layer in inspection.layers) == norms and "unrecognised_normalization" not in codes(inspection)
 
 
 def test_a_proved_norm_whose_forward_takes_a_gate_says_it_computes_more_and_the_program_says_unrecognised():

@@ -41,6 +41,9 @@ ROWS = [
     Row("Gemma", R.gemma, "GemmaRMSNorm", F32, "rms", scale_offset=1.0),
     Row("T5", R.t5, "T5LayerNorm", F32, "rms"),
     Row("ConvNeXt", R.convnext, "ConvNextLayerNorm", F32, "layer", layout="channels_first"),
+    Row("ConvNeXtV2", R.convnextv2, "ConvNextV2LayerNorm", F32, "layer", layout="channels_first"),
+    Row("Qwen3", R.qwen3, "Qwen3RMSNorm", F32, "rms"),  # its q/k norms read a view the attention makes
+    Row("Mamba", R.mamba, "MambaRMSNorm", F32, "rms"),  # the block reuses its norm's input cast
     Row("DETR", R.detr, "DetrFrozenBatchNorm2d", F32, "batch", frozen=True, layout="channels_first"),
     Row("Llama-bf16", R.llama, "LlamaRMSNorm", BF16, "rms", compute_dtype="float32", cast_before_affine=True),
     Row("Gemma-bf16", R.gemma, "GemmaRMSNorm", BF16, "rms", scale_offset=1.0, compute_dtype="float32"),
@@ -117,7 +120,7 @@ def exported(row: Row, model: torch.nn.Module):
             return torch.export.export(model.encoder, (torch.randint(0, 64, (1, 5)),)), model.encoder
         if row.kind == "rms":
             return torch.export.export(model, (torch.randint(0, 64, (1, 5)),)), model
-        size = 32 if row.family == "ConvNextLayerNorm" else 64
+        size = 32 if row.family.startswith("ConvNext") else 64
         return torch.export.export(model, (torch.randn(1, 3, size, size, dtype=row.dtype),)), model
 
 
