@@ -45,29 +45,32 @@ def _as_report(report) -> DriftReport:
 
 
 def check_consistent(report: DriftReport, reference) -> None:
-    """Refuse (InvalidReferenceError, HTTP 422) a report that does not say what its own numbers say: an alarm not given by
-    its thresholds, alarms, unconverged layers or a verdict other than its layers', a number that is not finite, or a layer
-    the version does not have. The server cannot re-measure an offline report; it can refuse one that contradicts itself."""
-    t, problems = report.thresholds, []
+    """Refuse (InvalidReferenceError, HTTP 422, naming the first layer and setting at fault) a report that does not say what
+    its own numbers say: an alarm not given by its thresholds, alarms, unconverged layers or a verdict other than its
+    layers', a number that is not finite, or a layer the version does not have. The server cannot re-measure an offline
+    report; it can refuse one that contradicts itself."""
+    t, problems = report.thresholds, []  # (layer or None, setting, what is wrong)
     for layer in report.layers:
         numbers = (layer.max_shift, layer.mean_shift, layer.max_abs_log_ratio, layer.mean_abs_log_ratio)
         if not all(math.isfinite(x) for x in numbers):
-            problems.append(f"layer '{layer.name}' holds a number that is not finite")
+            problems.append((layer.name, "max_shift", f"layer '{layer.name}' holds a number that is not finite"))
         elif layer.alarm != (layer.max_shift > t.shift or layer.max_abs_log_ratio > t.log_ratio):
-            problems.append(f"layer '{layer.name}' says alarm={layer.alarm} at max shift {layer.max_shift:g} and max |log ratio| "
-                            f"{layer.max_abs_log_ratio:g} against thresholds {t.shift:g} and {t.log_ratio:g}")
+            problems.append((layer.name, "alarm", f"layer '{layer.name}' says alarm={layer.alarm} at max shift {layer.max_shift:g} and max "
+                             f"|log ratio| {layer.max_abs_log_ratio:g} against thresholds {t.shift:g} and {t.log_ratio:g}"))
         if (layer.status == "drift") != layer.alarm and layer.status != "unconverged_statistics":
-            problems.append(f"layer '{layer.name}' has status {layer.status} with alarm={layer.alarm} (an alarm is drift or unconverged statistics)")
+            problems.append((layer.name, "status", f"layer '{layer.name}' has status {layer.status} with alarm={layer.alarm} "
+                             "(an alarm is drift or unconverged statistics)"))
         if reference.layer(layer.name) is None:
-            problems.append(f"layer '{layer.name}' is not a BatchNorm of {reference.ref}")
+            problems.append((layer.name, "name", f"layer '{layer.name}' is not a BatchNorm of {reference.ref}"))
     alarms = [layer.name for layer in report.layers if layer.status == "drift"]
     unconverged = [layer.name for layer in report.layers if layer.status == "unconverged_statistics"]
     verdict = "drift" if alarms else "unconverged statistics" if unconverged else "no drift"
     if list(report.alarms) != alarms or list(report.unconverged) != unconverged or report.verdict != verdict:
-        problems.append(f"its alarms, unconverged layers and verdict ({report.verdict!r}) are not its layers' ({verdict!r})")
+        problems.append((None, "verdict", f"its alarms, unconverged layers and verdict ({report.verdict!r}) are not its layers' ({verdict!r})"))
     if problems:
-        raise InvalidReferenceError(f"the drift report is not consistent: {'; '.join(problems[:5])}; record the report "
-                                    "`normbridge drift MODEL DATA --record NAME@N` wrote, unchanged.")
+        layer, setting, _ = problems[0]
+        raise InvalidReferenceError(f"the drift report is not consistent: {'; '.join(text for _, _, text in problems[:5])}; record the "
+                                    "report `normbridge drift MODEL DATA --record NAME@N` wrote, unchanged.", layer=layer, setting=setting)
 
 
 def check_belongs(registry, version, report: DriftReport) -> None:

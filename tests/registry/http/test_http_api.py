@@ -450,7 +450,7 @@ def test_recorded_drift_checks_come_back_newest_first(env, registered):
     assert sent["verdict"] == "drift"
     relabelled = {**sent, "verdict": "no drift", "alarms": [], "layers": [{**layer, "status": "ok"} for layer in sent["layers"]]}
     body = assert_error(writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=relabelled), 422, "invalid_request")
-    assert "not consistent" in body["message"]
+    assert "not consistent" in body["message"] and (body["layer"], body["setting"]) == (sent["layers"][0]["name"], "status")
     renamed = {**sent, "layers": [{**sent["layers"][0], "name": "<b>not-a-layer</b>"}] + sent["layers"][1:]}
     body = assert_error(writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=renamed), 422, "invalid_request")
     assert "is not a BatchNorm of cnn@1" in body["message"]
