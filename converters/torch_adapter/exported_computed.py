@@ -52,11 +52,13 @@ def program_modules(program: Any) -> list[ProgramModule]:
     if cached is not None:
         return cached
     groups = _groups(program)
+    names = state_names(program)  # once: each read of the signature's mappings rebuilds them (1.8 ms per module of a decoder)
+    keys, children = set(names.values()), _children(groups)
     found = []
     for path, (type_name, position, nodes) in groups.items():
-        why = _why(program, path, type_name, groups)
+        why = _why(program, path, type_name, groups, children.get(path, ()), keys)
         if why is not None:
-            found.append(_read(program, path, type_name, position, nodes, why))
+            found.append(_read(program, names, path, type_name, position, nodes, why))
     try:
         _CACHE[program] = found
     except TypeError:
@@ -75,28 +77,37 @@ def _groups(program: Any) -> dict[str, tuple[str, int, list]]:
     return groups
 
 
-def _why(program: Any, path: str, type_name: str, groups: dict) -> str | None:
+def _children(groups: dict) -> dict[str, list[str]]:
+    """path -> the paths of the groups below it (any depth), each found from its own ancestors rather than by comparing every pair."""
+    below: dict[str, list[str]] = {}
+    for path in groups:
+        parts = path.split(".")
+        for end in range(1, len(parts)):
+            below.setdefault(".".join(parts[:end]), []).append(path)
+    return below
 
+
+def _why(program: Any, path: str, type_name: str, groups: dict, children, keys: set[str]) -> str | None:
+    """Why the module at `path` looks like a normalization (None: it does not); `children` are the groups below it, `keys` the
+    program's state names."""
     if type_name in MODULE_KINDS or type_name == "SyncBatchNorm":
         return None  # the stock classes are read from their native op
-    children = [p for p in groups if p.startswith(path + ".")]
     child_norm = any(groups[p][0] in MODULE_KINDS or names_a_norm(groups[p][0]) for p in children)
     if names_a_norm(type_name) and not child_norm:
         return f"its class name {type_name} contains 'Norm'"
-    keys = set(state_names(program).values())
     if not children and f"{path}.weight" in keys and state_tensor(program, f"{path}.weight").dim() == 1 and not says_no_norm(type_name):
         return "it keeps a 1-D weight and has no child modules"
     return None
 
 
-def _read(program: Any, path: str, type_name: str, position: int, nodes: list, why: str) -> ProgramModule:
+def _read(program: Any, names: dict[str, str], path: str, type_name: str, position: int, nodes: list, why: str) -> ProgramModule:
     native = any(schema(n) in _native_ops() for n in nodes)
     try:
-        group = group_of(program, nodes, prefix=path)
-        spec = _spec(program, group, path, type_name)
+        group = group_of(program, nodes, prefix=path, names=names)
+        spec = _spec(program, names, group, path, type_name)
     except NotANormalization as error:
         return ProgramModule(path, type_name, position, why, None, str(error), native)
-    problem = _prove(program, group, spec)
+    problem = _prove(program, names, group, spec)
     return ProgramModule(path, type_name, position, why, spec if problem is None else None, problem, native)
 
 
@@ -104,22 +115,20 @@ def _native_ops() -> frozenset:
     return frozenset(NATIVE_OPS)
 
 
-def _spec(program: Any, group, path: str, type_name: str) -> NormSpec:
+def _spec(program: Any, names: dict[str, str], group, path: str, type_name: str) -> NormSpec:
     derivation = derive(group)
     if derivation.native is not None:
         layer = _Reader(program).read(derivation.native, derivation.kind, path, type_name)
         if layer.spec is None:
             raise NotANormalization(f"its {derivation.native.target} could not be read: {layer.problem}")
         return layer.spec.replace(source=layer.spec.source.model_copy(update={"layer_type": type_name}))
-    names = state_names(program)
     state = {rel: state_tensor(program, names[node.name]) for node, rel in group.state.items()}
     dtype = group.x.meta["val"].dtype
     return build_spec(derivation, state, name=path, layer_type=type_name, training=False, input_dtype=dtype,
                       module_class=class_path_of(group.nodes, path))
 
 
-def _prove(program: Any, group, spec: NormSpec) -> str | None:
-    names = state_names(program)
+def _prove(program: Any, names: dict[str, str], group, spec: NormSpec) -> str | None:
     run = runner(group)
     shape = shape_of(group.x)
     x = norm_proof.as_dtype(norm_proof.probe_input(shape, spec.eps), spec.dtype)

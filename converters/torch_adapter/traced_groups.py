@@ -47,9 +47,10 @@ def class_path_of(nodes: list, path: str) -> str | None:
     return None
 
 
-def group_of(program: Any, nodes: list, prefix: str = "") -> NodeGroup:
-    """The NodeGroup of `nodes` (graph order); state names are relative to `prefix` (the module's path)."""
-    names = state_names(program)
+def group_of(program: Any, nodes: list, prefix: str = "", names: dict[str, str] | None = None) -> NodeGroup:
+    """The NodeGroup of `nodes` (graph order); state names are relative to `prefix` (the module's path). `names`: the program's
+    state_names, when the caller has them."""
+    names = state_names(program) if names is None else names
     members = set(nodes)
     data, state = [], {}
     for node in nodes:
