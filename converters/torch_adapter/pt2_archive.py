@@ -326,14 +326,14 @@ def _weights_only(archive: _Archive, entry: str) -> dict:
 
 
 def _deserialize(path: Path, document: dict, state_dict: dict, constants: dict) -> Any:
-    """torch's own deserializer on the checked parts; no sample inputs (they are a pickle and nothing here needs them)."""
-    from torch._export.serde.serialize import ExportedProgramDeserializer
-
+    """torch's own deserializer on the checked parts (static fake tensors built directly: pt2_deserializer); no sample inputs
+    (they are a pickle and nothing here needs them)."""
     from .program_schema import program_from_dict
+    from .pt2_deserializer import deserialize
 
     try:
         serialized = program_from_dict(document)
-        return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
+        return deserialize(serialized, state_dict, constants)
     except InputFileError:
         raise
     except Exception as error:  # torch raises many types for a program it cannot rebuild

@@ -1,0 +1,79 @@
+"""torch's own `ExportedProgramDeserializer`, with the fake tensor of a static tensor value built directly.
+
+Why: torch's `GraphModuleDeserializer.deserialize_tensor_meta` makes every node's meta["val"] with `torch.empty_strided`
+under FakeTensorMode, whose dispatch (cache key, ShapeEnv guard suppression, cache entry) cost a third of reading a
+decoder's `.pt2`. For a value whose sizes and strides are all plain ints on the CPU, with no mode active, this builds the
+FakeTensor exactly as the mode itself does on a cache hit (`FakeTensorMode._get_output_tensor_from_cache_entry`): a meta
+`empty_strided` wrapped as `FakeTensor(mode, meta, device)`. Symbolic sizes, other devices and anything unusual take
+torch's path. tests/converters/test_pt2_reading.py holds the result equal to torch's.
+
+torch's `ExportedProgramDeserializer.deserialize` runs as it is: its code is bound to a copy of its module's globals in
+which `GraphModuleDeserializer` makes a torch instance carrying the faster method, so nothing of torch changes for other
+callers or threads (the class is final: it cannot be subclassed).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+_GLOBAL = "GraphModuleDeserializer"
+
+
+def deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
+    """`ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)`, faster."""
+    from torch._export.serde import serialize
+
+    function = serialize.ExportedProgramDeserializer.deserialize
+    if not isinstance(function, types.FunctionType) or _GLOBAL not in function.__code__.co_names:
+        return serialize.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)  # another torch
+    namespace = dict(function.__globals__)
+    namespace[_GLOBAL] = _graph_module_deserializer
+    bound = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
+    bound.__kwdefaults__ = function.__kwdefaults__
+    return bound(serialize.ExportedProgramDeserializer(), serialized, state_dict, constants, None)
+
+
+def _graph_module_deserializer() -> Any:
+    """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first."""
+    from torch._export.serde.serialize import GraphModuleDeserializer
+
+    deserializer = GraphModuleDeserializer()
+    torch_way = deserializer.deserialize_tensor_meta
+
+    def deserialize_tensor_meta(tensor_meta: Any) -> Any:
+        fake = static_fake(deserializer.fake_tensor_mode, tensor_meta)
+        return torch_way(tensor_meta) if fake is None else fake
+
+    deserializer.deserialize_tensor_meta = deserialize_tensor_meta
+    return deserializer
+
+
+def static_fake(mode: Any, tensor_meta: Any) -> Any:
+    """The FakeTensor torch makes of `tensor_meta` in `mode`, or None when torch's own path must make it (a symbolic size
+    or stride, a device other than the CPU, a torch function or dispatch mode active)."""
+    import torch
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize_device
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    sizes, strides = _ints(tensor_meta.sizes), _ints(tensor_meta.strides)
+    if sizes is None or strides is None or tensor_meta.device.type != "cpu":
+        return None
+    if torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack():
+        return None
+    dtype = _SERIALIZE_TO_TORCH_DTYPE[tensor_meta.dtype]
+    empty = torch.empty_strided(sizes, strides, dtype=dtype, device="meta", requires_grad=tensor_meta.requires_grad)
+    return FakeTensor(mode, empty, deserialize_device(tensor_meta.device))
+
+
+def _ints(values: Any) -> tuple[int, ...] | None:
+    """The plain ints of a list of serialized SymInts, or None when one is an expression (or not an int)."""
+    found = []
+    for value in values:
+        if value.type != "as_int" or type(value.as_int) is not int:
+            return None
+        found.append(value.as_int)
+    return tuple(found)
+
+
+__all__ = ["deserialize", "static_fake"]

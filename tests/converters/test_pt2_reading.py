@@ -1,0 +1,153 @@
+"""pt2_archive.load_exported_program builds the ExportedProgram torch itself builds, node for node.
+
+The oracle is torch's own reader (`torch.export.load`) on files torch.export.save wrote here: every node's name, op,
+target, arguments and meta (meta["val"] fake tensors by sizes, strides, dtype, device, requires_grad, storage size,
+fake mode), the signature, range constraints, module call graph, generated code and state dict. The programs cover a
+dynamic batch (the symbolic path of pt2_deserializer), bfloat16, training-mode BatchNorm, an RMSNorm decoder and a
+Llama from transformers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from converters.torch_adapter.pt2_archive import load_exported_program
+from converters.torch_adapter.pt2_deserializer import static_fake
+from tests import real_norms as R
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.ln = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LayerNorm(4, eps=1e-3)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)).permute(0, 2, 3, 1)
+        return self.ln(y * 0.5 + 1.25).flatten(1).sum(-1)
+
+
+class Decoder(nn.Module):
+    """Two pre-norm blocks with RMSNorm, attention-like matmuls and a transposed (non-contiguous) view."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.RMSNorm(width, eps=1e-6) for _ in range(4))
+        self.mixes = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
+        self.register_buffer("scale", torch.full((width,), 0.5))
+
+    def forward(self, x):
+        for norm, mix in zip(self.norms, self.mixes):
+            h = norm(x)
+            x = x + mix(h).softmax(-1) @ h.transpose(-1, -2)[..., :1].expand(-1, -1, h.shape[-1]).transpose(-1, -2)
+        return x * self.scale
+
+
+def _programs():
+    batch = torch.export.Dim("batch", min=2, max=64)
+    yield "train BatchNorm, dynamic batch", torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),),
+                                                                  dynamic_shapes=({0: batch},))
+    yield "eval BatchNorm", torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))
+    yield "bfloat16 RMSNorm decoder", torch.export.export(Decoder().to(torch.bfloat16), (torch.randn(2, 5, 16, dtype=torch.bfloat16),))
+    yield "RMSNorm decoder, dynamic sequence", torch.export.export(Decoder(), (torch.randn(2, 5, 16),),
+                                                                     dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=32)},))
+    yield "transformers Llama", torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False})
+
+
+def _is_symbolic(value) -> bool:
+    return isinstance(value, FakeTensor) and any(not isinstance(d, int) for d in (*value.shape, *value.stride()))
+
+
+def _same_value(ours, torchs, where: str) -> None:
+    assert type(ours) is type(torchs), where
+    if isinstance(torchs, torch.Tensor):
+        assert (str(ours.shape), str(ours.stride()), str(ours.storage_offset())) == \
+            (str(torchs.shape), str(torchs.stride()), str(torchs.storage_offset())), where
+        assert (ours.dtype, ours.device, ours.layout, ours.requires_grad, ours.is_leaf, ours.grad_fn) == \
+            (torchs.dtype, torchs.device, torchs.layout, torchs.requires_grad, torchs.is_leaf, torchs.grad_fn), where
+        assert str(ours.untyped_storage().nbytes()) == str(torchs.untyped_storage().nbytes()), where
+        assert (ours.is_contiguous(), ours.is_inference(), ours._version) == (torchs.is_contiguous(), torchs.is_inference(), torchs._version), where
+        assert vars(ours).keys() == vars(torchs).keys(), where
+        assert (ours.constant, ours.real_tensor, ours.pytype, ours.dispatch_keys) == (None, None, None, None), where
+        assert torch._C._dispatch_keys(ours) == torch._C._dispatch_keys(torchs), where
+    elif isinstance(torchs, (list, tuple)):
+        assert len(ours) == len(torchs), where
+        for index, (a, b) in enumerate(zip(ours, torchs)):
+            _same_value(a, b, f"{where}[{index}]")
+    else:
+        assert str(ours) == str(torchs), where
+
+
+def _same_program(ours, torchs) -> None:
+    ours_nodes, torchs_nodes = list(ours.graph.nodes), list(torchs.graph.nodes)
+    assert [n.name for n in ours_nodes] == [n.name for n in torchs_nodes]
+    modes = set()
+    for a, b in zip(ours_nodes, torchs_nodes):
+        assert (a.op, a.target, str(a.args), str(a.kwargs)) == (b.op, b.target, str(b.args), str(b.kwargs)), a.name
+        assert a.meta.keys() == b.meta.keys(), a.name
+        for key in a.meta:
+            if key == "val":
+                _same_value(a.meta["val"], b.meta["val"], a.name)
+            else:
+                assert str(a.meta[key]) == str(b.meta[key]), (a.name, key)
+        if isinstance(a.meta.get("val"), FakeTensor):
+            modes.add(id(a.meta["val"].fake_mode))
+    assert len(modes) == 1  # one fake mode (and ShapeEnv) for the whole program, as torch's
+    assert ours.graph_signature == torchs.graph_signature
+    assert str(ours.range_constraints) == str(torchs.range_constraints)
+    assert str(ours.module_call_graph) == str(torchs.module_call_graph)
+    assert ours.graph_module.code == torchs.graph_module.code
+    assert ours.verifiers == torchs.verifiers
+    assert ours.state_dict.keys() == torchs.state_dict.keys()
+    for name, tensor in torchs.state_dict.items():
+        mine = ours.state_dict[name]
+        assert (type(mine), mine.dtype, mine.shape, mine.stride(), mine.requires_grad) == \
+            (type(tensor), tensor.dtype, tensor.shape, tensor.stride(), tensor.requires_grad), name
+        assert torch.equal(mine, tensor), name
+    assert ours.constants.keys() == torchs.constants.keys()
+    for name, tensor in torchs.constants.items():
+        assert torch.equal(ours.constants[name], tensor), name
+
+
+@pytest.mark.parametrize("name, program", list(_programs()), ids=lambda value: value if isinstance(value, str) else "")
+def test_the_program_torch_reads(name, program, tmp_path):
+    path = tmp_path / "model.pt2"
+    torch.export.save(program, path)
+    ours, torchs = load_exported_program(path), torch.export.load(path)
+    _same_program(ours, torchs)
+    symbolic = [n.name for n in ours.graph.nodes if _is_symbolic(n.meta.get("val"))]
+    assert bool(symbolic) == ("dynamic" in name)  # the symbolic path is exercised where the program has one
+    x = torch.randn(3, 3, 8, 8) if "BatchNorm" in name else None
+    if x is not None and "dynamic" in name:
+        torch.testing.assert_close(ours.module()(x), torchs.module()(x))
+
+
+def test_a_static_fake_tensor_is_the_one_fake_mode_dispatch_makes():
+    """static_fake against torch.empty_strided under the same FakeTensorMode, including requires_grad and odd strides."""
+    from torch._export.serde import schema
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=True, shape_env=ShapeEnv(assume_static_by_default=True))
+    cases = [((2, 3), (3, 1), torch.float32, False), ((2, 3), (1, 2), torch.bfloat16, True), ((0, 4), (4, 1), torch.int64, False),
+             ((), (), torch.float16, True), ((5, 1, 7), (7, 99, 1), torch.bool, False)]
+    for sizes, strides, dtype, requires_grad in cases:
+        from torch._export.serde.serialize import _TORCH_TO_SERIALIZE_DTYPE
+
+        meta = schema.TensorMeta(dtype=_TORCH_TO_SERIALIZE_DTYPE[dtype], sizes=[schema.SymInt.create(as_int=s) for s in sizes],
+                                 requires_grad=requires_grad, device=schema.Device(type="cpu"),
+                                 strides=[schema.SymInt.create(as_int=s) for s in strides],
+                                 storage_offset=schema.SymInt.create(as_int=0), layout=schema.Layout.Strided)
+        with mode:
+            torchs = torch.empty_strided(sizes, strides, dtype=dtype, device=torch.device("cpu"), requires_grad=requires_grad)
+        ours = static_fake(mode, meta)
+        _same_value(ours, torchs, str((sizes, strides, dtype)))
+        assert ours.fake_mode is mode
+    with mode:  # inside a mode torch's own path is taken
+        assert static_fake(mode, meta) is None
+    symbolic = schema.TensorMeta(dtype=meta.dtype, sizes=[schema.SymInt.create(as_expr=schema.SymExpr(expr_str="s0"))],
+                                 requires_grad=False, device=meta.device, strides=[schema.SymInt.create(as_int=1)],
+                                 storage_offset=meta.storage_offset, layout=meta.layout)
+    assert static_fake(mode, symbolic) is None
