@@ -65,6 +65,7 @@ class S3BlobStore(BlobStore):
             raise RegistryError(f"multipart threshold {multipart_threshold} bytes is not positive; pass at least 1 byte")
         self.multipart_threshold = multipart_threshold
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
+        self.stages_beside_gate = True  # PUTs wait on the network: staged while the gate runs
         self.parallel_transfers = 4  # concurrent PUTs or GETs per registration, bundle or pull (boto3 clients are thread-safe; its pool holds 10)
         self.part_size = part_size
         self.endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None

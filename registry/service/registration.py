@@ -1,7 +1,7 @@
-"""Registering a model: extract, lease, stage while the equivalence gate runs, publish, then ONE commit.
+"""Registering a model: extract, lease, run the equivalence gate and stage the blobs, publish, then ONE commit.
 
-Registration order is what makes a crash harmless: every blob is staged while the gate runs
-(hidden files locally; on S3 written at once, hashed first), published if the gate passes (atomic,
+Registration order is what makes a crash harmless: every blob is staged (hidden files locally, after
+the gate; on S3 written at once, hashed first, while the gate runs), published if the gate passes (atomic,
 idempotent), then one transaction assigns the version number. A crash or a refusal before the
 commit leaves only unreferenced blobs (and staging files), which `gc` removes after a grace
 period; a crash after it leaves a whole version. Before it looks at the store, a registration
@@ -131,9 +131,10 @@ class Registrations:
         lease = self.leases.new()
         try:
             lease.take(digests)  # before staging looks at the store: gc keeps them from now on
-            # Blobs are staged while the gate runs (and a structure no reader has seen is checked) and published only if both pass.
+            # Blobs are staged (beside the gate where the store gains: stages_beside_gate) and a structure no reader has seen is
+            # checked; the blobs are published only if both pass.
             with ThreadPoolExecutor(max_workers=2) as pool:
-                staging = pool.submit(self._stage, artifact.blobs, digests)
+                staging = pool.submit(self._stage, artifact.blobs, digests) if self.store.stages_beside_gate else None
                 structure = None if artifact.structure_read_safely else pool.submit(
                     check_structure, artifact.manifest, structure_parts(artifact.manifest, artifact.blobs.__getitem__))
                 try:
@@ -141,9 +142,10 @@ class Registrations:
                     if structure is not None:
                         structure.result()
                 except BaseException:
-                    self._discard(staging.result())
+                    if staging is not None:
+                        self._discard(staging.result())
                     raise
-                staged = staging.result()
+                staged = staging.result() if staging is not None else self._stage(artifact.blobs, digests)
             manifest = admit(artifact.manifest, allow_unrecognised)  # the gate admitted it: now it holds its unchecked layers
             return self._commit(name, manifest, checks, staged, parent_record, note, report, lease, assess(manifest, artifact.specs))
         finally:
@@ -243,7 +245,7 @@ class Registrations:
                     if blob.digest != digest:
                         raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
                                              "extract it again.")
-            self.store.sync(staged)  # here, beside the gate, not after it
+            self.store.sync(staged)  # all at once: one sync each, after the writes started their writeback
         except BaseException:
             self._discard(staged)
             raise
