@@ -1,30 +1,59 @@
-"""A `.pt2`'s program JSON as torch's schema dataclasses, each class's type hints resolved once.
+"""A `.pt2`'s program JSON as torch's schema dataclasses, what depends only on a class worked out once per class.
 
 Why: torch's `_dict_to_dataclass` (torch/_export/serde/serialize.py) calls `typing.get_type_hints` for every object it
-builds: about 8,000 calls for a 53-BatchNorm ResNet, half a second of a cold `normbridge register`. This is the same
-conversion, branch for branch, with what depends only on the class worked out once per class.
-tests/converters/test_program_schema.py holds its result equal to torch's on exported programs.
+builds (about 8,000 calls for a 53-BatchNorm ResNet, half a second of a cold `normbridge register`), and each union it
+builds through `_Union.create` lists the class's fields twice and checks their names again. This is the same conversion,
+branch for branch, as one converter function per schema type, made once: a union is filled in as `create` fills it
+(every field None but the tag's, then `_type`, one `_UnionTag` per class and tag). tests/converters/test_program_schema.py
+holds its result equal to torch's on exported programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import threading
 import types
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
+
+Converter = Callable[[Any], Any]
+
+_DONE: dict[Any, Converter] = {}  # published converters, complete (read without the lock)
+_LOCK = threading.Lock()
+_RESERVED = ("type", "_type", "create", "value")  # the names _Union.__post_init__ refuses
 
 
 def program_from_dict(document: Any) -> Any:
     """`torch._export.serde.serialize._dict_to_dataclass(schema.ExportedProgram, document)`, faster."""
     from torch._export.serde import schema
 
-    return _convert(schema.ExportedProgram, document)
+    return converter(schema.ExportedProgram)(document)
 
 
-@functools.cache
-def _plan(cls: Any) -> tuple[str, Any]:
-    """What `_dict_to_dataclass` does with `cls` before it looks at the data: (branch, what the branch needs)."""
+def converter(cls: Any) -> Converter:
+    """The function `_dict_to_dataclass(cls, ...)` amounts to."""
+    found = _DONE.get(cls)
+    if found is None:
+        with _LOCK:
+            building: dict[Any, Converter] = {}
+            found = _build(cls, building)
+            _DONE.update(building)
+    return found
+
+
+def _build(cls: Any, building: dict[Any, Converter]) -> Converter:
+    """`cls`'s converter; a schema type met again while it is being made (a Graph inside a node's argument) gets a
+    forwarder to it."""
+    found = _DONE.get(cls) or building.get(cls)
+    if found is None:
+        made: list[Converter] = []
+        building[cls] = lambda data: made[0](data)
+        made.append(_make(cls, building))
+        found = building[cls] = made[0]
+    return found
+
+
+def _make(cls: Any, building: dict[Any, Converter]) -> Converter:
     from torch._export.serde import schema
     from torch._export.serde.serialize import _resolve_schema_cls
     from torch._export.serde.union import _Union
@@ -33,27 +62,34 @@ def _plan(cls: Any) -> tuple[str, Any]:
     if isinstance(cls, str):
         raise AssertionError(f"Unresolved class type: '{cls}'.")
     if typing.get_origin(cls) is Annotated:
-        return "same", cls.__origin__
+        return _build(cls.__origin__, building)
     if typing.get_origin(cls) in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls):
         arguments = typing.get_args(cls)
         if len(arguments) != 2:
             raise AssertionError(f"expected 2 type args, got {len(arguments)}")
-        return "optional", arguments[0]
+        inner = _build(arguments[0], building)
+        return lambda data: None if data is None else inner(data)
     if isinstance(cls, type) and issubclass(cls, _Union):
-        return "union", (cls, typing.get_type_hints(cls, globalns=vars(schema)))
+        return _union(cls, typing.get_type_hints(cls, globalns=vars(schema)), building)
     if dataclasses.is_dataclass(cls):
-        hints = typing.get_type_hints(cls, globalns=vars(schema))
-        return "dataclass", (cls, tuple((field.name, hints[field.name]) for field in dataclasses.fields(cls)))
-    return "value", cls
+        return _dataclass(cls, typing.get_type_hints(cls, globalns=vars(schema)), building)
+    return _value(cls, building)
 
 
-def _convert(cls: Any, data: Any) -> Any:
-    branch, how = _plan(cls)
-    if branch == "same":
-        return _convert(how, data)
-    if branch == "optional":
-        return None if data is None else _convert(how, data)
-    if branch == "union":
+def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
+    """`cls.create(**{tag: converted value})` for a one-key dict, as `_dict_to_dataclass` checks and builds it."""
+    from torch._export.serde.union import _UnionTag
+
+    names = tuple(field.name for field in dataclasses.fields(cls))
+    members: dict[str, tuple[Converter, Any]] = {}  # tag: (its value's converter, its _UnionTag)
+    if _plain_union(cls):  # else every member takes torch's create, as it is
+        if any(name in _RESERVED for name in names):
+            raise AssertionError("field names 'type', '_type', 'create', 'value' are reserved")
+        members = {name: (_build(hints[name], building), _UnionTag.create(name, cls)) for name in names}
+    nones = dict.fromkeys(names)
+    new = object.__new__
+
+    def convert(data: Any) -> Any:
         if not isinstance(data, dict):
             raise AssertionError(f"expected dict, got {type(data).__name__}")
         if len(data) != 1:
@@ -61,19 +97,61 @@ def _convert(cls: Any, data: Any) -> Any:
         (tag, value), = data.items()
         if not isinstance(tag, str):
             raise AssertionError(f"expected str key, got {type(tag).__name__}")
-        union, hints = how
-        return union.create(**{tag: _convert(hints[tag], value)})
-    if branch == "dataclass":  # keys the class does not define are ignored, as torch does (forward compatibility)
-        dataclass, fields = how
-        return dataclass(**{name: _convert(hint, data[name]) for name, hint in fields if name in data})
-    if isinstance(data, list):
-        return data if not data else [_convert(typing.get_args(how)[0], item) for item in data]
-    if isinstance(data, dict):
-        value_type = typing.get_args(how)[1]
-        return {key: _convert(value_type, value) for key, value in data.items()}
-    if how is float:
-        return float(data)
-    return data
+        member = members.get(tag)
+        if member is None:  # not a field: torch's own path, for its error (or a union it builds differently)
+            return cls.create(**{tag: converter(hints[tag])(value)})
+        obj = new(cls)
+        state = obj.__dict__
+        state.update(nones)
+        state[tag] = member[0](value)
+        state["_type"] = member[1]
+        return obj
+
+    return convert
 
 
-__all__ = ["program_from_dict"]
+def _plain_union(cls: Any) -> bool:
+    """Whether `cls.create` does only what `convert` does: _Union's own create and checks, a dataclass __init__ that
+    sets the fields, no attribute hooks."""
+    from torch._export.serde.union import _Union
+
+    return (cls.create.__func__ is _Union.create.__func__ and cls.__post_init__ is _Union.__post_init__
+            and cls.__setattr__ is object.__setattr__ and cls.__new__ is object.__new__
+            and cls.__dataclass_params__.init and not getattr(cls, "__slots__", ()))
+
+
+def _dataclass(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
+    """`cls(**fields)`, keys the class does not define ignored, as torch does (forward compatibility)."""
+    fields = tuple((field.name, _build(hints[field.name], building)) for field in dataclasses.fields(cls))
+
+    def convert(data: Any) -> Any:
+        return cls(**{name: convert_field(data[name]) for name, convert_field in fields if name in data})
+
+    return convert
+
+
+def _value(cls: Any, building: dict[Any, Converter]) -> Converter:
+    """A list or dict converted item by item by the type's arguments (looked up only for a list or dict, as torch
+    does), a float made a float, anything else as it is."""
+    arguments = typing.get_args(cls)
+    item = _build(arguments[0], building) if arguments else None
+    entry = _build(arguments[1], building) if len(arguments) > 1 else None
+    is_float = cls is float
+
+    def convert(data: Any) -> Any:
+        if isinstance(data, list):
+            if not data:
+                return data
+            if item is None:
+                raise IndexError("tuple index out of range")
+            return [item(value) for value in data]
+        if isinstance(data, dict):
+            if entry is None:
+                raise IndexError("tuple index out of range")
+            return {key: entry(value) for key, value in data.items()}
+        return float(data) if is_float else data
+
+    return convert
+
+
+__all__ = ["converter", "program_from_dict"]
