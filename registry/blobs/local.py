@@ -19,6 +19,7 @@ from pathlib import Path
 from schemas.errors import NotFoundError
 
 from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, stream_mismatch
+from .filesystem_sync import MIN_PATHS, sync_filesystem
 
 
 #: Blobs are read-only once written; the process umask is taken off this mode.
@@ -85,24 +86,30 @@ class LocalBlobStore(BlobStore):
         return StagedBlob(digest=digest, temporary=Path(temporary), synced=sync)
 
     def sync(self, staged: list[StagedBlob]) -> None:
-        """fsync every staged file not synced yet. Why in one call: written without a sync each and with their writeback
-        started as they were written, 221 small blobs took about 50 ms to sync against 130-200 ms synced one by one."""
-        for blob in staged:
-            if blob.temporary is not None and not blob.synced:
-                handle = os.open(blob.temporary, os.O_RDONLY)
-                try:
-                    os.fsync(handle)
-                finally:
-                    os.close(handle)
+        """Make every staged file not synced yet durable: several at once with one syncfs of the store's filesystem
+        (filesystem_sync), else an fsync each. Why in one call: written without a sync each and with their writeback started
+        as they were written, 221 small blobs took 12-17 ms with syncfs and 50-270 ms synced one by one."""
+        pending = [blob for blob in staged if blob.temporary is not None and not blob.synced]
+        if len(pending) >= MIN_PATHS and sync_filesystem(self.root, {blob.temporary.parent for blob in pending}):
+            for blob in pending:
                 blob.synced = True
+            return
+        for blob in pending:
+            handle = os.open(blob.temporary, os.O_RDONLY)
+            try:
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+            blob.synced = True
 
     def publish(self, staged: StagedBlob) -> str:
         self.publish_all([staged])
         return staged.digest
 
     def publish_all(self, staged: list[StagedBlob], progress: Callable[[int], None] | None = None) -> None:
-        """Sync what is not, rename every blob into place, then fsync each folder once: the renames are durable when this
-        returns (one journal commit for all, where a sync of each folder after its rename cost one each)."""
+        """Sync what is not, rename every blob into place, then fsync each folder once (or sync the filesystem once for many
+        folders: filesystem_sync): the renames are durable when this returns (one journal commit for all, where a sync of
+        each folder after its rename cost one each)."""
         staged = list(staged)
         self.sync(staged)
         folders: dict[Path, None] = {}
@@ -121,6 +128,8 @@ class LocalBlobStore(BlobStore):
                     self.discard(left)
                 raise
             folders[target.parent] = None
+        if len(folders) >= MIN_PATHS and sync_filesystem(self.root, folders):
+            return
         for folder in folders:
             _fsync_folder(folder)
 

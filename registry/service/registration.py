@@ -11,6 +11,7 @@ leases the digests it relies on, so gc (in any process) keeps them until the com
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -239,8 +240,11 @@ class Registrations:
 
         staged = []
         try:
-            with ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers)) as pool:
-                for digest, blob in zip(digests, pool.map(stage, digests)):
+            with contextlib.ExitStack() as stack:  # one at a time here when the store does not gain from more (a thread costs more)
+                parallel = self.store.parallel_transfers > 1
+                written = stack.enter_context(ThreadPoolExecutor(self.store.parallel_transfers)).map(stage, digests) if parallel else \
+                    map(stage, digests)
+                for digest, blob in zip(digests, written):
                     staged.append(blob)
                     if blob.digest != digest:
                         raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "

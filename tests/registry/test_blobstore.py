@@ -5,10 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
+from pathlib import Path
 
 import pytest
 
 from registry.blobs import open_blob_store
+from registry.blobs.filesystem_sync import MIN_PATHS, sync_filesystem
 from registry.blobs.local import LocalBlobStore
 from schemas.errors import IntegrityError, NotFoundError, RegistryError
 
@@ -138,3 +141,24 @@ def test_a_blob_published_unsynced_is_synced_first_and_a_failed_rename_leaves_no
     monkeypatch.undo()
     assert not list(tmp_path.rglob(".*.tmp"))  # the two left unpublished were discarded, not left half way
     assert sorted(store.digests()) == sorted([lone.digest, *(blob.digest for blob in staged[:2])])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="syncfs is Linux's")
+def test_many_staged_blobs_are_made_durable_by_one_syncfs_of_their_filesystem_not_an_fsync_each(tmp_path, monkeypatch):
+    """registry/blobs/filesystem_sync.py: 20 new files in up to 20 shard folders cost two syncfs calls, no fsync; fewer than
+    MIN_PATHS are fsynced one by one, and a folder on another filesystem is never covered by the root's syncfs."""
+    store = LocalBlobStore(tmp_path)
+    fsynced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda handle: fsynced.append(handle) or real_fsync(handle))
+    staged = [store.stage(f"many {i}".encode(), sync=False) for i in range(20)]
+    store.publish_all(staged)
+    assert fsynced == [] and all(blob.synced for blob in staged)
+    assert all(store.get(blob.digest) for blob in staged) and not list(tmp_path.rglob(".*.tmp"))
+    few = [store.stage(f"few {i}".encode(), sync=False) for i in range(MIN_PATHS - 1)]
+    store.sync(few)
+    assert len(fsynced) == MIN_PATHS - 1
+    assert sync_filesystem(tmp_path, [tmp_path]) is True
+    other = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/proc")
+    assert os.stat(other).st_dev != os.stat(tmp_path).st_dev
+    assert sync_filesystem(tmp_path, [tmp_path, other]) is False

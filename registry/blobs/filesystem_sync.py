@@ -1,0 +1,62 @@
+"""Making many new files and renames durable with one `syncfs` of their filesystem instead of an fsync each (Linux).
+
+Why: a registration stages a file per tensor (221 for a 53-BatchNorm model) in up to 256 shard folders, and each must be
+durable before the version that names it is committed. An fsync per file and per folder cost 120-270 ms of waiting for the
+disk on the 2-core machine; one `syncfs` before the renames and one after them cost 12-17 ms. `syncfs` writes every dirty
+page and the metadata of the whole filesystem and waits for it (Linux reports a writeback error since 5.8), so what it
+covers is a superset of the fsyncs it replaces. It is used only where every folder involved is on the root's filesystem
+(a shard folder that is a mount point of another one is fsynced file by file) and for several files at once: one file's
+fsync is cheaper than flushing what other programs have written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+#: Fewer paths than this are fsynced one by one.
+MIN_PATHS = 8
+
+
+def _libc_syncfs():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int,)
+    function.restype = ctypes.c_int
+    return function
+
+
+_SYNCFS = _libc_syncfs()
+
+
+def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
+    """Flush the filesystem holding `root` when the new entries of `folders` (several) all live on it; False when it did not
+    (not Linux, too few, a folder on another device): the caller then fsyncs each file and folder itself.
+
+    Raises:
+        OSError: the filesystem reported an error writing back (the data may not be durable).
+    """
+    folders = set(folders)
+    if _SYNCFS is None or not folders:
+        return False
+    device = os.stat(root).st_dev
+    if any(os.stat(folder).st_dev != device for folder in folders):
+        return False
+    handle = os.open(root, os.O_RDONLY)
+    try:
+        if _SYNCFS(handle) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"syncfs of the blob store's filesystem failed: {os.strerror(error)}", str(root))
+    finally:
+        os.close(handle)
+    return True
+
+
+__all__ = ["MIN_PATHS", "sync_filesystem"]
