@@ -7,9 +7,14 @@ FakeTensor exactly as the mode itself does on a cache hit (`FakeTensorMode._get_
 `empty_strided` wrapped as `FakeTensor(mode, meta, device)`. Symbolic sizes, other devices and anything unusual take
 torch's path. tests/converters/test_pt2_reading.py holds the result equal to torch's.
 
+The deserializer also wraps its graph in a GraphModule that `ExportedProgram.__init__` only takes attributes and meta
+from: it puts a fresh CodeGen on the graph and generates and compiles the code again for its own GraphModule, the one
+the program keeps. That first code (an eighth of the read) is not written: the graph carries `_Unwritten` until then.
+
 torch's `ExportedProgramDeserializer.deserialize` runs as it is: its code is bound to a copy of its module's globals in
-which `GraphModuleDeserializer` makes a torch instance carrying the faster method, so nothing of torch changes for other
-callers or threads (the class is final: it cannot be subclassed).
+which `GraphModuleDeserializer` makes a torch instance carrying the two methods, so nothing of torch changes for other
+callers or threads (the class is final: it cannot be subclassed). Should a later torch keep that first GraphModule, the
+program is read again by torch's own path.
 """
 
 from __future__ import annotations
@@ -17,36 +22,75 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from torch.fx.graph import CodeGen, PythonCode
+
 _GLOBAL = "GraphModuleDeserializer"
 
 
 def deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
     """`ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)`, faster."""
-    from torch._export.serde import serialize
+    from torch._export.serde.serialize import ExportedProgramDeserializer
 
-    function = serialize.ExportedProgramDeserializer.deserialize
+    program = quick_deserialize(serialized, state_dict, constants)
+    if program is None or unwritten_code(program):
+        return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
+    return program
+
+
+def quick_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
+    """torch's ExportedProgramDeserializer.deserialize with the faster GraphModuleDeserializer, or None when this torch's
+    function does not make one by that name."""
+    from torch._export.serde.serialize import ExportedProgramDeserializer
+
+    function = ExportedProgramDeserializer.deserialize
     if not isinstance(function, types.FunctionType) or _GLOBAL not in function.__code__.co_names:
-        return serialize.ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)  # another torch
+        return None
     namespace = dict(function.__globals__)
     namespace[_GLOBAL] = _graph_module_deserializer
     bound = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
     bound.__kwdefaults__ = function.__kwdefaults__
-    return bound(serialize.ExportedProgramDeserializer(), serialized, state_dict, constants, None)
+    return bound(ExportedProgramDeserializer(), serialized, state_dict, constants, None)
+
+
+def unwritten_code(program: Any) -> bool:
+    """Whether the program kept a graph or GraphModule `_Unwritten` wrote code for (a torch that does not rewrite it)."""
+    return isinstance(program.graph._codegen, _Unwritten) or any(_UNWRITTEN in getattr(module, "_code", "")
+                                                                  for module in program.graph_module.modules())
 
 
 def _graph_module_deserializer() -> Any:
-    """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first."""
+    """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first and whose graph carries
+    `_Unwritten` from the module call graph (read last) on."""
     from torch._export.serde.serialize import GraphModuleDeserializer
 
     deserializer = GraphModuleDeserializer()
-    torch_way = deserializer.deserialize_tensor_meta
+    torch_tensor_meta, torch_call_graph = deserializer.deserialize_tensor_meta, deserializer.deserialize_module_call_graph
 
     def deserialize_tensor_meta(tensor_meta: Any) -> Any:
         fake = static_fake(deserializer.fake_tensor_mode, tensor_meta)
-        return torch_way(tensor_meta) if fake is None else fake
+        return torch_tensor_meta(tensor_meta) if fake is None else fake
+
+    def deserialize_module_call_graph(module_call_graph: Any) -> Any:
+        entries = torch_call_graph(module_call_graph)
+        if type(deserializer.graph._codegen) is CodeGen:
+            deserializer.graph._codegen = _Unwritten()
+        return entries
 
     deserializer.deserialize_tensor_meta = deserialize_tensor_meta
+    deserializer.deserialize_module_call_graph = deserialize_module_call_graph
     return deserializer
+
+
+_UNWRITTEN = "normbridge: code never written"
+
+
+class _Unwritten(CodeGen):
+    """The code of the GraphModule the deserializer makes and ExportedProgram only takes attributes from: a forward that
+    refuses to run (never called: the program's own GraphModule gets real code)."""
+
+    def _gen_python_code(self, nodes: Any, root_module: str, namespace: Any, **options: Any) -> PythonCode:
+        return PythonCode(src=f"\n\ndef forward(self, *args, **kwargs):\n    raise RuntimeError({_UNWRITTEN!r})\n", globals={},
+                          _lineno_map=None)
 
 
 def static_fake(mode: Any, tensor_meta: Any) -> Any:
@@ -76,4 +120,4 @@ def _ints(values: Any) -> tuple[int, ...] | None:
     return tuple(found)
 
 
-__all__ = ["deserialize", "static_fake"]
+__all__ = ["deserialize", "quick_deserialize", "static_fake", "unwritten_code"]

@@ -9,13 +9,16 @@ Llama from transformers.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
+from converters.torch_adapter.program_schema import program_from_dict
 from converters.torch_adapter.pt2_archive import load_exported_program
-from converters.torch_adapter.pt2_deserializer import static_fake
+from converters.torch_adapter.pt2_deserializer import quick_deserialize, static_fake, unwritten_code
 from tests import real_norms as R
 
 
@@ -45,6 +48,17 @@ class Decoder(nn.Module):
         return x * self.scale
 
 
+class Branches(nn.Module):
+    """A torch.cond whose branches become GraphModules of their own (subgraphs the deserializer writes code for)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda y: self.norm(y), lambda y: y * 2.0, (x,))
+
+
 def _programs():
     batch = torch.export.Dim("batch", min=2, max=64)
     yield "train BatchNorm, dynamic batch", torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),),
@@ -54,6 +68,10 @@ def _programs():
     yield "RMSNorm decoder, dynamic sequence", torch.export.export(Decoder(), (torch.randn(2, 5, 16),),
                                                                      dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=32)},))
     yield "transformers Llama", torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False})
+    yield "torch.cond branches", torch.export.export(Branches(), (torch.randn(3, 8),))
+
+
+PROGRAMS = list(_programs())
 
 
 def _is_symbolic(value) -> bool:
@@ -98,7 +116,13 @@ def _same_program(ours, torchs) -> None:
     assert ours.graph_signature == torchs.graph_signature
     assert str(ours.range_constraints) == str(torchs.range_constraints)
     assert str(ours.module_call_graph) == str(torchs.module_call_graph)
-    assert ours.graph_module.code == torchs.graph_module.code
+    assert type(ours.graph._codegen) is type(torchs.graph._codegen)
+    modules, torch_modules = dict(ours.graph_module.named_modules()), dict(torchs.graph_module.named_modules())
+    assert modules.keys() == torch_modules.keys()
+    for name, module in torch_modules.items():
+        assert type(modules[name]).__mro__[1:] == type(module).__mro__[1:], name
+        assert getattr(modules[name], "code", None) == getattr(module, "code", None), name
+    assert not unwritten_code(ours)
     assert ours.verifiers == torchs.verifiers
     assert ours.state_dict.keys() == torchs.state_dict.keys()
     for name, tensor in torchs.state_dict.items():
@@ -111,7 +135,7 @@ def _same_program(ours, torchs) -> None:
         assert torch.equal(ours.constants[name], tensor), name
 
 
-@pytest.mark.parametrize("name, program", list(_programs()), ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize("name, program", PROGRAMS, ids=lambda value: value if isinstance(value, str) else "")
 def test_the_program_torch_reads(name, program, tmp_path):
     path = tmp_path / "model.pt2"
     torch.export.save(program, path)
@@ -119,9 +143,24 @@ def test_the_program_torch_reads(name, program, tmp_path):
     _same_program(ours, torchs)
     symbolic = [n.name for n in ours.graph.nodes if _is_symbolic(n.meta.get("val"))]
     assert bool(symbolic) == ("dynamic" in name)  # the symbolic path is exercised where the program has one
-    x = torch.randn(3, 3, 8, 8) if "BatchNorm" in name else None
-    if x is not None and "dynamic" in name:
+    x = torch.randn(3, 3, 8, 8) if "BatchNorm" in name else torch.randn(3, 8) if "cond" in name else None
+    if x is not None and ("dynamic" in name or "cond" in name):
         torch.testing.assert_close(ours.module()(x), torchs.module()(x))
+        torch.testing.assert_close(ours.module()(-x.abs()), torchs.module()(-x.abs()))
+
+
+@pytest.mark.parametrize("name, program", PROGRAMS[:3] + PROGRAMS[-1:], ids=lambda value: value if isinstance(value, str) else "")
+def test_the_quick_path_itself_builds_torchs_program(name, program):
+    """quick_deserialize on its own (deserialize would fall back to torch's path were its result not torch's)."""
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass, serialize
+
+    artifact = serialize(program)
+    document = json.loads(artifact.exported_program.decode("utf-8"))
+    ours = quick_deserialize(program_from_dict(document), artifact.state_dict, artifact.constants)
+    torchs = ExportedProgramDeserializer().deserialize(_dict_to_dataclass(schema.ExportedProgram, document), artifact.state_dict,
+                                                       artifact.constants, None)
+    _same_program(ours, torchs)
 
 
 def test_a_static_fake_tensor_is_the_one_fake_mode_dispatch_makes():
