@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -125,7 +125,9 @@ class MetadataStore(MetadataReads):
             )
             session.add(row)
             session.flush()
-            session.add_all(BlobRefRow(version_id=row.id, digest=blob) for blob in sorted(set(blob_digests)))
+            references = [{"version_id": row.id, "digest": blob} for blob in sorted(set(blob_digests))]
+            if references:  # one executemany (an empty list would insert one row of defaults)
+                session.execute(insert(BlobRefRow), references)
             detail = {"digest": digest, "content_digest": content_digest, "operation": operation}
             if manifest.get("unrecognised"):
                 # Registered with --allow-unrecognised: the audit log says which layers were left unchecked.
