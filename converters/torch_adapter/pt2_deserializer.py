@@ -22,6 +22,9 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import torch
+from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize_device
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.graph import CodeGen, PythonCode
 
 _GLOBAL = "GraphModuleDeserializer"
@@ -96,10 +99,6 @@ class _Unwritten(CodeGen):
 def static_fake(mode: Any, tensor_meta: Any) -> Any:
     """The FakeTensor torch makes of `tensor_meta` in `mode`, or None when torch's own path must make it (a symbolic size
     or stride, a device other than the CPU, a torch function or dispatch mode active)."""
-    import torch
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize_device
-    from torch._subclasses.fake_tensor import FakeTensor
-
     sizes, strides = _ints(tensor_meta.sizes), _ints(tensor_meta.strides)
     if sizes is None or strides is None or tensor_meta.device.type != "cpu":
         return None
@@ -110,13 +109,18 @@ def static_fake(mode: Any, tensor_meta: Any) -> Any:
     return FakeTensor(mode, empty, deserialize_device(tensor_meta.device))
 
 
+_fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
+
+
 def _ints(values: Any) -> tuple[int, ...] | None:
     """The plain ints of a list of serialized SymInts, or None when one is an expression (or not an int)."""
     found = []
     for value in values:
-        if value.type != "as_int" or type(value.as_int) is not int:
+        fields = _fields(value, "__dict__")
+        tag, number = fields.get("_type"), fields.get("as_int")
+        if not isinstance(tag, str) or str(tag) != "as_int" or type(number) is not int:
             return None
-        found.append(value.as_int)
+        found.append(number)
     return tuple(found)
 
 

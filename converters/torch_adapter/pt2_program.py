@@ -51,6 +51,7 @@ _VALUE_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "
 _FQN_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "user_input_name", "fqn"})
 _IDENTIFIER_LISTS = frozenset({"forward_arg_names", "field_names"})
 _CUSTOM_OBJECT_KEYS = frozenset({"as_custom_obj", "custom_obj", "custom_obj_name", "class_fqn"})
+_RULE_KEYS = _CUSTOM_OBJECT_KEYS | _NAME_KEYS | _FQN_KEYS | {"target", "as_operator", "expr_str"}  # keys _check_entry has a rule for
 
 
 @functools.cache
@@ -103,6 +104,8 @@ def check_program(document: Any, where: str) -> None:
 
 
 def _walk(value: Any, where: str, key: str) -> None:
+    """Depth first in document order (the first problem found is the one named); scalars are checked by their key and
+    not visited."""
     if isinstance(value, dict):
         if key in _VALUE_MAPS or key == "custom_obj_values":
             if key == "custom_obj_values" and value:
@@ -111,15 +114,18 @@ def _walk(value: Any, where: str, key: str) -> None:
                 if not is_identifier(name):
                     _refuse(where, key, name, "is not a Python identifier")
         for child_key, child in value.items():
-            _check_entry(where, child_key, child)
-            _walk(child, where, child_key)
+            if child_key in _RULE_KEYS:
+                _check_entry(where, child_key, child)
+            if isinstance(child, (dict, list)):
+                _walk(child, where, child_key)
     elif isinstance(value, list):
         if key in _IDENTIFIER_LISTS:
             for name in value:
                 if not is_identifier(name):
                     _refuse(where, key, name, "is not a Python identifier")
         for child in value:
-            _walk(child, where, key)
+            if isinstance(child, (dict, list)):
+                _walk(child, where, key)
 
 
 def _check_entry(where: str, key: str, value: Any) -> None:
