@@ -106,8 +106,9 @@ class ModelAdapter(abc.ABC):
             ))
         return facts
 
-    def model_hazards(self, model: Any) -> list:
-        """Hazards of the model as a whole (schemas.inspection.Hazard); none by default."""
+    def model_hazards(self, model: Any, found: int | None = None) -> list:
+        """Hazards of the model as a whole (schemas.inspection.Hazard); none by default. `found`: how many normalization layers
+        the caller's reading of this model found (None: the adapter counts them where a hazard needs the count)."""
         return []
 
     def inspection_source(self, model: Any) -> str:

@@ -99,7 +99,7 @@ class KerasModelAdapter(ModelAdapter):
     def layer_spec(self, ref: NormLayerRef) -> NormSpec:
         return layer_spec(ref)
 
-    def model_hazards(self, model: Any) -> list:
+    def model_hazards(self, model: Any, found: int | None = None) -> list:
         return standardization_hazards(model) + unrecognised_hazards(model)
 
     def describe(self, model: Any) -> str:

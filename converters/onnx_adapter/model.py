@@ -60,7 +60,7 @@ class OnnxModelAdapter(ModelAdapter):
             ))
         return facts
 
-    def model_hazards(self, model: Any) -> list[Hazard]:
+    def model_hazards(self, model: Any, found: int | None = None) -> list[Hazard]:
         """Conv nodes and no BatchNormalization left: any BatchNorm was folded into the Conv weights."""
         from .graph.sites import batchnorm_folded_into_conv
 
