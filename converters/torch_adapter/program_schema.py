@@ -21,6 +21,9 @@ Converter = Callable[[Any], Any]
 _DONE: dict[Any, Converter] = {}  # published converters, complete (read without the lock)
 _LOCK = threading.Lock()
 _RESERVED = ("type", "_type", "create", "value")  # the names _Union.__post_init__ refuses
+_SCALARS = frozenset({str, int, bool, type(None)})  # JSON values a converter in _KEEPS_SCALARS returns as they are
+_KEEPS_SCALARS: set[Converter] = set()  # converters of a type that is not a float and has no arguments (str, an enum)
+_fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
 
 
 def program_from_dict(document: Any) -> Any:
@@ -81,11 +84,12 @@ def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
     from torch._export.serde.union import _UnionTag
 
     names = tuple(field.name for field in dataclasses.fields(cls))
-    members: dict[str, tuple[Converter, Any]] = {}  # tag: (its value's converter, its _UnionTag)
+    members: dict[str, tuple[Converter, Any, bool]] = {}  # tag: (its value's converter, its _UnionTag, whether it keeps scalars)
     if _plain_union(cls):  # else every member takes torch's create, as it is
         if any(name in _RESERVED for name in names):
             raise AssertionError("field names 'type', '_type', 'create', 'value' are reserved")
         members = {name: (_build(hints[name], building), _UnionTag.create(name, cls)) for name in names}
+        members = {name: (convert, tag, convert in _KEEPS_SCALARS) for name, (convert, tag) in members.items()}
     nones = dict.fromkeys(names)
     new = object.__new__
 
@@ -100,11 +104,12 @@ def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
         member = members.get(tag)
         if member is None:  # not a field: torch's own path, for its error (or a union it builds differently)
             return cls.create(**{tag: converter(hints[tag])(value)})
+        convert_member, union_tag, keeps_scalars = member
         obj = new(cls)
-        state = obj.__dict__
+        state = _fields(obj, "__dict__")
         state.update(nones)
-        state[tag] = member[0](value)
-        state["_type"] = member[1]
+        state[tag] = value if keeps_scalars and type(value) in _SCALARS else convert_member(value)
+        state["_type"] = union_tag
         return obj
 
     return convert
@@ -123,9 +128,15 @@ def _plain_union(cls: Any) -> bool:
 def _dataclass(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
     """`cls(**fields)`, keys the class does not define ignored, as torch does (forward compatibility)."""
     fields = tuple((field.name, _build(hints[field.name], building)) for field in dataclasses.fields(cls))
+    fields = tuple((name, convert_field, convert_field in _KEEPS_SCALARS) for name, convert_field in fields)
 
     def convert(data: Any) -> Any:
-        return cls(**{name: convert_field(data[name]) for name, convert_field in fields if name in data})
+        found = {}
+        for name, convert_field, keeps_scalars in fields:
+            if name in data:
+                value = data[name]
+                found[name] = value if keeps_scalars and type(value) in _SCALARS else convert_field(value)
+        return cls(**found)
 
     return convert
 
@@ -137,6 +148,7 @@ def _value(cls: Any, building: dict[Any, Converter]) -> Converter:
     item = _build(arguments[0], building) if arguments else None
     entry = _build(arguments[1], building) if len(arguments) > 1 else None
     is_float = cls is float
+    item_keeps_scalars = item in _KEEPS_SCALARS
 
     def convert(data: Any) -> Any:
         if isinstance(data, list):
@@ -144,6 +156,8 @@ def _value(cls: Any, building: dict[Any, Converter]) -> Converter:
                 return data
             if item is None:
                 raise IndexError("tuple index out of range")
+            if item_keeps_scalars:
+                return [value if type(value) in _SCALARS else item(value) for value in data]
             return [item(value) for value in data]
         if isinstance(data, dict):
             if entry is None:
@@ -151,6 +165,8 @@ def _value(cls: Any, building: dict[Any, Converter]) -> Converter:
             return {key: entry(value) for key, value in data.items()}
         return float(data) if is_float else data
 
+    if not arguments and not is_float:
+        _KEEPS_SCALARS.add(convert)
     return convert
 
 
