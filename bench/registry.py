@@ -7,6 +7,8 @@
   reading the bigger program, the gate, storing its tensors), the same for a Llama-style decoder with 160
   RMSNorms (minus its 2-norm, 1-block version) / 158, and the same difference of the gate's own CPU measured
   in this process with all three legs here (target <= 5 ms);
+- where a registration's time per normalizer goes in a warm process (bench/registration_phases.py: reading, gate,
+  staging, commit), and reading the .pt2 per normalizer beside a bare torch.export.load;
 - peak memory of registering a large .pt2 checkpoint above the process's baseline after its imports
   (target <= 300 MB for 1 GB), beside the same for the 1-BatchNorm model: what any registration costs
   (the gate's own imports and work), so the difference is what the checkpoint's size adds;
@@ -42,6 +44,7 @@ import torch  # noqa: E402
 
 from bench.cold import ENV, MLFLOW_KERAS, MLFLOW_TORCH, MlflowStores, NormbridgeStores, SharedWorkers, Timing, median_seconds, normbridge  # noqa: E402
 from bench.cold_models import bn_stack, rms_decoder, save_pt2, write_models  # noqa: E402
+from bench.registration_phases import phase_rows, print_phase_rows  # noqa: E402
 
 #: Registers a .pt2 in this fresh process after its imports, then prints baseline and peak resident memory (kB).
 MEMORY_PROBE = """
@@ -105,7 +108,7 @@ def gate_cpu_per_normalizer(big: Path, small: Path, rounds: int = 3) -> tuple[in
 def gate_rows(folder: Path, files: dict[str, Path] | None = None) -> dict[str, tuple[int, int, float, float]]:
     """The gate's marginal CPU per normalizer on the 53-BatchNorm model (minus its 1-layer version) and the 160-RMSNorm
     decoder (minus its 2-norm version); the .pt2 files are written into `folder` unless `files` has them."""
-    files = dict(files or {})
+    files = {} if files is None else files  # the caller's dict gets the paths of the files written here
     for n in (1, 53):
         files.setdefault(f"bn{n}", folder / f"bn{n}.pt2")
         if not files[f"bn{n}"].exists():
@@ -121,6 +124,32 @@ def print_gate_rows(gate: dict[str, tuple[int, int, float, float]]) -> None:
     for name, (count, baseline, ms, one_by_one) in gate.items():
         print(f"gate per normalizer, CPU in one process, all three legs: {name} {ms:.1f} ms over {count - baseline} more than its "
               f"{baseline}-normalizer version (target <= 5 ms; check one normalizer at a time: {one_by_one:.1f} ms)")
+
+
+def reading_per_normalizer(big: Path, small: Path, extra: int, rounds: int = 3) -> tuple[float, float]:
+    """(torch.export.load, normbridge's reader) ms per normalizer: (least time of `big` minus least of `small`) / `extra`, warm,
+    in this process. What any tool pays to hold the bigger program before it can look at it (torch.export.load unpickles the
+    sample inputs: fine for these files, which this run wrote)."""
+    from converters.torch_adapter.pt2_archive import load_exported_program
+
+    least = {}
+    for way, load in (("torch", lambda path: torch.export.load(str(path))), ("normbridge", load_exported_program)):
+        for path in (small, big):
+            load(path)
+            times = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                load(path)
+                times.append(time.perf_counter() - start)
+            least[(way, path)] = min(times)
+    return tuple((least[(way, big)] - least[(way, small)]) * 1000 / extra for way in ("torch", "normbridge"))
+
+
+def print_reading_rows(files: dict[str, Path]) -> None:
+    for label, big, small, extra in (("BatchNorm", "bn53", "bn1", 52), ("RMSNorm", "rms160", "rms2", 158)):
+        bare, ours = reading_per_normalizer(files[big], files[small], extra)
+        print(f"reading the .pt2 per normalizer, warm: {label} torch.export.load {bare:.1f} ms, normbridge's reader {ours:.1f} ms "
+              f"({ours / bare:.2f}x)")
 
 
 def probe_peak_mb(path: Path, store: Path) -> float:
@@ -193,7 +222,10 @@ def main() -> int:
     if args.gate_only:
         with tempfile.TemporaryDirectory() as tmp:
             print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-            print_gate_rows(gate_rows(Path(tmp)))
+            files: dict[str, Path] = {}
+            print_gate_rows(gate_rows(Path(tmp), files))
+            print_reading_rows(files)
+            print_phase_rows(phase_rows(files))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -202,7 +234,9 @@ def main() -> int:
         files["rms2"] = save_pt2(rms_decoder(1), (torch.zeros(1, 8, dtype=torch.long),), folder / "rms2.pt2")
         load = os.getloadavg()[0]
         seconds = cold_registration_rows(files, folder, args.repeat, ROWS[:4] if args.cold_only else ROWS)
-        gate = {} if args.cold_only else gate_rows(folder, files)
+        reading_files = dict(files)
+        gate = {} if args.cold_only else gate_rows(folder, reading_files)
+        phases = {} if args.cold_only else phase_rows(reading_files)
         memory = None if args.skip_memory or args.cold_only else (*peak_memory_mb(args.megabytes, folder),
                                                                    probe_peak_mb(files["bn1"], folder / "bn1-store"))
         stored, size, lineage = (None, None, None) if args.cold_only else stats_only_and_lineage(folder, args.chain)
@@ -230,6 +264,8 @@ def main() -> int:
         print(f"registration per normalizer, cold CLI (reading, gate and storing): {label} {wall:.1f} ms wall, {cpu:.1f} ms CPU "
               f"(both processes) over {extra} more (target <= 5 ms)")
     print_gate_rows(gate)
+    print_reading_rows(reading_files)
+    print_phase_rows(phases)
     if memory is not None:
         print(f"memory: registering a {memory[0]:.0f} MB .pt2 peaked {memory[1]:.0f} MB above the baseline after imports (target <= 300 MB); "
               f"the 1-BatchNorm .pt2 {memory[2]:.0f} MB")
