@@ -50,6 +50,7 @@ class AdapterRegistry:
         self._models: dict[str, ModelAdapter] = {}
         self._kinds: dict[tuple[str, str], KindAdapter] = {}
         self._lock = threading.RLock()
+        self._loaded: set[str] = set()  # frameworks _load has loaded whole (its framework and kind adapters added)
 
     # -- registration ------------------------------------------------------------------
 
@@ -78,6 +79,8 @@ class AdapterRegistry:
         return importlib.import_module(self._packages[framework])
 
     def _load(self, framework: str) -> None:
+        if framework in self._loaded:  # every lookup asks: the lock is for the first, which loads its adapters
+            return
         with self._lock:
             if framework in self._frameworks:
                 return
@@ -90,6 +93,7 @@ class AdapterRegistry:
                         f"{adapter_class.__name__} declares ({adapter.framework}, {adapter.kind}) but is listed as ({framework}, {kind})."
                     )
                 self.add(adapter)
+            self._loaded.add(framework)
 
     # -- lookup ------------------------------------------------------------------------
 

@@ -66,7 +66,15 @@ def _errors(out: np.ndarray, ref: np.ndarray, dtype: str, tolerances: tuple[floa
     if not diff.size:
         return 0.0, 0.0, True
     magnitude = np.abs(ref)
-    return float(diff.max()), float((diff / np.maximum(magnitude, _TINY)).max()), bool((diff <= atol + rtol * magnitude).all())
+    if magnitude.dtype != np.float64:
+        return float(diff.max()), float((diff / np.maximum(magnitude, _TINY)).max()), bool((diff <= atol + rtol * magnitude).all())
+    # The same operations in place (a float64 reference, as every check's): no temporaries.
+    bound = np.multiply(magnitude, rtol)
+    np.add(bound, atol, out=bound)
+    within = bool(np.less_equal(diff, bound).all())
+    np.maximum(magnitude, _TINY, out=magnitude)
+    np.divide(diff, magnitude, out=magnitude)
+    return float(diff.max()), float(magnitude.max()), within
 
 
 _TINY = np.finfo(np.float64).tiny

@@ -87,6 +87,7 @@ class GroupBench(Bench):
         self._merged: dict[bool, bytes | None] = {}  # train -> the input the merged run was made with (None: not made)
         self._trains: dict[int, bool] = {}  # id(layer written for a target) -> whether its check asks for a training step
         self._stepped: dict[int, tuple[bytes, Any]] = {}  # id(layer) -> (input, training step) run with its eval (`_eval`)
+        self._configurations: dict[int, tuple[NormSpec, str]] = {}  # id(spec) -> (spec, its configuration) of the group's members
 
     def forget_beyond(self, count: int) -> None:
         """Keep only the `count` most recently built templates (a long-lived worker meets ever new configurations)."""
@@ -97,8 +98,19 @@ class GroupBench(Bench):
     def release(self, keep: int) -> None:
         """End a call: drop the last group's written models and runs, keep at most `keep` configurations' templates."""
         self._forget_runs()
+        self._configurations.clear()
         self._group = 1
         self.forget_beyond(keep)
+
+    def members(self, specs: list[NormSpec], configuration_of_all: str) -> None:
+        """The group about to be checked: these specs, all of `configuration_of_all` (grouped_check.groups computed it), which
+        each target's write of them then looks up instead of computing it again. Only these objects: any other spec written
+        (a layer read back from a target, a spec a conversion changed) has its configuration computed."""
+        self._configurations = {id(spec): (spec, configuration_of_all) for spec in specs}
+
+    def _configuration(self, spec: NormSpec) -> str:
+        held = self._configurations.get(id(spec))
+        return held[1] if held is not None and held[0] is spec else configuration(spec)
 
     def _forget_runs(self) -> None:
         """Drop what one target's leg of a group wrote ahead and ran (every leg starts here: nothing grows across legs)."""
@@ -111,7 +123,7 @@ class GroupBench(Bench):
         def build(adapter: KindAdapter, spec: NormSpec, build_options: ConversionOptions, report: LayerReport) -> Any:
             if not restatable(adapter):
                 return adapter.from_spec(spec, build_options, report)
-            key = (role, to, type(adapter), build_options, configuration(spec))  # options are frozen, hashed by value
+            key = (role, to, type(adapter), build_options, self._configuration(spec))  # options are frozen, hashed by value
             template = self._templates.get(key)
             if template is None:
                 before = len(report.warnings)

@@ -36,10 +36,14 @@ from .probe import probe_input
 
 def groups(specs: Sequence[NormSpec]) -> list[list[int]]:
     """Indices of `specs` by configuration, in order of first appearance."""
+    return list(_by_configuration(specs).values())
+
+
+def _by_configuration(specs: Sequence[NormSpec]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     for index, spec in enumerate(specs):
         found.setdefault(configuration(spec), []).append(index)
-    return list(found.values())
+    return found
 
 
 def check_many(specs: Iterable[Any], frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None,
@@ -59,8 +63,10 @@ def _check_all(specs: list, frameworks: Iterable[str] | None, options: Conversio
     specs = [s if isinstance(s, NormSpec) else read_spec(s, registry=registry)[0] for s in specs]
     targets = list(registry.framework_names if frameworks is None else frameworks)
     outcomes: list[CheckResult | Exception | None] = [None] * len(specs)
-    for members in groups(specs):
-        checked = _check_group([specs[i] for i in members], targets, options, bench(),
+    for config, members in _by_configuration(specs).items():
+        group = bench()
+        group.members([specs[i] for i in members], config)
+        checked = _check_group([specs[i] for i in members], targets, options, group,
                                None if progress is None else lambda j, members=members: progress(members[j], specs[members[j]]))
         for index, outcome in zip(members, checked):
             outcomes[index] = outcome

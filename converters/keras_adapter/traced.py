@@ -15,6 +15,7 @@ no longer give `check`'s results.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -112,7 +113,7 @@ class TracedCalls:
         """Assign `values` to the layer's weights, in order, and verify each reads back bit-identically."""
         x, self._next_input, self._ran = self._next_input, None, None
         values = [np.asarray(value) for value in values]
-        if [(value.shape, str(value.dtype)) for value in values] != self._expected:
+        if [(value.shape, _dtype_name(value.dtype)) for value in values] != self._expected:
             raise SpecError(f"values {[f'{v.dtype}{list(v.shape)}' for v in values]} for the Keras layer's variables, expected "
                             f"{[f'{dtype}{list(shape)}' for shape, dtype in self._expected]}.", layer=self.layer.name)
         x = None if x is None else self._runnable(x)
@@ -159,6 +160,12 @@ class TracedCalls:
             return ran[1]
         out, step = self._call("both", x)
         return np.asarray(out.numpy()), _step(step)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    """str(dtype), remembered (NumPy computes a dtype's name in Python on every call; every write names each value's)."""
+    return str(dtype)
 
 
 def _key(x: np.ndarray) -> tuple:

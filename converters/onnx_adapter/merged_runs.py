@@ -47,12 +47,14 @@ def _stepped_state_shared(runs: Sequence[Run]) -> bool:
     before a float16 BatchNormalization, say), and a BatchNormalization in training mode writes its moved running
     statistics into the buffer it read them from: the second model stepped from the first one's moved statistics
     (onnxruntime 1.32, two float16 BatchNorms of equal state, as every never-trained layer has). Such models run alone."""
+    stepped_by_run = [{name for node in run.model.graph.node if any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
+                       for name in node.input[3:5]} for run in runs]
+    if not any(stepped_by_run):
+        return False  # no node steps a statistic (every eval run): no initializer's values need reading
     owners: dict[tuple, set[int]] = {}
     stepped: set[tuple] = set()
-    for index, run in enumerate(runs):
+    for index, (run, statistics) in enumerate(zip(runs, stepped_by_run)):
         graph = run.model.graph
-        statistics = {name for node in graph.node if any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
-                      for name in node.input[3:5]}
         for tensor in graph.initializer:
             key = (tensor.data_type, tuple(tensor.dims), numpy_helper.to_array(tensor).tobytes())
             owners.setdefault(key, set()).add(index)

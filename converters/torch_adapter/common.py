@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -18,7 +20,10 @@ STOCK_HOLDS = frozenset({"dtype", "compute_dtype"})
 
 def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     """A torch tensor sharing `array`'s bits; NumPy's bfloat16 (ml_dtypes) goes through a 16-bit view, which torch lacks."""
-    array = np.require(array, requirements=('C', 'W'))  # ascontiguousarray would make a 0-d array 1-d; torch wants writable memory
+    if type(array) is not np.ndarray or not (array.flags.c_contiguous and array.flags.writeable):
+        # np.require(array, requirements=('C', 'W')) without its Python overhead: ascontiguousarray would make a 0-d array 1-d;
+        # torch wants writable memory.
+        array = np.require(array, requirements=('C', 'W'))
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
@@ -50,7 +55,7 @@ def extended_fields(module: torch.nn.Module, dtype: str) -> dict:
 
 def spec_dtype(module: torch.nn.Module, name: str, report: LayerReport | None = None) -> str:
     """The spec dtype of a module's floating state (parameters, then buffers, then torch's default, said in `report`)."""
-    tensors = [t for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)) if t.is_floating_point()]
+    tensors = [t for t in _own_tensors(module) if t.is_floating_point()]
     if not tensors and markers.recall(module).get("dtype") in SPEC_TO_TORCH:
         # A stateless module (no affine, no statistics) has no dtype of its own: use the one it was built for.
         return markers.recall(module)["dtype"]
@@ -65,18 +70,39 @@ def spec_dtype(module: torch.nn.Module, name: str, report: LayerReport | None = 
     return TORCH_DTYPES[dtype]
 
 
+def _own_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """`list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))`, read from the module's own tables where
+    its class keeps torch's listing (the generators cost more than the read they serve; a duplicate changes neither the first
+    floating tensor nor whether there is one)."""
+    if not _stock_listing(type(module)):
+        return list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    return [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]  # noqa: SLF001
+
+
+@functools.lru_cache(maxsize=None)
+def _stock_listing(cls: type) -> bool:
+    return all(getattr(cls, name) is getattr(torch.nn.Module, name)
+               for name in ("parameters", "named_parameters", "buffers", "named_buffers", "_named_members"))
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A bit-exact NumPy copy of a tensor (detached, on the CPU)."""
-    return numpy_from_tensor(tensor.detach().cpu().clone()).copy()
+    """A bit-exact NumPy copy of a tensor (detached, on the CPU): one copy (resolving a negative or conjugate view, as a
+    clone would)."""
+    return numpy_from_tensor(tensor.detach().cpu().resolve_neg().resolve_conj()).copy()
 
 
 def assign(target: torch.Tensor, array: np.ndarray) -> None:
     """Overwrite `target` with `array` bit-exactly (dtype must already match)."""
-    source = tensor_from_numpy(np.array(array, copy=True))
+    with torch.no_grad():
+        copy_into(target, array)
+
+
+def copy_into(target: torch.Tensor, array: np.ndarray) -> None:
+    """`assign` for a caller already inside torch.no_grad() (one block for a module's every tensor)."""
+    source = tensor_from_numpy(np.array(array, copy=True, order="C"))
     if source.dtype != target.dtype or tuple(source.shape) != tuple(target.shape):
         raise SpecError(f"cannot write a {source.dtype}{tuple(source.shape)} tensor into a {target.dtype}{tuple(target.shape)} one.")
-    with torch.no_grad():
-        target.copy_(source)
+    target.copy_(source)
 
 
 #: Where `write_tensor` notes which module tensor holds which spec tensor (spec tensor -> attribute), for
@@ -96,7 +122,13 @@ def layer_name(module: torch.nn.Module, default: str) -> str:
 
 
 def source(module: torch.nn.Module) -> Source:
-    return Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=type(module).__name__)
+    return _source(type(module).__name__)
+
+
+@functools.lru_cache(maxsize=256)
+def _source(layer_type: str) -> Source:
+    """Source is frozen: one per class name serves every spec read from such a module (a read costs a validation less)."""
+    return Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=layer_type)
 
 
 def read_affine(module: torch.nn.Module, name: str, report: LayerReport) -> tuple[bool, bool, dict]:

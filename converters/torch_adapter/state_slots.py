@@ -14,7 +14,7 @@ import torch
 from schemas import NormSpec
 
 from .. import markers
-from .common import STATE_SLOTS, assign
+from .common import STATE_SLOTS, copy_into
 
 
 class TorchRestating:
@@ -38,8 +38,8 @@ class TorchRestating:
             for name, tensor in module.state_dict(keep_vars=True).items():
                 if name not in written:
                     tensor.copy_(tensors[name])
-        for tensor_name, attribute in slots.items():
-            assign(getattr(module, attribute), spec.tensors[tensor_name])
+            for tensor_name, attribute in slots.items():
+                copy_into(getattr(module, attribute), spec.tensors[tensor_name])  # common.assign, in this block
         module.train(training)
         markers.remember(module, name=spec.name)
 
