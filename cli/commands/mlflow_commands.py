@@ -13,8 +13,9 @@ from rich.console import Console
 
 from ..app import app, console
 from ..arguments import version_ref
+from ..check_summary import check_lines
 from ..errors import reports_errors
-from ..fitting import say
+from ..fitting import say, say_marked
 from .registry import BLOBS_HELP, DB_HELP, _dump, _registry, _say
 
 TRACKING_HELP = "MLflow tracking server URI, e.g. http://127.0.0.1:5000 (env MLFLOW_TRACKING_URI)."
@@ -86,5 +87,5 @@ def import_(
     state = "[green]imported[/]" if registration.created else "[yellow]unchanged[/]: identical content is already"
     console.print(f"{state} {v.model}@{v.number} from {model_uri} ({result.flavor})", highlight=False)
     _say(f"  digest    {v.digest}")
-    passed = sum(c.passed for c in registration.checks)
-    _say(f"  checks    {passed}/{len(registration.checks)} normalization layers passed the round-trip equivalence check")
+    for prefix, line in check_lines(registration.checks):
+        say_marked(prefix, line)

@@ -21,9 +21,10 @@ from rich.tree import Tree
 
 from .. import arguments, remote
 from ..app import app, console
+from ..check_summary import check_lines
 from ..arguments import model_name, version_ref
 from ..errors import reports_errors
-from ..fitting import clipped, print_table, say
+from ..fitting import clipped, print_table, say, say_marked
 from ..registry_access import BLOBS_HELP, DB_HELP, _dump, _register, _registry  # noqa: F401  (the other command modules import them from here)
 from ..servable_text import say_registered_verdict, say_verdict, servable_cell
 
@@ -89,11 +90,10 @@ def register(
         console.print(f"[yellow]unchanged[/]: identical content is already {v.model}@{v.number}; nothing new stored", highlight=False)
     _say(f"  operation {v.operation}" + (f" from {v.parent}" if v.parent else ""))
     _say(f"  digest    {v.digest}")
-    passed = sum(c.passed for c in result.checks)
-    if result.checks:
-        _say(f"  checks    {passed}/{len(result.checks)} normalization layers passed the round-trip equivalence check")
+    for prefix, line in check_lines(result.checks) if result.checks else []:
+        say_marked(prefix, line)
     if result.unrecognised:
-        _say(f"  [yellow]unchecked[/] {len(result.unrecognised)} (--allow-unrecognised): " + ", ".join(u.path for u in result.unrecognised))
+        say_marked("  [yellow]unchecked[/] ", f"{len(result.unrecognised)} (--allow-unrecognised): " + ", ".join(u.path for u in result.unrecognised))
     say_registered_verdict(v)
 
 

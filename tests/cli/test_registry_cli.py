@@ -147,3 +147,25 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
     assert (onnx_spec.tensors["running_var"] == first_bn.running_var.numpy()).all()
     missing = cli("export-layers", "cnn@9", "--to", "onnx", "-o", str(tmp_path / "none"))
     assert missing.returncode == 13 and "cnn@9" in missing.stderr
+
+
+def test_register_says_which_framework_left_layers_unchecked_and_prints_no_markup(cli, tmp_path):
+    """A Keras mixed_float16 BatchNormalization with trained float32 state passes the gate on its Keras leg while torch and
+    ONNX cannot express its float32 state: "1/1 passed" alone read as checked everywhere (cli/check_summary.py)."""
+    import keras
+    import numpy as np
+
+    inputs = keras.Input((4, 4, 3))
+    model = keras.Model(inputs, keras.layers.BatchNormalization(dtype="mixed_float16", name="bn_mixed")(inputs))
+    layer = model.get_layer("bn_mixed")
+    layer.gamma.assign(np.array([1.0 + 2.0 ** -12, 0.5, 2.0], "float32"))  # float32 state no float16 holds: a trained layer
+    layer.moving_variance.assign(np.array([0.5, 2.0, 3.25], "float32"))
+    path = tmp_path / "mixed.keras"
+    model.save(path)
+    run = cli("register", "mixed", str(path))
+    assert run.returncode == 0, run.output[-3000:]
+    text = " ".join(run.stdout.split())
+    assert "1/1 normalization layers passed" in text
+    for framework in ("torch", "onnx"):
+        assert f"not checked in {framework}: 1 of 1 layers (not expressible: layer 'bn_mixed', setting '" in text, text
+    assert "not checked in keras" not in text and "[yellow]" not in text and "[/]" not in text
