@@ -13,8 +13,22 @@ import os
 import signal
 import sys
 
-from .app import app
-from .commands import inspect, layers, mlflow_commands, monitoring, port, pull, registry, layer_export, service, serving  # noqa: F401  (each registers its commands on `app`, in this order)
+
+def _interrupted_while_starting(signum: int, frame) -> None:
+    """Ctrl-C while the commands' modules import (a few tenths of a second) says so and exits 130, instead of printing the
+    traceback of whichever import it stopped."""
+    sys.stderr.write("interrupted while starting\n")
+    raise SystemExit(128 + signum)
+
+
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a caller that ignores Ctrl-C keeps ignoring it
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+from .app import app  # noqa: E402
+from .commands import inspect, layers, mlflow_commands, monitoring, port, pull, registry, layer_export, service, serving  # noqa: E402,F401  (each registers its commands on `app`, in this order)
+
+if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # commands see Ctrl-C as KeyboardInterrupt, as before
 
 COMMAND_MODULES = (layers, inspect, port, serving, monitoring, registry, pull, layer_export, service, mlflow_commands)
 

@@ -7,6 +7,7 @@ console script's app in this process (tests.cli_run.invoke_cli) for the rows tha
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -190,3 +191,27 @@ def test_every_command_module_is_registered():
         commands += group.typer_instance.registered_commands
     registering = {command.callback.__module__ for command in commands}
     assert registering == modules, f"listed but registering nothing: {sorted(modules - registering)}; registering but not listed: {sorted(registering - modules)}"
+
+
+#: Runs `normbridge --help` as `python -m cli.main` does, delivering a real SIGINT to the process while cli.app is being imported.
+INTERRUPTED_WHILE_IMPORTING = """
+import importlib.abc, os, runpy, signal, sys
+
+class InterruptAtImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "cli.app":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, InterruptAtImport())
+sys.argv = ["normbridge", "--help"]
+runpy.run_module("cli.main", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_the_command_starts_exits_130_without_a_traceback():
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_IMPORTING], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 130, run.stderr[-2000:]
+    assert run.stderr.strip() == "interrupted while starting" and "Traceback" not in run.stderr and run.stdout == ""
