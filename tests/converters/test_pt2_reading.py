@@ -170,17 +170,18 @@ def test_a_static_fake_tensor_is_the_one_fake_mode_dispatch_makes():
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=True, shape_env=ShapeEnv(assume_static_by_default=True))
-    cases = [((2, 3), (3, 1), torch.float32, False), ((2, 3), (1, 2), torch.bfloat16, True), ((0, 4), (4, 1), torch.int64, False),
-             ((), (), torch.float16, True), ((5, 1, 7), (7, 99, 1), torch.bool, False)]
-    for sizes, strides, dtype, requires_grad in cases:
+    cases = [((2, 3), (3, 1), torch.float32, False, None), ((2, 3), (1, 2), torch.bfloat16, True, None),
+             ((0, 4), (4, 1), torch.int64, False, None), ((), (), torch.float16, True, 0), ((5, 1, 7), (7, 99, 1), torch.bool, False, 0)]
+    for sizes, strides, dtype, requires_grad, index in cases:
         from torch._export.serde.serialize import _TORCH_TO_SERIALIZE_DTYPE
 
         meta = schema.TensorMeta(dtype=_TORCH_TO_SERIALIZE_DTYPE[dtype], sizes=[schema.SymInt.create(as_int=s) for s in sizes],
-                                 requires_grad=requires_grad, device=schema.Device(type="cpu"),
+                                 requires_grad=requires_grad, device=schema.Device(type="cpu", index=index),
                                  strides=[schema.SymInt.create(as_int=s) for s in strides],
                                  storage_offset=schema.SymInt.create(as_int=0), layout=schema.Layout.Strided)
         with mode:
-            torchs = torch.empty_strided(sizes, strides, dtype=dtype, device=torch.device("cpu"), requires_grad=requires_grad)
+            device = torch.device("cpu") if index is None else torch.device("cpu", index)
+            torchs = torch.empty_strided(sizes, strides, dtype=dtype, device=device, requires_grad=requires_grad)
         ours = static_fake(mode, meta)
         _same_value(ours, torchs, str((sizes, strides, dtype)))
         assert ours.fake_mode is mode
