@@ -145,9 +145,14 @@ def reading_per_normalizer(big: Path, small: Path, extra: int, rounds: int = 3) 
     return tuple((least[(way, big)] - least[(way, small)]) * 1000 / extra for way in ("torch", "normbridge"))
 
 
-def print_reading_rows(files: dict[str, Path]) -> None:
-    for label, big, small, extra in (("BatchNorm", "bn53", "bn1", 52), ("RMSNorm", "rms160", "rms2", 158)):
-        bare, ours = reading_per_normalizer(files[big], files[small], extra)
+def reading_rows(files: dict[str, Path]) -> dict[str, tuple[float, float]]:
+    """{label: (torch.export.load, normbridge's reader) ms per normalizer} of the two model pairs (the files must still exist)."""
+    return {label: reading_per_normalizer(files[big], files[small], extra)
+            for label, big, small, extra in (("BatchNorm", "bn53", "bn1", 52), ("RMSNorm", "rms160", "rms2", 158))}
+
+
+def print_reading_rows(rows: dict[str, tuple[float, float]]) -> None:
+    for label, (bare, ours) in rows.items():
         print(f"reading the .pt2 per normalizer, warm: {label} torch.export.load {bare:.1f} ms, normbridge's reader {ours:.1f} ms "
               f"({ours / bare:.2f}x)")
 
@@ -224,7 +229,7 @@ def main() -> int:
             print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
             files: dict[str, Path] = {}
             print_gate_rows(gate_rows(Path(tmp), files))
-            print_reading_rows(files)
+            print_reading_rows(reading_rows(files))
             print_phase_rows(phase_rows(files))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,6 +242,7 @@ def main() -> int:
         reading_files = dict(files)
         gate = {} if args.cold_only else gate_rows(folder, reading_files)
         phases = {} if args.cold_only else phase_rows(reading_files)
+        reading = {} if args.cold_only else reading_rows(reading_files)
         memory = None if args.skip_memory or args.cold_only else (*peak_memory_mb(args.megabytes, folder),
                                                                    probe_peak_mb(files["bn1"], folder / "bn1-store"))
         stored, size, lineage = (None, None, None) if args.cold_only else stats_only_and_lineage(folder, args.chain)
@@ -264,7 +270,7 @@ def main() -> int:
         print(f"registration per normalizer, cold CLI (reading, gate and storing): {label} {wall:.1f} ms wall, {cpu:.1f} ms CPU "
               f"(both processes) over {extra} more (target <= 5 ms)")
     print_gate_rows(gate)
-    print_reading_rows(reading_files)
+    print_reading_rows(reading)
     print_phase_rows(phases)
     if memory is not None:
         print(f"memory: registering a {memory[0]:.0f} MB .pt2 peaked {memory[1]:.0f} MB above the baseline after imports (target <= 300 MB); "
