@@ -21,19 +21,19 @@ from pathlib import Path
 MIN_PATHS = 8
 
 
-def _libc_syncfs():
+def linux_libc(name: str, *argtypes):
+    """The C library's function `name` with `argtypes` (an int result) on Linux, None elsewhere or where it is missing."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = ctypes.CDLL(None, use_errno=True).syncfs
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = (ctypes.c_int,)
-    function.restype = ctypes.c_int
+    function.argtypes, function.restype = argtypes, ctypes.c_int
     return function
 
 
-_SYNCFS = _libc_syncfs()
+_SYNCFS = linux_libc("syncfs", ctypes.c_int)
 
 
 def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
@@ -59,4 +59,4 @@ def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
     return True
 
 
-__all__ = ["MIN_PATHS", "sync_filesystem"]
+__all__ = ["MIN_PATHS", "linux_libc", "sync_filesystem"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import sys
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from schemas.errors import NotFoundError
 
 from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, stream_mismatch
-from .filesystem_sync import MIN_PATHS, sync_filesystem
+from .filesystem_sync import MIN_PATHS, linux_libc, sync_filesystem
 
 
 #: Blobs are read-only once written; the process umask is taken off this mode.
@@ -224,18 +223,7 @@ def _start_writeback(handle: int) -> None:
     _SYNC_FILE_RANGE(handle, ctypes.c_longlong(0), ctypes.c_longlong(0), _SYNC_FILE_RANGE_WRITE)
 
 
-def _libc_sync_file_range():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = (ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
-    return function
-
-
-_SYNC_FILE_RANGE = _libc_sync_file_range()
+_SYNC_FILE_RANGE = linux_libc("sync_file_range", ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint)
 _SYNC_FILE_RANGE_WRITE = 2
 
 

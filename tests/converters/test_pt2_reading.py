@@ -20,16 +20,7 @@ from converters.torch_adapter.program_schema import program_from_dict
 from converters.torch_adapter.pt2_archive import load_exported_program
 from converters.torch_adapter.pt2_deserializer import quick_deserialize, static_fake, unwritten_code
 from tests import real_norms as R
-
-
-class Blocks(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn, self.ln = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LayerNorm(4, eps=1e-3)
-
-    def forward(self, x):
-        y = self.bn(self.conv(x)).permute(0, 2, 3, 1)
-        return self.ln(y * 0.5 + 1.25).flatten(1).sum(-1)
+from tests.converters.test_program_schema import Blocks  # the same small conv + BatchNorm + LayerNorm program
 
 
 class Decoder(nn.Module):
