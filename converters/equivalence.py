@@ -94,10 +94,10 @@ def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, 
     y, mean, var = bench.run_train_step(framework, obj, x)
     # The reference is a function of the spec's settings and tensors: a target read back with the source's own (the torch
     # target of a torch layer) predicts the source's step, computed once.
-    same = _computes_as(target_spec, spec)
-    expected = None if same else reference.train_step(target_spec, x_cf)
+    expected = None if _computes_as(target_spec, spec) else reference.train_step(target_spec, x_cf)
     source_step = source()
-    expected = source_step if same else expected
+    if expected is None:
+        expected = source_step
     err_mean = float(np.max(np.abs(mean - expected.running_mean)))
     err_var = float(np.max(np.abs(var - expected.running_var)))
     gap = 0.0 if target_spec.variance_estimator == spec.variance_estimator else float(np.max(np.abs(expected.running_var - source_step.running_var)))

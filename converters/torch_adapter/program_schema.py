@@ -24,7 +24,7 @@ _LOCK = threading.Lock()
 _RESERVED = ("type", "_type", "create", "value")  # the names _Union.__post_init__ refuses
 _SCALARS = frozenset({str, int, bool, type(None)})  # JSON values a converter in _KEEPS_SCALARS returns as they are
 _KEEPS_SCALARS: set[Converter] = set()  # converters of a type that is not a float and has no arguments (str, an enum)
-_fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
+union_fields = _fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
 
 
 def program_from_dict(document: Any) -> Any:
@@ -171,4 +171,4 @@ def _value(cls: Any, building: dict[Any, Converter]) -> Converter:
     return convert
 
 
-__all__ = ["converter", "program_from_dict"]
+__all__ = ["converter", "program_from_dict", "union_fields"]

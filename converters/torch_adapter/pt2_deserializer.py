@@ -27,6 +27,8 @@ from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.graph import CodeGen, PythonCode
 
+from .program_schema import union_fields as _fields
+
 _GLOBAL = "GraphModuleDeserializer"
 
 
@@ -107,9 +109,6 @@ def static_fake(mode: Any, tensor_meta: Any) -> Any:
     dtype = _SERIALIZE_TO_TORCH_DTYPE[tensor_meta.dtype]
     empty = torch.empty_strided(sizes, strides, dtype=dtype, device="meta", requires_grad=tensor_meta.requires_grad)
     return FakeTensor(mode, empty, deserialize_device(tensor_meta.device))
-
-
-_fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
 
 
 def _ints(values: Any) -> tuple[int, ...] | None:

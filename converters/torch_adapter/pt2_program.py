@@ -51,7 +51,9 @@ _VALUE_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "
 _FQN_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "user_input_name", "fqn"})
 _IDENTIFIER_LISTS = frozenset({"forward_arg_names", "field_names"})
 _CUSTOM_OBJECT_KEYS = frozenset({"as_custom_obj", "custom_obj", "custom_obj_name", "class_fqn"})
-_RULE_KEYS = _CUSTOM_OBJECT_KEYS | _NAME_KEYS | _FQN_KEYS | {"target", "as_operator", "expr_str"}  # keys _check_entry has a rule for
+_OPERATOR_KEYS = frozenset({"target", "as_operator"})
+_EXPRESSION_KEYS = frozenset({"expr_str"})
+_RULE_KEYS = _CUSTOM_OBJECT_KEYS | _NAME_KEYS | _FQN_KEYS | _OPERATOR_KEYS | _EXPRESSION_KEYS  # the keys _check_entry has a rule for
 
 
 @functools.cache
@@ -129,16 +131,17 @@ def _walk(value: Any, where: str, key: str) -> None:
 
 
 def _check_entry(where: str, key: str, value: Any) -> None:
-    """The rule for one key of the document (keys without a rule carry data torch never evaluates)."""
+    """The rule for one key of the document (keys without a rule carry data torch never evaluates; a rule's key belongs in
+    _RULE_KEYS, which `_walk` asks before calling this)."""
     if key in _CUSTOM_OBJECT_KEYS:
         _refuse(where, key, value, "is a TorchScript custom object, which is loaded by a pickle")
     if key in _NAME_KEYS and value not in (None, "") and not is_identifier(value):  # '' names a positional argument
         _refuse(where, key, value, "is not a Python identifier")
     elif key in _FQN_KEYS and not is_fqn(value, key):
         _refuse(where, key, value, "is not a dotted attribute path")
-    elif key in ("target", "as_operator") and (problem := operator_problem(value)):
+    elif key in _OPERATOR_KEYS and (problem := operator_problem(value)):
         _refuse(where, key, value, problem)
-    elif key == "expr_str" and (problem := expression_problem(value, guard=False)):
+    elif key in _EXPRESSION_KEYS and (problem := expression_problem(value, guard=False)):
         _refuse(where, key, value, problem)
 
 

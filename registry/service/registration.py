@@ -240,11 +240,9 @@ class Registrations:
 
         staged = []
         try:
-            with contextlib.ExitStack() as stack:  # one at a time here when the store does not gain from more (a thread costs more)
-                parallel = self.store.parallel_transfers > 1
-                written = stack.enter_context(ThreadPoolExecutor(self.store.parallel_transfers)).map(stage, digests) if parallel else \
-                    map(stage, digests)
-                for digest, blob in zip(digests, written):
+            parallel = self.store.parallel_transfers > 1  # else one at a time, here: a thread costs more than it saves
+            with ThreadPoolExecutor(self.store.parallel_transfers) if parallel else contextlib.nullcontext() as pool:
+                for digest, blob in zip(digests, pool.map(stage, digests) if parallel else map(stage, digests)):
                     staged.append(blob)
                     if blob.digest != digest:
                         raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
