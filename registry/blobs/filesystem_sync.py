@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from schemas.errors import RegistryError
+
 #: Fewer paths than this are fsynced one by one.
 MIN_PATHS = 8
 
@@ -38,10 +40,10 @@ _SYNCFS = linux_libc("syncfs", ctypes.c_int)
 
 def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
     """Flush the filesystem holding `root` when the new entries of `folders` (several) all live on it; False when it did not
-    (not Linux, too few, a folder on another device): the caller then fsyncs each file and folder itself.
+    (not Linux, no folders, a folder on another device): the caller then fsyncs each file and folder itself.
 
     Raises:
-        OSError: the filesystem reported an error writing back (the data may not be durable).
+        RegistryError: the filesystem reported an error writing back (the data may not be durable), naming the store's folder.
     """
     folders = set(folders)
     if _SYNCFS is None or not folders:
@@ -53,7 +55,8 @@ def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
     try:
         if _SYNCFS(handle) != 0:
             error = ctypes.get_errno()
-            raise OSError(error, f"syncfs of the blob store's filesystem failed: {os.strerror(error)}", str(root))
+            raise RegistryError(f"the blob store '{root}' could not be made durable: syncfs of its filesystem failed "
+                                f"({os.strerror(error)}); nothing was registered: check the disk and register again")
     finally:
         os.close(handle)
     return True
