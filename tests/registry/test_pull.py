@@ -174,6 +174,38 @@ def test_a_statistics_only_fine_tune_stores_under_one_percent_and_no_structure(r
     assert one.structure.parts == two.structure.parts  # the structure is stored once
 
 
+class OffsetShift(torch.nn.Module):
+    """A BatchNorm beside a buffer that is a view into a larger tensor: torch.export.save writes the whole storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm2d(3).eval()
+        self.register_buffer("shift", torch.arange(5.0)[1:4])
+
+    def forward(self, x):
+        return self.norm(x) + self.shift.view(1, 3, 1, 1)
+
+
+def test_a_payload_holding_more_than_its_tensor_is_stored_as_structure_and_the_rest_rebuilt(registry, tmp_path):
+    source = tmp_path / "offset.pt2"
+    model = OffsetShift()
+    torch.export.save(torch.export.export(model, (torch.from_numpy(SAMPLE),)), str(source))
+    with zipfile.ZipFile(source) as archive:
+        payloads = {name.rsplit("/", 1)[-1]: archive.read(name) for name in archive.namelist() if "/data/weights/weight_" in name}
+    larger = [name for name, data in payloads.items() if data == np.arange(5.0, dtype=np.float32).tobytes()]
+    assert len(larger) == 1  # the shift's payload is its whole storage: five floats for a three-float view
+    registry.register("offset", source)
+    kept = {name.rsplit("/", 1)[-1] for name in registry.manifest("offset").structure.parts if "/weights/weight_" in name}
+    assert kept == set(larger)  # every other payload is its tensor's bytes, rebuilt from the tensor
+    registry.pull("offset@1", tmp_path / "back.pt2")
+    with zipfile.ZipFile(tmp_path / "back.pt2") as archive:
+        back = {name.rsplit("/", 1)[-1]: archive.read(name) for name in archive.namelist() if "/data/weights/weight_" in name}
+    assert back == payloads
+    with torch.no_grad():
+        expected = model(torch.from_numpy(SAMPLE)).numpy()
+        assert np.array_equal(torch.export.load(str(tmp_path / "back.pt2")).module()(torch.from_numpy(SAMPLE)).numpy(), expected)
+
+
 def test_a_tampered_structure_blob_is_refused_on_the_way_out(registry, tmp_path):
     source = tmp_path / "cnn.pt2"
     torch.export.save(torch.export.export(trained_cnn(), (torch.from_numpy(SAMPLE),)), str(source))
