@@ -32,6 +32,7 @@ import os
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -190,10 +191,7 @@ def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock
     frameworks imported and `on_prepare` run (the jobs module's preparation for their models). Raises ProtocolError for
     a frame too long."""
     lock = lock or threading.Lock()
-
-    def progress(fields: list) -> None:
-        write_frame(replies, json.dumps({"progress": fields}).encode())
-        replies.flush()
+    progress = _Progress(replies)
 
     while (header := read_frame(requests)) is not None:
         tensors = read_frame(requests)
@@ -219,6 +217,28 @@ def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock
         if job:
             with lock:  # after the answer, off the caller's clock
                 settle_heap()
+
+
+#: Seconds between a job's progress frames, at least, except a step's first and last (a CLI redraws about ten times a second).
+PROGRESS_INTERVAL = 0.05
+
+
+class _Progress:
+    """Sends a job's progress frames: every step's first (done 0) and last (done == total), the others at most every
+    PROGRESS_INTERVAL (a frame that is not [step, done, total] always). Why: a registration reports each normalizer it
+    checks and each blob it stores (274 frames for a 53-BatchNorm model), and the caller only redraws a bar. A caller
+    that hung up is still found at the next frame sent: at the latest the commit's own step, before anything is committed."""
+
+    def __init__(self, replies: BinaryIO):
+        self.replies, self.sent = replies, float("-inf")
+
+    def __call__(self, fields: list) -> None:
+        now = time.monotonic()
+        counted = len(fields) == 3 and all(type(value) is int for value in fields[1:])
+        if not counted or fields[1] == 0 or fields[1] >= fields[2] or now - self.sent >= PROGRESS_INTERVAL:
+            write_frame(self.replies, json.dumps({"progress": fields}).encode())
+            self.replies.flush()
+            self.sent = now
 
 
 def _prepared(request: dict, known: list[str]) -> list[str]:
