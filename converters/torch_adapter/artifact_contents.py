@@ -11,7 +11,7 @@ from schemas import InputFileError, NormbridgeError, UnsupportedObjectError
 from schemas.layer_errors import read_layer
 
 from ..adapters import REGISTRY
-from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hinted
+from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hint_index
 from ..model_values import NormLayerRef
 from ..models.walking import spec_of
 from .common import numpy_from_tensor
@@ -38,11 +38,11 @@ def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelC
     refuse_unread_layers(module, refs)
     specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
     tensors = _tensors(module.state_dict(keep_vars=False))
-    names = list(dict.fromkeys(t.name for t in tensors))
+    hints = hint_index(list(dict.fromkeys(t.name for t in tensors)), ".")
     normalizers = []
     for ref, spec in specs:
         prefix = "" if ref.obj is module else ref.path  # a bare layer: its state_dict keys have no prefix
-        normalizers.append(ModelNormalizer(ref.path, spec, hinted(prefix, names, ".")))
+        normalizers.append(ModelNormalizer(ref.path, spec, hints(prefix)))
     return ModelContents("torch", "torch-module", tensors, normalizers, sites=len(refs))
 
 
@@ -67,8 +67,8 @@ def program_contents(program: Any) -> ModelContents:
     state = dict(program.state_dict)
     state.update({name: value for name, value in program.constants.items() if hasattr(value, "detach")})
     tensors = _tensors(state, tensor_sources(program))
-    names = list(dict.fromkeys(t.name for t in tensors))
-    normalizers = [ModelNormalizer(spec.name, spec, hinted(spec.name, names, ".")) for spec in specs]
+    hints = hint_index(list(dict.fromkeys(t.name for t in tensors)), ".")
+    normalizers = [ModelNormalizer(spec.name, spec, hints(spec.name)) for spec in specs]
     return ModelContents("torch", "pt2", tensors, normalizers, sites=len(specs))
 
 
