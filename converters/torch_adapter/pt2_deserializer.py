@@ -8,8 +8,12 @@ FakeTensor exactly as the mode itself does on a cache hit (`FakeTensorMode._get_
 torch's path. tests/converters/test_pt2_reading.py holds the result equal to torch's.
 
 The deserializer also wraps its graph in a GraphModule that `ExportedProgram.__init__` only takes attributes and meta
-from: it puts a fresh CodeGen on the graph and generates and compiles the code again for its own GraphModule, the one
-the program keeps. That first code (an eighth of the read) is not written: the graph carries `_Unwritten` until then.
+from, then generates and compiles the code again for its own GraphModule, the one the program keeps. Neither is written
+while the program is read (together a fifth of reading a decoder, which a registration never runs): the graph answers
+`python_code` with a stub until the program is built (`_Unwritten`), and the program's GraphModule then writes its code
+the first time anything asks for it (its `forward`, `code`, `_code`, `str`, a pickle or copy: `_defer_code`), through
+its own `recompile`, so it is the code torch writes. Only that module's own class (GraphModule makes one per instance)
+carries the deferral; nothing of torch changes for other modules.
 
 After building the graph, torch's `deserialize_graph` looks for unbacked symbols in every node's value, walking each
 fake tensor's sizes, strides and offset: 0.4 ms per RMSNorm of a decoder. With none pending (none allocated, as in every
@@ -31,7 +35,8 @@ from typing import Any
 import torch
 from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize_device
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx.graph import CodeGen, PythonCode
+from torch.fx.graph import PythonCode
+from torch.fx.graph_module import GraphModule
 
 from .program_schema import union_fields as _fields
 
@@ -57,18 +62,76 @@ def quick_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any
     if not isinstance(function, types.FunctionType) or _GLOBAL not in function.__code__.co_names:
         return None
     bound = _rebound(function, **{_GLOBAL: _graph_module_deserializer})
-    return bound(ExportedProgramDeserializer(), serialized, state_dict, constants, None)
+    program = bound(ExportedProgramDeserializer(), serialized, state_dict, constants, None)
+    vars(program.graph).pop("python_code", None)  # the graph writes its code again
+    _defer_code(program.graph_module)
+    return program
 
 
 def unwritten_code(program: Any) -> bool:
-    """Whether the program kept a graph or GraphModule `_Unwritten` wrote code for (a torch that does not rewrite it)."""
-    return isinstance(program.graph._codegen, _Unwritten) or any(_UNWRITTEN in getattr(module, "_code", "")
-                                                                  for module in program.graph_module.modules())
+    """Whether the program kept a graph or GraphModule with the stub's code (a torch that builds it differently)."""
+    return "python_code" in vars(program.graph) or any(_UNWRITTEN in vars(module).get("_code", "")
+                                                        for module in program.graph_module.modules())
+
+
+def _defer_code(module: Any) -> None:
+    """Have `module` write its code when first asked for it instead of keeping the stub's: its `forward`, `_code` (which
+    `code`, `str` and copying read) and pickling write it first, through `recompile`, whose own assignments end the
+    deferral. A module whose class is not its own keeps nothing deferred: it writes its code now."""
+    cls = type(module)
+    if not cls.__qualname__.endswith(".GraphModuleImpl") or cls.__bases__ != (GraphModule,) or "_code" in vars(cls):
+        module.recompile()
+        return
+    vars(module).pop("_code", None)
+    cls._code = _DeferredCode()
+    cls.forward = _DeferredForward()
+    cls.__reduce__ = _written_first(GraphModule.__reduce__)  # both copy the module's attributes before they recompile
+    cls.__reduce_package__ = _written_first(GraphModule.__reduce_package__)
+
+
+class _DeferredForward:
+    """The `forward` of a GraphModule whose code is not written yet: looking it up (to call it, or to read its signature)
+    writes the code, whose `recompile` puts the real forward on the module's class in place of this."""
+
+    def __get__(self, module: Any, owner: type) -> Any:
+        if module is None:
+            return self
+        module.recompile()
+        return vars(type(module))["forward"].__get__(module, owner)
+
+
+def _written_first(method: Any) -> Any:
+    """`method`, run once the module's code is written."""
+    def written_first(self: Any, *args: Any) -> Any:
+        self.recompile()
+        return method(self, *args)
+
+    written_first.deferral = True
+    return written_first
+
+
+class _DeferredCode:
+    """The `_code` of a GraphModule whose code is not written yet: reading it writes it."""
+
+    def __get__(self, module: Any, owner: type) -> Any:
+        if module is None:
+            return self
+        module.recompile()  # its assignment of _code (below) ends the deferral
+        return vars(module)["_code"]
+
+    def __set__(self, module: Any, value: str) -> None:
+        vars(module)["_code"] = value
+        cls = type(module)
+        if isinstance(vars(cls).get("_code"), _DeferredCode):
+            del cls._code
+        for name in ("__reduce__", "__reduce_package__"):
+            if getattr(vars(cls).get(name), "deferral", False):
+                delattr(cls, name)
 
 
 def _graph_module_deserializer() -> Any:
-    """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first and whose graph carries
-    `_Unwritten` from the module call graph (read last) on."""
+    """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first and whose graph answers
+    `python_code` with `_Unwritten` from the module call graph (read last) on."""
     from torch._export.serde.serialize import GraphModuleDeserializer
 
     deserializer = GraphModuleDeserializer()
@@ -80,8 +143,7 @@ def _graph_module_deserializer() -> Any:
 
     def deserialize_module_call_graph(module_call_graph: Any) -> Any:
         entries = torch_call_graph(module_call_graph)
-        if type(deserializer.graph._codegen) is CodeGen:
-            deserializer.graph._codegen = _Unwritten()
+        deserializer.graph.python_code = _Unwritten()
         return entries
 
     deserializer.deserialize_tensor_meta = deserialize_tensor_meta
@@ -133,11 +195,11 @@ def _plain(value: Any) -> bool:
 _UNWRITTEN = "normbridge: code never written"
 
 
-class _Unwritten(CodeGen):
-    """The code of the GraphModule the deserializer makes and ExportedProgram only takes attributes from: a forward that
-    refuses to run (never called: the program's own GraphModule gets real code)."""
+class _Unwritten:
+    """The top graph's `python_code` while the program is built: a forward that refuses to run (never called: the program's
+    GraphModule writes its real code before anything runs it)."""
 
-    def _gen_python_code(self, nodes: Any, root_module: str, namespace: Any, **options: Any) -> PythonCode:
+    def __call__(self, root_module: str, **options: Any) -> PythonCode:
         return PythonCode(src=f"\n\ndef forward(self, *args, **kwargs):\n    raise RuntimeError({_UNWRITTEN!r})\n", globals={},
                           _lineno_map=None)
 

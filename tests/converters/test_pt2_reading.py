@@ -10,7 +10,9 @@ pt2_deserializer skips looking for once nothing is pending).
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 
 import pytest
 import torch
@@ -167,6 +169,50 @@ def test_the_quick_path_itself_builds_torchs_program(name, program):
     torchs = ExportedProgramDeserializer().deserialize(_dict_to_dataclass(schema.ExportedProgram, document), artifact.state_dict,
                                                        artifact.constants, None)
     _same_program(ours, torchs)
+
+
+def _run_graph_module(program, x):
+    """The program's own GraphModule called on its lifted state and `x`, as the program's signature orders them."""
+    from torch.export.graph_signature import InputKind
+
+    state = {**program.state_dict, **program.constants}
+    return program.graph_module(*[x if spec.kind == InputKind.USER_INPUT else state[spec.target]
+                                  for spec in program.graph_signature.input_specs])
+
+
+#: Each way of asking a GraphModule for its code (or needing it): what a program read here answers as torch's does.
+ASKING = {
+    "code": lambda module: module.code,
+    "str": str,
+    "deepcopy": lambda module: copy.deepcopy(module).code,
+    "pickle": lambda module: pickle.loads(pickle.dumps(module)).code,
+    "print_readable": lambda module: module.print_readable(print_output=False),
+    "forward's signature": lambda module: str(__import__("inspect").signature(module.forward)),
+}
+
+
+@pytest.mark.parametrize("asked", list(ASKING), ids=str)
+def test_the_programs_code_is_written_when_first_asked_and_is_torchs(asked, tmp_path):
+    path = tmp_path / "model.pt2"
+    torch.export.save(PROGRAMS[1][1], path)
+    ours, torchs = load_exported_program(path), torch.export.load(path)
+    assert "_code" not in vars(ours.graph_module)  # reading wrote no code
+    assert ASKING[asked](ours.graph_module) == ASKING[asked](torchs.graph_module)
+    assert ours.graph_module.code == torchs.graph_module.code  # a copy leaves its original to write its own
+    own_class = vars(type(ours.graph_module))
+    assert "_code" in vars(ours.graph_module) and "_code" not in own_class  # written once, then a plain attribute
+    assert not any(getattr(value, "deferral", False) for value in own_class.values())
+
+
+def test_the_programs_graph_module_runs_as_torchs_when_called_before_its_code_was_asked_for(tmp_path):
+    path = tmp_path / "model.pt2"
+    torch.export.save(PROGRAMS[1][1], path)
+    ours, torchs = load_exported_program(path), torch.export.load(path)
+    x = torch.randn(2, 3, 8, 8)
+    assert "_code" not in vars(ours.graph_module)
+    for a, b in zip(_run_graph_module(ours, x), _run_graph_module(torchs, x)):
+        assert torch.equal(a, b)
+    assert ours.graph_module.code == torchs.graph_module.code
 
 
 @pytest.mark.parametrize("context", [torch.inference_mode, torch.no_grad])
