@@ -104,6 +104,14 @@ class ModelStructure(BaseModel):
                                     description="sha256 of the file `pull` writes, when it is byte-identical to what was registered.")
 
 
+#: The fields of a manifest that say what the model computes: its content digest covers these and nothing else.
+CONTENT_FIELDS = ("framework", "format", "mode", "tensors", "normalizers", "structure")
+
+
+def _content_digest(content: dict) -> str:
+    return sha256_hex(canonical_json(content).encode())
+
+
 class ArtifactManifest(BaseModel):
     """A model version without its tensor bytes."""
 
@@ -140,12 +148,18 @@ class ArtifactManifest(BaseModel):
 
     def content_digest(self) -> str:
         """sha256 of what the model computes (its structure too, when stored); lineage, equivalence report and note are left out."""
-        document = self.model_dump(mode="json", include={"framework", "format", "mode", "tensors", "normalizers", "structure"})
-        return sha256_hex(canonical_json(document).encode())
+        return _content_digest(self.model_dump(mode="json", include=set(CONTENT_FIELDS)))
 
     def digest(self) -> str:
         """sha256 of the whole manifest: the artifact digest."""
         return sha256_hex(self.to_canonical_json().encode())
+
+    def digests_and_document(self) -> tuple[str, str, dict]:
+        """(digest(), content_digest(), model_dump(mode="json")) from one dump: a registration stores all three, and each
+        dump of a 160-normalizer manifest with its equivalence report costs milliseconds."""
+        document = self.model_dump(mode="json")
+        content = {name: document[name] for name in CONTENT_FIELDS if name in document}
+        return sha256_hex(canonical_json(document).encode()), _content_digest(content), document
 
     def to_canonical_json(self) -> str:
         return canonical_json(self.model_dump(mode="json"))

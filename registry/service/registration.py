@@ -192,8 +192,9 @@ class Registrations:
         report("committing", 0, 1)
         operation = manifest.lineage.operation
         digests = [b.digest for b in staged]
+        digest, content_digest, document = manifest.digests_and_document()
         record, created = self.meta.add_version(
-            name, manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"), digests,
+            name, digest, content_digest, document, digests,
             (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user,
             guard=lambda session: lease.settle(session, self.store, digests), verdict=verdict.stored(),
             structure_checked=True if manifest.structure is not None else None)

@@ -77,6 +77,9 @@ def test_a_pt2_comes_back_runnable_by_torch_export_load_with_identical_outputs(r
     assert np.array_equal(program.module()(torch.from_numpy(SAMPLE)).detach().numpy(), expected)
     # pulled and registered again, it is the same content
     assert registry.register("cnn", tmp_path / "back.pt2").created is False
+    manifest = registry.manifest("cnn@1")  # structure, tensors and the equivalence report: one dump gives what three did
+    assert manifest.structure is not None and manifest.equivalence
+    assert manifest.digests_and_document() == (manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"))
 
 
 def test_a_keras_model_comes_back_with_safe_mode_and_identical_outputs(registry, tmp_path):

@@ -24,3 +24,12 @@ def test_unrecognised_layers_round_trip_and_change_the_digest_but_not_the_conten
     assert back.unrecognised == held.unrecognised
     assert back.digest() == held.digest() != plain.digest()
     assert held.content_digest() == plain.content_digest()
+
+
+
+def test_one_dump_gives_the_digests_and_document_each_method_gives():
+    """digests_and_document() against digest(), content_digest() and model_dump() called apart (a registered model's
+    manifest, with structure and equivalence report: tests/registry/test_pull.py)."""
+    for manifest in (ArtifactManifest(**EMPTY), ArtifactManifest(**EMPTY, note="fine-tuned", unrecognised=[
+            UnrecognisedLayer(path="model.norm", type="MyNorm", reason="class name contains 'Norm'")])):
+        assert manifest.digests_and_document() == (manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"))
