@@ -14,6 +14,14 @@ check puts them: the results are the ones `check(spec)` gives, passed or failed
 (tests/converters/test_split_check.py compares them). A worker that has not imported the spec's own framework leaves
 its legs' round trips back to it to this process, which has it (converters/round_trips.py), so it never imports it
 for them; a shared one imports it after answering, for the next registration it runs whole.
+
+Spread legs (`spread_legs`, turned on by the shared worker for the registrations it runs: registry/worker_jobs.py): that
+process has every framework imported, so every leg would run in it, one after another on one core, while a machine has
+two. With legs spread, the named legs (the Keras leg of a .pt2's normalizers, the torch leg of a .keras model's) run in
+a private child kept warm beside it, at the same time as its own legs: the gate takes about its longest leg per
+normalizer instead of the sum. The child imports every spread framework, so the round trips back to the spec's own
+framework run there too. A gate that finds the child still importing runs every leg here (it never waits for those
+imports), and a child that dies before answering has its legs run here: they are never skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import json
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,10 @@ _WORKERS: dict[tuple[str, tuple[str, ...]], LegWorker] = {}
 _WORKERS_LOCK = threading.Lock()
 #: (folder, idle seconds, jobs module or None) of the shared worker this process uses; None: a private worker.
 _SHARED: tuple[Path, float, str | None] | None = None
+#: The legs `spread_legs` sends to the spread child even where their framework is imported here (empty: none).
+_SPREAD: tuple[str, ...] = ()
+#: The spread child's warm-up request, answered once its imports are done (the child itself is in _WORKERS).
+_SPREAD_WARM: dict[LegWorker, Future] = {}
 
 
 def expected_framework(model: Any) -> str | None:
@@ -64,6 +77,42 @@ def share_workers(folder: str | Path | None, idle_seconds: float = shared_worker
     worker, this process's child (the default)."""
     global _SHARED
     _SHARED = None if folder is None else (Path(folder), float(idle_seconds), jobs)
+
+
+def spread_legs(names: Sequence[str], packages: dict[str, str] | None = None) -> Future | None:
+    """Run the legs `names` (each where it is not the spec's own framework) in a private child process, even where this
+    process has their framework imported, at the same time as the legs run here; empty `names`: off (the default).
+
+    Why: the shared worker runs whole registrations (registry/worker_jobs.py) with every framework imported, so its gate
+    ran every leg in turn on one core; a .pt2's Keras leg in the child, beside its torch and ONNX legs here, takes the
+    gate from about 3.3 ms per BatchNorm towards the longest of them. The cost is a second warm process: the child imports
+    every framework in `names` (TensorFlow and torch: about 0.8 GB resident), so that round trips back to either run there,
+    and it is kept, as private workers are, until this process exits. With `packages` (the registry's adapter packages)
+    the child is started now, off the next gate's clock; returns the future of its warm-up (answered once it is ready),
+    None when `names` is empty or no packages were given. Never used beside a shared worker (`share_workers`)."""
+    global _SPREAD
+    _SPREAD = tuple(names)
+    return _spread_child(packages)[1] if _SPREAD and packages is not None else None
+
+
+def _spread_child(packages: dict[str, str]) -> tuple[LegWorker, Future]:
+    """The spread child for these packages and its warm-up's future, started if none lives (it imports `_SPREAD`)."""
+    with _WORKERS_LOCK:
+        worker = _private(packages, _SPREAD)
+        if worker not in _SPREAD_WARM:
+            for gone in [child for child in _SPREAD_WARM if not child.alive()]:
+                del _SPREAD_WARM[gone]
+            _SPREAD_WARM[worker] = worker.warm(list(_SPREAD))
+        return worker, _SPREAD_WARM[worker]
+
+
+def _spread_now(packages: dict[str, str]) -> tuple[str, ...]:
+    """The legs a gate starting now spreads: `_SPREAD` once its child has finished its imports, none before (the gate runs
+    them here rather than wait for the child, which goes on importing for the next gate), none beside a shared worker."""
+    if not _SPREAD or _SHARED is not None:
+        return ()
+    worker, ready = _spread_child(packages)
+    return _SPREAD if ready.done() and ready.exception() is None and worker.alive() else ()
 
 
 def _shared_key(packages: dict[str, str]) -> tuple:
@@ -141,6 +190,7 @@ class SplitCheck:
         self._order = registry.framework_names
         self._in_worker = None if in_worker is None else list(in_worker)
         self._workers: dict[str, LegWorker] = {}
+        self._spread: tuple[str, ...] = ()  # decided when the gate starts (check_all): the child may be ready by then
         if model_framework is not None and self._remote_legs(model_framework):
             _start(registry.packages, self._warm(model_framework))  # its imports overlap this process's reading the model
 
@@ -148,7 +198,7 @@ class SplitCheck:
         if self._in_worker is not None:
             return [name for name in self._order if name in self._in_worker]
         here = () if _SHARED is not None else IN_PROCESS
-        return [name for name in self._order if name != own and name not in here and not imported(name)]
+        return [name for name in self._order if name != own and (name in self._spread or (name not in here and not imported(name)))]
 
     def _local_all(self, plans: list, progress: Callable[[int, NormSpec], None] | None) -> list[CheckResult | None] | None:
         """Every spec's legs in this process, through `converters.check_many` (each object built once per configuration; the
@@ -178,8 +228,10 @@ class SplitCheck:
 
     def _warm(self, own: str) -> tuple[str, ...]:
         """The frameworks the worker imports for specs from `own`: its legs. Not `own`: the round trips back to it run here
-        (converters/round_trips.py), where reading the model imported it."""
-        return tuple(self._remote_legs(own))
+        (converters/round_trips.py), where reading the model imported it. With legs spread: the spread child's frameworks
+        (it has them all, so round trips back to `own` run there too)."""
+        legs = tuple(self._remote_legs(own))
+        return tuple(dict.fromkeys(self._spread + legs)) if self._spread else legs
 
     def _prepare_next(self) -> None:
         """Have the shared worker import the models' own frameworks and their readers once it has answered this gate's legs
@@ -192,10 +244,12 @@ class SplitCheck:
 
     def _remote_result(self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int, bench: GroupBench) -> CheckResult:
         """The worker's answer, its round trips run here with `bench`; if a shared worker ended before answering (killed, out
-        of memory), the same legs again in a private worker: they are never skipped."""
+        of memory), the same legs again in a private worker, and if the spread child ended, here: they are never skipped."""
         try:
             checked = batch.result(position)
         except WorkerGone:
+            if self._spread:
+                return check(spec, frameworks=remote, registry=self._registry)
             if _SHARED is None:
                 raise
             with _WORKERS_LOCK:
@@ -227,6 +281,8 @@ class SplitCheck:
     def check_all(self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
         """`check(spec)` of every spec, in order; the worker's legs are all sent first, so both processes work at once.
         Raises what `check` raises, for the first spec it raises on."""
+        if self._in_worker is None:
+            self._spread = _spread_now(self._registry.packages)
         plans = [(spec, self._remote_legs(spec.source.framework)) for spec in specs]
         sent = self._send_remote(plans)
         self._prepare_next()
@@ -268,4 +324,4 @@ class _Batch:
             return self.alone[position].result()
 
 
-__all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "share_workers"]
+__all__ = ["IN_PROCESS", "SplitCheck", "expected_framework", "share_workers", "spread_legs"]

@@ -14,6 +14,13 @@ caller's environment, which the worker does not share. And only when the worker 
 caller registers in process, starting the worker for the next registration. NORMBRIDGE_REGISTER_IN_WORKER=0
 turns it off. A registration is all or nothing, so a worker that dies before answering leaves either no
 version or the whole one: the caller then registers in process, which finds identical content registered.
+
+The worker's gate spreads its legs over two processes (converters/split_check.py `spread_legs`): the Keras leg of a
+.pt2's normalizers (the torch leg of a .keras model's) runs in a second warm process, the worker's child, while the
+worker runs the other legs, so on two cores a registration's gate takes about its longest leg per normalizer instead of
+their sum. That child is started when the worker prepares for its next job, is kept for every later one, and holds
+TensorFlow and torch a second time (about 0.8 GB); NORMBRIDGE_SPREAD_LEGS=0 in the environment that starts the worker
+turns it off, as does a machine with one core, where it gains nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 
 from converters.adapters import REGISTRY
 from converters.shared_worker import run_job
+from converters.split_check import spread_legs
 from schemas import CheckResult, NormbridgeError
 from schemas.manifest import UnrecognisedLayer
 
@@ -35,6 +43,10 @@ JOBS_MODULE = "registry.worker_jobs"
 SWITCH_ENV = "NORMBRIDGE_REGISTER_IN_WORKER"
 #: Set when a test makes a registration die at a named point (registry/faults.py): that must happen in the caller.
 FAULT_ENV = "NORMBRIDGE_FAULT"
+#: "0" turns off the spread of the worker's gate legs over a second process (see above).
+SPREAD_ENV = "NORMBRIDGE_SPREAD_LEGS"
+#: The legs the worker's gate runs in its second process, each for the specs of the other framework's models.
+SPREAD = ("torch", "keras")
 
 Progress = Callable[[str, int, int], None]
 
@@ -79,6 +91,7 @@ def register_job(args: dict, progress: Callable[[list], None]) -> dict:
 
     for framework in REGISTRY.framework_names:  # so the gate finds every leg here instead of starting a worker of its own
         REGISTRY.framework(framework).version()
+    _spread()  # a worker that was never prepared starts its second process now; this job's gate runs without it
     registry = Registry(db=args["db"], blobs=args["blobs"], user=args["user"])
     try:
         result = registry.register(args["name"], Path(args["model"]), parent=args.get("parent"), note=args.get("note"),
@@ -96,6 +109,15 @@ def prepare(frameworks: list[str]) -> None:
     """Ready the worker for a registration of a model of `frameworks` (it has imported them and their readers): import
     the registry's service (about 0.5 s), as a job's first registration otherwise does while its caller waits."""
     from .service import Registry  # noqa: F401
+
+    _spread()
+
+
+def _spread() -> None:
+    """Have the gates of this worker's registrations spread their legs over a second warm process (started now if none
+    lives), unless turned off or the machine has one core."""
+    if os.environ.get(SPREAD_ENV) != "0" and len(os.sched_getaffinity(0)) > 1:
+        spread_legs(SPREAD, REGISTRY.packages)
 
 
 def registration_to_json(result: Registration) -> dict:

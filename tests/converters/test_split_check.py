@@ -3,7 +3,8 @@
 Same CheckResult, field for field, on the whole case table (tests/cases.py, as read from the spec and as
 read from torch) and these extra specs: passing layers, layers a target cannot express, and the
 deliberately broken adapters of tests/buggy_torch.py: moving a leg to a worker makes no check laxer.
-The shared worker is compared the same way in tests/converters/test_shared_worker.py.
+The shared worker is compared the same way in tests/converters/test_shared_worker.py, and legs spread over a second
+process where every framework is imported here (split_check.spread_legs, the shared worker's registrations) below.
 """
 
 from __future__ import annotations
@@ -146,3 +147,104 @@ def test_a_request_that_raises_is_asked_again_spec_by_spec_and_raises_the_first_
     with pytest.raises(Exception) as split:
         SplitCheck(registry=registry, in_worker=["torch"]).check_all(specs)
     assert str(split.value) == str(plain.value) == "boom_first: the adapter broke"
+
+
+# Spread legs (split_check.spread_legs, as the shared worker's registrations run: registry/worker_jobs.py): every framework
+# is imported here, and the named legs still run in a second warm process, the spread child, at the same time as the rest.
+
+SPREAD = ("torch", "keras")
+#: Torch-source specs (the case table as read from torch and the torch specs above) and the one Keras spec, whose torch leg
+#: goes to the child the other way round.
+SPREAD_SPECS = [as_torch(case.spec) for case in CASES] + SPECS
+
+
+@pytest.fixture
+def spread():
+    """Legs spread over a real child, warm before the gate starts (a gate that finds it importing runs every leg here)."""
+    from converters import split_check
+    from converters.adapters import REGISTRY
+
+    split_check.spread_legs(SPREAD, REGISTRY.packages).result(timeout=300)
+    yield split_check
+    split_check.spread_legs(())
+
+
+def spread_gate(registry=None, own: str = "torch") -> SplitCheck:
+    import keras  # noqa: F401  every framework imported here, as in the shared worker
+    import onnx  # noqa: F401
+    import torch  # noqa: F401
+
+    return SplitCheck(own) if registry is None else SplitCheck(own, registry=registry)
+
+
+def test_spread_legs_give_the_in_process_results_and_run_in_the_child_with_their_round_trips(spread):
+    split = spread_gate()
+    got = split.check_all(SPREAD_SPECS)
+    assert split._spread == SPREAD and set(split._workers) == {"torch", "keras"}  # both sources' legs went to the child
+    assert split._workers["torch"] is split._workers["keras"]
+    maps = Path(f"/proc/{split._workers['torch'].pid}/maps").read_text()
+    assert "libtensorflow" in maps and "libtorch" in maps  # so the round trips back to either source run there
+    expected = [converters.check(spec).model_dump() for spec in SPREAD_SPECS]
+    assert not all(result["passed"] for result in expected)  # failures among them: compared as they are
+    for spec, result, wanted in zip(SPREAD_SPECS, got, expected):
+        assert result.model_dump() == wanted, spec.name
+
+
+def test_the_deliberately_broken_adapters_still_fail_with_legs_spread(spread):
+    """The broken torch adapter's leg of a Keras spec and the Keras leg of torch specs (whose round trips go back to the
+    broken torch adapter) run in the child, which is that registry's own: they fail as check fails them."""
+    registry = buggy_registry()
+    spread.spread_legs(SPREAD, registry.packages).result(timeout=300)
+    specs = [make_spec("layer", eps=1e-3, normalized_shape=(16,), source="torch"), make_spec("batch", source="torch"),
+             make_spec("batch", source="keras", layout="channels_last", convention="running_weight", momentum=0.99, name="keras_bn")]
+    split = spread_gate(registry)
+    got = split.check_all(specs)
+    assert split._spread == SPREAD
+    for spec, result in zip(specs, got):
+        expected = converters.check(spec, registry=registry)
+        assert not expected.passed and result.model_dump() == expected.model_dump(), spec.name
+
+
+def test_a_spread_child_that_dies_before_answering_has_its_legs_run_here(spread, monkeypatch):
+    """Killed once the gate's legs were sent: the legs run in this process, none skipped; the next gate starts a new child."""
+    import os
+    import signal
+
+    killed = []
+
+    def kill_the_child(self):
+        pid = self._workers["torch"].pid
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    monkeypatch.setattr(SplitCheck, "_prepare_next", kill_the_child)
+    split = spread_gate()
+    specs = SPECS[:8]
+    got = split.check_all(specs)
+    assert killed and split._spread == SPREAD
+    for spec, result in zip(specs, got):
+        assert result.model_dump() == converters.check(spec).model_dump(), spec.name
+    monkeypatch.undo()
+    from converters.adapters import REGISTRY
+
+    again = spread.spread_legs(SPREAD, REGISTRY.packages)
+    again.result(timeout=300)
+    split = spread_gate()
+    assert split.check_all(specs[:1])[0].model_dump() == converters.check(specs[0]).model_dump()
+    assert split._spread == SPREAD and split._workers["torch"].pid != killed[0]
+
+
+def test_a_gate_that_finds_the_spread_child_importing_runs_every_leg_here(spread, monkeypatch):
+    from concurrent.futures import Future
+
+    from converters.adapters import REGISTRY
+
+    child, _ = spread._spread_child(REGISTRY.packages)
+    monkeypatch.setitem(spread._SPREAD_WARM, child, Future())  # its warm-up not answered yet
+    seen = []
+    original = converters.check_many
+    monkeypatch.setattr(converters, "check_many", lambda specs, **legs: seen.append(legs["frameworks"]) or original(specs, **legs))
+    split = spread_gate()
+    got = split.check_all(SPECS[:2])
+    assert split._spread == () and not split._workers and seen == [["torch", "keras", "onnx"]]
+    assert [r.model_dump() for r in got] == [converters.check(spec).model_dump() for spec in SPECS[:2]]

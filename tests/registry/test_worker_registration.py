@@ -176,3 +176,71 @@ def test_a_caller_that_hangs_up_stops_the_registration_and_the_worker_serves_on(
     again = register_in_worker(worker_folder, REGISTRY.packages, "other", tmp_path / "net.pt2", db, blobs, None, None, None, False)
     assert again is not None and again.created  # the same worker answers the next caller
     assert Registry(db=db, blobs=blobs).models() == [("other", 1, 1)]  # and the first registration stored nothing
+
+
+def spread_child(worker_pid: int) -> int | None:
+    """The pid of the shared worker's second process (converters/split_check.py spread_legs), None while it has none."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == worker_pid and b"converters.leg_worker" in command:
+            return int(stat.parent.name)
+    return None
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def warm_spread_child(folder: Path) -> int:
+    """Have the worker prepare for a .pt2 (which starts its second process) and wait until that process has imported
+    TensorFlow and torch and idles, serving: the next registration's gate spreads its legs over both."""
+    import time
+
+    worker = shared_worker.connect(folder, REGISTRY.packages, [], jobs=JOBS_MODULE)
+    try:
+        worker.prepare(["torch"]).result(timeout=60)
+        deadline, child, last, still = time.monotonic() + 300, None, -1, 0
+        while time.monotonic() < deadline:
+            child = child or spread_child(worker.pid)
+            if child is not None and "libtensorflow" in Path(f"/proc/{child}/maps").read_text():
+                ticks = cpu_ticks(child)
+                still, last = (still + 1 if ticks == last else 0), ticks
+                if still >= 4:
+                    return child
+            time.sleep(0.5)
+        raise AssertionError("the shared worker's second process did not become ready")
+    finally:
+        worker.close()
+
+
+def test_a_registration_whose_legs_the_worker_spreads_over_two_processes_is_the_in_process_one(tmp_path, worker_folder, monkeypatch):
+    """The worker's gate runs the Keras legs of a .pt2 in its second process: same version, checks and manifest; and a
+    model the registration refuses is refused as in process. (That a layer failing the gate still fails with its legs
+    spread is tested on the broken adapters and the case table in tests/converters/test_split_check.py.)"""
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4))]).eval()
+    with torch.no_grad():
+        for bn in net[1::2]:
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+    genuine_pt2(tmp_path / "net.pt2", net, (torch.randn(2, 4, 8, 8),))
+    monkeypatch.chdir(tmp_path)
+    child = warm_spread_child(worker_folder)
+    before = cpu_ticks(child)
+    (ours, theirs), (worker_registry, here_registry), _ = both_ways(tmp_path, worker_folder, "net.pt2")
+    assert cpu_ticks(child) > before  # the Keras legs ran there
+    assert ours.created and theirs.created and len(ours.checks) == 4 and all(c.passed for c in ours.checks)
+    for field in ("digest", "content_digest", "servable", "hazards", "structure_checked"):
+        assert getattr(ours.version, field) == getattr(theirs.version, field), field
+    assert [c.model_dump(mode="json") for c in ours.checks] == [c.model_dump(mode="json") for c in theirs.checks]
+    assert worker_registry.show("net@1").manifest == here_registry.show("net@1").manifest
+    save_pt2(block(), tmp_path / "bad.pt2")
+    (ours, theirs), (worker_registry, _), _ = both_ways(tmp_path / "refused", worker_folder, str(tmp_path / "bad.pt2"))
+    assert type(ours) is type(theirs) is UnrecognisedNormalizationError
+    assert (str(ours), ours.layer, ours.setting) == (str(theirs), theirs.layer, theirs.setting)
+    assert worker_registry.models() == []
