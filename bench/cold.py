@@ -66,22 +66,30 @@ class SharedWorkers:
         self.env = {"NORMBRIDGE_WORKER_DIR": str(folder)}
 
     def cpu(self) -> dict[int, float]:
-        """{pid: CPU seconds so far} of the live workers serving this folder (read from /proc)."""
-        found, tick = {}, os.sysconf("SC_CLK_TCK")
+        """{pid: CPU seconds so far} of the live workers serving this folder and of their children (the second process
+        their gate spreads legs to: converters/split_check.py spread_legs), read from /proc."""
+        workers, others, tick = {}, {}, os.sysconf("SC_CLK_TCK")
         for entry in Path("/proc").iterdir():
             try:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
-                if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(self.folder)) for arg in argv):
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                    found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                seconds, parent = (int(fields[11]) + int(fields[12])) / tick, int(fields[1])
             except (OSError, ValueError, IndexError):
                 continue
-        return found
+            if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(self.folder)) for arg in argv):
+                workers[int(entry.name)] = seconds
+            elif b"converters.leg_worker" in argv:
+                others[int(entry.name)] = (parent, seconds)
+        children = {pid: seconds for pid, (parent, seconds) in others.items() if parent in workers}
+        return {**workers, **children}
 
     def stop(self) -> None:
-        """End every worker of this folder (the bench started them) and wait until they are gone."""
+        """End every worker of this folder (the bench started them) and its children, and wait until they are gone."""
         for pid in self.cpu():
-            os.kill(pid, signal.SIGTERM)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + 60
         while self.cpu() and time.monotonic() < deadline:
             time.sleep(0.1)
