@@ -104,10 +104,23 @@ class SharedWorkers:
         spent = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
         return Timing(run.wall, run.cpu + spent)
 
+    def settle(self, quiet: float = 1.0, limit: float = 60.0) -> None:
+        """Wait until the workers and their children have spent no CPU for `quiet` seconds (at most `limit`): a worker
+        imports for its next registration after answering one, and starts its second process, for several seconds."""
+        deadline, last = time.monotonic() + limit, sum(self.cpu().values())
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet:
+            time.sleep(0.25)
+            spent = sum(self.cpu().values())
+            if spent - last > 0.02:
+                last, quiet_since = spent, time.monotonic()
+
     def median(self, make_argv, repeat: int, prepare, cold: bool) -> Timing:
-        """Medians of `repeat` runs, each with no worker alive (`cold`) or after one untimed run warmed it."""
+        """Medians of `repeat` runs, each with no worker alive (`cold`) or after one untimed run warmed it and the worker
+        settled (a registration a few seconds after another)."""
         if not cold:
             self.timed(make_argv(-1), prepare(-1), cold=False)
+            self.settle()
         times = [self.timed(make_argv(i), prepare(i), cold) for i in range(repeat)]
         if cold:
             self.stop()

@@ -18,8 +18,9 @@ version or the whole one: the caller then registers in process, which finds iden
 The worker's gate spreads its legs over two processes (converters/split_check.py `spread_legs`): the Keras leg of a
 .pt2's normalizers (the torch leg of a .keras model's) runs in a second warm process, the worker's child, while the
 worker runs the other legs, so on two cores a registration's gate takes about its longest leg per normalizer instead of
-their sum. That child is started when the worker prepares for its next job, is kept for every later one, and holds
-TensorFlow and torch a second time (about 0.8 GB); NORMBRIDGE_SPREAD_LEGS=0 in the environment that starts the worker
+their sum. That child is started when the worker has run its first registration (not before: its imports, several
+seconds of CPU, would slow the first registration on a machine, which the CLI runs while the worker starts), is kept for
+every later one, and holds TensorFlow and torch a second time (about 0.8 GB); NORMBRIDGE_SPREAD_LEGS=0 in the environment that starts the worker
 turns it off, as does a machine with one core, where it gains nothing.
 """
 
@@ -91,7 +92,6 @@ def register_job(args: dict, progress: Callable[[list], None]) -> dict:
 
     for framework in REGISTRY.framework_names:  # so the gate finds every leg here instead of starting a worker of its own
         REGISTRY.framework(framework).version()
-    _spread()  # a worker that was never prepared starts its second process now; this job's gate runs without it
     registry = Registry(db=args["db"], blobs=args["blobs"], user=args["user"])
     try:
         result = registry.register(args["name"], Path(args["model"]), parent=args.get("parent"), note=args.get("note"),
@@ -99,6 +99,7 @@ def register_job(args: dict, progress: Callable[[list], None]) -> dict:
                                    progress=lambda step, done, total: progress([step, done, total]), model_input=args.get("model_input"))
     finally:
         registry.meta.close()
+        _spread()  # after the first job, not before: its imports would slow the registration that started the worker
     return registration_to_json(result)
 
 
@@ -109,8 +110,6 @@ def prepare(frameworks: list[str]) -> None:
     """Ready the worker for a registration of a model of `frameworks` (it has imported them and their readers): import
     the registry's service (about 0.5 s), as a job's first registration otherwise does while its caller waits."""
     from .service import Registry  # noqa: F401
-
-    _spread()
 
 
 def _spread() -> None:

@@ -196,14 +196,16 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def warm_spread_child(folder: Path) -> int:
-    """Have the worker prepare for a .pt2 (which starts its second process) and wait until that process has imported
-    TensorFlow and torch and idles, serving: the next registration's gate spreads its legs over both."""
+def warm_spread_child(folder: Path, model: Path, db: str, blobs: str) -> int:
+    """Have the worker run a first registration of `model` into a store of its own (which starts its second process)
+    and wait until that process has imported TensorFlow and torch and idles, serving: the next registration's gate
+    spreads its legs over both."""
     import time
 
     worker = shared_worker.connect(folder, REGISTRY.packages, [], jobs=JOBS_MODULE)
     try:
-        worker.prepare(["torch"]).result(timeout=60)
+        assert register_in_worker(folder, REGISTRY.packages, "first", model, db, blobs, None, None, None, False) is not None
+        assert spread_child(worker.pid) is not None  # started as the first registration ended
         deadline, child, last, still = time.monotonic() + 300, None, -1, 0
         while time.monotonic() < deadline:
             child = child or spread_child(worker.pid)
@@ -230,7 +232,7 @@ def test_a_registration_whose_legs_the_worker_spreads_over_two_processes_is_the_
             bn.running_var.uniform_(0.5, 2)
     genuine_pt2(tmp_path / "net.pt2", net, (torch.randn(2, 4, 8, 8),))
     monkeypatch.chdir(tmp_path)
-    child = warm_spread_child(worker_folder)
+    child = warm_spread_child(worker_folder, tmp_path / "net.pt2", *stores(tmp_path, "first"))
     before = cpu_ticks(child)
     (ours, theirs), (worker_registry, here_registry), _ = both_ways(tmp_path, worker_folder, "net.pt2")
     assert cpu_ticks(child) > before  # the Keras legs ran there
