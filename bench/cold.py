@@ -116,10 +116,11 @@ class SharedWorkers:
                 last, quiet_since = spent, time.monotonic()
 
     def median(self, make_argv, repeat: int, prepare, cold: bool) -> Timing:
-        """Medians of `repeat` runs, each with no worker alive (`cold`) or after one untimed run warmed it and the worker
-        settled (a registration a few seconds after another)."""
+        """Medians of `repeat` runs, each with no worker alive (`cold`) or after two untimed runs warmed it (the first
+        starts the worker, the second, its first job, its second process) and the worker settled."""
         if not cold:
-            self.timed(make_argv(-1), prepare(-1), cold=False)
+            for warming in (-2, -1):
+                self.timed(make_argv(warming), prepare(warming), cold=False)
             self.settle()
         times = [self.timed(make_argv(i), prepare(i), cold) for i in range(repeat)]
         if cold:

@@ -248,7 +248,7 @@ def main() -> int:
         stored, size, lineage = (None, None, None) if args.cold_only else stats_only_and_lineage(folder, args.chain)
     print(f"\nregistry benchmark, cold processes, median of {args.repeat}; load average {load:.1f} -> {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
-    print("normbridge's CPU includes the shared gate worker's and its second process's; 'worker warm': a previous registration left it running, 'first': none was")
+    print("normbridge's CPU includes the shared gate worker's and its second process's; 'worker warm': earlier registrations left it and its second process running, idle, 'first': none was")
     print(f"{'model':<42} {'normbridge register':>24} {'mlflow log+register':>24} {'ratio wall / cpu':>17}")
     print(f"{'':<42} {'wall s':>11} {'cpu s':>12} {'wall s':>11} {'cpu s':>12}")
     for label, ours, theirs in (("torch 53x BatchNorm2d(64) .pt2, worker warm", "register bn53", "mlflow bn53"),
