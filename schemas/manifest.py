@@ -108,8 +108,8 @@ class ModelStructure(BaseModel):
 CONTENT_FIELDS = ("framework", "format", "mode", "tensors", "normalizers", "structure")
 
 
-def _content_digest(content: dict) -> str:
-    return sha256_hex(canonical_json(content).encode())
+def _digest_of(document: dict) -> str:
+    return sha256_hex(canonical_json(document).encode())
 
 
 class ArtifactManifest(BaseModel):
@@ -148,18 +148,18 @@ class ArtifactManifest(BaseModel):
 
     def content_digest(self) -> str:
         """sha256 of what the model computes (its structure too, when stored); lineage, equivalence report and note are left out."""
-        return _content_digest(self.model_dump(mode="json", include=set(CONTENT_FIELDS)))
+        return _digest_of(self.model_dump(mode="json", include=set(CONTENT_FIELDS)))
 
     def digest(self) -> str:
         """sha256 of the whole manifest: the artifact digest."""
-        return sha256_hex(self.to_canonical_json().encode())
+        return _digest_of(self.model_dump(mode="json"))
 
     def digests_and_document(self) -> tuple[str, str, dict]:
         """(digest(), content_digest(), model_dump(mode="json")) from one dump: a registration stores all three, and each
         dump of a 160-normalizer manifest with its equivalence report costs milliseconds."""
         document = self.model_dump(mode="json")
         content = {name: document[name] for name in CONTENT_FIELDS if name in document}
-        return sha256_hex(canonical_json(document).encode()), _content_digest(content), document
+        return _digest_of(document), _digest_of(content), document
 
     def to_canonical_json(self) -> str:
         return canonical_json(self.model_dump(mode="json"))

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize_device
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental import symbolic_shapes
 from torch.fx.graph import PythonCode
 from torch.fx.graph_module import GraphModule
 
@@ -69,9 +70,8 @@ def quick_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any
 
 
 def unwritten_code(program: Any) -> bool:
-    """Whether the program kept a graph or GraphModule with the stub's code (a torch that builds it differently)."""
-    return "python_code" in vars(program.graph) or any(_UNWRITTEN in vars(module).get("_code", "")
-                                                        for module in program.graph_module.modules())
+    """Whether a GraphModule of the program kept the stub's code (a torch that builds it differently)."""
+    return any(_UNWRITTEN in vars(module).get("_code", "") for module in program.graph_module.modules())
 
 
 def _defer_code(module: Any) -> None:
@@ -168,16 +168,12 @@ class _SymbolicShapes:
     `_free_unbacked_symbols_with_path` is `_unbacked_bindings`."""
 
     def __getattr__(self, name: str) -> Any:
-        from torch.fx.experimental import symbolic_shapes
-
         return _unbacked_bindings if name == "_free_unbacked_symbols_with_path" else getattr(symbolic_shapes, name)
 
 
 def _unbacked_bindings(value: Any, path: tuple, *args: Any, pending: Any = None, **kwargs: Any) -> dict:
     """torch's `_free_unbacked_symbols_with_path`, answered without its walk when no symbol is pending and `value` is
     FakeTensors and plain scalars only: every binding it records is a pending symbol's, so it finds none."""
-    from torch.fx.experimental import symbolic_shapes
-
     if not pending and _plain(value):
         return {}
     return symbolic_shapes._free_unbacked_symbols_with_path(value, path, *args, pending=pending, **kwargs)
