@@ -11,6 +11,7 @@ machine, or after the idle timeout) apart from runs that find it warm (every lat
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -19,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,7 @@ class Timing:
 
     wall: float
     cpu: float
+    steps: dict = field(default_factory=dict)  # what `normbridge register --json` said its steps took (its "seconds")
 
 
 def run_seconds(argv: list[str], env: dict | None = None) -> Timing:
@@ -46,7 +48,22 @@ def run_seconds(argv: list[str], env: dict | None = None) -> Timing:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
-    return Timing(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    return Timing(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), _reported_steps(done.stdout))
+
+
+def _reported_steps(output: str) -> dict:
+    """The "seconds" of a `register --json` answer, {} for any other output."""
+    try:
+        answer = json.loads(output)
+    except ValueError:
+        return {}
+    return answer.get("seconds", {}) if isinstance(answer, dict) else {}
+
+
+def medians(times: list[Timing]) -> Timing:
+    """The median of each: wall, CPU and every reported step."""
+    steps = {step: statistics.median(t.steps[step] for t in times) for step in times[0].steps if all(step in t.steps for t in times)}
+    return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times), steps)
 
 
 def median_seconds(make_argv, repeat: int, prepare=None) -> Timing:
@@ -55,7 +72,7 @@ def median_seconds(make_argv, repeat: int, prepare=None) -> Timing:
     for i in range(repeat):
         env = prepare(i) if prepare else None
         times.append(run_seconds(make_argv(i), env))
-    return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times))
+    return medians(times)
 
 
 class SharedWorkers:
@@ -102,7 +119,7 @@ class SharedWorkers:
         run = run_seconds(argv, {**env, **self.env})
         after = self.cpu()
         spent = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-        return Timing(run.wall, run.cpu + spent)
+        return Timing(run.wall, run.cpu + spent, run.steps)
 
     def settle(self, quiet: float = 1.0, limit: float = 60.0) -> None:
         """Wait until the workers and their children have spent no CPU for `quiet` seconds (at most `limit`): a worker
@@ -125,7 +142,7 @@ class SharedWorkers:
         times = [self.timed(make_argv(i), prepare(i), cold) for i in range(repeat)]
         if cold:
             self.stop()
-        return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times))
+        return medians(times)
 
 
 def normbridge(*args: str) -> list[str]:

@@ -1,17 +1,16 @@
 """Where a registration's time per normalizer goes, in one warm process (as the shared worker registers a model).
 
 Registers each model into fresh local stores (`rounds` times after one untimed run, every framework's leg in this process)
-with the steps of `registry.service.registration.Registrations` timed in wall seconds: reading the model into an artifact
-(`extract_artifact`: the `.pt2` program, its specs, hashes and structure), the gate (`_gate`), staging the blobs (`_stage`)
-and the commit with publishing (`_commit`). Printed per normalizer as (big model minus small model) / the difference in
-normalizers, from each model's fastest run. Timings are printed, never asserted.
+with the wall seconds of each step as the registration reports them (`Registration.seconds`): reading the model into an
+artifact (the `.pt2` program, its specs, hashes and structure), the gate, staging the blobs and the commit with
+publishing. Printed per normalizer as (big model minus small model) / the difference in normalizers, from each model's
+fastest run. Timings are printed, never asserted.
 
     python bench/registration_phases.py   (or from bench/registry.py)
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import sys
 import tempfile
@@ -21,57 +20,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-#: (label, attribute of registry.service.registration) of the timed steps; "whole" is Registrations.register.
-STEPS = (("reading", "extract_artifact"), ("gate", "Registrations._gate"), ("staging", "Registrations._stage"),
-         ("publish+commit", "Registrations._commit"), ("whole", "Registrations.register"))
-
-
-def _timed(owner, name: str, label: str, spent: dict[str, float]):
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def timed(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
-
-    setattr(owner, name, timed)
-    return original
+#: (printed label, key of Registration.seconds) of the steps; "whole" is the register call, timed here.
+STEPS = (("reading", "reading"), ("gate", "gate"), ("staging", "staging"), ("publish+commit", "commit"), ("whole", "whole"))
 
 
 def phase_rows(files: dict[str, Path], pairs=(("bn53", "bn1", 52), ("rms160", "rms2", 158)), rounds: int = 3) -> dict[str, dict[str, float]]:
     """{big model: {step: ms per normalizer}} for each (big, small, extra normalizers) of `pairs`."""
     from registry.service import Registry
-    from registry.service import registration
 
-    spent: dict[str, float] = {}
-    originals = []
-    for label, dotted in STEPS:
-        owner = registration if "." not in dotted else getattr(registration, dotted.split(".")[0])
-        name = dotted.split(".")[-1]
-        originals.append((owner, name, _timed(owner, name, label, spent)))
-    try:
-        def register(path: Path) -> dict[str, float]:
-            folder = Path(tempfile.mkdtemp(prefix="phases-"))
-            registry = Registry(db=f"sqlite:///{folder}/registry.db", blobs=str(folder / "blobs"))
-            gc.collect()
-            spent.clear()
-            registry.register("model", str(path))
-            registry.meta.close()
-            return dict(spent)
+    def register(path: Path) -> dict[str, float]:
+        folder = Path(tempfile.mkdtemp(prefix="phases-"))
+        registry = Registry(db=f"sqlite:///{folder}/registry.db", blobs=str(folder / "blobs"))
+        gc.collect()
+        start = time.perf_counter()
+        done = registry.register("model", str(path))
+        whole = time.perf_counter() - start
+        registry.meta.close()
+        return {**done.seconds, "whole": whole}
 
-        fastest = {}
-        for big, small, _ in pairs:
-            for name in (small, big):
-                register(files[name])  # first-call costs out of the figure
-                fastest[name] = min((register(files[name]) for _ in range(rounds)), key=lambda run: run["whole"])
-        return {big: {label: (fastest[big][label] - fastest[small][label]) * 1000 / extra for label, _ in STEPS}
-                for big, small, extra in pairs}
-    finally:
-        for owner, name, original in originals:
-            setattr(owner, name, original)
+    fastest = {}
+    for big, small, _ in pairs:
+        for name in (small, big):
+            register(files[name])  # first-call costs out of the figure
+            fastest[name] = min((register(files[name]) for _ in range(rounds)), key=lambda run: run["whole"])
+    return {big: {label: (fastest[big][key] - fastest[small][key]) * 1000 / extra for label, key in STEPS}
+            for big, small, extra in pairs}
 
 
 def print_phase_rows(rows: dict[str, dict[str, float]]) -> None:

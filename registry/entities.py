@@ -56,6 +56,9 @@ class Registration:
     created: bool
     checks: list = field(default_factory=list)  # list[schemas.CheckResult]
     unrecognised: list = field(default_factory=list)  # list[schemas.manifest.UnrecognisedLayer]: registered unchecked, by request
+    #: Where the registration's time went, wall seconds per step (reading, gate, staging, commit): a local registration
+    #: measures them (in the shared worker when it ran there); a server's answer carries none.
+    seconds: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

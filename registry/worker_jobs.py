@@ -123,7 +123,7 @@ def registration_to_json(result: Registration) -> dict:
     """A Registration as JSON values (checks keep their infinities: both ends are Python's json)."""
     version = {key: (value.isoformat() if key == "created_at" else value) for key, value in vars(result.version).items()}
     return {"version": version, "created": result.created, "checks": [c.model_dump(mode="python") for c in result.checks],
-            "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised]}
+            "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised], "seconds": result.seconds}
 
 
 def registration_from_json(document: dict) -> Registration:
@@ -132,7 +132,8 @@ def registration_from_json(document: dict) -> Registration:
 
     return Registration(version=TypeAdapter(VersionRecord).validate_python(document["version"]),
                         created=bool(document["created"]), checks=[CheckResult.model_validate(c) for c in document["checks"]],
-                        unrecognised=[UnrecognisedLayer.model_validate(u) for u in document["unrecognised"]])
+                        unrecognised=[UnrecognisedLayer.model_validate(u) for u in document["unrecognised"]],
+                        seconds={str(step): float(spent) for step, spent in document.get("seconds", {}).items()})
 
 
 __all__ = ["JOBS", "JOBS_MODULE", "prepare", "SWITCH_ENV", "local_store", "register_in_worker", "registration_from_json", "registration_to_json"]

@@ -57,7 +57,7 @@ def register(
                                             help="Register a model holding layers that look like normalizations and that no recognizer "
                                                  "proved (or no normalization at all); they are recorded as unchecked in the manifest "
                                                  "and the audit log."),
-    json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON, with its checks and the seconds each step took (reading, gate, staging, commit; none over a server)."),
 ) -> None:
     """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
 
@@ -82,7 +82,7 @@ def register(
     v = result.version
     if json_output:
         _dump({"created": result.created, "version": v, "checks": [c.model_dump(mode="json") for c in result.checks],
-               "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised]})
+               "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised], "seconds": result.seconds})
         return
     if result.created:
         console.print(f"[green]registered[/] {v.model}@{v.number}", highlight=False)

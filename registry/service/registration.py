@@ -12,7 +12,9 @@ leases the digests it relies on, so gc (in any process) keeps them until the com
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, get_args
@@ -59,6 +61,16 @@ def first_failure(result: CheckResult) -> str:
         if not s.passed:
             return f"training step on {s.framework} moved the running statistics differently from the reference"
     return "no target could express the layer"
+
+
+@contextlib.contextmanager
+def _step(seconds: dict[str, float], step: str) -> Iterator[None]:
+    """Add the wall seconds the block took to `seconds[step]` (a Registration's `seconds`: where its time went)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - start
 
 
 class Registrations:
@@ -127,7 +139,9 @@ class Registrations:
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
         legs = SplitCheck(expected_framework(model))  # a worker for the frameworks the model does not use starts importing them now
-        artifact = extract_artifact(model, lineage)
+        seconds: dict[str, float] = {}
+        with _step(seconds, "reading"):
+            artifact = extract_artifact(model, lineage)
         digests = list(artifact.blobs)
         lease = self.leases.new()
         try:
@@ -139,16 +153,20 @@ class Registrations:
                 structure = None if artifact.structure_read_safely else pool.submit(
                     check_structure, artifact.manifest, structure_parts(artifact.manifest, artifact.blobs.__getitem__))
                 try:
-                    checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised, legs)
-                    if structure is not None:
-                        structure.result()
+                    with _step(seconds, "gate"):
+                        checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised, legs)
+                        if structure is not None:
+                            structure.result()
                 except BaseException:
                     if staging is not None:
                         self._discard(staging.result())
                     raise
-                staged = staging.result() if staging is not None else self._stage(artifact.blobs, digests)
+                with _step(seconds, "staging"):  # beside the gate, only what is left of it
+                    staged = staging.result() if staging is not None else self._stage(artifact.blobs, digests)
             manifest = admit(artifact.manifest, allow_unrecognised)  # the gate admitted it: now it holds its unchecked layers
-            return self._commit(name, manifest, checks, staged, parent_record, note, report, lease, assess(manifest, artifact.specs))
+            with _step(seconds, "commit"):
+                done = self._commit(name, manifest, checks, staged, parent_record, note, report, lease, assess(manifest, artifact.specs))
+            return dataclasses.replace(done, seconds=seconds)
         finally:
             lease.release()
 

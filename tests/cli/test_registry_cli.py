@@ -74,6 +74,7 @@ def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
     assert second["created"] is True and second["version"]["number"] == 2
     assert (second["version"]["parent"], second["version"]["operation"]) == ("cnn@1", "fine-tuned")
     assert all(c["passed"] for c in second["checks"])
+    assert set(second["seconds"]) == {"reading", "gate", "staging", "commit"} and all(s > 0 for s in second["seconds"].values())
 
     refused = cli("register", "cnn", str(tmp_path / "model.pt"))  # as a process: tests/converters/test_pt2_safety.py
     assert refused.returncode == 6 and "pickle" in refused.stderr

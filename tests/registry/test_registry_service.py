@@ -167,6 +167,21 @@ def test_a_stats_only_fine_tune_registers_as_a_child_that_shares_every_weight_bl
     assert registry.verify().passed
 
 
+def test_a_registration_says_where_its_time_went_step_by_step(sqlite_registry, tmp_path):
+    """`seconds` (what `register --json` prints and bench/registry.py reads the gate's marginal cost from): each step's
+    wall time, measured around the step, so together no more than the whole call; an identical registration too."""
+    import time
+
+    path = save_pt2(trained_cnn(), tmp_path / "cnn.pt2")
+    for created in (True, False):
+        start = time.perf_counter()
+        done = sqlite_registry.register("cnn", path)
+        whole = time.perf_counter() - start
+        assert done.created is created
+        assert list(done.seconds) == ["reading", "gate", "staging", "commit"]
+        assert all(spent > 0 for spent in done.seconds.values()) and sum(done.seconds.values()) <= whole
+
+
 def test_parent_and_operation_can_be_given_and_aliases_move_with_history(sqlite_registry):
     reg = sqlite_registry
     model = trained_cnn()

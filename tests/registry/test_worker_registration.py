@@ -75,6 +75,8 @@ def test_the_workers_registration_stores_and_answers_what_an_in_process_one_does
     assert worker_registry.show("net@1").manifest == here_registry.show("net@1").manifest
     assert [c.model_dump(mode="json") for c in ours.checks] == [c.model_dump(mode="json") for c in theirs.checks]
     assert len(ours.checks) == 2 and all(c.passed for c in ours.checks)
+    assert list(ours.seconds) == list(theirs.seconds) == ["reading", "gate", "staging", "commit"]  # measured in the worker, sent back
+    assert all(isinstance(spent, float) and spent > 0 for spent in ours.seconds.values())
     assert sorted(worker_registry.store.digests()) == sorted(here_registry.store.digests())
     assert [(e.action, e.detail.get("model_input")) for e in worker_registry.audit()] == \
         [(e.action, e.detail.get("model_input")) for e in here_registry.audit()]
