@@ -70,8 +70,8 @@ def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
     first = cli("register", "cnn", str(v1), "--note", "first", process=True)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "registered cnn@1" in first.stdout and "2/2 normalization layers passed" in first.stdout
-    second = data(cli("register", "cnn", str(v2), "--json"))
-    assert second["created"] is True and second["version"]["number"] == 2
+    second = data(cli("register", "cnn", str(v2), "--json", "--note", "époque 2 ✓", process=True))  # --json writes UTF-8
+    assert second["created"] is True and second["version"]["number"] == 2 and second["version"]["note"] == "époque 2 ✓"
     assert (second["version"]["parent"], second["version"]["operation"]) == ("cnn@1", "fine-tuned")
     assert all(c["passed"] for c in second["checks"])
     assert set(second["seconds"]) == {"reading", "gate", "staging", "commit"} and all(s > 0 for s in second["seconds"].values())
