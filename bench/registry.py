@@ -6,7 +6,7 @@
 - the gate's marginal cost per normalizer: (53-layer minus 1-layer) / 52 of the gate step the cold runs'
   registrations reported (`register --json` prints each step's seconds), the same for a Llama-style decoder with 160
   RMSNorms (minus its 2-norm, 1-block version) / 158 (target <= 5 ms), and the same difference of the gate's own CPU
-  measured in this process with all three legs here; beside them, the whole registration's marginal cost (reading
+  measured in this process with all three legs here (no second process: what one core pays); beside them, the whole registration's marginal cost (reading
   the bigger program, the gate, storing its tensors) from the same runs' wall and CPU;
 - where a registration's time per normalizer goes in a warm process (bench/registration_phases.py: reading, gate,
   staging, commit), and reading the .pt2 per normalizer beside a bare torch.export.load;
@@ -123,8 +123,8 @@ def gate_rows(folder: Path, files: dict[str, Path] | None = None) -> dict[str, t
 
 def print_gate_rows(gate: dict[str, tuple[int, int, float, float]]) -> None:
     for name, (count, baseline, ms, one_by_one) in gate.items():
-        print(f"gate per normalizer, CPU in one process, all three legs: {name} {ms:.1f} ms over {count - baseline} more than its "
-              f"{baseline}-normalizer version (target <= 5 ms; check one normalizer at a time: {one_by_one:.1f} ms)")
+        print(f"gate per normalizer, CPU in one process, all three legs (no second process): {name} {ms:.1f} ms over {count - baseline} "
+              f"more than its {baseline}-normalizer version (check one normalizer at a time: {one_by_one:.1f} ms)")
 
 
 def reading_per_normalizer(big: Path, small: Path, extra: int, rounds: int = 3) -> tuple[float, float]:

@@ -9,6 +9,7 @@ module in cli/commands/ is missing from COMMAND_MODULES.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import signal
 import sys
@@ -40,7 +41,12 @@ def main() -> None:
     objects one by one) took about 1.1 s of a cold `normbridge register`'s 8 s, after the last line was printed; the
     operating system frees the memory at once. Everything an exit owes still runs first: Python joins the threads and
     runs the atexit handlers registered after this one (private workers reaped, connections closed), then `_leave`
-    flushes the logs and standard streams. A command that crashed (not a SystemExit) exits as Python does."""
+    flushes the logs and standard streams. A command that crashed (not a SystemExit) exits as Python does.
+
+    The objects the imports above left are frozen first (`gc.freeze`): Python's full collections, which the command's own
+    data triggers, then skip them. Parsing the shared worker's 435 kB answer for a 53-BatchNorm registration took 36 ms
+    with them scanned, 4 ms without; they live until the process ends anyway."""
+    gc.freeze()
     finished: list = []
     atexit.register(_leave, finished)  # registered before anything the command imports: it runs last
     signal.signal(signal.SIGTERM, _terminated)

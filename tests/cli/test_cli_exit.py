@@ -65,6 +65,14 @@ def test_a_crash_exits_as_python_does_with_its_traceback():
     assert "handler registered by the command ran" in done.stdout
 
 
+def test_the_modules_imported_before_the_command_runs_are_exempt_from_collections():
+    """What cli.main imported is frozen before the command runs (a cold command's full collections skip it)."""
+    done = run("import gc; print('frozen', gc.get_freeze_count())")
+    assert done.returncode == 0, done.stderr
+    frozen = int(done.stdout.split("frozen ")[1].split()[0])
+    assert frozen > 10_000, done.stdout  # typer, rich, pydantic and the commands' modules
+
+
 def test_the_console_script_runs_main():
     """pyproject's entry point is `main`, not the bare app (which would tear the interpreter down)."""
     text = (ROOT / "pyproject.toml").read_text()
