@@ -66,6 +66,10 @@ print(baseline, kb("VmHWM:"))
 ROWS = (("bn53", True), ("bn53", False), ("resnet50", True), ("resnet50", False), ("bn1", False), ("rms2", False), ("rms160", False))
 
 
+#: (normalizer, the bigger model's cold rows, the smaller model's, the normalizers it has more) of the per-normalizer figures.
+MARGINAL_PAIRS = (("BatchNorm", "register bn53", "register bn1", 52), ("RMSNorm", "register rms160", "register rms2", 158))
+
+
 def cold_registration_rows(files: dict[str, Path], folder: Path, repeat: int, rows=ROWS) -> dict[str, Timing]:
     stores, mlflow, workers = NormbridgeStores(folder), MlflowStores(folder), SharedWorkers(folder / "workers")
     seconds = {}
@@ -265,12 +269,12 @@ def main() -> int:
                         ("decoder 160x RMSNorm .pt2", "register rms160")):
         print(f"{label + ', worker warm':<42} {seconds[name].wall:>11.2f} {seconds[name].cpu:>12.2f}")
     print()
-    for label, big, small, extra in (("BatchNorm", "register bn53", "register bn1", 52), ("RMSNorm", "register rms160", "register rms2", 158)):
+    for label, big, small, extra in MARGINAL_PAIRS:
         wall = (seconds[big].wall - seconds[small].wall) / extra * 1000
         cpu = (seconds[big].cpu - seconds[small].cpu) / extra * 1000
         print(f"registration per normalizer, cold CLI (reading, gate and storing): {label} {wall:.1f} ms wall, {cpu:.1f} ms CPU "
               f"(both processes) over {extra} more")
-    for label, big, small, extra in (("BatchNorm", "register bn53", "register bn1", 52), ("RMSNorm", "register rms160", "register rms2", 158)):
+    for label, big, small, extra in MARGINAL_PAIRS:
         steps = {step: (seconds[big].steps[step] - seconds[small].steps[step]) / extra * 1000 for step in seconds[big].steps}
         print(f"gate per normalizer, cold CLI (the gate step the registrations reported, wall): {label} {steps['gate']:.1f} ms over {extra} "
               f"more (target <= 5 ms; the other steps: reading {steps['reading']:.1f}, staging {steps['staging']:.1f}, "

@@ -45,7 +45,8 @@ def main() -> None:
 
     The objects the imports above left are frozen first (`gc.freeze`): Python's full collections, which the command's own
     data triggers, then skip them. Parsing the shared worker's 435 kB answer for a 53-BatchNorm registration took 36 ms
-    with them scanned, 4 ms without; they live until the process ends anyway."""
+    with them scanned, 4 ms without; they live until the process ends anyway. (converters/heap.py settles a worker's heap
+    the same way; importing it here would import the converters package before the command needs it.)"""
     gc.freeze()
     finished: list = []
     atexit.register(_leave, finished)  # registered before anything the command imports: it runs last

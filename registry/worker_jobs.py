@@ -133,7 +133,7 @@ def registration_from_json(document: dict) -> Registration:
     return Registration(version=TypeAdapter(VersionRecord).validate_python(document["version"]),
                         created=bool(document["created"]), checks=[CheckResult.model_validate(c) for c in document["checks"]],
                         unrecognised=[UnrecognisedLayer.model_validate(u) for u in document["unrecognised"]],
-                        seconds={str(step): float(spent) for step, spent in document.get("seconds", {}).items()})
+                        seconds=dict(document.get("seconds") or {}))
 
 
 __all__ = ["JOBS", "JOBS_MODULE", "prepare", "SWITCH_ENV", "local_store", "register_in_worker", "registration_from_json", "registration_to_json"]

@@ -65,12 +65,12 @@ def first_failure(result: CheckResult) -> str:
 
 @contextlib.contextmanager
 def _step(seconds: dict[str, float], step: str) -> Iterator[None]:
-    """Add the wall seconds the block took to `seconds[step]` (a Registration's `seconds`: where its time went)."""
+    """Record the wall seconds the block took as `seconds[step]` (a Registration's `seconds`: where its time went)."""
     start = time.perf_counter()
     try:
         yield
     finally:
-        seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - start
+        seconds[step] = time.perf_counter() - start
 
 
 class Registrations:
