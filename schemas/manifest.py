@@ -106,6 +106,29 @@ class ModelStructure(BaseModel):
 
 #: The fields of a manifest that say what the model computes: its content digest covers these and nothing else.
 CONTENT_FIELDS = ("framework", "format", "mode", "tensors", "normalizers", "structure")
+#: Provenance inside a normalizer's spec that says which reader read the file, not what the file computes: the same bytes
+#: read under torch 2.13 and 2.14 are the same content (kept in the manifest, left out of the content digest).
+READER_FIELDS = ("framework_version",)
+
+
+def content_document(document: dict) -> dict:
+    """The part of a manifest document (model_dump(mode="json")) that the content digest covers.
+
+    CONTENT_FIELDS, with each normalizer's `spec.source` stripped of READER_FIELDS: the version of the framework that read the
+    file is provenance, so a registry keeps recognising identical bytes across framework upgrades.
+    """
+    content = {name: document[name] for name in CONTENT_FIELDS if name in document}
+    if "normalizers" in content:
+        content["normalizers"] = [_without_reader(entry) for entry in content["normalizers"]]
+    return content
+
+
+def _without_reader(entry: dict) -> dict:
+    source = entry.get("spec", {}).get("source")
+    if not isinstance(source, dict) or not any(name in source for name in READER_FIELDS):
+        return entry
+    source = {name: value for name, value in source.items() if name not in READER_FIELDS}
+    return {**entry, "spec": {**entry["spec"], "source": source}}
 
 
 def _digest_of(document: dict) -> str:
@@ -147,8 +170,9 @@ class ArtifactManifest(BaseModel):
         return document
 
     def content_digest(self) -> str:
-        """sha256 of what the model computes (its structure too, when stored); lineage, equivalence report and note are left out."""
-        return _digest_of(self.model_dump(mode="json", include=set(CONTENT_FIELDS)))
+        """sha256 of what the model computes (its structure too, when stored); lineage, equivalence report, note and the
+        reading framework's version are left out (content_document)."""
+        return _digest_of(content_document(self.model_dump(mode="json", include=set(CONTENT_FIELDS))))
 
     def digest(self) -> str:
         """sha256 of the whole manifest: the artifact digest."""
@@ -158,8 +182,7 @@ class ArtifactManifest(BaseModel):
         """(digest(), content_digest(), model_dump(mode="json")) from one dump: a registration stores all three, and each
         dump of a 160-normalizer manifest with its equivalence report costs milliseconds."""
         document = self.model_dump(mode="json")
-        content = {name: document[name] for name in CONTENT_FIELDS if name in document}
-        return _digest_of(document), _digest_of(content), document
+        return _digest_of(document), _digest_of(content_document(document)), document
 
     def to_canonical_json(self) -> str:
         return canonical_json(self.model_dump(mode="json"))
