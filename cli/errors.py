@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from schemas.errors import NormbridgeError, exit_code_for
+from schemas.extras import missing_dependency
 
 stderr = Console(stderr=True)
 #: Exit status when the reader of standard output closed it (`normbridge versions NAME | head -1`): 128 + SIGPIPE, what a
@@ -21,25 +22,36 @@ OUTPUT_CLOSED_EXIT = 141
 
 
 def reports_errors(func: Callable) -> Callable:
-    """Decorator: NormbridgeError -> one red line (or JSON with --json) and its exit code."""
+    """Decorator: NormbridgeError -> one red line (or JSON with --json) and its exit code; an optional package that is
+    not installed is one too (schemas/extras.py names its extra)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
         except NormbridgeError as error:
-            if kwargs.get("json_output"):
-                print(json.dumps({"error": error.to_dict()}))
-            else:
-                stderr.print(f"[bold red]error[/] ({error.code}): ", end="", highlight=False)
-                stderr.print(str(error), highlight=False, soft_wrap=True, markup=False)
-            raise typer.Exit(exit_code_for(error)) from None
+            report(error, json_output=kwargs.get("json_output"))
+        except ModuleNotFoundError as error:
+            missing = missing_dependency(error)
+            if missing is None:
+                raise
+            report(missing, json_output=kwargs.get("json_output"))
         except BrokenPipeError:
             if not _stdout_closed():
                 raise  # a socket's (the gate worker, a server): an error of the command, not of its reader
             output_closed()
 
     return wrapper
+
+
+def report(error: NormbridgeError, *, json_output: bool | None = None) -> None:
+    """Print `error` as one line on stderr (a JSON object on stdout with --json) and exit with its code."""
+    if json_output:
+        print(json.dumps({"error": error.to_dict()}))
+    else:
+        stderr.print(f"[bold red]error[/] ({error.code}): ", end="", highlight=False)
+        stderr.print(str(error), highlight=False, soft_wrap=True, markup=False)
+    raise typer.Exit(exit_code_for(error)) from None
 
 
 def _stdout_closed() -> bool:
