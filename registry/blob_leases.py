@@ -38,7 +38,7 @@ from sqlalchemy import delete, insert, select, union
 from sqlalchemy.orm import Session, sessionmaker
 
 from registry.db.models import BlobLeaseRow, BlobRefRow, LockRow, VersionRow
-from schemas.errors import NotFoundError, RegistryError
+from schemas.errors import NotFoundError, RegistryError, StorageFullError
 
 from .blobs.base import BlobStore
 
@@ -156,12 +156,18 @@ class Lease:
                                 f"{TRUSTED_SECONDS / 3600:g} h blob lease; nothing was registered: register the model again")
 
     def release(self) -> None:
-        """End a lease whose registration did not commit (nothing to do after a commit, or if nothing was taken)."""
+        """End a lease whose registration did not commit (nothing to do after a commit, or if nothing was taken).
+
+        On a database with no room left (StorageFullError) the lease is left to expire after LEASE_SECONDS: a lease is
+        released only on a registration's way out after a failure, and that failure is the error to report."""
         if self.committed or not self.digests:
             return
-        with self.leases._sessions() as session, session.begin():
-            _lock(session, exclusive=False)  # never interleaves with gc's removal of expired leases (no lock-order deadlock)
-            session.execute(delete(BlobLeaseRow).where(BlobLeaseRow.lease == self.id))
+        try:
+            with self.leases._sessions() as session, session.begin():
+                _lock(session, exclusive=False)  # never interleaves with gc's removal of expired leases (no lock-order deadlock)
+                session.execute(delete(BlobLeaseRow).where(BlobLeaseRow.lease == self.id))
+        except StorageFullError:
+            return
         self.digests.clear()
 
 

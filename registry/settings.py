@@ -8,7 +8,8 @@ Where the CLI's gate runs the legs of frameworks its process has not imported: t
 (converters/shared_worker.py) with its socket in $NORMBRIDGE_WORKER_DIR, else `workers/` in the data
 folder, exiting after $NORMBRIDGE_WORKER_IDLE seconds (600) alone; NORMBRIDGE_GATE_WORKER=private
 gives each process a worker of its own instead. A running shared worker registers into a local registry
-for the CLI (registry/worker_jobs.py) unless NORMBRIDGE_REGISTER_IN_WORKER=0.
+for the CLI (registry/worker_jobs.py) unless NORMBRIDGE_REGISTER_IN_WORKER=0. What the registry creates is private to
+its owner unless NORMBRIDGE_SHARED_GROUP=1 shares it with the folder's group (registry/file_modes.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from schemas.errors import RegistryError
+
+from . import file_modes
 
 DB_ENV = "NORMBRIDGE_DB"
 BLOBS_ENV = "NORMBRIDGE_BLOBS"
@@ -49,7 +52,7 @@ def database_url(explicit: str | None = None) -> str:
     if os.environ.get(DB_ENV):
         return os.environ[DB_ENV]
     folder = home()
-    folder.mkdir(parents=True, exist_ok=True)
+    file_modes.make_folder(folder)
     return f"sqlite:///{(folder / 'registry.db').resolve()}"
 
 
@@ -60,7 +63,7 @@ def blobs_uri(explicit: str | None = None) -> str:
     if os.environ.get(BLOBS_ENV):
         return os.environ[BLOBS_ENV]
     folder = home() / "blobs"
-    folder.mkdir(parents=True, exist_ok=True)
+    file_modes.make_folder(folder)
     return str(folder.resolve())
 
 

@@ -154,6 +154,20 @@ class NotServableError(RegistryError):
     code = "not_servable"
 
 
+class StorageFullError(NormbridgeError):
+    """The registry's database or blob store has no room left (no space on its disk, a quota, SQLite's 'database or disk
+    is full'): nothing was stored (HTTP 507, the WebDAV status for it)."""
+
+    code = "storage_full"
+
+
+class MissingDependencyError(NormbridgeError):
+    """An optional package the command needs is not installed; the message names the pip extra that brings it
+    (schemas/extras.py). `setting` holds the extra's name."""
+
+    code = "missing_dependency"
+
+
 class ServerUnreachableError(NormbridgeError):
     """The registry server did not answer (connection refused, timeout, not a normbridge server)."""
 
@@ -187,6 +201,8 @@ EXIT_CODES: dict[type[NormbridgeError], int] = {
     UnrecognisedNormalizationError: 21,
     NotServableError: 22,
     OutputPathError: 24,
+    StorageFullError: 25,
+    MissingDependencyError: 26,
     InvalidReferenceError: 2,
     NormbridgeError: 9,
 }
@@ -212,6 +228,8 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
     UnrecognisedNormalizationError: 422,
     NotServableError: 409,
     OutputPathError: 500,
+    StorageFullError: 507,
+    MissingDependencyError: 501,
     InvalidReferenceError: 422,
     NormbridgeError: 500,
 }

@@ -49,6 +49,7 @@ STORE_FLOOR = (
     "registry/state_dict_file.py",
     "registry/tar_reader.py",
     "registry/faults.py",
+    "registry/file_modes.py",
 )
 #: The registry's service floor: the `Registry` service and what it composes (artifact extraction and
 #: bundles, the registration gate, diff, lineage, drift records), the HTTP app, the web pages, the

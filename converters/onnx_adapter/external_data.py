@@ -4,7 +4,9 @@
 `location` relative to the model file; onnx.load would open whatever path that names. Here a
 location is followed only when it stays inside the model's folder once resolved: an absolute path,
 a `..` part, or a symlink that leads outside is refused, naming the tensor and the location, and
-nothing outside the folder is ever opened. Offsets and lengths must lie inside the file.
+nothing outside the folder is ever opened. Offsets and lengths must lie inside the file. Every tensor the model
+holds is walked, the bodies of its local functions (`model.functions`) included: onnx.checker resolves a function's
+locations against the working directory, not the model's folder, so it is no guard of its own.
 """
 
 from __future__ import annotations
@@ -22,43 +24,68 @@ EMBED_HINT = "keep the data files inside the model's folder, or embed them with 
 
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    """Every tensor of the model (initializers, Constant values, subgraphs) whose data lives in an external file."""
-    return [t for t in _tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
+    """Every tensor of the model (initializers, Constant values, subgraphs, the bodies of its functions) whose data lives in
+    an external file."""
+    return [tensor for tensor, _ in _external(model)]
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+def _external(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, str]]:
+    """(tensor, how a message names it) for every tensor of the model kept in an external file."""
+    for tensor in _graph_tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor, f"tensor '{tensor.name}'"
+    for function in model.functions:
+        # a function's body is nodes (Constants, If/Loop/Scan with their graphs) plus its attributes' default values
+        for tensor in (*_node_tensors(function.node), *_attribute_tensors(function.attribute_proto)):
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                yield tensor, f"tensor '{tensor.name}' of function '{function.domain}.{function.name}'"
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for sparse in graph.sparse_initializer:
         yield sparse.values
         yield sparse.indices
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            if attribute.HasField("g"):
-                yield from _tensors(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _tensors(subgraph)
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes) -> Iterator[onnx.TensorProto]:
+    for node in nodes:
+        yield from _attribute_tensors(node.attribute)
+
+
+def _attribute_tensors(attributes) -> Iterator[onnx.TensorProto]:
+    for attribute in attributes:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        for sparse in (*([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []), *attribute.sparse_tensors):
+            yield sparse.values
+            yield sparse.indices
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for subgraph in attribute.graphs:
+            yield from _graph_tensors(subgraph)
 
 
 def load_external_data(model: onnx.ModelProto, model_path: Path) -> None:
-    """Read every external tensor of `model` (loaded from `model_path`) into memory; InputFileError on any unsafe location."""
+    """Read every external tensor of `model` (loaded from `model_path`) into memory; InputFileError on any unsafe location.
+
+    Every location is checked before any file is opened, so a model with one unsafe location reads nothing."""
     folder = Path(os.path.realpath(model_path.parent))
-    for tensor in external_tensors(model):
-        fields = {entry.key: entry.value for entry in tensor.external_data}
-        location = fields.get("location", "")
-        target = _inside(folder, location, tensor.name, model_path)
-        tensor.raw_data = _read(target, fields, tensor.name, location, model_path)
+    located = [(tensor, label, {entry.key: entry.value for entry in tensor.external_data}) for tensor, label in _external(model)]
+    targets = [_inside(folder, fields.get("location", ""), label, model_path) for _, label, fields in located]
+    for (tensor, label, fields), target in zip(located, targets):
+        tensor.raw_data = _read(target, fields, label, fields.get("location", ""), model_path)
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
 
 
 def _inside(folder: Path, location: str, tensor: str, model_path: Path) -> Path:
-    """The data file a location names, resolved; refused unless it is a file inside `folder`."""
+    """The data file a location names, resolved; refused unless it is a file inside `folder` (`tensor`: how to name it)."""
     def refuse(why: str) -> InputFileError:
         return InputFileError(
-            f"'{model_path}': tensor '{tensor}' keeps its data at location '{location}', {why}; normbridge reads external data only "
+            f"'{model_path}': {tensor} keeps its data at location '{location}', {why}; normbridge reads external data only "
             f"from the model's own folder ({EMBED_HINT})."
         )
 
@@ -81,11 +108,11 @@ def _read(path: Path, fields: dict[str, str], tensor: str, location: str, model_
         offset = int(fields.get("offset", 0))
         length = int(fields["length"]) if "length" in fields else None
     except ValueError:
-        raise InputFileError(f"'{model_path}': tensor '{tensor}' gives a non-integer offset or length for '{location}'; re-export the model.") from None
+        raise InputFileError(f"'{model_path}': {tensor} gives a non-integer offset or length for '{location}'; re-export the model.") from None
     size = path.stat().st_size
     if offset < 0 or (length is not None and length < 0) or offset + (length or 0) > size:
         raise InputFileError(
-            f"'{model_path}': tensor '{tensor}' reads bytes {offset}..{offset + (length or 0)} of '{location}', which has {size}; "
+            f"'{model_path}': {tensor} reads bytes {offset}..{offset + (length or 0)} of '{location}', which has {size}; "
             "the data file does not belong to this model (re-export it)."
         )
     with open(path, "rb") as handle:

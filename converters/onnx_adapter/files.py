@@ -11,7 +11,7 @@ from google.protobuf.message import DecodeError
 from schemas import InputFileError
 from schemas.atomic_io import atomic_write_bytes
 
-from .external_data import load_external_data
+from .external_data import external_tensors, load_external_data
 from .proto import opset_of
 
 #: GroupNormalization-18 is deprecated, so the checker rejects it; normbridge still reads it (per-group affine).
@@ -47,7 +47,7 @@ def load_onnx_bytes(data: bytes, path: Path) -> onnx.ModelProto:
         model = onnx.load_from_string(data)
     except (DecodeError, ValueError) as error:
         raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}).") from error
-    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    external = [t.name for t in external_tensors(model)]  # initializers, Constants, subgraphs and function bodies alike
     if external:
         raise InputFileError(f"'{path}' keeps tensor '{external[0]}' in an external file; a model read from memory must hold all its data.")
     _check(model, path)

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+import errno
 import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from schemas.errors import IntegrityError, RegistryError
+from schemas.errors import IntegrityError, RegistryError, StorageFullError
 
 HEX_DIGITS = frozenset("0123456789abcdef")
 #: Bytes read (and hashed) at a time when a blob is streamed in.
 READ_CHUNK = 8 * 1024 * 1024
+#: The errno values of a write refused for want of room: no space left on the device, a disk quota used up.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def store_full(store: object, error: OSError) -> StorageFullError:
+    """The one-line error of a blob store whose disk refused a write for want of room (`error`: ENOSPC or EDQUOT)."""
+    return StorageFullError(f"the blob store '{store}' has no room left ({error.strerror or error}); nothing was stored: free space on "
+                            "its disk, or point NORMBRIDGE_BLOBS (--blobs; default NORMBRIDGE_HOME/blobs) at a disk with room, and try again.",
+                            setting="NORMBRIDGE_BLOBS")
 
 
 def sha256_hex(data: bytes) -> str:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from schemas.errors import RegistryError
 
+from .base import FULL_ERRNOS, store_full
+
 #: Fewer paths than this are fsynced one by one.
 MIN_PATHS = 8
 
@@ -44,6 +46,7 @@ def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
 
     Raises:
         RegistryError: the filesystem reported an error writing back (the data may not be durable), naming the store's folder.
+        StorageFullError: that error was a disk with no room left.
     """
     folders = set(folders)
     if _SYNCFS is None or not folders:
@@ -55,6 +58,8 @@ def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
     try:
         if _SYNCFS(handle) != 0:
             error = ctypes.get_errno()
+            if error in FULL_ERRNOS:
+                raise store_full(root, OSError(error, os.strerror(error)))
             raise RegistryError(f"the blob store '{root}' could not be made durable: syncfs of its filesystem failed "
                                 f"({os.strerror(error)}); nothing was registered: check the disk and register again")
     finally:

@@ -3,10 +3,14 @@
 Sharding as git's object store does, so no folder grows past a few thousand entries; every write
 is temp file + fsync + rename (+ fsync of the folder), so a blob appears whole or not at all. A
 registration stages its blobs unsynced and syncs them together before publishing (`sync`).
+Folders and blobs are private to their owner unless the registry is shared with a group
+(registry/file_modes.py). A disk that has no room for a write is a StorageFullError naming the
+store, and the temporary file is removed: nothing half written stays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -17,21 +21,34 @@ from pathlib import Path
 
 from schemas.errors import NotFoundError
 
-from .base import HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, stream_mismatch
+from .. import file_modes
+from ..file_modes import FileModes
+from .base import FULL_ERRNOS, HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, store_full, stream_mismatch
 from .filesystem_sync import MIN_PATHS, linux_libc, sync_filesystem
 
 
-#: Blobs are read-only once written; the process umask is taken off this mode.
-BLOB_MODE = 0o444
-
-
 class LocalBlobStore(BlobStore):
-    """Blobs as read-only files 'ab/cdef...' under `root`, written by temp file + fsync + rename."""
+    """Blobs as read-only files 'ab/cdef...' under `root`, written by temp file + fsync + rename.
 
-    def __init__(self, root: str | os.PathLike):
+    `modes`: what new folders and blobs get (registry/file_modes.py; default: $NORMBRIDGE_SHARED_GROUP's, private unless set).
+    """
+
+    def __init__(self, root: str | os.PathLike, modes: FileModes | None = None):
         self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.modes = modes or file_modes.current()
+        with self._full_is_an_error():
+            file_modes.make_folder(self.root, self.modes)
         self.uri = self.root.as_uri()
+
+    @contextlib.contextmanager
+    def _full_is_an_error(self) -> Iterator[None]:
+        """An OSError of a disk with no room left (ENOSPC, EDQUOT) becomes the StorageFullError naming this store."""
+        try:
+            yield
+        except OSError as error:
+            if error.errno in FULL_ERRNOS:
+                raise store_full(self.root, error) from error
+            raise
 
     def __repr__(self) -> str:
         return f"LocalBlobStore({str(self.root)!r})"
@@ -69,19 +86,20 @@ class LocalBlobStore(BlobStore):
         target = self.path_of(digest)
         if target.exists():
             return StagedBlob(digest=digest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.")
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                write(stream)
-                stream.flush()
-                if sync:
-                    os.fsync(stream.fileno())
-                else:
-                    _start_writeback(stream.fileno())
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        with self._full_is_an_error():
+            file_modes.make_folder(target.parent, self.modes)
+            handle, temporary = _new_read_only_file(target.parent, f".{digest[2:10]}.", self.modes)
+            try:
+                with os.fdopen(handle, "wb") as stream:
+                    write(stream)
+                    stream.flush()
+                    if sync:
+                        os.fsync(stream.fileno())
+                    else:
+                        _start_writeback(stream.fileno())
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
         return StagedBlob(digest=digest, temporary=Path(temporary), synced=sync)
 
     def sync(self, staged: list[StagedBlob]) -> None:
@@ -96,7 +114,8 @@ class LocalBlobStore(BlobStore):
         for blob in pending:
             handle = os.open(blob.temporary, os.O_RDONLY)
             try:
-                os.fsync(handle)
+                with self._full_is_an_error():  # a filesystem that allocates at writeback reports the full disk here
+                    os.fsync(handle)
             finally:
                 os.close(handle)
             blob.synced = True
@@ -121,7 +140,8 @@ class LocalBlobStore(BlobStore):
                 continue
             target = self.path_of(blob.digest)
             try:
-                os.replace(blob.temporary, target)
+                with self._full_is_an_error():
+                    os.replace(blob.temporary, target)
             except BaseException:
                 for left in staged[i:]:
                     self.discard(left)
@@ -198,20 +218,28 @@ class LocalBlobStore(BlobStore):
         return max(0.0, time.time() - self._stat(digest).st_mtime)
 
 
-def _new_read_only_file(folder: Path, prefix: str) -> tuple[int, str]:
-    """A new hidden '<prefix><random>.tmp' in `folder`, open for writing, created read-only as the umask allows (0444 under 022, 0400 under 077).
+def _new_read_only_file(folder: Path, prefix: str, modes: FileModes) -> tuple[int, str]:
+    """A new hidden '<prefix><random>.tmp' in `folder`, open for writing, created with the blob mode (read-only: 0400, or 0440
+    for a registry shared with its group, registry/file_modes.py).
 
-    Created with mode 0444 rather than chmod-ed after tempfile.mkstemp (0600): a blob store under umask 077 stays
-    private to its owner, and one under 022 can be read by a server running as another user. The mode applies to later
-    opens only, so this descriptor still writes.
+    Created with that mode rather than chmod-ed after tempfile.mkstemp, so the bytes are never readable by anyone the blob
+    will not be. The mode applies to later opens only, so this descriptor still writes.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(100):
         path = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}.tmp")
         try:
-            return os.open(path, flags, BLOB_MODE), path
+            handle = os.open(path, flags, modes.blob)
         except FileExistsError:
             continue
+        try:
+            if modes.shared:  # the group's read bit, whatever the umask
+                os.fchmod(handle, modes.blob)
+        except OSError:
+            os.close(handle)
+            os.unlink(path)
+            raise
+        return handle, path
     raise FileExistsError(f"could not create a temporary blob file in '{folder}' after 100 attempts; run normbridge gc to remove stale .*.tmp files.")
 
 

@@ -5,6 +5,8 @@ same version counter); sessions marked READ_ONLY begin deferred and never queue 
 The schema is created and upgraded only by Alembic (registry/migrations), never by `create_all`;
 a database already at the newest migration is recognised without importing Alembic (`at_head`: a
 cold CLI process would otherwise spend a third of a second loading it to find nothing to do).
+A new SQLite database file is created private to its owner (or shared with its folder's group: registry/file_modes.py),
+and a database whose disk is full is a StorageFullError naming it, never a driver's traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from pathlib import Path
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Engine, make_url
 
+from schemas.errors import StorageFullError
+
+from .. import file_modes
+
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 #: Execution option marking the sessions that only read (SQLite then BEGINs without the write lock).
@@ -25,6 +31,9 @@ READ_ONLY = "normbridge_read_only"
 
 #: How long a SQLite writer waits for the lock before failing (seconds).
 SQLITE_BUSY_TIMEOUT = 60.0
+#: SQLite's result code for 'database or disk is full' (a write, or its journal, found no room), and PostgreSQL's SQLSTATE.
+SQLITE_FULL = 13
+POSTGRES_DISK_FULL = "53100"
 
 
 def now() -> datetime:
@@ -89,15 +98,41 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
+def _refuse_full_disk(engine: Engine, parsed: URL) -> None:
+    """Turn the driver's 'disk full' on any statement, commit or connect of `engine` into a StorageFullError naming the
+    database (its transaction is rolled back: nothing of it was written)."""
+    sqlite = parsed.get_backend_name() == "sqlite"
+    where = parsed.database if sqlite else parsed.render_as_string(hide_password=True)
+    hint = ("point NORMBRIDGE_DB (--db; default NORMBRIDGE_HOME/registry.db) at a disk with room" if sqlite
+            else "ask the database's operator for room")
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context):
+        original = context.original_exception
+        if sqlite and getattr(original, "sqlite_errorcode", None) == SQLITE_FULL or \
+                not sqlite and POSTGRES_DISK_FULL in (getattr(original, "pgcode", None), getattr(original, "sqlstate", None)):
+            raise StorageFullError(f"the registry database '{where}' has no room left ({str(original).strip()}); its write was undone: "
+                                   f"free space on its disk, or {hint}, and try again.", setting="NORMBRIDGE_DB") from original
+
+
 def make_engine(url: str | URL) -> Engine:
-    """An engine for `url`; SQLite gets a busy timeout, WAL and BEGIN IMMEDIATE transactions."""
+    """An engine for `url`; SQLite gets a busy timeout, WAL and BEGIN IMMEDIATE transactions, and a new database file the
+    registry's file mode (registry/file_modes.py)."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, pool_pre_ping=True)
+        engine = create_engine(parsed, pool_pre_ping=True)
+        _refuse_full_disk(engine, parsed)
+        return engine
     database = parsed.database
     if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        modes = file_modes.current()
+        file_modes.make_folder(Path(database).expanduser().parent, modes)
+        try:
+            file_modes.create_file(Path(database), modes)  # before SQLite creates it with the umask's mode (its journals copy it)
+        except FileNotFoundError:
+            pass  # a path SQLite cannot open either: its own error names it
     engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
+    _refuse_full_disk(engine, parsed)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):

@@ -19,6 +19,7 @@ _DESCRIPTIONS = {
     415: "The object is not a model normbridge can read (unsupported_object).",
     422: "The request does not match the API (invalid_request), or a spec is invalid (invalid_spec).",
     500: "Stored bytes are tampered (integrity_error) or the server failed (internal_error).",
+    507: "The registry's database or blob store has no room left; nothing was stored (storage_full).",
 }
 
 

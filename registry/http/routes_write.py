@@ -48,7 +48,7 @@ UPLOAD_BODY = {
              summary="Register an uploaded model as the next version, only if every normalizer passes the equivalence check",
              responses={200: {"model": Registered, "description": "Identical content is already registered: the existing version."},
                         201: {"model": Registered, "description": "A new version was registered."},
-                        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500)})
+                        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500, 507)})
 async def register(request: Request, principal: Writer,
                    name: Annotated[str, PathParam(description="Model name (letters, digits, '.', '_', '-').")],
                    file_format: Annotated[Literal["onnx", "keras", "pt2", "bundle"], Query(alias="format", description="What the body is.")],

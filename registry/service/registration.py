@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, get_args
 from converters.split_check import SplitCheck, expected_framework
 from schemas import CheckResult
 from schemas.errors import (CheckFailedError, IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, PayloadTooLargeError,
-                            RegistryError)
+                            RegistryError, StorageFullError)
 from schemas.manifest import Lineage, Operation
 
 from ..artifact import extract_artifact
@@ -130,8 +130,11 @@ class Registrations:
         except unaudited:
             raise
         except NormbridgeError as error:
-            self.meta.record_failure(name, self.user, {"error": error.code, "message": str(error), "layer": error.layer,
-                                                       "model_input": model_input})
+            try:
+                self.meta.record_failure(name, self.user, {"error": error.code, "message": str(error), "layer": error.layer,
+                                                           "model_input": model_input})
+            except StorageFullError:
+                pass  # a database with no room cannot hold the refusal's entry either: the refusal itself is what to report
             raise
 
     def _register(self, name, model, parent, note, operation, report: Progress, allow_unrecognised: bool) -> Registration:

@@ -3,8 +3,8 @@
 A few rows run as real processes (the umask, the exit status and the completion script as a shell
 sees them); the rest run the console script's app in this process (tests.cli_run.invoke_cli).
 
-Files written for the user get the mode the umask gives (0644 / 0755 under 022, not 0600), and so do the
-registry's database and read-only blobs; usage
+Files written for the user get the mode the umask gives (0644 / 0755 under 022, not 0600), while the
+registry's database, folders and read-only blobs stay private to their owner (tests/registry/test_file_modes.py); usage
 mistakes exit 2 with the usage line while registry refusals keep exit 14; `--version`, shell
 completion, flags without a `<bool>` placeholder; `convert --to keras` refuses an output Keras
 could not load, and the file it writes loads with safe_mode=True.
@@ -88,9 +88,10 @@ def test_outputs_get_the_umask_mode_like_any_file_the_user_writes(work, what, ho
             assert found == expected, f"{what} {name} under umask {umask:03o}: {found:04o}, expected {expected:04o}"
 
 
-def test_the_registry_follows_the_umask_too(work):
-    """The database, the blob files (read-only) and their folders: readable by a server running as another user under 022, private under 077."""
-    for umask, db_mode, blob_mode, folder_mode in ((0o022, 0o644, 0o444, 0o755), (0o077, 0o600, 0o400, 0o700)):
+def test_the_registry_stays_private_whatever_the_umask(work):
+    """The database, the blob files (read-only) and their folders: private to their owner under 022 as under 077 (they hold every
+    registered model; NORMBRIDGE_SHARED_GROUP=1 shares them with a group: tests/registry/test_file_modes.py)."""
+    for umask, db_mode, blob_mode, folder_mode in ((0o022, 0o600, 0o400, 0o700), (0o077, 0o600, 0o400, 0o700)):
         home = work / f"registry_{umask:03o}"
         env = {"NORMBRIDGE_DB": f"sqlite:///{home / 'registry.db'}", "NORMBRIDGE_BLOBS": str(home / "blobs")}
         assert invoke_cli("convert", "bn", "--to", "onnx", "-o", f"bn_{umask:03o}.onnx", cwd=work).returncode == 0

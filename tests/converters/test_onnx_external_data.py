@@ -135,3 +135,119 @@ def test_a_server_side_load_without_the_data_file_names_it(tmp_path):
     os.remove(tmp_path / "model.onnx.data")
     with pytest.raises(InputFileError, match="tensor 'scale' keeps its data at location 'model.onnx.data', which is missing"):
         load_model(path)
+
+
+# -- local functions (model.functions): the same location checks (issue 30) -------------------------------------------
+
+IN_ACCESS, IN_OPEN = 0x1, 0x20
+
+
+class OpenWatch:
+    """Whether a file was opened or read since the watch began (inotify on the file itself, Linux): stat alone is no open."""
+
+    def __init__(self, path):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0 and libc.inotify_add_watch(self.fd, os.fsencode(path), IN_OPEN | IN_ACCESS) >= 0
+
+    def opened(self) -> bool:
+        try:
+            return bool(os.read(self.fd, 4096))
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(self.fd)
+
+
+def _external_constant(location: str, size: int) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name="k", data_type=onnx.TensorProto.FLOAT, dims=[size], data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", "0"), ("length", str(4 * size))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _function_model(folder, location, where="constant", size=8):
+    """A LayerNormalization, then a call of the local function custom.AddK whose body adds a constant kept in an external
+    file at `location`: the value of a Constant in the body, of a Constant in an If branch inside it, or the default of the
+    function's attribute that its Constant takes (what a crafted file would hold)."""
+    scale = np.linspace(0.5, 2.0, size).astype(np.float32)
+    k = _external_constant(location, size)
+    if where == "constant":
+        body = [helper.make_node("Constant", [], ["kv"], value=k, name="const")]
+        defaults = []
+    elif where == "if branch":
+        then = helper.make_graph([helper.make_node("Constant", [], ["t"], value=k)], "then", [],
+                                 [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [size])])
+        other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(np.zeros(size, np.float32)))],
+                                  "else", [], [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [size])])
+        body = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
+                helper.make_node("If", ["c"], ["kv"], then_branch=then, else_branch=other)]
+        defaults = []
+    else:  # "attribute default"
+        body = [helper.make_node("Constant", [], ["kv"])]
+        body[0].attribute.add(name="value", ref_attr_name="kval", type=onnx.AttributeProto.TENSOR)
+        defaults = [helper.make_attribute("kval", k)]
+    function = helper.make_function("custom", "AddK", ["x"], ["y"], [*body, helper.make_node("Add", ["x", "kv"], ["y"])],
+                                    [helper.make_opsetid("", 17)], attribute_protos=defaults)
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["X", "scale"], ["h"], axis=-1, epsilon=1e-5, name="ln"),
+         helper.make_node("AddK", ["h"], ["Y"], domain="custom", name="call")], "g",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", size])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", size])], initializer=[numpy_helper.from_array(scale, "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)], functions=[function])
+    model.ir_version = 8
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    return folder / "model.onnx"
+
+
+@pytest.mark.parametrize("where", ["constant", "if branch", "attribute default"])
+@pytest.mark.parametrize("kind", ["parent", "etc passwd", "absolute", "symlink", "working directory"])
+def test_a_function_body_tensor_outside_the_folder_is_refused_and_never_opened(tmp_path, monkeypatch, kind, where):
+    """Before, the walker saw only model.graph: onnx.checker refused some of these with its own words, and a location that is
+    missing beside the model but present in the working directory (the checker resolves it there) was loaded and registered."""
+    inside = tmp_path / "model"
+    inside.mkdir()
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.arange(8, dtype=np.float32).tobytes())
+    location = {"parent": "../secret.bin", "etc passwd": "../../etc/passwd", "absolute": str(secret), "symlink": "link.data",
+                "working directory": "secret.bin"}[kind]
+    if kind == "symlink":
+        os.symlink(secret, inside / "link.data")
+    monkeypatch.chdir(tmp_path)  # where 'secret.bin' is, beside the model's folder
+    path = _function_model(inside, location, where)
+    watch = OpenWatch(secret)
+    with pytest.raises(InputFileError) as error:
+        load_model(path)
+    assert not watch.opened(), f"{secret} was opened"
+    message = str(error.value)
+    assert f"'{path}': tensor 'k' of function 'custom.AddK' keeps its data at location '{location}'" in message, message
+    assert "reads external data only from the model's own folder" in message
+
+
+def test_a_function_body_tensor_inside_the_folder_is_read_into_the_model(tmp_path):
+    data = np.linspace(-1.0, 1.0, 8).astype(np.float32)
+    (tmp_path / "k.bin").write_bytes(data.tobytes())
+    watch = OpenWatch(tmp_path / "k.bin")
+    model = load_model(_function_model(tmp_path, "k.bin"))
+    assert watch.opened()  # the control: the watch sees the read of a file inside the folder
+    assert not external_tensors(model)
+    [constant] = [node for node in model.functions[0].node if node.op_type == "Constant"]
+    np.testing.assert_array_equal(numpy_helper.to_array(constant.attribute[0].t), data)
+
+
+@pytest.mark.slow  # a registration
+def test_a_model_whose_function_reads_a_file_of_the_working_directory_is_not_registered(tmp_path, monkeypatch):
+    """The attack that got through: registered as m@1 before, its function pointing at a file outside the model's folder."""
+    from registry.service import Registry
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "secret.bin").write_bytes(np.arange(8, dtype=np.float32).tobytes())
+    monkeypatch.chdir(tmp_path)
+    path = _function_model(tmp_path / "model", "secret.bin")
+    registry = Registry(db=f"sqlite:///{tmp_path / 'r.db'}", blobs=str(tmp_path / "blobs"))
+    with pytest.raises(InputFileError, match="tensor 'k' of function 'custom.AddK' keeps its data at location 'secret.bin', which is missing"):
+        registry.register("m", path)
+    assert registry.models() == [] and list(registry.store.digests()) == []
+    registry.meta.close()

@@ -13,7 +13,7 @@ import pytest
 from registry.blobs import open_blob_store
 from registry.blobs.filesystem_sync import MIN_PATHS, sync_filesystem
 from registry.blobs.local import LocalBlobStore
-from schemas.errors import IntegrityError, NotFoundError, RegistryError
+from schemas.errors import IntegrityError, NotFoundError, RegistryError, StorageFullError
 
 
 def test_put_returns_the_sha256_and_shards_by_its_first_two_digits(tmp_path):
@@ -47,7 +47,7 @@ def test_a_failed_write_leaves_no_temporary_file_and_no_blob(tmp_path, monkeypat
         raise OSError(28, "No space left on device (injected)")
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(StorageFullError, match=f"the blob store '{store.root}' has no room left .*injected"):  # a full disk, typed
         store.put(b"half written")
     monkeypatch.undo()
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
@@ -136,7 +136,7 @@ def test_a_blob_published_unsynced_is_synced_first_and_a_failed_rename_leaves_no
         real_replace(source, target)
 
     monkeypatch.setattr(os, "replace", replace_then_fail)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(StorageFullError, match="injected"):
         store.publish_all(staged)
     monkeypatch.undo()
     assert not list(tmp_path.rglob(".*.tmp"))  # the two left unpublished were discarded, not left half way
