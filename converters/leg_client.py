@@ -154,12 +154,26 @@ def _checked(result: dict, trips: list | None) -> CheckResult | round_trips.Chec
     return checked if trips is None else round_trips.Checked(checked, [round_trips.RoundTrip.from_fields(trip) for trip in trips])
 
 
+def python_path() -> str:
+    """PYTHONPATH for a worker: ROOT first (it runs this copy of normbridge), then the caller's own entries made absolute
+    (as the caller resolved them; an empty entry, which would mean the worker's working directory, is dropped)."""
+    entries = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return os.pathsep.join(dict.fromkeys([ROOT, *entries]))  # a worker's own workers: ROOT once
+
+
+def python_command(module: str) -> list[str]:
+    """argv that runs `module` as a worker. `-P`: `python -m` would put the working directory first on sys.path, so a
+    `converters/` package in the folder a worker starts from (a download, a shared /tmp, a swapped worker folder) would run
+    instead of normbridge's; the worker finds normbridge through `python_path` alone."""
+    return [sys.executable, "-P", "-m", module]
+
+
 def start_child(warm: list[str], packages: dict[str, str]) -> LegWorker:
     """A worker that is this process's child on pipes, importing `warm` at once; it ends with its caller."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {**os.environ, "PYTHONPATH": python_path()}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     stderr = tempfile.TemporaryFile()
-    process = subprocess.Popen([sys.executable, "-m", "converters.leg_worker", json.dumps(packages), *warm], stdin=subprocess.PIPE,
+    process = subprocess.Popen([*python_command("converters.leg_worker"), json.dumps(packages), *warm], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=stderr, env=env)
 
     def last_words() -> str:
@@ -183,4 +197,4 @@ def start_child(warm: list[str], packages: dict[str, str]) -> LegWorker:
     return LegWorker(process.stdout, process.stdin, lambda: process.poll() is None, close, last_words, process.pid)
 
 
-__all__ = ["LegWorker", "WorkerGone", "start_child"]
+__all__ = ["LegWorker", "WorkerGone", "python_command", "python_path", "start_child"]

@@ -7,15 +7,21 @@ checks. It runs the same code as a private worker (converters/leg_worker.py: the
 same frames), so its results are the ones an in-process check gives, field for field.
 
 Secured as a local service: the socket lives in a folder that must be a real directory owned by this
-user with no group or other access (0700, checked before every connection and created so); the
-socket file is 0600; the worker accepts a connection only from a peer of its own user id and the
+user with no group or other access (0700, checked before every connection and created so). After the
+check the folder is reached through the checked descriptor only, never by its path again: its parent may
+be writable by others (a team's NORMBRIDGE_HOME), who could swap the folder in between. Connections go
+through `/proc/self/fd`, the log is opened relative to the descriptor with O_NOFOLLOW, and the worker is
+handed the descriptor, makes it its working directory (fchdir) and binds, locks and unlinks by name there;
+it runs with `-P`, so no working directory is ever on its sys.path (leg_client.python_command). The socket
+file is 0600; the worker accepts a connection only from a peer of its own user id and the
 caller talks only to a worker of its own user id (SO_PEERCRED both ways), so nobody else can feed it
 requests or answer in its place. Requests are data (a spec's JSON and safetensors bytes, parsed,
 never executed), frames longer than `leg_worker.MAX_FRAME` drop the connection. The socket's name is
 a digest of everything the results depend on (interpreter, normbridge's code, the frameworks'
-installs, KERAS_BACKEND and the adapter packages), so an upgrade or an edit starts a new worker
-instead of asking a stale one. A worker with no connection for `idle` seconds removes its socket and
-exits; an flock on `<name>.lock` keeps one worker per name.
+installs, the adapter packages and the environment the worker takes: `worker_environment`), so an
+upgrade, an edit or a caller with other settings starts a new worker instead of asking a stale one. A
+worker with no connection for `idle` seconds removes its socket and exits; an flock on `<name>.lock`
+keeps one worker per name.
 
 A worker may also run whole jobs for its callers (`run_job`): the CLI starts it with `--jobs=MODULE`, a module whose
 `JOBS` maps names to functions (registry/worker_jobs.py: a registration, so that a CLI process with a warm worker
@@ -23,7 +29,9 @@ imports no framework at all), and whose `prepare(frameworks)`, if it has one, re
 a model of those frameworks (run after a gate's legs: leg_worker.serve's prepare requests). The module's package is
 part of the socket's name, like the code above.
 
-    python -m converters.shared_worker SOCKET IDLE_SECONDS PACKAGES_JSON [--jobs=MODULE] [FRAMEWORK ...]
+    python -P -m converters.shared_worker SOCKET IDLE_SECONDS PACKAGES_JSON [--folder-fd=FD] [--jobs=MODULE] [FRAMEWORK ...]
+
+(SOCKET's folder is the descriptor FD when given, else SOCKET's folder, checked as `open_folder` does.)
 """
 
 from __future__ import annotations
@@ -46,14 +54,28 @@ from pathlib import Path
 
 from . import lean_imports
 from .adapters import AdapterRegistry
-from .leg_client import LegWorker
+from .leg_client import LegWorker, python_command, python_path
 from .heap import settle_heap
 from .leg_worker import ROOT, Job, ProtocolError, read_frame, serve, warm_up, write_frame
 
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0
-#: Environment variables that change what a check computes (the Keras backend, TensorFlow's oneDNN kernels) or which code runs.
-RESULT_ENV = ("KERAS_BACKEND", "TF_ENABLE_ONEDNN_OPTS", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+#: The environment a worker takes from the caller that starts it: these names, and names with these prefixes (the
+#: frameworks' and thread pools' settings, normbridge's own). Nothing else reaches it (no credentials, no token), and all
+#: of it is part of the socket's name, so a caller whose values differ starts, or reaches, a worker of its own.
+WORKER_ENV_NAMES = ("HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "LD_LIBRARY_PATH",
+                    "LD_PRELOAD", "XLA_FLAGS")
+WORKER_ENV_PREFIXES = ("NORMBRIDGE_", "KERAS_", "TF_", "CUDA_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "ORT_", "LC_")
+#: normbridge settings the caller resolves itself (the store, the user and the options travel in each job's request) or
+#: that choose the worker or a server: not taken, so callers that differ only in them share a worker.
+CALLER_ONLY_ENV = ("NORMBRIDGE_DB", "NORMBRIDGE_BLOBS", "NORMBRIDGE_HOME", "NORMBRIDGE_USER", "NORMBRIDGE_S3_ENDPOINT", "NORMBRIDGE_SERVER",
+                   "NORMBRIDGE_TOKEN", "NORMBRIDGE_GATE_WORKER", "NORMBRIDGE_WORKER_DIR", "NORMBRIDGE_WORKER_IDLE",
+                   "NORMBRIDGE_REGISTER_IN_WORKER", "NORMBRIDGE_FAULT", "NORMBRIDGE_VERBOSE")
+#: What a worker's own code sets when unset (keras_adapter.runtime, lean_imports), applied first so that a caller that has
+#: not set them yet (it imports Keras later) names the same worker as one that has.
+WORKER_ENV_DEFAULTS = {"KERAS_BACKEND": "tensorflow", "NORMBRIDGE_LEAN_IMPORTS": "1"}
+#: The same for every worker: it runs no program by name, and its log is for its errors.
+WORKER_ENV_FIXED = {"PATH": os.defpath, "TF_CPP_MIN_LOG_LEVEL": "2"}
 #: Packages whose installed files the results depend on (an upgrade changes the socket's name).
 FRAMEWORK_PACKAGES = ("numpy", "ml_dtypes", "torch", "keras", "tensorflow", "onnx", "onnxruntime", "safetensors", "pydantic")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -69,9 +91,15 @@ def open_folder(folder: Path) -> int:
     folder = Path(folder)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
         raise WorkerUnavailable(f"the worker folder '{folder}' is not a directory that can be opened (a link or a file?: {error})") from error
+    _check_folder(fd, folder)
+    return fd
+
+
+def _check_folder(fd: int, folder: Path) -> None:
+    """Raise WorkerUnavailable (closing `fd`) unless the directory of `fd` is this user's and closed to group and others."""
     info = os.fstat(fd)
     problem = None
     if info.st_uid != os.getuid():
@@ -81,7 +109,6 @@ def open_folder(folder: Path) -> int:
     if problem is not None:
         os.close(fd)
         raise WorkerUnavailable(f"the worker folder '{folder}' {problem}")
-    return fd
 
 
 def _address(folder_fd: int, name: str) -> str:
@@ -98,11 +125,19 @@ def _stat_line(path: Path) -> str:
         return f"{path}:missing"
 
 
+def worker_environment() -> dict[str, str]:
+    """The environment a worker started now gets: the caller's variables it takes (WORKER_ENV_*, never CALLER_ONLY_ENV),
+    the defaults and fixed values, and PYTHONPATH with ROOT first and the caller's entries absolute."""
+    taken = {name: value for name, value in os.environ.items()
+             if (name in WORKER_ENV_NAMES or name.startswith(WORKER_ENV_PREFIXES)) and name not in CALLER_ONLY_ENV}
+    return {**WORKER_ENV_DEFAULTS, **taken, **WORKER_ENV_FIXED, "PYTHONPATH": python_path()}
+
+
 def fingerprint(packages: dict[str, str], jobs: str | None = None) -> str:
     """A digest of what a worker's results depend on: a worker is shared only by callers that agree on all of it (the
-    jobs module and its package's code included)."""
+    jobs module and its package's code, and the environment it would get, included)."""
     lines = [sys.executable, sys.version, ROOT, json.dumps(packages, sort_keys=True), f"jobs={jobs or ''}"]
-    lines += [f"{name}={os.environ.get(name, '')}" for name in RESULT_ENV]
+    lines += [f"env {name}={value}" for name, value in sorted(worker_environment().items())]
     for package in ("schemas", "converters", *([jobs.split(".")[0]] if jobs else [])):
         lines += sorted(_stat_line(path) for path in (Path(ROOT) / package).rglob("*.py"))
     for name in FRAMEWORK_PACKAGES:
@@ -156,15 +191,20 @@ def _open(folder_fd: int, path: Path) -> LegWorker | None:
                      pid=hello["pid"])
 
 
-def _spawn(path: Path, idle: float, packages: dict[str, str], warm: list[str], jobs: str | None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with open(path.with_suffix(".log"), "ab") as log:
-        os.chmod(log.fileno(), 0o600)
-        argv = [str(path), str(idle), json.dumps(packages), *([f"--jobs={jobs}"] if jobs else []), *warm]
-        return subprocess.Popen([sys.executable, "-m", "converters.shared_worker", *argv],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(path.parent),
+def _spawn(folder_fd: int, path: Path, idle: float, packages: dict[str, str], warm: list[str], jobs: str | None) -> subprocess.Popen:
+    """Start the worker in the folder of `folder_fd`, the one that was checked: its log is opened relative to the
+    descriptor, and the worker gets the descriptor itself (its working directory is `/` until it fchdirs there), so a
+    folder swapped in at `path` since the check is never used."""
+    log = os.open(path.with_suffix(".log").name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                  dir_fd=folder_fd)
+    try:
+        os.fchmod(log, 0o600)
+        argv = [str(path), str(idle), json.dumps(packages), f"--folder-fd={folder_fd}", *([f"--jobs={jobs}"] if jobs else []), *warm]
+        return subprocess.Popen([*python_command("converters.shared_worker"), *argv], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=log, env=worker_environment(), cwd="/", pass_fds=(folder_fd,),
                                 start_new_session=True)  # outlives this process, and a Ctrl-C of this one
+    finally:
+        os.close(log)
 
 
 #: Workers this process started that may not listen yet, by socket path: `connect` waits for one instead of starting another.
@@ -181,7 +221,7 @@ def start(folder: Path, packages: dict[str, str], warm: list[str], idle: float =
         path = socket_path(folder, packages, jobs)
         worker = _open(folder_fd, path)
         if worker is None and path not in _STARTED:
-            _STARTED[path] = _spawn(path, idle, packages, warm, jobs)
+            _STARTED[path] = _spawn(folder_fd, path, idle, packages, warm, jobs)
         return worker
     finally:
         os.close(folder_fd)
@@ -197,7 +237,7 @@ def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float
         worker = _open(folder_fd, path)
         if worker is not None:
             return worker
-        process = _STARTED.pop(path, None) or _spawn(path, idle, packages, warm, jobs)
+        process = _STARTED.pop(path, None) or _spawn(folder_fd, path, idle, packages, warm, jobs)
         deadline = time.monotonic() + wait
         delay = 0.02
         while time.monotonic() < deadline:
@@ -260,6 +300,7 @@ class _Server:
 
     def __init__(self, path: Path, idle: float, registry: AdapterRegistry, jobs: dict[str, Job] | None = None,
                  prepare: Callable[[list[str]], None] | None = None):
+        """`path`: the socket's name, relative to the worker folder, this process's working directory."""
         self.path, self.idle, self.registry, self.jobs, self.prepare = path, idle, registry, jobs, prepare
         self.check_lock = threading.Lock()  # one check at a time: frameworks build their objects on one thread
         self.count_lock = threading.Lock()
@@ -270,7 +311,7 @@ class _Server:
         self.path.unlink(missing_ok=True)  # a socket left by a worker that was killed (the lock says none runs)
         old = os.umask(0o177)
         try:
-            self.listener.bind(self.path.name)  # relative to the folder, this process's working directory: any path length
+            self.listener.bind(str(self.path))  # relative to the checked folder, this process's working directory: any path length
         finally:
             os.umask(old)
         self.listener.listen(64)
@@ -318,19 +359,39 @@ class _Server:
                 self.last_seen = time.monotonic()
 
 
+def _enter_folder(path: Path, folder_fd: int | None) -> None:
+    """Make the checked worker folder this process's working directory: the descriptor the caller checked and handed
+    over, else `path`'s folder, opened and checked here. Every name below is relative to it."""
+    if folder_fd is None:
+        folder_fd = open_folder(path.parent)
+    else:
+        _check_folder(folder_fd, path.parent)
+    os.fchdir(folder_fd)
+    os.close(folder_fd)
+
+
 def main(argv: list[str]) -> None:
-    """argv: the socket path, the idle seconds, the adapter packages (JSON), `--jobs=MODULE` if any, then the frameworks to
-    import at once."""
+    """argv: the socket path (only its name is used, in the folder of `--folder-fd`), the idle seconds, the adapter packages
+    (JSON), `--folder-fd=FD` and `--jobs=MODULE` if any, then the frameworks to import at once."""
     path, idle, packages, warm = Path(argv[0]), float(argv[1]), json.loads(argv[2]), argv[3:]
-    jobs_module = warm.pop(0).removeprefix("--jobs=") if warm and warm[0].startswith("--jobs=") else None
-    lock = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    options = {}
+    while warm and warm[0].startswith("--"):
+        key, _, value = warm.pop(0).partition("=")
+        options[key] = value
+    try:
+        _enter_folder(path, int(options["--folder-fd"]) if "--folder-fd" in options else None)
+    except WorkerUnavailable as reason:
+        sys.exit(f"normbridge shared worker: {reason}")
+    jobs_module = options.get("--jobs")
+    name = Path(path.name)
+    lock = os.open(name.with_suffix(".lock"), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return  # another worker serves this socket
     lean_imports.enable()
     jobs = importlib.import_module(jobs_module) if jobs_module else None
-    server = _Server(path, idle, AdapterRegistry(packages), jobs and jobs.JOBS, jobs and getattr(jobs, "prepare", None))
+    server = _Server(name, idle, AdapterRegistry(packages), jobs and jobs.JOBS, jobs and getattr(jobs, "prepare", None))
     server.bind()  # callers may connect and queue their requests while the frameworks import
     with server.check_lock:
         threading.Thread(target=server.run, daemon=True).start()

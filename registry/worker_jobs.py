@@ -20,8 +20,9 @@ The worker's gate spreads its legs over two processes (converters/split_check.py
 worker runs the other legs, so on two cores a registration's gate takes about its longest leg per normalizer instead of
 their sum. That child is started when the worker has run its first registration (not before: its imports, several
 seconds of CPU, would slow the first registration on a machine, which the CLI runs while the worker starts), is kept for
-every later one, and holds TensorFlow and torch a second time (about 0.8 GB); NORMBRIDGE_SPREAD_LEGS=0 in the environment that starts the worker
-turns it off, as does a machine with one core, where it gains nothing.
+every later one, and holds TensorFlow and torch a second time (about 0.8 GB); NORMBRIDGE_SPREAD_LEGS=0 in the caller's environment
+turns it off (the caller then reaches a worker of its own: shared_worker.worker_environment), as does a machine with one
+core, where it gains nothing.
 """
 
 from __future__ import annotations

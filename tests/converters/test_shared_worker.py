@@ -2,23 +2,35 @@
 
 Its results are compared field for field with `converters.check` in this process on the whole case table
 and on the deliberately broken adapters; its socket is refused to other users both ways (a peer of
-another uid is dropped before it is answered, a worker of another uid is never asked), and an
-unsafe folder is never used.
+another uid is dropped before it is answered, a worker of another uid is never asked), an
+unsafe folder is never used, a folder swapped in after the check is never used either (the race of issue
+30, run as a second user), no worker imports from the folder it starts in, and a worker takes only the
+listed environment, all of which names its socket.
 """
 
 from __future__ import annotations
 
+import ctypes
+import grp
 import json
 import os
+import pwd
+import select
+import shutil
 import socket
 import struct
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 import converters
 from converters import shared_worker
 from converters.adapters import REGISTRY
+from converters.leg_client import start_child
 from converters.split_check import SplitCheck, share_workers
 
 from tests.converters.test_check import buggy_registry
@@ -334,3 +346,193 @@ def test_after_a_gate_the_shared_worker_imports_the_models_own_framework_for_the
     while "libtorch" not in _maps(pids[0]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "libtorch" in _maps(pids[0])
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the attacker below only calls into it
+IN_OPEN, IN_ISDIR, RENAME_EXCHANGE, AT_FDCWD = 0x20, 0x40000000, 2, -100
+EVIL_PACKAGE = "import os\nopen({marker!r}, 'w').write(str(os.getuid()))\nos._exit(7)\n"
+
+
+def _unused_id() -> int:
+    """A user and group id with no passwd or group entry: the other team member, made without touching /etc."""
+    for candidate in range(64000, 64500):
+        try:
+            pwd.getpwuid(candidate)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(candidate)
+        except KeyError:
+            return candidate
+    pytest.skip("no unused user id in 64000-64499 for the second user")
+
+
+def _swap_on_open(home: Path, marker: Path, member: int, ready: int) -> int:
+    """The other team member (a forked child that became `member`): plant `evil/converters/__init__.py`, watch the shared
+    home with inotify and, when the victim opens `workers/`, exchange it with `evil/` (renameat2 RENAME_EXCHANGE).
+    0 when it swapped them."""
+    os.setgroups([])
+    os.setgid(member)
+    os.setuid(member)
+    evil = home / "evil"
+    (evil / "converters").mkdir(parents=True)
+    (evil / "converters" / "__init__.py").write_text(EVIL_PACKAGE.format(marker=str(marker)))
+    watch = _LIBC.inotify_init1(os.O_CLOEXEC)
+    if watch < 0 or _LIBC.inotify_add_watch(watch, os.fsencode(home), IN_OPEN) < 0:
+        return 2
+    os.write(ready, b"r")
+    deadline = time.monotonic() + 60
+    while (left := deadline - time.monotonic()) > 0 and select.select([watch], [], [], left)[0]:
+        events, offset = os.read(watch, 65536), 0
+        while offset < len(events):
+            _, mask, _, size = struct.unpack_from("iIII", events, offset)
+            name, offset = events[offset + 16:offset + 16 + size].rstrip(b"\0"), offset + 16 + size
+            if name == b"workers" and mask & IN_ISDIR:
+                swapped = _LIBC.renameat2(AT_FDCWD, os.fsencode(home / "workers"), AT_FDCWD, os.fsencode(evil), RENAME_EXCHANGE)
+                return 0 if swapped == 0 else 4
+    return 3
+
+
+def _race_once(base: Path, member: int) -> tuple[int, str, int | None]:
+    """One registration's worker spawn in a team's shared home (2775, group `member`) while `member` swaps `workers/`:
+    (the attacker's exit code, what the marker holds ('' when absent), the worker's pid if one answered)."""
+    home, marker = base / "home", base / "marker"
+    home.mkdir()
+    os.chown(home, 0, member)
+    home.chmod(0o2775)
+    (home / "workers").mkdir(mode=0o700)
+    ready_r, ready_w = os.pipe()
+    attacker = os.fork()
+    if attacker == 0:
+        code = 1
+        try:
+            os.close(ready_r)
+            code = _swap_on_open(home, marker, member, ready_w)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    pid = None
+    try:
+        assert select.select([ready_r], [], [], 30)[0] and os.read(ready_r, 1) == b"r", "the attacker did not start watching"
+        try:
+            worker = shared_worker.connect(home / "workers", REGISTRY.packages, [], idle=30, wait=60)
+            pid = worker.pid
+            worker.close()
+        except shared_worker.WorkerUnavailable:
+            pass  # today's code: the attacker's package ran instead of the worker, which then "exited with code 7"
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(attacker, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if done[0] == 0:
+            os.kill(attacker, 9)
+            os.waitpid(attacker, 0)
+            swapped = -1
+        else:
+            swapped = os.waitstatus_to_exitcode(done[1])
+    finally:
+        os.close(ready_r)
+        if pid is not None and not _gone_after_kill(pid):
+            raise AssertionError(f"the worker {pid} did not stop")
+    return swapped, marker.read_text() if marker.exists() else "", pid
+
+
+def _gone_after_kill(pid: int) -> bool:
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+    return _gone(pid, 30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0,
+                    reason="the race needs a second local user: only root can become one (setuid) without a passwd entry")
+def test_another_member_of_a_shared_home_who_swaps_the_worker_folder_during_the_spawn_runs_no_code():
+    """Issue 30, hole 6: a team shares NORMBRIDGE_HOME (2775); another member exchanges `workers/` with a folder of their
+    own holding `converters/__init__.py` the moment the victim opens it (after the folder check, before the spawn). The
+    worker must start in the folder that was checked and never import from it: no marker, over several tries, and each
+    try's swap did happen."""
+    member = _unused_id()
+    outcomes = []
+    for _ in range(4):
+        base = Path(tempfile.mkdtemp(prefix="nb-swap-", dir="/tmp"))
+        try:
+            base.chmod(0o711)  # the other member reaches the shared home inside, and nothing else here
+            outcomes.append(_race_once(base, member))
+        finally:
+            shared_worker._STARTED.clear()
+            shutil.rmtree(base, ignore_errors=True)
+    assert [swapped for swapped, _, _ in outcomes] == [0] * 4, "the attacker did not get to swap the folders"
+    assert [marker for _, marker, _ in outcomes] == [""] * 4, "the other member's converters/__init__.py ran as this user"
+    assert all(pid is not None for _, _, pid in outcomes), "the worker did not start in the folder that was checked"
+
+
+def test_a_private_worker_started_in_a_folder_holding_a_converters_package_runs_the_installed_one(tmp_path, monkeypatch):
+    """`python -m` puts the working directory first on sys.path: a gate worker started from a folder holding a
+    `converters/` package (a download, a shared /tmp) must still run normbridge's own code."""
+    marker = tmp_path / "marker"
+    (tmp_path / "converters").mkdir()
+    (tmp_path / "converters" / "__init__.py").write_text(EVIL_PACKAGE.format(marker=str(marker)))
+    monkeypatch.chdir(tmp_path)
+    worker = start_child([], REGISTRY.packages)
+    try:
+        spec = make_spec("batch", source="torch")
+        got = worker.submit(spec, ["onnx"]).result(timeout=120)
+    finally:
+        worker.close()
+    assert not marker.exists()
+    assert got.model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().partition("=")[::2] for entry in entries if entry)
+
+
+def _shut_down(worker) -> None:
+    worker.send({"shutdown": True}, b"").exception(timeout=60)  # it hangs up as it exits: stopped either way
+    worker.close()
+
+
+def test_a_caller_with_other_settings_reaches_a_worker_of_its_own_which_takes_only_the_listed_variables(folder, monkeypatch):
+    """The shared worker kept the environment of the CLI that started it for every later caller: now its environment is
+    what `worker_environment` takes from its caller, and all of it names the socket."""
+    path, pids = folder
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("NORMBRIDGE_TOKEN", "nbt_0123456789ab_secret")  # the caller's own: never handed to a worker
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    first = shared_worker.connect(path, REGISTRY.packages, [], idle=60)
+    pids.append(first.pid)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    second = shared_worker.connect(path, REGISTRY.packages, [], idle=60)
+    pids.append(second.pid)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("NORMBRIDGE_TOKEN", "nbt_ba9876543210_other")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    again = shared_worker.connect(path, REGISTRY.packages, [], idle=60)  # differs only in what no worker takes
+    try:
+        assert second.pid != first.pid and again.pid == first.pid
+        first_env, second_env = _environ(first.pid), _environ(second.pid)
+        assert (first_env["OMP_NUM_THREADS"], second_env["OMP_NUM_THREADS"]) == ("1", "2")
+        assert "NORMBRIDGE_TOKEN" not in first_env and "AWS_SECRET_ACCESS_KEY" not in first_env
+        assert first_env == shared_worker.worker_environment()
+        spec = make_spec("batch", source="torch")
+        assert second.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    finally:
+        again.close()
+        _shut_down(first)
+        _shut_down(second)
+
+
+def test_importing_the_frameworks_does_not_change_the_environment_that_names_the_socket():
+    """A CLI process names the worker before it imports its model's framework (`start`) and after (`connect`): what Keras
+    and TensorFlow set in the environment on import (torch sets nothing) must not name another worker."""
+    script = ("from converters import shared_worker as w\n"
+              "before = w.worker_environment()\n"
+              "from converters.keras_adapter.runtime import import_keras; import_keras()\n"
+              "from converters import lean_imports; lean_imports.enable()\n"
+              "print(before == w.worker_environment())")
+    env = {key: value for key, value in os.environ.items() if key not in ("KERAS_BACKEND", "NORMBRIDGE_LEAN_IMPORTS")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(converters.__file__).parent.parent)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]

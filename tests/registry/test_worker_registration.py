@@ -9,6 +9,9 @@ left stored (nothing). The worker is a real `python -m converters.shared_worker`
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,9 @@ def worker_folder(tmp_path_factory):
     worker = shared_worker.connect(folder, REGISTRY.packages, ["torch", "keras", "onnx"], idle=300, jobs=JOBS_MODULE)
     worker.close()
     yield folder
-    shared_worker.stop(folder, REGISTRY.packages, jobs=JOBS_MODULE)
+    if not shared_worker.stop(folder, REGISTRY.packages, jobs=JOBS_MODULE):
+        with contextlib.suppress(ProcessLookupError):  # its socket's name changed (a code file edited meanwhile): by its pid
+            os.kill(worker.pid, signal.SIGTERM)
 
 
 def stores(tmp_path: Path, label: str) -> tuple[str, str]:
