@@ -24,12 +24,16 @@ demo: setup
 	$(PY) examples/quickstart.py
 	$(PY) examples/registry_demo.py
 
+# A crashed worker (killed for its memory, a segfault) fails the run instead of being replaced: with --dist loadfile a
+# replaced worker could leave the run waiting forever.
+XDIST := -n $(WORKERS) --dist loadfile --max-worker-restart=0
+
 test: setup
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile
+	$(PY) -m pytest -q $(XDIST)
 
 # Everything but the tests marked slow (those that start servers or subprocesses: the CLI, Python, a browser).
 test-fast: setup
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 bench: setup
 	$(PY) bench/convert.py

@@ -21,6 +21,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 import pytest  # noqa: E402
 
+from tests.process_limits import _bounded_test_process, _no_shared_worker_outlives_the_session  # noqa: E402,F401  (autouse)
+
 
 @pytest.fixture
 def cli_app():
