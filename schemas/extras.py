@@ -54,7 +54,7 @@ def missing_dependency(error: ModuleNotFoundError, purpose: str | None = None) -
         return None
     needed = f" for {purpose}" if purpose else ""
     return MissingDependencyError(f"the Python package '{top}' is not installed{needed}; install it with pip install "
-                                  f"'normbridge[{known.extra}]' (or pip install {known.distribution}), then run the command again.",
+                                  f"'normbridge[{known.extra}]' (or pip install {known.distribution}) and try again.",
                                   setting=known.extra)
 
 

@@ -113,3 +113,26 @@ def test_serving_without_the_server_extra_is_one_line_naming_it(tmp_path):
     done = _run_without("uvicorn", "serve", "--port", "0", cwd=tmp_path)
     assert done.returncode == EXIT_CODES[MissingDependencyError], done.stderr[-2000:]
     assert "normbridge[server]" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_server_without_the_keras_extra_answers_a_keras_upload_with_501_naming_it(tmp_path):
+    import httpx
+    import keras
+
+    from tests.http_server import create_token, running_server
+
+    hiding = tmp_path / "site"
+    hiding.mkdir()
+    (hiding / "sitecustomize.py").write_text("import sys\nfor name in ('keras', 'tensorflow'):\n    sys.modules[name] = None\n")
+    model = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Conv2D(2, 1), keras.layers.BatchNormalization()])
+    model.save(tmp_path / "m.keras")
+    db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
+    token = create_token(db, "owner", "write")
+    env = {"PYTHONPATH": os.pathsep.join([str(hiding), str(ROOT)])}
+    with running_server(db=db, blobs=blobs, env=env, log=tmp_path / "serve.log") as server:
+        answer = httpx.post(f"{server.url}/api/v1/models/k/versions?format=keras", content=(tmp_path / "m.keras").read_bytes(),
+                            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}, timeout=300)
+        assert answer.status_code == 501, answer.text
+        assert answer.json()["error"]["code"] == "missing_dependency" and "normbridge[keras]" in answer.json()["error"]["message"]
+        assert httpx.get(f"{server.url}/api/v1/health").status_code == 200  # the server goes on

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from schemas.extras import missing_dependency
 from schemas.errors import HTTP_STATUSES, CheckFailedError, NormbridgeError, NotFoundError, UnsupportedMediaTypeError
 
 from .responses import SafeJSONResponse
@@ -104,7 +105,14 @@ def _http_error(request: Request, error: StarletteHTTPException) -> SafeJSONResp
     if status == 405:
         headers["Allow"] = _allowed_methods(request)
         message = f"{request.method} is not served at {request.url.path}; allowed: {headers['Allow']}."
-    return SafeJSONResponse(error_body(_HTTP_CODES.get(status, "http_error"), message), status_code=status, headers=headers or None)
+    return SafeJSONResponse(error_body(_HTTP_CODES.get(status, "http_error"), message, setting=getattr(error, "setting", None)),
+                            status_code=status, headers=headers or None)
+
+
+def _missing_module(request: Request, error: ModuleNotFoundError) -> SafeJSONResponse:
+    """An optional package the request needs is not installed on the server: 501 naming the extra, not a crash."""
+    missing = missing_dependency(error)
+    return _crash(request, error) if missing is None else _library_error(request, missing)
 
 
 def _crash(request: Request, error: Exception) -> SafeJSONResponse:
@@ -114,6 +122,7 @@ def _crash(request: Request, error: Exception) -> SafeJSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NormbridgeError, _library_error)
+    app.add_exception_handler(ModuleNotFoundError, _missing_module)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
