@@ -5,13 +5,19 @@ works unchanged against a shared server. Methods and return types follow registr
 (records from registry/entities.py, pydantic results from registry/service/results.py); server errors come back as the same
 schemas.errors types (and so the same exit codes), and a server that does not answer is a
 ServerUnreachableError naming the URL. Bundles are re-hashed on arrival: a blob that does not
-hash to its name, or a manifest whose digest is not the one the server announced, is refused.
+hash to its name, or a manifest whose digest is not the one the server announced, is refused. What the server's headers
+say is checked before it is used: the version it names must be a version of the model asked for (the very one when a
+number was asked), so a hostile server's X-Normbridge-Version never becomes a path, and a pulled file goes from the
+download's temporary file to its place in chunks, never held whole.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -23,9 +29,9 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 import converters
-from converters.model_structure import sha256_of
 from converters.models.loading import load_model
 from schemas import CheckResult
+from schemas.atomic_io import atomic_writer
 from schemas.manifest import UnrecognisedLayer, load_manifest
 from schemas.manifest_diff import ManifestDiff
 from schemas.errors import (
@@ -48,7 +54,7 @@ from .client_transfer import (TransferProgress, bytes_chunks, extract_bundle, fi
 from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
 from .service.layer_export import export_layers
-from .service.model_files import ModelFile, PullResult, read_back, write_pulled
+from .service.model_files import SUFFIXES, ModelFile, PullResult, pulled_path, read_back
 from .lineage import LineageView
 from .manifest_io import load_artifact_folder, tensors_from_blobs
 from .service.results import GcResult, Registration, VerifyResult
@@ -165,7 +171,7 @@ class RemoteRegistry:
             if announced is None or artifact.manifest.digest() != announced:
                 raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {artifact.manifest.digest()[:12]} but the server "
                                      f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
-            yield artifact, headers.get("X-Normbridge-Version") or ref
+            yield artifact, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
 
     # ------------------------------------------------------------------ registration
 
@@ -317,21 +323,36 @@ class RemoteRegistry:
     def gc(self, grace_seconds: float = 3600.0):
         return GcResult.model_validate(self._request("POST", "/gc", params={"grace": grace_seconds}))
 
-    def model_file(self, ref: str, fmt: str | None = None, progress=None) -> ModelFile:
-        """The version as one file from GET .../model (streamed; its sha256 must be the X-Normbridge-Digest the server sent)."""
+    @contextmanager
+    def _model_download(self, ref: str, fmt: str | None) -> Iterator[tuple[Path, ModelFile]]:
+        """GET .../model into a temporary file, its sha256 checked against X-Normbridge-Digest and its version and format
+        headers against what was asked; yields (the file, a ModelFile of those without data)."""
         name, version = _split(ref)
         path = f"/models/{_q(name)}/versions/{_q(version)}/model?format={_q(fmt or 'source')}"
         with self._download(path, f"downloading {ref}") as (body, headers):
-            data = body.read_bytes()
-        announced, got = headers.get("X-Normbridge-Digest"), sha256_of(data)
-        if announced != got:
-            raise IntegrityError(f"the model file of {ref} downloaded from {self.url} hashes to {got[:12]} but the server announced "
-                                 f"{str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
-        return ModelFile(headers.get("X-Normbridge-Version") or ref, headers.get("X-Normbridge-Format") or (fmt or "source"), data)
+            served = served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
+            written = served_format(self.url, ref, fmt, headers.get("X-Normbridge-Format"))
+            with open(body, "rb") as handle:
+                got = hashlib.file_digest(handle, "sha256").hexdigest()
+            announced = headers.get("X-Normbridge-Digest")
+            if announced != got:
+                raise IntegrityError(f"the model file of {ref} downloaded from {self.url} hashes to {got[:12]} but the server announced "
+                                     f"{str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+            yield body, ModelFile(served, written, b"", got)
+
+    def model_file(self, ref: str, fmt: str | None = None, progress=None) -> ModelFile:
+        """The version as one file from GET .../model (streamed; its sha256 must be the X-Normbridge-Digest the server sent)."""
+        with self._model_download(ref, fmt) as (body, file):
+            return ModelFile(file.ref, file.format, body.read_bytes(), file.sha256)
 
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress=None) -> PullResult:
-        """Download the version's model file (digest checked) and write it atomically, as `Registry.pull` does."""
-        return write_pulled(self.model_file(ref, fmt), path)
+        """Download the version's model file (digest, version and format checked) and move it to `path` atomically, in
+        chunks, as `Registry.pull` writes it; nothing is written when a check fails."""
+        with self._model_download(ref, fmt) as (body, file):
+            target = pulled_path(path, file.ref, file.suffix)
+            with open(body, "rb") as source, atomic_writer(target) as stream:
+                shutil.copyfileobj(source, stream, 1 << 20)
+            return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.sha256, nbytes=body.stat().st_size)
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object, read from the downloaded file by the framework's safe reader."""
@@ -342,6 +363,30 @@ class RemoteRegistry:
         """Download the version's bundle (re-hashed) and write each normalization layer locally, as `Registry.export` does."""
         with self._bundle(ref) as (artifact, version):
             return export_layers(artifact.manifest, list(artifact.specs), to, folder, version)
+
+
+# -- what a server's headers may say ------------------------------------------------------------
+
+
+def served_ref(url: str, requested: str, announced: str | None) -> str:
+    """The NAME@N a server says it sent for `requested`: a version of the model asked for (the very one when a number was
+    asked), else IntegrityError. The answer names files (NAME-N.onnx), so a header such as '../../x@1' is never used."""
+    name, suffix = _split(requested)
+    number = re.fullmatch(rf"{re.escape(name)}@([1-9][0-9]{{0,17}})", announced or "")
+    if number is None or (suffix.isdigit() and int(suffix) != int(number.group(1))):
+        raise IntegrityError(f"{url} answered {requested} with the version {str(announced)[:80]!r}, which is not "
+                             f"{name + '@' + suffix if suffix.isdigit() else 'a version of ' + name}; nothing was used or written: check "
+                             "that --server points at a normbridge server you trust.")
+    return announced
+
+
+def served_format(url: str, requested: str, fmt: str | None, announced: str | None) -> str:
+    """The format a server says it sent: one `pull` writes, and the one asked for unless that was 'source'; else IntegrityError."""
+    if announced not in SUFFIXES or (fmt not in (None, "source") and announced != fmt):
+        expected = f"'{fmt}'" if fmt not in (None, "source") else f"one of {', '.join(SUFFIXES)}"
+        raise IntegrityError(f"{url} answered {requested} with the format {str(announced)[:40]!r}, not {expected}; nothing was used or "
+                             "written: check that --server points at a normbridge server you trust.")
+    return announced
 
 
 # -- JSON -> records ---------------------------------------------------------------------------

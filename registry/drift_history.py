@@ -4,9 +4,13 @@ running statistics, and an alert state moved one window at a time by a sustained
 The store API (the HTTP routes, the metrics endpoint and the pages call only these):
 
 - `record_window(registry, ref, window)`: store one `schemas.monitoring.DriftWindow` against version `ref`, returning its
-  `WindowRecord`. A bounded number of statements per window whatever its size: lock the version row, read the state row,
-  insert the window, insert every layer summary in one executemany, insert the compressed per-channel arrays, write the
-  state row (and an audit entry only when the state changes). The history is never rescanned.
+  `WindowRecord`. A bounded number of statements per window whatever its size: lock the version row, look the window up
+  by its content digest, read the state row, insert the window, insert every layer summary in one executemany, insert
+  the compressed per-channel arrays, write the state row (and an audit entry only when the state changes). The history
+  is never rescanned. `store_window` does the same and also says whether the window was new.
+- A window's identity is its version and `window_digest`, the sha256 of its canonical content: every field as validated
+  (times in UTC), serialised by the schema in its field order. A window posted again (the collector's retry, a replay)
+  is not stored or counted a second time: the stored window comes back instead.
 - `history(registry, ref, limit=100)`: the `DriftHistory` (state, rule, newest windows first with their layers).
 - `state(registry, ref)`: the version's state alone ('ok' when nothing was recorded).
 - `states(registry)`: every version's state that has windows, in one query (the pages' drift column).
@@ -25,6 +29,7 @@ kept $NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -129,12 +134,23 @@ def _layer_rows(window_id: int, shifts: list[LayerShift]) -> list[dict]:
              "max_abs_log_ratio": s.max_abs_log_ratio, "over": s.over, "status": s.status, "initial_weight": s.initial_weight} for s in shifts]
 
 
+def window_digest(window: DriftWindow) -> str:
+    """sha256 of the window's canonical content: the same window, however its JSON was spelled, has the same digest."""
+    return hashlib.sha256(window.model_dump_json().encode()).hexdigest()
+
+
 def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None) -> WindowRecord:
     """Store one collector window against version `ref`; the version's state moves by the rule (see the module docstring).
 
     Refused (RegistryError, HTTP 409) when the window's statistics_digest is not the version's: the collector serves other statistics.
     """
+    return store_window(registry, ref, window, active)[0]
+
+
+def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None) -> tuple[WindowRecord, bool]:
+    """`record_window`, and whether the window was new (False: the same window was stored before, and comes back as stored)."""
     window = window if isinstance(window, DriftWindow) else DriftWindow.model_validate(window)
+    digest = window_digest(window)
     active = active or rule()
     version = registry.show(ref)
     reference = reference_of(registry, version)
@@ -146,6 +162,10 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
     at = datetime.now(UTC).replace(tzinfo=None)
     with Session(registry.meta.engine) as session, session.begin():
         version_id = queries.version_id(session, version.model, version.number, lock=True)  # one writer per version at a time
+        stored = session.scalars(select(DriftWindowRow).where(DriftWindowRow.version_id == version_id,
+                                                              DriftWindowRow.content_digest == digest)).one_or_none()
+        if stored is not None:  # under the version's lock: two posts of one window cannot both find it absent
+            return _records(session, [stored])[0], False
         current = session.get(DriftStateRow, version_id)
         before = current.state if current is not None else "ok"
         recent = ((current.recent if current is not None else "") + ("1" if over else "0"))[-active.m:]
@@ -153,7 +173,7 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
         row = DriftWindowRow(version_id=version_id, received_at=at, started_at=_naive(window.started_at), ended_at=_naive(window.ended_at),
                              replica=window.replica, user=registry.user, requests=window.requests, sampled=window.sampled,
                              dropped=window.dropped, statistics_digest=window.statistics_digest, over=over, state=after,
-                             unmatched="\n".join(unmatched)[:4096] or None)
+                             unmatched="\n".join(unmatched)[:4096] or None, content_digest=digest)
         session.add(row)
         session.flush()
         session.execute(insert(DriftLayerRow), _layer_rows(row.id, shifts))
@@ -170,7 +190,7 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
         window_id = row.id
     return WindowRecord(id=window_id, received_at=utc(at), started_at=window.started_at, ended_at=window.ended_at, replica=window.replica,
                         user=registry.user, requests=window.requests, sampled=window.sampled, dropped=window.dropped,
-                        statistics_digest=window.statistics_digest, over=over, state=after, layers=shifts, unmatched=unmatched)
+                        statistics_digest=window.statistics_digest, over=over, state=after, layers=shifts, unmatched=unmatched), True
 
 
 def _sweep(session: Session, now: datetime) -> None:
@@ -254,4 +274,5 @@ def window_arrays(registry, window_id: int) -> dict | None:
         return None if row is None else json.loads(zlib.decompress(row.data))
 
 
-__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "states", "window_arrays"]
+__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "states", "store_window",
+           "window_arrays", "window_digest"]

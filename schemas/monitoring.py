@@ -5,17 +5,20 @@ The collector (`converters.monitor`) posts a `DriftWindow` as JSON to
 statistics with the running statistics stored for that version and keeps a `WindowRecord` per
 window, with an overall `DriftState` that a sustained-shift rule (`DriftRule`) moves one window at a
 time. Both sides import these models from here, so neither imports the other.
+
+A window is refused (422, naming the field) unless the registry can store it as sent: its times carry a UTC offset and
+lie in the years 1 to 9999 once in UTC, and its counts fit the database's 64-bit integers (MAX_COUNT).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 State = Literal["ok", "warning", "alert"]
 #: Why a stored layer reads as it does: its input matches the statistics, its input moved, or the statistics never converged.
@@ -25,6 +28,8 @@ LayerStatus = Literal["ok", "drift", "unconverged_statistics"]
 MAX_CHANNELS = 65_536
 #: Layers one window may carry.
 MAX_LAYERS = 4_096
+#: The largest count a window may carry: what a 64-bit signed integer column (SQLite, PostgreSQL BIGINT) holds.
+MAX_COUNT = 2**63 - 1
 
 
 def statistics_digest(layers: Iterable[tuple[object, object]]) -> str:
@@ -49,7 +54,8 @@ class LayerWindow(_Frozen):
     """One normalization layer's input over a window: per-channel mean and population variance of `count` values per channel."""
 
     name: str = Field(min_length=1, max_length=512, description="Module path (torch), layer name (Keras) or BatchNormalization name (ONNX).")
-    count: int = Field(ge=1, description="Values per channel pooled into mean and var (batch x spatial positions, over the sampled requests).")
+    count: int = Field(ge=1, le=MAX_COUNT,
+                       description="Values per channel pooled into mean and var (batch x spatial positions, over the sampled requests).")
     mean: list[float] = Field(min_length=1, max_length=MAX_CHANNELS, description="Per-channel mean of the layer input.")
     var: list[float] = Field(min_length=1, max_length=MAX_CHANNELS, description="Per-channel population variance (ddof=0) of the layer input.")
 
@@ -69,15 +75,29 @@ class LayerWindow(_Frozen):
 class DriftWindow(_Frozen):
     """One closed window of sampled serving traffic, as the collector ships it."""
 
-    started_at: datetime
-    ended_at: datetime
-    requests: int = Field(ge=0, description="Requests the model served in the window.")
-    sampled: int = Field(ge=1, description="Requests whose layer inputs were pooled (sample_rate of `requests`).")
+    started_at: datetime = Field(description="When the window opened: ISO 8601 with a UTC offset (read and stored in UTC).")
+    ended_at: datetime = Field(description="When the window closed: ISO 8601 with a UTC offset.")
+    requests: int = Field(ge=0, le=MAX_COUNT, description="Requests the model served in the window.")
+    sampled: int = Field(ge=1, le=MAX_COUNT, description="Requests whose layer inputs were pooled (sample_rate of `requests`).")
     replica: str | None = Field(default=None, max_length=255, description="Who sent it (host:pid by default).")
-    dropped: int = Field(default=0, ge=0, description="Windows this collector dropped so far (registry unreachable, queue full).")
+    dropped: int = Field(default=0, ge=0, le=MAX_COUNT, description="Windows this collector dropped so far (registry unreachable, queue full).")
     statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                           description="sha256 of the running statistics the served model holds (converters.monitoring digest).")
     layers: list[LayerWindow] = Field(min_length=1, max_length=MAX_LAYERS)
+
+    @field_validator("started_at", "ended_at")
+    @classmethod
+    def _in_utc(cls, at: datetime, info: ValidationInfo) -> datetime:
+        """The time in UTC. One without an offset names no instant (and cannot be compared with one that has it), and
+        one that leaves the years 1-9999 in UTC cannot be stored."""
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValueError(f"{info.field_name} '{at.isoformat()}' has no UTC offset; send the time with its offset, e.g. "
+                             f"'{at.replace(tzinfo=UTC).isoformat()}' (converters.monitor sends UTC).")
+        try:
+            return at.astimezone(UTC)
+        except OverflowError:
+            raise ValueError(f"{info.field_name} '{at.isoformat()}' falls outside the years 1 to 9999 once converted to UTC; "
+                             "send the window's real time.") from None
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -162,4 +182,5 @@ class DriftHistory(_Frozen):
     windows: list[WindowRecord]
 
 
-__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerStatus", "LayerWindow", "MAX_CHANNELS", "MAX_LAYERS", "State", "WindowRecord"]
+__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerStatus", "LayerWindow", "MAX_CHANNELS", "MAX_COUNT",
+           "MAX_LAYERS", "State", "WindowRecord"]

@@ -1,17 +1,17 @@
-"""Rows of the drift history (migrations 0005, 0007): one per stored window, one per layer of it, its per-channel arrays, and each
-version's incremental alert state.
+"""Rows of the drift history (migrations 0005, 0007, 0009): one per stored window, one per layer of it, its per-channel arrays, and
+each version's incremental alert state.
 
 The window and layer rows are the summaries the history and the charts read; the per-channel arrays sit apart in
 drift_window_arrays (zlib-compressed JSON) so a retention setting can drop them without touching the summaries. The
 state row is what the sustained-shift rule keeps between windows (the last m over-threshold flags), so storing a window
-never rescans the history.
+never rescans the history. A window's content digest is unique per version, so a window posted twice is stored once.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from registry.db.models import Base
@@ -21,7 +21,8 @@ class DriftWindowRow(Base):
     """One window a collector shipped for a version, with the state the rule gave the version right after it."""
 
     __tablename__ = "drift_windows"
-    __table_args__ = (Index("ix_drift_windows_version_id", "version_id", "id"), Index("ix_drift_windows_received_at", "received_at"))
+    __table_args__ = (Index("ix_drift_windows_version_id", "version_id", "id"), Index("ix_drift_windows_received_at", "received_at"),
+                      Index("ux_drift_windows_content", "version_id", "content_digest", unique=True))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version_id: Mapped[int] = mapped_column(ForeignKey("versions.id"), nullable=False)
@@ -30,13 +31,14 @@ class DriftWindowRow(Base):
     ended_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     replica: Mapped[str | None] = mapped_column(String(255), nullable=True)
     user: Mapped[str] = mapped_column(String(255), nullable=False)
-    requests: Mapped[int] = mapped_column(Integer, nullable=False)
-    sampled: Mapped[int] = mapped_column(Integer, nullable=False)
-    dropped: Mapped[int] = mapped_column(Integer, nullable=False)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False)  # 64 bits on PostgreSQL since 0009
+    sampled: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    dropped: Mapped[int] = mapped_column(BigInteger, nullable=False)
     statistics_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     over: Mapped[bool] = mapped_column(Boolean, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     unmatched: Mapped[str | None] = mapped_column(String(4096), nullable=True)  # '\n'-joined layer names
+    content_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # drift_history.window_digest (0009); NULL before
 
 
 class DriftLayerRow(Base):
@@ -49,7 +51,7 @@ class DriftLayerRow(Base):
     window_id: Mapped[int] = mapped_column(ForeignKey("drift_windows.id", ondelete="CASCADE"), nullable=False)
     layer: Mapped[str] = mapped_column(String(512), nullable=False)
     channels: Mapped[int] = mapped_column(Integer, nullable=False)
-    count: Mapped[int] = mapped_column(Integer, nullable=False)
+    count: Mapped[int] = mapped_column(BigInteger, nullable=False)
     max_shift: Mapped[float] = mapped_column(Float, nullable=False)
     mean_shift: Mapped[float] = mapped_column(Float, nullable=False)
     worst_shift_channel: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -4,6 +4,9 @@ Every router (the API here, the web pages in registry.web) depends on `require(r
 that reads a cookie calls `principal_from_token(request.app.state, value)`. Without a token the
 caller is refused (401) unless the server runs with --insecure-local, where an anonymous caller
 is the admin 'local' (a request that carries a token is still checked).
+
+A state-changing /api/ request is authenticated by the request guard before its body is read (request_guard.py), which
+leaves the caller in the scope under PRINCIPAL_SCOPE_KEY; `current_principal` takes it from there.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ _RANK = {role: rank for rank, role in enumerate(ROLES)}
 bearer_scheme = HTTPBearer(auto_error=False, description="A token from `normbridge token create`: nbt_<id>_<secret>.")
 
 LOCAL_USER = "local"
+#: Where the request guard leaves the caller it authenticated before reading the body.
+PRINCIPAL_SCOPE_KEY = "normbridge.principal"
 
 
 @dataclass(frozen=True)
@@ -61,19 +66,21 @@ def principal_from_token(app_state, token: str) -> Principal:
     return Principal(owner=info.owner, role=info.role, models=info.models, token_id=info.id)
 
 
+def principal_for(app_state, header: str | None) -> Principal:
+    """The caller an Authorization header proves (no header: the anonymous admin under --insecure-local); 401 otherwise."""
+    if header is None:
+        if getattr(app_state, "insecure_local", False):
+            return Principal(owner=LOCAL_USER, role="admin")
+        raise unauthorized("this request carries no token; send the header 'Authorization: Bearer <token>'.")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise unauthorized("the Authorization header is not 'Bearer <token>'; send the token from `normbridge token create`.")
+    return principal_from_token(app_state, value.strip())
+
+
 def current_principal(request: Request, _declared=Security(bearer_scheme)) -> Principal:
     """The caller of this request (dependency); 401 when it cannot be established."""
-    header = request.headers.get("authorization")
-    if header is None:
-        if getattr(request.app.state, "insecure_local", False):
-            principal = Principal(owner=LOCAL_USER, role="admin")
-        else:
-            raise unauthorized("this request carries no token; send the header 'Authorization: Bearer <token>'.")
-    else:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise unauthorized("the Authorization header is not 'Bearer <token>'; send the token from `normbridge token create`.")
-        principal = principal_from_token(request.app.state, value.strip())
+    principal = request.scope.get(PRINCIPAL_SCOPE_KEY) or principal_for(request.app.state, request.headers.get("authorization"))
     request.state.principal = principal
     return principal
 
@@ -92,4 +99,5 @@ def require(role: str) -> Callable[..., Principal]:
     return dependency
 
 
-__all__ = ["LOCAL_USER", "Principal", "bearer_scheme", "current_principal", "principal_from_token", "require"]
+__all__ = ["LOCAL_USER", "PRINCIPAL_SCOPE_KEY", "Principal", "bearer_scheme", "current_principal", "principal_for", "principal_from_token",
+           "require"]

@@ -11,6 +11,10 @@ same: by default the newest recorded drift report of every version (`recorded_re
 history store adds its own read (`history_windows(current)`), and a store with no such read can
 push through `DriftGauges.observe` (see docs/metrics.md). Access follows the API's tokens: a read token may scrape, and a token scoped to
 some models sees only those models' drift series.
+
+Every version that ever posted a window or recorded a report has drift series, so their number grows with the registry;
+a scrape exports at most MAX_DRIFT_SERIES of them (whole versions, those in alert and with the newest figures first) and
+says in normbridge_omitted_drift_series how many it left out.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from .auth import Principal, require
 ALERT_STATES = {"ok": 0, "warning": 1, "alert": 2}
 #: A layer's state as a number (drift's per-layer status).
 LAYER_STATES = {"ok": 0, "unconverged_statistics": 1, "drift": 2}
+#: The most drift series one scrape exports (three per layer, one per version's alert state); docs/metrics.md.
+MAX_DRIFT_SERIES = 10_000
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _REGISTER_ROUTE = ("POST", "/api/v1/models/{name}/versions")
@@ -110,9 +116,10 @@ class DriftGauges:
     it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a version's state.
     """
 
-    def __init__(self, registry=None, sources: Sequence[DriftSource] = (recorded_reports,)):
+    def __init__(self, registry=None, sources: Sequence[DriftSource] = (recorded_reports,), max_series: int = MAX_DRIFT_SERIES):
         self._registry = registry
         self._sources = tuple(sources) if registry is not None else ()
+        self._max_series = max_series
         self._lock = threading.Lock()
         self._layers: dict[tuple[str, int, str], DriftObservation] = {}
         self._alerts: dict[tuple[str, int], str] = {}
@@ -145,8 +152,11 @@ class DriftGauges:
         return layers, alerts
 
     def families(self, principal: Principal) -> list[GaugeMetricFamily]:
-        """The drift metric families the caller may see (a scoped token: its models only)."""
+        """The drift metric families the caller may see (a scoped token: its models only), at most max_series of them."""
         layers, alerts = self.snapshot()
+        layers = {key: seen for key, seen in layers.items() if principal.may_see(key[0])}
+        alerts = {key: state for key, state in alerts.items() if principal.may_see(key[0])}
+        layers, alerts, left_out = capped(layers, alerts, self._max_series)
         shift = GaugeMetricFamily("normbridge_drift_shift", "Max over channels of |mean - running_mean| / sqrt(running_var + eps) "
                                   "in the latest window.", labels=["model", "version", "layer"])
         ratio = GaugeMetricFamily("normbridge_drift_variance_ratio", "Worst channel's variance factor against running_var "
@@ -154,16 +164,43 @@ class DriftGauges:
         layer_state = GaugeMetricFamily("normbridge_drift_layer_state", "Layer state: 0 ok, 1 unconverged_statistics, 2 drift.",
                                         labels=["model", "version", "layer"])
         alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state: 0 ok, 1 warning, 2 alert.", labels=["model", "version"])
+        omitted = GaugeMetricFamily("normbridge_omitted_drift_series", f"Drift series left out of this scrape past its cap of "
+                                    f"{self._max_series} (whole versions, the calmest and stalest first).")
         for (model, version, layer), seen in sorted(layers.items()):
-            if principal.may_see(model):
-                labels = [model, str(version), layer]
-                shift.add_metric(labels, seen.shift)
-                ratio.add_metric(labels, seen.variance_ratio)
-                layer_state.add_metric(labels, LAYER_STATES[seen.state])
+            labels = [model, str(version), layer]
+            shift.add_metric(labels, seen.shift)
+            ratio.add_metric(labels, seen.variance_ratio)
+            layer_state.add_metric(labels, LAYER_STATES[seen.state])
         for (model, version), state in sorted(alerts.items()):
-            if principal.may_see(model):
-                alert.add_metric([model, str(version)], ALERT_STATES[state])
-        return [shift, ratio, layer_state, alert]
+            alert.add_metric([model, str(version)], ALERT_STATES[state])
+        omitted.add_metric([], left_out)
+        return [shift, ratio, layer_state, alert, omitted]
+
+
+def capped(layers: dict, alerts: dict, limit: int) -> tuple[dict, dict, int]:
+    """(layers, alerts) of the versions that fit in `limit` series, and how many series were left out.
+
+    A version is kept or left out whole (its layers' three series and its alert state), so no version is shown half. The
+    ones kept first are those an operator must see: in alert, then with a drifting layer, then with the newest figures."""
+    keys: dict[tuple[str, int], list] = {}
+    for key in layers:
+        keys.setdefault(key[:2], []).append(key)
+
+    def priority(version: tuple[str, int]):
+        own = [layers[key] for key in keys.get(version, ())]
+        return (-ALERT_STATES.get(alerts.get(version, "ok"), 0), -max((LAYER_STATES[seen.state] for seen in own), default=0),
+                -max((seen.at for seen in own), default=0.0), version)
+
+    kept, used, left_out = set(), 0, 0
+    for version in sorted(set(keys) | set(alerts), key=priority):
+        cost = 3 * len(keys.get(version, ())) + (version in alerts)
+        if used + cost <= limit:
+            kept.add(version)
+            used += cost
+        else:
+            left_out += cost
+    return ({key: seen for key, seen in layers.items() if key[:2] in kept}, {key: state for key, state in alerts.items() if key in kept},
+            left_out)
 
 
 class GateTimer:
@@ -198,7 +235,7 @@ class GateTimer:
 class ServiceMetrics:
     """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram, drift gauges."""
 
-    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,)):
+    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,), max_drift_series: int = MAX_DRIFT_SERIES):
         self.registry = CollectorRegistry()
         self.requests = Counter("normbridge_http_requests", "HTTP requests by method, route template and status.",
                                 ["method", "route", "status"], registry=self.registry)
@@ -208,7 +245,7 @@ class ServiceMetrics:
                                      ["outcome"], registry=self.registry)
         self.gate = Histogram("normbridge_gate_duration_seconds", "Time the equivalence gate took per registration, by outcome.",
                               ["outcome"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.drift = DriftGauges(registry, drift_sources)
+        self.drift = DriftGauges(registry, drift_sources, max_drift_series)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in _METHODS else "OTHER"
@@ -280,5 +317,5 @@ def install(app, registry=None, drift_sources: Sequence[DriftSource] = (recorded
     return app.state.metrics
 
 
-__all__ = ["ALERT_STATES", "DriftGauges", "DriftObservation", "DriftSource", "GateTimer", "LAYER_STATES", "MetricsMiddleware", "ServiceMetrics",
-           "history_windows", "install", "recorded_reports", "registration_outcome"]
+__all__ = ["ALERT_STATES", "DriftGauges", "DriftObservation", "DriftSource", "GateTimer", "LAYER_STATES", "MAX_DRIFT_SERIES", "MetricsMiddleware",
+           "ServiceMetrics", "capped", "history_windows", "install", "recorded_reports", "registration_outcome"]

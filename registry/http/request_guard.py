@@ -1,7 +1,7 @@
-"""Refuse what a web page could forge against the server: another Host (DNS rebinding), another Origin (CSRF), a form body.
+"""Refuse what a web page could forge against the server (another Host, another Origin, a form body), and any body before it is held.
 
 One ASGI middleware in front of the API and the web pages alike, in every mode (tokens or
---insecure-local), before any route, token or body is looked at:
+--insecure-local), before any route or body is looked at, in this order:
 
 * Host must be a name or address of this server (`HostPolicy`): the address it binds, `localhost`,
   127.0.0.1 and [::1] when that is a loopback address, every IP literal when it binds a wildcard
@@ -11,17 +11,19 @@ One ASGI middleware in front of the API and the web pages alike, in every mode (
   Referer) must name the same host and port as Host, and Sec-Fetch-Site, when the browser sends
   it, must be same-origin or none. A request without any of them is not from a browser (the CLI
   client, scripts: every browser sends Origin on a cross-site POST) and passes on to the token check.
-* On /api/, a state-changing request's Content-Type must be absent or one the API speaks (JSON, the
-  raw bytes of an upload), so the bodies a form or a no-cors fetch sends without a preflight
-  (text/plain, application/x-www-form-urlencoded, multipart/form-data) never reach an endpoint;
-  `body_of` narrows it per route (a JSON endpoint takes only JSON).
+* A state-changing /api/ request is authenticated (auth.principal_for, the route's own rule) before a byte of its body
+  is read: FastAPI reads the body of a route with a body parameter before the route's token check runs, so without
+  this an anonymous caller had the server hold whatever it sent. The caller is left in the scope for the route.
+* On /api/, a state-changing request's Content-Type must be absent or the one its endpoint takes: raw bytes for an
+  upload, JSON everywhere else. So the bodies a form or a no-cors fetch sends without a preflight (text/plain,
+  application/x-www-form-urlencoded, multipart/form-data) never reach an endpoint, and a body of the wrong type is
+  refused before it is read; `body_of` says the same per route, for /openapi.json and an absent Content-Type.
+* Every body but an upload's is bounded before it is read, whatever its Content-Type (body_limits.py): 32 MiB on the
+  API, 8 KiB on the web pages; a larger Content-Length is refused at once, a chunked body once it passes the bound.
+  Uploads stream under their own `--max-upload-mb`.
 
-* A JSON body is at most MAX_JSON_BYTES (32 MiB: a drift window of ResNet-50's 53 BatchNorms is about 2 MB): a
-  larger Content-Length is refused before a byte is read, and a chunked body once it passes the limit, since the
-  API parses a JSON body whole, and uploads, which stream, have their own `--max-upload-mb`.
-
-Refusals are 403 untrusted_request, 415 unsupported_media_type and 413 payload_too_large, with the header in the
-error's `setting` and the value received in its message. Every response gets X-Content-Type-Options: nosniff.
+Refusals are 403 untrusted_request, 401 unauthorized, 415 unsupported_media_type and 413 payload_too_large, with the
+header in the error's `setting` and the value received in its message. Every response gets X-Content-Type-Options: nosniff.
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from schemas.errors import PayloadTooLargeError, UntrustedRequestError
+from schemas.errors import UntrustedRequestError
 
+from .auth import PRINCIPAL_SCOPE_KEY, principal_for
+from .body_limits import API_PREFIX, MAX_JSON_BYTES, body_limit, bounded, declared_excess, is_upload
 from .errors import ApiError, api_error_response, status_for, unsupported_media_type
 from .responses import NOSNIFF
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-API_PREFIX = "/api/"
 JSON = "application/json"
 #: The bodies of an upload: a model file or a bundle tar (plain or gzip), sent as raw bytes.
 UPLOAD_MEDIA_TYPES = ("application/octet-stream", "application/x-tar", "application/gzip", "application/x-gzip")
@@ -58,8 +62,6 @@ ALLOWED_HOSTS_ENV = "NORMBRIDGE_SERVE_ALLOWED_HOSTS"
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _SHOWN = 200  # characters of a received header value quoted in a message
-#: The largest JSON body the API parses (bytes).
-MAX_JSON_BYTES = 32 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ def media_type(content_type: str) -> str:
 
 
 def refusal(scope: Scope, headers: Headers, hosts: HostPolicy) -> ApiError | None:
-    """Why this request is refused (an ApiError), or None; see the module doc for the rules."""
+    """Why this request is refused for where it comes from (Host, Origin: an ApiError), or None; see the module doc."""
     raw_host = headers.get("host")
     host = parse_authority(raw_host) if raw_host is not None else None
     if host is None or not hosts.accepts(host):
@@ -184,7 +186,7 @@ def refusal(scope: Scope, headers: Headers, hosts: HostPolicy) -> ApiError | Non
                                  "it with `normbridge serve --allowed-host NAME` for the name clients use.")
     if scope["method"] not in UNSAFE_METHODS:
         return None
-    return _origin_refusal(scope["method"], headers, host) or _media_refusal(scope, headers.get("content-type"))
+    return _origin_refusal(scope["method"], headers, host)
 
 
 def _origin_refusal(method: str, headers: Headers, host: Authority) -> ApiError | None:
@@ -203,17 +205,38 @@ def _origin_refusal(method: str, headers: Headers, host: Authority) -> ApiError 
     return None
 
 
+def _api_write(scope: Scope) -> bool:
+    return scope["method"] in UNSAFE_METHODS and scope["path"].startswith(API_PREFIX)
+
+
 def _media_refusal(scope: Scope, content_type: str | None) -> ApiError | None:
-    """A state-changing /api/ request with a body the API never takes (a form's, text/plain, ...)."""
-    if not scope["path"].startswith(API_PREFIX) or content_type is None or media_type(content_type) in API_MEDIA_TYPES:
+    """A state-changing /api/ request with a body its endpoint never takes (a form's, text/plain, JSON to an upload, ...)."""
+    if not _api_write(scope) or content_type is None:
         return None
-    return unsupported_media_type(f"{scope['method']} {scope['path'][:_SHOWN]} does not take a body of Content-Type "
-                                  f"'{_shown(content_type)}'; send {JSON} to a JSON endpoint or application/octet-stream to an "
-                                  "upload, as /openapi.json says.")
+    upload = is_upload(scope)
+    if media_type(content_type) in (UPLOAD_MEDIA_TYPES if upload else (JSON,)):
+        return None
+    takes = "raw bytes (application/octet-stream, or a tar for format=bundle)" if upload else JSON
+    return unsupported_media_type(f"{scope['method']} {scope['path'][:_SHOWN]} takes a body of {takes}, not Content-Type "
+                                  f"'{_shown(content_type)}'; send that, as /openapi.json says.")
+
+
+async def _caller_refusal(scope: Scope, headers: Headers) -> ApiError | None:
+    """401 for a state-changing /api/ request whose caller the route would refuse, before its body is read; otherwise None,
+    with the caller left in the scope for the route (auth.current_principal)."""
+    state = getattr(scope.get("app"), "state", None)
+    if not _api_write(scope) or state is None or not hasattr(state, "tokens"):
+        return None
+    try:
+        scope[PRINCIPAL_SCOPE_KEY] = await run_in_threadpool(principal_for, state, headers.get("authorization"))
+    except ApiError as error:
+        return error
+    return None
 
 
 class RequestGuard:
-    """The ASGI middleware: refuse per `refusal`, else pass the request on; add nosniff to every response.
+    """The ASGI middleware: refuse per the module doc (Host, Origin, caller, media type, declared size), else pass the request
+    on with its body bounded; add nosniff to every response.
 
     Only HTTP requests are checked (the server serves no websockets; lifespan events pass through).
     """
@@ -226,10 +249,6 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        refused = refusal(scope, headers, self.hosts)
-        if refused is not None:
-            await api_error_response(refused)(scope, receive, send)
-            return
 
         async def send_nosniff(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -238,45 +257,14 @@ class RequestGuard:
                     headers.setdefault(name, value)
             await send(message)
 
-        if media_type(headers.get("content-type") or "") == JSON:
-            length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > MAX_JSON_BYTES:
-                await api_error_response(_json_too_large(int(length)))(scope, receive, send_nosniff)
-                return
-            if length is None:  # chunked: read up to the limit here, then hand the app the same body
-                replay = await _bounded(receive)
-                if replay is None:
-                    await api_error_response(_json_too_large(None))(scope, receive, send_nosniff)
-                    return
-                receive = replay
-        await self.app(scope, receive, send_nosniff)
-
-
-def _json_too_large(size: int | None) -> ApiError:
-    error = PayloadTooLargeError(f"the JSON body is {'larger than' if size is None else f'{size} bytes, over'} this server's limit of "
-                                 f"{MAX_JSON_BYTES} bytes for a JSON request; send less per request.")
-    return ApiError(status_for(error), error.code, str(error), setting="Content-Length")
-
-
-async def _bounded(receive: Receive) -> Receive | None:
-    """A `receive` replaying the whole body read from `receive`, or None once it passes MAX_JSON_BYTES."""
-    messages, seen = [], 0
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            break
-        seen += len(message.get("body", b""))
-        if seen > MAX_JSON_BYTES:
-            return None
-        if not message.get("more_body", False):
-            break
-    pending = iter(messages)
-
-    async def replay() -> Message:
-        return next(pending, None) or await receive()
-
-    return replay
+        limit = body_limit(scope)
+        refused = refusal(scope, headers, self.hosts) or await _caller_refusal(scope, headers) or _media_refusal(scope, headers.get("content-type"))
+        if refused is None and limit is not None:
+            refused = declared_excess(scope, headers, limit)
+        if refused is not None:  # answered without reading the body (uvicorn drops what the client still sends)
+            await api_error_response(refused)(scope, receive, send_nosniff)
+            return
+        await self.app(scope, receive if limit is None else bounded(scope, receive, limit), send_nosniff)
 
 
 def body_of(*media_types: str, optional: bool = False) -> Callable[[Request], None]:
@@ -293,19 +281,21 @@ def body_of(*media_types: str, optional: bool = False) -> Callable[[Request], No
     return dependency
 
 
-#: What the guard adds to every operation of /openapi.json (403) and to every state-changing one (415).
+#: What the guard adds to every operation of /openapi.json (403) and to every state-changing one (401, 413, 415).
 GUARD_RESPONSES = {
+    "401": "No token, or an unknown, revoked or malformed one (unauthorized), checked before the body is read.",
     "403": "The Host, Origin, Referer or Sec-Fetch-Site header does not name this server (untrusted_request).",
+    "413": "The body is larger than this server takes for the endpoint: 32 MiB of JSON, or --max-upload-mb for an upload (payload_too_large).",
     "415": "The body's Content-Type is not one this endpoint takes, e.g. a form (unsupported_media_type).",
 }
 
 
 def declare_refusals(schema: dict) -> dict:
-    """Add the guard's 403 to every operation of an OpenAPI document and its 415 to every state-changing one (in place)."""
+    """Add the guard's 403 to every operation of an OpenAPI document and its 401, 413 and 415 to every state-changing one (in place)."""
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
     for operations in schema.get("paths", {}).values():
         for method, operation in operations.items():
-            statuses = ("403", "415") if method.upper() in UNSAFE_METHODS else ("403",)
+            statuses = ("401", "403", "413", "415") if method.upper() in UNSAFE_METHODS else ("403",)
             for status in statuses:
                 declared = operation.setdefault("responses", {}).get(status)
                 if declared is None:
@@ -315,5 +305,5 @@ def declare_refusals(schema: dict) -> dict:
     return schema
 
 
-__all__ = ["ALLOWED_HOSTS_ENV", "API_MEDIA_TYPES", "Authority", "HostPolicy", "JSON", "RequestGuard", "UPLOAD_MEDIA_TYPES", "body_of",
-           "declare_refusals", "is_loopback", "parse_allowed_host", "parse_authority", "refusal", "same_origin_url"]
+__all__ = ["ALLOWED_HOSTS_ENV", "API_MEDIA_TYPES", "Authority", "HostPolicy", "JSON", "MAX_JSON_BYTES", "RequestGuard", "UPLOAD_MEDIA_TYPES",
+           "body_of", "declare_refusals", "is_loopback", "parse_allowed_host", "parse_authority", "refusal", "same_origin_url"]

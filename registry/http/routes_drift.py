@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
-from registry.drift_history import history, record_window
+from registry.drift_history import history, store_window
 from registry.drift_records import drift_reports, record_drift
 from schemas.monitoring import DriftWindow, WindowRecord
 from schemas.serving import DriftReport
@@ -20,28 +20,28 @@ from .api_models import DriftList, DriftRecord
 from .auth import Principal, require
 from .context import error_responses, registry_for, version_ref
 from .request_guard import JSON, body_of
-from .uploads import refuse_declared_excess
 
 router = APIRouter(prefix="/api/v1")
-#: Largest window body accepted (a hundred layers of 2048 channels is about 8 MB of JSON).
-MAX_WINDOW_BYTES = 32 * 1024 * 1024
-
-
-async def bounded_body(request: Request) -> None:
-    """413 for a declared body over MAX_WINDOW_BYTES, before it is validated (FastAPI has received it by then, as for
-    every JSON endpoint here; the per-field bounds of schemas.monitoring keep what is validated bounded)."""
-    await refuse_declared_excess(request, MAX_WINDOW_BYTES)
-
+# A body is at most 32 MiB (body_limits.MAX_JSON_BYTES: a hundred layers of 2048 channels is about 8 MB of JSON), refused
+# by the request guard before FastAPI reads it; the per-field bounds of schemas.monitoring bound what is validated.
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 
 
 @router.post("/models/{name}/versions/{ref}/drift", status_code=201, response_model=WindowRecord, tags=["write"],
-             dependencies=[Depends(body_of(JSON)), Depends(bounded_body)], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
-             summary="Store one statistics window of a served version (what converters.monitor ships); returns it with the new state")
-def post_window(name: str, ref: str, request: Request, principal: Writer, window: Annotated[DriftWindow, Body()]) -> WindowRecord:
+             dependencies=[Depends(body_of(JSON))],
+             responses={200: {"model": WindowRecord, "description": "The same window was posted before: the stored window (it counts once)."},
+                        201: {"model": WindowRecord, "description": "A new window was stored."},
+                        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500)},
+             summary="Store one statistics window of a served version (what converters.monitor ships); returns it with the new state "
+                     "(200 with the stored window when the same window was posted before: it counts once)")
+def post_window(name: str, ref: str, request: Request, response: Response, principal: Writer,
+                window: Annotated[DriftWindow, Body()]) -> WindowRecord:
     principal.check("write", name)
-    return record_window(registry_for(request, principal), version_ref(name, ref), window)
+    record, created = store_window(registry_for(request, principal), version_ref(name, ref), window)
+    if not created:
+        response.status_code = 200
+    return record
 
 
 @router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=error_responses(401, 403, 404, 409, 422, 500),
@@ -55,7 +55,7 @@ def get_history(name: str, ref: str, request: Request, principal: Reader,
 
 
 @router.post("/models/{name}/versions/{ref}/drift/reports", status_code=201, response_model=DriftRecord, tags=["write"],
-             dependencies=[Depends(body_of(JSON)), Depends(bounded_body)], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
+             dependencies=[Depends(body_of(JSON))], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
              summary="Record an offline drift check (`normbridge drift --record`) against the version it was computed on")
 def post_report(name: str, ref: str, request: Request, principal: Writer, report: Annotated[DriftReport, Body()]) -> DriftRecord:
     principal.check("write", name)

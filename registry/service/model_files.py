@@ -9,6 +9,10 @@ is written, and an ONNX file must hash to the digest recorded at registration. A
 when the version was registered (structure_check.py, `structure_checked`), so the file is not read back; the file of
 a version registered before that record existed is read back through the framework's safe reader (onnx protobuf and
 checker, Keras safe_mode, the project's .pt2 reader) before anyone gets it.
+
+The HTTP endpoint sends the file from an unnamed temporary file (`spooled_model_file`): its sha256 and length go in the
+answer's headers, so the file is whole before the first byte leaves, and a request holds one chunk of it in memory however
+slowly its client reads; the temporary file has no name, so nothing of it outlives the request or a killed server.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +61,32 @@ class ModelFile:
     @property
     def digest(self) -> str:
         return self.sha256 or sha256_of(self.data)
+
+
+@dataclass(frozen=True)
+class SpooledModelFile:
+    """A version as one file in an unnamed temporary file (its space is freed when `chunks` ends or `close` is called)."""
+
+    ref: str
+    format: str
+    handle: BinaryIO
+    sha256: str
+    nbytes: int
+
+    @property
+    def suffix(self) -> str:
+        return SUFFIXES[self.format]
+
+    def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        """The file's bytes, `size` at a time; the file is closed at the end (or when the iterator is dropped)."""
+        try:
+            while chunk := self.handle.read(size):
+                yield chunk
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.handle.close()
 
 
 @dataclass(frozen=True)
@@ -107,6 +138,23 @@ class ModelFiles:
         """
         record, manifest, fmt = self._resolve_pull(ref, fmt)
         return self._model_file(record, manifest, fmt, progress)
+
+    def spooled_model_file(self, ref: str, fmt: str | None = None, progress: Progress | None = None) -> SpooledModelFile:
+        """`model_file` written to an unnamed temporary file instead of memory (what GET .../model streams); the caller
+        closes it, or reads `chunks` to the end. Raises as `model_file` does, with nothing left behind."""
+        record, manifest, fmt = self._resolve_pull(ref, fmt)
+        handle = tempfile.TemporaryFile(prefix="normbridge-model-")
+        try:
+            written = HashingWriter(handle)
+            self._write_version(record, manifest, fmt, written, progress)
+            if self._needs_read_back(record, fmt):  # a version registered before its structure was checked: its reader takes bytes
+                handle.seek(0)
+                read_back(record.ref, fmt, manifest.framework, handle.read())
+            handle.seek(0)
+        except BaseException:
+            handle.close()
+            raise
+        return SpooledModelFile(record.ref, fmt, handle, written.hexdigest(), written.nbytes)
 
     def _model_file(self, record, manifest, fmt: str, progress: Progress | None) -> ModelFile:
         buffer = io.BytesIO()
@@ -231,4 +279,4 @@ def write_pulled(file: ModelFile, path: str | Path, progress: Progress | None = 
     return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.digest, nbytes=len(file.data))
 
 
-__all__ = ["HashingWriter", "ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult", "pulled_path", "read_back", "write_pulled"]
+__all__ = ["HashingWriter", "ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult", "SpooledModelFile", "pulled_path", "read_back", "write_pulled"]

@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from registry.http.auth import LOCAL_USER, Principal, principal_from_token
+from registry.http.body_limits import MAX_FORM_BYTES
 from registry.http.errors import ApiError
 from registry.http.request_guard import parse_authority, same_origin_url
 
@@ -26,8 +27,6 @@ SESSION_COOKIE = "nb_session"
 CSRF_COOKIE = "nb_csrf"
 #: A browser session lasts at most this long (seconds); the token's revocation ends it sooner.
 SESSION_MAX_AGE = 12 * 3600
-#: A login form body is a token and a few short fields.
-MAX_FORM_BYTES = 8192
 
 
 def is_https(request: Request) -> bool:
@@ -66,10 +65,13 @@ def csrf_matches(request: Request, form: dict[str, str]) -> bool:
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """An application/x-www-form-urlencoded body as {field: first value} (the forms here have no files)."""
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        return {}
+    """An application/x-www-form-urlencoded body as {field: first value} (the forms here have no files); {} for a body over
+    MAX_FORM_BYTES, of which no more than that is read (the request guard refuses such a body with 413 first)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return {}
     parsed = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True, max_num_fields=20)
     return {key: values[0] for key, values in parsed.items()}
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 from alembic import command
-from sqlalchemy import event, update
+from sqlalchemy import event, func, select, update
 from sqlalchemy.orm import Session
 
 from converters.models.monitoring.drift import drift_check
 from registry import drift_history
-from registry.db.drift_rows import DriftWindowRow
+from registry.db.drift_rows import DriftLayerRow, DriftWindowRow
 from registry.db.engine import alembic_config
 from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftRule
@@ -221,3 +221,27 @@ def test_layers_stored_before_migration_0007_read_drift_where_they_were_over(reg
     [stored] = drift_history.history(registry, "fresh@1").windows
     assert [layer.status for layer in stored.layers] == ["drift" if flag else "ok" for flag in over]  # as the rule counted them then
     assert all(layer.initial_weight is None for layer in stored.layers)
+
+
+def test_a_window_stored_twice_counts_once_and_migration_0009_keeps_the_history(registry):
+    model = torch_cnn()
+    registry.register("cnn", model)
+    body = window(model, shift_sd=2.0)
+    first, created = drift_history.store_window(registry, "cnn@1", body)
+    again, created_again = drift_history.store_window(registry, "cnn@1", {**body, "ended_at": body["ended_at"].replace("+00:00", "Z")})
+    assert created and not created_again and again == first
+    assert drift_history.history(registry, "cnn@1").recent == "1"
+    with registry.meta.engine.connect() as connection:  # back to the schema before the digest, and up again
+        command.downgrade(alembic_config(connection), "0008")
+        connection.commit()
+        assert connection.execute(select(func.count()).select_from(DriftLayerRow)).scalar_one() == 2
+        command.upgrade(alembic_config(connection), "head")
+        connection.commit()
+    found = drift_history.history(registry, "cnn@1")
+    assert found.windows_total == 1 and len(found.windows[0].layers) == 2
+    # a window stored before 0009 carries no digest: the same window once more is stored once more, and from then on counts once
+    assert drift_history.store_window(registry, "cnn@1", body)[1] and not drift_history.store_window(registry, "cnn@1", body)[1]
+    big = drift_history.record_window(registry, "cnn@1", {**window(model), "requests": 2**63 - 1, "layers": [
+        {**layer, "count": 2**63 - 1} for layer in body["layers"]]})
+    stored = drift_history.history(registry, "cnn@1").windows
+    assert len(stored) == 3 and stored[0].id == big.id and stored[0].requests == stored[0].layers[0].count == 2**63 - 1

@@ -88,3 +88,29 @@ def test_pushed_values_are_checked_and_win(tmp_path):
         metrics.drift.set_alert_state("cnn", 1, "red")
     found = samples(metrics.exposition(Principal(owner="p", role="read")).decode())
     assert found[("normbridge_drift_layer_state", (("layer", "bn"), ("model", "cnn"), ("version", "1")))] == 1
+
+
+def test_drift_series_stop_at_the_cap_keeping_whole_versions_in_alert_and_the_newest_first(tmp_path):
+    """Every version that posted a window used to add its series to every scrape, without end: 4,000 versions of 3 layers
+    made 52,000 drift series. The cap keeps MAX_DRIFT_SERIES, and says how many were left out."""
+    from registry.http.metrics import MAX_DRIFT_SERIES
+
+    now = datetime.now(UTC).timestamp()
+    layers = [Layer(f"bn{i}", 0.1, 0.1, False) for i in range(3)]
+    history = [Version("fleet", n, "ok", Window(layers, datetime.fromtimestamp(now - n, UTC))) for n in range(1, 4001)]
+    history.append(Version("stale", 1, "alert", Window([Layer("bn0", 3.0, 0.1, True)], datetime.fromtimestamp(0, UTC))))
+    metrics = ServiceMetrics(Registry(db=f"sqlite:///{tmp_path / 'r.db'}", blobs=str(tmp_path / "b")),
+                             drift_sources=(history_windows(lambda registry: history),))
+    found = samples(metrics.exposition(Principal(owner="prometheus", role="read")).decode())
+    drift = [key for key in found if key[0].startswith("normbridge_drift_")]
+    assert MAX_DRIFT_SERIES - 10 < len(drift) <= MAX_DRIFT_SERIES
+    assert found[("normbridge_omitted_drift_series", ())] == 4000 * 10 + 4 - len(drift)  # every series is counted once
+    versions = {(dict(key[1])["model"], int(dict(key[1])["version"])) for key in drift}
+    assert ("stale", 1) in versions  # in alert: kept however old its figures
+    fleet = sorted(n for model, n in versions if model == "fleet")
+    assert fleet == list(range(1, len(fleet) + 1))  # the newest versions' figures, each version whole
+    for n in fleet:
+        assert all(("normbridge_drift_shift", (("layer", f"bn{i}"), ("model", "fleet"), ("version", str(n)))) in found for i in range(3))
+    assert ("normbridge_drift_alert_state", (("model", "fleet"), ("version", str(fleet[-1] + 1)))) not in found
+    scoped = samples(metrics.exposition(Principal(owner="team", role="read", models=("stale",))).decode())
+    assert scoped[("normbridge_omitted_drift_series", ())] == 0  # the cap counts what the caller may see
