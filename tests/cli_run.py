@@ -59,3 +59,25 @@ def invoke_cli(*args: str, cwd: Path, columns: int | None = None, umask: int | N
             os.umask(previous_umask)
         os.chdir(previous_cwd)
     return subprocess.CompletedProcess(["normbridge", *args], result.exit_code, result.stdout, result.stderr)
+
+
+#: Runs its arguments as a child and prints the child's exit code, output and peak resident memory (bytes; Linux reports KiB).
+_MEASURING_LAUNCHER = (
+    "import json, resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True, stdin=subprocess.DEVNULL)\n"
+    "print(json.dumps({'rc': done.returncode, 'stdout': done.stdout, 'stderr': done.stderr,"
+    " 'peak_rss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))\n"
+)
+
+
+def run_cli_measured(*args: str, cwd: Path, env: Mapping[str, str] | None = None,
+                     timeout: float = 600) -> tuple[subprocess.CompletedProcess, int]:
+    """`run_cli`, plus the command's peak resident memory in bytes. It is started by a small launcher process, not by the
+    test process: Linux counts in a child's ru_maxrss the peak of the image it was forked from, here the test process."""
+    import json
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _MEASURING_LAUNCHER, *normbridge_command(), *args], cwd=cwd, env=user_environment(env),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    measured = json.loads(done.stdout)
+    return subprocess.CompletedProcess(["normbridge", *args], measured["rc"], measured["stdout"], measured["stderr"]), measured["peak_rss"]

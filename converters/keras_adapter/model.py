@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import InputFileError, NormSpec, UnsupportedObjectError
+from schemas import InputFileError, NormbridgeError, NormSpec, UnsupportedObjectError
 from schemas.atomic_io import atomic_write_bytes
 
 from ..api import layer_spec
@@ -16,6 +16,7 @@ from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
 from . import onnx_export, porting, serving_taps, statistics
 from .artifact_contents import keras_contents
+from .keras_file_checks import check_keras_file
 from .structure import keras_file, keras_structure
 from .inputs import pack_inputs
 from .standardization import standardization_hazards
@@ -26,7 +27,10 @@ from .runtime import import_keras
 def _load_keras(path: Path) -> Any:
     keras = import_keras()
     try:
+        check_keras_file(path)  # before Keras builds a variable or reads a weight: what the file declares is bounded
         return keras.saving.load_model(str(path), safe_mode=True, compile=False)
+    except NormbridgeError:
+        raise
     except ValueError as error:
         if "safe_mode" in str(error) or "Lambda" in str(error):
             raise InputFileError(
