@@ -6,12 +6,16 @@ copies it entry by entry (same root folder, same order) while replacing the byte
 entries, adding others, or editing the JSON of `models/model.json` and the payload configs:
 what an attacker does with `zipfile`. `Payload(marker)` is an object whose unpickling writes
 `marker` through `builtins.eval`, so a test can tell whether a file's pickle ever ran.
+`size_expression`, `claiming` and `tensor_meta_of` build the archives that cost far more than they hold (a shape
+expression sympy computes for hours, a tensor claiming more than its payload stores) or whose metadata the reader once
+crashed on (issue 30).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import pickle
 import zipfile
 from collections.abc import Callable
@@ -257,3 +261,48 @@ HOSTILE: dict[str, Hostile] = {
     "attribute_path": Hostile(_attribute_path, PROGRAM, False),
     "compiled_code": Hostile(_compiled_code, "data/aotinductor/model/model.so", False),
 }
+
+
+# -- archives that cost far more than they hold (issue 30, holes 2 and 3), and metadata the reader once crashed on (hole 10)
+
+
+def power_tower(levels: int) -> str:
+    """Pow(Pow(...Pow(Integer(10), 64)..., 64), 64): every exponent small, the number 10**(64**levels)."""
+    return "Pow(" * levels + "Integer(10)" + ", 64)" * levels
+
+
+def size_expression(expression: str, hint: int = 2) -> Callable[[Path, Path], Path]:
+    """The input's batch size rewritten as `expression` (torch hands it to sympy.sympify while it reads the program)."""
+    def edit(program: dict) -> None:
+        sizes = program["graph_module"]["graph"]["tensor_values"]["x"]["sizes"]
+        sizes[0] = {"as_expr": {"expr_str": expression, "hint": {"as_int": hint}}}
+    return lambda genuine, out: craft(genuine, out, edit_program=edit)
+
+
+def first_constant(genuine: Path) -> str:
+    return next(iter(_config(genuine, CONSTANTS_CONFIG)))
+
+
+def claiming(config_entry: str, fqn: str | Callable[[Path], str], sizes: list[int], strides: list[int] | None = None, *,
+             empty: bool = False) -> Callable[[Path, Path], Path]:
+    """The tensor `fqn` of a payload config given `sizes` (and `strides`, contiguous by default) over its own payload, or
+    over an empty one (torch makes zeros of the claimed size for an empty payload)."""
+    def build(genuine: Path, out: Path) -> Path:
+        name = fqn(genuine) if callable(fqn) else fqn
+        config = _config(genuine, config_entry)
+        contiguous = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+
+        def edit(document: dict) -> None:
+            meta = document["config"][name]["tensor_meta"]
+            meta["sizes"] = [{"as_int": size} for size in sizes]
+            meta["strides"] = [{"as_int": stride} for stride in (strides if strides is not None else contiguous)]
+        payload = config_entry.rsplit("/", 1)[0] + "/" + config[name]["path_name"]
+        return craft(genuine, out, replace={payload: b""} if empty else {}, edit_json={config_entry: edit})
+    return build
+
+
+def tensor_meta_of(config_entry: str, fqn: str, **fields) -> Callable[[Path, Path], Path]:
+    """The tensor `fqn` of a payload config with some of its tensor_meta `fields` replaced."""
+    def edit(document: dict) -> None:
+        document["config"][fqn]["tensor_meta"].update(fields)
+    return lambda genuine, out: craft(genuine, out, edit_json={config_entry: edit})

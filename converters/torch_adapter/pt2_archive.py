@@ -8,8 +8,10 @@ archive with `zipfile` itself and takes only what an ExportedProgram needs:
 
 - `models/model.json`, checked by `pt2_program.check_program` before torch sees it;
 - tensors of the weights and constants configs, built from their raw bytes (dtype, sizes, strides
-  and offset from the config; a large stored payload mapped from the file, not read: pt2_payloads); a
-  legacy `model.pt` state dict only through `torch.load(weights_only=True)`;
+  and offset from the config, checked by pt2_tensors; a large stored payload mapped from the file, not read: pt2_payloads),
+  each payload holding every element its tensor claims (torch makes zeros of any claimed size for an empty one), and
+  what they all claim counted like unpacked bytes before any is made; a legacy `model.pt` state dict only through
+  `torch.load(weights_only=True)`;
 - never the sample inputs (their pickle is only scanned statically, by
   `torch.serialization.get_unsafe_globals_in_checkpoint`, so a hostile one is refused), extra files
   or other models. Entries that only a full unpickler or a native loader reads (`use_pickle`, custom and opaque objects, AOTInductor/ExecuTorch code) are
@@ -18,6 +20,10 @@ archive with `zipfile` itself and takes only what an ExportedProgram needs:
 The parts are handed to torch's `ExportedProgramDeserializer`, so the result is the same
 `torch.export.ExportedProgram` that `torch.export.load` returns for a genuine file (without
 `example_inputs`), and its graph is checked again by `pt2_program.check_graph`.
+
+Every step reads bytes from the file, so any exception one raises (zipfile, json, torch and sympy raise dozens of types
+for bytes they did not expect) becomes an InputFileError naming the entry it was reading (`_reading`): a malformed
+archive is a bad input file, never a crash.
 """
 
 from __future__ import annotations
@@ -27,15 +33,18 @@ import json
 import re
 import sys
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas import InputFileError
+from schemas import InputFileError, NormbridgeError
 
 from ..tensor_bytes import ZipEntryBytes
 from .pt2_payloads import contiguous_range, mappable, mapped_bytes, remember
 from .pt2_program import check_graph, check_program, is_fqn
+from .pt2_tensors import ClaimedBytes, claimed_bytes, numel, parameter, tensor_meta, view
 from .pt2_treespecs import read_as_dicts
 
 MAX_ENTRIES = 100_000
@@ -46,6 +55,10 @@ MAX_JSON_BYTES = 512 * 1024**2
 #: the reader of that entry. Keras refuses ratios over 100x in `.keras` files the same way.
 MAX_DEFLATE_RATIO = 100
 MIN_BOMB_BYTES = 1024**2
+#: What the tensors claim (elements x itemsize, each view of a payload counted) may reach MAX_DEFLATE_RATIO times what the
+#: archive stores, or MIN_CLAIM_BYTES when that is more, and never more than MAX_TOTAL_BYTES: a genuine stride-0 buffer
+#: (`ones(4).expand(1000, 4)`) claims far more than its payload, but a 14 KiB file claiming gigabytes is a bomb.
+MIN_CLAIM_BYTES = 64 * 1024**2
 PROGRAM = "models/model.json"
 SAMPLE_INPUTS = "data/sample_inputs/"
 WEIGHTS = ("data/weights/", "data/weights/model_weights_config.json", "data/weights/model.pt", re.compile(r"weight_[0-9]+"))
@@ -54,7 +67,6 @@ CONSTANTS = ("data/constants/", "data/constants/model_constants_config.json", "d
 COMPILED_CODE = ("data/aotinductor/", "data/executorch/", "data/mtia", "xl_model_weights/")
 #: Payload names of TorchScript custom objects and opaque Python objects: both are unpickled by torch.
 PICKLED_OBJECTS = ("custom_obj_", "opaque_obj_")
-_STRIDED_LAYOUT = 7  # torch._export.serde.schema.Layout.Strided
 
 
 @dataclass(frozen=True)
@@ -100,18 +112,53 @@ def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
         zf = zipfile.ZipFile(path if data is None else io.BytesIO(data))
     except (zipfile.BadZipFile, OSError) as error:
         raise InputFileError(f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save.") from error
+    except Exception as error:  # zipfile raises others for a directory it did not expect (ValueError, EOFError, ...)
+        raise InputFileError(f"'{path}' is not a readable zip archive ({_described(error)}); save the model with torch.export.save.") from error
     with zf:
-        archive = _Archive(path, zf, _entries(path, zf), on_disk=data is None)
+        with _reading(f"'{path}'"):
+            archive = _Archive(path, zf, _entries(path, zf), on_disk=data is None)
         _check_format(archive)
         document = _program(archive)
         _check_sample_inputs(archive)
         sources: dict[str, ZipEntryBytes] = {}
-        state_dict = _tensors(archive, *WEIGHTS, parameters=True, sources=sources)
-        constants = _tensors(archive, *CONSTANTS, parameters=False, sources=sources)
-    program = _deserialize(path, document, state_dict, constants)
-    check_graph(program, f"'{path}' entry '{PROGRAM}'")
+        claims = ClaimedBytes(*_claim_limit(archive))
+        state_dict = _tensors(archive, *WEIGHTS, parameters=True, sources=sources, claims=claims)
+        constants = _tensors(archive, *CONSTANTS, parameters=False, sources=sources, claims=claims)
+    with _reading(f"'{path}' entry '{PROGRAM}'"):
+        program = _deserialize(document, state_dict, constants)
+        check_graph(program, f"'{path}' entry '{PROGRAM}'")
     remember(program, sources)
     return program
+
+
+def claimed_tensor_bytes(path: Path) -> int:
+    """What the tensors of the `.pt2` at `path` claim (elements x itemsize), from its payload configs alone (no payload is
+    read), for a server to hold against its upload limit before the file is read; 0 when the archive cannot be read that
+    far (the reader refuses it, naming why)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            archive = _Archive(path, zf, _entries(path, zf))
+            return sum(claimed_bytes(meta) for folder, config, _, file_name in (WEIGHTS, CONSTANTS) if config in archive.entries
+                       for _, _, meta, _ in _payloads(archive, folder, config, file_name))
+    except Exception:  # anything the reader refuses, with a better message than this check could give
+        return 0
+
+
+@contextmanager
+def _reading(where: str) -> Iterator[None]:
+    """Any exception but normbridge's own, raised while the bytes of `where` are read, as an InputFileError naming it."""
+    try:
+        yield
+    except NormbridgeError:
+        raise
+    except Exception as error:
+        raise InputFileError(f"{where} cannot be read ({_described(error)}); the archive is malformed or was altered: save the "
+                             "model with torch.export.save.") from error
+
+
+def _described(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _entries(path: Path, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
@@ -157,20 +204,22 @@ def _check_format(archive: _Archive) -> None:
     for entry, expected in checks.items():
         if entry == "byteorder" and entry not in archive.entries:
             continue
-        value = bytes(archive.read(entry, limit=64)).decode("utf-8", "replace").strip()
+        with _reading(archive.where(entry)):
+            value = bytes(archive.read(entry, limit=64)).decode("utf-8", "replace").strip()
         if value not in expected:
             raise InputFileError(f"{archive.where(entry)} is {value!r}, expected {expected[0]!r}; "
                                  "save the model with torch.export.save on a little-endian machine with torch 2.6 or later.")
 
 
 def _program(archive: _Archive) -> dict:
-    try:
-        document = json.loads(archive.read(PROGRAM, limit=MAX_JSON_BYTES))
-        check_program(document, archive.where(PROGRAM))
+    with _reading(archive.where(PROGRAM)):
+        try:
+            document = json.loads(archive.read(PROGRAM, limit=MAX_JSON_BYTES))
+            check_program(document, archive.where(PROGRAM))
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:  # InputFileError is not a ValueError: it passes through
+            raise InputFileError(f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
+                                 "save the model with torch.export.save.") from error
         read_as_dicts(document)  # a library's output type (transformers' ModelOutput) read as a dict, never imported
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:  # InputFileError is not a ValueError: it passes through
-        raise InputFileError(f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
-                             "save the model with torch.export.save.") from error
     return document
 
 
@@ -180,7 +229,8 @@ def _check_sample_inputs(archive: _Archive) -> None:
     import torch
 
     for entry in sorted(e for e in archive.entries if e.startswith(SAMPLE_INPUTS)):
-        data = archive.read(entry)
+        with _reading(archive.where(entry)):
+            data = archive.read(entry)
         if not data:
             continue  # torch.export.save writes an empty entry for a program without example inputs (one loaded by this reader, or what normbridge's pull writes): no pickle
         try:
@@ -197,79 +247,80 @@ def _check_sample_inputs(archive: _Archive) -> None:
                 "with torch.export.save from code you trust.")
 
 
+def _claim_limit(archive: _Archive) -> tuple[int, str]:
+    """(the bytes the archive's tensors may claim, how the limit is described): see MIN_CLAIM_BYTES."""
+    stored = sum(info.compress_size for info in archive.entries.values())
+    by_ratio = max(MIN_CLAIM_BYTES, MAX_DEFLATE_RATIO * stored)
+    if by_ratio < MAX_TOTAL_BYTES:
+        return by_ratio, (f"an archive storing {stored} bytes may claim ({MAX_DEFLATE_RATIO} times what it stores, at least "
+                          f"{MIN_CLAIM_BYTES >> 20} MiB)")
+    return MAX_TOTAL_BYTES, "normbridge reads of one archive"
+
+
 def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name: re.Pattern, *, parameters: bool,
-             sources: dict[str, ZipEntryBytes]) -> dict:
+             sources: dict[str, ZipEntryBytes], claims: ClaimedBytes) -> dict:
     """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file; `sources` gets where
-    the bytes of each tensor of a mapped payload are (pt2_payloads)."""
+    the bytes of each tensor of a mapped payload are (pt2_payloads), `claims` what each tensor claims, before it is made."""
     if legacy in archive.entries:  # torch prefers the legacy file when both exist
-        return _weights_only(archive, legacy)
+        with _reading(archive.where(legacy)):
+            loaded = _weights_only(archive, legacy)
+            for name, tensor in loaded.items():  # views of the storages torch read: nothing of their claims is made yet
+                claims.add(tensor.numel() * tensor.element_size(), f"{archive.where(legacy)}, '{name}'")
+        return loaded
     if config not in archive.entries:
         raise InputFileError(f"'{archive.path}' has no '{config}'; save the model with torch.export.save.")
-    try:
-        document = json.loads(archive.read(config, limit=MAX_JSON_BYTES))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise InputFileError(f"{archive.where(config)} is not valid JSON ({error}).") from error
-    payloads = document.get("config") if isinstance(document, dict) else None
-    if not isinstance(payloads, dict):
-        raise InputFileError(f"{archive.where(config)} has no 'config' object; save the model with torch.export.save.")
     flat: dict[str, Any] = {}
     found: dict[str, Any] = {}
-    for fqn, payload in payloads.items():
+    for fqn, name, meta, payload in _payloads(archive, folder, config, file_name):
         where = f"{archive.where(config)}, '{fqn}'"
-        if not is_fqn(fqn, "") or not isinstance(payload, dict):
-            raise InputFileError(f"{archive.where(config)} names the tensor {fqn!r}, which is not a dotted attribute path; refused.")
-        name = payload.get("path_name")
-        if payload.get("use_pickle") is not False or (isinstance(name, str) and name.startswith(PICKLED_OBJECTS)):
-            raise InputFileError(
-                f"{where} is stored as a pickle (entry '{folder}{name}', use_pickle={payload.get('use_pickle')!r}), which only a full "
-                "unpickler can read and which can run code; normbridge reads raw tensors only: save plain tensors (no tensor subclasses "
-                "or custom objects) with torch.export.save.")
-        if not isinstance(name, str) or not file_name.fullmatch(name):
-            raise InputFileError(f"{where} names the payload {name!r}, expected '{file_name.pattern}' in '{folder}'; the archive was altered.")
-        meta = _tensor_meta(payload.get("tensor_meta"), where)
-        if name not in flat:
-            flat[name] = _flat_tensor(archive, folder + name, meta)
-        tensor, mapped = flat[name]
-        view = _view(tensor, meta, f"{where} (entry '{folder}{name}')")
-        found[fqn] = _parameter(view, meta) if parameters and payload.get("is_param") is True else view
-        span = contiguous_range(view, meta, view.element_size()) if mapped else None
-        if span is not None:
-            sources[fqn] = ZipEntryBytes(archive.path, archive.entries[folder + name].filename, *span)
+        entry = folder + name
+        with _reading(f"{where} (entry '{entry}')"):
+            claims.add(claimed_bytes(meta), where)
+            if name not in flat:
+                flat[name] = _flat_tensor(archive, entry, meta, where)
+            tensor, mapped = flat[name]
+            seen = view(tensor, meta, f"{where} (entry '{entry}')")
+            found[fqn] = parameter(seen, meta) if parameters and payload.get("is_param") is True else seen
+            span = contiguous_range(seen, meta, seen.element_size()) if mapped else None
+            if span is not None:
+                sources[fqn] = ZipEntryBytes(archive.path, archive.entries[entry].filename, *span)
     return found
 
 
-def _tensor_meta(meta: Any, where: str) -> dict:
-    """dtype, sizes, strides, offset, device and requires_grad of a payload, all plain values (never expressions)."""
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+def _payloads(archive: _Archive, folder: str, config: str, file_name: re.Pattern) -> Iterator[tuple[str, str, dict, dict]]:
+    """(fqn, payload file name, checked tensor meta, the config's record) of every tensor of one payload config; a pickled
+    payload, a name outside the payload folder or a meta torch.export.save does not write is refused."""
+    with _reading(archive.where(config)):
+        try:
+            document = json.loads(archive.read(config, limit=MAX_JSON_BYTES))
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:
+            raise InputFileError(f"{archive.where(config)} is not valid JSON ({error}).") from error
+        payloads = document.get("config") if isinstance(document, dict) else None
+        if not isinstance(payloads, dict):
+            raise InputFileError(f"{archive.where(config)} has no 'config' object; save the model with torch.export.save.")
+        for fqn, payload in payloads.items():
+            where = f"{archive.where(config)}, '{fqn}'"
+            if not is_fqn(fqn, "") or not isinstance(payload, dict):
+                raise InputFileError(f"{archive.where(config)} names the tensor {fqn!r}, which is not a dotted attribute path; refused.")
+            name = payload.get("path_name")
+            if payload.get("use_pickle") is not False or (isinstance(name, str) and name.startswith(PICKLED_OBJECTS)):
+                raise InputFileError(
+                    f"{where} is stored as a pickle (entry '{folder}{name}', use_pickle={payload.get('use_pickle')!r}), which only a full "
+                    "unpickler can read and which can run code; normbridge reads raw tensors only: save plain tensors (no tensor subclasses "
+                    "or custom objects) with torch.export.save.")
+            if not isinstance(name, str) or not file_name.fullmatch(name):
+                raise InputFileError(f"{where} names the payload {name!r}, expected '{file_name.pattern}' in '{folder}'; the archive was altered.")
+            yield fqn, name, tensor_meta(payload.get("tensor_meta"), where), payload
 
-    def ints(values: Any) -> tuple[int, ...] | None:
-        if not isinstance(values, list) or len(values) > 64:
-            return None
-        found = [v.get("as_int") if isinstance(v, dict) and set(v) == {"as_int"} else None for v in values]
-        return tuple(found) if all(type(v) is int and v >= 0 for v in found) else None
 
-    if not isinstance(meta, dict):
-        raise InputFileError(f"{where} has no tensor_meta; save the model with torch.export.save.")
-    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(meta.get("dtype")) if type(meta.get("dtype")) is int else None
-    sizes, strides = ints(meta.get("sizes")), ints(meta.get("strides"))
-    offset = ints([meta.get("storage_offset")])
-    device = meta.get("device")
-    if (dtype is None or sizes is None or strides is None or len(sizes) != len(strides) or offset is None
-            or meta.get("layout") != _STRIDED_LAYOUT or not isinstance(device, dict) or not isinstance(device.get("type"), str)
-            or type(meta.get("requires_grad")) is not bool):
-        raise InputFileError(f"{where} has a tensor_meta normbridge cannot read as a plain strided tensor "
-                             f"(dtype, sizes, strides, offset, layout or device); got {json.dumps(meta)[:200]}.")
-    return {"dtype": dtype, "sizes": sizes, "strides": strides, "offset": offset[0], "requires_grad": meta["requires_grad"],
-            "device": (device["type"], device.get("index"))}
-
-
-def _flat_tensor(archive: _Archive, entry: str, meta: dict) -> tuple[Any, bool]:
-    """(the entry's raw bytes as a flat tensor of the payload's dtype, whether they are mapped from the file rather than read);
-    torch's rule: an empty entry is zeros of the sizes. A large stored payload is mapped (pt2_payloads)."""
+def _flat_tensor(archive: _Archive, entry: str, meta: dict, where: str) -> tuple[Any, bool]:
+    """(the entry's raw bytes as a flat tensor of the payload's dtype, whether they are mapped from the file rather than read).
+    torch makes zeros of the claimed sizes for an empty entry, so only a tensor without elements may have one. A large
+    stored payload is mapped (pt2_payloads)."""
     import torch
 
     dtype = meta["dtype"]
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     info = archive.entries.get(entry)
     data = None
     if archive.on_disk and info is not None and meta["device"][0] == "cpu" and mappable(archive.path, info, element):
@@ -277,36 +328,20 @@ def _flat_tensor(archive: _Archive, entry: str, meta: dict) -> tuple[Any, bool]:
     mapped = data is not None
     if data is None:
         data = archive.read(entry)
-    try:
-        if not len(data):
-            flat = torch.zeros(meta["sizes"], dtype=dtype)
-        else:
-            if len(data) % element:
-                raise InputFileError(f"{archive.where(entry)} holds {len(data)} bytes, not a whole number of {dtype} elements.")
-            flat = torch.from_numpy(data).view(dtype) if mapped else torch.frombuffer(data, dtype=dtype)
-        if meta["requires_grad"]:
-            flat.requires_grad_(True)
-        kind, index = meta["device"]
-        device = torch.device(kind) if index is None else torch.device(kind, index)
-        return (flat, mapped) if device.type == "cpu" else (flat.to(device), False)
-    except (RuntimeError, TypeError, ValueError) as error:
-        raise InputFileError(f"{archive.where(entry)} cannot be read as {dtype} on {meta['device'][0]} ({error}).") from error
-
-
-def _view(flat: Any, meta: dict, where: str) -> Any:
-    import torch
-
-    sizes, strides, offset = meta["sizes"], meta["strides"], meta["offset"]
-    extent = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides)) + 1
-    if all(sizes) and extent > flat.numel():
-        raise InputFileError(f"{where} reaches element {extent - 1} of a payload of {flat.numel()} elements; the archive is corrupt.")
-    return torch.as_strided(flat, sizes, strides, offset)
-
-
-def _parameter(view: Any, meta: dict) -> Any:
-    import torch
-
-    return torch.nn.Parameter(view, requires_grad=meta["requires_grad"])
+    if not len(data):
+        if numel(meta):
+            raise InputFileError(f"{where}: the entry '{entry}' is empty, but its tensor claims {numel(meta)} elements of {dtype} (torch would "
+                                 "make them zeros); only a tensor without elements may have an empty payload: the archive was altered.")
+        flat = torch.zeros(meta["sizes"], dtype=dtype)
+    elif len(data) % element:
+        raise InputFileError(f"{archive.where(entry)} holds {len(data)} bytes, not a whole number of {dtype} elements.")
+    else:
+        flat = torch.from_numpy(data).view(dtype) if mapped else torch.frombuffer(data, dtype=dtype)
+    if meta["requires_grad"]:
+        flat.requires_grad_(True)
+    kind, index = meta["device"]
+    device = torch.device(kind) if index is None else torch.device(kind, index)
+    return (flat, mapped) if device.type == "cpu" else (flat.to(device), False)
 
 
 def _weights_only(archive: _Archive, entry: str) -> dict:
@@ -325,17 +360,11 @@ def _weights_only(archive: _Archive, entry: str) -> dict:
     return loaded
 
 
-def _deserialize(path: Path, document: dict, state_dict: dict, constants: dict) -> Any:
+def _deserialize(document: dict, state_dict: dict, constants: dict) -> Any:
     """torch's own deserializer on the checked parts (static fake tensors built directly: pt2_deserializer); no sample inputs
-    (they are a pickle and nothing here needs them)."""
+    (they are a pickle and nothing here needs them). torch raises many types for a program it cannot rebuild: the caller
+    reads them as a malformed program (`_reading`)."""
     from .program_schema import program_from_dict
     from .pt2_deserializer import deserialize
 
-    try:
-        serialized = program_from_dict(document)
-        return deserialize(serialized, state_dict, constants)
-    except InputFileError:
-        raise
-    except Exception as error:  # torch raises many types for a program it cannot rebuild
-        raise InputFileError(f"'{path}' is not a readable torch.export .pt2 archive ({type(error).__name__}: "
-                             f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}).") from error
+    return deserialize(program_from_dict(document), state_dict, constants)

@@ -6,14 +6,17 @@ torch rebuilds symbolic shapes with `sympy.sympify(expr_str)`, which is `eval` (
 (`Add(Mul(Integer(2), Symbol('s0', positive=True, integer=True)), Integer(1))`) or plain
 arithmetic over symbols, and guards over input sizes (`L['x'].size()[0] <= 1024`). No attribute
 but a tensor's size/stride/storage_offset, no call but sympy's arithmetic and relational classes,
-no strings but a symbol name or a float literal, and no power that would expand into a huge
-integer. Anything else is refused before torch sees it.
+no strings but a symbol name or a float literal, and no number that sympy would spend minutes
+computing (`pt2_magnitudes`). Anything else is refused before torch sees it.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from typing import NamedTuple
+
+from .pt2_magnitudes import TooLarge, magnitude_problem
 
 MAX_EXPRESSION = 4000
 MAX_LITERAL_EXPONENT = 64
@@ -31,6 +34,9 @@ SYMPY_CALLS = frozenset({
     "RoundDecimal", "ToFloat", "Identity",
 })
 _POWERS = frozenset({"Pow", "PowByNatural", "FloatPow"})
+#: What srepr writes for exact numbers: Integer(5), Rational(1, 2), from integer literals only (a Rational of a Float is exact,
+#: its denominator a power of two as long as the float's exponent).
+_NUMBERS = frozenset({"Integer", "Rational"})
 #: Assumption keywords of Symbol(...) and Float's precision.
 SYMPY_KEYWORDS = frozenset({
     "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "infinite", "zero", "nonzero", "even",
@@ -45,21 +51,35 @@ _OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Po
               ast.USub, ast.UAdd, ast.Not, ast.Invert, ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
+RUNS_CODE = "loading it could run code"
+TAKES_MINUTES = "torch would spend minutes of CPU computing it"
+
+
+class Problem(NamedTuple):
+    """Why an expression is refused (`text`: what it holds) and what evaluating it would do (`consequence`)."""
+
+    text: str
+    consequence: str = RUNS_CODE
+
+
 class _Refused(Exception):
     pass
 
 
-def expression_problem(text: object, *, guard: bool) -> str | None:
+def expression_problem(text: object, *, guard: bool) -> Problem | None:
     """Why torch must not evaluate `text` (a sympy expression, or a guard when `guard`), or None when it may."""
     if not isinstance(text, str) or len(text) > MAX_EXPRESSION or "\n" in text or "\r" in text:
-        return f"is not a one-line string of at most {MAX_EXPRESSION} characters"
+        return Problem(f"is not a one-line string of at most {MAX_EXPRESSION} characters")
     try:
         tree = ast.parse(text, mode="eval")
         _check(tree.body, guard)
+        magnitude_problem(tree.body)
     except _Refused as refused:
-        return str(refused)
+        return Problem(str(refused))
+    except TooLarge as too_large:
+        return Problem(str(too_large), TAKES_MINUTES)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        return f"is not a Python expression ({type(error).__name__})"
+        return Problem(f"is not a Python expression ({type(error).__name__})")
     return None
 
 
@@ -108,7 +128,11 @@ def _check_call(node: ast.Call, guard: bool) -> None:
         if len(node.args) != 1 or not _is_string(node.args[0], SYMBOL):
             raise _Refused("names a symbol that is not a letters-then-digits name")
         return
+    if function.id in _NUMBERS and not all(_is_integer(argument) for argument in node.args):
+        raise TooLarge(f"builds {function.id} from something other than integer literals (an exact number of any size)")
     if function.id == "Float" and node.args and _is_string(node.args[0], _FLOAT_TEXT):
+        for child in node.args[1:]:
+            _check(child, guard)
         return
     if function.id in _POWERS and len(node.args) == 2:
         _check_exponent(node.args[1])
@@ -134,7 +158,7 @@ def _check_exponent(node: ast.AST) -> None:
         return
     value = _literal(node)
     if value is None or abs(value) > MAX_LITERAL_EXPONENT:
-        raise _Refused("raises to a power that is neither a small number nor symbolic")
+        raise TooLarge(f"raises to a power that is neither a number of at most {MAX_LITERAL_EXPONENT} nor symbolic")
 
 
 def _literal(node: ast.AST) -> float | None:
@@ -153,6 +177,12 @@ def _mentions_symbol(node: ast.AST) -> bool:
     return any((isinstance(n, ast.Name) and SYMBOL.fullmatch(n.id))
                or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("Symbol", "Dummy"))
                for n in ast.walk(node))
+
+
+def _is_integer(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _is_integer(node.operand)
+    return isinstance(node, ast.Constant) and type(node.value) is int
 
 
 def _is_string(node: ast.AST, pattern: re.Pattern) -> bool:

@@ -7,14 +7,17 @@ node's `target` by walking attributes from `torch` (so `torch.os.system` is a va
 ATen operator can touch files (`aten::from_file(shared=True)` creates one, `aten::save` writes
 one). `check_program` therefore walks the whole document first and refuses anything outside a
 strict vocabulary: names are identifiers, attribute paths are dotted words, expressions are
-sympy arithmetic over symbols (`pt2_expressions`), operators are ATen/prims operators (minus the file ones), a few
-control-flow higher-order operators or the symbolic-shape arithmetic torch itself emits.
+sympy arithmetic over symbols whose numbers stay small (`pt2_expressions`, `pt2_magnitudes`), operators are ATen/prims
+operators (minus the file ones), a few control-flow higher-order operators or the symbolic-shape arithmetic torch itself
+emits, and every integer is at most MAX_INTEGER in size (torch gives a symbol its hint and range bounds, and sympy
+computes with them).
 `check_graph` re-checks the graph torch built, in case a string resolved to something else.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import keyword
 import math
 import operator
@@ -23,7 +26,8 @@ from typing import Any
 
 from schemas import InputFileError
 
-from .pt2_expressions import expression_problem
+from .pt2_expressions import RUNS_CODE, expression_problem
+from .pt2_magnitudes import SYMBOL_BITS
 
 #: ATen operators that open, create or write files: a graph node calling one would touch the disk.
 FILE_OPERATORS = frozenset({"aten.from_file", "aten.save"})
@@ -44,8 +48,20 @@ _TORCH_SYM_CALLABLES = ("sym_not", "sym_int", "sym_float", "sym_ite", "sym_max",
 
 _OPERATOR_TARGET = re.compile(r"torch\.ops\.(aten|prims)\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)")
 _HIGHER_ORDER_TARGET = re.compile(r"torch\.ops\.higher_order\.([A-Za-z_]\w*)")
+#: The largest integer (in size) a program may hold: sizes, strides, hints and range bounds are int64 (2**64 leaves room for
+#: an unsigned one); the bound the expression sizes of pt2_magnitudes count a symbol at.
+MAX_INTEGER = 2**SYMBOL_BITS
 _FQN = re.compile(r"[\w\-]+(\.[\w\-]+)*(@[0-9]+)?")
 
+#: The containers torch's deserializer iterates without looking (a number there failed inside torch): path -> kind.
+CONTAINERS = {
+    "graph_module.graph": dict, "graph_module.graph.inputs": list, "graph_module.graph.outputs": list,
+    "graph_module.graph.nodes": list, "graph_module.graph.tensor_values": dict, "graph_module.graph.sym_int_values": dict,
+    "graph_module.graph.sym_bool_values": dict, "graph_module.graph.sym_float_values": dict,
+    "graph_module.graph.custom_obj_values": dict, "graph_module.signature": dict, "graph_module.signature.input_specs": list,
+    "graph_module.signature.output_specs": list, "graph_module.module_call_graph": list, "range_constraints": dict,
+    "opset_version": dict, "schema_version": dict, "verifiers": list,
+}
 _NAME_KEYS = frozenset({"name", "as_name"})
 _VALUE_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values"})
 _FQN_KEYS = frozenset({"parameter_name", "buffer_name", "tensor_constant_name", "user_input_name", "fqn"})
@@ -99,15 +115,28 @@ def check_program(document: Any, where: str) -> None:
     guards = document.get("guards_code", [])
     if not isinstance(guards, list):
         _refuse(where, "guards_code", guards, "is not a list")
+    _check_containers(document, where)
     for guard in guards:
         if problem := expression_problem(guard, guard=True):
-            _refuse(where, "guards_code", guard, problem)
+            _refuse(where, "guards_code", guard, *problem)
     _walk(document, where, key="")
 
 
+def _check_containers(document: dict, where: str) -> None:
+    """Each of CONTAINERS, when present, is the kind of container torch.export.save writes there."""
+    for path, kind in CONTAINERS.items():
+        value: Any = document
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, kind):
+            raise InputFileError(f"{where}: '{path}' is {json.dumps(value)[:80]}, where torch.export.save writes a "
+                                 f"{'list' if kind is list else 'JSON object'}; the file was altered: re-export the model with "
+                                 "torch.export.export and torch.export.save.")
+
+
 def _walk(value: Any, where: str, key: str) -> None:
-    """Depth first in document order (the first problem found is the one named); scalars are checked by their key and
-    not visited."""
+    """Depth first in document order (the first problem found is the one named); scalars are checked by their key, and
+    integers by their size, not visited."""
     if isinstance(value, dict):
         if key in _VALUE_MAPS or key == "custom_obj_values":
             if key == "custom_obj_values" and value:
@@ -120,6 +149,8 @@ def _walk(value: Any, where: str, key: str) -> None:
                 _check_entry(where, child_key, child)
             if isinstance(child, (dict, list)):
                 _walk(child, where, child_key)
+            elif type(child) is int and not -MAX_INTEGER <= child <= MAX_INTEGER:
+                _refuse_integer(where, child_key, child)
     elif isinstance(value, list):
         if key in _IDENTIFIER_LISTS:
             for name in value:
@@ -128,6 +159,8 @@ def _walk(value: Any, where: str, key: str) -> None:
         for child in value:
             if isinstance(child, (dict, list)):
                 _walk(child, where, key)
+            elif type(child) is int and not -MAX_INTEGER <= child <= MAX_INTEGER:
+                _refuse_integer(where, key, child)
 
 
 def _check_entry(where: str, key: str, value: Any) -> None:
@@ -142,7 +175,7 @@ def _check_entry(where: str, key: str, value: Any) -> None:
     elif key in _OPERATOR_KEYS and (problem := operator_problem(value)):
         _refuse(where, key, value, problem)
     elif key in _EXPRESSION_KEYS and (problem := expression_problem(value, guard=False)):
-        _refuse(where, key, value, problem)
+        _refuse(where, key, value, *problem)
 
 
 def check_graph(program: Any, where: str) -> None:
@@ -179,8 +212,14 @@ def _check_callable(target: Any, node: str, where: str, allowed_python: set) -> 
     _refuse(where, f"node '{node}'", getattr(target, "__name__", repr(target)), "calls something that is not an allowed ATen operator")
 
 
-def _refuse(where: str, key: str, value: Any, problem: str) -> None:
+def _refuse_integer(where: str, key: str, value: int) -> None:
+    raise InputFileError(f"{where}: '{key}' holds an integer of {value.bit_length()} bits, more than the {SYMBOL_BITS} any size, stride, "
+                         "hint or range bound can need (torch's shape arithmetic computes with it); normbridge refuses the file: "
+                         "re-export the model with torch.export.export and torch.export.save.")
+
+
+def _refuse(where: str, key: str, value: Any, problem: str, consequence: str = RUNS_CODE) -> None:
     shown = repr(value) if len(repr(value)) <= 120 else repr(value)[:117] + "..."
     raise InputFileError(
-        f"{where}: '{key}' {shown} {problem}, and loading it could run code; normbridge refuses the file: "
+        f"{where}: '{key}' {shown} {problem}, and {consequence}; normbridge refuses the file: "
         "re-export the model with torch.export.export and torch.export.save from code you trust.")

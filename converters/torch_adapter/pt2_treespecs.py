@@ -26,7 +26,9 @@ def read_as_dicts(document: dict) -> list[str]:
     from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE
 
     rewritten: list[str] = []
-    for entry in document.get("graph_module", {}).get("module_call_graph", []) or []:
+    graph_module = document.get("graph_module")
+    calls = graph_module.get("module_call_graph") if isinstance(graph_module, dict) else None
+    for entry in calls if isinstance(calls, list) else ():  # anything else is torch's deserializer's to refuse
         signature = entry.get("signature") if isinstance(entry, dict) else None
         for field in SPEC_FIELDS if isinstance(signature, dict) else ():
             text = signature.get(field)

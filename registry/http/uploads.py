@@ -4,7 +4,9 @@ Nothing is registered until the whole body has arrived, so a dropped connection 
 server leaves the registry as it was (the temp folder is removed in the route's `finally`).
 Bundles take another path: they are read while they arrive (body_pipe, registry.bundle_stream).
 A `.pt2` or `.keras` is a zip whose entries may be deflated, so what its entries unpack to counts
-against the same limit, as a bundle's decompressed tar does (`refuse_unpacked_excess`).
+against the same limit, as a bundle's decompressed tar does (`refuse_unpacked_excess`), and so do the
+bytes a `.keras` file's weights declare (HDF5 datasets may be compressed or never written) and the bytes a `.pt2` file's
+tensors claim (a stride-0 view claims more than its payload stores).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from registry.blobs.base import FULL_ERRNOS
 from registry.bundle_stream import too_large
-from schemas.errors import InputFileError, PayloadTooLargeError
+from schemas.errors import InputFileError, PayloadTooLargeError, StorageFullError
 
 #: After the limit is passed, up to this many more bytes are read and dropped, so the client sees the 413
 #: instead of a reset connection while it is still sending.
@@ -101,6 +104,13 @@ async def receive_body(request: Request, target: Path, limit: int) -> int:
                     out.write(chunk)
     except ClientDisconnect:  # nobody is left to answer; nothing was registered
         raise InputFileError(f"the client disconnected after {received} bytes; nothing was registered, send the whole file again.") from None
+    except OSError as error:
+        if error.errno not in FULL_ERRNOS:
+            raise
+        # the server's own folder is not the client's business: named by its setting only
+        raise StorageFullError(f"the server's folder for uploads has no room left after {received} bytes ({error.strerror}); nothing was "
+                               "registered: its operator must free space there or point TMPDIR at a disk with room, then send the file "
+                               "again.", setting="TMPDIR") from None
     if received > limit:
         raise too_large(limit)
     if received == 0:
@@ -124,6 +134,33 @@ def refuse_unpacked_excess(path: Path, limit: int) -> None:
     if unpacked > limit:
         raise PayloadTooLargeError(f"the uploaded archive's entries unpack to {unpacked} bytes, more than this server's limit of {limit} "
                                    "bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
+    if path.suffix == SUFFIXES["keras"]:
+        _refuse_declared_weights_excess(path, limit)
+    if path.suffix == SUFFIXES["pt2"] and (claimed := _claimed_tensor_bytes(path)) > limit:
+        raise PayloadTooLargeError(f"the uploaded .pt2 file's tensors claim {claimed} bytes (elements x itemsize, from its payload configs), "
+                                   f"more than this server's limit of {limit} bytes; raise `normbridge serve --max-upload-mb` or upload a "
+                                   "smaller model.")
+
+
+def _claimed_tensor_bytes(path: Path) -> int:
+    """What a `.pt2` upload's tensors claim, from its configs (the torch adapter imports torch: only for a .pt2 upload,
+    so a server that never receives one never pays for it)."""
+    from converters.torch_adapter.pt2_archive import claimed_tensor_bytes
+
+    return claimed_tensor_bytes(path)
+
+
+def _refuse_declared_weights_excess(path: Path, limit: int) -> None:
+    """413 when a `.keras` upload's model.weights.h5 declares more bytes of weights than `limit`: Keras reads each dataset
+    as large as its shape says, and a compressed or never-written dataset declares far more than the entry's size
+    (read from HDF5 metadata only; a bomb the reader refuses anyway is refused here, 400)."""
+    from converters.keras_adapter.keras_file_checks import declared_weight_bytes  # h5py: imported for a .keras upload only
+    from converters.keras_adapter.weights_file import WEIGHTS
+
+    declared = declared_weight_bytes(path)
+    if declared > limit:
+        raise PayloadTooLargeError(f"the uploaded .keras file's '{WEIGHTS}' declares {declared} bytes of weights, more than this server's "
+                                   f"limit of {limit} bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
 
 
 __all__ = ["DRAIN_BYTES", "SUFFIXES", "ZIP_FORMATS", "new_workspace", "receive_body", "refuse_declared_excess", "refuse_unpacked_excess",

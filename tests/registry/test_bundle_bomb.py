@@ -5,7 +5,10 @@ streaming zeros through zlib (the test never holds them decompressed): a GNU lon
 pax header and plain members, each declaring hundreds of MiB of zeros. `.pt2` and `.keras`
 uploads are zip archives, whose entries may be deflated: a genuine `.pt2` whose sample inputs or
 one weight entry is 1 GiB of deflated zeros, and a `.keras` whose config.json unpacks to 256 MiB
-at a ratio under the 100x that Keras itself refuses. The server's peak resident
+at a ratio under the 100x that Keras itself refuses. A `.keras` can also declare more than it stores inside
+its entries (issue 30, holes 4 and 5, tests/keras_crafting.py): an HDF5 weight never written, one that gzip
+packs 60x, weights in an `.npz` of deflated zeros, a config.json building an 8000x8000 Dense (before the fix
++1 GiB, +250 MiB, +1.3 GiB and +0.95 GiB). The server's peak resident
 memory is read from /proc/<pid>/status (VmHWM, reset first through /proc/<pid>/clear_refs), so
 the bound is measured on the process that received the upload, not inferred.
 """
@@ -26,6 +29,7 @@ import httpx
 import pytest
 
 from tests.http_server import create_token, running_server
+from tests.keras_crafting import craft, genuine_keras, giant_dense, noisy_kernel, npz_weights, unwritten_kernel
 
 pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)
 
@@ -119,6 +123,27 @@ def keras_bomb(mib: int) -> bytes:
     return zip_bomb(b"", "config.json", pieces())
 
 
+def genuine_keras_bytes() -> bytes:
+    folder = Path(os.environ.get("TMPDIR", "/tmp"))
+    path = genuine_keras(folder / f"bomb-base-{os.getpid()}.keras")
+    try:
+        return path.read_bytes()
+    finally:
+        path.unlink()
+
+
+def crafted_keras(**edits) -> bytes:
+    """A genuine `.keras` rewritten by tests/keras_crafting.py (holes 4 and 5 of issue 30)."""
+    folder = Path(os.environ.get("TMPDIR", "/tmp"))
+    genuine, crafted = folder / f"bomb-base-{os.getpid()}.keras", folder / f"bomb-crafted-{os.getpid()}.keras"
+    genuine.write_bytes(genuine_keras_bytes())
+    try:
+        return craft(genuine, crafted, **edits).read_bytes()
+    finally:
+        genuine.unlink()
+        crafted.unlink(missing_ok=True)
+
+
 def memory(pid: int, field: str) -> int:
     """A /proc/<pid>/status memory field (VmRSS, VmHWM) in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -139,8 +164,8 @@ def server(tmp_path_factory):
             assert warm.status_code == 400, warm.text
             warm = client.post("/api/v1/models/warm-pt2/versions", params={"format": "pt2"}, content=genuine_pt2_bytes())
             assert warm.status_code == 201, warm.text  # torch, onnx and the gate are loaded
-            warm = client.post("/api/v1/models/warm-keras/versions", params={"format": "keras"}, content=zip_bomb(b"", "config.json", iter([b"{}"])))
-            assert warm.status_code == 400, warm.text  # keras is loaded
+            warm = client.post("/api/v1/models/warm-keras/versions", params={"format": "keras"}, content=genuine_keras_bytes())
+            assert warm.status_code == 201, warm.text  # keras is loaded, and a config built without allocating (keras_file_checks)
             yield running, client
 
 
@@ -164,6 +189,20 @@ UNPACKED_413 = r"entries unpack to \d+ bytes, more than this server's limit of 8
 ])
 def test_a_zip_bomb_uploaded_as_a_model_file_is_refused_before_it_is_read(server, label, file_format, bomb):
     refused_with_bounded_memory(server, label, file_format, bomb, 413, "payload_too_large", UNPACKED_413)
+
+
+@pytest.mark.parametrize("label, bomb, status, code, message", [
+    (".keras weights dataset of 256 MiB never written", lambda: crafted_keras(edit_weights=unwritten_kernel(8192)),
+     400, "bad_input_file", r"the uploaded .keras file entry 'model.weights.h5' dataset 'layers/dense/vars/0' declares .* and stores none"),
+    (".keras weights of 64 MiB at 60x", lambda: crafted_keras(edit_weights=noisy_kernel(64)),
+     413, "payload_too_large", r"'model.weights.h5' declares 67\d+ bytes of weights, more than this server's limit of 8388608 bytes"),
+    (".keras weights in a 64 MiB npz", lambda: crafted_keras(replace_weights=npz_weights(16 << 20)),
+     400, "bad_input_file", r"holds no 'model.weights.h5' \(a 'model.weights.npz'"),
+    (".keras config of an 8000x8000 Dense", lambda: crafted_keras(edit_config=giant_dense(8000)),
+     400, "bad_input_file", r"'config.json' builds 6 variables of 256160000 bytes"),
+])
+def test_a_keras_file_declaring_more_than_it_stores_is_refused_before_keras_allocates_it(server, label, bomb, status, code, message):
+    refused_with_bounded_memory(server, label, "keras", bomb, status, code, message)
 
 
 def refused_with_bounded_memory(server, label: str, file_format: str, bomb, status: int, code: str, message: str) -> None:
