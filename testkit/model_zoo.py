@@ -47,7 +47,9 @@ def keras_name(torch_path: str) -> str:
 
 
 def _keras():
-    import keras
+    from converters.keras_adapter.runtime import import_keras
+
+    keras = import_keras()
 
     return keras
 

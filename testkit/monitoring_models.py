@@ -107,7 +107,9 @@ def onnx_bn_model() -> onnx.ModelProto:
 
 def keras_cnn(seed: int = 0):
     """A functional Keras CNN (channels last, 8x8x3) whose BatchNormalization statistics converged on calm inputs."""
-    import keras  # only the Keras tests pay for TensorFlow
+    from converters.keras_adapter.runtime import import_keras
+
+    keras = import_keras()  # only the Keras tests pay for TensorFlow
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((8, 8, 3), name="image")

@@ -21,6 +21,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 import pytest  # noqa: E402
 
+from converters.native_order import prepare as _prepare_native_order  # noqa: E402
+
+_prepare_native_order()  # triton's native library before any test imports TensorFlow (converters/native_order.py)
+
 from tests.process_limits import _bounded_test_process, _no_shared_worker_outlives_the_session  # noqa: E402,F401  (autouse)
 
 

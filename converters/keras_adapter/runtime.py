@@ -16,6 +16,9 @@ def import_keras():
     """Import Keras on the TensorFlow backend (unless the user chose another) with TF's logs quiet."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from ..native_order import prepare
+
+    prepare()  # triton's native library before TensorFlow's (native_order.py)
     with optional_packages_kept_out():  # normbridge's own processes: no scikit-learn, matplotlib, pandas (lean_imports.py)
         import keras
 

@@ -1,6 +1,10 @@
 """PyTorch adapter: torch.nn normalization modules <-> NormSpec, and whole torch models (nn.Module, ExportedProgram)."""
 
-from ..adapter import kind_adapters
+from ..native_order import prepare as _prepare_native_order
+
+_prepare_native_order()  # before anything here reaches torch._dynamo, which imports triton (native_order.py)
+
+from ..adapter import kind_adapters  # noqa: E402
 from .framework import TorchFramework
 from .model import TorchModelAdapter
 
