@@ -21,6 +21,7 @@ from pathlib import Path
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from converters.file_claims import claimed_tensor_bytes
 from registry.blobs.base import FULL_ERRNOS
 from registry.bundle_stream import too_large
 from schemas.errors import InputFileError, PayloadTooLargeError, StorageFullError
@@ -134,33 +135,10 @@ def refuse_unpacked_excess(path: Path, limit: int) -> None:
     if unpacked > limit:
         raise PayloadTooLargeError(f"the uploaded archive's entries unpack to {unpacked} bytes, more than this server's limit of {limit} "
                                    "bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
-    if path.suffix == SUFFIXES["keras"]:
-        _refuse_declared_weights_excess(path, limit)
-    if path.suffix == SUFFIXES["pt2"] and (claimed := _claimed_tensor_bytes(path)) > limit:
-        raise PayloadTooLargeError(f"the uploaded .pt2 file's tensors claim {claimed} bytes (elements x itemsize, from its payload configs), "
-                                   f"more than this server's limit of {limit} bytes; raise `normbridge serve --max-upload-mb` or upload a "
-                                   "smaller model.")
-
-
-def _claimed_tensor_bytes(path: Path) -> int:
-    """What a `.pt2` upload's tensors claim, from its configs (the torch adapter imports torch: only for a .pt2 upload,
-    so a server that never receives one never pays for it)."""
-    from converters.torch_adapter.pt2_archive import claimed_tensor_bytes
-
-    return claimed_tensor_bytes(path)
-
-
-def _refuse_declared_weights_excess(path: Path, limit: int) -> None:
-    """413 when a `.keras` upload's model.weights.h5 declares more bytes of weights than `limit`: Keras reads each dataset
-    as large as its shape says, and a compressed or never-written dataset declares far more than the entry's size
-    (read from HDF5 metadata only; a bomb the reader refuses anyway is refused here, 400)."""
-    from converters.keras_adapter.keras_file_checks import declared_weight_bytes  # h5py: imported for a .keras upload only
-    from converters.keras_adapter.weights_file import WEIGHTS
-
-    declared = declared_weight_bytes(path)
-    if declared > limit:
-        raise PayloadTooLargeError(f"the uploaded .keras file's '{WEIGHTS}' declares {declared} bytes of weights, more than this server's "
-                                   f"limit of {limit} bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
+    claimed = claimed_tensor_bytes(path)
+    if claimed is not None and claimed.nbytes > limit:
+        raise PayloadTooLargeError(f"the uploaded {path.suffix} file's {claimed}, more than this server's limit of "
+                                   f"{limit} bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
 
 
 __all__ = ["DRAIN_BYTES", "SUFFIXES", "ZIP_FORMATS", "new_workspace", "receive_body", "refuse_declared_excess", "refuse_unpacked_excess",
