@@ -122,18 +122,21 @@ class LayerMoments:
 Movement = tuple[str, Any, Any, Any, Any, float]
 
 
-def cumulative_statistics(moments: LayerMoments, variance_estimator: str = "unbiased") -> tuple[np.ndarray, np.ndarray]:
-    """PyTorch's momentum=None running statistics from per-batch moments (float64)."""
+def population_statistics(moments: LayerMoments, variance_estimator: str = "unbiased") -> tuple[np.ndarray, np.ndarray]:
+    """A layer's new running statistics: the mean and variance of its input over every value of every batch (float64).
+
+    Pooled with Chan's parallel formula (LayerMoments.pooled), so they are the data's own whatever the batch size; the
+    unbiased estimator multiplies the population variance by n / (n - 1) for the n values per channel in all.
+    """
     from schemas import InputFileError
 
-    means = np.stack(moments.means)
-    variances = np.stack(moments.variances)
+    mean, var = moments.pooled()
     if variance_estimator == "unbiased":
-        counts = np.asarray(moments.counts, dtype=np.float64)[:, None]
-        if np.any(counts < 2):
-            raise InputFileError(f"layer '{moments.name}': a batch with one value per channel has no unbiased variance; use batches of at least 2.")
-        variances = variances * counts / (counts - 1)
-    return means.mean(0), variances.mean(0)
+        total = float(sum(moments.counts))
+        if total < 2:
+            raise InputFileError(f"layer '{moments.name}': one value per channel in all the data has no unbiased variance; pass at least 2 samples.")
+        var = var * total / (total - 1)
+    return mean, var
 
 
 def first_line(error: BaseException) -> str:

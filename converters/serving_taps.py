@@ -35,8 +35,9 @@ class TapSink(Protocol):
         """Layer `index`'s input in a sampled request: `count` values per channel, their per-channel sum and sum of squares
         (arrays or CPU tensors the tap will not touch again; converted off the request thread)."""
 
-    def keep(self, inputs: Any) -> None:
-        """The inputs of the sampled request that just began, in the model's input order (copied if a sample is kept)."""
+    def keep(self, inputs: Any, names: Any = None) -> None:
+        """The inputs of the sampled request that just began (copied if a sample is kept): in the model's input order, or
+        named by `names` (one per input; a request that passed some inputs by keyword says which it passed)."""
 
     def failed(self, error: BaseException) -> None:
         """Observing failed (counted; the request goes on)."""
@@ -64,6 +65,8 @@ class ServingTaps:
     #: The taps see one layer at a time and ask `observing(index)`, so each layer's observations can be drawn apart
     #: (spreading a sampled request's cost over many requests); False where one run yields every layer (sampling()).
     per_layer: bool = False
+    #: Why this served object's inputs cannot be kept for a traffic sample (monitor(..., keep_sample=N) refuses it), or None.
+    keep_refusal: str | None = None
 
 
 def numpy_moments(x: Any, axis: int) -> tuple[int, np.ndarray, np.ndarray]:

@@ -11,20 +11,25 @@ The store API (the HTTP routes, the metrics endpoint and the pages call only the
 - A window's identity is its version and `window_digest`, the sha256 of its canonical content: every field as validated
   (times in UTC), serialised by the schema in its field order. A window posted again (the collector's retry, a replay)
   is not stored or counted a second time: the stored window comes back instead.
-- `history(registry, ref, limit=100)`: the `DriftHistory` (state, rule, newest windows first with their layers).
+- `history(registry, ref, limit=100)`: the `DriftHistory` (state, rule, newest windows first with their layers, and the
+  newest offline check beside the state).
 - `state(registry, ref)`: the version's state alone ('ok' when nothing was recorded).
 - `states(registry)`: every version's state that has windows, in one query (the pages' drift column).
 - `current(registry)`: one `VersionDrift` per version that has windows: its state and its newest window's layers (the
   metrics endpoint reads this, in two queries).
 
 The rule (`DriftRule`): a layer is over threshold when some channel's standardized mean shift exceeds `shift` (0.5) or
-its |log variance ratio| exceeds `log_ratio` (log 2); each layer then gets the status `drift` command gives it
+its |log variance ratio| exceeds `log_ratio` (log 2) by more than its sampling error allows: t standard errors, measured
+on the window's batches, t chosen so that a layer sitting at a threshold alarms in at most `false_alarm` (1%) of windows
+(converters/models/monitoring/sampling_error.py; a layer seen in one batch cannot alarm); each layer then gets the status
+the `drift` command gives it
 (drift_status.py): `unconverged_statistics` when the version's stored statistics never converged, `drift` when over
 with converged statistics, `ok` otherwise. A window is over when any layer's status is drift (unconverged layers never
 count); the state is `alert` when at least `k` (3) of the last `m` (5) windows are over, `warning` when at least one
 is, `ok` otherwise. Override with
-$NORMBRIDGE_DRIFT_SHIFT, $NORMBRIDGE_DRIFT_LOG_RATIO, $NORMBRIDGE_DRIFT_K, $NORMBRIDGE_DRIFT_M. Per-channel arrays are
-kept $NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summaries are kept.
+$NORMBRIDGE_DRIFT_SHIFT, $NORMBRIDGE_DRIFT_LOG_RATIO, $NORMBRIDGE_DRIFT_FALSE_ALARM, $NORMBRIDGE_DRIFT_K, $NORMBRIDGE_DRIFT_M.
+Only serving windows move the state: offline checks (`drift --record`, drift_records.py) are shown beside it. Per-channel
+arrays are kept $NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summaries are kept.
 """
 
 from __future__ import annotations
@@ -43,16 +48,19 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from converters.models.monitoring.drift import channel_shift
+from converters.models.monitoring.sampling_error import judge_layer
 from registry.db.drift_rows import DriftArraysRow, DriftLayerRow, DriftStateRow, DriftWindowRow
 from registry.db.engine import READ_ONLY
 from registry.db import queries
 from registry.db.models import ModelRow, VersionRow, utc
+from registry.drift_records import offline_check
 from registry.drift_reference import Reference, reference_of
 from registry.drift_status import downstream_of_unconverged, layer_status
 from schemas.errors import InputFileError, RegistryError
 from schemas.monitoring import DriftHistory, DriftRule, DriftWindow, LayerShift, State, WindowRecord
 
-RULE_ENV = {"shift": "NORMBRIDGE_DRIFT_SHIFT", "log_ratio": "NORMBRIDGE_DRIFT_LOG_RATIO", "k": "NORMBRIDGE_DRIFT_K", "m": "NORMBRIDGE_DRIFT_M"}
+RULE_ENV = {"shift": "NORMBRIDGE_DRIFT_SHIFT", "log_ratio": "NORMBRIDGE_DRIFT_LOG_RATIO", "false_alarm": "NORMBRIDGE_DRIFT_FALSE_ALARM",
+            "k": "NORMBRIDGE_DRIFT_K", "m": "NORMBRIDGE_DRIFT_M"}
 RETENTION_ENV = "NORMBRIDGE_DRIFT_RETENTION_DAYS"
 DEFAULT_RETENTION_DAYS = 30.0
 #: Seconds between two retention sweeps of one process (each is one DELETE statement).
@@ -115,13 +123,15 @@ def _shifts(window: DriftWindow, reference: Reference, active: DriftRule) -> tup
                                  "the collector watches another model than this version.")
         shift, log_ratio = channel_shift(layer.mean, layer.var, ref.running_mean, ref.running_var, ref.eps)
         worst = int(np.abs(log_ratio).argmax())
-        over = bool(shift.max() > active.shift or abs(log_ratio[worst]) > active.log_ratio)
-        verdict = layer_status(layer.mean, layer.var, ref, active, over)
+        judged = judge_layer(shift, log_ratio, layer.var, ref.running_var, ref.eps, layer.count, layer.batches, layer.se_mean, layer.se_var,
+                             active.shift, active.log_ratio, active.false_alarm)
+        verdict = layer_status(layer.mean, layer.var, ref, active, judged.over)
         shifts.append(LayerShift(name=layer.name, channels=ref.channels, count=layer.count, max_shift=float(shift.max()),
                                  mean_shift=float(shift.mean()), worst_shift_channel=int(shift.argmax()),
-                                 variance_ratio=float(np.exp(log_ratio[worst])), max_abs_log_ratio=float(abs(log_ratio[worst])), over=over,
-                                 status=verdict.status, initial_weight=verdict.initial_weight))
-        arrays[layer.name] = {"count": layer.count, "mean": layer.mean, "var": layer.var}
+                                 variance_ratio=float(np.exp(log_ratio[worst])), max_abs_log_ratio=float(abs(log_ratio[worst])),
+                                 batches=layer.batches, shift_bound=judged.shift_bound, log_ratio_bound=judged.log_ratio_bound,
+                                 error_multiplier=judged.multiplier, over=judged.over, status=verdict.status, initial_weight=verdict.initial_weight))
+        arrays[layer.name] = layer.model_dump(include={"count", "mean", "var", "batches", "se_mean", "se_var"}, exclude_none=True)
     if not shifts:
         raise InputFileError(f"none of the window's layers ({', '.join(unmatched[:5])}) has running statistics in version "
                              f"{reference.ref}; its BatchNorm layers are {', '.join(reference.names()[:5]) or 'none'}.")
@@ -131,7 +141,8 @@ def _shifts(window: DriftWindow, reference: Reference, active: DriftRule) -> tup
 def _layer_rows(window_id: int, shifts: list[LayerShift]) -> list[dict]:
     return [{"window_id": window_id, "layer": s.name, "channels": s.channels, "count": s.count, "max_shift": s.max_shift,
              "mean_shift": s.mean_shift, "worst_shift_channel": s.worst_shift_channel, "variance_ratio": s.variance_ratio,
-             "max_abs_log_ratio": s.max_abs_log_ratio, "over": s.over, "status": s.status, "initial_weight": s.initial_weight} for s in shifts]
+             "max_abs_log_ratio": s.max_abs_log_ratio, "batches": s.batches, "shift_bound": s.shift_bound, "log_ratio_bound": s.log_ratio_bound,
+             "error_multiplier": s.error_multiplier, "over": s.over, "status": s.status, "initial_weight": s.initial_weight} for s in shifts]
 
 
 def window_digest(window: DriftWindow) -> str:
@@ -214,7 +225,9 @@ def _records(session: Session, rows: list[DriftWindowRow]) -> list[WindowRecord]
             by_window[layer.window_id].append(LayerShift(
                 name=layer.layer, channels=layer.channels, count=layer.count, max_shift=layer.max_shift, mean_shift=layer.mean_shift,
                 worst_shift_channel=layer.worst_shift_channel, variance_ratio=layer.variance_ratio,
-                max_abs_log_ratio=layer.max_abs_log_ratio, over=layer.over, status=layer.status, initial_weight=layer.initial_weight))
+                max_abs_log_ratio=layer.max_abs_log_ratio, batches=layer.batches, shift_bound=layer.shift_bound,
+                log_ratio_bound=layer.log_ratio_bound, error_multiplier=layer.error_multiplier, over=layer.over, status=layer.status,
+                initial_weight=layer.initial_weight))
     return [WindowRecord(id=row.id, received_at=utc(row.received_at), started_at=utc(row.started_at), ended_at=utc(row.ended_at),
                          replica=row.replica, user=row.user, requests=row.requests, sampled=row.sampled, dropped=row.dropped,
                          statistics_digest=row.statistics_digest, over=row.over, state=row.state, layers=by_window[row.id],
@@ -226,7 +239,7 @@ def _read(registry) -> Session:
 
 
 def history(registry, ref: str, limit: int = 100) -> DriftHistory:
-    """Version `ref`'s state and its newest `limit` windows, newest first."""
+    """Version `ref`'s state and its newest `limit` windows, newest first, with its newest offline check beside them."""
     version = registry.show(ref)
     with _read(registry) as session:
         version_id = queries.version_id(session, version.model, version.number)
@@ -235,7 +248,8 @@ def history(registry, ref: str, limit: int = 100) -> DriftHistory:
                                .order_by(DriftWindowRow.id.desc()).limit(max(0, limit))).all()
         windows = _records(session, list(rows))
     return DriftHistory(model=version.model, number=version.number, state=current.state if current else "ok", rule=rule(),
-                        windows_total=current.windows if current else 0, recent=current.recent if current else "", windows=windows)
+                        windows_total=current.windows if current else 0, recent=current.recent if current else "",
+                        offline=offline_check(registry, version), windows=windows)
 
 
 def state(registry, ref: str) -> State:

@@ -4,6 +4,9 @@
 `schemas.serving.DriftReport` as JSON in the drift_reports table (migration 0002), keyed by the
 version's row id: the report keeps its thresholds, so a chart drawn later compares each layer
 against the threshold the check actually used, not today's default.
+
+A recorded check never moves the version's drift state, which only serving windows move (drift_history.py): its data is
+whatever file was given, not the traffic the version serves. The newest one is shown beside the state (`offline_check`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from registry.db.engine import READ_ONLY
 from registry.db import queries
 from registry.drift_reference import reference_of
 from schemas.errors import InvalidReferenceError, RegistryError
+from schemas.monitoring import OfflineCheck
 from schemas.serving import DriftReport
 
 
@@ -120,6 +124,20 @@ def drift_reports(registry, ref: str) -> list[DriftRecord]:
                             report=DriftReport.model_validate(row.report)) for row in rows]
 
 
+def offline_check(registry, version) -> OfflineCheck | None:
+    """The newest check recorded against `version` (a VersionRecord) and how many there are, in two queries; None when none was."""
+    with Session(registry.meta.engine.execution_options(**{READ_ONLY: True})) as session:
+        version_id = queries.version_id(session, version.model, version.number)
+        checks = session.scalar(select(func.count()).select_from(DriftReportRow).where(DriftReportRow.version_id == version_id))
+        if not checks:
+            return None
+        row = session.scalars(select(DriftReportRow).where(DriftReportRow.version_id == version_id)
+                              .order_by(DriftReportRow.id.desc()).limit(1)).one()
+        report = DriftReport.model_validate(row.report)
+        return OfflineCheck(report=row.id, checked_at=utc(row.created_at), user=row.user, verdict=report.verdict, samples=report.samples,
+                            alarms=report.alarms, unconverged=report.unconverged, checks=checks)
+
+
 def latest_drift_reports(meta) -> list[DriftRecord]:
     """The newest recorded drift report of every version that has one (one query; what GET /metrics exports)."""
     newest = select(DriftReportRow.version_id, func.max(DriftReportRow.id).label("id")).group_by(DriftReportRow.version_id).subquery()
@@ -130,4 +148,4 @@ def latest_drift_reports(meta) -> list[DriftRecord]:
                             report=DriftReport.model_validate(row.report)) for row, name, number in session.execute(query)]
 
 
-__all__ = ["DriftRecord", "check_belongs", "drift_reports", "latest_drift_reports", "record_drift"]
+__all__ = ["DriftRecord", "check_belongs", "drift_reports", "latest_drift_reports", "offline_check", "record_drift"]

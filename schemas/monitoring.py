@@ -8,6 +8,11 @@ time. Both sides import these models from here, so neither imports the other.
 
 A window is refused (422, naming the field) unless the registry can store it as sent: its times carry a UTC offset and
 lie in the years 1 to 9999 once in UTC, and its counts fit the database's 64-bit integers (MAX_COUNT).
+
+A window is a sample of traffic, so each layer may carry the standard errors of its mean and variance, measured on the
+batches it pooled (`batches`, `se_mean`, `se_var`); the rule counts a layer over a threshold only beyond them
+(converters/models/monitoring/sampling_error.py). The state is the serving windows' alone: an offline check recorded
+with `normbridge drift --record` is shown beside it, never counted in it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,15 @@ class LayerWindow(_Frozen):
                        description="Values per channel pooled into mean and var (batch x spatial positions, over the sampled requests).")
     mean: list[float] = Field(min_length=1, max_length=MAX_CHANNELS, description="Per-channel mean of the layer input.")
     var: list[float] = Field(min_length=1, max_length=MAX_CHANNELS, description="Per-channel population variance (ddof=0) of the layer input.")
+    batches: int | None = Field(None, ge=1, le=MAX_COUNT,
+                                description="Batches pooled into mean and var, one per observed request (converters.monitor sends it). "
+                                            "A layer of one batch cannot alarm: its sampling error cannot be measured.")
+    se_mean: list[float] | None = Field(None, min_length=1, max_length=MAX_CHANNELS,
+                                        description="Per-channel standard error of mean, from the spread of the batches' means "
+                                                    "(cluster-robust; with batches >= 2). Absent: computed from count as for independent values.")
+    se_var: list[float] | None = Field(None, min_length=1, max_length=MAX_CHANNELS,
+                                       description="Per-channel standard error of var, from the spread of the batches' second moments "
+                                                   "(with se_mean).")
 
     @model_validator(mode="after")
     def _same_channels(self):
@@ -69,7 +83,26 @@ class LayerWindow(_Frozen):
                              "a window of such inputs measures nothing.")
         if (var < 0).any():
             raise ValueError(f"layer '{self.name}': var holds a negative value ({float(var.min())}); a variance is at least 0.")
+        self._check_errors()
         return self
+
+    def _check_errors(self) -> None:
+        """Standard errors come in pairs, one per channel, finite and non-negative, measured on at most `count` batches."""
+        if self.batches is not None and self.batches > self.count:
+            raise ValueError(f"layer '{self.name}': batches={self.batches} exceeds count={self.count}; each batch holds at least one value.")
+        if (self.se_mean is None) != (self.se_var is None):
+            raise ValueError(f"layer '{self.name}': send se_mean and se_var together (or neither).")
+        if self.se_mean is None:
+            return
+        if self.batches is None or self.batches < 2:
+            raise ValueError(f"layer '{self.name}': se_mean and se_var need batches >= 2 (got {self.batches}); "
+                             "standard errors are measured on the spread of two batches or more.")
+        for field in ("se_mean", "se_var"):
+            errors = np.asarray(getattr(self, field), dtype=np.float64)
+            if len(errors) != len(self.mean):
+                raise ValueError(f"layer '{self.name}': {field} has {len(errors)} channels and mean {len(self.mean)}; send one per channel.")
+            if not np.isfinite(errors).all() or (errors < 0).any():
+                raise ValueError(f"layer '{self.name}': {field} must hold finite numbers of at least 0 (a standard error).")
 
 
 class DriftWindow(_Frozen):
@@ -111,12 +144,16 @@ class DriftWindow(_Frozen):
 
 
 class DriftRule(_Frozen):
-    """The sustained-shift rule: a window is over threshold when any layer's status is drift (over a threshold, statistics
-    converged); `alert` when at least `k` of the last `m` windows are over, `warning` when at least one of them is, `ok`
-    otherwise. A layer whose statistics never converged (unconverged_statistics) does not make its window over."""
+    """The sustained-shift rule: a layer is over a threshold when some channel's statistic exceeds it by more than its
+    sampling error allows (`false_alarm`, sampling_error.py); a window is over threshold when any layer's status is drift
+    (over, statistics converged); `alert` when at least `k` of the last `m` windows are over, `warning` when at least one of
+    them is, `ok` otherwise. A layer whose statistics never converged (unconverged_statistics) does not make its window over."""
 
     shift: float = Field(0.5, gt=0, description="Max standardized mean shift |mean - running_mean| / sqrt(running_var + eps) of a layer.")
     log_ratio: float = Field(0.6931471805599453, gt=0, description="Max |log((var + eps) / (running_var + eps))|; log(2) = a factor of two.")
+    false_alarm: float = Field(0.01, gt=0, lt=0.5, description="Largest share of windows in which a layer whose every channel sits at a "
+                               "threshold may alarm by sampling error alone: a channel counts only beyond t * its standard error, t "
+                               "Student's quantile at 1 - false_alarm / (2 * channels).")
     k: int = Field(3, ge=1, description="Windows over threshold among the last m that make an alert.")
     m: int = Field(5, ge=1, le=64, description="How many recent windows the rule looks at.")
 
@@ -143,7 +180,14 @@ class LayerShift(_Frozen):
     worst_shift_channel: int
     variance_ratio: float = Field(description="(var + eps) / (running_var + eps) of the channel furthest from 1 (log scale).")
     max_abs_log_ratio: float
-    over: bool = Field(description="Over either threshold of the rule in force when the window was stored.")
+    batches: int | None = Field(None, description="Batches the window pooled for this layer; None: the window did not say (standard "
+                                "errors from count), or the layer was stored before migration 0010.")
+    shift_bound: float | None = Field(None, description="Max over channels of shift - error_multiplier * its standard error: the shift "
+                                      "the window shows beyond its sampling error. None: one batch (cannot alarm) or stored before 0010.")
+    log_ratio_bound: float | None = Field(None, description="Max over channels of |log ratio| - error_multiplier * its standard error.")
+    error_multiplier: float | None = Field(None, description="How many standard errors a channel had to clear a threshold by (rule.false_alarm).")
+    over: bool = Field(description="shift_bound or log_ratio_bound over its threshold, by the rule in force when the window was stored "
+                       "(before migration 0010: max_shift or max_abs_log_ratio over it).")
     status: LayerStatus = Field("ok", description="drift when over and the version's statistics converged; unconverged_statistics when "
                                 "they never did (converters/models/monitoring/convergence.py), over or not; ok otherwise. Only "
                                 "drift counts toward the sustained-shift rule.")
@@ -170,17 +214,36 @@ class WindowRecord(_Frozen):
     unmatched: list[str] = Field(default_factory=list, description="Layers sent that the version holds no running statistics for.")
 
 
+class OfflineCheck(_Frozen):
+    """The newest offline check recorded against a version (`normbridge drift MODEL DATA --record NAME@N`), shown beside the
+    serving state and never counted in it: the data of an offline check is whatever file was given (a test set, a what-if
+    shift, the traffic of an alert under investigation), not the traffic the version serves."""
+
+    report: int = Field(description="The recorded report's id (its full report is in `reports`).")
+    checked_at: datetime
+    user: str
+    verdict: Literal["no drift", "drift", "unconverged statistics"]
+    samples: int = Field(description="Inputs the check measured.")
+    alarms: list[str] = Field(description="Layers it found drifted.")
+    unconverged: list[str] = Field(default_factory=list, description="Layers whose statistics it found never converged.")
+    checks: int = Field(description="Offline checks recorded against the version in all.")
+
+
 class DriftHistory(_Frozen):
-    """A version's drift history, newest window first, and its current state."""
+    """A version's drift history, newest window first, and its current state (serving windows only), with the newest
+    offline check beside it."""
 
     model: str
     number: int
-    state: State
+    state: State = Field(description="The serving state, moved by serving windows only (the sustained-shift rule; 'ok' before the first). "
+                         "Offline checks recorded with `normbridge drift --record` never move it: the newest is `offline`.")
     rule: DriftRule
     windows_total: int = Field(description="Windows stored for the version since its first (the history below may be limited).")
     recent: str = Field(description="Over-threshold flags of the last m windows, oldest first ('1' = over).")
+    offline: OfflineCheck | None = Field(None, description="The newest offline check (`drift --record`), beside the state and never "
+                                         "counted in it; None when none was recorded.")
     windows: list[WindowRecord]
 
 
 __all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerStatus", "LayerWindow", "MAX_CHANNELS", "MAX_COUNT",
-           "MAX_LAYERS", "State", "WindowRecord"]
+           "MAX_LAYERS", "OfflineCheck", "State", "WindowRecord"]

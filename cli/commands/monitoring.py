@@ -137,7 +137,8 @@ def drift(
         print_table(_drift_table(report))
         _print_verdict(report)
     if stored is not None:
-        Console(stderr=True).print(f"recorded drift report {stored.id} against {stored.model}@{stored.number}", highlight=False, markup=False)
+        Console(stderr=True).print(f"recorded drift report {stored.id} against {stored.model}@{stored.number}: an offline check, shown "
+                                   "beside the version's serving state and never counted in it", highlight=False, markup=False)
     if report.alarms:
         raise typer.Exit(DRIFT_EXIT_CODE)
     if report.unconverged:
@@ -150,8 +151,8 @@ def recalibrate(
     model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to recalibrate: .onnx, .pt2 (torch.export) or .keras."),
     data: Path = typer.Argument(..., help="New inputs: .npy (one input) or .npz (one array per input, e.g. the traffic sample of monitor(..., keep_sample=N).save_sample), batch axis first; never unpickled."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the recalibrated model (same format as MODEL; written atomically)."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Inputs per batch; the statistics are the cumulative average over batches."),
-    biased: bool = typer.Option(False, "--biased", help="running_var from the biased batch variance (Keras/ONNX training) instead of PyTorch's unbiased one."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Inputs per forward pass (memory only: the statistics are pooled over all samples)."),
+    biased: bool = typer.Option(False, "--biased", help="running_var as the population variance itself instead of PyTorch's unbiased n/(n-1) one."),
     json_output: bool = typer.Option(False, "--json", help="Print the recalibration report as JSON."),
     register_from: str | None = typer.Option(None, "--register", metavar="NAME@N", callback=version_ref,
                                              help="Register the output as a 'recalibrated' child of this version (lineage and a diff "

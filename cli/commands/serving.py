@@ -200,7 +200,7 @@ def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
     if record.manifest.get("framework") == "onnx":
         raise RegistryError(f"version {record.ref} was registered as ONNX, which is already the serving format `export` writes: pull it as "
                             f"it was registered with `normbridge pull {record.ref} -o FILE.onnx` (byte-identical, its sha256 checked).")
-    answered = {code: f"{record.ref} is {record.operation} (its statistics are a cumulative average over its recalibration batches), "
+    answered = {code: f"{record.ref} is {record.operation} (its statistics are the population statistics of its recalibration data), "
                       "as its servable verdict says" for code in ANSWERED_BY_LINEAGE.get(record.operation, ())}
     return registry.load(record.ref), answered
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import keras_internals
 from .runtime import import_keras
 
 
@@ -60,19 +61,18 @@ def built_variables(config: dict, budget: int) -> list[BuiltVariable]:
 
     Raises:
         VariablesOverBudget: as above.
+        MissingDependencyError: a Keras without the scope and the list this counts with (keras_internals).
         Whatever Keras raises deserialising the config (safe_mode refusals included): the caller maps it.
     """
     keras = import_keras()
-    from keras.src.backend.common import global_state  # Keras's own list of variables created in a stateless scope
-    from keras.src.saving.serialization_lib import ObjectSharingScope  # what keras.saving.load_model deserialises under
-
+    sharing = keras_internals.object_sharing_scope()  # what keras.saving.load_model deserialises under
     config = {**config, "compile_config": None}  # as load_model(compile=False)
-    pending = global_state.get_global_attribute("uninitialized_variables")  # thread-local; the caller's own are kept
-    global_state.set_global_attribute("uninitialized_variables", [])
+    pending = keras_internals.uninitialized_variables()  # Keras's own (thread-local) list; the caller's own are kept
+    keras_internals.set_uninitialized_variables([])
     scope = _budgeted_scope()(budget)
     try:
         try:
-            with scope, ObjectSharingScope():
+            with scope, sharing:
                 keras.saving.deserialize_keras_object(config, safe_mode=True)
         except Exception:
             if scope.over is not None:  # Keras wraps errors raised while deserialising a layer in its own
@@ -80,10 +80,10 @@ def built_variables(config: dict, budget: int) -> list[BuiltVariable]:
             raise
         if scope.over is not None:
             raise scope.over
-        created = global_state.get_global_attribute("uninitialized_variables") or []
+        created = keras_internals.uninitialized_variables() or []
         return [_built(v) for v in created]
     finally:
-        global_state.set_global_attribute("uninitialized_variables", pending)  # ours are dropped, never initialised
+        keras_internals.set_uninitialized_variables(pending)  # ours are dropped, never initialised
 
 
 @functools.cache

@@ -11,6 +11,7 @@ from schemas import UnsupportedObjectError
 from .. import recognizers
 from ..adapter import FrameworkAdapter
 from .deferred import built_copy, is_deferred
+from .keras_internals import plain_graphs_available
 from .runtime import import_keras
 from .shapes import built_input_shape
 from .traced import refuse_instance_training, traced_calls
@@ -73,8 +74,9 @@ class KerasFramework(FrameworkAdapter):
 
 
     def kept_runs(self, obj: Any) -> Any:
-        """The layer's traced eval and training calls (traced.py), for a layer built and run again and again."""
-        if is_deferred(obj):
+        """The layer's traced eval and training calls (traced.py), for a layer built and run again and again; none (it runs
+        eagerly) where TensorFlow cannot run them without grappler's rewrites (keras_internals.plain_graphs_available)."""
+        if is_deferred(obj) or not plain_graphs_available():
             return None
         return traced_calls(obj)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from schemas.kinds import KIND_INFO
 
+from .keras_internals import has_sublayers
 from .runtime import import_keras
 
 #: Stock classes that are not a normalizer kind but are judged elsewhere (keras_adapter/standardization.py).
@@ -27,7 +28,7 @@ def stock_classes() -> tuple[type, ...]:
 
 def looks_like_normalization(layer: Any) -> str | None:
     """Why `layer` looks like a normalization (one phrase), or None."""
-    if isinstance(layer, stock_classes()) or getattr(layer, "_layers", None):
+    if isinstance(layer, stock_classes()) or has_sublayers(layer):
         return None
     name = type(layer).__name__
     if "norm" in name.lower():

@@ -14,11 +14,12 @@ from schemas.atomic_io import atomic_write_bytes
 from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import InputSpec, ModelRunner, NormLayerRef
-from . import onnx_export, porting, serving_taps, statistics
+from . import onnx_export, porting, recalibration, serving_taps, statistics
 from .artifact_contents import keras_contents
 from .keras_file_checks import check_keras_file
 from .structure import keras_file, keras_structure
 from .inputs import pack_inputs
+from .keras_internals import all_layers
 from .standardization import standardization_hazards
 from .unrecognised import unrecognised_hazards
 from .runtime import import_keras
@@ -86,7 +87,7 @@ class KerasModelAdapter(ModelAdapter):
         from ..adapters import REGISTRY
 
         framework = REGISTRY.framework("keras")
-        layers = model._flatten_layers(include_self=False, recursive=True) if hasattr(model, "_flatten_layers") else [model]
+        layers = all_layers(model) if isinstance(model, import_keras().layers.Layer) else [model]
         found = []
         for layer in layers:
             try:
@@ -164,7 +165,7 @@ class KerasModelAdapter(ModelAdapter):
         return statistics.batchnorm_moments(model, batches)
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
-        return statistics.recalibrate_keras(model, batches, variance_estimator)
+        return recalibration.recalibrate_keras(model, batches, variance_estimator)
 
     # -- serving -------------------------------------------------------------------------------
 

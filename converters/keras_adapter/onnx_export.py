@@ -18,6 +18,7 @@ from schemas import InputFileError, NormSpec, UnsupportedObjectError
 
 from . import tf2onnx_export
 from .inputs import pack_inputs
+from .keras_internals import all_layers, producing_layer
 from .runtime import import_keras
 
 
@@ -99,12 +100,15 @@ def conv_batchnorms(keras_model, specs: list[NormSpec]) -> list:
     keras = import_keras()
     by_name = {s.name: s for s in specs if s.kind == "batch" and s.track_running_stats and not s.training}
     pairs = []
-    for layer in keras_model._flatten_layers(include_self=False, recursive=True):
+    layers = all_layers(keras_model)
+    for layer in layers:
         if not isinstance(layer, keras.layers.BatchNormalization) or layer.name not in by_name:
             continue
         try:
-            producer = layer.input._keras_history[0]
+            producer = producing_layer(layer.input, layers)
         except (AttributeError, ValueError, IndexError):
+            continue
+        if producer is None:
             continue
         kernel = _onnx_kernel(producer)
         if kernel is None:

@@ -21,6 +21,7 @@ import numpy as np
 from schemas import NormSpec
 
 from .. import reference
+from .keras_internals import has_sublayers
 from .runtime import import_keras
 
 #: Short variable names read as a scale, and as a bias; any other name may be either.
@@ -81,7 +82,7 @@ def probe_layer(layer: Any) -> ProbeResult:
 def _probe(layer: Any) -> ProbeResult:
     if not layer.built:
         return ProbeResult(None, "it is not built, so it cannot be called on a probe; call it on an input first")
-    if getattr(layer, "_layers", None):
+    if has_sublayers(layer):
         return ProbeResult(None, "it holds sublayers, which a normalization layer does not")
     if str(layer.compute_dtype) not in ("float32", "float64") or str(layer.variable_dtype) != str(layer.compute_dtype):
         return ProbeResult(None, f"its dtype policy '{layer.dtype_policy.name}' is not float32 or float64; the probe reads those only")

@@ -19,6 +19,7 @@ import numpy as np
 
 from schemas.inspection import Hazard
 
+from .keras_internals import all_layers
 from .runtime import import_keras
 
 CODE = "frozen_standardization"
@@ -76,7 +77,7 @@ def _summary(values: np.ndarray) -> str:
 
 def standardization_hazards(model: Any) -> list[Hazard]:
     """One entry per keras.layers.Normalization of `model`: its statistics, and a warning when they were never adapted."""
-    layers = model._flatten_layers(include_self=False, recursive=True) if hasattr(model, "_flatten_layers") else []
+    layers = all_layers(model) if isinstance(model, import_keras().layers.Layer) else []
     found = []
     for layer in layers:
         if not is_standardization(layer):

@@ -16,12 +16,18 @@ each fixed here, in memory (no temporary file):
   `tf.nn.convolution` (what tf2onnx turns into an ONNX Conv with `group`); only the trace sees it.
 - a model with nested inputs (keras_hub's dict of token_ids and padding_mask) is traced with its
   own structure; the ONNX inputs come in `model.inputs` order, the order normbridge feeds them.
+- tf2onnx's optimizer loop deep-copies the whole graph, weights included, before each of its ~12
+  optimizers, every round; the copy it replaces is a reference cycle, freed only by a full garbage
+  collection, which a process holding TensorFlow's objects runs rarely: ConvNeXtTiny's copies (~320 MB
+  each) took a test process to 12.8 GB (issue 31). Here each optimizer first collects the copy the
+  previous one left (`_collecting_optimizers`), so one copy is alive at a time; the graph is the same.
 """
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -30,6 +36,7 @@ from schemas import UnsupportedObjectError
 
 from ..model_values import first_line
 from .inputs import pack_inputs
+from .keras_internals import plain_convolutions
 from .runtime import import_keras
 
 
@@ -47,25 +54,21 @@ CUSTOM_OPS = {"Erfc": (_erfc, [])}
 _TRACE_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def _plain_convolutions():
-    """Keras's TF `conv` without its XLA wrapper for grouped convolutions, for the duration of one trace."""
-    import tensorflow as tf
-    from keras.src.backend.tensorflow import nn as keras_tf_nn
+def _collecting(factory):
+    """A tf2onnx optimizer factory that first frees the graph copies earlier optimizers discarded (cycles: only gc frees them)."""
 
-    from keras.src.backend import standardize_data_format
+    def make():
+        gc.collect()
+        return factory()
 
-    def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
-        tf_format = keras_tf_nn._convert_data_format(standardize_data_format(data_format), len(inputs.shape))
-        return tf.nn.convolution(inputs, kernel, strides, padding.upper(), data_format=tf_format, dilations=dilation_rate)
+    return make
 
-    with _TRACE_LOCK:
-        original = keras_tf_nn.conv
-        keras_tf_nn.conv = conv
-        try:
-            yield
-        finally:
-            keras_tf_nn.conv = original
+
+def _collecting_optimizers() -> dict:
+    """tf2onnx's default optimizers, in its order, each collecting the garbage of the one before."""
+    from tf2onnx import optimizer
+
+    return OrderedDict((name, _collecting(factory)) for name, factory in optimizer._get_optimizers().items())
 
 
 def _signature(model: Any) -> list:
@@ -95,10 +98,25 @@ def _inline_captures(model_proto, captured: dict[str, np.ndarray]):
     return model_proto
 
 
+def _convert(concrete, opset: int):
+    """tf2onnx.convert.from_function's steps on a traced function, with `_collecting_optimizers` (from_function takes no optimizers)."""
+    import tensorflow as tf
+    from tf2onnx import convert, tf_loader
+
+    input_names = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
+    output_names = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
+    renamed = convert.tensor_names_from_structed(concrete, input_names, output_names)
+    with tf.device("/cpu:0"):
+        frozen = tf_loader.from_function(concrete, input_names, output_names)
+        model_proto, _ = convert._convert_common(frozen, name=concrete.name, continue_on_error=True, opset=opset, custom_op_handlers=CUSTOM_OPS,
+                                                 input_names=input_names, output_names=output_names, tensors_to_rename=renamed,
+                                                 optimizers=_collecting_optimizers())
+    return model_proto
+
+
 def export_model(model: Any, opset: int):
     """The ONNX ModelProto of `model` in inference mode (training=False) at `opset`."""
     import tensorflow as tf
-    import tf2onnx
 
     signature = _signature(model)
 
@@ -108,9 +126,9 @@ def export_model(model: Any, opset: int):
 
     import_keras()
     try:
-        with _plain_convolutions():
+        with plain_convolutions(_TRACE_LOCK):  # Keras's TF conv without its XLA wrapper for grouped convolutions
             concrete = serve.get_concrete_function(*signature)
-            model_proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)
+            model_proto = _convert(concrete, opset)
     except Exception as error:
         raise UnsupportedObjectError(f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)}).") from error
     captured = {}

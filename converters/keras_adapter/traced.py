@@ -5,7 +5,7 @@ Why: check_many (converters/grouped_check.py) gives one Keras layer per configur
 1-3 ms in Python (Keras's `__call__`, one TensorFlow dispatch per op), and every variable write a few hundred
 microseconds; traced into tf.functions, as Keras's own predict and fit run layers, they cost a fraction, and the trace is
 paid once per configuration. Grappler is off for these calls and the kernels run in the calling thread one after
-another (thread-local call options, `_plain_graphs`): the graph then runs the kernels the eager calls run, on the same
+another (thread-local call options, `keras_internals.plain_graphs`): the graph then runs the kernels the eager calls run, on the same
 inputs and states, so the written variables, outputs and moved statistics are the eager ones bit for bit
 (tests/converters/test_traced_calls.py). With grappler on, the LayerNormalization and RMSNormalization outputs of 8
 cases of the table differ from the eager ones in the last bits (it rewrites their arithmetic), and check_many would
@@ -14,9 +14,8 @@ no longer give `check`'s results.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from schemas import NormbridgeError, NotExpressibleError, SpecError
 from schemas.tensors import tensors_identical
 
 from .. import markers
+from .keras_internals import called_flat, plain_graphs
 from .runtime import import_keras
 from .shapes import built_input_shape
 
@@ -100,8 +100,8 @@ class TracedCalls:
         concrete = self._traced.get(key)
         if concrete is None:
             concrete = self._traced[key] = self._functions[name].get_concrete_function(tensors)
-        with _plain_graphs():
-            return _called(concrete, tensors, flat)
+        with plain_graphs():  # keras_internals: what the eager calls run, bit for bit
+            return called_flat(concrete, tensors, flat)
 
     def run_with_next_write(self, x: np.ndarray | None) -> None:
         """Let the next `write` also run the eval and the training step on `x` from the state it writes, in the same call, and
@@ -185,40 +185,3 @@ def refuse_instance_training(layer: Any) -> None:
         raise NotExpressibleError(
             "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
             "instead of normalising per instance; train the source layer instead.", layer=layer.name, setting="track_running_stats", target="keras")
-
-
-def _called(concrete: Any, tensors: Any, flat: list) -> Any:
-    """`concrete(tensors)`, through the call its __call__ ends in when no tape records and nothing is being traced: the
-    inputs, matching the trace by construction (`_call`'s key), are passed flat with the captured variables, which skips
-    binding them to the signature (about a third of a call's cost) and runs the same function with the same options."""
-    from tensorflow.python.eager import context, record
-
-    if record.could_possibly_record() or not context.executing_eagerly():
-        return concrete(tensors)  # the function's own call, which records the gradients or builds the call op
-    return concrete._inference_function.call_preflattened(flat + concrete.captured_inputs)  # noqa: SLF001
-
-
-_PLAIN: dict[bytes, Any] = {}  # the caller's serialized call config -> the same with grappler off
-
-
-@contextlib.contextmanager
-def _plain_graphs() -> Iterator[None]:
-    """Run tf.functions called in this block, in this thread, without grappler's rewrites and each kernel in the calling
-    thread, one after another, as eager ops run (the single-threaded executor: no hand-offs between threads per op)."""
-    from tensorflow.core.protobuf import config_pb2
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    current = ctx.function_call_options
-    key = current.config_proto_serialized
-    plain = _PLAIN.get(key)
-    if plain is None:
-        config = config_pb2.ConfigProto()
-        config.ParseFromString(key)
-        config.graph_options.rewrite_options.disable_meta_optimizer = True
-        plain = _PLAIN.setdefault(key, type(current)("SINGLE_THREADED_EXECUTOR", config))
-    ctx.function_call_options = plain
-    try:
-        yield
-    finally:
-        ctx.function_call_options = current

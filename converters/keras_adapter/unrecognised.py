@@ -12,8 +12,10 @@ from schemas import UnsupportedObjectError
 from schemas.inspection import Hazard
 
 from .. import recognizers
+from .keras_internals import all_layers
 from .lookalike import looks_like_normalization
 from .probe import probe_layer
+from .runtime import import_keras
 
 CODE = "unrecognised_normalization"
 
@@ -26,7 +28,7 @@ def layer_path(layer: Any) -> str:
 
 def unrecognised_hazards(model: Any) -> list[Hazard]:
     """One hazard per layer of `model` that looks like a normalization and that no Keras recognizer reads."""
-    layers = model._flatten_layers(include_self=False, recursive=True) if hasattr(model, "_flatten_layers") else []
+    layers = all_layers(model) if isinstance(model, import_keras().layers.Layer) else []
     hazards = []
     for layer in layers:
         why = looks_like_normalization(layer)

@@ -69,7 +69,9 @@ def autocast_variables(layer: Any) -> bool:
     values are applied in float32 (state_dtype float32 unless they are exact `dtype` values)."""
     if not getattr(layer, "autocast", True):
         return False
-    flags = {bool(getattr(variable, "_autocast", True)) for variable in layer.weights}
+    from .keras_internals import autocasts
+
+    flags = {autocasts(variable) for variable in layer.weights}
     if len(flags) > 1:
         raise SpecError(
             f"the {layer.dtype_policy.name} layer autocasts some of its variables to {layer.compute_dtype} and not others; "

@@ -10,7 +10,7 @@ from schemas.inspection import Hazard
 
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import running, serving_taps, statistics
+from . import recalibration, running, serving_taps, statistics
 from .files import load_onnx, load_onnx_bytes, save_onnx
 from .structure import onnx_file, onnx_structure
 
@@ -105,7 +105,7 @@ class OnnxModelAdapter(ModelAdapter):
         return statistics.onnx_batchnorm_moments(model, batches, train)
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
-        return statistics.recalibrate_onnx(model, batches, variance_estimator)
+        return recalibration.recalibrate_onnx(model, batches, variance_estimator)
 
     # -- serving -------------------------------------------------------------------------------
 

@@ -41,7 +41,8 @@ class MonitoredSession:
         names = list(output_names) if output_names else self._outputs
         try:
             if self._sink.begin():
-                self._sink.keep(tuple(input_feed[name] for name in self.input_names if name in input_feed))
+                fed = [name for name in self.input_names if name in input_feed]
+                self._sink.keep(tuple(input_feed[name] for name in fed), fed)
                 try:
                     values = self._probe.run(names + self._taps, input_feed, run_options)
                 except Exception as error:  # the copy failed: serve from the original, count it

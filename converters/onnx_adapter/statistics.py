@@ -1,8 +1,8 @@
-"""BatchNorm input statistics of ONNX models, and recalibrating their running statistics.
+"""BatchNorm input statistics of ONNX models (drift, the serving taps and recalibration read them here).
 
 A copy of the model returns each BatchNormalization node's input as an extra graph output and
-runs in onnxruntime (graph as written); for recalibration every BatchNormalization of the copy
-runs in training_mode=1, and the averages replace the node's mean and variance initializers.
+runs in onnxruntime (graph as written); with `train`, every BatchNormalization of the copy runs
+in training_mode=1. Recalibration is recalibration.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from schemas import InputFileError, UnsupportedObjectError
 from schemas.floats import recover_from_float32
 from schemas.kinds import KIND_INFO
 
-from ..model_values import LayerMoments, Movement, cumulative_statistics, first_line
+from ..model_values import LayerMoments, first_line
 from .proto import DEFAULT_DOMAINS
 
 BATCH = KIND_INFO["batch"]
@@ -120,33 +120,3 @@ def onnx_batchnorm_moments(model, batches: Iterable[Sequence[np.ndarray]], train
         for record, value in zip(moments, values):
             record.add(value, 1)
     return moments
-
-
-def recalibrate_onnx(model, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[onnx.ModelProto, list[Movement], str]:
-    """The averages of the batch moments (every BatchNormalization in training_mode=1) written into its mean/var initializers."""
-    sites = onnx_batchnorms(model)
-    moments = onnx_batchnorm_moments(model, batches, train=True)
-    new = copy.deepcopy(model)
-    initializers = {init.name: init for init in new.graph.initializer}
-    uses: dict[str, int] = {}
-    for node in new.graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    moved = []
-    for site, record in zip(sites, moments):
-        mean, var = cumulative_statistics(record, variance_estimator)
-        node = new.graph.node[site.index]
-        for slot, tensor_name, value in ((3, site.mean_name, mean), (4, site.var_name, var)):
-            old = initializers.get(tensor_name)
-            dtype = numpy_helper.to_array(old).dtype if old is not None else np.float32
-            array = value.astype(dtype)
-            if old is not None and uses.get(tensor_name, 0) == 1:
-                old.CopyFrom(numpy_helper.from_array(array, tensor_name))
-            else:  # shared or a Constant node: give this node its own initializer
-                fresh = f"{site.name}.{'running_mean' if slot == 3 else 'running_var'}.recalibrated"
-                new.graph.initializer.append(numpy_helper.from_array(array, fresh))
-                node.input[slot] = fresh
-        moved.append((record.name, record.running_mean, record.running_var, mean, var, record.eps))
-    method = ("a copy with every BatchNormalization in training_mode=1 exposing its input, run in onnxruntime (graph as written); "
-              f"average over batches of batch mean and {variance_estimator} batch variance written into the mean/var initializers")
-    return new, moved, method

@@ -17,9 +17,10 @@ from ..models.walking import spec_of
 from .common import numpy_from_tensor
 from .exported_program import exported_specs
 from .pt2_payloads import tensor_sources
+from .torch_internals import norm_base_classes
 
 #: The normalization module classes a walk must have read, or the model is refused (they would pass unchecked).
-_NORM_MODULES = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.RMSNorm)
+_NORM_MODULES = (*norm_base_classes(), torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.RMSNorm)
 
 
 def torch_array(tensor: Any, name: str) -> np.ndarray:

@@ -17,6 +17,7 @@ from schemas.kinds import KIND_INFO
 
 from .. import recognizers
 from .common import numpy_from_tensor
+from .torch_internals import op_schema
 
 
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
@@ -78,7 +79,7 @@ class _Reader:
 
     def read(self, node: Any, kind: str, module_path: str | None, module_type: str | None) -> ExportedNormLayer:
         op = str(node.target)
-        schema_name = node.target._schema.name
+        schema_name = op_schema(node.target).name
         path = module_path or node.name
         arguments = _arguments(node)
         training = _training(schema_name, arguments, node)
@@ -95,7 +96,7 @@ class _Reader:
         if value is None:
             return None
         node = value
-        while getattr(node, "op", None) == "call_function" and getattr(node.target, "_schema", None) is not None and node.target._schema.name in _PASS_THROUGH:
+        while getattr(node, "op", None) == "call_function" and (schema := op_schema(node.target)) is not None and schema.name in _PASS_THROUGH:
             node = node.args[0]
         name = self.placeholders.get(getattr(node, "name", None))
         if name is None:
@@ -109,7 +110,7 @@ class _Reader:
     def counter(self, running_mean: Any) -> np.ndarray | None:
         """num_batches_tracked next to the running mean's buffer, when the module has one."""
         node = running_mean
-        while getattr(node, "op", None) == "call_function" and node.target._schema.name in _PASS_THROUGH:
+        while getattr(node, "op", None) == "call_function" and op_schema(node.target).name in _PASS_THROUGH:
             node = node.args[0]
         name = self.placeholders.get(getattr(node, "name", None), "")
         prefix = name.rsplit(".", 1)[0] + "." if "." in name else ""
@@ -170,7 +171,7 @@ class _Reader:
 def _arguments(node: Any) -> dict[str, Any]:
     """The op's arguments by schema name (positional, keyword or default)."""
     values: dict[str, Any] = {}
-    for i, argument in enumerate(node.target._schema.arguments):
+    for i, argument in enumerate(op_schema(node.target).arguments):
         if i < len(node.args):
             values[argument.name] = node.args[i]
         elif argument.name in node.kwargs:

@@ -11,6 +11,7 @@ import torch
 from schemas import LayerReport, NormSpec, NotExpressibleError, Source, SpecError
 
 from .. import markers
+from .torch_internals import own_tensors
 
 TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
 SPEC_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
@@ -76,7 +77,7 @@ def _own_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     floating tensor nor whether there is one)."""
     if not _stock_listing(type(module)):
         return list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-    return [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]  # noqa: SLF001
+    return own_tensors(module)
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,7 +26,7 @@ from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..recognizers.declared import declaration_of
-from . import norm_proof
+from . import norm_proof, torch_internals
 from .derived_spec import TORCH_OF, build_spec, dtype_name, own_normalized_shape, scalar_attributes, to_torch
 from .norm_graph import NotANormalization, derive
 from .norm_names import names_a_norm, says_no_norm
@@ -99,7 +99,7 @@ def class_path(module: torch.nn.Module) -> str | None:
 def _fingerprint(module: torch.nn.Module) -> tuple:
     """What a cached verdict depends on: the module's tensors and settings, its name, and its class's declaration (which
     `recognize` and `forget` change after an instance was first read)."""
-    state = tuple((n, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for n, t in _state(module).items())
+    state = tuple((n, t.data_ptr(), torch_internals.version_counter(t), tuple(t.shape), t.dtype) for n, t in _state(module).items())
     return state, scalar_attributes(module), markers.recall(module).get("name"), declaration_of(module)
 
 
@@ -180,7 +180,7 @@ def probe_shapes(module: torch.nn.Module) -> list[tuple[int, ...]]:
         return [(4, 3, *shape)] if shape else []
     c = int(vectors[0].shape[0])
     trailing, channels = (4, 3, c), (4, c, 3, 5)
-    channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(module, torch.nn.modules.batchnorm._NormBase)
+    channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(module, torch_internals.norm_base_classes())
     return [channels, trailing] if channel_first else [trailing, channels]
 
 
@@ -211,7 +211,7 @@ def traced_spec(module: torch.nn.Module, shape: tuple[int, ...]) -> NormSpec:
 @contextlib.contextmanager
 def _quiet_tracing():
     """torch logs a traceback at ERROR for every shape a probe does not fit; a failed probe is expected here."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger = logging.getLogger(torch_internals.FAKE_TENSOR_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:

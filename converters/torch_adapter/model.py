@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from schemas import InputFileError, NormSpec, UnsupportedObjectError
+from schemas import NormSpec, UnsupportedObjectError
 from schemas.kinds import KIND_INFO
 from schemas.atomic_io import atomic_write_bytes
 
 from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import artifact_contents, exported_program, onnx_export, porting, pt2_structure, running, serving_taps, statistics
+from . import artifact_contents, exported_program, onnx_export, porting, pt2_structure, recalibration, running, serving_taps, statistics
 
 
 def _load_pt2(path: Path) -> Any:
@@ -48,9 +48,9 @@ class TorchModelAdapter(ModelAdapter):
 
     def prepare_loading(self) -> None:
         """torch's .pt2 deserializer and what it imports (torch._dynamo): about 2 s on a first load."""
-        import torch._export.serde.serialize  # noqa: F401
+        from . import pt2_archive, program_schema, torch_internals  # noqa: F401
 
-        from . import pt2_archive, program_schema  # noqa: F401
+        torch_internals.import_serializer()
 
     def load_bytes(self, data: bytes, name: str) -> Any:
         from .pt2_archive import load_exported_program
@@ -193,20 +193,20 @@ class TorchModelAdapter(ModelAdapter):
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
         if exported_program.is_exported_program(model):
-            return statistics.recalibrate_program(model, batches, variance_estimator)
+            return recalibration.recalibrate_program(model, batches, variance_estimator)
         if isinstance(model, torch.nn.Module):
-            if variance_estimator != "unbiased":
-                raise InputFileError("a torch.nn.Module is recalibrated by PyTorch itself, which uses the unbiased variance; leave variance_estimator='unbiased'.")
-            return statistics.recalibrate_module(model, batches)
+            return recalibration.recalibrate_module(model, batches, variance_estimator)
         raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module or ExportedProgram.")
 
     # -- serving -------------------------------------------------------------------------------
 
     def serving_taps(self, model: Any, sink):
-        """Hooks on the module itself (it keeps serving), or the program's module() with a tap before each batch-norm op."""
+        """Hooks on the module itself (it keeps serving; a GraphModule such as `ep.module()` also gets a tap before each
+        batch-norm call of its graph), or the program's module() with a tap before each batch-norm op."""
         if exported_program.is_exported_program(model):
             return serving_taps.program_taps(model, sink)
         refs = [ref for ref in self.norm_layers(model) if ref.kind == "batch" and getattr(ref.obj, "running_mean", None) is not None]
-        if not refs:
+        if not refs and not serving_taps.has_graph_batchnorms(model):
             raise UnsupportedObjectError(f"{self.describe(model)} has no BatchNorm with running statistics for the recognizers to find; nothing to monitor.")
-        return serving_taps.module_taps(model, refs, sink)
+        eps = [float(ref.obj.eps) if isinstance(getattr(ref.obj, "eps", None), (int, float)) else layer_spec(ref).eps for ref in refs]
+        return serving_taps.module_taps(model, refs, sink, eps)

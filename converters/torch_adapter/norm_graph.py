@@ -21,6 +21,7 @@ from typing import Any
 
 from schemas.kinds import KIND_INFO
 
+from . import torch_internals
 from .aten_calls import _arguments
 
 #: aten op (schema name) -> kind, for the native ops of every kind.
@@ -80,9 +81,8 @@ class Derivation:
 
 def schema(node: Any) -> str | None:
     target = getattr(node, "target", None)
-    if getattr(node, "op", None) != "call_function" or getattr(target, "_schema", None) is None:
-        return None
-    return target._schema.name
+    schema = torch_internals.op_schema(target) if getattr(node, "op", None) == "call_function" else None
+    return None if schema is None else schema.name
 
 
 def dtype_of(node: Any) -> str | None:

@@ -7,15 +7,21 @@ branch for branch, as one converter function per schema type, made once: a union
 (every field None but the tag's, then `_type`, one `_UnionTag` per class and tag), and a JSON scalar bound for a type that
 keeps it as it is (a str, an enum) is taken without a call. tests/converters/test_program_schema.py holds its result equal
 to torch's on exported programs.
+
+Every torch name it reaches is in torch_internals; should any of it fail (a torch whose schema module changed), the
+document is converted by torch's own `_dict_to_dataclass` instead, with one debug line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import types
 import typing
 from typing import Annotated, Any, Callable
+
+from . import torch_internals
 
 Converter = Callable[[Any], Any]
 
@@ -27,11 +33,22 @@ _KEEPS_SCALARS: set[Converter] = set()  # converters of a type that is not a flo
 union_fields = _fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
 
 
-def program_from_dict(document: Any) -> Any:
-    """`torch._export.serde.serialize._dict_to_dataclass(schema.ExportedProgram, document)`, faster."""
-    from torch._export.serde import schema
+_LOG = logging.getLogger(__name__)
 
-    return converter(schema.ExportedProgram)(document)
+
+def program_from_dict(document: Any) -> Any:
+    """`torch._export.serde.serialize._dict_to_dataclass(schema.ExportedProgram, document)`, faster, or torch's own when
+    the faster conversion fails (for a malformed document torch's then raises its own error)."""
+    try:
+        return quick_program_from_dict(document)
+    except Exception as error:
+        torch_internals.fell_back(_LOG, "the program's schema conversion", error)
+    return torch_internals.dict_to_program(document)
+
+
+def quick_program_from_dict(document: Any) -> Any:
+    """The faster conversion alone (raising where it cannot convert)."""
+    return converter(torch_internals.schema_module().ExportedProgram)(document)
 
 
 def converter(cls: Any) -> Converter:
@@ -58,11 +75,8 @@ def _build(cls: Any, building: dict[Any, Converter]) -> Converter:
 
 
 def _make(cls: Any, building: dict[Any, Converter]) -> Converter:
-    from torch._export.serde import schema
-    from torch._export.serde.serialize import _resolve_schema_cls
-    from torch._export.serde.union import _Union
-
-    cls = _resolve_schema_cls(cls)
+    schema = torch_internals.schema_module()
+    cls = torch_internals.resolve_schema_class(cls)
     if isinstance(cls, str):
         raise AssertionError(f"Unresolved class type: '{cls}'.")
     if typing.get_origin(cls) is Annotated:
@@ -73,7 +87,7 @@ def _make(cls: Any, building: dict[Any, Converter]) -> Converter:
             raise AssertionError(f"expected 2 type args, got {len(arguments)}")
         inner = _build(arguments[0], building)
         return lambda data: None if data is None else inner(data)
-    if isinstance(cls, type) and issubclass(cls, _Union):
+    if isinstance(cls, type) and issubclass(cls, torch_internals.union_base()):
         return _union(cls, typing.get_type_hints(cls, globalns=vars(schema)), building)
     if dataclasses.is_dataclass(cls):
         return _dataclass(cls, typing.get_type_hints(cls, globalns=vars(schema)), building)
@@ -82,14 +96,12 @@ def _make(cls: Any, building: dict[Any, Converter]) -> Converter:
 
 def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
     """`cls.create(**{tag: converted value})` for a one-key dict, as `_dict_to_dataclass` checks and builds it."""
-    from torch._export.serde.union import _UnionTag
-
     names = tuple(field.name for field in dataclasses.fields(cls))
     members: dict[str, tuple[Converter, Any, bool]] = {}  # tag: (its value's converter, its _UnionTag, whether it keeps scalars)
     if _plain_union(cls):  # else every member takes torch's create, as it is
         if any(name in _RESERVED for name in names):
             raise AssertionError("field names 'type', '_type', 'create', 'value' are reserved")
-        members = {name: (_build(hints[name], building), _UnionTag.create(name, cls)) for name in names}
+        members = {name: (_build(hints[name], building), torch_internals.union_tag(name, cls)) for name in names}
         members = {name: (convert, tag, convert in _KEEPS_SCALARS) for name, (convert, tag) in members.items()}
     nones = dict.fromkeys(names)
     new = object.__new__
@@ -119,8 +131,7 @@ def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
 def _plain_union(cls: Any) -> bool:
     """Whether `cls.create` does only what `convert` does: _Union's own create and checks, a dataclass __init__ that
     sets the fields, no attribute hooks."""
-    from torch._export.serde.union import _Union
-
+    _Union = torch_internals.union_base()
     return (cls.create.__func__ is _Union.create.__func__ and cls.__post_init__ is _Union.__post_init__
             and cls.__setattr__ is object.__setattr__ and cls.__new__ is object.__new__
             and cls.__dataclass_params__.init and not getattr(cls, "__slots__", ()))
@@ -171,4 +182,4 @@ def _value(cls: Any, building: dict[Any, Converter]) -> Converter:
     return convert
 
 
-__all__ = ["converter", "program_from_dict", "union_fields"]
+__all__ = ["converter", "program_from_dict", "quick_program_from_dict", "union_fields"]

@@ -46,6 +46,7 @@ from .pt2_payloads import contiguous_range, mappable, mapped_bytes, remember
 from .pt2_program import check_graph, check_program, is_fqn
 from .pt2_tensors import ClaimedBytes, claimed_bytes, numel, parameter, tensor_meta, view
 from .pt2_treespecs import read_as_dicts
+from .pt2_versions import check_schema_version
 
 MAX_ENTRIES = 100_000
 MAX_TOTAL_BYTES = 32 * 1024**3  # what all entries may unpack to: a zip bomb is refused before reading
@@ -216,6 +217,7 @@ def _program(archive: _Archive) -> dict:
         try:
             document = json.loads(archive.read(PROGRAM, limit=MAX_JSON_BYTES))
             check_program(document, archive.where(PROGRAM))
+            check_schema_version(document, archive.where(PROGRAM))  # another torch's program: read as it was meant, or refused
         except (UnicodeDecodeError, ValueError, RecursionError) as error:  # InputFileError is not a ValueError: it passes through
             raise InputFileError(f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
                                  "save the model with torch.export.save.") from error
@@ -363,7 +365,8 @@ def _weights_only(archive: _Archive, entry: str) -> dict:
 def _deserialize(document: dict, state_dict: dict, constants: dict) -> Any:
     """torch's own deserializer on the checked parts (static fake tensors built directly: pt2_deserializer); no sample inputs
     (they are a pickle and nothing here needs them). torch raises many types for a program it cannot rebuild: the caller
-    reads them as a malformed program (`_reading`)."""
+    reads them as a malformed program (`_reading`). A torch lacking a part nothing replaces raises MissingDependencyError
+    (torch_internals), which `_reading` passes on as it is."""
     from .program_schema import program_from_dict
     from .pt2_deserializer import deserialize
 

@@ -25,45 +25,55 @@ which `GraphModuleDeserializer` makes a torch instance carrying the three method
 a copy of its globals in which `symbolic_shapes` is `_SymbolicShapes`), so nothing of torch changes for other
 callers or threads (the class is final: it cannot be subclassed). Should a later torch keep that first GraphModule, the
 program is read again by torch's own path.
+
+Every private torch name this reaches is in torch_internals, and every step falls back to torch's own on any exception,
+with one debug line: the whole program to `ExportedProgramDeserializer().deserialize` as torch ships it, a tensor meta to
+torch's `deserialize_tensor_meta`, the unbacked-symbol shortcut to torch's walk, the deferred code to `recompile`.
+tests/converters/test_torch_internals.py makes each fast step fail and holds the result equal to the fast path's.
 """
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any
 
 import torch
-from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, deserialize_device
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental import symbolic_shapes
 from torch.fx.graph import PythonCode
 from torch.fx.graph_module import GraphModule
 
+from . import torch_internals as internals
 from .program_schema import union_fields as _fields
 
+_LOG = logging.getLogger(__name__)
 _GLOBAL = "GraphModuleDeserializer"
 
 
 def deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
-    """`ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)`, faster."""
-    from torch._export.serde.serialize import ExportedProgramDeserializer
+    """`ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)`, faster; torch's own when the
+    faster path fails or builds the program differently (for a malformed program torch's then raises its own error)."""
+    try:
+        program = quick_deserialize(serialized, state_dict, constants)
+        if unwritten_code(program):
+            raise LookupError("a GraphModule kept the stub's code")
+        return program
+    except Exception as error:
+        internals.fell_back(_LOG, "the program's deserialization", error)
+    return torch_deserialize(serialized, state_dict, constants)
 
-    program = quick_deserialize(serialized, state_dict, constants)
-    if program is None or unwritten_code(program):
-        return ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
-    return program
+
+def torch_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
+    """The program as torch's own ExportedProgramDeserializer builds it, unpatched."""
+    return internals.exported_program_deserializer()().deserialize(serialized, state_dict, constants, None)
 
 
 def quick_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
-    """torch's ExportedProgramDeserializer.deserialize with the faster GraphModuleDeserializer, or None when this torch's
-    function does not make one by that name."""
-    from torch._export.serde.serialize import ExportedProgramDeserializer
-
-    function = ExportedProgramDeserializer.deserialize
-    if not isinstance(function, types.FunctionType) or _GLOBAL not in function.__code__.co_names:
-        return None
-    bound = _rebound(function, **{_GLOBAL: _graph_module_deserializer})
-    program = bound(ExportedProgramDeserializer(), serialized, state_dict, constants, None)
+    """torch's ExportedProgramDeserializer.deserialize with the faster GraphModuleDeserializer (raising where this torch's
+    deserializer is not the one it patches)."""
+    deserializer = internals.exported_program_deserializer()
+    bound = internals.with_globals(deserializer.deserialize, **{_GLOBAL: _graph_module_deserializer})
+    program = bound(deserializer(), serialized, state_dict, constants, None)
     vars(program.graph).pop("python_code", None)  # the graph writes its code again
     _defer_code(program.graph_module)
     return program
@@ -78,8 +88,10 @@ def _defer_code(module: Any) -> None:
     """Have `module` write its code when first asked for it instead of keeping the stub's: its `forward`, `_code` (which
     `code`, `str` and copying read) and pickling write it first, through `recompile`, whose own assignments end the
     deferral. A module whose class is not its own keeps nothing deferred: it writes its code now."""
-    cls = type(module)
-    if not cls.__qualname__.endswith(".GraphModuleImpl") or cls.__bases__ != (GraphModule,) or "_code" in vars(cls):
+    try:
+        cls = internals.graph_module_own_class(module)
+    except Exception as error:
+        internals.fell_back(_LOG, "the deferred code", error)
         module.recompile()
         return
     vars(module).pop("_code", None)
@@ -132,13 +144,15 @@ class _DeferredCode:
 def _graph_module_deserializer() -> Any:
     """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first and whose graph answers
     `python_code` with `_Unwritten` from the module call graph (read last) on."""
-    from torch._export.serde.serialize import GraphModuleDeserializer
-
-    deserializer = GraphModuleDeserializer()
+    deserializer = internals.graph_module_deserializer()()
     torch_tensor_meta, torch_call_graph = deserializer.deserialize_tensor_meta, deserializer.deserialize_module_call_graph
 
     def deserialize_tensor_meta(tensor_meta: Any) -> Any:
-        fake = static_fake(deserializer.fake_tensor_mode, tensor_meta)
+        try:
+            fake = static_fake(deserializer.fake_tensor_mode, tensor_meta)
+        except Exception as error:
+            internals.fell_back(_LOG, "a static fake tensor", error)
+            fake = None
         return torch_tensor_meta(tensor_meta) if fake is None else fake
 
     def deserialize_module_call_graph(module_call_graph: Any) -> Any:
@@ -148,19 +162,13 @@ def _graph_module_deserializer() -> Any:
 
     deserializer.deserialize_tensor_meta = deserialize_tensor_meta
     deserializer.deserialize_module_call_graph = deserialize_module_call_graph
-    graph_function = type(deserializer).deserialize_graph
-    if isinstance(graph_function, types.FunctionType) and "symbolic_shapes" in graph_function.__code__.co_names:
-        deserializer.deserialize_graph = types.MethodType(_rebound(graph_function, symbolic_shapes=_SymbolicShapes()), deserializer)
+    try:
+        graph_function = internals.with_globals(type(deserializer).deserialize_graph, symbolic_shapes=_SymbolicShapes())
+    except Exception as error:  # the graph is built by torch's own deserialize_graph, walking for unbacked symbols
+        internals.fell_back(_LOG, "the unbacked-symbol shortcut", error)
+    else:
+        deserializer.deserialize_graph = types.MethodType(graph_function, deserializer)
     return deserializer
-
-
-def _rebound(function: types.FunctionType, **names: Any) -> types.FunctionType:
-    """`function` with its code run against a copy of its module's globals in which `names` are replaced."""
-    namespace = dict(function.__globals__)
-    namespace.update(names)
-    bound = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
-    bound.__kwdefaults__ = function.__kwdefaults__
-    return bound
 
 
 class _SymbolicShapes:
@@ -174,16 +182,19 @@ class _SymbolicShapes:
 def _unbacked_bindings(value: Any, path: tuple, *args: Any, pending: Any = None, **kwargs: Any) -> dict:
     """torch's `_free_unbacked_symbols_with_path`, answered without its walk when no symbol is pending and `value` is
     FakeTensors and plain scalars only: every binding it records is a pending symbol's, so it finds none."""
-    if not pending and _plain(value):
-        return {}
-    return symbolic_shapes._free_unbacked_symbols_with_path(value, path, *args, pending=pending, **kwargs)
+    try:
+        if not pending and _plain(value):
+            return {}
+    except Exception as error:
+        internals.fell_back(_LOG, "the unbacked-symbol shortcut", error)
+    return internals.free_unbacked_symbols_with_path(value, path, *args, pending=pending, **kwargs)
 
 
 def _plain(value: Any) -> bool:
     """Whether `value` is a FakeTensor (exactly: no subclass, no functorch wrapper), an int, float, bool or None, or a
     tuple or list of those."""
     kind = type(value)
-    if kind is FakeTensor or kind in (int, float, bool, type(None)):
+    if kind in (int, float, bool, type(None)) or internals.is_fake_tensor(value):
         return True
     return kind in (tuple, list) and all(_plain(item) for item in value)
 
@@ -206,11 +217,12 @@ def static_fake(mode: Any, tensor_meta: Any) -> Any:
     sizes, strides = _ints(tensor_meta.sizes), _ints(tensor_meta.strides)
     if sizes is None or strides is None or tensor_meta.device.type != "cpu":
         return None
-    if torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack():
+    if internals.modes_active():
         return None
-    dtype = _SERIALIZE_TO_TORCH_DTYPE[tensor_meta.dtype]
+    dtype = internals.serialized_dtypes()[tensor_meta.dtype]
     empty = torch.empty_strided(sizes, strides, dtype=dtype, device="meta", requires_grad=tensor_meta.requires_grad)
-    return FakeTensor(mode, empty, deserialize_device(tensor_meta.device))
+    device = tensor_meta.device  # as torch's deserialize_device makes it
+    return internals.fake_tensor(mode, empty, torch.device(device.type) if device.index is None else torch.device(device.type, device.index))
 
 
 def _ints(values: Any) -> tuple[int, ...] | None:
@@ -225,4 +237,4 @@ def _ints(values: Any) -> tuple[int, ...] | None:
     return tuple(found)
 
 
-__all__ = ["deserialize", "quick_deserialize", "static_fake", "unwritten_code"]
+__all__ = ["deserialize", "quick_deserialize", "static_fake", "torch_deserialize", "unwritten_code"]

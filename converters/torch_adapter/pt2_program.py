@@ -26,6 +26,7 @@ from typing import Any
 
 from schemas import InputFileError
 
+from . import torch_internals
 from .pt2_expressions import RUNS_CODE, expression_problem
 from .pt2_magnitudes import SYMBOL_BITS
 
@@ -192,19 +193,17 @@ def check_graph(program: Any, where: str) -> None:
                 _refuse(where, "node", node.name, "is not a Python identifier")
             if node.op == "call_function":
                 _check_callable(node.target, node.name, where, allowed_python)
-            for leaf in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+            for leaf in torch_internals.tree_leaves((node.args, node.kwargs)):
                 if callable(leaf) and not isinstance(leaf, torch.fx.Node):
                     _check_callable(leaf, node.name, where, allowed_python)
 
 
 def _check_callable(target: Any, node: str, where: str, allowed_python: set) -> None:
-    import torch
-
-    if isinstance(target, torch._ops.OpOverload):
-        packet = f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    if isinstance(target, torch_internals.op_overload_class()):
+        packet = f"{target.namespace}.{torch_internals.op_schema(target).name.split('::')[-1]}"
         if target.namespace in ("aten", "prims") and packet not in FILE_OPERATORS:
             return
-    elif isinstance(target, torch._ops.HigherOrderOperator):
+    elif isinstance(target, torch_internals.higher_order_operator_class()):
         if target.name() in HIGHER_ORDER_OPERATORS:
             return
     elif any(target is fn for fn in allowed_python):

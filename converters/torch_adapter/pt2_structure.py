@@ -28,6 +28,7 @@ from schemas import InputFileError
 from ..model_structure import StructureParts, little_endian_view
 from .pt2_archive import CONSTANTS, SAMPLE_INPUTS, WEIGHTS
 from .pt2_payloads import tensor_sources
+from .torch_internals import pt2_archive_writer
 
 #: Records torch's zip writer adds itself (a random serialization id among them): never parts.
 WRITER_RECORDS = (".data/",)
@@ -128,9 +129,7 @@ def pt2_tensor_order(parts: dict[str, bytes], tensor_names) -> list[str]:
 def write_pt2(parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], stream: BinaryIO) -> None:
     """Write the .pt2 archive of the structure, its payloads taken from `tensors` (each looked up once, in archive order),
     to `stream`, which torch's zip writer only ever appends to."""
-    from torch.export.pt2_archive._package import PT2ArchiveWriter
-
-    with PT2ArchiveWriter(stream) as writer:
+    with pt2_archive_writer(stream) as writer:
         for name, source in _records(parts, tensors.keys()).items():
             if isinstance(source, bytes):
                 writer.write_bytes(name, source)

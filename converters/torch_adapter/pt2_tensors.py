@@ -17,6 +17,8 @@ from typing import Any
 
 from schemas import InputFileError
 
+from .torch_internals import serialized_dtypes
+
 #: Sizes, strides and offsets are int64 in torch.
 MAX_DIMENSION = 2**63 - 1
 MAX_RANK = 64
@@ -29,11 +31,9 @@ def tensor_meta(meta: Any, where: str) -> dict:
     Raises:
         InputFileError: naming `where` and the field that is not what torch.export.save writes.
     """
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
-
     if not isinstance(meta, dict):
         raise InputFileError(f"{where} has no tensor_meta; save the model with torch.export.save.")
-    dtype = _SERIALIZE_TO_TORCH_DTYPE.get(meta.get("dtype")) if type(meta.get("dtype")) is int else None
+    dtype = serialized_dtypes().get(meta.get("dtype")) if type(meta.get("dtype")) is int else None
     if dtype is None:
         _refuse(where, "dtype", meta.get("dtype"), "a dtype torch.export serializes")
     sizes, strides = _ints(meta.get("sizes"), where, "sizes"), _ints(meta.get("strides"), where, "strides")

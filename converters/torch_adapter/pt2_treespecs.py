@@ -7,13 +7,16 @@ when it is imported. Reading the file in a process that has not imported transfo
 So a node of a type this process has not registered, whose context is the list of its field names (what
 transformers' ModelOutput and any dataclass-like output record), is read as a dict with the same keys in the
 same order: the same tensors, in the same flat order, under the same names. Anything else is left for
-torch's deserializer to refuse.
+torch's deserializer to refuse. Should this torch not say which types it registered (torch_internals), nothing is
+rewritten: torch's deserializer then refuses a type it does not know rather than this guessing.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from .torch_internals import registered_pytree_types
 
 #: Where torch.export's document keeps the structures of the program's signature.
 SPEC_FIELDS = ("in_spec", "out_spec")
@@ -23,9 +26,10 @@ DICT = "builtins.dict"
 
 def read_as_dicts(document: dict) -> list[str]:
     """Rewrite, in place, every unregistered structure type of the document's call signatures as a dict; the types rewritten."""
-    from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE
-
+    known = registered_pytree_types()
     rewritten: list[str] = []
+    if known is None:
+        return rewritten
     graph_module = document.get("graph_module")
     calls = graph_module.get("module_call_graph") if isinstance(graph_module, dict) else None
     for entry in calls if isinstance(calls, list) else ():  # anything else is torch's deserializer's to refuse
@@ -38,12 +42,12 @@ def read_as_dicts(document: dict) -> list[str]:
                 spec = json.loads(text)
             except ValueError:
                 continue  # torch's deserializer says what is wrong with it
-            if _rewrite(spec, set(SERIALIZED_TYPE_TO_PYTHON_TYPE), rewritten):
+            if _rewrite(spec, known, rewritten):
                 signature[field] = json.dumps(spec)
     return sorted(set(rewritten))
 
 
-def _rewrite(node: Any, known: set[str], rewritten: list[str]) -> bool:
+def _rewrite(node: Any, known: frozenset[str], rewritten: list[str]) -> bool:
     """Replace unregistered field-list nodes below `node` (a [protocol, tree] pair or a tree node); whether anything changed."""
     if isinstance(node, list):
         return any([_rewrite(child, known, rewritten) for child in node])

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_unflatten
 
 from schemas import NormSpec, UnsupportedObjectError
 
 from ..api import layer_spec
 from ..model_values import InputSpec, ModelRunner, NormLayerRef, Outputs
+from . import torch_internals
 
 
 def _tensors(arrays) -> list[torch.Tensor]:
@@ -33,7 +33,7 @@ def flatten(value: Any) -> Outputs:
 def module_runner(module: torch.nn.Module) -> ModelRunner:
     """A deep copy of `module` in eval mode; a finding names the layers the caller left in train mode."""
     served = copy.deepcopy(module).eval()
-    mode_dependent = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd)
+    mode_dependent = torch_internals.norm_base_classes() + torch_internals.dropout_base_classes()
     in_train = [f"{type(m).__name__} '{name or type(m).__name__}'" for name, m in module.named_modules() if m.training and isinstance(m, mode_dependent)]
     findings = []
     if in_train:
@@ -57,8 +57,8 @@ def exported_program_train_ops(program) -> list[str]:
 
     found = []
     for node in program.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None:
+        schema = torch_internals.op_schema(node.target) if node.op == "call_function" else None
+        if schema is None:
             continue
         if not any(word in schema.name for word in ("batch_norm", "dropout")):
             continue
@@ -94,7 +94,7 @@ def program_call(program, tensors: list) -> tuple[tuple, dict]:
     exported with (`use_cache=False`) where it recorded them, which its module insists on being passed again."""
     given = iter(tensors)
     leaves = [next(given) if isinstance(name, str) else name for name in program.graph_signature.user_inputs]
-    return tree_unflatten(leaves, program.call_spec.in_spec)
+    return torch_internals.tree_unflatten(leaves, program.call_spec.in_spec)
 
 
 def program_input_specs(program) -> list[InputSpec]:

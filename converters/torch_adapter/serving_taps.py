@@ -4,7 +4,13 @@ An nn.Module gets forward pre-hooks in place (the caller keeps serving the same 
 request's start and which of its layers are observed (drawn per layer: `ServingTaps.per_layer`), one per BatchNorm the
 recognizers find reads its input when its layer is drawn, a forward hook on the root marks the end. A layer not drawn
 costs its hook one thread-local read. An ExportedProgram is served as
-its `module()` with a `tap` call inserted before each batch-norm op of the graph (the program itself is untouched).
+its `module()` with a `tap` call inserted before each batch-norm op of the graph (the program itself is untouched). A
+GraphModule (what `ep.module()` returns, and how most people run a program) has no BatchNorm modules, only batch-norm
+calls in its graph: the same `tap` calls go into its own graph, in place, and come out again when the monitor closes.
+
+The root's pre-hook sees the request's keyword arguments too: they are bound to the forward's parameters, so
+`model(pixel_values=x)` keeps `x` under the name `pixel_values`, as `model(x)` does; arguments that are not arrays
+(None, flags) are options, not inputs, and are not kept.
 A sampled layer input costs two reductions in its dtype, the per-channel sum and the per-channel 2-norm (squared into
 the sum of squares), handed to the collector as small tensors; the float64 moments and the merge happen on the
 collector's worker thread. (torch.var_mean over dims (0, 2, 3) was the obvious single call, and ran about ten times
@@ -18,12 +24,14 @@ import itertools
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
-from schemas import UnsupportedObjectError
+from schemas import InputFileError, UnsupportedObjectError
 from schemas.kinds import KIND_INFO
 
 from ..serving_taps import ServingTaps, TappedLayer, TapSink
+from . import torch_internals
 
 BATCH = KIND_INFO["batch"]
 _NARROW = (torch.float16, torch.bfloat16)
@@ -67,72 +75,167 @@ def _argument_names(forward) -> list[str] | None:
     return names or None
 
 
-def _root_hooks(root: torch.nn.Module, sink: TapSink) -> list:
-    def starts(_module, args) -> None:  # a pre-hook returning anything but None would replace the arguments
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, np.ndarray))
+
+
+class _Inputs:
+    """A request's arguments as the inputs a traffic sample keeps: bound to the forward's parameters, in their order and
+    under their names, whether passed by position or by keyword."""
+
+    def __init__(self, signature: inspect.Signature):
+        self.signature = signature
+
+    def __call__(self, args: tuple, kwargs: dict) -> tuple[tuple, tuple[str, ...]]:
+        bound = self.signature.bind(*args, **kwargs)
+        pairs: list[tuple[str, Any]] = []
+        for name, value in bound.arguments.items():
+            kind = self.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                pairs += [(f"{name}_{i}", v) for i, v in enumerate(value)]
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                pairs += list(value.items())
+            else:
+                pairs.append((name, value))
+        for name, value in pairs:
+            if isinstance(value, (list, tuple, dict)) and any(_is_array(v) for v in (value.values() if isinstance(value, dict) else value)):
+                raise InputFileError(f"input '{name}' is a {type(value).__name__} of tensors; keep_sample keeps array inputs: pass its tensors "
+                                     "as arguments of their own.")
+        kept = [(name, value) for name, value in pairs if _is_array(value)]
+        return tuple(value for _, value in kept), tuple(name for name, _ in kept)
+
+
+def _inputs_of(module: torch.nn.Module) -> tuple[_Inputs | None, str | None]:
+    """(how a request's arguments become kept inputs, or None; why they cannot be kept, or None)."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return None, (f"the signature of {type(module).__name__}.forward cannot be read, so its keyword inputs cannot be named; "
+                      "monitor without keep_sample, or wrap the model in a module whose forward names its inputs.")
+    if isinstance(module, torch.fx.GraphModule):
+        flat = {node.name for node in module.graph.nodes if node.op == "placeholder"}
+        named = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        nested = [name for name in named if name not in flat]
+        if nested and len(flat) > len(named):
+            return None, (f"input '{nested[0]}' of the {type(module).__name__} holds several tensors (its graph reads "
+                          f"{', '.join(sorted(n for n in flat if n.startswith(nested[0])))}), and keep_sample keeps array inputs; "
+                          "export the model with each tensor as an argument of its own, or monitor without keep_sample.")
+    return _Inputs(signature), None
+
+
+def _root_hooks(root: torch.nn.Module, sink: TapSink, inputs: _Inputs | None) -> list:
+    def starts(_module, args, kwargs) -> None:  # a pre-hook returning anything but None would replace the arguments
         if sink.begin():
-            sink.keep(args)
+            if inputs is None:
+                sink.keep(args)
+                return
+            try:
+                values, names = inputs(args, kwargs)
+            except Exception as error:  # never into the request path: the forward itself says what is wrong with the call
+                sink.failed(error)
+                return
+            sink.keep(values, names)
 
     def ends(_module, _args, _out) -> None:
         sink.end()
 
-    return [root.register_forward_pre_hook(starts), root.register_forward_hook(ends)]
+    return [root.register_forward_pre_hook(starts, with_kwargs=True), root.register_forward_hook(ends)]
 
 
-def module_taps(model: torch.nn.Module, refs: list, sink: TapSink) -> ServingTaps:
-    """Hooks on `model` itself for every BatchNorm in `refs` (NormLayerRef of kind batch with running statistics)."""
+def _graph_sites(module: torch.fx.GraphModule) -> list[tuple[Any, dict]]:
+    """(node, its arguments by name) of every batch-norm call in the graph that reads running statistics from buffers."""
+    from torch.fx.operator_schemas import normalize_function
+
+    found = []
+    for node in module.graph.nodes:
+        schema = torch_internals.op_schema(node.target) if node.op == "call_function" else None
+        if schema is None or schema.name not in BATCH.aten_ops:
+            continue
+        bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+        kwargs = bound.kwargs if bound is not None else {}
+        if all(isinstance(kwargs.get(k), torch.fx.Node) and kwargs[k].op == "get_attr" for k in ("running_mean", "running_var")):
+            found.append((node, kwargs))
+    return found
+
+
+def has_graph_batchnorms(module: Any) -> bool:
+    """Whether `module` is a GraphModule whose graph calls batch norm on running statistics (an ExportedProgram's module())."""
+    return isinstance(module, torch.fx.GraphModule) and bool(_graph_sites(module))
+
+
+def _tap_graph(module: torch.fx.GraphModule, sink_id: int, first: int) -> tuple[list[TappedLayer], list]:
+    """Insert a `tap` before every batch-norm call of `module`'s graph (layer indexes from `first`); (layers, inserted nodes)."""
+    layers, inserted = [], []
+    graph = module.graph
+    for node, kwargs in _graph_sites(module):
+        mean_node, var_node = kwargs["running_mean"], kwargs["running_var"]
+        name = str(mean_node.target).removesuffix(".running_mean")
+        layers.append(_layer(name, module.get_buffer(str(mean_node.target)), module.get_buffer(str(var_node.target)), kwargs.get("eps", 1e-5)))
+        with graph.inserting_before(node):
+            inserted.append(graph.call_function(tap, (kwargs["input"], sink_id, first + len(layers) - 1)))
+    if inserted:
+        module.recompile()
+    return layers, inserted
+
+
+def _register(sink: TapSink) -> int:
+    with _lock:
+        sink_id = next(_ids)
+        _SINKS[sink_id] = sink
+    return sink_id
+
+
+def module_taps(model: torch.nn.Module, refs: list, sink: TapSink, eps: list[float]) -> ServingTaps:
+    """Hooks on `model` itself for every BatchNorm in `refs` (NormLayerRef of kind batch with running statistics; `eps`, each
+    one's, as its spec reads it: a frozen BatchNorm may keep it in its forward, not in an attribute), and, for a
+    GraphModule, `tap` calls inserted into its own graph before each batch-norm call (taken out again by `remove`)."""
     layers, handles = [], []
     for index, ref in enumerate(refs):
         module = ref.obj
-        layers.append(_layer(ref.path, module.running_mean, module.running_var, module.eps))
+        layers.append(_layer(ref.path, module.running_mean, module.running_var, eps[index]))
 
         def hook(_module, args, index=index):
             if sink.observing(index):
                 _observe(sink, index, args[0])
 
         handles.append(module.register_forward_pre_hook(hook))
-    handles += _root_hooks(model, sink)
+    sink_id, inserted = None, []
+    if isinstance(model, torch.fx.GraphModule):
+        sink_id = _register(sink)
+        tapped, inserted = _tap_graph(model, sink_id, len(layers))
+        layers += tapped
+    inputs, refusal = _inputs_of(model)
+    handles += _root_hooks(model, sink, inputs)
 
     def remove() -> None:
         for handle in handles:
             handle.remove()
+        if inserted:
+            for node in inserted:
+                model.graph.erase_node(node)
+            model.recompile()
+        _SINKS.pop(sink_id, None)
 
-    return ServingTaps(model, layers, remove, _argument_names(model.forward), per_layer=True)
+    return ServingTaps(model, layers, remove, _argument_names(model.forward), per_layer=True, keep_refusal=refusal)
 
 
 def program_taps(program: Any, sink: TapSink) -> ServingTaps:
     """`program.module()` with a `tap` before every batch-norm op that reads running statistics."""
-    from torch.fx.operator_schemas import normalize_function
-
     module = program.module()
-    graph = module.graph
-    with _lock:
-        sink_id = next(_ids)
-        _SINKS[sink_id] = sink
-    layers = []
-    for node in list(graph.nodes):
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None or schema.name not in BATCH.aten_ops:
-            continue
-        bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
-        kwargs = bound.kwargs if bound is not None else {}
-        mean_node, var_node = kwargs.get("running_mean"), kwargs.get("running_var")
-        if not all(isinstance(n, torch.fx.Node) and n.op == "get_attr" for n in (mean_node, var_node)):
-            continue
-        name = str(mean_node.target).removesuffix(".running_mean")
-        layers.append(_layer(name, module.get_buffer(str(mean_node.target)), module.get_buffer(str(var_node.target)), kwargs.get("eps", 1e-5)))
-        with graph.inserting_before(node):
-            graph.call_function(tap, (kwargs["input"], sink_id, len(layers) - 1))
+    sink_id = _register(sink)
+    layers, _ = _tap_graph(module, sink_id, 0)
     if not layers:
+        _SINKS.pop(sink_id, None)
         raise UnsupportedObjectError("the ExportedProgram has no batch-norm op reading running statistics to monitor.")
-    module.recompile()
-    handles = _root_hooks(module, sink)
+    inputs, refusal = _inputs_of(module)
+    handles = _root_hooks(module, sink, inputs)
 
     def remove() -> None:
         for handle in handles:
             handle.remove()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(module, layers, remove, _argument_names(module.forward), per_layer=True)
+    return ServingTaps(module, layers, remove, _argument_names(module.forward), per_layer=True, keep_refusal=refusal)
 
 
-__all__ = ["module_taps", "program_taps", "tap"]
+__all__ = ["has_graph_batchnorms", "module_taps", "program_taps", "tap"]

@@ -1,9 +1,9 @@
-"""BatchNorm input statistics of PyTorch models, and recalibrating their running statistics.
+"""BatchNorm input statistics of PyTorch models (drift and recalibration read them here).
 
 The layer inputs are read without changing the model: forward pre-hooks on the BatchNorm
 modules of a deep copy (nn.Module), or an FX interpreter over the program (ExportedProgram).
-Recalibration is PyTorch's own cumulative average (momentum=None) for a module; for a program,
-the averages of the recorded batch moments, rounded once into a copy of its state dict.
+Recalibration (recalibration.py) writes each layer's population statistics, measured in eval
+mode with the layers upstream already on their new ones (converters/recalibration_waves.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from schemas import InputFileError, NormbridgeError, UnsupportedObjectError
+from schemas import InputFileError, NormbridgeError
 from schemas.kinds import KIND_INFO
 
-from ..model_values import LayerMoments, Movement, cumulative_statistics, first_line
+from ..model_values import LayerMoments, first_line
+from . import torch_internals
 
 BATCH = KIND_INFO["batch"]
 
@@ -31,7 +32,7 @@ def _tensors(batch) -> list[torch.Tensor]:
 def batchnorm_modules(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """(path, module) of every BatchNorm with running statistics."""
     return [(name or type(m).__name__, m) for name, m in module.named_modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None]
+            if isinstance(m, torch_internals.batch_norm_base_classes()) and m.running_mean is not None]
 
 
 def _tracked(counter) -> int | None:
@@ -82,7 +83,7 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
 
     class Recorder(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
-            schema = getattr(target, "_schema", None)
+            schema = torch_internals.op_schema(target)
             if schema is None or schema.name not in BATCH.aten_ops:
                 return super().call_function(target, args, kwargs)
             bound = normalize_function(target, args, kwargs, normalize_to_only_use_kwargs=True).kwargs
@@ -113,55 +114,3 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
     return list(moments.values())
 
 
-def recalibrate_module(module: torch.nn.Module, batches: list[tuple[np.ndarray, ...]]) -> tuple[torch.nn.Module, list[Movement], str]:
-    """PyTorch's own cumulative average: train-mode forwards of a deep copy with reset statistics and momentum=None."""
-    new = copy.deepcopy(module)
-    modes = {name: m.training for name, m in new.named_modules()}
-    layers = batchnorm_modules(new)
-    before = {name: (bn.running_mean.detach().clone(), bn.running_var.detach().clone()) for name, bn in layers}
-    momenta = {}
-    new.eval()
-    for name, bn in layers:
-        momenta[name] = bn.momentum
-        bn.reset_running_stats()
-        bn.momentum = None
-        bn.train()
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                try:
-                    new(*_tensors(batch))
-                except (ValueError, RuntimeError) as error:  # e.g. one value per channel in train mode
-                    raise InputFileError(f"the model refused a recalibration batch of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
-    finally:
-        for name, bn in layers:
-            bn.momentum = momenta[name]
-        for name, m in new.named_modules():
-            m.training = modes[name]
-    moved = [(name, *before[name], bn.running_mean.detach(), bn.running_var.detach(), float(bn.eps)) for name, bn in layers]
-    method = ("PyTorch train-mode forwards of a deep copy with reset statistics and momentum=None (cumulative average over batches); "
-              "other layers in eval mode, no gradients; momentum and modes restored")
-    return new, moved, method
-
-
-def recalibrate_program(program, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
-    """The averages of the recorded batch moments in float64, rounded once to float32 into a copy of the state dict."""
-    moments = program_moments(program, batches, train=True)
-    new = copy.deepcopy(program)
-    state = new.state_dict
-    moved = []
-    for record in moments:
-        keys = (f"{record.name}.running_mean", f"{record.name}.running_var")
-        if not all(k in state for k in keys):
-            raise UnsupportedObjectError(f"layer '{record.name}': its running statistics are not buffers of the program's state dict; recalibrate the nn.Module and export again.")
-        mean, var = cumulative_statistics(record, variance_estimator)
-        with torch.no_grad():
-            state[keys[0]].copy_(torch.from_numpy(mean).to(state[keys[0]].dtype))
-            state[keys[1]].copy_(torch.from_numpy(var).to(state[keys[1]].dtype))
-            tracked = f"{record.name}.num_batches_tracked"
-            if tracked in state:
-                state[tracked].fill_(len(batches))
-        moved.append((record.name, record.running_mean, record.running_var, mean, var, record.eps))
-    method = ("FX interpreter over the program with BatchNorm on batch statistics; average over batches of batch mean and "
-              f"{variance_estimator} batch variance in float64, rounded once to float32 into the state dict (graph unchanged)")
-    return new, moved, method

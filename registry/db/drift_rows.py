@@ -1,4 +1,4 @@
-"""Rows of the drift history (migrations 0005, 0007, 0009): one per stored window, one per layer of it, its per-channel arrays, and
+"""Rows of the drift history (migrations 0005, 0007, 0009, 0010): one per stored window, one per layer of it, its per-channel arrays, and
 each version's incremental alert state.
 
 The window and layer rows are the summaries the history and the charts read; the per-channel arrays sit apart in
@@ -60,6 +60,11 @@ class DriftLayerRow(Base):
     over: Mapped[bool] = mapped_column(Boolean, nullable=False)
     status: Mapped[str] = mapped_column(String(24), nullable=False, server_default="ok")  # ok, drift, unconverged_statistics (0007)
     initial_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The sampling error the rule allowed for (0010; NULL before, and where it could not be measured): schemas.monitoring.LayerShift.
+    batches: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    shift_bound: Mapped[float | None] = mapped_column(Float, nullable=True)
+    log_ratio_bound: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error_multiplier: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class DriftArraysRow(Base):

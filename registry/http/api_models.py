@@ -114,9 +114,10 @@ class AuditOut(BaseModel):
 
 
 class DriftList(DriftHistory):
-    """A version's drift history (windows from serving collectors, newest first, and its state) and its recorded offline checks."""
+    """A version's drift history (windows from serving collectors, newest first, and the state they move) and its recorded
+    offline checks, which never move the state (the newest is summarised in `offline`)."""
 
-    reports: list[DriftRecord]
+    reports: list[DriftRecord] = Field(description="Offline checks recorded with `normbridge drift --record`, newest first.")
 
 
 MAX_DIGESTS = 100_000

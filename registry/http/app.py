@@ -24,7 +24,7 @@ from registry.web import install as install_web_pages
 from . import routes_blobs, routes_drift, routes_model_file, routes_read, routes_write
 from .api_docs import install as install_api_docs
 from .errors import install_error_handlers
-from .metrics import history_windows, install as install_metrics, recorded_reports
+from .metrics import history_windows, install as install_metrics
 from .request_guard import ALLOWED_HOSTS_ENV, HostPolicy, RequestGuard, declare_refusals, is_loopback
 from .responses import SafeJSONResponse
 from .uploads import remove_orphaned_workspaces
@@ -58,7 +58,7 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     install_web_pages(app)
     install_api_docs(app)
     app.add_middleware(RequestGuard, hosts=HostPolicy.serving(host, allowed_hosts))
-    install_metrics(app, registry, (recorded_reports, history_windows(drift_history.current)))  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
+    install_metrics(app, registry, (history_windows(drift_history.current),))  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
     _declare_guard_in_openapi(app)
     return app
 

@@ -7,9 +7,11 @@ no route matched, never the raw path; drift series carry model, version and laye
 
 Service metrics are kept per process (with `serve --workers N` each scrape answers from one worker).
 Drift metrics are read from the database at scrape time, so every worker and replica answers the
-same: by default the newest recorded drift report of every version (`recorded_reports`); a drift
-history store adds its own read (`history_windows(current)`), and a store with no such read can
-push through `DriftGauges.observe` (see docs/metrics.md). Access follows the API's tokens: a read token may scrape, and a token scoped to
+same. The serving series (each layer's figures in the newest window and the version's alert state) come from serving
+windows only: a drift history store's read (`history_windows(current)`), or what a store with no such read pushes
+through `DriftGauges.observe`. Offline checks (`normbridge drift --record`) never move them: the newest check's verdict
+of every version is its own series, normbridge_drift_offline_verdict (`recorded_checks`), as the API shows it beside
+the state (see docs/metrics.md). Access follows the API's tokens: a read token may scrape, and a token scoped to
 some models sees only those models' drift series.
 
 Every version that ever posted a window or recorded a report has drift series, so their number grows with the registry;
@@ -41,6 +43,8 @@ from .auth import Principal, require
 ALERT_STATES = {"ok": 0, "warning": 1, "alert": 2}
 #: A layer's state as a number (drift's per-layer status).
 LAYER_STATES = {"ok": 0, "unconverged_statistics": 1, "drift": 2}
+#: An offline check's verdict as a number, in the same order.
+OFFLINE_VERDICTS = {"no drift": 0, "unconverged statistics": 1, "drift": 2}
 #: The most drift series one scrape exports (three per layer, one per version's alert state); docs/metrics.md.
 MAX_DRIFT_SERIES = 10_000
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -69,20 +73,16 @@ class DriftObservation:
     at: float
 
 
-#: Where drift figures come from at scrape time: source(registry) -> (layers, alert states), keyed like the labels.
+#: Where serving drift figures come from at scrape time: source(registry) -> (layers, alert states), keyed like the labels.
 DriftSource = Callable[[Any], tuple[dict[tuple[str, int, str], DriftObservation], dict[tuple[str, int], str]]]
+#: Where offline verdicts come from at scrape time: source(registry) -> {(model, version): (verdict, when)}.
+OfflineSource = Callable[[Any], dict[tuple[str, int], tuple[str, float]]]
 
 
-def recorded_reports(registry) -> tuple[dict, dict]:
-    """The newest drift report recorded per version (`drift --record`): its layers, and 'alert' when its verdict is drift."""
-    layers, alerts = {}, {}
-    for record in latest_drift_reports(registry.meta):
-        stamp = record.created_at.timestamp()
-        for layer in record.report.layers:
-            layers[(record.model, record.number, layer.name)] = DriftObservation(layer.max_shift, math.exp(layer.max_abs_log_ratio),
-                                                                                 layer.status, stamp)
-        alerts[(record.model, record.number)] = "alert" if record.report.verdict == "drift" else "ok"
-    return layers, alerts
+def recorded_checks(registry) -> dict[tuple[str, int], tuple[str, float]]:
+    """The verdict of the newest offline check recorded per version (`drift --record`), and when it was recorded."""
+    return {(record.model, record.number): (record.report.verdict, record.created_at.timestamp())
+            for record in latest_drift_reports(registry.meta)}
 
 
 def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
@@ -110,15 +110,18 @@ def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
 
 
 class DriftGauges:
-    """The drift series: each source read at scrape time (later ones override earlier ones), then what `observe` was told.
+    """The drift series: each serving source read at scrape time (later ones override earlier ones), then what `observe`
+    was told; beside them, each version's newest offline verdict from `offline`, which never enters the serving series.
 
     `observe(model, version, layer, shift, ratio, state)` is the push alternative for a store that has no `current` read:
     it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a version's state.
     """
 
-    def __init__(self, registry=None, sources: Sequence[DriftSource] = (recorded_reports,), max_series: int = MAX_DRIFT_SERIES):
+    def __init__(self, registry=None, sources: Sequence[DriftSource] = (), max_series: int = MAX_DRIFT_SERIES,
+                 offline: OfflineSource | None = recorded_checks):
         self._registry = registry
         self._sources = tuple(sources) if registry is not None else ()
+        self._offline = offline if registry is not None else None
         self._max_series = max_series
         self._lock = threading.Lock()
         self._layers: dict[tuple[str, int, str], DriftObservation] = {}
@@ -138,8 +141,8 @@ class DriftGauges:
         with self._lock:
             self._alerts[(model, int(version))] = state
 
-    def snapshot(self) -> tuple[dict, dict]:
-        """(layers, alert states) keyed like the labels: the sources in order, observations on top."""
+    def snapshot(self) -> tuple[dict, dict, dict]:
+        """(layers, alert states, offline verdicts) keyed like the labels: the serving sources in order, observations on top."""
         layers: dict[tuple[str, int, str], DriftObservation] = {}
         alerts: dict[tuple[str, int], str] = {}
         for source in self._sources:
@@ -149,21 +152,26 @@ class DriftGauges:
         with self._lock:
             layers.update(self._layers)
             alerts.update(self._alerts)
-        return layers, alerts
+        return layers, alerts, (self._offline(self._registry) if self._offline is not None else {})
 
     def families(self, principal: Principal) -> list[GaugeMetricFamily]:
         """The drift metric families the caller may see (a scoped token: its models only), at most max_series of them."""
-        layers, alerts = self.snapshot()
+        layers, alerts, offline = self.snapshot()
         layers = {key: seen for key, seen in layers.items() if principal.may_see(key[0])}
         alerts = {key: state for key, state in alerts.items() if principal.may_see(key[0])}
-        layers, alerts, left_out = capped(layers, alerts, self._max_series)
+        offline = {key: found for key, found in offline.items() if principal.may_see(key[0])}
+        layers, alerts, offline, left_out = capped(layers, alerts, self._max_series, offline)
         shift = GaugeMetricFamily("normbridge_drift_shift", "Max over channels of |mean - running_mean| / sqrt(running_var + eps) "
-                                  "in the latest window.", labels=["model", "version", "layer"])
+                                  "in the latest serving window.", labels=["model", "version", "layer"])
         ratio = GaugeMetricFamily("normbridge_drift_variance_ratio", "Worst channel's variance factor against running_var "
-                                  "(exp of max |log ratio|; 2 = halved or doubled).", labels=["model", "version", "layer"])
-        layer_state = GaugeMetricFamily("normbridge_drift_layer_state", "Layer state: 0 ok, 1 unconverged_statistics, 2 drift.",
+                                  "(exp of max |log ratio|; 2 = halved or doubled) in the latest serving window.", labels=["model", "version", "layer"])
+        layer_state = GaugeMetricFamily("normbridge_drift_layer_state", "Layer state in the latest serving window: 0 ok, "
+                                        "1 unconverged_statistics, 2 drift (over a threshold beyond its sampling error).",
                                         labels=["model", "version", "layer"])
-        alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state: 0 ok, 1 warning, 2 alert.", labels=["model", "version"])
+        alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state from serving windows only: 0 ok, 1 warning, 2 alert.",
+                                  labels=["model", "version"])
+        checked = GaugeMetricFamily("normbridge_drift_offline_verdict", "Verdict of the newest offline check (drift --record), which "
+                                    "never moves the alert state: 0 no drift, 1 unconverged statistics, 2 drift.", labels=["model", "version"])
         omitted = GaugeMetricFamily("normbridge_omitted_drift_series", f"Drift series left out of this scrape past its cap of "
                                     f"{self._max_series} (whole versions, the calmest and stalest first).")
         for (model, version, layer), seen in sorted(layers.items()):
@@ -173,34 +181,39 @@ class DriftGauges:
             layer_state.add_metric(labels, LAYER_STATES[seen.state])
         for (model, version), state in sorted(alerts.items()):
             alert.add_metric([model, str(version)], ALERT_STATES[state])
+        for (model, version), (verdict, _) in sorted(offline.items()):
+            checked.add_metric([model, str(version)], OFFLINE_VERDICTS[verdict])
         omitted.add_metric([], left_out)
-        return [shift, ratio, layer_state, alert, omitted]
+        return [shift, ratio, layer_state, alert, checked, omitted]
 
 
-def capped(layers: dict, alerts: dict, limit: int) -> tuple[dict, dict, int]:
-    """(layers, alerts) of the versions that fit in `limit` series, and how many series were left out.
+def capped(layers: dict, alerts: dict, limit: int, offline: dict | None = None) -> tuple[dict, dict, dict, int]:
+    """(layers, alerts, offline verdicts) of the versions that fit in `limit` series, and how many series were left out.
 
-    A version is kept or left out whole (its layers' three series and its alert state), so no version is shown half. The
-    ones kept first are those an operator must see: in alert, then with a drifting layer, then with the newest figures."""
+    A version is kept or left out whole (its layers' three series, its alert state and its offline verdict), so no version
+    is shown half. The ones kept first are those an operator must see: in alert, then with a drifting layer, then with an
+    offline check that found drift, then with the newest figures."""
+    offline = offline or {}
     keys: dict[tuple[str, int], list] = {}
     for key in layers:
         keys.setdefault(key[:2], []).append(key)
 
     def priority(version: tuple[str, int]):
         own = [layers[key] for key in keys.get(version, ())]
+        verdict, checked_at = offline.get(version, ("no drift", 0.0))
         return (-ALERT_STATES.get(alerts.get(version, "ok"), 0), -max((LAYER_STATES[seen.state] for seen in own), default=0),
-                -max((seen.at for seen in own), default=0.0), version)
+                -OFFLINE_VERDICTS[verdict], -max([seen.at for seen in own] + [checked_at]), version)
 
     kept, used, left_out = set(), 0, 0
-    for version in sorted(set(keys) | set(alerts), key=priority):
-        cost = 3 * len(keys.get(version, ())) + (version in alerts)
+    for version in sorted(set(keys) | set(alerts) | set(offline), key=priority):
+        cost = 3 * len(keys.get(version, ())) + (version in alerts) + (version in offline)
         if used + cost <= limit:
             kept.add(version)
             used += cost
         else:
             left_out += cost
     return ({key: seen for key, seen in layers.items() if key[:2] in kept}, {key: state for key, state in alerts.items() if key in kept},
-            left_out)
+            {key: found for key, found in offline.items() if key in kept}, left_out)
 
 
 class GateTimer:
@@ -235,7 +248,7 @@ class GateTimer:
 class ServiceMetrics:
     """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram, drift gauges."""
 
-    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,), max_drift_series: int = MAX_DRIFT_SERIES):
+    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (), max_drift_series: int = MAX_DRIFT_SERIES):
         self.registry = CollectorRegistry()
         self.requests = Counter("normbridge_http_requests", "HTTP requests by method, route template and status.",
                                 ["method", "route", "status"], registry=self.registry)
@@ -307,10 +320,11 @@ def metrics(request: Request, principal: Reader) -> Response:
     return Response(request.app.state.metrics.exposition(principal), media_type=CONTENT_TYPE_LATEST)
 
 
-def install(app, registry=None, drift_sources: Sequence[DriftSource] = (recorded_reports,)) -> ServiceMetrics:
+def install(app, registry=None, drift_sources: Sequence[DriftSource] = ()) -> ServiceMetrics:
     """Give `app` its own metrics (app.state.metrics), the counting middleware and GET /metrics; call after every other middleware.
 
-    `drift_sources` are read at each scrape, in order (a history store adds `history_windows(its current)` after the reports)."""
+    `drift_sources` (serving windows) are read at each scrape, in order (a history store gives `history_windows(its current)`);
+    the offline verdicts are read from the registry's recorded checks."""
     app.state.metrics = ServiceMetrics(registry, drift_sources)
     app.include_router(router)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
@@ -318,4 +332,4 @@ def install(app, registry=None, drift_sources: Sequence[DriftSource] = (recorded
 
 
 __all__ = ["ALERT_STATES", "DriftGauges", "DriftObservation", "DriftSource", "GateTimer", "LAYER_STATES", "MAX_DRIFT_SERIES", "MetricsMiddleware",
-           "ServiceMetrics", "capped", "history_windows", "install", "recorded_reports", "registration_outcome"]
+           "OFFLINE_VERDICTS", "OfflineSource", "ServiceMetrics", "capped", "history_windows", "install", "recorded_checks", "registration_outcome"]

@@ -2,7 +2,8 @@
 
 POST .../drift/reports stores an offline check (`normbridge --server URL drift MODEL DATA --record NAME@N`), refused
 (409) when the report's statistics digest is not the version's. POST needs role write on the model (the collector's token can be scoped to the one model it serves); GET needs read.
-The offline checks recorded by `normbridge drift --record` come back in the same answer (`reports`).
+The offline checks recorded by `normbridge drift --record` come back in the same answer (`reports`, the newest summarised
+in `offline`); they never move `state`, which serving windows alone move.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def post_window(name: str, ref: str, request: Request, response: Response, princ
 
 
 @router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=error_responses(401, 403, 404, 409, 422, 500),
-            summary="A version's drift history (newest window first), its state ok|warning|alert, and its recorded drift checks")
+            summary="A version's drift history (newest window first), its serving state ok|warning|alert (moved by serving windows "
+                    "only), and its recorded offline checks beside it")
 def get_history(name: str, ref: str, request: Request, principal: Reader,
                 limit: Annotated[int, Query(ge=0, le=10_000, description="Newest windows to return.")] = 100) -> DriftList:
     principal.check("read", name)

@@ -37,8 +37,8 @@ RECORDED = ("warning", "error")
 #: equivalence check could not cover. Other warnings (momentum=None, a folded BatchNorm, unconverged statistics, whose batch
 #: counter is history rather than a measurement) are recorded, not blocking.
 BLOCKING_WARNINGS = frozenset({"never_trained", "eps_underflow", "unrecognised_normalization", "no_normalization_found"})
-#: Hazards a version's lineage answers, by its operation: a `recalibrated` version's statistics are a cumulative average over
-#: the recalibration batches (`normbridge recalibrate --register`), which keeps none of the initial values whatever its
+#: Hazards a version's lineage answers, by its operation: a `recalibrated` version's statistics are the population statistics
+#: of its recalibration data (`normbridge recalibrate --register`), which keep none of the initial values whatever its
 #: batch counter says, so it is not called unconverged.
 ANSWERED_BY_LINEAGE = {"recalibrated": frozenset({"unconverged_statistics"})}
 #: Where a stored layer was read from, by the manifest's format (the hazards word their fix by it).

@@ -1,19 +1,22 @@
-"""What the pages show of drift: a version's state, and each layer's shift over time.
+"""What the pages show of drift: a version's serving state, its newest offline check beside it, and each layer's shift
+over time.
 
-A version with serving windows in the drift history shows the history's state (ok, warning or alert, moved by the
-sustained-shift rule) and its timeline plots those windows. A version with none falls back on its recorded offline
-checks: 'alert' when the newest found drift, 'unconverged' when it found only statistics that never converged, 'ok'
-otherwise, and the timeline plots the checks. A version with neither has no state.
+The state is the drift history's, as the API gives it: ok, warning or alert, moved by serving windows only (the
+sustained-shift rule). A recorded offline check (`normbridge drift --record`) never moves it: its verdict is shown
+beside the state, labelled offline, and a version with no serving window shows no state, only that verdict. The
+timeline plots the serving windows, or the recorded checks where there are no windows.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from registry.drift_history import states as history_states
 from registry.drift_records import latest_drift_reports
 
 from .timeline_svg import Window, timeline_svg
 
-#: The newest check's verdict -> the state a page shows.
+#: A check's verdict -> the colour class its headline takes.
 STATES = {"drift": "alert", "unconverged statistics": "unconverged", "no drift": "ok"}
 
 
@@ -21,11 +24,19 @@ def report_state(report) -> str:
     return STATES.get(report.verdict, "ok")
 
 
-def drift_states(registry) -> dict[tuple[str, int], str]:
-    """(model, number) -> state: the history's where the version has windows, else its newest recorded check's (two queries)."""
-    found = {(record.model, record.number): report_state(record.report) for record in latest_drift_reports(registry.meta)}
-    found.update(history_states(registry))
-    return found
+@dataclass(frozen=True)
+class DriftBadge:
+    """What a version's row shows: its serving state (None without serving windows) and its newest offline check's verdict."""
+
+    serving: str | None
+    offline: str | None
+
+
+def drift_states(registry) -> dict[tuple[str, int], DriftBadge]:
+    """(model, number) -> DriftBadge for every version with serving windows or a recorded check (two queries)."""
+    offline = {(record.model, record.number): record.report.verdict for record in latest_drift_reports(registry.meta)}
+    serving = history_states(registry)
+    return {key: DriftBadge(serving.get(key), offline.get(key)) for key in serving.keys() | offline.keys()}
 
 
 def _layer_order(newest_first: list[list[str]]) -> list[str]:
@@ -60,4 +71,4 @@ def window_timeline(history) -> str:
                         f"max standardized shift per layer, last {len(windows)} serving window(s); shaded: alert; hollow: unconverged")
 
 
-__all__ = ["STATES", "drift_states", "report_state", "shift_timeline", "window_timeline"]
+__all__ = ["DriftBadge", "STATES", "drift_states", "report_state", "shift_timeline", "window_timeline"]

@@ -239,7 +239,8 @@ def drift_page(request: Request, principal: Principal, name: str, ref: str) -> H
                     for node in registry.lineage(record.ref).nodes
                     if node.parent == record.ref and node.operation == "recalibrated" and principal.may_see(split_ref(node.ref)[0])]
     return render(request, "drift.html", record=record, latest=latest, older=reports[1:], shift_chart=shift_chart, ratio_chart=ratio_chart,
-                  history=served if served.windows else None, log_ratio_factor=math.exp(served.rule.log_ratio),
+                  served=served, history=served if served.windows else None, log_ratio_factor=math.exp(served.rule.log_ratio),
+                  offline_class=drift_view.STATES.get(served.offline.verdict, "ok") if served.offline else None,
                   timeline=drift_view.window_timeline(served) if served.windows else drift_view.shift_timeline(reports),
                   state=drift_view.report_state(latest.report) if latest else None,
                   ratio_factor=math.exp(latest.report.thresholds.log_ratio) if latest else None, recalibrated=recalibrated,

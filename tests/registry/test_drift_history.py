@@ -245,3 +245,45 @@ def test_a_window_stored_twice_counts_once_and_migration_0009_keeps_the_history(
         {**layer, "count": 2**63 - 1} for layer in body["layers"]]})
     stored = drift_history.history(registry, "cnn@1").windows
     assert len(stored) == 3 and stored[0].id == big.id and stored[0].requests == stored[0].layers[0].count == 2**63 - 1
+
+
+def test_each_layer_is_judged_beyond_its_windows_sampling_error_and_migration_0010_keeps_older_layers(registry, monkeypatch):
+    """Issue 34 item 15: the collector's batches give each channel's standard errors; the stored bound is NumPy's."""
+    import converters
+
+    stats = pytest.importorskip("scipy.stats")
+    model = torch_cnn()
+    registry.register("cnn", model)
+    rng = np.random.default_rng(5)
+    watch = converters.monitor(model, sample_rate=1.0, window_requests=4)
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.from_numpy(calm(rng)))
+    watch.close()
+    body = watch.closed_windows[0]
+    record = drift_history.record_window(registry, "cnn@1", body)
+    for layer, sent, (name, bn) in zip(record.layers, body["layers"], _bns(model)):
+        assert layer.name == sent["name"] == name and layer.batches == sent["batches"] == 4
+        scale = np.sqrt(bn.running_var.double().numpy() + bn.eps)
+        shift = np.abs(np.asarray(sent["mean"]) - bn.running_mean.double().numpy()) / scale
+        multiplier = stats.t.isf(0.01 / (2 * len(shift)), 3)
+        assert layer.error_multiplier == pytest.approx(multiplier, rel=1e-8)
+        assert layer.shift_bound == pytest.approx((shift - multiplier * np.asarray(sent["se_mean"]) / scale).max(), rel=1e-9)
+        assert layer.over == (layer.shift_bound > 0.5 or layer.log_ratio_bound > np.log(2))
+    assert drift_history.window_arrays(registry, record.id)[body["layers"][0]["name"]]["se_mean"] == body["layers"][0]["se_mean"]
+
+    monkeypatch.setenv("NORMBRIDGE_DRIFT_FALSE_ALARM", "0.2")
+    assert drift_history.rule().false_alarm == 0.2
+    monkeypatch.setenv("NORMBRIDGE_DRIFT_FALSE_ALARM", "2")
+    with pytest.raises(InputFileError, match="NORMBRIDGE_DRIFT"):
+        drift_history.rule()
+    monkeypatch.delenv("NORMBRIDGE_DRIFT_FALSE_ALARM")
+
+    with registry.meta.engine.connect() as connection:  # back to the schema before the sampling error, and up again
+        command.downgrade(alembic_config(connection), "0009")
+        connection.commit()
+        command.upgrade(alembic_config(connection), "head")
+        connection.commit()
+    [stored] = drift_history.history(registry, "cnn@1").windows
+    assert [(layer.over, layer.status) for layer in stored.layers] == [(layer.over, layer.status) for layer in record.layers]
+    assert all(layer.batches is None and layer.shift_bound is None and layer.error_multiplier is None for layer in stored.layers)

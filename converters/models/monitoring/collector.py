@@ -20,7 +20,7 @@ windows on time. The hand-over and the window-closing markers are queued under t
 every request's observations are merged into the window that counted it, before that window is shipped.
 
 The model adapter instruments the model (ModelAdapter.serving_taps): a torch nn.Module keeps serving itself with
-hooks; an ExportedProgram is served as `monitor.served` (its module with taps); an onnxruntime session and a Keras
+hooks (the GraphModule of `ep.module()` with taps in its own graph); an ExportedProgram is served as `monitor.served` (its module with taps); an onnxruntime session and a Keras
 model are served through `monitor.served` too, a wrapper returning exactly the outputs the model returns.
 """
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas import InputFileError
+from schemas import InputFileError, UnsupportedObjectError
 from schemas.monitoring import statistics_digest
 
 from ...adapters import REGISTRY
@@ -104,6 +104,9 @@ class Monitor:
         self._last_error: str | None = None
         self.closed_windows: deque[dict] = deque(maxlen=64)  # the newest closed windows, also without a server
         self._taps: ServingTaps = _adapter_of(model).serving_taps(model, self)
+        if keep_sample and self._taps.keep_refusal:
+            self._taps.remove()
+            raise UnsupportedObjectError(f"monitor(..., keep_sample={keep_sample}): {self._taps.keep_refusal}")
         self.layers = [layer.name for layer in self._taps.layers]
         self._every_layer = [True] * len(self.layers)  # the mask of a sampled request where layers are not drawn apart
         self._per_layer = self._taps.per_layer and 0.0 < self.sample_rate < 1.0
@@ -144,11 +147,11 @@ class Monitor:
         mask = getattr(self._local, "mask", None)
         return mask is not None and mask[index]
 
-    def keep(self, inputs: Any) -> None:
+    def keep(self, inputs: Any, names: Any = None) -> None:
         if self.sample is None or not getattr(self._local, "sampled", False):
             return
         try:
-            self._local.kept = copied_inputs(inputs)
+            self._local.kept = (copied_inputs(inputs), tuple(names) if names is not None else None)
         except Exception as error:
             self.failed(error)
 
@@ -210,7 +213,7 @@ class Monitor:
                 self.failed(error)
         if kept is not None:
             try:
-                self.sample.add(kept)
+                self.sample.add(*kept)
             except Exception as error:
                 self.failed(error)
 
@@ -307,8 +310,9 @@ def monitor(model: Any, server: str | None = None, token: str | None = None, ref
     """Watch the BatchNorm inputs of a served model and ship statistics windows to a registry.
 
     Args:
-        model: a torch.nn.Module (hooked in place: keep calling it), a torch ExportedProgram, an onnxruntime
-            InferenceSession or a Keras model (serve `monitor.served`, or call the monitor itself).
+        model: a torch.nn.Module (hooked in place: keep calling it; an ExportedProgram's `module()` too, its graph's
+            batch-norm calls tapped in place), a torch ExportedProgram, an onnxruntime InferenceSession or a Keras model
+            (serve `monitor.served`, or call the monitor itself).
         server: the registry's base URL (`normbridge serve`); None keeps closed windows in `closed_windows` only.
         token: a bearer token with role write on the model (`normbridge token create --role write --model NAME`).
         ref: the registered version being served, 'NAME@N'.
@@ -316,7 +320,9 @@ def monitor(model: Any, server: str | None = None, token: str | None = None, ref
             that share of the traffic, a request pays for about that share of its layers).
         window_requests, window_seconds: a window closes after this many requests or this many seconds.
         keep_sample: keep the last this many input rows of sampled requests (copied; 0 keeps none), for
-            `monitor.save_sample("traffic.npz")` and then `normbridge recalibrate MODEL traffic.npz`.
+            `monitor.save_sample("traffic.npz")` and then `normbridge recalibrate MODEL traffic.npz`. Inputs passed by
+            keyword (`model(pixel_values=x)`) are kept under their names like positional ones; a model whose inputs
+            cannot be kept as arrays is refused here, not on each request.
         options: max_pending (queued windows, default 8), timeout (seconds per POST, 5), seed, replica,
             max_backlog (sampled requests waiting for the worker thread, default 256; beyond it they are discarded and counted).
 

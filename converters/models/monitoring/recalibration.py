@@ -1,23 +1,23 @@
 """Recalibration: re-estimate BatchNorm running statistics on new data, weights untouched.
 
-The new statistics are PyTorch's cumulative average (momentum=None) over the given batches:
-running_mean = mean over batches of the batch mean, running_var = mean over batches of the
-unbiased batch variance, each batch weighted equally, with every BatchNorm normalizing by its
-batch statistics during the pass (as in training). Other layers run in eval mode (no dropout),
-no gradient is computed and nothing but the running statistics changes.
+The new statistics are the population statistics of the data given: for each BatchNorm, the mean and variance of its
+input over every sample (and spatial position), pooled in float64 across the forward batches (Chan's parallel formula,
+model_values.population_statistics), with the model in eval mode and every BatchNorm upstream of the layer already on
+its new statistics, so they are what the recalibrated model computes when it serves the same data and `drift` reads
+no shift on it. The batch size is memory only: a program exported with a static batch of 4 gets the same statistics
+as one with a dynamic batch (issue 34: an average of per-batch variances over batches of 4, in train mode, was not).
+"unbiased" multiplies the variance by n / (n - 1) for the n values per channel in all; "biased" keeps it.
 
-Each framework's method is its model adapter's (ModelAdapter.recalibrate):
+Layers are finalized in waves, one pass over the data each (converters/recalibration_waves.py); each framework's
+method is its model adapter's (ModelAdapter.recalibrate):
 
-- torch.nn.Module: PyTorch itself does it, on a deep copy: reset_running_stats, momentum=None,
-  BatchNorm layers in train mode; afterwards each layer's momentum and every module's mode are
-  restored.
-- ExportedProgram (.pt2): an FX interpreter runs the program with batch statistics and records
-  each BatchNorm input; the averages are computed in float64 and rounded once to float32 into a
-  copy of the program's state dict. The graph is unchanged, so the program stays what it was
-  with new buffers; PyTorch's own incremental float32 average agrees to float32 rounding.
-- ONNX: a copy with every BatchNormalization in training_mode=1 exposes each node's input as
-  a graph output in onnxruntime; the averages replace the node's mean and variance initializers.
-- Keras: Keras's own update, with momentum (k-1)/k on the k-th batch (the cumulative average).
+- torch.nn.Module: a deep copy with forward pre-hooks, one layer per pass in call order (a module has no graph).
+- ExportedProgram (.pt2): an FX interpreter computes every batch-norm call in eval mode on the statistics of the
+  moment; the new statistics go into a copy of the state dict, the graph is unchanged.
+- ONNX: per pass, a copy whose finalized BatchNormalization nodes read their new statistics and whose wave's inputs
+  are graph outputs, pruned to what those outputs need, run in onnxruntime; the results replace the initializers.
+- Keras (functional): per pass, a sub-model returning the wave's inputs, called with training=False; the results are
+  assigned to moving_mean and moving_variance.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from schemas import InputFileError, UnsupportedObjectError
 from schemas.serving import RecalibratedLayer, RecalibrationReport
 
 from ...adapters import REGISTRY
-from ...model_values import cumulative_statistics
+from ...model_values import population_statistics
 from .drift import data_batches, describe, fixed_batch_size, refuse_non_finite
 
 DEFAULT_BATCH_SIZE = 32
@@ -68,7 +68,9 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
         model: torch.nn.Module, torch ExportedProgram, keras.Model or onnx.ModelProto.
         batches: a list of batches (arrays, or tuples of arrays for several inputs), or data to split
             into batches of `batch_size` (an array, a .npy/.npz path, a Sample).
-        variance_estimator: "unbiased" (PyTorch) or "biased" (Keras/ONNX training); not for an nn.Module (PyTorch's own is unbiased).
+        batch_size: inputs per forward pass (memory only; a model with a fixed batch size gets batches of that size).
+        variance_estimator: "unbiased" (PyTorch's running_var: the population variance times n / (n - 1)) or "biased" (the
+            population variance itself).
     """
     if variance_estimator not in ("unbiased", "biased"):
         raise InputFileError(f"variance_estimator '{variance_estimator}' is unknown; pass 'unbiased' (PyTorch) or 'biased' (Keras, ONNX).")
@@ -88,15 +90,15 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
 
 
 def _batch_size_notes(model: Any, batches: Any, asked: int) -> list[str]:
-    """Say so when the data was split into batches of another size than asked: a model exported with a fixed batch size
-    takes no other, and the cumulative average of per-batch variances depends on the batch size."""
+    """Say so when the forward passes took another batch size than asked (a model exported with a fixed batch size takes no
+    other); the statistics do not depend on it."""
     if _given_as_batches(batches):
         return []
     fixed = fixed_batch_size(model)
     if fixed is None or fixed == asked:
         return []
-    return [f"the model accepts batches of exactly {fixed}, so the data was split into batches of {fixed}, not {asked}: the running "
-            f"variances average per-batch variances of {fixed} samples (export the model with a dynamic batch axis to choose)."]
+    return [f"the model accepts batches of exactly {fixed}, so the forward passes took {fixed} samples each, not {asked}; the statistics "
+            "are pooled over all samples either way."]
 
 
 def save_recalibrated(model: Any, path) -> None:
@@ -106,4 +108,4 @@ def save_recalibrated(model: Any, path) -> None:
     REGISTRY.model_adapter_of(model).save(model, Path(path))
 
 
-__all__ = ["cumulative_statistics", "recalibrate", "save_recalibrated"]
+__all__ = ["population_statistics", "recalibrate", "save_recalibrated"]

@@ -6,8 +6,8 @@ rows along the batch axis (the oldest rows go first), so its memory is N rows of
 
 `save(path)` writes an .npz that `normbridge recalibrate MODEL SAMPLE.npz` and `normbridge drift` read as they are:
 one array per model input, in the order the model takes its inputs, batch axis first, the newest row last, each
-array named after its input when the served object says (torch forward's argument names, onnxruntime input names,
-Keras input names), else `input_0`, `input_1`, ... The file is written atomically and read without unpickling.
+array named after its input when the served object says (torch forward's argument names, whether passed by position
+or by keyword, onnxruntime input names, Keras input names), else `input_0`, `input_1`, ... The file is written atomically and read without unpickling.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class TrafficSample:
     def rows(self) -> int:
         return self._rows
 
-    def add(self, arrays: tuple[np.ndarray, ...]) -> None:
-        """Append one request's copied inputs; the oldest rows beyond the limit are let go."""
+    def add(self, arrays: tuple[np.ndarray, ...], names: tuple[str, ...] | None = None) -> None:
+        """Append one request's copied inputs (named by `names` when the served object says which inputs they are); the
+        oldest rows beyond the limit are let go."""
         if not arrays or any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
             raise InputFileError(f"a sampled request's inputs have no common batch axis (shapes {[list(a.shape) for a in arrays]}); "
                                  "keep_sample needs batch-first array inputs.")
@@ -60,17 +61,17 @@ class TrafficSample:
         if rows > self.limit:
             arrays, rows = tuple(a[-self.limit:].copy() for a in arrays), self.limit
         with self._lock:
-            self._parts.append(arrays)
+            self._parts.append((arrays, names))
             self._rows += rows
             self.seen += int(arrays[0].shape[0])
             while self._rows > self.limit:
-                extra, oldest = self._rows - self.limit, self._parts[0]
+                extra, (oldest, oldest_names) = self._rows - self.limit, self._parts[0]
                 head = int(oldest[0].shape[0])
                 if head <= extra:
                     self._parts.popleft()
                     self._rows -= head
                 else:  # keep the newest rows of the oldest request; a copy, so the dropped rows are freed
-                    self._parts[0] = tuple(a[extra:].copy() for a in oldest)
+                    self._parts[0] = (tuple(a[extra:].copy() for a in oldest), oldest_names)
                     self._rows -= extra
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -80,18 +81,25 @@ class TrafficSample:
         if not parts:
             raise InputFileError("the traffic sample is empty: no sampled request has been served since monitor(..., keep_sample=N) "
                                  "started (raise sample_rate or serve more requests first).")
-        count = len(parts[0])
-        if any(len(p) != count for p in parts):
-            raise InputFileError(f"sampled requests had different numbers of inputs ({sorted({len(p) for p in parts})}); "
+        given = {part_names for _, part_names in parts}
+        if len(given) > 1:
+            listed = sorted("(" + ", ".join(n or ["unnamed"]) + ")" for n in given)
+            raise InputFileError(f"sampled requests passed different inputs ({'; '.join(listed)}); a recalibration sample needs every request "
+                                 "to pass the same inputs: serve them with the same inputs, or save earlier.")
+        count = len(parts[0][0])
+        if any(len(arrays) != count for arrays, _ in parts):
+            raise InputFileError(f"sampled requests had different numbers of inputs ({sorted({len(arrays) for arrays, _ in parts})}); "
                                  "a recalibration sample needs every request to pass the same inputs.")
-        names = self.names[:count] if self.names and len(self.names) >= count else [f"input_{i}" for i in range(count)]
+        names = next(iter(given))
+        if names is None:
+            names = self.names[:count] if self.names and len(self.names) >= count else [f"input_{i}" for i in range(count)]
         out = {}
         for index, name in enumerate(names):
-            shapes = {p[index].shape[1:] for p in parts}
+            shapes = {arrays[index].shape[1:] for arrays, _ in parts}
             if len(shapes) != 1:
                 raise InputFileError(f"input '{name}' came in shapes {sorted(list(s) for s in shapes)} (after the batch axis) in the kept requests; "
                                      "a recalibration sample needs one shape per input: serve one shape, or save earlier.")
-            out[name] = np.concatenate([p[index] for p in parts])
+            out[name] = np.concatenate([arrays[index] for arrays, _ in parts])
         return out
 
     def save(self, path: str | Path) -> int:

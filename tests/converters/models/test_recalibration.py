@@ -1,8 +1,7 @@
-"""Recalibration: new BatchNorm statistics are PyTorch's cumulative average over the batches; nothing else changes.
+"""Recalibration: new BatchNorm statistics are the population statistics of the data; nothing else changes.
 
-The torch path is PyTorch itself (momentum=None in train mode); the .pt2 and ONNX paths compute
-the same average from the layer inputs and must agree with it, and the first layer's numbers
-are recomputed with NumPy from its convolution's output.
+The torch, .pt2 and ONNX paths must agree, and the first layer's numbers are recomputed with NumPy
+from its convolution's output (test_recalibration_population.py holds every layer to a NumPy oracle).
 """
 
 from __future__ import annotations
@@ -62,13 +61,13 @@ def by_torch(source, batches):
     return recalibrate(source, batches)
 
 
-def test_torch_statistics_are_the_cumulative_average_and_nothing_else_moves(source, batches, by_torch):
+def test_torch_statistics_are_the_population_statistics_and_nothing_else_moves(source, batches, by_torch):
     new, report = by_torch
     conv, bn = source.stem[0], new.stem[1]
     with torch.no_grad():
-        inputs = [conv(torch.from_numpy(b)).double().numpy() for b in batches]
-    expected_mean = np.mean([z.mean(axis=(0, 2, 3)) for z in inputs], axis=0)
-    expected_var = np.mean([z.var(axis=(0, 2, 3), ddof=1) for z in inputs], axis=0)
+        z = conv(torch.from_numpy(np.concatenate(batches))).double().numpy()
+    expected_mean = z.mean(axis=(0, 2, 3))
+    expected_var = z.var(axis=(0, 2, 3), ddof=1)  # over all 48 samples together, not an average of per-batch variances
     np.testing.assert_allclose(bn.running_mean.numpy(), expected_mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bn.running_var.numpy(), expected_var, rtol=1e-5)
     assert int(bn.num_batches_tracked) == 3
@@ -126,12 +125,12 @@ def test_pt2_recalibration_updates_only_the_state_dict(source, batches, by_torch
 
 
 def test_a_fixed_batch_program_is_split_at_its_size_and_the_report_says_so_when_another_was_asked(source, batches):
-    """A .pt2 exported with a static batch of 4 takes no other; split at 4 the statistics are torch's cumulative average
-    over batches of 4 (recomputed by torch itself), and the report notes that the 16 asked for was not used."""
+    """A .pt2 exported with a static batch of 4 takes no other; split at 4 its statistics are still those of all the data
+    (the module recalibrated in one batch of 48), and the report notes that the 16 asked for was not used."""
     program = torch.export.export(source, (torch.from_numpy(batches[0][:4]),))
     data = np.concatenate(batches)
     new_program, report = recalibrate(program, data, batch_size=16)
-    expected, _ = recalibrate(source, [data[i:i + 4] for i in range(0, len(data), 4)])
+    expected, _ = recalibrate(source, [data])
     np.testing.assert_allclose(new_program.state_dict["stem.1.running_var"].numpy(), expected.get_buffer("stem.1.running_var").numpy(),
                                rtol=2e-6, atol=1e-7)
     assert report.batches == len(data) // 4
@@ -188,7 +187,7 @@ def _keras_cnn(with_dropout: bool = False):
     return keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
 
 
-def test_keras_statistics_are_the_cumulative_average_and_weights_stay(tmp_path):
+def test_keras_statistics_are_the_population_statistics_and_weights_stay(tmp_path):
     import keras
 
     model = _keras_cnn()
@@ -197,25 +196,32 @@ def test_keras_statistics_are_the_cumulative_average_and_weights_stay(tmp_path):
     before = [w.copy() for w in model.get_weights()]
     new, report = recalibrate(model, batches)
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))  # the input model is untouched
-    # bn1's input is conv1's output: the cumulative average of its batch statistics, checked in NumPy
+    # bn1's input is conv1's output: its statistics over all 18 samples, checked in NumPy
     conv1 = keras.Model(model.input, model.get_layer("conv1").output)
-    outs = [np.asarray(conv1(b), np.float64).reshape(-1, 4) for b in batches]
-    n = outs[0].shape[0]
-    expected_mean = np.mean([o.mean(0) for o in outs], axis=0)
-    expected_var = np.mean([o.var(0) * n / (n - 1) for o in outs], axis=0)
+    out = np.concatenate([np.asarray(conv1(b), np.float64).reshape(-1, 4) for b in batches])
+    n = out.shape[0]
+    expected_mean = out.mean(0)
+    expected_var = out.var(0) * n / (n - 1)
     bn1 = new.get_layer("bn1")
     np.testing.assert_allclose(bn1.moving_mean.numpy(), expected_mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bn1.moving_variance.numpy(), expected_var, rtol=1e-5, atol=1e-6)
-    assert bn1.momentum == model.get_layer("bn1").momentum  # restored
+    assert bn1.momentum == model.get_layer("bn1").momentum  # untouched
     for name in ("conv1", "conv2"):  # weights untouched
         for a, b in zip(new.get_layer(name).get_weights(), model.get_layer(name).get_weights()):
             assert np.array_equal(a, b)
     assert {layer.name for layer in report.layers} == {"bn1", "bn2"} and report.layers[0].max_mean_shift > 0
 
 
-def test_keras_with_dropout_is_refused():
-    with pytest.raises(UnsupportedObjectError, match="stochastic layers"):
-        recalibrate(_keras_cnn(with_dropout=True), [np.zeros((2, 8, 8, 3), np.float32)])
+def test_keras_dropout_stays_off_during_recalibration():
+    """Recalibration reads the layers in eval mode (training=False): a Dropout between two BatchNorms changes nothing."""
+    with_dropout, plain = _keras_cnn(with_dropout=True), _keras_cnn()
+    plain.set_weights(with_dropout.get_weights())
+    batches = [np.random.default_rng(6).normal(0.5, 2.0, (6, 8, 8, 3)).astype(np.float32) for _ in range(2)]
+    first, _ = recalibrate(with_dropout, batches)
+    again, _ = recalibrate(with_dropout, batches)
+    expected, _ = recalibrate(plain, batches)
+    for model in (again, expected):
+        np.testing.assert_array_equal(first.get_layer("bn2").moving_variance.numpy(), model.get_layer("bn2").moving_variance.numpy())
 
 
 @pytest.mark.slow

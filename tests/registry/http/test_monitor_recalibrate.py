@@ -93,9 +93,9 @@ def test_a_kept_sample_recalibrates_into_a_registered_child_that_stops_the_alert
     with np.load(tmp_path / "traffic.npz") as saved:
         np.testing.assert_array_equal(saved["x"], kept.astype(np.float32))
     weight = model.conv1.weight.detach().double().numpy()
-    batches = [_conv_numpy(kept[i:i + BATCH_SIZE], weight) for i in range(0, KEEP, BATCH_SIZE)]
-    expected_mean = np.mean([b.mean(axis=(0, 2, 3)) for b in batches], axis=0)  # PyTorch's cumulative average over batches
-    expected_var = np.mean([b.var(axis=(0, 2, 3), ddof=1) for b in batches], axis=0)  # of the unbiased batch variance
+    inputs = _conv_numpy(kept, weight)
+    expected_mean = inputs.mean(axis=(0, 2, 3))  # the population statistics of all the kept rows, whatever the batch size
+    expected_var = inputs.var(axis=(0, 2, 3), ddof=1)  # unbiased: times n / (n - 1) for the n values per channel in all
     state = recalibrated.state_dict
     np.testing.assert_allclose(state["bn1.running_mean"].double().numpy(), expected_mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(state["bn1.running_var"].double().numpy(), expected_var, rtol=1e-5)
