@@ -32,13 +32,19 @@ OPS = {"LayerNormalization": ("layernormalization", "layer"), "GroupNormalizatio
        "RMSNormalization": ("rmsnormalization", "rms")}
 
 
+OLD_CASE_MODULES = {"batch_normalization": "batchnorm", "instance_normalization": "instancenorm"}
+
+
 def _node_cases():
     """The onnx package's node test cases of the five ops (importing a case module generates them); only LayerNormalization,
     GroupNormalization and RMSNormalization have function bodies, so `_expanded` cases."""
     from onnx.backend.test.case import node
 
     for module in [m for m, _ in OPS.values()] + ["batch_normalization", "instance_normalization"]:
-        importlib.import_module(f"onnx.backend.test.case.node.{module}")
+        try:
+            importlib.import_module(f"onnx.backend.test.case.node.{module}")
+        except ModuleNotFoundError:  # older onnx (1.19) names these two batchnorm and instancenorm
+            importlib.import_module(f"onnx.backend.test.case.node.{OLD_CASE_MODULES[module]}")
     prefixes = ("test_layer_normalization", "test_group_normalization", "test_rms_normalization", "test_batchnorm", "test_instancenorm")
     return {case.name: case for case in node._NodeTestCases if case.name.startswith(prefixes)}
 

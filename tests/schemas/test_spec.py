@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pydantic
 import pytest
 
 from schemas import InputFileError, NormSpec, SpecError, load_spec, save_spec, spec_to_json
@@ -123,6 +124,8 @@ def test_unknown_schema_version_is_refused(tmp_path):
         load_spec(folder)
 
 
+@pytest.mark.skipif(tuple(int(part) for part in pydantic.VERSION.split(".")[:2]) < (2, 11),
+                    reason="the files are written by pydantic >= 2.11; older releases spell a described $ref as allOf (same schema)")
 def test_json_schema_files_are_current():
     """The committed JSON Schema files match the models (run `make schemas` after changing them)."""
     for name, text in schema_documents().items():
