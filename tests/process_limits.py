@@ -47,16 +47,20 @@ def shared_workers() -> dict[int, Path]:
     return found
 
 
+def workers_of(folder: Path) -> list[int]:
+    """The pids of the shared workers whose socket lies under `folder`."""
+    return [pid for pid, socket in shared_workers().items() if socket.is_relative_to(folder)]
+
+
 def stop_workers_under(folder: Path) -> list[int]:
     """SIGKILL the process group of every shared worker whose socket lies under `folder` (its spread child too)."""
     stopped = []
-    for pid, socket in shared_workers().items():
-        if socket.is_relative_to(folder):
-            try:
-                os.killpg(pid, signal.SIGKILL)  # a worker leads its own session (start_new_session)
-            except (ProcessLookupError, PermissionError):
-                continue
-            stopped.append(pid)
+    for pid in workers_of(folder):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # a worker leads its own session (start_new_session)
+        except (ProcessLookupError, PermissionError):
+            continue
+        stopped.append(pid)
     return stopped
 
 

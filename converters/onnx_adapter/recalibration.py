@@ -15,11 +15,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from schemas import InputFileError
-
-from ..model_values import LayerMoments, Movement, first_line, population_statistics
+from ..model_values import LayerMoments, Movement, population_statistics
 from ..recalibration_waves import upstream_layers, waves
-from .statistics import OnnxBatchNorm, _with_outputs, onnx_batchnorms, onnx_constant
+from .statistics import OnnxBatchNorm, _with_outputs, accumulate_outputs, onnx_batchnorms, onnx_constant
 
 
 def _has_subgraph(node) -> bool:
@@ -76,20 +74,7 @@ def _output_names(model, wanted: list[str]) -> list[str]:
 
 
 def _measure(probe, batches: list[tuple[np.ndarray, ...]], outputs: list[str], records: list[LayerMoments]) -> None:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL  # as written, as drift reads it
-    session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    input_names = [i.name for i in session.get_inputs()]
-    for batch in batches:
-        try:
-            values = session.run(outputs, dict(zip(input_names, batch)))
-        except Exception as error:  # onnxruntime's InvalidArgument for a wrong shape or dtype
-            raise InputFileError(f"onnxruntime refused a recalibration batch of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
-        for record, value in zip(records, values):
-            record.add(value, 1)
+    accumulate_outputs(probe, batches, outputs, records, "a recalibration batch")
 
 
 def recalibrate_onnx(model, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[onnx.ModelProto, list[Movement], str]:

@@ -94,29 +94,35 @@ def _with_outputs(model, names: list[str], train: bool):
     return probe
 
 
-def onnx_batchnorm_moments(model, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
-    """BatchNormalization inputs of an ONNX model, as extra graph outputs of a copy run in onnxruntime (graph as written)."""
+def accumulate_outputs(probe, batches: Iterable[Sequence[np.ndarray]], outputs: list[str], records: list[LayerMoments],
+                       what: str) -> None:
+    """Run `probe` in onnxruntime on each batch and add output i to records[i]; `what` names a batch in the refusal."""
     import onnxruntime
 
-    sites = onnx_batchnorms(model)
-    if not sites:
-        return []
-    moments = [LayerMoments(s.name, onnx_constant(model, s.mean_name).astype(np.float64), onnx_constant(model, s.var_name).astype(np.float64), s.eps)
-               for s in sites]
-    probe = _with_outputs(model, [s.input for s in sites], train)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     # As written: with optimizations on, onnxruntime 1.32 miscomputes training_mode=1 BatchNormalization whose statistic outputs are unused.
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     input_names = [i.name for i in session.get_inputs()]
-    output_names = [o.name for o in session.get_outputs()]
-    wanted = [s.input if s.input in output_names else next(n for n in output_names if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
     for batch in batches:
         try:
-            values = session.run(wanted, dict(zip(input_names, batch)))
+            values = session.run(outputs, dict(zip(input_names, batch)))
         except Exception as error:  # onnxruntime's InvalidArgument for a wrong shape or dtype
-            raise InputFileError(f"onnxruntime refused a batch of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
-        for record, value in zip(moments, values):
+            raise InputFileError(f"onnxruntime refused {what} of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
+        for record, value in zip(records, values):
             record.add(value, 1)
+
+
+def onnx_batchnorm_moments(model, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
+    """BatchNormalization inputs of an ONNX model, as extra graph outputs of a copy run in onnxruntime (graph as written)."""
+    sites = onnx_batchnorms(model)
+    if not sites:
+        return []
+    moments = [LayerMoments(s.name, onnx_constant(model, s.mean_name).astype(np.float64), onnx_constant(model, s.var_name).astype(np.float64), s.eps)
+               for s in sites]
+    probe = _with_outputs(model, [s.input for s in sites], train)
+    output_names = [o.name for o in probe.graph.output]
+    wanted = [s.input if s.input in output_names else next(n for n in output_names if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
+    accumulate_outputs(probe, batches, wanted, moments, "a batch")
     return moments

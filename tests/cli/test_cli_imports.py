@@ -22,6 +22,7 @@ import torch
 from registry.service import Registry
 
 from tests.pt2_crafting import genuine_pt2
+from tests.process_limits import workers_of
 
 pytestmark = pytest.mark.slow  # runs the CLI in fresh processes
 
@@ -74,19 +75,6 @@ def test_registering_a_pt2_imports_no_tensorflow_and_still_checks_on_keras(tmp_p
     manifest = Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs")).manifest("net@1")
     [check] = manifest.equivalence
     assert check["passed"] and [o["framework"] for o in check["outputs"]] == ["torch", "keras", "onnx"]
-
-
-def workers_of(folder: Path) -> list[int]:
-    """The shared workers serving `folder` (their command line names its socket)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(folder)) for arg in argv):
-            found.append(int(entry.name))
-    return found
 
 
 def test_with_the_shared_worker_a_pt2_registration_imports_torch_alone_and_the_next_one_finds_it_warm(tmp_path):

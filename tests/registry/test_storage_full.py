@@ -26,6 +26,7 @@ from schemas.errors import StorageFullError
 from tests.cli_run import run_cli
 from tests.http_server import create_token, running_server
 from tests.registry.test_service_scale import bn_onnx_bytes, post_model
+from tests.process_limits import workers_of
 
 pytestmark = [pytest.mark.slow,  # real processes, a real server
               pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the registry's disk needs root")]
@@ -135,19 +136,6 @@ def test_the_library_refuses_a_full_database_then_registers_once_a_filler_is_rem
         filler.unlink()
         assert registry.register("small", model).version.number == 1
         registry.meta.close()
-
-
-def workers_of(folder: Path) -> list[int]:
-    """The shared workers serving `folder` (their command line names its socket)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(folder)) for arg in argv):
-            found.append(int(entry.name))
-    return found
 
 
 def written_bytes(pid: int) -> int:
