@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from schemas import UnsupportedObjectError
@@ -304,8 +304,32 @@ def plain_graphs() -> Iterator[None]:
         ctx.function_call_options = current
 
 
+# -- tf2onnx: the conversion of a traced Keras model ----------------------------------------------------------------------
+
+def converted_with_optimizers(frozen: Any, optimizers: Callable[[dict], dict], public: Callable[[], Any], **options: Any) -> Any:
+    """tf2onnx's conversion of a frozen graph with its default optimizers passed through `optimizers` (tf2onnx's
+    `tf2onnx.optimizer._get_optimizers()` and `tf2onnx.convert._convert_common`, the steps `tf2onnx.convert.from_function`
+    takes, which accepts no optimizers); on failure to reach or call those, `public()`: `from_function`'s own path, the same
+    graph with tf2onnx's own optimizer loop (more memory at its peak on large models: see tf2onnx_export)."""
+    try:
+        from tf2onnx import convert, optimizer
+
+        default = optimizer._get_optimizers()  # noqa: SLF001
+        convert_common = convert._convert_common  # noqa: SLF001
+        chosen = optimizers(default)
+    except Exception as error:
+        fell_back("tf2onnx's conversion with normbridge's optimizer loop", error)
+        return public()
+    try:
+        model_proto, _ = convert_common(frozen, optimizers=chosen, **options)
+    except TypeError as error:  # a tf2onnx whose _convert_common takes other arguments
+        fell_back("tf2onnx's conversion with normbridge's optimizer loop", error)
+        return public()
+    return model_proto
+
+
 __all__ = [
-    "all_layers", "autocasts", "called_flat", "has_sublayers", "inputs_structure", "object_sharing_scope", "plain_convolutions",
+    "all_layers", "autocasts", "called_flat", "converted_with_optimizers", "has_sublayers", "inputs_structure", "object_sharing_scope", "plain_convolutions",
     "plain_graphs", "plain_graphs_available", "producing_layer", "public_layers", "set_uninitialized_variables", "sublayers",
     "uninitialized_variables",
 ]

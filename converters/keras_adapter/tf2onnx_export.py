@@ -36,7 +36,7 @@ from schemas import UnsupportedObjectError
 
 from ..model_values import first_line
 from .inputs import pack_inputs
-from .keras_internals import plain_convolutions
+from .keras_internals import converted_with_optimizers, plain_convolutions
 from .runtime import import_keras
 
 
@@ -64,11 +64,9 @@ def _collecting(factory):
     return make
 
 
-def _collecting_optimizers() -> dict:
+def _collecting_optimizers(default: dict) -> dict:
     """tf2onnx's default optimizers, in its order, each collecting the garbage of the one before."""
-    from tf2onnx import optimizer
-
-    return OrderedDict((name, _collecting(factory)) for name, factory in optimizer._get_optimizers().items())
+    return OrderedDict((name, _collecting(factory)) for name, factory in default.items())
 
 
 def _signature(model: Any) -> list:
@@ -98,20 +96,23 @@ def _inline_captures(model_proto, captured: dict[str, np.ndarray]):
     return model_proto
 
 
-def _convert(concrete, opset: int):
-    """tf2onnx.convert.from_function's steps on a traced function, with `_collecting_optimizers` (from_function takes no optimizers)."""
+def _convert(serve, signature: list, concrete, opset: int):
+    """tf2onnx.convert.from_function's steps on a traced function, with `_collecting_optimizers` (from_function takes no
+    optimizers; keras_internals.converted_with_optimizers falls back to it)."""
     import tensorflow as tf
     from tf2onnx import convert, tf_loader
+
+    def public():
+        return convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)[0]
 
     input_names = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
     output_names = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
     renamed = convert.tensor_names_from_structed(concrete, input_names, output_names)
     with tf.device("/cpu:0"):
         frozen = tf_loader.from_function(concrete, input_names, output_names)
-        model_proto, _ = convert._convert_common(frozen, name=concrete.name, continue_on_error=True, opset=opset, custom_op_handlers=CUSTOM_OPS,
-                                                 input_names=input_names, output_names=output_names, tensors_to_rename=renamed,
-                                                 optimizers=_collecting_optimizers())
-    return model_proto
+        return converted_with_optimizers(frozen, _collecting_optimizers, public, name=concrete.name, continue_on_error=True,
+                                         opset=opset, custom_op_handlers=CUSTOM_OPS, input_names=input_names,
+                                         output_names=output_names, tensors_to_rename=renamed)
 
 
 def export_model(model: Any, opset: int):
@@ -128,7 +129,7 @@ def export_model(model: Any, opset: int):
     try:
         with plain_convolutions(_TRACE_LOCK):  # Keras's TF conv without its XLA wrapper for grouped convolutions
             concrete = serve.get_concrete_function(*signature)
-            model_proto = _convert(concrete, opset)
+            model_proto = _convert(serve, signature, concrete, opset)
     except Exception as error:
         raise UnsupportedObjectError(f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)}).") from error
     captured = {}

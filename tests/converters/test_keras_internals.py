@@ -228,6 +228,39 @@ def test_without_plain_graphs_keras_layers_run_eagerly(monkeypatch):
 
 
 #: Each access of keras_internals and the test above that runs it on this Keras.
+def _exported(model):
+    from converters.keras_adapter.tf2onnx_export import export_model
+
+    proto = export_model(model, 18)  # node names carry tf2onnx's process-wide counter: compared without them
+    return [n.op_type for n in proto.graph.node], sorted(i.raw_data for i in proto.graph.initializer)
+
+
+def test_tf2onnx_without_the_optimizers_argument_writes_the_same_graph(monkeypatch):
+    """The export's optimizer loop that frees each graph copy (tf2onnx_export) passes its optimizers to tf2onnx's private
+    `_convert_common`; a tf2onnx whose `_convert_common` takes no such argument gets `tf2onnx.convert.from_function`'s
+    own path, which writes the same graph."""
+    import tf2onnx.convert
+
+    model = functional()
+    fast = _exported(model)
+    original = tf2onnx.convert._convert_common
+
+    def without_optimizers(*args, optimizers=None, **kwargs):
+        if optimizers is not None:
+            raise TypeError("_convert_common() got an unexpected keyword argument 'optimizers'")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf2onnx.convert, "_convert_common", without_optimizers)
+    assert _exported(model) == fast
+
+
+def test_tf2onnx_optimizers_of_another_shape_take_the_public_path():
+    def unreadable(default):
+        raise AttributeError("'list' object has no attribute 'items'")  # a tf2onnx returning its optimizers otherwise
+
+    assert internals.converted_with_optimizers(object(), unreadable, lambda: "public path") == "public path"
+
+
 ACCESSES = {
     "all_layers": test_the_public_walk_finds_the_layers_keras_s_own_walk_finds,
     "public_layers": test_the_public_walk_finds_the_layers_keras_s_own_walk_finds,
@@ -241,6 +274,7 @@ ACCESSES = {
     "object_sharing_scope": test_the_variable_counting_accesses,
     "plain_convolutions": test_plain_convolutions_replace_keras_s_conv_and_fall_back_to_it,
     "called_flat": test_the_flat_call_and_its_fallback_give_the_function_s_own_result,
+    "converted_with_optimizers": test_tf2onnx_without_the_optimizers_argument_writes_the_same_graph,
     "plain_graphs": test_plain_graphs_set_the_call_options_for_the_block_only,
     "plain_graphs_available": test_without_plain_graphs_keras_layers_run_eagerly,
 }
@@ -248,3 +282,4 @@ ACCESSES = {
 
 def test_every_access_has_a_test():
     assert set(internals.__all__) == set(ACCESSES)
+
