@@ -4,7 +4,7 @@ Each measurement is a fresh Python process (imports included), timed from start 
 `repeat` runs. Stores are created before the clock starts (a user registers into a registry that
 exists), and each run gets its own copy of the empty store, so no run finds its model already there.
 A registration's gate runs the legs its process has not imported in the shared worker
-(converters/shared_worker.py), which is not the CLI's child: `SharedWorkers` adds the CPU it spent
+(converters/gate/shared_worker.py), which is not the CLI's child: `SharedWorkers` adds the CPU it spent
 during the run to the CLI's, and times runs with no worker alive (the first registration on a
 machine, or after the idle timeout) apart from runs that find it warm (every later one).
 """
@@ -84,7 +84,7 @@ class SharedWorkers:
 
     def cpu(self) -> dict[int, float]:
         """{pid: CPU seconds so far} of the live workers serving this folder and of their children (the second process
-        their gate spreads legs to: converters/split_check.py spread_legs), read from /proc."""
+        their gate spreads legs to: converters/gate/split_check.py, `spread`), read from /proc."""
         workers, others, tick = {}, {}, os.sysconf("SC_CLK_TCK")
         for entry in Path("/proc").iterdir():
             try:
@@ -93,9 +93,9 @@ class SharedWorkers:
                 seconds, parent = (int(fields[11]) + int(fields[12])) / tick, int(fields[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if b"converters.shared_worker" in argv and any(arg.startswith(os.fsencode(self.folder)) for arg in argv):
+            if b"converters.gate.shared_worker" in argv and any(arg.startswith(os.fsencode(self.folder)) for arg in argv):
                 workers[int(entry.name)] = seconds
-            elif b"converters.leg_worker" in argv:
+            elif b"converters.gate.check_worker" in argv:
                 others[int(entry.name)] = (parent, seconds)
         children = {pid: seconds for pid, (parent, seconds) in others.items() if parent in workers}
         return {**workers, **children}

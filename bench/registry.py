@@ -93,7 +93,7 @@ def gate_cpu_per_normalizer(big: Path, small: Path, rounds: int = 3) -> tuple[in
     time): (CPU on `big` minus CPU on `small`) / the difference in normalizers, every leg in this process (torch, keras,
     onnx), the least of `rounds` runs each, after a first run that pays the imports and first-call costs."""
     from converters import check
-    from converters.split_check import SplitCheck
+    from converters.gate.split_check import SplitCheck
     from registry.artifact import extract_artifact
 
     specs = {path: list(extract_artifact(path).specs) for path in (big, small)}
@@ -135,7 +135,7 @@ def reading_per_normalizer(big: Path, small: Path, extra: int, rounds: int = 3) 
     """(torch.export.load, normbridge's reader) ms per normalizer: (least time of `big` minus least of `small`) / `extra`, warm,
     in this process. What any tool pays to hold the bigger program before it can look at it (torch.export.load unpickles the
     sample inputs: fine for these files, which this run wrote)."""
-    from converters.torch_adapter.pt2_archive import load_exported_program
+    from converters.torch_adapter.pt2.archive import load_exported_program
 
     least = {}
     for way, load in (("torch", lambda path: torch.export.load(str(path))), ("normbridge", load_exported_program)):

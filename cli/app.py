@@ -100,4 +100,8 @@ def global_options(
     framework_noise.configure(verbose)
     os.environ.setdefault("NORMBRIDGE_LEAN_IMPORTS", "1")  # Keras without scikit-learn, matplotlib, pandas (converters/lean_imports.py)
     fit_console_to_terminal()
+    if token and not server:  # a token means a server was meant: never open the local registry with it
+        raise typer.BadParameter("a token is for a `normbridge serve` server, and no server is given; pass --server URL (or set "
+                                 "NORMBRIDGE_SERVER) too, or drop --token / NORMBRIDGE_TOKEN to use the local registry.",
+                                 param_hint="--token")
     remote.set_options(server, token)

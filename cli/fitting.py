@@ -11,7 +11,7 @@ only thing ever folded; `--json` always has every value whole.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -118,19 +118,54 @@ def _default(console: Console | None) -> Console:
     return app_console
 
 
-def print_table(table: Table, console: Console | None = None) -> None:
-    """Print `table` to fit the console: columns when every word fits whole, else one block per row. The title goes first."""
-    console = _default(console)
+def _fitted_any(console: Console, table: Table) -> Table | None:
+    """`table` fitted as it is, or compacted (narrower gaps), or None when no form fits as columns."""
+    return (fitted_table(console, table) or fitted_table(console, _compact(table, 1))
+            or fitted_table(console, _compact(table, 0)))
+
+
+def _print_titled(console: Console, table: Table, fitted: Table | None) -> None:
     title = table.title
     table.title = None
     if title:
         say(str(title), style="bold", console=console)
-    fitted = fitted_table(console, table) or fitted_table(console, _compact(table, 1)) or fitted_table(console, _compact(table, 0))
     if fitted is not None:
+        fitted.title = None
         console.print(fitted)
         return
     for block in _stacked_rows(console, table):
         console.print(block)
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    """Print `table` to fit the console: columns when every word fits whole, else one block per row. The title goes first."""
+    console = _default(console)
+    title = table.title
+    table.title = None  # measured without it, as printed
+    fitted = _fitted_any(console, table)
+    table.title = title
+    _print_titled(console, table, fitted)
+
+
+def print_narrowing_table(tables: Iterable[Table], console: Console | None = None) -> None:
+    """Print the first of `tables` that fits as columns, else the last one as `print_table` does.
+
+    The tables hold the same rows with long names cut shorter and shorter (schemas/labels.py): a table with
+    shortened names reads better than one block of lines per row, which long transformers paths forced.
+    """
+    console = _default(console)
+    last = None
+    for table in tables:
+        last = table
+        title = table.title
+        table.title = None
+        fitted = _fitted_any(console, table)
+        table.title = title
+        if fitted is not None:
+            _print_titled(console, table, fitted)
+            return
+    if last is not None:
+        _print_titled(console, last, None)
 
 
 def wrapped_lines(text: str, width: int) -> list[str]:
@@ -171,4 +206,4 @@ def say_marked(prefix: str, text: str, console: Console | None = None) -> None:
     console.print(line, highlight=False, overflow="fold")
 
 
-__all__: Sequence[str] = ["clipped", "fitted_table", "print_table", "say", "say_marked", "wrapped_lines"]
+__all__: Sequence[str] = ["clipped", "fitted_table", "print_narrowing_table", "print_table", "say", "say_marked", "wrapped_lines"]

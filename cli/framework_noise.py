@@ -18,6 +18,8 @@ by the commands and are untouched. Each kind of noise is silenced where it comes
   it loads, and absl installs its own logger class, so neither can be set before).
 * FutureWarning, DeprecationWarning and PendingDeprecationWarning are ignored: they address the
   frameworks' API callers (normbridge's developers), never a model.
+* MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false (unless the user set it): MLflow's tqdm bars ("Downloading
+  artifacts") filled `normbridge mlflow import|push` output; MLflow reads the variable at each transfer.
 
 `--verbose` (or NORMBRIDGE_VERBOSE=1) installs none of it and sets TF_CPP_MIN_LOG_LEVEL=0 when unset
 (the Keras adapter would otherwise default it to 2), so every framework line comes back.
@@ -52,6 +54,8 @@ QUIET_LOGGERS = ("tf2onnx", "onnxscript", "tensorflow")
 QUIET_AFTER_IMPORT = {"torch": ("torch.onnx", "torch._export", "torch.export"), "tensorflow": ("absl",)}
 FRAMEWORK_WARNINGS = (FutureWarning, DeprecationWarning, PendingDeprecationWarning)
 VERBOSE_ENV = "NORMBRIDGE_VERBOSE"
+#: MLflow's switch for its artifact transfer progress bars.
+MLFLOW_PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 def configure(verbose: bool) -> None:
@@ -60,6 +64,7 @@ def configure(verbose: bool) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault(MLFLOW_PROGRESS_ENV, "false")
     for category in FRAMEWORK_WARNINGS:
         warnings.filterwarnings("ignore", category=category)
     for name in QUIET_LOGGERS:
@@ -180,4 +185,4 @@ def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int] = os.wri
         data = data[write(fd, data):]
 
 
-__all__ = ["STARTUP_NOISE", "VERBOSE_ENV", "configure", "without_startup_noise"]
+__all__ = ["MLFLOW_PROGRESS_ENV", "STARTUP_NOISE", "VERBOSE_ENV", "configure", "without_startup_noise"]

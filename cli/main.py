@@ -51,12 +51,35 @@ def main() -> None:
     finished: list = []
     atexit.register(_leave, finished)  # registered before anything the command imports: it runs last
     signal.signal(signal.SIGTERM, _terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
     except SystemExit as stop:
+        if _INTERRUPTED and stop.code == 130:  # Typer ends a KeyboardInterrupt with 130 and prints nothing
+            sys.stderr.write(interrupted_message(sys.argv[1:]) + "\n")
         finished.append(stop.code)
         raise
     finished.append(0)
+
+
+_INTERRUPTED: list = []
+
+
+def _interrupt(signum: int, frame) -> None:
+    """Ctrl-C: remembered (so the exit can say what stopped), then Python's own KeyboardInterrupt."""
+    _INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
+
+
+def interrupted_message(args: list[str]) -> str:
+    """What a Ctrl-C stopped, and what it left: every file and registry write of normbridge appears whole or not at all."""
+    commands = {command.name or command.callback.__name__ for command in app.registered_commands}
+    commands |= {group.name for group in app.registered_groups if group.name}
+    command = next((arg for arg in args if arg in commands), None)
+    what = f"`normbridge {command}`" if command else "normbridge"
+    return (f"interrupted: {what} stopped before it finished (Ctrl-C); nothing is half written: a file or registry "
+            "version it was writing appears whole or not at all.")
 
 
 def _terminated(signum: int, frame) -> None:

@@ -26,19 +26,16 @@ def _registry(db: str | None, blobs: str | None, quiet: bool = False, gate_for: 
     client = remote.remote_registry(db, blobs, quiet=quiet)
     if client is not None:
         return client
-    from converters.split_check import SplitCheck, expected_framework, share_workers
-    from registry.settings import gate_worker
-    from registry.worker_jobs import JOBS_MODULE
+    from registry.worker_jobs import cli_gate
 
-    folder, idle = gate_worker() or (None, 0)
-    # A CLI process is short-lived: the gate's legs it has not imported go to the warm shared worker, which also runs the
-    # next registration whole (registry/worker_jobs.py).
-    share_workers(folder, idle, jobs=JOBS_MODULE)
+    # A CLI process is short-lived: the checks of frameworks it has not imported go to the warm shared worker, which also
+    # runs the next registration whole (registry/worker_jobs.py).
+    gate = cli_gate()
     if gate_for is not None:
-        SplitCheck(expected_framework(gate_for))  # the registration's own SplitCheck finds this worker
+        gate.expect(gate_for)  # the registration's gate finds this worker
     from registry.service import Registry
 
-    return Registry(db=db, blobs=blobs)
+    return Registry(db=db, blobs=blobs, gate=gate)
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from .fitting import say, say_marked
+from schemas.hazard_groups import elided_layers, group_hazard_dicts
+
+from .fitting import say_marked
+from .hazard_text import say_hazard_groups
 
 
 def blocking_text(record) -> str:
-    """'train_mode at bn1, bn2; never_trained at bn3': the hazards that make a version not servable, by code."""
+    """'train_mode at bn1, bn2; never_trained at bn3': the hazards that make a version not servable, by code (a long
+    list of layers elided: 'bn1, bn2, bn3 and 56 more')."""
     layers: dict[str, list[str]] = {}
     for hazard in record.hazards:
         if hazard.get("blocking"):
             layers.setdefault(hazard["code"], []).append(hazard.get("layer") or "(model)")
-    return "; ".join(f"{code} at {', '.join(where)}" for code, where in layers.items())
+    return "; ".join(f"{code} at {elided_layers(list(dict.fromkeys(where)))}" for code, where in layers.items())
 
 
 def servable_cell(record) -> str:
@@ -36,9 +40,7 @@ def say_verdict(record) -> None:
         say_marked("[green]servable[/]: ", "no hazard blocks serving")
     else:
         say_marked("[bold red]not servable[/]: ", blocking_text(record))
-    for hazard in record.hazards:
-        where = hazard.get("layer") or "(model)"
-        say(f"  {'BLOCKS ' if hazard.get('blocking') else ''}{hazard['severity']} {hazard['code']} at {where}: {hazard['message']}")
+    say_hazard_groups(group_hazard_dicts(record.hazards), mark_blocking=True, indent="  ")
 
 
 __all__ = ["blocking_text", "say_registered_verdict", "say_verdict", "servable_cell"]

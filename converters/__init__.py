@@ -18,7 +18,7 @@ from importlib import import_module
 
 from .api import convert, convert_with_report, from_spec, last_report, to_spec
 from .equivalence import check
-from .grouped_check import check_many
+from .gate.grouped_check import check_many
 from .layer_files import write_layer
 from .options import ConversionOptions
 from .adapters import REGISTRY

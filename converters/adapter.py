@@ -119,7 +119,7 @@ class FrameworkAdapter(abc.ABC):
     def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         """Eval-mode output of `obj` on `x` (in the object's own layout), without changing its state.
 
-        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/group_bench.py), so no copy is made.
+        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/gate/group_objects.py), so no copy is made.
         """
 
     @abc.abstractmethod
@@ -134,7 +134,7 @@ class FrameworkAdapter(abc.ABC):
     def kept_runs(self, obj: Any) -> Any:
         """An object whose `run_eval(x)` and `run_train_step(x)` give what `run_eval(obj, x, in_place=True)` and
         `run_train_step(obj, x, in_place=True)` give, bit for bit, at less cost to a caller that runs `obj` again and again
-        with its state changed in between (check_many's bench); None where running `obj` directly costs no more. It also has
+        with its state changed in between (check_many's GroupObjects); None where running `obj` directly costs no more. It also has
         `run_eval_and_train_step(x)` (both, from one state) and `run_with_next_write(x)` (the next write runs both on `x`
         and hands them over): keras_adapter/traced.TracedCalls."""
         return None

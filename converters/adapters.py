@@ -2,10 +2,12 @@
 
 Framework packages are listed here explicitly and imported on first use, so that
 converting a PyTorch layer to ONNX never pays for importing TensorFlow. Each package
-declares `FRAMEWORK` (a FrameworkAdapter), `KIND_ADAPTERS` (kind -> KindAdapter class, one
+declares `INFO` (its `FrameworkInfo`, read without importing the framework: every per-framework table is built from
+these, `infos()`), `FRAMEWORK` (a FrameworkAdapter), `KIND_ADAPTERS` (kind -> KindAdapter class, one
 module per kind, `adapter.kind_adapters`) and `MODEL` (a ModelAdapter, read only when a
 whole-model tool asks for it); registering a pair twice raises, and asking for a missing one
-lists what is available.
+lists what is available. `register_framework(info)` adds a framework at run time (and `remove_framework` takes it
+out again), so a new framework is a new package, not an edit here.
 """
 
 from __future__ import annotations
@@ -13,27 +15,33 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from types import ModuleType
 from typing import Any
 
-from schemas import AdapterNotFoundError, DuplicateAdapterError, InputFileError, UnsupportedObjectError
+from schemas import AdapterNotFoundError, DuplicateAdapterError, InputFileError, NotExpressibleError, UnsupportedObjectError
+from schemas import vocabulary
+from schemas.kinds import KIND_INFO, register_kind, remove_kind
 
+from . import reference
 from .adapter import FrameworkAdapter, KindAdapter, owning_framework
+from .framework_info import FrameworkInfo
 from .model_adapter import ModelAdapter
 
-#: framework name -> package holding FRAMEWORK, KIND_ADAPTERS and MODEL. The name is also the
-#: top-level package the framework's own objects come from (that is how an object's owner is told).
+#: framework name -> package holding INFO, FRAMEWORK, KIND_ADAPTERS and MODEL: the stock frameworks, in the order
+#: `check` runs them. The name is also the top-level package the framework's own objects come from (that is how an
+#: object's owner is told).
 FRAMEWORK_PACKAGES: dict[str, str] = {
     "torch": "converters.torch_adapter",
     "keras": "converters.keras_adapter",
     "onnx": "converters.onnx_adapter",
 }
 
-#: Model file suffix -> (framework whose ModelAdapter loads it, the format as named in messages).
-MODEL_FILES: dict[str, tuple[str, str]] = {
-    ".pt2": ("torch", ".pt2 (torch.export)"),
-    ".keras": ("keras", ".keras"),
-    ".onnx": ("onnx", ".onnx"),
-}
+
+def __getattr__(name: str):
+    # MODEL_FILES is built from the registered frameworks' INFO when first asked (each package is then imported).
+    if name == "MODEL_FILES":
+        return REGISTRY.model_files()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def imported(framework: str) -> bool:
@@ -53,6 +61,43 @@ class AdapterRegistry:
         self._loaded: set[str] = set()  # frameworks _load has loaded whole (its framework and kind adapters added)
 
     # -- registration ------------------------------------------------------------------
+
+    def register_framework(self, info: FrameworkInfo) -> None:
+        """Add the framework `info` declares (its package holds INFO, FRAMEWORK, KIND_ADAPTERS and MODEL); it is
+        asked after the ones registered before it. A name registered already raises."""
+        with self._lock:
+            if info.name in self._packages:
+                raise DuplicateAdapterError(f"framework '{info.name}' is already registered ({self._packages[info.name]}).")
+            self._packages[info.name] = info.package
+            vocabulary.add_framework(info.name)  # specs read from it name it as their source
+
+    def remove_framework(self, name: str) -> None:
+        """Take framework `name` and every adapter of it out of the registry (a test restores the registry with it)."""
+        with self._lock:
+            self._packages.pop(name, None)
+            vocabulary.remove_framework(name)
+            self._frameworks.pop(name, None)
+            self._models.pop(name, None)
+            self._loaded.discard(name)
+            for key in [key for key in self._kinds if key[0] == name]:
+                del self._kinds[key]
+
+    def add_kind(self, rules: ModuleType, oracle: ModuleType) -> None:
+        """Add a kind at run time: `rules` is its spec module (INFO, a KindInfo, and validate, as schemas/kinds/<kind>.py),
+        `oracle` its NumPy reference (forward, and batch_moments with running statistics, as converters/reference/<kind>.py).
+        Each framework registered afterwards finds its `<package>.<kind>` adapter module; one without it refuses the kind
+        (NotExpressibleError). A kind known already raises."""
+        with self._lock:
+            register_kind(rules)
+            reference.register_kind(rules.INFO.kind, oracle)
+
+    def remove_kind(self, kind: str) -> None:
+        """Take a kind added by `add_kind` out again, with every adapter of it (a test restores the registry with it)."""
+        with self._lock:
+            for key in [key for key in self._kinds if key[1] == kind]:
+                del self._kinds[key]
+            reference.remove_kind(kind)
+            remove_kind(kind)
 
     def add_framework(self, adapter: FrameworkAdapter) -> None:
         with self._lock:
@@ -107,6 +152,27 @@ class AdapterRegistry:
         """The registered frameworks, in registration order (the order `check` runs them)."""
         return list(self._packages)
 
+    def info(self, name: str) -> FrameworkInfo:
+        """The facts framework `name`'s package declares (its INFO; the framework itself is not imported)."""
+        info = getattr(self._package(name), "INFO", None)
+        if not isinstance(info, FrameworkInfo) or info.name != name:
+            raise AdapterNotFoundError(f"framework '{name}' declares no FrameworkInfo ({self._packages[name]}.INFO is a "
+                                       f"{type(info).__name__}, expected one named '{name}').")
+        return info
+
+    def infos(self) -> list[FrameworkInfo]:
+        """Every registered framework's facts, in registration order: what per-framework tables are built from."""
+        return [self.info(name) for name in list(self._packages)]
+
+    def model_files(self) -> dict[str, tuple[str, str]]:
+        """Model file suffix -> (framework whose ModelAdapter loads it, the format as named in messages)."""
+        return {suffix: (info.name, described) for info in self.infos() for suffix, described in info.model_files.items()}
+
+    def structure_suffixes(self) -> dict[str, str]:
+        """Structure format -> its file suffix (what `pull` writes and an upload is saved as), for every framework whose
+        models the registry stores."""
+        return {info.structure_format: info.structure_suffix for info in self.infos() if info.structure_format is not None}
+
     def framework(self, name: str) -> FrameworkAdapter:
         self._load(name)
         return self._frameworks[name]
@@ -116,12 +182,17 @@ class AdapterRegistry:
         for name in names:
             self.framework(name).version()
 
-    def get(self, framework: str, kind: str) -> KindAdapter:
-        """The adapter for (framework, kind), or an error listing the registered pairs."""
+    def get(self, framework: str, kind: str, layer: str = "?") -> KindAdapter:
+        """The adapter for (framework, kind); NotExpressibleError naming the kind (for `layer`) when the framework has
+        none for a known kind, or an error listing the registered pairs."""
         self._load(framework)
         try:
             return self._kinds[(framework, kind)]
         except KeyError:
+            if kind in KIND_INFO and framework in self._packages:  # a kind the framework has no adapter for: it cannot hold it
+                raise NotExpressibleError(
+                    f"{framework} has no {kind} layer: no adapter of {self._packages[framework]} converts kind '{kind}' "
+                    f"({KIND_INFO[kind].summary}).", layer=layer, setting="kind", target=framework) from None
             available = ", ".join(f"{f}/{k}" for f, k in sorted(self._kinds))
             raise AdapterNotFoundError(
                 f"no adapter converts kind '{kind}' for framework '{framework}'; currently registered pairs are {available}."

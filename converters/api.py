@@ -72,11 +72,11 @@ def write_spec(
     """from_spec plus its layer report.
 
     `build(adapter, spec, options, report)` stands in for `adapter.from_spec(spec, options, report)` on the spec it would get:
-    check_many (converters/grouped_check.py) passes one that builds a layer once per configuration and gives it each state.
+    check_many (converters/gate/grouped_check.py) passes one that builds a layer once per configuration and gives it each state.
     """
     layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
     layer_report.target_framework = to
-    adapter = registry.get(to, spec.kind)
+    adapter = registry.get(to, spec.kind, spec.name)
     restored = restored_layer(spec, to, options, layer_report, registry)
     if restored is not None:
         return restored, layer_report
@@ -110,7 +110,7 @@ def restored_layer(spec: NormSpec, to: str, options: ConversionOptions, report: 
 def target_spec_of(spec: NormSpec, to: str, registry: AdapterRegistry = REGISTRY) -> NormSpec:
     """The spec `write_spec(spec, to)` builds its layer for: `spec` with what the target holds no attribute for expressed in
     what it does (expressing.stock_spec). A layer read back from the target should equal it."""
-    return stock_spec(spec, registry.get(to, spec.kind).holds)
+    return stock_spec(spec, registry.get(to, spec.kind, spec.name).holds)
 
 
 def with_input_rank(spec: NormSpec, options: ConversionOptions) -> NormSpec:

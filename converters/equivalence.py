@@ -18,8 +18,9 @@ from schemas import CheckResult, NormSpec, NormbridgeError, NotExpressibleError,
 from schemas.floats import as_float32
 from schemas.tensors import tensors_identical
 
-from . import reference, round_trips
+from . import reference
 from .api import read_spec, target_spec_of, write_spec
+from .gate import round_trips
 from .layout import from_channels_first, to_channels_first
 from .options import ConversionOptions
 from .probe import probe_input
@@ -88,10 +89,10 @@ def _runtime_unavailable(error: Exception) -> bool:
 
 
 def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, x_cf: np.ndarray, dtype: str,
-                         source: Callable[[], reference.TrainStep], bench: "Bench") -> StatsComparison:
+                         source: Callable[[], reference.TrainStep], objects: "CheckObjects") -> StatsComparison:
     """`source()` is reference.train_step(spec, x_cf): the same for every target, so check() computes it at most once."""
     x = from_channels_first(x_cf, target_spec.layout)
-    y, mean, var = bench.run_train_step(framework, obj, x)
+    y, mean, var = objects.run_train_step(framework, obj, x)
     # The reference is a function of the spec's settings and tensors: a target read back with the source's own (the torch
     # target of a torch layer) predicts the source's step, computed once.
     expected = None if _computes_as(target_spec, spec) else reference.train_step(target_spec, x_cf)
@@ -147,14 +148,14 @@ def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expe
 
 
 def _back_to_source(spec: NormSpec, target_spec: NormSpec, source: str, options: ConversionOptions,
-                    bench: "Bench") -> tuple[NormSpec, NormSpec | None]:
+                    objects: "CheckObjects") -> tuple[NormSpec, NormSpec | None]:
     """(the spec read back after converting `target_spec` to the source framework, the spec it must equal or None for the
     expressed one). Into the stock class first; where no stock class holds the layer (a channels-first LayerNorm in torch),
     into the class the source was read from, rebuilt with the source's provenance (torch_adapter/restoring.py): then the
     round trip must give the source spec itself."""
-    registry = bench.registry
+    registry = objects.registry
     try:
-        return bench.read(bench.write_back(target_spec, source, options)), None
+        return objects.read(objects.write_back(target_spec, source, options)), None
     except NotExpressibleError as refused:
         if not spec.source.module_class:
             raise
@@ -163,7 +164,7 @@ def _back_to_source(spec: NormSpec, target_spec: NormSpec, source: str, options:
             raise NotExpressibleError(f"no stock {source} class holds {refused.setting}, and its own class "
                                       f"{spec.source.module_class} was not rebuilt: {how}", layer=spec.name,
                                       setting=refused.setting or "class", target=source) from refused
-        return bench.read(layer), spec
+        return objects.read(layer), spec
 
 
 def round_trip_options(spec: NormSpec, options: ConversionOptions) -> ConversionOptions:
@@ -175,54 +176,29 @@ def round_trip_options(spec: NormSpec, options: ConversionOptions) -> Conversion
 
 
 def round_trip_differences(spec: NormSpec, target_spec: NormSpec, expressed: NormSpec, options: ConversionOptions,
-                           bench: "Bench") -> list[str]:
+                           objects: "CheckObjects") -> list[str]:
     """How the layer read from a target (`target_spec`), written back to the source framework and read again, differs from
     the spec it must equal (`expressed`, or the source spec itself where the source class was rebuilt). `options`: the
     target's. Raises NotExpressibleError where the source framework cannot hold it."""
-    back_spec, home = _back_to_source(spec, target_spec, spec.source.framework, round_trip_options(spec, options), bench)
+    back_spec, home = _back_to_source(spec, target_spec, spec.source.framework, round_trip_options(spec, options), objects)
     return [str(d) for d in spec_differences(home or expressed, back_spec, ignore=ROUND_TRIP_IGNORED)]
-
-
-def finish_round_trips(spec: NormSpec, checked: round_trips.Checked, registry: AdapterRegistry, bench: "Bench") -> CheckResult:
-    """A worker's result whose round trips it left to this process (converters/round_trips.py), completed here as
-    `_check_target` would have: each round trip run with `bench` (layers built as `check`'s) and its outcome put where
-    `check` puts it. Raises what the round trip raises when it is not a NormbridgeError, as `check` does."""
-    result = checked.result
-    options = target_options(ConversionOptions())  # the options a worker's legs are checked with
-    for trip in checked.round_trips:
-        entry = next(e for e in result.targets if e.framework == trip.target)
-        try:
-            entry.round_trip_differences = round_trip_differences(spec, trip.target_spec, trip.expressed, options, bench)
-        except NormbridgeError as error:  # as check_target: the target failed there, before its eval and training step
-            result.outputs = [o for o in result.outputs if o.framework != trip.target]
-            result.training_step = [s for s in result.training_step if s.framework != trip.target]
-            del entry.warnings[trip.warnings:]
-            entry.status, entry.reason = "failed", str(error)
-            result.errors = [line for line in result.errors if line.split(":", 1)[0] != trip.target] + [f"{trip.target}: {error}"]
-            continue
-        if trip.reached_end and entry.round_trip_differences:
-            entry.status = "failed"
-    rank = {name: i for i, name in enumerate(registry.framework_names)}
-    result.errors.sort(key=lambda line: rank.get(line.split(":", 1)[0], len(rank)))  # in target order, as check writes them
-    result.passed = verdict(result)
-    return result
 
 
 def _check_target(
     spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
-    source_step: Callable[[], reference.TrainStep], bench: "Bench",
+    source_step: Callable[[], reference.TrainStep], objects: "CheckObjects",
 ) -> None:
-    registry = bench.registry
+    registry = objects.registry
     framework = registry.framework(target)
     options = target_options(options)
     try:
-        obj, layer_report = bench.write(spec, target, options)
+        obj, layer_report = objects.write(spec, target, options)
     except NotExpressibleError as error:
         result.targets.append(TargetCheck(framework=target, status="not_expressible", reason=str(error)))
         return
     entry = TargetCheck(framework=target, status="passed", warnings=list(layer_report.warnings))
     result.targets.append(entry)
-    target_spec = bench.read(obj)
+    target_spec = objects.read(obj)
     # A setting the target has no attribute for may be expressed in one it has (a scale offset folded into the scale):
     # the layer read back is compared with that, and its outputs, below, with the source spec's reference.
     expressed = target_spec_of(spec, target, registry)
@@ -232,9 +208,9 @@ def _check_target(
     if source in registry.framework_names:
         deferred = round_trips.hold(result, entry, target_spec, expressed)  # a worker leaves it to its caller, which has `source`
         if deferred is None:
-            entry.round_trip_differences = round_trip_differences(spec, target_spec, expressed, options, bench)
+            entry.round_trip_differences = round_trip_differences(spec, target_spec, expressed, options, objects)
     try:
-        out = bench.run_eval(framework, obj, from_channels_first(x_cf, target_spec.layout))
+        out = objects.run_eval(framework, obj, from_channels_first(x_cf, target_spec.layout))
     except Exception as error:  # runtimes raise their own types
         if _runtime_unavailable(error):
             entry.status, entry.reason = "skipped", f"runtime cannot evaluate it: {str(error).splitlines()[0]}"
@@ -245,7 +221,7 @@ def _check_target(
     result.outputs.append(OutputComparison(framework=target, max_abs_error=max_abs, max_rel_error=max_rel, atol=atol, rtol=rtol, passed=ok))
     if spec.track_running_stats:
         try:
-            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype, source_step, bench)
+            stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype, source_step, objects)
             result.training_step.append(stats)
             ok = ok and stats.passed
         except NotExpressibleError as error:
@@ -275,9 +251,9 @@ def check(
     result = new_result(spec, x_cf)
     y_ref = reference.forward(spec, x_cf, training=False)
     source_step = functools.cache(lambda: reference.train_step(spec, x_cf))  # computed by the first target that needs it
-    bench = Bench(registry)
+    objects = CheckObjects(registry)
     for target in registry.framework_names if frameworks is None else frameworks:
-        check_target(spec, target, options, x_cf, y_ref, result, source_step, bench)
+        check_target(spec, target, options, x_cf, y_ref, result, source_step, objects)
     result.passed = verdict(result)
     return result
 
@@ -290,10 +266,10 @@ def new_result(spec: NormSpec, x_cf: np.ndarray) -> CheckResult:
 
 
 def check_target(spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
-                 source_step: Callable[[], reference.TrainStep], bench: "Bench") -> None:
-    """One target's leg of `check` into `result`: a NormbridgeError becomes that target's failed entry and an error line."""
+                 source_step: Callable[[], reference.TrainStep], objects: "CheckObjects") -> None:
+    """One target's part of `check` into `result`: a NormbridgeError becomes that target's failed entry and an error line."""
     try:
-        _check_target(spec, target, options, x_cf, y_ref, result, source_step, bench)
+        _check_target(spec, target, options, x_cf, y_ref, result, source_step, objects)
     except NormbridgeError as error:
         entry = result.targets[-1] if result.targets and result.targets[-1].framework == target else None
         if entry is None:  # the target's entry, when it was made before the failure, says it failed: one entry per target
@@ -309,10 +285,10 @@ def target_options(options: ConversionOptions) -> ConversionOptions:
     return options.model_copy(update={"restore_source_class": False})
 
 
-class Bench:
+class CheckObjects:
     """How `check` builds, reads and runs the layers it checks: here each call is the plain one.
 
-    `check_many` (converters/grouped_check.py) passes a bench that builds a layer once per configuration and reuses it;
+    `check_many` (converters/gate/grouped_check.py) passes one that builds a layer once per configuration and reuses it;
     everything `check` concludes from what these calls return is the same code for both.
     """
 
@@ -346,19 +322,3 @@ def verdict(result: CheckResult) -> bool:
         and all(s.passed for s in result.training_step)
         and any(t.status == "passed" for t in result.targets)
     )
-
-
-def merge_legs(parts: list[CheckResult], order: list[str]) -> CheckResult:
-    """One CheckResult from checks of the same spec on disjoint sets of frameworks (converters/split_check.py runs some
-    legs in a worker process): every entry in the place `check(spec)` over `order` puts it, and the same verdict."""
-    rank = {name: i for i, name in enumerate(order)}
-
-    def gathered(field: str, framework=lambda entry: entry.framework) -> list:
-        return sorted((entry for part in parts for entry in getattr(part, field)), key=lambda entry: rank[framework(entry)])
-
-    merged = parts[0].model_copy(update={
-        "targets": gathered("targets"), "outputs": gathered("outputs"), "training_step": gathered("training_step"),
-        "errors": gathered("errors", lambda error: error.split(":", 1)[0]),
-    })
-    merged.passed = verdict(merged)
-    return merged

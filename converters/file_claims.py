@@ -26,7 +26,7 @@ def claimed_tensor_bytes(path: Path) -> Claim | None:
     """What the tensors of a `.pt2` or `.keras` file claim; None for another format. A file the counting cannot read
     claims 0: its reader refuses it, naming why."""
     if path.suffix == ".pt2":
-        from .torch_adapter.pt2_archive import claimed_tensor_bytes as pt2_claims
+        from .torch_adapter.pt2.archive import claimed_tensor_bytes as pt2_claims
 
         return Claim(pt2_claims(path), "tensors claim {} bytes (elements x itemsize, from its payload configs)")
     if path.suffix == ".keras":

@@ -9,6 +9,7 @@ torch.save or .keras files, and adapters trust it only when it agrees with the o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 ATTRIBUTE = "_normbridge_extras"
@@ -28,5 +29,20 @@ def recall(obj: Any) -> dict[str, Any]:
 
 
 def replace(obj: Any, fields: dict[str, Any]) -> None:
-    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state: converters/group_bench.py)."""
+    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state: converters/gate/group_objects.py)."""
     object.__setattr__(obj, ATTRIBUTE, dict(fields))
+
+
+def restorer(obj: Any) -> Callable[[], None]:
+    """A function that makes what is remembered on `obj` again what it is now (nothing, if nothing is): a port's undo
+    (each framework's `porting.snapshot`) puts the markers back with the tensors."""
+    extras = getattr(obj, ATTRIBUTE, None)
+
+    def restore() -> None:
+        if extras is None:
+            if ATTRIBUTE in obj.__dict__:
+                object.__delattr__(obj, ATTRIBUTE)
+        else:
+            object.__setattr__(obj, ATTRIBUTE, extras)
+
+    return restore

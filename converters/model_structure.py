@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: The file suffix `pull` writes per structure format.
-STRUCTURE_SUFFIXES: dict[str, str] = {"onnx": ".onnx", "keras": ".keras", "pt2": ".pt2"}
-
 
 @dataclass(frozen=True)
 class StructureParts:
@@ -50,4 +47,4 @@ def little_endian_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-__all__ = ["STRUCTURE_SUFFIXES", "StructureParts", "little_endian_bytes", "little_endian_view", "sha256_of"]
+__all__ = ["StructureParts", "little_endian_bytes", "little_endian_view", "sha256_of"]

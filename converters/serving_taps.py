@@ -7,6 +7,11 @@ request starts (`begin`, which says whether it is sampled), the inputs of a samp
 traffic sample), each sampled layer input's per-channel moments (`observe`) or raw sums (`observe_sums`, cheaper: the
 collector's worker thread turns them into moments) and when it ends (`end`). The sink
 (converters/models/monitoring/collector.py) never raises into the request path.
+
+The taps also say how the served object is being served, for the collector's serving faults
+(schemas.monitoring.ServingFault): `faults()` names what the object computes with batch statistics right now (a torch
+BatchNorm in train mode, a graph's training-mode batch-norm op) and `statistics()` reads the running statistics it
+holds right now, so the collector can see them change between windows. Both are called off the request path, once per closed window.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class ServingTaps:
     per_layer: bool = False
     #: Why this served object's inputs cannot be kept for a traffic sample (monitor(..., keep_sample=N) refuses it), or None.
     keep_refusal: str | None = None
+    #: (kind, layer, detail) of each way the served object computes batch statistics right now
+    #: (schemas.monitoring.FaultKind train_mode or batch_statistics_in_graph); read once per closed window.
+    faults: Callable[[], list[tuple[str, str | None, str]]] = field(default=lambda: [])
+    #: The (running_mean, running_var) each tapped layer holds right now, in `layers` order, or None where they are
+    #: constants of the served object (an ONNX graph, a Keras model's weights as served) and cannot change while serving.
+    statistics: Callable[[], list[tuple[np.ndarray, np.ndarray]]] | None = None
 
 
 def numpy_moments(x: Any, axis: int) -> tuple[int, np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """Where a model tensor's bytes can be read again, in chunks, without holding them: so a registration streams them.
 
 A model file read for registration keeps its large tensors where they are (a `.pt2` payload is mapped, never read
-whole: torch_adapter/pt2_payloads.py) and names, per tensor, the range of the file that holds its C-order
+whole: torch_adapter/pt2/payloads.py) and names, per tensor, the range of the file that holds its C-order
 little-endian bytes. The registry hashes each blob from that range and stages it from it again (registry/artifact.py,
 registry/tensor_blobs.py), a chunk at a time, so the peak memory of registering a checkpoint does not grow with it.
 """

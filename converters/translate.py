@@ -8,6 +8,7 @@ from __future__ import annotations
 from schemas import LayerReport, NormSpec, NotExpressibleError
 from schemas.floats import as_float32
 
+from .adapters import REGISTRY
 from .options import ConversionOptions
 
 
@@ -75,16 +76,15 @@ def estimator_matches(report: LayerReport, spec: NormSpec, target_estimator: str
     return target_estimator
 
 
-#: What a training step on an empty batch does to the running statistics, per framework (checked: tests/converters/test_dtypes.py).
-EMPTY_BATCH = {"torch": "keeps them", "keras": "writes NaN into them", "onnx": "writes NaN into them (onnxruntime, training_mode=1)"}
-
-
 def warn_empty_batch(report: LayerReport, spec: NormSpec, target: str) -> None:
-    """Warn that the target's training step on an empty batch does not do what torch's does (nothing: it keeps its statistics)."""
-    if not spec.track_running_stats or spec.frozen or EMPTY_BATCH[target] == EMPTY_BATCH["torch"]:
+    """Warn that the target's training step on an empty batch does not do what torch's does (nothing: it keeps its statistics).
+
+    Each framework's behaviour is its `FrameworkInfo.empty_batch` (checked: tests/converters/test_dtypes.py)."""
+    done, torch_done = REGISTRY.info(target).empty_batch, REGISTRY.info("torch").empty_batch
+    if not spec.track_running_stats or spec.frozen or done == torch_done:
         return
     report.warn(
-        f"a training step on an empty batch {EMPTY_BATCH[target]} in {target}, where PyTorch {EMPTY_BATCH['torch']}: "
+        f"a training step on an empty batch {done} in {target}, where PyTorch {torch_done}: "
         "skip empty batches when training the converted layer.")
 
 

@@ -5,11 +5,12 @@ Run with `make demo`. Writes the converted layers to ./demo-out/.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from cli.framework_noise import configure  # noqa: E402  (before any framework loads: TensorFlow's start-up lines)
+
+configure(verbose=False)  # what the CLI does; the library leaves the host process alone (README, "make demo")
 
 import torch
 from rich.console import Console

@@ -53,20 +53,22 @@ from .client_transfer import (TransferProgress, bytes_chunks, extract_bundle, fi
                               save_stream, server_error_in)
 from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
+from .service.interface import ModelRegistry
 from .service.layer_export import export_layers
-from .service.model_files import SUFFIXES, ModelFile, PullResult, pulled_path, read_back
+from .service.model_files import STRUCTURE_SUFFIXES, SUFFIXES, ModelFile, PullResult, pulled_path, read_back
 from .lineage import LineageView
 from .manifest_io import load_artifact_folder, tensors_from_blobs
 from .service.results import GcResult, Registration, VerifyResult
 
 API = "/api/v1"
-UPLOAD_FORMATS = {".onnx": "onnx", ".keras": "keras", ".pt2": "pt2"}
+#: Model file suffix -> the upload format it is sent as (each framework's structure format: FrameworkInfo).
+UPLOAD_FORMATS = {suffix: fmt for fmt, suffix in STRUCTURE_SUFFIXES.items()}
 #: Registration runs the equivalence gate on the server: reads may take minutes, connecting may not.
 TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 _STATUS_ERRORS = {401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError, 413: PayloadTooLargeError}
 
 
-class RemoteRegistry:
+class RemoteRegistry(ModelRegistry):
     """A registry on a normbridge server at `url`, authenticated with `token` (`nbt_...`; None for `serve --insecure-local`).
 
     `transfer(description, total_bytes)` may be given to draw byte progress for uploads and downloads.

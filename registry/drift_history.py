@@ -28,6 +28,11 @@ with converged statistics, `ok` otherwise. A window is over when any layer's sta
 count); the state is `alert` when at least `k` (3) of the last `m` (5) windows are over, `warning` when at least one
 is, `ok` otherwise. Override with
 $NORMBRIDGE_DRIFT_SHIFT, $NORMBRIDGE_DRIFT_LOG_RATIO, $NORMBRIDGE_DRIFT_FALSE_ALARM, $NORMBRIDGE_DRIFT_K, $NORMBRIDGE_DRIFT_M.
+A serving fault (schemas.monitoring.ServingFault: a module served in train mode, running statistics changing between
+windows, a served graph computing batch statistics, sent by the collector; statistics_mismatch, added here when the
+window's statistics_digest is not the version's) makes the state `serving_fault` at once, with no k of m: it says the
+model is served wrongly, not that its traffic moved. The window is stored with its faults (a mismatched digest is no
+longer refused), and the next window without a fault puts the state back where the rule has it.
 Only serving windows move the state: offline checks (`drift --record`, drift_records.py) are shown beside it. Per-channel
 arrays are kept $NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summaries are kept.
 """
@@ -56,8 +61,9 @@ from registry.db.models import ModelRow, VersionRow, utc
 from registry.drift_records import offline_check
 from registry.drift_reference import Reference, reference_of
 from registry.drift_status import downstream_of_unconverged, layer_status
-from schemas.errors import InputFileError, RegistryError
-from schemas.monitoring import DriftHistory, DriftRule, DriftWindow, LayerShift, State, WindowRecord
+from schemas.errors import InputFileError
+from schemas.monitoring import (MAX_FAULTS, DriftHistory, DriftRule, DriftWindow, LayerShift, ServingFault, State,
+                                WindowRecord)
 
 RULE_ENV = {"shift": "NORMBRIDGE_DRIFT_SHIFT", "log_ratio": "NORMBRIDGE_DRIFT_LOG_RATIO", "false_alarm": "NORMBRIDGE_DRIFT_FALSE_ALARM",
             "k": "NORMBRIDGE_DRIFT_K", "m": "NORMBRIDGE_DRIFT_M"}
@@ -150,11 +156,29 @@ def window_digest(window: DriftWindow) -> str:
     return hashlib.sha256(window.model_dump_json().encode()).hexdigest()
 
 
-def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None) -> WindowRecord:
-    """Store one collector window against version `ref`; the version's state moves by the rule (see the module docstring).
+def _faults_of(window: DriftWindow, reference: Reference, version) -> list[ServingFault]:
+    """The window's serving faults, with statistics_mismatch first when its statistics are not the version's."""
+    found = list(window.faults)
+    if window.statistics_digest is not None and window.statistics_digest != reference.digest:
+        found.insert(0, ServingFault(kind="statistics_mismatch", detail=(
+            f"the served model holds other running statistics (digest {window.statistics_digest[:12]}) than version "
+            f"{version.model}@{version.number} (digest {reference.digest[:12]}): serve the model registered as that "
+            "version, or monitor the version whose statistics it holds")))
+    return found[:MAX_FAULTS]
 
-    Refused (RegistryError, HTTP 409) when the window's statistics_digest is not the version's: the collector serves other statistics.
-    """
+
+def _dump_faults(faults: list[ServingFault]) -> str | None:
+    return json.dumps([fault.model_dump(exclude_none=True) for fault in faults]) if faults else None
+
+
+def _load_faults(text: str | None) -> list[ServingFault]:
+    return [ServingFault.model_validate(fault) for fault in json.loads(text)] if text else []
+
+
+def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None) -> WindowRecord:
+    """Store one collector window against version `ref`; the version's state moves by the rule (see the module
+    docstring), or becomes serving_fault at once when the window carries a serving fault (its statistics_digest not the
+    version's is one: statistics_mismatch)."""
     return store_window(registry, ref, window, active)[0]
 
 
@@ -165,9 +189,7 @@ def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRu
     active = active or rule()
     version = registry.show(ref)
     reference = reference_of(registry, version)
-    if window.statistics_digest is not None and window.statistics_digest != reference.digest:
-        raise RegistryError(f"the window's model holds other running statistics (digest {window.statistics_digest[:12]}) than version "
-                            f"{version.model}@{version.number} (digest {reference.digest[:12]}); monitor the model registered as that version.")
+    faults = _faults_of(window, reference, version)
     shifts, unmatched, arrays = _shifts(window, reference, active)
     over = any(s.status == "drift" for s in shifts)  # unconverged statistics never count toward the rule
     at = datetime.now(UTC).replace(tzinfo=None)
@@ -180,11 +202,12 @@ def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRu
         current = session.get(DriftStateRow, version_id)
         before = current.state if current is not None else "ok"
         recent = ((current.recent if current is not None else "") + ("1" if over else "0"))[-active.m:]
-        after = active.state_of(recent)
+        after = "serving_fault" if faults else active.state_of(recent)
         row = DriftWindowRow(version_id=version_id, received_at=at, started_at=_naive(window.started_at), ended_at=_naive(window.ended_at),
                              replica=window.replica, user=registry.user, requests=window.requests, sampled=window.sampled,
                              dropped=window.dropped, statistics_digest=window.statistics_digest, over=over, state=after,
-                             unmatched="\n".join(unmatched)[:4096] or None, content_digest=digest)
+                             unmatched="\n".join(unmatched)[:4096] or None, content_digest=digest,
+                             faults=_dump_faults(faults))
         session.add(row)
         session.flush()
         session.execute(insert(DriftLayerRow), _layer_rows(row.id, shifts))
@@ -195,13 +218,17 @@ def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRu
             current.state, current.recent, current.windows = after, recent, current.windows + 1
             current.last_window_id, current.updated_at = row.id, at
         if after != before:
-            registry.meta.append_audit("drift_state_changed", version.model, version.number,
-                                       {"from": before, "to": after, "window": row.id, "recent": recent}, registry.user, session=session)
+            detail = {"from": before, "to": after, "window": row.id, "recent": recent}
+            if faults:
+                detail["faults"] = sorted({fault.kind for fault in faults})
+            registry.meta.append_audit("drift_state_changed", version.model, version.number, detail, registry.user,
+                                       session=session)
         _sweep(session, at)
         window_id = row.id
     return WindowRecord(id=window_id, received_at=utc(at), started_at=window.started_at, ended_at=window.ended_at, replica=window.replica,
                         user=registry.user, requests=window.requests, sampled=window.sampled, dropped=window.dropped,
-                        statistics_digest=window.statistics_digest, over=over, state=after, layers=shifts, unmatched=unmatched), True
+                        statistics_digest=window.statistics_digest, over=over, state=after, layers=shifts, unmatched=unmatched,
+                        faults=faults), True
 
 
 def _sweep(session: Session, now: datetime) -> None:
@@ -231,7 +258,8 @@ def _records(session: Session, rows: list[DriftWindowRow]) -> list[WindowRecord]
     return [WindowRecord(id=row.id, received_at=utc(row.received_at), started_at=utc(row.started_at), ended_at=utc(row.ended_at),
                          replica=row.replica, user=row.user, requests=row.requests, sampled=row.sampled, dropped=row.dropped,
                          statistics_digest=row.statistics_digest, over=row.over, state=row.state, layers=by_window[row.id],
-                         unmatched=row.unmatched.split("\n") if row.unmatched else []) for row in rows]
+                         unmatched=row.unmatched.split("\n") if row.unmatched else [], faults=_load_faults(row.faults))
+            for row in rows]
 
 
 def _read(registry) -> Session:
@@ -247,7 +275,12 @@ def history(registry, ref: str, limit: int = 100) -> DriftHistory:
         rows = session.scalars(select(DriftWindowRow).where(DriftWindowRow.version_id == version_id)
                                .order_by(DriftWindowRow.id.desc()).limit(max(0, limit))).all()
         windows = _records(session, list(rows))
+        faults = []
+        if current is not None and current.state == "serving_fault" and current.last_window_id is not None:
+            last = session.get(DriftWindowRow, current.last_window_id)
+            faults = _load_faults(last.faults) if last is not None else []
     return DriftHistory(model=version.model, number=version.number, state=current.state if current else "ok", rule=rule(),
+                        faults=faults,
                         windows_total=current.windows if current else 0, recent=current.recent if current else "",
                         offline=offline_check(registry, version), windows=windows)
 

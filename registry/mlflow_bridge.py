@@ -1,10 +1,12 @@
 """The bridge to an MLflow Model Registry: push a normbridge version out, import an MLflow model in.
 
-Push logs the version's artifact bundle (manifest.json + blobs, the same folder
-`save_artifact_folder` writes, which is also a runnable MLflow model when the version holds its
-structure: registry/mlflow_model.py) to an MLflow run and creates a registered-model version whose
-source is that folder, tagged with the normbridge digest, lineage and equivalence verdict, so an
-MLflow user can trace the model back and re-verify it. Import goes the other way through the
+Push logs the version to an MLflow run and creates a registered-model version whose source is that
+folder, tagged with the normbridge digest, lineage and equivalence verdict, so an MLflow user can
+trace the model back and re-verify it. A version registered from a model file is pushed as a
+runnable MLflow model (registry/mlflow_model.py) with its manifest.json beside it, the weights
+only in the model file; a torch nn.Module version as its artifact bundle (manifest.json + blobs,
+as `save_artifact_folder` writes it). Artifacts go to the tracking server's artifact store (or
+beside a local sqlite tracking database), never into the working directory. Import goes the other way through the
 normal gate (`Registry.register(..., operation="imported")`): ONNX, Keras 3 (.keras, safe_mode)
 and torch.export (.pt2) flavours are read without executing code; a pickled PyTorch model is
 refused unless the caller explicitly trusts the source, because unpickling runs arbitrary code.
@@ -13,6 +15,7 @@ refused unless the caller explicitly trusts the source, because unpickling runs 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -22,7 +25,8 @@ from typing import Any
 
 from schemas.errors import InputFileError, NormbridgeError, NotFoundError, RegistryError, ServerUnreachableError
 
-from .manifest_io import Artifact, save_artifact_folder
+from .artifact import extract_artifact
+from .manifest_io import BLOBS_DIR, MANIFEST_FILE, Artifact, save_artifact_folder
 from .mlflow_model import write_mlflow_model
 
 EXPERIMENT = "normbridge"
@@ -42,6 +46,7 @@ class PushResult:
     source: str
     tags: dict[str, str]
     created: bool
+    servable: bool = False  # the pushed folder is an MLflow model too (the version was registered from a model file)
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def push(registry, ref: str, tracking: str | None = None, name: str | None = Non
         try:
             existing = _pushed_version(client, name, record.digest)
             if existing is not None:
-                return PushResult(name, existing.version, existing.run_id or "", existing.source, dict(existing.tags), created=False)
+                return PushResult(name, existing.version, existing.run_id or "", existing.source, dict(existing.tags), created=False,
+                                  servable=manifest.structure is not None)
             run_id = _log_bundle(client, registry, record, tags)
             try:
                 client.create_registered_model(name, description="Registered by normbridge (normalization-layer registry).")
@@ -153,7 +159,7 @@ def push(registry, ref: str, tracking: str | None = None, name: str | None = Non
                                                   description=f"normbridge {record.model}@{record.number}: {record.note or ''}".strip())
         except MlflowException as error:
             raise _mlflow_error(f"register '{name}'", error) from error
-    return PushResult(name, version.version, run_id, source, tags, created=True)
+    return PushResult(name, version.version, run_id, source, tags, created=True, servable=manifest.structure is not None)
 
 
 def _pushed_version(client, name: str, digest: str):
@@ -168,20 +174,63 @@ def _pushed_version(client, name: str, digest: str):
 
 
 def _log_bundle(client, registry, record, tags: dict[str, str]) -> str:
-    """A finished run in experiment 'normbridge' holding the artifact folder under BUNDLE_PATH."""
+    """A finished run in experiment 'normbridge' holding the pushed folder under BUNDLE_PATH.
+
+    The folder holds the weights once: in the MLflow model's file when the version has one (manifest.json beside it, and
+    `import_model` rebuilds the blobs from the file), else as the bundle's blobs.
+    """
     experiment = client.get_experiment_by_name(EXPERIMENT)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT, **_artifact_location(client))
     run = client.create_run(experiment_id, run_name=f"{record.model}@{record.number}", tags=tags)
     try:
+        _refuse_working_directory_artifacts(client.tracking_uri, run.info.artifact_uri)
         with tempfile.TemporaryDirectory(prefix="normbridge-mlflow-") as tmp:
-            folder = save_version_bundle(registry, f"{record.model}@{record.number}", Path(tmp) / BUNDLE_PATH)
-            write_mlflow_model(registry, f"{record.model}@{record.number}", folder)  # MLflow can load and serve it too
+            folder = Path(tmp) / BUNDLE_PATH
+            folder.mkdir()
+            ref = f"{record.model}@{record.number}"
+            if write_mlflow_model(registry, ref, folder) is None:  # a torch nn.Module: the bundle is all there is
+                folder = save_version_bundle(registry, ref, folder)
+            else:
+                (folder / MANIFEST_FILE).write_text(registry.manifest(ref).to_json() + "\n")
             client.log_artifacts(run.info.run_id, str(folder), artifact_path=BUNDLE_PATH)
     except BaseException:
         client.set_terminated(run.info.run_id, status="FAILED")
         raise
     client.set_terminated(run.info.run_id, status="FINISHED")
     return run.info.run_id
+
+
+def _artifact_location(client) -> dict[str, str]:
+    """Where a new experiment keeps its artifacts: the server's store over HTTP; beside a local database, never MLflow's
+    default ./mlruns in whatever folder the command runs from."""
+    path = _artifact_location_path(client.tracking_uri)
+    return {"artifact_location": path.as_uri()} if path is not None else {}
+
+
+def _artifact_location_path(tracking: str) -> Path | None:
+    """'mlartifacts' beside the database of a sqlite:/// tracking URI; None for a server."""
+    if tracking.startswith("sqlite:///"):
+        return Path(tracking[len("sqlite:///"):]).resolve().parent / "mlartifacts"
+    return None
+
+
+def _refuse_working_directory_artifacts(tracking: str, artifact_uri: str) -> None:
+    """Refuse, before anything is written, a run whose artifacts would land in the folder this command runs from: an
+    experiment created with MLflow's default ./mlruns, or a server without an artifact proxy naming a relative root.
+    The folder beside a local tracking database (`_artifact_location`) is the explicit place the user named."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme not in ("", "file"):
+        return  # the server's artifact store (mlflow-artifacts:/, s3://, ...)
+    path = Path(unquote(parsed.path))
+    beside_database = _artifact_location_path(tracking)
+    if path.is_absolute() and beside_database is not None and path.resolve().is_relative_to(beside_database):
+        return
+    if not path.is_absolute() or path.resolve().is_relative_to(Path.cwd().resolve()):
+        raise RegistryError(f"the MLflow experiment '{EXPERIMENT}' stores artifacts at '{artifact_uri}', inside the folder this "
+                            "command runs from; give the server an artifact store (mlflow server --artifacts-destination DIR) "
+                            f"or give the experiment an artifact location elsewhere; nothing was written.")
 
 
 # -------------------------------------------------------------------------------------- import
@@ -212,6 +261,8 @@ def import_model(registry, model_uri: str, tracking: str | None = None, name: st
     with tempfile.TemporaryDirectory(prefix="normbridge-mlflow-") as tmp:
         with contextlib.redirect_stdout(sys.stderr):
             local = _download(model_uri, uri, Path(tmp))
+        if (local / MANIFEST_FILE).is_file() and not (local / BLOBS_DIR).is_dir():  # pushed with its model file
+            local = rebuilt_bundle(local, Path(tmp) / "rebuilt")
         flavor, path = locate_model_file(local)
         note = f"imported from MLflow {model_uri} ({flavor})"
         if flavor == "pytorch-pickle":
@@ -257,14 +308,14 @@ def _download_with(client, model_uri: str, uri: str, folder: Path) -> str:
     return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(folder), tracking_uri=uri, registry_uri=uri)
 
 
-def locate_model_file(local: Path) -> tuple[str, Path]:
+def locate_model_file(local: Path, bundle: bool = True) -> tuple[str, Path]:
     """(flavour, file) of a downloaded MLflow model folder (or pushed normbridge bundle), preferring formats that load without pickle.
 
     Reads only the MLmodel YAML and file names: nothing in the model is deserialised here.
     """
     import yaml
 
-    if (local / "manifest.json").is_file():  # a version pushed by `normbridge mlflow push`: safetensors only
+    if bundle and (local / MANIFEST_FILE).is_file() and (local / BLOBS_DIR).is_dir():  # pushed by `normbridge mlflow push`: safetensors only
         return "normbridge-bundle", local
     mlmodel = local / "MLmodel"
     if not mlmodel.is_file():
@@ -292,6 +343,27 @@ def locate_model_file(local: Path) -> tuple[str, Path]:
             return "pytorch-pickle", data
     raise InputFileError(f"the MLflow model has flavours {sorted(flavors)} but none normbridge reads; "
                          "log it with mlflow.onnx, mlflow.keras (.keras) or mlflow.pytorch (serialization_format='pt2').")
+
+
+def rebuilt_bundle(local: Path, folder: Path) -> Path:
+    """The bundle of a version pushed with its model file: the pushed manifest, with blobs read from the file MLflow holds.
+
+    The file is read as any MLflow model is (locate_model_file, then the framework's safe reader); it must hold exactly
+    what the manifest says (same content digest), or nothing is registered.
+    """
+    from schemas.manifest import load_manifest
+
+    try:
+        manifest = load_manifest(json.loads((local / MANIFEST_FILE).read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputFileError(f"the pushed {MANIFEST_FILE} is not readable JSON ({error}).") from error
+    flavor, path = locate_model_file(local, bundle=False)
+    read = extract_artifact(path)
+    if read.manifest.content_digest() != manifest.content_digest():
+        raise InputFileError(f"the {flavor} model file MLflow holds is not the one normbridge pushed (content digest "
+                             f"{read.manifest.content_digest()[:12]}, the pushed manifest says {manifest.content_digest()[:12]}); "
+                             "nothing was registered.")
+    return save_artifact_folder(Artifact(manifest=manifest, blobs=read.blobs), folder)
 
 
 def _inside(local: Path, relative: Any) -> Path:

@@ -4,10 +4,11 @@ Order: an explicit argument (`--db`, `--blobs`), then $NORMBRIDGE_DB / $NORMBRID
 SQLite and a blobs folder under $NORMBRIDGE_HOME, else ~/.local/share/normbridge
 ($XDG_DATA_HOME/normbridge when set), created on first use. The aliases guarded against a version
 that is not servable: `serve --guarded-alias`, then $NORMBRIDGE_GUARDED_ALIASES, then production.
-Where the CLI's gate runs the legs of frameworks its process has not imported: the shared worker
-(converters/shared_worker.py) with its socket in $NORMBRIDGE_WORKER_DIR, else `workers/` in the data
+Where the CLI's gate checks the frameworks its process has not imported: the shared worker
+(converters/gate/shared_worker.py) with its socket in $NORMBRIDGE_WORKER_DIR, else `workers/` in the data
 folder, exiting after $NORMBRIDGE_WORKER_IDLE seconds (600) alone; NORMBRIDGE_GATE_WORKER=private
-gives each process a worker of its own instead. A running shared worker registers into a local registry
+gives each process a worker of its own instead (read here, built into the CLI's Gate by
+registry/worker_jobs.py `cli_gate`). A running shared worker registers into a local registry
 for the CLI (registry/worker_jobs.py) unless NORMBRIDGE_REGISTER_IN_WORKER=0. What the registry creates is private to
 its owner unless NORMBRIDGE_SHARED_GROUP=1 shares it with the folder's group (registry/file_modes.py).
 """

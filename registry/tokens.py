@@ -3,7 +3,8 @@
 A token reads `nbt_<id>_<secret>`: the id (12 hex digits) finds the row, the secret (43 urlsafe
 characters) proves possession. Only sha256(secret) is stored, compared with hmac.compare_digest,
 so a copy of the database grants nothing. Creating and revoking a token is written to the audit
-log in the same transaction as the row.
+log in the same transaction as the row. A token expires (DEFAULT_LIFETIME after its creation unless told otherwise);
+tokens created before expiry existed (migration 0011) keep none, as before.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
@@ -27,6 +28,24 @@ ROLES = ("read", "write", "admin")
 PREFIX = "nbt_"
 _TOKEN = re.compile(r"^nbt_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: How long a new token lives unless its creator says otherwise (`normbridge token create --expires`; docs/service.md).
+DEFAULT_LIFETIME = timedelta(days=90)
+_LIFETIME = re.compile(r"^([1-9][0-9]{0,5})([dh])$")
+
+
+def parse_lifetime(text: str) -> timedelta | None:
+    """A token lifetime as written on the command line: `30d` (days), `12h` (hours) or `never` (None)."""
+    if text.strip().lower() == "never":
+        return None
+    match = _LIFETIME.match(text.strip())
+    if match is None:
+        raise RegistryError(f"'{text}' is not a token lifetime; write days or hours, e.g. 30d or 12h, or never.")
+    count, unit = int(match.group(1)), match.group(2)
+    return timedelta(days=count) if unit == "d" else timedelta(hours=count)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 @dataclass(frozen=True)
@@ -41,10 +60,19 @@ class TokenInfo:
     created_at: datetime
     created_by: str
     revoked_at: datetime | None
+    expires_at: datetime | None = None  # None: never
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= datetime.now(UTC)
 
     @property
     def active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.expired
+
+    @property
+    def state(self) -> str:
+        return "revoked" if self.revoked_at is not None else "expired" if self.expired else "active"
 
 
 def _hash(secret: str) -> str:
@@ -54,7 +82,8 @@ def _hash(secret: str) -> str:
 def _info(row: TokenRow) -> TokenInfo:
     return TokenInfo(id=row.id, owner=row.owner, role=row.role, models=None if row.models is None else tuple(row.models),
                      note=row.note, created_at=utc(row.created_at), created_by=row.created_by,
-                     revoked_at=None if row.revoked_at is None else utc(row.revoked_at))
+                     revoked_at=None if row.revoked_at is None else utc(row.revoked_at),
+                     expires_at=None if row.expires_at is None else utc(row.expires_at))
 
 
 def parse_token(token: str) -> tuple[str, str] | None:
@@ -72,8 +101,9 @@ class TokenStore:
         self._read_sessions = sessionmaker(meta.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
     def create(self, owner: str, role: str, models: list[str] | tuple[str, ...] | None = None, note: str | None = None,
-               created_by: str = "unknown") -> tuple[TokenInfo, str]:
-        """A new token; returns (its info, the token string). The string is never retrievable again."""
+               created_by: str = "unknown", lifetime: timedelta | None = DEFAULT_LIFETIME) -> tuple[TokenInfo, str]:
+        """A new token living `lifetime` (None: until revoked); returns (its info, the token string). The string is
+        never retrievable again."""
         if role not in ROLES:
             raise RegistryError(f"role '{role}' is not known; use one of {', '.join(ROLES)}.")
         if not owner or len(owner) > 255:
@@ -83,13 +113,15 @@ class TokenStore:
             if not _NAME.match(name):
                 raise RegistryError(f"model scope '{name}' is not a valid model name; use letters, digits, '.', '_' or '-'.")
         token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
-        now = datetime.now(UTC).replace(tzinfo=None)
+        now = _now()
+        expires = None if lifetime is None else now + lifetime
         with self._sessions() as session, session.begin():
             row = TokenRow(id=token_id, owner=owner, role=role, models=scope, secret_hash=_hash(secret), note=note,
-                           created_at=now, created_by=created_by, revoked_at=None)
+                           created_at=now, created_by=created_by, revoked_at=None, expires_at=expires)
             session.add(row)
             session.flush()
-            self.meta.append_audit("token_create", None, None, {"token_id": token_id, "owner": owner, "role": role, "models": scope},
+            self.meta.append_audit("token_create", None, None, {"token_id": token_id, "owner": owner, "role": role, "models": scope,
+                                                                 "expires_at": None if expires is None else expires.isoformat()},
                                    created_by, session=session)
             info = _info(row)
         return info, f"{PREFIX}{token_id}_{secret}"
@@ -106,13 +138,13 @@ class TokenStore:
             if row is None:
                 raise NotFoundError(f"token '{token_id}' does not exist; `normbridge token list` shows the token ids.")
             if row.revoked_at is None:
-                row.revoked_at = datetime.now(UTC).replace(tzinfo=None)
+                row.revoked_at = _now()
                 session.flush()
                 self.meta.append_audit("token_revoke", None, None, {"token_id": token_id, "owner": row.owner}, user, session=session)
             return _info(row)
 
     def authenticate(self, token: str) -> TokenInfo | None:
-        """The active token this string proves, or None (malformed, unknown, wrong secret or revoked)."""
+        """The active token this string proves, or None (malformed, unknown, wrong secret, revoked or expired)."""
         parsed = parse_token(token)
         if parsed is None:
             return None
@@ -124,7 +156,8 @@ class TokenStore:
             ok = hmac.compare_digest(_hash(secret), expected)
             if row is None or not ok or row.revoked_at is not None:
                 return None
-            return _info(row)
+            info = _info(row)
+            return info if info.active else None
 
 
-__all__ = ["PREFIX", "ROLES", "TokenInfo", "TokenStore", "parse_token"]
+__all__ = ["DEFAULT_LIFETIME", "PREFIX", "ROLES", "TokenInfo", "TokenStore", "parse_lifetime", "parse_token"]

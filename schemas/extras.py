@@ -41,7 +41,9 @@ OPTIONAL_MODULES: dict[str, Optional] = {
     "boto3": Optional("s3", "boto3"),
     "botocore": Optional("s3", "boto3"),  # boto3's own dependency
     "mlflow": Optional("mlflow", "mlflow"),
+    "transformers": Optional("huggingface", "transformers"),  # Hugging Face checkpoint folders (`inspect DIR`)
     "yaml": Optional("mlflow", "mlflow"),  # MLflow's own dependency: its MLmodel files
+    "packaging": Optional("mlflow", "mlflow"),  # MLflow's own dependency: the versions `mlflow push` pins
 }
 
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .hazard_groups import group_hazards
+
 Severity = Literal["error", "warning", "info"]
 #: Order of severities, for `--fail-on` and sorting.
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
@@ -61,6 +63,18 @@ class Hazard(BaseModel):
     layer: str | None = Field(default=None, description="The layer's path in the model, for a hazard about one layer that inspection does not list.")
 
 
+def momentum_text(spec: dict[str, Any]) -> str:
+    """How a layer's running statistics move, from its `NormSpec.config_dict()`: '-' where it keeps none, 'frozen (never
+    updates)' for a frozen one (FrozenBatchNorm2d: its momentum field means nothing), else the momentum and convention."""
+    if not spec.get("track_running_stats"):
+        return "-"
+    if spec.get("frozen"):
+        return "frozen (never updates)"
+    if spec.get("momentum") is None:
+        return "None (cumulative average)"
+    return f"{spec['momentum']!r} ({spec.get('momentum_convention', '?')})"
+
+
 class LayerInspection(BaseModel):
     """One normalization layer of a model, in execution order."""
 
@@ -84,11 +98,7 @@ class LayerInspection(BaseModel):
 
     def momentum_text(self) -> str:
         """The momentum with its convention, '-' where the layer has none."""
-        if self.spec is None or not self.spec.get("track_running_stats"):
-            return "-"
-        if self.spec.get("momentum") is None:
-            return "None (cumulative)"
-        return f"{self.spec['momentum']!r} ({self.spec['momentum_convention']})"
+        return "-" if self.spec is None else momentum_text(self.spec)
 
 
 class ModelInspection(BaseModel):
@@ -120,7 +130,7 @@ class ModelInspection(BaseModel):
         return json.dumps(self.model_dump(mode="json"), indent=indent)
 
     def render_text(self) -> str:
-        """Plain text: one line per layer, then every hazard with its message."""
+        """Plain text: one line per layer, then each distinct hazard once with its layers and message."""
         lines = [f"{self.source} [{self.framework}]: {len(self.layers)} normalization layer(s)"]
         for layer in self.layers:
             eps = "-" if layer.eps is None else repr(layer.eps)
@@ -133,10 +143,9 @@ class ModelInspection(BaseModel):
             )
         hazards = self.all_hazards()
         if hazards:
-            lines.append("hazards:")
-            for path, hazard in hazards:
-                where = path if path is not None else "(model)"
-                lines.append(f"  {hazard.severity.upper():<7} {hazard.code:<20} {where}: {hazard.message}")
+            lines.append("hazards:")  # one line per distinct hazard with its layers (to_json keeps one entry per layer)
+            for group in group_hazards((path, h.code, h.severity, h.message, False) for path, h in hazards):
+                lines.append(f"  {group.severity.upper():<7} {group.code:<20} {group.layers_text()}: {group.message}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -146,8 +155,19 @@ class ModelInspection(BaseModel):
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def inspection_table(inspection: ModelInspection):
-    """A rich.table.Table of the layers: index, path, kind, eps, momentum, mode, statistics, hazards."""
+def dtype_text(spec: dict[str, Any] | None) -> str:
+    """The layer's dtype ('bfloat16'), with the dtype it computes in when that differs ('float16 (computes in float32)')."""
+    if spec is None or not spec.get("dtype"):
+        return "-"
+    compute = spec.get("compute_dtype")
+    return spec["dtype"] + (f" (computes in {compute})" if compute and compute != spec["dtype"] else "")
+
+
+def inspection_table(inspection: ModelInspection, path_labels: list[str] | None = None):
+    """A rich.table.Table of the layers: index, path, kind, dtype, eps, momentum, mode, statistics, hazards.
+
+    `path_labels` replaces the paths in the table (shortened ones, schemas/labels.py); `--json` keeps them whole.
+    """
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -156,12 +176,14 @@ def inspection_table(inspection: ModelInspection):
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("path", overflow="fold")
     table.add_column("kind", overflow="fold")
+    table.add_column("dtype", overflow="fold")
     table.add_column("eps", justify="right", no_wrap=True)
     table.add_column("momentum", overflow="fold")
     table.add_column("mode", no_wrap=True)
     table.add_column("running stats (min/mean/max)", overflow="fold")
     table.add_column("hazards", no_wrap=True)
-    for layer in inspection.layers:
+    labels = path_labels or [layer.path for layer in inspection.layers]
+    for layer, label in zip(inspection.layers, labels):
         kind = layer.kind + (" (folded)" if layer.folded else "" if layer.native else " (decomposed)")
         if layer.layer_type:
             kind += f"\n{layer.layer_type}"
@@ -169,7 +191,7 @@ def inspection_table(inspection: ModelInspection):
         for i, hazard in enumerate(layer.hazards):
             hazards.append(("\n" if i else "") + hazard.code, style=_SEVERITY_STYLE[hazard.severity])
         table.add_row(
-            str(layer.index), layer.path, kind, "-" if layer.eps is None else repr(layer.eps), layer.momentum_text().replace(" (", "\n("),
+            str(layer.index), label, kind, dtype_text(layer.spec), "-" if layer.eps is None else repr(layer.eps), layer.momentum_text().replace(" (", "\n("),
             layer.mode, _stats_cell(layer.stats), hazards if layer.hazards else "-",
         )
     return table

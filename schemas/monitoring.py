@@ -4,7 +4,9 @@ The collector (`converters.monitor`) posts a `DriftWindow` as JSON to
 `POST /api/v1/models/{name}/versions/{n}/drift`; the registry compares every layer's pooled input
 statistics with the running statistics stored for that version and keeps a `WindowRecord` per
 window, with an overall `DriftState` that a sustained-shift rule (`DriftRule`) moves one window at a
-time. Both sides import these models from here, so neither imports the other.
+time, except a serving fault (`ServingFault`: the model served in train mode, with statistics changing or not the
+version's), which makes the state `serving_fault` from the one window that carries it. Both sides import these models
+from here, so neither imports the other.
 
 A window is refused (422, naming the field) unless the registry can store it as sent: its times carry a UTC offset and
 lie in the years 1 to 9999 once in UTC, and its counts fit the database's 64-bit integers (MAX_COUNT).
@@ -25,7 +27,14 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-State = Literal["ok", "warning", "alert"]
+#: serving_fault: the newest window carries a serving fault (ServingFault): the model is served wrongly, whatever
+#: its inputs.
+State = Literal["ok", "warning", "alert", "serving_fault"]
+#: What a serving fault is: a torch module served in train mode (a tapped BatchNorm with training=True), running
+#: statistics that changed since the previous window (or since the collector started), a served graph computing batch
+#: statistics (a training-mode batch_norm op, an ONNX BatchNormalization with training_mode=1), or served statistics
+#: whose digest is not the registered version's (the registry finds this one, on the window's statistics_digest).
+FaultKind = Literal["train_mode", "statistics_changed", "batch_statistics_in_graph", "statistics_mismatch"]
 #: Why a stored layer reads as it does: its input matches the statistics, its input moved, or the statistics never converged.
 LayerStatus = Literal["ok", "drift", "unconverged_statistics"]
 
@@ -33,6 +42,8 @@ LayerStatus = Literal["ok", "drift", "unconverged_statistics"]
 MAX_CHANNELS = 65_536
 #: Layers one window may carry.
 MAX_LAYERS = 4_096
+#: Serving faults one window may carry (one per faulty layer; beyond it the collector keeps the first ones).
+MAX_FAULTS = 64
 #: The largest count a window may carry: what a 64-bit signed integer column (SQLite, PostgreSQL BIGINT) holds.
 MAX_COUNT = 2**63 - 1
 
@@ -105,6 +116,18 @@ class LayerWindow(_Frozen):
                 raise ValueError(f"layer '{self.name}': {field} must hold finite numbers of at least 0 (a standard error).")
 
 
+class ServingFault(_Frozen):
+    """One way the served model is not serving the registered version as registered (docs/monitoring.md).
+
+    A fault is reported by the first window that sees it and makes the version's state `serving_fault` at once: unlike
+    drift, it says nothing about the traffic and needs no sustained-shift rule to be believed."""
+
+    kind: FaultKind
+    layer: str | None = Field(None, max_length=512,
+                              description="The layer it concerns; None when it concerns the whole model (statistics_mismatch).")
+    detail: str | None = Field(None, max_length=512, description="What was seen, in words.")
+
+
 class DriftWindow(_Frozen):
     """One closed window of sampled serving traffic, as the collector ships it."""
 
@@ -117,6 +140,10 @@ class DriftWindow(_Frozen):
     statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                           description="sha256 of the running statistics the served model holds (converters.monitoring digest).")
     layers: list[LayerWindow] = Field(min_length=1, max_length=MAX_LAYERS)
+    faults: list[ServingFault] = Field(
+        default_factory=list, max_length=MAX_FAULTS,
+        description="Serving faults the collector saw in this window (train mode, statistics changing between windows, "
+                    "batch statistics computed by the served graph).")
 
     @field_validator("started_at", "ended_at")
     @classmethod
@@ -212,6 +239,9 @@ class WindowRecord(_Frozen):
     state: State
     layers: list[LayerShift]
     unmatched: list[str] = Field(default_factory=list, description="Layers sent that the version holds no running statistics for.")
+    faults: list[ServingFault] = Field(
+        default_factory=list, description="The window's serving faults: those the collector sent and statistics_mismatch "
+                                          "when its statistics_digest is not the version's (before migration 0012: none).")
 
 
 class OfflineCheck(_Frozen):
@@ -235,8 +265,11 @@ class DriftHistory(_Frozen):
 
     model: str
     number: int
-    state: State = Field(description="The serving state, moved by serving windows only (the sustained-shift rule; 'ok' before the first). "
+    state: State = Field(description="The serving state, moved by serving windows only (the sustained-shift rule; 'ok' "
+                         "before the first; serving_fault while the newest window carries a serving fault). "
                          "Offline checks recorded with `normbridge drift --record` never move it: the newest is `offline`.")
+    faults: list[ServingFault] = Field(default_factory=list,
+                                       description="The serving faults of the newest window (state serving_fault).")
     rule: DriftRule
     windows_total: int = Field(description="Windows stored for the version since its first (the history below may be limited).")
     recent: str = Field(description="Over-threshold flags of the last m windows, oldest first ('1' = over).")
@@ -245,5 +278,6 @@ class DriftHistory(_Frozen):
     windows: list[WindowRecord]
 
 
-__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "LayerShift", "LayerStatus", "LayerWindow", "MAX_CHANNELS", "MAX_COUNT",
-           "MAX_LAYERS", "OfflineCheck", "State", "WindowRecord"]
+__all__ = ["statistics_digest", "DriftHistory", "DriftRule", "DriftWindow", "FaultKind", "LayerShift", "LayerStatus",
+           "LayerWindow",
+           "MAX_CHANNELS", "MAX_COUNT", "MAX_FAULTS", "MAX_LAYERS", "OfflineCheck", "ServingFault", "State", "WindowRecord"]

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import SpecError
 from .tensors import TensorMap
-from .vocabulary import DType, EpsOrigin, Framework, Kind, Layout, MomentumConvention, VarianceEstimator
+from .vocabulary import KINDS, DType, EpsOrigin, Layout, MomentumConvention, SpecFramework, VarianceEstimator, registered
 
 SCHEMA_VERSION = 2
 
@@ -48,12 +48,23 @@ SCHEMA_VERSION = 2
 EXTENDED_DEFAULTS: dict[str, Any] = {"compute_dtype": None, "state_dtype": None, "cast_before_affine": False, "scale_offset": 0.0, "frozen": False}
 
 
+def known_kinds() -> tuple[str, ...]:
+    """Every kind known now: the vocabulary's, then those registered at run time (schemas.kinds.register_kind)."""
+    from .kinds import KIND_INFO  # late import, as in NormSpec._validate
+
+    return tuple(KIND_INFO)
+
+
+#: A spec's kind: one of KINDS or a kind registered at run time.
+SpecKind = registered(KINDS, known_kinds)
+
+
 class Source(BaseModel):
     """Where a spec was read from: provenance, never part of equivalence."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    framework: Framework = Field(description="Framework the layer was read from.")
+    framework: SpecFramework = Field(description="Framework the layer was read from.")
     framework_version: str | None = Field(default=None, description="Version of that framework.")
     layer_type: str | None = Field(default=None, description="Class or op name, e.g. BatchNorm2d, BatchNormalization-15.")
     module_class: str | None = Field(
@@ -76,7 +87,7 @@ class NormSpec(BaseModel):
 
     schema_version: int = Field(default=SCHEMA_VERSION, description="Spec schema version; older ones are upgraded on read.")
     name: str = Field(default="norm", min_length=1, description="Layer name or path in its model.")
-    kind: Kind = Field(description="batch, layer, rms, group or instance.")
+    kind: SpecKind = Field(description="batch, layer, rms, group or instance.")
 
     num_features: int | None = Field(default=None, ge=1, description="Channels C (batch, group, instance).")
     normalized_shape: tuple[int, ...] | None = Field(default=None, description="Trailing normalised dims (layer, rms).")

@@ -6,7 +6,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# CLI runs get a private gate worker each (tests/converters/test_shared_worker.py starts shared ones in their own folders):
+# CLI runs get a private gate worker each (tests/converters/gate/test_shared_worker.py starts shared ones in their own folders):
 # a shared worker would outlive the test that started it.
 os.environ.setdefault("NORMBRIDGE_GATE_WORKER", "private")
 

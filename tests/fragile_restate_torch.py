@@ -1,10 +1,10 @@
 """A PyTorch adapter package whose `restate` refuses layers named 'fragile...' (a SpecError, which check would record as
 the target's failure) while from_spec builds them fine: check_many must then build that member with from_spec and give
-check's result, a pass (tests/converters/test_grouped_check.py)."""
+check's result, a pass (tests/converters/gate/test_grouped_check.py)."""
 
 from __future__ import annotations
 
-from converters.torch_adapter import KIND_ADAPTERS as REAL_ADAPTERS
+from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401  (INFO: the framework facts an adapter package declares)
 from schemas import SpecError
 from converters.torch_adapter.framework import TorchFramework
 

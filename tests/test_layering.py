@@ -7,12 +7,15 @@ Nothing imports `cli`; nothing here imports `tests`. Function-local imports coun
 an edge inside a function body is still an edge, only harder to see, so the registry may take
 converters only at module top, where its header shows it. A private name (`_x`) belongs to its own
 top-level package. No two modules import each other, directly or around a loop; function-local
-imports count here too, since moving an import into a function hides a cycle without breaking it.
+imports count here too, since moving an import into a function hides a cycle without breaking it. Nor do two packages
+inside `converters/` import each other, directly or around a loop (a package with its sub-packages is one room; the
+modules at converters' top are the floor they share, not a room).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -72,6 +75,7 @@ SERVICE_FLOOR = (
     "registry/worker_jobs.py",
     "registry/mlflow_bridge.py",
     "registry/mlflow_model.py",
+    "registry/mlflow_pt2_pyfunc.py",
     "registry/http/*",
     "registry/web/*",
 )
@@ -277,6 +281,119 @@ def test_no_import_cycle():
     assert not cycles, "\n".join(cycles)
 
 
+#: Packages above converters: converters may not name a module of theirs, even in a string.
+ABOVE_CONVERTERS = ("registry", "cli", "bench", "testkit", "tests")
+#: A whole string that is a dotted module name (or its start, "registry."), with a ":function" after it or not.
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.?(:[A-Za-z_][\w.]*)?")
+
+
+def names_module_above_converters(value: object) -> bool:
+    """Whether a string is the name of a module of a package above converters ("registry.worker_jobs", "registry.")."""
+    return (isinstance(value, str) and _MODULE_NAME.fullmatch(value.strip()) is not None
+            and value.strip().split(":")[0].split(".")[0] in ABOVE_CONVERTERS and "." in value.split(":")[0])
+
+
+def _strings(node: ast.AST) -> list[ast.Constant]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def module_names_written_in_converters(files: list[Path], root: Path = ROOT) -> list[str]:
+    """Each string in a converters file that names a module above converters (an `import_module("registry.x")`, a
+    "registry." prefix, a module-name constant)."""
+    found = []
+    for path in files:
+        if path.relative_to(root).parts[0] != "converters":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found += [f"{path.relative_to(root).as_posix()}:{node.lineno}: names {node.value!r}" for node in _strings(tree)
+                  if names_module_above_converters(node.value)]
+    return found
+
+
+def _module_constants(files: list[Path], root: Path = ROOT) -> dict[tuple[str, str], str]:
+    """(module, name) -> value of every module-level `NAME = "string"` of the project."""
+    constants = {}
+    for path in files:
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                constants[(module_name(path, root), node.targets[0].id)] = node.value.value
+    return constants
+
+
+def module_names_handed_to_converters(files: list[Path], root: Path = ROOT) -> list[str]:
+    """Each call, outside converters, of a converters function (or of a function of a converters module) given a string
+    that names a module above converters: written there, or a constant of that file or imported from another."""
+    constants = _module_constants(files, root)
+    found = []
+    for path in files:
+        file = path.relative_to(root).as_posix()
+        if file.split("/")[0] == "converters":
+            continue
+        source, tree = module_name(path, root), ast.parse(path.read_text(), filename=file)
+        from_converters: set[str] = set()  # local names bound to a converters function or module
+        values: dict[str, str] = {name: value for (module, name), value in constants.items() if module == source}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _resolve(source, path.name == "__init__.py", node)
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    if base.split(".")[0] == "converters":
+                        from_converters.add(local)
+                    elif (base, alias.name) in constants:
+                        values[local] = constants[(base, alias.name)]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "converters":
+                        from_converters.add((alias.asname or alias.name).split(".")[0])
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            root_name = call.func
+            while isinstance(root_name, ast.Attribute):
+                root_name = root_name.value
+            if not (isinstance(root_name, ast.Name) and root_name.id in from_converters):
+                continue
+            for argument in [*call.args, *(keyword.value for keyword in call.keywords)]:
+                value = values.get(argument.id) if isinstance(argument, ast.Name) else None
+                named = [value] if value is not None else [node.value for node in _strings(argument)]
+                found += [f"{file}:{call.lineno}: hands {ast.unparse(call.func)} the module name {name!r}" for name in named
+                          if names_module_above_converters(name)]
+    return found
+
+
+def test_every_project_import_names_a_module_of_the_project():
+    """A moved module leaves no import behind (a function-local `from .x import` fails only when that line runs)."""
+    broken = [f"{edge}, which is no module of the project" for edge in EDGES if edge.target not in MODULES]
+    assert not broken, "\n".join(broken)
+
+
+def test_converters_names_no_module_above_it():
+    """No edge by name: converters would import what the string names (a worker's jobs, `import_module`), unseen above."""
+    found = module_names_written_in_converters(FILES) + module_names_handed_to_converters(FILES)
+    assert not found, "\n".join(found)
+
+
+def test_the_parser_sees_module_names_written_in_or_handed_to_converters(tmp_path):
+    """The check above finds a literal in converters, and a constant handed to a converters function from above."""
+    for folder, text in {
+        "converters": "import importlib\nJOBS = 'registry.jobs'\ndef f(jobs):\n    return importlib.import_module('registry.' + jobs)\n"
+                      "DOC = 'see registry/jobs.py and the registry.jobs module'\n",
+        "registry": "from converters.gate import shared_worker\nfrom converters.gate.shared_worker import run_job\n"
+                    "JOBS_MODULE = 'registry.jobs'\ndef g():\n    run_job(1, jobs=JOBS_MODULE)\n"
+                    "    shared_worker.start('cli.main')\n    run_job(g)\n",
+        "cli": "from registry.jobs import JOBS_MODULE\ndef h():\n    from converters.gate.gates import SharedWorkerGate\n"
+               "    return SharedWorkerGate('folder', jobs=JOBS_MODULE)\n",
+    }.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "jobs.py").write_text(text)
+    files = sorted(tmp_path.rglob("*.py"))
+    written = module_names_written_in_converters(files, tmp_path)
+    handed = module_names_handed_to_converters(files, tmp_path)
+    assert [line.split(": ", 1)[1] for line in written] == ["names 'registry.jobs'", "names 'registry.'"]
+    assert [line.split(": ", 1)[1] for line in handed] == [
+        "hands SharedWorkerGate the module name 'registry.jobs'",
+        "hands run_job the module name 'registry.jobs'", "hands shared_worker.start the module name 'cli.main'"]
+
+
 def test_the_parser_sees_relative_and_function_local_imports(tmp_path):
     """The rules above are only as good as the edges found: relative and function-local edges are found."""
     package = tmp_path / "registry"
@@ -300,3 +417,69 @@ def test_the_parser_sees_relative_and_function_local_imports(tmp_path):
     }
     assert any(_private(edge) for edge in edges)
     assert [cycle.splitlines()[0] for cycle in import_cycles(edges)] == ["cycle among registry.a, registry.b:"]
+
+
+#: Top-level packages whose sub-packages (each one room, its own sub-packages included) may not import each other around
+#: a loop.
+ROOMED = ("converters",)
+
+
+def room_of(module: str, top: str, modules: set[str]) -> str | None:
+    """The sub-package of `top` holding `module` (converters.torch_adapter for converters.torch_adapter.pt2.archive);
+    None for a module of `top` itself or of another top-level package."""
+    parts = module.split(".")
+    if parts[0] != top or len(parts) < 2:
+        return None
+    room = f"{top}.{parts[1]}"
+    return room if any(name.startswith(room + ".") for name in modules) else None
+
+
+def room_loops(edges: list[Edge], top: str, modules: set[str]) -> list[str]:
+    """Each loop among the sub-packages of `top` (every import, function-local ones too), with the edges that close
+    it."""
+    crossing = []
+    for edge in edges:
+        source, target = room_of(edge.source, top, modules), room_of(edge.target, top, modules)
+        if source is not None and target is not None and source != target:
+            crossing.append((source, target, edge))
+    graph: dict[str, set[str]] = {}
+    for source, target, _ in crossing:
+        graph.setdefault(source, set()).add(target)
+    loops = []
+    for component in strongly_connected(graph):
+        members = set(component)
+        closing = sorted((edge for source, target, edge in crossing if source in members and target in members),
+                         key=lambda e: (e.file, e.line, e.target))
+        loops.append(f"loop among {', '.join(component)}:\n  " + "\n  ".join(str(edge) for edge in closing))
+    return loops
+
+
+@pytest.mark.parametrize("top", ROOMED)
+def test_no_two_packages_import_each_other(top):
+    """A loop between two rooms makes them one room in two folders: neither can be read, moved or tested without the
+    other."""
+    loops = room_loops(EDGES, top, MODULES)
+    assert not loops, "\n".join(loops)
+
+
+def test_a_loop_between_packages_is_found_through_a_function_local_import(tmp_path):
+    (tmp_path / "converters" / "a" / "inner").mkdir(parents=True)
+    (tmp_path / "converters" / "b").mkdir()
+    files = {
+        "converters/__init__.py": "from .a import x\n",
+        "converters/floor.py": "",
+        "converters/a/__init__.py": "",
+        "converters/a/x.py": "from ..floor import y\n",
+        "converters/a/inner/__init__.py": "",
+        "converters/a/inner/deep.py": "from ...b import z\n",
+        "converters/b/__init__.py": "",
+        "converters/b/z.py": "def f():\n    from converters.a import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    paths = sorted(tmp_path.rglob("*.py"))
+    modules = {module_name(path, tmp_path) for path in paths}
+    edges = [edge for path in paths for edge in edges_of(path, modules, tmp_path)]
+    loops = room_loops(edges, "converters", modules)
+    assert [loop.splitlines()[0] for loop in loops] == ["loop among converters.a, converters.b:"]
+    assert "converters/b/z.py:2: imports converters.a.x inside a function" in loops[0]

@@ -69,3 +69,13 @@ def test_the_quickstart_commands_run_as_written(tmp_path, monkeypatch):
         assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
     assert (home / ".local" / "share" / "normbridge" / "registry.db").is_file()  # "in the registry under ~/.local/share/normbridge"
     assert (tmp_path / "pulled.onnx").read_bytes() == (tmp_path / "bn.onnx").read_bytes()  # "byte-identical"
+
+
+def test_the_quickstart_prints_no_tensorflow_start_up_lines(tmp_path):
+    """Issue 35 §3: oneDNN and absl lines leaked into the quickstart's output; it quiets them as the CLI does (README)."""
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], cwd=tmp_path, env=user_environment(),
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for said in ("oneDNN", "absl::InitializeLog", "rebuild TensorFlow"):
+        assert said not in done.stdout + done.stderr
+    assert "check" in done.stdout  # the quickstart's own output is all there

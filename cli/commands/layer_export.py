@@ -7,28 +7,22 @@ state and weights, not a model's architecture, so a version exports as its layer
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import typer
 
 from ..app import app
 from ..arguments import version_ref
+from ..choices import FrameworkTarget
 from ..errors import reports_errors
 from .registry import BLOBS_HELP, DB_HELP, _dump, _registry, _say
-
-
-class LayerFormat(str, Enum):
-    onnx = "onnx"
-    torch = "torch"
-    keras = "keras"
 
 
 @app.command(name="export-layers")
 @reports_errors
 def export_layers(
     ref: str = typer.Argument(..., metavar="NAME@N", help="The version whose normalization layers to write (NAME@N or NAME@ALIAS).", callback=version_ref),
-    to: LayerFormat = typer.Option(..., "--to", help="onnx (one .onnx per layer), keras (one .keras one-layer model) or torch (a folder per layer: state_dict.safetensors plus its spec)."),
+    to: FrameworkTarget = typer.Option(..., "--to", help="onnx (one .onnx per layer), keras (one .keras one-layer model) or torch (a folder per layer: state_dict.safetensors plus its spec)."),
     output: Path = typer.Option(..., "--output", "-o", help="The folder to write into (created if missing)."),
     json_output: bool = typer.Option(False, "--json", help="Print the exported layers as JSON."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),

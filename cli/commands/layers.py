@@ -9,17 +9,11 @@ from typing import Optional
 
 import typer
 
-from ..app import app, console
+from ..app import app
 from ..arguments import conversion_opset, frameworks
+from ..choices import Target
 from ..errors import reports_errors
 from ..fitting import say, say_marked
-
-
-class Target(str, Enum):
-    spec = "spec"
-    torch = "torch"
-    keras = "keras"
-    onnx = "onnx"
 
 
 class CumulativeMomentum(str, Enum):
@@ -50,7 +44,7 @@ def convert(
 
     from ..files import load_layer, output_path
 
-    if to is Target.keras and output.suffix.lower() != ".keras":
+    if to.value == "keras" and output.suffix.lower() != ".keras":
         raise typer.BadParameter(f"'{output}' does not end in .keras, and Keras loads only files that do; pass -o {output.name}.keras "
                                  "(a one-layer Keras model).", param_hint="--output")
     output_path(output, folder=to.value == "spec" or (to.value == "torch" and output.suffix != ".safetensors"))

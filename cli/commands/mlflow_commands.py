@@ -40,19 +40,23 @@ def push(
     """Register a normbridge version in the MLflow Model Registry, with its artifact bundle and normbridge.* tags.
 
     The tags carry the digest, content digest, lineage (version, parent, operation), equivalence verdict and normalizers;
-    pushing the same version again returns the existing MLflow version. Example: normbridge mlflow push resnet@3 --tracking-uri http://127.0.0.1:5000
+    pushing the same version again returns the existing MLflow version. A version registered from a .onnx, .keras or .pt2
+    file is also an MLflow model with a signature and an input example: mlflow models serve -m models:/NAME/N serves it.
+    Example: normbridge mlflow push resnet@3 --tracking-uri http://127.0.0.1:5000
     """
     from registry.mlflow_bridge import push as push_version
 
     result = push_version(_registry(db, blobs), ref, tracking=tracking_uri, name=name)
     if json_output:
         _dump({"created": result.created, "name": result.name, "version": result.version, "run_id": result.run_id,
-               "source": result.source, "tags": result.tags})
+               "source": result.source, "tags": result.tags, "mlflow_model": result.servable})
         return
     verb = "pushed" if result.created else "unchanged: already pushed as"
     console.print(f"[green]{verb}[/] {result.tags.get('normbridge.version', ref)} -> MLflow models:/{result.name}/{result.version}", highlight=False)
     _say(f"  source      {result.source}")
     _say(f"  equivalence {result.tags.get('normbridge.equivalence', '')}")
+    if result.servable:
+        _say(f"  serve       mlflow models serve -m models:/{result.name}/{result.version}")
 
 
 @mlflow_app.command("import")

@@ -171,7 +171,9 @@ def recalibrate(
     from converters.models.monitoring.recalibration import save_recalibrated
     from schemas import InputFileError
 
-    if model_path.suffix.lower() not in (".onnx", ".pt2", ".keras"):
+    from converters import REGISTRY
+
+    if model_path.suffix.lower() not in REGISTRY.model_files():
         raise InputFileError(f"'{model_path}' is a '{model_path.suffix}' file; recalibrate takes an .onnx, .pt2 or .keras model.")
     if output.suffix.lower() != model_path.suffix.lower():
         raise InputFileError(f"output '{output}' must have the model's suffix '{model_path.suffix}'; the recalibrated model keeps its format.")

@@ -6,7 +6,6 @@ file streamed from GET /api/v1/models/NAME/versions/N/model, its digest checked 
 
 from __future__ import annotations
 
-from enum import Enum
 
 import typer
 from rich.console import Console
@@ -14,18 +13,11 @@ from rich.progress import BarColumn, Progress, TextColumn
 
 from ..app import app, console
 from ..arguments import version_ref
+from ..choices import PullFormat
 from ..errors import reports_errors
 from ..fitting import say, say_marked
 from ..servable_text import blocking_text
 from .registry import BLOBS_HELP, DB_HELP, _dump, _registry
-
-
-class PullFormat(str, Enum):
-    source = "source"
-    onnx = "onnx"
-    keras = "keras"
-    pt2 = "pt2"
-    safetensors = "safetensors"
 
 
 def _pull_with_bar(registry, ref: str, output: str, fmt: str):

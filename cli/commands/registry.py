@@ -49,8 +49,11 @@ def register(
     parent: str | None = typer.Option(None, "--parent", metavar="NAME@N", callback=version_ref,
                                        help="Parent version NAME@N (default: the latest version of NAME, if any)."),
     note: str | None = typer.Option(None, "--note", help="A free-text note stored with the version."),
-    operation: str | None = typer.Option(None, "--operation", help="Lineage label: registered, fine-tuned, recalibrated, converted, imported.",
+    operation: str | None = typer.Option(None, "--operation", help="Lineage label: registered (from scratch: no parent unless --parent), "
+                                         "fine-tuned (the default after a first version), recalibrated, converted, imported.",
                                          callback=arguments.operation),
+    no_parent: bool = typer.Option(False, "--no-parent", help="The model was made from scratch (retrained), not from the latest "
+                                   "version: record no parent (the same as --operation registered)."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     allow_unrecognised: bool = typer.Option(False, "--allow-unrecognised",
@@ -67,6 +70,10 @@ def register(
     command); into a local registry, a registration that finds it running is run there whole (NORMBRIDGE_REGISTER_IN_WORKER=0: here).
     Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
+    if no_parent and (parent is not None or operation not in (None, "registered")):
+        raise typer.BadParameter(f"--no-parent records a version made from scratch; it cannot go with "
+                                 f"{'--parent ' + parent if parent else '--operation ' + str(operation)}.", param_hint="--no-parent")
+    operation = "registered" if no_parent else operation
     options = {"parent": parent, "note": note, "operation": operation, "allow_unrecognised": allow_unrecognised}
     if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps
         result = _register(name, model, db, blobs, json_output, None, options)
@@ -81,13 +88,17 @@ def register(
             result = _register(name, model, db, blobs, json_output, progress, options)
     v = result.version
     if json_output:
-        _dump({"created": result.created, "version": v, "checks": [c.model_dump(mode="json") for c in result.checks],
+        _dump({"created": result.created, "version": v, "note_stored": result.created or note in (None, v.note),
+               "checks": [c.model_dump(mode="json") for c in result.checks],
                "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised], "seconds": result.seconds})
         return
     if result.created:
         console.print(f"[green]registered[/] {v.model}@{v.number}", highlight=False)
     else:
         console.print(f"[yellow]unchanged[/]: identical content is already {v.model}@{v.number}; nothing new stored", highlight=False)
+        if note is not None and note != v.note:
+            _say(f"  the note was not stored: {v.model}@{v.number} keeps its own ({v.note!r})" if v.note else
+                 f"  the note was not stored: {v.model}@{v.number} has none, and a version does not change once registered")
     _say(f"  operation {v.operation}" + (f" from {v.parent}" if v.parent else ""))
     _say(f"  digest    {v.digest}")
     for prefix, line in check_lines(result.checks) if result.checks else []:

@@ -59,6 +59,7 @@ def serve(
 
     from registry import settings
     from registry.http import app as http_app, request_guard
+    from converters.gate import ChildWorkerGate
     from registry.service import Registry
 
     if insecure_local and not http_app.is_loopback(host):
@@ -81,7 +82,9 @@ def serve(
         os.environ.setdefault(variable, "1")
     db_url, blob_uri = settings.database_url(db), settings.blobs_uri(blobs)
     guarded = [] if no_alias_guard else (guarded_alias or None)  # None: $NORMBRIDGE_GUARDED_ALIASES, else production
-    registry = Registry(db=db_url, blobs=blob_uri, user="server", guarded_aliases=guarded)  # migrations run once, before any worker
+    # Migrations run once, before any worker; a server is long-lived: a child worker of its own checks the frameworks it
+    # has not imported (no shared worker).
+    registry = Registry(db=db_url, blobs=blob_uri, user="server", guarded_aliases=guarded, gate=ChildWorkerGate())
     if workers == 1:
         uvicorn.run(http_app.create_app(registry, insecure_local=insecure_local, max_upload_bytes=limit, host=host, allowed_hosts=allowed_host),
                     host=host, port=port, log_level="info")
@@ -105,7 +108,8 @@ def _tokens(db: str | None):
 def _token_json(info) -> dict:
     return {"id": info.id, "owner": info.owner, "role": info.role, "models": None if info.models is None else list(info.models),
             "note": info.note, "created_at": info.created_at.isoformat(), "created_by": info.created_by,
-            "revoked_at": None if info.revoked_at is None else info.revoked_at.isoformat()}
+            "revoked_at": None if info.revoked_at is None else info.revoked_at.isoformat(),
+            "expires_at": None if info.expires_at is None else info.expires_at.isoformat(), "state": info.state}
 
 
 @token_app.command("create")
@@ -117,20 +121,27 @@ def token_create(
     model: list[str] = typer.Option([], "--model", help="Restrict the token to this model (repeat for several; default every model).",
                                    callback=model_names),
     note: str | None = typer.Option(None, "--note", help="Why the token exists."),
+    expires: str = typer.Option("90d", "--expires", metavar="30d|12h|never",
+                                help="How long the token lives: days (30d), hours (12h) or never; requests with it then get 401."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
-    json_output: bool = typer.Option(False, "--json", help="Print {id, token, owner, role, models} as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print {id, token, owner, role, models, expires_at} as JSON."),
 ) -> None:
-    """Create an API token and print its secret once (only its hash is stored). Example: normbridge token create --owner ci --role write --model resnet"""
+    """Create an API token and print its secret once (only its hash is stored). Example: normbridge token create --owner ci --role write --model resnet --expires 30d"""
     from registry.settings import current_user
+    from registry.tokens import parse_lifetime
 
-    info, token = _tokens(db).create(owner, role, models=model or None, note=note, created_by=current_user())
+    info, token = _tokens(db).create(owner, role, models=model or None, note=note, created_by=current_user(),
+                                     lifetime=parse_lifetime(expires))
+    expiry = "never expires" if info.expires_at is None else f"expires {info.expires_at.strftime('%Y-%m-%d %H:%M UTC')}"
     if json_output:
         print(json.dumps({"id": info.id, "token": token, "owner": info.owner, "role": info.role,
-                          "models": None if info.models is None else list(info.models)}))
+                          "models": None if info.models is None else list(info.models),
+                          "expires_at": None if info.expires_at is None else info.expires_at.isoformat()}))
         return
     print(token)
     scope = ", ".join(info.models) if info.models else "every model"
-    console.print(f"token {info.id} for {info.owner}: role {info.role}, {scope}. It is shown only this once: store it now.", highlight=False)
+    console.print(f"token {info.id} for {info.owner}: role {info.role}, {scope}, {expiry}. It is shown only this once: store it now.",
+                  highlight=False)
 
 
 @token_app.command("list")
@@ -139,17 +150,17 @@ def token_list(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the tokens as JSON (never their secrets)."),
 ) -> None:
-    """List API tokens (ids, owners, roles, scopes; never secrets). Example: normbridge token list --json"""
+    """List API tokens (ids, owners, roles, scopes, expiry and state; never secrets). Example: normbridge token list --json"""
     tokens = _tokens(db).list()
     if json_output:
         print(json.dumps([_token_json(t) for t in tokens], indent=2))
         return
     table = Table(title=f"{len(tokens)} token(s)")
-    for column in ("id", "owner", "role", "models", "created", "by", "state", "note"):
+    for column in ("id", "owner", "role", "models", "created", "by", "expires", "state", "note"):
         table.add_column(column, overflow="fold")
     for t in tokens:
         table.add_row(t.id, t.owner, t.role, ", ".join(t.models) if t.models else "all", t.created_at.strftime("%Y-%m-%d %H:%M"), t.created_by,
-                      "revoked" if t.revoked_at else "active", t.note or "")
+                      "never" if t.expires_at is None else t.expires_at.strftime("%Y-%m-%d %H:%M"), t.state, t.note or "")
     print_table(table)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import typer
@@ -11,9 +10,11 @@ from rich.table import Table
 
 from ..app import app, console
 from ..arguments import version_ref
+from ..choices import FrameworkTarget
 from ..errors import reports_errors
 from ..files import check_headers, output_path
 from ..fitting import print_table, say, say_marked
+from ..hazard_text import say_hazard_groups
 
 
 def _check_failed_code() -> int:
@@ -63,12 +64,6 @@ def print_contract(result) -> None:
     console.print("[green]contract PASSED[/]" if result.passed else "[bold red]contract FAILED[/]")
 
 
-class ExportTarget(str, Enum):
-    onnx = "onnx"
-    torch = "torch"
-    keras = "keras"
-
-
 def _verification_table(result) -> Table:
     sites = len({(v.site, v.source_layer) for v in result.verification})
     failed = [v for v in result.verification if not v.passed]
@@ -99,10 +94,9 @@ def _rewrites(result) -> list[str]:
 
 def _print_hazards(result) -> None:
     """The source's warning- and error-level hazards, as `inspect` prints them, and what the error-level ones did to the export."""
-    from schemas.inspection import severity_style
+    from schemas.hazard_groups import group_hazards
 
-    for h in result.hazards:
-        say_marked(f"[{severity_style(h.severity)}]{h.severity}[/] {h.code} ", f"{h.layer or '(model)'}: {h.message}")
+    say_hazard_groups(group_hazards((h.layer, h.code, h.severity, h.message, False) for h in result.hazards))
     errors = result.error_hazards
     if errors and not result.written:
         say(f"error: {len(errors)} error-level hazard(s) in the source refuse the export; fix them, or pass --force to write it anyway.", style="red")
@@ -116,7 +110,7 @@ def _print_hazards(result) -> None:
 def export_command(
     model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export), .keras (loaded with safe_mode), "
                                       "or a registry version NAME@REF (rebuilt from the registry alone)."),
-    to: ExportTarget = typer.Option(ExportTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
+    to: FrameworkTarget = typer.Option(FrameworkTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
     output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
     opset: int = typer.Option(23, "--opset", min=1, help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
                               "a graph the exporter wrote above it is converted down with onnx's version converter, or refused (exit 5)."),
@@ -136,7 +130,7 @@ def export_command(
     version are written by normbridge export-layers.
     Example: normbridge export resnet.keras --to onnx -o resnet.onnx; normbridge export resnet@production --to onnx -o prod.onnx
     """
-    if to is not ExportTarget.onnx:  # a usage error (exit 2): the option asks for something this command does not do
+    if to is not FrameworkTarget.onnx:  # a usage error (exit 2): the option asks for something this command does not do
         raise typer.BadParameter(f"a model exports to onnx for serving (got {to.value}); the layers of a registry version are written "
                                  f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.", param_hint="'--to'")
     from converters.models.loading import load_model

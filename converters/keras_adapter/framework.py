@@ -28,7 +28,7 @@ class KerasFramework(FrameworkAdapter):
         kind = recognizers.kind_of("keras", obj)
         if kind is not None:
             return kind
-        from ..recognizers.keras_layers import CLASS_KINDS
+        from .recognizers.layers import CLASS_KINDS
 
         names = list(CLASS_KINDS)
         raise UnsupportedObjectError(

@@ -40,7 +40,7 @@ class KerasKindAdapter(KindAdapter):
     #: Names in keras.layers this adapter reads.
     layer_classes: ClassVar[tuple[str, ...]]
     #: Declared by a class whose from_spec builds from the configuration alone and writes the spec's tensors only in
-    #: finish_emit, so `restate` may stand in for it (converters/group_bench.py). Read from the class that defines
+    #: finish_emit, so `restate` may stand in for it (converters/gate/group_objects.py). Read from the class that defines
     #: from_spec: a subclass overriding from_spec without declaring it again is never restated.
     restatable: ClassVar[bool] = False
 

@@ -22,7 +22,7 @@ AFFINE_MARKS = frozenset({"gamma", "beta"})
 
 def stock_classes() -> tuple[type, ...]:
     layers = import_keras().layers
-    names = {name for info in KIND_INFO.values() for name in info.classes["keras"]} | set(OTHER_STOCK)
+    names = {name for info in KIND_INFO.values() for name in info.stock_classes("keras")} | set(OTHER_STOCK)
     return tuple(getattr(layers, name) for name in sorted(names) if hasattr(layers, name))
 
 

@@ -112,7 +112,7 @@ def snapshot(layer: Any) -> Callable[[], None]:
     """A function that puts `layer` back as it is now (variables, epsilon, momentum, trainable, markers)."""
     variables = [(variable, read_variable(variable)) for variable in layer.weights]
     attributes = {name: getattr(layer, name) for name in ("epsilon", "momentum", "trainable") if hasattr(layer, name)}
-    extras = getattr(layer, markers.ATTRIBUTE, None)
+    restore_markers = markers.restorer(layer)
 
     def restore() -> None:
         for variable, saved in variables:
@@ -120,11 +120,7 @@ def snapshot(layer: Any) -> Callable[[], None]:
         for name, value in attributes.items():
             if getattr(layer, name) != value:
                 setattr(layer, name, value)
-        if extras is None:
-            if markers.ATTRIBUTE in layer.__dict__:
-                object.__delattr__(layer, markers.ATTRIBUTE)
-        else:
-            object.__setattr__(layer, markers.ATTRIBUTE, extras)
+        restore_markers()
 
     return restore
 

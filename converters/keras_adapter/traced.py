@@ -1,6 +1,6 @@
 """A Keras layer's writes and calls traced once and run for every state it is given (check_many's Keras leg).
 
-Why: check_many (converters/grouped_check.py) gives one Keras layer per configuration each member's state in turn
+Why: check_many (converters/gate/grouped_check.py) gives one Keras layer per configuration each member's state in turn
 (`KerasKindAdapter.restate`) and runs it. Eagerly, every call of a layer on a probe of a few thousand numbers spends
 1-3 ms in Python (Keras's `__call__`, one TensorFlow dispatch per op), and every variable write a few hundred
 microseconds; traced into tf.functions, as Keras's own predict and fit run layers, they cost a fraction, and the trace is

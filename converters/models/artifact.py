@@ -23,7 +23,7 @@ def model_contents(model: Any) -> ModelContents:
     source = None
     if isinstance(model, (str, Path)):
         source = Path(model)
-        model = load_model(source)
+        model = load_model(source, checkpoint_folders=True)
     if isinstance(model, NormSpec):
         raise InputFileError("got a single-layer spec folder; register a whole model (.pt2, .keras, .onnx, a torch module or an artifact folder).")
     adapter = REGISTRY.model_adapter_of(model)

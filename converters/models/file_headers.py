@@ -26,6 +26,8 @@ import numpy as np
 
 from schemas import InputFileError
 
+from ..adapters import REGISTRY
+
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 NPY_MAGIC = b"\x93NUMPY"
 #: ModelProto field number -> protobuf wire type (onnx/onnx.proto); unknown numbers are allowed (newer ONNX) if well formed.
@@ -125,21 +127,30 @@ def check_npy_header(path: Path) -> None:
                              f"{size - data_start}; save it again with numpy.save.")
 
 
-MODEL_HEADERS: dict[str, Callable[[Path], None]] = {
-    ".onnx": check_onnx_header,
-    ".pt2": lambda path: check_zip_header(path, "a torch.export .pt2 archive", "save the model with torch.export.save"),
-    ".keras": lambda path: check_zip_header(path, "a .keras file", "save the model with model.save('model.keras')"),
-}
+#: Model file suffix -> the check of a format that is no zip archive (the archives are each FrameworkInfo's `archive`).
+CONTENT_HEADERS: dict[str, Callable[[Path], None]] = {".onnx": check_onnx_header}
 SAMPLE_HEADERS: dict[str, Callable[[Path], None]] = {
     ".npy": check_npy_header,
     ".npz": lambda path: check_zip_header(path, "a NumPy .npz file", "save it with numpy.savez"),
 }
 
 
+def model_headers() -> dict[str, Callable[[Path], None]]:
+    """Model file suffix -> the check of its first bytes, for every registered framework's archive files and the
+    formats of CONTENT_HEADERS."""
+    checks = dict(CONTENT_HEADERS)
+    for info in REGISTRY.infos():
+        if info.archive is not None:
+            what, advice = info.archive
+            for suffix in info.model_files:
+                checks[suffix] = lambda path, what=what, advice=advice: check_zip_header(path, what, advice)
+    return checks
+
+
 def check_model_header(path: str | Path) -> None:
     """Refuse a model file whose first bytes do not match its suffix (no-op for suffixes without a check)."""
     path = Path(path)
-    check = MODEL_HEADERS.get(path.suffix.lower())
+    check = model_headers().get(path.suffix.lower())
     if check is not None and path.is_file():
         check(path)
 

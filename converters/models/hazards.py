@@ -22,9 +22,6 @@ from ..adapters import REGISTRY
 from ..model_values import LayerFacts
 from .monitoring.convergence import INITIAL_WEIGHT_FLOOR, initial_weight, is_initial
 
-#: How a hazard names the default of each framework (KindInfo.default_eps holds the values); another
-#: framework's is called "the <name> default".
-DEFAULT_NAMES = {"torch": "PyTorch's default", "keras": "Keras's default", "onnx": "the ONNX op default"}
 #: Exporter (a site's origin) -> the framework whose defaults its layers were written with.
 EXPORTER_FRAMEWORKS = {"torch.onnx": "torch", "tf2onnx": "keras"}
 
@@ -162,10 +159,12 @@ def default_eps(facts: LayerFacts) -> tuple[float | None, str]:
     """The default eps of the framework the layer came from, and how to name it (None: PyTorch eps=None, schemas.floats.dtype_default_eps)."""
     framework = EXPORTER_FRAMEWORKS.get(facts.origin, facts.framework)
     info = KIND_INFO[facts.kind]
-    named = DEFAULT_NAMES.get(framework, f"the {framework} default")
+    # how a hazard names the framework's default (KindInfo.default_eps holds the values): its FrameworkInfo's words
+    named = REGISTRY.info(framework).default_eps_name if framework in REGISTRY.framework_names else f"the {framework} default"
     default = info.default_eps[framework]
     if default is None:  # PyTorch's RMSNorm: eps=None means the eps of the dtype torch computes in, which the spec records as eps_origin="dtype_eps"
-        return None, f"{named} for {info.classes[framework][0]} (eps=None: the eps of the dtype torch computes in)"
+        named_class = (info.stock_classes(framework) or (facts.layer_type,))[0]
+        return None, f"{named} for {named_class} (eps=None: the eps of the dtype torch computes in)"
     return default, f"{named} {default!r}"
 
 
@@ -228,6 +227,8 @@ def _decomposition_fix(facts: LayerFacts) -> str:
         return "save the program before run_decompositions()"
     if facts.origin == "tf2onnx":
         return "tf2onnx always decomposes it; normbridge export rewrites it into the native op"
+    if KIND_INFO[facts.kind].onnx_op is None:
+        return f"ONNX has no native {facts.kind} op: the decomposition is how ONNX holds it"
     return f"export with opset >= {KIND_INFO[facts.kind].onnx_opset}, which has the native op"
 
 

@@ -25,7 +25,7 @@ def inspect_path(path: str | Path) -> ModelInspection:
     """Load the model at `path` safely (see loading.load_model) and inspect it."""
     from .loading import load_model
 
-    return inspect_model(load_model(path), source=str(path))
+    return inspect_model(load_model(path, checkpoint_folders=True), source=str(path))
 
 
 def inspect_model(obj: Any, *, source: str | None = None) -> ModelInspection:

@@ -1,7 +1,7 @@
 """Loading model files without executing code from them.
 
-Accepted: the model files of every registered framework (`adapters.MODEL_FILES`: `.pt2`, a
-torch.export ExportedProgram read by `torch_adapter.pt2_archive` with no full unpickler;
+Accepted: the model files of every registered framework (`REGISTRY.model_files()`, from each `FrameworkInfo`: `.pt2`, a
+torch.export ExportedProgram read by `torch_adapter.pt2.archive` with no full unpickler;
 `.keras`, loaded with safe_mode=True, so Lambda layers and other deserialised code are refused;
 `.onnx`), each loaded by its framework's model adapter once its first bytes say it is one
 (`file_headers`), and a spec folder. Pickle-based formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them
@@ -15,18 +15,26 @@ from typing import Any
 
 from schemas import InputFileError
 
-from ..adapters import MODEL_FILES, REGISTRY
+from ..adapters import REGISTRY
 from .file_headers import check_model_header
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib")
-SUPPORTED = ", ".join(described for _, described in MODEL_FILES.values()) + " or a spec folder"
 
 
-def load_model(path: str | Path) -> Any:
-    """The model stored at `path`: ExportedProgram, keras.Model, onnx.ModelProto or NormSpec."""
+def supported() -> str:
+    """The model files and folders `load_model` reads, as a message names them."""
+    return ", ".join(described for _, described in REGISTRY.model_files().values()) + " or a spec folder"
+
+
+def load_model(path: str | Path, *, checkpoint_folders: bool = False) -> Any:
+    """The model stored at `path`: ExportedProgram, keras.Model, onnx.ModelProto or NormSpec; with `checkpoint_folders`
+    (what `inspect` and a registration read), a Hugging Face checkpoint folder too, as a torch.nn.Module whose weights
+    other than its normalizations' stay on the meta device (so no command that runs a model may take one yet)."""
     path = Path(path)
     if not path.exists():
-        raise InputFileError(f"'{path}' does not exist; pass a {SUPPORTED}.")
+        raise InputFileError(f"'{path}' does not exist; pass a {supported()}.")
+    if path.is_dir() and not (path / "spec.json").exists():
+        return _load_folder(path, checkpoint_folders)
     if path.is_dir() or path.name == "spec.json":
         from schemas import load_spec
 
@@ -38,13 +46,30 @@ def load_model(path: str | Path) -> Any:
             "save the model with torch.export.save (.pt2), "
             "model.save (.keras) or as ONNX instead."
         )
-    if suffix in MODEL_FILES:
-        framework, _ = MODEL_FILES[suffix]
+    model_files = REGISTRY.model_files()
+    if suffix in model_files:
+        framework, _ = model_files[suffix]
         check_model_header(path)  # a file that is not a model is refused from its first bytes, before its framework reads it whole
         return REGISTRY.model_adapter(framework).load(path)
-    raise InputFileError(f"'{path}' has an unknown format '{suffix}'; pass a {SUPPORTED}.")
+    raise InputFileError(f"'{path}' has an unknown format '{suffix}'; pass a {supported()}.")
 
 
-def framework_of_model(model: Any) -> str:
-    """'torch', 'keras' or 'onnx' for a model object (ExportedProgram counts as torch)."""
-    return REGISTRY.model_framework(model)
+#: The file that makes a folder a Hugging Face checkpoint (`save_pretrained`): transformers' PyTorch classes build it, so
+#: the torch adapter reads it (converters/torch_adapter/checkpoint_folder/).
+CHECKPOINT_CONFIG = "config.json"
+
+
+def _load_folder(path: Path, checkpoint_folders: bool) -> Any:
+    if not (path / CHECKPOINT_CONFIG).is_file():
+        raise InputFileError(
+            f"'{path}' holds neither spec.json (a spec folder written by normbridge: spec.json + tensors.safetensors) nor "
+            f"{CHECKPOINT_CONFIG} (a Hugging Face checkpoint folder written by save_pretrained: config.json + "
+            "model.safetensors); pass one of those."
+        )
+    if not checkpoint_folders:
+        raise InputFileError(
+            f"'{path}' is a Hugging Face checkpoint folder, which only `normbridge inspect` and a local `register` read "
+            "yet (uploading, exporting, porting or serving one is not built: docs/checkpoint-folders.md); export the "
+            "model with torch.export (.pt2)."
+        )
+    return REGISTRY.model_adapter("torch").load(path)

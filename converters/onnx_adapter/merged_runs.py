@@ -4,7 +4,7 @@ Why: a session costs about a millisecond to build and the run a few microseconds
 160 RMSNorms spent its ONNX leg building sessions. Each model is copied into the merged graph as written
 (every node, attribute and initializer, names prefixed so they stay apart), all read the one shared probe
 input, and each model's outputs are fetched under their prefixed names: every value is computed by the same
-kernel on the same input and state as in the model's own session (tests/converters/test_grouped_check.py
+kernel on the same input and state as in the model's own session (tests/converters/gate/test_grouped_check.py
 compares them bit for bit). Models this cannot hold as written (subgraphs, local functions, sparse
 initializers, other opsets or inputs) are left out, and the caller runs them on their own.
 """

@@ -29,11 +29,11 @@ from .layer_graph import op_version
 from .proto import DEFAULT_DOMAINS, FLOAT_TYPES
 
 #: The native ops, as named in messages.
-NATIVE_OPS = tuple(info.onnx_op for info in KIND_INFO.values())
+NATIVE_OPS = tuple(info.onnx_op for info in KIND_INFO.values() if info.onnx_op is not None)
 #: Ops of the decompositions normbridge emits below the native opsets.
 DECOMPOSITION_OPS = frozenset({"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div", "Cast", "Reshape", "Shape", "InstanceNormalization"})
 #: Kinds whose native op is newer than the oldest opset normbridge writes: below it they are decomposed.
-DECOMPOSED_KINDS = tuple(kind for kind, info in KIND_INFO.items() if info.onnx_opset > MIN_OPSET)
+DECOMPOSED_KINDS = tuple(kind for kind, info in KIND_INFO.items() if info.onnx_opset is not None and info.onnx_opset > MIN_OPSET)
 
 
 def default_eps(layer: "OnnxLayer") -> float:
@@ -195,7 +195,7 @@ def _parse(model, kind: str | None) -> OnnxLayer:
     data_inputs = [name for name in inputs if name not in initializers]
     raw = metadata.load(model)
     ops = [n.op_type for n in graph.node]
-    # converters/recognizers/onnx_ops.py tells a native normalization node.
+    # onnx_adapter/recognizers/ops.py tells a native normalization node.
     found = recognizers.kind_of("onnx", graph.node[0]) if len(graph.node) == 1 else None
     node = graph.node[0] if found is not None else None
     if node is not None:

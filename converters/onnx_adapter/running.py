@@ -73,8 +73,9 @@ def serving_runner(model, optimized: bool = False) -> ModelRunner:
             raise InputFileError(
                 f"onnxruntime {onnxruntime.__version__}'s CPU provider has no bfloat16 kernels for this bfloat16 graph ({first}), so the "
                 "serving contract was not run: the file's outputs were not compared with "
-                "the model's; export a float32 copy of the model (model.float() before torch.export) to have it run, or pass --force "
-                "to write the bfloat16 file with its normalizations verified from the graph only.") from error
+                "the model's. What can be done: export a float32 copy of the model (model.float() before torch.export) and "
+                "run the contract on that file; or write the bfloat16 file with `normbridge export --force`, its "
+                "normalizations then verified from the graph only (`normbridge contract` cannot run it).") from error
         raise InputFileError(f"onnxruntime cannot load the serving model ({first}); check the opset and ops it uses.") from error
     names = [i.name for i in session.get_inputs()]
 

@@ -83,7 +83,22 @@ def session_taps(model: Any, sink: TapSink) -> ServingTaps:
     outputs = [o.name for o in probe.get_outputs()]
     taps = [s.input if s.input in outputs else next(n for n in outputs if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
     served = MonitoredSession(session, probe, taps, sink)
-    return ServingTaps(served, layers, input_names=served.input_names)
+    found = training_mode_faults(proto)
+    return ServingTaps(served, layers, input_names=served.input_names, faults=lambda: list(found))
 
 
-__all__ = ["MonitoredSession", "session_taps"]
+def training_mode_faults(proto: onnx.ModelProto) -> list[tuple[str, str | None, str]]:
+    """A batch_statistics_in_graph fault per BatchNormalization with training_mode=1: onnxruntime normalizes each
+    request by its own batch there (the graph's statistics are constants, so they never change while serving)."""
+    found = []
+    for node in proto.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        if any(a.name == "training_mode" and onnx.helper.get_attribute_value(a) == 1 for a in node.attribute):
+            found.append(("batch_statistics_in_graph", node.name or node.input[0],
+                          "BatchNormalization with training_mode=1 in the served graph: each request is normalized by "
+                          "its own batch; export the model after model.eval() (normbridge export does)"))
+    return found
+
+
+__all__ = ["MonitoredSession", "session_taps", "training_mode_faults"]

@@ -1,10 +1,12 @@
-"""Recognizers: the place where recognising a normalization lives, one file per recognizer.
+"""The registry of recognizers and their interfaces (`base.py`); each framework's recognizers live beside its adapter.
 
-The stock recognizers are listed in `STOCK_RECOGNIZERS`, per framework, in the order they are
-asked; each module defines `RECOGNIZER`. `register()` adds another one (asked after the stock
-ones of its framework). Registering a name twice raises, and asking for a missing one lists what
-is registered. A framework's recognizers are imported the first time one of them is needed, so
-recognising a torch module never imports TensorFlow.
+A framework's stock recognizers are the modules its adapter package lists in `<package>.recognizers.STOCK_RECOGNIZERS`
+(`converters/torch_adapter/recognizers/__init__.py`, ...), in the order they are asked; each module defines
+`RECOGNIZER`. The adapter package of a framework is the adapter registry's (`converters.adapters.REGISTRY.packages`),
+so this package names no framework and imports none: a framework's recognizers are imported the first time one of them
+is needed, and recognising a torch module never imports TensorFlow. `register()` adds another one (asked after the
+stock ones of its framework). Registering a name twice raises, and asking for a missing one lists what is registered.
+`declared.py` holds `converters.recognize`, a user's declaration of a class of their own.
 """
 
 from __future__ import annotations
@@ -15,32 +17,36 @@ from typing import Any, TypeVar
 
 from schemas import AdapterNotFoundError, DuplicateAdapterError
 
+from ..adapters import REGISTRY
 from .base import GraphRecognizer, ObjectRecognizer, Recognizer
 
-#: framework -> modules holding its stock recognizers (each a RECOGNIZER), in the order they are asked.
-STOCK_RECOGNIZERS: dict[str, tuple[str, ...]] = {
-    # torch_computed first: a stock subclass with its own forward computes what its forward says.
-    "torch": ("converters.recognizers.torch_computed", "converters.recognizers.torch_modules", "converters.recognizers.torch_aten_ops"),
-    "keras": ("converters.recognizers.keras_layers", "converters.recognizers.keras_standardization", "converters.recognizers.keras_probed"),
-    "onnx": (
-        "converters.recognizers.onnx_ops",
-        # Graph recognizers: the more specific spellings first, so they claim their nodes before
-        # a native node inside them (torch.onnx's grouped InstanceNormalization) is read alone.
-        "converters.recognizers.onnx_grouped_instance_norm",
-        "converters.recognizers.onnx_moments",
-        "converters.recognizers.onnx_native_nodes",
-        "converters.recognizers.onnx_folded_batchnorm",
-    ),
-}
+
+def stock_recognizers(package: str) -> tuple[str, ...]:
+    """The modules holding the stock recognizers of the adapter package `package`, in the order they are asked: its
+    `recognizers` sub-package's `STOCK_RECOGNIZERS`; none when it has no such sub-package (then
+    tests/converters/test_coverage.py::test_every_framework_has_a_model_adapter_its_files_and_recognizers fails)."""
+    name = f"{package}.recognizers"
+    try:
+        listing = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name:
+            raise
+        return ()
+    return tuple(f"{name}.{module}" for module in listing.STOCK_RECOGNIZERS)
+
 
 R = TypeVar("R", bound=Recognizer)
 
 
 class RecognizerRegistry:
-    """Recognizers by name, asked per framework in registration order; stock ones load on first use."""
+    """Recognizers by name, asked per framework in registration order; stock ones load on first use.
 
-    def __init__(self, stock: dict[str, tuple[str, ...]] | None = None):
-        self._stock = dict(STOCK_RECOGNIZERS if stock is None else stock)
+    `packages`: framework -> its adapter package, whose stock recognizers are loaded (`stock_recognizers`); by default
+    the adapter registry's, asked when a framework's recognizers are first needed.
+    """
+
+    def __init__(self, packages: dict[str, str] | None = None):
+        self._packages = None if packages is None else dict(packages)
         self._loaded: set[str] = set()
         self._by_name: dict[str, Recognizer] = {}
         self._lock = threading.RLock()
@@ -50,11 +56,15 @@ class RecognizerRegistry:
             if framework in self._loaded:
                 return
             self._loaded.add(framework)
-            for module_name in self._stock.get(framework, ()):
+            package = self._frameworks().get(framework)
+            for module_name in stock_recognizers(package) if package is not None else ():
                 recognizer = importlib.import_module(module_name).RECOGNIZER
                 if recognizer.framework != framework:
                     raise DuplicateAdapterError(f"{module_name} declares a {recognizer.framework} recognizer but is listed for {framework}.")
                 self._add(recognizer)
+
+    def _frameworks(self) -> dict[str, str]:
+        return REGISTRY.packages if self._packages is None else self._packages
 
     def _add(self, recognizer: Recognizer) -> None:
         if recognizer.name in self._by_name:
@@ -73,7 +83,7 @@ class RecognizerRegistry:
     def get(self, name: str) -> Recognizer:
         """The recognizer called `name`, or an error listing the registered ones."""
         with self._lock:
-            for framework in self._stock:
+            for framework in self._frameworks():
                 self._load(framework)
             if name not in self._by_name:
                 raise AdapterNotFoundError(f"no recognizer is named '{name}'; currently registered recognizers are {', '.join(self._by_name)}.")
@@ -108,4 +118,4 @@ def kind_of(framework: str, obj: Any) -> str | None:
     return RECOGNIZERS.kind_of(framework, obj)
 
 
-__all__ = ["GraphRecognizer", "ObjectRecognizer", "RECOGNIZERS", "Recognizer", "RecognizerRegistry", "STOCK_RECOGNIZERS", "kind_of", "register"]
+__all__ = ["GraphRecognizer", "ObjectRecognizer", "RECOGNIZERS", "Recognizer", "RecognizerRegistry", "kind_of", "register", "stock_recognizers"]

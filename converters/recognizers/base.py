@@ -7,7 +7,8 @@ Two families, because frameworks show normalizations two ways:
 - a `GraphRecognizer` is shown a whole ONNX graph (`GraphIndex`) and finds the normalizations
   spelled as several nodes, claiming the nodes it reports so later recognizers skip them.
 
-Recognizers are listed in `converters/recognizers/__init__.py` and asked in that order.
+Each framework lists its stock recognizers in `<framework>_adapter/recognizers/__init__.py`, in the order they are asked
+(`converters/recognizers/__init__.py` asks them).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 The declaration says where the class keeps eps (an attribute name, or the number itself), its
 scale and bias (attribute names, or None), its running statistics (batch), and settings no
 attribute holds (scale_offset, compute_dtype, the channels_first layout). It is not trusted: the
-torch recognizer (`torch_computed.py`) builds the spec it describes for each instance and
+torch recognizer (`torch_adapter/recognizers/computed.py`) builds the spec it describes for each instance and
 proves it on a probe against the NumPy reference, exactly as it does for what it reads from a
 traced graph; an instance whose output differs is reported as an unrecognised normalization.
 This module imports no framework, so declaring costs nothing until a model is read.

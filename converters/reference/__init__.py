@@ -22,6 +22,19 @@ from .precision import in_compute
 KIND_MODULES = {kind: import_module(f"{__name__}.{kind}") for kind in KIND_INFO}
 
 
+def register_kind(kind: str, module) -> None:
+    """The reference of a kind added at run time (converters.adapters.REGISTRY.add_kind): `module` holds
+    forward(spec, x, training) and, for a kind with running statistics, batch_moments(x), as `<kind>.py` here does."""
+    if kind in KIND_MODULES:
+        raise ValueError(f"kind '{kind}' has a reference already.")
+    KIND_MODULES[kind] = module
+
+
+def remove_kind(kind: str) -> None:
+    """Take the reference of a kind added at run time out again."""
+    KIND_MODULES.pop(kind, None)
+
+
 @dataclass(frozen=True)
 class TrainStep:
     """Output and updated statistics after one training-mode forward pass."""

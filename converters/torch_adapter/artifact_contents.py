@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from schemas import InputFileError, NormbridgeError, UnsupportedObjectError
+from schemas import NormbridgeError, UnsupportedObjectError
 from schemas.layer_errors import read_layer
 
 from ..adapters import REGISTRY
@@ -15,8 +15,8 @@ from ..model_contents import ModelContents, ModelNormalizer, ModelTensor, hint_i
 from ..model_values import NormLayerRef
 from ..models.walking import spec_of
 from .common import numpy_from_tensor
-from .exported_program import exported_specs
-from .pt2_payloads import tensor_sources
+from .pt2.payloads import tensor_sources
+from .recognition.exported_program import exported_specs
 from .torch_internals import norm_base_classes
 
 #: The normalization module classes a walk must have read, or the model is refused (they would pass unchecked).

@@ -11,7 +11,7 @@ import torch
 from schemas import LayerReport, NormSpec, NotExpressibleError, Source, SpecError
 
 from .. import markers
-from .torch_internals import own_tensors
+from .torch_internals import own_tensors, torch_version
 
 TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
 SPEC_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
@@ -129,7 +129,7 @@ def source(module: torch.nn.Module) -> Source:
 @functools.lru_cache(maxsize=256)
 def _source(layer_type: str) -> Source:
     """Source is frozen: one per class name serves every spec read from such a module (a read costs a validation less)."""
-    return Source(framework="torch", framework_version=torch.__version__.split("+")[0], layer_type=layer_type)
+    return Source(framework="torch", framework_version=torch_version(), layer_type=layer_type)
 
 
 def read_affine(module: torch.nn.Module, name: str, report: LayerReport) -> tuple[bool, bool, dict]:

@@ -15,6 +15,7 @@ from schemas import NotExpressibleError, UnsupportedObjectError
 
 from .. import markers, recognizers
 from ..adapter import FrameworkAdapter
+from . import torch_internals
 from .common import numpy_from_tensor, tensor_from_numpy
 
 
@@ -54,12 +55,12 @@ class TorchFramework(FrameworkAdapter):
         return isinstance(obj, torch.nn.Module) and super().owns(obj)
 
     def kind_of(self, obj: Any) -> str:
-        """The kind the torch recognizers read (converters/recognizers/: the stock modules first)."""
+        """The kind the torch recognizers read (recognizers/: the stock modules first)."""
         kind = recognizers.kind_of("torch", obj)
         if kind is None:
-            from ..recognizers.torch_modules import SUPPORTED
-            from .computed import recognition
-            from .norm_hazards import unrecognised
+            from .recognizers.modules import SUPPORTED
+            from .recognition.computed import recognition
+            from .recognition.norm_hazards import unrecognised
 
             found = recognition(obj)  # a candidate whose proof failed says why, in inspect's words
             why = "" if found is None or found.reason is None else " " + unrecognised(
@@ -68,8 +69,8 @@ class TorchFramework(FrameworkAdapter):
         return kind
 
     def recognised_spec(self, obj: Any):
-        """The proved spec of a module no stock class covers (torch_adapter/computed.py), else None."""
-        from .computed import recognition
+        """The proved spec of a module no stock class covers (recognition/computed.py), else None."""
+        from .recognition.computed import recognition
 
         found = recognition(obj)
         return None if found is None else found.spec
@@ -81,7 +82,7 @@ class TorchFramework(FrameworkAdapter):
         return restore_class(spec)
 
     def version(self) -> str:
-        return torch.__version__.split("+")[0]
+        return torch_internals.torch_version()
 
     def natural_layout(self) -> str:
         return "channels_first"

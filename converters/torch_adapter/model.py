@@ -15,12 +15,14 @@ from schemas.atomic_io import atomic_write_bytes
 from ..api import layer_spec
 from ..model_adapter import ModelAdapter
 from ..model_values import LayerFacts, NormLayerRef
-from . import artifact_contents, exported_program, onnx_export, porting, pt2_structure, recalibration, running, serving_taps, statistics
+from . import artifact_contents, onnx_export, porting, recalibration, running, serving_taps, statistics
+from .pt2 import structure
+from .recognition import exported_program
 
 
 def _load_pt2(path: Path) -> Any:
-    """Never torch.export.load: it unpickles parts of the archive with the full unpickler (see pt2_archive)."""
-    from .pt2_archive import load_exported_program
+    """Never torch.export.load: it unpickles parts of the archive with the full unpickler (see pt2/archive.py)."""
+    from .pt2.archive import load_exported_program
 
     return load_exported_program(path)
 
@@ -41,19 +43,24 @@ class TorchModelAdapter(ModelAdapter):
     def own_eps_default(self, facts: LayerFacts) -> bool:
         """A hand-written class (LlamaRMSNorm) has its own default eps, not the stock class's."""
         return facts.origin != "normbridge" and not facts.layer_type.startswith("aten") \
-            and facts.layer_type not in KIND_INFO[facts.kind].classes["torch"]
+            and facts.layer_type not in KIND_INFO[facts.kind].stock_classes("torch")
 
     def load(self, path: Path) -> Any:
+        if path.is_dir():  # a Hugging Face checkpoint folder (converters.models.loading sends only those here)
+            from .checkpoint_folder import load_checkpoint_folder
+
+            return load_checkpoint_folder(path)
         return _load_pt2(path)
 
     def prepare_loading(self) -> None:
         """torch's .pt2 deserializer and what it imports (torch._dynamo): about 2 s on a first load."""
-        from . import pt2_archive, program_schema, torch_internals  # noqa: F401
+        from . import torch_internals
+        from .pt2 import archive, program_schema  # noqa: F401
 
         torch_internals.import_serializer()
 
     def load_bytes(self, data: bytes, name: str) -> Any:
-        from .pt2_archive import load_exported_program
+        from .pt2.archive import load_exported_program
 
         return load_exported_program(Path(name), data)
 
@@ -109,9 +116,9 @@ class TorchModelAdapter(ModelAdapter):
         return super().layer_facts(_module(model, "a torch.nn.Module or a torch.export.ExportedProgram"))
 
     def model_hazards(self, model: Any, found: int | None = None) -> list:
-        """Modules that look like normalizations but were not proved, and SyncBatchNorms (norm_hazards.py); `found` saves
-        reading the layers again (a 160-RMSNorm program: 50 ms)."""
-        from . import norm_hazards
+        """Modules that look like normalizations but were not proved, and SyncBatchNorms (recognition/norm_hazards.py);
+        `found` saves reading the layers again (a 160-RMSNorm program: 50 ms)."""
+        from .recognition import norm_hazards
 
         if exported_program.is_exported_program(model):
             return norm_hazards.program_hazards(model, len(exported_program.exported_norm_layers(model)) if found is None else found)
@@ -130,22 +137,27 @@ class TorchModelAdapter(ModelAdapter):
     def artifact_contents(self, model: Any):
         if exported_program.is_exported_program(model):
             return artifact_contents.program_contents(model)
+        from .checkpoint_folder import contents, meta_model
+
+        folder_tensors = meta_model.tensors_of(model)
+        if folder_tensors is not None:  # a checkpoint folder's model: its tensors streamed from the files
+            return contents.folder_contents(model, folder_tensors, self.norm_layers(model))
         return artifact_contents.module_contents(model, self.norm_layers(model))
 
     def structure_of(self, model: Any, tensors, source=None):
         """A program's archive parts; an nn.Module has no structure normbridge can store safely: its state dict is what is kept."""
         if exported_program.is_exported_program(model):
-            return pt2_structure.pt2_structure(model, tensors, source)
+            return structure.pt2_structure(model, tensors, source)
         return None
 
     def model_file(self, parts, tensors) -> bytes:
-        return pt2_structure.pt2_file(parts, tensors)
+        return structure.pt2_file(parts, tensors)
 
     def write_model_file(self, parts, tensors, stream) -> None:
-        pt2_structure.write_pt2(parts, tensors, stream)
+        structure.write_pt2(parts, tensors, stream)
 
     def tensor_order(self, parts, tensor_names) -> list[str]:
-        return pt2_structure.pt2_tensor_order(parts, set(tensor_names))
+        return structure.pt2_tensor_order(parts, set(tensor_names))
 
     # -- porting ---------------------------------------------------------------------------
 

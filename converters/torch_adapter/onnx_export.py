@@ -15,6 +15,8 @@ import torch
 
 from schemas import NormbridgeError, UnsupportedObjectError
 
+from .torch_internals import torch_version
+
 #: The lowest opset torch.onnx's dynamo exporter implements (torch/onnx/_internal/exporter/_constants.py, TORCHLIB_OPSET).
 #: Asked for less, it exports at this one and converts with onnxscript, logging a traceback and keeping this opset when that
 #: fails; so it is asked for at least this, and the serving export converts down to the cap (models/serving/opset.py).
@@ -39,7 +41,7 @@ def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
     notes = ["torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"]
     opset = max(opset, TORCH_ONNX_MIN_OPSET)
     options = {"dynamo": True, "opset_version": opset, "optimize": False, "verbose": False}
-    name = f"torch.onnx.export(dynamo=True, optimize=False) torch {torch.__version__.split('+')[0]} at opset {opset}"
+    name = f"torch.onnx.export(dynamo=True, optimize=False) torch {torch_version()} at opset {opset}"
     try:
         if isinstance(model, torch.export.ExportedProgram):
             program = torch.onnx.export(model, **options)

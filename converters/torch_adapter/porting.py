@@ -112,7 +112,7 @@ def snapshot(module: torch.nn.Module) -> Callable[[], None]:
     tensors = {name: (t, t.detach().clone(), t.requires_grad) for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))}
     attributes = {name: getattr(module, name) for name in ("eps", "momentum") if hasattr(module, name)}
     training = module.training
-    extras = getattr(module, markers.ATTRIBUTE, None)
+    restore_markers = markers.restorer(module)
 
     def restore() -> None:
         with torch.no_grad():
@@ -123,11 +123,7 @@ def snapshot(module: torch.nn.Module) -> Callable[[], None]:
         for name, value in attributes.items():
             setattr(module, name, value)
         module.train(training)
-        if extras is None:
-            if markers.ATTRIBUTE in module.__dict__:
-                object.__delattr__(module, markers.ATTRIBUTE)
-        else:
-            object.__setattr__(module, markers.ATTRIBUTE, extras)
+        restore_markers()
 
     return restore
 

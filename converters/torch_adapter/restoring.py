@@ -29,7 +29,7 @@ from schemas import NormSpec, spec_differences
 
 from .. import markers
 from .common import SPEC_TO_TORCH, tensor_from_numpy
-from .computed import recognition
+from .recognition.computed import recognition
 
 #: Library packages whose modules may be imported to rebuild a class (their normalization classes are listed below).
 IMPORTABLE = ("transformers.models.",)
@@ -79,13 +79,21 @@ def restore_class(spec: NormSpec) -> tuple[torch.nn.Module | None, str]:
         return None, f"{class_name}({call}) could not be rebuilt with the spec's state ({type(error).__name__}: {error})"
     module.train(spec.training)
     markers.remember(module, name=spec.name)
-    found = recognition(module)
+    found = recognition(module, _applied_shape(spec))
     if found is None or found.spec is None:
         return None, f"the rebuilt {class_name} is not recognised as a normalization ({found.reason if found else 'not a candidate'})"
     differences = spec_differences(spec, found.spec, ignore=("source", "input_rank"))
     if differences:
         return None, f"the rebuilt {class_name} computes another spec ({differences[0]})"
     return module, f"rebuilt as {path}, proved equal to the spec on a probe"
+
+
+def _applied_shape(spec: NormSpec) -> tuple[int, ...] | None:
+    """A probe shape of the rank the layer was applied at, for a channels-first layer: a class may take only that rank (
+    SqueezeBERT's LayerNorm subclass permutes (N, C, W) with three axes), so it is proved there first."""
+    if spec.layout != "channels_first" or not spec.input_rank or spec.input_rank < 3:
+        return None
+    return (4, _size(spec), *(5, 3, 2)[: spec.input_rank - 2])
 
 
 def _constructor(cls: type) -> Callable[[NormSpec], tuple[tuple, dict]]:

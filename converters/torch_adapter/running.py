@@ -57,16 +57,14 @@ def exported_program_train_ops(program) -> list[str]:
 
     found = []
     for node in program.graph.nodes:
-        schema = torch_internals.op_schema(node.target) if node.op == "call_function" else None
-        if schema is None:
-            continue
-        if not any(word in schema.name for word in ("batch_norm", "dropout")):
+        name = torch_internals.op_name(node)
+        if name is None or not any(word in name for word in ("batch_norm", "dropout")):
             continue
         normalized = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
         kwargs = normalized.kwargs if normalized else {}
         flag = kwargs.get("training", kwargs.get("train"))
         if flag is True:
-            found.append(f"'{node.name}' ({schema.name} with {'training' if 'training' in kwargs else 'train'}=True)")
+            found.append(f"'{node.name}' ({name} with {'training' if 'training' in kwargs else 'train'}=True)")
     return found
 
 

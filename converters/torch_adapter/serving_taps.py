@@ -15,6 +15,11 @@ A sampled layer input costs two reductions in its dtype, the per-channel sum and
 the sum of squares), handed to the collector as small tensors; the float64 moments and the merge happen on the
 collector's worker thread. (torch.var_mean over dims (0, 2, 3) was the obvious single call, and ran about ten times
 slower than these two on CPU: 80 ms against 8 ms for the 53 BatchNorm inputs of a ResNet-50 at batch 1, one thread.)
+
+For the collector's serving faults, the taps say which tapped BatchNorm modules are in train mode right now (read at
+each window's close: `model.train()` after `monitor(...)` is seen too) and which batch-norm calls of a graph compute
+batch statistics (`training=True`, as a program exported from a module in train mode does), and read the running
+statistics each layer holds right now (a BatchNorm in train mode rewrites them on every request).
 """
 
 from __future__ import annotations
@@ -142,14 +147,40 @@ def _root_hooks(root: torch.nn.Module, sink: TapSink, inputs: _Inputs | None) ->
     return [root.register_forward_pre_hook(starts, with_kwargs=True), root.register_forward_hook(ends)]
 
 
+#: Ops whose `training` argument says whether they normalize with the batch's statistics; the no_training op never does.
+_TRAINING_OFF = "aten::_native_batch_norm_legit_no_training"
+
+
+def _computes_batch_statistics(node: Any, kwargs: dict) -> bool:
+    """Whether a batch-norm call of a graph normalizes with the batch's own statistics (training=True)."""
+    return torch_internals.op_name(node) != _TRAINING_OFF and kwargs.get("training") is True
+
+
+def _graph_faults(module: torch.fx.GraphModule) -> list[tuple[str, str | None, str]]:
+    """A batch_statistics_in_graph fault per batch-norm call of `module`'s graph that computes batch statistics."""
+    found = []
+    for node, kwargs in _graph_sites(module):
+        if _computes_batch_statistics(node, kwargs):
+            name = str(kwargs["running_mean"].target).removesuffix(".running_mean")
+            op = torch_internals.op_name(node)
+            found.append(("batch_statistics_in_graph", name, f"{op} with training=True in the served graph: each request "
+                          "is normalized by its own batch; export the model after model.eval()"))
+    return found
+
+
+def _graph_buffers(module: torch.fx.GraphModule) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The running statistics buffers each batch-norm call of the graph reads, in the order `_tap_graph` taps them."""
+    buffer = lambda node: module.get_buffer(str(node.target))  # noqa: E731
+    return [(buffer(kwargs["running_mean"]), buffer(kwargs["running_var"])) for _, kwargs in _graph_sites(module)]
+
+
 def _graph_sites(module: torch.fx.GraphModule) -> list[tuple[Any, dict]]:
     """(node, its arguments by name) of every batch-norm call in the graph that reads running statistics from buffers."""
     from torch.fx.operator_schemas import normalize_function
 
     found = []
     for node in module.graph.nodes:
-        schema = torch_internals.op_schema(node.target) if node.op == "call_function" else None
-        if schema is None or schema.name not in BATCH.aten_ops:
+        if torch_internals.op_name(node) not in BATCH.aten_ops:
             continue
         bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
         kwargs = bound.kwargs if bound is not None else {}
@@ -176,6 +207,11 @@ def _tap_graph(module: torch.fx.GraphModule, sink_id: int, first: int) -> tuple[
     if inserted:
         module.recompile()
     return layers, inserted
+
+
+def _read(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Copies of the running statistics the served object holds right now, as float64 arrays."""
+    return [(mean.detach().double().numpy().copy(), var.detach().double().numpy().copy()) for mean, var in buffers]
 
 
 def _register(sink: TapSink) -> int:
@@ -206,6 +242,16 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink, eps: list[flo
         layers += tapped
     inputs, refusal = _inputs_of(model)
     handles += _root_hooks(model, sink, inputs)
+    buffers = [(ref.obj.running_mean, ref.obj.running_var) for ref in refs]
+    if isinstance(model, torch.fx.GraphModule):
+        buffers += _graph_buffers(model)
+    graph_faults = _graph_faults(model) if isinstance(model, torch.fx.GraphModule) else []
+
+    def faults() -> list[tuple[str, str | None, str]]:
+        why = ("the BatchNorm is in train mode (training=True): each request is normalized by its own batch and rewrites "
+               "the running statistics; call model.eval() before serving")
+        trained = [("train_mode", ref.path, why) for ref in refs if ref.obj.training]
+        return trained + graph_faults
 
     def remove() -> None:
         for handle in handles:
@@ -216,7 +262,8 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink, eps: list[flo
             model.recompile()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(model, layers, remove, _argument_names(model.forward), per_layer=True, keep_refusal=refusal)
+    return ServingTaps(model, layers, remove, _argument_names(model.forward), per_layer=True, keep_refusal=refusal,
+                       faults=faults, statistics=lambda: _read(buffers))
 
 
 def program_taps(program: Any, sink: TapSink) -> ServingTaps:
@@ -229,13 +276,16 @@ def program_taps(program: Any, sink: TapSink) -> ServingTaps:
         raise UnsupportedObjectError("the ExportedProgram has no batch-norm op reading running statistics to monitor.")
     inputs, refusal = _inputs_of(module)
     handles = _root_hooks(module, sink, inputs)
+    buffers = _graph_buffers(module)
+    graph_faults = _graph_faults(module)
 
     def remove() -> None:
         for handle in handles:
             handle.remove()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(module, layers, remove, _argument_names(module.forward), per_layer=True, keep_refusal=refusal)
+    return ServingTaps(module, layers, remove, _argument_names(module.forward), per_layer=True, keep_refusal=refusal,
+                       faults=lambda: list(graph_faults), statistics=lambda: _read(buffers))
 
 
 __all__ = ["has_graph_batchnorms", "module_taps", "program_taps", "tap"]

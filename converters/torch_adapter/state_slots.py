@@ -1,6 +1,6 @@
 """Where a torch kind adapter's from_spec writes the spec's tensors, so a module can be given another spec's state (`restate`).
 
-Why: check_many (converters/grouped_check.py) checks many layers of one configuration; building a module per layer
+Why: check_many (converters/gate/grouped_check.py) checks many layers of one configuration; building a module per layer
 (its parameters initialised, then overwritten) costs more than the check's own work. An adapter whose from_spec builds
 from the configuration alone and writes every spec tensor through common.write_tensor declares `restatable = True`; a module
 it built can then be made what from_spec builds for another spec of the same configuration: that spec's name and

@@ -83,8 +83,7 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
 
     class Recorder(torch.fx.Interpreter):
         def call_function(self, target, args, kwargs):
-            schema = torch_internals.op_schema(target)
-            if schema is None or schema.name not in BATCH.aten_ops:
+            if torch_internals.op_name(target) not in BATCH.aten_ops:
                 return super().call_function(target, args, kwargs)
             bound = normalize_function(target, args, kwargs, normalize_to_only_use_kwargs=True).kwargs
             running_mean, running_var = bound.get("running_mean"), bound.get("running_var")
@@ -99,7 +98,7 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
             if not train:
                 return super().call_function(target, args, kwargs)
             out = F.batch_norm(bound["input"], None, None, bound.get("weight"), bound.get("bias"), training=True, momentum=0.0, eps=bound["eps"])
-            extra = len(schema.returns) - 1
+            extra = len(torch_internals.op_schema(target).returns) - 1
             return out if extra == 0 else (out,) + tuple(torch.empty(0) for _ in range(extra))
 
     recorder = Recorder(module)

@@ -1,10 +1,10 @@
 """Every use of torch's private modules and attributes, one function each, so a torch that renames one fails here, by name.
 
 normbridge reads `.pt2` files safely and faster than torch.export.load by handing torch's deserializer checked parts and
-replacing a few of its steps with quicker ones (program_schema, pt2_deserializer). Those parts are private to torch and
-change between releases. Each function below reaches one of them; its docstring says what it reaches and what replaces it
-when it fails: a speed path falls back, with one debug line, to the same step as torch ships it; a lookup with a public
-equivalent falls back to that; a part nothing replaces raises MissingDependencyError naming this torch's version, never
+replacing a few of its steps with quicker ones (pt2/program_schema.py, pt2/deserializer.py). Those parts are private
+to torch and change between releases. Each function below reaches one of them; its docstring says what it reaches and
+what replaces it when it fails: a speed path falls back, with one debug line, to the same step as torch ships it; a lookup
+with a public equivalent falls back to that; a part nothing replaces raises MissingDependencyError naming this torch's version, never
 a message that blames the file. tests/converters/test_torch_internals.py runs every access on the installed torch and
 holds each fallback's result equal to its fast path's.
 """
@@ -36,6 +36,7 @@ SCALAR_TYPES = {
 
 
 def torch_version() -> str:
+    """This torch's release (`2.14.1` for `2.14.1+cu130`): the one reading of it, for provenance and messages."""
     import torch
 
     return torch.__version__.split("+")[0]
@@ -108,12 +109,12 @@ def dict_to_program(document: Any) -> Any:
 
 def reader_schema_version() -> tuple[int, int]:
     """`torch._export.serde.schema.SCHEMA_VERSION`, the (major, minor) schema this torch writes and reads; on failure
-    pt2_versions leaves the check to torch's deserializer (which refuses another major version)."""
+    pt2/versions.py leaves the check to torch's deserializer (which refuses another major version)."""
     major, minor = _private(SCHEMA, "SCHEMA_VERSION")
     return int(major), int(minor)
 
 
-# -- torch's deserializer and the steps pt2_deserializer replaces ------------------------------------------------------
+# -- torch's deserializer and the steps pt2/deserializer.py replaces --------------------------------------------
 
 def exported_program_deserializer() -> type:
     """`torch._export.serde.serialize.ExportedProgramDeserializer`: torch's own path for a whole program, which the patched
@@ -122,8 +123,8 @@ def exported_program_deserializer() -> type:
 
 
 def graph_module_deserializer() -> type:
-    """`torch._export.serde.serialize.GraphModuleDeserializer`, whose methods pt2_deserializer patches on one instance; on
-    failure the program is read by `exported_program_deserializer` as torch ships it."""
+    """`torch._export.serde.serialize.GraphModuleDeserializer`, whose methods pt2/deserializer.py patches on one
+    instance; on failure the program is read by `exported_program_deserializer` as torch ships it."""
     return _private(SERIALIZE, "GraphModuleDeserializer")
 
 
@@ -189,8 +190,9 @@ def serialized_dtypes() -> dict[int, Any]:
 
 
 def graph_module_own_class(module: Any) -> type:
-    """The class GraphModule makes for `module` alone (`GraphModuleImpl`, torch/fx/graph_module.py), whose `forward` and
-    `_code` pt2_deserializer defers; raises for any other class: the caller then writes the code at once (`recompile`)."""
+    """The class GraphModule makes for `module` alone (`GraphModuleImpl`, torch/fx/graph_module.py), whose `forward`
+    and `_code` pt2/deserializer.py defers; raises for any other class: the caller then writes the code at once
+    (`recompile`)."""
     from torch.fx.graph_module import GraphModule
 
     cls = type(module)
@@ -199,12 +201,79 @@ def graph_module_own_class(module: Any) -> type:
     return cls
 
 
+def stored_code(module: Any) -> str:
+    """The Python code a GraphModule holds written (its private `_code` attribute), "" when it holds none yet: read by
+    pt2/deserializer.py to tell a module that kept the stub's code; nothing replaces it (a torch without it fails the
+    check, and the program is then built by torch's own deserializer)."""
+    return vars(module).get("_code", "")
+
+
+def defer_code(module: Any, logger: logging.Logger) -> None:
+    """Have `module` write its code when first asked for it instead of now: its `forward`, `_code` (which `code`, `str`
+    and copying read) and pickling write it first, through `recompile`, whose own assignment of `_code` ends the deferral.
+    Reaches GraphModule's private `_code` on the module's own class (`graph_module_own_class`); on failure the module
+    writes its code now (`recompile`, the public path), which is what torch's deserializer does."""
+    from torch.fx.graph_module import GraphModule
+
+    try:
+        cls = graph_module_own_class(module)
+    except Exception as error:
+        fell_back(logger, "the deferred code", error)
+        module.recompile()
+        return
+    vars(module).pop("_code", None)
+    cls._code = _DeferredCode()
+    cls.forward = _DeferredForward()
+    cls.__reduce__ = _written_first(GraphModule.__reduce__)  # both copy the module's attributes before they recompile
+    cls.__reduce_package__ = _written_first(GraphModule.__reduce_package__)
+
+
+class _DeferredForward:
+    """The `forward` of a GraphModule whose code is not written yet: looking it up (to call it, or to read its signature)
+    writes the code, whose `recompile` puts the real forward on the module's class in place of this."""
+
+    def __get__(self, module: Any, owner: type) -> Any:
+        if module is None:
+            return self
+        module.recompile()
+        return vars(type(module))["forward"].__get__(module, owner)
+
+
+def _written_first(method: Any) -> Any:
+    """`method`, run once the module's code is written."""
+    def written_first(self: Any, *args: Any) -> Any:
+        self.recompile()
+        return method(self, *args)
+
+    written_first.deferral = True
+    return written_first
+
+
+class _DeferredCode:
+    """The `_code` of a GraphModule whose code is not written yet: reading it writes it."""
+
+    def __get__(self, module: Any, owner: type) -> Any:
+        if module is None:
+            return self
+        module.recompile()  # its assignment of _code (below) ends the deferral
+        return vars(module)["_code"]
+
+    def __set__(self, module: Any, value: str) -> None:
+        vars(module)["_code"] = value
+        cls = type(module)
+        if isinstance(vars(cls).get("_code"), _DeferredCode):
+            del cls._code
+        for name in ("__reduce__", "__reduce_package__"):
+            if getattr(vars(cls).get(name), "deferral", False):
+                delattr(cls, name)
+
+
 # -- pytrees and operators ---------------------------------------------------------------------------------------------
 
 def registered_pytree_types() -> frozenset[str] | None:
     """The serialized names of the pytree node types this process registered (`torch.utils._pytree.
-    SERIALIZED_TYPE_TO_PYTHON_TYPE`); None when they cannot be read, and pt2_treespecs then rewrites nothing (torch's
-    deserializer refuses a type it does not know)."""
+    SERIALIZED_TYPE_TO_PYTHON_TYPE`); None when they cannot be read, and pt2/treespecs.py then rewrites nothing
+    (torch's deserializer refuses a type it does not know)."""
     try:
         return frozenset(_private("torch.utils._pytree", "SERIALIZED_TYPE_TO_PYTHON_TYPE"))
     except Exception as error:
@@ -270,6 +339,23 @@ def op_schema(target: Any) -> Any:
     if schema is None and isinstance(target, op_overload_class()):
         raise _unavailable(f"'_schema' on its operator {target!r}", "to read the operators of a torch.export program", AttributeError("_schema"))
     return schema
+
+
+def op_name(call: Any) -> str | None:
+    """The schema name (`aten::batch_norm`) of the ATen operator `call` is or calls: an operator overload, or a
+    torch.fx node calling one; None for anything else (another node, a Python callable, a higher-order operator, a
+    constant). Every reading of an operator's name goes through here (`op_schema`: what it reaches)."""
+    if isinstance(call, _fx_node_class()):
+        call = call.target if call.op == "call_function" else None
+    schema = op_schema(call)
+    return None if schema is None else schema.name
+
+
+@functools.cache
+def _fx_node_class() -> type:
+    import torch.fx
+
+    return torch.fx.Node
 
 
 # -- modules and tensors -----------------------------------------------------------------------------------------------
@@ -377,10 +463,10 @@ class _FileWriterArchive:
 
 
 __all__ = [
-    "FAKE_TENSOR_LOGGER", "SCALAR_TYPES", "batch_norm_base_classes", "dict_to_program", "dropout_base_classes", "exported_program_deserializer",
+    "FAKE_TENSOR_LOGGER", "SCALAR_TYPES", "batch_norm_base_classes", "defer_code", "dict_to_program", "dropout_base_classes", "exported_program_deserializer",
     "fake_tensor", "fell_back", "free_unbacked_symbols_with_path", "graph_module_deserializer", "graph_module_own_class",
     "higher_order_operator_class", "import_serializer", "is_fake_tensor", "modes_active", "norm_base_classes", "op_overload_class",
-    "op_schema", "own_tensors", "pt2_archive_writer", "reader_schema_version", "registered_pytree_types", "resolve_schema_class",
-    "schema_module", "serialized_dtypes", "torch_version", "tree_leaves", "tree_unflatten", "union_base", "union_tag",
+    "op_name", "op_schema", "own_tensors", "pt2_archive_writer", "reader_schema_version", "registered_pytree_types", "resolve_schema_class",
+    "schema_module", "serialized_dtypes", "stored_code", "torch_version", "tree_leaves", "tree_unflatten", "union_base", "union_tag",
     "version_counter", "with_globals",
 ]

@@ -1,5 +1,5 @@
-"""Rows of the drift history (migrations 0005, 0007, 0009, 0010): one per stored window, one per layer of it, its per-channel arrays, and
-each version's incremental alert state.
+"""Rows of the drift history (migrations 0005, 0007, 0009, 0010, 0012): one per stored window, one per layer of it,
+its per-channel arrays, and each version's incremental alert state.
 
 The window and layer rows are the summaries the history and the charts read; the per-channel arrays sit apart in
 drift_window_arrays (zlib-compressed JSON) so a retention setting can drop them without touching the summaries. The
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from registry.db.models import Base
@@ -39,6 +39,8 @@ class DriftWindowRow(Base):
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     unmatched: Mapped[str | None] = mapped_column(String(4096), nullable=True)  # '\n'-joined layer names
     content_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # drift_history.window_digest (0009); NULL before
+    # The window's serving faults as a JSON list of schemas.monitoring.ServingFault (0012); NULL: none or stored before.
+    faults: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class DriftLayerRow(Base):

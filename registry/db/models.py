@@ -195,6 +195,7 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     created_by: Mapped[str] = mapped_column(String(255), nullable=False)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)  # None: never (migration 0011)
 
 
 class DriftReportRow(Base):

@@ -54,6 +54,9 @@ class Version(_Record):
         "refuses a version that is not servable unless forced."))
     hazards: list[VersionHazard] = Field(default_factory=list, description="The warning- and error-level hazards found at registration; "
                                                                            "the blocking ones are the reasons it is not servable.")
+    structure_checked: bool | None = Field(default=None, description=(
+        "True when a safe reader accepted the version's stored structure at registration (its model file is rebuilt on "
+        "pull without being read back); null for a version registered before this was recorded, or with no structure."))
 
 
 class Alias(_Record):

@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Iterable
 
+from converters.gate import ChildWorkerGate
 from fastapi import FastAPI
 
 from registry import drift_history
@@ -82,7 +83,9 @@ def app_from_env() -> FastAPI:
         raise RuntimeError(f"{INSECURE_ENV}=1 is only allowed with a loopback {HOST_ENV}; anonymous admin access must stay on this machine.")
     limit = int(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_BYTES))
     allowed = [value for value in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if value]
-    registry = Registry(db=os.environ.get("NORMBRIDGE_DB"), blobs=os.environ.get("NORMBRIDGE_BLOBS"), user="server")
+    # A server is long-lived: a child worker of its own checks the frameworks it has not imported (no shared worker).
+    registry = Registry(db=os.environ.get("NORMBRIDGE_DB"), blobs=os.environ.get("NORMBRIDGE_BLOBS"), user="server",
+                        gate=ChildWorkerGate())
     return create_app(registry, insecure_local=insecure, max_upload_bytes=limit, host=os.environ.get(HOST_ENV, "127.0.0.1"),
                       allowed_hosts=allowed)
 

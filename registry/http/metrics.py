@@ -39,8 +39,8 @@ from schemas.errors import CheckFailedError
 
 from .auth import Principal, require
 
-#: A version's alert state as a number, so an alert rule can say `>= 2`.
-ALERT_STATES = {"ok": 0, "warning": 1, "alert": 2}
+#: A version's alert state as a number, so an alert rule can say `>= 2` (a serving fault, 3, is past every drift state).
+ALERT_STATES = {"ok": 0, "warning": 1, "alert": 2, "serving_fault": 3}
 #: A layer's state as a number (drift's per-layer status).
 LAYER_STATES = {"ok": 0, "unconverged_statistics": 1, "drift": 2}
 #: An offline check's verdict as a number, in the same order.
@@ -73,8 +73,9 @@ class DriftObservation:
     at: float
 
 
-#: Where serving drift figures come from at scrape time: source(registry) -> (layers, alert states), keyed like the labels.
-DriftSource = Callable[[Any], tuple[dict[tuple[str, int, str], DriftObservation], dict[tuple[str, int], str]]]
+#: Where serving drift figures come from at scrape time: source(registry) -> (layers, alert states), keyed like the
+#: labels, or (layers, alert states, serving fault kinds per version) from a source that knows them (history_windows).
+DriftSource = Callable[[Any], tuple]
 #: Where offline verdicts come from at scrape time: source(registry) -> {(model, version): (verdict, when)}.
 OfflineSource = Callable[[Any], dict[tuple[str, int], tuple[str, float]]]
 
@@ -92,19 +93,22 @@ def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
     layers, each with name, max_shift, max_abs_log_ratio, over and status: the layer state is the status, so a layer whose stored
     statistics never converged reads unconverged_statistics (1), not drift; `over` stands in for a store that keeps no status)."""
 
-    def source(registry) -> tuple[dict, dict]:
-        layers, alerts = {}, {}
+    def source(registry) -> tuple[dict, dict, dict]:
+        layers, alerts, faults = {}, {}, {}
         for version in current(registry):
             alerts[(version.model, version.number)] = version.state
             window = version.last
             if window is None:
                 continue
+            if version.state == "serving_fault":
+                kinds = {fault.kind for fault in getattr(window, "faults", ())}
+                faults[(version.model, version.number)] = sorted(kinds)
             stamp = window.received_at.timestamp()
             for layer in window.layers:
                 state = getattr(layer, "status", None) or ("drift" if layer.over else "ok")
                 layers[(version.model, version.number, layer.name)] = DriftObservation(
                     layer.max_shift, math.exp(layer.max_abs_log_ratio), state, stamp)
-        return layers, alerts
+        return layers, alerts, faults
 
     return source
 
@@ -143,24 +147,34 @@ class DriftGauges:
 
     def snapshot(self) -> tuple[dict, dict, dict]:
         """(layers, alert states, offline verdicts) keyed like the labels: the serving sources in order, observations on top."""
+        layers, alerts, offline, _ = self.snapshot_with_faults()
+        return layers, alerts, offline
+
+    def snapshot_with_faults(self) -> tuple[dict, dict, dict, dict]:
+        """`snapshot` and the serving fault kinds of each version in state serving_fault: {(model, version): [kind]}."""
         layers: dict[tuple[str, int, str], DriftObservation] = {}
         alerts: dict[tuple[str, int], str] = {}
+        faults: dict[tuple[str, int], list[str]] = {}
         for source in self._sources:
-            found_layers, found_alerts = source(self._registry)
-            layers.update(found_layers)
-            alerts.update(found_alerts)
+            found = source(self._registry)
+            layers.update(found[0])
+            alerts.update(found[1])
+            if len(found) > 2:
+                faults.update(found[2])
         with self._lock:
             layers.update(self._layers)
             alerts.update(self._alerts)
-        return layers, alerts, (self._offline(self._registry) if self._offline is not None else {})
+        faults = {key: kinds for key, kinds in faults.items() if alerts.get(key) == "serving_fault"}
+        return layers, alerts, (self._offline(self._registry) if self._offline is not None else {}), faults
 
     def families(self, principal: Principal) -> list[GaugeMetricFamily]:
         """The drift metric families the caller may see (a scoped token: its models only), at most max_series of them."""
-        layers, alerts, offline = self.snapshot()
+        layers, alerts, offline, faults = self.snapshot_with_faults()
         layers = {key: seen for key, seen in layers.items() if principal.may_see(key[0])}
         alerts = {key: state for key, state in alerts.items() if principal.may_see(key[0])}
         offline = {key: found for key, found in offline.items() if principal.may_see(key[0])}
-        layers, alerts, offline, left_out = capped(layers, alerts, self._max_series, offline)
+        layers, alerts, offline, left_out = capped(layers, alerts, self._max_series, offline, faults)
+        faults = {key: kinds for key, kinds in faults.items() if key in alerts}
         shift = GaugeMetricFamily("normbridge_drift_shift", "Max over channels of |mean - running_mean| / sqrt(running_var + eps) "
                                   "in the latest serving window.", labels=["model", "version", "layer"])
         ratio = GaugeMetricFamily("normbridge_drift_variance_ratio", "Worst channel's variance factor against running_var "
@@ -168,8 +182,12 @@ class DriftGauges:
         layer_state = GaugeMetricFamily("normbridge_drift_layer_state", "Layer state in the latest serving window: 0 ok, "
                                         "1 unconverged_statistics, 2 drift (over a threshold beyond its sampling error).",
                                         labels=["model", "version", "layer"])
-        alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state from serving windows only: 0 ok, 1 warning, 2 alert.",
-                                  labels=["model", "version"])
+        alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state from serving windows only: 0 ok, "
+                                  "1 warning, 2 alert, 3 serving_fault (the model is served wrongly: see "
+                                  "normbridge_serving_fault).", labels=["model", "version"])
+        fault = GaugeMetricFamily("normbridge_serving_fault", "1 for each serving fault kind the newest serving window of "
+                                  "a version carries (train_mode, statistics_changed, batch_statistics_in_graph, "
+                                  "statistics_mismatch); docs/monitoring.md.", labels=["model", "version", "kind"])
         checked = GaugeMetricFamily("normbridge_drift_offline_verdict", "Verdict of the newest offline check (drift --record), which "
                                     "never moves the alert state: 0 no drift, 1 unconverged statistics, 2 drift.", labels=["model", "version"])
         omitted = GaugeMetricFamily("normbridge_omitted_drift_series", f"Drift series left out of this scrape past its cap of "
@@ -181,19 +199,23 @@ class DriftGauges:
             layer_state.add_metric(labels, LAYER_STATES[seen.state])
         for (model, version), state in sorted(alerts.items()):
             alert.add_metric([model, str(version)], ALERT_STATES[state])
+        for (model, version), kinds in sorted(faults.items()):
+            for kind in kinds:
+                fault.add_metric([model, str(version), kind], 1)
         for (model, version), (verdict, _) in sorted(offline.items()):
             checked.add_metric([model, str(version)], OFFLINE_VERDICTS[verdict])
         omitted.add_metric([], left_out)
-        return [shift, ratio, layer_state, alert, checked, omitted]
+        return [shift, ratio, layer_state, alert, fault, checked, omitted]
 
 
-def capped(layers: dict, alerts: dict, limit: int, offline: dict | None = None) -> tuple[dict, dict, dict, int]:
+def capped(layers: dict, alerts: dict, limit: int, offline: dict | None = None,
+           faults: dict | None = None) -> tuple[dict, dict, dict, int]:
     """(layers, alerts, offline verdicts) of the versions that fit in `limit` series, and how many series were left out.
 
     A version is kept or left out whole (its layers' three series, its alert state and its offline verdict), so no version
     is shown half. The ones kept first are those an operator must see: in alert, then with a drifting layer, then with an
     offline check that found drift, then with the newest figures."""
-    offline = offline or {}
+    offline, faults = offline or {}, faults or {}
     keys: dict[tuple[str, int], list] = {}
     for key in layers:
         keys.setdefault(key[:2], []).append(key)
@@ -206,7 +228,8 @@ def capped(layers: dict, alerts: dict, limit: int, offline: dict | None = None) 
 
     kept, used, left_out = set(), 0, 0
     for version in sorted(set(keys) | set(alerts) | set(offline), key=priority):
-        cost = 3 * len(keys.get(version, ())) + (version in alerts) + (version in offline)
+        cost = (3 * len(keys.get(version, ())) + (version in alerts) + (version in offline)
+                + len(faults.get(version, ())))
         if used + cost <= limit:
             kept.add(version)
             used += cost

@@ -28,7 +28,7 @@ CHUNK = 256 * 1024
 HEADERS = {
     "X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
     "X-Normbridge-Digest": {"description": "sha256 hex of the file sent.", "schema": {"type": "string"}},
-    "X-Normbridge-Format": {"description": "onnx, keras, pt2 or safetensors.", "schema": {"type": "string"}},
+    "X-Normbridge-Format": {"description": f"{', '.join(PULL_FORMATS[1:-1])} or {PULL_FORMATS[-1]}.", "schema": {"type": "string"}},
 }
 
 

@@ -27,6 +27,9 @@ from .redaction import Redactor
 from .request_guard import JSON, UPLOAD_MEDIA_TYPES, body_of
 from .uploads import SUFFIXES, ZIP_FORMATS, new_workspace, receive_body, refuse_declared_excess, refuse_unpacked_excess, remove_workspace
 
+#: What an upload's body is: a model file of a framework's structure format (FrameworkInfo), or a bundle.
+UploadFormat = Literal[(*SUFFIXES, "bundle")]
+
 router = APIRouter(prefix="/api/v1")
 Writer = Annotated[Principal, Depends(require("write"))]
 Admin = Annotated[Principal, Depends(require("admin"))]
@@ -51,7 +54,7 @@ UPLOAD_BODY = {
                         **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500, 507)})
 async def register(request: Request, principal: Writer,
                    name: Annotated[str, PathParam(description="Model name (letters, digits, '.', '_', '-').")],
-                   file_format: Annotated[Literal["onnx", "keras", "pt2", "bundle"], Query(alias="format", description="What the body is.")],
+                   file_format: Annotated[UploadFormat, Query(alias="format", description="What the body is.")],
                    parent: Annotated[str | None, Query(description="Parent version NAME@N (default: the latest version of NAME).")] = None,
                    note: Annotated[str | None, Query(description="Free-text note stored with the version.")] = None,
                    operation: Annotated[str | None, Query(description="registered, fine-tuned, recalibrated, converted, imported.")] = None,

@@ -21,6 +21,7 @@ from pathlib import Path
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from converters.adapters import REGISTRY
 from converters.file_claims import claimed_tensor_bytes
 from registry.blobs.base import FULL_ERRNOS
 from registry.bundle_stream import too_large
@@ -29,9 +30,11 @@ from schemas.errors import InputFileError, PayloadTooLargeError, StorageFullErro
 #: After the limit is passed, up to this many more bytes are read and dropped, so the client sees the 413
 #: instead of a reset connection while it is still sending.
 DRAIN_BYTES = 16 * 1024 * 1024
-SUFFIXES = {"onnx": ".onnx", "keras": ".keras", "pt2": ".pt2"}  # bundles are read as they arrive, not saved
+#: Upload format -> the suffix the upload is saved under (each framework's structure format: FrameworkInfo); bundles are
+#: read as they arrive, not saved.
+SUFFIXES = REGISTRY.structure_suffixes()
 #: Upload formats that are zip archives.
-ZIP_FORMATS = frozenset({"keras", "pt2"})
+ZIP_FORMATS = frozenset(info.structure_format for info in REGISTRY.infos() if info.archive is not None)
 
 
 WORKSPACE_PREFIX = "normbridge-upload-"

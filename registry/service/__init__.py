@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from converters.gate import ChildWorkerGate, Gate
 from schemas.errors import IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, NotServableError, RegistryError
 from schemas.manifest import load_manifest
 
@@ -26,6 +27,7 @@ from ..lineage import build_lineage
 from ..manifest_io import specs_from_manifest, tensors_from_blobs
 from ..metadata import MetadataStore
 from .integrity import Integrity
+from .interface import ModelRegistry
 from .layer_export import export_layers
 from .model_files import ModelFiles
 from .registration import NAME, Registrations
@@ -33,7 +35,7 @@ from .results import RegistryExport
 from .servable import assess, guard_alias, unassessable
 
 
-class Registry(Registrations, Integrity, ModelFiles):
+class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
     """A model registry on a metadata database and a blob store; zero configuration by default.
 
     Args:
@@ -42,10 +44,12 @@ class Registry(Registrations, Integrity, ModelFiles):
         user: recorded in the audit log; default $NORMBRIDGE_USER, else the login name.
         guarded_aliases: aliases only a servable version may take unless forced; default $NORMBRIDGE_GUARDED_ALIASES,
             else production (settings.guarded_aliases).
+        gate: where the equivalence gate's checks run (converters.gate); default a `ChildWorkerGate`: the frameworks
+            this process has not imported are checked in a child process (the CLI passes the shared worker's gate).
     """
 
     def __init__(self, db: str | None = None, blobs: str | None = None, user: str | None = None,
-                 guarded_aliases: Iterable[str] | None = None):
+                 guarded_aliases: Iterable[str] | None = None, gate: Gate | None = None):
         self.db_url = settings.database_url(db)
         self.blob_uri = settings.blobs_uri(blobs)
         self.user = settings.current_user(user)
@@ -53,6 +57,7 @@ class Registry(Registrations, Integrity, ModelFiles):
         self.store = open_blob_store(self.blob_uri)
         self.meta = MetadataStore(self.db_url)
         self.leases = BlobLeases(self.meta)
+        self.gate = gate if gate is not None else ChildWorkerGate()
 
     def as_user(self, user: str) -> "Registry":
         """The same registry (shared stores and connection pool) acting as `user`: the HTTP API calls this per request."""
@@ -202,4 +207,4 @@ class Registry(Registrations, Integrity, ModelFiles):
         return export_layers(self.manifest(record.ref), self.specs(record.ref), to, folder, record.ref)
 
 
-__all__ = ["Registry"]
+__all__ = ["ModelRegistry", "Registry"]

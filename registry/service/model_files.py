@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from converters.adapters import REGISTRY
-from converters.model_structure import STRUCTURE_SUFFIXES, sha256_of
+from converters.model_structure import sha256_of
 from schemas.atomic_io import atomic_writer, writable
 from schemas.errors import IntegrityError, NormbridgeError, OutputPathError, RegistryError
 
@@ -37,6 +37,8 @@ from ..state_dict_file import state_dict_file, state_dict_names
 from ..structure import structure_parts
 from .blob_fetch import FetchedTensors
 
+#: The file suffix `pull` writes per structure format (each framework's FrameworkInfo).
+STRUCTURE_SUFFIXES: dict[str, str] = REGISTRY.structure_suffixes()
 #: What `pull` writes: the source format of the version's structure, or its state dict.
 PULL_FORMATS: tuple[str, ...] = ("source", *STRUCTURE_SUFFIXES, "safetensors")
 #: The suffix of each written format.

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, get_args
 
-from converters.split_check import SplitCheck, expected_framework
+from converters.gate import Gate
 from schemas import CheckResult
 from schemas.errors import (CheckFailedError, IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, PayloadTooLargeError,
                             RegistryError, StorageFullError)
@@ -80,6 +80,7 @@ class Registrations:
     meta: MetadataStore
     leases: BlobLeases
     user: str
+    gate: Gate
 
     def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
                  progress: Progress | None = None, allow_unrecognised: bool = False, model_input: str | None = None) -> Registration:
@@ -141,7 +142,6 @@ class Registrations:
         is_folder = isinstance(model, (str, Path)) and Path(model).is_dir()
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
-        legs = SplitCheck(expected_framework(model))  # a worker for the frameworks the model does not use starts importing them now
         seconds: dict[str, float] = {}
         with _step(seconds, "reading"):
             artifact = extract_artifact(model, lineage)
@@ -157,7 +157,7 @@ class Registrations:
                     check_structure, artifact.manifest, structure_parts(artifact.manifest, artifact.blobs.__getitem__))
                 try:
                     with _step(seconds, "gate"):
-                        checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised, legs)
+                        checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised)
                         if structure is not None:
                             structure.result()
                 except BaseException:
@@ -194,8 +194,9 @@ class Registrations:
             lease.release()
 
     def _lineage(self, name: str, parent: str | None, operation: str | None, imported: bool):
-        """(parent record or None, Lineage): the parent is `parent`, else the latest version of `name`."""
-        parent_record = self._parent(name, parent)
+        """(parent record or None, Lineage): the parent is `parent`, else the latest version of `name`, except for the
+        operation "registered" given without a parent: a model made from scratch (retrained), which descends from none."""
+        parent_record = None if operation == "registered" and parent is None else self._parent(name, parent)
         if operation is None:
             operation = "imported" if imported else ("registered" if parent_record is None else "fine-tuned")
         if operation not in OPERATIONS:
@@ -228,18 +229,16 @@ class Registrations:
         self.store.publish_all(staged, lambda i: report("storing blobs", i, len(staged)))
         report("storing blobs", len(staged), len(staged))
 
-    def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None,
-              legs: SplitCheck | None = None) -> list:
-        """converters.check on every normalizer (legs of frameworks this process has not imported run in a worker:
-        converters/split_check.py); CheckFailedError naming the first layer that fails.
+    def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None) -> list:
+        """converters.check on every normalizer, where `self.gate` runs it (converters/gate/gates.py); CheckFailedError
+        naming the first layer that fails.
 
         First coverage.check_registrable: every tensor record is valid and each of the `sites` normalization layers
         the model's reader found has a spec, so none passes unchecked."""
         check_registrable(manifest, specs, sites)
         if allow_unrecognised is not None:  # what the model leaves unchecked is refused once its records are known sound
             admit(manifest, allow_unrecognised)
-        legs = legs or SplitCheck(manifest.framework)
-        results = legs.check_all(specs, lambda i, spec: report(f"checking {spec.name or i}", i, len(specs)))
+        results = self.gate.check_all(specs, lambda i, spec: report(f"checking {spec.name or i}", i, len(specs)))
         checks = []
         for i, (spec, result) in enumerate(zip(specs, results)):
             checks.append(result)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from converters.adapters import REGISTRY
 from converters.model_values import LayerFacts
 from converters.models.hazards import layer_hazards
 from schemas import NormSpec
@@ -41,10 +42,10 @@ BLOCKING_WARNINGS = frozenset({"never_trained", "eps_underflow", "unrecognised_n
 #: of its recalibration data (`normbridge recalibrate --register`), which keep none of the initial values whatever its
 #: batch counter says, so it is not called unconverged.
 ANSWERED_BY_LINEAGE = {"recalibrated": frozenset({"unconverged_statistics"})}
-#: Where a stored layer was read from, by the manifest's format (the hazards word their fix by it).
-ORIGINS = {"pt2": "exported_program", "torch-module": "module", "keras": "keras", "onnx": "native"}
+#: Where a stored layer was read from, by the manifest's format (the hazards word their fix by it): each FrameworkInfo's.
+ORIGINS = {fmt: origin for info in REGISTRY.infos() for fmt, origin in info.format_origins.items()}
 #: The origin of an imported artifact folder's layers, by framework.
-FRAMEWORK_ORIGINS = {"torch": "module", "keras": "keras", "onnx": "native"}
+FRAMEWORK_ORIGINS = {info.name: info.object_origin for info in REGISTRY.infos()}
 
 
 class VersionHazard(BaseModel):

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from converters.adapters import REGISTRY
-from converters.model_structure import STRUCTURE_SUFFIXES
 from schemas.errors import InputFileError, NormbridgeError
 from schemas.manifest import ArtifactManifest
 
@@ -54,7 +53,7 @@ def check_structure(manifest: ArtifactManifest, parts: dict[str, bytes]) -> None
     adapter = REGISTRY.model_adapter(manifest.framework)
     try:
         data = adapter.model_file(parts, _Zeros(manifest))
-        adapter.load_bytes(data, f"structure{STRUCTURE_SUFFIXES.get(fmt, '')}")
+        adapter.load_bytes(data, f"structure{REGISTRY.structure_suffixes().get(fmt, '')}")
     except Exception as error:  # noqa: BLE001 - hostile parts may fail anywhere in a framework; each is a refusal, never a 500
         why = str(error) if isinstance(error, NormbridgeError) else f"{type(error).__name__}: {str(error)[:300]}"
         raise InputFileError(f"the stored {fmt} structure of this model does not load back through normbridge's safe reader ({why}); "

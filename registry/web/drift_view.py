@@ -2,8 +2,9 @@
 over time.
 
 The state is the drift history's, as the API gives it: ok, warning or alert, moved by serving windows only (the
-sustained-shift rule). A recorded offline check (`normbridge drift --record`) never moves it: its verdict is shown
-beside the state, labelled offline, and a version with no serving window shows no state, only that verdict. The
+sustained-shift rule), or serving_fault, shown as a red banner naming each fault and its layers (`fault_banner`).
+A recorded offline check (`normbridge drift --record`) never moves it: its verdict is shown beside the state, labelled
+offline, and a version with no serving window shows no state, only that verdict. The
 timeline plots the serving windows, or the recorded checks where there are no windows.
 """
 
@@ -22,6 +23,50 @@ STATES = {"drift": "alert", "unconverged statistics": "unconverged", "no drift":
 
 def report_state(report) -> str:
     return STATES.get(report.verdict, "ok")
+
+
+#: A serving fault kind -> what the banner says of it, and what to do.
+FAULT_WORDS = {
+    "train_mode": ("served in train mode",
+                   "each request is normalized by its own batch; call model.eval() before serving"),
+    "statistics_changed": ("running statistics changed while serving",
+                           "something updates them (train mode, a training loop)"),
+    "batch_statistics_in_graph": ("the served graph computes batch statistics",
+                                  "a training-mode batch norm was exported; export after model.eval()"),
+    "statistics_mismatch": ("served statistics are not this version's",
+                            "the served model holds another version's running statistics; serve this version, "
+                            "or monitor the one served"),
+}
+#: Layers a banner line names before it says how many more there are.
+BANNER_LAYERS = 5
+
+
+@dataclass(frozen=True)
+class FaultLine:
+    """One line of the serving fault banner: a kind, what it means, what to do, the layers it was seen in."""
+
+    kind: str
+    what: str
+    todo: str
+    layers: list[str]
+    more: int
+
+
+def fault_banner(history) -> list[FaultLine]:
+    """One FaultLine per fault kind of a DriftHistory in state serving_fault (its newest window's), layers elided past
+    a few."""
+    if history.state != "serving_fault":
+        return []
+    by_kind: dict[str, list[str]] = {}
+    for fault in history.faults:
+        names = by_kind.setdefault(fault.kind, [])
+        if fault.layer and fault.layer not in names:
+            names.append(fault.layer)
+    lines = []
+    for kind, names in by_kind.items():
+        what, todo = FAULT_WORDS.get(kind, (kind, ""))
+        lines.append(FaultLine(kind, what, todo, names[:BANNER_LAYERS], max(0, len(names) - BANNER_LAYERS)))
+    return lines
 
 
 @dataclass(frozen=True)
@@ -71,4 +116,5 @@ def window_timeline(history) -> str:
                         f"max standardized shift per layer, last {len(windows)} serving window(s); shaded: alert; hollow: unconverged")
 
 
-__all__ = ["DriftBadge", "STATES", "drift_states", "report_state", "shift_timeline", "window_timeline"]
+__all__ = ["DriftBadge", "FAULT_WORDS", "FaultLine", "STATES", "drift_states", "fault_banner", "report_state", "shift_timeline",
+           "window_timeline"]

@@ -14,6 +14,8 @@ from converters.models.inspection import inspect_model
 from registry.http.redaction import Redactor
 from registry.service.servable import stored_layer_hazards
 from registry.tensor_blobs import tensor_from_blob
+from schemas.hazard_groups import HazardGroup, group_hazard_dicts
+from schemas.inspection import momentum_text
 from schemas.manifest import TensorRef, load_manifest
 
 from .svg import ChannelMovement, GraphNode, lineage_svg, movement_svg, threshold_bars_svg
@@ -72,9 +74,10 @@ def warning_codes(record) -> list[str]:
     return list(dict.fromkeys(h["code"] for h in record.hazards if not h.get("blocking")))
 
 
-def serving_rows(record) -> list[dict]:
-    """The hazards stored with a version, blocking ones first: what its servable verdict rests on."""
-    return sorted(record.hazards, key=lambda h: not h.get("blocking"))
+def serving_rows(record) -> list[HazardGroup]:
+    """The hazards stored with a version, blocking ones first, one row per distinct hazard with its layers
+    (schemas/hazard_groups.py): 59 identical rows made a page 26,850 px tall. The API keeps one entry per layer."""
+    return group_hazard_dicts(sorted(record.hazards, key=lambda h: not h.get("blocking")))
 
 
 # --------------------------------------------------------------------------- models
@@ -114,12 +117,7 @@ def model_rows(registry, name: str, redactor: Redactor, limit: int | None = None
 
 
 def _momentum(spec: dict) -> str:
-    momentum = spec.get("momentum")
-    if spec.get("kind") not in ("batch", "instance"):
-        return "-"
-    if momentum is None:
-        return "None (cumulative average)" if spec.get("track_running_stats", True) else "-"
-    return f"{momentum:g} ({spec.get('momentum_convention', '?')})"
+    return momentum_text({"track_running_stats": spec.get("kind") in ("batch", "instance"), **spec})
 
 
 def layer_rows(registry, record) -> list[dict]:

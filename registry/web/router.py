@@ -26,6 +26,7 @@ from registry.http.errors import ApiError, error_body, status_for
 from registry.http.redaction import Redactor
 from registry.entities import split_ref
 from schemas.errors import NormbridgeError
+from schemas.hazard_groups import SHOWN_LAYERS
 
 from . import drift_view, pages
 from .session import (CSRF_COOKIE, SESSION_COOKIE, SESSION_MAX_AGE, clear_cookie, csrf_matches, new_csrf_token, principal_of, read_form,
@@ -198,7 +199,7 @@ def version_page(request: Request, principal: Principal, name: str, ref: str) ->
         request, "version.html", record=record, manifest=manifest, aliases=badges, verdict=pages.verdict(record),
         drift_state=drift_view.drift_states(registry).get((record.model, record.number)),
         layers=pages.layer_rows(registry, record), equivalence=pages.equivalence_rows(record), model_url=pages.model_url(record.model),
-        serving=pages.serving_rows(record),
+        serving=pages.serving_rows(record), shown_layers=SHOWN_LAYERS,
         lineage_url=pages.version_url(record.model, record.number) + "/lineage", drift_url=pages.version_url(record.model, record.number) + "/drift",
         parent_url=pages.version_url(*pages.split(record.parent)) if parent_visible else None,
         diff_parent_url=pages.diff_url(record.parent, record.ref) if parent_visible else None,
@@ -240,6 +241,7 @@ def drift_page(request: Request, principal: Principal, name: str, ref: str) -> H
                     if node.parent == record.ref and node.operation == "recalibrated" and principal.may_see(split_ref(node.ref)[0])]
     return render(request, "drift.html", record=record, latest=latest, older=reports[1:], shift_chart=shift_chart, ratio_chart=ratio_chart,
                   served=served, history=served if served.windows else None, log_ratio_factor=math.exp(served.rule.log_ratio),
+                  faults=drift_view.fault_banner(served),
                   offline_class=drift_view.STATES.get(served.offline.verdict, "ok") if served.offline else None,
                   timeline=drift_view.window_timeline(served) if served.windows else drift_view.shift_timeline(reports),
                   state=drift_view.report_state(latest.report) if latest else None,

@@ -15,7 +15,7 @@ from html import escape
 
 import numpy as np
 
-from .labels import distinct_labels
+from schemas.labels import distinct_labels
 
 MUTED = "#6b7280"
 AXIS = "#9ca3af"
@@ -120,7 +120,7 @@ def movement_svg(layers: Sequence[ChannelMovement], width: int = 760) -> str:
     """
     if not layers:
         return ""
-    left, panel_h, gap, title_h = 150, 54, 8, 20
+    left, panel_h, gap, title_h = 150, 54, 8, 38  # the title on its own line: a long layer path ran into the summary
     plot_w = width - left - 20
     mean_scale = max((float(np.max(np.abs(m.mean_shift))) for m in layers if m.mean_shift.size), default=0.0) or 1.0
     var_scale = max((float(np.max(np.abs(m.log_var_ratio))) for m in layers if m.log_var_ratio.size), default=0.0) or 1.0
@@ -131,10 +131,11 @@ def movement_svg(layers: Sequence[ChannelMovement], width: int = 760) -> str:
              f"<rect x='{left}' y='6' width='10' height='10' fill='{BLUE}'/><text x='{left + 14}' y='15' fill='{MUTED}'>Δ mean / σ (per channel)</text>",
              f"<rect x='{left + 190}' y='6' width='10' height='10' fill='{ORANGE}'/><text x='{left + 204}' y='15' fill='{MUTED}'>log(var_b / var_a) (per channel)</text>"]
     y = 28
-    for layer in layers:
+    titles = distinct_labels([layer.layer for layer in layers], width // 8)
+    for layer, shown in zip(layers, titles):
         parts.append(f"<g class='movement-layer' data-layer='{esc(layer.layer)}'>")
-        parts.append(f"<text x='0' y='{y + 14}' font-weight='600' fill='#111827'>{esc(layer.layer)}</text>")
-        parts.append(f"<text x='{left}' y='{y + 14}' fill='{MUTED}' font-size='11'>{layer.mean_shift.size} channels; "
+        parts.append(f"<text class='layer-title' x='0' y='{y + 14}' font-weight='600' fill='#111827'>{esc(shown)}<title>{esc(layer.layer)}</title></text>")
+        parts.append(f"<text class='layer-summary' x='{left}' y='{y + 31}' fill='{MUTED}' font-size='11'>{layer.mean_shift.size} channels; "
                      f"max |Δmean/σ| {num(float(np.max(np.abs(layer.mean_shift))) if layer.mean_shift.size else 0.0)}, "
                      f"max |log var ratio| {num(float(np.max(np.abs(layer.log_var_ratio))) if layer.log_var_ratio.size else 0.0)}</text>")
         top = y + title_h
@@ -175,7 +176,7 @@ def threshold_bars_svg(labels: Sequence[str], values: Sequence[float], threshold
 
     `secondary` (e.g. the mean over channels next to the max) is drawn as a thin bar inside each.
     """
-    left, right, bar_h, gap, top = 200, 70, 18, 8, 44
+    left, right, bar_h, gap, top = 210, 70, 18, 8, 44  # room for a 28-character label (schemas/labels.py) at 12 px
     plot_w = width - left - right
     finite = [v for v in list(values) + list(secondary or []) if math.isfinite(v)]
     scale = max(finite + [threshold * 1.25, 1e-12])

@@ -12,8 +12,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .labels import distinct_labels
+from schemas.labels import distinct_labels
+
 from .svg import AXIS, FONT, MUTED, RED, esc, num
+
+#: Characters of a legend entry: a long layer path keeps its head and tail around an ellipsis (schemas/labels.py).
+LEGEND_CHARS = 24
+#: Space each time label takes on the axis (a 14-character timestamp at 10 px), with a gap: labels never overlap.
+WINDOW_LABEL_PX = 84
 
 PALETTE = ("#2563eb", "#d97706", "#16a34a", "#7c3aed", "#0891b2", "#be185d", "#4b5563", "#65a30d")
 
@@ -63,16 +69,18 @@ def timeline_svg(windows: Sequence[Window], layers: Sequence[str], threshold: fl
                          f"fill='{RED}' opacity='0.12'><title>{esc(window.label)}: alert</title></rect>")
     ty = y(threshold)
     parts.append(f"<line class='threshold' x1='{left}' y1='{ty:.2f}' x2='{left + plot_w}' y2='{ty:.2f}' stroke='{RED}' stroke-width='1.5' "
-                 f"stroke-dasharray='5 4'/><text x='{left + plot_w + 4}' y='{ty + 4:.2f}' fill='{RED}' font-size='11'>threshold {num(threshold)}</text>")
-    for rank, (layer, shown) in enumerate(zip(layers, distinct_labels(layers, 24))):
+                 f"stroke-dasharray='5 4'/><text class='threshold-label' x='{left + plot_w - 4}' y='{ty - 5:.2f}' text-anchor='end' fill='{RED}' "
+                 f"font-size='11'>threshold {num(threshold)}</text>")
+    for rank, (layer, shown) in enumerate(zip(layers, distinct_labels(layers, LEGEND_CHARS))):
         colour = PALETTE[rank % len(PALETTE)]
         points = [(i, x(i), y(w.values[layer]), w.values[layer], w.statuses.get(layer, "ok")) for i, w in enumerate(windows)
                   if math.isfinite(w.values.get(layer, math.nan))]
         path = " ".join(f"{px:.2f},{py:.2f}" for _, px, py, _, _ in points)
         dots = "".join(_point(layer, i, px, py, v, status, threshold, colour) for i, px, py, v, status in points)
         legend_y = top + 12 + rank * 15
-        legend = (f"<text x='{width - right + 70}' y='{legend_y}' fill='{colour}' font-size='11'>{esc(shown)}<title>{esc(layer)}</title></text>"
-                  if legend_y < top + plot_h + 20 else "")
+        # the legend starts right of the plot, where the whole right margin holds a LEGEND_CHARS label (it was cut at the edge)
+        legend = (f"<text class='legend' x='{left + plot_w + 12}' y='{legend_y}' fill='{colour}' font-size='11'>{esc(shown)}"
+                  f"<title>{esc(layer)}</title></text>" if legend_y <= top + plot_h else "")
         parts.append(f"<g class='layer-line' data-layer='{esc(layer)}'><polyline points='{path}' fill='none' stroke='{colour}' stroke-width='1.5'>"
                      f"<title>{esc(layer)}</title></polyline>{dots}{legend}</g>")
     bottom = top + plot_h
@@ -80,9 +88,9 @@ def timeline_svg(windows: Sequence[Window], layers: Sequence[str], threshold: fl
                  f"<line x1='{left}' y1='{top}' x2='{left}' y2='{bottom}' stroke='{AXIS}'/>"
                  f"<text x='{left - 6}' y='{top + 4}' text-anchor='end' fill='{MUTED}' font-size='11'>{num(scale)}</text>"
                  f"<text x='{left - 6}' y='{bottom}' text-anchor='end' fill='{MUTED}' font-size='11'>0</text>")
-    every = max(1, math.ceil(len(windows) / 6))
+    every = max(1, math.ceil(len(windows) / max(1, plot_w // WINDOW_LABEL_PX)))
     for i, window in enumerate(windows):
-        if i % every == 0 or i == len(windows) - 1:
+        if i % every == 0:  # the newest window's own label only when it falls on the step: it overlapped the one before
             parts.append(f"<text class='window-label' x='{x(i):.2f}' y='{bottom + 16}' text-anchor='middle' fill='{MUTED}' font-size='10'>"
                          f"{esc(window.label)}</text>")
     parts.append("</svg>")

@@ -215,3 +215,18 @@ def test_ctrl_c_while_the_command_starts_exits_130_without_a_traceback():
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert run.returncode == 130, run.stderr[-2000:]
     assert run.stderr.strip() == "interrupted while starting" and "Traceback" not in run.stderr and run.stdout == ""
+
+
+@pytest.mark.parametrize("given", [["--token", "nbt_0123456789ab_secret"], []], ids=["--token", "NORMBRIDGE_TOKEN"])
+def test_a_token_without_a_server_is_refused_and_opens_no_local_registry(given, tmp_path):
+    """A token means a server was meant: the local registry is never opened with it (issue 35)."""
+    home = tmp_path / "home"
+    env = {**os.environ, "NORMBRIDGE_HOME": str(home), "COLUMNS": "200"}
+    env.pop("NORMBRIDGE_SERVER", None)
+    if not given:
+        env["NORMBRIDGE_TOKEN"] = "nbt_0123456789ab_secret"
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "cli.main"]
+    done = subprocess.run(command + given + ["models"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--server URL" in done.stderr and "NORMBRIDGE_TOKEN" in done.stderr
+    assert not home.exists()  # nothing was created

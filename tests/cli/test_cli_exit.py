@@ -1,7 +1,7 @@
 """How the `normbridge` process ends (cli.main.main): without Python's teardown, yet with everything an exit owes done.
 
 Each test runs a real interpreter: the console script's `main`, with the command's app wrapped where a test needs to
-register an atexit handler the way a command's imports do (split_check's worker reaper), or to crash.
+register an atexit handler the way a command's imports do (converters/gate/split_check.py's worker reaper), or to crash.
 """
 
 from __future__ import annotations
@@ -95,3 +95,35 @@ def test_a_reader_that_closed_the_output_ends_the_command_with_141_and_no_messag
             os.close(write)
         assert done.returncode == OUTPUT_CLOSED_EXIT == 141, (args, done.returncode, done.stderr)
         assert done.stderr.strip() == "", done.stderr
+
+
+def test_ctrl_c_during_a_command_says_what_stopped_and_leaves_no_version(tmp_path):
+    """Ctrl-C while `register` reads the model (torch loaded: the command is past start-up) exits 130 with one line
+    naming the command and what it left, and the registry holds no version (issue 35)."""
+    import signal
+    import time
+
+    import torch
+    from torch import nn
+
+    from registry.service import Registry
+
+    model = nn.Sequential(*[nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)) for _ in range(30)]).eval()
+    pt2 = tmp_path / "deep.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 8, 16, 16),)), str(pt2))
+    home = tmp_path / "home"
+    env = {**os.environ, "NORMBRIDGE_HOME": str(home)}
+    for name in ("NORMBRIDGE_SERVER", "NORMBRIDGE_TOKEN", "NORMBRIDGE_DB", "NORMBRIDGE_BLOBS"):
+        env.pop(name, None)
+    command = [sys.executable, "-c", "import cli.main; cli.main.main()", "register", "deep", str(pt2)]
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "libtorch" not in Path(f"/proc/{process.pid}/maps").read_text():  # the command itself has started
+        assert process.poll() is None and time.monotonic() < deadline, "the registration ended before it could be interrupted"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, out + err
+    assert "interrupted: `normbridge register` stopped before it finished" in err and "Traceback" not in err
+    if (home / "registry.db").exists():
+        assert Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs")).models() == []

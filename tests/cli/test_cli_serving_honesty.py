@@ -116,7 +116,9 @@ def test_export_repeats_inspect_s_warnings_and_errors(work):
     assert sorted((h["layer"], h["code"], h["severity"]) for h in result["hazards"]) == expected
     text = invoke_cli("export", "untrained.pt2", "-o", "untrained_text.onnx", cwd=work, columns=200)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.count("warning never_trained") == len(RESNET_NORMS) and "contract PASSED" in text.stdout
+    # one line for the ten identical hazards (issue 35 §3): the first three layers named, the rest counted
+    assert text.stdout.count("warning never_trained") == 1 and "contract PASSED" in text.stdout
+    assert f"at {', '.join(RESNET_NORMS[:3])} and {len(RESNET_NORMS) - 3} more ({len(RESNET_NORMS)} layers)" in text.stdout
     assert "hazard(s) in the source" in text.stdout
 
 
@@ -170,8 +172,30 @@ def test_a_single_request_contract_says_its_batch_test_was_skipped(work, at_17):
     assert text.returncode == 0, text.stderr
     rows = [line for line in text.stdout.splitlines() if line.startswith(("│ source", "│ serving"))]
     assert len(rows) == 2 and all("skipped" in row and " ok " not in row for row in rows)
-    assert "batch independence skipped: the sample has a single request; pass at least two" in text.stdout
+    assert "batch independence skipped: the sample has a single request, so no request can be compared" in text.stdout
     assert "one.npy: 1 request " in text.stdout
+
+
+def test_a_program_traced_at_batch_one_on_token_ids_is_described_as_such(tmp_path):
+    """A static batch of 1 over int64 token ids: the header says token ids and the fixed batch, not 'a batch of 4 standard
+    normal requests', and the skipped test says how to export a dynamic batch (issue 35)."""
+    import torch
+
+    class Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.norm = torch.nn.Embedding(8, 6), torch.nn.LayerNorm(6)
+
+        def forward(self, ids):
+            return self.norm(self.embed(ids))
+
+    torch.export.save(torch.export.export(Tokens().eval(), (torch.zeros(1, 16, dtype=torch.int64),)), str(tmp_path / "t.pt2"))
+    done = invoke_cli("export", "t.pt2", "--to", "onnx", "-o", "t.onnx", cwd=tmp_path, columns=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = " ".join(done.stdout.split())
+    assert "seeded random batch of 1 request (seed 0; the model's batch size is fixed at 1)" in text, text
+    assert "int64[1, 16] integers in [0, 8) (token ids or indices)" in text and "standard normal" not in text
+    assert "torch.export.Dim on axis 0" in text
 
 
 def test_export_says_the_batch_size_of_its_sample(at_17):

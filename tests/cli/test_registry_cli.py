@@ -170,3 +170,25 @@ def test_register_says_which_framework_left_layers_unchecked_and_prints_no_marku
     for framework in ("torch", "onnx"):
         assert f"not checked in {framework}: 1 of 1 layers (not expressible: layer 'bn_mixed', setting '" in text, text
     assert "not checked in keras" not in text and "[yellow]" not in text and "[/]" not in text
+
+
+def test_a_model_made_from_scratch_records_no_parent_and_a_dropped_note_is_said(cli, tmp_path):
+    """`--no-parent` (or `--operation registered`) records a retrained model without the latest version as its parent,
+    and a note given with content the registry already holds is said not to be stored (issue 35)."""
+    model = trained_cnn()
+    v1 = save_pt2(model, tmp_path / "v1.pt2")
+    other = trained_cnn()
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(0.01)  # other weights and norm scales: a model trained again
+    retrained = save_pt2(other, tmp_path / "retrained.pt2")
+    first = cli("register", "cnn", str(v1), "--note", "first")
+    assert first.returncode == 0, first.stderr
+    again = cli("register", "cnn", str(v1), "--note", "second try")
+    assert again.returncode == 0 and "unchanged" in again.stdout
+    assert "the note was not stored: cnn@1 keeps its own ('first')" in again.stdout
+    assert data(cli("register", "cnn", str(v1), "--note", "x", "--json"))["note_stored"] is False
+    scratch = data(cli("register", "cnn", str(retrained), "--no-parent", "--json"))
+    assert scratch["created"] and scratch["version"]["parent"] is None and scratch["version"]["operation"] == "registered"
+    conflict = cli("register", "cnn", str(retrained), "--no-parent", "--parent", "cnn@1")
+    assert conflict.returncode == 2 and "--no-parent" in conflict.stderr + conflict.stdout

@@ -9,6 +9,8 @@ every kind's INFO.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from converters import REGISTRY, reference
@@ -17,6 +19,7 @@ from converters.model_adapter import ModelAdapter
 from converters.recognizers import RECOGNIZERS, ObjectRecognizer
 from schemas import FRAMEWORKS, KINDS
 from schemas.kinds import KIND_INFO, VALIDATORS, KindInfo
+from schemas.manifest import ArtifactFormat, ArtifactManifest, StructureFormat
 
 from tests.cases import CASES
 
@@ -40,12 +43,23 @@ def test_the_registered_frameworks_are_the_vocabulary_s():
     assert REGISTRY.framework_names == list(FRAMEWORKS)
 
 
+def test_each_framework_info_is_its_package_s_and_agrees_with_the_stored_formats():
+    """The store floor cannot read FrameworkInfo (it imports schemas alone): schemas/manifest.py keeps its own names of
+    the formats and frameworks, which must be the infos'."""
+    infos = REGISTRY.infos()
+    assert [(info.name, info.package) for info in infos] == list(REGISTRY.packages.items())
+    assert set(get_args(StructureFormat)) == {info.structure_format for info in infos if info.structure_format is not None}
+    origins = {fmt for info in infos for fmt in info.format_origins}
+    assert origins <= set(get_args(ArtifactFormat))
+    assert set(get_args(ArtifactManifest.model_fields["framework"].annotation)) == set(FRAMEWORKS)
+
+
 @pytest.mark.parametrize("framework", REGISTRY.framework_names)
 def test_every_framework_has_a_model_adapter_its_files_and_recognizers(framework):
     adapter = REGISTRY.model_adapter(framework)
     assert isinstance(adapter, ModelAdapter) and adapter.framework == framework
     assert any(owner == framework for owner, _ in MODEL_FILES.values()), f"no model file suffix loads {framework} models (adapters.MODEL_FILES)"
-    assert RECOGNIZERS.of(framework, ObjectRecognizer), f"no recognizer tells {framework} normalizations (recognizers.STOCK_RECOGNIZERS)"
+    assert RECOGNIZERS.of(framework, ObjectRecognizer), f"no recognizer tells {framework} normalizations (STOCK_RECOGNIZERS in its adapter package's recognizers/)"
 
 
 @pytest.mark.parametrize("framework", REGISTRY.framework_names)

@@ -18,6 +18,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from converters.keras_adapter import onnx_export  # noqa: E402
+from converters.keras_adapter.keras_internals import all_layers  # noqa: E402
 from converters.models.serving.export import export_for_serving, source_specs  # noqa: E402
 from converters.models.serving.samples import as_sample, input_specs  # noqa: E402
 from schemas import UnsupportedObjectError  # noqa: E402
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def randomise_norms(model, seed=0):
     """Random statistics, scales and biases in every normalization layer (identity state hides conversion bugs)."""
     rng = np.random.default_rng(seed)
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in all_layers(model):
         if isinstance(layer, keras.layers.Normalization) or getattr(layer, "_layers", None):
             continue
         if isinstance(layer, keras.layers.BatchNormalization) or "norm" in type(layer).__name__.lower():

@@ -21,6 +21,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import converters  # noqa: E402
 from converters import reference  # noqa: E402
+from converters.keras_adapter.keras_internals import all_layers  # noqa: E402
 from converters.keras_adapter.probe import probe_layer  # noqa: E402
 from converters.models.inspection import inspect_model  # noqa: E402
 from schemas import UnsupportedObjectError  # noqa: E402
@@ -173,7 +174,7 @@ def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
     backbone = keras_hub.models.GemmaBackbone(
         vocabulary_size=128, num_layers=2, num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=8,
     )
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+    for layer in all_layers(backbone):
         if isinstance(layer, GemmaRMSNormalization):
             randomised(layer, seed=len(layer.name))
     found = inspect_model(backbone)
@@ -188,7 +189,7 @@ def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
 
     specs = {spec.name: spec for spec in REGISTRY.model_adapter_of(backbone).layer_specs(backbone)}
     for block in ("decoder_block_0", "decoder_block_1"):
-        own = next(layer for layer in backbone.get_layer(block)._flatten_layers(include_self=False) if layer.name == "pre_attention_norm")
+        own = next(layer for layer in all_layers(backbone.get_layer(block)) if layer.name == "pre_attention_norm")
         assert np.array_equal(specs[f"{block}/pre_attention_norm"].tensors["scale"], own.weights[0].numpy())  # its own block's scale
 
 
@@ -305,7 +306,7 @@ def test_keras_hub_qwen3s_per_head_norms_built_with_the_hidden_shape_are_read_as
     per_head = [layer for layer in inspection.layers if "query_dense_layernorm" in layer.path or "key_dense_layernorm" in layer.path]
     assert len(per_head) == 2 and all(layer.kind == "rms" and layer.spec["normalized_shape"] == [8] for layer in per_head)
     # what the proof accepted is what the layer computes on the (B, T, heads, head_dim) input the backbone gives it
-    layer = next(l for l in model._flatten_layers() if l.name == per_head[0].path.rsplit("/", 1)[-1])
+    layer = next(l for l in all_layers(model) if l.name == per_head[0].path.rsplit("/", 1)[-1])
     assert per_head[0].spec["eps"] == layer.epsilon  # keras_hub 0.32's decoder does not pass layer_norm_epsilon on: 1e-5
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 8)).astype("float32")
     spec = converters.to_spec(layer)

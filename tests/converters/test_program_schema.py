@@ -17,7 +17,7 @@ from torch._export.serde.serialize import _dict_to_dataclass, serialize
 
 from torch._export.serde.union import _Union, _UnionTag
 
-from converters.torch_adapter.program_schema import quick_program_from_dict as program_from_dict  # the faster path alone, never its fallback
+from converters.torch_adapter.pt2.program_schema import quick_program_from_dict as program_from_dict  # the faster path alone, never its fallback
 from tests import real_norms as R
 
 

@@ -1,8 +1,8 @@
 """Seeded mutations of a genuine `.pt2`: normbridge's reader either reads each one or refuses it as a bad input file.
 
 A fuzz of 6,000 mutations (issue 30, item 11) found exceptions of other types escaping the reader (a TypeError in
-pt2_treespecs, another in pt2_archive, a NotImplementedError from a meta-device weight), which the server answered with
-a 500 and the CLI with a traceback. Each case here is a genuine archive (tests.pt2_fuzzing.FuzzNet: a dynamic batch, so
+pt2/treespecs.py, another in pt2/archive.py, a NotImplementedError from a meta-device weight), which the server answered
+with a 500 and the CLI with a traceback. Each case here is a genuine archive (tests.pt2_fuzzing.FuzzNet: a dynamic batch, so
 shape expressions, a mapped 1.2 MB payload, a stride-0 buffer, a constant) with one to three mutations from
 `random.Random(f"{seed}:{index}")`, read through `load_model` in a separate process that reports each case as it
 starts and ends, so a case that hangs fails the test (PER_CASE_SECONDS) instead of stalling it. Every outcome must be

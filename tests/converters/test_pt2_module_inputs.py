@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from converters.models.inspection import inspect_model
-from converters.torch_adapter.exported_computed import program_modules
+from converters.torch_adapter.recognition.exported_computed import program_modules
 
 from tests import real_norms as R
 

@@ -1,11 +1,11 @@
-"""pt2_archive.load_exported_program builds the ExportedProgram torch itself builds, node for node.
+"""pt2/archive.load_exported_program builds the ExportedProgram torch itself builds, node for node.
 
 The oracle is torch's own reader (`torch.export.load`) on files torch.export.save wrote here: every node's name, op,
 target, arguments and meta (meta["val"] fake tensors by sizes, strides, dtype, device, requires_grad, storage size,
 fake mode), the signature, range constraints, module call graph, generated code and state dict. The programs cover a
-dynamic batch (the symbolic path of pt2_deserializer), bfloat16, training-mode BatchNorm, an RMSNorm decoder, a
+dynamic batch (the symbolic path of pt2/deserializer.py), bfloat16, training-mode BatchNorm, an RMSNorm decoder, a
 Llama from transformers, torch.cond and an unbacked size (meta["unbacked_bindings"], which torch walks for and
-pt2_deserializer skips looking for once nothing is pending).
+pt2/deserializer.py skips looking for once nothing is pending).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from converters.torch_adapter.program_schema import quick_program_from_dict as program_from_dict  # the faster path alone, never its fallback
-from converters.torch_adapter.pt2_archive import load_exported_program
-from converters.torch_adapter.pt2_deserializer import quick_deserialize, static_fake, unwritten_code
+from converters.torch_adapter.pt2.program_schema import quick_program_from_dict as program_from_dict  # the faster path alone, never its fallback
+from converters.torch_adapter.pt2.archive import load_exported_program
+from converters.torch_adapter.pt2.deserializer import quick_deserialize, static_fake, unwritten_code
 from tests import real_norms as R
 from tests.converters.test_program_schema import Blocks  # the same small conv + BatchNorm + LayerNorm program
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from converters.torch_adapter import torch_internals
-from converters.torch_adapter.pt2_archive import load_exported_program
-from converters.torch_adapter.pt2_versions import unknown_key
+from converters.torch_adapter.pt2.archive import load_exported_program
+from converters.torch_adapter.pt2.versions import unknown_key
 from schemas import InputFileError
 from tests.converters.test_pt2_reading import PROGRAMS, _same_program
 from tests.pt2_crafting import craft, first_node, genuine_pt2

@@ -82,11 +82,34 @@ def test_a_registered_recognizer_is_asked_after_the_stock_ones():
 
 
 def test_a_duplicate_recognizer_raises_and_a_missing_one_lists_the_registered():
+    from converters.keras_adapter.recognizers.layers import KerasLayers
     from converters.recognizers import RecognizerRegistry
-    from converters.recognizers.keras_layers import KerasLayers
 
     recognizers = RecognizerRegistry()
     with pytest.raises(DuplicateAdapterError, match="'keras.layers' is already registered"):
         recognizers.register(KerasLayers())
     with pytest.raises(AdapterNotFoundError, match="currently registered recognizers are .*onnx.moments"):
         recognizers.get("onnx.whitening")
+
+
+def test_a_framework_s_stock_recognizers_are_the_ones_its_adapter_package_lists():
+    """converters.recognizers names no framework: it asks each adapter package's `recognizers/` for its own, in
+    order."""
+    from converters.recognizers import ObjectRecognizer, RecognizerRegistry
+
+    recognizers = RecognizerRegistry({"keras": "converters.keras_adapter", "torch": "tests.buggy_torch"})
+    keras = [r.name for r in recognizers.of("keras", ObjectRecognizer)]
+    assert keras == ["keras.layers", "keras.standardization", "keras.probed"]
+    assert recognizers.of("torch", ObjectRecognizer) == []  # a package without recognizers/ has none
+    assert recognizers.of("onnx", ObjectRecognizer) == []  # a framework the registry was not given has none
+
+
+@pytest.mark.parametrize("framework", REGISTRY.framework_names)
+def test_each_stock_recognizer_is_named_after_its_framework_and_its_module(framework):
+    """The recognizer `<framework>.<name>` is `<framework>_adapter/recognizers/<name>.py`: a name in a message finds
+    its file."""
+    from converters.recognizers import RECOGNIZERS, Recognizer, stock_recognizers
+
+    modules = stock_recognizers(REGISTRY.packages[framework])
+    assert modules and [r.name for r in RECOGNIZERS.of(framework, Recognizer)][:len(modules)] == [
+        f"{framework}.{module.rsplit('.', 1)[1]}" for module in modules]

@@ -26,7 +26,7 @@ from converters.probe import probe_input
 from schemas import NormbridgeError, NotExpressibleError, spec_differences
 
 from tests.cases import CASES
-from tests.converters.test_grouped_check import member
+from tests.converters.gate.test_grouped_check import member
 
 OPTIONS = target_options(ConversionOptions())
 

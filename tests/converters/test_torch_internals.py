@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from converters.torch_adapter import torch_internals as internals
-from converters.torch_adapter.pt2_archive import load_exported_program
+from converters.torch_adapter.pt2.archive import load_exported_program
 from schemas.errors import MissingDependencyError
 from tests.converters.test_pt2_reading import PROGRAMS, _same_program
 from tests.pt2_crafting import genuine_pt2
@@ -81,6 +81,18 @@ def _own_class() -> None:
         internals.graph_module_own_class(nn.Linear(2, 2))
 
 
+def _deferred_code() -> None:
+    """A deferred module writes, on first use, the code torch wrote for its twin; stored_code reads what it holds."""
+    linear = nn.Linear(2, 2)
+    written, deferred = torch.fx.symbolic_trace(linear), torch.fx.symbolic_trace(linear)
+    assert "def forward" in internals.stored_code(written)
+    internals.defer_code(deferred, logging.getLogger(__name__))
+    assert internals.stored_code(deferred) == ""  # nothing written yet
+    x = torch.randn(3, 2)
+    assert torch.equal(deferred(x), written(x)) and deferred.code == written.code
+    assert internals.stored_code(deferred) == internals.stored_code(written)
+
+
 def _pytrees() -> None:
     from torch.utils import _pytree
 
@@ -99,6 +111,12 @@ def _operators() -> None:
     assert internals.op_schema(torch.ops.aten.add.Tensor).name == "aten::add"
     assert [a.name for a in internals.op_schema(torch.ops.aten.native_batch_norm.default).arguments][:3] == ["input", "weight", "bias"]
     assert internals.op_schema(operator.getitem) is None and internals.op_schema(torch.ops.higher_order.cond) is None
+    program = torch.export.export(nn.Sequential(nn.BatchNorm1d(3)).eval(), (torch.ones(2, 3),))
+    calls = {node.name: internals.op_name(node) for node in program.graph.nodes}
+    assert calls["batch_norm"] == "aten::batch_norm" and calls["input"] is None and calls["output"] is None
+    assert internals.op_name(torch.ops.aten.add.Tensor) == "aten::add"
+    assert internals.op_name(operator.getitem) is None and internals.op_name(torch.ops.higher_order.cond) is None
+    assert internals.op_name(None) is None and internals.op_name(2.0) is None
 
 
 def _module_classes() -> None:
@@ -141,11 +159,14 @@ ACCESSES = {
     "serialized_dtypes": _dtypes,
     "SCALAR_TYPES": _dtypes,
     "graph_module_own_class": _own_class,
+    "defer_code": _deferred_code,
+    "stored_code": _deferred_code,
     "registered_pytree_types": _pytrees,
     "tree_leaves": _pytrees,
     "tree_unflatten": _pytrees,
     "op_overload_class": _operators,
     "higher_order_operator_class": _operators,
+    "op_name": _operators,
     "op_schema": _operators,
     "norm_base_classes": _module_classes,
     "batch_norm_base_classes": _module_classes,
@@ -202,16 +223,16 @@ def test_without_torchs_private_names_their_public_replacements_give_the_same(re
     internals.serialized_dtypes.cache_clear(), internals.op_overload_class.cache_clear(), internals.higher_order_operator_class.cache_clear()
     assert (internals.serialized_dtypes(), internals.op_overload_class(), internals.higher_order_operator_class()) == expected
     assert _callables(internals.tree_leaves(value)) == _callables(_pytree.tree_leaves(value)) == [operator.add]
-    for _, program in PROGRAMS:  # what pt2_program.check_graph walks: every node's arguments
+    for _, program in PROGRAMS:  # what pt2/program_checks.check_graph walks: every node's arguments
         for node in program.graph.nodes:
             arguments = (node.args, node.kwargs)
             assert _callables(internals.tree_leaves(arguments)) == _callables(_pytree.tree_leaves(arguments)), node.name
     assert internals.tree_unflatten(leaves, spec) == ((1, 2), {"x": 3})
-    assert internals.registered_pytree_types() is None  # pt2_treespecs then rewrites nothing
+    assert internals.registered_pytree_types() is None  # pt2/treespecs.py then rewrites nothing
 
 
 def _callables(leaves: list) -> list:
-    """The leaves pt2_program.check_graph looks at (map_aggregate also opens slices, whose parts are never callables)."""
+    """The leaves pt2/program_checks.check_graph looks at (map_aggregate also opens slices, whose parts are never callables)."""
     return [leaf for leaf in leaves if callable(leaf) and not isinstance(leaf, torch.fx.Node)]
 
 

@@ -16,9 +16,9 @@ from torch import nn
 
 import converters
 from converters.models.inspection import inspect_model, inspect_path
-from converters.torch_adapter import norm_proof
-from converters.torch_adapter.computed import prove, recognition
-from converters.torch_adapter.derived_spec import to_torch
+from converters.torch_adapter.recognition import norm_proof
+from converters.torch_adapter.recognition.computed import prove, recognition
+from converters.torch_adapter.recognition.derived_spec import to_torch
 from schemas import DuplicateAdapterError, NotExpressibleError, UnsupportedObjectError
 
 from tests import real_norms as R
@@ -365,6 +365,9 @@ def test_a_bfloat16_export_verifies_every_norm_and_says_the_contract_was_not_run
     assert all(entry["passed"] for entry in result["verification"])  # every norm verified from the graph alone
     forced = invoke_cli("export", "m.pt2", "--to", "onnx", "-o", "m.onnx", "--force", cwd=tmp_path)
     assert forced.returncode == 0 and (tmp_path / "m.onnx").exists() and "forced" in forced.stdout + forced.stderr
+    contract = invoke_cli("contract", "m.pt2", "m.onnx", cwd=tmp_path)  # it has no --force: the message must not offer one
+    said = " ".join((contract.stdout + contract.stderr).split())
+    assert contract.returncode == 6 and "float32 copy" in said and "`normbridge contract` cannot run it" in said, said
 
 
 @pytest.mark.slow

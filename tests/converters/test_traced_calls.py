@@ -3,7 +3,7 @@
 check_many runs a layer serving many members of one configuration through tf.functions traced once (without grappler);
 `check` calls it eagerly. On every case of the table Keras builds a layer for, after the layer is given a second member's
 state: the written variables, the eval output, the training output and the moved statistics are the eager ones byte for
-byte, and so are they when the eval and the step run in one call, or in the write's. The bench asks for these runs only
+byte, and so are they when the eval and the step run in one call, or in the write's. GroupObjects asks for these runs only
 for a layer serving enough members; below that it keeps the eager calls.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from converters import REGISTRY
 from converters.api import read_spec, write_spec
 from converters.equivalence import target_options
-from converters.group_bench import KEEP_RUNS_FROM, GroupBench
+from converters.gate.group_objects import KEEP_RUNS_FROM, GroupObjects
 from converters.keras_adapter.deferred import is_deferred
 from converters.keras_adapter.traced import TracedCalls, kept_calls
 from converters.keras_adapter.variables import read_variable, write_variable
@@ -25,7 +25,7 @@ from converters.probe import probe_input
 from schemas import NotExpressibleError
 
 from tests.cases import CASES
-from tests.converters.test_grouped_check import member
+from tests.converters.gate.test_grouped_check import member
 from tests.spec_factory import make_spec
 
 OPTIONS = target_options(ConversionOptions())
@@ -55,7 +55,7 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
     except NotExpressibleError as refused:  # Keras cannot hold it: there is no layer to trace
         assert refused.target == "keras"
         return
-    if is_deferred(layer):  # built on its first call: restate refuses it (the bench rebuilds it), so it never runs traced
+    if is_deferred(layer):  # built on its first call: restate refuses it (GroupObjects rebuilds it), so it never runs traced
         with pytest.raises(ValueError, match="built on its first call"):
             REGISTRY.get("keras", case.spec.kind).restate(layer, case.spec, [])
         return
@@ -88,19 +88,19 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
                 continue
             out, step = calls.run_eval_and_train_step(x)
             assert same(out, eager[0]) and all(same(a, b) for a, b in zip(step, eager[1])), f"eval and step, with the write: {with_write}"
-            if not with_write:  # a step run with the write leaves the state written (the bench writes the next member over it)
+            if not with_write:  # a step run with the write leaves the state written (GroupObjects writes the next member over it)
                 assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
 
 
-def test_the_bench_traces_a_layer_that_serves_enough_members_and_no_other():
+def test_group_objects_traces_a_layer_that_serves_enough_members_and_no_other():
     base = member(CASES[0].spec, 0)
     for count, traced in ((2, False), (KEEP_RUNS_FROM, True)):
-        bench = GroupBench(REGISTRY)
+        objects = GroupObjects(REGISTRY)
         specs = [member(base, i) for i in range(count)]
-        bench.write_ahead("keras", specs, OPTIONS)
-        layers = {id(bench.write(spec, "keras", OPTIONS)[0]) for spec in specs}
+        objects.write_ahead("keras", specs, OPTIONS)
+        layers = {id(objects.write(spec, "keras", OPTIONS)[0]) for spec in specs}
         assert len(layers) == 1  # one layer restated per member
-        layer = bench.write(specs[-1], "keras", OPTIONS)[0]
+        layer = objects.write(specs[-1], "keras", OPTIONS)[0]
         assert (kept_calls(layer) is not None) is traced
 
 
@@ -124,9 +124,9 @@ def _keras_resnet50():
 @pytest.mark.parametrize("build", [_llama_with_nine_rmsnorms, _keras_resnet50], ids=["transformers Llama", "keras.applications ResNet50"])
 def test_models_nobody_here_wrote_check_the_same_through_traced_keras_runs(build, monkeypatch):
     from converters import check
-    from converters.grouped_check import check_many, groups
+    from converters.gate.grouped_check import check_many, groups
     from registry.artifact import extract_artifact
-    from tests.converters.test_grouped_check import assert_same
+    from tests.converters.gate.test_grouped_check import assert_same
 
     specs = list(extract_artifact(build()).specs)
     assert max(len(members) for members in groups(specs)) >= KEEP_RUNS_FROM  # a group large enough to run traced
@@ -138,7 +138,7 @@ def test_models_nobody_here_wrote_check_the_same_through_traced_keras_runs(build
     assert traced  # the Keras leg of the large groups did run traced
 
 
-def test_the_bench_runs_a_checks_eval_and_step_in_one_call_and_hands_the_step_over_unchanged_only(monkeypatch):
+def test_group_objects_runs_a_checks_eval_and_step_in_one_call_and_hands_the_step_over_unchanged_only(monkeypatch):
     spec = make_spec("batch", source="torch")
     specs = [member(spec, i) for i in range(KEEP_RUNS_FROM)]
     fresh = write_spec(specs[1], "keras", OPTIONS)[0]  # what check runs: a layer of its own, eagerly
@@ -147,42 +147,42 @@ def test_the_bench_runs_a_checks_eval_and_step_in_one_call_and_hands_the_step_ov
     calls = []
     real = TracedCalls.run_eval_and_train_step
     monkeypatch.setattr(TracedCalls, "run_eval_and_train_step", lambda self, x: calls.append(x) or real(self, x))
-    bench = GroupBench(REGISTRY)
-    bench.write_ahead("keras", specs, OPTIONS)
-    layer = bench.write(specs[0], "keras", OPTIONS)[0]
+    objects = GroupObjects(REGISTRY)
+    objects.write_ahead("keras", specs, OPTIONS)
+    layer = objects.write(specs[0], "keras", OPTIONS)[0]
     assert kept_calls(layer) is not None
-    bench.run_eval(KERAS, layer, x)  # the first member's eval and step run as written: then the probe is known
-    bench.run_train_step(KERAS, layer, x)
+    objects.run_eval(KERAS, layer, x)  # the first member's eval and step run as written: then the probe is known
+    objects.run_train_step(KERAS, layer, x)
     assert not calls
-    bench.write(specs[1], "keras", OPTIONS)
-    out, step = bench.run_eval(KERAS, layer, x), bench.run_train_step(KERAS, layer, x)
+    objects.write(specs[1], "keras", OPTIONS)
+    out, step = objects.run_eval(KERAS, layer, x), objects.run_train_step(KERAS, layer, x)
     assert len(calls) == 1  # one call for both
     assert same(out, expected[0]) and all(same(a, b) for a, b in zip(step, expected[1]))
-    bench.write(specs[1], "keras", OPTIONS)
-    bench.run_eval(KERAS, layer, x)
+    objects.write(specs[1], "keras", OPTIONS)
+    objects.run_eval(KERAS, layer, x)
     with pytest.raises(RuntimeError, match="stepped with its eval"):  # a second eval would see the moved statistics
-        bench.run_eval(KERAS, layer, x)
-    bench.write(specs[1], "keras", OPTIONS)
-    bench.run_eval(KERAS, layer, x)
+        objects.run_eval(KERAS, layer, x)
+    objects.write(specs[1], "keras", OPTIONS)
+    objects.run_eval(KERAS, layer, x)
     with pytest.raises(RuntimeError, match="stepped with its eval"):  # a step on another input is not the one that ran
-        bench.run_train_step(KERAS, layer, x + 1)
+        objects.run_train_step(KERAS, layer, x + 1)
 
 
-def test_the_bench_runs_a_members_eval_and_step_in_the_call_that_writes_it_once_it_knows_the_probe(monkeypatch):
+def test_group_objects_runs_a_members_eval_and_step_in_the_call_that_writes_it_once_it_knows_the_probe(monkeypatch):
     specs = [member(make_spec("batch", source="torch"), i) for i in range(KEEP_RUNS_FROM)]
-    bench = GroupBench(REGISTRY)
-    bench.write_ahead("keras", specs, OPTIONS)
+    objects = GroupObjects(REGISTRY)
+    objects.write_ahead("keras", specs, OPTIONS)
     calls = []
     real = TracedCalls._call
     monkeypatch.setattr(TracedCalls, "_call", lambda self, name, inputs: calls.append(name) or real(self, name, inputs))
     for index, spec in enumerate(specs):
-        layer = bench.write(spec, "keras", OPTIONS)[0]
+        layer = objects.write(spec, "keras", OPTIONS)[0]
         if kept_calls(layer) is None:
             continue
         fresh = write_spec(spec, "keras", OPTIONS)[0]  # what check runs on: a layer of its own, eagerly
         x = from_channels_first(probe_input(spec), read_spec(fresh)[0].layout)
         assert same(read_variable(layer.weights[0]), read_variable(fresh.weights[0]))  # the spec reads the state written
-        out, step = bench.run_eval(KERAS, layer, x), bench.run_train_step(KERAS, layer, x)
+        out, step = objects.run_eval(KERAS, layer, x), objects.run_train_step(KERAS, layer, x)
         expected = KERAS.run_eval(fresh, x), KERAS.run_train_step(fresh, x)
         assert same(out, expected[0]) and all(same(a, b) for a, b in zip(step, expected[1])), spec.name
     assert calls == ["write+both"] * (KEEP_RUNS_FROM - 1)  # one call per member after the first: its write, eval and step

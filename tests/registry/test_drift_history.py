@@ -19,7 +19,7 @@ from converters.models.monitoring.drift import drift_check
 from registry import drift_history
 from registry.db.drift_rows import DriftLayerRow, DriftWindowRow
 from registry.db.engine import alembic_config
-from schemas.errors import InputFileError, RegistryError
+from schemas.errors import InputFileError
 from schemas.monitoring import DriftRule
 from tests.pg import registry_on
 from testkit.monitoring_models import MonitoredCNN, calm, converged, served_window, shifted, torch_cnn, unconverged_cnn
@@ -114,11 +114,30 @@ def test_a_window_costs_the_same_few_writes_whatever_its_layer_count(registry):
     assert writes["small"] == writes["wide"] <= 5, writes  # window, layers (one executemany), arrays, state
 
 
+def test_a_serving_fault_is_the_state_at_once_and_a_clean_window_gives_the_rule_back(registry):
+    """Issue 35 item 1: a foreign digest (was a 409) and a fault the collector sent make serving_fault in one window."""
+    model = torch_cnn()
+    registry.register("cnn", model)
+    foreign = drift_history.record_window(registry, "cnn@1", window(model, digest="0" * 64))
+    assert foreign.state == "serving_fault" and [f.kind for f in foreign.faults] == ["statistics_mismatch"]
+    assert "other running statistics" in foreign.faults[0].detail
+    clean = drift_history.record_window(registry, "cnn@1", window(model, count=501))
+    assert clean.state == "ok" and clean.faults == [] and drift_history.history(registry, "cnn@1").faults == []
+    sent = {**window(model, count=502), "faults": [{"kind": "train_mode", "layer": "bn1", "detail": "training=True"}]}
+    faulty = drift_history.record_window(registry, "cnn@1", sent)
+    found = drift_history.history(registry, "cnn@1")
+    assert faulty.state == found.state == "serving_fault"
+    assert [(f.kind, f.layer) for f in found.faults] == [("train_mode", "bn1")]
+    assert found.windows[0].faults == faulty.faults and found.windows[2].faults == foreign.faults  # stored, read back
+    changes = [(e.detail["from"], e.detail["to"], e.detail.get("faults")) for e in registry.audit(model="cnn")
+               if e.action == "drift_state_changed"]
+    assert changes == [("ok", "serving_fault", ["statistics_mismatch"]), ("serving_fault", "ok", None),
+                       ("ok", "serving_fault", ["train_mode"])]
+
+
 def test_refusals_store_nothing(registry):
     model = torch_cnn()
     registry.register("cnn", model)
-    with pytest.raises(RegistryError, match="other running statistics"):
-        drift_history.record_window(registry, "cnn@1", window(model, digest="0" * 64))
     body = window(model)
     body["layers"] = [{**layer, "name": f"not-{layer['name']}"} for layer in body["layers"]]
     with pytest.raises(InputFileError, match="none of the window's layers"):

@@ -228,20 +228,21 @@ def test_zero_configuration_uses_sqlite_and_blobs_under_normbridge_home(tmp_path
 # -- the equivalence gate and bad input ------------------------------------------------------------
 
 
-def test_a_failing_equivalence_check_stores_nothing_and_names_the_layer(sqlite_registry, monkeypatch):
-    import converters
-    import keras  # noqa: F401  every framework imported here, so the gate runs every leg in this process, through converters.check_many
+def test_a_failing_equivalence_check_stores_nothing_and_names_the_layer(sqlite_registry):
+    from converters.gate import InProcessGate
+    from registry.service import Registry
 
-    reg = sqlite_registry
-    reg.register("cnn", trained_cnn())
+    class FailingOnBn2(InProcessGate):
+        """The real checks, in this process, with one layer's verdict overturned."""
+
+        def check_all(self, specs, progress=None):
+            overturned = {"passed": False, "errors": ["onnx: running_var differs by 1e-2"]}
+            return [result.model_copy(update=overturned) if result.layer == "bn2" else result
+                    for result in super().check_all(specs, progress)]
+
+    sqlite_registry.register("cnn", trained_cnn())
+    reg = Registry(db=sqlite_registry.db_url, blobs=sqlite_registry.blob_uri, user="tester", gate=FailingOnBn2())
     before = snapshot(reg)
-    real_check_many = converters.check_many
-
-    def failing_on_bn2(specs, **legs):  # the real check, with its verdict overturned for one layer
-        overturned = {"passed": False, "errors": ["onnx: running_var differs by 1e-2"]}
-        return [result.model_copy(update=overturned) if result.layer == "bn2" else result for result in real_check_many(specs, **legs)]
-
-    monkeypatch.setattr(converters, "check_many", failing_on_bn2)
     model = finetune_statistics(trained_cnn())
     with pytest.raises(CheckFailedError, match="layer 'bn2' failed the round-trip equivalence check .*running_var differs"):
         reg.register("cnn", model)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from converters.models.loading import load_model
-from converters.torch_adapter.pt2_payloads import MAPPED_BYTES, tensor_sources
+from converters.torch_adapter.pt2.payloads import MAPPED_BYTES, tensor_sources
 from registry.artifact import extract_artifact
 from registry.blobs.local import LocalBlobStore
 from registry.service import Registry

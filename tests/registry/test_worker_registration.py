@@ -4,7 +4,7 @@ Each case registers the same file both ways, into two empty registries: the work
 `register_in_worker`, as the CLI calls it) and this process's (`Registry.register`), then compares
 what each stored and answered: the version, its digests, manifest, checks and verdict, the audit entry,
 and, for refusals, the error class, message (naming the model as the caller gave it), layer and what was
-left stored (nothing). The worker is a real `python -m converters.shared_worker` with the registry's jobs.
+left stored (nothing). The worker is a real `python -m converters.gate.shared_worker` with the registry's jobs.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from converters import shared_worker
+from converters.gate import shared_worker
 from converters.adapters import REGISTRY
 from registry.service import Registry
-from registry.worker_jobs import JOBS_MODULE, local_store, register_in_worker
+from registry.worker_jobs import worker_jobs, local_store, register_in_worker
 from schemas.errors import InputFileError, UnrecognisedNormalizationError
 from tests.pt2_crafting import genuine_pt2
 from tests.registry.test_unrecognised_gate import block, save_pt2
@@ -32,10 +32,10 @@ pytestmark = pytest.mark.slow  # starts a worker process
 def worker_folder(tmp_path_factory):
     """A folder whose shared worker (with the registry's jobs, torch, Keras and ONNX imported) serves this module."""
     folder = tmp_path_factory.mktemp("workers")
-    worker = shared_worker.connect(folder, REGISTRY.packages, ["torch", "keras", "onnx"], idle=300, jobs=JOBS_MODULE)
+    worker = shared_worker.connect(folder, REGISTRY.packages, ["torch", "keras", "onnx"], idle=300, jobs=worker_jobs)
     worker.close()
     yield folder
-    if not shared_worker.stop(folder, REGISTRY.packages, jobs=JOBS_MODULE):
+    if not shared_worker.stop(folder, REGISTRY.packages, jobs=worker_jobs):
         with contextlib.suppress(ProcessLookupError):  # its socket's name changed (a code file edited meanwhile): by its pid
             os.kill(worker.pid, signal.SIGTERM)
 
@@ -170,7 +170,7 @@ def test_only_a_local_registry_with_a_running_worker_is_registered_there(tmp_pat
 def test_a_caller_that_hangs_up_stops_the_registration_and_the_worker_serves_on(tmp_path, worker_folder):
     genuine_pt2(tmp_path / "net.pt2")
     db, blobs = stores(tmp_path, "gone")
-    worker = shared_worker.connect(worker_folder, REGISTRY.packages, [], jobs=JOBS_MODULE)
+    worker = shared_worker.connect(worker_folder, REGISTRY.packages, [], jobs=worker_jobs)
     first = []
 
     def hang_up(fields):  # on the first progress frame the caller goes away, as a Ctrl-C'd CLI does
@@ -186,14 +186,14 @@ def test_a_caller_that_hangs_up_stops_the_registration_and_the_worker_serves_on(
 
 
 def spread_child(worker_pid: int) -> int | None:
-    """The pid of the shared worker's second process (converters/split_check.py spread_legs), None while it has none."""
+    """The pid of the shared worker's second process (converters/gate/split_check.py: spread legs), None while it has none."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             command = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == worker_pid and b"converters.leg_worker" in command:
+        if ppid == worker_pid and b"converters.gate.check_worker" in command:
             return int(stat.parent.name)
     return None
 
@@ -209,7 +209,7 @@ def warm_spread_child(folder: Path, model: Path, db: str, blobs: str) -> int:
     spreads its legs over both."""
     import time
 
-    worker = shared_worker.connect(folder, REGISTRY.packages, [], jobs=JOBS_MODULE)
+    worker = shared_worker.connect(folder, REGISTRY.packages, [], jobs=worker_jobs)
     try:
         assert register_in_worker(folder, REGISTRY.packages, "first", model, db, blobs, None, None, None, False) is not None
         assert spread_child(worker.pid) is not None  # started as the first registration ended
@@ -230,7 +230,7 @@ def warm_spread_child(folder: Path, model: Path, db: str, blobs: str) -> int:
 def test_a_registration_whose_legs_the_worker_spreads_over_two_processes_is_the_in_process_one(tmp_path, worker_folder, monkeypatch):
     """The worker's gate runs the Keras legs of a .pt2 in its second process: same version, checks and manifest; and a
     model the registration refuses is refused as in process. (That a layer failing the gate still fails with its legs
-    spread is tested on the broken adapters and the case table in tests/converters/test_split_check.py.)"""
+    spread is tested on the broken adapters and the case table in tests/converters/gate/test_split_check.py.)"""
     torch.manual_seed(1)
     net = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4))]).eval()
     with torch.no_grad():

@@ -19,6 +19,12 @@ collector's worker thread, which does the float64 Chan merges, keeps the traffic
 windows on time. The hand-over and the window-closing markers are queued under the same lock as the request count, so
 every request's observations are merged into the window that counted it, before that window is shipped.
 
+Each closed window also carries the serving faults seen at its close (schemas.monitoring.ServingFault): the taps' own
+(a torch BatchNorm in train mode, a served graph computing batch statistics) and every layer whose running statistics
+changed since the previous window (since the collector started, for the first), read again at each close; the window
+then carries the digest of the statistics held at its close, which the registry compares with the version's
+(statistics_mismatch). The first window that sees a fault carries it, and `stats().faults` says it.
+
 The model adapter instruments the model (ModelAdapter.serving_taps): a torch nn.Module keeps serving itself with
 hooks (the GraphModule of `ep.module()` with taps in its own graph); an ExportedProgram is served as `monitor.served` (its module with taps); an onnxruntime session and a Keras
 model are served through `monitor.served` too, a wrapper returning exactly the outputs the model returns.
@@ -37,8 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from schemas import InputFileError, UnsupportedObjectError
-from schemas.monitoring import statistics_digest
+from schemas.monitoring import MAX_FAULTS, ServingFault, statistics_digest
 
 from ...adapters import REGISTRY
 from ...serving_taps import ServingTaps
@@ -52,6 +60,8 @@ DEFAULT_WINDOW_SECONDS = 60.0
 DEFAULT_MAX_BACKLOG = 256  # sampled requests waiting for the worker; beyond it their statistics are discarded and counted
 
 _CLOSE, _STOP = object(), object()  # markers on the worker's queue
+_CHANGED = ("the running statistics changed since the previous window: something updates them while serving "
+            "(train mode, a training loop)")
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,9 @@ class MonitorStats:
     last_state: str | None
     discarded: int = 0  # requests whose observations the worker was too far behind to take (max_backlog)
     kept_rows: int = 0  # input rows in the traffic sample (keep_sample)
+    #: The serving faults of the newest closed window, and those the registry found in the newest window it stored
+    #: (statistics_mismatch); empty when the model is served as registered. last_state is then 'serving_fault'.
+    faults: tuple[ServingFault, ...] = ()
 
 
 def _adapter_of(model: Any):
@@ -110,7 +123,9 @@ class Monitor:
         self.layers = [layer.name for layer in self._taps.layers]
         self._every_layer = [True] * len(self.layers)  # the mask of a sampled request where layers are not drawn apart
         self._per_layer = self._taps.per_layer and 0.0 < self.sample_rate < 1.0
-        self.statistics_digest = statistics_digest((layer.running_mean, layer.running_var) for layer in self._taps.layers)
+        self._statistics = [(layer.running_mean, layer.running_var) for layer in self._taps.layers]
+        self.statistics_digest = statistics_digest(self._statistics)
+        self._faults: tuple[ServingFault, ...] = ()
         self.sample = TrafficSample(keep_sample, self._taps.input_names) if keep_sample else None
         self._window = Window(len(self.layers))
         self._sender = Sender(url, token, max_pending=max_pending, timeout=timeout) if url else None
@@ -222,11 +237,36 @@ class Monitor:
             return  # nothing observed: an empty window says nothing
         with self._lock:
             self._closed += 1
+        faults = self._serving_faults()
         dropped = self._sender.stats.dropped if self._sender else 0
-        body = window.payload(self.layers, self.replica, dropped, self.statistics_digest)
+        body = window.payload(self.layers, self.replica, dropped, self.statistics_digest,
+                              [fault.model_dump(exclude_none=True) for fault in faults])
         self.closed_windows.append(body)
         if self._sender is not None:
             self._sender.submit(body)
+
+    def _serving_faults(self) -> tuple[ServingFault, ...]:
+        """What the served object computes with batch statistics now, and the layers whose statistics changed since the
+        previous window (whose digest then replaces `statistics_digest`); at most MAX_FAULTS, first ones kept."""
+        try:
+            found = [ServingFault(kind=kind, layer=layer, detail=detail) for kind, layer, detail in self._taps.faults()]
+        except Exception as error:  # a tap that cannot say must not stop the window
+            self.failed(error)
+            found = []
+        live = None
+        if self._taps.statistics is not None:
+            try:
+                live = self._taps.statistics()
+            except Exception as error:
+                self.failed(error)
+        if live is not None:
+            for name, (mean, var), (was_mean, was_var) in zip(self.layers, live, self._statistics):
+                if not (np.array_equal(mean, was_mean) and np.array_equal(var, was_var)):
+                    found.append(ServingFault(kind="statistics_changed", layer=name, detail=_CHANGED))
+            self._statistics = live
+            self.statistics_digest = statistics_digest(live)
+        self._faults = tuple(found[:MAX_FAULTS])
+        return self._faults
 
     def _run(self) -> None:
         tick = min(self.window_seconds / 4, 0.5)
@@ -286,7 +326,8 @@ class Monitor:
                             dropped=sender.dropped if sender else 0, rejected=sender.rejected if sender else 0, errors=errors,
                             last_error=(sender.last_error if sender and sender.last_error else last_error),
                             last_state=sender.last_state if sender else None, discarded=discarded,
-                            kept_rows=self.sample.rows if self.sample else 0)
+                            kept_rows=self.sample.rows if self.sample else 0,
+                            faults=_merged(self._faults, sender.last_faults if sender else ()))
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush, stop the threads and take the taps off the model."""
@@ -302,6 +343,15 @@ class Monitor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _merged(*groups) -> tuple[ServingFault, ...]:
+    """The faults of every group, each (kind, layer) once, in order."""
+    seen: dict[tuple, ServingFault] = {}
+    for group in groups:
+        for fault in group:
+            seen.setdefault((fault.kind, fault.layer), fault)
+    return tuple(seen.values())
 
 
 def monitor(model: Any, server: str | None = None, token: str | None = None, ref: str | None = None, sample_rate: float = DEFAULT_SAMPLE_RATE,

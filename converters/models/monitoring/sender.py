@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas import InputFileError
+from schemas.monitoring import ServingFault
 
 
 @dataclass
@@ -29,6 +30,8 @@ class SenderStats:
     rejected: int = 0  # the registry answered 4xx (scope, version, digest): dropped too, and counted apart
     last_error: str | None = None
     last_state: str | None = None
+    #: The serving faults the registry stored with the newest window it accepted (schemas.monitoring.ServingFault).
+    last_faults: tuple = ()
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -41,11 +44,24 @@ def drift_url(server: str, ref: str) -> str:
     return f"{server.rstrip('/')}/api/v1/models/{quote(name)}/versions/{quote(version)}/drift"
 
 
+def _read_answer(answer: str | dict | None) -> tuple[str | None, tuple]:
+    """(state, serving faults) of the registry's answer (a WindowRecord), or of a replacement `post`'s plain state."""
+    if not isinstance(answer, dict):
+        return answer, ()
+    faults = []
+    for fault in answer.get("faults") or []:
+        try:
+            faults.append(ServingFault.model_validate(fault))
+        except ValueError:
+            continue  # a newer registry's kind this collector does not know: the state still says it
+    return answer.get("state"), tuple(faults)
+
+
 class Sender:
     """A daemon thread posting queued window bodies; `post` is replaceable (tests, other transports)."""
 
     def __init__(self, url: str | None, token: str | None, max_pending: int = 8, timeout: float = 5.0,
-                 post: Callable[[dict], str | None] | None = None):
+                 post: Callable[[dict], str | dict | None] | None = None):
         self.url, self.token, self.timeout = url, token, timeout
         self.stats = SenderStats()
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -69,13 +85,13 @@ class Sender:
             self.stats.rejected += int(rejected)
             self.stats.last_error = why
 
-    def _http_post(self, body: dict) -> str | None:
+    def _http_post(self, body: dict) -> dict:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            return json.loads(response.read() or b"{}").get("state")
+            return json.loads(response.read() or b"{}")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -84,10 +100,11 @@ class Sender:
             except queue.Empty:
                 continue
             try:
-                state = self._post(body)
+                answer = self._post(body)
+                state, faults = _read_answer(answer)
                 with self.stats.lock:
                     self.stats.sent += 1
-                    self.stats.last_state = state
+                    self.stats.last_state, self.stats.last_faults = state, faults
             except urllib.error.HTTPError as error:
                 detail = error.read()[:300].decode(errors="replace")
                 self._drop(f"the registry refused the window (HTTP {error.code}): {detail}", rejected=400 <= error.code < 500)

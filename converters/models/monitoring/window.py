@@ -118,11 +118,13 @@ class Window:
         if not self.moments:
             self.moments = [ChannelMoments() for _ in range(self.layers)]
 
-    def payload(self, names: list[str], replica: str, dropped: int, digest: str | None) -> dict:
+    def payload(self, names: list[str], replica: str, dropped: int, digest: str | None,
+                faults: list[dict] | None = None) -> dict:
         """The JSON body of POST .../drift (schemas.monitoring.DriftWindow), closing the window now."""
         layers = [_layer(name, m) for name, m in zip(names, self.moments) if m.count > 0]
         return {"started_at": self.started_at.isoformat(), "ended_at": datetime.now(UTC).isoformat(), "requests": self.requests,
-                "sampled": self.sampled, "replica": replica, "dropped": dropped, "statistics_digest": digest, "layers": layers}
+                "sampled": self.sampled, "replica": replica, "dropped": dropped, "statistics_digest": digest,
+                "layers": layers, "faults": list(faults or [])}
 
 
 def _layer(name: str, moments: ChannelMoments) -> dict:

@@ -111,6 +111,12 @@ def _output_checks(source: Outputs, serving: Outputs, names: list[str], table) -
     return checks, errors
 
 
+#: Why batch independence could not be tested on a one-request sample, and what makes it testable.
+SINGLE_REQUEST = ("the sample has a single request, so no request can be compared with others in its batch; pass a sample of at "
+                  "least two, or, for a program traced at batch size 1 (a static batch), export it with a dynamic batch "
+                  "(torch.export.export(..., dynamic_shapes=...) with a torch.export.Dim on axis 0)")
+
+
 def _companion(sample: Sample, i: int) -> tuple[np.ndarray, ...]:
     """A batch of the sample's size with request i at row i and different requests (the others, shifted) elsewhere."""
     n = sample.batch_size
@@ -125,7 +131,7 @@ def batch_independence(side: str, run: ModelRunner, sample: Sample, full: Output
     deterministic = len(again) == len(full) and all(np.array_equal(a, b, equal_nan=True) for a, b in zip(again, full))
     if n < 2:
         return BatchIndependenceCheck(side=side, method="skipped", requests=n, max_abs_difference=None, max_rel_difference=None,
-                                      deterministic=deterministic, passed=deterministic, reason="the sample has a single request; pass at least two")
+                                      deterministic=deterministic, passed=deterministic, reason=SINGLE_REQUEST)
     method = "alone"
     try:
         singles = [run(sample.rows(i)) for i in range(n)]

@@ -97,9 +97,20 @@ def random_sample(specs: Sequence[InputSpec], batch_size: int = DEFAULT_BATCH, s
             arrays.append(rng.integers(0, 2, size=shape).astype(bool))
         else:
             raise UnsupportedObjectError(f"input '{spec.name}' has dtype {dtype}, for which no random sample is defined; pass a sample file.")
-    shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-    return Sample(tuple(arrays), tuple(s.name for s in specs), f"seeded random batch of {_requests(batch_size)} (seed {seed}, standard normal) {shapes}",
+    values = ", ".join(f"{a.dtype}{list(a.shape)} {_drawn(a.dtype)}" for a in arrays)
+    requests = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else batch_size
+    fixed = "" if not specs or specs[0].shape[:1] in ((), (None,)) else f"; the model's batch size is fixed at {requests}"
+    return Sample(tuple(arrays), tuple(s.name for s in specs), f"seeded random batch of {_requests(requests)} (seed {seed}{fixed}): {values}",
                   seed=seed)
+
+
+def _drawn(dtype: np.dtype) -> str:
+    """How random_sample draws values of `dtype`, as the contract's header says it."""
+    if is_float_dtype(dtype):
+        return "standard normal"
+    if dtype.kind in "iu":
+        return "integers in [0, 8) (token ids or indices)"
+    return "random booleans"
 
 
 def _requests(count: int) -> str:

@@ -59,10 +59,6 @@ class Value:
         array = np.asarray(array)
         return Value(array.ndim, {(): array.reshape(array.shape or ())})
 
-    @property
-    def symbols(self) -> set[Symbol]:
-        return {s for monomial in self.terms for s, _ in monomial}
-
     def x_map(self) -> tuple[Label, ...] | None:
         return self.amaps.get(X)
 

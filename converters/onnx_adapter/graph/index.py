@@ -23,7 +23,7 @@ from .folding import fold_with_shapes, folded
 #: Unary ops whose output has their input's shape: a dim of the output is the input's dim.
 SHAPE_PRESERVING = frozenset({"Identity", "Cast", "Relu", "Neg", "Sigmoid", "Tanh", "Erf", "Abs", "Sqrt", "Reciprocal", "Exp", "LeakyRelu", "Clip", "HardSigmoid", "Softplus"})
 #: Ops whose first output has the type and shape of their first input.
-SAME_TYPE_AND_SHAPE = (SHAPE_PRESERVING - {"Cast"}) | {info.onnx_op for info in KIND_INFO.values()} | {"Softmax", "Dropout"}
+SAME_TYPE_AND_SHAPE = (SHAPE_PRESERVING - {"Cast"}) | {info.onnx_op for info in KIND_INFO.values() if info.onnx_op} | {"Softmax", "Dropout"}
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _rewritable(match: Match, limit: int) -> bool:
-    if match.native or KIND_INFO[match.kind].onnx_opset > limit or match.dtype is None or match.rank is None or match.eps is None:
+    if match.native or not KIND_INFO[match.kind].native_in(limit) or match.dtype is None or match.rank is None or match.eps is None:
         return False
     if KIND_INFO[match.kind].trailing:
         return match.dims is not None and match.axes is not None

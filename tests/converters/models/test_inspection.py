@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from converters.torch_adapter.exported_program import exported_norm_layers, exported_specs
+from converters.torch_adapter.recognition.exported_program import exported_norm_layers, exported_specs
 from converters.models.inspection import inspect_model, inspect_path
 from converters.models.walking import norm_layers, spec_of
 from schemas import spec_differences
@@ -118,7 +118,7 @@ def test_momentum_none_and_untracked_statistics_are_flagged_but_untracked_instan
         net.train()(torch.randn(4, 3, 5, 5))
     layers = by_path(inspect_model(net.eval()))
     assert codes(layers["1"]) == {"momentum_none"}
-    assert "num_batches_tracked=1" in layers["1"].hazards[0].message and layers["1"].momentum_text() == "None (cumulative)"
+    assert "num_batches_tracked=1" in layers["1"].hazards[0].message and layers["1"].momentum_text() == "None (cumulative average)"
     assert codes(layers["2"]) == {"batch_stats_at_eval"} and layers["2"].hazards[0].severity == "error"
     assert layers["2"].stats is None
     assert codes(layers["3"]) == set() and layers["3"].mode == "n/a"
@@ -382,3 +382,16 @@ def test_a_16_bit_rmsnorm_with_eps_none_reads_from_a_program_as_the_float32_eps_
     layer = by_path(inspect_model(program))["1"]
     assert layer.spec["eps"] == float(np.finfo(np.float32).eps) and layer.spec["eps_origin"] == "dtype_eps"
     assert "eps_not_default" not in codes(layer)
+
+
+def test_a_frozen_batchnorm_says_frozen_not_a_momentum():
+    """torchvision's FrozenBatchNorm2d (replica) never updates its statistics: its momentum reads 'frozen', where a
+    BatchNorm2d with momentum=None reads as the cumulative average it is (issue 35)."""
+    from tests.real_norms import FrozenBatchNorm2d
+
+    frozen = nn.Sequential(nn.Conv2d(3, 4, 3), FrozenBatchNorm2d(4)).eval()
+    cumulative = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None)).eval()
+    [frozen_layer] = inspect_model(frozen).layers
+    [cumulative_layer] = inspect_model(cumulative).layers
+    assert frozen_layer.momentum_text() == "frozen (never updates)"
+    assert cumulative_layer.momentum_text() == "None (cumulative average)"

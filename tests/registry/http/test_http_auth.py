@@ -198,3 +198,38 @@ def test_a_scoped_token_never_sees_the_name_of_a_parent_outside_its_scope(env):
 
     with RemoteRegistry(env["server"].url, token) as remote:  # the bundle still verifies: the announced digest is the one sent
         assert remote.specs("derived@1")
+
+
+def test_tokens_expire_after_their_lifetime_with_a_default_and_the_list_says_so(env):
+    """`token create` gives a token 90 days unless --expires says otherwise; past its time it is refused with 401 and
+    listed as expired (issue 35). Time passing is simulated by moving the stored expiry into the past."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import create_engine, text
+
+    made = {}
+    for lifetime in (None, "1h", "never"):
+        args = ["create", "--owner", f"expiring-{lifetime}", "--role", "read", "--json"] + ([] if lifetime is None else ["--expires", lifetime])
+        done = token_command(env["db"], *args, process=False)
+        assert done.returncode == 0, done.stderr
+        made[lifetime] = json.loads(done.stdout)
+    now = datetime.now(UTC)
+    default_expiry = datetime.fromisoformat(made[None]["expires_at"]).replace(tzinfo=UTC)
+    assert abs(default_expiry - (now + timedelta(days=90))) < timedelta(minutes=5)
+    assert abs(datetime.fromisoformat(made["1h"]["expires_at"]).replace(tzinfo=UTC) - (now + timedelta(hours=1))) < timedelta(minutes=5)
+    assert made["never"]["expires_at"] is None
+    token = made["1h"]["token"]
+    with client(env, token) as c:
+        assert c.get("/api/v1/models").status_code == 200
+        engine = create_engine(env["db"])
+        with engine.begin() as connection:  # an hour and a minute later
+            connection.execute(text("UPDATE api_tokens SET expires_at = :at WHERE id = :id"),
+                               {"at": (now - timedelta(minutes=1)).replace(tzinfo=None), "id": made["1h"]["id"]})
+        engine.dispose()
+        assert_error(c.get("/api/v1/models"), 401, "unauthorized")
+    with client(env, made["never"]["token"]) as c:
+        assert c.get("/api/v1/models").status_code == 200
+    listed = {t["id"]: t for t in json.loads(token_command(env["db"], "list", "--json", process=False).stdout)}
+    assert listed[made["1h"]["id"]]["state"] == "expired" and listed[made["never"]["id"]]["state"] == "active"
+    wrong = token_command(env["db"], "create", "--owner", "x", "--role", "read", "--expires", "5x", process=False)
+    assert wrong.returncode != 0 and "not a token lifetime" in wrong.stderr

@@ -5,7 +5,8 @@ stays ok), then on shifted inputs: the default rule (alert when 3 of the last 5 
 alert on the third shifted window. The registry is stopped mid-run: serving answers as before and the windows sent
 meanwhile are counted as dropped. A version whose statistics never converged, served calm traffic that looks shifted
 against them, reads unconverged_statistics in the history and the metrics and never alerts. Tokens are honoured: a read token or a token scoped to another model cannot post,
-and a collector watching another model's statistics is refused (409).
+and a collector watching another model's statistics is stored with a statistics_mismatch serving fault (it was refused
+with 409 before issue 35, and nobody heard of it).
 """
 
 from __future__ import annotations
@@ -174,12 +175,14 @@ def test_tokens_scope_and_the_statistics_digest_decide_who_may_post(env, models)
     assert post(env["tokens"]["reader"]).status_code == 403  # role read cannot post
     refused = post(env["tokens"]["other"])
     assert refused.status_code == 403 and "ghost" in refused.json()["error"]["message"]
-    foreign = post(env["tokens"]["writer"], {**body, "statistics_digest": "0" * 64})
-    assert foreign.status_code == 409 and "other running statistics" in foreign.json()["error"]["message"]
     assert post(env["tokens"]["writer"], {**body, "layers": [{**body["layers"][0], "name": "nope"}]}).status_code == 400
     assert history(env["registry"], "cnn@1").windows_total == before  # nothing stored by any refusal
+    foreign = post(env["tokens"]["writer"], {**body, "statistics_digest": "0" * 64})
+    assert foreign.status_code == 201 and foreign.json()["state"] == "serving_fault"
+    assert [f["kind"] for f in foreign.json()["faults"]] == ["statistics_mismatch"]
+    assert "other running statistics" in foreign.json()["faults"][0]["detail"]
 
-    other_model = torch_cnn(seed=5)  # other statistics: its collector is refused by the registry, and counts it
+    other_model = torch_cnn(seed=5)  # other statistics: stored, and its collector hears of the mismatch
     watch = converters.monitor(other_model, server=env["server"].url, token=env["tokens"]["writer"], ref="cnn@1", sample_rate=1.0,
                                window_requests=1)
     with torch.no_grad():
@@ -187,6 +190,7 @@ def test_tokens_scope_and_the_statistics_digest_decide_who_may_post(env, models)
     assert watch.flush(30)
     watch.close()
     stats = watch.stats()
-    assert (stats.windows_sent, stats.dropped, stats.rejected) == (0, 1, 1) and "409" in stats.last_error
+    assert (stats.windows_sent, stats.dropped, stats.rejected) == (1, 0, 0) and stats.last_state == "serving_fault"
+    assert [fault.kind for fault in stats.faults] == ["statistics_mismatch"]
     scoped_reader = create_token(env["db"], "ghost-reader", "read", ["ghost"])
     assert httpx.get(url, headers={"Authorization": f"Bearer {scoped_reader}"}, timeout=30).status_code == 403

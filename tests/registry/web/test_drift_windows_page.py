@@ -80,3 +80,18 @@ def test_the_drift_page_plots_the_serving_windows(live, browser):  # noqa: F811
     page.goto(site.url + "/ui/")
     assert page.locator("tr[data-ref='live@1'] td.drift-state").first.get_attribute("data-state") == "alert"
     context.close()
+
+
+def test_a_production_version_in_drift_alert_shows_the_alert_not_a_green_headline(live, browser):  # noqa: F811
+    """Issue 35 §3: the version page's headline read "equivalence passed, servable" in green above a version in alert."""
+    site, stored = live
+    assert stored[-1]["state"] == "alert"
+    site.registry.set_alias("live", "production", "1", force=True)  # bn2 never trained: only a forced alias holds it
+    context, page = login(browser, site, start="/ui/models/live/versions/1")
+    headline = page.locator("h1")
+    assert headline.locator(".badge", has_text="production").count() == 1
+    assert headline.locator("#drift-alert").inner_text() == "drift alert"
+    assert headline.locator("#drift-alert").evaluate("e => getComputedStyle(e).color") == "rgb(220, 38, 38)"  # --red
+    assert headline.locator(".verdict.passed, .verdict.servable").count() == 0  # nothing green above the alert
+    assert "Drift alert." in page.locator("#drift-alert-note").inner_text()
+    context.close()

@@ -265,12 +265,13 @@ def test_models_page_to_version_to_parent_through_the_lineage_graph(site, browse
     layers = page.locator("table.layers tbody tr")
     assert layers.count() == 2
     bn1, bn2 = layers.nth(0).locator("td"), layers.nth(1).locator("td")
-    assert bn1.nth(0).inner_text() == "bn1" and bn1.nth(2).inner_text() == "1e-05" and bn1.nth(3).inner_text() == "0.1 (batch_weight)"
-    assert bn2.nth(2).inner_text() == "0.001" and bn2.nth(3).inner_text() == "0.01 (batch_weight)" and bn1.nth(4).inner_text() == "eval"
-    assert "eps_not_default" in bn2.nth(8).inner_text() and bn1.nth(8).inner_text() == "none"
+    assert bn1.nth(0).inner_text() == "bn1" and bn1.nth(2).inner_text() == "float32"  # the dtype column (issue 35 §3)
+    assert bn1.nth(3).inner_text() == "1e-05" and bn1.nth(4).inner_text() == "0.1 (batch_weight)"
+    assert bn2.nth(3).inner_text() == "0.001" and bn2.nth(4).inner_text() == "0.01 (batch_weight)" and bn1.nth(5).inner_text() == "eval"
+    assert "eps_not_default" in bn2.nth(9).inner_text() and bn1.nth(9).inner_text() == "none"
     stats = site.registry.tensors("cnn@3")
     mean = stats["bn1.running_mean"].astype(np.float64)
-    assert bn1.nth(5).inner_text() == f"{mean.min():.4g} / {mean.mean():.4g} / {mean.max():.4g}"
+    assert bn1.nth(6).inner_text() == f"{mean.min():.4g} / {mean.mean():.4g} / {mean.max():.4g}"
     pairs = page.locator("table.equivalence tbody tr td:nth-child(2)").all_inner_texts()
     assert sorted(set(pairs)) == ["torch → keras", "torch → onnx", "torch → torch"] and len(pairs) == 6
     stored = site.registry.show("cnn@3").manifest["equivalence"][0]["outputs"]

@@ -1,0 +1,84 @@
+"""What the registry stores of a checkpoint folder: every tensor as saved, streamed from its byte range, and the specs.
+
+Each tensor is an array mapped from its range of the safetensors file (never read whole: the registry reads only the
+normalizations' tensors through it, to point each spec at the tensor holding its bytes) with a `FileRangeBytes`
+source, from which the registry hashes and stages its blob a chunk at a time (converters/tensor_bytes.py). The
+normalizations are the ones inspection lists, read from the modules `meta_model` materialised. A folder is stored as a
+torch module's state is (format `torch-module`): its config and other files are not kept yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from schemas import InputFileError
+from schemas.layer_errors import read_layer
+
+from ...model_contents import ModelContents, ModelNormalizer, ModelTensor, hint_index
+from ...model_values import NormLayerRef
+from ...models.walking import spec_of
+from ..artifact_contents import refuse_unread_layers
+from .safetensors_index import TensorEntry
+
+#: Bytes read at a time when a tensor is streamed.
+CHUNK_BYTES = 8 * 1024 * 1024
+_NUMPY = {"BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype("float16"), "F32": np.dtype("float32"),
+          "F64": np.dtype("float64"), "I8": np.dtype("int8"), "I16": np.dtype("int16"), "I32": np.dtype("int32"),
+          "I64": np.dtype("int64"), "U8": np.dtype("uint8"), "BOOL": np.dtype("bool")}
+
+
+@dataclass(frozen=True)
+class FileRangeBytes:
+    """`length` bytes from byte `start` of `file`: a safetensors tensor's C-order little-endian bytes."""
+
+    file: Path
+    start: int
+    length: int
+
+    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The range's bytes, at most `size` at a time; InputFileError if the file ends first."""
+        left = self.length
+        with open(self.file, "rb") as stream:
+            stream.seek(self.start)
+            while left:
+                chunk = stream.read(min(size, left))
+                if not chunk:
+                    raise InputFileError(
+                        f"'{self.file}' ended before byte {self.start + self.length}; the file changed while it was "
+                        "registered."
+                    )
+                left -= len(chunk)
+                yield chunk
+
+
+def _array(entry: TensorEntry) -> np.ndarray:
+    dtype = _NUMPY.get(entry.dtype)
+    if dtype is None:
+        raise InputFileError(
+            f"'{entry.file}': tensor '{entry.name}' has dtype {entry.dtype}, which the registry does not store; save "
+            f"the checkpoint in one of {', '.join(_NUMPY)}."
+        )
+    if entry.length == 0:
+        return np.zeros(entry.shape, dtype=dtype)
+    return np.memmap(entry.file, dtype=dtype, mode="r", offset=entry.start, shape=entry.shape)
+
+
+def folder_contents(model: torch.nn.Module, named: dict[str, TensorEntry], refs: list[NormLayerRef]) -> ModelContents:
+    """The contents of a checkpoint folder's model: `named`, the files' tensors under the model's names."""
+    refuse_unread_layers(model, refs)
+    specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
+    tensors = [ModelTensor(name, _array(entry), name.rpartition(".")[0] or None,
+                           FileRangeBytes(entry.file, entry.start, entry.length))
+               for name, entry in sorted(named.items())]
+    hints = hint_index([t.name for t in tensors], ".")
+    normalizers = [ModelNormalizer(ref.path, spec, hints(ref.path)) for ref, spec in specs]
+    return ModelContents("torch", "torch-module", tensors, normalizers, sites=len(refs), mode="eval")
+
+
+__all__ = ["FileRangeBytes", "folder_contents"]
