@@ -77,6 +77,17 @@ class SmallNet(torch.nn.Module):
         return self.bn(self.conv(x)) * self.gain + self.offset
 
 
+class ConvBatchNorm(torch.nn.Module):
+    """The smallest model with a BatchNorm worth registering: Conv2d(3, 4, 3) then BatchNorm2d(4), on (N, 3, 8, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
 def genuine_pt2(path: Path, model: torch.nn.Module | None = None, example: tuple | None = None) -> Path:
     """A real torch.export.save archive of `model` (default SmallNet on a 2x3x8x8 input)."""
     model = model if model is not None else SmallNet()

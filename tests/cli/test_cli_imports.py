@@ -21,7 +21,7 @@ import torch
 
 from registry.service import Registry
 
-from tests.pt2_crafting import genuine_pt2
+from tests.pt2_crafting import ConvBatchNorm, genuine_pt2
 from tests.process_limits import workers_of
 
 pytestmark = pytest.mark.slow  # runs the CLI in fresh processes
@@ -54,18 +54,9 @@ def imports_of(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[int
     return found["exit"], found["imported"]
 
 
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn(self.conv(x))
-
-
 def test_registering_a_pt2_imports_no_tensorflow_and_still_checks_on_keras(tmp_path):
     torch.manual_seed(0)
-    model = Net().eval()
+    model = ConvBatchNorm().eval()
     pt2 = genuine_pt2(tmp_path / "net.pt2", model, (torch.randn(2, 3, 8, 8),))
     _, imported = imports_of(tmp_path, "register", "net", str(pt2))
     assert imported == ["onnx", "onnxruntime", "torch"]
@@ -79,7 +70,7 @@ def test_registering_a_pt2_imports_no_tensorflow_and_still_checks_on_keras(tmp_p
 
 def test_with_the_shared_worker_a_pt2_registration_imports_torch_alone_and_the_next_one_finds_it_warm(tmp_path):
     torch.manual_seed(0)
-    pt2 = genuine_pt2(tmp_path / "net.pt2", Net().eval(), (torch.randn(2, 3, 8, 8),))
+    pt2 = genuine_pt2(tmp_path / "net.pt2", ConvBatchNorm().eval(), (torch.randn(2, 3, 8, 8),))
     folder = tmp_path / "workers"
     shared = {"NORMBRIDGE_GATE_WORKER": "shared", "NORMBRIDGE_WORKER_DIR": str(folder)}
     try:
@@ -87,7 +78,7 @@ def test_with_the_shared_worker_a_pt2_registration_imports_torch_alone_and_the_n
         assert imported == ["torch"]
         [worker] = workers_of(folder)
         torch.manual_seed(1)
-        other = genuine_pt2(tmp_path / "other.pt2", Net().eval(), (torch.randn(2, 3, 8, 8),))
+        other = genuine_pt2(tmp_path / "other.pt2", ConvBatchNorm().eval(), (torch.randn(2, 3, 8, 8),))
         _, imported = imports_of(tmp_path, "register", "other", str(other), env=shared)
         assert imported == [] and workers_of(folder) == [worker]  # the warm worker ran the whole registration (registry/worker_jobs.py)
         loaded = Path(f"/proc/{worker}/maps").read_text()  # the worker ran the Keras leg: Keras and TensorFlow, nothing optional

@@ -20,22 +20,13 @@ import torch
 from registry.service import Registry
 from tests.cli_process import normbridge_command
 from tests.http_server import create_token, running_server
-from tests.pt2_crafting import genuine_pt2
+from tests.pt2_crafting import ConvBatchNorm, genuine_pt2
 from tests.process_limits import workers_of
 
 pytestmark = pytest.mark.slow  # real CLI processes, a real worker and a real server
 
 ROOT = Path(__file__).resolve().parents[2]
 REMOTE_ENV = ("NORMBRIDGE_SERVER", "NORMBRIDGE_TOKEN", "NORMBRIDGE_DB", "NORMBRIDGE_BLOBS", "NORMBRIDGE_FAULT")
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn(self.conv(x))
 
 
 def keras_file(path: Path) -> Path:
@@ -61,7 +52,7 @@ def keras_file(path: Path) -> Path:
 
 def pt2_file(path: Path) -> Path:
     torch.manual_seed(0)
-    model = Net().eval()
+    model = ConvBatchNorm().eval()
     with torch.no_grad():
         model.bn.running_mean.uniform_(-1, 1)
         model.bn.running_var.uniform_(0.5, 2)

@@ -20,14 +20,7 @@ import converters
 from converters.onnx_adapter.serving_taps import training_mode_faults
 from testkit.monitoring_models import onnx_bn_model
 
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn(self.conv(x))
+from tests.pt2_crafting import ConvBatchNorm
 
 
 def _first_window(served_of, program) -> tuple[list[dict], object]:
@@ -44,14 +37,14 @@ def _first_window(served_of, program) -> tuple[list[dict], object]:
 @pytest.mark.parametrize("as_module", [False, True], ids=["program", "module"])
 def test_a_program_exported_in_train_mode_is_reported_by_its_first_window(as_module):
     torch.manual_seed(0)
-    trained = torch.export.export(Net().train(), (torch.randn(2, 3, 8, 8),))
+    trained = torch.export.export(ConvBatchNorm().train(), (torch.randn(2, 3, 8, 8),))
     target = trained.module() if as_module else trained
     faults, stats = _first_window(lambda watch: watch.served, target)
     expected = {("batch_statistics_in_graph", "bn"), ("statistics_changed", "bn")}
     assert {(f["kind"], f["layer"]) for f in faults} == expected
     assert [f.kind for f in stats.faults] == ["batch_statistics_in_graph", "statistics_changed"] and stats.errors == 0
 
-    evaluated = torch.export.export(Net().eval(), (torch.randn(2, 3, 8, 8),))
+    evaluated = torch.export.export(ConvBatchNorm().eval(), (torch.randn(2, 3, 8, 8),))
     target = evaluated.module() if as_module else evaluated
     faults, stats = _first_window(lambda watch: watch.served, target)
     assert faults == [] and stats.faults == ()
