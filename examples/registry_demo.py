@@ -16,6 +16,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cli.framework_noise import configure  # noqa: E402  (before any framework loads: TensorFlow's start-up lines)
+
+configure(verbose=False)  # what the CLI does, for the worker processes the registry starts too (as in quickstart.py)
+
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
