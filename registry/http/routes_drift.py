@@ -46,7 +46,7 @@ def post_window(name: str, ref: str, request: Request, response: Response, princ
 
 
 @router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=error_responses(401, 403, 404, 409, 422, 500),
-            summary="A version's drift history (newest window first), its serving state ok|warning|alert (moved by serving windows "
+            summary="A version's drift history (newest window first), its serving state ok|warning|alert|serving_fault (moved by serving windows "
                     "only), and its recorded offline checks beside it")
 def get_history(name: str, ref: str, request: Request, principal: Reader,
                 limit: Annotated[int, Query(ge=0, le=10_000, description="Newest windows to return.")] = 100) -> DriftList:
