@@ -19,6 +19,7 @@ import torch
 
 from schemas import InputFileError
 from schemas.layer_errors import read_layer
+from schemas.safetensors_io import SAFETENSORS_DTYPES
 
 from ...model_contents import ModelContents, ModelNormalizer, ModelTensor, hint_index
 from ...model_values import NormLayerRef
@@ -28,9 +29,9 @@ from .safetensors_index import TensorEntry
 
 #: Bytes read at a time when a tensor is streamed.
 CHUNK_BYTES = 8 * 1024 * 1024
-_NUMPY = {"BF16": np.dtype(ml_dtypes.bfloat16), "F16": np.dtype("float16"), "F32": np.dtype("float32"),
-          "F64": np.dtype("float64"), "I8": np.dtype("int8"), "I16": np.dtype("int16"), "I32": np.dtype("int32"),
-          "I64": np.dtype("int64"), "U8": np.dtype("uint8"), "BOOL": np.dtype("bool")}
+#: safetensors dtype code -> the NumPy dtype the registry stores it as (schemas/safetensors_io.py's table, the one the
+#: registry's own safetensors files use).
+_NUMPY = {code: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for code, name in SAFETENSORS_DTYPES.items()}
 
 
 @dataclass(frozen=True)
