@@ -173,6 +173,10 @@ class AdapterRegistry:
         models the registry stores."""
         return {info.structure_format: info.structure_suffix for info in self.infos() if info.structure_format is not None}
 
+    def folder_formats(self) -> dict[str, str]:
+        """Structure format -> the framework whose model adapter writes it back as a folder (FrameworkInfo.folder_formats)."""
+        return {fmt: info.name for info in self.infos() for fmt in info.folder_formats}
+
     def framework(self, name: str) -> FrameworkAdapter:
         self._load(name)
         return self._frameworks[name]

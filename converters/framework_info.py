@@ -35,6 +35,8 @@ class FrameworkInfo:
         layer_suffix: the suffix of one layer written for the framework (`write_layer`); "" for a folder.
         empty_batch: what a training step on an empty batch does to the running statistics, as a phrase.
         worker_packages: the top-level packages a warm worker imports ahead for the framework.
+        folder_formats: structure formats given back as a folder of files rather than one file (format -> what such a
+            folder is, as named in messages): a Hugging Face checkpoint folder is torch's.
     """
 
     name: str
@@ -50,6 +52,7 @@ class FrameworkInfo:
     mlflow_flavour: str | None = None
     format_origins: Mapping[str, str] = field(default_factory=dict)
     worker_packages: tuple[str, ...] = ()
+    folder_formats: Mapping[str, str] = field(default_factory=dict)
 
 
 __all__ = ["FrameworkInfo"]

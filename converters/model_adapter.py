@@ -143,6 +143,35 @@ class ModelAdapter(abc.ABC):
         no order, all are read before writing starts)."""
         return []
 
+    # -- folder structures (a model given back as a folder of files: FrameworkInfo.folder_formats) --------------------
+
+    def folder_tensor_order(self, parts: dict[str, bytes]) -> list[str]:
+        """The tensors in the order `write_model_folder` reads them."""
+        raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
+
+    def write_model_folder(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], target: Path) -> int:
+        """Write the folder of a stored folder structure into the empty folder `target`, every file fsynced; the bytes written."""
+        raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
+
+    def check_model_folder(self, parts: dict[str, bytes], tensors: Mapping[str, tuple[str, list[int]]]) -> None:
+        """InputFileError unless `parts` (from a bundle: hostile) write the folder they claim; `tensors`: the manifest's
+        (dtype, shape) by name."""
+        raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
+
+    def load_runnable(self, path: Path) -> Any:
+        """The model of a folder `load` reads only for inspection (a Hugging Face checkpoint), with its weights and in the
+        form the runners and exporters take (a program); refused unless the framework reads such folders."""
+        raise UnsupportedObjectError(f"{self.framework} reads no model folders to run or export.")
+
+    def runnable(self, model: Any) -> Any:
+        """`model` in the form the runners and exporters take (a transformers model as a torch.export program); most
+        models already are."""
+        return model
+
+    def load_model_folder(self, path: Path) -> Any:
+        """The framework's object for a folder `write_model_folder` wrote (what `Registry.load` returns)."""
+        raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
+
     # -- porting into an existing model ------------------------------------------------------
 
     def port_targets(self, model: Any) -> list[NormLayerRef]:

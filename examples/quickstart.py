@@ -64,7 +64,29 @@ def main() -> int:
     console.print(Rule("check: torch -> keras/onnx/torch and back, against the NumPy reference"))
     result = converters.check(bn)
     console.print(result.render_text(), markup=False, highlight=False, soft_wrap=True)
+    save_checkpoint_folder(OUT / "llama-tuned")
     return 0 if result.passed else 1
+
+
+def save_checkpoint_folder(folder: Path) -> None:
+    """A small Llama saved as a fine-tune is (`save_pretrained`: config.json and safetensors shards), for the README's
+    `normbridge register llama-tuned demo-out/llama-tuned`; random weights, built offline from a config."""
+    try:
+        import transformers
+    except ModuleNotFoundError:
+        console.print("transformers is not installed: no checkpoint folder written (pip install 'normbridge[huggingface]')")
+        return
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                module.weight.uniform_(0.5, 1.5)  # as after fine-tuning: scales of 1 hide what a norm does
+    model.save_pretrained(folder, max_shard_size="100KB")
+    console.print(f"wrote {folder}/ (a Llama checkpoint as save_pretrained writes it: config.json, "
+                  f"{len(list(folder.glob('*.safetensors')))} safetensors shards and their index)", markup=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -49,13 +49,14 @@ from schemas.errors import (
 )
 
 from .audit_chain import AuditCheck, AuditHead
-from .client_transfer import (TransferProgress, bytes_chunks, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks, folder_tar_size, no_progress,
-                              save_stream, server_error_in)
+from .client_transfer import (TransferProgress, artifact_members, bytes_chunks, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks,
+                              folder_tar_size, no_progress, save_stream, server_error_in, tar_chunks, tar_size)
 from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
 from .service.interface import ModelRegistry
 from .service.layer_export import export_layers
 from .service.model_files import STRUCTURE_SUFFIXES, SUFFIXES, ModelFile, PullResult, pulled_path, read_back
+from .service.model_folders import FOLDER_FORMATS, folder_target, load_version_folder, write_version_folder
 from .lineage import LineageView
 from .manifest_io import load_artifact_folder, tensors_from_blobs
 from .service.results import GcResult, Registration, VerifyResult
@@ -223,8 +224,12 @@ class RemoteRegistry(ModelRegistry):
         if not path.exists():
             raise InputFileError(f"'{path}' does not exist; pass a .pt2, .keras or .onnx file or an artifact folder.")
         if path.is_dir():
-            if not (path / "manifest.json").is_file():
-                raise InputFileError(f"'{path}' is a folder without manifest.json; pass a model file (.pt2, .keras, .onnx) or a saved artifact folder.")
+            if not (path / "manifest.json").is_file():  # a checkpoint folder: read here, sent as a bundle streamed from its files
+                from .artifact import extract_artifact
+
+                artifact = extract_artifact(path)
+                members = artifact_members(artifact.manifest, artifact.blobs, self._present(artifact.manifest.blob_digests()))
+                return path, "bundle", tar_size(members), lambda advance: tar_chunks(members, advance)
             skip = self._present(folder_blob_digests(path))
             return path, "bundle", folder_tar_size(path, skip), lambda advance: folder_tar_chunks(path, advance, skip)
         fmt = UPLOAD_FORMATS.get(path.suffix.lower())
@@ -350,6 +355,12 @@ class RemoteRegistry(ModelRegistry):
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress=None) -> PullResult:
         """Download the version's model file (digest, version and format checked) and move it to `path` atomically, in
         chunks, as `Registry.pull` writes it; nothing is written when a check fails."""
+        if self._folder_format(ref, fmt) is not None:  # a checkpoint folder: its bundle, written as the folder here
+            with self._bundle(ref) as (artifact, version):
+                target = folder_target(path, version)
+                written = write_version_folder(artifact.manifest, artifact.blobs.__getitem__, 4, target, progress)
+                return PullResult(ref=version, path=str(target), format=artifact.manifest.structure.format,
+                                  digest=artifact.manifest.digest(), nbytes=written)
         with self._model_download(ref, fmt) as (body, file):
             target = pulled_path(path, file.ref, file.suffix)
             with open(body, "rb") as source, atomic_writer(target) as stream:
@@ -358,8 +369,18 @@ class RemoteRegistry(ModelRegistry):
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object, read from the downloaded file by the framework's safe reader."""
+        if self._folder_format(ref, None) is not None:
+            with self._bundle(ref) as (artifact, _):
+                return load_version_folder(artifact.manifest, artifact.blobs.__getitem__, 4)
         file = self.model_file(ref)
         return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
+
+    def _folder_format(self, ref: str, fmt: str | None) -> str | None:
+        """The folder format `ref` is given back in when `fmt` asks for its source (or that folder format); else None."""
+        if fmt not in (None, "source", *FOLDER_FORMATS):
+            return None
+        structure = self.manifest(ref).structure
+        return structure.format if structure is not None and structure.format in FOLDER_FORMATS else None
 
     def export(self, ref: str, to: str, folder: str | Path):
         """Download the version's bundle (re-hashed) and write each normalization layer locally, as `Registry.export` does."""

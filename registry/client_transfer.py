@@ -20,10 +20,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from schemas.errors import InputFileError, IntegrityError
-from schemas.manifest import load_manifest
+from schemas.manifest import ArtifactManifest, load_manifest
 
 from .bundle_stream import gated_digests
 from .manifest_io import BLOBS_DIR, BUNDLE_ERROR_FILE, MANIFEST_FILE
+from .streamed_blobs import BlobMap
 from .tar_reader import TarFormatError, read_tar
 
 CHUNK = 1 << 20
@@ -61,22 +62,45 @@ def bytes_chunks(data: bytes, advance: Advance) -> Iterator[bytes]:
         advance(min(start + CHUNK, len(data)))
 
 
-def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[tuple[str, Path]]:
-    """(name in the tar, file) for an artifact folder; nothing but the manifest and the blobs (less those in `skip`,
-    which the server already holds for this token) is sent.
+#: A tar member to send: (name, size, its bytes a chunk at a time).
+Member = tuple[str, int, Callable[[], Iterator[bytes]]]
+
+
+def _file_member(name: str, path: Path) -> Member:
+    def chunks() -> Iterator[bytes]:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                yield chunk
+
+    return name, path.stat().st_size, chunks
+
+
+def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[Member]:
+    """The members of an artifact folder's tar; nothing but the manifest and the blobs (less those in `skip`, which the
+    server already holds for this token) is sent.
 
     The manifest goes first, then the blobs of the normalizers' tensors and the structure parts, then the bulk: the
     server starts the equivalence gate (and the structure check) as soon as it has the first two, while the bulk is
     still on the way.
     """
-    members = [(MANIFEST_FILE, folder / MANIFEST_FILE)]
+    members = [_file_member(MANIFEST_FILE, folder / MANIFEST_FILE)]
     blobs = folder / BLOBS_DIR
     if blobs.is_dir():
         gated = _gated_digests(folder / MANIFEST_FILE)
         files = [p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors" and p.stem not in skip]
         files.sort(key=lambda p: p.stem not in gated)  # stable: the gated blobs first, each group sorted
-        members += [(f"{BLOBS_DIR}/{p.name}", p) for p in files]
+        members += [_file_member(f"{BLOBS_DIR}/{p.name}", p) for p in files]
     return members
+
+
+def artifact_members(manifest: ArtifactManifest, blobs: BlobMap, skip: frozenset[str] = frozenset()) -> list[Member]:
+    """The members of the tar of an artifact built in memory (its blobs streamed from where the model's files hold their
+    tensors: a checkpoint folder sent as a bundle), in the order `_folder_members` sends a saved one."""
+    document = (manifest.to_json() + "\n").encode()
+    gated = gated_digests(manifest)
+    digests = sorted((d for d in manifest.blob_digests() if d not in skip), key=lambda d: (d not in gated, d))
+    return [(MANIFEST_FILE, len(document), lambda: iter([document])),
+            *((f"{BLOBS_DIR}/{d}.safetensors", blobs.size(d), lambda d=d: blobs.chunks(d)) for d in digests)]
 
 
 def _gated_digests(manifest_path: Path) -> set[str]:
@@ -106,24 +130,36 @@ def folder_blob_digests(folder: Path) -> list[str]:
 
 def folder_tar_size(folder: Path, skip: frozenset[str] = frozenset()) -> int:
     """Exact length of the tar `folder_tar_chunks` produces (so the upload can send Content-Length)."""
-    total = 0
-    for name, path in _folder_members(folder, skip):
-        size = path.stat().st_size
-        total += len(_header(name, size)) + size + _padding(size)
-    return total + 2 * BLOCK
+    return tar_size(_folder_members(folder, skip))
 
 
 def folder_tar_chunks(folder: Path, advance: Advance, skip: frozenset[str] = frozenset()) -> Iterator[bytes]:
     """An artifact folder as a tar stream, produced while it is sent (headers, file chunks, padding, end blocks)."""
+    return tar_chunks(_folder_members(folder, skip), advance)
+
+
+def tar_size(members: list[Member]) -> int:
+    """Exact length of the tar `tar_chunks` produces from `members`."""
+    return sum(len(_header(name, size)) + size + _padding(size) for name, size, _ in members) + 2 * BLOCK
+
+
+def tar_chunks(members: list[Member], advance: Advance) -> Iterator[bytes]:
+    """`members` as a tar stream, produced while it is sent; a member whose bytes are not its size stops the stream."""
     done = 0
-    for name, path in _folder_members(folder, skip):
-        size = path.stat().st_size
+    for name, size, chunks in members:
         header = _header(name, size)
         done += len(header)
         yield header
-        for chunk in file_chunks(path, advance, start=done):
+        sent = 0
+        for chunk in chunks():
+            sent += len(chunk)
+            if sent > size:
+                break
+            done += len(chunk)
             yield chunk
-        done += size
+            advance(done)
+        if sent != size:
+            raise InputFileError(f"'{name}' changed while it was being sent ({sent} bytes, not {size}); register it again.")
         pad = _padding(size)
         if pad:
             done += pad
@@ -192,5 +228,5 @@ def server_error_in(archive: Path) -> str | None:
     return None
 
 
-__all__ = ["Advance", "TransferProgress", "bytes_chunks", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size", "server_error_in",
+__all__ = ["Advance", "Member", "TransferProgress", "artifact_members", "bytes_chunks", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size", "server_error_in", "tar_chunks", "tar_size",
            "no_progress", "save_stream"]

@@ -39,7 +39,7 @@ _BUILTIN_TREE_MODULES = ("builtins", "collections", "torch")
 def write_mlflow_model(registry, ref: str, folder: Path) -> str | None:
     """Add the MLflow model of version `ref` into `folder`; the flavour written, or None when the version has no model file."""
     manifest = registry.manifest(ref)
-    if manifest.structure is None:
+    if manifest.structure is None or manifest.structure.format in REGISTRY.folder_formats():  # a folder: its bundle goes up
         return None
     fmt = manifest.structure.format
     file = registry.model_file(ref)

@@ -85,7 +85,7 @@ class UnrecognisedLayer(BaseModel):
     reason: str = Field(description="Why it looks like a normalization and why it was not proved.")
 
 
-StructureFormat = Literal["onnx", "keras", "pt2"]
+StructureFormat = Literal["onnx", "keras", "pt2", "hf-folder"]
 
 
 class ModelStructure(BaseModel):
@@ -98,7 +98,7 @@ class ModelStructure(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: StructureFormat = Field(description="The file format `pull` writes: onnx, keras or pt2.")
+    format: StructureFormat = Field(description="The format `pull` writes: onnx, keras or pt2 (one file), or hf-folder (a Hugging Face checkpoint folder).")
     parts: dict[str, TensorRef] = Field(description="Part name (a file of the format) -> its blob, a uint8 tensor of its bytes.")
     file_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                     description="sha256 of the file `pull` writes, when it is byte-identical to what was registered.")

@@ -63,12 +63,15 @@ def test_the_quickstart_commands_run_as_written(tmp_path, monkeypatch):
     home = tmp_path / "home"
     env = {"HOME": str(home), "XDG_DATA_HOME": None, "NORMBRIDGE_HOME": None, "NORMBRIDGE_DB": None, "NORMBRIDGE_BLOBS": None}
     commands = readme_commands()
-    assert [c[1] for c in commands] == ["convert", "check", "inspect", "register", "show", "pull"]
+    assert [c[1] for c in commands] == ["convert", "check", "inspect", "register", "show", "pull", "register", "pull"]
     for command in commands:
         done = invoke_cli(*command[1:], cwd=tmp_path, env=env, columns=120)
         assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
     assert (home / ".local" / "share" / "normbridge" / "registry.db").is_file()  # "in the registry under ~/.local/share/normbridge"
     assert (tmp_path / "pulled.onnx").read_bytes() == (tmp_path / "bn.onnx").read_bytes()  # "byte-identical"
+    saved, back = tmp_path / "demo-out" / "llama-tuned", tmp_path / "llama-back"
+    assert len(list(saved.glob("*.safetensors"))) > 1  # sharded, with its index
+    assert {p.name: p.read_bytes() for p in back.iterdir()} == {p.name: p.read_bytes() for p in saved.iterdir()}
 
 
 @pytest.mark.parametrize("example,last_words", [("quickstart.py", "check"), ("registry_demo.py", "audit hash chain intact")])

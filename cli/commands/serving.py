@@ -109,6 +109,7 @@ def _print_hazards(result) -> None:
 @reports_errors
 def export_command(
     model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export), .keras (loaded with safe_mode), "
+                                      "a Hugging Face checkpoint folder (traced on inputs its config describes), "
                                       "or a registry version NAME@REF (rebuilt from the registry alone)."),
     to: FrameworkTarget = typer.Option(FrameworkTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
     output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
@@ -145,7 +146,8 @@ def export_command(
     check_headers(() if from_registry else (model_path,), (sample,))
 
     def export():
-        model, answered = registry_model(str(model_path), db, blobs, json_output) if from_registry else (load_model(model_path), None)
+        model, answered = registry_model(str(model_path), db, blobs, json_output) if from_registry else (
+            load_model(model_path, runnable=True), None)
         return export_for_serving(model, output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample, answered=answered)
 
     try:
@@ -196,7 +198,10 @@ def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
                             f"it was registered with `normbridge pull {record.ref} -o FILE.onnx` (byte-identical, its sha256 checked).")
     answered = {code: f"{record.ref} is {record.operation} (its statistics are the population statistics of its recalibration data), "
                       "as its servable verdict says" for code in ANSWERED_BY_LINEAGE.get(record.operation, ())}
-    return registry.load(record.ref), answered
+    from converters.adapters import REGISTRY
+
+    model = registry.load(record.ref)  # a checkpoint folder's version: the transformers model, traced for the exporter
+    return REGISTRY.model_adapter(record.manifest.get("framework", "torch")).runnable(model), answered
 
 
 @app.command()

@@ -26,15 +26,16 @@ def supported() -> str:
     return ", ".join(described for _, described in REGISTRY.model_files().values()) + " or a spec folder"
 
 
-def load_model(path: str | Path, *, checkpoint_folders: bool = False) -> Any:
+def load_model(path: str | Path, *, checkpoint_folders: bool = False, runnable: bool = False) -> Any:
     """The model stored at `path`: ExportedProgram, keras.Model, onnx.ModelProto or NormSpec; with `checkpoint_folders`
     (what `inspect` and a registration read), a Hugging Face checkpoint folder too, as a torch.nn.Module whose weights
-    other than its normalizations' stay on the meta device (so no command that runs a model may take one yet)."""
+    other than its normalizations' stay on the meta device; with `runnable` (what `export` reads), a checkpoint folder as
+    the program of its model with every weight loaded."""
     path = Path(path)
     if not path.exists():
         raise InputFileError(f"'{path}' does not exist; pass a {supported()}.")
     if path.is_dir() and not (path / "spec.json").exists():
-        return _load_folder(path, checkpoint_folders)
+        return _load_folder(path, checkpoint_folders, runnable)
     if path.is_dir() or path.name == "spec.json":
         from schemas import load_spec
 
@@ -59,17 +60,19 @@ def load_model(path: str | Path, *, checkpoint_folders: bool = False) -> Any:
 CHECKPOINT_CONFIG = "config.json"
 
 
-def _load_folder(path: Path, checkpoint_folders: bool) -> Any:
+def _load_folder(path: Path, checkpoint_folders: bool, runnable: bool) -> Any:
     if not (path / CHECKPOINT_CONFIG).is_file():
         raise InputFileError(
             f"'{path}' holds neither spec.json (a spec folder written by normbridge: spec.json + tensors.safetensors) nor "
             f"{CHECKPOINT_CONFIG} (a Hugging Face checkpoint folder written by save_pretrained: config.json + "
             "model.safetensors); pass one of those."
         )
+    if runnable:
+        return REGISTRY.model_adapter("torch").load_runnable(path)
     if not checkpoint_folders:
         raise InputFileError(
-            f"'{path}' is a Hugging Face checkpoint folder, which only `normbridge inspect` and a local `register` read "
-            "yet (uploading, exporting, porting or serving one is not built: docs/checkpoint-folders.md); export the "
-            "model with torch.export (.pt2)."
+            f"'{path}' is a Hugging Face checkpoint folder, which `inspect`, `register`, `pull` and `export --to onnx` "
+            "take, but not this command yet (porting, drift and serving commands: docs/checkpoint-folders.md); export "
+            "the model with torch.export (.pt2)."
         )
     return REGISTRY.model_adapter("torch").load(path)

@@ -16,4 +16,5 @@ INFO = FrameworkInfo(
     layer_suffix="",  # a folder: the state dict beside its spec
     empty_batch="keeps them",
     worker_packages=("torch",),
+    folder_formats={"hf-folder": "a Hugging Face checkpoint folder"},
 )

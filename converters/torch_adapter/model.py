@@ -145,10 +145,46 @@ class TorchModelAdapter(ModelAdapter):
         return artifact_contents.module_contents(model, self.norm_layers(model))
 
     def structure_of(self, model: Any, tensors, source=None):
-        """A program's archive parts; an nn.Module has no structure normbridge can store safely: its state dict is what is kept."""
+        """A program's archive parts, or a checkpoint folder's files; an nn.Module built in Python has no structure
+        normbridge can store safely: its state dict is what is kept."""
         if exported_program.is_exported_program(model):
             return structure.pt2_structure(model, tensors, source)
+        from .checkpoint_folder import folder_structure, meta_model
+
+        folder = meta_model.folder_of(model) if isinstance(model, torch.nn.Module) else None
+        if folder is not None:
+            return folder_structure.folder_structure(folder, meta_model.tensors_of(model))
         return None
+
+    def folder_tensor_order(self, parts):
+        from .checkpoint_folder import folder_structure
+
+        return folder_structure.layout_order(parts)
+
+    def write_model_folder(self, parts, tensors, target):
+        from .checkpoint_folder import folder_structure
+
+        return folder_structure.write_folder(parts, tensors, target)
+
+    def check_model_folder(self, parts, tensors):
+        from .checkpoint_folder import folder_structure
+
+        folder_structure.check_folder_parts(parts, tensors)
+
+    def load_model_folder(self, path):
+        from .checkpoint_folder import meta_model
+
+        return meta_model.load_pretrained(path)
+
+    def load_runnable(self, path):
+        from .checkpoint_folder import program
+
+        return program.load_folder_program(path)
+
+    def runnable(self, model):
+        from .checkpoint_folder import program
+
+        return program.folder_program(model) if program.is_transformers_model(model) else model
 
     def model_file(self, parts, tensors) -> bytes:
         return structure.pt2_file(parts, tensors)

@@ -36,11 +36,12 @@ from ..manifest_io import tensors_from_blobs
 from ..state_dict_file import state_dict_file, state_dict_names
 from ..structure import structure_parts
 from .blob_fetch import FetchedTensors
+from .model_folders import FOLDER_FORMATS, folder_target, load_version_folder, write_version_folder
 
 #: The file suffix `pull` writes per structure format (each framework's FrameworkInfo).
 STRUCTURE_SUFFIXES: dict[str, str] = REGISTRY.structure_suffixes()
-#: What `pull` writes: the source format of the version's structure, or its state dict.
-PULL_FORMATS: tuple[str, ...] = ("source", *STRUCTURE_SUFFIXES, "safetensors")
+#: What `pull` writes: the source format of the version's structure (one file, or a folder), or its state dict.
+PULL_FORMATS: tuple[str, ...] = ("source", *STRUCTURE_SUFFIXES, *FOLDER_FORMATS, "safetensors")
 #: The suffix of each written format.
 SUFFIXES: dict[str, str] = {**STRUCTURE_SUFFIXES, "safetensors": ".safetensors"}
 #: progress(step, done, total), as registration reports it.
@@ -139,12 +140,14 @@ class ModelFiles:
             IntegrityError: a blob is tampered or missing, or the rebuilt file is not the one registered.
         """
         record, manifest, fmt = self._resolve_pull(ref, fmt)
+        self._one_file(record.ref, fmt)
         return self._model_file(record, manifest, fmt, progress)
 
     def spooled_model_file(self, ref: str, fmt: str | None = None, progress: Progress | None = None) -> SpooledModelFile:
         """`model_file` written to an unnamed temporary file instead of memory (what GET .../model streams); the caller
         closes it, or reads `chunks` to the end. Raises as `model_file` does, with nothing left behind."""
         record, manifest, fmt = self._resolve_pull(ref, fmt)
+        self._one_file(record.ref, fmt)
         handle = tempfile.TemporaryFile(prefix="normbridge-model-")
         try:
             written = HashingWriter(handle)
@@ -170,6 +173,10 @@ class ModelFiles:
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress: Progress | None = None) -> PullResult:
         """Write the version to `path` atomically (see `model_file`); a directory gets '<name>-<N><suffix>' inside it."""
         record, manifest, fmt = self._resolve_pull(ref, fmt)
+        if fmt in FOLDER_FORMATS:
+            target = folder_target(path, record.ref)
+            written = write_version_folder(manifest, self.blob_reader(record), self.store.parallel_transfers, target, progress)
+            return PullResult(ref=record.ref, path=str(target), format=fmt, digest=manifest.digest(), nbytes=written)
         if self._needs_read_back(record, fmt):  # read back from memory before anything is written
             return write_pulled(self._model_file(record, manifest, fmt, progress), path, progress)
         target = pulled_path(path, record.ref, SUFFIXES[fmt])
@@ -181,12 +188,24 @@ class ModelFiles:
         return PullResult(ref=record.ref, path=str(target), format=fmt, digest=written.hexdigest(), nbytes=written.nbytes)
 
     def load(self, ref: str) -> Any:
-        """The version as its framework's object (onnx.ModelProto, keras.Model, torch.export.ExportedProgram), read back safely.
+        """The version as its framework's object (onnx.ModelProto, keras.Model, torch.export.ExportedProgram, or for a
+        Hugging Face checkpoint folder the transformers model its config names, loaded by `from_pretrained`), read back safely.
 
         A torch nn.Module was stored as its state dict: build the module and call load_state_dict(registry.state_dict(ref)).
         """
+        record, manifest, fmt = self._resolve_pull(ref, None)
+        if fmt in FOLDER_FORMATS:
+            return load_version_folder(manifest, self.blob_reader(record), self.store.parallel_transfers)
         file = self.model_file(ref)
         return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
+
+    @staticmethod
+    def _one_file(ref: str, fmt: str) -> None:
+        """RegistryError when the version is given back as a folder, not as one file."""
+        if fmt in FOLDER_FORMATS:
+            raise RegistryError(f"version {ref} is {REGISTRY.info(FOLDER_FORMATS[fmt]).folder_formats[fmt]}, given back as a "
+                                f"folder, not one file: `normbridge pull {ref} -o DIR` writes it (or pull its tensors with "
+                                "--format safetensors).")
 
     def state_dict(self, ref: str) -> dict:
         """The version's state dict as NumPy arrays by the model's own tensor names (what `--format safetensors` writes)."""
@@ -242,6 +261,9 @@ class ModelFiles:
                                 "from Python, or a version registered before normbridge stored structures), only its tensors; pull its "
                                 "state dict with --format safetensors.")
         if fmt not in ("source", stored):
+            if stored in FOLDER_FORMATS:
+                raise RegistryError(f"version {ref} was registered as a folder ({stored}) and is given back as that folder or as "
+                                    f"safetensors, not {fmt}.")
             serve = f"; to serve it as ONNX run `normbridge export {ref} --to onnx -o FILE`" if fmt == "onnx" else ""
             raise RegistryError(f"version {ref} was registered as {stored} and is given back as {stored} or safetensors, not {fmt}{serve}.")
         return stored

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 import weakref
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,14 @@ from schemas import InputFileError
 from schemas.extras import missing_dependency
 
 from ..recognition.computed import STOCK, why_candidate
-from .folder_checks import check_folder
+from .folder_checks import CheckedFolder, check_folder
 from .safetensors_index import TensorEntry, read_header, read_index, read_tensor
 
 _LOG = logging.getLogger(__name__)
 #: model -> its files' tensors under the model's names, for the registry (`tensors_of`).
 _TENSORS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, TensorEntry]]" = weakref.WeakKeyDictionary()
+#: model -> the folder it was read from, for its structure (`folder_of`).
+_FOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, CheckedFolder]" = weakref.WeakKeyDictionary()
 #: A config.json is kilobytes; a bound keeps a hostile one from being read whole.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
@@ -45,7 +48,56 @@ def load_checkpoint_folder(path: str | Path) -> torch.nn.Module:
     _check_shapes(folder.config, model, named)
     _load_norms(model, named)
     _TENSORS[model] = named
+    _FOLDERS[model] = folder
     return model.eval()
+
+
+def folder_of(model: torch.nn.Module) -> CheckedFolder | None:
+    """The checked folder a model `load_checkpoint_folder` returned was read from; None for another model."""
+    return _FOLDERS.get(model)
+
+
+def load_pretrained(path: str | Path, *, complete: bool = False) -> torch.nn.Module:
+    """The model of a checkpoint folder with all its weights, through transformers' own `from_pretrained` (after the
+    folder's and the config's checks: no pickle, no remote code), in eval mode: what `Registry.load` gives back. With
+    `complete`, refused when the model has tensors the folder lacks (transformers initializes them at random: a served
+    file must not hold those)."""
+    folder = check_folder(Path(path))
+    data = _read_config(folder.config)
+    config, model_class = _config_and_class(folder.config, data)
+    transformers = _transformers()
+    model_class = model_class or transformers.AutoModel
+    try:
+        with _quiet_loading(transformers):
+            model, info = model_class.from_pretrained(folder.root, config=config, trust_remote_code=False,
+                                                      output_loading_info=True)
+    except Exception as error:  # noqa: BLE001 - what transformers raises on files it cannot load: the folder's fault
+        raise InputFileError(f"transformers could not load '{folder.root}' as {model_class.__name__} ({type(error).__name__}: "
+                             f"{str(error).splitlines()[0] if str(error) else ''}).") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if complete and missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise InputFileError(
+            f"the {model_class.__name__} that '{folder.config}' names has {len(missing)} tensors '{folder.root}' does not "
+            f"hold ({shown}), which transformers would initialize at random; save the model you serve with "
+            "`save_pretrained`, or set `architectures` in config.json to the class that was saved."
+        )
+    return model.eval()
+
+
+@contextmanager
+def _quiet_loading(transformers: Any):
+    """transformers' loading bar and load report off while a folder loads (normbridge says what it found), then as they were."""
+    logging_ = transformers.utils.logging
+    verbosity, bar = logging_.get_verbosity(), logging_.is_progress_bar_enabled()
+    logging_.set_verbosity_error()
+    logging_.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging_.set_verbosity(verbosity)
+        if bar:
+            logging_.enable_progress_bar()
 
 
 def tensors_of(model: torch.nn.Module) -> dict[str, TensorEntry] | None:
@@ -62,11 +114,20 @@ def _read_config(config: Path) -> dict:
         data = json.loads(config.read_bytes())
         if not isinstance(data, dict):
             raise InputFileError(f"'{config}' is not a JSON object; save the checkpoint again with `save_pretrained`.")
-        timm, where = _through_timm(data), _auto_map(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InputFileError(
             f"'{config}' is not JSON ({error}); save the checkpoint again with `save_pretrained`."
         ) from None
+    except RecursionError:
+        raise InputFileError(f"'{config}' nests deeper than any model's config; save the checkpoint again.") from None
+    refuse_code_in_config(config, data)
+    return data
+
+
+def refuse_code_in_config(config: Path | str, data: dict) -> None:
+    """InputFileError when the config asks for code normbridge never runs: remote code (`auto_map`) or a timm model."""
+    try:
+        timm, where = _through_timm(data), _auto_map(data)
     except RecursionError:
         raise InputFileError(f"'{config}' nests deeper than any model's config; save the checkpoint again.") from None
     if timm is not None:
@@ -80,7 +141,6 @@ def _read_config(config: Path) -> dict:
             "normbridge never runs; save the model as an architecture transformers ships, or export it with "
             "torch.export (.pt2)."
         )
-    return data
 
 
 def _auto_map(value: Any, where: str = "config") -> str | None:
@@ -119,7 +179,8 @@ def _transformers() -> Any:
     return transformers
 
 
-def _meta_model(config_path: Path, data: dict) -> torch.nn.Module:
+def _config_and_class(config_path: Path, data: dict) -> tuple[Any, type | None]:
+    """transformers' configuration of `data` and the model class its `architectures` names (None: AutoModel's choice)."""
     transformers = _transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -132,14 +193,25 @@ def _meta_model(config_path: Path, data: dict) -> torch.nn.Module:
         )
     try:
         config = CONFIG_MAPPING[model_type].from_dict(data)
-        model_class = _model_class(transformers, config)
-        with torch.device("meta"):
-            return model_class(config) if model_class is not None else transformers.AutoModel.from_config(config)
+        return config, _model_class(transformers, config)
     except Exception as error:  # noqa: BLE001 - what transformers raises on a config it cannot build: the file's fault
-        raise InputFileError(
-            f"'{config_path}' does not describe a {model_type} model transformers can build ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); save the checkpoint again with `save_pretrained`."
-        ) from None
+        raise _not_buildable(config_path, model_type, error) from None
+
+
+def _not_buildable(config_path: Path, model_type: str, error: Exception) -> InputFileError:
+    return InputFileError(
+        f"'{config_path}' does not describe a {model_type} model transformers can build ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}); save the checkpoint again with `save_pretrained`."
+    )
+
+
+def _meta_model(config_path: Path, data: dict) -> torch.nn.Module:
+    config, model_class = _config_and_class(config_path, data)
+    try:
+        with torch.device("meta"):
+            return model_class(config) if model_class is not None else _transformers().AutoModel.from_config(config)
+    except Exception as error:  # noqa: BLE001 - what transformers raises on a config it cannot build: the file's fault
+        raise _not_buildable(config_path, data.get("model_type"), error) from None
 
 
 def _model_class(transformers: Any, config: Any) -> type | None:
@@ -241,4 +313,4 @@ def _load_norms(model: torch.nn.Module, named: dict[str, TensorEntry]) -> None:
                     table[name] = torch.nn.Parameter(value, requires_grad=False) if slot == "_parameters" else value
 
 
-__all__ = ["load_checkpoint_folder", "norm_modules", "tensors_of"]
+__all__ = ["folder_of", "load_checkpoint_folder", "load_pretrained", "norm_modules", "refuse_code_in_config", "tensors_of"]

@@ -60,20 +60,25 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
                 "not safetensors: save it again."
             )
         raw = stream.read(length)
+    return parse_header(file, raw, 8 + length, size - 8 - length)
+
+
+def parse_header(file: Path, raw: bytes, data_start: int, data_size: int | None) -> dict[str, TensorEntry]:
+    """The tensors a header's JSON `raw` lists, each placed at `data_start` plus its offsets; with `data_size` (the bytes
+    after the header), each range must end inside them."""
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise InputFileError(f"'{file}' has a safetensors header that is not JSON ({error}); save it again.") from None
     if not isinstance(header, dict):
         raise InputFileError(f"'{file}' has a safetensors header that is not a JSON object; save it again.")
-    data_start, data_size = 8 + length, size - 8 - length
     entries = {name: _entry(file, name, value, data_start, data_size)
                for name, value in header.items() if name != "__metadata__"}
     _check_disjoint(file, entries)
     return entries
 
 
-def _entry(file: Path, name: str, value: object, data_start: int, data_size: int) -> TensorEntry:
+def _entry(file: Path, name: str, value: object, data_start: int, data_size: int | None) -> TensorEntry:
     if not isinstance(value, dict):
         raise InputFileError(f"'{file}': tensor '{name}' has no dtype, shape and offsets in its header; save it again.")
     dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
@@ -87,7 +92,7 @@ def _entry(file: Path, name: str, value: object, data_start: int, data_size: int
             f"'{file}': tensor '{name}' has data_offsets {offsets!r}, not [begin, end]; save it again."
         )
     begin, end = offsets
-    if begin > end or end > data_size:
+    if begin > end or (data_size is not None and end > data_size):
         raise InputFileError(
             f"'{file}': tensor '{name}' claims bytes {begin}..{end} of a {data_size}-byte data section (past the "
             "file's end); the file is truncated or corrupt: save it again."
@@ -159,4 +164,4 @@ def read_tensor(entry: TensorEntry) -> torch.Tensor:
     return torch.frombuffer(data, dtype=entry.torch_dtype).reshape(entry.shape).clone()
 
 
-__all__ = ["DTYPES", "TensorEntry", "read_header", "read_index", "read_tensor"]
+__all__ = ["DTYPES", "MAX_HEADER_BYTES", "TensorEntry", "parse_header", "read_header", "read_index", "read_tensor"]
