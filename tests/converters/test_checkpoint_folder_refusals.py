@@ -220,7 +220,7 @@ def test_a_folder_of_neither_kind_names_both(tmp_path):
 def test_commands_that_run_a_model_refuse_a_folder_naming_what_works(one_file, tmp_path):
     from converters.models.loading import load_model
 
-    with pytest.raises(InputFileError, match="only `normbridge inspect` and a local `register` read yet"):
+    with pytest.raises(InputFileError, match="take, but not this command yet"):
         load_model(one_file)
 
 
