@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import json
 import re
 import shutil
 import tempfile
@@ -58,7 +59,7 @@ from .service.layer_export import export_layers
 from .service.model_files import STRUCTURE_SUFFIXES, SUFFIXES, ModelFile, PullResult, pulled_path, read_back
 from .service.model_folders import FOLDER_FORMATS, folder_target, load_version_folder, write_version_folder
 from .lineage import LineageView
-from .manifest_io import load_artifact_folder, tensors_from_blobs
+from .manifest_io import BLOBS_DIR, MANIFEST_FILE, load_artifact_folder, tensors_from_blobs
 from .service.results import GcResult, Registration, VerifyResult
 
 API = "/api/v1"
@@ -175,6 +176,33 @@ class RemoteRegistry(ModelRegistry):
                 raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {artifact.manifest.digest()[:12]} but the server "
                                      f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
             yield artifact, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
+
+    @contextmanager
+    def _bundle_on_disk(self, ref: str) -> Iterator[tuple[Any, Callable[[str], bytes], str]]:
+        """(manifest, get(digest), 'name@N') of the version's bundle extracted to a temporary folder: each blob is read
+        from its file when asked and re-hashed, so a folder version is written holding one blob at a time, not all."""
+        name, version = _split(ref)
+        with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (archive, headers):
+            folder = extract_bundle(archive, archive.parent / "bundle")
+            archive.unlink()  # extracted: its bytes are in the blob files now
+            try:
+                manifest = load_manifest(json.loads((folder / MANIFEST_FILE).read_text()))
+            except (OSError, ValueError, NormbridgeError) as error:
+                raise IntegrityError(f"the bundle of {ref} downloaded from {self.url} has no readable manifest ({error}); it was not used.") from error
+            announced = headers.get("X-Normbridge-Digest")
+            if announced is None or manifest.digest() != announced:
+                raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {manifest.digest()[:12]} but the server "
+                                     f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+
+            def get(digest: str) -> bytes:
+                path = folder / BLOBS_DIR / f"{digest}.safetensors"
+                data = path.read_bytes() if path.is_file() else b""
+                if hashlib.sha256(data).hexdigest() != digest:
+                    raise IntegrityError(f"the bundle of {ref} from {self.url} lacks blob {digest[:12]} or holds other bytes under its "
+                                         "name; nothing was written: retry, or run `normbridge verify` on the server.")
+                return data
+
+            yield manifest, get, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
 
     # ------------------------------------------------------------------ registration
 
@@ -356,11 +384,10 @@ class RemoteRegistry(ModelRegistry):
         """Download the version's model file (digest, version and format checked) and move it to `path` atomically, in
         chunks, as `Registry.pull` writes it; nothing is written when a check fails."""
         if self._folder_format(ref, fmt) is not None:  # a checkpoint folder: its bundle, written as the folder here
-            with self._bundle(ref) as (artifact, version):
+            with self._bundle_on_disk(ref) as (manifest, get, version):
                 target = folder_target(path, version)
-                written = write_version_folder(artifact.manifest, artifact.blobs.__getitem__, 4, target, progress)
-                return PullResult(ref=version, path=str(target), format=artifact.manifest.structure.format,
-                                  digest=artifact.manifest.digest(), nbytes=written)
+                written = write_version_folder(manifest, get, 4, target, progress)
+                return PullResult(ref=version, path=str(target), format=manifest.structure.format, digest=manifest.digest(), nbytes=written)
         with self._model_download(ref, fmt) as (body, file):
             target = pulled_path(path, file.ref, file.suffix)
             with open(body, "rb") as source, atomic_writer(target) as stream:
@@ -370,8 +397,8 @@ class RemoteRegistry(ModelRegistry):
     def load(self, ref: str) -> Any:
         """The version as its framework's object, read from the downloaded file by the framework's safe reader."""
         if self._folder_format(ref, None) is not None:
-            with self._bundle(ref) as (artifact, _):
-                return load_version_folder(artifact.manifest, artifact.blobs.__getitem__, 4)
+            with self._bundle_on_disk(ref) as (manifest, get, _):
+                return load_version_folder(manifest, get, 4)
         file = self.model_file(ref)
         return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
 
