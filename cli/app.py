@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from importlib import metadata
 
 import typer
@@ -24,6 +25,11 @@ class OutputConsole(Console):
 console = OutputConsole()
 
 
+#: Click's base of the errors it reports itself (usage mistakes); Typer 0.22+ vendors Click, so it is found from the
+#: public `typer.BadParameter` rather than imported from either package.
+CLICK_ERROR: type[Exception] = next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException")
+
+
 class NormbridgeGroup(typer.core.TyperGroup):
     """The root group: a flag shows no `<bool>` placeholder in --help (it takes no value), in every command and subcommand."""
 
@@ -35,6 +41,33 @@ class NormbridgeGroup(typer.core.TyperGroup):
         params = super().get_params(ctx)  # Typer appends --install-completion / --show-completion after __init__
         _blank(params)
         return params
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, windows_expand_args=True, **extra):
+        """Run the command; a usage mistake is reported in the style of every other error (`error (usage): ...` and the
+        command's usage line, exit 2) rather than in Typer's box."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except CLICK_ERROR as error:
+            usage_error(error)
+        except typer.Abort:
+            sys.stderr.write("Aborted!\n")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_error(error) -> None:
+    """Print a usage mistake as one `error (usage):` line and the command's usage line on stderr; exit with its code (2)."""
+    stderr = Console(stderr=True)
+    stderr.print("[bold red]error[/] (usage): ", end="", highlight=False)
+    stderr.print(error.format_message(), highlight=False, soft_wrap=True, markup=False)
+    context = getattr(error, "ctx", None)
+    if context is not None:
+        usage = context.get_usage().removeprefix("Usage: ")
+        stderr.print(f"  usage: {usage}; `{context.command_path} --help` lists the options", highlight=False, soft_wrap=True,
+                     markup=False)
+    sys.exit(error.exit_code)
 
 
 def _blank(params) -> None:
