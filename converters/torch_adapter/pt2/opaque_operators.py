@@ -108,7 +108,8 @@ def register() -> Any:
         raise OpaqueOperatorError(
             f"this program calls {operator}, a library's own operator normbridge read but does not run (loading it "
             "could run code): it can be inspected and registered (--allow-unrecognised), not run; run it where the "
-            "library is installed, from code you trust.")
+            "library is installed, from code you trust, or export the model's `save_pretrained` folder instead "
+            "(`normbridge export DIR --to onnx`).")
 
     @opaque_operator.register_fake
     def _(inputs, operator, size, stride, dtype):

@@ -127,7 +127,8 @@ def opaque_calls(program: Any) -> list[Hazard]:
         f"'{path}' ({type_name}) looks like it runs what normbridge cannot read: it calls {operator}, a library's own "
         "operator normbridge does not load (loading it could run code); the program's normalizations outside such "
         "calls were read and are checked: register with --allow-unrecognised to record this call as unchecked "
-        "(re-exporting writes the same operator)."))
+        "(re-exporting writes the same operator), or register the model's `save_pretrained` folder instead, which "
+        "holds no program (docs/checkpoint-folders.md)."))
         for (path, operator), type_name in calls.items()]
 
 
