@@ -301,3 +301,32 @@ def test_a_family_folder_is_gated_norm_by_norm_and_comes_back_loading(family, tm
     source = type(model).from_pretrained(tmp_path / "checkpoint")
     assert type(loaded) is type(model)
     assert torch.equal(_outputs(loaded, inputs), _outputs(source, inputs))
+
+
+def test_a_projection_only_fine_tune_stores_only_the_projections_and_diff_names_them(tmp_path):
+    """A LoRA merged into the attention projections changes those tensors alone: they are all the second version adds,
+    and `diff` says the weights changed and no normalization did."""
+    model = _checkpoint("llama-f32-sharded", tmp_path / "v1")
+    registry = _registry(tmp_path)
+    registry.register("llama", tmp_path / "v1")
+    blobs = {path for path in (tmp_path / "blobs").rglob("*") if path.is_file()}
+    merged = copy.deepcopy(model)
+    adapted = [name for name, _ in merged.named_parameters() if name.endswith(("q_proj.weight", "v_proj.weight"))]
+    with torch.no_grad():
+        for name in adapted:
+            weight = merged.get_parameter(name)
+            weight.add_(torch.outer(torch.linspace(-0.1, 0.1, weight.shape[0]), torch.linspace(0.2, -0.2, weight.shape[1])))
+    merged.save_pretrained(tmp_path / "v2", max_shard_size="20KB")
+    for name, text in KEPT.items():
+        (tmp_path / "v2" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "v2" / name).write_text(text)
+
+    registry.register("llama", tmp_path / "v2", parent="llama@1")
+
+    added = {path for path in (tmp_path / "blobs").rglob("*") if path.is_file()} - blobs
+    assert len(added) == len(adapted)  # the projections' blobs: no norm, no other weight, no structure part
+    diff = registry.diff("llama@1", "llama@2")
+    assert not diff.weights_identical and not diff.statistics_changed_layers
+    assert {change.name for change in diff.tensors if change.status == "changed"} == set(adapted)
+    registry.pull("llama@2", tmp_path / "back")
+    assert _files(tmp_path / "back") == _files(tmp_path / "v2")
