@@ -41,6 +41,7 @@ bench: setup
 	$(PY) bench/registry.py
 	$(PY) bench/service.py
 	$(PY) bench/pull.py
+	$(PY) bench/checkpoints.py
 
 schemas: setup
 	$(PY) -m schemas.json_schema

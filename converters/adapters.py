@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -172,6 +173,13 @@ class AdapterRegistry:
         """Structure format -> its file suffix (what `pull` writes and an upload is saved as), for every framework whose
         models the registry stores."""
         return {info.structure_format: info.structure_suffix for info in self.infos() if info.structure_format is not None}
+
+    def folder_framework(self, folder: Path) -> str | None:
+        """The framework whose model folder `folder` is, told from its marker files alone (FrameworkInfo.folder_markers);
+        None for a spec or artifact folder, or one no framework marks."""
+        if (folder / "spec.json").exists() or (folder / "manifest.json").exists():
+            return None
+        return next((info.name for info in self.infos() for marker in info.folder_markers if (folder / marker).is_file()), None)
 
     def folder_formats(self) -> dict[str, str]:
         """Structure format -> the framework whose model adapter writes it back as a folder (FrameworkInfo.folder_formats)."""

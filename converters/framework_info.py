@@ -37,6 +37,8 @@ class FrameworkInfo:
         worker_packages: the top-level packages a warm worker imports ahead for the framework.
         folder_formats: structure formats given back as a folder of files rather than one file (format -> what such a
             folder is, as named in messages): a Hugging Face checkpoint folder is torch's.
+        folder_markers: file names whose presence makes a folder a model of this framework, told before reading it
+            (torch: a checkpoint folder's config.json), so the gate's worker for the others can start at once.
     """
 
     name: str
@@ -53,6 +55,7 @@ class FrameworkInfo:
     format_origins: Mapping[str, str] = field(default_factory=dict)
     worker_packages: tuple[str, ...] = ()
     folder_formats: Mapping[str, str] = field(default_factory=dict)
+    folder_markers: tuple[str, ...] = ()
 
 
 __all__ = ["FrameworkInfo"]

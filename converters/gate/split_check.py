@@ -76,6 +76,8 @@ class SharedWorker:
 def expected_framework(model: Any) -> str | None:
     """The framework a model file or object belongs to, told without reading it (None: not known before reading)."""
     if isinstance(model, (str, Path)):
+        if Path(model).is_dir():
+            return REGISTRY.folder_framework(Path(model))
         return MODEL_FILES.get(Path(model).suffix.lower(), (None, None))[0]
     try:
         return REGISTRY.model_framework(model)

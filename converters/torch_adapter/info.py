@@ -17,4 +17,5 @@ INFO = FrameworkInfo(
     empty_batch="keeps them",
     worker_packages=("torch",),
     folder_formats={"hf-folder": "a Hugging Face checkpoint folder"},
+    folder_markers=("config.json",),
 )

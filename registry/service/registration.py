@@ -40,6 +40,15 @@ from .results import Registration
 from .servable import assess
 from .structure_check import check_structure
 
+#: Blob bytes from which a registration stages its blobs while the gate runs on any store (S3 always does): writing a
+#: gigabyte takes seconds the gate's worker spends on another core; a refused version's staged blobs are discarded.
+#: Below it, the few blobs are written after the gate passes, so a refusal writes nothing.
+STAGE_BESIDE_GATE_BYTES = 64 << 20
+
+
+def _blob_bytes(blobs, digests: list[str]) -> int:
+    return sum(blobs.size(d) for d in digests) if isinstance(blobs, BlobMap) else sum(len(blobs[d]) for d in digests)
+
 #: progress(step, done, total): called as a registration advances (the CLI draws a bar from it).
 Progress = Callable[[str, int, int], None]
 
@@ -152,7 +161,8 @@ class Registrations:
             # Blobs are staged (beside the gate where the store gains: stages_beside_gate) and a structure no reader has seen is
             # checked; the blobs are published only if both pass.
             with ThreadPoolExecutor(max_workers=2) as pool:
-                staging = pool.submit(self._stage, artifact.blobs, digests) if self.store.stages_beside_gate else None
+                beside = self.store.stages_beside_gate or _blob_bytes(artifact.blobs, digests) >= STAGE_BESIDE_GATE_BYTES
+                staging = pool.submit(self._stage, artifact.blobs, digests) if beside else None
                 structure = None if artifact.structure_read_safely else pool.submit(
                     check_structure, artifact.manifest, structure_parts(artifact.manifest, artifact.blobs.__getitem__))
                 try:
