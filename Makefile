@@ -28,8 +28,9 @@ demo: setup
 # replaced worker could leave the run waiting forever.
 XDIST := -n $(WORKERS) --dist loadfile --max-worker-restart=0
 
+# --durations: the slowest tests end every run's output, where the suite's time goes (docs/testing.md).
 test: setup
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) --durations=40
 
 # Everything but the tests marked slow (those that start servers or subprocesses: the CLI, Python, a browser).
 test-fast: setup
