@@ -48,7 +48,8 @@ def test_each_framework_info_is_its_package_s_and_agrees_with_the_stored_formats
     the formats and frameworks, which must be the infos'."""
     infos = REGISTRY.infos()
     assert [(info.name, info.package) for info in infos] == list(REGISTRY.packages.items())
-    assert set(get_args(StructureFormat)) == {info.structure_format for info in infos if info.structure_format is not None}
+    assert set(get_args(StructureFormat)) == {info.structure_format for info in infos if info.structure_format is not None} | {
+        fmt for info in infos for fmt in info.folder_formats}
     origins = {fmt for info in infos for fmt in info.format_origins}
     assert origins <= set(get_args(ArtifactFormat))
     assert set(get_args(ArtifactManifest.model_fields["framework"].annotation)) == set(FRAMEWORKS)
