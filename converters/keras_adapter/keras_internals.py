@@ -328,8 +328,47 @@ def converted_with_optimizers(frozen: Any, optimizers: Callable[[dict], dict], p
     return model_proto
 
 
+def transposes_kept(factory: Any) -> Any:
+    """tf2onnx's TransposeOptimizer (the class `factory`) without its last step (`post_optimize_action`, not part of
+    tf2onnx's documented API), which rewrites each Transpose that moves only size-1 axes as a Reshape to the shape
+    tf2onnx recorded; the records go stale where the optimizer moved a Transpose through a broadcasting op, so at 1x1
+    spatial (ConvNeXt's last stage at 32x32) the Reshape reorders channels wrongly ((N, C, 1, 1) as (N, 1, C, 1)) and a
+    LayerNorm normalizes each element alone (issue 34). A Transpose is right at any shape. A tf2onnx whose optimizer has
+    no such step gets its own class back: nothing to take out."""
+    if not isinstance(factory, type) or not callable(getattr(factory, "post_optimize_action", None)):
+        return factory
+
+    class TransposesKept(factory):
+        def post_optimize_action(self):
+            return None
+
+    return TransposesKept
+
+
+@contextlib.contextmanager
+def transposes_kept_in_tf2onnx() -> Iterator[None]:
+    """`transposes_kept` for tf2onnx's own optimizer loop (`from_function`, which takes no optimizers): its
+    TransposeOptimizer's last step is a no-op while the block runs (callers hold the trace lock, as every trace does); a
+    tf2onnx without that class or step runs unchanged."""
+    try:
+        from tf2onnx.optimizer.transpose_optimizer import TransposeOptimizer
+    except ImportError as error:
+        fell_back("tf2onnx's transpose optimizer without its size-1 Reshapes", error)
+        yield
+        return
+    step = TransposeOptimizer.__dict__.get("post_optimize_action")
+    if step is None:
+        yield
+        return
+    TransposeOptimizer.post_optimize_action = lambda self: None
+    try:
+        yield
+    finally:
+        TransposeOptimizer.post_optimize_action = step
+
+
 __all__ = [
     "all_layers", "autocasts", "called_flat", "converted_with_optimizers", "has_sublayers", "inputs_structure", "object_sharing_scope", "plain_convolutions",
     "plain_graphs", "plain_graphs_available", "producing_layer", "public_layers", "set_uninitialized_variables", "sublayers",
-    "uninitialized_variables",
+    "transposes_kept", "transposes_kept_in_tf2onnx", "uninitialized_variables",
 ]

@@ -80,9 +80,18 @@ def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
 
 
 def _onnx_kernel(layer) -> np.ndarray | None:
-    """A Keras convolution's kernel in ONNX Conv layout (out, in/groups, *window), or None for other layers."""
+    """A Keras convolution's kernel in ONNX Conv layout (out, in/groups, *window), or None for other layers.
+
+    A separable convolution is two ONNX Convs, depthwise then pointwise; TF folds a following BatchNorm into the
+    second, so its kernel here is the pointwise one (Xception's 34 BatchNorms after SeparableConv2D: issue 34)."""
     keras = import_keras()
     name = type(layer).__name__
+    if name in ("SeparableConv1D", "SeparableConv2D"):
+        kernel = getattr(layer, "pointwise_kernel", None)
+        if kernel is None:
+            return None
+        kernel = keras.ops.convert_to_numpy(kernel)
+        return np.ascontiguousarray(np.transpose(kernel, (kernel.ndim - 1, kernel.ndim - 2, *range(kernel.ndim - 2))))
     if name not in ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D") or getattr(layer, "kernel", None) is None:
         return None
     kernel = keras.ops.convert_to_numpy(layer.kernel)

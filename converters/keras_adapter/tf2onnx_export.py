@@ -21,6 +21,10 @@ each fixed here, in memory (no temporary file):
   collection, which a process holding TensorFlow's objects runs rarely: ConvNeXtTiny's copies (~320 MB
   each) took a test process to 12.8 GB (issue 31). Here each optimizer first collects the copy the
   previous one left (`_collecting_optimizers`), so one copy is alive at a time; the graph is the same.
+- tf2onnx's transpose optimizer ends by turning each Transpose of size-1 axes into a Reshape to the shape it
+  recorded, records its own moves leave stale: at 1x1 spatial the file computed a wrong answer (Keras ConvNeXtTiny
+  at 32x32 served [N, 1, 768, 768] for [N, 1, 1, 768]; issue 34). Here those Transposes stay (keras_internals.transposes_kept, and
+  transposes_kept_in_tf2onnx on the public path).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from schemas import UnsupportedObjectError
 
 from ..model_values import first_line
 from .inputs import pack_inputs
-from .keras_internals import converted_with_optimizers, plain_convolutions
+from .keras_internals import converted_with_optimizers, plain_convolutions, transposes_kept, transposes_kept_in_tf2onnx
 from .runtime import import_keras
 
 
@@ -65,8 +69,10 @@ def _collecting(factory):
 
 
 def _collecting_optimizers(default: dict) -> dict:
-    """tf2onnx's default optimizers, in its order, each collecting the garbage of the one before."""
-    return OrderedDict((name, _collecting(factory)) for name, factory in default.items())
+    """tf2onnx's default optimizers, in its order, each collecting the garbage of the one before (the transpose
+    optimizer keeps its Transposes: keras_internals.transposes_kept)."""
+    return OrderedDict((name, _collecting(transposes_kept(factory) if name == "optimize_transpose" else factory))
+                       for name, factory in default.items())
 
 
 def _signature(model: Any) -> list:
@@ -103,7 +109,9 @@ def _convert(serve, signature: list, concrete, opset: int):
     from tf2onnx import convert, tf_loader
 
     def public():
-        return convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)[0]
+        with transposes_kept_in_tf2onnx():
+            return convert.from_function(serve, input_signature=signature, opset=opset,
+                                         custom_op_handlers=CUSTOM_OPS)[0]
 
     input_names = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
     output_names = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]

@@ -97,7 +97,7 @@ def keras_hub_gemma():
 
 
 APPLICATIONS = {
-    # 64x64: at 32x32 the last stage is 1x1 and tf2onnx's spelling of its LayerNorms is not recognised yet (ONNX graph recognition).
+    # 64x64 here; at 32x32 the last stage is 1x1 (test_keras_export_families.py: the LayerNorms there, issue 34).
     "ConvNeXtTiny": lambda: keras.applications.ConvNeXtTiny(weights=None, input_shape=(64, 64, 3)),
     "EfficientNetB0": lambda: keras.applications.EfficientNetB0(weights=None, input_shape=(32, 32, 3)),
     "MobileNetV3Small": lambda: keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3)),

@@ -227,6 +227,9 @@ def test_without_plain_graphs_keras_layers_run_eagerly(monkeypatch):
     assert framework.KerasFramework().kept_runs(layer) is None
 
 
+from tests.converters import test_keras_export_families as families  # noqa: E402  (tf2onnx's transpose optimizer at 1x1)
+from tests.converters.test_keras_export_families import take_tf2onnx_public_path  # noqa: E402
+
 #: Each access of keras_internals and the test above that runs it on this Keras.
 def _exported(model):
     from converters.keras_adapter.tf2onnx_export import export_model
@@ -239,18 +242,9 @@ def test_tf2onnx_without_the_optimizers_argument_writes_the_same_graph(monkeypat
     """The export's optimizer loop that frees each graph copy (tf2onnx_export) passes its optimizers to tf2onnx's private
     `_convert_common`; a tf2onnx whose `_convert_common` takes no such argument gets `tf2onnx.convert.from_function`'s
     own path, which writes the same graph."""
-    import tf2onnx.convert
-
     model = functional()
     fast = _exported(model)
-    original = tf2onnx.convert._convert_common
-
-    def without_optimizers(*args, optimizers=None, **kwargs):
-        if optimizers is not None:
-            raise TypeError("_convert_common() got an unexpected keyword argument 'optimizers'")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(tf2onnx.convert, "_convert_common", without_optimizers)
+    take_tf2onnx_public_path(monkeypatch)
     assert _exported(model) == fast
 
 
@@ -277,6 +271,8 @@ ACCESSES = {
     "converted_with_optimizers": test_tf2onnx_without_the_optimizers_argument_writes_the_same_graph,
     "plain_graphs": test_plain_graphs_set_the_call_options_for_the_block_only,
     "plain_graphs_available": test_without_plain_graphs_keras_layers_run_eagerly,
+    "transposes_kept": families.test_convnext_at_32x32_serves_its_1x1_layer_norms_right,
+    "transposes_kept_in_tf2onnx": families.test_tf2onnx_s_own_optimizer_loop_keeps_the_transposes_at_1x1_too,
 }
 
 

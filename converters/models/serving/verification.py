@@ -35,20 +35,29 @@ def source_specs(model: Any, sample: Sample | None = None) -> list[NormSpec]:
 # --------------------------------------------------------------------------- verification
 
 
+def _part_fits(site_part: str, layer_part: str, exact: bool) -> bool:
+    """One scope of a graph site's name against one part of a layer's path: equal, or (`exact` False) that part with
+    the '_N' TF adds to a scope name already taken (each retrace scopes every nested layer again: 'block_0_1')."""
+    if site_part == layer_part:
+        return True
+    return not exact and re.fullmatch(re.escape(layer_part) + r"_\d+", site_part) is not None
+
+
 def _names_match(site_name: str, layer_name: str, exact: bool) -> bool:
-    """Whether a graph site's name refers to a source layer: equal, or a '/'-separated part equal
-    (tf2onnx scopes Keras layers as 'model_1/layer_1/...'; `exact` False also accepts that '_N' suffix)."""
+    """Whether a graph site's name refers to a source layer: equal, or its '/'-separated parts (a Keras layer's path
+    inside the model, 'transformer_layer_0/feedforward_layernorm') equal to consecutive scopes of the site's name, each
+    part allowed TF's '_N' suffix when `exact` is False (tf2onnx scopes that layer
+    'backbone_1/transformer_layer_0_1/feedforward_layernorm_1'). With `exact` False at least one part carries the
+    suffix, so an exact fit is never counted twice."""
     if site_name == layer_name:
         return True
-    if "/" in layer_name:  # a Keras layer named by its path inside the model: those parts in a row
-        scoped = "/" + re.sub(r":", "/", site_name) + "/"
-        if exact:
-            return f"/{layer_name}/" in scoped
-        return re.search("/" + re.escape(layer_name) + r"_\d+/", scoped) is not None
-    parts = re.split(r"[/:]", site_name)
-    if exact:
-        return layer_name in parts
-    return any(re.fullmatch(re.escape(layer_name) + r"_\d+", part) for part in parts)
+    scopes = re.split(r"[/:]", site_name)
+    parts = layer_name.split("/")
+    for start in range(len(scopes) - len(parts) + 1):
+        window = scopes[start:start + len(parts)]
+        if all(_part_fits(s, p, exact) for s, p in zip(window, parts)) and (exact or window != parts):
+            return True
+    return False
 
 
 def served_kind(spec: NormSpec) -> str:
