@@ -45,7 +45,10 @@ SCHEMA_VERSION = 2
 
 #: Settings added in schema version 2, with the value that means "as in version 1". An adapter
 #: holds only those it lists in `KindAdapter.holds`; any other non-default one is refused.
-EXTENDED_DEFAULTS: dict[str, Any] = {"compute_dtype": None, "state_dtype": None, "cast_before_affine": False, "scale_offset": 0.0, "frozen": False}
+EXTENDED_DEFAULTS: dict[str, Any] = {"compute_dtype": None, "state_dtype": None, "cast_before_affine": False, "scale_offset": 0.0, "frozen": False,
+                                      "synchronized": False}
+#: Fields left out of `config_dict` at their default, so a manifest's content digest stays what it was before they existed.
+DIGEST_QUIET_DEFAULTS: dict[str, Any] = {"state_dtype": None, "synchronized": False, "chosen_layout": None}
 
 
 def known_kinds() -> tuple[str, ...]:
@@ -94,6 +97,10 @@ class NormSpec(BaseModel):
     spatial_rank: int | None = Field(default=None, ge=1, le=3, description="1, 2 or 3 for BatchNorm/InstanceNorm 1d/2d/3d.")
     input_rank: int | None = Field(default=None, ge=1, description="Rank of the input the layer was built for, when the framework records it.")
     layout: Layout | None = Field(default=None, description="Channel axis in the source framework (channel kinds only).")
+    chosen_layout: Layout | None = Field(
+        default=None, description="The channel layout the layer was built with in a framework that offers both (a Keras axis=1 "
+        "layer: channels_first); a conversion to such a framework builds it, the others keep it for the way back. None: that "
+        "framework's natural layout (channel kinds only).")
     num_groups: int | None = Field(default=None, ge=1, description="Groups (group kind).")
 
     eps: float = Field(description="Epsilon added to the variance, exactly as the source gave it.")
@@ -121,6 +128,9 @@ class NormSpec(BaseModel):
     frozen: bool = Field(
         default=False, description="Running statistics are constants (FrozenBatchNorm2d): used in training mode too, "
         "never updated; no momentum.")
+    synchronized: bool = Field(
+        default=False, description="A training step averages the batch statistics across the replicas of a distributed run "
+        "(Keras synchronized=True, PyTorch SyncBatchNorm); one replica computes what an unsynchronized layer does (kind batch).")
 
     source: Source = Field(default_factory=lambda: Source(framework="spec"), description="Provenance.")
     tensors: TensorMap = Field(default_factory=dict, description="State tensors by name.")
@@ -166,6 +176,12 @@ class NormSpec(BaseModel):
             raise SpecError("cast_before_affine needs a compute_dtype to cast from.", layer=self.name, setting="cast_before_affine")
         if not math.isfinite(self.scale_offset):
             raise SpecError(f"scale_offset must be finite (got {self.scale_offset!r}).", layer=self.name, setting="scale_offset")
+        if self.synchronized and (self.kind != "batch" or not self.track_running_stats or self.frozen):
+            raise SpecError("synchronized applies to a batch normalization whose training step computes batch statistics "
+                            "(tracked, not frozen); set synchronized=False.", layer=self.name, setting="synchronized")
+        if self.chosen_layout is not None and self.layout is None:
+            raise SpecError("chosen_layout applies to channel kinds (those with a layout); leave it None.", layer=self.name,
+                            setting="chosen_layout")
         if self.scale_offset != 0.0 and not self.scale:
             raise SpecError("scale_offset applies to a learned scale; set scale=True or scale_offset=0.", layer=self.name, setting="scale_offset")
 
@@ -204,11 +220,13 @@ class NormSpec(BaseModel):
         return NormSpec(**data)
 
     def config_dict(self) -> dict:
-        """Every field but the tensors, as JSON-ready Python values; `state_dtype` only when set, because the manifest's content
-        digest hashes this dict: a model registered before the field existed must keep its digest (and deduplicate)."""
+        """Every field but the tensors, as JSON-ready Python values; those of DIGEST_QUIET_DEFAULTS only when set, because the
+        manifest's content digest hashes this dict: a model registered before the field existed must keep its digest (and
+        deduplicate)."""
         config = self.model_dump(mode="json", exclude={"tensors"})
-        if config.get("state_dtype") is None:
-            config.pop("state_dtype", None)
+        for name, default in DIGEST_QUIET_DEFAULTS.items():
+            if config.get(name, default) == default:
+                config.pop(name, None)
         return config
 
     def __eq__(self, other: object) -> bool:

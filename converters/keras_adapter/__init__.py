@@ -25,7 +25,11 @@ def __getattr__(name: str):
         from .unbiased_batch_normalization import UnbiasedBatchNormalization
 
         return UnbiasedBatchNormalization
+    if name == "TrackedInstanceNormalization":  # "normbridge>TrackedInstanceNormalization", the same way
+        from .tracked_instance_normalization import TrackedInstanceNormalization
+
+        return TrackedInstanceNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["FRAMEWORK", "INFO", "KIND_ADAPTERS", "MODEL", "UnbiasedBatchNormalization"]
+__all__ = ["FRAMEWORK", "INFO", "KIND_ADAPTERS", "MODEL", "TrackedInstanceNormalization", "UnbiasedBatchNormalization"]

@@ -9,10 +9,11 @@ from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
-from ..translate import emit_momentum, estimator_matches, record_layout, warn_empty_batch
+from ..translate import emit_momentum, estimator_matches, warn_empty_batch
 from .deferred import channel_build_shape, deferred_spec, is_deferred
 from .facts import read_facts, without_training
 from .kind_adapter import KerasKindAdapter
+from .layouts import chosen_layout_of, emit_layout
 from .momentum import RUNNING_WEIGHT, recall_running, remember_running
 from .runtime import import_keras
 from .shapes import built_input_shape, channel_layout, spatial_rank_of
@@ -27,7 +28,7 @@ class KerasBatchAdapter(KerasKindAdapter):
 
     kind = "batch"
     layer_classes = KIND_INFO["batch"].classes["keras"]
-    holds = KerasKindAdapter.holds | {"frozen"}
+    holds = KerasKindAdapter.holds | {"frozen", "synchronized"}
     restatable = True  # from_spec: configuration, then finish_emit writes the tensors (KerasKindAdapter.restate)
 
     def to_spec(self, obj: Any, report: LayerReport) -> NormSpec:
@@ -55,8 +56,6 @@ class KerasBatchAdapter(KerasKindAdapter):
                 "(moving statistics are used and never updated); the spec records training=False."
             )
             facts = without_training(facts)
-        if layer.synchronized:
-            report.warn("synchronized=True: in distributed training the batch statistics are averaged across replicas; the spec describes one replica.")
         running = recall_running(layer, report, float(layer.momentum))
         tensors = {**read_variables(layer, VARIABLES), **running.pop("tensors")}
         return facts.spec(
@@ -65,6 +64,8 @@ class KerasBatchAdapter(KerasKindAdapter):
             spatial_rank=spatial_rank_of(layer, rank, 2),
             input_rank=rank,
             layout=layout,
+            chosen_layout=chosen_layout_of(layout),
+            synchronized=bool(layer.synchronized),
             track_running_stats=True,
             # Keras 3 updates moving_variance with the biased batch variance (SEMANTICS.md).
             variance_estimator="unbiased" if isinstance(layer, UnbiasedBatchNormalization) else "biased",
@@ -87,12 +88,17 @@ class KerasBatchAdapter(KerasKindAdapter):
             return emit_frozen(spec, common, report)
         momentum = emit_momentum(report, spec, RUNNING_WEIGHT, options, "keras")
         warn_empty_batch(report, spec, "keras")
-        record_layout(report, spec, "channels_last")
+        axis, layout = emit_layout(spec, report)
         estimator = estimator_matches(report, spec, "biased", "keras", can_match=True, options=options)
         layer_class = UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization
-        layer = layer_class(axis=-1, momentum=momentum, center=spec.bias, scale=spec.scale, **common)
+        if spec.synchronized:
+            report.add("synchronized", True, note="batch statistics averaged across replicas in distributed training")
+            if estimator == "unbiased":
+                report.warn("synchronized=True with the unbiased estimator: UnbiasedBatchNormalization's n/(n-1) counts the local "
+                            "replica's elements only, where the source counts every replica's.")
+        layer = layer_class(axis=axis, momentum=momentum, center=spec.bias, scale=spec.scale, synchronized=spec.synchronized, **common)
         remember_running(layer, spec, report, momentum)
-        return self.finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2), VARIABLES)
+        return self.finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2, layout=layout), VARIABLES)
 
 
 def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "batch") -> Any:
@@ -101,20 +107,22 @@ def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "
     keras/src/layers/normalization/batch_normalization.py: `if training and self.trainable`: a non-trainable layer
     normalises with its moving statistics in training too and never updates them, which is what frozen means.
     """
-    record_layout(report, spec, "channels_last")
-    layer = import_keras().layers.BatchNormalization(axis=-1, center=spec.bias, scale=spec.scale, **common)
+    axis, layout = emit_layout(spec, report)
+    layer = import_keras().layers.BatchNormalization(axis=axis, center=spec.bias, scale=spec.scale, **common)
     layer.trainable = False
     if kind == "batch":
         report.add("frozen", True, "trainable=False", "exact", "moving statistics in training mode too, never updated")
         markers.remember(layer, frozen=True)
-    return KerasBatchAdapter().finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2), VARIABLES)
+    return KerasBatchAdapter().finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2, layout=layout),
+                                           VARIABLES)
 
 
 def read_frozen(layer: Any, facts, rank: int, layout: str) -> NormSpec:
     """The frozen batch spec a BatchNormalization emitted by emit_frozen (still trainable=False) stands for."""
     return facts.spec(
         layer, "batch", read_variables(layer, VARIABLES), num_features=int(layer.moving_mean.shape[0]),
-        spatial_rank=spatial_rank_of(layer, rank, 2), input_rank=rank, layout=layout, track_running_stats=True, frozen=True,
+        spatial_rank=spatial_rank_of(layer, rank, 2), input_rank=rank, layout=layout, chosen_layout=chosen_layout_of(layout),
+        track_running_stats=True, frozen=True,
         scale=bool(layer.scale), bias=bool(layer.center))
 
 

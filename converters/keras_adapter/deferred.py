@@ -24,7 +24,7 @@ from schemas import LayerReport, NormSpec, SpecError
 from schemas.tensors import tensors_identical
 
 from .. import markers
-from .shapes import build_rank, channels_last_shape
+from .shapes import build_rank, channel_shape
 from .variables import variable_dtype
 
 #: Marker holding the pending state: {"<variable>_initializer": array, ...}, the channel count and the rank it is read at.
@@ -44,12 +44,13 @@ def open_rank(spec: NormSpec) -> bool:
     return spec.kind == "group" or (spec.kind == "batch" and spec.spatial_rank == 1)
 
 
-def channel_build_shape(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2) -> tuple[int | None, ...] | None:
-    """The channels-last shape a channel kind is built for (the rank given, or the kind's only rank), or None when the source
+def channel_build_shape(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2,
+                        layout: str = "channels_last") -> tuple[int | None, ...] | None:
+    """The shape in `layout` a channel kind is built for (the rank given, or the kind's only rank), or None when the source
     takes several ranks and records none: the layer is then built on its first call (defer_build, which reports it)."""
     if open_rank(spec):
         return None
-    return channels_last_shape(spec.num_features, build_rank(spec, report, default, minimum))
+    return channel_shape(spec.num_features, build_rank(spec, report, default, minimum), layout)
 
 
 def defer_build(layer: Any, spec: NormSpec, variables: Mapping[str, str], report: LayerReport) -> None:
@@ -74,7 +75,8 @@ def built_copy(layer: Any, rank: int) -> Any:
     clone = type(layer).from_config(layer.get_config())
     markers.remember(clone, **markers.recall(layer))
     _wrap_build(clone)
-    clone.build(channels_last_shape(markers.recall(layer)[MARKER]["channels"], rank))
+    layout = "channels_first" if layer.axis in (1, 1 - rank) and rank > 2 else "channels_last"
+    clone.build(channel_shape(markers.recall(layer)[MARKER]["channels"], rank, layout))
     return clone
 
 

@@ -9,11 +9,11 @@ from schemas.kinds import KIND_INFO
 
 from .. import markers
 from ..options import ConversionOptions
-from ..translate import record_layout
 from .deferred import channel_build_shape, deferred_spec, is_deferred
 from .facts import STORED_NOTE
 from .groups import read_group_layer
 from .kind_adapter import KerasKindAdapter
+from .layouts import emit_layout
 from .runtime import import_keras
 from .variables import AFFINE_VARIABLES
 
@@ -33,9 +33,9 @@ class KerasGroupAdapter(KerasKindAdapter):
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
         common = self.begin_emit(spec, report)
-        record_layout(report, spec, "channels_last")
-        layer = import_keras().layers.GroupNormalization(groups=spec.num_groups, axis=-1, center=spec.bias, scale=spec.scale, **common)
-        shape = channel_build_shape(spec, report, 4)
+        axis, layout = emit_layout(spec, report)
+        layer = import_keras().layers.GroupNormalization(groups=spec.num_groups, axis=axis, center=spec.bias, scale=spec.scale, **common)
+        shape = channel_build_shape(spec, report, 4, layout=layout)
         if spec.num_groups == spec.num_features and (shape is None or len(shape) >= 3):
             # One group per channel reads back as InstanceNorm (groups.group_layer_kind) without this.
             markers.remember(layer, kind="group")

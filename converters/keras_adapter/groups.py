@@ -8,6 +8,7 @@ from schemas import LayerReport, NormSpec, UnsupportedObjectError
 
 from .. import markers
 from .facts import read_facts
+from .layouts import chosen_layout_of
 from .shapes import built_input_shape, channel_layout, spatial_rank_of
 from .variables import AFFINE_VARIABLES, read_variables
 
@@ -60,5 +61,6 @@ def read_group_layer(layer: Any, report: LayerReport, kind: str, **fields: Any) 
         fields.update(spatial_rank=spatial_rank_of(layer, len(shape), 3), track_running_stats=False, **_remembered_momentum(layer))
     return read_facts(layer, report).spec(
         layer, kind, read_variables(layer, AFFINE_VARIABLES),
-        num_features=channels, input_rank=len(shape), layout=layout, scale=bool(layer.scale), bias=bool(layer.center), **fields,
+        num_features=channels, input_rank=len(shape), layout=layout, chosen_layout=chosen_layout_of(layout), scale=bool(layer.scale),
+        bias=bool(layer.center), **fields,
     )

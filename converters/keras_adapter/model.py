@@ -27,6 +27,8 @@ from .runtime import import_keras
 
 def _load_keras(path: Path) -> Any:
     keras = import_keras()
+    # normbridge's own layers, registered on import, may be in a file it wrote: an unbiased BatchNorm, a tracked InstanceNorm.
+    from . import tracked_instance_normalization, unbiased_batch_normalization  # noqa: F401
     try:
         check_keras_file(path)  # before Keras builds a variable or reads a weight: what the file declares is bounded
         return keras.saving.load_model(str(path), safe_mode=True, compile=False)

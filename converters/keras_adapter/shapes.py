@@ -78,6 +78,11 @@ def channels_last_shape(num_features: int, rank: int) -> tuple[int | None, ...]:
     return (None,) * (rank - 1) + (num_features,)
 
 
+def channel_shape(num_features: int, rank: int, layout: str) -> tuple[int | None, ...]:
+    """The build shape of a channel kind in `layout`."""
+    return channels_first_shape(num_features, rank) if layout == "channels_first" else channels_last_shape(num_features, rank)
+
+
 def trailing_shape(normalized_shape: tuple[int, ...], rank: int) -> tuple[int | None, ...]:
     return (None,) * (rank - len(normalized_shape)) + tuple(normalized_shape)
 

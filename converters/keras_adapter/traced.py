@@ -179,9 +179,13 @@ def _step(values: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None
 
 
 def refuse_instance_training(layer: Any) -> None:
-    """NotExpressibleError for a BatchNormalization holding a tracked InstanceNorm: its training step is not the source's
-    (KerasFramework.run_train_step and TracedCalls.run_train_step both refuse it)."""
-    if markers.recall(layer).get("kind") == "instance" and isinstance(layer, import_keras().layers.BatchNormalization):
+    """NotExpressibleError for a plain BatchNormalization an older normbridge emitted for a tracked InstanceNorm: its training
+    step is not the source's (KerasFramework.run_train_step and TracedCalls.run_train_step both refuse it). The
+    TrackedInstanceNormalization emitted now takes the source's step."""
+    from .tracked_instance_normalization import TrackedInstanceNormalization
+
+    if (markers.recall(layer).get("kind") == "instance" and isinstance(layer, import_keras().layers.BatchNormalization)
+            and not isinstance(layer, TrackedInstanceNormalization)):
         raise NotExpressibleError(
             "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
             "instead of normalising per instance; train the source layer instead.", layer=layer.name, setting="track_running_stats", target="keras")

@@ -99,6 +99,7 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
         kind=layer.kind, num_features=layer.channels(mean), spatial_rank=spatial, layout="channels_first",
         eps=eps, eps_origin=eps_origin, momentum=momentum, momentum_convention=convention if momentum is not None else None,
         track_running_stats=tracked, variance_estimator="biased" if tracked and not frozen else None, training=training, frozen=frozen,
+        synchronized=tracked and not frozen and layer.kind == "batch" and meta.get("synchronized") is True,
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
     )
     tensors = {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None}
@@ -115,7 +116,9 @@ class OnnxBatchNorm(KindAdapter):
     framework = "onnx"
     kind = "batch"
     #: bfloat16 tensors; frozen statistics: an eval-mode node (training_mode=0), which never updates them.
-    holds = frozenset({"dtype", "frozen"})
+    #: synchronized: a graph runs on one device, where a synchronized step computes what an unsynchronized one does; kept in
+    #: the metadata for the way back.
+    holds = frozenset({"dtype", "frozen", "synchronized"})
 
     def to_spec(self, obj, report: LayerReport) -> NormSpec:
         return read_batch_norm(reading.parse(obj, self.kind), report)
@@ -139,6 +142,11 @@ class OnnxBatchNorm(KindAdapter):
             )
         estimator_matches(report, spec, "biased", "onnx", can_match=False, options=options)
         warn_empty_batch(report, spec, "onnx")
+        if spec.synchronized:
+            report.add("synchronized", True, True, "stored", f"in the '{metadata.KEY}' metadata: an ONNX graph runs on one device")
+            if spec.training:
+                report.warn("synchronized=True: the training_mode=1 node normalises with this batch's statistics alone; "
+                            "nothing averages them across replicas.")
         if spec.training:
             report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
             report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")

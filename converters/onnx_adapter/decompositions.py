@@ -105,11 +105,14 @@ def read(layer: OnnxLayer, report: LayerReport, adapter) -> NormSpec:
     if constant is not None:
         eps, eps_origin = metadata.eps(report, meta, float(constant), float32=constant.dtype != np.float64)
     else:
-        instance = KIND_INFO["instance"]
-        node = next((n for n in layer.model.graph.node if n.op_type == instance.onnx_op), None)
+        # GroupNorm's decomposition holds an InstanceNormalization, a channels-first LayerNorm a LayerNormalization (layer.py).
+        ops = {KIND_INFO[kind].onnx_op: KIND_INFO[kind] for kind in ("instance", "layer")}
+        node = next((n for n in layer.model.graph.node if n.op_type in ops), None)
         if node is None:
-            raise UnsupportedObjectError(f"the graph carries '{metadata.KEY}' metadata of layer '{name}' but no '{name}.epsilon' initializer or InstanceNormalization, expected a decomposition normbridge emitted.")
-        stored = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), instance.default_eps["onnx"])
+            raise UnsupportedObjectError(f"the graph carries '{metadata.KEY}' metadata of layer '{name}' but no '{name}.epsilon' initializer, "
+                                         "InstanceNormalization or LayerNormalization, expected a decomposition normbridge emitted.")
+        default = ops[node.op_type].default_eps["onnx"]
+        stored = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), default)
         eps, eps_origin = metadata.eps(report, meta, stored)
     try:
         shape = tuple(int(d) for d in meta.get("normalized_shape") or [meta.get("num_features")])

@@ -52,6 +52,10 @@ def input_dims(spec: NormSpec) -> list[int | str]:
     (N, T, *normalized_shape) for LayerNorm and RMSNorm, the shapes converters.probe uses.
     `record_rank` says which in the report.
     """
+    if KIND_INFO[spec.kind].trailing and spec.layout == "channels_first":
+        # over the channel axis (a Keras LayerNormalization(axis=1), ConvNeXt's LayerNorm2d): (N, C, D1, ...), as the probe
+        rank = spec.input_rank or 4
+        return ["N", *spec.normalized_shape] + [f"D{i}" for i in range(1, rank - 1)]
     if KIND_INFO[spec.kind].trailing:
         rank = spec.input_rank or len(spec.normalized_shape) + 2
         leading = rank - len(spec.normalized_shape)
@@ -105,7 +109,11 @@ class LayerGraph:
         self.initializers: list[onnx.TensorProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.emitted: list[str] = []  # spec tensors carried bit-identically
-        record_layout(report, spec, "channels_first")
+        if not KIND_INFO[spec.kind].trailing:  # a trailing kind's layout is the axis it normalises: its adapter says how (layer.py)
+            record_layout(report, spec, "channels_first")
+        if spec.chosen_layout is not None:
+            report.add("chosen_layout", spec.chosen_layout, spec.chosen_layout, "stored",
+                       f"in metadata '{metadata.KEY}', for a conversion back to a framework that offers both layouts")
         self.eps = record_eps(report, spec, float32_attribute=eps_float32)
         record_rank(report, spec, self.dims)
         if spec.compute_dtype is not None:

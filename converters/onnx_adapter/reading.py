@@ -31,7 +31,8 @@ from .proto import DEFAULT_DOMAINS, FLOAT_TYPES
 #: The native ops, as named in messages.
 NATIVE_OPS = tuple(info.onnx_op for info in KIND_INFO.values() if info.onnx_op is not None)
 #: Ops of the decompositions normbridge emits below the native opsets.
-DECOMPOSITION_OPS = frozenset({"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div", "Cast", "Reshape", "Shape", "InstanceNormalization"})
+DECOMPOSITION_OPS = frozenset({"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div", "Cast", "Reshape", "Shape", "InstanceNormalization",
+                               "Transpose", "LayerNormalization"})  # the last two: a channels-first layer norm (layer.py)
 #: Kinds whose native op is newer than the oldest opset normbridge writes: below it they are decomposed.
 DECOMPOSED_KINDS = tuple(kind for kind, info in KIND_INFO.items() if info.onnx_opset is not None and info.onnx_opset > MIN_OPSET)
 
@@ -242,6 +243,8 @@ def common_fields(layer: OnnxLayer, report: LayerReport, meta: dict) -> dict:
         "training": bool(meta.get("training", False)),  # ONNX has no mode outside BatchNormalization
         "compute_dtype": compute_dtype(layer, report, meta),
         "source": layer.source(),
+        # The layout chosen where the layer came from (a Keras axis=1 layer), kept for the way back: ONNX is channels-first.
+        "chosen_layout": meta.get("chosen_layout") if meta.get("chosen_layout") in ("channels_first", "channels_last") else None,
     }
 
 

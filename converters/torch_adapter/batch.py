@@ -25,7 +25,7 @@ def spatial_rank_of(module: torch.nn.Module, classes: dict) -> int:
 class TorchBatchAdapter(TorchRestating, KindAdapter):
     framework = "torch"
     kind = "batch"
-    holds = STOCK_HOLDS | {"frozen"}
+    holds = STOCK_HOLDS | {"frozen", "synchronized"}
     restatable = True  # from_spec: the configuration, then the tensors through write_tensor (TorchRestating.restate)
 
     def to_spec(self, obj: torch.nn.Module, report: LayerReport) -> NormSpec:

@@ -11,6 +11,7 @@ from ..adapter import KindAdapter
 from .state_slots import TorchRestating
 from ..options import ConversionOptions
 from ..translate import record_eps, record_layout, tensor_fate
+from .layouts import remember_layout, remembered_layout
 from .common import SPEC_TO_TORCH, STOCK_HOLDS, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
 
 
@@ -26,7 +27,7 @@ class TorchGroupAdapter(TorchRestating, KindAdapter):
         dtype = spec_dtype(obj, name, report)
         return NormSpec(**extended_fields(obj, dtype),
             name=name, kind="group", num_features=obj.num_channels, num_groups=obj.num_groups,
-            input_rank=markers.recall(obj).get("input_rank"), layout="channels_first",
+            input_rank=markers.recall(obj).get("input_rank"), layout="channels_first", chosen_layout=remembered_layout(markers.recall(obj)),
             eps=float(obj.eps), scale=scale, bias=bias, training=bool(obj.training),
             dtype=dtype, source=source(obj), tensors=tensors,
         )
@@ -41,6 +42,7 @@ class TorchGroupAdapter(TorchRestating, KindAdapter):
         tensor_fate(report, spec)
         if spec.input_rank is not None:
             markers.remember(module, input_rank=spec.input_rank)
+        remember_layout(module, spec, report)
         return finish(module, spec, report)
 
 

@@ -10,6 +10,7 @@ from schemas import LayerReport, NormSpec
 from .. import markers
 from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_eps, record_layout, tensor_fate
+from .layouts import remember_layout, remembered_layout
 from .biased_batch_norm import BIASED_CLASSES, biased_class_for
 from .common import (SPEC_TO_TORCH, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, to_numpy,
                      write_affine, write_tensor)
@@ -51,6 +52,8 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
         spatial_rank=spatial_rank,
         input_rank=extras.get("input_rank"),
         layout="channels_first",
+        chosen_layout=remembered_layout(extras),
+        synchronized=kind == "batch" and tracked and not frozen and extras.get("synchronized") is True,
         eps=float(module.eps),
         momentum=momentum,
         momentum_convention=None if momentum is None else "batch_weight",
@@ -110,7 +113,19 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
         markers.remember(module, input_rank=spec.input_rank)
     if spec.frozen:
         markers.remember(module, frozen=True)
+    remember_layout(module, spec, report)
+    if spec.synchronized:
+        remember_synchronized(module, report)
     return finish(module, spec, report)
+
+
+def remember_synchronized(module: torch.nn.Module, report: LayerReport) -> None:
+    """A synchronized BatchNorm (Keras synchronized=True) as a stock BatchNorm that remembers it: PyTorch syncs a module by
+    its class (SyncBatchNorm, which fixes no spatial rank), so the user converts it for a distributed run."""
+    markers.remember(module, synchronized=True)
+    report.add("synchronized", True, True, "stored", "kept on the in-memory module only (normbridge marker)")
+    report.warn("synchronized=True: this BatchNorm averages nothing across replicas; before distributed training wrap the model "
+                "with torch.nn.SyncBatchNorm.convert_sync_batchnorm (eval and one-process training are unaffected).")
 
 
 def frozen_momentum(spec: NormSpec, report: LayerReport) -> float:

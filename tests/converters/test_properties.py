@@ -55,7 +55,18 @@ def configurations(draw, kinds=tuple(KIND_INFO), tracked_only=False, dtypes=DTYP
 @st.composite
 def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
     config = draw(configurations(kinds, tracked_only))
-    return make_spec(**config, seed=draw(st.integers(0, 2**16)), name=f"prop_{config['kind']}")
+    spec = make_spec(**config, seed=draw(st.integers(0, 2**16)), name=f"prop_{config['kind']}")
+    # What one framework offers and the others keep for the way back (issue 34 item 9): a Keras axis=1 channel layer,
+    # a synchronized BatchNormalization. Every round trip must give them back.
+    extra = {}
+    if spec.layout is not None and draw(st.booleans()):
+        extra["chosen_layout"] = "channels_first"
+    if spec.kind == "batch" and spec.track_running_stats and not spec.frozen and draw(st.booleans()):
+        extra["synchronized"] = True
+    # A layer norm over the channel axis (item 10): every framework holds it (torch ChannelsFirstLayerNorm, ONNX Transposes).
+    if spec.kind == "layer" and len(spec.normalized_shape) == 1 and draw(st.booleans()):
+        extra.update(layout="channels_first", input_rank=draw(st.integers(3, 5)))
+    return spec.replace(**extra) if extra else spec
 
 
 def _build(spec, framework, **options):
@@ -80,13 +91,17 @@ def test_every_direction_keeps_the_function_and_the_spec(spec, source, target):
     origin = _build(spec, source)
     source_spec = converters.to_spec(origin)
     try:
-        converted = converters.convert(origin, target)
+        converted, report = converters.convert_with_report(origin, target)
     except NotExpressibleError:
         assume(False)
     target_spec = converters.to_spec(converted)
     assert spec_differences(spec, target_spec) == []
     back_spec = converters.to_spec(converters.convert(converted, source))
-    assert spec_differences(source_spec, back_spec, ignore=ROUND_TRIP_IGNORED) == []
+    # A target that cannot hold the source's running-variance estimator says so (approximate, with a warning); the way back
+    # then builds the estimator the target has: a tracked InstanceNorm with the biased one comes back from PyTorch unbiased.
+    lost = {t.setting for t in report.layers[0].translations if t.fate == "approximate"} & {"variance_estimator"}
+    assert not lost or report.layers[0].warnings
+    assert spec_differences(source_spec, back_spec, ignore=(*ROUND_TRIP_IGNORED, *lost)) == []
     x = probe_input(spec)
     expected = reference.forward(spec, x, training=False)
     atol, rtol = output_tolerances(REGISTRY.framework(target), spec, float(np.max(np.abs(expected))))
@@ -99,13 +114,20 @@ def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, 
     obj_spec = converters.to_spec(obj)
     x = probe_input(spec)
     try:
-        _, mean, var = REGISTRY.framework_of(obj).run_train_step(obj, from_channels_first(x, obj_spec.layout))
+        y, mean, var = REGISTRY.framework_of(obj).run_train_step(obj, from_channels_first(x, obj_spec.layout))
     except NotExpressibleError:
+        # Only ONNX may refuse a training step here (issue 34 item 8: Keras refused a tracked InstanceNorm's step, which hid
+        # that the layer it emitted pooled the batch when called with training=True).
+        if target != "onnx":
+            raise
         assume(False)
     except RuntimeError as error:  # onnxruntime has no bfloat16 kernels
         assume("NOT_IMPLEMENTED" not in str(error))
         raise
     expected = reference.train_step(obj_spec, x)
+    # The step's output too: the statistics can be right while every output element is not.
+    atol, rtol = output_tolerances(REGISTRY.framework(target), obj_spec, float(np.max(np.abs(expected.output))))
+    np.testing.assert_allclose(to_channels_first(np.asarray(y, np.float64), obj_spec.layout), expected.output, atol=atol, rtol=rtol)
     tol_mean, tol_var = training_tolerances(REGISTRY.framework(target), obj_spec, x)
     assert np.max(np.abs(mean - expected.running_mean)) <= tol_mean
     assert np.max(np.abs(var - expected.running_var)) <= tol_var
@@ -116,5 +138,5 @@ def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, 
         # The only permitted difference is the estimator gap the report states.
         gap = float(np.max(np.abs(source_step.running_var - expected.running_var)))
         assert abs(float(np.max(np.abs(var - source_step.running_var))) - gap) <= tol_var
-        if match and target in ("torch", "keras") and spec.kind == "batch":
+        if match and ((target in ("torch", "keras") and spec.kind == "batch") or (target == "keras" and spec.kind == "instance")):
             pytest.fail("match_variance_estimator=True should have made the estimators equal")

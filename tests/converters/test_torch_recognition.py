@@ -19,7 +19,7 @@ from converters.models.inspection import inspect_model, inspect_path
 from converters.torch_adapter.recognition import norm_proof
 from converters.torch_adapter.recognition.computed import prove, recognition
 from converters.torch_adapter.recognition.derived_spec import to_torch
-from schemas import DuplicateAdapterError, NotExpressibleError, UnsupportedObjectError
+from schemas import DuplicateAdapterError, UnsupportedObjectError
 
 from tests import real_norms as R
 from tests.cli_run import invoke_cli
@@ -222,10 +222,10 @@ def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_i
         assert isinstance(converted, stock_class)
         assert_computes(converted, spec)
     spec = converters.to_spec(R.randomise(R.LayerNorm2d(8)))
-    with pytest.raises(NotExpressibleError) as refused:  # no stock torch class normalises axis 1 alone
-        converters.from_spec(spec, "torch", restore_source_class=False)
-    assert refused.value.setting == "layout" and refused.value.layer == spec.name
-    restored = converters.from_spec(spec, "torch")  # its own class (imported here) is rebuilt instead
+    stock = converters.from_spec(spec, "torch", restore_source_class=False)  # normbridge's own class for axis 1 (issue 34 item 10)
+    assert type(stock).__name__ == "ChannelsFirstLayerNorm"
+    assert_computes(stock, spec)
+    restored = converters.from_spec(spec, "torch")  # its own class (imported here) is rebuilt by default
     assert type(restored) is R.LayerNorm2d
     assert_computes(restored, spec)
 

@@ -13,7 +13,7 @@ import converters
 from converters.expressing import EXPRESSIBLE
 from converters.adapters import REGISTRY
 from schemas import NotExpressibleError, NormSpec, SpecError, load_spec, save_spec
-from schemas.norm_spec import EXTENDED_DEFAULTS, SCHEMA_VERSION
+from schemas.norm_spec import DIGEST_QUIET_DEFAULTS, EXTENDED_DEFAULTS, SCHEMA_VERSION
 from schemas.spec_io import SPEC_FILE
 
 from tests.spec_factory import spec_with as _spec_with
@@ -119,6 +119,6 @@ def test_state_dtype_is_left_out_of_the_config_unless_set_so_earlier_content_dig
     before the field a new digest, so the same model registered again would be a new version instead of the old one."""
     plain = spec_with("layer", normalized_shape=(4,))
     assert "state_dtype" not in plain.config_dict()
-    assert set(plain.config_dict()) == set(NormSpec.model_fields) - {"tensors", "state_dtype"}
+    assert set(plain.config_dict()) == set(NormSpec.model_fields) - {"tensors", *DIGEST_QUIET_DEFAULTS}
     assert NormSpec(**plain.config_dict(), tensors=plain.tensors) == plain
     assert EXTENDED["state_dtype"]().config_dict()["state_dtype"] == "float32"

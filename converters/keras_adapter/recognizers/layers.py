@@ -10,10 +10,10 @@ from typing import Any
 
 from schemas.kinds import KIND_INFO
 
-from ... import markers
 from ...adapter import owning_framework
 from ...recognizers.base import ObjectRecognizer
 from ..groups import group_layer_kind
+from ..instance import is_tracked_instance
 from ..runtime import import_keras
 
 #: keras.layers class -> the kinds it computes, in KIND_INFO order.
@@ -35,8 +35,8 @@ class KerasLayers(ObjectRecognizer):
         if owning_framework(obj, ("keras",)) != "keras":
             return None
         layers = import_keras().layers
-        if isinstance(obj, layers.BatchNormalization) and markers.recall(obj).get("kind") == "instance":
-            return "instance"  # a tracked InstanceNorm emitted as BatchNormalization (keras_adapter/instance.py)
+        if is_tracked_instance(obj):
+            return "instance"  # TrackedInstanceNormalization, a BatchNormalization subclass (keras_adapter/instance.py)
         for class_name, kinds in CLASS_KINDS.items():
             if isinstance(obj, getattr(layers, class_name)):
                 return kinds[0] if len(kinds) == 1 else DECIDE[class_name](obj)
