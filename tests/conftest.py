@@ -35,19 +35,3 @@ def cli_app():
 
     return app
 
-
-@pytest.fixture(autouse=True)
-def _no_log_handler_left_on_a_closed_stream():
-    """A logging handler made during a test on the stream pytest captured it with (alembic's fileConfig, which MLflow's
-    migrations call, binds `sys.stderr` then) is pointed at the real stderr once the test ends: pytest closes the
-    captured stream, and the next test that logs through the handler would fail with "I/O operation on closed file"."""
-    import logging
-    import sys
-
-    yield
-    loggers = [logging.getLogger(), *(found for found in logging.Logger.manager.loggerDict.values() if isinstance(found, logging.Logger))]
-    for logger in loggers:
-        for handler in logger.handlers:
-            stream = getattr(handler, "stream", None)
-            if isinstance(handler, logging.StreamHandler) and getattr(stream, "closed", False):
-                handler.stream = sys.__stderr__  # not setStream: it flushes the closed stream first
