@@ -28,6 +28,7 @@ from converters.probe import probe_input  # noqa: E402
 from schemas import CHANNEL_KINDS, KINDS, NormSpec, NotExpressibleError, UnsupportedObjectError, spec_differences  # noqa: E402
 from schemas.tensors import tensors_identical  # noqa: E402
 
+from tests.cases import CASES as ALL_CASES  # noqa: E402
 from tests.harness import KERAS_TOLERANCE  # noqa: E402
 from tests.spec_factory import spec_with  # noqa: E402
 
@@ -36,7 +37,8 @@ make_spec = spec_with
 
 NBT = {"num_batches_tracked": np.array(7, dtype=np.int64)}
 
-CASES = {
+#: Rows of this file's own, which the tests below also build on by name (the shapes they assume).
+NAMED = {
     # PyTorch-like: 0.01 batch_weight, unbiased estimator, a counter, left in train mode.
     "batch2d_torchlike": lambda: make_spec(
         "batch", eps=2e-5, momentum=0.01, momentum_convention="batch_weight", variance_estimator="unbiased", training=True, extra_tensors=NBT
@@ -66,6 +68,10 @@ CASES = {
     "instance1d_float16_no_affine": lambda: make_spec("instance", dtype="float16", eps=1e-3, spatial_rank=1, scale=False, bias=False),
     "instance3d_bias_only": lambda: make_spec("instance", eps=1e-3, spatial_rank=3, scale=False),
 }
+#: What the generic tests below run over: every row of tests/cases.py that Keras holds as its stock layer (not refused,
+#: not only expressed), so a new kind or setting there runs here too, and the named rows above.
+CASES = {**{case.id: (lambda case=case: case.spec) for case in ALL_CASES
+            if not {"keras"} & (case.refused_by | case.expressed_by | case.no_runtime)}, **NAMED}
 
 
 def keras_input(spec: NormSpec, x_cf: np.ndarray) -> np.ndarray:
@@ -135,7 +141,8 @@ def test_emitted_layer_is_natural_and_reported(case):
     layer = api.from_spec(spec, "keras")
     report = api.last_report().layers[0]
     # A GroupNorm (any rank) or a BatchNorm1d ((N, C) or (N, C, L)) with no recorded rank is built on its first call.
-    assert layer.built is not open_rank(spec) and layer.name == spec.name and layer.dtype_policy.name == spec.dtype
+    policy = f"mixed_{spec.dtype}" if spec.compute_dtype not in (None, spec.dtype) else spec.dtype  # statistics in float32
+    assert layer.built is not open_rank(spec) and layer.name == spec.name and layer.dtype_policy.name == policy
     assert report.target_op == type(layer).__name__ and report.native
     fates = {t.setting: t for t in report.translations}
     assert fates["eps"].target_value == spec.eps

@@ -475,3 +475,9 @@ def test_a_model_is_parsed_once_while_its_caller_holds_it_unchanged_and_refused_
         assert parse(other) is not layer  # another object is parsed on its own
     with models_unchanged():
         assert parse(model) is not layer  # a new block parses afresh
+
+
+def test_every_kind_the_onnx_adapter_converts_has_a_row_here():
+    """A kind the ONNX adapter takes is a row of ONNX_CASES, which the tests above run at every opset and eps (tests/cases.py's
+    rows run through ONNX in tests/converters/test_conversions.py; these add what only ONNX has: opsets, eps read back)."""
+    assert set(KIND_ADAPTERS) <= {kind for kind, _ in ONNX_CASES.values()}
