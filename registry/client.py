@@ -383,23 +383,36 @@ class RemoteRegistry(ModelRegistry):
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress=None) -> PullResult:
         """Download the version's model file (digest, version and format checked) and move it to `path` atomically, in
         chunks, as `Registry.pull` writes it; nothing is written when a check fails."""
-        if self._folder_format(ref, fmt) is not None:  # a checkpoint folder: its bundle, written as the folder here
-            with self._bundle_on_disk(ref) as (manifest, get, version):
-                target = folder_target(path, version)
-                written = write_version_folder(manifest, get, 4, target, progress)
-                return PullResult(ref=version, path=str(target), format=manifest.structure.format, digest=manifest.digest(), nbytes=written)
-        with self._model_download(ref, fmt) as (body, file):
-            target = pulled_path(path, file.ref, file.suffix)
-            with open(body, "rb") as source, atomic_writer(target) as stream:
-                shutil.copyfileobj(source, stream, 1 << 20)
-            return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.sha256, nbytes=body.stat().st_size)
+        if fmt in FOLDER_FORMATS:
+            return self._pull_folder(ref, path, progress)
+        try:
+            with self._model_download(ref, fmt) as (body, file):
+                target = pulled_path(path, file.ref, file.suffix)
+                with open(body, "rb") as source, atomic_writer(target) as stream:
+                    shutil.copyfileobj(source, stream, 1 << 20)
+                return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.sha256, nbytes=body.stat().st_size)
+        except RegistryError:  # the server gives no single file of a folder version: then its bundle, written as the folder
+            if self._folder_format(ref, fmt) is None:
+                raise
+            return self._pull_folder(ref, path, progress)
+
+    def _pull_folder(self, ref: str, path: str | Path, progress=None) -> PullResult:
+        """The version's bundle (extracted to disk, each blob re-hashed) written as the folder it was registered from."""
+        with self._bundle_on_disk(ref) as (manifest, get, version):
+            target = folder_target(path, version)
+            written = write_version_folder(manifest, get, 4, target, progress)
+            return PullResult(ref=version, path=str(target), format=manifest.structure.format, digest=manifest.digest(), nbytes=written)
 
     def load(self, ref: str) -> Any:
-        """The version as its framework's object, read from the downloaded file by the framework's safe reader."""
-        if self._folder_format(ref, None) is not None:
+        """The version as its framework's object, read from the downloaded file by the framework's safe reader (a folder
+        version: the transformers model, from its bundle)."""
+        try:
+            file = self.model_file(ref)
+        except RegistryError:
+            if self._folder_format(ref, None) is None:
+                raise
             with self._bundle_on_disk(ref) as (manifest, get, _):
                 return load_version_folder(manifest, get, 4)
-        file = self.model_file(ref)
         return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
 
     def _folder_format(self, ref: str, fmt: str | None) -> str | None:
