@@ -171,11 +171,15 @@ class RemoteRegistry(ModelRegistry):
                 artifact = load_artifact_folder(folder)
             except InputFileError as error:
                 raise IntegrityError(f"the bundle of {ref} downloaded from {self.url} is damaged ({error}); it was not used.") from error
-            announced = headers.get("X-Normbridge-Digest")
-            if announced is None or artifact.manifest.digest() != announced:
-                raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {artifact.manifest.digest()[:12]} but the server "
-                                     f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+            self._check_announced(ref, artifact.manifest, headers)
             yield artifact, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
+
+    def _check_announced(self, ref: str, manifest, headers: httpx.Headers) -> None:
+        """IntegrityError unless a downloaded bundle's manifest has the digest the server announced (X-Normbridge-Digest)."""
+        announced = headers.get("X-Normbridge-Digest")
+        if announced is None or manifest.digest() != announced:
+            raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {manifest.digest()[:12]} but the server "
+                                 f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
 
     @contextmanager
     def _bundle_on_disk(self, ref: str) -> Iterator[tuple[Any, Callable[[str], bytes], str]]:
@@ -189,10 +193,7 @@ class RemoteRegistry(ModelRegistry):
                 manifest = load_manifest(json.loads((folder / MANIFEST_FILE).read_text()))
             except (OSError, ValueError, NormbridgeError) as error:
                 raise IntegrityError(f"the bundle of {ref} downloaded from {self.url} has no readable manifest ({error}); it was not used.") from error
-            announced = headers.get("X-Normbridge-Digest")
-            if announced is None or manifest.digest() != announced:
-                raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {manifest.digest()[:12]} but the server "
-                                     f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+            self._check_announced(ref, manifest, headers)
 
             def get(digest: str) -> bytes:
                 path = folder / BLOBS_DIR / f"{digest}.safetensors"

@@ -45,9 +45,9 @@ def no_progress(description: str, total: int | None) -> AbstractContextManager[A
 # -- uploads -----------------------------------------------------------------------------------
 
 
-def file_chunks(path: Path, advance: Advance, start: int = 0) -> Iterator[bytes]:
-    """The file's bytes in chunks; `advance` gets the running byte count (offset by `start`)."""
-    done = start
+def file_chunks(path: Path, advance: Advance) -> Iterator[bytes]:
+    """The file's bytes in chunks; `advance` gets the running byte count."""
+    done = 0
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK):
             done += len(chunk)

@@ -55,24 +55,22 @@ def load_model(path: str | Path, *, checkpoint_folders: bool = False, runnable: 
     raise InputFileError(f"'{path}' has an unknown format '{suffix}'; pass a {supported()}.")
 
 
-#: The file that makes a folder a Hugging Face checkpoint (`save_pretrained`): transformers' PyTorch classes build it, so
-#: the torch adapter reads it (converters/torch_adapter/checkpoint_folder/).
-CHECKPOINT_CONFIG = "config.json"
-
-
 def _load_folder(path: Path, checkpoint_folders: bool, runnable: bool) -> Any:
-    if not (path / CHECKPOINT_CONFIG).is_file():
+    """A model folder, read by the framework whose marker file it holds (FrameworkInfo.folder_markers: a Hugging Face
+    checkpoint's config.json is torch's, transformers' PyTorch classes build it)."""
+    framework = REGISTRY.folder_framework(path)
+    if framework is None:
         raise InputFileError(
             f"'{path}' holds neither spec.json (a spec folder written by normbridge: spec.json + tensors.safetensors) nor "
-            f"{CHECKPOINT_CONFIG} (a Hugging Face checkpoint folder written by save_pretrained: config.json + "
+            "config.json (a Hugging Face checkpoint folder written by save_pretrained: config.json + "
             "model.safetensors); pass one of those."
         )
     if runnable:
-        return REGISTRY.model_adapter("torch").load_runnable(path)
+        return REGISTRY.model_adapter(framework).load_runnable(path)
     if not checkpoint_folders:
         raise InputFileError(
             f"'{path}' is a Hugging Face checkpoint folder, which `inspect`, `register`, `pull` and `export --to onnx` "
             "take, but not this command yet (porting, drift and serving commands: docs/checkpoint-folders.md); export "
             "the model with torch.export (.pt2)."
         )
-    return REGISTRY.model_adapter("torch").load(path)
+    return REGISTRY.model_adapter(framework).load(path)

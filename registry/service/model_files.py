@@ -196,8 +196,8 @@ class ModelFiles:
         record, manifest, fmt = self._resolve_pull(ref, None)
         if fmt in FOLDER_FORMATS:
             return load_version_folder(manifest, self.blob_reader(record), self.store.parallel_transfers)
-        file = self.model_file(ref)
-        return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
+        file = self._model_file(record, manifest, fmt, None)
+        return read_back(file.ref, file.format, manifest.framework, file.data)
 
     @staticmethod
     def _one_file(ref: str, fmt: str) -> None:

@@ -9,13 +9,13 @@ folder appears whole or not at all, and a failed pull leaves nothing behind. An 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from converters.adapters import REGISTRY
+from schemas.atomic_io import atomic_write_folder, writable
 from schemas.errors import OutputPathError
 from schemas.manifest import ArtifactManifest
 
@@ -30,46 +30,40 @@ Progress = Callable[[str, int, int], None]
 
 def folder_target(path: str | Path, ref: str) -> Path:
     """Where a folder version is written: `path` itself when it does not exist yet (or is an empty folder), else
-    '<name>-<N>' inside the existing folder `path`; OutputPathError when that exists too (nothing is overwritten)."""
+    '<name>-<N>' inside the existing folder `path`; OutputPathError when that exists too (nothing is overwritten) or
+    cannot be written."""
     target = Path(path)
     if target.is_dir() and any(target.iterdir()):
         target = target / ref.replace("@", "-")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise OutputPathError(f"'{target}' already exists; {ref} is written as a new folder: remove it or pass another path.")
-    if not _creatable(target.parent):
-        raise OutputPathError(f"cannot create '{target}': its parent folder is not writable.")
-    return target
-
-
-def _creatable(parent: Path) -> bool:
-    while not parent.exists():
-        parent = parent.parent
-    return parent.is_dir() and os.access(parent, os.W_OK)
+    return writable(target, folder=True)
 
 
 def write_version_folder(manifest: ArtifactManifest, get: Callable[[str], bytes], parallel: int, target: Path,
                          progress: Progress | None = None) -> int:
-    """Write `manifest`'s folder to `target` atomically (a temporary sibling renamed into place); the bytes written."""
+    """Write `manifest`'s folder to `target` atomically (schemas.atomic_io.atomic_write_folder: a temporary sibling
+    renamed into place, replacing at most the empty folder `folder_target` allowed), every file and folder fsynced
+    first; the bytes written."""
     adapter = REGISTRY.model_adapter(manifest.framework)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.normbridge-", dir=target.parent))
-    pool = ThreadPoolExecutor(max_workers=max(1, parallel))
-    try:
-        digests = sorted({ref.digest for ref in manifest.structure.parts.values()})
-        blobs = dict(zip(digests, pool.map(get, digests)))
-        parts = structure_parts(manifest, blobs.__getitem__)
-        tensors = FetchedTensors(manifest, get, pool, adapter.folder_tensor_order(parts), progress)
-        written = adapter.write_model_folder(parts, tensors, staging)
-        _fsync_tree(staging)
-        if target.is_dir():
-            target.rmdir()  # an empty folder the caller made: the rename puts the whole folder in its place
-        os.rename(staging, target)
-        _fsync(target.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    written = 0
+
+    def fill(staging: Path) -> None:
+        nonlocal written
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            digests = sorted({ref.digest for ref in manifest.structure.parts.values()})
+            parts = structure_parts(manifest, dict(zip(digests, pool.map(get, digests))).__getitem__)
+            tensors = FetchedTensors(manifest, get, pool, adapter.folder_tensor_order(parts), progress)
+            try:
+                written = adapter.write_model_folder(parts, tensors, staging)
+                _fsync_tree(staging)
+            except OSError as error:  # a full or read-only disk: the folder is not written, and says so
+                raise OutputPathError(f"cannot write '{target}': {error.strerror or error}.") from error
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)  # after a refusal, blobs not yet read are not read
+
+    atomic_write_folder(target, fill)
+    _fsync(target.parent)
     if progress:
         progress("writing", written, written)
     return written

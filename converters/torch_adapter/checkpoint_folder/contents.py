@@ -4,7 +4,7 @@ Each tensor is an array mapped from its range of the safetensors file (never rea
 normalizations' tensors through it, to point each spec at the tensor holding its bytes) with a `FileRangeBytes`
 source, from which the registry hashes and stages its blob a chunk at a time (converters/tensor_bytes.py). The
 normalizations are the ones inspection lists, read from the modules `meta_model` materialised. A folder is stored as a
-torch module's state is (format `torch-module`): its config and other files are not kept yet.
+torch module's state is (format `torch-module`), with the folder itself as its structure (folder_structure.py).
 """
 
 from __future__ import annotations
