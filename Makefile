@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # Test workers: the suite is sized for 2 cores.
 WORKERS ?= 2
 
-.PHONY: setup demo test test-fast bench schemas docs docs-cli clean
+.PHONY: setup demo test test-fast bench schemas docs docs-cli format clean
 
 setup: $(VENV)/.installed
 
@@ -54,6 +54,10 @@ docs: setup
 # Rewrite docs/cli.md from every command's --help (tests/test_docs.py fails while it is stale).
 docs-cli: setup
 	$(PY) -m cli.docs_reference docs/cli.md
+
+# Format the code (ruff, line length 120: pyproject.toml); tests/test_format.py checks it.
+format: setup
+	$(PY) -m ruff format .
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .pytest_cache .hypothesis

@@ -23,11 +23,20 @@ def llama_config(layers: int, tiny: bool = False):
     vocabulary of 512 (under 1 MB: what a registration costs whatever the size)."""
     from transformers import LlamaConfig
 
-    widths = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                  vocab_size=512) if tiny else \
-        dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)
-    return LlamaConfig(num_hidden_layers=layers, tie_word_embeddings=False, torch_dtype="bfloat16",
-                       architectures=["LlamaForCausalLM"], **widths)
+    widths = (
+        dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+        if tiny
+        else dict(
+            hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=4, vocab_size=32000
+        )
+    )
+    return LlamaConfig(
+        num_hidden_layers=layers,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        architectures=["LlamaForCausalLM"],
+        **widths,
+    )
 
 
 def shapes(config) -> dict[str, tuple[int, ...]]:

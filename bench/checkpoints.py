@@ -50,8 +50,11 @@ from bench.checkpoint_folder_build import build_folder, recalibrate  # noqa: E40
 from bench.cold import SharedWorkers  # noqa: E402
 from bench.process_tree import Run, run_cold  # noqa: E402
 
-NORMBRIDGE = str(ROOT / ".venv" / "bin" / "normbridge") if (ROOT / ".venv" / "bin" / "normbridge").exists() \
+NORMBRIDGE = (
+    str(ROOT / ".venv" / "bin" / "normbridge")
+    if (ROOT / ".venv" / "bin" / "normbridge").exists()
     else str(Path(sys.executable).parent / "normbridge")
+)
 TIME_TARGET = 1.5  # register and pull, each over the anchor
 RSS_TARGET = 1.5 * 2**30  # every normbridge process of one command together
 STORED_TARGET = 0.01  # a recalibrated version's new blob bytes over the checkpoint's size
@@ -102,9 +105,15 @@ class Bench:
         self.workers = SharedWorkers(work / "workers")
         (work / "workers").mkdir(mode=0o700)  # a worker folder others can write to is refused: a private worker instead
         home = work / "home"
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
-                    "NORMBRIDGE_HOME": str(home), "NORMBRIDGE_WORKER_DIR": str(work / "workers"),
-                    "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow'}/mlflow.db"}
+        self.env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "NORMBRIDGE_HOME": str(home),
+            "NORMBRIDGE_WORKER_DIR": str(work / "workers"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow'}/mlflow.db",
+        }
         for key in ("NORMBRIDGE_SERVER", "NORMBRIDGE_DB", "NORMBRIDGE_BLOBS", "NORMBRIDGE_TOKEN"):
             self.env.pop(key, None)
         self.store = ["--db", f"sqlite:///{work / 'registry.db'}", "--blobs", str(work / "blobs")]
@@ -123,20 +132,27 @@ class Bench:
         run = run_cold([NORMBRIDGE, *args], self.env, marker=str(self.work / "workers"), cwd=self.work)
         if run.returncode != 0:
             tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
-            raise SystemExit(f"{label}: `normbridge {' '.join(args[:3])} ...` exited {run.returncode}: "
-                             f"{' | '.join(tail)}")
+            raise SystemExit(
+                f"{label}: `normbridge {' '.join(args[:3])} ...` exited {run.returncode}: {' | '.join(tail)}"
+            )
         for line in run.stderr.splitlines():
             if "warning" in line.lower():
                 print(f"  {label}: {line.strip()[:200]}", flush=True)
         steps = ""
         if "--json" in args and args[0] == "register":
             seconds = json.loads(run.stdout).get("seconds", {})
-            steps = "; steps " + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()) + \
-                f", outside them {run.seconds - sum(seconds.values()):.2f} s"
-        print(f"  {label:<34} {run.seconds:7.2f} s{steps}\n  {'':<34} peak RSS together {gib(run.peak)} "
-              f"(anonymous {gib(run.peak_anon)}), sum of each process's peak {gib(sum(run.peaks.values()))}, largest "
-              f"process {gib(run.cli_maxrss)} (/usr/bin/time): "
-              f"{run.processes()}", flush=True)
+            steps = (
+                "; steps "
+                + ", ".join(f"{k} {v:.2f}" for k, v in seconds.items())
+                + f", outside them {run.seconds - sum(seconds.values()):.2f} s"
+            )
+        print(
+            f"  {label:<34} {run.seconds:7.2f} s{steps}\n  {'':<34} peak RSS together {gib(run.peak)} "
+            f"(anonymous {gib(run.peak_anon)}), sum of each process's peak {gib(sum(run.peaks.values()))}, largest "
+            f"process {gib(run.cli_maxrss)} (/usr/bin/time): "
+            f"{run.processes()}",
+            flush=True,
+        )
         return run
 
     def anchor(self, source: Path) -> float:
@@ -159,26 +175,34 @@ class Bench:
         tried first did not run)."""
         store = self.work / "mlflow"
         store.mkdir()
-        setup = subprocess.run([sys.executable, "-c", MLFLOW_SETUP, str(store)], env=self.env, capture_output=True,
-                               text=True)
+        setup = subprocess.run(
+            [sys.executable, "-c", MLFLOW_SETUP, str(store)], env=self.env, capture_output=True, text=True
+        )
         if setup.returncode != 0:
             return None, "", [f"creating the MLflow store failed: {setup.stderr.strip().splitlines()[-1]}"]
         failures = []
-        for how, script in (("the folder's path (no model load)", MLFLOW_LOG_PATH),
-                            ("a pipeline loaded from the folder", MLFLOW_LOG_PIPELINE)):
+        for how, script in (
+            ("the folder's path (no model load)", MLFLOW_LOG_PATH),
+            ("a pipeline loaded from the folder", MLFLOW_LOG_PIPELINE),
+        ):
             os.sync()
             time.sleep(0.5)
             run = run_cold([sys.executable, "-c", script, str(store), str(source)], self.env, cwd=self.work)
             label = f"mlflow log_model of {how}"
             if run.returncode != 0:
                 lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
-                failures.append(f"{label} exited {run.returncode} after {run.seconds:.1f} s: "
-                                f"{lines[-1] if lines else '(no output)'}")
+                failures.append(
+                    f"{label} exited {run.returncode} after {run.seconds:.1f} s: "
+                    f"{lines[-1] if lines else '(no output)'}"
+                )
                 print(f"  {label}: FAILED: {failures[-1]}", flush=True)
                 continue
             stored = folder_bytes(store / "artifacts")
-            print(f"  {label:<34} {run.seconds:7.2f} s  peak RSS together {gib(run.peak)} "
-                  f"({run.processes()}); artifacts {stored / 1e9:.2f} GB", flush=True)
+            print(
+                f"  {label:<34} {run.seconds:7.2f} s  peak RSS together {gib(run.peak)} "
+                f"({run.processes()}); artifacts {stored / 1e9:.2f} GB",
+                flush=True,
+            )
             return run, how, failures
         return None, "", failures
 
@@ -206,8 +230,11 @@ def main() -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"
     work = Path(tempfile.mkdtemp(prefix="normbridge-bench-checkpoints-", dir=args.tmp))
     free = shutil.disk_usage(work).free
-    print(f"checkpoint folders, cold processes; data in {work} ({free / 1e9:.0f} GB free); "
-          f"{os.cpu_count()} cores; load average {load()}", flush=True)
+    print(
+        f"checkpoint folders, cold processes; data in {work} ({free / 1e9:.0f} GB free); "
+        f"{os.cpu_count()} cores; load average {load()}",
+        flush=True,
+    )
     if free < 6e9:
         raise SystemExit(f"'{work}' has {free / 1e9:.1f} GB free; the run needs about 6 GB: pass --tmp DIR.")
     bench = Bench(work)
@@ -227,9 +254,12 @@ def run(bench: Bench, work: Path, args) -> int:
     tensors = build_folder(source, args.layers, args.shard_mb)
     size = folder_bytes(source)
     shards = sorted(source.glob("*.safetensors"))
-    print(f"folder: {len(shards)} shards of {', '.join(f'{s.stat().st_size / 1e6:.0f}' for s in shards)} MB, "
-          f"tensors {tensors / 1e9:.3f} GB, folder {size / 1e9:.3f} GB, built in {time.perf_counter() - began:.0f} s "
-          "(untimed)", flush=True)
+    print(
+        f"folder: {len(shards)} shards of {', '.join(f'{s.stat().st_size / 1e6:.0f}' for s in shards)} MB, "
+        f"tensors {tensors / 1e9:.3f} GB, folder {size / 1e9:.3f} GB, built in {time.perf_counter() - began:.0f} s "
+        "(untimed)",
+        flush=True,
+    )
 
     inspect = bench.normbridge("inspect", str(source), "--json", label="inspect (check)")
     kinds = [layer["kind"] for layer in json.loads(inspect.stdout)["layers"]]
@@ -242,14 +272,28 @@ def run(bench: Bench, work: Path, args) -> int:
 
     tiny = work / "tiny"
     build_folder(tiny, 1, args.shard_mb, tiny=True)
-    fixed = bench.normbridge("register", "tiny", str(tiny), "--json", *bench.store,
-                             label=f"register a {folder_bytes(tiny) / 1e6:.1f} MB folder")
+    fixed = bench.normbridge(
+        "register",
+        "tiny",
+        str(tiny),
+        "--json",
+        *bench.store,
+        label=f"register a {folder_bytes(tiny) / 1e6:.1f} MB folder",
+    )
     a1 = bench.anchor(source)
-    register = bench.normbridge("register", "ck", str(source), "--json", *bench.store,
-                                label="normbridge register ck DIR")
+    register = bench.normbridge(
+        "register", "ck", str(source), "--json", *bench.store, label="normbridge register ck DIR"
+    )
     a2 = bench.anchor(source)
-    warm = bench.normbridge("register", "ck", str(source), "--json", *bench.warm_store, cold=False,
-                            label="the same, warm worker, other registry")
+    warm = bench.normbridge(
+        "register",
+        "ck",
+        str(source),
+        "--json",
+        *bench.warm_store,
+        cold=False,
+        label="the same, warm worker, other registry",
+    )
     a2b = bench.anchor(source)
     out = work / "pulled"
     pull = bench.normbridge("pull", "ck@1", "-o", str(out), *bench.store, label="normbridge pull ck@1 -o OUT")
@@ -263,15 +307,29 @@ def run(bench: Bench, work: Path, args) -> int:
     changed, changed_bytes = recalibrate(second)
     blobs_before = folder_bytes(work / "blobs")
     db_before = (work / "registry.db").stat().st_size
-    register2 = bench.normbridge("register", "ck", str(second), "--parent", "ck@1", "--operation", "recalibrated",
-                                 "--json", *bench.store, label="register ck (recalibrated)")
+    register2 = bench.normbridge(
+        "register",
+        "ck",
+        str(second),
+        "--parent",
+        "ck@1",
+        "--operation",
+        "recalibrated",
+        "--json",
+        *bench.store,
+        label="register ck (recalibrated)",
+    )
     grew = folder_bytes(work / "blobs") - blobs_before
     db_grew = (work / "registry.db").stat().st_size - db_before
-    diff = subprocess.run([NORMBRIDGE, "diff", "ck@1", "ck@2", *bench.store], env=bench.env, capture_output=True,
-                          text=True)
+    diff = subprocess.run(
+        [NORMBRIDGE, "diff", "ck@1", "ck@2", *bench.store], env=bench.env, capture_output=True, text=True
+    )
     headline = (diff.stdout.strip().splitlines() or [diff.stderr.strip()])[0]
-    print(f"  recalibrated: {changed} norm tensors ({changed_bytes} bytes) rewritten; blob store grew {grew} bytes "
-          f"({grew / size:.4%} of {size / 1e9:.2f} GB), database {db_grew} bytes; diff: {headline}", flush=True)
+    print(
+        f"  recalibrated: {changed} norm tensors ({changed_bytes} bytes) rewritten; blob store grew {grew} bytes "
+        f"({grew / size:.4%} of {size / 1e9:.2f} GB), database {db_grew} bytes; diff: {headline}",
+        flush=True,
+    )
     shutil.rmtree(second)
 
     mlflow, how, failures = bench.mlflow(source)
@@ -282,34 +340,61 @@ def run(bench: Bench, work: Path, args) -> int:
 
     def timed(name: str, run: Run, anchor: float, target: float | None = TIME_TARGET):
         ratio = run.seconds / anchor
-        return (name, f"{run.seconds:.2f} s / {anchor:.2f} s", ratio, f"<= {target}x" if target else "-",
-                ratio <= target if target else None)
+        return (
+            name,
+            f"{run.seconds:.2f} s / {anchor:.2f} s",
+            ratio,
+            f"<= {target}x" if target else "-",
+            ratio <= target if target else None,
+        )
 
     def memory(name: str, run: Run, target: float | None = RSS_TARGET):
-        return (name, f"{gib(run.peak)} (anonymous {gib(run.peak_anon)})", None, f"<= {gib(target)}" if target else "-",
-                run.peak <= target if target else None)
+        return (
+            name,
+            f"{gib(run.peak)} (anonymous {gib(run.peak_anon)})",
+            None,
+            f"<= {gib(target)}" if target else "-",
+            run.peak <= target if target else None,
+        )
 
     rows = [
         ("register a tiny folder (fixed cost)", f"{fixed.seconds:.2f} s", None, "-", None),
-        timed("register time / anchor", register, reg_anchor), memory("register peak RSS, all processes", register),
-        timed("register, warm worker / anchor", warm, warm_anchor), memory("register, warm worker, peak RSS", warm),
-        timed("pull time / anchor", pull, pull_anchor), memory("pull peak RSS, all processes", pull),
+        timed("register time / anchor", register, reg_anchor),
+        memory("register peak RSS, all processes", register),
+        timed("register, warm worker / anchor", warm, warm_anchor),
+        memory("register, warm worker, peak RSS", warm),
+        timed("pull time / anchor", pull, pull_anchor),
+        memory("pull peak RSS, all processes", pull),
         ("pull byte-identical", detail, None, "identical", same),
-        ("recalibrated version stores", f"{grew} B of {size} B", grew / size, f"< {STORED_TARGET:.0%}",
-         grew / size < STORED_TARGET),
+        (
+            "recalibrated version stores",
+            f"{grew} B of {size} B",
+            grew / size,
+            f"< {STORED_TARGET:.0%}",
+            grew / size < STORED_TARGET,
+        ),
         timed("register recalibrated / anchor", register2, late_anchor, None),
         memory("register recalibrated peak RSS", register2),
     ]
     if mlflow is not None:
-        rows += [timed("mlflow log_model / anchor", mlflow, late_anchor, None),
-                 memory("mlflow log_model peak RSS", mlflow, None),
-                 ("register / mlflow log_model", f"{register.seconds:.2f} s / {mlflow.seconds:.2f} s",
-                  register.seconds / mlflow.seconds, "-", None)]
+        rows += [
+            timed("mlflow log_model / anchor", mlflow, late_anchor, None),
+            memory("mlflow log_model peak RSS", mlflow, None),
+            (
+                "register / mlflow log_model",
+                f"{register.seconds:.2f} s / {mlflow.seconds:.2f} s",
+                register.seconds / mlflow.seconds,
+                "-",
+                None,
+            ),
+        ]
     else:
         rows.append(("mlflow log_model", "did not run (see above)", None, "-", None))
     anchors = (a1, a2, a2b, a3, a4)
-    print(f"\nanchors: {', '.join(f'{a:.2f} s' for a in anchors)} ({size / 1e6 / statistics.mean(anchors):.0f} MB/s); "
-          f"load average at the end {load()}")
+    print(
+        f"\nanchors: {', '.join(f'{a:.2f} s' for a in anchors)} ({size / 1e6 / statistics.mean(anchors):.0f} MB/s); "
+        f"load average at the end {load()}"
+    )
     for failure in failures:
         print(f"MLflow: {failure}")
     if mlflow is not None:

@@ -48,7 +48,9 @@ def run_seconds(argv: list[str], env: dict | None = None) -> Timing:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
-    return Timing(wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), _reported_steps(done.stdout))
+    return Timing(
+        wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), _reported_steps(done.stdout)
+    )
 
 
 def _reported_steps(output: str) -> dict:
@@ -62,7 +64,11 @@ def _reported_steps(output: str) -> dict:
 
 def medians(times: list[Timing]) -> Timing:
     """The median of each: wall, CPU and every reported step."""
-    steps = {step: statistics.median(t.steps[step] for t in times) for step in times[0].steps if all(step in t.steps for t in times)}
+    steps = {
+        step: statistics.median(t.steps[step] for t in times)
+        for step in times[0].steps
+        if all(step in t.steps for t in times)
+    }
     return Timing(statistics.median(t.wall for t in times), statistics.median(t.cpu for t in times), steps)
 
 
@@ -93,7 +99,9 @@ class SharedWorkers:
                 seconds, parent = (int(fields[11]) + int(fields[12])) / tick, int(fields[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if b"converters.gate.shared_worker" in argv and any(arg.startswith(os.fsencode(self.folder)) for arg in argv):
+            if b"converters.gate.shared_worker" in argv and any(
+                arg.startswith(os.fsencode(self.folder)) for arg in argv
+            ):
                 workers[int(entry.name)] = seconds
             elif b"converters.gate.check_worker" in argv:
                 others[int(entry.name)] = (parent, seconds)

@@ -90,8 +90,10 @@ def write_models(folder: Path) -> dict[str, Path]:
         files[f"bn{n}_state"] = folder / f"bn{n}.safetensors"
     files["rms160"] = save_pt2(rms_decoder(80), (torch.zeros(1, 8, dtype=torch.long),), folder / "rms160.pt2")
     files["resnet50"] = folder / "resnet50.keras"
-    keras_script = ("import os, sys; os.environ.setdefault('KERAS_BACKEND', 'tensorflow'); import keras; "
-                    "keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3)).save(sys.argv[1])")
+    keras_script = (
+        "import os, sys; os.environ.setdefault('KERAS_BACKEND', 'tensorflow'); import keras; "
+        "keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3)).save(sys.argv[1])"
+    )
     import subprocess
     import sys
 

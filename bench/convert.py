@@ -36,7 +36,13 @@ import converters  # noqa: E402
 from schemas.floats import shortest_float32_decimal  # noqa: E402
 
 OPSET = 23
-NORM_OPS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization"}
+NORM_OPS = {
+    "BatchNormalization",
+    "LayerNormalization",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "RMSNormalization",
+}
 
 
 def layers() -> dict[str, tuple[torch.nn.Module, tuple[int, ...]]]:
@@ -105,7 +111,11 @@ def found_momentum(model: onnx.ModelProto) -> float | None:
 
 
 def torch_export(module: torch.nn.Module, shape: tuple[int, ...]) -> onnx.ModelProto:
-    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         path = Path(folder) / "m.onnx"
         torch.onnx.export(module, (torch.randn(*shape),), str(path), dynamo=True, opset_version=OPSET)
         return onnx.load(str(path))
@@ -121,7 +131,11 @@ def keras_model(layer, shape: tuple[int, ...]):
 
 
 def keras_export(model) -> onnx.ModelProto:
-    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         path = Path(folder) / "m.onnx"
         model.export(str(path), format="onnx", verbose=False)
         return onnx.load(str(path))
@@ -155,27 +169,67 @@ def main() -> int:
     rows = []
     for kind, (module, shape) in layers().items():
         spec = converters.to_spec(module)
-        expected_momentum = spec.momentum_as("running_weight") if spec.momentum is not None and spec.track_running_stats else None
+        expected_momentum = (
+            spec.momentum_as("running_weight") if spec.momentum is not None and spec.track_running_stats else None
+        )
         converters.convert(module, "onnx", opset=OPSET)  # warm-up
-        nb_time, nb_model = median_seconds(lambda: converters.convert(module, "onnx", opset=OPSET), args.repeat_normbridge)
+        nb_time, nb_model = median_seconds(
+            lambda: converters.convert(module, "onnx", opset=OPSET), args.repeat_normbridge
+        )
         torch_time, torch_model = median_seconds(lambda: torch_export(module, shape), args.repeat_anchor)
         model = keras_model(converters.from_spec(spec, "keras"), keras_shape(spec, shape))
         keras_time, keras_onnx = median_seconds(lambda: keras_export(model), args.repeat_anchor)
         native = all(node.op_type in NORM_OPS for node in nb_model.graph.node)
-        rows.append((kind, "normbridge", nb_time, 1.0, op_summary(nb_model), verdict(spec.eps, expected_momentum, nb_model), native))
-        rows.append((kind, "torch.onnx(dynamo)", torch_time, torch_time / nb_time, op_summary(torch_model), verdict(spec.eps, expected_momentum, torch_model), None))
-        rows.append((kind, "keras.export(tf2onnx)", keras_time, keras_time / nb_time, op_summary(keras_onnx), verdict(spec.eps, expected_momentum, keras_onnx), None))
+        rows.append(
+            (
+                kind,
+                "normbridge",
+                nb_time,
+                1.0,
+                op_summary(nb_model),
+                verdict(spec.eps, expected_momentum, nb_model),
+                native,
+            )
+        )
+        rows.append(
+            (
+                kind,
+                "torch.onnx(dynamo)",
+                torch_time,
+                torch_time / nb_time,
+                op_summary(torch_model),
+                verdict(spec.eps, expected_momentum, torch_model),
+                None,
+            )
+        )
+        rows.append(
+            (
+                kind,
+                "keras.export(tf2onnx)",
+                keras_time,
+                keras_time / nb_time,
+                op_summary(keras_onnx),
+                verdict(spec.eps, expected_momentum, keras_onnx),
+                None,
+            )
+        )
 
-    print(f"one layer to ONNX, opset {OPSET}; medians of {args.repeat_normbridge} (normbridge) and {args.repeat_anchor} (anchors) runs")
+    print(
+        f"one layer to ONNX, opset {OPSET}; medians of {args.repeat_normbridge} (normbridge) and {args.repeat_anchor} (anchors) runs"
+    )
     print(f"{'kind':<9} {'tool':<22} {'median':>10} {'x slower':>9}  {'eps/momentum':<40} ops")
     for kind, tool, seconds, ratio, ops, check, _ in rows:
         print(f"{kind:<9} {tool:<22} {seconds * 1000:>8.2f}ms {ratio:>9.0f}  {check:<40} {ops[:70]}")
     torch_ratios = [r[3] for r in rows if r[1].startswith("torch")]
     nb_rows = [r for r in rows if r[1] == "normbridge"]
     print()
-    print(f"speed-up versus torch.onnx.export: min {min(torch_ratios):.0f}x, median {statistics.median(torch_ratios):.0f}x (target >= 100x)")
-    print(f"normbridge native ops only: {all(r[6] for r in nb_rows)}; eps/momentum mismatches: normbridge {sum(r[5] != 'ok' for r in nb_rows)}, "
-          f"anchors {sum(r[5] != 'ok' for r in rows if r[1] != 'normbridge')}")
+    print(
+        f"speed-up versus torch.onnx.export: min {min(torch_ratios):.0f}x, median {statistics.median(torch_ratios):.0f}x (target >= 100x)"
+    )
+    print(
+        f"normbridge native ops only: {all(r[6] for r in nb_rows)}; eps/momentum mismatches: normbridge {sum(r[5] != 'ok' for r in nb_rows)}, "
+        f"anchors {sum(r[5] != 'ok' for r in rows if r[1] != 'normbridge')}"
+    )
     return 0
 
 

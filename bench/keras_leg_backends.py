@@ -46,15 +46,23 @@ def layers():
 
     torch.manual_seed(0)
     for dtype in DTYPES:
-        built = {"batchnorm2d": torch.nn.BatchNorm2d(6, eps=1e-3, momentum=0.01), "batchnorm1d": torch.nn.BatchNorm1d(6, eps=2e-5),
-                 "layernorm": torch.nn.LayerNorm((4, 5), eps=1e-5), "groupnorm": torch.nn.GroupNorm(3, 6, eps=1e-5),
-                 "instancenorm2d": torch.nn.InstanceNorm2d(6, affine=True, track_running_stats=True),
-                 "rmsnorm": torch.nn.RMSNorm(8, eps=1e-6)}
+        built = {
+            "batchnorm2d": torch.nn.BatchNorm2d(6, eps=1e-3, momentum=0.01),
+            "batchnorm1d": torch.nn.BatchNorm1d(6, eps=2e-5),
+            "layernorm": torch.nn.LayerNorm((4, 5), eps=1e-5),
+            "groupnorm": torch.nn.GroupNorm(3, 6, eps=1e-5),
+            "instancenorm2d": torch.nn.InstanceNorm2d(6, affine=True, track_running_stats=True),
+            "rmsnorm": torch.nn.RMSNorm(8, eps=1e-6),
+        }
         for name, layer in built.items():
             with torch.no_grad():
                 for key, tensor in layer.state_dict().items():
                     if tensor.is_floating_point():
-                        tensor.copy_(torch.rand_like(tensor) + 0.5 if "var" in key or key == "weight" else torch.randn_like(tensor) * 0.5)
+                        tensor.copy_(
+                            torch.rand_like(tensor) + 0.5
+                            if "var" in key or key == "weight"
+                            else torch.randn_like(tensor) * 0.5
+                        )
             yield f"{name}/{dtype}", layer.to(getattr(torch, dtype)).eval()
 
 
@@ -77,8 +85,12 @@ def main() -> int:
     tf, other = runs["tensorflow"]["results"], runs["torch"]["results"]
     differing = {name: _differences(tf[name], other[name]) for name in tf}
     changed = [name for name in tf if tf[name].get("passed") != other[name].get("passed")]
-    print(f"Keras leg of the gate, TensorFlow backend vs torch backend, {len(tf)} torch layers (kinds x {', '.join(DTYPES)}):")
-    print(f"  identical results: {sum(not d for d in differing.values())} of {len(tf)}; verdict changed: {len(changed)}")
+    print(
+        f"Keras leg of the gate, TensorFlow backend vs torch backend, {len(tf)} torch layers (kinds x {', '.join(DTYPES)}):"
+    )
+    print(
+        f"  identical results: {sum(not d for d in differing.values())} of {len(tf)}; verdict changed: {len(changed)}"
+    )
     for name in changed:
         print(f"    {name}: passed on TensorFlow {tf[name].get('passed')}, on torch {other[name].get('passed')}")
     for backend, run in runs.items():

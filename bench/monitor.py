@@ -40,8 +40,11 @@ class Bottleneck(nn.Module):
         self.conv1, self.bn1 = nn.Conv2d(in_channels, width, 1, bias=False), nn.BatchNorm2d(width)
         self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
         self.conv3, self.bn3 = nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out)
-        self.down = (nn.Sequential(nn.Conv2d(in_channels, out, 1, stride, bias=False), nn.BatchNorm2d(out))
-                     if stride != 1 or in_channels != out else nn.Identity())
+        self.down = (
+            nn.Sequential(nn.Conv2d(in_channels, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+            if stride != 1 or in_channels != out
+            else nn.Identity()
+        )
 
     def forward(self, x):
         y = torch.relu(self.bn1(self.conv1(x)))
@@ -71,7 +74,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--sample-rate", type=float, default=0.1)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own choice)")
-    parser.add_argument("--keep-sample", type=int, default=0, help="monitor(..., keep_sample=N): also copy sampled inputs into the ring")
+    parser.add_argument(
+        "--keep-sample", type=int, default=0, help="monitor(..., keep_sample=N): also copy sampled inputs into the ring"
+    )
     parser.add_argument("--server")
     parser.add_argument("--token", default=os.environ.get("NORMBRIDGE_TOKEN"))
     parser.add_argument("--ref")
@@ -91,8 +96,20 @@ def main() -> None:
     sampled = sent = dropped = 0
     for _ in range(args.rounds):
         for side in ("plain", "watched"):
-            watch = converters.monitor(model, server=args.server, token=args.token, ref=args.ref, sample_rate=args.sample_rate,
-                                       window_requests=50, window_seconds=60, keep_sample=args.keep_sample) if side == "watched" else None
+            watch = (
+                converters.monitor(
+                    model,
+                    server=args.server,
+                    token=args.token,
+                    ref=args.ref,
+                    sample_rate=args.sample_rate,
+                    window_requests=50,
+                    window_seconds=60,
+                    keep_sample=args.keep_sample,
+                )
+                if side == "watched"
+                else None
+            )
             times = watched if watch else plain
             with torch.no_grad():
                 for _ in range(args.per_round):
@@ -106,11 +123,20 @@ def main() -> None:
                 sampled, sent, dropped = sampled + stats.sampled, sent + stats.windows_sent, dropped + stats.dropped
     n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(f"collector overhead, ResNet-50 layout ({n_bn} BatchNorms, {params:.1f}M parameters), batch 1, {args.size}x{args.size}, "
-          f"sample_rate={args.sample_rate}, keep_sample={args.keep_sample}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("load average (1, 5, 15 min): at the start " + " ".join(f"{v:.2f}" for v in load_before)
-          + ", at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()) + f", on {os.cpu_count()} CPUs")
-    print(f"requests per side: {len(plain)} in {args.rounds} alternating rounds; sampled {sampled}; windows sent {sent}, dropped {dropped}")
+    print(
+        f"collector overhead, ResNet-50 layout ({n_bn} BatchNorms, {params:.1f}M parameters), batch 1, {args.size}x{args.size}, "
+        f"sample_rate={args.sample_rate}, keep_sample={args.keep_sample}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        "load average (1, 5, 15 min): at the start "
+        + " ".join(f"{v:.2f}" for v in load_before)
+        + ", at the end "
+        + " ".join(f"{v:.2f}" for v in os.getloadavg())
+        + f", on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"requests per side: {len(plain)} in {args.rounds} alternating rounds; sampled {sampled}; windows sent {sent}, dropped {dropped}"
+    )
     print(f"{'':<18}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
     for name, times in (("without monitor", plain), ("with monitor", watched)):
         print(f"{name:<18}{percentile(times, 50):>10.2f}{percentile(times, 99):>10.2f}{statistics.fmean(times):>10.2f}")
@@ -120,7 +146,9 @@ def main() -> None:
     added_mean = statistics.fmean(watched) / statistics.fmean(plain) - 1
     print(f"added latency mean: {added_mean * 100:+.1f}%")
     added_cpu = statistics.fmean(cpu["watched"]) / statistics.fmean(cpu["plain"]) - 1
-    print(f"CPU time per request: {statistics.fmean(cpu['plain']):.2f} ms without, {statistics.fmean(cpu['watched']):.2f} ms with ({added_cpu * 100:+.1f}%)")
+    print(
+        f"CPU time per request: {statistics.fmean(cpu['plain']):.2f} ms without, {statistics.fmean(cpu['watched']):.2f} ms with ({added_cpu * 100:+.1f}%)"
+    )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 NORMBRIDGE = os.environ.get("NORMBRIDGE", str(ROOT / ".venv" / "bin" / "normbridge"))
 OPTIMUM_CLI = os.environ.get("OPTIMUM_CLI", str(Path(sys.executable).parent / "optimum-cli"))
-NATIVE = ("RMSNormalization", "LayerNormalization", "BatchNormalization", "GroupNormalization",
-          "InstanceNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization")
+NATIVE = (
+    "RMSNormalization",
+    "LayerNormalization",
+    "BatchNormalization",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipLayerNormalization",
+)
 DEFAULT_EPS = 1e-5  # the epsilon attribute's default in ONNX's normalization ops
 BATCH, TOKENS, SIDE = 2, 8, 64  # normbridge traces pixels of 64 where the config gives no image_size (ResNet)
 
@@ -82,17 +89,32 @@ def _models():
 
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
     return {
-        "llama": (tf.LlamaModel, tf.LlamaConfig(**small, num_key_value_heads=2, vocab_size=128, rms_norm_eps=3e-6),
-                  "rms_norm_eps"),
-        "gemma": (tf.GemmaModel, tf.GemmaConfig(**small, num_key_value_heads=1, head_dim=16, vocab_size=128,
-                                                rms_norm_eps=2e-6), "rms_norm_eps"),
+        "llama": (
+            tf.LlamaModel,
+            tf.LlamaConfig(**small, num_key_value_heads=2, vocab_size=128, rms_norm_eps=3e-6),
+            "rms_norm_eps",
+        ),
+        "gemma": (
+            tf.GemmaModel,
+            tf.GemmaConfig(**small, num_key_value_heads=1, head_dim=16, vocab_size=128, rms_norm_eps=2e-6),
+            "rms_norm_eps",
+        ),
         "bert": (tf.BertModel, tf.BertConfig(**small, vocab_size=128, layer_norm_eps=4e-12), "layer_norm_eps"),
-        "vit": (tf.ViTModel, tf.ViTConfig(**small, image_size=SIDE, patch_size=8, layer_norm_eps=7e-7),
-                "layer_norm_eps"),
-        "resnet": (tf.ResNetModel, tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
-                                                   layer_type="basic"), None),
-        "convnext": (tf.ConvNextModel, tf.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
-                                                         image_size=SIDE, layer_norm_eps=5e-6), "layer_norm_eps"),
+        "vit": (
+            tf.ViTModel,
+            tf.ViTConfig(**small, image_size=SIDE, patch_size=8, layer_norm_eps=7e-7),
+            "layer_norm_eps",
+        ),
+        "resnet": (
+            tf.ResNetModel,
+            tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic"),
+            None,
+        ),
+        "convnext": (
+            tf.ConvNextModel,
+            tf.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=SIDE, layer_norm_eps=5e-6),
+            "layer_norm_eps",
+        ),
     }
 
 
@@ -177,8 +199,9 @@ def file_facts(path: Path) -> FileFacts:
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    facts = FileFacts(opset=max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-                      outputs=len(model.graph.output))
+    facts = FileFacts(
+        opset=max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), outputs=len(model.graph.output)
+    )
     nodes = list(_nodes(model.graph))
     for function in model.functions:
         nodes.extend(function.node)
@@ -238,8 +261,13 @@ def feeds(session, name: str, vocab: int) -> dict[str, np.ndarray]:
     generator = np.random.default_rng(0)
     ids = generator.integers(0, vocab, (BATCH, TOKENS)).astype(np.int64)
     pixels = generator.standard_normal((BATCH, 3, SIDE, SIDE)).astype(np.float32)
-    values = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids),
-              "position_ids": np.tile(np.arange(TOKENS, dtype=np.int64), (BATCH, 1)), "pixel_values": pixels}
+    values = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "token_type_ids": np.zeros_like(ids),
+        "position_ids": np.tile(np.arange(TOKENS, dtype=np.int64), (BATCH, 1)),
+        "pixel_values": pixels,
+    }
     out = {}
     for item in session.get_inputs():
         if item.name not in values:
@@ -294,8 +322,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="cold runs of each export; the median is shown")
     parser.add_argument("--tmp", type=Path, default=None, help="work folder (default: a new temporary one)")
     parser.add_argument("--only", default="", help="comma-separated subset of: " + ",".join(_models()))
-    parser.add_argument("--also-opset", type=int, default=None,
-                        help="also run optimum-cli with --opset N (e.g. 23, where RMSNormalization exists)")
+    parser.add_argument(
+        "--also-opset",
+        type=int,
+        default=None,
+        help="also run optimum-cli with --opset N (e.g. 23, where RMSNormalization exists)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args()
     import onnxruntime
@@ -304,12 +336,19 @@ def main() -> None:
 
     work = args.tmp or Path(tempfile.mkdtemp(prefix="optimum-compare-"))
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", NORMBRIDGE_GATE_WORKER="private",
-               NORMBRIDGE_WORKER_DIR=str(work / "workers"), TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        NORMBRIDGE_GATE_WORKER="private",
+        NORMBRIDGE_WORKER_DIR=str(work / "workers"),
+        TOKENIZERS_PARALLELISM="false",
+    )
     names = [n for n in _models() if not args.only or n in args.only.split(",")]
     nb_version = subprocess.run([NORMBRIDGE, "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"torch {torch.__version__}; optimum {optimum.version.__version__}, transformers {transformers.__version__}, "
-          f"onnxruntime {onnxruntime.__version__} (this venv); normbridge: {NORMBRIDGE} ({nb_version or '?'})")
+    print(
+        f"torch {torch.__version__}; optimum {optimum.version.__version__}, transformers {transformers.__version__}, "
+        f"onnxruntime {onnxruntime.__version__} (this venv); normbridge: {NORMBRIDGE} ({nb_version or '?'})"
+    )
     print(f"{args.rounds} cold run(s) of each export; load average {os.getloadavg()}")
     rows = []
     for name in names:
@@ -319,12 +358,19 @@ def main() -> None:
         _, expected, (modules, module_eps) = reference(folder, name)
         norms = ", ".join(f"{n} {k}" for k, n in modules.items()) + f" (eps {eps_summary(module_eps)})"
         print(f"  {name}: {norms}; config {setting}", flush=True)
-        exporters = [("optimum-cli", export_optimum, work / f"{name}-optimum"),
-                     ("normbridge", export_normbridge, work / f"{name}-normbridge.onnx")]
+        exporters = [
+            ("optimum-cli", export_optimum, work / f"{name}-optimum"),
+            ("normbridge", export_normbridge, work / f"{name}-normbridge.onnx"),
+        ]
         if args.also_opset:
-            exporters.insert(1, (f"optimum-cli --opset {args.also_opset}",
-                                 functools.partial(export_optimum, opset=args.also_opset),
-                                 work / f"{name}-optimum-{args.also_opset}"))
+            exporters.insert(
+                1,
+                (
+                    f"optimum-cli --opset {args.also_opset}",
+                    functools.partial(export_optimum, opset=args.also_opset),
+                    work / f"{name}-optimum-{args.also_opset}",
+                ),
+            )
         for tool, export, out in exporters:
             timings, error, path = [], "", None
             for _ in range(args.rounds):
@@ -333,20 +379,40 @@ def main() -> None:
                 if error:
                     break
             walls = [w for w, _ in timings]
-            wall = f"{statistics.median(walls):.1f}" + (f" ({' '.join(f'{w:.1f}' for w in walls)})" if len(walls) > 1
-                                                        else "")
+            wall = f"{statistics.median(walls):.1f}" + (
+                f" ({' '.join(f'{w:.1f}' for w in walls)})" if len(walls) > 1 else ""
+            )
             wall += f" / {statistics.median(c for _, c in timings):.1f}"
             if error:
                 rows.append((name, norms, tool, "-", "-", error, "-", "-", wall))
             else:
                 facts = file_facts(path)
                 folded = any("BatchNorm" in k for k in modules) and not facts.batchnorm_nodes
-                rows.append((name, norms, tool, facts.opset, describe(facts, modules),
-                             eps_verdict(facts.native_eps + facts.decomposed_eps, module_eps, folded),
-                             facts.outputs, max_error(path, name, expected), wall))
+                rows.append(
+                    (
+                        name,
+                        norms,
+                        tool,
+                        facts.opset,
+                        describe(facts, modules),
+                        eps_verdict(facts.native_eps + facts.decomposed_eps, module_eps, folded),
+                        facts.outputs,
+                        max_error(path, name, expected),
+                        wall,
+                    )
+                )
             print("  " + " | ".join(map(str, rows[-1])), flush=True)
-    header = ("model", "its normalizations", "exporter", "opset", "normalization in the file", "eps", "outputs",
-              "max abs err", "export wall s (rounds) / CPU s")
+    header = (
+        "model",
+        "its normalizations",
+        "exporter",
+        "opset",
+        "normalization in the file",
+        "eps",
+        "outputs",
+        "max abs err",
+        "export wall s (rounds) / CPU s",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:

@@ -150,8 +150,14 @@ def run_cold(argv: list[str], env: dict, marker: str | None = None, cwd: Path | 
     run = Run(argv)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as peak:
         began = time.perf_counter()
-        process = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", peak.name, *argv], env=env, cwd=cwd, stdout=out,
-                                   stderr=err, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            ["/usr/bin/time", "-f", "%M", "-o", peak.name, *argv],
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
         with TreePoller(process.pid, marker, run):
             run.returncode = process.wait()
             run.seconds = time.perf_counter() - began

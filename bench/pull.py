@@ -100,7 +100,9 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> Rates:
     megabytes = len(data) / 1e6
     rates: Rates = {"boto3 get_object": [], "boto3 download_file + sha256": [], "normbridge pull (S3 blobs)": []}
     port = free_port()
-    with started("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder) as moto:
+    with started(
+        "moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder
+    ) as moto:
         url = f"http://127.0.0.1:{port}"
         os.environ["NORMBRIDGE_S3_ENDPOINT"] = url
         client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
@@ -111,6 +113,7 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> Rates:
         client.get_object(Bucket="bench", Key="plain/model.pt2")["Body"].read()  # warm both once
         registry.pull("big@1", folder / "warm.pt2")
         for round_ in range(rounds):
+
             def plain() -> None:
                 assert len(client.get_object(Bucket="bench", Key="plain/model.pt2")["Body"].read()) == len(data)
 
@@ -122,7 +125,11 @@ def s3_rates(folder: Path, source: Path, rounds: int) -> Rates:
             def pull() -> None:
                 registry.pull("big@1", folder / f"pulled-{round_}.pt2")
 
-            steps = (("boto3 get_object", plain), ("boto3 download_file + sha256", to_file), ("normbridge pull (S3 blobs)", pull))
+            steps = (
+                ("boto3 get_object", plain),
+                ("boto3 download_file + sha256", to_file),
+                ("normbridge pull (S3 blobs)", pull),
+            )
             for name, step in steps[:: 1 if round_ % 2 == 0 else -1]:
                 os.sync()  # untimed: no step pays for writing back the file a previous one left in the page cache
                 time.sleep(0.5)
@@ -140,17 +147,38 @@ def mlflow_rates(folder: Path, model: torch.nn.Module, megabytes: float, rounds:
     mlflow.set_registry_uri(uri)
     experiment = mlflow.create_experiment("pull-bench", artifact_location=(folder / "mlartifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment):
-        mlflow.pytorch.log_model(model, name="model", input_example=torch.randn(2, 2048).numpy(), serialization_format="pt2",
-                                 registered_model_name="big", pip_requirements=["torch"])
+        mlflow.pytorch.log_model(
+            model,
+            name="model",
+            input_example=torch.randn(2, 2048).numpy(),
+            serialization_format="pt2",
+            registered_model_name="big",
+            pip_requirements=["torch"],
+        )
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_REGISTRY_URI": uri}
     rates: Rates = {"mlflow artifacts download (CLI)": [], "mlflow download_artifacts (Python)": []}
     for round_ in range(rounds):
         target = folder / f"mlflow-cli-{round_}"
-        rates["mlflow artifacts download (CLI)"].append(rate(megabytes, lambda: subprocess.run(
-            [str(BIN / "mlflow"), "artifacts", "download", "-u", "models:/big/1", "-d", str(target)], env=env, check=True, capture_output=True),
-            child=True))
-        rates["mlflow download_artifacts (Python)"].append(rate(megabytes, lambda: mlflow.artifacts.download_artifacts(
-            "models:/big/1", dst_path=str(folder / f"mlflow-py-{round_}"))))
+        rates["mlflow artifacts download (CLI)"].append(
+            rate(
+                megabytes,
+                lambda: subprocess.run(
+                    [str(BIN / "mlflow"), "artifacts", "download", "-u", "models:/big/1", "-d", str(target)],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                ),
+                child=True,
+            )
+        )
+        rates["mlflow download_artifacts (Python)"].append(
+            rate(
+                megabytes,
+                lambda: mlflow.artifacts.download_artifacts(
+                    "models:/big/1", dst_path=str(folder / f"mlflow-py-{round_}")
+                ),
+            )
+        )
     return rates
 
 
@@ -159,8 +187,11 @@ def show(rates: Rates) -> None:
         speeds = [r[0] for r in rounds]
         servers = [r[2] for r in rounds if r[2] is not None]
         server = f"  server CPU {statistics.median(servers):.2f} s" if servers else ""
-        print(f"  {name:<38} {statistics.median(speeds):8.1f}  ({' '.join(f'{v:.1f}' for v in speeds)})  "
-              f"CPU {statistics.median(r[1] for r in rounds):.2f} s{server}", flush=True)
+        print(
+            f"  {name:<38} {statistics.median(speeds):8.1f}  ({' '.join(f'{v:.1f}' for v in speeds)})  "
+            f"CPU {statistics.median(r[1] for r in rounds):.2f} s{server}",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -174,8 +205,10 @@ def main() -> int:
         source = folder / "model.pt2"
         torch.export.save(torch.export.export(model, (torch.randn(2, 2048),)), str(source))
         megabytes = source.stat().st_size / 1e6
-        print(f"pull of a {megabytes:.1f} MB .pt2, {args.rounds} rounds (S3 = local moto server); MB/s median (per round), "
-              f"median CPU seconds per step; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+        print(
+            f"pull of a {megabytes:.1f} MB .pt2, {args.rounds} rounds (S3 = local moto server); MB/s median (per round), "
+            f"median CPU seconds per step; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
+        )
         rates = s3_rates(folder, source, args.rounds)
         show(rates)
         mlflow = mlflow_rates(folder, model, megabytes, args.rounds)
@@ -183,12 +216,20 @@ def main() -> int:
         rates.update(mlflow)
     pulls, gets = rates["normbridge pull (S3 blobs)"], rates["boto3 get_object"]
     ratio = statistics.median(p[0] / b[0] for p, b in zip(pulls, gets))
-    versus_mlflow = statistics.median(p[0] for p in pulls) / statistics.median(r[0] for r in rates["mlflow artifacts download (CLI)"])
-    print(f"normbridge pull / boto3 get_object: median {ratio:.2f} (target >= {PULL_TARGET}): {'met' if ratio >= PULL_TARGET else 'NOT met'}")
+    versus_mlflow = statistics.median(p[0] for p in pulls) / statistics.median(
+        r[0] for r in rates["mlflow artifacts download (CLI)"]
+    )
+    print(
+        f"normbridge pull / boto3 get_object: median {ratio:.2f} (target >= {PULL_TARGET}): {'met' if ratio >= PULL_TARGET else 'NOT met'}"
+    )
     to_file = statistics.median(p[0] / b[0] for p, b in zip(pulls, rates["boto3 download_file + sha256"]))
-    print(f"normbridge pull / boto3 download_file + sha256 (a file on disk, hashed once, no fsync): median {to_file:.2f}")
-    print(f"CPU of this process per pull / per get_object: {statistics.median(p[1] for p in pulls) / statistics.median(b[1] for b in gets):.1f}x; "
-          f"load average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    print(
+        f"normbridge pull / boto3 download_file + sha256 (a file on disk, hashed once, no fsync): median {to_file:.2f}"
+    )
+    print(
+        f"CPU of this process per pull / per get_object: {statistics.median(p[1] for p in pulls) / statistics.median(b[1] for b in gets):.1f}x; "
+        f"load average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
+    )
     print(f"normbridge pull / mlflow artifacts download (CLI): {versus_mlflow:.2f}x")
     return 0
 

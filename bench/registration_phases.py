@@ -21,10 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: (printed label, key of Registration.seconds) of the steps; "whole" is the register call, timed here.
-STEPS = (("reading", "reading"), ("gate", "gate"), ("staging", "staging"), ("publish+commit", "commit"), ("whole", "whole"))
+STEPS = (
+    ("reading", "reading"),
+    ("gate", "gate"),
+    ("staging", "staging"),
+    ("publish+commit", "commit"),
+    ("whole", "whole"),
+)
 
 
-def phase_rows(files: dict[str, Path], pairs=(("bn53", "bn1", 52), ("rms160", "rms2", 158)), rounds: int = 3) -> dict[str, dict[str, float]]:
+def phase_rows(
+    files: dict[str, Path], pairs=(("bn53", "bn1", 52), ("rms160", "rms2", 158)), rounds: int = 3
+) -> dict[str, dict[str, float]]:
     """{big model: {step: ms per normalizer}} for each (big, small, extra normalizers) of `pairs`."""
     from registry.service import Registry
 
@@ -43,8 +51,10 @@ def phase_rows(files: dict[str, Path], pairs=(("bn53", "bn1", 52), ("rms160", "r
         for name in (small, big):
             register(files[name])  # first-call costs out of the figure
             fastest[name] = min((register(files[name]) for _ in range(rounds)), key=lambda run: run["whole"])
-    return {big: {label: (fastest[big][key] - fastest[small][key]) * 1000 / extra for label, key in STEPS}
-            for big, small, extra in pairs}
+    return {
+        big: {label: (fastest[big][key] - fastest[small][key]) * 1000 / extra for label, key in STEPS}
+        for big, small, extra in pairs
+    }
 
 
 def print_phase_rows(rows: dict[str, dict[str, float]]) -> None:
@@ -61,6 +71,12 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         made = {f"bn{n}": save_pt2(bn_stack(n), (torch.randn(2, 3, 16, 16),), folder / f"bn{n}.pt2") for n in (1, 53)}
-        made.update({f"rms{2 * b}": save_pt2(rms_decoder(b), (torch.zeros(1, 8, dtype=torch.long),), folder / f"rms{2 * b}.pt2")
-                     for b in (1, 80)})
+        made.update(
+            {
+                f"rms{2 * b}": save_pt2(
+                    rms_decoder(b), (torch.zeros(1, 8, dtype=torch.long),), folder / f"rms{2 * b}.pt2"
+                )
+                for b in (1, 80)
+            }
+        )
         print_phase_rows(phase_rows(made))

@@ -53,13 +53,20 @@ def bn_onnx_bytes(seed: int, channels: int = 8) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    arrays = ((rng.uniform(0.5, 1.5, channels), "s"), (rng.normal(size=channels), "b"), (rng.normal(size=channels), "m"),
-              (rng.uniform(0.5, 2.0, channels), "v"))
+    arrays = (
+        (rng.uniform(0.5, 1.5, channels), "s"),
+        (rng.normal(size=channels), "b"),
+        (rng.normal(size=channels), "m"),
+        (rng.uniform(0.5, 2.0, channels), "v"),
+    )
     shape = ["N", channels, "H", "W"]
     graph = helper.make_graph(
-        [helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"], epsilon=1e-5, name="bn")], "bn",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
-        initializer=[numpy_helper.from_array(a.astype(np.float32), n) for a, n in arrays])
+        [helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"], epsilon=1e-5, name="bn")],
+        "bn",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
+        initializer=[numpy_helper.from_array(a.astype(np.float32), n) for a, n in arrays],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]).SerializeToString()
 
 
@@ -84,15 +91,32 @@ def checkpoint(megabytes: int, seed: int = 0):
 
 
 def normbridge_command(port: int, db: str, blobs: str, workers: int, extra: list[str] = ()) -> list[str]:
-    command = [str(BIN / "normbridge"), "serve", "--host", "127.0.0.1", "--port", str(port), "--db", db, "--blobs", blobs, *extra]
+    command = [
+        str(BIN / "normbridge"),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db",
+        db,
+        "--blobs",
+        blobs,
+        *extra,
+    ]
     if workers > 1:
         command += ["--workers", str(workers)]
     return command
 
 
 def create_token(db: str, role: str = "admin") -> str:
-    done = subprocess.run([str(BIN / "normbridge"), "token", "create", "--db", db, "--owner", "bench", "--role", role, "--json"],
-                          capture_output=True, text=True, timeout=180, check=True)
+    done = subprocess.run(
+        [str(BIN / "normbridge"), "token", "create", "--db", db, "--owner", "bench", "--role", role, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
     return json.loads(done.stdout)["token"]
 
 
@@ -103,11 +127,16 @@ def upload(url: str, name: str, data: bytes, fmt: str, headers: dict, timeout: f
     def chunks():
         view = memoryview(data)
         for start in range(0, len(data), 1 << 20):
-            yield bytes(view[start:start + (1 << 20)])
+            yield bytes(view[start : start + (1 << 20)])
 
     began = time.perf_counter()
-    response = httpx.post(f"{url}/api/v1/models/{name}/versions", params={"format": fmt}, content=chunks(),
-                          headers={**headers, "Content-Type": "application/octet-stream"}, timeout=timeout)
+    response = httpx.post(
+        f"{url}/api/v1/models/{name}/versions",
+        params={"format": fmt},
+        content=chunks(),
+        headers={**headers, "Content-Type": "application/octet-stream"},
+        timeout=timeout,
+    )
     seconds = time.perf_counter() - began
     if response.status_code not in (200, 201):
         raise RuntimeError(f"upload of {name} answered {response.status_code}: {response.text[:2000]}")
@@ -134,7 +163,9 @@ def prepared_normbridge(folder: Path) -> tuple[str, str, str]:
     if not marker.exists():
         writer = create_token(db, "write")
         port = free_port()
-        with started("normbridge-setup", normbridge_command(port, db, blobs, 1), port, "/api/v1/health", folder) as server:
+        with started(
+            "normbridge-setup", normbridge_command(port, db, blobs, 1), port, "/api/v1/health", folder
+        ) as server:
             upload(server.url, "bench", bn_onnx_bytes(0), "onnx", {"Authorization": f"Bearer {writer}"})
         marker.write_text(create_token(db, "read"))
     return db, blobs, marker.read_text()
@@ -145,7 +176,9 @@ def normbridge_reads(folder: Path, args, workers: int) -> dict[str, LoadResult]:
     db, blobs, token = prepared_normbridge(folder)
     port = free_port()
     results = {}
-    with started("normbridge", normbridge_command(port, db, blobs, workers, ["--insecure-local"]), port, "/api/v1/health", folder) as server:
+    with started(
+        "normbridge", normbridge_command(port, db, blobs, workers, ["--insecure-local"]), port, "/api/v1/health", folder
+    ) as server:
         path = "/api/v1/models/bench/versions/1"
 
         def check(body: bytes) -> bool:
@@ -162,15 +195,30 @@ def mlflow_reads(folder: Path, args, workers: int) -> LoadResult:
     port = free_port()
     home = folder / "mlflow"
     home.mkdir(exist_ok=True)
-    command = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-               "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}", "--default-artifact-root", (home / "artifacts").as_uri(),
-               "--artifacts-destination", (home / "mlartifacts").as_uri()]
+    command = [
+        str(BIN / "mlflow"),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--backend-store-uri",
+        f"sqlite:///{home / 'mlflow.db'}",
+        "--default-artifact-root",
+        (home / "artifacts").as_uri(),
+        "--artifacts-destination",
+        (home / "mlartifacts").as_uri(),
+    ]
     with started("mlflow", command, port, "/health", home) as server:
         api = server.url + "/api/2.0/mlflow"
         path = "/api/2.0/mlflow/model-versions/get?name=bench&version=1"
         if not (home / "created").exists():
             request_json("POST", f"{api}/registered-models/create", {"name": "bench"})
-            request_json("POST", f"{api}/model-versions/create", {"name": "bench", "source": "s3://bench-artifacts/model"})
+            request_json(
+                "POST", f"{api}/model-versions/create", {"name": "bench", "source": "s3://bench-artifacts/model"}
+            )
             (home / "created").touch()
 
         def check(body: bytes) -> bool:
@@ -207,9 +255,15 @@ def s3_throughput(folder: Path, args) -> dict[str, list[float]]:
     port = free_port()
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(env)
-    rates: dict[str, list[float]] = {"boto3 put_object": [], "normbridge upload (bundle, gate, S3)": [], "boto3 get_object": [],
-                                     "normbridge download (bundle)": []}
-    with started("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder) as moto:
+    rates: dict[str, list[float]] = {
+        "boto3 put_object": [],
+        "normbridge upload (bundle, gate, S3)": [],
+        "boto3 get_object": [],
+        "normbridge download (bundle)": [],
+    }
+    with started(
+        "moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", folder
+    ) as moto:
         client = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1")
         client.create_bucket(Bucket="bench")
         client.put_object(Bucket="bench", Key="plain/warm", Body=b"x" * 1024)  # connection set up outside the timing
@@ -219,12 +273,18 @@ def s3_throughput(folder: Path, args) -> dict[str, list[float]]:
         nb_port = free_port()
         s3_env = {**env, "NORMBRIDGE_S3_ENDPOINT": moto.url}
         command = normbridge_command(nb_port, db, "s3://bench/normbridge", 1)
-        with started("normbridge-s3", command, nb_port, "/api/v1/health", folder, env=s3_env) as server, \
-                RemoteRegistry(server.url, token) as remote:
-            upload(server.url, "warmup", bn_onnx_bytes(1), "onnx", headers)  # the gate's frameworks imported outside the timing
+        with (
+            started("normbridge-s3", command, nb_port, "/api/v1/health", folder, env=s3_env) as server,
+            RemoteRegistry(server.url, token) as remote,
+        ):
+            upload(
+                server.url, "warmup", bn_onnx_bytes(1), "onnx", headers
+            )  # the gate's frameworks imported outside the timing
             # one untimed round for both, so neither pays for first-touching its memory inside the timing
             artifact = artifact_folder(checkpoint(args.megabytes, seed=10_000), folder / "artifact-warmup")
-            client.put_object(Bucket="bench", Key="plain/warmup.tar", Body=b"".join(folder_tar_chunks(artifact, lambda done: None)))
+            client.put_object(
+                Bucket="bench", Key="plain/warmup.tar", Body=b"".join(folder_tar_chunks(artifact, lambda done: None))
+            )
             remote.register("warmup-bundle", artifact)
             shutil.rmtree(artifact)
             for round_ in range(args.rounds):
@@ -243,7 +303,9 @@ def s3_throughput(folder: Path, args) -> dict[str, list[float]]:
                     rates["normbridge upload (bundle, gate, S3)"].append(megabytes / (time.perf_counter() - began))
                     assert registration.created, registration
 
-                for step in (plain_put, normbridge_upload) if round_ % 2 == 0 else (normbridge_upload, plain_put):  # alternate who goes first
+                for step in (
+                    (plain_put, normbridge_upload) if round_ % 2 == 0 else (normbridge_upload, plain_put)
+                ):  # alternate who goes first
                     step()
                 began = time.perf_counter()
                 fetched = client.get_object(Bucket="bench", Key=f"plain/bundle-{round_}.tar")["Body"].read()
@@ -264,8 +326,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each read run")
     parser.add_argument("--clients", type=int, default=8, help="concurrent client threads (keep-alive connections)")
-    parser.add_argument("--workers", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],
-                        help="comma-separated worker process counts to compare at (the same for both servers each time)")
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 2],
+        help="comma-separated worker process counts to compare at (the same for both servers each time)",
+    )
     parser.add_argument("--megabytes", type=int, default=100, help="size of the uploaded model's float32 tensors")
     parser.add_argument("--rounds", type=int, default=5, help="upload/download rounds (the median is compared)")
     parser.add_argument("--skip-reads", action="store_true")
@@ -274,8 +340,10 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="nb-bench-service-") as tmp:
         folder = Path(tmp)
-        print(f"service benchmark on {os.cpu_count()} cores: {args.clients} client threads x {args.seconds:.0f} s per server and "
-              f"worker count ({', '.join(map(str, args.workers))}); load average before: {os.getloadavg()[0]:.1f}")
+        print(
+            f"service benchmark on {os.cpu_count()} cores: {args.clients} client threads x {args.seconds:.0f} s per server and "
+            f"worker count ({', '.join(map(str, args.workers))}); load average before: {os.getloadavg()[0]:.1f}"
+        )
         ok = True
         if not args.skip_reads:
             print()
@@ -284,33 +352,48 @@ def main() -> int:
             for workers in args.workers:
                 nb = normbridge_reads(folder, args, workers)
                 ml = mlflow_reads(folder, args, workers)
-                rows = [(f"normbridge serve, {label}", result) for label, result in nb.items()] + [("mlflow server", ml)]
+                rows = [(f"normbridge serve, {label}", result) for label, result in nb.items()] + [
+                    ("mlflow server", ml)
+                ]
                 for label, result in rows:
-                    print(f"{label + f' [{workers} worker(s)]':<62} {result.per_second:>9.0f} {1000 * result.percentile(50):>8.2f} "
-                          f"{1000 * result.percentile(99):>8.2f} {result.errors:>7}")
+                    print(
+                        f"{label + f' [{workers} worker(s)]':<62} {result.per_second:>9.0f} {1000 * result.percentile(50):>8.2f} "
+                        f"{1000 * result.percentile(99):>8.2f} {result.errors:>7}"
+                    )
                 for label, result in nb.items():
                     ratio = result.per_second / ml.per_second
                     met = ratio >= READS_TARGET
                     ok &= met
-                    verdicts.append(f"reads, {workers} worker(s), normbridge ({label}) / mlflow: {ratio:.2f}x (target >= {READS_TARGET:.0f}x): "
-                                    f"{'MET' if met else 'MISSED'}")
+                    verdicts.append(
+                        f"reads, {workers} worker(s), normbridge ({label}) / mlflow: {ratio:.2f}x (target >= {READS_TARGET:.0f}x): "
+                        f"{'MET' if met else 'MISSED'}"
+                    )
             print("\n".join(verdicts))
         if not args.skip_s3:
             rates = s3_throughput(folder, args)
             print()
-            print(f"artifact throughput, {rates.pop('bytes')[0] / 1e6:.1f} MB bundle, S3 = local moto server, {args.rounds} rounds "
-                  "(a new model each round)")
+            print(
+                f"artifact throughput, {rates.pop('bytes')[0] / 1e6:.1f} MB bundle, S3 = local moto server, {args.rounds} rounds "
+                "(a new model each round)"
+            )
             print(f"{'path':<44} {'median MB/s':>12}   per round")
             for label, values in rates.items():
                 print(f"{label:<44} {statistics.median(values):>12.1f}   {' '.join(f'{v:.1f}' for v in values)}")
-            ups = [nb / plain for nb, plain in zip(rates["normbridge upload (bundle, gate, S3)"], rates["boto3 put_object"])]
+            ups = [
+                nb / plain
+                for nb, plain in zip(rates["normbridge upload (bundle, gate, S3)"], rates["boto3 put_object"])
+            ]
             downs = [nb / plain for nb, plain in zip(rates["normbridge download (bundle)"], rates["boto3 get_object"])]
             ratio = statistics.median(ups)
             met = ratio >= UPLOAD_TARGET
             ok &= met
-            print(f"upload, normbridge / boto3 put_object: median {ratio:.2f} (per round {' '.join(f'{r:.2f}' for r in ups)}; "
-                  f"target >= {UPLOAD_TARGET:.2f}): {'MET' if met else 'MISSED'}")
-            print(f"download, normbridge / boto3 get_object: median {statistics.median(downs):.2f} (per round {' '.join(f'{r:.2f}' for r in downs)})")
+            print(
+                f"upload, normbridge / boto3 put_object: median {ratio:.2f} (per round {' '.join(f'{r:.2f}' for r in ups)}; "
+                f"target >= {UPLOAD_TARGET:.2f}): {'MET' if met else 'MISSED'}"
+            )
+            print(
+                f"download, normbridge / boto3 get_object: median {statistics.median(downs):.2f} (per round {' '.join(f'{r:.2f}' for r in downs)})"
+            )
         print()
         print(f"load average after: {os.getloadavg()[0]:.1f} (another process on these cores skews every number above)")
         print("all targets met" if ok else "some targets MISSED")

@@ -42,7 +42,9 @@ class NormbridgeGroup(typer.core.TyperGroup):
         _blank(params)
         return params
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, windows_expand_args=True, **extra):
+    def main(
+        self, args=None, prog_name=None, complete_var=None, standalone_mode=True, windows_expand_args=True, **extra
+    ):
         """Run the command; a usage mistake is reported in the style of every other error (`error (usage): ...` and the
         command's usage line, exit 2) rather than in Typer's box."""
         if not standalone_mode:
@@ -65,14 +67,23 @@ def usage_error(error) -> None:
     context = getattr(error, "ctx", None)
     if context is not None:
         usage = context.get_usage().removeprefix("Usage: ")
-        stderr.print(f"  usage: {usage}; `{context.command_path} --help` lists the options", highlight=False, soft_wrap=True,
-                     markup=False)
+        stderr.print(
+            f"  usage: {usage}; `{context.command_path} --help` lists the options",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
     sys.exit(error.exit_code)
 
 
 def _blank(params) -> None:
     for param in params:
-        if param.param_type_name == "option" and getattr(param, "is_flag", False) and not getattr(param, "count", False) and param.metavar is None:
+        if (
+            param.param_type_name == "option"
+            and getattr(param, "is_flag", False)
+            and not getattr(param, "count", False)
+            and param.metavar is None
+        ):
             param.metavar = ""
 
 
@@ -118,11 +129,19 @@ def fit_console_to_terminal() -> None:
 @app.callback()
 def global_options(
     server: str | None = typer.Option(None, "--server", envvar="NORMBRIDGE_SERVER", help=remote.SERVER_HELP),
-    token: str | None = typer.Option(None, "--token", envvar="NORMBRIDGE_TOKEN", help=remote.TOKEN_HELP, show_default=False),
-    verbose: bool = typer.Option(False, "--verbose", "-v", envvar=framework_noise.VERBOSE_ENV,
-                                 help="Also print the frameworks' own log lines and warnings (TensorFlow, absl, torch.onnx, tf2onnx) on stderr."),
-    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                 help="Print normbridge's version and exit."),
+    token: str | None = typer.Option(
+        None, "--token", envvar="NORMBRIDGE_TOKEN", help=remote.TOKEN_HELP, show_default=False
+    ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        envvar=framework_noise.VERBOSE_ENV,
+        help="Also print the frameworks' own log lines and warnings (TensorFlow, absl, torch.onnx, tf2onnx) on stderr.",
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print normbridge's version and exit."
+    ),
 ) -> None:
     """Move normalization layers between PyTorch, Keras 3 and ONNX without changing what they compute.
 
@@ -131,10 +150,14 @@ def global_options(
     Example: normbridge --server http://registry:8080 --token nbt_... models
     """
     framework_noise.configure(verbose)
-    os.environ.setdefault("NORMBRIDGE_LEAN_IMPORTS", "1")  # Keras without scikit-learn, matplotlib, pandas (converters/lean_imports.py)
+    os.environ.setdefault(
+        "NORMBRIDGE_LEAN_IMPORTS", "1"
+    )  # Keras without scikit-learn, matplotlib, pandas (converters/lean_imports.py)
     fit_console_to_terminal()
     if token and not server:  # a token means a server was meant: never open the local registry with it
-        raise typer.BadParameter("a token is for a `normbridge serve` server, and no server is given; pass --server URL (or set "
-                                 "NORMBRIDGE_SERVER) too, or drop --token / NORMBRIDGE_TOKEN to use the local registry.",
-                                 param_hint="--token")
+        raise typer.BadParameter(
+            "a token is for a `normbridge serve` server, and no server is given; pass --server URL (or set "
+            "NORMBRIDGE_SERVER) too, or drop --token / NORMBRIDGE_TOKEN to use the local registry.",
+            param_hint="--token",
+        )
     remote.set_options(server, token)

@@ -42,15 +42,19 @@ def version_ref(value: str | None) -> str | None:
         name, suffix = value, None
     if NAME.match(name) and (suffix is None or suffix.isdigit() or NAME.match(suffix)):
         return value
-    raise typer.BadParameter(f"'{value}' is not a version reference; expected NAME, NAME@N or NAME@ALIAS (e.g. resnet@3 or resnet@production), "
-                             f"where NAME and ALIAS use {NAME_RULE}.")
+    raise typer.BadParameter(
+        f"'{value}' is not a version reference; expected NAME, NAME@N or NAME@ALIAS (e.g. resnet@3 or resnet@production), "
+        f"where NAME and ALIAS use {NAME_RULE}."
+    )
 
 
 def alias_name(value: str) -> str:
     """An alias that can be set: a name that is neither a number nor reserved."""
     if not NAME.match(value) or value.isdigit() or value in RESERVED_ALIASES:
-        raise typer.BadParameter(f"'{value}' cannot be an alias; use {NAME_RULE}, not a number and not "
-                                 f"{' or '.join(repr(r) for r in RESERVED_ALIASES)} (e.g. production).")
+        raise typer.BadParameter(
+            f"'{value}' cannot be an alias; use {NAME_RULE}, not a number and not "
+            f"{' or '.join(repr(r) for r in RESERVED_ALIASES)} (e.g. production)."
+        )
     return value
 
 
@@ -98,7 +102,9 @@ def conversion_opset(value: int) -> int:
     from converters.options import MIN_OPSET
 
     if value < MIN_OPSET:
-        raise typer.BadParameter(f"{value} is below opset {MIN_OPSET}, the lowest normbridge converts a layer to; pass --opset {MIN_OPSET} or higher.")
+        raise typer.BadParameter(
+            f"{value} is below opset {MIN_OPSET}, the lowest normbridge converts a layer to; pass --opset {MIN_OPSET} or higher."
+        )
     return value
 
 
@@ -109,5 +115,16 @@ def token_roles() -> list[str]:
     return list(ROLES)
 
 
-__all__ = ["NAME", "alias_name", "alias_names", "conversion_opset", "frameworks", "model_name", "model_names", "operation", "token_role", "token_roles",
-           "version_ref"]
+__all__ = [
+    "NAME",
+    "alias_name",
+    "alias_names",
+    "conversion_opset",
+    "frameworks",
+    "model_name",
+    "model_names",
+    "operation",
+    "token_role",
+    "token_roles",
+    "version_ref",
+]

@@ -22,11 +22,17 @@ def check_lines(checks: Sequence) -> list[tuple[str, str]]:
     for check in checks:
         for target in check.targets:
             if target.status in UNCHECKED:
-                unchecked.setdefault(target.framework, []).append((check.layer, UNCHECKED[target.status], target.reason))
+                unchecked.setdefault(target.framework, []).append(
+                    (check.layer, UNCHECKED[target.status], target.reason)
+                )
     for framework, layers in unchecked.items():
         layer, why, reason = layers[0]
-        first = reason.rstrip(".") if f"'{layer}'" in reason else f"'{layer}': {reason.rstrip('.')}"  # the first one, named once
-        lines.append(("  [yellow]not checked[/] ", f"in {framework}: {len(layers)} of {len(checks)} layers ({why}: {first})"))
+        first = (
+            reason.rstrip(".") if f"'{layer}'" in reason else f"'{layer}': {reason.rstrip('.')}"
+        )  # the first one, named once
+        lines.append(
+            ("  [yellow]not checked[/] ", f"in {framework}: {len(layers)} of {len(checks)} layers ({why}: {first})")
+        )
     return lines
 
 

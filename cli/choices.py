@@ -22,4 +22,6 @@ Target = choices("Target", ("spec", *REGISTRY.framework_names))
 #: A framework a command exports to: `export --to` (onnx serves; the others point to export-layers), `export-layers --to`.
 FrameworkTarget = choices("FrameworkTarget", REGISTRY.framework_names)
 #: What `pull` writes: the version's source format, a structure format, or its state dict.
-PullFormat = choices("PullFormat", ("source", *REGISTRY.structure_suffixes(), *REGISTRY.folder_formats(), "safetensors"))
+PullFormat = choices(
+    "PullFormat", ("source", *REGISTRY.structure_suffixes(), *REGISTRY.folder_formats(), "safetensors")
+)

@@ -62,8 +62,14 @@ def _plain(command) -> None:
 
 
 def _walk(command, path: tuple[str, ...], parent) -> Iterator[CommandHelp]:
-    ctx = typer.Context(command, info_name=path[-1] if path else "normbridge", parent=parent,
-                        terminal_width=WIDTH, max_content_width=WIDTH, color=False)
+    ctx = typer.Context(
+        command,
+        info_name=path[-1] if path else "normbridge",
+        parent=parent,
+        terminal_width=WIDTH,
+        max_content_width=WIDTH,
+        color=False,
+    )
     _plain(command)
     is_group = isinstance(command, typer.core.TyperGroup)
     short = command.get_short_help_str(limit=1000) if path else (command.help or "")

@@ -16,7 +16,9 @@ from schemas import InputFileError, load_spec
 def load_layer(path: Path) -> Any:
     """A NormSpec (spec folder) or an onnx.ModelProto (.onnx file)."""
     if not path.exists():
-        raise InputFileError(f"'{path}' does not exist; pass a spec folder (spec.json + tensors.safetensors) or an .onnx file.")
+        raise InputFileError(
+            f"'{path}' does not exist; pass a spec folder (spec.json + tensors.safetensors) or an .onnx file."
+        )
     if path.is_dir() or path.name == "spec.json":
         return load_spec(path)
     if path.suffix == ".onnx":
@@ -51,7 +53,12 @@ def output_path(path: Path, *, suffix: str | None = None, folder: bool = False) 
 
     if suffix is not None and path.suffix.lower() != suffix:
         if path.is_dir() or str(path).endswith(("/", os.sep)):
-            raise typer.BadParameter(f"'{path}' is a folder; the output is one {suffix} file: pass -o {path / ('model' + suffix)}.", param_hint="--output")
-        raise typer.BadParameter(f"'{path}' does not end in {suffix}; pass -o {path.with_suffix(suffix) if path.suffix else str(path) + suffix}.",
-                                 param_hint="--output")
+            raise typer.BadParameter(
+                f"'{path}' is a folder; the output is one {suffix} file: pass -o {path / ('model' + suffix)}.",
+                param_hint="--output",
+            )
+        raise typer.BadParameter(
+            f"'{path}' does not end in {suffix}; pass -o {path.with_suffix(suffix) if path.suffix else str(path) + suffix}.",
+            param_hint="--output",
+        )
     return writable(path, folder=folder)

@@ -120,8 +120,11 @@ def _default(console: Console | None) -> Console:
 
 def _fitted_any(console: Console, table: Table) -> Table | None:
     """`table` fitted as it is, or compacted (narrower gaps), or None when no form fits as columns."""
-    return (fitted_table(console, table) or fitted_table(console, _compact(table, 1))
-            or fitted_table(console, _compact(table, 0)))
+    return (
+        fitted_table(console, table)
+        or fitted_table(console, _compact(table, 1))
+        or fitted_table(console, _compact(table, 0))
+    )
 
 
 def _print_titled(console: Console, table: Table, fitted: Table | None) -> None:
@@ -178,8 +181,16 @@ def wrapped_lines(text: str, width: int) -> list[str]:
             lines.append("")
             continue
         hanging = indent + " " * HANGING_INDENT if len(indent) + HANGING_INDENT < width // 2 else indent
-        lines += textwrap.wrap(body, width=max(width, 1), initial_indent=indent, subsequent_indent=hanging,
-                               break_on_hyphens=False, break_long_words=True, replace_whitespace=False, drop_whitespace=True)
+        lines += textwrap.wrap(
+            body,
+            width=max(width, 1),
+            initial_indent=indent,
+            subsequent_indent=hanging,
+            break_on_hyphens=False,
+            break_long_words=True,
+            replace_whitespace=False,
+            drop_whitespace=True,
+        )
     return lines
 
 
@@ -206,4 +217,12 @@ def say_marked(prefix: str, text: str, console: Console | None = None) -> None:
     console.print(line, highlight=False, overflow="fold")
 
 
-__all__: Sequence[str] = ["clipped", "fitted_table", "print_narrowing_table", "print_table", "say", "say_marked", "wrapped_lines"]
+__all__: Sequence[str] = [
+    "clipped",
+    "fitted_table",
+    "print_narrowing_table",
+    "print_table",
+    "say",
+    "say_marked",
+    "wrapped_lines",
+]

@@ -39,15 +39,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 #: C++ lines TensorFlow prints while it loads, before its log level applies (and GPU builds' duplicate-plugin errors).
-STARTUP_NOISE = tuple(re.compile(pattern) for pattern in (
-    rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
-    rb"^I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] ",  # absl INFO lines (oneDNN, CPU features); before absl's init the time reads 00:00:<epoch seconds>
-    rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: I \S+:\d+\] ",  # the same in TensorFlow's older log format
-    rb"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.$",
-    rb"Unable to register cu(DNN|FFT|BLAS) factory: Attempting to register factory for plugin",
-    rb"computation placer already registered",
-    rb"TF-TRT Warning: Could not find TensorRT",
-))
+STARTUP_NOISE = tuple(
+    re.compile(pattern)
+    for pattern in (
+        rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
+        rb"^I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] ",  # absl INFO lines (oneDNN, CPU features); before absl's init the time reads 00:00:<epoch seconds>
+        rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: I \S+:\d+\] ",  # the same in TensorFlow's older log format
+        rb"^To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.$",
+        rb"Unable to register cu(DNN|FFT|BLAS) factory: Attempting to register factory for plugin",
+        rb"computation placer already registered",
+        rb"TF-TRT Warning: Could not find TensorRT",
+    )
+)
 #: Loggers quiet from the start: plain `logging` loggers their packages never reconfigure.
 QUIET_LOGGERS = ("tf2onnx", "onnxscript", "tensorflow")
 #: Loggers quiet once their package is imported, keyed by that package.
@@ -135,7 +138,9 @@ def _unchanged() -> Iterator[None]:
     yield
 
 
-_terminal_stderr: list[io.TextIOWrapper] = []  # one duplicate of the real fd 2 for the whole process (never closed: threads may hold it)
+_terminal_stderr: list[
+    io.TextIOWrapper
+] = []  # one duplicate of the real fd 2 for the whole process (never closed: threads may hold it)
 
 
 def _direct_stderr(current) -> io.TextIOBase | None:
@@ -147,10 +152,15 @@ def _direct_stderr(current) -> io.TextIOBase | None:
         return None
     if not _terminal_stderr:
         duplicate = os.dup(2)
-        _terminal_stderr.append(io.TextIOWrapper(os.fdopen(duplicate, "wb", buffering=0, closefd=False),
-                                                 encoding=getattr(current, "encoding", None) or "utf-8",
-                                                 errors=getattr(current, "errors", None) or "backslashreplace",
-                                                 line_buffering=True, write_through=True))
+        _terminal_stderr.append(
+            io.TextIOWrapper(
+                os.fdopen(duplicate, "wb", buffering=0, closefd=False),
+                encoding=getattr(current, "encoding", None) or "utf-8",
+                errors=getattr(current, "errors", None) or "backslashreplace",
+                line_buffering=True,
+                write_through=True,
+            )
+        )
     return _terminal_stderr[0]
 
 
@@ -182,7 +192,7 @@ def _startup_lines_dropped() -> Iterator[None]:
 
 def _write_all(fd: int, data: bytes, write: Callable[[int, bytes], int] = os.write) -> None:
     while data:
-        data = data[write(fd, data):]
+        data = data[write(fd, data) :]
 
 
 __all__ = ["MLFLOW_PROGRESS_ENV", "STARTUP_NOISE", "VERBOSE_ENV", "configure", "without_startup_noise"]

@@ -15,8 +15,10 @@ def say_hazard_groups(groups: list[HazardGroup], mark_blocking: bool = False, in
     for group in groups:
         blocks = "BLOCKS " if mark_blocking and group.blocking else ""
         count = f" ({len(group.layers)} layers)" if len(group.layers) > 1 else ""
-        say_marked(f"{indent}{blocks}[{severity_style(group.severity)}]{group.severity}[/] {group.code}",
-                   f" at {group.layers_text()}{count}: {group.message}")
+        say_marked(
+            f"{indent}{blocks}[{severity_style(group.severity)}]{group.severity}[/] {group.code}",
+            f" at {group.layers_text()}{count}: {group.message}",
+        )
 
 
 __all__ = ["say_hazard_groups"]

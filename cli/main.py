@@ -78,8 +78,10 @@ def interrupted_message(args: list[str]) -> str:
     commands |= {group.name for group in app.registered_groups if group.name}
     command = next((arg for arg in args if arg in commands), None)
     what = f"`normbridge {command}`" if command else "normbridge"
-    return (f"interrupted: {what} stopped before it finished (Ctrl-C); nothing is half written: a file or registry "
-            "version it was writing appears whole or not at all.")
+    return (
+        f"interrupted: {what} stopped before it finished (Ctrl-C); nothing is half written: a file or registry "
+        "version it was writing appears whole or not at all."
+    )
 
 
 def _terminated(signum: int, frame) -> None:
@@ -99,7 +101,9 @@ def _leave(finished: list) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    os._exit(code if isinstance(code, int) else (0 if code is None else 1))  # a message code was printed by Python already
+    os._exit(
+        code if isinstance(code, int) else (0 if code is None else 1)
+    )  # a message code was printed by Python already
 
 
 if __name__ == "__main__":  # pragma: no cover

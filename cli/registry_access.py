@@ -78,7 +78,11 @@ def _register(name: str, model: Path, db: str | None, blobs: str | None, quiet: 
         from registry.worker_jobs import register_in_worker
 
         shared = gate_worker()
-        done = None if shared is None else register_in_worker(shared[0], REGISTRY.packages, name, model, db, blobs, progress=progress, **options)
+        done = (
+            None
+            if shared is None
+            else register_in_worker(shared[0], REGISTRY.packages, name, model, db, blobs, progress=progress, **options)
+        )
         if done is not None:
             return done
     return _registry(db, blobs, quiet, gate_for=model).register(name, model, progress=progress, **options)

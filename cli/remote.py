@@ -37,8 +37,16 @@ def set_options(server: str | None, token: str | None) -> None:
 def _byte_bar(description: str, total: int | None) -> Iterator:
     """A transient stderr bar with bytes done/total and speed; invisible when stderr is not a terminal."""
     stderr = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                  console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done: bar.update(task, completed=done)
 
@@ -55,9 +63,13 @@ def remote_registry(db: str | None, blobs: str | None, quiet: bool = False):
         return None
     given = [flag for flag, value in (("--db", db), ("--blobs", blobs)) if value is not None]
     if given:
-        raise typer.BadParameter(f"a local registry cannot be combined with --server / NORMBRIDGE_SERVER ({options.server}); drop "
-                                 f"{' and '.join(given)} or the server (the server uses its own database and blob store).",
-                                 param_hint=" / ".join(given))
+        raise typer.BadParameter(
+            f"a local registry cannot be combined with --server / NORMBRIDGE_SERVER ({options.server}); drop "
+            f"{' and '.join(given)} or the server (the server uses its own database and blob store).",
+            param_hint=" / ".join(given),
+        )
     from registry.client import RemoteRegistry
 
-    return RemoteRegistry(options.server, options.token, transfer=None if quiet else _byte_bar, waiting=None if quiet else _spinner)
+    return RemoteRegistry(
+        options.server, options.token, transfer=None if quiet else _byte_bar, waiting=None if quiet else _spinner
+    )

@@ -30,8 +30,11 @@ def servable_cell(record) -> str:
 def say_registered_verdict(record) -> None:
     """After `register`: a line only when the new version may not serve."""
     if record.servable is False:
-        say_marked("  [bold red]not servable[/]: ", f"{blocking_text(record)} (`normbridge show {record.model}@{record.number}` says why; "
-                   "a guarded alias such as production refuses it without --force)")
+        say_marked(
+            "  [bold red]not servable[/]: ",
+            f"{blocking_text(record)} (`normbridge show {record.model}@{record.number}` says why; "
+            "a guarded alias such as production refuses it without --force)",
+        )
 
 
 def say_verdict(record) -> None:

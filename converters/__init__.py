@@ -43,4 +43,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'converters' has no attribute '{name}'")
 
 
-__all__ = ["ConversionOptions", "REGISTRY", "check", "check_many", "convert", "convert_with_report", "from_spec", "last_report", "recognize", "to_spec", "write_layer", *_MODEL_TOOLS]
+__all__ = [
+    "ConversionOptions",
+    "REGISTRY",
+    "check",
+    "check_many",
+    "convert",
+    "convert_with_report",
+    "from_spec",
+    "last_report",
+    "recognize",
+    "to_spec",
+    "write_layer",
+    *_MODEL_TOOLS,
+]

@@ -123,7 +123,9 @@ class FrameworkAdapter(abc.ABC):
         """
 
     @abc.abstractmethod
-    def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def run_train_step(
+        self, obj: Any, x: np.ndarray, in_place: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """One training-mode forward pass: (output, new running_mean, new running_var), on a copy (on `obj` itself if `in_place`)."""
 
     def unchanged_objects(self) -> contextlib.AbstractContextManager:

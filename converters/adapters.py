@@ -19,7 +19,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from schemas import AdapterNotFoundError, DuplicateAdapterError, InputFileError, NotExpressibleError, UnsupportedObjectError
+from schemas import (
+    AdapterNotFoundError,
+    DuplicateAdapterError,
+    InputFileError,
+    NotExpressibleError,
+    UnsupportedObjectError,
+)
 from schemas import vocabulary
 from schemas.kinds import KIND_INFO, register_kind, remove_kind
 
@@ -68,7 +74,9 @@ class AdapterRegistry:
         asked after the ones registered before it. A name registered already raises."""
         with self._lock:
             if info.name in self._packages:
-                raise DuplicateAdapterError(f"framework '{info.name}' is already registered ({self._packages[info.name]}).")
+                raise DuplicateAdapterError(
+                    f"framework '{info.name}' is already registered ({self._packages[info.name]})."
+                )
             self._packages[info.name] = info.package
             vocabulary.add_framework(info.name)  # specs read from it name it as their source
 
@@ -157,8 +165,10 @@ class AdapterRegistry:
         """The facts framework `name`'s package declares (its INFO; the framework itself is not imported)."""
         info = getattr(self._package(name), "INFO", None)
         if not isinstance(info, FrameworkInfo) or info.name != name:
-            raise AdapterNotFoundError(f"framework '{name}' declares no FrameworkInfo ({self._packages[name]}.INFO is a "
-                                       f"{type(info).__name__}, expected one named '{name}').")
+            raise AdapterNotFoundError(
+                f"framework '{name}' declares no FrameworkInfo ({self._packages[name]}.INFO is a "
+                f"{type(info).__name__}, expected one named '{name}')."
+            )
         return info
 
     def infos(self) -> list[FrameworkInfo]:
@@ -167,19 +177,25 @@ class AdapterRegistry:
 
     def model_files(self) -> dict[str, tuple[str, str]]:
         """Model file suffix -> (framework whose ModelAdapter loads it, the format as named in messages)."""
-        return {suffix: (info.name, described) for info in self.infos() for suffix, described in info.model_files.items()}
+        return {
+            suffix: (info.name, described) for info in self.infos() for suffix, described in info.model_files.items()
+        }
 
     def structure_suffixes(self) -> dict[str, str]:
         """Structure format -> its file suffix (what `pull` writes and an upload is saved as), for every framework whose
         models the registry stores."""
-        return {info.structure_format: info.structure_suffix for info in self.infos() if info.structure_format is not None}
+        return {
+            info.structure_format: info.structure_suffix for info in self.infos() if info.structure_format is not None
+        }
 
     def folder_framework(self, folder: Path) -> str | None:
         """The framework whose model folder `folder` is, told from its marker files alone (FrameworkInfo.folder_markers);
         None for a spec or artifact folder, or one no framework marks."""
         if (folder / "spec.json").exists() or (folder / "manifest.json").exists():
             return None
-        return next((info.name for info in self.infos() for marker in info.folder_markers if (folder / marker).is_file()), None)
+        return next(
+            (info.name for info in self.infos() for marker in info.folder_markers if (folder / marker).is_file()), None
+        )
 
     def folder_formats(self) -> dict[str, str]:
         """Structure format -> the framework whose model adapter writes it back as a folder (FrameworkInfo.folder_formats)."""
@@ -201,10 +217,16 @@ class AdapterRegistry:
         try:
             return self._kinds[(framework, kind)]
         except KeyError:
-            if kind in KIND_INFO and framework in self._packages:  # a kind the framework has no adapter for: it cannot hold it
+            if (
+                kind in KIND_INFO and framework in self._packages
+            ):  # a kind the framework has no adapter for: it cannot hold it
                 raise NotExpressibleError(
                     f"{framework} has no {kind} layer: no adapter of {self._packages[framework]} converts kind '{kind}' "
-                    f"({KIND_INFO[kind].summary}).", layer=layer, setting="kind", target=framework) from None
+                    f"({KIND_INFO[kind].summary}).",
+                    layer=layer,
+                    setting="kind",
+                    target=framework,
+                ) from None
             available = ", ".join(f"{f}/{k}" for f, k in sorted(self._kinds))
             raise AdapterNotFoundError(
                 f"no adapter converts kind '{kind}' for framework '{framework}'; currently registered pairs are {available}."
@@ -239,7 +261,9 @@ class AdapterRegistry:
         """The framework that owns the whole model `model` (an ExportedProgram is torch's)."""
         name = owning_framework(model, self._packages)
         if name is None:
-            raise InputFileError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected a PyTorch, Keras or ONNX model.")
+            raise InputFileError(
+                f"got a {type(model).__module__}.{type(model).__qualname__}, expected a PyTorch, Keras or ONNX model."
+            )
         return name
 
     def model_adapter_of(self, model: Any) -> ModelAdapter:

@@ -38,16 +38,26 @@ def last_report() -> ConversionReport | None:
     return getattr(_last, "report", None)
 
 
-def read_spec(obj: Any, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY) -> tuple[NormSpec, LayerReport]:
+def read_spec(
+    obj: Any, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY
+) -> tuple[NormSpec, LayerReport]:
     """to_spec plus the layer report it filled (used by convert and check)."""
     framework = registry.framework_of(obj)
     kind = framework.kind_of(obj)
-    layer_report = report or LayerReport(layer="?", kind=kind, source_framework=framework.name, target_framework="spec", target_op="NormSpec")
+    layer_report = report or LayerReport(
+        layer="?", kind=kind, source_framework=framework.name, target_framework="spec", target_op="NormSpec"
+    )
     spec = framework.recognised_spec(obj)
     if spec is None:
         spec = registry.get(framework.name, kind).to_spec(obj, layer_report)
     else:
-        layer_report.add("recognised", None, spec.source.layer_type, "translated", "read from what the module computes, proved on a probe")
+        layer_report.add(
+            "recognised",
+            None,
+            spec.source.layer_type,
+            "translated",
+            "read from what the module computes, proved on a probe",
+        )
     layer_report.layer = spec.name
     return spec, layer_report
 
@@ -66,7 +76,11 @@ def to_spec(obj: Any) -> NormSpec:
 
 
 def write_spec(
-    spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport | None = None, registry: AdapterRegistry = REGISTRY,
+    spec: NormSpec,
+    to: str,
+    options: ConversionOptions,
+    report: LayerReport | None = None,
+    registry: AdapterRegistry = REGISTRY,
     build: Callable[[KindAdapter, NormSpec, ConversionOptions, LayerReport], Any] | None = None,
 ) -> tuple[Any, LayerReport]:
     """from_spec plus its layer report.
@@ -74,13 +88,17 @@ def write_spec(
     `build(adapter, spec, options, report)` stands in for `adapter.from_spec(spec, options, report)` on the spec it would get:
     check_many (converters/gate/grouped_check.py) passes one that builds a layer once per configuration and gives it each state.
     """
-    layer_report = report or LayerReport(layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?")
+    layer_report = report or LayerReport(
+        layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?"
+    )
     layer_report.target_framework = to
     adapter = registry.get(to, spec.kind, spec.name)
     restored = restored_layer(spec, to, options, layer_report, registry)
     if restored is not None:
         return restored, layer_report
-    spec = stock_spec(spec, adapter.holds, layer_report)  # what a stock layer computes of settings it has no attribute for
+    spec = stock_spec(
+        spec, adapter.holds, layer_report
+    )  # what a stock layer computes of settings it has no attribute for
     refuse_unheld_settings(spec, adapter)
     obj = (build or _from_spec)(adapter, with_input_rank(spec, options), options, layer_report)
     return obj, layer_report
@@ -90,13 +108,17 @@ def _from_spec(adapter: KindAdapter, spec: NormSpec, options: ConversionOptions,
     return adapter.from_spec(spec, options, report)
 
 
-def restored_layer(spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport, registry: AdapterRegistry = REGISTRY) -> Any:
+def restored_layer(
+    spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport, registry: AdapterRegistry = REGISTRY
+) -> Any:
     """The class `spec` was read from, when converting back to its framework can rebuild it (options.restore_source_class), else None;
     either way `report` says which class the layer becomes and why."""
     if spec.source.framework != to or not spec.source.module_class:
         return None
     if not options.restore_source_class:
-        report.add("class", spec.source.module_class, None, "dropped", "restore_source_class=False: the stock class is built")
+        report.add(
+            "class", spec.source.module_class, None, "dropped", "restore_source_class=False: the stock class is built"
+        )
         return None
     layer, how = registry.framework(to).restore(with_input_rank(spec, options))
     if layer is None:
@@ -120,7 +142,9 @@ def with_input_rank(spec: NormSpec, options: ConversionOptions) -> NormSpec:
     try:
         return spec.replace(input_rank=options.input_rank)
     except SpecError as error:
-        raise SpecError(f"input_rank={options.input_rank} was asked for, but {error.message}", layer=spec.name, setting="input_rank") from error
+        raise SpecError(
+            f"input_rank={options.input_rank} was asked for, but {error.message}", layer=spec.name, setting="input_rank"
+        ) from error
 
 
 def refuse_unheld_settings(spec: NormSpec, adapter) -> None:
@@ -129,23 +153,38 @@ def refuse_unheld_settings(spec: NormSpec, adapter) -> None:
         if setting not in adapter.holds:
             raise NotExpressibleError(
                 f"no stock {adapter.framework} {adapter.kind} normalization holds {setting}={value!r}; keep the layer in its source "
-                "framework or convert a spec without it.", layer=spec.name, setting=setting, target=adapter.framework)
+                "framework or convert a spec without it.",
+                layer=spec.name,
+                setting=setting,
+                target=adapter.framework,
+            )
 
 
-def from_spec(spec: NormSpec, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> Any:
+def from_spec(
+    spec: NormSpec,
+    to: str,
+    *,
+    opset: int | None = None,
+    options: ConversionOptions | None = None,
+    **option_overrides: Any,
+) -> Any:
     """Build the target framework's natural layer: "torch" -> nn.Module, "keras" -> built layer, "onnx" -> ModelProto."""
     obj, layer_report = write_spec(spec, to, _options(options, opset, option_overrides))
     _remember(ConversionReport(layers=[layer_report]))
     return obj
 
 
-def convert_with_report(obj: Any, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> tuple[Any, ConversionReport]:
+def convert_with_report(
+    obj: Any, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any
+) -> tuple[Any, ConversionReport]:
     """convert() returning the fidelity report alongside the converted object."""
     spec, layer_report = read_spec(obj)
     target, layer_report = write_spec(spec, to, _options(options, opset, option_overrides), layer_report)
     return target, _remember(ConversionReport(layers=[layer_report]))
 
 
-def convert(obj: Any, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any) -> Any:
+def convert(
+    obj: Any, to: str, *, opset: int | None = None, options: ConversionOptions | None = None, **option_overrides: Any
+) -> Any:
     """Convert one normalization layer to framework `to`; the report is in last_report()."""
     return convert_with_report(obj, to, opset=opset, options=options, **option_overrides)[0]

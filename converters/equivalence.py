@@ -13,7 +13,16 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from schemas import CheckResult, NormSpec, NormbridgeError, NotExpressibleError, OutputComparison, StatsComparison, TargetCheck, spec_differences
+from schemas import (
+    CheckResult,
+    NormSpec,
+    NormbridgeError,
+    NotExpressibleError,
+    OutputComparison,
+    StatsComparison,
+    TargetCheck,
+    spec_differences,
+)
 
 from schemas.floats import as_float32
 from schemas.tensors import tensors_identical
@@ -27,7 +36,7 @@ from .probe import probe_input
 from .adapters import REGISTRY, AdapterRegistry
 
 #: bfloat16's machine epsilon 2**-7 (8 significant bits): one ulp of a value in [1, 2).
-BF16_ULP = 2.0 ** -7
+BF16_ULP = 2.0**-7
 #: (atol, rtol) per dtype: |out - ref| <= atol + rtol * |ref| elementwise. bfloat16: 2 ulps. The reference
 #: (reference/precision.py) and a framework both round each intermediate (statistics, normalised value, scale
 #: product, bias sum) once; where they round differently (float32 or bf16 statistics, the cast before or after
@@ -35,7 +44,11 @@ BF16_ULP = 2.0 ** -7
 #: intermediate, so 2 ulps of max(1, max |reference|) bound it (measured: at most 1.05 ulps on the case table);
 #: atol is scaled by that maximum in output_tolerances, since a bias can cancel a product near zero.
 TOLERANCES: dict[str, tuple[float, float]] = {
-    "bfloat16": (2 * BF16_ULP, 2 * BF16_ULP), "float16": (2e-2, 2e-2), "float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9)}
+    "bfloat16": (2 * BF16_ULP, 2 * BF16_ULP),
+    "float16": (2e-2, 2e-2),
+    "float32": (1e-5, 1e-4),
+    "float64": (1e-10, 1e-9),
+}
 #: Fields that may differ after going to another framework and back to the source one: provenance,
 #: and the layout, because every conversion produces the target's natural layer (a Keras axis=1
 #: layer comes back as the natural channels-last one; the data layout is reported, not kept).
@@ -60,7 +73,9 @@ def output_tolerances(framework, spec: NormSpec, reference_max: float = 0.0) -> 
     return atol, rtol
 
 
-def _errors(out: np.ndarray, ref: np.ndarray, dtype: str, tolerances: tuple[float, float] | None = None) -> tuple[float, float, bool]:
+def _errors(
+    out: np.ndarray, ref: np.ndarray, dtype: str, tolerances: tuple[float, float] | None = None
+) -> tuple[float, float, bool]:
     atol, rtol = tolerances or TOLERANCES[dtype]
     out = np.asarray(out, dtype=np.float64)
     if out.shape != ref.shape:
@@ -70,7 +85,11 @@ def _errors(out: np.ndarray, ref: np.ndarray, dtype: str, tolerances: tuple[floa
         return 0.0, 0.0, True
     magnitude = np.abs(ref)
     if magnitude.dtype != np.float64:
-        return float(diff.max()), float((diff / np.maximum(magnitude, _TINY)).max()), bool((diff <= atol + rtol * magnitude).all())
+        return (
+            float(diff.max()),
+            float((diff / np.maximum(magnitude, _TINY)).max()),
+            bool((diff <= atol + rtol * magnitude).all()),
+        )
     # The same operations in place (a float64 reference, as every check's): no temporaries.
     bound = np.multiply(magnitude, rtol)
     np.add(bound, atol, out=bound)
@@ -88,8 +107,16 @@ def _runtime_unavailable(error: Exception) -> bool:
     return "NOT_IMPLEMENTED" in str(error)
 
 
-def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, x_cf: np.ndarray, dtype: str,
-                         source: Callable[[], reference.TrainStep], objects: "CheckObjects") -> StatsComparison:
+def _check_training_step(
+    spec: NormSpec,
+    target_spec: NormSpec,
+    framework,
+    obj,
+    x_cf: np.ndarray,
+    dtype: str,
+    source: Callable[[], reference.TrainStep],
+    objects: "CheckObjects",
+) -> StatsComparison:
     """`source()` is reference.train_step(spec, x_cf): the same for every target, so check() computes it at most once."""
     x = from_channels_first(x_cf, target_spec.layout)
     y, mean, var = objects.run_train_step(framework, obj, x)
@@ -101,10 +128,19 @@ def _check_training_step(spec: NormSpec, target_spec: NormSpec, framework, obj, 
         expected = source_step
     err_mean = float(np.max(np.abs(mean - expected.running_mean)))
     err_var = float(np.max(np.abs(var - expected.running_var)))
-    gap = 0.0 if target_spec.variance_estimator == spec.variance_estimator else float(np.max(np.abs(expected.running_var - source_step.running_var)))
+    gap = (
+        0.0
+        if target_spec.variance_estimator == spec.variance_estimator
+        else float(np.max(np.abs(expected.running_var - source_step.running_var)))
+    )
     observed = float(np.max(np.abs(var - source_step.running_var)))
     y_ref = source_step.output  # the source layer's training-mode output
-    _, _, y_ok = _errors(to_channels_first(y, target_spec.layout), y_ref, dtype, output_tolerances(framework, spec, float(np.max(np.abs(y_ref)))))
+    _, _, y_ok = _errors(
+        to_channels_first(y, target_spec.layout),
+        y_ref,
+        dtype,
+        output_tolerances(framework, spec, float(np.max(np.abs(y_ref)))),
+    )
     tol_mean, tol_var = training_tolerances(framework, target_spec, x_cf, expected)
     passed = y_ok and err_mean <= tol_mean and err_var <= tol_var and observed <= gap + tol_var
     return StatsComparison(
@@ -125,12 +161,20 @@ def _computes_as(a: NormSpec, b: NormSpec) -> bool:
         if field in ("name", "source", "tensors"):
             continue
         left, right = getattr(a, field), getattr(b, field)
-        if type(left) is not type(right) or left != right or (isinstance(left, float) and math.copysign(1.0, left) != math.copysign(1.0, right)):
+        if (
+            type(left) is not type(right)
+            or left != right
+            or (isinstance(left, float) and math.copysign(1.0, left) != math.copysign(1.0, right))
+        ):
             return False
-    return a.tensors.keys() == b.tensors.keys() and all(tensors_identical(a.tensors[n], b.tensors[n]) for n in a.tensors)
+    return a.tensors.keys() == b.tensors.keys() and all(
+        tensors_identical(a.tensors[n], b.tensors[n]) for n in a.tensors
+    )
 
 
-def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expected: reference.TrainStep | None = None) -> tuple[float, float]:
+def training_tolerances(
+    framework, target_spec: NormSpec, x_cf: np.ndarray, expected: reference.TrainStep | None = None
+) -> tuple[float, float]:
     """Allowed max abs error of (running_mean, running_var) after one step of `target_spec` on `x_cf` (`expected`: that step, if known)."""
     atol, rtol = TOLERANCES[target_spec.dtype]
     expected = expected or reference.train_step(target_spec, x_cf)
@@ -138,7 +182,9 @@ def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expe
     tol_var = atol + rtol * float(np.max(np.abs(expected.running_var)))
     if framework.float32_attributes and target_spec.momentum is not None:
         # The runtime updates with float32(momentum): allow |m - float32(m)| * |batch - running|.
-        rounding = max(abs(m - as_float32(m)) for m in (target_spec.momentum_as(c) for c in ("batch_weight", "running_weight")))
+        rounding = max(
+            abs(m - as_float32(m)) for m in (target_spec.momentum_as(c) for c in ("batch_weight", "running_weight"))
+        )
         old_mean, old_var = (target_spec.tensors[n].astype(np.float64) for n in ("running_mean", "running_var"))
         batch_mean, batch_var, count = reference.batch_moments(target_spec, x_cf)
         batch_var = batch_var * count / max(count - 1, 1)  # the larger of the two estimators bounds both
@@ -147,8 +193,9 @@ def training_tolerances(framework, target_spec: NormSpec, x_cf: np.ndarray, expe
     return tol_mean, tol_var
 
 
-def _back_to_source(spec: NormSpec, target_spec: NormSpec, source: str, options: ConversionOptions,
-                    objects: "CheckObjects") -> tuple[NormSpec, NormSpec | None]:
+def _back_to_source(
+    spec: NormSpec, target_spec: NormSpec, source: str, options: ConversionOptions, objects: "CheckObjects"
+) -> tuple[NormSpec, NormSpec | None]:
     """(the spec read back after converting `target_spec` to the source framework, the spec it must equal or None for the
     expressed one). Into the stock class first; where no stock class holds the layer (a channels-first LayerNorm in torch),
     into the class the source was read from, rebuilt with the source's provenance (torch_adapter/restoring.py): then the
@@ -161,9 +208,13 @@ def _back_to_source(spec: NormSpec, target_spec: NormSpec, source: str, options:
             raise
         layer, how = registry.framework(source).restore(target_spec.replace(source=spec.source))
         if layer is None:
-            raise NotExpressibleError(f"no stock {source} class holds {refused.setting}, and its own class "
-                                      f"{spec.source.module_class} was not rebuilt: {how}", layer=spec.name,
-                                      setting=refused.setting or "class", target=source) from refused
+            raise NotExpressibleError(
+                f"no stock {source} class holds {refused.setting}, and its own class "
+                f"{spec.source.module_class} was not rebuilt: {how}",
+                layer=spec.name,
+                setting=refused.setting or "class",
+                target=source,
+            ) from refused
         return objects.read(layer), spec
 
 
@@ -175,18 +226,27 @@ def round_trip_options(spec: NormSpec, options: ConversionOptions) -> Conversion
     return options
 
 
-def round_trip_differences(spec: NormSpec, target_spec: NormSpec, expressed: NormSpec, options: ConversionOptions,
-                           objects: "CheckObjects") -> list[str]:
+def round_trip_differences(
+    spec: NormSpec, target_spec: NormSpec, expressed: NormSpec, options: ConversionOptions, objects: "CheckObjects"
+) -> list[str]:
     """How the layer read from a target (`target_spec`), written back to the source framework and read again, differs from
     the spec it must equal (`expressed`, or the source spec itself where the source class was rebuilt). `options`: the
     target's. Raises NotExpressibleError where the source framework cannot hold it."""
-    back_spec, home = _back_to_source(spec, target_spec, spec.source.framework, round_trip_options(spec, options), objects)
+    back_spec, home = _back_to_source(
+        spec, target_spec, spec.source.framework, round_trip_options(spec, options), objects
+    )
     return [str(d) for d in spec_differences(home or expressed, back_spec, ignore=ROUND_TRIP_IGNORED)]
 
 
 def _check_target(
-    spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
-    source_step: Callable[[], reference.TrainStep], objects: "CheckObjects",
+    spec: NormSpec,
+    target: str,
+    options: ConversionOptions,
+    x_cf: np.ndarray,
+    y_ref: np.ndarray,
+    result: CheckResult,
+    source_step: Callable[[], reference.TrainStep],
+    objects: "CheckObjects",
 ) -> None:
     registry = objects.registry
     framework = registry.framework(target)
@@ -206,7 +266,9 @@ def _check_target(
     source = spec.source.framework
     deferred = None
     if source in registry.framework_names:
-        deferred = round_trips.hold(result, entry, target_spec, expressed)  # a worker leaves it to its caller, which has `source`
+        deferred = round_trips.hold(
+            result, entry, target_spec, expressed
+        )  # a worker leaves it to its caller, which has `source`
         if deferred is None:
             entry.round_trip_differences = round_trip_differences(spec, target_spec, expressed, options, objects)
     try:
@@ -218,7 +280,11 @@ def _check_target(
         raise
     atol, rtol = output_tolerances(framework, spec, float(np.max(np.abs(y_ref))))
     max_abs, max_rel, ok = _errors(to_channels_first(out, target_spec.layout), y_ref, spec.dtype, (atol, rtol))
-    result.outputs.append(OutputComparison(framework=target, max_abs_error=max_abs, max_rel_error=max_rel, atol=atol, rtol=rtol, passed=ok))
+    result.outputs.append(
+        OutputComparison(
+            framework=target, max_abs_error=max_abs, max_rel_error=max_rel, atol=atol, rtol=rtol, passed=ok
+        )
+    )
     if spec.track_running_stats:
         try:
             stats = _check_training_step(spec, target_spec, framework, obj, x_cf, spec.dtype, source_step, objects)
@@ -233,7 +299,10 @@ def _check_target(
 
 
 def check(
-    spec_or_obj: Any, frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None, registry: AdapterRegistry = REGISTRY
+    spec_or_obj: Any,
+    frameworks: Iterable[str] | None = None,
+    options: ConversionOptions | None = None,
+    registry: AdapterRegistry = REGISTRY,
 ) -> CheckResult:
     """Convert a layer to every framework and back and check it still computes the same function.
 
@@ -250,7 +319,9 @@ def check(
     x_cf = probe_input(spec)
     result = new_result(spec, x_cf)
     y_ref = reference.forward(spec, x_cf, training=False)
-    source_step = functools.cache(lambda: reference.train_step(spec, x_cf))  # computed by the first target that needs it
+    source_step = functools.cache(
+        lambda: reference.train_step(spec, x_cf)
+    )  # computed by the first target that needs it
     objects = CheckObjects(registry)
     for target in registry.framework_names if frameworks is None else frameworks:
         check_target(spec, target, options, x_cf, y_ref, result, source_step, objects)
@@ -261,18 +332,33 @@ def check(
 def new_result(spec: NormSpec, x_cf: np.ndarray) -> CheckResult:
     """The result `check` fills for `spec` probed with `x_cf`: no entries yet, not passed."""
     return CheckResult(
-        layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, dtype=spec.dtype, passed=False, probe_shape=list(x_cf.shape)
+        layer=spec.name,
+        kind=spec.kind,
+        source_framework=spec.source.framework,
+        dtype=spec.dtype,
+        passed=False,
+        probe_shape=list(x_cf.shape),
     )
 
 
-def check_target(spec: NormSpec, target: str, options: ConversionOptions, x_cf: np.ndarray, y_ref: np.ndarray, result: CheckResult,
-                 source_step: Callable[[], reference.TrainStep], objects: "CheckObjects") -> None:
+def check_target(
+    spec: NormSpec,
+    target: str,
+    options: ConversionOptions,
+    x_cf: np.ndarray,
+    y_ref: np.ndarray,
+    result: CheckResult,
+    source_step: Callable[[], reference.TrainStep],
+    objects: "CheckObjects",
+) -> None:
     """One target's part of `check` into `result`: a NormbridgeError becomes that target's failed entry and an error line."""
     try:
         _check_target(spec, target, options, x_cf, y_ref, result, source_step, objects)
     except NormbridgeError as error:
         entry = result.targets[-1] if result.targets and result.targets[-1].framework == target else None
-        if entry is None:  # the target's entry, when it was made before the failure, says it failed: one entry per target
+        if (
+            entry is None
+        ):  # the target's entry, when it was made before the failure, says it failed: one entry per target
             result.targets.append(TargetCheck(framework=target, status="failed", reason=str(error)))
         else:
             entry.status, entry.reason = "failed", str(error)

@@ -42,18 +42,26 @@ def stock_spec(spec: NormSpec, holds: frozenset[str], report: LayerReport | None
 def _fold_scale_offset(spec: NormSpec, report: LayerReport | None) -> NormSpec:
     """scale_offset + scale as the plain scale, computed in the dtype the source adds them in, stored in the layer's dtype."""
     where = affine_dtype(spec)
-    factor = (np.asarray(spec.tensors["scale"]).astype(where) + np.asarray(spec.scale_offset, dtype=where)).astype(spec.dtype)
+    factor = (np.asarray(spec.tensors["scale"]).astype(where) + np.asarray(spec.scale_offset, dtype=where)).astype(
+        spec.dtype
+    )
     exact = where == spec.dtype
     if report is not None:
-        note = (f"the stock scale is {spec.scale_offset:g} + scale, computed in {where} as the source computes it: the same "
-                "factor, exact in eval mode")
+        note = (
+            f"the stock scale is {spec.scale_offset:g} + scale, computed in {where} as the source computes it: the same "
+            "factor, exact in eval mode"
+        )
         if not exact:
-            note = (f"the stock scale is {spec.scale_offset:g} + scale computed in {where} and stored in {spec.dtype}, where the "
-                    f"source keeps it in {where}: the factor moves by at most half a {spec.dtype} ulp")
+            note = (
+                f"the stock scale is {spec.scale_offset:g} + scale computed in {where} and stored in {spec.dtype}, where the "
+                f"source keeps it in {where}: the factor moves by at most half a {spec.dtype} ulp"
+            )
         report.add("scale_offset", spec.scale_offset, 0.0, "translated" if exact else "approximate", note)
-        report.warn(f"scale_offset={spec.scale_offset:g} is folded into the scale: the converted layer's parameter is "
-                    f"{spec.scale_offset:g} + w, not w (weight decay pulls it toward 0, not {spec.scale_offset:g})"
-                    + ("" if exact else f"; {spec.dtype} rounding of {spec.scale_offset:g} + w is not kept exact"))
+        report.warn(
+            f"scale_offset={spec.scale_offset:g} is folded into the scale: the converted layer's parameter is "
+            f"{spec.scale_offset:g} + w, not w (weight decay pulls it toward 0, not {spec.scale_offset:g})"
+            + ("" if exact else f"; {spec.dtype} rounding of {spec.scale_offset:g} + w is not kept exact")
+        )
     tensors = dict(spec.tensors)
     tensors["scale"] = factor
     return spec.replace(scale_offset=0.0, tensors=tensors)
@@ -62,11 +70,18 @@ def _fold_scale_offset(spec: NormSpec, report: LayerReport | None) -> NormSpec:
 def _cast_after_affine(spec: NormSpec, report: LayerReport | None) -> NormSpec:
     """The cast back to the layer's dtype after the affine instead of before it: one rounding moves."""
     if report is not None:
-        report.add("cast_before_affine", True, False, "approximate",
-                   f"the target applies scale and bias in {spec.compute_dtype} and casts to {spec.dtype} once, the source casts "
-                   f"before them: outputs differ by at most one {spec.dtype} rounding (half an ulp)")
-        report.warn(f"the cast to {spec.dtype} before the affine is not kept: the target casts after it, so outputs can differ "
-                    f"by one {spec.dtype} rounding")
+        report.add(
+            "cast_before_affine",
+            True,
+            False,
+            "approximate",
+            f"the target applies scale and bias in {spec.compute_dtype} and casts to {spec.dtype} once, the source casts "
+            f"before them: outputs differ by at most one {spec.dtype} rounding (half an ulp)",
+        )
+        report.warn(
+            f"the cast to {spec.dtype} before the affine is not kept: the target casts after it, so outputs can differ "
+            f"by one {spec.dtype} rounding"
+        )
     return spec.replace(cast_before_affine=False)
 
 

@@ -46,7 +46,9 @@ def optional_packages_kept_out() -> Iterator[None]:
 class _Absent(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in OPTIONAL_PACKAGES:
-            raise ModuleNotFoundError(f"No module named '{name}' (kept out while Keras loads in a normbridge process)", name=name)
+            raise ModuleNotFoundError(
+                f"No module named '{name}' (kept out while Keras loads in a normbridge process)", name=name
+            )
         return None
 
 

@@ -39,7 +39,9 @@ class ModelAdapter(abc.ABC):
     serving_source: ClassVar[bool] = False
     #: How the train_mode hazard says a layer of this framework is in train mode, and how to fix it.
     train_mode_wording: ClassVar[tuple[str, str]] = (
-        "is in train mode (module.training is True)", "call model.eval() before exporting or serving")
+        "is in train mode (module.training is True)",
+        "call model.eval() before exporting or serving",
+    )
     #: Its eps attributes are stored as float32 (ONNX), so an eps equals the default when their float32 values do.
     eps_stored_as_float32: ClassVar[bool] = False
 
@@ -84,7 +86,9 @@ class ModelAdapter(abc.ABC):
 
         Not done here because the adapter registry (which reading goes through) imports this module.
         """
-        raise UnsupportedObjectError(f"the {self.framework} model adapter reads no layer specs; define layer_spec (converters.api.layer_spec).")
+        raise UnsupportedObjectError(
+            f"the {self.framework} model adapter reads no layer specs; define layer_spec (converters.api.layer_spec)."
+        )
 
     def unused_layers(self, model: Any, sample: Any = None) -> frozenset[str]:
         """The paths of the normalization layers whose output reaches no output of `model` (dead code, which an exporter
@@ -100,10 +104,18 @@ class ModelAdapter(abc.ABC):
                 spec = self.layer_spec(ref)
             except NormbridgeError as error:
                 problem = str(error)
-            facts.append(LayerFacts(
-                path=ref.path, kind=ref.kind, framework=ref.framework, origin=self.walk_origin or self.framework,
-                layer_type=type(ref.obj).__name__, spec=spec, training=ref.training, problem=problem,
-            ))
+            facts.append(
+                LayerFacts(
+                    path=ref.path,
+                    kind=ref.kind,
+                    framework=ref.framework,
+                    origin=self.walk_origin or self.framework,
+                    layer_type=type(ref.obj).__name__,
+                    spec=spec,
+                    training=ref.training,
+                    problem=problem,
+                )
+            )
         return facts
 
     def model_hazards(self, model: Any, found: int | None = None) -> list:
@@ -122,16 +134,22 @@ class ModelAdapter(abc.ABC):
     def artifact_contents(self, model: Any) -> ModelContents:
         """Every tensor of `model` and, per normalization layer, its spec and the tensors holding it (what the registry
         stores); refused unless the framework provides it."""
-        raise UnsupportedObjectError(f"{self.framework} models cannot be registered yet; register a PyTorch, Keras or ONNX model.")
+        raise UnsupportedObjectError(
+            f"{self.framework} models cannot be registered yet; register a PyTorch, Keras or ONNX model."
+        )
 
-    def structure_of(self, model: Any, tensors: dict[str, np.ndarray], source: Path | None = None) -> StructureParts | None:
+    def structure_of(
+        self, model: Any, tensors: dict[str, np.ndarray], source: Path | None = None
+    ) -> StructureParts | None:
         """The model's structure without its tensor bytes (model_structure.py), `tensors` being artifact_contents' by name and
         `source` the file it was loaded from; None when there is none to store (a torch nn.Module is its state dict)."""
         return None
 
     def model_file(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray]) -> bytes:
         """The runnable model file of a stored structure with its tensors put back (the bytes of a file `load` reads)."""
-        raise UnsupportedObjectError(f"{self.framework} models have no stored structure to rebuild; pull the state dict (--format safetensors).")
+        raise UnsupportedObjectError(
+            f"{self.framework} models have no stored structure to rebuild; pull the state dict (--format safetensors)."
+        )
 
     def write_model_file(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], stream: BinaryIO) -> None:
         """Write `model_file`'s bytes to `stream` (a pulled file's temporary sibling); frameworks that can write the file as
@@ -209,7 +227,9 @@ class ModelAdapter(abc.ABC):
 
     def export_onnx(self, model: Any, sample: Any, opset: int) -> tuple[Any, str, list[str]]:
         """(onnx.ModelProto, the exporter as named in reports, notes) from the framework's own exporter (a `serving_source` framework)."""
-        raise UnsupportedObjectError(f"{self.framework} models are not exported for serving; export the torch or Keras model they came from.")
+        raise UnsupportedObjectError(
+            f"{self.framework} models are not exported for serving; export the torch or Keras model they came from."
+        )
 
     def unfold_exported(self, exported: Any, model: Any, specs: list[NormSpec]) -> tuple[Any, list[str]]:
         """Undo what the exporter folded away, using the source model; (graph, notes). Nothing by default."""
@@ -218,7 +238,9 @@ class ModelAdapter(abc.ABC):
     # -- BatchNorm statistics ------------------------------------------------------------------
 
     @abc.abstractmethod
-    def batchnorm_moments(self, model: Any, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
+    def batchnorm_moments(
+        self, model: Any, batches: Iterable[Sequence[np.ndarray]], train: bool = False
+    ) -> list[LayerMoments]:
         """The input moments of every BatchNorm with running statistics, in execution order.
 
         With `train`, each BatchNorm normalizes with its batch statistics while they are read
@@ -226,11 +248,15 @@ class ModelAdapter(abc.ABC):
         """
 
     @abc.abstractmethod
-    def recalibrate(self, model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
+    def recalibrate(
+        self, model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
+    ) -> tuple[Any, list[Movement], str]:
         """(new model, how each BatchNorm's statistics moved, the method in one sentence); `model` is left as it was."""
 
     # -- serving -------------------------------------------------------------------------------
 
     def serving_taps(self, model: Any, sink: Any) -> Any:
         """`model` instrumented for the serving collector (converters.serving_taps.ServingTaps); refused unless the framework provides it."""
-        raise UnsupportedObjectError(f"{self.framework} models cannot be monitored while serving; monitor a torch, Keras or onnxruntime model.")
+        raise UnsupportedObjectError(
+            f"{self.framework} models cannot be monitored while serving; monitor a torch, Keras or onnxruntime model."
+        )

@@ -71,8 +71,15 @@ class InputSpec:
 class ModelRunner:
     """A model as a function from a tuple of input arrays to a list of output arrays."""
 
-    def __init__(self, run: Callable[[Sequence[np.ndarray]], Outputs], description: str, specs: list[InputSpec],
-                 findings: list[str] | None = None, output_names: list[str] | None = None, runtime: str = ""):
+    def __init__(
+        self,
+        run: Callable[[Sequence[np.ndarray]], Outputs],
+        description: str,
+        specs: list[InputSpec],
+        findings: list[str] | None = None,
+        output_names: list[str] | None = None,
+        runtime: str = "",
+    ):
         self.run, self.description, self.specs = run, description, specs
         self.findings = findings or []
         self.output_names = output_names
@@ -134,7 +141,9 @@ def population_statistics(moments: LayerMoments, variance_estimator: str = "unbi
     if variance_estimator == "unbiased":
         total = float(sum(moments.counts))
         if total < 2:
-            raise InputFileError(f"layer '{moments.name}': one value per channel in all the data has no unbiased variance; pass at least 2 samples.")
+            raise InputFileError(
+                f"layer '{moments.name}': one value per channel in all the data has no unbiased variance; pass at least 2 samples."
+            )
         var = var * total / (total - 1)
     return mean, var
 

@@ -65,9 +65,11 @@ def _loaded(path: str) -> bool:
 class TritonAfterTensorFlow(importlib.abc.MetaPathFinder):
     """`triton` as a missing module: in this process TensorFlow was loaded first, and libtriton would crash it."""
 
-    MESSAGE = ("triton is kept out of this process: TensorFlow was imported before it, and libtriton's LLVM would bind "
-               "to TensorFlow's and crash (SIGSEGV; normbridge issue 31). Import torch._dynamo (or triton, or "
-               "normbridge's torch or keras adapter) before tensorflow/keras, or use a process per framework.")
+    MESSAGE = (
+        "triton is kept out of this process: TensorFlow was imported before it, and libtriton's LLVM would bind "
+        "to TensorFlow's and crash (SIGSEGV; normbridge issue 31). Import torch._dynamo (or triton, or "
+        "normbridge's torch or keras adapter) before tensorflow/keras, or use a process per framework."
+    )
 
     def find_spec(self, name, path=None, target=None):
         if name == "triton" or name.startswith("triton."):

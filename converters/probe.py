@@ -36,7 +36,7 @@ def probe_shape(spec: NormSpec, batch: int = PROBE_BATCH) -> tuple[int, ...]:
 #: The smallest variance the small sample is given per dtype: values whose squares stay normal numbers of the dtype.
 SMALL_VARIANCE_FLOOR = {"float16": 1e-4, "bfloat16": 1e-20, "float32": 1e-30, "float64": 1e-200}
 #: The probe's values are N(0.25, 1.5^2): their variance before any scaling.
-PROBE_VARIANCE = 1.5 ** 2
+PROBE_VARIANCE = 1.5**2
 
 
 def probe_input(spec: NormSpec, batch: int = PROBE_BATCH, seed: int | None = None) -> np.ndarray:
@@ -51,7 +51,9 @@ def probe_input(spec: NormSpec, batch: int = PROBE_BATCH, seed: int | None = Non
         seed = zlib.crc32(repr((spec.kind, shape)).encode())
     rng = np.random.default_rng(seed)
     values = rng.standard_normal(shape) * 1.5 + 0.25
-    every_axis = KIND_INFO[spec.kind].trailing and spec.input_rank == len(spec.normalized_shape)  # no sample axis (see probe_shape)
+    every_axis = KIND_INFO[spec.kind].trailing and spec.input_rank == len(
+        spec.normalized_shape
+    )  # no sample axis (see probe_shape)
     if spec.kind != "batch" and not every_axis and shape[0] > 1:
         variance = max(4.0 * spec.eps, SMALL_VARIANCE_FLOOR[spec.dtype])
         values[-1] *= np.sqrt(variance / PROBE_VARIANCE)

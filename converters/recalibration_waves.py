@@ -47,12 +47,17 @@ def waves(order: Sequence[str], upstream: Mapping[str, AbstractSet[str]] | None 
             if name in upstream.get(name, ()):
                 raise UnsupportedObjectError(
                     f"layer '{name}' runs more than once per forward and its own output reaches a later use of it, so its statistics feed "
-                    "its own input and have no population value; give each use its own BatchNorm before recalibrating.")
+                    "its own input and have no population value; give each use its own BatchNorm before recalibrating."
+                )
     pending, done = list(order), set()
     while pending:
-        wave = pending[:1] if upstream is None else [name for name in pending if not (set(upstream.get(name, ())) - done)]
+        wave = (
+            pending[:1] if upstream is None else [name for name in pending if not (set(upstream.get(name, ())) - done)]
+        )
         if not wave:  # reach is transitive, so a cycle shows as a self-loop above; this guards the loop all the same
-            raise UnsupportedObjectError(f"layers {', '.join(repr(n) for n in pending[:3])} feed one another's inputs; give each use its own BatchNorm.")
+            raise UnsupportedObjectError(
+                f"layers {', '.join(repr(n) for n in pending[:3])} feed one another's inputs; give each use its own BatchNorm."
+            )
         yield wave
         done.update(wave)
         pending = [name for name in pending if name not in done]

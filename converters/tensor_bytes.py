@@ -53,9 +53,13 @@ class ZipEntryBytes:
                 if not left and not skip and self.start + self.length == zf.getinfo(self.entry).file_size:
                     stream.read(1)  # reaching the end checks the entry's CRC
         except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as error:
-            raise InputFileError(f"{where} cannot be read again ({error}); the archive is corrupt or changed while it was registered.") from error
+            raise InputFileError(
+                f"{where} cannot be read again ({error}); the archive is corrupt or changed while it was registered."
+            ) from error
         if skip or left:
-            raise InputFileError(f"{where} ended before byte {self.start + self.length}; the archive is corrupt or changed while it was registered.")
+            raise InputFileError(
+                f"{where} ended before byte {self.start + self.length}; the archive is corrupt or changed while it was registered."
+            )
 
 
 __all__ = ["CHUNK_BYTES", "ZipEntryBytes"]

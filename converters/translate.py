@@ -17,7 +17,10 @@ def record_eps(report: LayerReport, spec: NormSpec, *, float32_attribute: bool =
     origin = " (PyTorch eps=None: the eps of the dtype it computes in)" if spec.eps_origin == "dtype_eps" else ""
     if float32_attribute and as_float32(spec.eps) != spec.eps:
         report.add(
-            "eps", spec.eps, as_float32(spec.eps), "stored",
+            "eps",
+            spec.eps,
+            as_float32(spec.eps),
+            "stored",
             f"float32 attribute; read back as the shortest decimal {spec.eps!r}{origin}",
         )
     else:
@@ -25,19 +28,29 @@ def record_eps(report: LayerReport, spec: NormSpec, *, float32_attribute: bool =
     return spec.eps
 
 
-def emit_momentum(report: LayerReport, spec: NormSpec, convention: str, options: ConversionOptions, target: str) -> float | None:
+def emit_momentum(
+    report: LayerReport, spec: NormSpec, convention: str, options: ConversionOptions, target: str
+) -> float | None:
     """The momentum to write in the target's `convention`, recorded; handles momentum=None."""
     if spec.momentum is None and spec.track_running_stats:
         if options.cumulative_momentum == "error":
             raise NotExpressibleError(
                 f"momentum=None (cumulative moving average over num_batches_tracked) has no {target} equivalent; "
                 "pass cumulative_momentum='next_step' to emit the momentum that matches the next training step only.",
-                layer=spec.name, setting="momentum", target=target,
+                layer=spec.name,
+                setting="momentum",
+                target=target,
             )
         tracked = int(spec.tensors["num_batches_tracked"])
         batch_weight = 1.0 / (tracked + 1)
         value = batch_weight if convention == "batch_weight" else 1.0 - batch_weight
-        report.add("momentum", None, value, "approximate", f"cumulative average replaced by 1/(num_batches_tracked+1) = 1/{tracked + 1} ({convention})")
+        report.add(
+            "momentum",
+            None,
+            value,
+            "approximate",
+            f"cumulative average replaced by 1/(num_batches_tracked+1) = 1/{tracked + 1} ({convention})",
+        )
         report.warn(
             f"momentum=None (cumulative average) emitted as momentum {value!r} ({convention}): exact for the next training step only; later steps differ."
         )
@@ -48,11 +61,25 @@ def emit_momentum(report: LayerReport, spec: NormSpec, convention: str, options:
     if convention == spec.momentum_convention:
         report.add("momentum", spec.momentum, note=convention)
     else:
-        report.add("momentum", spec.momentum, value, "translated", f"{spec.momentum_convention} -> {convention} (decimal complement)")
+        report.add(
+            "momentum",
+            spec.momentum,
+            value,
+            "translated",
+            f"{spec.momentum_convention} -> {convention} (decimal complement)",
+        )
     return value
 
 
-def estimator_matches(report: LayerReport, spec: NormSpec, target_estimator: str, target: str, *, can_match: bool, options: ConversionOptions) -> str:
+def estimator_matches(
+    report: LayerReport,
+    spec: NormSpec,
+    target_estimator: str,
+    target: str,
+    *,
+    can_match: bool,
+    options: ConversionOptions,
+) -> str:
     """Decide which running-variance estimator the target uses and report a difference.
 
     Returns the estimator the emitted layer will use.
@@ -64,9 +91,21 @@ def estimator_matches(report: LayerReport, spec: NormSpec, target_estimator: str
         report.add("variance_estimator", source)
         return source
     if options.match_variance_estimator and can_match:
-        report.add("variance_estimator", source, source, "exact", f"emitted a {target} subclass that updates running_var with the {source} estimator")
+        report.add(
+            "variance_estimator",
+            source,
+            source,
+            "exact",
+            f"emitted a {target} subclass that updates running_var with the {source} estimator",
+        )
         return source
-    report.add("variance_estimator", source, target_estimator, "approximate", "running_var update uses a different batch-variance estimator")
+    report.add(
+        "variance_estimator",
+        source,
+        target_estimator,
+        "approximate",
+        "running_var update uses a different batch-variance estimator",
+    )
     factor = "n/(n-1)" if source == "biased" else "(n-1)/n"
     hint = " pass match_variance_estimator=True to make them identical." if can_match else ""
     report.warn(
@@ -85,7 +124,8 @@ def warn_empty_batch(report: LayerReport, spec: NormSpec, target: str) -> None:
         return
     report.warn(
         f"a training step on an empty batch {done} in {target}, where PyTorch {torch_done}: "
-        "skip empty batches when training the converted layer.")
+        "skip empty batches when training the converted layer."
+    )
 
 
 def record_layout(report: LayerReport, spec: NormSpec, target_layout: str | None) -> None:
@@ -95,9 +135,13 @@ def record_layout(report: LayerReport, spec: NormSpec, target_layout: str | None
     if spec.layout == target_layout:
         report.add("layout", spec.layout)
     else:
-        report.add("layout", spec.layout, target_layout, "translated", "natural layout of the target; transpose inputs accordingly")
-
-
+        report.add(
+            "layout",
+            spec.layout,
+            target_layout,
+            "translated",
+            "natural layout of the target; transpose inputs accordingly",
+        )
 
 
 def tensor_fate(report: LayerReport, spec: NormSpec, names=("scale", "bias", "running_mean", "running_var")) -> None:

@@ -42,18 +42,30 @@ def main() -> int:
     bn = trained_batchnorm()
     spec = converters.to_spec(bn)
     console.print(Rule("source: torch.nn.BatchNorm2d(8, eps=1e-3, momentum=0.01)"))
-    console.print(f"eps={spec.eps!r} momentum={spec.momentum!r} ({spec.momentum_convention}) num_batches_tracked={int(spec.tensors['num_batches_tracked'])}", markup=False, soft_wrap=True)
+    console.print(
+        f"eps={spec.eps!r} momentum={spec.momentum!r} ({spec.momentum_convention}) num_batches_tracked={int(spec.tensors['num_batches_tracked'])}",
+        markup=False,
+        soft_wrap=True,
+    )
 
     keras_layer, keras_report = converters.convert_with_report(bn, "keras")
     console.print(Rule("to Keras"))
     console.print(keras_report.render_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"keras {type(keras_layer).__name__}: epsilon={keras_layer.epsilon!r} momentum={keras_layer.momentum!r} axis={keras_layer.axis}", markup=False, soft_wrap=True)
+    console.print(
+        f"keras {type(keras_layer).__name__}: epsilon={keras_layer.epsilon!r} momentum={keras_layer.momentum!r} axis={keras_layer.axis}",
+        markup=False,
+        soft_wrap=True,
+    )
 
     onnx_model, onnx_report = converters.convert_with_report(bn, "onnx", opset=23)
     console.print(Rule("to ONNX (opset 23)"))
     console.print(onnx_report.render_text(), markup=False, highlight=False, soft_wrap=True)
     back = converters.to_spec(onnx_model)
-    console.print(f"read back from ONNX: eps={back.eps!r} momentum={back.momentum!r} ({back.momentum_convention})", markup=False, soft_wrap=True)
+    console.print(
+        f"read back from ONNX: eps={back.eps!r} momentum={back.momentum!r} ({back.momentum_convention})",
+        markup=False,
+        soft_wrap=True,
+    )
 
     OUT.mkdir(exist_ok=True)
     save_spec(spec, OUT / "bn_spec")
@@ -74,19 +86,32 @@ def save_checkpoint_folder(folder: Path) -> None:
     try:
         import transformers
     except ModuleNotFoundError:
-        console.print("transformers is not installed: no checkpoint folder written (pip install 'normbridge[huggingface]')")
+        console.print(
+            "transformers is not installed: no checkpoint folder written (pip install 'normbridge[huggingface]')"
+        )
         return
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=256, rms_norm_eps=1e-5)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        rms_norm_eps=1e-5,
+    )
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     with torch.no_grad():
         for module in model.modules():
             if type(module).__name__ == "LlamaRMSNorm":
                 module.weight.uniform_(0.5, 1.5)  # as after fine-tuning: scales of 1 hide what a norm does
     model.save_pretrained(folder, max_shard_size="100KB")
-    console.print(f"wrote {folder}/ (a Llama checkpoint as save_pretrained writes it: config.json, "
-                  f"{len(list(folder.glob('*.safetensors')))} safetensors shards and their index)", markup=False, soft_wrap=True)
+    console.print(
+        f"wrote {folder}/ (a Llama checkpoint as save_pretrained writes it: config.json, "
+        f"{len(list(folder.glob('*.safetensors')))} safetensors shards and their index)",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
 console = Console()
-logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's notes about torchvision ops this model does not use
+logging.getLogger("torch.onnx").setLevel(
+    logging.ERROR
+)  # the exporter's notes about torchvision ops this model does not use
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
@@ -35,9 +37,14 @@ class SmallCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16, eps=1e-3, momentum=0.01), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+            torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(16, eps=1e-3, momentum=0.01),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
         )
         self.head = torch.nn.Linear(16, 4)
 
@@ -71,15 +78,31 @@ def recalibrate_statistics(model: SmallCNN, batches: int, generator: torch.Gener
 
 
 def register(registry, name: str, model, **kwargs):
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), console=console, transient=True,
-                  disable=not console.is_terminal) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
         task = bar.add_task(f"registering {name}", total=1)
-        result = registry.register(name, model, progress=lambda step, done, total: bar.update(task, description=f"{name}: {step}",
-                                                                                                completed=done, total=max(total, 1)), **kwargs)
+        result = registry.register(
+            name,
+            model,
+            progress=lambda step, done, total: bar.update(
+                task, description=f"{name}: {step}", completed=done, total=max(total, 1)
+            ),
+            **kwargs,
+        )
     v = result.version
     verdict = "registered" if result.created else "already registered as"
-    console.print(f"[green]{verdict}[/] {v.model}@{v.number}  ({v.operation}{' from ' + v.parent if v.parent else ''}; "
-                  f"{sum(c.passed for c in result.checks)}/{len(result.checks)} layers passed the equivalence check)", highlight=False, soft_wrap=True)
+    console.print(
+        f"[green]{verdict}[/] {v.model}@{v.number}  ({v.operation}{' from ' + v.parent if v.parent else ''}; "
+        f"{sum(c.passed for c in result.checks)}/{len(result.checks)} layers passed the equivalence check)",
+        highlight=False,
+        soft_wrap=True,
+    )
     return result
 
 
@@ -107,8 +130,12 @@ def main() -> None:
         register(registry, "cnn", model)  # identical content: the existing version comes back
         added = set(registry.store.digests()) - before
         full = sum(t["nbytes"] for t in second.version.manifest["tensors"].values())
-        console.print(f"cnn@2 stored {len(added)} new blobs, {sum(registry.store.size(d) for d in added)} bytes (its {len(second.version.manifest['tensors'])} "
-                      f"tensors hold {full} bytes; the unchanged weights are shared with cnn@1)", highlight=False, soft_wrap=True)
+        console.print(
+            f"cnn@2 stored {len(added)} new blobs, {sum(registry.store.size(d) for d in added)} bytes (its {len(second.version.manifest['tensors'])} "
+            f"tensors hold {full} bytes; the unchanged weights are shared with cnn@1)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
         console.rule("diff cnn@1 cnn@2")
         console.print(registry.diff("cnn@1", "cnn@2").render_text(), highlight=False, markup=False, soft_wrap=True)
@@ -126,18 +153,25 @@ def main() -> None:
         result = export_for_serving(restored, Path(home) / "cnn.onnx", sample=sample)
         contract = result.contract
         worst = max((o.max_abs_error or 0.0) for o in contract.outputs) if contract else float("nan")
-        console.print(f"exporter {result.exporter}, opset {result.opset}: {len(result.verification)} normalization settings verified, "
-                      f"contract {'PASSED' if contract and contract.passed else 'FAILED'} (max abs error {worst:.2e}); wrote {Path(result.path).name}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"exporter {result.exporter}, opset {result.opset}: {len(result.verification)} normalization settings verified, "
+            f"contract {'PASSED' if contract and contract.passed else 'FAILED'} (max abs error {worst:.2e}); wrote {Path(result.path).name}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
         console.rule("verify and audit")
         check = registry.verify()
         console.print(check.render_text(), highlight=False, markup=False, soft_wrap=True)
         for entry in registry.audit():
             where = entry.model if entry.number is None else f"{entry.model}@{entry.number}"
-            console.print(f"  {entry.seq:>2} {entry.action:<18} {where:<10} by {entry.user}  {entry.hash[:12]}", highlight=False)
+            console.print(
+                f"  {entry.seq:>2} {entry.action:<18} {where:<10} by {entry.user}  {entry.hash[:12]}", highlight=False
+            )
         problems = registry.verify_audit()
-        console.print("[green]audit hash chain intact[/]" if not problems else f"[red]audit chain broken: {problems}[/]")
+        console.print(
+            "[green]audit hash chain intact[/]" if not problems else f"[red]audit chain broken: {problems}[/]"
+        )
 
 
 if __name__ == "__main__":

@@ -41,14 +41,18 @@ class _Builder:
     def __init__(self, framework: str, fmt: str):
         self.framework, self.format = framework, fmt
         self.arrays: dict[str, np.ndarray] = {}
-        self.sources: dict[str, object] = {}  # name -> where the tensor's bytes can be streamed from (converters.tensor_bytes)
+        self.sources: dict[
+            str, object
+        ] = {}  # name -> where the tensor's bytes can be streamed from (converters.tensor_bytes)
         self.private = False  # the model was read from a file for this artifact alone (ModelContents.private)
         self.layers: dict[str, str | None] = {}
         self.roles: dict[str, str] = {}
         self.entries: list[NormalizerEntry] = []
         self.specs: list[NormSpec] = []
         self.sites = 0  # normalization layers found in the model (each must become an entry)
-        self.unrecognised: list[UnrecognisedLayer] = []  # layers that look like normalizations and that no recognizer proved
+        self.unrecognised: list[
+            UnrecognisedLayer
+        ] = []  # layers that look like normalizations and that no recognizer proved
         self.structure = None  # converters.model_structure.StructureParts, stored as one uint8 blob per part
 
     def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None, source: object = None) -> None:
@@ -56,8 +60,10 @@ class _Builder:
         blob from `source` when given); `build` hashes its blob, and keeps the blob's bytes only for a caller's live model,
         which may change afterwards (a model read from a file for this artifact alone is streamed again when staged)."""
         if str(array.dtype) not in STORED_DTYPES:
-            raise InputFileError(f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
-                                 f"convert it to one of {', '.join(STORED_DTYPES)}.")
+            raise InputFileError(
+                f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
+                f"convert it to one of {', '.join(STORED_DTYPES)}."
+            )
         self.arrays[name] = array
         self.sources.pop(name, None)
         if source is not None:
@@ -69,7 +75,12 @@ class _Builder:
         mapping: dict[str, str] = {}
         for spec_name, array in sorted(spec.tensors.items()):
             target = candidates.get(spec_name)
-            if target is None or target not in self.arrays or not tensors_identical(self.arrays[target], array) or target in self.roles:
+            if (
+                target is None
+                or target not in self.arrays
+                or not tensors_identical(self.arrays[target], array)
+                or target in self.roles
+            ):
                 target = f"{path}::{spec_name}"
             # The checked spec's own copy is what is stored: a live model changing under the registration cannot make
             # the blob differ from what the gate checks.
@@ -90,8 +101,15 @@ class _Builder:
             self.add_tensor(tensor.name, tensor.array, layer=tensor.layer, source=tensor.source)
         for normalizer in contents.normalizers:
             self.add_normalizer(normalizer.path, normalizer.spec, normalizer.candidates)
-        if not self.entries and self.arrays and not self.unrecognised and any(h.code in EXPLAINS_NONE for h in contents.hazards):
-            self.unrecognised = [nothing_found(self.framework, len(self.arrays), contents.hazards)]  # the refusal says why
+        if (
+            not self.entries
+            and self.arrays
+            and not self.unrecognised
+            and any(h.code in EXPLAINS_NONE for h in contents.hazards)
+        ):
+            self.unrecognised = [
+                nothing_found(self.framework, len(self.arrays), contents.hazards)
+            ]  # the refusal says why
 
     def build(self, mode: str, lineage: Lineage | None) -> Artifact:
         """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole."""
@@ -101,16 +119,30 @@ class _Builder:
             array = self.arrays[name]
             digest = blobs.add(TensorBlob(array, self.sources.get(name), snapshot=not self.private))
             refs[name] = TensorRef(
-                digest=digest, dtype=str(array.dtype), shape=list(array.shape), nbytes=int(array.nbytes),
-                role=self.roles.get(name, "weight"), layer=self.layers.get(name),
+                digest=digest,
+                dtype=str(array.dtype),
+                shape=list(array.shape),
+                nbytes=int(array.nbytes),
+                role=self.roles.get(name, "weight"),
+                layer=self.layers.get(name),
             )
         manifest = ArtifactManifest(
-            framework=self.framework, format=self.format, mode=mode, tensors=refs,
-            normalizers=self.entries, lineage=lineage or Lineage(), unrecognised=self.unrecognised,
+            framework=self.framework,
+            format=self.format,
+            mode=mode,
+            tensors=refs,
+            normalizers=self.entries,
+            lineage=lineage or Lineage(),
+            unrecognised=self.unrecognised,
             structure=structure_record(self.structure, blobs),
         )
-        return Artifact(manifest=manifest, blobs=blobs, specs=self.specs, sites=self.sites,
-                        structure_read_safely=self.structure is not None and self.structure.read_safely)
+        return Artifact(
+            manifest=manifest,
+            blobs=blobs,
+            specs=self.specs,
+            sites=self.sites,
+            structure_read_safely=self.structure is not None and self.structure.read_safely,
+        )
 
 
 def _mode_of(specs: list[NormSpec]) -> str:
@@ -132,7 +164,9 @@ def extract_artifact(model: Any, lineage: Lineage | None = None) -> Artifact:
         path = Path(model)
         if path.is_dir() and (path / MANIFEST_FILE).exists():
             artifact = load_artifact_folder(path)
-            artifact.manifest = artifact.manifest.model_copy(update={"lineage": lineage or Lineage(operation="imported")})
+            artifact.manifest = artifact.manifest.model_copy(
+                update={"lineage": lineage or Lineage(operation="imported")}
+            )
             return artifact
     contents = model_contents(model)
     builder = _Builder(contents.framework, contents.format)

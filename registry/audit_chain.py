@@ -102,7 +102,9 @@ def check_pinned_head(text: str) -> str:
     """A pinned head as given on the command line: the full 64-hex-digit entry hash (RegistryError otherwise)."""
     value = (text or "").strip().lower()
     if len(value) != 64 or not set(value) <= _HEX:
-        raise RegistryError(f"pinned audit head {text!r} is not an entry hash; pass the 64 hex digits `normbridge audit --verify` printed")
+        raise RegistryError(
+            f"pinned audit head {text!r} is not an entry hash; pass the 64 hex digits `normbridge audit --verify` printed"
+        )
     return value
 
 
@@ -111,17 +113,27 @@ def check_head(entries: Sequence[AuditRecord], head: AuditHead | None, pinned: s
     last = AuditHead(entries[-1].seq, entries[-1].hash) if entries else AuditHead(0, GENESIS)
     problems: list[str] = []
     if head is None:
-        problems.append("the audit head (table audit_head) is missing, so the log's end cannot be checked; restore it from a backup")
+        problems.append(
+            "the audit head (table audit_head) is missing, so the log's end cannot be checked; restore it from a backup"
+        )
     elif head.seq > last.seq:
-        problems.append(f"the audit log ends at entry {last.seq} but its head says {head.seq}: entries {last.seq + 1}-{head.seq} "
-                        "were deleted from its end; restore the log from a backup")
+        problems.append(
+            f"the audit log ends at entry {last.seq} but its head says {head.seq}: entries {last.seq + 1}-{head.seq} "
+            "were deleted from its end; restore the log from a backup"
+        )
     elif head.seq < last.seq:
-        problems.append(f"the audit log goes on to entry {last.seq} but its head says {head.seq}: entries {head.seq + 1}-{last.seq} "
-                        "were added outside the registry; restore the log from a backup")
+        problems.append(
+            f"the audit log goes on to entry {last.seq} but its head says {head.seq}: entries {head.seq + 1}-{last.seq} "
+            "were added outside the registry; restore the log from a backup"
+        )
     elif head.hash != last.hash:
-        problems.append(f"audit entry {last.seq} has hash {last.hash[:12]}... but the head records {head.hash[:12]}...: the end of "
-                        "the log was rewritten; restore it from a backup")
+        problems.append(
+            f"audit entry {last.seq} has hash {last.hash[:12]}... but the head records {head.hash[:12]}...: the end of "
+            "the log was rewritten; restore it from a backup"
+        )
     if pinned is not None and pinned != GENESIS and all(entry.hash != pinned for entry in entries):
-        problems.append(f"the pinned audit head {pinned[:12]}... is not in the audit log (it ends at entry {last.seq}, "
-                        f"{last.hash[:12]}...): entries were deleted or rewritten since it was pinned; restore the log from a backup")
+        problems.append(
+            f"the pinned audit head {pinned[:12]}... is not in the audit log (it ends at entry {last.seq}, "
+            f"{last.hash[:12]}...): entries were deleted or rewritten since it was pinned; restore the log from a backup"
+        )
     return problems

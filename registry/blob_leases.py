@@ -59,8 +59,10 @@ def _lock(session: Session, *, exclusive: bool) -> None:
     """Take the 'blobs' lock: gc exclusively, registrations shared (on SQLite the write lock is already held)."""
     query = select(LockRow.name).where(LockRow.name == LOCK).with_for_update(read=not exclusive)
     if session.scalars(query).one_or_none() is None:
-        raise RegistryError(f"the '{LOCK}' row of registry_locks is missing, so blob leases cannot be kept; "
-                            "open the registry with this version of normbridge so its migrations run (alembic upgrade head)")
+        raise RegistryError(
+            f"the '{LOCK}' row of registry_locks is missing, so blob leases cannot be kept; "
+            "open the registry with this version of normbridge so its migrations run (alembic upgrade head)"
+        )
 
 
 def _expire(session: Session) -> None:
@@ -90,13 +92,19 @@ class BlobLeases:
         """Delete every candidate that, re-read under the exclusive lock, no version references and no lease holds."""
         result = Sweep()
         for start in range(0, len(candidates), GC_BATCH):
-            batch = candidates[start:start + GC_BATCH]
+            batch = candidates[start : start + GC_BATCH]
             with self._sessions() as session, session.begin():
                 _lock(session, exclusive=True)
                 _expire(session)
-                in_use = set(session.scalars(union(select(BlobRefRow.digest).where(BlobRefRow.digest.in_(batch)),
-                                                   select(VersionRow.digest).where(VersionRow.digest.in_(batch)),
-                                                   select(BlobLeaseRow.digest).where(BlobLeaseRow.digest.in_(batch)))))
+                in_use = set(
+                    session.scalars(
+                        union(
+                            select(BlobRefRow.digest).where(BlobRefRow.digest.in_(batch)),
+                            select(VersionRow.digest).where(VersionRow.digest.in_(batch)),
+                            select(BlobLeaseRow.digest).where(BlobLeaseRow.digest.in_(batch)),
+                        )
+                    )
+                )
                 for digest in batch:
                     if digest in in_use:
                         result.kept_in_use.append(digest)
@@ -116,7 +124,9 @@ class BlobLeases:
             _lock(session, exclusive=True)
             _expire(session)
             leased = set(session.scalars(select(BlobLeaseRow.digest)))
-            return store.remove_stale_staging(older_than_seconds, keep=lambda start: any(d.startswith(start) for d in leased))
+            return store.remove_stale_staging(
+                older_than_seconds, keep=lambda start: any(d.startswith(start) for d in leased)
+            )
 
 
 @dataclass
@@ -137,7 +147,9 @@ class Lease:
             _lock(session, exclusive=False)
             at = _now()
             # one executemany, not an ORM object per digest (221 rows: about a millisecond against tens)
-            session.execute(insert(BlobLeaseRow), [{"lease": self.id, "digest": digest, "taken_at": at} for digest in new])
+            session.execute(
+                insert(BlobLeaseRow), [{"lease": self.id, "digest": digest, "taken_at": at} for digest in new]
+            )
         self.digests.update(new)
 
     def settle(self, session: Session, store: BlobStore, digests: Iterable[str]) -> None:
@@ -147,13 +159,20 @@ class Lease:
             RegistryError: a blob the version needs was removed by gc after the lease expired.
         """
         _lock(session, exclusive=False)
-        trusted = set(session.scalars(select(BlobLeaseRow.digest).where(
-            BlobLeaseRow.lease == self.id, BlobLeaseRow.taken_at >= _now() - timedelta(seconds=TRUSTED_SECONDS))))
+        trusted = set(
+            session.scalars(
+                select(BlobLeaseRow.digest).where(
+                    BlobLeaseRow.lease == self.id, BlobLeaseRow.taken_at >= _now() - timedelta(seconds=TRUSTED_SECONDS)
+                )
+            )
+        )
         session.execute(delete(BlobLeaseRow).where(BlobLeaseRow.lease == self.id))
         gone = [digest for digest in sorted(set(digests) - trusted) if not store.exists(digest)]
         if gone:
-            raise RegistryError(f"blob {gone[0]} ({len(gone)} in all) was removed by gc while this registration ran, longer than its "
-                                f"{TRUSTED_SECONDS / 3600:g} h blob lease; nothing was registered: register the model again")
+            raise RegistryError(
+                f"blob {gone[0]} ({len(gone)} in all) was removed by gc while this registration ran, longer than its "
+                f"{TRUSTED_SECONDS / 3600:g} h blob lease; nothing was registered: register the model again"
+            )
 
     def release(self) -> None:
         """End a lease whose registration did not commit (nothing to do after a commit, or if nothing was taken).
@@ -164,7 +183,9 @@ class Lease:
             return
         try:
             with self.leases._sessions() as session, session.begin():
-                _lock(session, exclusive=False)  # never interleaves with gc's removal of expired leases (no lock-order deadlock)
+                _lock(
+                    session, exclusive=False
+                )  # never interleaves with gc's removal of expired leases (no lock-order deadlock)
                 session.execute(delete(BlobLeaseRow).where(BlobLeaseRow.lease == self.id))
         except StorageFullError:
             return

@@ -67,8 +67,10 @@ class ReceivedBundle:
 
 def too_large(limit: int, decompressed: bool = False) -> PayloadTooLargeError:
     what = "the upload's tar, decompressed and counting its headers," if decompressed else "the upload"
-    return PayloadTooLargeError(f"{what} is larger than this server's limit of {limit} bytes; "
-                                "raise `normbridge serve --max-upload-mb` or upload a smaller file.")
+    return PayloadTooLargeError(
+        f"{what} is larger than this server's limit of {limit} bytes; "
+        "raise `normbridge serve --max-upload-mb` or upload a smaller file."
+    )
 
 
 def member_path(name: str, folder: bool = False) -> PurePosixPath:
@@ -79,7 +81,9 @@ def member_path(name: str, folder: bool = False) -> PurePosixPath:
     if folder and not parts and not path.is_absolute() and "\\" not in name:
         return PurePosixPath(".")
     if path.is_absolute() or not parts or any(p == ".." for p in parts) or "\\" in name:
-        raise InputFileError(f"bundle member '{name}' has an unsafe path; a bundle holds only relative paths inside the artifact folder.")
+        raise InputFileError(
+            f"bundle member '{name}' has an unsafe path; a bundle holds only relative paths inside the artifact folder."
+        )
     return PurePosixPath(*parts)
 
 
@@ -106,13 +110,17 @@ def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
     for entry in read_tar(stream, limit, lambda: too_large(limit, decompressed=True)):
         members += 1
         if members > MAX_MEMBERS:
-            raise InputFileError(f"the bundle has more than {MAX_MEMBERS} members; a bundle holds one manifest and its blobs.")
+            raise InputFileError(
+                f"the bundle has more than {MAX_MEMBERS} members; a bundle holds one manifest and its blobs."
+            )
         path = member_path(entry.name, folder=entry.kind == "directory")
         if entry.kind == "directory":
             continue
         if entry.kind != "file":
-            raise InputFileError(f"bundle member '{entry.name}' is not a regular file (links and devices are refused); "
-                                 "pack only the manifest and blob files.")
+            raise InputFileError(
+                f"bundle member '{entry.name}' is not a regular file (links and devices are refused); "
+                "pack only the manifest and blob files."
+            )
         role = _role(path)
         if role is None:
             continue  # not part of the artifact; the reader skips its bytes
@@ -120,11 +128,15 @@ def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
         if folder is None:
             folder = where
         elif where != folder:
-            raise InputFileError(f"the bundle holds artifact files in both '{folder or '.'}' and '{where or '.'}'; pack one artifact folder.")
+            raise InputFileError(
+                f"the bundle holds artifact files in both '{folder or '.'}' and '{where or '.'}'; pack one artifact folder."
+            )
         data = entry.read()
         if digest is not None and sha256_hex(data) != digest:
-            raise InputFileError(f"bundle member '{entry.name}' does not hash to its name (sha256 {sha256_hex(data)[:12]}...): "
-                                 "it was corrupted or modified; export the artifact again.")
+            raise InputFileError(
+                f"bundle member '{entry.name}' does not hash to its name (sha256 {sha256_hex(data)[:12]}...): "
+                "it was corrupted or modified; export the artifact again."
+            )
         yield BundleMember(data, digest)
     _read_to_end(stream)
 
@@ -140,18 +152,31 @@ def _parse_manifest(data: bytes) -> ArtifactManifest:
     try:
         return load_manifest(json.loads(data))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputFileError(f"the bundle's {MANIFEST_FILE} is not valid JSON ({error}); export the artifact again.") from error
+        raise InputFileError(
+            f"the bundle's {MANIFEST_FILE} is not valid JSON ({error}); export the artifact again."
+        ) from error
 
 
 def gated_digests(manifest: ArtifactManifest) -> set[str]:
     """The blobs the equivalence gate needs: those of the normalizers' spec tensors, and the structure parts (small; the
     structure is checked beside the gate)."""
     parts = {ref.digest for ref in manifest.structure.parts.values()} if manifest.structure is not None else set()
-    return parts | {manifest.tensors[t].digest for entry in manifest.normalizers for t in entry.tensors.values() if t in manifest.tensors}
+    return parts | {
+        manifest.tensors[t].digest
+        for entry in manifest.normalizers
+        for t in entry.tensors.values()
+        if t in manifest.tensors
+    }
 
 
-def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, reuse: Reuse | None = None,
-                   claim: Callable[[set[str]], None] | None = None) -> ReceivedBundle:
+def receive_bundle(
+    stream: BinaryIO,
+    limit: int,
+    store: BlobStore,
+    gate: Gate,
+    reuse: Reuse | None = None,
+    claim: Callable[[set[str]], None] | None = None,
+) -> ReceivedBundle:
     """Read, check and stage a whole bundle from `stream`, gating it as early as its members allow; see the module doc.
 
     With `reuse`, the bundle may leave out blobs the store already holds for this uploader (a fine-tune that moved
@@ -159,8 +184,10 @@ def receive_bundle(stream: BinaryIO, limit: int, store: BlobStore, gate: Gate, r
     and the normalizers' ones are read (re-hashed) for the gate. `claim(digests)` is called with every blob digest of
     the manifest as soon as it is read, before the store is looked at (the registry leases them against gc).
     """
-    with ThreadPoolExecutor(max_workers=max(1, store.parallel_transfers), thread_name_prefix="stage") as stager, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate") as gater:
+    with (
+        ThreadPoolExecutor(max_workers=max(1, store.parallel_transfers), thread_name_prefix="stage") as stager,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate") as gater,
+    ):
         receiver = _Receiver(store, gate, stager, gater, reuse, claim)
         try:
             for member in read_bundle_stream(stream, limit):
@@ -181,9 +208,23 @@ class _Receiver:
     structure check), and the reader, so the sender, waits while more than STAGING_WINDOW bytes are queued for the store. Blobs that arrive before the
     manifest are held until it comes (a manifest-last tar costs its size in memory)."""
 
-    def __init__(self, store: BlobStore, gate: Gate, stager: ThreadPoolExecutor, gater: ThreadPoolExecutor, reuse: Reuse | None = None,
-                 claim: Callable[[set[str]], None] | None = None):
-        self.store, self.gate, self.stager, self.gater, self.reuse, self.claim = store, gate, stager, gater, reuse, claim
+    def __init__(
+        self,
+        store: BlobStore,
+        gate: Gate,
+        stager: ThreadPoolExecutor,
+        gater: ThreadPoolExecutor,
+        reuse: Reuse | None = None,
+        claim: Callable[[set[str]], None] | None = None,
+    ):
+        self.store, self.gate, self.stager, self.gater, self.reuse, self.claim = (
+            store,
+            gate,
+            stager,
+            gater,
+            reuse,
+            claim,
+        )
         self.manifest: ArtifactManifest | None = None
         self.refs: dict = {}
         self.names: dict[str, list[str]] = {}  # digest -> the manifest tensors it holds
@@ -244,7 +285,9 @@ class _Receiver:
         try:
             head, total = self.store.head_of(digest, HEADER_READ)
         except NotFoundError as error:
-            raise NotFoundError(f"tensor '{self.names[digest][0]}' was left out of the bundle, but {error}; send the bundle whole.") from None
+            raise NotFoundError(
+                f"tensor '{self.names[digest][0]}' was left out of the bundle, but {error}; send the bundle whole."
+            ) from None
         length = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
         if 8 + length > len(head) and 8 + length <= total:
             head, total = self.store.head_of(digest, 8 + length)
@@ -258,16 +301,22 @@ class _Receiver:
     def finish(self) -> ReceivedBundle:
         """After the last member: everything the manifest lists arrived, the gate passed, every blob is staged."""
         if self.manifest is None:
-            raise InputFileError(f"the bundle holds no {MANIFEST_FILE}; pack an artifact folder (manifest.json and blobs/).")
+            raise InputFileError(
+                f"the bundle holds no {MANIFEST_FILE}; pack an artifact folder (manifest.json and blobs/)."
+            )
         reused = sorted(self._reusable(set(self.names) - self.staging.keys()))
         for digest, check in [(d, self.stager.submit(self._check_stored, d)) for d in reused]:  # header reads overlap
             check.result()
             self.staging[digest] = _done(StagedBlob(digest=digest))
         for name, ref in self.refs.items():
             if ref.digest not in self.staging:
-                reusing = " (it may be left out only when a version this uploader may read holds it)" if self.reuse else ""
-                raise InputFileError(f"the blob of tensor '{name}' (blobs/{ref.digest}.safetensors) is missing from the bundle{reusing}; "
-                                     "export the artifact again.")
+                reusing = (
+                    " (it may be left out only when a version this uploader may read holds it)" if self.reuse else ""
+                )
+                raise InputFileError(
+                    f"the blob of tensor '{name}' (blobs/{ref.digest}.safetensors) is missing from the bundle{reusing}; "
+                    "export the artifact again."
+                )
         checks = self.checked.result()
         return ReceivedBundle(self.manifest, [self.staging[d].result() for d in self.manifest.blob_digests()], checks)
 
@@ -310,5 +359,14 @@ def _specs_then_gate(manifest: ArtifactManifest, held: dict[str, bytes], gate: G
     return gate(manifest, specs_from_manifest(manifest, held.__getitem__), held.__getitem__)
 
 
-__all__ = ["BundleMember", "MAX_MEMBERS", "ReceivedBundle", "UploadInterrupted", "member_path", "gated_digests", "read_bundle_stream",
-           "receive_bundle", "too_large"]
+__all__ = [
+    "BundleMember",
+    "MAX_MEMBERS",
+    "ReceivedBundle",
+    "UploadInterrupted",
+    "member_path",
+    "gated_digests",
+    "read_bundle_stream",
+    "receive_bundle",
+    "too_large",
+]

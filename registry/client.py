@@ -50,8 +50,21 @@ from schemas.errors import (
 )
 
 from .audit_chain import AuditCheck, AuditHead
-from .client_transfer import (TransferProgress, artifact_members, bytes_chunks, extract_bundle, file_chunks, folder_blob_digests, folder_tar_chunks,
-                              folder_tar_size, no_progress, save_stream, server_error_in, tar_chunks, tar_size)
+from .client_transfer import (
+    TransferProgress,
+    artifact_members,
+    bytes_chunks,
+    extract_bundle,
+    file_chunks,
+    folder_blob_digests,
+    folder_tar_chunks,
+    folder_tar_size,
+    no_progress,
+    save_stream,
+    server_error_in,
+    tar_chunks,
+    tar_size,
+)
 from .drift_records import DriftRecord
 from .entities import AliasRecord, AuditRecord, VersionRecord, split_ref
 from .service.interface import ModelRegistry
@@ -76,8 +89,14 @@ class RemoteRegistry(ModelRegistry):
     `transfer(description, total_bytes)` may be given to draw byte progress for uploads and downloads.
     """
 
-    def __init__(self, url: str, token: str | None = None, transfer: TransferProgress | None = None, timeout: httpx.Timeout = TIMEOUT,
-                 waiting: Callable[[str], AbstractContextManager] | None = None):
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        transfer: TransferProgress | None = None,
+        timeout: httpx.Timeout = TIMEOUT,
+        waiting: Callable[[str], AbstractContextManager] | None = None,
+    ):
         self.url = url.rstrip("/")
         self.token = token
         self.transfer = transfer or no_progress
@@ -99,7 +118,8 @@ class RemoteRegistry(ModelRegistry):
     def _unreachable(self, error: Exception) -> ServerUnreachableError:
         return ServerUnreachableError(
             f"the registry server at {self.url} did not answer ({type(error).__name__}: {error}); start it with `normbridge serve` "
-            "or fix --server / NORMBRIDGE_SERVER.")
+            "or fix --server / NORMBRIDGE_SERVER."
+        )
 
     def _request(self, method: str, path: str, **kwargs) -> Any:
         """The JSON answer of a request; server errors re-raised as their schemas.errors type."""
@@ -115,8 +135,10 @@ class RemoteRegistry(ModelRegistry):
         try:
             return response.json()
         except ValueError as error:
-            raise ServerUnreachableError(f"{self.url} answered {response.request.url.path} with something that is not JSON "
-                                         f"(HTTP {response.status_code}); check that --server / NORMBRIDGE_SERVER points at a normbridge server.") from error
+            raise ServerUnreachableError(
+                f"{self.url} answered {response.request.url.path} with something that is not JSON "
+                f"(HTTP {response.status_code}); check that --server / NORMBRIDGE_SERVER points at a normbridge server."
+            ) from error
 
     def _error(self, response: httpx.Response) -> NormbridgeError:
         """The server's {"error": {...}} as the matching schemas.errors type (CheckFailedError keeps its CheckResult)."""
@@ -127,9 +149,13 @@ class RemoteRegistry(ModelRegistry):
             cls = _STATUS_ERRORS.get(response.status_code)
             text = response.text[:200].strip()
             if cls is not None:
-                return cls(f"{self.url} refused {response.request.method} {response.request.url.path} with HTTP {response.status_code}: {text}")
-            return ServerUnreachableError(f"{self.url} answered HTTP {response.status_code} without a normbridge error body ({text!r}); "
-                                          "check that --server / NORMBRIDGE_SERVER points at a normbridge server.")
+                return cls(
+                    f"{self.url} refused {response.request.method} {response.request.url.path} with HTTP {response.status_code}: {text}"
+                )
+            return ServerUnreachableError(
+                f"{self.url} answered HTTP {response.status_code} without a normbridge error body ({text!r}); "
+                "check that --server / NORMBRIDGE_SERVER points at a normbridge server."
+            )
         if code == "unauthorized":
             message = message.rstrip(".") + "; the CLI sends the token given with --token or env NORMBRIDGE_TOKEN."
         return _rebuild(error_class_for_code(code), message, body)
@@ -156,21 +182,30 @@ class RemoteRegistry(ModelRegistry):
                 # The server stops a bundle mid-stream when a stored blob fails its hash: never use what arrived.
                 reason = server_error_in(target) if target.exists() else None
                 if reason is not None:
-                    raise IntegrityError(f"{description} from {self.url} was stopped by the server: {reason}") from error
-                raise IntegrityError(f"{description} from {self.url} ended early ({type(error).__name__}: {error}); the server stops "
-                                     "sending when a stored blob fails its hash check: run `normbridge verify` against the server.") from error
+                    raise IntegrityError(
+                        f"{description} from {self.url} was stopped by the server: {reason}"
+                    ) from error
+                raise IntegrityError(
+                    f"{description} from {self.url} ended early ({type(error).__name__}: {error}); the server stops "
+                    "sending when a stored blob fails its hash check: run `normbridge verify` against the server."
+                ) from error
             yield target, headers
 
     @contextmanager
     def _bundle(self, ref: str) -> Iterator[tuple[Any, str]]:
         """The version's artifact (every blob re-hashed, digest checked against the server's) and its 'name@N'."""
         name, version = _split(ref)
-        with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (archive, headers):
+        with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (
+            archive,
+            headers,
+        ):
             folder = extract_bundle(archive, archive.parent / "bundle")
             try:
                 artifact = load_artifact_folder(folder)
             except InputFileError as error:
-                raise IntegrityError(f"the bundle of {ref} downloaded from {self.url} is damaged ({error}); it was not used.") from error
+                raise IntegrityError(
+                    f"the bundle of {ref} downloaded from {self.url} is damaged ({error}); it was not used."
+                ) from error
             self._check_announced(ref, artifact.manifest, headers)
             yield artifact, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
 
@@ -178,50 +213,73 @@ class RemoteRegistry(ModelRegistry):
         """IntegrityError unless a downloaded bundle's manifest has the digest the server announced (X-Normbridge-Digest)."""
         announced = headers.get("X-Normbridge-Digest")
         if announced is None or manifest.digest() != announced:
-            raise IntegrityError(f"the bundle of {ref} from {self.url} has manifest digest {manifest.digest()[:12]} but the server "
-                                 f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+            raise IntegrityError(
+                f"the bundle of {ref} from {self.url} has manifest digest {manifest.digest()[:12]} but the server "
+                f"announced {str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server."
+            )
 
     @contextmanager
     def _bundle_on_disk(self, ref: str) -> Iterator[tuple[Any, Callable[[str], bytes], str]]:
         """(manifest, get(digest), 'name@N') of the version's bundle extracted to a temporary folder: each blob is read
         from its file when asked and re-hashed, so a folder version is written holding one blob at a time, not all."""
         name, version = _split(ref)
-        with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (archive, headers):
+        with self._download(f"/models/{_q(name)}/versions/{_q(version)}/bundle", f"downloading {ref}") as (
+            archive,
+            headers,
+        ):
             folder = extract_bundle(archive, archive.parent / "bundle")
             archive.unlink()  # extracted: its bytes are in the blob files now
             try:
                 manifest = load_manifest(json.loads((folder / MANIFEST_FILE).read_text()))
             except (OSError, ValueError, NormbridgeError) as error:
-                raise IntegrityError(f"the bundle of {ref} downloaded from {self.url} has no readable manifest ({error}); it was not used.") from error
+                raise IntegrityError(
+                    f"the bundle of {ref} downloaded from {self.url} has no readable manifest ({error}); it was not used."
+                ) from error
             self._check_announced(ref, manifest, headers)
 
             def get(digest: str) -> bytes:
                 path = folder / BLOBS_DIR / f"{digest}.safetensors"
                 data = path.read_bytes() if path.is_file() else b""
                 if hashlib.sha256(data).hexdigest() != digest:
-                    raise IntegrityError(f"the bundle of {ref} from {self.url} lacks blob {digest[:12]} or holds other bytes under its "
-                                         "name; nothing was written: retry, or run `normbridge verify` on the server.")
+                    raise IntegrityError(
+                        f"the bundle of {ref} from {self.url} lacks blob {digest[:12]} or holds other bytes under its "
+                        "name; nothing was written: retry, or run `normbridge verify` on the server."
+                    )
                 return data
 
             yield manifest, get, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
 
     # ------------------------------------------------------------------ registration
 
-    def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
-                 progress=None, allow_unrecognised: bool = False):
+    def register(
+        self,
+        name: str,
+        model: Any,
+        parent: str | None = None,
+        note: str | None = None,
+        operation: str | None = None,
+        progress=None,
+        allow_unrecognised: bool = False,
+    ):
         """Upload a model file (.onnx, .keras, .pt2) or an artifact folder; the server runs the equivalence gate and stores it.
 
         Returns a registry.service.Registration. An in-memory model is refused: save it to a file first.
         """
         path, fmt, size, chunks = self._upload_body(model)
         report = progress or (lambda step, done, total: None)
-        params = {k: v for k, v in (("format", fmt), ("parent", parent), ("note", note), ("operation", operation)) if v is not None}
+        params = {
+            k: v
+            for k, v in (("format", fmt), ("parent", parent), ("note", note), ("operation", operation))
+            if v is not None
+        }
         if allow_unrecognised:
             params["allow_unrecognised"] = "true"
 
         with ExitStack() as stack:
+
             def body() -> Iterator[bytes]:
                 with self.transfer(f"uploading {path.name}", size) as advance:
+
                     def both(done: int) -> None:
                         advance(done)
                         report("uploading", done, size)
@@ -231,42 +289,63 @@ class RemoteRegistry(ModelRegistry):
                 stack.enter_context(self.waiting(f"{name}: the server is running the equivalence check"))
 
             try:
-                response = self.http.post(f"/models/{_q(name)}/versions", params=params, content=body(),
-                                          headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"})
+                response = self.http.post(
+                    f"/models/{_q(name)}/versions",
+                    params=params,
+                    content=body(),
+                    headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+                )
             except (httpx.WriteError, httpx.RemoteProtocolError) as error:
-                raise ServerUnreachableError(f"the registry server at {self.url} closed the connection while {path.name} was being uploaded "
-                                             f"({type(error).__name__}: {error}); retry, and check the server's log (size limit, restarts).") from error
+                raise ServerUnreachableError(
+                    f"the registry server at {self.url} closed the connection while {path.name} was being uploaded "
+                    f"({type(error).__name__}: {error}); retry, and check the server's log (size limit, restarts)."
+                ) from error
             except httpx.TransportError as error:
                 raise self._unreachable(error) from error
         answer = self._json(response)
         report("committed", 1, 1)
-        return Registration(version=_version(answer["version"]), created=bool(answer["created"]),
-                            checks=[check_result(c) for c in answer.get("checks") or []],
-                            unrecognised=[UnrecognisedLayer.model_validate(u) for u in answer.get("unrecognised") or []])
+        return Registration(
+            version=_version(answer["version"]),
+            created=bool(answer["created"]),
+            checks=[check_result(c) for c in answer.get("checks") or []],
+            unrecognised=[UnrecognisedLayer.model_validate(u) for u in answer.get("unrecognised") or []],
+        )
 
     def _upload_body(self, model: Any):
         """(path, format, size, chunks(advance)) for a model path; InputFileError/RegistryError before anything is sent."""
         if not isinstance(model, (str, Path)):
-            raise RegistryError(f"cannot send an in-memory {type(model).__name__} to the registry server at {self.url}; save it to a file first "
-                                "(torch.export.save -> .pt2, model.save -> .keras, or .onnx) and register the path.")
+            raise RegistryError(
+                f"cannot send an in-memory {type(model).__name__} to the registry server at {self.url}; save it to a file first "
+                "(torch.export.save -> .pt2, model.save -> .keras, or .onnx) and register the path."
+            )
         path = Path(model)
         if not path.exists():
             raise InputFileError(f"'{path}' does not exist; pass a .pt2, .keras or .onnx file or an artifact folder.")
         if path.is_dir():
-            if not (path / "manifest.json").is_file():  # a checkpoint folder: read here, sent as a bundle streamed from its files
+            if not (
+                path / "manifest.json"
+            ).is_file():  # a checkpoint folder: read here, sent as a bundle streamed from its files
                 from .artifact import extract_artifact
 
                 artifact = extract_artifact(path)
-                members = artifact_members(artifact.manifest, artifact.blobs, self._present(artifact.manifest.blob_digests()))
+                members = artifact_members(
+                    artifact.manifest, artifact.blobs, self._present(artifact.manifest.blob_digests())
+                )
                 return path, "bundle", tar_size(members), lambda advance: tar_chunks(members, advance)
             skip = self._present(folder_blob_digests(path))
             return path, "bundle", folder_tar_size(path, skip), lambda advance: folder_tar_chunks(path, advance, skip)
         fmt = UPLOAD_FORMATS.get(path.suffix.lower())
         if fmt is None:
-            load_model(path)  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
-            raise InputFileError(f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder.")
+            load_model(
+                path
+            )  # raises the same InputFileError (pickles refused, unknown formats) as a local registration
+            raise InputFileError(
+                f"'{path}' has format '{path.suffix}'; a server accepts .pt2, .keras, .onnx files or an artifact folder."
+            )
         if fmt == "onnx":
-            embedded = converters.onnx_upload_bytes(path)  # the server receives one file: external data is embedded in it
+            embedded = converters.onnx_upload_bytes(
+                path
+            )  # the server receives one file: external data is embedded in it
             if embedded is not None:
                 return path, fmt, len(embedded), lambda advance: bytes_chunks(embedded, advance)
         return path, fmt, path.stat().st_size, lambda advance: file_chunks(path, advance)
@@ -275,7 +354,9 @@ class RemoteRegistry(ModelRegistry):
         """The blobs the server already holds for this token (it may read a version that has them): not sent again."""
         if not digests:
             return frozenset()
-        return frozenset(self._request("POST", "/blobs/present", json={"digests": digests})["present"]) & frozenset(digests)
+        return frozenset(self._request("POST", "/blobs/present", json={"digests": digests})["present"]) & frozenset(
+            digests
+        )
 
     # ------------------------------------------------------------------ reading
 
@@ -311,7 +392,9 @@ class RemoteRegistry(ModelRegistry):
 
         def get(digest: str) -> bytes:
             if digest not in blobs:
-                raise IntegrityError(f"version {record.ref}: blob {digest[:12]} is not in the bundle {self.url} sent; run `normbridge verify` on the server.")
+                raise IntegrityError(
+                    f"version {record.ref}: blob {digest[:12]} is not in the bundle {self.url} sent; run `normbridge verify` on the server."
+                )
             return blobs[digest]
 
         return get
@@ -327,7 +410,9 @@ class RemoteRegistry(ModelRegistry):
 
     def set_alias(self, name: str, alias: str, ref: str, force: bool = False) -> AliasRecord:
         params = {"force": "true"} if force else None
-        return _alias(self._request("PUT", f"/models/{_q(name)}/aliases/{_q(alias)}", json={"version": ref}, params=params))
+        return _alias(
+            self._request("PUT", f"/models/{_q(name)}/aliases/{_q(alias)}", json={"version": ref}, params=params)
+        )
 
     def verify(self, ref: str | None = None, rerun_checks: bool = True):
         params = {"check": "true" if rerun_checks else "false", **({"ref": ref} if ref is not None else {})}
@@ -347,14 +432,19 @@ class RemoteRegistry(ModelRegistry):
         params = {"verify": "true", **({"expect_head": pinned_head} if pinned_head is not None else {})}
         answer = self._request("GET", "/audit", params=params)
         head = answer.get("head")
-        return AuditCheck(problems=list(answer.get("chain_problems") or []), head=None if head is None else AuditHead(head["seq"], head["hash"]),
-                          entries=len(answer.get("entries", [])))
+        return AuditCheck(
+            problems=list(answer.get("chain_problems") or []),
+            head=None if head is None else AuditHead(head["seq"], head["hash"]),
+            entries=len(answer.get("entries", [])),
+        )
 
     def record_drift(self, ref: str, report) -> DriftRecord:
         """Store a drift report on the server against `ref` (refused there unless the report's statistics are that version's)."""
         name, version = _split(ref)
         body = report.model_dump(mode="json") if hasattr(report, "model_dump") else report
-        return DriftRecord.model_validate(self._request("POST", f"/models/{_q(name)}/versions/{_q(version)}/drift/reports", json=body))
+        return DriftRecord.model_validate(
+            self._request("POST", f"/models/{_q(name)}/versions/{_q(version)}/drift/reports", json=body)
+        )
 
     def gc(self, grace_seconds: float = 3600.0):
         return GcResult.model_validate(self._request("POST", "/gc", params={"grace": grace_seconds}))
@@ -372,8 +462,10 @@ class RemoteRegistry(ModelRegistry):
                 got = hashlib.file_digest(handle, "sha256").hexdigest()
             announced = headers.get("X-Normbridge-Digest")
             if announced != got:
-                raise IntegrityError(f"the model file of {ref} downloaded from {self.url} hashes to {got[:12]} but the server announced "
-                                     f"{str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server.")
+                raise IntegrityError(
+                    f"the model file of {ref} downloaded from {self.url} hashes to {got[:12]} but the server announced "
+                    f"{str(announced)[:12]}; it was not used: retry, or run `normbridge verify {ref}` on the server."
+                )
             yield body, ModelFile(served, written, b"", got)
 
     def model_file(self, ref: str, fmt: str | None = None, progress=None) -> ModelFile:
@@ -391,8 +483,12 @@ class RemoteRegistry(ModelRegistry):
                 target = pulled_path(path, file.ref, file.suffix)
                 with open(body, "rb") as source, atomic_writer(target) as stream:
                     shutil.copyfileobj(source, stream, 1 << 20)
-                return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.sha256, nbytes=body.stat().st_size)
-        except RegistryError:  # the server gives no single file of a folder version: then its bundle, written as the folder
+                return PullResult(
+                    ref=file.ref, path=str(target), format=file.format, digest=file.sha256, nbytes=body.stat().st_size
+                )
+        except (
+            RegistryError
+        ):  # the server gives no single file of a folder version: then its bundle, written as the folder
             if self._folder_format(ref, fmt) is None:
                 raise
             return self._pull_folder(ref, path, progress)
@@ -402,7 +498,13 @@ class RemoteRegistry(ModelRegistry):
         with self._bundle_on_disk(ref) as (manifest, get, version):
             target = folder_target(path, version)
             written = write_version_folder(manifest, get, 4, target, progress)
-            return PullResult(ref=version, path=str(target), format=manifest.structure.format, digest=manifest.digest(), nbytes=written)
+            return PullResult(
+                ref=version,
+                path=str(target),
+                format=manifest.structure.format,
+                digest=manifest.digest(),
+                nbytes=written,
+            )
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object, read from the downloaded file by the framework's safe reader (a folder
@@ -438,9 +540,11 @@ def served_ref(url: str, requested: str, announced: str | None) -> str:
     name, suffix = _split(requested)
     number = re.fullmatch(rf"{re.escape(name)}@([1-9][0-9]{{0,17}})", announced or "")
     if number is None or (suffix.isdigit() and int(suffix) != int(number.group(1))):
-        raise IntegrityError(f"{url} answered {requested} with the version {str(announced)[:80]!r}, which is not "
-                             f"{name + '@' + suffix if suffix.isdigit() else 'a version of ' + name}; nothing was used or written: check "
-                             "that --server points at a normbridge server you trust.")
+        raise IntegrityError(
+            f"{url} answered {requested} with the version {str(announced)[:80]!r}, which is not "
+            f"{name + '@' + suffix if suffix.isdigit() else 'a version of ' + name}; nothing was used or written: check "
+            "that --server points at a normbridge server you trust."
+        )
     return announced
 
 
@@ -448,8 +552,10 @@ def served_format(url: str, requested: str, fmt: str | None, announced: str | No
     """The format a server says it sent: one `pull` writes, and the one asked for unless that was 'source'; else IntegrityError."""
     if announced not in SUFFIXES or (fmt not in (None, "source") and announced != fmt):
         expected = f"'{fmt}'" if fmt not in (None, "source") else f"one of {', '.join(SUFFIXES)}"
-        raise IntegrityError(f"{url} answered {requested} with the format {str(announced)[:40]!r}, not {expected}; nothing was used or "
-                             "written: check that --server points at a normbridge server you trust.")
+        raise IntegrityError(
+            f"{url} answered {requested} with the format {str(announced)[:40]!r}, not {expected}; nothing was used or "
+            "written: check that --server points at a normbridge server you trust."
+        )
     return announced
 
 

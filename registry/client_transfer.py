@@ -58,7 +58,7 @@ def file_chunks(path: Path, advance: Advance) -> Iterator[bytes]:
 def bytes_chunks(data: bytes, advance: Advance) -> Iterator[bytes]:
     """`data` in chunks, as file_chunks gives a file's (an ONNX model with its external data embedded for an upload)."""
     for start in range(0, len(data), CHUNK):
-        yield data[start:start + CHUNK]
+        yield data[start : start + CHUNK]
         advance(min(start + CHUNK, len(data)))
 
 
@@ -87,7 +87,9 @@ def _folder_members(folder: Path, skip: frozenset[str] = frozenset()) -> list[Me
     blobs = folder / BLOBS_DIR
     if blobs.is_dir():
         gated = _gated_digests(folder / MANIFEST_FILE)
-        files = [p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors" and p.stem not in skip]
+        files = [
+            p for p in sorted(blobs.iterdir()) if p.is_file() and p.suffix == ".safetensors" and p.stem not in skip
+        ]
         files.sort(key=lambda p: p.stem not in gated)  # stable: the gated blobs first, each group sorted
         members += [_file_member(f"{BLOBS_DIR}/{p.name}", p) for p in files]
     return members
@@ -99,8 +101,10 @@ def artifact_members(manifest: ArtifactManifest, blobs: BlobMap, skip: frozenset
     document = (manifest.to_json() + "\n").encode()
     gated = gated_digests(manifest)
     digests = sorted((d for d in manifest.blob_digests() if d not in skip), key=lambda d: (d not in gated, d))
-    return [(MANIFEST_FILE, len(document), lambda: iter([document])),
-            *((f"{BLOBS_DIR}/{d}.safetensors", blobs.size(d), lambda d=d: blobs.chunks(d)) for d in digests)]
+    return [
+        (MANIFEST_FILE, len(document), lambda: iter([document])),
+        *((f"{BLOBS_DIR}/{d}.safetensors", blobs.size(d), lambda d=d: blobs.chunks(d)) for d in digests),
+    ]
 
 
 def _gated_digests(manifest_path: Path) -> set[str]:
@@ -125,7 +129,9 @@ def _padding(size: int) -> int:
 def folder_blob_digests(folder: Path) -> list[str]:
     """The digests an artifact folder's blob files are named by."""
     blobs = folder / BLOBS_DIR
-    return sorted(p.stem for p in blobs.iterdir() if p.is_file() and p.suffix == ".safetensors") if blobs.is_dir() else []
+    return (
+        sorted(p.stem for p in blobs.iterdir() if p.is_file() and p.suffix == ".safetensors") if blobs.is_dir() else []
+    )
 
 
 def folder_tar_size(folder: Path, skip: frozenset[str] = frozenset()) -> int:
@@ -159,7 +165,9 @@ def tar_chunks(members: list[Member], advance: Advance) -> Iterator[bytes]:
             yield chunk
             advance(done)
         if sent != size:
-            raise InputFileError(f"'{name}' changed while it was being sent ({sent} bytes, not {size}); register it again.")
+            raise InputFileError(
+                f"'{name}' changed while it was being sent ({sent} bytes, not {size}); register it again."
+            )
         pad = _padding(size)
         if pad:
             done += pad
@@ -195,8 +203,10 @@ def extract_bundle(archive: Path, folder: Path) -> Path:
     size = archive.stat().st_size
 
     def too_large() -> IntegrityError:
-        return IntegrityError(f"the downloaded bundle holds more than its {size} bytes once decompressed; it was not used: "
-                              "check that --server points at a normbridge server.")
+        return IntegrityError(
+            f"the downloaded bundle holds more than its {size} bytes once decompressed; it was not used: "
+            "check that --server points at a normbridge server."
+        )
 
     try:
         with open(archive, "rb") as handle:
@@ -205,13 +215,17 @@ def extract_bundle(archive: Path, folder: Path) -> Path:
                 if member.kind == "directory" and name.rstrip("/") in ("", ".", BLOBS_DIR):
                     continue
                 if member.kind != "file" or not (name == MANIFEST_FILE or _BLOB_MEMBER.match(name)):
-                    raise IntegrityError(f"the bundle holds an unexpected member '{member.name}'; a bundle holds only {MANIFEST_FILE} and "
-                                         f"{BLOBS_DIR}/<sha256>.safetensors regular files: check that --server points at a normbridge server.")
+                    raise IntegrityError(
+                        f"the bundle holds an unexpected member '{member.name}'; a bundle holds only {MANIFEST_FILE} and "
+                        f"{BLOBS_DIR}/<sha256>.safetensors regular files: check that --server points at a normbridge server."
+                    )
                 with open(folder / name, "wb") as out:
                     for chunk in member.chunks():
                         out.write(chunk)
     except TarFormatError as error:
-        raise InputFileError(f"the downloaded bundle is not a valid tar archive ({error.problem}); retry, or check the server's log.") from error
+        raise InputFileError(
+            f"the downloaded bundle is not a valid tar archive ({error.problem}); retry, or check the server's log."
+        ) from error
     return folder
 
 
@@ -223,10 +237,30 @@ def server_error_in(archive: Path) -> str | None:
                 if member.name == BUNDLE_ERROR_FILE and member.kind == "file" and member.size <= 64 * 1024:
                     message = json.loads(member.read())["error"]["message"]
                     return message[:2000] if isinstance(message, str) else None
-    except (InputFileError, ValueError, KeyError, TypeError):  # the body was cut: what came before the cut is all there is
+    except (
+        InputFileError,
+        ValueError,
+        KeyError,
+        TypeError,
+    ):  # the body was cut: what came before the cut is all there is
         return None
     return None
 
 
-__all__ = ["Advance", "Member", "TransferProgress", "artifact_members", "bytes_chunks", "extract_bundle", "file_chunks", "folder_blob_digests", "folder_tar_chunks", "folder_tar_size", "server_error_in", "tar_chunks", "tar_size",
-           "no_progress", "save_stream"]
+__all__ = [
+    "Advance",
+    "Member",
+    "TransferProgress",
+    "artifact_members",
+    "bytes_chunks",
+    "extract_bundle",
+    "file_chunks",
+    "folder_blob_digests",
+    "folder_tar_chunks",
+    "folder_tar_size",
+    "server_error_in",
+    "tar_chunks",
+    "tar_size",
+    "no_progress",
+    "save_stream",
+]

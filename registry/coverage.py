@@ -30,13 +30,18 @@ def check_registrable(manifest: ArtifactManifest, specs: list, sites: int | None
         found = f"the manifest lists {listed} normalizers"
         if sites is not None:
             found = f"the model holds {sites} normalization layers, the manifest lists {listed}"
-        raise CheckFailedError(f"{found} and {len(specs)} would be checked, so a layer would pass unchecked; nothing was registered: "
-                               "report this as a bug in normbridge, with the model.")
+        raise CheckFailedError(
+            f"{found} and {len(specs)} would be checked, so a layer would pass unchecked; nothing was registered: "
+            "report this as a bug in normbridge, with the model."
+        )
     used = {tensor for entry in manifest.normalizers for tensor in entry.tensors.values()}
     for name, ref in sorted(manifest.tensors.items()):
         if ref.role in STATE_ROLES and name not in used:
-            raise SpecError(f"tensor '{name}' holds {ref.role} state but no normalizer of the manifest uses it, so it would pass unchecked; "
-                            "nothing was registered: export the artifact again with its normalizers listed.", layer=ref.layer)
+            raise SpecError(
+                f"tensor '{name}' holds {ref.role} state but no normalizer of the manifest uses it, so it would pass unchecked; "
+                "nothing was registered: export the artifact again with its normalizers listed.",
+                layer=ref.layer,
+            )
 
 
 __all__ = ["STATE_ROLES", "check_registrable"]

@@ -41,7 +41,10 @@ def _tensor_change(name: str, a: ArtifactManifest, b: ArtifactManifest, get: Cal
         delta = np.abs(right - left)
         relative = delta / np.maximum(np.abs(left), REL_FLOOR)
     return TensorChange(
-        name=name, role=ref_b.role, layer=ref_b.layer, status="changed",
+        name=name,
+        role=ref_b.role,
+        layer=ref_b.layer,
+        status="changed",
         max_abs_change=float(np.max(delta)) if delta.size else 0.0,
         max_rel_change=float(np.max(relative)) if relative.size else 0.0,
     )
@@ -57,7 +60,13 @@ def _config_changes(before: dict, after: dict) -> list[ConfigChange]:
     return changes
 
 
-def diff_manifests(a: ArtifactManifest, b: ArtifactManifest, get: Callable[[str], bytes], label_a: str | None = None, label_b: str | None = None) -> ManifestDiff:
+def diff_manifests(
+    a: ArtifactManifest,
+    b: ArtifactManifest,
+    get: Callable[[str], bytes],
+    label_a: str | None = None,
+    label_b: str | None = None,
+) -> ManifestDiff:
     """What changed from `a` to `b`; `get(digest)` supplies blob bytes (only changed tensors are read)."""
     tensors = [_tensor_change(name, a, b, get) for name in sorted(set(a.tensors) | set(b.tensors))]
     by_name = {t.name: t for t in tensors}
@@ -69,10 +78,14 @@ def diff_manifests(a: ArtifactManifest, b: ArtifactManifest, get: Callable[[str]
     config_layers: list[str] = []
     for path in list(entries_a) + [p for p in entries_b if p not in entries_a]:
         if path not in entries_b:  # nothing to compare: weights and statistics are neither identical nor changed (None)
-            normalizers.append(NormalizerChange(path=path, status="removed", statistics_changed=None, weights_changed=None))
+            normalizers.append(
+                NormalizerChange(path=path, status="removed", statistics_changed=None, weights_changed=None)
+            )
             continue
         if path not in entries_a:
-            normalizers.append(NormalizerChange(path=path, status="added", statistics_changed=None, weights_changed=None))
+            normalizers.append(
+                NormalizerChange(path=path, status="added", statistics_changed=None, weights_changed=None)
+            )
             continue
         entry_a, entry_b = entries_a[path], entries_b[path]
         config = _config_changes(entry_a.spec, entry_b.spec)
@@ -94,7 +107,15 @@ def diff_manifests(a: ArtifactManifest, b: ArtifactManifest, get: Callable[[str]
         if config:
             config_layers.append(path)
         status = "changed" if (config or moved_stats or moved_weights) else "unchanged"
-        normalizers.append(NormalizerChange(path=path, status=status, config_changes=config, statistics_changed=moved_stats, weights_changed=moved_weights))
+        normalizers.append(
+            NormalizerChange(
+                path=path,
+                status=status,
+                config_changes=config,
+                statistics_changed=moved_stats,
+                weights_changed=moved_weights,
+            )
+        )
 
     top_level = [
         ConfigChange(field=field, before=getattr(a, field), after=getattr(b, field))
@@ -105,10 +126,16 @@ def diff_manifests(a: ArtifactManifest, b: ArtifactManifest, get: Callable[[str]
     identical = a.content_digest() == b.content_digest()
     headline = _headline(identical, moved_weight_tensors, stats_layers, config_layers, normalizers, tensors, top_level)
     return ManifestDiff(
-        a=label_a or a.content_digest()[:12], b=label_b or b.content_digest()[:12], headline=headline,
-        identical=identical, weights_identical=not moved_weight_tensors,
-        statistics_changed_layers=stats_layers, config_changed_layers=config_layers,
-        tensors=tensors, normalizers=normalizers, top_level=top_level,
+        a=label_a or a.content_digest()[:12],
+        b=label_b or b.content_digest()[:12],
+        headline=headline,
+        identical=identical,
+        weights_identical=not moved_weight_tensors,
+        statistics_changed_layers=stats_layers,
+        config_changed_layers=config_layers,
+        tensors=tensors,
+        normalizers=normalizers,
+        top_level=top_level,
     )
 
 
@@ -142,4 +169,8 @@ def _headline(identical, moved_weights, stats_layers, config_layers, normalizers
 
 def _appeared(rows, word: str) -> list[str]:
     """'N <word>s added' and 'M <word>s removed' for the rows with those statuses."""
-    return [f"{_plural(count, word)} {status}" for status in ("added", "removed") if (count := sum(r.status == status for r in rows))]
+    return [
+        f"{_plural(count, word)} {status}"
+        for status in ("added", "removed")
+        if (count := sum(r.status == status for r in rows))
+    ]

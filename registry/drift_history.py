@@ -62,11 +62,24 @@ from registry.drift_records import offline_check
 from registry.drift_reference import Reference, reference_of
 from registry.drift_status import downstream_of_unconverged, layer_status
 from schemas.errors import InputFileError
-from schemas.monitoring import (MAX_FAULTS, DriftHistory, DriftRule, DriftWindow, LayerShift, ServingFault, State,
-                                WindowRecord)
+from schemas.monitoring import (
+    MAX_FAULTS,
+    DriftHistory,
+    DriftRule,
+    DriftWindow,
+    LayerShift,
+    ServingFault,
+    State,
+    WindowRecord,
+)
 
-RULE_ENV = {"shift": "NORMBRIDGE_DRIFT_SHIFT", "log_ratio": "NORMBRIDGE_DRIFT_LOG_RATIO", "false_alarm": "NORMBRIDGE_DRIFT_FALSE_ALARM",
-            "k": "NORMBRIDGE_DRIFT_K", "m": "NORMBRIDGE_DRIFT_M"}
+RULE_ENV = {
+    "shift": "NORMBRIDGE_DRIFT_SHIFT",
+    "log_ratio": "NORMBRIDGE_DRIFT_LOG_RATIO",
+    "false_alarm": "NORMBRIDGE_DRIFT_FALSE_ALARM",
+    "k": "NORMBRIDGE_DRIFT_K",
+    "m": "NORMBRIDGE_DRIFT_M",
+}
 RETENTION_ENV = "NORMBRIDGE_DRIFT_RETENTION_DAYS"
 DEFAULT_RETENTION_DAYS = 30.0
 #: Seconds between two retention sweeps of one process (each is one DELETE statement).
@@ -85,7 +98,9 @@ def rule() -> DriftRule:
             try:
                 values[field] = int(raw) if field in ("k", "m") else float(raw)
             except ValueError as error:
-                raise InputFileError(f"setting ${env}={raw!r} is not a number; unset it or give e.g. {DriftRule().model_dump()[field]}.") from error
+                raise InputFileError(
+                    f"setting ${env}={raw!r} is not a number; unset it or give e.g. {DriftRule().model_dump()[field]}."
+                ) from error
     try:
         return DriftRule(**values)
     except ValueError as error:
@@ -97,7 +112,9 @@ def retention_days() -> float:
     try:
         return float(raw) if raw else DEFAULT_RETENTION_DAYS
     except ValueError as error:
-        raise InputFileError(f"setting ${RETENTION_ENV}={raw!r} is not a number of days; unset it or give e.g. 30.") from error
+        raise InputFileError(
+            f"setting ${RETENTION_ENV}={raw!r} is not a number of days; unset it or give e.g. 30."
+        ) from error
 
 
 @dataclass(frozen=True)
@@ -125,30 +142,79 @@ def _shifts(window: DriftWindow, reference: Reference, active: DriftRule) -> tup
             unmatched.append(layer.name)
             continue
         if len(layer.mean) != ref.channels:
-            raise InputFileError(f"layer '{layer.name}': the window has {len(layer.mean)} channels and version's running statistics {ref.channels}; "
-                                 "the collector watches another model than this version.")
+            raise InputFileError(
+                f"layer '{layer.name}': the window has {len(layer.mean)} channels and version's running statistics {ref.channels}; "
+                "the collector watches another model than this version."
+            )
         shift, log_ratio = channel_shift(layer.mean, layer.var, ref.running_mean, ref.running_var, ref.eps)
         worst = int(np.abs(log_ratio).argmax())
-        judged = judge_layer(shift, log_ratio, layer.var, ref.running_var, ref.eps, layer.count, layer.batches, layer.se_mean, layer.se_var,
-                             active.shift, active.log_ratio, active.false_alarm)
+        judged = judge_layer(
+            shift,
+            log_ratio,
+            layer.var,
+            ref.running_var,
+            ref.eps,
+            layer.count,
+            layer.batches,
+            layer.se_mean,
+            layer.se_var,
+            active.shift,
+            active.log_ratio,
+            active.false_alarm,
+        )
         verdict = layer_status(layer.mean, layer.var, ref, active, judged.over)
-        shifts.append(LayerShift(name=layer.name, channels=ref.channels, count=layer.count, max_shift=float(shift.max()),
-                                 mean_shift=float(shift.mean()), worst_shift_channel=int(shift.argmax()),
-                                 variance_ratio=float(np.exp(log_ratio[worst])), max_abs_log_ratio=float(abs(log_ratio[worst])),
-                                 batches=layer.batches, shift_bound=judged.shift_bound, log_ratio_bound=judged.log_ratio_bound,
-                                 error_multiplier=judged.multiplier, over=judged.over, status=verdict.status, initial_weight=verdict.initial_weight))
-        arrays[layer.name] = layer.model_dump(include={"count", "mean", "var", "batches", "se_mean", "se_var"}, exclude_none=True)
+        shifts.append(
+            LayerShift(
+                name=layer.name,
+                channels=ref.channels,
+                count=layer.count,
+                max_shift=float(shift.max()),
+                mean_shift=float(shift.mean()),
+                worst_shift_channel=int(shift.argmax()),
+                variance_ratio=float(np.exp(log_ratio[worst])),
+                max_abs_log_ratio=float(abs(log_ratio[worst])),
+                batches=layer.batches,
+                shift_bound=judged.shift_bound,
+                log_ratio_bound=judged.log_ratio_bound,
+                error_multiplier=judged.multiplier,
+                over=judged.over,
+                status=verdict.status,
+                initial_weight=verdict.initial_weight,
+            )
+        )
+        arrays[layer.name] = layer.model_dump(
+            include={"count", "mean", "var", "batches", "se_mean", "se_var"}, exclude_none=True
+        )
     if not shifts:
-        raise InputFileError(f"none of the window's layers ({', '.join(unmatched[:5])}) has running statistics in version "
-                             f"{reference.ref}; its BatchNorm layers are {', '.join(reference.names()[:5]) or 'none'}.")
+        raise InputFileError(
+            f"none of the window's layers ({', '.join(unmatched[:5])}) has running statistics in version "
+            f"{reference.ref}; its BatchNorm layers are {', '.join(reference.names()[:5]) or 'none'}."
+        )
     return downstream_of_unconverged(shifts), unmatched, arrays
 
 
 def _layer_rows(window_id: int, shifts: list[LayerShift]) -> list[dict]:
-    return [{"window_id": window_id, "layer": s.name, "channels": s.channels, "count": s.count, "max_shift": s.max_shift,
-             "mean_shift": s.mean_shift, "worst_shift_channel": s.worst_shift_channel, "variance_ratio": s.variance_ratio,
-             "max_abs_log_ratio": s.max_abs_log_ratio, "batches": s.batches, "shift_bound": s.shift_bound, "log_ratio_bound": s.log_ratio_bound,
-             "error_multiplier": s.error_multiplier, "over": s.over, "status": s.status, "initial_weight": s.initial_weight} for s in shifts]
+    return [
+        {
+            "window_id": window_id,
+            "layer": s.name,
+            "channels": s.channels,
+            "count": s.count,
+            "max_shift": s.max_shift,
+            "mean_shift": s.mean_shift,
+            "worst_shift_channel": s.worst_shift_channel,
+            "variance_ratio": s.variance_ratio,
+            "max_abs_log_ratio": s.max_abs_log_ratio,
+            "batches": s.batches,
+            "shift_bound": s.shift_bound,
+            "log_ratio_bound": s.log_ratio_bound,
+            "error_multiplier": s.error_multiplier,
+            "over": s.over,
+            "status": s.status,
+            "initial_weight": s.initial_weight,
+        }
+        for s in shifts
+    ]
 
 
 def window_digest(window: DriftWindow) -> str:
@@ -160,10 +226,17 @@ def _faults_of(window: DriftWindow, reference: Reference, version) -> list[Servi
     """The window's serving faults, with statistics_mismatch first when its statistics are not the version's."""
     found = list(window.faults)
     if window.statistics_digest is not None and window.statistics_digest != reference.digest:
-        found.insert(0, ServingFault(kind="statistics_mismatch", detail=(
-            f"the served model holds other running statistics (digest {window.statistics_digest[:12]}) than version "
-            f"{version.model}@{version.number} (digest {reference.digest[:12]}): serve the model registered as that "
-            "version, or monitor the version whose statistics it holds")))
+        found.insert(
+            0,
+            ServingFault(
+                kind="statistics_mismatch",
+                detail=(
+                    f"the served model holds other running statistics (digest {window.statistics_digest[:12]}) than version "
+                    f"{version.model}@{version.number} (digest {reference.digest[:12]}): serve the model registered as that "
+                    "version, or monitor the version whose statistics it holds"
+                ),
+            ),
+        )
     return found[:MAX_FAULTS]
 
 
@@ -182,7 +255,9 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
     return store_window(registry, ref, window, active)[0]
 
 
-def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None) -> tuple[WindowRecord, bool]:
+def store_window(
+    registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None
+) -> tuple[WindowRecord, bool]:
     """`record_window`, and whether the window was new (False: the same window was stored before, and comes back as stored)."""
     window = window if isinstance(window, DriftWindow) else DriftWindow.model_validate(window)
     digest = window_digest(window)
@@ -194,26 +269,47 @@ def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRu
     over = any(s.status == "drift" for s in shifts)  # unconverged statistics never count toward the rule
     at = datetime.now(UTC).replace(tzinfo=None)
     with Session(registry.meta.engine) as session, session.begin():
-        version_id = queries.version_id(session, version.model, version.number, lock=True)  # one writer per version at a time
-        stored = session.scalars(select(DriftWindowRow).where(DriftWindowRow.version_id == version_id,
-                                                              DriftWindowRow.content_digest == digest)).one_or_none()
+        version_id = queries.version_id(
+            session, version.model, version.number, lock=True
+        )  # one writer per version at a time
+        stored = session.scalars(
+            select(DriftWindowRow).where(
+                DriftWindowRow.version_id == version_id, DriftWindowRow.content_digest == digest
+            )
+        ).one_or_none()
         if stored is not None:  # under the version's lock: two posts of one window cannot both find it absent
             return _records(session, [stored])[0], False
         current = session.get(DriftStateRow, version_id)
         before = current.state if current is not None else "ok"
-        recent = ((current.recent if current is not None else "") + ("1" if over else "0"))[-active.m:]
+        recent = ((current.recent if current is not None else "") + ("1" if over else "0"))[-active.m :]
         after = "serving_fault" if faults else active.state_of(recent)
-        row = DriftWindowRow(version_id=version_id, received_at=at, started_at=_naive(window.started_at), ended_at=_naive(window.ended_at),
-                             replica=window.replica, user=registry.user, requests=window.requests, sampled=window.sampled,
-                             dropped=window.dropped, statistics_digest=window.statistics_digest, over=over, state=after,
-                             unmatched="\n".join(unmatched)[:4096] or None, content_digest=digest,
-                             faults=_dump_faults(faults))
+        row = DriftWindowRow(
+            version_id=version_id,
+            received_at=at,
+            started_at=_naive(window.started_at),
+            ended_at=_naive(window.ended_at),
+            replica=window.replica,
+            user=registry.user,
+            requests=window.requests,
+            sampled=window.sampled,
+            dropped=window.dropped,
+            statistics_digest=window.statistics_digest,
+            over=over,
+            state=after,
+            unmatched="\n".join(unmatched)[:4096] or None,
+            content_digest=digest,
+            faults=_dump_faults(faults),
+        )
         session.add(row)
         session.flush()
         session.execute(insert(DriftLayerRow), _layer_rows(row.id, shifts))
         session.add(DriftArraysRow(window_id=row.id, data=zlib.compress(json.dumps(arrays).encode(), 6)))
         if current is None:
-            session.add(DriftStateRow(version_id=version_id, state=after, recent=recent, windows=1, last_window_id=row.id, updated_at=at))
+            session.add(
+                DriftStateRow(
+                    version_id=version_id, state=after, recent=recent, windows=1, last_window_id=row.id, updated_at=at
+                )
+            )
         else:
             current.state, current.recent, current.windows = after, recent, current.windows + 1
             current.last_window_id, current.updated_at = row.id, at
@@ -221,14 +317,28 @@ def store_window(registry, ref: str, window: DriftWindow | dict, active: DriftRu
             detail = {"from": before, "to": after, "window": row.id, "recent": recent}
             if faults:
                 detail["faults"] = sorted({fault.kind for fault in faults})
-            registry.meta.append_audit("drift_state_changed", version.model, version.number, detail, registry.user,
-                                       session=session)
+            registry.meta.append_audit(
+                "drift_state_changed", version.model, version.number, detail, registry.user, session=session
+            )
         _sweep(session, at)
         window_id = row.id
-    return WindowRecord(id=window_id, received_at=utc(at), started_at=window.started_at, ended_at=window.ended_at, replica=window.replica,
-                        user=registry.user, requests=window.requests, sampled=window.sampled, dropped=window.dropped,
-                        statistics_digest=window.statistics_digest, over=over, state=after, layers=shifts, unmatched=unmatched,
-                        faults=faults), True
+    return WindowRecord(
+        id=window_id,
+        received_at=utc(at),
+        started_at=window.started_at,
+        ended_at=window.ended_at,
+        replica=window.replica,
+        user=registry.user,
+        requests=window.requests,
+        sampled=window.sampled,
+        dropped=window.dropped,
+        statistics_digest=window.statistics_digest,
+        over=over,
+        state=after,
+        layers=shifts,
+        unmatched=unmatched,
+        faults=faults,
+    ), True
 
 
 def _sweep(session: Session, now: datetime) -> None:
@@ -248,18 +358,48 @@ def _records(session: Session, rows: list[DriftWindowRow]) -> list[WindowRecord]
     """The windows with their layers (one query for all the layers)."""
     by_window: dict[int, list[LayerShift]] = {row.id: [] for row in rows}
     if rows:
-        for layer in session.scalars(select(DriftLayerRow).where(DriftLayerRow.window_id.in_(list(by_window))).order_by(DriftLayerRow.id)):
-            by_window[layer.window_id].append(LayerShift(
-                name=layer.layer, channels=layer.channels, count=layer.count, max_shift=layer.max_shift, mean_shift=layer.mean_shift,
-                worst_shift_channel=layer.worst_shift_channel, variance_ratio=layer.variance_ratio,
-                max_abs_log_ratio=layer.max_abs_log_ratio, batches=layer.batches, shift_bound=layer.shift_bound,
-                log_ratio_bound=layer.log_ratio_bound, error_multiplier=layer.error_multiplier, over=layer.over, status=layer.status,
-                initial_weight=layer.initial_weight))
-    return [WindowRecord(id=row.id, received_at=utc(row.received_at), started_at=utc(row.started_at), ended_at=utc(row.ended_at),
-                         replica=row.replica, user=row.user, requests=row.requests, sampled=row.sampled, dropped=row.dropped,
-                         statistics_digest=row.statistics_digest, over=row.over, state=row.state, layers=by_window[row.id],
-                         unmatched=row.unmatched.split("\n") if row.unmatched else [], faults=_load_faults(row.faults))
-            for row in rows]
+        for layer in session.scalars(
+            select(DriftLayerRow).where(DriftLayerRow.window_id.in_(list(by_window))).order_by(DriftLayerRow.id)
+        ):
+            by_window[layer.window_id].append(
+                LayerShift(
+                    name=layer.layer,
+                    channels=layer.channels,
+                    count=layer.count,
+                    max_shift=layer.max_shift,
+                    mean_shift=layer.mean_shift,
+                    worst_shift_channel=layer.worst_shift_channel,
+                    variance_ratio=layer.variance_ratio,
+                    max_abs_log_ratio=layer.max_abs_log_ratio,
+                    batches=layer.batches,
+                    shift_bound=layer.shift_bound,
+                    log_ratio_bound=layer.log_ratio_bound,
+                    error_multiplier=layer.error_multiplier,
+                    over=layer.over,
+                    status=layer.status,
+                    initial_weight=layer.initial_weight,
+                )
+            )
+    return [
+        WindowRecord(
+            id=row.id,
+            received_at=utc(row.received_at),
+            started_at=utc(row.started_at),
+            ended_at=utc(row.ended_at),
+            replica=row.replica,
+            user=row.user,
+            requests=row.requests,
+            sampled=row.sampled,
+            dropped=row.dropped,
+            statistics_digest=row.statistics_digest,
+            over=row.over,
+            state=row.state,
+            layers=by_window[row.id],
+            unmatched=row.unmatched.split("\n") if row.unmatched else [],
+            faults=_load_faults(row.faults),
+        )
+        for row in rows
+    ]
 
 
 def _read(registry) -> Session:
@@ -272,17 +412,28 @@ def history(registry, ref: str, limit: int = 100) -> DriftHistory:
     with _read(registry) as session:
         version_id = queries.version_id(session, version.model, version.number)
         current = session.get(DriftStateRow, version_id)
-        rows = session.scalars(select(DriftWindowRow).where(DriftWindowRow.version_id == version_id)
-                               .order_by(DriftWindowRow.id.desc()).limit(max(0, limit))).all()
+        rows = session.scalars(
+            select(DriftWindowRow)
+            .where(DriftWindowRow.version_id == version_id)
+            .order_by(DriftWindowRow.id.desc())
+            .limit(max(0, limit))
+        ).all()
         windows = _records(session, list(rows))
         faults = []
         if current is not None and current.state == "serving_fault" and current.last_window_id is not None:
             last = session.get(DriftWindowRow, current.last_window_id)
             faults = _load_faults(last.faults) if last is not None else []
-    return DriftHistory(model=version.model, number=version.number, state=current.state if current else "ok", rule=rule(),
-                        faults=faults,
-                        windows_total=current.windows if current else 0, recent=current.recent if current else "",
-                        offline=offline_check(registry, version), windows=windows)
+    return DriftHistory(
+        model=version.model,
+        number=version.number,
+        state=current.state if current else "ok",
+        rule=rule(),
+        faults=faults,
+        windows_total=current.windows if current else 0,
+        recent=current.recent if current else "",
+        offline=offline_check(registry, version),
+        windows=windows,
+    )
 
 
 def state(registry, ref: str) -> State:
@@ -296,8 +447,11 @@ def state(registry, ref: str) -> State:
 def states(registry) -> dict[tuple[str, int], State]:
     """(model, number) -> state for every version with windows, in one query (the pages' state column)."""
     with _read(registry) as session:
-        rows = session.execute(select(ModelRow.name, VersionRow.number, DriftStateRow.state).join(VersionRow, DriftStateRow.version_id == VersionRow.id)
-                               .join(ModelRow, VersionRow.model_id == ModelRow.id)).all()
+        rows = session.execute(
+            select(ModelRow.name, VersionRow.number, DriftStateRow.state)
+            .join(VersionRow, DriftStateRow.version_id == VersionRow.id)
+            .join(ModelRow, VersionRow.model_id == ModelRow.id)
+        ).all()
     return {(name, number): found for name, number, found in rows}
 
 
@@ -305,13 +459,25 @@ def current(registry) -> list[VersionDrift]:
     """Every version with windows: its state and newest window, in two queries (the metrics endpoint's read)."""
     with _read(registry) as session:
         states = session.execute(
-            select(DriftStateRow, ModelRow.name, VersionRow.number).join(VersionRow, DriftStateRow.version_id == VersionRow.id)
-            .join(ModelRow, VersionRow.model_id == ModelRow.id).order_by(ModelRow.name, VersionRow.number)).all()
+            select(DriftStateRow, ModelRow.name, VersionRow.number)
+            .join(VersionRow, DriftStateRow.version_id == VersionRow.id)
+            .join(ModelRow, VersionRow.model_id == ModelRow.id)
+            .order_by(ModelRow.name, VersionRow.number)
+        ).all()
         last_ids = [s.last_window_id for s, _, _ in states if s.last_window_id is not None]
         rows = session.scalars(select(DriftWindowRow).where(DriftWindowRow.id.in_(last_ids))).all() if last_ids else []
         last = {record.id: record for record in _records(session, list(rows))}
-        return [VersionDrift(model=name, number=number, state=s.state, windows=s.windows, recent=s.recent, last=last.get(s.last_window_id))
-                for s, name, number in states]
+        return [
+            VersionDrift(
+                model=name,
+                number=number,
+                state=s.state,
+                windows=s.windows,
+                recent=s.recent,
+                last=last.get(s.last_window_id),
+            )
+            for s, name, number in states
+        ]
 
 
 def window_arrays(registry, window_id: int) -> dict | None:
@@ -321,5 +487,17 @@ def window_arrays(registry, window_id: int) -> dict | None:
         return None if row is None else json.loads(zlib.decompress(row.data))
 
 
-__all__ = ["DriftHistory", "DriftRule", "VersionDrift", "current", "history", "record_window", "rule", "state", "states", "store_window",
-           "window_arrays", "window_digest"]
+__all__ = [
+    "DriftHistory",
+    "DriftRule",
+    "VersionDrift",
+    "current",
+    "history",
+    "record_window",
+    "rule",
+    "state",
+    "states",
+    "store_window",
+    "window_arrays",
+    "window_digest",
+]

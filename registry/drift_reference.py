@@ -70,8 +70,19 @@ def _read(registry, version) -> Reference:
         arrays = []
         for role in ("running_mean", "running_var"):
             tensor = manifest.tensors[names[role]]
-            arrays.append(np.asarray(tensor_from_blob(registry.store.get(tensor.digest), tensor, names[role]), dtype=np.float64).reshape(-1))
-        layer = ReferenceLayer(entry.path, arrays[0], arrays[1], float(spec["eps"]), _tracked(registry, manifest, names), _batch_weight(spec))
+            arrays.append(
+                np.asarray(
+                    tensor_from_blob(registry.store.get(tensor.digest), tensor, names[role]), dtype=np.float64
+                ).reshape(-1)
+            )
+        layer = ReferenceLayer(
+            entry.path,
+            arrays[0],
+            arrays[1],
+            float(spec["eps"]),
+            _tracked(registry, manifest, names),
+            _batch_weight(spec),
+        )
         layers.append(layer)
         aliases.setdefault(entry.path, layer)
         stripped = _strip(names["running_mean"])
@@ -85,7 +96,11 @@ def _tracked(registry, manifest, names: dict[str, str]) -> int | None:
     if "num_batches_tracked" not in names:
         return None
     tensor = manifest.tensors[names["num_batches_tracked"]]
-    return int(np.asarray(tensor_from_blob(registry.store.get(tensor.digest), tensor, names["num_batches_tracked"])).reshape(-1)[0])
+    return int(
+        np.asarray(tensor_from_blob(registry.store.get(tensor.digest), tensor, names["num_batches_tracked"])).reshape(
+            -1
+        )[0]
+    )
 
 
 def _batch_weight(spec: dict) -> float | None:

@@ -21,15 +21,26 @@ from schemas.serving import DriftThresholds
 def layer_status(mean, var, reference: ReferenceLayer, active: DriftRule, over: bool) -> Convergence:
     """ok, drift or unconverged_statistics for one layer of a window, judged as `drift` judges it."""
     thresholds = DriftThresholds(shift=active.shift, log_ratio=active.log_ratio)
-    return judge(np.asarray(mean, dtype=np.float64), np.asarray(var, dtype=np.float64), reference.running_mean, reference.running_var,
-                 reference.eps, thresholds, over, reference.batches_tracked, reference.momentum)
+    return judge(
+        np.asarray(mean, dtype=np.float64),
+        np.asarray(var, dtype=np.float64),
+        reference.running_mean,
+        reference.running_var,
+        reference.eps,
+        thresholds,
+        over,
+        reference.batches_tracked,
+        reference.momentum,
+    )
 
 
 def downstream_of_unconverged(shifts: list[LayerShift]) -> list[LayerShift]:
     """Drift after the first unconverged layer (the window's order, which the collector takes from execution) is that
     layer's doing, not the input's: the offline `drift` command's rule (convergence.blamed_on_unconverged)."""
     _, blamed = blamed_on_unconverged(shifts)
-    return [s.model_copy(update={"status": "unconverged_statistics"}) if i in blamed else s for i, s in enumerate(shifts)]
+    return [
+        s.model_copy(update={"status": "unconverged_statistics"}) if i in blamed else s for i, s in enumerate(shifts)
+    ]
 
 
 __all__ = ["downstream_of_unconverged", "layer_status"]

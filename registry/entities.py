@@ -55,7 +55,9 @@ class Registration:
     version: VersionRecord
     created: bool
     checks: list = field(default_factory=list)  # list[schemas.CheckResult]
-    unrecognised: list = field(default_factory=list)  # list[schemas.manifest.UnrecognisedLayer]: registered unchecked, by request
+    unrecognised: list = field(
+        default_factory=list
+    )  # list[schemas.manifest.UnrecognisedLayer]: registered unchecked, by request
     #: Where the registration's time went, wall seconds per step (reading, gate, staging, commit): a local registration
     #: measures them (in the shared worker when it ran there); a server's answer carries none.
     seconds: dict = field(default_factory=dict)
@@ -94,8 +96,10 @@ def split_ref(ref: str) -> tuple[str, str | None]:
     if not at:
         name, suffix = ref, None
     if not NAME.match(name) or (at and not NAME.match(suffix)):
-        raise InvalidReferenceError(f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N', 'NAME@ALIAS' or 'NAME@latest' "
-                                    "(names of letters, digits, '.', '_' and '-')")
+        raise InvalidReferenceError(
+            f"reference {ref!r} is malformed; expected 'NAME', 'NAME@N', 'NAME@ALIAS' or 'NAME@latest' "
+            "(names of letters, digits, '.', '_' and '-')"
+        )
     return name, None if suffix == "latest" else suffix
 
 

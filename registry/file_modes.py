@@ -45,8 +45,11 @@ def current() -> FileModes:
         return PRIVATE
     if raw in ("1", "yes", "true"):
         return SHARED_GROUP
-    raise RegistryError(f"{SHARED_GROUP_ENV} is {raw!r}; expected 1 (the registry's files are shared with the group of its folder: "
-                        "folders 2770, database 0660, blobs 0440) or 0 (private to their owner, the default).", setting=SHARED_GROUP_ENV)
+    raise RegistryError(
+        f"{SHARED_GROUP_ENV} is {raw!r}; expected 1 (the registry's files are shared with the group of its folder: "
+        "folders 2770, database 0660, blobs 0440) or 0 (private to their owner, the default).",
+        setting=SHARED_GROUP_ENV,
+    )
 
 
 def make_folder(path: Path, modes: FileModes | None = None) -> None:

@@ -111,8 +111,13 @@ def _ref(record: Any) -> str:
 
 def _node(record: Any, parent: str | None, depth: int, target: bool) -> LineageNode:
     return LineageNode(
-        ref=_ref(record), parent=parent, depth=depth, operation=record.operation,
-        note=getattr(record, "note", None), created_at=getattr(record, "created_at", None), target=target,
+        ref=_ref(record),
+        parent=parent,
+        depth=depth,
+        operation=record.operation,
+        note=getattr(record, "note", None),
+        created_at=getattr(record, "created_at", None),
+        target=target,
     )
 
 

@@ -117,15 +117,27 @@ def load_artifact_folder(folder: str | Path) -> Artifact:
     for digest in manifest.blob_digests():
         path = folder / BLOBS_DIR / f"{digest}.safetensors"
         if not path.is_file():
-            raise InputFileError(f"blob '{path.name}' listed in the manifest is missing from '{folder / BLOBS_DIR}'; re-export the artifact.")
+            raise InputFileError(
+                f"blob '{path.name}' listed in the manifest is missing from '{folder / BLOBS_DIR}'; re-export the artifact."
+            )
         data = path.read_bytes()
         if sha256_hex(data) != digest:
-            raise InputFileError(f"blob '{path}' does not hash to its name (sha256 {sha256_hex(data)[:12]}...): it was corrupted or modified; re-export the artifact.")
+            raise InputFileError(
+                f"blob '{path}' does not hash to its name (sha256 {sha256_hex(data)[:12]}...): it was corrupted or modified; re-export the artifact."
+            )
         blobs[digest] = data
     tensors_from_blobs(manifest, blobs.__getitem__)  # every blob must be the tensor the manifest says
     specs = specs_from_manifest(manifest, blobs.__getitem__)
     return Artifact(manifest=manifest, blobs=blobs, specs=specs)
 
 
-__all__ = ["Artifact", "BLOBS_DIR", "BUNDLE_ERROR_FILE", "MANIFEST_FILE", "load_artifact_folder", "save_artifact_folder",
-           "specs_from_manifest", "tensors_from_blobs"]
+__all__ = [
+    "Artifact",
+    "BLOBS_DIR",
+    "BUNDLE_ERROR_FILE",
+    "MANIFEST_FILE",
+    "load_artifact_folder",
+    "save_artifact_folder",
+    "specs_from_manifest",
+    "tensors_from_blobs",
+]

@@ -40,7 +40,9 @@ class MetadataStore(MetadataReads):
         # One snapshot for reads that must agree with each other (the audit log and its head): a SQLite read
         # transaction already is one; PostgreSQL's default READ COMMITTED takes a new snapshot per statement.
         snapshot = {"isolation_level": "REPEATABLE READ"} if self.engine.dialect.name == "postgresql" else {}
-        self._snapshot_sessions = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}, **snapshot), expire_on_commit=False)
+        self._snapshot_sessions = sessionmaker(
+            self.engine.execution_options(**{READ_ONLY: True}, **snapshot), expire_on_commit=False
+        )
         self.upgrade()
 
     def __repr__(self) -> str:
@@ -139,8 +141,15 @@ class MetadataStore(MetadataReads):
             queries.append_audit(session, user, "register", model, row.number, detail)
             return queries.record(session, row), True
 
-    def append_audit(self, action: str, model: str | None, number: int | None, detail: dict, user: str,
-                     session: Session | None = None) -> AuditRecord:
+    def append_audit(
+        self,
+        action: str,
+        model: str | None,
+        number: int | None,
+        detail: dict,
+        user: str,
+        session: Session | None = None,
+    ) -> AuditRecord:
         """Append one chained entry for a write that is not a version (gc, token create/revoke).
 
         Pass `session` (inside its open transaction) to make the entry atomic with that write.
@@ -180,7 +189,12 @@ class MetadataStore(MetadataReads):
             session.flush()
             session.refresh(row)
             queries.append_audit(
-                session, user, "alias", model, version.number, {"alias": alias, "from": previous, "to": version.number, **(audit or {})}
+                session,
+                user,
+                "alias",
+                model,
+                version.number,
+                {"alias": alias, "from": previous, "to": version.number, **(audit or {})},
             )
             return row.to_record()
 

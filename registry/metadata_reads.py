@@ -49,16 +49,27 @@ class MetadataReads:
         with self._read_sessions() as session:
             owner = queries.model_row(session, name)
             if suffix is None:
-                newest = select(func.max(queries.OTHER_VERSION.number)).where(queries.OTHER_VERSION.model_id == owner.id).scalar_subquery()
+                newest = (
+                    select(func.max(queries.OTHER_VERSION.number))
+                    .where(queries.OTHER_VERSION.model_id == owner.id)
+                    .scalar_subquery()
+                )
                 found = queries.records(session, (VersionRow.model_id == owner.id) & (VersionRow.number == newest))
                 if not found:
                     raise NotFoundError(f"model {name!r} has no versions left; register one first")
                 return found[0]
             if suffix.isdigit():
                 # one query with the parent joined in; only a missing version pays for the message listing the others
-                found = queries.records(session, (VersionRow.model_id == owner.id) & (VersionRow.number == int(suffix))) \
-                    if queries.storable_number(int(suffix)) else []
-                return found[0] if found else queries.record(session, queries.version_row(session, name, int(suffix), owner))
+                found = (
+                    queries.records(session, (VersionRow.model_id == owner.id) & (VersionRow.number == int(suffix)))
+                    if queries.storable_number(int(suffix))
+                    else []
+                )
+                return (
+                    found[0]
+                    if found
+                    else queries.record(session, queries.version_row(session, name, int(suffix), owner))
+                )
             alias = session.get(AliasRow, (owner.id, suffix))
             if alias is None:
                 known = session.scalars(
@@ -140,11 +151,18 @@ class MetadataReads:
         found: dict[str, set[str]] = {}
         with self._read_sessions() as session:
             for start in range(0, len(wanted), 500):  # bounded IN lists
-                chunk = wanted[start:start + 500]
-                by_blob = select(BlobRefRow.digest, ModelRow.name).join(VersionRow, BlobRefRow.version_id == VersionRow.id).join(
-                    ModelRow, VersionRow.model_id == ModelRow.id).where(BlobRefRow.digest.in_(chunk))
-                by_version = select(VersionRow.digest, ModelRow.name).join(ModelRow, VersionRow.model_id == ModelRow.id).where(
-                    VersionRow.digest.in_(chunk))
+                chunk = wanted[start : start + 500]
+                by_blob = (
+                    select(BlobRefRow.digest, ModelRow.name)
+                    .join(VersionRow, BlobRefRow.version_id == VersionRow.id)
+                    .join(ModelRow, VersionRow.model_id == ModelRow.id)
+                    .where(BlobRefRow.digest.in_(chunk))
+                )
+                by_version = (
+                    select(VersionRow.digest, ModelRow.name)
+                    .join(ModelRow, VersionRow.model_id == ModelRow.id)
+                    .where(VersionRow.digest.in_(chunk))
+                )
                 for digest, model in session.execute(union(by_blob, by_version)):
                     found.setdefault(digest, set()).add(model)
         return found
@@ -180,7 +198,9 @@ class MetadataReads:
             entries = [row.to_record() for row in session.scalars(select(AuditRow).order_by(AuditRow.seq))]
             row = session.execute(select(AuditHeadRow.seq, AuditHeadRow.hash).where(AuditHeadRow.id == 1)).first()
         head = None if row is None else AuditHead(row.seq, row.hash)
-        return entries, AuditCheck(problems=verify_chain(entries) + check_head(entries, head, pinned_head), head=head, entries=len(entries))
+        return entries, AuditCheck(
+            problems=verify_chain(entries) + check_head(entries, head, pinned_head), head=head, entries=len(entries)
+        )
 
 
 __all__ = ["MetadataReads"]

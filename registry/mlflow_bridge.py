@@ -32,8 +32,10 @@ from .mlflow_model import write_mlflow_model
 EXPERIMENT = "normbridge"
 BUNDLE_PATH = "normbridge-artifact"
 TAG_PREFIX = "normbridge."
-PICKLE_WARNING = ("warning: --trust-pickle: loading a pickled PyTorch model executes code stored in it; "
-                  "do this only for a model from a source you trust.")
+PICKLE_WARNING = (
+    "warning: --trust-pickle: loading a pickled PyTorch model executes code stored in it; "
+    "do this only for a model from a source you trust."
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ def tracking_uri(explicit: str | None) -> str:
     """--tracking-uri, else $MLFLOW_TRACKING_URI; never MLflow's implicit ./mlruns."""
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        raise RegistryError("no MLflow tracking server was given; pass --tracking-uri http://HOST:PORT or set MLFLOW_TRACKING_URI.")
+        raise RegistryError(
+            "no MLflow tracking server was given; pass --tracking-uri http://HOST:PORT or set MLFLOW_TRACKING_URI."
+        )
     return uri
 
 
@@ -86,14 +90,18 @@ def _probe(uri: str) -> None:
     except urllib.error.HTTPError:
         return  # it answered: authentication or routing is MLflow's to report
     except OSError as error:
-        raise ServerUnreachableError(f"the MLflow tracking server at '{uri}' did not answer ({error}); "
-                                     "start it (mlflow server) or fix --tracking-uri / MLFLOW_TRACKING_URI.") from error
+        raise ServerUnreachableError(
+            f"the MLflow tracking server at '{uri}' did not answer ({error}); "
+            "start it (mlflow server) or fix --tracking-uri / MLFLOW_TRACKING_URI."
+        ) from error
 
 
 def _mlflow_error(action: str, error: Exception) -> RegistryError:
     message = getattr(error, "message", None) or str(error)
-    return RegistryError(f"MLflow refused to {action} ({type(error).__name__}: {message.splitlines()[0] if message else ''}); "
-                         "check the tracking URI and that the server is running.")
+    return RegistryError(
+        f"MLflow refused to {action} ({type(error).__name__}: {message.splitlines()[0] if message else ''}); "
+        "check the tracking URI and that the server is running."
+    )
 
 
 # ---------------------------------------------------------------------------------------- push
@@ -115,8 +123,8 @@ def version_tags(record, manifest) -> dict[str, str]:
         f"{TAG_PREFIX}parent": record.parent or "",
         f"{TAG_PREFIX}operation": record.operation,
         f"{TAG_PREFIX}equivalence": f"{verdict} {passed}/{len(checks)}",
-        f"{TAG_PREFIX}normalizers": f"{len(manifest.normalizers)}" + (
-            " (" + ", ".join(f"{kind} x{count}" for kind, count in sorted(kinds.items())) + ")" if kinds else ""),
+        f"{TAG_PREFIX}normalizers": f"{len(manifest.normalizers)}"
+        + (" (" + ", ".join(f"{kind} x{count}" for kind, count in sorted(kinds.items())) + ")" if kinds else ""),
     }
 
 
@@ -146,20 +154,36 @@ def push(registry, ref: str, tracking: str | None = None, name: str | None = Non
         try:
             existing = _pushed_version(client, name, record.digest)
             if existing is not None:
-                return PushResult(name, existing.version, existing.run_id or "", existing.source, dict(existing.tags), created=False,
-                                  servable=manifest.structure is not None)
+                return PushResult(
+                    name,
+                    existing.version,
+                    existing.run_id or "",
+                    existing.source,
+                    dict(existing.tags),
+                    created=False,
+                    servable=manifest.structure is not None,
+                )
             run_id = _log_bundle(client, registry, record, tags)
             try:
-                client.create_registered_model(name, description="Registered by normbridge (normalization-layer registry).")
+                client.create_registered_model(
+                    name, description="Registered by normbridge (normalization-layer registry)."
+                )
             except MlflowException as error:
                 if error.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
             source = f"{client.get_run(run_id).info.artifact_uri}/{BUNDLE_PATH}"
-            version = client.create_model_version(name, source, run_id=run_id, tags=tags,
-                                                  description=f"normbridge {record.model}@{record.number}: {record.note or ''}".strip())
+            version = client.create_model_version(
+                name,
+                source,
+                run_id=run_id,
+                tags=tags,
+                description=f"normbridge {record.model}@{record.number}: {record.note or ''}".strip(),
+            )
         except MlflowException as error:
             raise _mlflow_error(f"register '{name}'", error) from error
-    return PushResult(name, version.version, run_id, source, tags, created=True, servable=manifest.structure is not None)
+    return PushResult(
+        name, version.version, run_id, source, tags, created=True, servable=manifest.structure is not None
+    )
 
 
 def _pushed_version(client, name: str, digest: str):
@@ -180,7 +204,9 @@ def _log_bundle(client, registry, record, tags: dict[str, str]) -> str:
     `import_model` rebuilds the blobs from the file), else as the bundle's blobs.
     """
     experiment = client.get_experiment_by_name(EXPERIMENT)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT, **_artifact_location(client))
+    experiment_id = (
+        experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT, **_artifact_location(client))
+    )
     run = client.create_run(experiment_id, run_name=f"{record.model}@{record.number}", tags=tags)
     try:
         _refuse_working_directory_artifacts(client.tracking_uri, run.info.artifact_uri)
@@ -210,7 +236,7 @@ def _artifact_location(client) -> dict[str, str]:
 def _artifact_location_path(tracking: str) -> Path | None:
     """'mlartifacts' beside the database of a sqlite:/// tracking URI; None for a server."""
     if tracking.startswith("sqlite:///"):
-        return Path(tracking[len("sqlite:///"):]).resolve().parent / "mlartifacts"
+        return Path(tracking[len("sqlite:///") :]).resolve().parent / "mlartifacts"
     return None
 
 
@@ -228,9 +254,11 @@ def _refuse_working_directory_artifacts(tracking: str, artifact_uri: str) -> Non
     if path.is_absolute() and beside_database is not None and path.resolve().is_relative_to(beside_database):
         return
     if not path.is_absolute() or path.resolve().is_relative_to(Path.cwd().resolve()):
-        raise RegistryError(f"the MLflow experiment '{EXPERIMENT}' stores artifacts at '{artifact_uri}', inside the folder this "
-                            "command runs from; give the server an artifact store (mlflow server --artifacts-destination DIR) "
-                            f"or give the experiment an artifact location elsewhere; nothing was written.")
+        raise RegistryError(
+            f"the MLflow experiment '{EXPERIMENT}' stores artifacts at '{artifact_uri}', inside the folder this "
+            "command runs from; give the server an artifact store (mlflow server --artifacts-destination DIR) "
+            f"or give the experiment an artifact location elsewhere; nothing was written."
+        )
 
 
 # -------------------------------------------------------------------------------------- import
@@ -240,13 +268,19 @@ def default_name(model_uri: str) -> str | None:
     """'models:/NAME/...' or 'models:/NAME@alias' -> NAME; other URIs carry no usable name."""
     if not model_uri.startswith("models:/"):
         return None
-    head = model_uri[len("models:/"):].split("/")[0]
+    head = model_uri[len("models:/") :].split("/")[0]
     name = head.split("@")[0]
     return None if name.startswith("m-") else name  # MLflow 3 logged-model ids are not names
 
 
-def import_model(registry, model_uri: str, tracking: str | None = None, name: str | None = None,
-                 trust_pickle: bool = False, warn=None) -> ImportResult:
+def import_model(
+    registry,
+    model_uri: str,
+    tracking: str | None = None,
+    name: str | None = None,
+    trust_pickle: bool = False,
+    warn=None,
+) -> ImportResult:
     """Download the MLflow model at `model_uri` and register it through the equivalence gate as 'imported'.
 
     Raises:
@@ -269,7 +303,8 @@ def import_model(registry, model_uri: str, tracking: str | None = None, name: st
             if not trust_pickle:
                 raise InputFileError(
                     f"'{model_uri}' is a pickled PyTorch model and loading it can execute arbitrary code; nothing was loaded: "
-                    "pass --trust-pickle only if the model comes from a source you trust, or log it as ONNX, Keras or pt2.")
+                    "pass --trust-pickle only if the model comes from a source you trust, or log it as ONNX, Keras or pt2."
+                )
             (warn or (lambda text: None))(PICKLE_WARNING)
             model = _load_pickled_torch(path)
         else:
@@ -285,7 +320,9 @@ def _download(model_uri: str, uri: str, folder: Path) -> Path:
         return Path(_download_with(_client(uri), model_uri, uri, folder))
     except MlflowException as error:
         if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
-            raise NotFoundError(f"MLflow has no model at '{model_uri}'; check the URI (runs:/RUN/PATH, models:/NAME/VERSION).") from error
+            raise NotFoundError(
+                f"MLflow has no model at '{model_uri}'; check the URI (runs:/RUN/PATH, models:/NAME/VERSION)."
+            ) from error
         raise _mlflow_error(f"download '{model_uri}'", error) from error
     except OSError as error:
         raise _mlflow_error(f"download '{model_uri}'", error) from error
@@ -305,7 +342,9 @@ def _download_with(client, model_uri: str, uri: str, folder: Path) -> str:
         else:
             location = client.get_model_version_download_uri(*found)
         model_uri = location.rstrip("/") + (f"/{inner}" if inner else "")
-    return mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(folder), tracking_uri=uri, registry_uri=uri)
+    return mlflow.artifacts.download_artifacts(
+        artifact_uri=model_uri, dst_path=str(folder), tracking_uri=uri, registry_uri=uri
+    )
 
 
 def locate_model_file(local: Path, bundle: bool = True) -> tuple[str, Path]:
@@ -315,11 +354,15 @@ def locate_model_file(local: Path, bundle: bool = True) -> tuple[str, Path]:
     """
     import yaml
 
-    if bundle and (local / MANIFEST_FILE).is_file() and (local / BLOBS_DIR).is_dir():  # pushed by `normbridge mlflow push`: safetensors only
+    if (
+        bundle and (local / MANIFEST_FILE).is_file() and (local / BLOBS_DIR).is_dir()
+    ):  # pushed by `normbridge mlflow push`: safetensors only
         return "normbridge-bundle", local
     mlmodel = local / "MLmodel"
     if not mlmodel.is_file():
-        raise InputFileError(f"'{local.name}' holds no MLmodel file; pass the URI of an MLflow model (e.g. runs:/RUN/model).")
+        raise InputFileError(
+            f"'{local.name}' holds no MLmodel file; pass the URI of an MLflow model (e.g. runs:/RUN/model)."
+        )
     try:
         flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
     except yaml.YAMLError as error:
@@ -341,8 +384,10 @@ def locate_model_file(local: Path, bundle: bool = True) -> tuple[str, Path]:
             return "pytorch-pt2", data / "model.pt2"
         if (data / "model.pth").is_file():
             return "pytorch-pickle", data
-    raise InputFileError(f"the MLflow model has flavours {sorted(flavors)} but none normbridge reads; "
-                         "log it with mlflow.onnx, mlflow.keras (.keras) or mlflow.pytorch (serialization_format='pt2').")
+    raise InputFileError(
+        f"the MLflow model has flavours {sorted(flavors)} but none normbridge reads; "
+        "log it with mlflow.onnx, mlflow.keras (.keras) or mlflow.pytorch (serialization_format='pt2')."
+    )
 
 
 def rebuilt_bundle(local: Path, folder: Path) -> Path:
@@ -360,9 +405,11 @@ def rebuilt_bundle(local: Path, folder: Path) -> Path:
     flavor, path = locate_model_file(local, bundle=False)
     read = extract_artifact(path)
     if read.manifest.content_digest() != manifest.content_digest():
-        raise InputFileError(f"the {flavor} model file MLflow holds is not the one normbridge pushed (content digest "
-                             f"{read.manifest.content_digest()[:12]}, the pushed manifest says {manifest.content_digest()[:12]}); "
-                             "nothing was registered.")
+        raise InputFileError(
+            f"the {flavor} model file MLflow holds is not the one normbridge pushed (content digest "
+            f"{read.manifest.content_digest()[:12]}, the pushed manifest says {manifest.content_digest()[:12]}); "
+            "nothing was registered."
+        )
     return save_artifact_folder(Artifact(manifest=manifest, blobs=read.blobs), folder)
 
 
@@ -370,8 +417,10 @@ def _inside(local: Path, relative: Any) -> Path:
     """`local / relative`, refused when the MLmodel names a path outside the downloaded model ('/etc/x', '../x')."""
     path = (local / str(relative)).resolve()
     if not isinstance(relative, str) or not path.is_relative_to(local.resolve()):
-        raise InputFileError(f"the MLmodel file names the data path {relative!r}, which is outside the model's own folder; "
-                             "normbridge reads only files MLflow downloaded with the model.")
+        raise InputFileError(
+            f"the MLmodel file names the data path {relative!r}, which is outside the model's own folder; "
+            "normbridge reads only files MLflow downloaded with the model."
+        )
     return path
 
 
@@ -384,5 +433,7 @@ def _load_pickled_torch(data: Path) -> Any:
     except NormbridgeError:
         raise
     except Exception as error:  # unpickling can fail in many ways
-        raise InputFileError(f"the pickled PyTorch model could not be loaded ({type(error).__name__}: {error}).") from error
+        raise InputFileError(
+            f"the pickled PyTorch model could not be loaded ({type(error).__name__}: {error})."
+        ) from error
     return model

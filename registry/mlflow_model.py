@@ -39,7 +39,9 @@ _BUILTIN_TREE_MODULES = ("builtins", "collections", "torch")
 def write_mlflow_model(registry, ref: str, folder: Path) -> str | None:
     """Add the MLflow model of version `ref` into `folder`; the flavour written, or None when the version has no model file."""
     manifest = registry.manifest(ref)
-    if manifest.structure is None or manifest.structure.format in REGISTRY.folder_formats():  # a folder: its bundle goes up
+    if (
+        manifest.structure is None or manifest.structure.format in REGISTRY.folder_formats()
+    ):  # a folder: its bundle goes up
         return None
     fmt = manifest.structure.format
     file = registry.model_file(ref)
@@ -81,10 +83,17 @@ def input_signature(model):
 
     try:
         specs = input_specs(model)
-        sample = random_sample(specs, batch_size=1)  # the contract's seeded sample in the inputs' dtypes; one request where the batch is open
+        sample = random_sample(
+            specs, batch_size=1
+        )  # the contract's seeded sample in the inputs' dtypes; one request where the batch is open
     except NormbridgeError:  # inputs no sample can be drawn for (strings): MLflow serves the model without a signature
         return None, None
-    schema = Schema([TensorSpec(np.dtype(spec.dtype), tuple(-1 if d is None else d for d in spec.shape), spec.name) for spec in specs])
+    schema = Schema(
+        [
+            TensorSpec(np.dtype(spec.dtype), tuple(-1 if d is None else d for d in spec.shape), spec.name)
+            for spec in specs
+        ]
+    )
     return ModelSignature(inputs=schema), dict(zip(sample.names, sample.arrays))
 
 
@@ -103,8 +112,11 @@ def describe_inputs(target: Path, signature, example: dict | None) -> None:
 
         _save_example(meta, example, str(target))
     except Exception as error:  # a release that renamed it: the model still has its signature, and the push says so
-        warnings.warn(f"MLflow {mlflow.__version__} cannot write the input example without running the model "
-                      f"({type(error).__name__}); the model is pushed with its signature and no input example.", stacklevel=2)
+        warnings.warn(
+            f"MLflow {mlflow.__version__} cannot write the input example without running the model "
+            f"({type(error).__name__}); the model is pushed with its signature and no input example.",
+            stacklevel=2,
+        )
     meta.save(str(target / MLMODEL))
 
 
@@ -112,15 +124,21 @@ def _onnx(data: bytes, target: Path, signature) -> None:
     import mlflow.onnx
     import onnx
 
-    mlflow.onnx.save_model(onnx.load_from_string(data), str(target), signature=signature,
-                           pip_requirements=[pinned("onnx"), pinned("onnxruntime")])
+    mlflow.onnx.save_model(
+        onnx.load_from_string(data),
+        str(target),
+        signature=signature,
+        pip_requirements=[pinned("onnx"), pinned("onnxruntime")],
+    )
     (target / "model.onnx").write_bytes(data)  # the registered bytes, whatever MLflow's writer does
 
 
 def _keras(model, target: Path, signature) -> None:
     import mlflow.keras
 
-    mlflow.keras.save_model(model, str(target), signature=signature, pip_requirements=[pinned("keras"), pinned("tensorflow")])
+    mlflow.keras.save_model(
+        model, str(target), signature=signature, pip_requirements=[pinned("keras"), pinned("tensorflow")]
+    )
 
 
 def _pt2(data: bytes, program, target: Path) -> None:
@@ -139,10 +157,19 @@ def _pt2(data: bytes, program, target: Path) -> None:
     requirements = sorted({pinned("torch"), pinned("numpy"), pinned("mlflow"), *(pinned(m) for m in modules)})
     model = Model()
     model.add_flavor("pytorch", model_data="data", pytorch_version=str(torch.__version__), code=None)
-    pyfunc.add_to_model(model, loader_module=PT2_LOADER, data="data", code="code", conda_env="conda.yaml",
-                        python_env="python_env.yaml", model_config={"pytree_modules": modules})
+    pyfunc.add_to_model(
+        model,
+        loader_module=PT2_LOADER,
+        data="data",
+        code="code",
+        conda_env="conda.yaml",
+        python_env="python_env.yaml",
+        model_config={"pytree_modules": modules},
+    )
     model.save(str(target / MLMODEL))
-    (target / "conda.yaml").write_text(yaml.safe_dump(_mlflow_conda_env(additional_pip_deps=requirements), default_flow_style=False))
+    (target / "conda.yaml").write_text(
+        yaml.safe_dump(_mlflow_conda_env(additional_pip_deps=requirements), default_flow_style=False)
+    )
     _PythonEnv.current().to_yaml(str(target / "python_env.yaml"))
     (target / "requirements.txt").write_text("\n".join(requirements) + "\n")
 

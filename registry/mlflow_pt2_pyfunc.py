@@ -35,8 +35,11 @@ class ProgramModel:
         self.module = program.module()
         placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
         # A user input that is not a name is a constant the program was exported with (use_cache=False): passed again.
-        self.inputs = [(name, placeholders[name].meta["val"].dtype) for name in program.graph_signature.user_inputs
-                       if isinstance(name, str)]
+        self.inputs = [
+            (name, placeholders[name].meta["val"].dtype)
+            for name in program.graph_signature.user_inputs
+            if isinstance(name, str)
+        ]
 
     def predict(self, model_input, params=None):
         arrays = self._arrays(model_input)
@@ -45,7 +48,11 @@ class ProgramModel:
         args, kwargs = pytree.tree_unflatten(leaves, self.program.call_spec.in_spec)
         with torch.no_grad():
             outputs = self.module(*args, **kwargs)
-        named = [(_name(path), leaf) for path, leaf in pytree.tree_flatten_with_path(outputs)[0] if isinstance(leaf, torch.Tensor)]
+        named = [
+            (_name(path), leaf)
+            for path, leaf in pytree.tree_flatten_with_path(outputs)[0]
+            if isinstance(leaf, torch.Tensor)
+        ]
         if len(named) == 1:
             return named[0][1].numpy()
         return {name or f"output_{i}": leaf.numpy() for i, (name, leaf) in enumerate(named)}

@@ -26,16 +26,24 @@ EXPLAINS_NONE = ("folded_batchnorm",)
 def unrecognised_layers(hazards: list[Hazard]) -> list[UnrecognisedLayer]:
     """The manifest entries for the unrecognised_normalization hazards of a model adapter (the adapters name the class
     at the head of the message, before " looks like")."""
-    return [UnrecognisedLayer(path=h.layer or WHOLE_MODEL, type=h.message.split(" looks like", 1)[0][:200], reason=h.message)
-            for h in hazards if h.code == UNRECOGNISED]
+    return [
+        UnrecognisedLayer(
+            path=h.layer or WHOLE_MODEL, type=h.message.split(" looks like", 1)[0][:200], reason=h.message
+        )
+        for h in hazards
+        if h.code == UNRECOGNISED
+    ]
 
 
 def nothing_found(framework: str, tensors: int, hazards: list[Hazard] = ()) -> UnrecognisedLayer:
     """The entry for a model with `tensors` tensors and no normalization layer, with what its hazards say about why."""
     why = "".join(f"; {h.message.rstrip('.')}" for h in hazards if h.code in EXPLAINS_NONE)
-    return UnrecognisedLayer(path=WHOLE_MODEL, type=framework,
-                             reason=f"no normalization layer was found among the model's {tensors} tensors, so the equivalence check "
-                                    f"would check nothing{why}")
+    return UnrecognisedLayer(
+        path=WHOLE_MODEL,
+        type=framework,
+        reason=f"no normalization layer was found among the model's {tensors} tensors, so the equivalence check "
+        f"would check nothing{why}",
+    )
 
 
 def unchecked(manifest: ArtifactManifest) -> list[UnrecognisedLayer]:

@@ -98,8 +98,11 @@ def gate_worker() -> tuple[Path, float] | None:
     """
     mode = os.environ.get(GATE_WORKER_ENV, "shared").strip().lower() or "shared"
     if mode not in ("shared", "private"):
-        raise RegistryError(f"{GATE_WORKER_ENV} is {mode!r}; expected 'shared' (one warm worker serves every CLI process) or 'private' "
-                            "(a worker per process).", setting=GATE_WORKER_ENV)
+        raise RegistryError(
+            f"{GATE_WORKER_ENV} is {mode!r}; expected 'shared' (one warm worker serves every CLI process) or 'private' "
+            "(a worker per process).",
+            setting=GATE_WORKER_ENV,
+        )
     if mode == "private":
         return None
     raw = os.environ.get(WORKER_IDLE_ENV, "").strip()
@@ -108,11 +111,30 @@ def gate_worker() -> tuple[Path, float] | None:
     except ValueError:
         idle = -1.0
     if not idle > 0:
-        raise RegistryError(f"{WORKER_IDLE_ENV} is {raw!r}; expected the seconds the shared gate worker waits for a caller before it "
-                            "exits, a positive number such as 600.", setting=WORKER_IDLE_ENV)
+        raise RegistryError(
+            f"{WORKER_IDLE_ENV} is {raw!r}; expected the seconds the shared gate worker waits for a caller before it "
+            "exits, a positive number such as 600.",
+            setting=WORKER_IDLE_ENV,
+        )
     folder = Path(os.environ[WORKER_DIR_ENV]).expanduser() if os.environ.get(WORKER_DIR_ENV) else home() / "workers"
     return folder, idle
 
 
-__all__ = ["BLOBS_ENV", "DB_ENV", "DEFAULT_GUARDED_ALIASES", "DEFAULT_WORKER_IDLE", "GATE_WORKER_ENV", "GUARDED_ALIASES_ENV", "HOME_ENV",
-           "USER_ENV", "WORKER_DIR_ENV", "WORKER_IDLE_ENV", "blobs_uri", "current_user", "database_url", "gate_worker", "guarded_aliases", "home"]
+__all__ = [
+    "BLOBS_ENV",
+    "DB_ENV",
+    "DEFAULT_GUARDED_ALIASES",
+    "DEFAULT_WORKER_IDLE",
+    "GATE_WORKER_ENV",
+    "GUARDED_ALIASES_ENV",
+    "HOME_ENV",
+    "USER_ENV",
+    "WORKER_DIR_ENV",
+    "WORKER_IDLE_ENV",
+    "blobs_uri",
+    "current_user",
+    "database_url",
+    "gate_worker",
+    "guarded_aliases",
+    "home",
+]

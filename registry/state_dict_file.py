@@ -45,7 +45,9 @@ def state_dict_metadata(manifest: ArtifactManifest) -> dict[str, str]:
 def state_dict_file(manifest: ArtifactManifest, tensors: dict[str, np.ndarray], parts: dict[str, bytes]) -> bytes:
     """The safetensors bytes of the version's state dict."""
     names = state_dict_names(manifest, parts)
-    arrays = {name: np.require(tensors[name], requirements="C") for name in names}  # ascontiguousarray makes a 0-d tensor 1-d
+    arrays = {
+        name: np.require(tensors[name], requirements="C") for name in names
+    }  # ascontiguousarray makes a 0-d tensor 1-d
     return save_tensors(arrays, metadata=state_dict_metadata(manifest))
 
 

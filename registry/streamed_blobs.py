@@ -24,7 +24,9 @@ _CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
 
 def blob_header(dtype: str, shape: list[int], nbytes: int) -> bytes:
     """The 8-byte length and JSON header safetensors writes for one tensor named "tensor" (padded with spaces to 8 bytes)."""
-    text = json.dumps({"tensor": {"dtype": _CODES[dtype], "shape": list(shape), "data_offsets": [0, nbytes]}}, separators=(",", ":"))
+    text = json.dumps(
+        {"tensor": {"dtype": _CODES[dtype], "shape": list(shape), "data_offsets": [0, nbytes]}}, separators=(",", ":")
+    )
     text += " " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text.encode()
 
@@ -48,7 +50,7 @@ class TensorBlob:
         """The blob's bytes: the header, then the tensor's C-order little-endian bytes, at most `size` at a time."""
         if self.data is not None:
             for start in range(0, len(self.data), size):
-                yield self.data[start:start + size]
+                yield self.data[start : start + size]
             return
         yield self.header
         if self.source is not None:
@@ -59,7 +61,7 @@ class TensorBlob:
             array = array.astype(array.dtype.newbyteorder("<"))
         flat = array.reshape(-1).view(np.uint8)
         for start in range(0, flat.size, size):
-            yield flat[start:start + size].tobytes()
+            yield flat[start : start + size].tobytes()
 
     def hash(self) -> str:
         """The blob's sha256, read through `chunks` (once; the value is kept)."""
@@ -99,7 +101,7 @@ class BlobMap(MutableMapping):
             yield from blob.chunks()
         else:
             for start in range(0, len(blob), CHUNK_BYTES):
-                yield blob[start:start + CHUNK_BYTES]
+                yield blob[start : start + CHUNK_BYTES]
 
     def size(self, digest: str) -> int:
         blob = self._blobs[digest]

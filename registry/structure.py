@@ -34,7 +34,10 @@ def structure_parts(manifest: ArtifactManifest, get: Callable[[str], bytes]) -> 
     """Every structure part's bytes, read through `get(digest)` and checked against its manifest entry."""
     if manifest.structure is None:
         return {}
-    return {name: tensor_from_blob(get(ref.digest), ref, f"structure part '{name}'").tobytes() for name, ref in manifest.structure.parts.items()}
+    return {
+        name: tensor_from_blob(get(ref.digest), ref, f"structure part '{name}'").tobytes()
+        for name, ref in manifest.structure.parts.items()
+    }
 
 
 __all__ = ["structure_parts", "structure_record"]

@@ -52,7 +52,9 @@ class TarFormatError(InputFileError):
 
     def __init__(self, problem: str):
         self.problem = problem
-        super().__init__(f"the bundle is not a readable tar archive ({problem}); send `tar -cf - -C FOLDER .` of an artifact folder.")
+        super().__init__(
+            f"the bundle is not a readable tar archive ({problem}); send `tar -cf - -C FOLDER .` of an artifact folder."
+        )
 
 
 def bad_tar(problem: str) -> TarFormatError:
@@ -174,7 +176,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
         length = data[position:space]
         if space < 0 or not length.isdigit() or int(length) <= space - position or position + int(length) > len(data):
             raise bad_tar(f"a pax header record at byte {position} is malformed")
-        record = data[space + 1:position + int(length)]
+        record = data[space + 1 : position + int(length)]
         key, equals, value = record.partition(b"=")
         if not equals or not record.endswith(b"\n"):
             raise bad_tar(f"a pax header record at byte {position} is malformed")
@@ -192,15 +194,21 @@ def _pax_records(data: bytes) -> dict[str, str]:
 def _kind(flag: bytes, name: str) -> str:
     if flag in _REGULAR:
         return "directory" if flag == b"\0" and name.endswith("/") else "file"
-    return {_DIRECTORY: "directory"}.get(flag) or ("link" if flag in _LINKS else "device" if flag in _DEVICES else "other")
+    return {_DIRECTORY: "directory"}.get(flag) or (
+        "link" if flag in _LINKS else "device" if flag in _DEVICES else "other"
+    )
 
 
 def _extension(tar: _Counted, flag: bytes, size: int, name: str) -> bytes:
     """The data of a long-name or pax header, refused (before it is read) beyond its cap."""
-    cap, what = {b"L": (MAX_LONG_NAME, "GNU long name"), b"K": (MAX_LONG_NAME, "GNU long link name")}.get(flag, (MAX_PAX_HEADER, "pax header"))
+    cap, what = {b"L": (MAX_LONG_NAME, "GNU long name"), b"K": (MAX_LONG_NAME, "GNU long link name")}.get(
+        flag, (MAX_PAX_HEADER, "pax header")
+    )
     if size > cap:
-        raise InputFileError(f"bundle member '{name[:100]}' is a {what} of {size} bytes; at most {cap} are accepted, "
-                             "so pack the artifact folder with shorter paths.")
+        raise InputFileError(
+            f"bundle member '{name[:100]}' is a {what} of {size} bytes; at most {cap} are accepted, "
+            "so pack the artifact folder with shorter paths."
+        )
     return tar.read(_padded(size))[:size]
 
 

@@ -18,7 +18,6 @@ from schemas.safetensors_io import SAFETENSORS_DTYPES, load_tensors as st_load, 
 from schemas.tensors import tensor_record_problem
 
 
-
 def tensor_blob(array: np.ndarray) -> bytes:
     """Deterministic single-tensor safetensors bytes (key "tensor")."""
     return st_save({"tensor": np.array(array, order="C", copy=True)})
@@ -29,11 +28,15 @@ def tensor_from_blob(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
     try:
         array = st_load(data)["tensor"]
     except Exception as error:  # safetensors raises several types for bad bytes
-        raise InputFileError(f"the blob of tensor '{name}' is not valid single-tensor safetensors ({error}); the artifact is corrupted.") from error
+        raise InputFileError(
+            f"the blob of tensor '{name}' is not valid single-tensor safetensors ({error}); the artifact is corrupted."
+        ) from error
     if ref.shape == [] and array.shape == (1,):
         array = array.reshape(())  # safetensors' NumPy writer stores 0-d arrays as shape (1,)
     if str(array.dtype) != ref.dtype or list(array.shape) != ref.shape:
-        raise InputFileError(f"the blob of tensor '{name}' holds {array.dtype}{list(array.shape)} but the manifest says {ref.dtype}{ref.shape}.")
+        raise InputFileError(
+            f"the blob of tensor '{name}' holds {array.dtype}{list(array.shape)} but the manifest says {ref.dtype}{ref.shape}."
+        )
     return array
 
 
@@ -69,7 +72,7 @@ def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | Non
     if length > min(len(data), total) - 8:
         raise refuse(f"declares a {length}-byte header in {total} bytes, so it is not valid single-tensor safetensors")
     try:
-        header = json.loads(bytes(data[8:8 + length]))
+        header = json.loads(bytes(data[8 : 8 + length]))
         entry = header["tensor"]
         code, shape, (start, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
     except (ValueError, KeyError, TypeError) as error:
@@ -77,7 +80,9 @@ def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | Non
     if set(header) - {"tensor", "__metadata__"}:
         raise refuse(f"holds tensors {sorted(set(header) - {'__metadata__'})}, not exactly one named 'tensor'")
     if code not in SAFETENSORS_DTYPES or type(start) is not int or type(end) is not int:
-        raise refuse(f"has dtype code {code!r} and data offsets {[start, end]!r}, expected one of {', '.join(SAFETENSORS_DTYPES)} and two integers")
+        raise refuse(
+            f"has dtype code {code!r} and data offsets {[start, end]!r}, expected one of {', '.join(SAFETENSORS_DTYPES)} and two integers"
+        )
     dtype = SAFETENSORS_DTYPES[code]
     problem = tensor_record_problem(dtype, shape, end - start)
     if problem is not None:
@@ -85,9 +90,13 @@ def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | Non
     if ref.shape == [] and shape == [1]:
         shape = []  # safetensors' NumPy writer may store 0-d arrays as shape (1,)
     if dtype != ref.dtype or shape != ref.shape:
-        raise InputFileError(f"the blob of tensor '{name}' holds {dtype}{shape} but the manifest says {ref.dtype}{ref.shape}.")
+        raise InputFileError(
+            f"the blob of tensor '{name}' holds {dtype}{shape} but the manifest says {ref.dtype}{ref.shape}."
+        )
     if start != 0 or end - start != ref.nbytes or 8 + length + end != total:
-        raise refuse(f"holds data bytes {start}..{end} of {total - 8 - length}, but the manifest says {ref.nbytes} bytes")
+        raise refuse(
+            f"holds data bytes {start}..{end} of {total - 8 - length}, but the manifest says {ref.nbytes} bytes"
+        )
 
 
 def stored_tensor_problem(name: str, record: dict, data: bytes | None = None) -> str | None:
@@ -114,4 +123,12 @@ def stored_tensor_problem(name: str, record: dict, data: bytes | None = None) ->
     return None
 
 
-__all__ = ["SAFETENSORS_DTYPES", "check_tensor_header", "numpy_dtype", "stored_tensor_problem", "tensor_blob", "tensor_from_blob", "tensor_view"]
+__all__ = [
+    "SAFETENSORS_DTYPES",
+    "check_tensor_header",
+    "numpy_dtype",
+    "stored_tensor_problem",
+    "tensor_blob",
+    "tensor_from_blob",
+    "tensor_view",
+]

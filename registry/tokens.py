@@ -80,10 +80,17 @@ def _hash(secret: str) -> str:
 
 
 def _info(row: TokenRow) -> TokenInfo:
-    return TokenInfo(id=row.id, owner=row.owner, role=row.role, models=None if row.models is None else tuple(row.models),
-                     note=row.note, created_at=utc(row.created_at), created_by=row.created_by,
-                     revoked_at=None if row.revoked_at is None else utc(row.revoked_at),
-                     expires_at=None if row.expires_at is None else utc(row.expires_at))
+    return TokenInfo(
+        id=row.id,
+        owner=row.owner,
+        role=row.role,
+        models=None if row.models is None else tuple(row.models),
+        note=row.note,
+        created_at=utc(row.created_at),
+        created_by=row.created_by,
+        revoked_at=None if row.revoked_at is None else utc(row.revoked_at),
+        expires_at=None if row.expires_at is None else utc(row.expires_at),
+    )
 
 
 def parse_token(token: str) -> tuple[str, str] | None:
@@ -100,8 +107,15 @@ class TokenStore:
         self._sessions = sessionmaker(meta.engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(meta.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
-    def create(self, owner: str, role: str, models: list[str] | tuple[str, ...] | None = None, note: str | None = None,
-               created_by: str = "unknown", lifetime: timedelta | None = DEFAULT_LIFETIME) -> tuple[TokenInfo, str]:
+    def create(
+        self,
+        owner: str,
+        role: str,
+        models: list[str] | tuple[str, ...] | None = None,
+        note: str | None = None,
+        created_by: str = "unknown",
+        lifetime: timedelta | None = DEFAULT_LIFETIME,
+    ) -> tuple[TokenInfo, str]:
         """A new token living `lifetime` (None: until revoked); returns (its info, the token string). The string is
         never retrievable again."""
         if role not in ROLES:
@@ -111,18 +125,41 @@ class TokenStore:
         scope = None if not models else sorted(set(models))
         for name in scope or ():
             if not _NAME.match(name):
-                raise RegistryError(f"model scope '{name}' is not a valid model name; use letters, digits, '.', '_' or '-'.")
+                raise RegistryError(
+                    f"model scope '{name}' is not a valid model name; use letters, digits, '.', '_' or '-'."
+                )
         token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         now = _now()
         expires = None if lifetime is None else now + lifetime
         with self._sessions() as session, session.begin():
-            row = TokenRow(id=token_id, owner=owner, role=role, models=scope, secret_hash=_hash(secret), note=note,
-                           created_at=now, created_by=created_by, revoked_at=None, expires_at=expires)
+            row = TokenRow(
+                id=token_id,
+                owner=owner,
+                role=role,
+                models=scope,
+                secret_hash=_hash(secret),
+                note=note,
+                created_at=now,
+                created_by=created_by,
+                revoked_at=None,
+                expires_at=expires,
+            )
             session.add(row)
             session.flush()
-            self.meta.append_audit("token_create", None, None, {"token_id": token_id, "owner": owner, "role": role, "models": scope,
-                                                                 "expires_at": None if expires is None else expires.isoformat()},
-                                   created_by, session=session)
+            self.meta.append_audit(
+                "token_create",
+                None,
+                None,
+                {
+                    "token_id": token_id,
+                    "owner": owner,
+                    "role": role,
+                    "models": scope,
+                    "expires_at": None if expires is None else expires.isoformat(),
+                },
+                created_by,
+                session=session,
+            )
             info = _info(row)
         return info, f"{PREFIX}{token_id}_{secret}"
 
@@ -140,7 +177,9 @@ class TokenStore:
             if row.revoked_at is None:
                 row.revoked_at = _now()
                 session.flush()
-                self.meta.append_audit("token_revoke", None, None, {"token_id": token_id, "owner": row.owner}, user, session=session)
+                self.meta.append_audit(
+                    "token_revoke", None, None, {"token_id": token_id, "owner": row.owner}, user, session=session
+                )
             return _info(row)
 
     def authenticate(self, token: str) -> TokenInfo | None:

@@ -77,17 +77,37 @@ def local_store(db: str | None, blobs: str | None) -> tuple[str, str] | None:
     return f"sqlite:///{Path(url.removeprefix('sqlite:///')).absolute()}", str(Path(folder).absolute())
 
 
-def register_in_worker(folder: Path, packages: dict[str, str], name: str, model: Path, db: str | None, blobs: str | None,
-                       parent: str | None, note: str | None, operation: str | None, allow_unrecognised: bool,
-                       progress: Progress | None = None) -> Registration | None:
+def register_in_worker(
+    folder: Path,
+    packages: dict[str, str],
+    name: str,
+    model: Path,
+    db: str | None,
+    blobs: str | None,
+    parent: str | None,
+    note: str | None,
+    operation: str | None,
+    allow_unrecognised: bool,
+    progress: Progress | None = None,
+) -> Registration | None:
     """`Registry(db, blobs).register(name, model, ...)` run by the shared worker of `folder`, if one runs and the registry
     is local; None when it was not run there (the caller registers in process). Raises the registration's error."""
     store = local_store(db, blobs)
     if store is None or os.environ.get(SWITCH_ENV) == "0" or os.environ.get(FAULT_ENV) or not Path(model).exists():
         return None
     path = Path(model).absolute()
-    args = {"db": store[0], "blobs": store[1], "user": settings.current_user(), "name": name, "model": str(path),
-            "model_input": str(model), "parent": parent, "note": note, "operation": operation, "allow_unrecognised": allow_unrecognised}
+    args = {
+        "db": store[0],
+        "blobs": store[1],
+        "user": settings.current_user(),
+        "name": name,
+        "model": str(path),
+        "model_input": str(model),
+        "parent": parent,
+        "note": note,
+        "operation": operation,
+        "allow_unrecognised": allow_unrecognised,
+    }
     told = None if progress is None else (lambda fields: progress(str(fields[0]), int(fields[1]), int(fields[2])))
     try:
         answer = run_job(folder, packages, worker_jobs, "register", args, told)
@@ -108,13 +128,22 @@ def register_job(args: dict, progress: Callable[[list], None]) -> dict:
     in its spread child from the second job on)."""
     from .service import Registry  # the worker's side only: a CLI that hands the job over never imports it
 
-    for framework in REGISTRY.framework_names:  # so the gate finds every framework here instead of starting a worker of its own
+    for (
+        framework
+    ) in REGISTRY.framework_names:  # so the gate finds every framework here instead of starting a worker of its own
         REGISTRY.framework(framework).version()
     registry = Registry(db=args["db"], blobs=args["blobs"], user=args["user"], gate=_GATE)
     try:
-        result = registry.register(args["name"], Path(args["model"]), parent=args.get("parent"), note=args.get("note"),
-                                   operation=args.get("operation"), allow_unrecognised=bool(args.get("allow_unrecognised")),
-                                   progress=lambda step, done, total: progress([step, done, total]), model_input=args.get("model_input"))
+        result = registry.register(
+            args["name"],
+            Path(args["model"]),
+            parent=args.get("parent"),
+            note=args.get("note"),
+            operation=args.get("operation"),
+            allow_unrecognised=bool(args.get("allow_unrecognised")),
+            progress=lambda step, done, total: progress([step, done, total]),
+            model_input=args.get("model_input"),
+        )
     finally:
         registry.meta.close()
         _spread()  # after the first job, not before: its imports would slow the registration that started the worker
@@ -145,20 +174,38 @@ def worker_jobs() -> WorkerJobs:
 
 def registration_to_json(result: Registration) -> dict:
     """A Registration as JSON values (checks keep their infinities: both ends are Python's json)."""
-    version = {key: (value.isoformat() if key == "created_at" else value) for key, value in vars(result.version).items()}
-    return {"version": version, "created": result.created, "checks": [c.model_dump(mode="python") for c in result.checks],
-            "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised], "seconds": result.seconds}
+    version = {
+        key: (value.isoformat() if key == "created_at" else value) for key, value in vars(result.version).items()
+    }
+    return {
+        "version": version,
+        "created": result.created,
+        "checks": [c.model_dump(mode="python") for c in result.checks],
+        "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised],
+        "seconds": result.seconds,
+    }
 
 
 def registration_from_json(document: dict) -> Registration:
     """The Registration `registration_to_json` sent."""
     from pydantic import TypeAdapter
 
-    return Registration(version=TypeAdapter(VersionRecord).validate_python(document["version"]),
-                        created=bool(document["created"]), checks=[CheckResult.model_validate(c) for c in document["checks"]],
-                        unrecognised=[UnrecognisedLayer.model_validate(u) for u in document["unrecognised"]],
-                        seconds=dict(document.get("seconds") or {}))
+    return Registration(
+        version=TypeAdapter(VersionRecord).validate_python(document["version"]),
+        created=bool(document["created"]),
+        checks=[CheckResult.model_validate(c) for c in document["checks"]],
+        unrecognised=[UnrecognisedLayer.model_validate(u) for u in document["unrecognised"]],
+        seconds=dict(document.get("seconds") or {}),
+    )
 
 
-__all__ = ["SWITCH_ENV", "cli_gate", "local_store", "prepare", "register_in_worker", "registration_from_json", "registration_to_json",
-           "worker_jobs"]
+__all__ = [
+    "SWITCH_ENV",
+    "cli_gate",
+    "local_store",
+    "prepare",
+    "register_in_worker",
+    "registration_from_json",
+    "registration_to_json",
+    "worker_jobs",
+]

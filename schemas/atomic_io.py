@@ -49,7 +49,9 @@ def _new_file(target: Path) -> tuple[int, Path]:
             return os.open(candidate, _OPEN_FLAGS, FILE_MODE), candidate
         except FileExistsError:
             continue
-    raise FileExistsError(f"could not create a temporary file beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.*.tmp files.")
+    raise FileExistsError(
+        f"could not create a temporary file beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.*.tmp files."
+    )
 
 
 def _new_folder(target: Path) -> Path:
@@ -60,7 +62,9 @@ def _new_folder(target: Path) -> Path:
             return candidate
         except FileExistsError:
             continue
-    raise FileExistsError(f"could not create a temporary folder beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.* folders.")
+    raise FileExistsError(
+        f"could not create a temporary folder beside '{target}' after {_ATTEMPTS} attempts; remove stale .{target.name}.* folders."
+    )
 
 
 def writable(target: str | os.PathLike, folder: bool = False) -> Path:
@@ -71,7 +75,9 @@ def writable(target: str | os.PathLike, folder: bool = False) -> Path:
     if folder and target.exists() and not target.is_dir():
         raise OutputPathError(f"'{target}' is a file, and a folder is written there; remove it or pass another path.")
     if not folder and target.is_dir():
-        raise OutputPathError(f"'{target}' is a folder, and a file is written there; pass a file path inside it or beside it.")
+        raise OutputPathError(
+            f"'{target}' is a folder, and a file is written there; pass a file path inside it or beside it."
+        )
     ancestor = target.absolute().parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

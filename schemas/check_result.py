@@ -47,8 +47,12 @@ class TargetCheck(BaseModel):
     framework: str
     status: Status
     reason: str = ""
-    spec_differences: list[str] = Field(default_factory=list, description="Portable fields that changed on the way to the target.")
-    round_trip_differences: list[str] = Field(default_factory=list, description="Fields that changed after converting back to the source framework.")
+    spec_differences: list[str] = Field(
+        default_factory=list, description="Portable fields that changed on the way to the target."
+    )
+    round_trip_differences: list[str] = Field(
+        default_factory=list, description="Fields that changed after converting back to the source framework."
+    )
     warnings: list[str] = Field(default_factory=list)
 
 

@@ -45,12 +45,22 @@ def spec_differences(a, b, ignore: Iterable[str] = FRAMEWORK_BOUND_FIELDS) -> li
     if "momentum" not in ignored:
         left, right = a.momentum_as("batch_weight"), b.momentum_as("batch_weight")
         if left != right:
-            diffs.append(Difference("momentum", f"{a.momentum!r} ({a.momentum_convention})", f"{b.momentum!r} ({b.momentum_convention})"))
+            diffs.append(
+                Difference(
+                    "momentum", f"{a.momentum!r} ({a.momentum_convention})", f"{b.momentum!r} ({b.momentum_convention})"
+                )
+            )
     if "tensors" not in ignored:
         for name in sorted(set(a.tensors) | set(b.tensors)):
             if name in ignored:
                 continue
             left, right = a.tensors.get(name), b.tensors.get(name)
             if left is None or right is None or not tensors_identical(left, right):
-                diffs.append(Difference(f"tensors.{name}", _tensor_summary(left), _tensor_summary(right) if right is None or left is None else "different bytes"))
+                diffs.append(
+                    Difference(
+                        f"tensors.{name}",
+                        _tensor_summary(left),
+                        _tensor_summary(right) if right is None or left is None else "different bytes",
+                    )
+                )
     return diffs

@@ -55,9 +55,11 @@ def missing_dependency(error: ModuleNotFoundError, purpose: str | None = None) -
     if known is None:
         return None
     needed = f" for {purpose}" if purpose else ""
-    return MissingDependencyError(f"the Python package '{top}' is not installed{needed}; install it with pip install "
-                                  f"'normbridge[{known.extra}]' (or pip install {known.distribution}) and try again.",
-                                  setting=known.extra)
+    return MissingDependencyError(
+        f"the Python package '{top}' is not installed{needed}; install it with pip install "
+        f"'normbridge[{known.extra}]' (or pip install {known.distribution}) and try again.",
+        setting=known.extra,
+    )
 
 
 __all__ = ["OPTIONAL_MODULES", "Optional", "missing_dependency"]

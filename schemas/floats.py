@@ -41,7 +41,9 @@ def recover_from_float32(stored: float, hint: float | None = None) -> float:
     return shortest_float32_decimal(stored)
 
 
-@lru_cache(maxsize=4096)  # a pure function of one float, asked for every momentum of every spec compared, read and written
+@lru_cache(
+    maxsize=4096
+)  # a pure function of one float, asked for every momentum of every spec compared, read and written
 def decimal_complement(value: float) -> float:
     """`1 - value`, computed on the shortest decimal of `value` so it round-trips.
 

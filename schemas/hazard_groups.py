@@ -71,8 +71,9 @@ def group_hazards(entries: Iterable[tuple[str | None, str, str, str, bool]]) -> 
 def group_hazard_dicts(hazards: Iterable[dict]) -> list[HazardGroup]:
     """Groups of stored hazards (dicts with code, severity, message, optional layer and blocking), as a version
     records them."""
-    return group_hazards((h.get("layer"), h["code"], h["severity"], h.get("message", ""), bool(h.get("blocking")))
-                         for h in hazards)
+    return group_hazards(
+        (h.get("layer"), h["code"], h["severity"], h.get("message", ""), bool(h.get("blocking"))) for h in hazards
+    )
 
 
 __all__ = ["HazardGroup", "elided_layers", "group_hazard_dicts", "group_hazards"]

@@ -41,8 +41,12 @@ class StatsSummary(BaseModel):
     var_min: float
     var_mean: float
     var_max: float
-    num_batches_tracked: int | None = Field(default=None, description="Batches seen, where the framework counts them (PyTorch).")
-    updated: bool = Field(description="The statistics moved from mean 0 / var 1 (and num_batches_tracked > 0 where it exists).")
+    num_batches_tracked: int | None = Field(
+        default=None, description="Batches seen, where the framework counts them (PyTorch)."
+    )
+    updated: bool = Field(
+        description="The statistics moved from mean 0 / var 1 (and num_batches_tracked > 0 where it exists)."
+    )
 
     def render_text(self) -> str:
         count = "" if self.num_batches_tracked is None else f" n={self.num_batches_tracked}"
@@ -60,7 +64,10 @@ class Hazard(BaseModel):
     code: str
     severity: Severity
     message: str
-    layer: str | None = Field(default=None, description="The layer's path in the model, for a hazard about one layer that inspection does not list.")
+    layer: str | None = Field(
+        default=None,
+        description="The layer's path in the model, for a hazard about one layer that inspection does not list.",
+    )
 
 
 def momentum_text(spec: dict[str, Any]) -> str:
@@ -84,10 +91,16 @@ class LayerInspection(BaseModel):
     path: str = Field(description="Module path (PyTorch), layer name (Keras) or node name (ONNX).")
     kind: str = Field(description="batch, layer, rms, group or instance.")
     layer_type: str = Field(default="", description="Class, aten op or ONNX op(s) the layer was read from.")
-    native: bool = Field(default=True, description="One normalization op or module, not a decomposition into primitive ops.")
-    folded: bool = Field(default=False, description="A BatchNorm folded into Mul/Add constants (tf2onnx): eps and statistics are gone.")
+    native: bool = Field(
+        default=True, description="One normalization op or module, not a decomposition into primitive ops."
+    )
+    folded: bool = Field(
+        default=False, description="A BatchNorm folded into Mul/Add constants (tf2onnx): eps and statistics are gone."
+    )
     origin: Origin
-    spec: dict[str, Any] | None = Field(default=None, description="NormSpec.config_dict() (no tensors); None when the layer could not be read.")
+    spec: dict[str, Any] | None = Field(
+        default=None, description="NormSpec.config_dict() (no tensors); None when the layer could not be read."
+    )
     mode: Mode = "n/a"
     stats: StatsSummary | None = None
     hazards: list[Hazard] = Field(default_factory=list)
@@ -109,7 +122,9 @@ class ModelInspection(BaseModel):
     framework: str = Field(description="torch, keras, onnx or spec.")
     source: str = Field(description="The file inspected, or a description of the in-memory object.")
     layers: list[LayerInspection] = Field(default_factory=list)
-    hazards: list[Hazard] = Field(default_factory=list, description="Hazards of the model as a whole (e.g. a BatchNorm folded into a Conv).")
+    hazards: list[Hazard] = Field(
+        default_factory=list, description="Hazards of the model as a whole (e.g. a BatchNorm folded into a Conv)."
+    )
 
     def all_hazards(self) -> list[tuple[str | None, Hazard]]:
         """(layer path or None for the model, hazard), model-level first."""
@@ -191,8 +206,15 @@ def inspection_table(inspection: ModelInspection, path_labels: list[str] | None 
         for i, hazard in enumerate(layer.hazards):
             hazards.append(("\n" if i else "") + hazard.code, style=_SEVERITY_STYLE[hazard.severity])
         table.add_row(
-            str(layer.index), label, kind, dtype_text(layer.spec), "-" if layer.eps is None else repr(layer.eps), layer.momentum_text().replace(" (", "\n("),
-            layer.mode, _stats_cell(layer.stats), hazards if layer.hazards else "-",
+            str(layer.index),
+            label,
+            kind,
+            dtype_text(layer.spec),
+            "-" if layer.eps is None else repr(layer.eps),
+            layer.momentum_text().replace(" (", "\n("),
+            layer.mode,
+            _stats_cell(layer.stats),
+            hazards if layer.hazards else "-",
         )
     return table
 

@@ -29,7 +29,11 @@ MODELS = {
 
 def schema_documents() -> dict[str, str]:
     """File name -> JSON Schema text, for every exported model."""
-    return {f"{name}.schema.json": json.dumps(model.model_json_schema(mode="serialization"), indent=2, sort_keys=True) + "\n" for name, model in MODELS.items()}
+    return {
+        f"{name}.schema.json": json.dumps(model.model_json_schema(mode="serialization"), indent=2, sort_keys=True)
+        + "\n"
+        for name, model in MODELS.items()
+    }
 
 
 def write_schemas(folder: Path = SCHEMA_DIR) -> list[Path]:

@@ -15,7 +15,7 @@ ELLIPSIS = "…"
 
 
 def _shorten(name: str, width: int, head: int) -> str:
-    return name if len(name) <= width else name[:head] + ELLIPSIS + name[len(name) - (width - 1 - head):]
+    return name if len(name) <= width else name[:head] + ELLIPSIS + name[len(name) - (width - 1 - head) :]
 
 
 def _split_labels(names: list[str], width: int, wanted: int) -> list[str] | None:

@@ -19,7 +19,11 @@ def layer_error(error: NormbridgeError, path: str) -> SpecError:
         return error
     message = error.message
     if error.layer is not None:  # drop the reader's own layer prefix (a class name, not the model path)
-        prefix = f"layer '{error.layer}', setting '{error.setting}': " if error.setting is not None else f"layer '{error.layer}': "
+        prefix = (
+            f"layer '{error.layer}', setting '{error.setting}': "
+            if error.setting is not None
+            else f"layer '{error.layer}': "
+        )
         message = message.removeprefix(prefix)
     return SpecError(message, layer=path, setting=error.setting)
 

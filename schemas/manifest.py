@@ -52,7 +52,9 @@ class TensorRef(BaseModel):
     dtype: str = Field(description="NumPy dtype name, e.g. float32.")
     shape: list[int] = Field(description="Shape ([] for a scalar).")
     nbytes: int = Field(ge=0, description="Bytes of the raw tensor data.")
-    role: Role = Field(description="weight for every tensor that is not normalizer state; else the spec tensor it holds.")
+    role: Role = Field(
+        description="weight for every tensor that is not normalizer state; else the spec tensor it holds."
+    )
     layer: str | None = Field(default=None, description="Normalizer path (for normalizer state) or owning layer.")
 
 
@@ -98,10 +100,17 @@ class ModelStructure(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: StructureFormat = Field(description="The format `pull` writes: onnx, keras or pt2 (one file), or hf-folder (a Hugging Face checkpoint folder).")
-    parts: dict[str, TensorRef] = Field(description="Part name (a file of the format) -> its blob, a uint8 tensor of its bytes.")
-    file_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
-                                    description="sha256 of the file `pull` writes, when it is byte-identical to what was registered.")
+    format: StructureFormat = Field(
+        description="The format `pull` writes: onnx, keras or pt2 (one file), or hf-folder (a Hugging Face checkpoint folder)."
+    )
+    parts: dict[str, TensorRef] = Field(
+        description="Part name (a file of the format) -> its blob, a uint8 tensor of its bytes."
+    )
+    file_digest: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the file `pull` writes, when it is byte-identical to what was registered.",
+    )
 
 
 #: The fields of a manifest that say what the model computes: its content digest covers these and nothing else.
@@ -206,7 +215,9 @@ def upgrade_manifest(document: dict) -> dict:
     """Bring a manifest document of any known schema version to the current one."""
     version = document.get("schema_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= MANIFEST_SCHEMA_VERSION:
-        raise SpecError(f"unknown manifest schema_version {version!r}; this normbridge reads versions 1 to {MANIFEST_SCHEMA_VERSION}.")
+        raise SpecError(
+            f"unknown manifest schema_version {version!r}; this normbridge reads versions 1 to {MANIFEST_SCHEMA_VERSION}."
+        )
     # Version 1 is current; each future version adds one step here.
     return dict(document)
 
@@ -218,7 +229,9 @@ def load_manifest(document: dict) -> ArtifactManifest:
     an upload, a folder, or a version the registry stored.
     """
     if not isinstance(document, dict):
-        raise InputFileError(f"a manifest must be a JSON object, got {type(document).__name__}; pass the manifest.json of a saved artifact.")
+        raise InputFileError(
+            f"a manifest must be a JSON object, got {type(document).__name__}; pass the manifest.json of a saved artifact."
+        )
     document = upgrade_manifest(document)
     try:
         manifest = ArtifactManifest.model_validate(document)
@@ -229,9 +242,17 @@ def load_manifest(document: dict) -> ArtifactManifest:
         check_tensor_record(name, ref.dtype, ref.shape, ref.nbytes)
     if manifest.structure is not None:
         for part, ref in manifest.structure.parts.items():
-            if ref.dtype != "uint8" or len(ref.shape) != 1 or not part or ".." in part.split("/") or part.startswith("/"):
-                raise SpecError(f"structure part '{part}' is {ref.dtype}{ref.shape}; a part is a plain relative name holding a 1-d uint8 "
-                                "tensor of its bytes; re-extract the artifact.")
+            if (
+                ref.dtype != "uint8"
+                or len(ref.shape) != 1
+                or not part
+                or ".." in part.split("/")
+                or part.startswith("/")
+            ):
+                raise SpecError(
+                    f"structure part '{part}' is {ref.dtype}{ref.shape}; a part is a plain relative name holding a 1-d uint8 "
+                    "tensor of its bytes; re-extract the artifact."
+                )
     for entry in manifest.normalizers:
         for spec_name, tensor_name in entry.tensors.items():
             if tensor_name not in manifest.tensors:

@@ -18,7 +18,9 @@ class TensorChange(BaseModel):
     layer: str | None = None
     status: Literal["unchanged", "changed", "added", "removed"]
     max_abs_change: float | None = Field(default=None, description="max |b - a| (changed, same shape).")
-    max_rel_change: float | None = Field(default=None, description="max |b - a| / max(|a|, tiny) (changed, same shape).")
+    max_rel_change: float | None = Field(
+        default=None, description="max |b - a| / max(|a|, tiny) (changed, same shape)."
+    )
     detail: str | None = Field(default=None, description="e.g. a dtype or shape change.")
 
 
@@ -40,8 +42,12 @@ class NormalizerChange(BaseModel):
     path: str
     status: Literal["unchanged", "changed", "added", "removed"]
     config_changes: list[ConfigChange] = Field(default_factory=list)
-    statistics_changed: bool | None = Field(default=False, description="None for an added or removed normalizer (nothing to compare).")
-    weights_changed: bool | None = Field(default=False, description="None for an added or removed normalizer (nothing to compare).")
+    statistics_changed: bool | None = Field(
+        default=False, description="None for an added or removed normalizer (nothing to compare)."
+    )
+    weights_changed: bool | None = Field(
+        default=False, description="None for an added or removed normalizer (nothing to compare)."
+    )
 
 
 class ManifestDiff(BaseModel):
@@ -70,8 +76,18 @@ class ManifestDiff(BaseModel):
         for normalizer in self.normalizers:
             if normalizer.status == "unchanged" and not show_unchanged:
                 continue
-            what = [label for flag, label in ((normalizer.weights_changed, "weights"), (normalizer.statistics_changed, "running statistics"), (bool(normalizer.config_changes), "config")) if flag]
-            lines.append(f"  normalizer {normalizer.path}: {normalizer.status}" + (f" ({', '.join(what)})" if what else ""))
+            what = [
+                label
+                for flag, label in (
+                    (normalizer.weights_changed, "weights"),
+                    (normalizer.statistics_changed, "running statistics"),
+                    (bool(normalizer.config_changes), "config"),
+                )
+                if flag
+            ]
+            lines.append(
+                f"  normalizer {normalizer.path}: {normalizer.status}" + (f" ({', '.join(what)})" if what else "")
+            )
             for change in normalizer.config_changes:
                 lines.append(f"    config {change.field}: {change.before!r} -> {change.after!r}")
         width = max((len(t.name) for t in self.tensors), default=0)

@@ -39,11 +39,15 @@ class LayerReport(BaseModel):
     translations: list[Translation] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
 
-    def add(self, setting: str, source_value: Any, target_value: Any = None, fate: Fate = "exact", note: str = "") -> None:
+    def add(
+        self, setting: str, source_value: Any, target_value: Any = None, fate: Fate = "exact", note: str = ""
+    ) -> None:
         """Record one setting's translation (target_value defaults to the source value)."""
         if target_value is None and fate == "exact":
             target_value = source_value
-        self.translations.append(Translation(setting=setting, source_value=source_value, target_value=target_value, fate=fate, note=note))
+        self.translations.append(
+            Translation(setting=setting, source_value=source_value, target_value=target_value, fate=fate, note=note)
+        )
 
     def warn(self, message: str) -> None:
         """Record a warning the user must read (an approximation, a dropped setting)."""

@@ -18,9 +18,24 @@ from safetensors import deserialize
 from safetensors.numpy import save as _save
 
 #: safetensors dtype code -> NumPy dtype name (schemas.tensors.STORED_DTYPES holds the same names).
-SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16",
-                      "I32": "int32", "I64": "int64", "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
-_NUMPY = {code: (ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)) for code, name in SAFETENSORS_DTYPES.items()}
+SAFETENSORS_DTYPES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "I8": "int8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+}
+_NUMPY = {
+    code: (ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)) for code, name in SAFETENSORS_DTYPES.items()
+}
 
 
 def load_tensors(data: bytes) -> dict[str, np.ndarray]:
@@ -29,7 +44,9 @@ def load_tensors(data: bytes) -> dict[str, np.ndarray]:
     for name, entry in deserialize(bytes(data)):
         code = entry["dtype"]
         if code not in _NUMPY:
-            raise ValueError(f"tensor '{name}' has dtype code {code!r}, expected one of {', '.join(SAFETENSORS_DTYPES)}")
+            raise ValueError(
+                f"tensor '{name}' has dtype code {code!r}, expected one of {', '.join(SAFETENSORS_DTYPES)}"
+            )
         out[name] = np.frombuffer(bytes(entry["data"]), dtype=_NUMPY[code]).reshape(entry["shape"]).copy()
     return out
 
@@ -41,8 +58,8 @@ def save_tensors(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None
     if not metadata or len(metadata) < 2:
         return data
     size = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + size])
+    header = json.loads(data[8 : 8 + size])
     header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)  # safetensors pads its header with spaces to a multiple of 8 bytes
-    return len(text).to_bytes(8, "little") + text + data[8 + size:]
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]

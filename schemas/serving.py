@@ -98,10 +98,16 @@ class ContractResult(_Result):
     tolerances: list[Tolerance]
     outputs: list[OutputCheck] = Field(default_factory=list)
     batch_independence: list[BatchIndependenceCheck] = Field(default_factory=list)
-    findings: list[str] = Field(default_factory=list, description="Train-mode layers or nodes found in the source or serving model; "
-                                "for differing outputs, the first one and the layers and settings behind it.")
-    differing_settings: list[SiteVerification] = Field(default_factory=list, description="Normalization settings of the serving graph "
-                                                         "that differ from their source layer (looked for when an output differs).")
+    findings: list[str] = Field(
+        default_factory=list,
+        description="Train-mode layers or nodes found in the source or serving model; "
+        "for differing outputs, the first one and the layers and settings behind it.",
+    )
+    differing_settings: list[SiteVerification] = Field(
+        default_factory=list,
+        description="Normalization settings of the serving graph "
+        "that differ from their source layer (looked for when an output differs).",
+    )
     errors: list[str] = Field(default_factory=list)
     passed: bool
 
@@ -169,7 +175,9 @@ class ExportResult(_Result):
     verification: list[SiteVerification] = Field(default_factory=list)
     rewritten: list[RewrittenSite] = Field(default_factory=list)
     contract: ContractResult | None = None
-    hazards: list[ServingHazard] = Field(default_factory=list, description="Error-level ones refuse the export unless forced.")
+    hazards: list[ServingHazard] = Field(
+        default_factory=list, description="Error-level ones refuse the export unless forced."
+    )
     notes: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
     passed: bool
@@ -190,15 +198,22 @@ class ExportResult(_Result):
         lines.append(f"  source {self.source}")
         sites = sorted({v.site for v in self.verification})
         failed = self.failed_checks
-        lines.append(f"  verification: {len(sites)} normalization sites, {len(self.verification)} settings checked, {len(failed)} failed")
+        lines.append(
+            f"  verification: {len(sites)} normalization sites, {len(self.verification)} settings checked, {len(failed)} failed"
+        )
         for v in failed:
-            lines.append(f"    {v.site} ({v.source_layer}) {v.setting}: expected {v.expected}, found {v.found}" + (f"  ({v.note})" if v.note else ""))
+            lines.append(
+                f"    {v.site} ({v.source_layer}) {v.setting}: expected {v.expected}, found {v.found}"
+                + (f"  ({v.note})" if v.note else "")
+            )
         groups: dict[tuple, list[str]] = {}
         for r in self.rewritten:
             groups.setdefault(("+".join(r.from_ops), r.to_op, r.eps), []).append(r.name)
         for (ops, to_op, eps), names in groups.items():
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            lines.append(f"  rewrote {len(names)} x {ops} -> {to_op}" + ("" if eps is None else f" eps={eps!r}") + f": {shown}")
+            lines.append(
+                f"  rewrote {len(names)} x {ops} -> {to_op}" + ("" if eps is None else f" eps={eps!r}") + f": {shown}"
+            )
         if self.contract is not None:
             lines += ["  " + line for line in self.contract.render_text().splitlines()]
         lines += [f"  {h.severity} {h.code} {h.layer or '(model)'}: {h.message}" for h in self.hazards]
@@ -213,8 +228,12 @@ class ExportResult(_Result):
 class DriftThresholds(_Result):
     """A layer alarms when either statistic exceeds its threshold on some channel."""
 
-    shift: float = Field(0.5, description="Max standardized mean shift |mean - running_mean| / sqrt(running_var + eps).")
-    log_ratio: float = Field(0.6931471805599453, description="Max |log(var / running_var)|; log(2) = a factor of two either way.")
+    shift: float = Field(
+        0.5, description="Max standardized mean shift |mean - running_mean| / sqrt(running_var + eps)."
+    )
+    log_ratio: float = Field(
+        0.6931471805599453, description="Max |log(var / running_var)|; log(2) = a factor of two either way."
+    )
 
 
 #: Why a layer is reported: its input matches its statistics, its input moved, or its statistics never converged.
@@ -238,10 +257,17 @@ class DriftLayer(_Result):
     alarm: bool
     status: LayerStatus = Field("ok", description="ok, drift, or unconverged_statistics (see `reason`).")
     reason: str | None = Field(None, description="Why the statistics are judged unconverged, with the evidence.")
-    batches_tracked: int | None = Field(None, description="num_batches_tracked where the model keeps it (torch), else None.")
-    momentum: float | None = Field(None, description="The layer's momentum (torch convention: weight of the new batch), where known.")
-    initial_weight: float | None = Field(None, description="Share of the initial values (mean 0, variance 1) still in the running "
-                                         "statistics: (1 - momentum) ** batches_tracked, or 1.0 when they are exactly the initial values.")
+    batches_tracked: int | None = Field(
+        None, description="num_batches_tracked where the model keeps it (torch), else None."
+    )
+    momentum: float | None = Field(
+        None, description="The layer's momentum (torch convention: weight of the new batch), where known."
+    )
+    initial_weight: float | None = Field(
+        None,
+        description="Share of the initial values (mean 0, variance 1) still in the running "
+        "statistics: (1 - momentum) ** batches_tracked, or 1.0 when they are exactly the initial values.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -266,9 +292,14 @@ class DriftReport(_Result):
     alarms: list[str]
     unconverged: list[str] = Field(default_factory=list)
     verdict: Literal["no drift", "drift", "unconverged statistics"]
-    statistics_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description=(
-        "sha256 of the running statistics the report compared against (schemas.monitoring.statistics_digest): a report is "
-        "recorded only against a version holding the same statistics."))
+    statistics_digest: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description=(
+            "sha256 of the running statistics the report compared against (schemas.monitoring.statistics_digest): a report is "
+            "recorded only against a version holding the same statistics."
+        ),
+    )
 
     def render_text(self) -> str:
         t = self.thresholds
@@ -309,12 +340,18 @@ class RecalibrationReport(_Result):
     variance_estimator: Literal["unbiased", "biased"]
     layers: list[RecalibratedLayer]
     output: str | None = None
-    registered: bool = Field(False, description="True with `recalibrate --register NAME@N`: the output became a 'recalibrated' child "
-                             "version of NAME@N (else `normbridge register NAME FILE --parent NAME@N --operation recalibrated` does it).")
+    registered: bool = Field(
+        False,
+        description="True with `recalibrate --register NAME@N`: the output became a 'recalibrated' child "
+        "version of NAME@N (else `normbridge register NAME FILE --parent NAME@N --operation recalibrated` does it).",
+    )
     version: str | None = Field(None, description="The registered version 'NAME@M' (with --register).")
     parent: str | None = Field(None, description="The version it was recalibrated from (with --register).")
-    diff: str | None = Field(None, description="The diff's headline against the parent, e.g. 'weights identical, running statistics "
-                             "changed in 3 layers'.")
+    diff: str | None = Field(
+        None,
+        description="The diff's headline against the parent, e.g. 'weights identical, running statistics "
+        "changed in 3 layers'.",
+    )
     notes: list[str] = Field(default_factory=list)
 
     def render_text(self) -> str:
@@ -324,7 +361,9 @@ class RecalibrationReport(_Result):
             f"  {'layer':<28} {'ch':>4} {'max |dmean|/std':>16} {'max |log var ratio|':>20}",
         ]
         for layer in self.layers:
-            lines.append(f"  {layer.name:<28} {layer.channels:>4} {layer.max_mean_shift:>16.4f} {layer.max_abs_log_var_ratio:>20.4f}")
+            lines.append(
+                f"  {layer.name:<28} {layer.channels:>4} {layer.max_mean_shift:>16.4f} {layer.max_abs_log_var_ratio:>20.4f}"
+            )
         if self.output:
             lines.append(f"  wrote {self.output}")
         lines += [f"  note: {n}" for n in self.notes]

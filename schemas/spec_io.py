@@ -24,7 +24,9 @@ def upgrade_document(document: dict) -> dict:
     """Bring a spec JSON document of any known schema version to the current one."""
     version = document.get("schema_version", 1)
     if not isinstance(version, int) or version < 1 or version > SCHEMA_VERSION:
-        raise SpecError(f"unknown spec schema_version {version!r}; this normbridge reads versions 1 to {SCHEMA_VERSION}.")
+        raise SpecError(
+            f"unknown spec schema_version {version!r}; this normbridge reads versions 1 to {SCHEMA_VERSION}."
+        )
     # Version 1 is current: nothing to upgrade yet. Each future version adds one step here.
     return dict(document)
 
@@ -86,7 +88,9 @@ def load_spec(folder: str | Path) -> NormSpec:
         path = path.parent
     spec_path = path / SPEC_FILE
     if not spec_path.is_file():
-        raise InputFileError(f"no {SPEC_FILE} in '{path}'; expected a folder written by normbridge (spec.json + tensors.safetensors).")
+        raise InputFileError(
+            f"no {SPEC_FILE} in '{path}'; expected a folder written by normbridge (spec.json + tensors.safetensors)."
+        )
     try:
         document = json.loads(spec_path.read_text())
     except json.JSONDecodeError as error:

@@ -13,8 +13,21 @@ from .errors import InputFileError, SpecError
 from .vocabulary import TENSOR_NAMES
 
 #: Bytes per element of every dtype an artifact tensor may have: those safetensors and NumPy (with ml_dtypes' bfloat16) hold exactly.
-STORED_DTYPES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
-                                 "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1}
+STORED_DTYPES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+}
 
 
 def tensor_record_problem(dtype: Any, shape: Any, nbytes: Any) -> str | None:
@@ -44,7 +57,9 @@ def check_tensor_record(name: str, dtype: Any, shape: Any, nbytes: Any) -> None:
 def frozen_array(value: Any, name: str) -> np.ndarray:
     """A read-only, C-contiguous copy of `value`, so a spec can never be mutated through it."""
     if not isinstance(value, np.ndarray):
-        raise SpecError(f"tensor '{name}' must be a numpy.ndarray (got {type(value).__name__}); convert it with numpy.asarray().")
+        raise SpecError(
+            f"tensor '{name}' must be a numpy.ndarray (got {type(value).__name__}); convert it with numpy.asarray()."
+        )
     array = np.array(value, copy=True, order="C")
     array.setflags(write=False)
     return array

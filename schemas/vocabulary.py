@@ -76,4 +76,3 @@ DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")
 
 #: Names of the state tensors a spec may carry.
 TENSOR_NAMES: tuple[str, ...] = ("scale", "bias", "running_mean", "running_var", "num_batches_tracked")
-

@@ -28,12 +28,26 @@ class Process:
 
 
 @contextmanager
-def started(name: str, command: list[str], port: int, ready_path: str, folder: Path, env: dict | None = None, timeout: float = 180.0):
+def started(
+    name: str,
+    command: list[str],
+    port: int,
+    ready_path: str,
+    folder: Path,
+    env: dict | None = None,
+    timeout: float = 180.0,
+):
     """Run `command` (which listens on `port`) until the block ends; wait until GET ready_path answers 200."""
     log = folder / f"{name}.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=folder, env={**os.environ, **(env or {})},
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
     handle = Process(name, f"http://127.0.0.1:{port}", process, log)
     try:
         wait_for_http(handle.url + ready_path, process, timeout, handle.tail, name)
@@ -44,8 +58,9 @@ def started(name: str, command: list[str], port: int, ready_path: str, folder: P
 
 def request_json(method: str, url: str, body: dict | None = None, headers: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read() or b"{}")
 
@@ -112,7 +127,9 @@ def read_load(url: str, path: str, headers: dict, clients: int, seconds: float, 
     for thread in threads:
         thread.join(timeout=seconds + 60)
     elapsed = time.perf_counter() - began
-    return LoadResult(sum(r[0] for r in results), sum(r[1] for r in results), elapsed, [x for r in results for x in r[2]])
+    return LoadResult(
+        sum(r[0] for r in results), sum(r[1] for r in results), elapsed, [x for r in results for x in r[2]]
+    )
 
 
 def warm(url: str, path: str, headers: dict, count: int = 50) -> None:
@@ -121,5 +138,3 @@ def warm(url: str, path: str, headers: dict, count: int = 50) -> None:
         request = urllib.request.Request(url + path, headers=headers)
         with urllib.request.urlopen(request, timeout=60) as response:
             response.read()
-
-

@@ -83,7 +83,9 @@ class BasicBlock(nn.Module):
 class TorchResNet(nn.Module):
     """stem -> stages of BasicBlocks -> global average pool -> Linear."""
 
-    def __init__(self, stem: nn.Sequential, stem_channels: int, widths: Sequence[int], blocks: Sequence[int], num_classes: int):
+    def __init__(
+        self, stem: nn.Sequential, stem_channels: int, widths: Sequence[int], blocks: Sequence[int], num_classes: int
+    ):
         super().__init__()
         self.stem = stem
         channels = stem_channels
@@ -117,7 +119,10 @@ def torch_resnet18(num_classes: int = 1000) -> nn.Module:
     """ResNet-18 as in torchvision (7x7/2 stem, 3x3/2 max pool, [2, 2, 2, 2] BasicBlocks, 64..512), written out."""
     torch.manual_seed(0)
     stem = nn.Sequential(
-        nn.Conv2d(3, R18_STEM, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(R18_STEM), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1)
+        nn.Conv2d(3, R18_STEM, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(R18_STEM),
+        nn.ReLU(),
+        nn.MaxPool2d(3, stride=2, padding=1),
     )
     return TorchResNet(stem, R18_STEM, R18_WIDTHS, R18_BLOCKS, num_classes)
 
@@ -127,7 +132,9 @@ def _keras_conv(x, filters: int, kernel: int, stride: int, name: str):
     layers = _keras().layers
     pad = kernel // 2
     if stride == 1 or pad == 0:
-        return layers.Conv2D(filters, kernel, strides=stride, padding="same" if pad else "valid", use_bias=False, name=name)(x)
+        return layers.Conv2D(
+            filters, kernel, strides=stride, padding="same" if pad else "valid", use_bias=False, name=name
+        )(x)
     x = layers.ZeroPadding2D(pad, name=name + "_pad")(x)
     return layers.Conv2D(filters, kernel, strides=stride, padding="valid", use_bias=False, name=name)(x)
 
@@ -156,7 +163,9 @@ def _keras_resnet(input_shape, stem_channels, stem_kernel, stem_stride, max_pool
     x = layers.BatchNormalization(name="stem_1")(x)
     x = layers.ReLU(name="stem_2")(x)
     if max_pool:
-        x = layers.ZeroPadding2D(1, name="stem_3_pad")(x)  # PyTorch pads max pooling with -inf; after ReLU, 0 is the same
+        x = layers.ZeroPadding2D(1, name="stem_3_pad")(
+            x
+        )  # PyTorch pads max pooling with -inf; after ReLU, 0 is the same
         x = layers.MaxPooling2D(3, strides=2, padding="valid", name="stem_3")(x)
     channels = stem_channels
     for index, (width, count) in enumerate(zip(widths, blocks), start=1):
@@ -192,12 +201,16 @@ def _keras_layer(keras_model, name: str):
     try:
         return keras_model.get_layer(name)
     except ValueError:
-        raise KeyError(f"the Keras model has no layer '{name}', the twin of a PyTorch module; the models are not twins.") from None
+        raise KeyError(
+            f"the Keras model has no layer '{name}', the twin of a PyTorch module; the models are not twins."
+        ) from None
 
 
 def _assign(variable, array: np.ndarray) -> None:
     if tuple(variable.shape) != array.shape:
-        raise ValueError(f"variable '{variable.path}' has shape {tuple(variable.shape)}, the PyTorch weight gives {array.shape}.")
+        raise ValueError(
+            f"variable '{variable.path}' has shape {tuple(variable.shape)}, the PyTorch weight gives {array.shape}."
+        )
     variable.assign(array.astype(str(variable.dtype)))
 
 
@@ -258,13 +271,17 @@ class TorchTransformerBlock(nn.Module):
         return x + self.fc2(self.act(self.fc1(self.norm2(x))))
 
 
-def torch_transformer_block(dim: int = 32, heads: int = 4, *, layer_norm_eps: float = 1e-5, rms_norm_eps: float | None = None) -> nn.Module:
+def torch_transformer_block(
+    dim: int = 32, heads: int = 4, *, layer_norm_eps: float = 1e-5, rms_norm_eps: float | None = None
+) -> nn.Module:
     """A pre-norm transformer block with a LayerNorm (norm1) and an RMSNorm (norm2), input (batch, seq, dim)."""
     torch.manual_seed(0)
     return TorchTransformerBlock(dim, heads, layer_norm_eps, rms_norm_eps)
 
 
-def keras_transformer_block(dim: int = 32, heads: int = 4, seq_len: int = 8, *, layer_norm_eps: float = 1e-3, rms_norm_eps: float = 1e-6):
+def keras_transformer_block(
+    dim: int = 32, heads: int = 4, seq_len: int = 8, *, layer_norm_eps: float = 1e-3, rms_norm_eps: float = 1e-6
+):
     """The Keras twin of torch_transformer_block (keras.layers.MultiHeadAttention computes the same attention).
 
     The eps defaults are Keras's own, deliberately not PyTorch's: porting must carry them.
@@ -286,7 +303,12 @@ def keras_transformer_block(dim: int = 32, heads: int = 4, seq_len: int = 8, *, 
 
 def _attention(keras_model):
     attention = keras_model.get_layer("attn")
-    return {"q": attention.query_dense, "k": attention.key_dense, "v": attention.value_dense, "o": attention.output_dense}
+    return {
+        "q": attention.query_dense,
+        "k": attention.key_dense,
+        "v": attention.value_dense,
+        "o": attention.output_dense,
+    }
 
 
 def copy_torch_transformer_weights_to_keras(torch_model: nn.Module, keras_model) -> None:

@@ -84,21 +84,42 @@ def served_window(model, inputs: np.ndarray) -> dict:
     for moments in batchnorm_moments(model, [(inputs,)]):
         mean, var = moments.pooled()
         layers.append({"name": moments.name, "count": sum(moments.counts), "mean": mean.tolist(), "var": var.tolist()})
-    return {"started_at": (now - timedelta(seconds=60)).isoformat(), "ended_at": now.isoformat(), "requests": len(inputs),
-            "sampled": len(inputs), "layers": layers}
+    return {
+        "started_at": (now - timedelta(seconds=60)).isoformat(),
+        "ended_at": now.isoformat(),
+        "requests": len(inputs),
+        "sampled": len(inputs),
+        "layers": layers,
+    }
 
 
 def onnx_bn_model() -> onnx.ModelProto:
     """x (N,3,8,8) -> Mul 2 -> BatchNormalization (mean 0, var 4: what 2x of standard normal inputs has) -> Relu -> y."""
-    inits = [numpy_helper.from_array(np.full((1, 1, 1, 1), 2.0, np.float32), "two"),
-             numpy_helper.from_array(np.ones(3, np.float32), "bn.weight"), numpy_helper.from_array(np.zeros(3, np.float32), "bn.bias"),
-             numpy_helper.from_array(np.zeros(3, np.float32), "bn.running_mean"), numpy_helper.from_array(np.full(3, 4.0, np.float32), "bn.running_var")]
-    nodes = [helper.make_node("Mul", ["x", "two"], ["doubled"], name="double"),
-             helper.make_node("BatchNormalization", ["doubled", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"], ["normed"],
-                              name="bn", epsilon=1e-5),
-             helper.make_node("Relu", ["normed"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "monitored", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *SHAPE])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, *SHAPE])], inits)
+    inits = [
+        numpy_helper.from_array(np.full((1, 1, 1, 1), 2.0, np.float32), "two"),
+        numpy_helper.from_array(np.ones(3, np.float32), "bn.weight"),
+        numpy_helper.from_array(np.zeros(3, np.float32), "bn.bias"),
+        numpy_helper.from_array(np.zeros(3, np.float32), "bn.running_mean"),
+        numpy_helper.from_array(np.full(3, 4.0, np.float32), "bn.running_var"),
+    ]
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["doubled"], name="double"),
+        helper.make_node(
+            "BatchNormalization",
+            ["doubled", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+            ["normed"],
+            name="bn",
+            epsilon=1e-5,
+        ),
+        helper.make_node("Relu", ["normed"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "monitored",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, *SHAPE])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, *SHAPE])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -124,4 +145,14 @@ def keras_cnn(seed: int = 0):
     return new
 
 
-__all__ = ["MonitoredCNN", "calm", "converged", "keras_cnn", "onnx_bn_model", "served_window", "shifted", "torch_cnn", "unconverged_cnn"]
+__all__ = [
+    "MonitoredCNN",
+    "calm",
+    "converged",
+    "keras_cnn",
+    "onnx_bn_model",
+    "served_window",
+    "shifted",
+    "torch_cnn",
+    "unconverged_cnn",
+]

@@ -21,8 +21,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_http(url: str, process: subprocess.Popen, timeout: float, log_text: Callable[[], str], name: str = "server",
-                  since: float | None = None) -> None:
+def wait_for_http(
+    url: str,
+    process: subprocess.Popen,
+    timeout: float,
+    log_text: Callable[[], str],
+    name: str = "server",
+    since: float | None = None,
+) -> None:
     """Return once GET `url` answers 200; RuntimeError with the server's log if it exits or `timeout` passes."""
     deadline = (time.monotonic() if since is None else since) + timeout
     while True:

@@ -30,18 +30,33 @@ def user_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path, columns: int | None = None, umask: int | None = None, env: Mapping[str, str] | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    cwd: Path,
+    columns: int | None = None,
+    umask: int | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
     """`normbridge ARGS` in `cwd`, stdout and stderr captured (not a terminal), COLUMNS and umask as given."""
     extra = dict(env or {})
     if columns is not None:
         extra["COLUMNS"] = str(columns)
-    return subprocess.run(normbridge_command() + list(args), cwd=cwd, env=user_environment(extra), capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=None if umask is None else (lambda: os.umask(umask)), stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        normbridge_command() + list(args),
+        cwd=cwd,
+        env=user_environment(extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=None if umask is None else (lambda: os.umask(umask)),
+        stdin=subprocess.DEVNULL,
+    )
 
 
-def invoke_cli(*args: str, cwd: Path, columns: int | None = None, umask: int | None = None,
-               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+def invoke_cli(
+    *args: str, cwd: Path, columns: int | None = None, umask: int | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`normbridge ARGS` run in this process as `run_cli` runs it: in `cwd`, under `umask`, at `columns` (80 like a pipe)."""
     from cli.main import app  # the console script's object; imported late so collecting a test file stays cheap
 
@@ -70,14 +85,24 @@ _MEASURING_LAUNCHER = (
 )
 
 
-def run_cli_measured(*args: str, cwd: Path, env: Mapping[str, str] | None = None,
-                     timeout: float = 600) -> tuple[subprocess.CompletedProcess, int]:
+def run_cli_measured(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 600
+) -> tuple[subprocess.CompletedProcess, int]:
     """`run_cli`, plus the command's peak resident memory in bytes. It is started by a small launcher process, not by the
     test process: Linux counts in a child's ru_maxrss the peak of the image it was forked from, here the test process."""
     import json
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _MEASURING_LAUNCHER, *normbridge_command(), *args], cwd=cwd, env=user_environment(env),
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURING_LAUNCHER, *normbridge_command(), *args],
+        cwd=cwd,
+        env=user_environment(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     measured = json.loads(done.stdout)
-    return subprocess.CompletedProcess(["normbridge", *args], measured["rc"], measured["stdout"], measured["stderr"]), measured["peak_rss"]
+    return subprocess.CompletedProcess(
+        ["normbridge", *args], measured["rc"], measured["stdout"], measured["stderr"]
+    ), measured["peak_rss"]

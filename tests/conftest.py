@@ -34,4 +34,3 @@ def cli_app():
     from cli.main import app
 
     return app
-

@@ -15,10 +15,16 @@ def _fragile(adapter_class: type) -> type:
 
     def restate(self, module, spec, template):
         if spec.name.startswith("fragile"):
-            raise SpecError("restate gave up", layer=spec.name, setting="scale")  # check would record it as the target's failure
+            raise SpecError(
+                "restate gave up", layer=spec.name, setting="scale"
+            )  # check would record it as the target's failure
         adapter_class.restate(self, module, spec, template)
 
-    return type(f"Fragile{adapter_class.__name__}", (adapter_class,), {"from_spec": from_spec, "restate": restate, "restatable": True})
+    return type(
+        f"Fragile{adapter_class.__name__}",
+        (adapter_class,),
+        {"from_spec": from_spec, "restate": restate, "restatable": True},
+    )
 
 
 FRAMEWORK = TorchFramework()

@@ -31,4 +31,6 @@ def assert_matches_reference(obj, spec: NormSpec, *, training: bool = False) -> 
     expected = reference.forward(spec, x, training=training)
     actual = framework_output(obj, obj_spec, x).astype(np.float64)
     atol, rtol = output_tolerances(REGISTRY.framework_of(obj), spec, float(np.max(np.abs(expected))))
-    np.testing.assert_allclose(actual, expected, atol=atol, rtol=rtol, err_msg=f"{spec.name}: output differs from the NumPy reference")
+    np.testing.assert_allclose(
+        actual, expected, atol=atol, rtol=rtol, err_msg=f"{spec.name}: output differs from the NumPy reference"
+    )

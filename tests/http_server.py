@@ -35,15 +35,35 @@ class Server:
 
 
 @contextmanager
-def running_server(*, db: str, blobs: str, args: Sequence[str] = (), env: dict | None = None, log: Path | None = None,
-                   timeout: float = 90.0) -> Iterator[Server]:
+def running_server(
+    *,
+    db: str,
+    blobs: str,
+    args: Sequence[str] = (),
+    env: dict | None = None,
+    log: Path | None = None,
+    timeout: float = 90.0,
+) -> Iterator[Server]:
     """Start `normbridge serve` on 127.0.0.1 (free port) against `db` and `blobs`; stop it on exit."""
     port = free_port()
     log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"normbridge-serve-{port}.log"
-    command = [*normbridge_command(), "serve", "--host", "127.0.0.1", "--port", str(port), "--db", db, "--blobs", blobs, *args]
+    command = [
+        *normbridge_command(),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db",
+        db,
+        "--blobs",
+        blobs,
+        *args,
+    ]
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
     server = Server(url=f"http://127.0.0.1:{port}", process=process, log=log)
     try:
         wait_for_http(f"{server.url}/api/v1/health", process, timeout, server.log_text, "normbridge serve")

@@ -44,8 +44,13 @@ def genuine_normalization_keras(path: Path) -> Path:
     return path
 
 
-def craft(genuine: Path, out: Path, edit_config: Callable[[dict], None] | None = None,
-          edit_weights: Callable[[h5py.File], None] | None = None, replace_weights: tuple[str, bytes] | None = None) -> Path:
+def craft(
+    genuine: Path,
+    out: Path,
+    edit_config: Callable[[dict], None] | None = None,
+    edit_weights: Callable[[h5py.File], None] | None = None,
+    replace_weights: tuple[str, bytes] | None = None,
+) -> Path:
     """`genuine` with config.json and/or model.weights.h5 edited (every other entry copied byte for byte)."""
     with zipfile.ZipFile(genuine) as source, zipfile.ZipFile(out, "w") as target:
         for info in source.infolist():
@@ -69,8 +74,9 @@ def craft(genuine: Path, out: Path, edit_config: Callable[[dict], None] | None =
 def _gzip_kernel(weights: h5py.File, n: int, fill: float = 0.0) -> h5py.Dataset:
     """The Dense kernel replaced by a chunked, gzip-compressed float32[n, n] dataset, nothing written yet."""
     del weights[KERNEL]
-    return weights.create_dataset(KERNEL, shape=(n, n), dtype="float32", chunks=(min(n, CHUNK), min(n, CHUNK)), compression="gzip",
-                                  fillvalue=fill)
+    return weights.create_dataset(
+        KERNEL, shape=(n, n), dtype="float32", chunks=(min(n, CHUNK), min(n, CHUNK)), compression="gzip", fillvalue=fill
+    )
 
 
 def unwritten_kernel(n: int, fill: float = 0.0) -> Callable[[h5py.File], None]:
@@ -80,32 +86,39 @@ def unwritten_kernel(n: int, fill: float = 0.0) -> Callable[[h5py.File], None]:
 
 def one_chunk_written(n: int) -> Callable[[h5py.File], None]:
     """One chunk of ones written, every other chunk left to the fill value: the dataset stores a few KB."""
+
     def edit(weights: h5py.File) -> None:
         _gzip_kernel(weights, n)[:CHUNK, :CHUNK] = np.ones((CHUNK, CHUNK), np.float32)
+
     return edit
 
 
 def zeros_written(n: int) -> Callable[[h5py.File], None]:
     """Every chunk written with zeros, gzip at about 1000x: a genuine compressed dataset, far past 100x."""
+
     def edit(weights: h5py.File) -> None:
         kernel = _gzip_kernel(weights, n)
         for row in range(0, n, CHUNK):
-            kernel[row:row + CHUNK] = np.zeros((min(CHUNK, n - row), n), np.float32)
+            kernel[row : row + CHUNK] = np.zeros((min(CHUNK, n - row), n), np.float32)
+
     return edit
 
 
 def many_small_zero_datasets(count: int) -> Callable[[h5py.File], None]:
     """`count` extra datasets of 1 MiB of zeros each, gzip: each under the per-dataset floor, together far past 100x the file."""
+
     def edit(weights: h5py.File) -> None:
         group = weights.create_group("padding")
         for index in range(count):
             group.create_dataset(str(index), data=np.zeros(1 << 18, np.float32), chunks=(1 << 18,), compression="gzip")
+
     return edit
 
 
 def noisy_kernel(mib: int) -> Callable[[h5py.File], None]:
     """A kernel of `mib` MiB that gzip packs about 60x (64 random bytes in every 4 KiB): under the 100x ratio, so only a
     limit on what the weights declare refuses it."""
+
     def edit(weights: h5py.File) -> None:
         side = math.isqrt((mib << 20) // 4)  # float32[side, side] of `mib` MiB
         kernel = _gzip_kernel(weights, side)
@@ -114,8 +127,9 @@ def noisy_kernel(mib: int) -> Callable[[h5py.File], None]:
             block = np.zeros((min(CHUNK, side - row), side), np.float32)
             flat = block.view(np.uint8).reshape(-1)
             for start in range(0, flat.size, 4096):
-                flat[start:start + 64] = np.frombuffer(noise.randbytes(64), np.uint8)
-            kernel[row:row + CHUNK] = block
+                flat[start : start + 64] = np.frombuffer(noise.randbytes(64), np.uint8)
+            kernel[row : row + CHUNK] = block
+
     return edit
 
 
@@ -125,20 +139,24 @@ def layer(config: dict, name: str) -> dict:
 
 def giant_dense(n: int) -> Callable[[dict], None]:
     """Hole 5: the config declares an n x n Dense (input width n, n units); the weights file stays the genuine one."""
+
     def edit(config: dict) -> None:
         layer(config, "inputs")["config"]["batch_shape"] = [None, n]
         dense = layer(config, "dense")
         dense["config"]["units"] = n
         dense["build_config"] = {"input_shape": [None, n]}
         layer(config, "bn")["build_config"] = {"input_shape": [None, n]}
+
     return edit
 
 
 def huge_normalization(n: int) -> Callable[[dict], None]:
     """Hole 5 through a layer that reads its variables in `build`: the Normalization model's input widened to n features."""
+
     def edit(config: dict) -> None:
         layer(config, "inputs")["config"]["batch_shape"] = [None, n]
         layer(config, "norm")["build_config"] = {"input_shape": [None, n]}
+
     return edit
 
 
@@ -155,5 +173,16 @@ def npz_weights(elements: int) -> tuple[str, bytes]:
     return "model.weights.npz", inner.getvalue()
 
 
-__all__ = ["craft", "genuine_keras", "genuine_normalization_keras", "giant_dense", "huge_normalization", "many_small_zero_datasets",
-           "noisy_kernel", "npz_weights", "one_chunk_written", "unwritten_kernel", "zeros_written"]
+__all__ = [
+    "craft",
+    "genuine_keras",
+    "genuine_normalization_keras",
+    "giant_dense",
+    "huge_normalization",
+    "many_small_zero_datasets",
+    "noisy_kernel",
+    "npz_weights",
+    "one_chunk_written",
+    "unwritten_kernel",
+    "zeros_written",
+]

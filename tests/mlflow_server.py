@@ -43,7 +43,9 @@ class MlflowServer:
         return self.base
 
     def _wait(self) -> None:
-        wait_for_http(f"{self.base}/health", self.process, self.timeout, self.log_text, "mlflow server", since=self.started)
+        wait_for_http(
+            f"{self.base}/health", self.process, self.timeout, self.log_text, "mlflow server", since=self.started
+        )
         self.ready = True
 
     def log_text(self) -> str:
@@ -57,13 +59,31 @@ def running_mlflow_server(folder: Path, timeout: float = 120.0) -> Iterator[Mlfl
     port = free_port()
     artifacts = folder / "artifacts"
     prefix = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "mlflow"]
-    command = [*prefix, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-               "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination", str(artifacts)]
+    command = [
+        *prefix,
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(artifacts),
+    ]
     log = folder / "mlflow-server.log"
     with open(log, "wb") as out:
         # A new session: the server forks workers, and teardown must stop all of them, not only the parent.
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
-                                   env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            start_new_session=True,
+            env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+        )
     server = MlflowServer(base=f"http://127.0.0.1:{port}", process=process, log=log, timeout=timeout)
     try:
         yield server

@@ -73,8 +73,10 @@ def _bounded_test_process(request):
         stop_workers_under(tmp_path)
     after = peak_rss_mb()
     if after > MAX_RSS_MB >= before:
-        pytest.fail(f"this test took its process's peak memory to {after:.0f} MiB (from {before:.0f}), over the "
-                    f"{MAX_RSS_MB} MiB a test process may use (NORMBRIDGE_TEST_MAX_RSS_MB); free what it holds or make it smaller.")
+        pytest.fail(
+            f"this test took its process's peak memory to {after:.0f} MiB (from {before:.0f}), over the "
+            f"{MAX_RSS_MB} MiB a test process may use (NORMBRIDGE_TEST_MAX_RSS_MB); free what it holds or make it smaller."
+        )
 
 
 @pytest.fixture(autouse=True, scope="session")

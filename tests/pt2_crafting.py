@@ -102,9 +102,15 @@ def root_of(archive: Path) -> str:
         return zf.namelist()[0].split("/")[0] + "/"
 
 
-def craft(genuine: Path, out: Path, *, replace: dict[str, bytes] | None = None, drop: tuple[str, ...] = (),
-          edit_program: Callable[[dict], None] | None = None,
-          edit_json: dict[str, Callable[[dict], None]] | None = None) -> Path:
+def craft(
+    genuine: Path,
+    out: Path,
+    *,
+    replace: dict[str, bytes] | None = None,
+    drop: tuple[str, ...] = (),
+    edit_program: Callable[[dict], None] | None = None,
+    edit_json: dict[str, Callable[[dict], None]] | None = None,
+) -> Path:
     """Copy `genuine` to `out`, entry names relative to the root folder.
 
     `replace` gives new bytes for existing entries or adds new ones; `drop` removes entries;
@@ -116,7 +122,7 @@ def craft(genuine: Path, out: Path, *, replace: dict[str, bytes] | None = None, 
     root = root_of(genuine)
     with zipfile.ZipFile(genuine) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as target:
         for info in source.infolist():
-            name = info.filename[len(root):]
+            name = info.filename[len(root) :]
             if name in drop:
                 continue
             data = replace.pop(name) if name in replace else source.read(info)
@@ -161,37 +167,61 @@ def _config(genuine: Path, entry: str) -> dict:
 
 def _pickled_payload(config_entry: str, folder: str, fqn_of: Callable[[dict], str]):
     """A payload config entry switched to use_pickle, its payload file replaced by the marker-writing pickle."""
+
     def build(genuine: Path, out: Path, marker: Path) -> Path:
         config = _config(genuine, config_entry)
         fqn = fqn_of(config)
 
         def flip(document: dict) -> None:
             document["config"][fqn]["use_pickle"] = True
-        return craft(genuine, out, replace={folder + config[fqn]["path_name"]: torch_saved_payload(marker)}, edit_json={config_entry: flip})
+
+        return craft(
+            genuine,
+            out,
+            replace={folder + config[fqn]["path_name"]: torch_saved_payload(marker)},
+            edit_json={config_entry: flip},
+        )
+
     return build
 
 
 def _object_constant(prefix: str):
     """A constant turned into a custom (TorchScript) or opaque (pickle.loads) object whose bytes are the payload."""
+
     def build(genuine: Path, out: Path, marker: Path) -> Path:
         fqn = next(iter(_config(genuine, CONSTANTS_CONFIG)))
 
         def swap(document: dict) -> None:
-            document["config"][fqn] = {"path_name": f"{prefix}0", "is_param": False, "use_pickle": True, "tensor_meta": None}
-        return craft(genuine, out, replace={f"data/constants/{prefix}0": plain_pickled_payload(marker)}, edit_json={CONSTANTS_CONFIG: swap})
+            document["config"][fqn] = {
+                "path_name": f"{prefix}0",
+                "is_param": False,
+                "use_pickle": True,
+                "tensor_meta": None,
+            }
+
+        return craft(
+            genuine,
+            out,
+            replace={f"data/constants/{prefix}0": plain_pickled_payload(marker)},
+            edit_json={CONSTANTS_CONFIG: swap},
+        )
+
     return build
 
 
 def _legacy(config_entry: str, legacy_entry: str):
     """The pre-2.6 layout: the payload config removed and a torch.save file in its place (torch falls back to the full unpickler)."""
+
     def build(genuine: Path, out: Path, marker: Path) -> Path:
         return craft(genuine, out, drop=(config_entry,), replace={legacy_entry: torch_saved_payload(marker)})
+
     return build
 
 
 def _program_edit(edit: Callable[[dict, Path], None]):
     def build(genuine: Path, out: Path, marker: Path) -> Path:
         return craft(genuine, out, edit_program=lambda program: edit(program, marker))
+
     return build
 
 
@@ -210,10 +240,12 @@ def _file_operator(program: dict, marker: Path) -> None:
     """A node calling aten.from_file(shared=True), which creates the marker when the program runs."""
     node = first_node(program, "torch.ops.aten.mul")
     node["target"] = "torch.ops.aten.from_file.default"
-    node["inputs"] = [{"name": "filename", "arg": {"as_string": str(marker)}, "kind": 1},
-                      {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
-                      {"name": "size", "arg": {"as_int": 16}, "kind": 1},
-                      {"name": "dtype", "arg": {"as_scalar_type": 7}, "kind": 2}]
+    node["inputs"] = [
+        {"name": "filename", "arg": {"as_string": str(marker)}, "kind": 1},
+        {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
+        {"name": "size", "arg": {"as_int": 16}, "kind": 1},
+        {"name": "dtype", "arg": {"as_scalar_type": 7}, "kind": 2},
+    ]
 
 
 def _python_callable(program: dict, marker: Path) -> None:
@@ -226,12 +258,14 @@ def _python_callable(program: dict, marker: Path) -> None:
 
 def _renamed(program: dict, old: str, new: str) -> None:
     """Every key and string value equal to `old` replaced by `new` (a consistent rename through the program)."""
+
     def walk(value):
         if isinstance(value, dict):
             return {(new if k == old else k): walk(v) for k, v in value.items()}
         if isinstance(value, list):
             return [walk(v) for v in value]
         return new if value == old else value
+
     renamed = walk(program)
     program.clear()
     program.update(renamed)
@@ -248,7 +282,13 @@ def _attribute_path(genuine: Path, out: Path, marker: Path) -> Path:
 
     def weights(document: dict) -> None:
         document["config"][evil] = document["config"].pop("bn.weight")
-    return craft(genuine, out, edit_program=lambda program: _renamed(program, "bn.weight", evil), edit_json={WEIGHTS_CONFIG: weights})
+
+    return craft(
+        genuine,
+        out,
+        edit_program=lambda program: _renamed(program, "bn.weight", evil),
+        edit_json={WEIGHTS_CONFIG: weights},
+    )
 
 
 def _compiled_code(genuine: Path, out: Path, marker: Path) -> Path:
@@ -257,9 +297,15 @@ def _compiled_code(genuine: Path, out: Path, marker: Path) -> Path:
 
 
 HOSTILE: dict[str, Hostile] = {
-    "sample_inputs": Hostile(lambda g, o, m: craft(g, o, replace={SAMPLE_INPUTS: torch_saved_payload(m)}), SAMPLE_INPUTS, True),
-    "use_pickle_weight": Hostile(_pickled_payload(WEIGHTS_CONFIG, "data/weights/", lambda c: "bn.running_mean"), WEIGHTS_CONFIG, True),
-    "use_pickle_constant": Hostile(_pickled_payload(CONSTANTS_CONFIG, "data/constants/", lambda c: next(iter(c))), CONSTANTS_CONFIG, True),
+    "sample_inputs": Hostile(
+        lambda g, o, m: craft(g, o, replace={SAMPLE_INPUTS: torch_saved_payload(m)}), SAMPLE_INPUTS, True
+    ),
+    "use_pickle_weight": Hostile(
+        _pickled_payload(WEIGHTS_CONFIG, "data/weights/", lambda c: "bn.running_mean"), WEIGHTS_CONFIG, True
+    ),
+    "use_pickle_constant": Hostile(
+        _pickled_payload(CONSTANTS_CONFIG, "data/constants/", lambda c: next(iter(c))), CONSTANTS_CONFIG, True
+    ),
     "opaque_object_constant": Hostile(_object_constant("opaque_obj_"), "opaque_obj_0", True),
     "custom_object_constant": Hostile(_object_constant("custom_obj_"), "custom_obj_0", False),
     "legacy_state_dict": Hostile(_legacy(WEIGHTS_CONFIG, "data/weights/model.pt"), "data/weights/model.pt", True),
@@ -284,9 +330,11 @@ def power_tower(levels: int) -> str:
 
 def size_expression(expression: str, hint: int = 2) -> Callable[[Path, Path], Path]:
     """The input's batch size rewritten as `expression` (torch hands it to sympy.sympify while it reads the program)."""
+
     def edit(program: dict) -> None:
         sizes = program["graph_module"]["graph"]["tensor_values"]["x"]["sizes"]
         sizes[0] = {"as_expr": {"expr_str": expression, "hint": {"as_int": hint}}}
+
     return lambda genuine, out: craft(genuine, out, edit_program=edit)
 
 
@@ -294,26 +342,37 @@ def first_constant(genuine: Path) -> str:
     return next(iter(_config(genuine, CONSTANTS_CONFIG)))
 
 
-def claiming(config_entry: str, fqn: str | Callable[[Path], str], sizes: list[int], strides: list[int] | None = None, *,
-             empty: bool = False) -> Callable[[Path, Path], Path]:
+def claiming(
+    config_entry: str,
+    fqn: str | Callable[[Path], str],
+    sizes: list[int],
+    strides: list[int] | None = None,
+    *,
+    empty: bool = False,
+) -> Callable[[Path, Path], Path]:
     """The tensor `fqn` of a payload config given `sizes` (and `strides`, contiguous by default) over its own payload, or
     over an empty one (torch makes zeros of the claimed size for an empty payload)."""
+
     def build(genuine: Path, out: Path) -> Path:
         name = fqn(genuine) if callable(fqn) else fqn
         config = _config(genuine, config_entry)
-        contiguous = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+        contiguous = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
 
         def edit(document: dict) -> None:
             meta = document["config"][name]["tensor_meta"]
             meta["sizes"] = [{"as_int": size} for size in sizes]
             meta["strides"] = [{"as_int": stride} for stride in (strides if strides is not None else contiguous)]
+
         payload = config_entry.rsplit("/", 1)[0] + "/" + config[name]["path_name"]
         return craft(genuine, out, replace={payload: b""} if empty else {}, edit_json={config_entry: edit})
+
     return build
 
 
 def tensor_meta_of(config_entry: str, fqn: str, **fields) -> Callable[[Path, Path], Path]:
     """The tensor `fqn` of a payload config with some of its tensor_meta `fields` replaced."""
+
     def edit(document: dict) -> None:
         document["config"][fqn]["tensor_meta"].update(fields)
+
     return lambda genuine, out: craft(genuine, out, edit_json={config_entry: edit})

@@ -21,20 +21,87 @@ from typing import Any
 
 import torch
 
-JSON_ENTRIES = ("models/model.json", "data/weights/model_weights_config.json", "data/constants/model_constants_config.json")
+JSON_ENTRIES = (
+    "models/model.json",
+    "data/weights/model_weights_config.json",
+    "data/constants/model_constants_config.json",
+)
 #: Values a JSON edit puts in place of another: other types, extreme integers, names torch resolves, paths, devices.
 REPLACEMENTS: tuple[Any, ...] = (
-    None, True, False, 0, 1, -1, 5, 7, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63), 10**30, 1.5, -0.0, 1e308, float("inf"),
-    "", "x", "s0", "u0", "Symbol('s0', positive=True, integer=True)", "Pow(s0, 64)", "cuda", "meta", "cpu", "../../escape",
-    "weight_0", "tensor_0", "torch.ops.aten.add.Tensor", "torch.ops.higher_order.cond", "builtins.dict", "a" * 300,
-    [], {}, [1], [[]], {"as_int": 5}, {"as_int": 2**62}, {"as_expr": {"expr_str": "s0", "hint": None}},
-    {"type": "cpu", "index": None}, {"as_tensor": {"name": "x"}},
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    5,
+    7,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    10**30,
+    1.5,
+    -0.0,
+    1e308,
+    float("inf"),
+    "",
+    "x",
+    "s0",
+    "u0",
+    "Symbol('s0', positive=True, integer=True)",
+    "Pow(s0, 64)",
+    "cuda",
+    "meta",
+    "cpu",
+    "../../escape",
+    "weight_0",
+    "tensor_0",
+    "torch.ops.aten.add.Tensor",
+    "torch.ops.higher_order.cond",
+    "builtins.dict",
+    "a" * 300,
+    [],
+    {},
+    [1],
+    [[]],
+    {"as_int": 5},
+    {"as_int": 2**62},
+    {"as_expr": {"expr_str": "s0", "hint": None}},
+    {"type": "cpu", "index": None},
+    {"as_tensor": {"name": "x"}},
 )
 
 #: Keys whose values the reader interprets (a device, a size, an expression, a structure torch walks), edited more often.
-STEERING_KEYS = frozenset({"type", "index", "device", "dtype", "sizes", "strides", "storage_offset", "as_int", "layout",
-                           "requires_grad", "path_name", "use_pickle", "is_param", "module_call_graph", "signature", "in_spec",
-                           "out_spec", "expr_str", "hint", "min_val", "max_val", "range_constraints", "graph_module", "config"})
+STEERING_KEYS = frozenset(
+    {
+        "type",
+        "index",
+        "device",
+        "dtype",
+        "sizes",
+        "strides",
+        "storage_offset",
+        "as_int",
+        "layout",
+        "requires_grad",
+        "path_name",
+        "use_pickle",
+        "is_param",
+        "module_call_graph",
+        "signature",
+        "in_spec",
+        "out_spec",
+        "expr_str",
+        "hint",
+        "min_val",
+        "max_val",
+        "range_constraints",
+        "graph_module",
+        "config",
+    }
+)
 
 
 class FuzzNet(torch.nn.Module):
@@ -51,7 +118,9 @@ class FuzzNet(torch.nn.Module):
         self.eval()
 
     def forward(self, x):
-        return self.bn(self.conv(x)) + self.offset + self.table[:4, :1].view(1, 4, 1, 1) + self.wide[:1].view(1, 4, 1, 1)
+        return (
+            self.bn(self.conv(x)) + self.offset + self.table[:4, :1].view(1, 4, 1, 1) + self.wide[:1].view(1, 4, 1, 1)
+        )
 
 
 def genuine_fuzz_base(path: Path) -> Path:
@@ -67,7 +136,7 @@ def mutated(genuine: Path, seed: int, index: int, out: Path) -> tuple[Path, list
     chance = random.Random(f"{seed}:{index}")
     with zipfile.ZipFile(genuine) as source:
         root = source.namelist()[0].split("/")[0] + "/"
-        entries = [(info.filename[len(root):], source.read(info)) for info in source.infolist()]
+        entries = [(info.filename[len(root) :], source.read(info)) for info in source.infolist()]
     done: list[str] = []
     raw_edits = []
     for _ in range(chance.choice((1, 1, 2, 3))):
@@ -84,7 +153,7 @@ def mutated(genuine: Path, seed: int, index: int, out: Path) -> tuple[Path, list
         data = bytearray(out.read_bytes())
         for _ in raw_edits:
             if chance.random() < 0.2:
-                del data[chance.randrange(len(data)):]
+                del data[chance.randrange(len(data)) :]
             else:
                 for _ in range(chance.randint(1, 8)):
                     data[chance.randrange(len(data))] = chance.randrange(256)
@@ -119,7 +188,7 @@ def _mutate(entries: list[tuple[str, bytes]], kind: str, chance: random.Random) 
         return f"swapped the bytes of {name} and {other_name}"
     changed = bytearray(data)
     if changed and chance.random() < 0.3:
-        del changed[chance.randrange(len(changed)):]
+        del changed[chance.randrange(len(changed)) :]
         what = "cut"
     else:
         for _ in range(chance.randint(1, 6)):
@@ -146,7 +215,9 @@ def _edit_json(document: Any, chance: random.Random) -> str:
     value = parent[key]
     move = chance.choice(("replace", "replace", "replace", "retype", "delete", "duplicate", "empty", "nudge", "wrap"))
     if move == "retype":  # a container where a scalar belongs, or a scalar where a container does: what readers trip on
-        parent[key] = chance.choice([r for r in REPLACEMENTS if isinstance(r, (dict, list)) != isinstance(value, (dict, list))])
+        parent[key] = chance.choice(
+            [r for r in REPLACEMENTS if isinstance(r, (dict, list)) != isinstance(value, (dict, list))]
+        )
     elif move == "delete":
         del parent[key]
     elif move == "duplicate" and isinstance(parent, list):

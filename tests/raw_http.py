@@ -34,8 +34,17 @@ def _head(method: str, path: str, netloc: str, headers: dict[str, str]) -> bytes
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def stream_body(url: str, method: str, path: str, headers: dict[str, str], total: int, *, chunked: bool, piece: int = 1 << 20,
-                timeout: float = 120.0) -> Answer:
+def stream_body(
+    url: str,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    total: int,
+    *,
+    chunked: bool,
+    piece: int = 1 << 20,
+    timeout: float = 120.0,
+) -> Answer:
     """Send `total` zero bytes as the body of `method path` (declared with Content-Length, or chunked), stopping as soon as
     the server answers or stops reading; then read the answer."""
     sock, netloc = _connect(url, timeout)
@@ -59,7 +68,7 @@ def stream_body(url: str, method: str, path: str, headers: dict[str, str], total
                 answered = True
             elif writable:
                 try:
-                    pending = pending[sock.send(pending):]
+                    pending = pending[sock.send(pending) :]
                 except (BrokenPipeError, ConnectionResetError):
                     answered = True
             elif time.monotonic() > deadline:
@@ -73,7 +82,9 @@ def stream_body(url: str, method: str, path: str, headers: dict[str, str], total
         sock.close()
 
 
-def open_unread(url: str, path: str, headers: dict[str, str], timeout: float = 120.0) -> tuple[socket.socket, int, dict[str, str]]:
+def open_unread(
+    url: str, path: str, headers: dict[str, str], timeout: float = 120.0
+) -> tuple[socket.socket, int, dict[str, str]]:
     """GET `path` and read only the answer's status line and headers: the body is left unread, the socket open (close it).
 
     The kernel's receive buffer fills and the server's sends stall, as with a client that stopped reading."""

@@ -18,7 +18,9 @@ def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
         for module in model.modules():
             for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
                 if tensor.is_floating_point() and tensor.dim() == 1:
-                    tensor.copy_(torch.rand(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype) + 0.5)
+                    tensor.copy_(
+                        torch.rand(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype) + 0.5
+                    )
     return model.eval()
 
 
@@ -28,8 +30,15 @@ def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
 def _decoder(config_name: str, model_name: str, **extra):
     import transformers
 
-    config = getattr(transformers, config_name)(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                                num_key_value_heads=2, vocab_size=64, **extra)
+    config = getattr(transformers, config_name)(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        **extra,
+    )
     return getattr(transformers, model_name)(config)
 
 
@@ -50,8 +59,16 @@ def mamba():
     """Mamba's MambaRMSNorm, whose input cast the block reuses for its float32 residual."""
     from transformers import MambaConfig, MambaModel
 
-    return MambaModel(MambaConfig(hidden_size=32, state_size=8, num_hidden_layers=2, vocab_size=64, layer_norm_epsilon=6e-6,
-                                  residual_in_fp32=True))
+    return MambaModel(
+        MambaConfig(
+            hidden_size=32,
+            state_size=8,
+            num_hidden_layers=2,
+            vocab_size=64,
+            layer_norm_epsilon=6e-6,
+            residual_in_fp32=True,
+        )
+    )
 
 
 def mistral():
@@ -65,7 +82,9 @@ def gemma():
 def t5():
     from transformers import T5Config, T5Model
 
-    return T5Model(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=64, layer_norm_epsilon=7e-6))
+    return T5Model(
+        T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=64, layer_norm_epsilon=7e-6)
+    )
 
 
 def convnext():
@@ -91,10 +110,24 @@ def convnextv2():
 def detr():
     from transformers import DetrConfig, DetrModel, ResNetConfig
 
-    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"])
-    return DetrModel(DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone, d_model=32,
-                                encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                                encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=5))
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"]
+    )
+    return DetrModel(
+        DetrConfig(
+            use_timm_backbone=False,
+            use_pretrained_backbone=False,
+            backbone_config=backbone,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            num_queries=5,
+        )
+    )
 
 
 # -- replicas ------------------------------------------------------------------------------
@@ -137,7 +170,9 @@ class BatchNormAct2d(nn.BatchNorm2d):
 
     def forward(self, x):
         use_batch = self.training or self.running_mean is None
-        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch, self.momentum, self.eps)
+        x = F.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, use_batch, self.momentum, self.eps
+        )
         return self.act(self.drop(x))
 
 

@@ -12,7 +12,16 @@ from schemas import NormSpec
 from schemas.kinds import KIND_INFO
 
 
-def random_state(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, *, scale: bool, bias: bool, tracked: bool, nbt: int | None) -> dict:
+def random_state(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    dtype: str,
+    *,
+    scale: bool,
+    bias: bool,
+    tracked: bool,
+    nbt: int | None,
+) -> dict:
     """Scale near 1, bias near 0, running mean anywhere, running var positive (never at initial values)."""
     tensors: dict[str, np.ndarray] = {}
     if scale:
@@ -57,16 +66,31 @@ def make_spec(
         tracked = kind == "batch"
     tracked = tracked and info.running_stats
     bias = bias and info.bias
-    common = dict(name=name or f"{kind}_layer", kind=kind, eps=eps, eps_origin=eps_origin, training=training, dtype=dtype, source={"framework": source})
+    common = dict(
+        name=name or f"{kind}_layer",
+        kind=kind,
+        eps=eps,
+        eps_origin=eps_origin,
+        training=training,
+        dtype=dtype,
+        source={"framework": source},
+    )
     shape = tuple(normalized_shape) if info.trailing else (num_features,)
     tensors = random_state(rng, shape, dtype, scale=scale, bias=bias, tracked=tracked, nbt=nbt)
-    knobs = dict(num_features=num_features, spatial_rank=spatial_rank, layout=layout, num_groups=num_groups, normalized_shape=tuple(normalized_shape))
+    knobs = dict(
+        num_features=num_features,
+        spatial_rank=spatial_rank,
+        layout=layout,
+        num_groups=num_groups,
+        normalized_shape=tuple(normalized_shape),
+    )
     fields = {field: knobs[field] for field in info.required}
     if info.running_stats:
         fields.update(
             momentum=momentum if tracked else None,
             momentum_convention=convention if (tracked and momentum is not None) else None,
-            track_running_stats=tracked, variance_estimator=estimator if tracked else None,
+            track_running_stats=tracked,
+            variance_estimator=estimator if tracked else None,
         )
     return NormSpec(**common, **fields, scale=scale, bias=bias, tensors=tensors)
 
@@ -88,8 +112,17 @@ FIELD_DEFAULTS = {
 }
 
 
-def spec_with(kind: str, *, dtype: str = "float32", scale: bool = True, bias: bool = True, seed: int = 1,
-              tensors: dict | None = None, extra_tensors: dict | None = None, **fields) -> NormSpec:
+def spec_with(
+    kind: str,
+    *,
+    dtype: str = "float32",
+    scale: bool = True,
+    bias: bool = True,
+    seed: int = 1,
+    tensors: dict | None = None,
+    extra_tensors: dict | None = None,
+    **fields,
+) -> NormSpec:
     """A spec of `kind` from NormSpec fields over FIELD_DEFAULTS[kind], named '<kind>_norm' unless `name` is given.
 
     Its state follows its flags: scale (seed), bias (seed + 1), running mean and variance

@@ -39,7 +39,9 @@ URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 def rendered_reference() -> str:
     """docs/cli.md as `make docs-cli` would write it, rendered in a fresh process (as the command's import order has it)."""
-    done = subprocess.run([sys.executable, "-m", "cli.docs_reference", "-"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.docs_reference", "-"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -49,7 +51,13 @@ def test_cli_reference_is_current():
     expected = rendered_reference()
     current = PAGE.read_text()
     if current != expected:
-        diff = "".join(list(difflib.unified_diff(current.splitlines(True), expected.splitlines(True), "docs/cli.md", "rendered help"))[:40])
+        diff = "".join(
+            list(
+                difflib.unified_diff(
+                    current.splitlines(True), expected.splitlines(True), "docs/cli.md", "rendered help"
+                )
+            )[:40]
+        )
         pytest.fail(f"docs/cli.md differs from the commands' --help; run `make docs-cli` to update it:\n{diff}")
 
 
@@ -67,7 +75,9 @@ def test_the_reference_lists_every_command_of_the_app():
 def test_every_command_has_help_and_an_example(entry):
     assert entry.short_help.strip(), f"`{entry.name}` has no help text: give its function a docstring"
     if entry.path:  # the app's own --help lists the commands instead
-        assert "Example" in entry.text, f"`{entry.name} --help` shows no example: add an 'Example: {entry.name} ...' line to its docstring"
+        assert "Example" in entry.text, (
+            f"`{entry.name} --help` shows no example: add an 'Example: {entry.name} ...' line to its docstring"
+        )
     missing = [name for name, text in entry.parameters if not (text or "").strip()]
     assert not missing, f"`{entry.name}` has options or arguments without help: {', '.join(missing)}"
 
@@ -87,9 +97,15 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     in_nav = nav_pages(config["nav"])
     on_disk = [page.relative_to(DOCS).as_posix() for page in PAGES]
-    assert len(in_nav) == len(set(in_nav)), f"mkdocs.yml names a page twice: {sorted(p for p in in_nav if in_nav.count(p) > 1)}"
-    assert not sorted(set(on_disk) - set(in_nav)), f"pages missing from the nav of mkdocs.yml: {sorted(set(on_disk) - set(in_nav))}"
-    assert not sorted(set(in_nav) - set(on_disk)), f"mkdocs.yml names pages that do not exist in docs/: {sorted(set(in_nav) - set(on_disk))}"
+    assert len(in_nav) == len(set(in_nav)), (
+        f"mkdocs.yml names a page twice: {sorted(p for p in in_nav if in_nav.count(p) > 1)}"
+    )
+    assert not sorted(set(on_disk) - set(in_nav)), (
+        f"pages missing from the nav of mkdocs.yml: {sorted(set(on_disk) - set(in_nav))}"
+    )
+    assert not sorted(set(in_nav) - set(on_disk)), (
+        f"mkdocs.yml names pages that do not exist in docs/: {sorted(set(in_nav) - set(on_disk))}"
+    )
 
 
 def prose(text: str) -> str:
@@ -130,8 +146,12 @@ def test_the_link_checker_sees_links_and_skips_code():
 
 def test_readme_is_short_and_starts_with_the_two_commands():
     lines = README.read_text().splitlines()
-    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines, at most {README_MAX_LINES}: move the detail to a page in docs/"
-    assert lines[0].startswith("# ") and lines[1] == "" and lines[2] == "```sh", "README.md must open with its title, then the two commands"
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines, at most {README_MAX_LINES}: move the detail to a page in docs/"
+    )
+    assert lines[0].startswith("# ") and lines[1] == "" and lines[2] == "```sh", (
+        "README.md must open with its title, then the two commands"
+    )
     assert lines[3].startswith("make demo ") and lines[4].startswith("make test ") and lines[5] == "```", lines[2:6]
     makefile = (ROOT / "Makefile").read_text()
     for target in ("demo", "test", "docs", "docs-cli"):
@@ -142,7 +162,9 @@ def section(text: str, heading: str) -> str:
     """From `heading` up to the next heading of the same level."""
     start = text.index(heading + "\n")
     level = heading.split(" ", 1)[0] + " "
-    end = next((m.start() for m in re.finditer(rf"^{level}", text[start + 1:], re.M)), len(text) - start - 1) + start + 1
+    end = (
+        next((m.start() for m in re.finditer(rf"^{level}", text[start + 1 :], re.M)), len(text) - start - 1) + start + 1
+    )
     return text[start:end]
 
 

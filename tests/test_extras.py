@@ -24,8 +24,19 @@ from schemas.extras import OPTIONAL_MODULES
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("schemas", "converters", "registry", "cli")
 #: Top-level module -> the core dependency of pyproject.toml that installs it.
-CORE = {"numpy": "numpy", "pydantic": "pydantic", "pydantic_core": "pydantic", "safetensors": "safetensors", "typer": "typer",
-        "click": "typer", "rich": "rich", "sqlalchemy": "sqlalchemy", "alembic": "alembic", "httpx": "httpx", "ml_dtypes": "ml_dtypes"}
+CORE = {
+    "numpy": "numpy",
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic",
+    "safetensors": "safetensors",
+    "typer": "typer",
+    "click": "typer",
+    "rich": "rich",
+    "sqlalchemy": "sqlalchemy",
+    "alembic": "alembic",
+    "httpx": "httpx",
+    "ml_dtypes": "ml_dtypes",
+}
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
@@ -51,8 +62,11 @@ def _third_party_imports() -> dict[str, set[str]]:
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                names = (
+                    [alias.name for alias in node.names]
+                    if isinstance(node, ast.Import)
+                    else ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                )
                 for name in names:
                     top = name.split(".")[0]
                     if top not in sys.stdlib_module_names and top not in PACKAGES and top != "testkit":
@@ -61,8 +75,14 @@ def _third_party_imports() -> dict[str, set[str]]:
 
 
 def test_every_third_party_import_is_a_core_dependency_or_comes_with_an_extra():
-    unlisted = {name: sorted(files)[:3] for name, files in _third_party_imports().items() if name not in CORE and name not in OPTIONAL_MODULES}
-    assert not unlisted, f"add these to schemas/extras.py (and their extra in pyproject.toml) or to the core dependencies: {unlisted}"
+    unlisted = {
+        name: sorted(files)[:3]
+        for name, files in _third_party_imports().items()
+        if name not in CORE and name not in OPTIONAL_MODULES
+    }
+    assert not unlisted, (
+        f"add these to schemas/extras.py (and their extra in pyproject.toml) or to the core dependencies: {unlisted}"
+    )
     core = {_name(requirement) for requirement in PYPROJECT["project"]["dependencies"]}
     assert {distribution.replace("_", "-") for distribution in CORE.values()} <= core
 
@@ -70,7 +90,9 @@ def test_every_third_party_import_is_a_core_dependency_or_comes_with_an_extra():
 @pytest.mark.parametrize("module", sorted(OPTIONAL_MODULES))
 def test_each_optional_package_is_installed_by_the_extra_its_error_names(module):
     extra, distribution = OPTIONAL_MODULES[module]
-    assert distribution.replace("_", "-") in _installed_by(extra), f"pyproject.toml's [{extra}] extra does not install {distribution}"
+    assert distribution.replace("_", "-") in _installed_by(extra), (
+        f"pyproject.toml's [{extra}] extra does not install {distribution}"
+    )
 
 
 def test_the_keras_and_all_extras_bring_what_exporting_a_keras_model_needs():
@@ -91,7 +113,9 @@ main()
 
 def _run_without(hidden: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NORMBRIDGE_HOME": str(cwd / "home"), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-c", WITHOUT, hidden, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT, hidden, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -100,7 +124,9 @@ def test_exporting_a_keras_model_without_tf2onnx_is_one_line_naming_the_keras_ex
 
     model = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Conv2D(2, 1), keras.layers.BatchNormalization()])
     model.save(tmp_path / "m.keras")
-    done = _run_without("tf2onnx", "export", str(tmp_path / "m.keras"), "--to", "onnx", "-o", str(tmp_path / "m.onnx"), cwd=tmp_path)
+    done = _run_without(
+        "tf2onnx", "export", str(tmp_path / "m.keras"), "--to", "onnx", "-o", str(tmp_path / "m.onnx"), cwd=tmp_path
+    )
     assert done.returncode == EXIT_CODES[MissingDependencyError], done.stderr[-2000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -124,15 +150,24 @@ def test_a_server_without_the_keras_extra_answers_a_keras_upload_with_501_naming
 
     hiding = tmp_path / "site"
     hiding.mkdir()
-    (hiding / "sitecustomize.py").write_text("import sys\nfor name in ('keras', 'tensorflow'):\n    sys.modules[name] = None\n")
+    (hiding / "sitecustomize.py").write_text(
+        "import sys\nfor name in ('keras', 'tensorflow'):\n    sys.modules[name] = None\n"
+    )
     model = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Conv2D(2, 1), keras.layers.BatchNormalization()])
     model.save(tmp_path / "m.keras")
     db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
     token = create_token(db, "owner", "write")
     env = {"PYTHONPATH": os.pathsep.join([str(hiding), str(ROOT)])}
     with running_server(db=db, blobs=blobs, env=env, log=tmp_path / "serve.log") as server:
-        answer = httpx.post(f"{server.url}/api/v1/models/k/versions?format=keras", content=(tmp_path / "m.keras").read_bytes(),
-                            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}, timeout=300)
+        answer = httpx.post(
+            f"{server.url}/api/v1/models/k/versions?format=keras",
+            content=(tmp_path / "m.keras").read_bytes(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"},
+            timeout=300,
+        )
         assert answer.status_code == 501, answer.text
-        assert answer.json()["error"]["code"] == "missing_dependency" and "normbridge[keras]" in answer.json()["error"]["message"]
+        assert (
+            answer.json()["error"]["code"] == "missing_dependency"
+            and "normbridge[keras]" in answer.json()["error"]["message"]
+        )
         assert httpx.get(f"{server.url}/api/v1/health").status_code == 200  # the server goes on

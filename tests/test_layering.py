@@ -162,8 +162,11 @@ EDGES = [edge for path in FILES for edge in edges_of(path, MODULES)]
 
 
 def floors_of(file: str) -> list[str]:
-    return [name for name, patterns in (("registry store floor", STORE_FLOOR), ("registry service floor", SERVICE_FLOOR))
-            if any(fnmatch(file, pattern) for pattern in patterns)]
+    return [
+        name
+        for name, patterns in (("registry store floor", STORE_FLOOR), ("registry service floor", SERVICE_FLOOR))
+        if any(fnmatch(file, pattern) for pattern in patterns)
+    ]
 
 
 def layer_of_file(file: str) -> str | None:
@@ -187,38 +190,60 @@ def layer_of_module(module: str) -> str | None:
 
 def _private(edge: Edge) -> bool:
     """A module or name starting with `_` (dunders such as `__version__` are public) belongs to its own package."""
-    return any(part.startswith("_") and not (part.startswith("__") and part.endswith("__")) for part in (*edge.target.split("."), *edge.names))
+    return any(
+        part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+        for part in (*edge.target.split("."), *edge.names)
+    )
 
 
 def test_every_registry_module_is_on_one_floor():
     """A new registry module gets a floor before its imports can be judged."""
     files = [path.relative_to(ROOT).as_posix() for path in FILES if path.relative_to(ROOT).parts[0] == "registry"]
-    misplaced = [f"{file} is on {'both floors' if floors_of(file) else 'neither floor'}: list it in exactly one of STORE_FLOOR "
-                 "and SERVICE_FLOOR of tests/test_layering.py" for file in files if len(floors_of(file)) != 1]
+    misplaced = [
+        f"{file} is on {'both floors' if floors_of(file) else 'neither floor'}: list it in exactly one of STORE_FLOOR "
+        "and SERVICE_FLOOR of tests/test_layering.py"
+        for file in files
+        if len(floors_of(file)) != 1
+    ]
     assert not misplaced, "\n".join(misplaced)
 
 
 @pytest.mark.parametrize("layer", sorted(MAY_IMPORT))
 def test_imports_point_down(layer):
-    broken = [f"{edge} ({layer_of_module(edge.target)}), which {layer} may not import" for edge in EDGES
-              if layer_of_file(edge.file) == layer and layer_of_module(edge.target) not in (*MAY_IMPORT[layer], None)]
+    broken = [
+        f"{edge} ({layer_of_module(edge.target)}), which {layer} may not import"
+        for edge in EDGES
+        if layer_of_file(edge.file) == layer and layer_of_module(edge.target) not in (*MAY_IMPORT[layer], None)
+    ]
     assert not broken, "\n".join(broken)
 
 
 def test_nothing_imports_cli_and_nothing_imports_tests():
-    broken = [str(edge) for edge in EDGES
-              if (edge.target.split(".")[0] == "cli" and not edge.file.startswith("cli/")) or edge.target.split(".")[0] == "tests"]
+    broken = [
+        str(edge)
+        for edge in EDGES
+        if (edge.target.split(".")[0] == "cli" and not edge.file.startswith("cli/"))
+        or edge.target.split(".")[0] == "tests"
+    ]
     assert not broken, "\n".join(broken)
 
 
 def test_the_registry_imports_converters_only_at_module_top():
     """A function-local `import converters...` hides the edge from the file's header (and from the cycle check)."""
-    broken = [str(edge) for edge in EDGES if edge.file.startswith("registry/") and edge.target.split(".")[0] == "converters" and edge.local]
+    broken = [
+        str(edge)
+        for edge in EDGES
+        if edge.file.startswith("registry/") and edge.target.split(".")[0] == "converters" and edge.local
+    ]
     assert not broken, "\n".join(broken)
 
 
 def test_the_registry_imports_only_converters_public_api():
-    broken = [str(edge) for edge in EDGES if edge.file.startswith("registry/") and edge.target.split(".")[0] == "converters" and _private(edge)]
+    broken = [
+        str(edge)
+        for edge in EDGES
+        if edge.file.startswith("registry/") and edge.target.split(".")[0] == "converters" and _private(edge)
+    ]
     assert not broken, "\n".join(broken)
 
 
@@ -270,7 +295,10 @@ def import_cycles(edges: list[Edge]) -> list[str]:
     cycles = []
     for component in strongly_connected(graph):
         members = set(component)
-        closing = sorted({edge for edge in edges if edge.source in members and edge.target in members}, key=lambda e: (e.file, e.line, e.target))
+        closing = sorted(
+            {edge for edge in edges if edge.source in members and edge.target in members},
+            key=lambda e: (e.file, e.line, e.target),
+        )
         inside = [str(edge) for edge in closing]
         cycles.append(f"cycle among {', '.join(component)}:\n  " + "\n  ".join(inside))
     return cycles
@@ -289,8 +317,12 @@ _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.?(:[A-Za-z_][\w.]*)?"
 
 def names_module_above_converters(value: object) -> bool:
     """Whether a string is the name of a module of a package above converters ("registry.worker_jobs", "registry.")."""
-    return (isinstance(value, str) and _MODULE_NAME.fullmatch(value.strip()) is not None
-            and value.strip().split(":")[0].split(".")[0] in ABOVE_CONVERTERS and "." in value.split(":")[0])
+    return (
+        isinstance(value, str)
+        and _MODULE_NAME.fullmatch(value.strip()) is not None
+        and value.strip().split(":")[0].split(".")[0] in ABOVE_CONVERTERS
+        and "." in value.split(":")[0]
+    )
 
 
 def _strings(node: ast.AST) -> list[ast.Constant]:
@@ -305,8 +337,11 @@ def module_names_written_in_converters(files: list[Path], root: Path = ROOT) -> 
         if path.relative_to(root).parts[0] != "converters":
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        found += [f"{path.relative_to(root).as_posix()}:{node.lineno}: names {node.value!r}" for node in _strings(tree)
-                  if names_module_above_converters(node.value)]
+        found += [
+            f"{path.relative_to(root).as_posix()}:{node.lineno}: names {node.value!r}"
+            for node in _strings(tree)
+            if names_module_above_converters(node.value)
+        ]
     return found
 
 
@@ -315,8 +350,13 @@ def _module_constants(files: list[Path], root: Path = ROOT) -> dict[tuple[str, s
     constants = {}
     for path in files:
         for node in ast.parse(path.read_text()).body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 constants[(module_name(path, root), node.targets[0].id)] = node.value.value
     return constants
 
@@ -355,8 +395,11 @@ def module_names_handed_to_converters(files: list[Path], root: Path = ROOT) -> l
             for argument in [*call.args, *(keyword.value for keyword in call.keywords)]:
                 value = values.get(argument.id) if isinstance(argument, ast.Name) else None
                 named = [value] if value is not None else [node.value for node in _strings(argument)]
-                found += [f"{file}:{call.lineno}: hands {ast.unparse(call.func)} the module name {name!r}" for name in named
-                          if names_module_above_converters(name)]
+                found += [
+                    f"{file}:{call.lineno}: hands {ast.unparse(call.func)} the module name {name!r}"
+                    for name in named
+                    if names_module_above_converters(name)
+                ]
     return found
 
 
@@ -376,12 +419,12 @@ def test_the_parser_sees_module_names_written_in_or_handed_to_converters(tmp_pat
     """The check above finds a literal in converters, and a constant handed to a converters function from above."""
     for folder, text in {
         "converters": "import importlib\nJOBS = 'registry.jobs'\ndef f(jobs):\n    return importlib.import_module('registry.' + jobs)\n"
-                      "DOC = 'see registry/jobs.py and the registry.jobs module'\n",
+        "DOC = 'see registry/jobs.py and the registry.jobs module'\n",
         "registry": "from converters.gate import shared_worker\nfrom converters.gate.shared_worker import run_job\n"
-                    "JOBS_MODULE = 'registry.jobs'\ndef g():\n    run_job(1, jobs=JOBS_MODULE)\n"
-                    "    shared_worker.start('cli.main')\n    run_job(g)\n",
+        "JOBS_MODULE = 'registry.jobs'\ndef g():\n    run_job(1, jobs=JOBS_MODULE)\n"
+        "    shared_worker.start('cli.main')\n    run_job(g)\n",
         "cli": "from registry.jobs import JOBS_MODULE\ndef h():\n    from converters.gate.gates import SharedWorkerGate\n"
-               "    return SharedWorkerGate('folder', jobs=JOBS_MODULE)\n",
+        "    return SharedWorkerGate('folder', jobs=JOBS_MODULE)\n",
     }.items():
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "jobs.py").write_text(text)
@@ -391,7 +434,9 @@ def test_the_parser_sees_module_names_written_in_or_handed_to_converters(tmp_pat
     assert [line.split(": ", 1)[1] for line in written] == ["names 'registry.jobs'", "names 'registry.'"]
     assert [line.split(": ", 1)[1] for line in handed] == [
         "hands SharedWorkerGate the module name 'registry.jobs'",
-        "hands run_job the module name 'registry.jobs'", "hands shared_worker.start the module name 'cli.main'"]
+        "hands run_job the module name 'registry.jobs'",
+        "hands shared_worker.start the module name 'cli.main'",
+    ]
 
 
 def test_the_parser_sees_relative_and_function_local_imports(tmp_path):
@@ -402,7 +447,8 @@ def test_the_parser_sees_relative_and_function_local_imports(tmp_path):
     (package / "a.py").write_text(
         "from typing import TYPE_CHECKING\nimport json\nfrom .b import thing\n"
         "if TYPE_CHECKING:\n    from converters.api import convert\n"
-        "def f():\n    from converters.onnx_adapter.files import _check\n    import cli.main\n")
+        "def f():\n    from converters.onnx_adapter.files import _check\n    import cli.main\n"
+    )
     (package / "b.py").write_text("def g():\n    from registry.a import f\n")
     modules = {"registry", "registry.a", "registry.b"}
     edges = [edge for path in sorted(package.glob("*.py")) for edge in edges_of(path, modules, tmp_path)]
@@ -448,8 +494,10 @@ def room_loops(edges: list[Edge], top: str, modules: set[str]) -> list[str]:
     loops = []
     for component in strongly_connected(graph):
         members = set(component)
-        closing = sorted((edge for source, target, edge in crossing if source in members and target in members),
-                         key=lambda e: (e.file, e.line, e.target))
+        closing = sorted(
+            (edge for source, target, edge in crossing if source in members and target in members),
+            key=lambda e: (e.file, e.line, e.target),
+        )
         loops.append(f"loop among {', '.join(component)}:\n  " + "\n  ".join(str(edge) for edge in closing))
     return loops
 

@@ -41,10 +41,15 @@ class FailOn(str, Enum):
 @app.command(name="inspect")
 @reports_errors
 def inspect_command(
-    path: Path = typer.Argument(..., help="A model file: .pt2 (torch.export), .keras (loaded with safe_mode), .onnx; a spec folder, or a Hugging Face checkpoint folder (config.json + safetensors)."),
+    path: Path = typer.Argument(
+        ...,
+        help="A model file: .pt2 (torch.export), .keras (loaded with safe_mode), .onnx; a spec folder, or a Hugging Face checkpoint folder (config.json + safetensors).",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
     fail_on: Optional[FailOn] = typer.Option(
-        None, "--fail-on", help=f"Exit {HAZARD_EXIT_CODE} when a hazard of this severity or worse is found (default: exit 0 whatever is found)."
+        None,
+        "--fail-on",
+        help=f"Exit {HAZARD_EXIT_CODE} when a hazard of this severity or worse is found (default: exit 0 whatever is found).",
     ),
 ) -> None:
     """List every normalization layer of a model: spec, mode, running statistics and hazards.

@@ -21,8 +21,17 @@ from .registry import BLOBS_HELP, DB_HELP, _dump, _registry, _say
 @app.command(name="export-layers")
 @reports_errors
 def export_layers(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="The version whose normalization layers to write (NAME@N or NAME@ALIAS).", callback=version_ref),
-    to: FrameworkTarget = typer.Option(..., "--to", help="onnx (one .onnx per layer), keras (one .keras one-layer model) or torch (a folder per layer: state_dict.safetensors plus its spec)."),
+    ref: str = typer.Argument(
+        ...,
+        metavar="NAME@N",
+        help="The version whose normalization layers to write (NAME@N or NAME@ALIAS).",
+        callback=version_ref,
+    ),
+    to: FrameworkTarget = typer.Option(
+        ...,
+        "--to",
+        help="onnx (one .onnx per layer), keras (one .keras one-layer model) or torch (a folder per layer: state_dict.safetensors plus its spec).",
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="The folder to write into (created if missing)."),
     json_output: bool = typer.Option(False, "--json", help="Print the exported layers as JSON."),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),

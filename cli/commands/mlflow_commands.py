@@ -30,9 +30,16 @@ app.add_typer(mlflow_app, name="mlflow")
 @mlflow_app.command("push")
 @reports_errors
 def push(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="The normbridge version to push (NAME@N, NAME@alias or NAME for the latest).", callback=version_ref),
+    ref: str = typer.Argument(
+        ...,
+        metavar="NAME@N",
+        help="The normbridge version to push (NAME@N, NAME@alias or NAME for the latest).",
+        callback=version_ref,
+    ),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=TRACKING_HELP),
-    name: str | None = typer.Option(None, "--name", help="Registered model name in MLflow (default: the normbridge model name)."),
+    name: str | None = typer.Option(
+        None, "--name", help="Registered model name in MLflow (default: the normbridge model name)."
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the MLflow model version as JSON."),
@@ -48,11 +55,23 @@ def push(
 
     result = push_version(_registry(db, blobs), ref, tracking=tracking_uri, name=name)
     if json_output:
-        _dump({"created": result.created, "name": result.name, "version": result.version, "run_id": result.run_id,
-               "source": result.source, "tags": result.tags, "mlflow_model": result.servable})
+        _dump(
+            {
+                "created": result.created,
+                "name": result.name,
+                "version": result.version,
+                "run_id": result.run_id,
+                "source": result.source,
+                "tags": result.tags,
+                "mlflow_model": result.servable,
+            }
+        )
         return
     verb = "pushed" if result.created else "unchanged: already pushed as"
-    console.print(f"[green]{verb}[/] {result.tags.get('normbridge.version', ref)} -> MLflow models:/{result.name}/{result.version}", highlight=False)
+    console.print(
+        f"[green]{verb}[/] {result.tags.get('normbridge.version', ref)} -> MLflow models:/{result.name}/{result.version}",
+        highlight=False,
+    )
     _say(f"  source      {result.source}")
     _say(f"  equivalence {result.tags.get('normbridge.equivalence', '')}")
     if result.servable:
@@ -62,11 +81,18 @@ def push(
 @mlflow_app.command("import")
 @reports_errors
 def import_(
-    model_uri: str = typer.Argument(..., metavar="MODEL_URI", help="MLflow model URI: runs:/RUN/PATH, models:/NAME/VERSION, models:/NAME@ALIAS."),
+    model_uri: str = typer.Argument(
+        ..., metavar="MODEL_URI", help="MLflow model URI: runs:/RUN/PATH, models:/NAME/VERSION, models:/NAME@ALIAS."
+    ),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=TRACKING_HELP),
-    name: str | None = typer.Option(None, "--name", help="normbridge model name (default: NAME of a models:/NAME/... URI)."),
-    trust_pickle: bool = typer.Option(False, "--trust-pickle",
-                                      help="Allow loading a pickled PyTorch model (executes code from it): only for a trusted source."),
+    name: str | None = typer.Option(
+        None, "--name", help="normbridge model name (default: NAME of a models:/NAME/... URI)."
+    ),
+    trust_pickle: bool = typer.Option(
+        False,
+        "--trust-pickle",
+        help="Allow loading a pickled PyTorch model (executes code from it): only for a trusted source.",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON."),
@@ -79,14 +105,35 @@ def import_(
     from registry.mlflow_bridge import import_model
 
     stderr = Console(stderr=True)
-    result = import_model(_registry(db, blobs), model_uri, tracking=tracking_uri, name=name, trust_pickle=trust_pickle,
-                          warn=lambda text: say(text, style="bold yellow", console=stderr))
+    result = import_model(
+        _registry(db, blobs),
+        model_uri,
+        tracking=tracking_uri,
+        name=name,
+        trust_pickle=trust_pickle,
+        warn=lambda text: say(text, style="bold yellow", console=stderr),
+    )
     registration = result.registration
     v = registration.version
     if json_output:
-        print(json.dumps({"created": registration.created, "flavor": result.flavor, "model_uri": result.model_uri,
-                          "version": {"model": v.model, "number": v.number, "digest": v.digest, "operation": v.operation, "note": v.note},
-                          "checks": [c.model_dump(mode="json") for c in registration.checks]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "created": registration.created,
+                    "flavor": result.flavor,
+                    "model_uri": result.model_uri,
+                    "version": {
+                        "model": v.model,
+                        "number": v.number,
+                        "digest": v.digest,
+                        "operation": v.operation,
+                        "note": v.note,
+                    },
+                    "checks": [c.model_dump(mode="json") for c in registration.checks],
+                },
+                indent=2,
+            )
+        )
         return
     state = "[green]imported[/]" if registration.created else "[yellow]unchanged[/]: identical content is already"
     console.print(f"{state} {v.model}@{v.number} from {model_uri} ({result.flavor})", highlight=False)

@@ -20,19 +20,30 @@ from .layers import CumulativeMomentum
 @app.command()
 @reports_errors
 def port(
-    source: Path = typer.Argument(..., help="Model to copy normalization state from: .pt2 (torch.export), .keras or .onnx (native normalization nodes)."),
-    target: Path = typer.Argument(
-        ..., help="Its twin to copy into: a .keras model. PyTorch targets are supported through the Python API: "
-        "converters.models.porting.port_state(source, nn_module)."
+    source: Path = typer.Argument(
+        ...,
+        help="Model to copy normalization state from: .pt2 (torch.export), .keras or .onnx (native normalization nodes).",
     ),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the target with the ported state (.keras, written atomically)."),
+    target: Path = typer.Argument(
+        ...,
+        help="Its twin to copy into: a .keras model. PyTorch targets are supported through the Python API: "
+        "converters.models.porting.port_state(source, nn_module).",
+    ),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="Where to write the target with the ported state (.keras, written atomically)."
+    ),
     name_map: Optional[Path] = typer.Option(
-        None, "--name-map", help="JSON object {source layer path: target layer name}; layers it does not name are paired by name when both models name them alike, else by order among the rest."
+        None,
+        "--name-map",
+        help="JSON object {source layer path: target layer name}; layers it does not name are paired by name when both models name them alike, else by order among the rest.",
     ),
     cumulative_momentum: CumulativeMomentum = typer.Option(
-        CumulativeMomentum.error, help="PyTorch momentum=None: refuse (error) or emit the next step's momentum (next_step)."
+        CumulativeMomentum.error,
+        help="PyTorch momentum=None: refuse (error) or emit the next step's momentum (next_step).",
     ),
-    details: bool = typer.Option(False, "--details", help="Print every translation of every layer, not only the pairs and warnings."),
+    details: bool = typer.Option(
+        False, "--details", help="Print every translation of every layer, not only the pairs and warnings."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the pairs and the full fidelity report as JSON."),
 ) -> None:
     """Copy every normalization layer's weights, statistics, eps and momentum from SOURCE into its twin TARGET.
@@ -48,7 +59,9 @@ def port(
     from schemas import InputFileError
 
     if output.suffix.lower() != ".keras":
-        raise typer.BadParameter(f"'{output}' must end in .keras (the target is written as a Keras model).", param_hint="--output")
+        raise typer.BadParameter(
+            f"'{output}' must end in .keras (the target is written as a Keras model).", param_hint="--output"
+        )
     if target.suffix.lower() != ".keras":
         raise InputFileError(
             f"the target '{target}' is not a .keras file; the command line writes Keras targets only, PyTorch targets go through "
@@ -61,11 +74,24 @@ def port(
 
     source_model = load_model(source)
     target_model = load_model(target)
-    report = port_state(source_model, target_model, mapping, ConversionOptions(cumulative_momentum=cumulative_momentum.value))
+    report = port_state(
+        source_model, target_model, mapping, ConversionOptions(cumulative_momentum=cumulative_momentum.value)
+    )
     _save_keras(target_model, output)
     if json_output:
         pairs = [{"source": layer.layer, "target": _value(layer, "layer", "target_value")} for layer in report.layers]
-        print(json.dumps({"source": str(source), "target": str(target), "output": str(output), "pairs": pairs, "report": report.model_dump(mode="json")}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "source": str(source),
+                    "target": str(target),
+                    "output": str(output),
+                    "pairs": pairs,
+                    "report": report.model_dump(mode="json"),
+                },
+                indent=2,
+            )
+        )
         return
     if details:
         say(report.render_text())
@@ -74,7 +100,9 @@ def port(
         for warning, count in _grouped_warnings(report):
             prefix = f"{count} layers: " if count > 1 else ""
             say_marked(f"[yellow]warning[/] {prefix}", warning)
-    console.print(f"[green]ported[/] {len(report.layers)} normalization layers; [green]wrote[/] {output}", highlight=False)
+    console.print(
+        f"[green]ported[/] {len(report.layers)} normalization layers; [green]wrote[/] {output}", highlight=False
+    )
 
 
 def _read_name_map(path: Path) -> dict[str, str]:
@@ -83,11 +111,17 @@ def _read_name_map(path: Path) -> dict[str, str]:
     try:
         mapping = json.loads(path.read_text())
     except OSError as error:
-        raise InputFileError(f"cannot read the name map '{path}' ({error.strerror or error}); check the path.") from error
+        raise InputFileError(
+            f"cannot read the name map '{path}' ({error.strerror or error}); check the path."
+        ) from error
     except ValueError as error:
-        raise InputFileError(f"the name map '{path}' is not JSON ({error}); expected an object {{\"source path\": \"target name\"}}.") from error
+        raise InputFileError(
+            f'the name map \'{path}\' is not JSON ({error}); expected an object {{"source path": "target name"}}.'
+        ) from error
     if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
-        raise InputFileError(f"the name map '{path}' holds a {type(mapping).__name__}, expected a JSON object of strings {{\"source path\": \"target name\"}}.")
+        raise InputFileError(
+            f'the name map \'{path}\' holds a {type(mapping).__name__}, expected a JSON object of strings {{"source path": "target name"}}.'
+        )
     return mapping
 
 

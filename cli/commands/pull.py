@@ -23,8 +23,14 @@ from .registry import BLOBS_HELP, DB_HELP, _dump, _registry
 def _pull_with_bar(registry, ref: str, output: str, fmt: str):
     """Registry.pull with a transient stderr bar over the blobs read and the bytes written (none when stderr is not a terminal)."""
     stderr = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    ) as bar:
         task = bar.add_task(f"pulling {ref}", total=1)
 
         def progress(step: str, done: int, total: int) -> None:
@@ -36,11 +42,22 @@ def _pull_with_bar(registry, ref: str, output: str, fmt: str):
 @app.command()
 @reports_errors
 def pull(
-    ref: str = typer.Argument(..., metavar="NAME@REF", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref),
-    output: str = typer.Option(..., "--output", "-o", help="The file to write (atomically), or a folder to write NAME-N.<suffix> into "
-                               "(an existing one, or a path ending in '/', made if missing)."),
-    fmt: PullFormat = typer.Option(PullFormat.source, "--format", help="source: the format it was registered in (.onnx, .keras, .pt2); "
-                                   "safetensors: the state dict as one file, normalizer specs in its metadata."),
+    ref: str = typer.Argument(
+        ..., metavar="NAME@REF", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref
+    ),
+    output: str = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        help="The file to write (atomically), or a folder to write NAME-N.<suffix> into "
+        "(an existing one, or a path ending in '/', made if missing).",
+    ),
+    fmt: PullFormat = typer.Option(
+        PullFormat.source,
+        "--format",
+        help="source: the format it was registered in (.onnx, .keras, .pt2); "
+        "safetensors: the state dict as one file, normalizer specs in its metadata.",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
@@ -67,4 +84,6 @@ def pull(
     say(f"  format {result.format}, {result.nbytes} bytes, sha256 {result.digest}")
     record = registry.show(result.ref)
     if record.servable is False:  # an alias may have been forced onto it: the file is given back, and says what it is
-        say_marked("  [bold red]not servable[/]: ", f"{blocking_text(record)} (`normbridge show {result.ref}` says why)")
+        say_marked(
+            "  [bold red]not servable[/]: ", f"{blocking_text(record)} (`normbridge show {result.ref}` says why)"
+        )

@@ -44,23 +44,47 @@ def _when(at: datetime) -> str:
 @app.command()
 @reports_errors
 def register(
-    name: str = typer.Argument(..., metavar="NAME", help="Model name (letters, digits, '.', '_', '-').", callback=model_name),
-    model: Path = typer.Argument(..., metavar="MODEL", help="The model: .pt2, .keras (safe_mode), .onnx, or a saved artifact folder."),
-    parent: str | None = typer.Option(None, "--parent", metavar="NAME@N", callback=version_ref,
-                                       help="Parent version NAME@N (default: the latest version of NAME, if any)."),
+    name: str = typer.Argument(
+        ..., metavar="NAME", help="Model name (letters, digits, '.', '_', '-').", callback=model_name
+    ),
+    model: Path = typer.Argument(
+        ..., metavar="MODEL", help="The model: .pt2, .keras (safe_mode), .onnx, or a saved artifact folder."
+    ),
+    parent: str | None = typer.Option(
+        None,
+        "--parent",
+        metavar="NAME@N",
+        callback=version_ref,
+        help="Parent version NAME@N (default: the latest version of NAME, if any).",
+    ),
     note: str | None = typer.Option(None, "--note", help="A free-text note stored with the version."),
-    operation: str | None = typer.Option(None, "--operation", help="Lineage label: registered (from scratch: no parent unless --parent), "
-                                         "fine-tuned (the default after a first version), recalibrated, converted, imported.",
-                                         callback=arguments.operation),
-    no_parent: bool = typer.Option(False, "--no-parent", help="The model was made from scratch (retrained), not from the latest "
-                                   "version: record no parent (the same as --operation registered)."),
+    operation: str | None = typer.Option(
+        None,
+        "--operation",
+        help="Lineage label: registered (from scratch: no parent unless --parent), "
+        "fine-tuned (the default after a first version), recalibrated, converted, imported.",
+        callback=arguments.operation,
+    ),
+    no_parent: bool = typer.Option(
+        False,
+        "--no-parent",
+        help="The model was made from scratch (retrained), not from the latest "
+        "version: record no parent (the same as --operation registered).",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
-    allow_unrecognised: bool = typer.Option(False, "--allow-unrecognised",
-                                            help="Register a model holding layers that look like normalizations and that no recognizer "
-                                                 "proved (or no normalization at all); they are recorded as unchecked in the manifest "
-                                                 "and the audit log."),
-    json_output: bool = typer.Option(False, "--json", help="Print the registered version as JSON, with its checks and the seconds each step took (reading, gate, staging, commit; none over a server)."),
+    allow_unrecognised: bool = typer.Option(
+        False,
+        "--allow-unrecognised",
+        help="Register a model holding layers that look like normalizations and that no recognizer "
+        "proved (or no normalization at all); they are recorded as unchecked in the manifest "
+        "and the audit log.",
+    ),
+    json_output: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the registered version as JSON, with its checks and the seconds each step took (reading, gate, staging, commit; none over a server).",
+    ),
 ) -> None:
     """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
 
@@ -71,15 +95,24 @@ def register(
     Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
     if no_parent and (parent is not None or operation not in (None, "registered")):
-        raise typer.BadParameter(f"--no-parent records a version made from scratch; it cannot go with "
-                                 f"{'--parent ' + parent if parent else '--operation ' + str(operation)}.", param_hint="--no-parent")
+        raise typer.BadParameter(
+            f"--no-parent records a version made from scratch; it cannot go with "
+            f"{'--parent ' + parent if parent else '--operation ' + str(operation)}.",
+            param_hint="--no-parent",
+        )
     operation = "registered" if no_parent else operation
     options = {"parent": parent, "note": note, "operation": operation, "allow_unrecognised": allow_unrecognised}
     if json_output or remote.options.server is not None:  # over a server the upload draws a byte bar instead of steps
         result = _register(name, model, db, blobs, json_output, None, options)
     else:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      console=Console(stderr=True), transient=True, disable=not Console(stderr=True).is_terminal) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            console=Console(stderr=True),
+            transient=True,
+            disable=not Console(stderr=True).is_terminal,
+        ) as bar:
             task = bar.add_task(f"registering {name}", total=1)
 
             def progress(step: str, done: int, total: int) -> None:
@@ -88,23 +121,39 @@ def register(
             result = _register(name, model, db, blobs, json_output, progress, options)
     v = result.version
     if json_output:
-        _dump({"created": result.created, "version": v, "note_stored": result.created or note in (None, v.note),
-               "checks": [c.model_dump(mode="json") for c in result.checks],
-               "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised], "seconds": result.seconds})
+        _dump(
+            {
+                "created": result.created,
+                "version": v,
+                "note_stored": result.created or note in (None, v.note),
+                "checks": [c.model_dump(mode="json") for c in result.checks],
+                "unrecognised": [u.model_dump(mode="json") for u in result.unrecognised],
+                "seconds": result.seconds,
+            }
+        )
         return
     if result.created:
         console.print(f"[green]registered[/] {v.model}@{v.number}", highlight=False)
     else:
-        console.print(f"[yellow]unchanged[/]: identical content is already {v.model}@{v.number}; nothing new stored", highlight=False)
+        console.print(
+            f"[yellow]unchanged[/]: identical content is already {v.model}@{v.number}; nothing new stored",
+            highlight=False,
+        )
         if note is not None and note != v.note:
-            _say(f"  the note was not stored: {v.model}@{v.number} keeps its own ({v.note!r})" if v.note else
-                 f"  the note was not stored: {v.model}@{v.number} has none, and a version does not change once registered")
+            _say(
+                f"  the note was not stored: {v.model}@{v.number} keeps its own ({v.note!r})"
+                if v.note
+                else f"  the note was not stored: {v.model}@{v.number} has none, and a version does not change once registered"
+            )
     _say(f"  operation {v.operation}" + (f" from {v.parent}" if v.parent else ""))
     _say(f"  digest    {v.digest}")
     for prefix, line in check_lines(result.checks) if result.checks else []:
         say_marked(prefix, line)
     if result.unrecognised:
-        say_marked("  [yellow]unchecked[/] ", f"{len(result.unrecognised)} (--allow-unrecognised): " + ", ".join(u.path for u in result.unrecognised))
+        say_marked(
+            "  [yellow]unchecked[/] ",
+            f"{len(result.unrecognised)} (--allow-unrecognised): " + ", ".join(u.path for u in result.unrecognised),
+        )
     say_registered_verdict(v)
 
 
@@ -150,8 +199,17 @@ def versions(
     for column in ("version", "created", "user", "operation", "parent", "digest", "aliases", "servable", "note"):
         table.add_column(column, overflow="fold")
     for r in records:
-        table.add_row(str(r.number), _when(r.created_at), r.user, r.operation, r.parent or "-", r.digest[:12],
-                      ", ".join(by_number.get(r.number, [])) or "-", servable_cell(r), r.note or "")
+        table.add_row(
+            str(r.number),
+            _when(r.created_at),
+            r.user,
+            r.operation,
+            r.parent or "-",
+            r.digest[:12],
+            ", ".join(by_number.get(r.number, [])) or "-",
+            servable_cell(r),
+            r.note or "",
+        )
     print_table(table)
 
 
@@ -164,7 +222,9 @@ def _stats(array) -> str:
 @app.command()
 @reports_errors
 def show(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref),
+    ref: str = typer.Argument(
+        ..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the version and its manifest as JSON."),
@@ -181,22 +241,46 @@ def show(
         _dump(record)
         return
     manifest = record.manifest
-    _say(f"{record.model}@{record.number}  {manifest.get('framework')} {manifest.get('format')}, mode {manifest.get('mode')}")
-    _say(f"created {_when(record.created_at)} by {record.user}; {record.operation}" + (f" from {record.parent}" if record.parent else ""))
+    _say(
+        f"{record.model}@{record.number}  {manifest.get('framework')} {manifest.get('format')}, mode {manifest.get('mode')}"
+    )
+    _say(
+        f"created {_when(record.created_at)} by {record.user}; {record.operation}"
+        + (f" from {record.parent}" if record.parent else "")
+    )
     _say(f"digest {record.digest}")
     if record.note:
         _say(f"note: {record.note}")
     say_verdict(record)
     equivalence = manifest.get("equivalence") or []
     table = Table(title=f"{len(specs)} normalization layer(s), {len(manifest.get('tensors', {}))} tensor(s)")
-    for column in ("layer", "kind", "features", "eps", "momentum", "mode", "running_mean min/mean/max", "running_var min/mean/max", "check"):
+    for column in (
+        "layer",
+        "kind",
+        "features",
+        "eps",
+        "momentum",
+        "mode",
+        "running_mean min/mean/max",
+        "running_var min/mean/max",
+        "check",
+    ):
         table.add_column(column, overflow="fold")
     for i, (entry, spec) in enumerate(zip(manifest.get("normalizers", []), specs)):
         check = equivalence[i] if i < len(equivalence) else None
         verdict = "-" if check is None else ("[green]passed[/]" if check.get("passed") else "[bold red]FAILED[/]")
         momentum = "-" if getattr(spec, "momentum", None) is None else f"{spec.momentum} ({spec.momentum_convention})"
-        table.add_row(entry.get("path", spec.name), spec.kind, str(spec.num_features or spec.normalized_shape or "-"), repr(spec.eps), momentum,
-                      "train" if spec.training else "eval", _stats(spec.tensors.get("running_mean")), _stats(spec.tensors.get("running_var")), verdict)
+        table.add_row(
+            entry.get("path", spec.name),
+            spec.kind,
+            str(spec.num_features or spec.normalized_shape or "-"),
+            repr(spec.eps),
+            momentum,
+            "train" if spec.training else "eval",
+            _stats(spec.tensors.get("running_mean")),
+            _stats(spec.tensors.get("running_var")),
+            verdict,
+        )
     print_table(table)
 
 
@@ -223,7 +307,9 @@ def diff(
 @app.command()
 @reports_errors
 def lineage(
-    ref: str = typer.Argument(..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref),
+    ref: str = typer.Argument(
+        ..., metavar="NAME@N", help="A version: NAME@N, NAME@alias or NAME (latest).", callback=version_ref
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
@@ -244,8 +330,12 @@ def lineage(
 @app.command()
 @reports_errors
 def verify(
-    ref: str | None = typer.Argument(None, metavar="NAME@N", help="One version; default every version of every model.", callback=version_ref),
-    no_check: bool = typer.Option(False, "--no-check", help="Only re-hash the blobs; skip re-running the equivalence check."),
+    ref: str | None = typer.Argument(
+        None, metavar="NAME@N", help="One version; default every version of every model.", callback=version_ref
+    ),
+    no_check: bool = typer.Option(
+        False, "--no-check", help="Only re-hash the blobs; skip re-running the equivalence check."
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the verification result as JSON."),
@@ -271,10 +361,18 @@ def verify(
 @reports_errors
 def alias(
     name: str = typer.Argument(..., metavar="NAME", help="Model name.", callback=model_name),
-    alias_name: str = typer.Argument(..., metavar="ALIAS", help="Alias to set or move, e.g. production.", callback=arguments.alias_name),
-    ref: str = typer.Argument(..., metavar="NAME@N", help="The version it points at from now on (NAME@N, or N).", callback=version_ref),
-    force: bool = typer.Option(False, "--force", help="Move a guarded alias (production) to a version that is not servable anyway; "
-                                                      "the audit entry records that it was forced and what it overrode."),
+    alias_name: str = typer.Argument(
+        ..., metavar="ALIAS", help="Alias to set or move, e.g. production.", callback=arguments.alias_name
+    ),
+    ref: str = typer.Argument(
+        ..., metavar="NAME@N", help="The version it points at from now on (NAME@N, or N).", callback=version_ref
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Move a guarded alias (production) to a version that is not servable anyway; "
+        "the audit entry records that it was forced and what it overrode.",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the alias record as JSON."),
@@ -302,9 +400,15 @@ def _short(value) -> str:
 def audit(
     model: str | None = typer.Option(None, "--model", help="Only entries of this model.", callback=model_name),
     user: str | None = typer.Option(None, "--user", help="Only entries by this user."),
-    verify_chain: bool = typer.Option(False, "--verify", help="Verify the hash chain of the whole log and its head (exit 12 if broken)."),
-    expect_head: str | None = typer.Option(None, "--expect-head", metavar="HASH",
-                                           help="A head printed by an earlier --verify: it must still be in the log (implies --verify)."),
+    verify_chain: bool = typer.Option(
+        False, "--verify", help="Verify the hash chain of the whole log and its head (exit 12 if broken)."
+    ),
+    expect_head: str | None = typer.Option(
+        None,
+        "--expect-head",
+        metavar="HASH",
+        help="A head printed by an earlier --verify: it must still be in the log (implies --verify).",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the entries as JSON."),
@@ -323,8 +427,15 @@ def audit(
     check = registry.check_audit(pinned) if verify_chain or pinned is not None else None
     problems = None if check is None else check.problems
     if json_output:
-        verified = {} if check is None else {"chain_problems": problems, "chain_ok": not problems,
-                                             "head": None if check.head is None else dataclasses.asdict(check.head)}
+        verified = (
+            {}
+            if check is None
+            else {
+                "chain_problems": problems,
+                "chain_ok": not problems,
+                "head": None if check.head is None else dataclasses.asdict(check.head),
+            }
+        )
         _dump({"entries": entries, **verified})
     else:
         table = Table(title=f"audit log: {len(entries)} entries")
@@ -332,8 +443,12 @@ def audit(
             table.add_column(column, overflow="fold")
         for e in entries:
             where = "-" if e.model is None else (e.model if e.number is None else f"{e.model}@{e.number}")
-            detail = e.detail.get("message") or ", ".join(f"{k}={_short(v)}" for k, v in e.detail.items() if not isinstance(v, (dict, list)))
-            table.add_row(str(e.seq), _when(e.at), e.user, e.action, where, clipped(detail, AUDIT_DETAIL_CHARS), e.hash[:12])
+            detail = e.detail.get("message") or ", ".join(
+                f"{k}={_short(v)}" for k, v in e.detail.items() if not isinstance(v, (dict, list))
+            )
+            table.add_row(
+                str(e.seq), _when(e.at), e.user, e.action, where, clipped(detail, AUDIT_DETAIL_CHARS), e.hash[:12]
+            )
         print_table(table)
         if check is not None:
             _say_chain(check)
@@ -356,8 +471,12 @@ def _say_chain(check) -> None:
 @app.command()
 @reports_errors
 def gc(
-    grace: float = typer.Option(3600.0, "--grace", min=0.0,
-                                help="Keep unreferenced blobs younger than this many seconds (a registration may be in flight)."),
+    grace: float = typer.Option(
+        3600.0,
+        "--grace",
+        min=0.0,
+        help="Keep unreferenced blobs younger than this many seconds (a registration may be in flight).",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),
@@ -371,6 +490,8 @@ def gc(
     if json_output:
         print(result.to_json())
         return
-    _say(f"deleted {len(result.deleted)} unreferenced blob(s), {result.bytes_freed} bytes; kept {len(result.kept_young)} younger than "
-         f"{result.grace_seconds:g} s and {len(result.kept_in_flight)} leased by registrations in flight; "
-         f"{result.referenced} blob(s) referenced by versions")
+    _say(
+        f"deleted {len(result.deleted)} unreferenced blob(s), {result.bytes_freed} bytes; kept {len(result.kept_young)} younger than "
+        f"{result.grace_seconds:g} s and {len(result.kept_in_flight)} leased by registrations in flight; "
+        f"{result.referenced} blob(s) referenced by versions"
+    )

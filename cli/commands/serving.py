@@ -26,18 +26,41 @@ def _check_failed_code() -> int:
 def contract_tables(result) -> list[Table]:
     """Rich tables of a ContractResult: per-output errors, then batch independence per side."""
     outputs = Table(title="outputs: source vs serving (onnxruntime)")
-    for column, justify in (("output", "left"), ("shape", "left"), ("max abs error", "right"), ("max rel error", "right"), ("verdict", "left")):
+    for column, justify in (
+        ("output", "left"),
+        ("shape", "left"),
+        ("max abs error", "right"),
+        ("max rel error", "right"),
+        ("verdict", "left"),
+    ):
         outputs.add_column(column, justify=justify)
     for o in result.outputs:
-        outputs.add_row(o.name, f"{o.dtype}[{','.join(str(d) for d in o.shape)}]", "n/a" if o.max_abs_error is None else f"{o.max_abs_error:.3e}",
-                        "n/a" if o.max_rel_error is None else f"{o.max_rel_error:.3e}",
-                        "[green]ok[/]" if o.passed else f"[bold red]MISMATCH[/] {o.reason}".rstrip())
+        outputs.add_row(
+            o.name,
+            f"{o.dtype}[{','.join(str(d) for d in o.shape)}]",
+            "n/a" if o.max_abs_error is None else f"{o.max_abs_error:.3e}",
+            "n/a" if o.max_rel_error is None else f"{o.max_rel_error:.3e}",
+            "[green]ok[/]" if o.passed else f"[bold red]MISMATCH[/] {o.reason}".rstrip(),
+        )
     batch = Table(title="batch independence: each request alone vs in its batch")
-    for column, justify in (("side", "left"), ("method", "left"), ("requests", "right"), ("max abs diff", "right"), ("deterministic", "left"), ("verdict", "left")):
+    for column, justify in (
+        ("side", "left"),
+        ("method", "left"),
+        ("requests", "right"),
+        ("max abs diff", "right"),
+        ("deterministic", "left"),
+        ("verdict", "left"),
+    ):
         batch.add_column(column, justify=justify)
     for b in result.batch_independence:
-        batch.add_row(b.side, b.method, str(b.requests), "n/a" if b.max_abs_difference is None else f"{b.max_abs_difference:.3e}",
-                      "yes" if b.deterministic else "[bold red]NO[/]", _batch_verdict(b))
+        batch.add_row(
+            b.side,
+            b.method,
+            str(b.requests),
+            "n/a" if b.max_abs_difference is None else f"{b.max_abs_difference:.3e}",
+            "yes" if b.deterministic else "[bold red]NO[/]",
+            _batch_verdict(b),
+        )
     return [outputs, batch]
 
 
@@ -50,7 +73,12 @@ def _batch_verdict(check) -> str:
 
 def print_contract(result) -> None:
     tol = ", ".join(f"{t.dtype} atol {t.atol:g} rtol {t.rtol:g}" for t in result.tolerances)
-    for label, text in (("source", result.source), ("serving", f"{result.serving} [{result.runtime}]"), ("sample", result.sample.description), ("tolerance", tol)):
+    for label, text in (
+        ("source", result.source),
+        ("serving", f"{result.serving} [{result.runtime}]"),
+        ("sample", result.sample.description),
+        ("tolerance", tol),
+    ):
         say(f"{label + ':':<10} {text}")
     for table in contract_tables(result):
         print_table(table)
@@ -67,7 +95,9 @@ def print_contract(result) -> None:
 def _verification_table(result) -> Table:
     sites = len({(v.site, v.source_layer) for v in result.verification})
     failed = [v for v in result.verification if not v.passed]
-    table = Table(title=f"verification: {sites} normalization sites, {len(result.verification)} settings checked, {len(failed)} failed")
+    table = Table(
+        title=f"verification: {sites} normalization sites, {len(result.verification)} settings checked, {len(failed)} failed"
+    )
     for column in ("source layer", "graph site", "kind", "eps", "checked", "verdict"):
         table.add_column(column, overflow="fold")
     by_site: dict[tuple, list] = {}
@@ -76,7 +106,11 @@ def _verification_table(result) -> Table:
     for (layer, site, kind), entries in by_site.items():
         bad = [e for e in entries if not e.passed]
         eps = next((e.found for e in entries if e.setting == "eps"), "-")
-        verdict = "[green]ok[/]" if not bad else "[bold red]FAILED[/] " + "; ".join(f"{e.setting}: expected {e.expected}, found {e.found}" for e in bad)
+        verdict = (
+            "[green]ok[/]"
+            if not bad
+            else "[bold red]FAILED[/] " + "; ".join(f"{e.setting}: expected {e.expected}, found {e.found}" for e in bad)
+        )
         table.add_row(layer or "-", site, kind, eps, str(len(entries)), verdict)
     return table
 
@@ -88,7 +122,11 @@ def _rewrites(result) -> list[str]:
     lines = []
     for (op, eps), rewritten in groups.items():
         patterns = sorted({"+".join(dict.fromkeys(r.from_ops)) for r in rewritten})
-        lines.append(f"rewrote {len(rewritten)} site(s) into {op}" + ("" if eps is None else f" eps={eps!r}") + f", from {' | '.join(patterns)}")
+        lines.append(
+            f"rewrote {len(rewritten)} site(s) into {op}"
+            + ("" if eps is None else f" eps={eps!r}")
+            + f", from {' | '.join(patterns)}"
+        )
     return lines
 
 
@@ -99,28 +137,63 @@ def _print_hazards(result) -> None:
     say_hazard_groups(group_hazards((h.layer, h.code, h.severity, h.message, False) for h in result.hazards))
     errors = result.error_hazards
     if errors and not result.written:
-        say(f"error: {len(errors)} error-level hazard(s) in the source refuse the export; fix them, or pass --force to write it anyway.", style="red")
+        say(
+            f"error: {len(errors)} error-level hazard(s) in the source refuse the export; fix them, or pass --force to write it anyway.",
+            style="red",
+        )
     elif result.hazards:
-        say(f"{len(result.hazards)} hazard(s) in the source (normbridge inspect shows them too); the contract compares the file "
-            "with the source as it is, so it passes even when the source is not fit to serve.")
+        say(
+            f"{len(result.hazards)} hazard(s) in the source (normbridge inspect shows them too); the contract compares the file "
+            "with the source as it is, so it passes even when the source is not fit to serve."
+        )
 
 
 @app.command(name="export")
 @reports_errors
 def export_command(
-    model_path: Path = typer.Argument(..., metavar="MODEL", help="The model to export: .pt2 (torch.export), .keras (loaded with safe_mode), "
-                                      "a Hugging Face checkpoint folder (traced on inputs its config describes), "
-                                      "or a registry version NAME@REF (rebuilt from the registry alone)."),
-    to: FrameworkTarget = typer.Option(FrameworkTarget.onnx, "--to", help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers)."),
-    output: Path = typer.Option(..., "--output", "-o", help="The .onnx file to write (atomically, and only if every check passes unless --force)."),
-    opset: int = typer.Option(23, "--opset", min=1, help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
-                              "a graph the exporter wrote above it is converted down with onnx's version converter, or refused (exit 5)."),
-    no_rewrite: bool = typer.Option(False, "--no-rewrite", help="Keep the exporter's decomposed or folded normalizations instead of native ops."),
-    force: bool = typer.Option(False, "--force", help="Write the file even when verification or the contract fails or the source has an "
-                               "error-level hazard; the report records it."),
-    sample: Path | None = typer.Option(None, "--sample", help="Inputs for the contract: .npy or .npz; default a seeded random batch of 4 requests."),
-    db: str | None = typer.Option(None, "--db", help="With NAME@REF: SQLAlchemy URL of the registry's metadata database (env NORMBRIDGE_DB)."),
-    blobs: str | None = typer.Option(None, "--blobs", help="With NAME@REF: the registry's blob store (env NORMBRIDGE_BLOBS)."),
+    model_path: Path = typer.Argument(
+        ...,
+        metavar="MODEL",
+        help="The model to export: .pt2 (torch.export), .keras (loaded with safe_mode), "
+        "a Hugging Face checkpoint folder (traced on inputs its config describes), "
+        "or a registry version NAME@REF (rebuilt from the registry alone).",
+    ),
+    to: FrameworkTarget = typer.Option(
+        FrameworkTarget.onnx,
+        "--to",
+        help="onnx, the serving format (the layers of a registry version as torch, keras or onnx files: normbridge export-layers).",
+    ),
+    output: Path = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        help="The .onnx file to write (atomically, and only if every check passes unless --force).",
+    ),
+    opset: int = typer.Option(
+        23,
+        "--opset",
+        min=1,
+        help="Highest ONNX opset the file may use (native LayerNorm >= 17, GroupNorm >= 21, RMSNorm >= 23); "
+        "a graph the exporter wrote above it is converted down with onnx's version converter, or refused (exit 5).",
+    ),
+    no_rewrite: bool = typer.Option(
+        False, "--no-rewrite", help="Keep the exporter's decomposed or folded normalizations instead of native ops."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Write the file even when verification or the contract fails or the source has an "
+        "error-level hazard; the report records it.",
+    ),
+    sample: Path | None = typer.Option(
+        None, "--sample", help="Inputs for the contract: .npy or .npz; default a seeded random batch of 4 requests."
+    ),
+    db: str | None = typer.Option(
+        None, "--db", help="With NAME@REF: SQLAlchemy URL of the registry's metadata database (env NORMBRIDGE_DB)."
+    ),
+    blobs: str | None = typer.Option(
+        None, "--blobs", help="With NAME@REF: the registry's blob store (env NORMBRIDGE_BLOBS)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the export result as JSON."),
 ) -> None:
     """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops, run the contract.
@@ -132,8 +205,11 @@ def export_command(
     Example: normbridge export resnet.keras --to onnx -o resnet.onnx; normbridge export resnet@production --to onnx -o prod.onnx
     """
     if to is not FrameworkTarget.onnx:  # a usage error (exit 2): the option asks for something this command does not do
-        raise typer.BadParameter(f"a model exports to onnx for serving (got {to.value}); the layers of a registry version are written "
-                                 f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.", param_hint="'--to'")
+        raise typer.BadParameter(
+            f"a model exports to onnx for serving (got {to.value}); the layers of a registry version are written "
+            f"as {to.value} files by normbridge export-layers NAME@N --to {to.value} -o DIR.",
+            param_hint="'--to'",
+        )
     from converters.models.loading import load_model
 
     from_registry = "@" in str(model_path) and not model_path.exists()
@@ -146,9 +222,14 @@ def export_command(
     check_headers(() if from_registry else (model_path,), (sample,))
 
     def export():
-        model, answered = registry_model(str(model_path), db, blobs, json_output) if from_registry else (
-            load_model(model_path, runnable=True), None)
-        return export_for_serving(model, output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample, answered=answered)
+        model, answered = (
+            registry_model(str(model_path), db, blobs, json_output)
+            if from_registry
+            else (load_model(model_path, runnable=True), None)
+        )
+        return export_for_serving(
+            model, output, opset=opset, rewrite=not no_rewrite, force=force, sample=sample, answered=answered
+        )
 
     try:
         if json_output:
@@ -176,7 +257,10 @@ def export_command(
         for message in result.errors:
             say(f"error: {message}", style="red")
         if result.written:
-            console.print(f"[green]wrote[/] {result.path}" + (" [yellow](forced despite failed checks)[/]" if result.forced else ""))
+            console.print(
+                f"[green]wrote[/] {result.path}"
+                + (" [yellow](forced despite failed checks)[/]" if result.forced else "")
+            )
         else:
             console.print(f"[bold red]refused[/]: nothing written to {output}")
     if not result.written:
@@ -194,10 +278,15 @@ def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
     registry = _registry(db, blobs, quiet)
     record = registry.show(ref)
     if record.manifest.get("framework") == "onnx":
-        raise RegistryError(f"version {record.ref} was registered as ONNX, which is already the serving format `export` writes: pull it as "
-                            f"it was registered with `normbridge pull {record.ref} -o FILE.onnx` (byte-identical, its sha256 checked).")
-    answered = {code: f"{record.ref} is {record.operation} (its statistics are the population statistics of its recalibration data), "
-                      "as its servable verdict says" for code in ANSWERED_BY_LINEAGE.get(record.operation, ())}
+        raise RegistryError(
+            f"version {record.ref} was registered as ONNX, which is already the serving format `export` writes: pull it as "
+            f"it was registered with `normbridge pull {record.ref} -o FILE.onnx` (byte-identical, its sha256 checked)."
+        )
+    answered = {
+        code: f"{record.ref} is {record.operation} (its statistics are the population statistics of its recalibration data), "
+        "as its servable verdict says"
+        for code in ANSWERED_BY_LINEAGE.get(record.operation, ())
+    }
     from converters.adapters import REGISTRY
 
     model = registry.load(record.ref)  # a checkpoint folder's version: the transformers model, traced for the exporter
@@ -207,13 +296,27 @@ def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
 @app.command()
 @reports_errors
 def contract(
-    source: Path = typer.Argument(..., help="The training-framework model: .pt2 (torch.export) or .keras (loaded with safe_mode)."),
-    serving: Path = typer.Argument(..., help="The serving model: .onnx, run with onnxruntime's CPU provider as written."),
-    sample: Path | None = typer.Option(None, "--sample", help="Inputs to replay: .npy (one input) or .npz (one array per input); default a seeded random batch."),
-    batch_size: int = typer.Option(4, "--batch-size", help="Requests in the seeded random sample (ignored with --sample)."),
+    source: Path = typer.Argument(
+        ..., help="The training-framework model: .pt2 (torch.export) or .keras (loaded with safe_mode)."
+    ),
+    serving: Path = typer.Argument(
+        ..., help="The serving model: .onnx, run with onnxruntime's CPU provider as written."
+    ),
+    sample: Path | None = typer.Option(
+        None,
+        "--sample",
+        help="Inputs to replay: .npy (one input) or .npz (one array per input); default a seeded random batch.",
+    ),
+    batch_size: int = typer.Option(
+        4, "--batch-size", help="Requests in the seeded random sample (ignored with --sample)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random sample."),
-    atol: float | None = typer.Option(None, "--atol", help="Absolute tolerance for every float output (default float32 1e-4)."),
-    rtol: float | None = typer.Option(None, "--rtol", help="Relative tolerance for every float output (default float32 1e-3)."),
+    atol: float | None = typer.Option(
+        None, "--atol", help="Absolute tolerance for every float output (default float32 1e-4)."
+    ),
+    rtol: float | None = typer.Option(
+        None, "--rtol", help="Relative tolerance for every float output (default float32 1e-3)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the contract result as JSON."),
 ) -> None:
     """Check that the serving model computes what the source computes in eval mode, and that no request depends on its batch.
@@ -229,11 +332,15 @@ def contract(
         default_atol, default_rtol = DEFAULT_TOLERANCES["float32"]
         tolerances = (default_atol if atol is None else atol, default_rtol if rtol is None else rtol)
     if json_output:
-        result = contract_test(load_model(source), load_model(serving), sample, tolerances, batch_size=batch_size, seed=seed)
+        result = contract_test(
+            load_model(source), load_model(serving), sample, tolerances, batch_size=batch_size, seed=seed
+        )
         print(result.to_json())
     else:
         with Console(stderr=True).status(f"replaying a sample through {source} and {serving}"):
-            result = contract_test(load_model(source), load_model(serving), sample, tolerances, batch_size=batch_size, seed=seed)
+            result = contract_test(
+                load_model(source), load_model(serving), sample, tolerances, batch_size=batch_size, seed=seed
+            )
         print_contract(result)
     if not result.passed:
         raise typer.Exit(_check_failed_code())

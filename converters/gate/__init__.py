@@ -19,8 +19,15 @@ The single-layer check itself is converters/equivalence.py (`converters.check`).
 from importlib import import_module
 
 #: name -> module here, imported when first asked for.
-_NAMES = {"Gate": "gates", "InProcessGate": "gates", "ChildWorkerGate": "gates", "SharedWorkerGate": "gates",
-          "CheckProgress": "gates", "expected_framework": "split_check", "check_many": "grouped_check"}
+_NAMES = {
+    "Gate": "gates",
+    "InProcessGate": "gates",
+    "ChildWorkerGate": "gates",
+    "SharedWorkerGate": "gates",
+    "CheckProgress": "gates",
+    "expected_framework": "split_check",
+    "check_many": "grouped_check",
+}
 
 
 def __getattr__(name: str):

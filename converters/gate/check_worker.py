@@ -90,7 +90,11 @@ def read_frame(stream: BinaryIO, limit: int = MAX_FRAME) -> bytes | None:
 
 def error_from(fields: dict) -> Exception:
     """The worker's error as the caller would have seen it in process: its NormbridgeError class when it had one."""
-    classes = {cls.code: cls for cls in vars(error_types).values() if isinstance(cls, type) and issubclass(cls, NormbridgeError)}
+    classes = {
+        cls.code: cls
+        for cls in vars(error_types).values()
+        if isinstance(cls, type) and issubclass(cls, NormbridgeError)
+    }
     cls = classes.get(fields.get("code"))
     if cls is None:
         return RuntimeError(f"the check's worker process failed: {fields['type']}: {fields['message']}")
@@ -112,13 +116,30 @@ def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | N
     registry.import_frameworks(frameworks)
     if not frameworks:
         return
-    state = {"scale": [1.5, 0.5, 1.0, 2.0], "bias": [0.1, -0.2, 0.0, 0.3], "running_mean": [0.5, -1.0, 0.25, 2.0],
-             "running_var": [1.0, 0.5, 2.0, 0.25]}
+    state = {
+        "scale": [1.5, 0.5, 1.0, 2.0],
+        "bias": [0.1, -0.2, 0.0, 0.3],
+        "running_mean": [0.5, -1.0, 0.25, 2.0],
+        "running_var": [1.0, 0.5, 2.0, 0.25],
+    }
     try:
-        sample = NormSpec(name="worker warm-up", kind="batch", eps=1e-5, dtype="float32", source={"framework": frameworks[-1]},
-                          num_features=4, spatial_rank=2, layout="channels_first", momentum=0.1, momentum_convention="batch_weight",
-                          track_running_stats=True, variance_estimator="unbiased", scale=True, bias=True,
-                          tensors={key: np.asarray(values, dtype=np.float32) for key, values in state.items()})
+        sample = NormSpec(
+            name="worker warm-up",
+            kind="batch",
+            eps=1e-5,
+            dtype="float32",
+            source={"framework": frameworks[-1]},
+            num_features=4,
+            spatial_rank=2,
+            layout="channels_first",
+            momentum=0.1,
+            momentum_convention="batch_weight",
+            track_running_stats=True,
+            variance_estimator="unbiased",
+            scale=True,
+            bias=True,
+            tensors={key: np.asarray(values, dtype=np.float32) for key, values in state.items()},
+        )
         return check_many([sample], frameworks=list(frameworks), registry=registry)[0]
     except Exception:  # noqa: BLE001  see the docstring: nothing is skipped for a caller
         pass
@@ -130,14 +151,25 @@ Job = Callable[[dict, Callable[[list], None]], dict]
 
 def error_fields(error: BaseException) -> dict:
     """An error as the fields `error_from` turns back into it on the caller's side."""
-    return {"type": type(error).__name__, "message": str(error), "code": getattr(error, "code", None),
-            "layer": getattr(error, "layer", None), "setting": getattr(error, "setting", None)}
+    return {
+        "type": type(error).__name__,
+        "message": str(error),
+        "code": getattr(error, "code", None),
+        "layer": getattr(error, "layer", None),
+        "setting": getattr(error, "setting", None),
+    }
 
 
 def _run_job(request: dict, jobs: dict[str, Job], progress: Callable[[list], None]) -> dict:
     job = jobs.get(request.get("job"))
     if job is None:
-        return {"error": {"type": "ProtocolError", "message": f"this worker runs no job named {request.get('job')!r}", "code": None}}
+        return {
+            "error": {
+                "type": "ProtocolError",
+                "message": f"this worker runs no job named {request.get('job')!r}",
+                "code": None,
+            }
+        }
     try:
         return {"done": job(request.get("args") or {}, progress)}
     except Exception as error:  # every error goes back to the caller, as `answer`'s do
@@ -146,12 +178,17 @@ def _run_job(request: dict, jobs: dict[str, Job], progress: Callable[[list], Non
 
 def _specs_from_parts(documents: list, sizes: list, tensors: bytes) -> list[NormSpec]:
     """The specs of a many-spec request: `tensors` cut at `sizes`, which must cover it exactly."""
-    if (not isinstance(documents, list) or not isinstance(sizes, list) or len(documents) != len(sizes)
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes) or sum(sizes) != len(tensors)):
+    if (
+        not isinstance(documents, list)
+        or not isinstance(sizes, list)
+        or len(documents) != len(sizes)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes)
+        or sum(sizes) != len(tensors)
+    ):
         raise ProtocolError(f"a request of {len(tensors)} tensor bytes whose sizes do not cover them")
     specs, start = [], 0
     for document, size in zip(documents, sizes):
-        specs.append(spec_from_parts(document, tensors[start:start + size]))
+        specs.append(spec_from_parts(document, tensors[start : start + size]))
         start += size
     return specs
 
@@ -164,7 +201,11 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
             registry.import_frameworks(request["warm"])
             return {"warmed": request["warm"]}
         many = "specs" in request
-        specs = _specs_from_parts(request["specs"], request["sizes"], tensors) if many else [spec_from_parts(request["spec"], tensors)]
+        specs = (
+            _specs_from_parts(request["specs"], request["sizes"], tensors)
+            if many
+            else [spec_from_parts(request["spec"], tensors)]
+        )
         # The caller runs the round trips back to a source framework this worker has not imported (it read the model):
         # importing it here would cost more than they do. One this worker has is cheaper here, beside the caller's own legs.
         asked = bool(request.get("defer_round_trips"))
@@ -184,9 +225,15 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
         return {"error": error_fields(error)}
 
 
-def serve(requests: BinaryIO, replies: BinaryIO, registry: AdapterRegistry, lock: threading.Lock | None = None,
-          on_shutdown: Callable[[], None] | None = None, jobs: dict[str, Job] | None = None,
-          on_prepare: Callable[[list[str]], None] | None = None) -> None:
+def serve(
+    requests: BinaryIO,
+    replies: BinaryIO,
+    registry: AdapterRegistry,
+    lock: threading.Lock | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+    jobs: dict[str, Job] | None = None,
+    on_prepare: Callable[[list[str]], None] | None = None,
+) -> None:
     """Answer requests until the stream ends; `lock` is held around each answer (a shared worker serves several callers
     from threads, and the frameworks' objects are built one at a time). A prepare request is answered at once, then its
     frameworks imported and `on_prepare` run (the jobs module's preparation for their models). Raises ProtocolError for

@@ -80,8 +80,13 @@ class SharedWorkerGate(Gate):
     that worker cannot be used (a folder open to others, a worker that fails to start) a private child runs them, with
     a warning."""
 
-    def __init__(self, folder: str | Path, idle: float = shared_worker.DEFAULT_IDLE_SECONDS,
-                 jobs: shared_worker.JobSource | None = None, adapters: AdapterRegistry = REGISTRY):
+    def __init__(
+        self,
+        folder: str | Path,
+        idle: float = shared_worker.DEFAULT_IDLE_SECONDS,
+        jobs: shared_worker.JobSource | None = None,
+        adapters: AdapterRegistry = REGISTRY,
+    ):
         super().__init__(adapters)
         self.worker = SharedWorker(Path(folder), float(idle), jobs)
 

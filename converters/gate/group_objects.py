@@ -38,7 +38,9 @@ def configuration(spec: NormSpec) -> str:
     """Everything a converter builds a layer from except the name and the tensors' values: kind, shapes, dtype, layout, flags,
     eps, momentum, provenance, the tensors' names, dtypes and shapes, and num_batches_tracked's value (a momentum=None layer's
     emitted momentum and Keras's remembered counter depend on it)."""
-    fields = spec.model_dump(exclude={"name", "tensors"})  # in the model's field order: its repr is the same for equal fields
+    fields = spec.model_dump(
+        exclude={"name", "tensors"}
+    )  # in the model's field order: its repr is the same for equal fields
     tensors = sorted((name, array.dtype.str, array.shape) for name, array in spec.tensors.items())
     counter = spec.tensors.get("num_batches_tracked")
     return repr((fields, tensors, None if counter is None else int(counter)))
@@ -56,7 +58,9 @@ class _Template:
     uses: int = 0  # members built on it so far
     runs: Any = None  # framework.kept_runs(layer), asked for once the layer serves enough members (`_keep_runs`)
     asked: bool = False
-    probe: Any = None  # the input its last eval and step ran on, given to the next write where the runs take it (`_kept_run`)
+    probe: Any = (
+        None  # the input its last eval and step ran on, given to the next write where the runs take it (`_kept_run`)
+    )
 
 
 def restatable(adapter: KindAdapter) -> bool:
@@ -85,9 +89,15 @@ class GroupObjects(CheckObjects):
         self._ahead: dict[int, tuple[ConversionOptions, Any]] = {}  # id(spec) -> (options, (obj, report) or the error)
         self._runs: dict[tuple[bool, int], Any] = {}  # (train, id(obj)) -> the value run_eval/run_train_step returns
         self._merged: dict[bool, bytes | None] = {}  # train -> the input the merged run was made with (None: not made)
-        self._trains: dict[int, bool] = {}  # id(layer written for a target) -> whether its check asks for a training step
-        self._stepped: dict[int, tuple[bytes, Any]] = {}  # id(layer) -> (input, training step) run with its eval (`_eval`)
-        self._configurations: dict[int, tuple[NormSpec, str]] = {}  # id(spec) -> (spec, its configuration) of the group's members
+        self._trains: dict[
+            int, bool
+        ] = {}  # id(layer written for a target) -> whether its check asks for a training step
+        self._stepped: dict[
+            int, tuple[bytes, Any]
+        ] = {}  # id(layer) -> (input, training step) run with its eval (`_eval`)
+        self._configurations: dict[
+            int, tuple[NormSpec, str]
+        ] = {}  # id(spec) -> (spec, its configuration) of the group's members
 
     def forget_beyond(self, count: int) -> None:
         """Keep only the `count` most recently built templates (a long-lived worker meets ever new configurations)."""
@@ -123,18 +133,30 @@ class GroupObjects(CheckObjects):
         def build(adapter: KindAdapter, spec: NormSpec, build_options: ConversionOptions, report: LayerReport) -> Any:
             if not restatable(adapter):
                 return adapter.from_spec(spec, build_options, report)
-            key = (role, to, type(adapter), build_options, self._configuration(spec))  # options are frozen, hashed by value
+            key = (
+                role,
+                to,
+                type(adapter),
+                build_options,
+                self._configuration(spec),
+            )  # options are frozen, hashed by value
             template = self._templates.get(key)
             if template is None:
                 before = len(report.warnings)
                 layer = adapter.from_spec(spec, build_options, report)
-                template = self._templates[key] = _Template(layer, adapter.template_state(layer), report.warnings[before:], report.target_op, report.native)
+                template = self._templates[key] = _Template(
+                    layer, adapter.template_state(layer), report.warnings[before:], report.target_op, report.native
+                )
                 self._kept[id(layer)] = template
                 self._keep_runs(template, to)
                 return layer
             self._keep_runs(template, to)  # before restate: a layer run by its kept runs is written by them too
             # A target's check runs the eval and the step next on the group's probe: where the runs can, the write runs them too.
-            ahead = template.runs.run_with_next_write if template.runs is not None and role == "target" and spec.track_running_stats else None
+            ahead = (
+                template.runs.run_with_next_write
+                if template.runs is not None and role == "target" and spec.track_running_stats
+                else None
+            )
             try:
                 if ahead is not None:
                     ahead(template.probe)
@@ -179,13 +201,19 @@ class GroupObjects(CheckObjects):
             if isinstance(ahead[1], Exception):
                 raise ahead[1]
             return ahead[1]
-        written = write_spec(spec, target, options, registry=self.registry, build=self._builder("target", target, options))
-        self._trains[id(written[0])] = spec.track_running_stats  # check_target's training step follows the eval of these
+        written = write_spec(
+            spec, target, options, registry=self.registry, build=self._builder("target", target, options)
+        )
+        self._trains[id(written[0])] = (
+            spec.track_running_stats
+        )  # check_target's training step follows the eval of these
         return written
 
     def write_back(self, spec: NormSpec, source: str, options: ConversionOptions) -> Any:
         self._stepped.clear()
-        return write_spec(spec, source, options, registry=self.registry, build=self._builder("back", source, options))[0]
+        return write_spec(spec, source, options, registry=self.registry, build=self._builder("back", source, options))[
+            0
+        ]
 
     # -- running -------------------------------------------------------------------------
 
@@ -208,7 +236,9 @@ class GroupObjects(CheckObjects):
             # member's write carries its own (one trace per configuration, of the write with them).
             template.probe = x if train else None
         run = framework.run_train_step if train else framework.run_eval
-        return run(obj, x, in_place=True)  # every object here is this set's own: a torch module per member, a restated Keras layer
+        return run(
+            obj, x, in_place=True
+        )  # every object here is this set's own: a torch module per member, a restated Keras layer
 
     def _kept_run(self, template: _Template, x: np.ndarray, train: bool) -> Any:
         """A run through the layer's kept runs. An eval whose check asks for a training step next runs both in one call where

@@ -47,8 +47,13 @@ def _by_configuration(specs: Sequence[NormSpec]) -> dict[str, list[int]]:
     return found
 
 
-def check_many(specs: Iterable[Any], frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None,
-               registry: AdapterRegistry = REGISTRY, progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
+def check_many(
+    specs: Iterable[Any],
+    frameworks: Iterable[str] | None = None,
+    options: ConversionOptions | None = None,
+    registry: AdapterRegistry = REGISTRY,
+    progress: Callable[[int, NormSpec], None] | None = None,
+) -> list[CheckResult]:
     """`[check(s, frameworks, options, registry) for s in specs]`, each object built once per configuration of layer.
 
     Raises what that list would raise: the error of the first spec whose `check` raises. `progress(i, spec)` is called as
@@ -58,8 +63,14 @@ def check_many(specs: Iterable[Any], frameworks: Iterable[str] | None = None, op
         return _check_all(list(specs), frameworks, options, registry, progress, lambda: objects)
 
 
-def _check_all(specs: list, frameworks: Iterable[str] | None, options: ConversionOptions | None, registry: AdapterRegistry,
-               progress: Callable[[int, NormSpec], None] | None, objects: Callable[[], GroupObjects]) -> list[CheckResult]:
+def _check_all(
+    specs: list,
+    frameworks: Iterable[str] | None,
+    options: ConversionOptions | None,
+    registry: AdapterRegistry,
+    progress: Callable[[int, NormSpec], None] | None,
+    objects: Callable[[], GroupObjects],
+) -> list[CheckResult]:
     options = options or ConversionOptions()
     specs = [s if isinstance(s, NormSpec) else read_spec(s, registry=registry)[0] for s in specs]
     targets = list(registry.framework_names if frameworks is None else frameworks)
@@ -67,8 +78,13 @@ def _check_all(specs: list, frameworks: Iterable[str] | None, options: Conversio
     for config, members in _by_configuration(specs).items():
         group = objects()
         group.members([specs[i] for i in members], config)
-        checked = _check_group([specs[i] for i in members], targets, options, group,
-                               None if progress is None else lambda j, members=members: progress(members[j], specs[members[j]]))
+        checked = _check_group(
+            [specs[i] for i in members],
+            targets,
+            options,
+            group,
+            None if progress is None else lambda j, members=members: progress(members[j], specs[members[j]]),
+        )
         for index, outcome in zip(members, checked):
             outcomes[index] = outcome
     results = []
@@ -90,7 +106,9 @@ class Checker:
         self._objects = GroupObjects(registry)
         self._lock = threading.Lock()
 
-    def check(self, spec: NormSpec, frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None) -> CheckResult:
+    def check(
+        self, spec: NormSpec, frameworks: Iterable[str] | None = None, options: ConversionOptions | None = None
+    ) -> CheckResult:
         with self._lock:
             self._objects.forget_beyond(self._keep)
             return _check_all([spec], frameworks, options, self._registry, None, lambda: self._objects)[0]
@@ -121,8 +139,13 @@ class _Member:
     error: Exception | None = None
 
 
-def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionOptions, objects: GroupObjects,
-                 progress: Callable[[int], None] | None) -> list[CheckResult | Exception]:
+def _check_group(
+    specs: list[NormSpec],
+    targets: list[str],
+    options: ConversionOptions,
+    objects: GroupObjects,
+    progress: Callable[[int], None] | None,
+) -> list[CheckResult | Exception]:
     """check() of specs of one configuration, target by target, through one GroupObjects."""
     members, probe = [], None
     for spec in specs:
@@ -130,8 +153,15 @@ def _check_group(specs: list[NormSpec], targets: list[str], options: ConversionO
             # The probe is a function of fields every member shares (kind, shapes, layout, dtype): made once, copied per member.
             probe = probe_input(spec) if probe is None else probe
             x_cf = probe.copy()
-            members.append(_Member(spec, x_cf, reference.forward(spec, x_cf, training=False), new_result(spec, x_cf),
-                                   functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf))))
+            members.append(
+                _Member(
+                    spec,
+                    x_cf,
+                    reference.forward(spec, x_cf, training=False),
+                    new_result(spec, x_cf),
+                    functools.cache(lambda spec=spec, x_cf=x_cf: reference.train_step(spec, x_cf)),
+                )
+            )
         except Exception as error:  # check raises it before any target: checked again by check itself
             members.append(_Member(spec, None, None, None, None, error))
     for target in targets:
@@ -153,8 +183,13 @@ def _unchanged_objects(registry: AdapterRegistry, target: str) -> contextlib.Abs
     return framework.unchanged_objects()
 
 
-def _check_target_of_members(members: list[_Member], target: str, options: ConversionOptions, objects: GroupObjects,
-                             progress: Callable[[int], None] | None) -> None:
+def _check_target_of_members(
+    members: list[_Member],
+    target: str,
+    options: ConversionOptions,
+    objects: GroupObjects,
+    progress: Callable[[int], None] | None,
+) -> None:
     objects.write_ahead(target, [m.spec for m in members if m.error is None], target_options(options))
     for index, member in enumerate(members):
         if member.error is not None:
@@ -162,7 +197,9 @@ def _check_target_of_members(members: list[_Member], target: str, options: Conve
         if progress is not None:
             progress(index)
         try:
-            check_target(member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, objects)
+            check_target(
+                member.spec, target, options, member.x_cf, member.y_ref, member.result, member.source_step, objects
+            )
         except Exception as error:  # check would stop here: the member is checked again by check itself
             member.error = error
 

@@ -20,7 +20,9 @@ from typing import Any
 #: Configurations' objects a kept object set holds at most; registries and idle object sets per registry kept at most.
 KEEP_CONFIGURATIONS, KEEP_REGISTRIES, KEEP_IDLE = 64, 4, 2
 
-_IDLE: dict[int, tuple[Any, list[Any]]] = {}  # id(registry) -> (registry, its idle object sets), the most recently used last
+_IDLE: dict[
+    int, tuple[Any, list[Any]]
+] = {}  # id(registry) -> (registry, its idle object sets), the most recently used last
 _LOCK = threading.Lock()
 
 

@@ -16,8 +16,9 @@ from ..options import ConversionOptions
 from . import round_trips
 
 
-def finish_round_trips(spec: NormSpec, checked: round_trips.Checked, registry: AdapterRegistry,
-                       objects: CheckObjects) -> CheckResult:
+def finish_round_trips(
+    spec: NormSpec, checked: round_trips.Checked, registry: AdapterRegistry, objects: CheckObjects
+) -> CheckResult:
     """A worker's result whose round trips it left to this process (converters/gate/round_trips.py), completed here as
     `_check_target` would have: each round trip run with `objects` (layers built as `check`'s) and its outcome put where
     `check` puts it. Raises what the round trip raises when it is not a NormbridgeError, as `check` does."""
@@ -26,12 +27,13 @@ def finish_round_trips(spec: NormSpec, checked: round_trips.Checked, registry: A
     for trip in checked.round_trips:
         entry = next(e for e in result.targets if e.framework == trip.target)
         try:
-            entry.round_trip_differences = round_trip_differences(spec, trip.target_spec, trip.expressed, options,
-                                                                  objects)
+            entry.round_trip_differences = round_trip_differences(
+                spec, trip.target_spec, trip.expressed, options, objects
+            )
         except NormbridgeError as error:  # as check_target: the target failed there, before its eval and training step
             result.outputs = [o for o in result.outputs if o.framework != trip.target]
             result.training_step = [s for s in result.training_step if s.framework != trip.target]
-            del entry.warnings[trip.warnings:]
+            del entry.warnings[trip.warnings :]
             entry.status, entry.reason = "failed", str(error)
             kept = [line for line in result.errors if line.split(":", 1)[0] != trip.target]
             result.errors = kept + [f"{trip.target}: {error}"]
@@ -54,10 +56,14 @@ def merge_parts(parts: list[CheckResult], order: list[str]) -> CheckResult:
         entries = (entry for part in parts for entry in getattr(part, field))
         return sorted(entries, key=lambda entry: rank[framework(entry)])
 
-    merged = parts[0].model_copy(update={
-        "targets": gathered("targets"), "outputs": gathered("outputs"), "training_step": gathered("training_step"),
-        "errors": gathered("errors", lambda error: error.split(":", 1)[0]),
-    })
+    merged = parts[0].model_copy(
+        update={
+            "targets": gathered("targets"),
+            "outputs": gathered("outputs"),
+            "training_step": gathered("training_step"),
+            "errors": gathered("errors", lambda error: error.split(":", 1)[0]),
+        }
+    )
     merged.passed = verdict(merged)
     return merged
 

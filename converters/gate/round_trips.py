@@ -34,17 +34,31 @@ class RoundTrip:
     target: str
     target_spec: NormSpec  #: the layer read from the target
     expressed: NormSpec  #: what it must equal (equivalence.target_spec_of)
-    warnings: int  #: the target's warnings then: the later ones are the training step's, which a raising round trip prevents
-    reached_end: bool = False  #: whether the check reached the line where differences fail the target (not skipped, not raised)
+    warnings: (
+        int  #: the target's warnings then: the later ones are the training step's, which a raising round trip prevents
+    )
+    reached_end: bool = (
+        False  #: whether the check reached the line where differences fail the target (not skipped, not raised)
+    )
 
     def fields(self) -> dict:
-        return {"target": self.target, "target_spec": _spec_fields(self.target_spec), "expressed": _spec_fields(self.expressed),
-                "warnings": self.warnings, "reached_end": self.reached_end}
+        return {
+            "target": self.target,
+            "target_spec": _spec_fields(self.target_spec),
+            "expressed": _spec_fields(self.expressed),
+            "warnings": self.warnings,
+            "reached_end": self.reached_end,
+        }
 
     @classmethod
     def from_fields(cls, fields: dict) -> "RoundTrip":
-        return cls(fields["target"], _spec_of(fields["target_spec"]), _spec_of(fields["expressed"]), int(fields["warnings"]),
-                   bool(fields["reached_end"]))
+        return cls(
+            fields["target"],
+            _spec_of(fields["target_spec"]),
+            _spec_of(fields["expressed"]),
+            int(fields["warnings"]),
+            bool(fields["reached_end"]),
+        )
 
 
 @dataclass
@@ -59,7 +73,9 @@ class Held:
     """The round trips deferred inside one `deferring()` block, by the result they belong to."""
 
     def __init__(self):
-        self._by_result: dict[int, tuple[CheckResult, list[RoundTrip]]] = {}  # the result is kept, so its id is not reused
+        self._by_result: dict[
+            int, tuple[CheckResult, list[RoundTrip]]
+        ] = {}  # the result is kept, so its id is not reused
 
     def add(self, result: CheckResult, trip: RoundTrip) -> None:
         self._by_result.setdefault(id(result), (result, []))[1].append(trip)
@@ -93,7 +109,10 @@ def hold(result: CheckResult, entry: TargetCheck, target_spec: NormSpec, express
 
 
 def _spec_fields(spec: NormSpec) -> dict:
-    return {"document": json.loads(spec_to_json(spec)), "tensors": base64.b64encode(tensors_to_bytes(spec)).decode("ascii")}
+    return {
+        "document": json.loads(spec_to_json(spec)),
+        "tensors": base64.b64encode(tensors_to_bytes(spec)).decode("ascii"),
+    }
 
 
 def _spec_of(fields: dict) -> NormSpec:

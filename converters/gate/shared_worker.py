@@ -60,6 +60,7 @@ from .worker_client import WorkerConnection, python_command, python_path
 from ..heap import settle_heap
 from .check_worker import ROOT, Job, ProtocolError, read_frame, serve, warm_up, write_frame
 
+
 @dataclass(frozen=True)
 class WorkerJobs:
     """The jobs a shared worker runs for its callers (by name) and what readies it for the next one (or None)."""
@@ -97,14 +98,49 @@ DEFAULT_IDLE_SECONDS = 600.0
 #: The environment a worker takes from the caller that starts it: these names, and names with these prefixes (the
 #: frameworks' and thread pools' settings, normbridge's own). Nothing else reaches it (no credentials, no token), and all
 #: of it is part of the socket's name, so a caller whose values differ starts, or reaches, a worker of its own.
-WORKER_ENV_NAMES = ("HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "LD_LIBRARY_PATH",
-                    "LD_PRELOAD", "XLA_FLAGS")
-WORKER_ENV_PREFIXES = ("NORMBRIDGE_", "KERAS_", "TF_", "CUDA_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "ORT_", "LC_")
+WORKER_ENV_NAMES = (
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONWARNINGS",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "XLA_FLAGS",
+)
+WORKER_ENV_PREFIXES = (
+    "NORMBRIDGE_",
+    "KERAS_",
+    "TF_",
+    "CUDA_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "TORCH_",
+    "PYTORCH_",
+    "ORT_",
+    "LC_",
+)
 #: normbridge settings the caller resolves itself (the store, the user and the options travel in each job's request) or
 #: that choose the worker or a server: not taken, so callers that differ only in them share a worker.
-CALLER_ONLY_ENV = ("NORMBRIDGE_DB", "NORMBRIDGE_BLOBS", "NORMBRIDGE_HOME", "NORMBRIDGE_USER", "NORMBRIDGE_S3_ENDPOINT", "NORMBRIDGE_SERVER",
-                   "NORMBRIDGE_TOKEN", "NORMBRIDGE_GATE_WORKER", "NORMBRIDGE_WORKER_DIR", "NORMBRIDGE_WORKER_IDLE",
-                   "NORMBRIDGE_REGISTER_IN_WORKER", "NORMBRIDGE_FAULT", "NORMBRIDGE_VERBOSE")
+CALLER_ONLY_ENV = (
+    "NORMBRIDGE_DB",
+    "NORMBRIDGE_BLOBS",
+    "NORMBRIDGE_HOME",
+    "NORMBRIDGE_USER",
+    "NORMBRIDGE_S3_ENDPOINT",
+    "NORMBRIDGE_SERVER",
+    "NORMBRIDGE_TOKEN",
+    "NORMBRIDGE_GATE_WORKER",
+    "NORMBRIDGE_WORKER_DIR",
+    "NORMBRIDGE_WORKER_IDLE",
+    "NORMBRIDGE_REGISTER_IN_WORKER",
+    "NORMBRIDGE_FAULT",
+    "NORMBRIDGE_VERBOSE",
+)
 #: What a worker's own code sets when unset (keras_adapter.runtime, lean_imports), applied first so that a caller that has
 #: not set them yet (it imports Keras later) names the same worker as one that has.
 WORKER_ENV_DEFAULTS = {"KERAS_BACKEND": "tensorflow", "NORMBRIDGE_LEAN_IMPORTS": "1"}
@@ -119,6 +155,8 @@ def result_packages(packages: dict[str, str]) -> tuple[str, ...]:
     """Every package whose installed files the results of a worker for these adapter packages depend on."""
     frameworks = (name for info in AdapterRegistry(packages).infos() for name in info.worker_packages)
     return (*ARRAY_PACKAGES, *frameworks, *SPEC_PACKAGES)
+
+
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -134,7 +172,9 @@ def open_folder(folder: Path) -> int:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
-        raise WorkerUnavailable(f"the worker folder '{folder}' is not a directory that can be opened (a link or a file?: {error})") from error
+        raise WorkerUnavailable(
+            f"the worker folder '{folder}' is not a directory that can be opened (a link or a file?: {error})"
+        ) from error
     _check_folder(fd, folder)
     return fd
 
@@ -169,8 +209,11 @@ def _stat_line(path: Path) -> str:
 def worker_environment() -> dict[str, str]:
     """The environment a worker started now gets: the caller's variables it takes (WORKER_ENV_*, never CALLER_ONLY_ENV),
     the defaults and fixed values, and PYTHONPATH with ROOT first and the caller's entries absolute."""
-    taken = {name: value for name, value in os.environ.items()
-             if (name in WORKER_ENV_NAMES or name.startswith(WORKER_ENV_PREFIXES)) and name not in CALLER_ONLY_ENV}
+    taken = {
+        name: value
+        for name, value in os.environ.items()
+        if (name in WORKER_ENV_NAMES or name.startswith(WORKER_ENV_PREFIXES)) and name not in CALLER_ONLY_ENV
+    }
     return {**WORKER_ENV_DEFAULTS, **taken, **WORKER_ENV_FIXED, "PYTHONPATH": python_path()}
 
 
@@ -229,24 +272,48 @@ def _open(folder_fd: int, path: Path) -> WorkerConnection | None:
             except OSError:
                 pass
 
-    return WorkerConnection(replies, requests, lambda: sock.fileno() != -1, close, lambda: f"the shared worker (pid {hello['pid']}) hung up",
-                     pid=hello["pid"])
+    return WorkerConnection(
+        replies,
+        requests,
+        lambda: sock.fileno() != -1,
+        close,
+        lambda: f"the shared worker (pid {hello['pid']}) hung up",
+        pid=hello["pid"],
+    )
 
 
-def _spawn(folder_fd: int, path: Path, idle: float, packages: dict[str, str], warm: list[str],
-           jobs: JobSource | None) -> subprocess.Popen:
+def _spawn(
+    folder_fd: int, path: Path, idle: float, packages: dict[str, str], warm: list[str], jobs: JobSource | None
+) -> subprocess.Popen:
     """Start the worker in the folder of `folder_fd`, the one that was checked: its log is opened relative to the
     descriptor, and the worker gets the descriptor itself (its working directory is `/` until it fchdirs there), so a
     folder swapped in at `path` since the check is never used."""
-    log = os.open(path.with_suffix(".log").name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                  dir_fd=folder_fd)
+    log = os.open(
+        path.with_suffix(".log").name,
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=folder_fd,
+    )
     try:
         os.fchmod(log, 0o600)
-        argv = [str(path), str(idle), json.dumps(packages), f"--folder-fd={folder_fd}", *([f"--jobs={jobs_reference(jobs)}"] if jobs else []),
-                *warm]
-        return subprocess.Popen([*python_command("converters.gate.shared_worker"), *argv], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=log, env=worker_environment(), cwd="/", pass_fds=(folder_fd,),
-                                start_new_session=True)  # outlives this process, and a Ctrl-C of this one
+        argv = [
+            str(path),
+            str(idle),
+            json.dumps(packages),
+            f"--folder-fd={folder_fd}",
+            *([f"--jobs={jobs_reference(jobs)}"] if jobs else []),
+            *warm,
+        ]
+        return subprocess.Popen(
+            [*python_command("converters.gate.shared_worker"), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=worker_environment(),
+            cwd="/",
+            pass_fds=(folder_fd,),
+            start_new_session=True,
+        )  # outlives this process, and a Ctrl-C of this one
     finally:
         os.close(log)
 
@@ -255,8 +322,13 @@ def _spawn(folder_fd: int, path: Path, idle: float, packages: dict[str, str], wa
 _STARTED: dict[Path, subprocess.Popen] = {}
 
 
-def start(folder: Path, packages: dict[str, str], warm: list[str], idle: float = DEFAULT_IDLE_SECONDS,
-          jobs: JobSource | None = None) -> WorkerConnection | None:
+def start(
+    folder: Path,
+    packages: dict[str, str],
+    warm: list[str],
+    idle: float = DEFAULT_IDLE_SECONDS,
+    jobs: JobSource | None = None,
+) -> WorkerConnection | None:
     """A connection to the shared worker of `folder` when one answers now; else one is started (importing `warm`) and None
     returned at once, and `connect` waits for it later. Why: a cold CLI process reads its model meanwhile instead of
     waiting about 0.5 s for the new worker's socket. Raises WorkerUnavailable as `connect` does."""
@@ -271,8 +343,14 @@ def start(folder: Path, packages: dict[str, str], warm: list[str], idle: float =
         os.close(folder_fd)
 
 
-def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float = DEFAULT_IDLE_SECONDS,
-            wait: float = 300.0, jobs: JobSource | None = None) -> WorkerConnection:
+def connect(
+    folder: Path,
+    packages: dict[str, str],
+    warm: list[str],
+    idle: float = DEFAULT_IDLE_SECONDS,
+    wait: float = 300.0,
+    jobs: JobSource | None = None,
+) -> WorkerConnection:
     """A connection to the shared worker of `folder` for these adapter packages (and `jobs`), started (importing `warm`) if
     none runs. Raises WorkerUnavailable when none can be used (the caller then runs a private worker)."""
     folder_fd = open_folder(folder)
@@ -289,7 +367,9 @@ def connect(folder: Path, packages: dict[str, str], warm: list[str], idle: float
             if worker is not None:
                 return worker
             if process.poll() not in (None, 0):  # 0: another worker held the lock, and answers in a moment
-                raise WorkerUnavailable(f"the shared worker exited with code {process.returncode}; see '{path.with_suffix('.log')}'")
+                raise WorkerUnavailable(
+                    f"the shared worker exited with code {process.returncode}; see '{path.with_suffix('.log')}'"
+                )
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
         raise WorkerUnavailable(f"no shared worker answered at '{path}' within {wait:.0f} s")
@@ -325,8 +405,14 @@ def stop(folder: Path, packages: dict[str, str], jobs: JobSource | None = None) 
     return True
 
 
-def run_job(folder: Path, packages: dict[str, str], jobs: JobSource, name: str, args: dict,
-            progress: Callable[[list], None] | None = None) -> dict | None:
+def run_job(
+    folder: Path,
+    packages: dict[str, str],
+    jobs: JobSource,
+    name: str,
+    args: dict,
+    progress: Callable[[list], None] | None = None,
+) -> dict | None:
     """Run job `name` of `jobs` in the shared worker of `folder` if one is running (none is started), passing each progress
     frame to `progress`: its result, or None when no worker answers or it hung up before the result (nothing was done, or
     what was done is all-or-nothing: the caller runs the job itself). Raises the job's error as the caller would have seen it."""
@@ -342,8 +428,14 @@ def run_job(folder: Path, packages: dict[str, str], jobs: JobSource, name: str, 
 class _Server:
     """The worker's side: accept same-user connections, answer each on its own thread, exit after `idle` seconds alone."""
 
-    def __init__(self, path: Path, idle: float, registry: AdapterRegistry, jobs: dict[str, Job] | None = None,
-                 prepare: Callable[[list[str]], None] | None = None):
+    def __init__(
+        self,
+        path: Path,
+        idle: float,
+        registry: AdapterRegistry,
+        jobs: dict[str, Job] | None = None,
+        prepare: Callable[[list[str]], None] | None = None,
+    ):
         """`path`: the socket's name, relative to the worker folder, this process's working directory."""
         self.path, self.idle, self.registry, self.jobs, self.prepare = path, idle, registry, jobs, prepare
         self.check_lock = threading.Lock()  # one check at a time: frameworks build their objects on one thread
@@ -355,7 +447,9 @@ class _Server:
         self.path.unlink(missing_ok=True)  # a socket left by a worker that was killed (the lock says none runs)
         old = os.umask(0o177)
         try:
-            self.listener.bind(str(self.path))  # relative to the checked folder, this process's working directory: any path length
+            self.listener.bind(
+                str(self.path)
+            )  # relative to the checked folder, this process's working directory: any path length
         finally:
             os.umask(old)
         self.listener.listen(64)
@@ -392,8 +486,15 @@ class _Server:
             replies = conn.makefile("wb")
             write_frame(replies, json.dumps({"worker": self.path.name, "pid": os.getpid()}).encode())
             replies.flush()
-            serve(conn.makefile("rb"), replies, self.registry, self.check_lock, on_shutdown=self.shutdown, jobs=self.jobs,
-                  on_prepare=self.prepare)
+            serve(
+                conn.makefile("rb"),
+                replies,
+                self.registry,
+                self.check_lock,
+                on_shutdown=self.shutdown,
+                jobs=self.jobs,
+                on_prepare=self.prepare,
+            )
         except (OSError, ValueError, ProtocolError):
             pass  # a caller that hung up or sent what this protocol never sends: its connection ends
         finally:

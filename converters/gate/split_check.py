@@ -118,7 +118,11 @@ def _spread_now(packages: dict[str, str], spread: tuple[str, ...], shared: Share
 
 
 def _shared_key(packages: dict[str, str], shared: SharedWorker) -> tuple:
-    return json.dumps(packages, sort_keys=True), ("shared", str(shared.folder), shared_worker.jobs_reference(shared.jobs))
+    return json.dumps(packages, sort_keys=True), (
+        "shared",
+        str(shared.folder),
+        shared_worker.jobs_reference(shared.jobs),
+    )
 
 
 def _start(packages: dict[str, str], frameworks: tuple[str, ...], shared: SharedWorker | None) -> None:
@@ -147,7 +151,9 @@ def _shared(packages: dict[str, str], frameworks: tuple[str, ...], shared: Share
     worker = _WORKERS.get(key)
     if worker is None or not worker.alive():
         try:
-            worker = _WORKERS[key] = shared_worker.connect(shared.folder, packages, list(frameworks), shared.idle, jobs=shared.jobs)
+            worker = _WORKERS[key] = shared_worker.connect(
+                shared.folder, packages, list(frameworks), shared.idle, jobs=shared.jobs
+            )
         except shared_worker.WorkerUnavailable as reason:
             warnings.warn(f"the gate's legs run in a private worker: {reason}", RuntimeWarning, stacklevel=3)
             return None
@@ -183,8 +189,14 @@ def _close_workers() -> None:
 class SplitCheck:
     """`check` for every spec of one model; legs of frameworks this process has not imported run in a worker."""
 
-    def __init__(self, model_framework: str | None = None, registry=REGISTRY, in_worker: Sequence[str] | None = None,
-                 shared: SharedWorker | None = None, spread: Sequence[str] = ()):
+    def __init__(
+        self,
+        model_framework: str | None = None,
+        registry=REGISTRY,
+        in_worker: Sequence[str] | None = None,
+        shared: SharedWorker | None = None,
+        spread: Sequence[str] = (),
+    ):
         """`model_framework`: the model's, when known before it is read (its worker starts importing now). `in_worker`
         names the legs to run in the worker whatever this process has imported (the tests compare both ways); `shared`:
         the shared worker to use instead of a private child; `spread`: the legs to spread (see the module's docstring)."""
@@ -195,15 +207,23 @@ class SplitCheck:
         self._workers: dict[str, WorkerConnection] = {}
         self._spread: tuple[str, ...] = ()  # decided when the gate starts (check_all): the child may be ready by then
         if model_framework is not None and self._remote_legs(model_framework):
-            _start(registry.packages, self._warm(model_framework), shared)  # its imports overlap the caller's reading the model
+            _start(
+                registry.packages, self._warm(model_framework), shared
+            )  # its imports overlap the caller's reading the model
 
     def _remote_legs(self, own: str) -> list[str]:
         if self._in_worker is not None:
             return [name for name in self._order if name in self._in_worker]
         here = () if self._shared is not None else IN_PROCESS
-        return [name for name in self._order if name != own and (name in self._spread or (name not in here and not imported(name)))]
+        return [
+            name
+            for name in self._order
+            if name != own and (name in self._spread or (name not in here and not imported(name)))
+        ]
 
-    def _local_all(self, plans: list, progress: Callable[[int, NormSpec], None] | None) -> list[CheckResult | None] | None:
+    def _local_all(
+        self, plans: list, progress: Callable[[int, NormSpec], None] | None
+    ) -> list[CheckResult | None] | None:
         """Every spec's legs in this process, through `converters.check_many` (each object built once per configuration; the
         public entry point, looked up now: a caller may wrap it); None if it raises, so that each spec is then checked alone
         and the error raised is the first spec's, in order."""
@@ -216,7 +236,9 @@ class SplitCheck:
         try:
             for legs, indices in by_legs.items():
                 told = None if progress is None else lambda j, spec, indices=indices: progress(indices[j], spec)
-                checked = converters.check_many([plans[i][0] for i in indices], frameworks=list(legs), registry=self._registry, progress=told)
+                checked = converters.check_many(
+                    [plans[i][0] for i in indices], frameworks=list(legs), registry=self._registry, progress=told
+                )
                 for i, result in zip(indices, checked):
                     results[i] = result
         except Exception:  # noqa: BLE001  checked again spec by spec, which raises it in order
@@ -245,7 +267,9 @@ class SplitCheck:
                 if own in self._order:
                     worker.prepare([own])
 
-    def _remote_result(self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int, objects: GroupObjects) -> CheckResult:
+    def _remote_result(
+        self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int, objects: GroupObjects
+    ) -> CheckResult:
         """The worker's answer, its round trips run here with `objects`; if a shared worker ended before answering (killed, out
         of memory), the same legs again in a private worker, and if the spread child ended, here: they are never skipped."""
         try:
@@ -281,7 +305,9 @@ class SplitCheck:
                 sent.update({i: (batch, position) for position, i in enumerate(indices)})
         return sent
 
-    def check_all(self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None) -> list[CheckResult]:
+    def check_all(
+        self, specs: Sequence[NormSpec], progress: Callable[[int, NormSpec], None] | None = None
+    ) -> list[CheckResult]:
         """`check(spec)` of every spec, in order; the worker's legs are all sent first, so both processes work at once.
         Raises what `check` raises, for the first spec it raises on."""
         if self._in_worker is None:
@@ -291,12 +317,18 @@ class SplitCheck:
         self._prepare_next()
         checked = self._local_all(plans, progress)
         results = []
-        with kept_objects.lent(self._registry, GroupObjects) as objects:  # the round trips' layers built as check_many builds them
+        with kept_objects.lent(
+            self._registry, GroupObjects
+        ) as objects:  # the round trips' layers built as check_many builds them
             for i, (spec, remote) in enumerate(plans):
                 local = [name for name in self._order if name not in remote]
                 if progress is not None and (checked is None or not local):
                     progress(i, spec)
-                parts = [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)] if local else []
+                parts = (
+                    [checked[i] if checked is not None else check(spec, frameworks=local, registry=self._registry)]
+                    if local
+                    else []
+                )
                 if i in sent:
                     parts.append(self._remote_result(spec, remote, *sent[i], objects))
                 results.append(parts[0] if len(parts) == 1 else merge_parts(parts, self._order))

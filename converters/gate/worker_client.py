@@ -28,13 +28,19 @@ class WorkerGone(RuntimeError):
     """The worker ended (killed, out of memory) before it answered: nothing was checked there."""
 
 
-
 class WorkerConnection:
     """The caller's side of one worker: requests are written by a thread of their own (a worker still importing its
     frameworks reads nothing, and the caller must not wait on a full pipe meanwhile) and answered in order."""
 
-    def __init__(self, replies: BinaryIO, requests: BinaryIO, alive: Callable[[], bool], close: Callable[[], None],
-                 last_words: Callable[[], str], pid: int | None = None):
+    def __init__(
+        self,
+        replies: BinaryIO,
+        requests: BinaryIO,
+        alive: Callable[[], bool],
+        close: Callable[[], None],
+        last_words: Callable[[], str],
+        pid: int | None = None,
+    ):
         self._replies, self._requests = replies, requests
         self._alive, self._close, self._last_words = alive, close, last_words
         self.pid = pid  #: the worker's process id (the benchmarks read its CPU time)
@@ -56,8 +62,12 @@ class WorkerConnection:
         run in the worker in one request. Why: one spec per request costs the worker about 8 ms per spec against 5 for
         the same checks grouped by configuration."""
         blobs = [tensors_to_bytes(spec) for spec in specs]
-        header = {"frameworks": frameworks, "specs": [json.loads(spec_to_json(spec)) for spec in specs], "sizes": [len(b) for b in blobs],
-                  **_deferral(defer_round_trips)}
+        header = {
+            "frameworks": frameworks,
+            "specs": [json.loads(spec_to_json(spec)) for spec in specs],
+            "sizes": [len(b) for b in blobs],
+            **_deferral(defer_round_trips),
+        }
         return self.send(header, b"".join(blobs))
 
     def warm(self, frameworks: list[str]) -> Future:
@@ -126,7 +136,9 @@ class WorkerConnection:
                 future.set_result(_checked(fields["result"], fields.get("round_trips")))
             elif "results" in fields:
                 trips = fields.get("round_trips") or [None] * len(fields["results"])
-                future.set_result([_checked(result, spec_trips) for result, spec_trips in zip(fields["results"], trips)])
+                future.set_result(
+                    [_checked(result, spec_trips) for result, spec_trips in zip(fields["results"], trips)]
+                )
             elif "done" in fields:
                 future.set_result(fields["done"])
             else:
@@ -151,7 +163,11 @@ def _deferral(defer_round_trips: bool) -> dict:
 def _checked(result: dict, trips: list | None) -> CheckResult | round_trips.Checked:
     """A reply's result: a CheckResult, or with its deferred round trips (`trips`, sent when asked for) a Checked."""
     checked = CheckResult.model_validate(result)
-    return checked if trips is None else round_trips.Checked(checked, [round_trips.RoundTrip.from_fields(trip) for trip in trips])
+    return (
+        checked
+        if trips is None
+        else round_trips.Checked(checked, [round_trips.RoundTrip.from_fields(trip) for trip in trips])
+    )
 
 
 def python_path() -> str:
@@ -173,8 +189,13 @@ def start_child(warm: list[str], packages: dict[str, str]) -> WorkerConnection:
     env = {**os.environ, "PYTHONPATH": python_path()}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     stderr = tempfile.TemporaryFile()
-    process = subprocess.Popen([*python_command("converters.gate.check_worker"), json.dumps(packages), *warm], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=stderr, env=env)
+    process = subprocess.Popen(
+        [*python_command("converters.gate.check_worker"), json.dumps(packages), *warm],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+    )
 
     def last_words() -> str:
         stderr.seek(0)
@@ -194,7 +215,9 @@ def start_child(warm: list[str], packages: dict[str, str]) -> WorkerConnection:
         except subprocess.TimeoutExpired:
             process.kill()
 
-    return WorkerConnection(process.stdout, process.stdin, lambda: process.poll() is None, close, last_words, process.pid)
+    return WorkerConnection(
+        process.stdout, process.stdin, lambda: process.poll() is None, close, last_words, process.pid
+    )
 
 
 __all__ = ["WorkerConnection", "WorkerGone", "python_command", "python_path", "start_child"]

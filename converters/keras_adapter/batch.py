@@ -41,7 +41,9 @@ class KerasBatchAdapter(KerasKindAdapter):
             raise NotExpressibleError(
                 "renorm=True (batch renormalisation) corrects training outputs with clipped r and d factors that no PyTorch or ONNX "
                 "layer has; rebuild the layer with renorm=False.",
-                layer=layer.name, setting="renorm", target="NormSpec",
+                layer=layer.name,
+                setting="renorm",
+                target="NormSpec",
             )
         shape = built_input_shape(layer)
         rank = len(shape)
@@ -59,7 +61,9 @@ class KerasBatchAdapter(KerasKindAdapter):
         running = recall_running(layer, report, float(layer.momentum))
         tensors = {**read_variables(layer, VARIABLES), **running.pop("tensors")}
         return facts.spec(
-            layer, "batch", tensors,
+            layer,
+            "batch",
+            tensors,
             num_features=int(layer.moving_mean.shape[0]),
             spatial_rank=spatial_rank_of(layer, rank, 2),
             input_rank=rank,
@@ -82,7 +86,9 @@ class KerasBatchAdapter(KerasKindAdapter):
             raise NotExpressibleError(
                 "track_running_stats=False normalises with batch statistics at inference too, but Keras BatchNormalization always "
                 "uses its moving statistics at inference; keep running statistics in the source layer.",
-                layer=spec.name, setting="track_running_stats", target="keras",
+                layer=spec.name,
+                setting="track_running_stats",
+                target="keras",
             )
         if spec.frozen:
             return emit_frozen(spec, common, report)
@@ -90,15 +96,23 @@ class KerasBatchAdapter(KerasKindAdapter):
         warn_empty_batch(report, spec, "keras")
         axis, layout = emit_layout(spec, report)
         estimator = estimator_matches(report, spec, "biased", "keras", can_match=True, options=options)
-        layer_class = UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization
+        layer_class = (
+            UnbiasedBatchNormalization if estimator == "unbiased" else import_keras().layers.BatchNormalization
+        )
         if spec.synchronized:
             report.add("synchronized", True, note="batch statistics averaged across replicas in distributed training")
             if estimator == "unbiased":
-                report.warn("synchronized=True with the unbiased estimator: UnbiasedBatchNormalization's n/(n-1) counts the local "
-                            "replica's elements only, where the source counts every replica's.")
-        layer = layer_class(axis=axis, momentum=momentum, center=spec.bias, scale=spec.scale, synchronized=spec.synchronized, **common)
+                report.warn(
+                    "synchronized=True with the unbiased estimator: UnbiasedBatchNormalization's n/(n-1) counts the local "
+                    "replica's elements only, where the source counts every replica's."
+                )
+        layer = layer_class(
+            axis=axis, momentum=momentum, center=spec.bias, scale=spec.scale, synchronized=spec.synchronized, **common
+        )
         remember_running(layer, spec, report, momentum)
-        return self.finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2, layout=layout), VARIABLES)
+        return self.finish_emit(
+            layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2, layout=layout), VARIABLES
+        )
 
 
 def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "batch") -> Any:
@@ -113,17 +127,27 @@ def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "
     if kind == "batch":
         report.add("frozen", True, "trainable=False", "exact", "moving statistics in training mode too, never updated")
         markers.remember(layer, frozen=True)
-    return KerasBatchAdapter().finish_emit(layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2, layout=layout),
-                                           VARIABLES)
+    return KerasBatchAdapter().finish_emit(
+        layer, spec, report, channel_build_shape(spec, report, spec.spatial_rank + 2, layout=layout), VARIABLES
+    )
 
 
 def read_frozen(layer: Any, facts, rank: int, layout: str) -> NormSpec:
     """The frozen batch spec a BatchNormalization emitted by emit_frozen (still trainable=False) stands for."""
     return facts.spec(
-        layer, "batch", read_variables(layer, VARIABLES), num_features=int(layer.moving_mean.shape[0]),
-        spatial_rank=spatial_rank_of(layer, rank, 2), input_rank=rank, layout=layout, chosen_layout=chosen_layout_of(layout),
-        track_running_stats=True, frozen=True,
-        scale=bool(layer.scale), bias=bool(layer.center))
+        layer,
+        "batch",
+        read_variables(layer, VARIABLES),
+        num_features=int(layer.moving_mean.shape[0]),
+        spatial_rank=spatial_rank_of(layer, rank, 2),
+        input_rank=rank,
+        layout=layout,
+        chosen_layout=chosen_layout_of(layout),
+        track_running_stats=True,
+        frozen=True,
+        scale=bool(layer.scale),
+        bias=bool(layer.center),
+    )
 
 
 ADAPTER = KerasBatchAdapter

@@ -30,9 +30,11 @@ from .variables import variable_dtype
 #: Marker holding the pending state: {"<variable>_initializer": array, ...}, the channel count and the rank it is read at.
 MARKER = "deferred_build"
 #: Why the rank is left open, said in the report.
-DEFERRED_NOTE = ("the source records no input rank and takes several ({takes}); a built Keras {cls} takes one (its InputSpec "
-                 "fixes ndim{axes}), so it is left unbuilt and Keras builds it for the rank of its first input, with the spec's "
-                 "tensors as its initial values (bit-exact); pass input_rank= to build it now for one rank")
+DEFERRED_NOTE = (
+    "the source records no input rank and takes several ({takes}); a built Keras {cls} takes one (its InputSpec "
+    "fixes ndim{axes}), so it is left unbuilt and Keras builds it for the rank of its first input, with the spec's "
+    "tensors as its initial values (bit-exact); pass input_rank= to build it now for one rank"
+)
 #: What each source takes, by kind.
 TAKES = {"batch": "BatchNorm1d takes (N, C) and (N, C, L)", "group": "GroupNorm takes (N, C, *) of any rank"}
 
@@ -44,8 +46,9 @@ def open_rank(spec: NormSpec) -> bool:
     return spec.kind == "group" or (spec.kind == "batch" and spec.spatial_rank == 1)
 
 
-def channel_build_shape(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2,
-                        layout: str = "channels_last") -> tuple[int | None, ...] | None:
+def channel_build_shape(
+    spec: NormSpec, report: LayerReport, default: int, minimum: int = 2, layout: str = "channels_last"
+) -> tuple[int | None, ...] | None:
     """The shape in `layout` a channel kind is built for (the rank given, or the kind's only rank), or None when the source
     takes several ranks and records none: the layer is then built on its first call (defer_build, which reports it)."""
     if open_rank(spec):
@@ -55,8 +58,11 @@ def channel_build_shape(spec: NormSpec, report: LayerReport, default: int, minim
 
 def defer_build(layer: Any, spec: NormSpec, variables: Mapping[str, str], report: LayerReport) -> None:
     """Leave `layer` unbuilt; its first call builds it with the spec's tensors as the variables' values."""
-    state = {f"{attribute}_initializer": spec.tensors[name].astype(variable_dtype(spec))
-             for name, attribute in variables.items() if name in spec.tensors}
+    state = {
+        f"{attribute}_initializer": spec.tensors[name].astype(variable_dtype(spec))
+        for name, attribute in variables.items()
+        if name in spec.tensors
+    }
     read_rank = 2 + (spec.spatial_rank or 1)
     markers.remember(layer, **{MARKER: {"state": state, "channels": spec.num_features, "read_rank": read_rank}})
     _wrap_build(layer)
@@ -96,9 +102,12 @@ class _Values:
         from .runtime import import_keras
 
         if tuple(shape) != self.array.shape or (dtype is not None and str(np.dtype(self.array.dtype)) != str(dtype)):
-            raise SpecError(f"the first call builds variable '{self.setting}' as {dtype}{list(shape)}, expected the spec's "
-                            f"{self.array.dtype}{list(self.array.shape)}; call the layer on inputs with {self.array.shape[0]} channels last.",
-                            layer=self.layer, setting=self.setting)
+            raise SpecError(
+                f"the first call builds variable '{self.setting}' as {dtype}{list(shape)}, expected the spec's "
+                f"{self.array.dtype}{list(self.array.shape)}; call the layer on inputs with {self.array.shape[0]} channels last.",
+                layer=self.layer,
+                setting=self.setting,
+            )
         return import_keras().ops.convert_to_tensor(self.array, dtype=str(self.array.dtype))
 
 
@@ -134,5 +143,8 @@ def _verify(layer: Any, state: Mapping[str, np.ndarray]) -> None:
         except Exception:  # a symbolic value inside a trace: the initializer gave the array itself
             continue
         if not tensors_identical(value, array):
-            raise SpecError(f"Keras variable '{variable.path}' was not built bit-identical to the spec's tensor.", layer=layer.name,
-                            setting=attribute.removesuffix("_initializer"))
+            raise SpecError(
+                f"Keras variable '{variable.path}' was not built bit-identical to the spec's tensor.",
+                layer=layer.name,
+                setting=attribute.removesuffix("_initializer"),
+            )

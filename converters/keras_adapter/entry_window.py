@@ -66,13 +66,17 @@ def entry_file(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> I
         handle.seek(info.header_offset)
         header = handle.read(_LOCAL_HEADER.size)
         if len(header) < _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != _LOCAL_SIGNATURE:
-            raise InputFileError(f"{where} has no local header at byte {info.header_offset}; the archive is corrupt, save it again.")
+            raise InputFileError(
+                f"{where} has no local header at byte {info.header_offset}; the archive is corrupt, save it again."
+            )
         _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
         start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
         end = handle.seek(0, io.SEEK_END)
         if info.compress_size != info.file_size or start + info.file_size > end:
-            raise InputFileError(f"{where} declares {info.file_size} bytes from byte {start}, past the end of the {end}-byte file; "
-                                 "the archive is corrupt, save it again.")
+            raise InputFileError(
+                f"{where} declares {info.file_size} bytes from byte {start}, past the end of the {end}-byte file; "
+                "the archive is corrupt, save it again."
+            )
         yield _Window(handle, start, info.file_size)
 
 

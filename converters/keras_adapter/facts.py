@@ -33,7 +33,9 @@ def spec_name(layer: Any, report: LayerReport) -> str:
         return layer.name
     if isinstance(remembered, str) and remembered and remembered.replace("/", "_") == layer.name:
         return remembered
-    report.warn(f"the remembered name {remembered!r} does not match the layer's name {layer.name!r}; using the layer's name.")
+    report.warn(
+        f"the remembered name {remembered!r} does not match the layer's name {layer.name!r}; using the layer's name."
+    )
     return layer.name
 
 
@@ -56,13 +58,25 @@ class KerasFacts:
                 fields = {**fields, "state_dtype": state_dtype}
         try:
             return NormSpec(
-                name=self.name, kind=kind, eps=self.eps, eps_origin=self.eps_origin, training=self.training,
-                dtype=self.dtype, compute_dtype=self.compute_dtype, source=source(layer), tensors=tensors, **fields,
+                name=self.name,
+                kind=kind,
+                eps=self.eps,
+                eps_origin=self.eps_origin,
+                training=self.training,
+                dtype=self.dtype,
+                compute_dtype=self.compute_dtype,
+                source=source(layer),
+                tensors=tensors,
+                **fields,
             )
         except pydantic.ValidationError as error:
             first = error.errors()[0]
             setting = ".".join(str(p) for p in first["loc"]) or None
-            raise SpecError(f"the layer's settings do not form a valid {kind} spec ({first['msg']}); fix the layer's configuration.", layer=layer.name, setting=setting) from None
+            raise SpecError(
+                f"the layer's settings do not form a valid {kind} spec ({first['msg']}); fix the layer's configuration.",
+                layer=layer.name,
+                setting=setting,
+            ) from None
 
 
 def read_facts(layer: Any, report: LayerReport) -> KerasFacts:
@@ -81,13 +95,22 @@ def read_facts(layer: Any, report: LayerReport) -> KerasFacts:
         training = False
     eps_origin = remembered.get("eps_origin", "explicit")
     if eps_origin == "dtype_eps" and eps != dtype_default_eps(dtype):
-        report.warn(f"eps was emitted as PyTorch's eps=None for {dtype} ({dtype_default_eps(dtype)!r}) but is now {eps!r}; "
-                    "it is read as an explicit eps.")
+        report.warn(
+            f"eps was emitted as PyTorch's eps=None for {dtype} ({dtype_default_eps(dtype)!r}) but is now {eps!r}; "
+            "it is read as an explicit eps."
+        )
         eps_origin = "explicit"
     elif eps_origin not in ("explicit", "dtype_eps"):
         report.warn(f"the remembered eps origin {eps_origin!r} is unknown; it is read as an explicit eps.")
         eps_origin = "explicit"
-    return KerasFacts(name=spec_name(layer, report), dtype=dtype, compute_dtype=compute_dtype, eps=eps, eps_origin=eps_origin, training=training)
+    return KerasFacts(
+        name=spec_name(layer, report),
+        dtype=dtype,
+        compute_dtype=compute_dtype,
+        eps=eps,
+        eps_origin=eps_origin,
+        training=training,
+    )
 
 
 def without_training(facts: KerasFacts) -> KerasFacts:

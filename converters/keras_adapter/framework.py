@@ -51,14 +51,18 @@ class KerasFramework(FrameworkAdapter):
 
     def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         """layer(x, training=False): inference mode never updates Keras's moving statistics."""
-        if is_deferred(obj):  # built on its first call: run a copy built for this input, so the layer keeps its open rank
+        if is_deferred(
+            obj
+        ):  # built on its first call: run a copy built for this input, so the layer keeps its open rank
             obj = built_copy(obj, np.ndim(x))
         built_input_shape(obj)  # calling an unbuilt layer would build it: refuse instead
         keras = import_keras()
         inputs = np.asarray(x).astype(obj.compute_dtype, copy=False)
         return np.asarray(keras.ops.convert_to_numpy(obj(inputs, training=False)))
 
-    def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def run_train_step(
+        self, obj: Any, x: np.ndarray, in_place: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were (on the layer itself if `in_place`)."""
         refuse_instance_training(obj)
         keras = import_keras()
@@ -71,7 +75,6 @@ class KerasFramework(FrameworkAdapter):
             None if moving_mean is None else read_variable(moving_mean),
             None if moving_variance is None else read_variable(moving_variance),
         )
-
 
     def kept_runs(self, obj: Any) -> Any:
         """The layer's traced eval and training calls (traced.py), for a layer built and run again and again; none (it runs

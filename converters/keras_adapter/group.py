@@ -34,12 +34,20 @@ class KerasGroupAdapter(KerasKindAdapter):
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> Any:
         common = self.begin_emit(spec, report)
         axis, layout = emit_layout(spec, report)
-        layer = import_keras().layers.GroupNormalization(groups=spec.num_groups, axis=axis, center=spec.bias, scale=spec.scale, **common)
+        layer = import_keras().layers.GroupNormalization(
+            groups=spec.num_groups, axis=axis, center=spec.bias, scale=spec.scale, **common
+        )
         shape = channel_build_shape(spec, report, 4, layout=layout)
         if spec.num_groups == spec.num_features and (shape is None or len(shape) >= 3):
             # One group per channel reads back as InstanceNorm (groups.group_layer_kind) without this.
             markers.remember(layer, kind="group")
-            report.add("kind", "group", "group", "stored", "GroupNormalization with groups == channels reads as instance otherwise; " + STORED_NOTE)
+            report.add(
+                "kind",
+                "group",
+                "group",
+                "stored",
+                "GroupNormalization with groups == channels reads as instance otherwise; " + STORED_NOTE,
+            )
         return self.finish_emit(layer, spec, report, shape, AFFINE_VARIABLES)
 
 

@@ -53,14 +53,24 @@ def read_group_layer(layer: Any, report: LayerReport, kind: str, **fields: Any) 
         raise UnsupportedObjectError(
             f"the GroupNormalization has {layer.groups} groups for {channels} channels on a rank-{len(shape)} input, which reads as kind "
             f"'{found}', expected kind '{kind}'; convert it through converters.to_spec().",
-            layer=layer.name, setting="groups",
+            layer=layer.name,
+            setting="groups",
         )
     if kind == "group":
         fields["num_groups"] = int(layer.groups)
     else:
-        fields.update(spatial_rank=spatial_rank_of(layer, len(shape), 3), track_running_stats=False, **_remembered_momentum(layer))
+        fields.update(
+            spatial_rank=spatial_rank_of(layer, len(shape), 3), track_running_stats=False, **_remembered_momentum(layer)
+        )
     return read_facts(layer, report).spec(
-        layer, kind, read_variables(layer, AFFINE_VARIABLES),
-        num_features=channels, input_rank=len(shape), layout=layout, chosen_layout=chosen_layout_of(layout), scale=bool(layer.scale),
-        bias=bool(layer.center), **fields,
+        layer,
+        kind,
+        read_variables(layer, AFFINE_VARIABLES),
+        num_features=channels,
+        input_rank=len(shape),
+        layout=layout,
+        chosen_layout=chosen_layout_of(layout),
+        scale=bool(layer.scale),
+        bias=bool(layer.center),
+        **fields,
     )

@@ -15,7 +15,11 @@ from .runtime import import_keras
 def pack_inputs(model: Any, flat: list) -> Any:
     """`flat` in the structure `model` was built on: one tensor, a list, or a dict keyed by input name."""
     structure = inputs_structure(model)
-    if isinstance(structure, dict) or isinstance(structure, (list, tuple)) and any(isinstance(s, (dict, list, tuple)) for s in structure):
+    if (
+        isinstance(structure, dict)
+        or isinstance(structure, (list, tuple))
+        and any(isinstance(s, (dict, list, tuple)) for s in structure)
+    ):
         keras = import_keras()
         if len(keras.tree.flatten(structure)) == len(flat):
             return keras.tree.pack_sequence_as(structure, flat)

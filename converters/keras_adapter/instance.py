@@ -48,10 +48,14 @@ class KerasInstanceAdapter(KerasKindAdapter):
             return emit_tracked_instance(spec, common, options, report)
         axis, layout = emit_layout(spec, report)
         # groups=-1: one group per channel, Keras's documented instance normalisation.
-        layer = import_keras().layers.GroupNormalization(groups=-1, axis=axis, center=spec.bias, scale=spec.scale, **common)
+        layer = import_keras().layers.GroupNormalization(
+            groups=-1, axis=axis, center=spec.bias, scale=spec.scale, **common
+        )
         rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=3)
         if spec.momentum is not None:  # unused without tracked statistics; GroupNormalization has none
-            report.add("momentum", spec.momentum, spec.momentum, "stored", "unused: statistics are not tracked; " + STORED_NOTE)
+            report.add(
+                "momentum", spec.momentum, spec.momentum, "stored", "unused: statistics are not tracked; " + STORED_NOTE
+            )
             markers.remember(layer, momentum=spec.momentum, momentum_convention=spec.momentum_convention)
         return self.finish_emit(layer, spec, report, channel_shape(spec.num_features, rank, layout), AFFINE_VARIABLES)
 
@@ -64,19 +68,35 @@ def emit_tracked_instance(spec: NormSpec, common: dict, options: ConversionOptio
     # No empty-batch warning (translate.warn_empty_batch): on an empty batch PyTorch's tracked InstanceNorm writes NaN
     # into its running statistics (the mean over no instances), and this layer does the same.
     axis, layout = emit_layout(spec, report)
-    report.add("track_running_stats", True, "TrackedInstanceNormalization", "exact",
-               "eval: the running statistics per channel; a training step: per-instance statistics, the running ones moved "
-               "by their batch mean")
+    report.add(
+        "track_running_stats",
+        True,
+        "TrackedInstanceNormalization",
+        "exact",
+        "eval: the running statistics per channel; a training step: per-instance statistics, the running ones moved "
+        "by their batch mean",
+    )
     # PyTorch's unbiased estimator is the layer's own (the only framework with a tracked InstanceNorm); another source's
     # (a biased spec from ONNX) is held with match_variance_estimator=True, as for a BatchNorm.
     estimator = estimator_matches(report, spec, "unbiased", "keras", can_match=True, options=options)
     rank = build_rank(spec, report, spec.spatial_rank + 2, minimum=spec.spatial_rank + 1)
     if rank == spec.spatial_rank + 1:
-        report.add("no_batch_dim", None, True, "exact", f"rank-{rank} inputs without a batch axis: each input is one instance")
-    layer = TrackedInstanceNormalization(spatial_rank=spec.spatial_rank, variance_estimator=estimator, axis=axis, momentum=momentum,
-                                         center=spec.bias, scale=spec.scale, **common)
+        report.add(
+            "no_batch_dim", None, True, "exact", f"rank-{rank} inputs without a batch axis: each input is one instance"
+        )
+    layer = TrackedInstanceNormalization(
+        spatial_rank=spec.spatial_rank,
+        variance_estimator=estimator,
+        axis=axis,
+        momentum=momentum,
+        center=spec.bias,
+        scale=spec.scale,
+        **common,
+    )
     remember_running(layer, spec, report, momentum)
-    return KerasInstanceAdapter().finish_emit(layer, spec, report, channel_shape(spec.num_features, rank, layout), BATCH_VARIABLES)
+    return KerasInstanceAdapter().finish_emit(
+        layer, spec, report, channel_shape(spec.num_features, rank, layout), BATCH_VARIABLES
+    )
 
 
 def read_tracked_instance(layer: Any, report: LayerReport) -> NormSpec:
@@ -90,16 +110,26 @@ def read_tracked_instance(layer: Any, report: LayerReport) -> NormSpec:
     layout = channel_layout(layer, layer.axis, len(shape))
     if not layer.trainable:
         # keras/src/layers/normalization/batch_normalization.py: `if training and self.trainable`.
-        report.warn("trainable=False: Keras runs this layer in inference mode even when called with training=True (moving "
-                    "statistics used, never updated); the spec records training=False.")
+        report.warn(
+            "trainable=False: Keras runs this layer in inference mode even when called with training=True (moving "
+            "statistics used, never updated); the spec records training=False."
+        )
         facts = without_training(facts)
     return facts.spec(
-        layer, "instance", {**read_variables(layer, BATCH_VARIABLES), **running.pop("tensors")},
+        layer,
+        "instance",
+        {**read_variables(layer, BATCH_VARIABLES), **running.pop("tensors")},
         num_features=int(layer.moving_mean.shape[0]),
-        spatial_rank=layer.spatial_rank if own else spatial_rank_of(layer, len(shape), 2), input_rank=len(shape),
-        layout=layout, chosen_layout=chosen_layout_of(layout), track_running_stats=True,
+        spatial_rank=layer.spatial_rank if own else spatial_rank_of(layer, len(shape), 2),
+        input_rank=len(shape),
+        layout=layout,
+        chosen_layout=chosen_layout_of(layout),
+        track_running_stats=True,
         variance_estimator=layer.variance_estimator if own else "biased",
-        scale=bool(layer.scale), bias=bool(layer.center), **running)
+        scale=bool(layer.scale),
+        bias=bool(layer.center),
+        **running,
+    )
 
 
 ADAPTER = KerasInstanceAdapter

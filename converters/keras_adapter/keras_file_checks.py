@@ -47,9 +47,15 @@ def check_keras_file(path: Path) -> None:
     with _archive(path) as archive:
         infos = _entries(archive, path)
         if WEIGHTS not in infos:
-            found = f"a '{NPZ_WEIGHTS}', which normbridge does not read" if NPZ_WEIGHTS in infos else f"entries {sorted(infos)[:10]}"
-            raise InputFileError(f"'{path}' holds no '{WEIGHTS}' ({found}); save the model with model.save('model.keras'), "
-                                 "which writes its weights there.")
+            found = (
+                f"a '{NPZ_WEIGHTS}', which normbridge does not read"
+                if NPZ_WEIGHTS in infos
+                else f"entries {sorted(infos)[:10]}"
+            )
+            raise InputFileError(
+                f"'{path}' holds no '{WEIGHTS}' ({found}); save the model with model.save('model.keras'), "
+                "which writes its weights there."
+            )
         if CONFIG not in infos:
             raise InputFileError(f"'{path}' holds no '{CONFIG}'; save the model with model.save('model.keras').")
         weights = _declared(path, archive, infos[WEIGHTS])
@@ -58,15 +64,19 @@ def check_keras_file(path: Path) -> None:
     try:
         variables = built_variables(config, budget)
     except VariablesOverBudget as over:
-        raise InputFileError(f"'{path}' entry '{CONFIG}' builds a layer that reads its variable {over.variable} while it is built, "
-                             f"{over.read} bytes in all, but '{WEIGHTS}' declares {weights.declared} bytes, so Keras would allocate "
-                             "variables the file cannot fill; save the model again with model.save.") from None
+        raise InputFileError(
+            f"'{path}' entry '{CONFIG}' builds a layer that reads its variable {over.variable} while it is built, "
+            f"{over.read} bytes in all, but '{WEIGHTS}' declares {weights.declared} bytes, so Keras would allocate "
+            "variables the file cannot fill; save the model again with model.save."
+        ) from None
     built = sum(variable.bytes for variable in variables)
     if built > budget:
         largest = max(variables, key=lambda variable: variable.bytes)
-        raise InputFileError(f"'{path}' entry '{CONFIG}' builds {len(variables)} variables of {built} bytes (the largest {largest}, "
-                             f"{largest.bytes} bytes) but '{WEIGHTS}' declares {weights.declared} bytes in {weights.datasets} datasets, "
-                             "so Keras would allocate and initialise variables the file cannot fill; save the model again with model.save.")
+        raise InputFileError(
+            f"'{path}' entry '{CONFIG}' builds {len(variables)} variables of {built} bytes (the largest {largest}, "
+            f"{largest.bytes} bytes) but '{WEIGHTS}' declares {weights.declared} bytes in {weights.datasets} datasets, "
+            "so Keras would allocate and initialise variables the file cannot fill; save the model again with model.save."
+        )
 
 
 def declared_weight_bytes(path: Path) -> int:
@@ -90,18 +100,26 @@ def _archive(path: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as error:
-        raise InputFileError(f"'{path}' is not a .keras file (not a zip file: {error}); save the model with model.save('model.keras').") from error
+        raise InputFileError(
+            f"'{path}' is not a .keras file (not a zip file: {error}); save the model with model.save('model.keras')."
+        ) from error
 
 
 def _entries(archive: zipfile.ZipFile, path: Path) -> dict[str, zipfile.ZipInfo]:
     """Entries by name; a duplicate name, or an entry that unpacks to far more than it stores, is refused before anything is read."""
     infos: dict[str, zipfile.ZipInfo] = {}
     for info in archive.infolist():
-        if info.compress_type != zipfile.ZIP_STORED and info.file_size > max(MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * info.compress_size):
-            raise InputFileError(f"'{path}' entry '{info.filename}' unpacks to {info.file_size} bytes from {info.compress_size}, more than "
-                                 f"{MAX_DEFLATE_RATIO} times its stored size (a zip bomb); model.save stores entries plainly, save it again.")
+        if info.compress_type != zipfile.ZIP_STORED and info.file_size > max(
+            MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * info.compress_size
+        ):
+            raise InputFileError(
+                f"'{path}' entry '{info.filename}' unpacks to {info.file_size} bytes from {info.compress_size}, more than "
+                f"{MAX_DEFLATE_RATIO} times its stored size (a zip bomb); model.save stores entries plainly, save it again."
+            )
         if info.filename in infos:
-            raise InputFileError(f"'{path}' holds the entry '{info.filename}' twice; readers would disagree on which one counts, save it again.")
+            raise InputFileError(
+                f"'{path}' holds the entry '{info.filename}' twice; readers would disagree on which one counts, save it again."
+            )
         infos[info.filename] = info
     return infos
 
@@ -110,10 +128,14 @@ def _config(data: bytes, path: Path) -> dict:
     try:
         config = json.loads(data)
     except (UnicodeDecodeError, ValueError) as error:
-        raise InputFileError(f"'{path}' entry '{CONFIG}' is not JSON ({error}); save the model again with model.save.") from error
+        raise InputFileError(
+            f"'{path}' entry '{CONFIG}' is not JSON ({error}); save the model again with model.save."
+        ) from error
     if not isinstance(config, dict):
-        raise InputFileError(f"'{path}' entry '{CONFIG}' holds a {type(config).__name__}, not a serialized model (an object); "
-                             "save the model again with model.save.")
+        raise InputFileError(
+            f"'{path}' entry '{CONFIG}' holds a {type(config).__name__}, not a serialized model (an object); "
+            "save the model again with model.save."
+        )
     return config
 
 

@@ -33,7 +33,9 @@ def keras_version() -> str:
 def fell_back(step: str, error: BaseException) -> None:
     """The one debug line logged when `step` takes the public (or eager) path."""
     if _LOG.isEnabledFor(logging.DEBUG):
-        _LOG.debug("%s: Keras %s's public path taken (%s: %s)", step, keras_version(), type(error).__name__, _first_line(error))
+        _LOG.debug(
+            "%s: Keras %s's public path taken (%s: %s)", step, keras_version(), type(error).__name__, _first_line(error)
+        )
 
 
 def _first_line(error: BaseException) -> str:
@@ -44,10 +46,13 @@ def _first_line(error: BaseException) -> str:
 def _unavailable(what: str, purpose: str, error: BaseException) -> MissingDependencyError:
     return MissingDependencyError(
         f"Keras {keras_version()} has no {what} ({type(error).__name__}), which normbridge needs {purpose}; install a Keras in the "
-        "range normbridge's pyproject.toml admits (pip install 'normbridge[keras]').", setting="keras")
+        "range normbridge's pyproject.toml admits (pip install 'normbridge[keras]').",
+        setting="keras",
+    )
 
 
 # -- the layers of a model ----------------------------------------------------------------------------------------------
+
 
 def all_layers(model: Any) -> list:
     """Every layer inside `model`, nested ones included, itself excluded: Keras's `model._flatten_layers(include_self=False,
@@ -69,12 +74,14 @@ def all_layers(model: Any) -> list:
             raise UnsupportedObjectError(
                 f"the layers of Keras model '{getattr(model, 'name', model)}' cannot be listed in Keras {keras_version()} "
                 f"({type(error).__name__}: {_first_line(error)}); install a Keras in the range normbridge's pyproject.toml admits "
-                "(pip install 'normbridge[keras]').") from error
+                "(pip install 'normbridge[keras]')."
+            ) from error
     if not found and _listed_layers(model):
         raise UnsupportedObjectError(
             f"Keras model '{getattr(model, 'name', model)}' lists {len(_listed_layers(model))} layers in `layers`, but neither Keras "
             f"{keras_version()}'s own walk nor normbridge's found any inside it; nothing in it could be checked: install a Keras in "
-            "the range normbridge's pyproject.toml admits (pip install 'normbridge[keras]').")
+            "the range normbridge's pyproject.toml admits (pip install 'normbridge[keras]')."
+        )
     return found
 
 
@@ -114,7 +121,9 @@ def _public_sublayers(layer: Any) -> list:
         return list(layer.layers)
     found: list = []
     for value in vars(layer).values():
-        for item in (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)):
+        for item in (
+            value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+        ):
             if isinstance(item, keras.layers.Layer) and item is not layer and all(item is not f for f in found):
                 found.append(item)
     return found
@@ -140,6 +149,7 @@ def has_sublayers(layer: Any) -> bool:
 
 
 # -- inputs, tensors, variables -----------------------------------------------------------------------------------------
+
 
 def inputs_structure(model: Any) -> Any:
     """The structure a functional model was built on (a tensor, list or dict): Keras's `model._inputs_struct`, or on failure
@@ -178,12 +188,16 @@ def producing_layer(tensor: Any, layers: list) -> Any:
 
 # -- counting the variables a .keras config builds (keras_adapter.built_variables) --------------------------------------
 
+
 def _global_state() -> Any:
     try:
         from keras.src.backend.common import global_state
     except ImportError as error:
-        raise _unavailable("'keras.src.backend.common.global_state'", "to count a .keras file's variables before Keras allocates them",
-                           error) from error
+        raise _unavailable(
+            "'keras.src.backend.common.global_state'",
+            "to count a .keras file's variables before Keras allocates them",
+            error,
+        ) from error
     return global_state
 
 
@@ -205,12 +219,16 @@ def object_sharing_scope() -> Any:
     try:
         from keras.src.saving.serialization_lib import ObjectSharingScope
     except ImportError as error:
-        raise _unavailable("'keras.src.saving.serialization_lib.ObjectSharingScope'", "to count a .keras file's variables as "
-                           "Keras's loader builds them", error) from error
+        raise _unavailable(
+            "'keras.src.saving.serialization_lib.ObjectSharingScope'",
+            "to count a .keras file's variables as Keras's loader builds them",
+            error,
+        ) from error
     return ObjectSharingScope()
 
 
 # -- TensorFlow: tracing for ONNX export and the traced layer calls -----------------------------------------------------
+
 
 @contextlib.contextmanager
 def plain_convolutions(lock: Any) -> Iterator[None]:
@@ -232,7 +250,9 @@ def plain_convolutions(lock: Any) -> Iterator[None]:
 
     def conv(inputs, kernel, strides=1, padding="valid", data_format=None, dilation_rate=1):
         tf_format = convert_data_format(standardize_data_format(data_format), len(inputs.shape))
-        return tf.nn.convolution(inputs, kernel, strides, padding.upper(), data_format=tf_format, dilations=dilation_rate)
+        return tf.nn.convolution(
+            inputs, kernel, strides, padding.upper(), data_format=tf_format, dilations=dilation_rate
+        )
 
     with lock:
         original = keras_tf_nn.conv
@@ -306,7 +326,10 @@ def plain_graphs() -> Iterator[None]:
 
 # -- tf2onnx: the conversion of a traced Keras model ----------------------------------------------------------------------
 
-def converted_with_optimizers(frozen: Any, optimizers: Callable[[dict], dict], public: Callable[[], Any], **options: Any) -> Any:
+
+def converted_with_optimizers(
+    frozen: Any, optimizers: Callable[[dict], dict], public: Callable[[], Any], **options: Any
+) -> Any:
     """tf2onnx's conversion of a frozen graph with its default optimizers passed through `optimizers` (tf2onnx's
     `tf2onnx.optimizer._get_optimizers()` and `tf2onnx.convert._convert_common`, the steps `tf2onnx.convert.from_function`
     takes, which accepts no optimizers); on failure to reach or call those, `public()`: `from_function`'s own path, the same
@@ -368,7 +391,21 @@ def transposes_kept_in_tf2onnx() -> Iterator[None]:
 
 
 __all__ = [
-    "all_layers", "autocasts", "called_flat", "converted_with_optimizers", "has_sublayers", "inputs_structure", "object_sharing_scope", "plain_convolutions",
-    "plain_graphs", "plain_graphs_available", "producing_layer", "public_layers", "set_uninitialized_variables", "sublayers",
-    "transposes_kept", "transposes_kept_in_tf2onnx", "uninitialized_variables",
+    "all_layers",
+    "autocasts",
+    "called_flat",
+    "converted_with_optimizers",
+    "has_sublayers",
+    "inputs_structure",
+    "object_sharing_scope",
+    "plain_convolutions",
+    "plain_graphs",
+    "plain_graphs_available",
+    "producing_layer",
+    "public_layers",
+    "set_uninitialized_variables",
+    "sublayers",
+    "transposes_kept",
+    "transposes_kept_in_tf2onnx",
+    "uninitialized_variables",
 ]

@@ -58,16 +58,28 @@ class KerasKindAdapter(KindAdapter):
     def begin_emit(self, spec: NormSpec, report: LayerReport) -> dict[str, Any]:
         """Constructor arguments every Keras normalization layer takes: name, dtype, epsilon."""
         if spec.kind != self.kind:
-            raise SpecError(f"the Keras {self.kind} adapter got a {spec.kind} spec; use the adapter for kind '{spec.kind}'.", layer=spec.name, setting="kind")
+            raise SpecError(
+                f"the Keras {self.kind} adapter got a {spec.kind} spec; use the adapter for kind '{spec.kind}'.",
+                layer=spec.name,
+                setting="kind",
+            )
         dtype = check_spec_dtype(spec)
         if spec.compute_dtype is None:
             report.add("dtype", dtype)
         else:
             state = spec.state_dtype or spec.dtype
-            report.add("compute_dtype", spec.compute_dtype, dtype, "translated", f"dtype policy {dtype}: float32 variables holding the {state} state exactly")
+            report.add(
+                "compute_dtype",
+                spec.compute_dtype,
+                dtype,
+                "translated",
+                f"dtype policy {dtype}: float32 variables holding the {state} state exactly",
+            )
         return {"name": keras_name(spec, report), "dtype": dtype, "epsilon": record_eps(report, spec)}
 
-    def finish_emit(self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple | None, variables: Mapping[str, str]) -> Any:
+    def finish_emit(
+        self, layer: Any, spec: NormSpec, report: LayerReport, input_shape: tuple | None, variables: Mapping[str, str]
+    ) -> Any:
         """Build, copy the tensors bit-exactly, remember what Keras cannot hold, fill the report.
 
         `input_shape` None leaves the layer unbuilt: its first call builds it with the tensors (deferred.py)."""
@@ -75,14 +87,22 @@ class KerasKindAdapter(KindAdapter):
             defer_build(layer, spec, variables, report)
         else:
             layer.build(input_shape)
-            slots = {tensor_name: attribute for tensor_name, attribute in variables.items() if tensor_name in spec.tensors}
+            slots = {
+                tensor_name: attribute for tensor_name, attribute in variables.items() if tensor_name in spec.tensors
+            }
             object.__setattr__(layer, STATE_SLOTS, slots)
             write_state(layer, spec, slots)
         tensor_fate(report, spec)
         report.add("training", spec.training, spec.training, "stored", MODE_NOTE)
         fields: dict[str, Any] = {"training": spec.training}
         if spec.eps_origin != "explicit":
-            report.add("eps_origin", spec.eps_origin, spec.eps_origin, "stored", "Keras holds the number only; the origin is " + STORED_NOTE)
+            report.add(
+                "eps_origin",
+                spec.eps_origin,
+                spec.eps_origin,
+                "stored",
+                "Keras holds the number only; the origin is " + STORED_NOTE,
+            )
             fields["eps_origin"] = spec.eps_origin
         if layer.name != spec.name:
             fields["name"] = spec.name
@@ -107,26 +127,41 @@ class KerasKindAdapter(KindAdapter):
         """
         if not hasattr(layer, STATE_SLOTS):
             raise ValueError(f"the Keras layer '{layer.name}' is built on its first call; it is rebuilt, not restated")
-        layer.name = keras_name(spec, LayerReport(layer=spec.name, kind=spec.kind, source_framework="spec", target_framework="keras", target_op="?"))
+        layer.name = keras_name(
+            spec,
+            LayerReport(
+                layer=spec.name, kind=spec.kind, source_framework="spec", target_framework="keras", target_op="?"
+            ),
+        )
         extras = markers.recall(layer)
         extras.pop("name", None)
         if layer.name != spec.name:
             extras["name"] = spec.name
         markers.replace(layer, extras)
-        slots = {tensor_name: getattr(layer, attribute, None) for tensor_name, attribute in getattr(layer, STATE_SLOTS).items()}
+        slots = {
+            tensor_name: getattr(layer, attribute, None)
+            for tensor_name, attribute in getattr(layer, STATE_SLOTS).items()
+        }
         if any(variable is None for variable in slots.values()):
-            raise ValueError(f"the Keras layer '{layer.name}' lacks a variable its tensors were written to; it is rebuilt, not restated")
+            raise ValueError(
+                f"the Keras layer '{layer.name}' lacks a variable its tensors were written to; it is rebuilt, not restated"
+            )
         held = {id(variable): tensor_name for tensor_name, variable in slots.items()}
         dtype = variable_dtype(spec)
         # The spec's tensors where from_spec's write_state writes them, the template's values elsewhere, each verified to read
         # back bit-identically: in one traced call when the layer is run traced (traced.py), else one variable at a time.
-        values = [spec.tensors[held[id(variable)]].astype(dtype) if id(variable) in held else value for variable, value in zip(layer.weights, template)]
+        values = [
+            spec.tensors[held[id(variable)]].astype(dtype) if id(variable) in held else value
+            for variable, value in zip(layer.weights, template)
+        ]
         calls = kept_calls(layer)
         if calls is not None:
             calls.write(values)
             return
         for variable, value in zip(layer.weights, values):
-            write_variable(variable, value, layer=layer.name, setting=held.get(id(variable)) or variable.path.rsplit("/", 1)[-1])
+            write_variable(
+                variable, value, layer=layer.name, setting=held.get(id(variable)) or variable.path.rsplit("/", 1)[-1]
+            )
 
 
 def write_state(layer: Any, spec: NormSpec, slots: Mapping[str, str]) -> None:

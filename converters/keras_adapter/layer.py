@@ -12,8 +12,15 @@ from .facts import read_facts
 from .kind_adapter import KerasKindAdapter
 from .probed import is_stock, probed_spec
 from .runtime import import_keras
-from .shapes import (build_rank, built_input_shape, channels_first_shape, normalises_channel_axis, trailing_axes, trailing_axis_argument,
-                     trailing_shape)
+from .shapes import (
+    build_rank,
+    built_input_shape,
+    channels_first_shape,
+    normalises_channel_axis,
+    trailing_axes,
+    trailing_axis_argument,
+    trailing_shape,
+)
 from .variables import AFFINE_VARIABLES, read_variables
 
 
@@ -36,21 +43,27 @@ class KerasLayerAdapter(KerasKindAdapter):
             raise SpecError(
                 "rms_scaling=True scales by the variance (x / sqrt(var + eps) * gamma, no centring), which no PyTorch or ONNX layer computes; "
                 "use keras.layers.RMSNormalization or rms_scaling=False.",
-                layer=layer.name, setting="rms_scaling",
+                layer=layer.name,
+                setting="rms_scaling",
             )
         shape = built_input_shape(layer)
         if normalises_channel_axis(layer.axis, len(shape)):
-            return read_channel_axis(layer, report, "layer", AFFINE_VARIABLES, shape, scale=bool(layer.scale), bias=bool(layer.center))
+            return read_channel_axis(
+                layer, report, "layer", AFFINE_VARIABLES, shape, scale=bool(layer.scale), bias=bool(layer.center)
+            )
         axes = trailing_axes(layer, layer.axis, len(shape))
         tensors = read_variables(layer, AFFINE_VARIABLES)
-        normalized_shape = tuple(next(iter(tensors.values())).shape) if tensors else shape[axes[0]:]
+        normalized_shape = tuple(next(iter(tensors.values())).shape) if tensors else shape[axes[0] :]
         if any(d is None for d in normalized_shape):
             raise SpecError(
                 f"the normalised axes of the built input {shape} have unknown sizes, expected known sizes; build it with the full normalised shape.",
-                layer=layer.name, setting="normalized_shape",
+                layer=layer.name,
+                setting="normalized_shape",
             )
         return read_facts(layer, report).spec(
-            layer, "layer", tensors,
+            layer,
+            "layer",
+            tensors,
             normalized_shape=tuple(int(d) for d in normalized_shape),
             input_rank=len(shape),
             scale=bool(layer.scale),
@@ -68,21 +81,37 @@ class KerasLayerAdapter(KerasKindAdapter):
 def emit_axes(spec: NormSpec, report: LayerReport) -> tuple[Any, tuple]:
     """Keras `axis=` and build shape: the trailing axes, or axis 1 of a channels_first input (layout set on a trailing kind)."""
     if spec.layout == "channels_first":
-        report.add("layout", "channels_first", "axis=1", "exact", "statistics over the channel axis of a channels_first input")
+        report.add(
+            "layout", "channels_first", "axis=1", "exact", "statistics over the channel axis of a channels_first input"
+        )
         return 1, channels_first_shape(spec.normalized_shape[0], build_rank(spec, report, 4, minimum=3))
     count = len(spec.normalized_shape)
-    return trailing_axis_argument(count), trailing_shape(spec.normalized_shape, build_rank(spec, report, count + 2, fixes_rank=False))
+    return trailing_axis_argument(count), trailing_shape(
+        spec.normalized_shape, build_rank(spec, report, count + 2, fixes_rank=False)
+    )
 
 
-def read_channel_axis(layer: Any, report: LayerReport, kind: str, variables: dict, shape: tuple, **fields: Any) -> NormSpec:
+def read_channel_axis(
+    layer: Any, report: LayerReport, kind: str, variables: dict, shape: tuple, **fields: Any
+) -> NormSpec:
     """A layer/rms spec over the channel axis (axis=1) of a channels_first input."""
     tensors = read_variables(layer, variables)
     channels = shape[1]
     if channels is None:
-        raise SpecError("the channel axis of the built input has an unknown size, expected a known one; build it with the channel count.",
-                        layer=layer.name, setting="normalized_shape")
-    return read_facts(layer, report).spec(layer, kind, tensors, normalized_shape=(int(channels),), layout="channels_first",
-                                          input_rank=len(shape), **fields)
+        raise SpecError(
+            "the channel axis of the built input has an unknown size, expected a known one; build it with the channel count.",
+            layer=layer.name,
+            setting="normalized_shape",
+        )
+    return read_facts(layer, report).spec(
+        layer,
+        kind,
+        tensors,
+        normalized_shape=(int(channels),),
+        layout="channels_first",
+        input_rank=len(shape),
+        **fields,
+    )
 
 
 ADAPTER = KerasLayerAdapter

@@ -18,8 +18,13 @@ def emit_layout(spec: NormSpec, report: LayerReport) -> tuple[int, str]:
     record_layout(report, spec, layout)
     axis = 1 if layout == "channels_first" else -1
     if spec.chosen_layout is not None:
-        report.add("chosen_layout", spec.chosen_layout, f"axis={axis}", "exact",
-                   "the layout the layer was built with where it came from")
+        report.add(
+            "chosen_layout",
+            spec.chosen_layout,
+            f"axis={axis}",
+            "exact",
+            "the layout the layer was built with where it came from",
+        )
     return axis, layout
 
 

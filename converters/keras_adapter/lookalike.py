@@ -33,7 +33,11 @@ def looks_like_normalization(layer: Any) -> str | None:
     name = type(layer).__name__
     if "norm" in name.lower():
         return f"its class name {name} contains 'Norm'"
-    marked = [v for v in getattr(layer, "weights", []) if v.path.rsplit("/", 1)[-1] in AFFINE_MARKS and len(v.shape) == 1]
+    marked = [
+        v for v in getattr(layer, "weights", []) if v.path.rsplit("/", 1)[-1] in AFFINE_MARKS and len(v.shape) == 1
+    ]
     if marked:
-        return f"it has {'/'.join(v.path.rsplit('/', 1)[-1] for v in marked)} variables of shape {list(marked[0].shape)}"
+        return (
+            f"it has {'/'.join(v.path.rsplit('/', 1)[-1] for v in marked)} variables of shape {list(marked[0].shape)}"
+        )
     return None

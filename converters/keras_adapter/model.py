@@ -29,6 +29,7 @@ def _load_keras(path: Path) -> Any:
     keras = import_keras()
     # normbridge's own layers, registered on import, may be in a file it wrote: an unbiased BatchNorm, a tracked InstanceNorm.
     from . import tracked_instance_normalization, unbiased_batch_normalization  # noqa: F401
+
     try:
         check_keras_file(path)  # before Keras builds a variable or reads a weight: what the file declares is bounded
         return keras.saving.load_model(str(path), safe_mode=True, compile=False)
@@ -135,9 +136,13 @@ class KerasModelAdapter(ModelAdapter):
         try:
             inputs = model.inputs
         except (AttributeError, ValueError) as error:
-            raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input or call it once.") from error
+            raise UnsupportedObjectError(
+                f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input or call it once."
+            ) from error
         if not inputs:
-            raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs; build it with keras.Input or call it once.")
+            raise UnsupportedObjectError(
+                f"Keras model '{model.name}' has no defined inputs; build it with keras.Input or call it once."
+            )
         return [InputSpec(t.name, tuple(t.shape), np.dtype(t.dtype).name) for t in inputs]
 
     def source_runner(self, model: Any) -> ModelRunner:
@@ -145,7 +150,9 @@ class KerasModelAdapter(ModelAdapter):
         specs = self.input_specs(model)
 
         def run(arrays):
-            return [keras.ops.convert_to_numpy(o) for o in _flatten(model(pack_inputs(model, list(arrays)), training=False))]
+            return [
+                keras.ops.convert_to_numpy(o) for o in _flatten(model(pack_inputs(model, list(arrays)), training=False))
+            ]
 
         return ModelRunner(run, f"keras {type(model).__name__} '{model.name}' (training=False)", specs)
 
@@ -156,14 +163,22 @@ class KerasModelAdapter(ModelAdapter):
         from ..onnx_adapter.graph.unfold import unfold_conv_batchnorms
 
         unfolded_model, unfolded = unfold_conv_batchnorms(exported, onnx_export.conv_batchnorms(model, specs))
-        notes = [f"{len(unfolded)} BatchNorm(s) that TF's grappler had folded into Conv kernels were unfolded with the source kernels"] if unfolded else []
+        notes = (
+            [
+                f"{len(unfolded)} BatchNorm(s) that TF's grappler had folded into Conv kernels were unfolded with the source kernels"
+            ]
+            if unfolded
+            else []
+        )
         return unfolded_model, notes
 
     # -- BatchNorm statistics --------------------------------------------------------------
 
     def batchnorm_moments(self, model: Any, batches, train: bool = False):
         if train:
-            raise UnsupportedObjectError("train-mode statistics of Keras models are not collected; recalibrate the torch or ONNX model.")
+            raise UnsupportedObjectError(
+                "train-mode statistics of Keras models are not collected; recalibrate the torch or ONNX model."
+            )
         return statistics.batchnorm_moments(model, batches)
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
@@ -173,7 +188,13 @@ class KerasModelAdapter(ModelAdapter):
 
     def serving_taps(self, model: Any, sink):
         """A wrapper that serves the model, sampled calls through a sub-model returning the BatchNormalization inputs too."""
-        refs = [ref for ref in self.norm_layers(model) if ref.kind == "batch" and getattr(ref.obj, "moving_mean", None) is not None]
+        refs = [
+            ref
+            for ref in self.norm_layers(model)
+            if ref.kind == "batch" and getattr(ref.obj, "moving_mean", None) is not None
+        ]
         if not refs:
-            raise UnsupportedObjectError(f"{self.describe(model)} has no BatchNormalization for the recognizers to find; nothing to monitor.")
+            raise UnsupportedObjectError(
+                f"{self.describe(model)} has no BatchNormalization for the recognizers to find; nothing to monitor."
+            )
         return serving_taps.keras_taps(model, refs, sink)

@@ -49,12 +49,26 @@ def recall_running(layer: Any, report: LayerReport, layer_momentum: float) -> di
 
 def remember_running(layer: Any, spec: NormSpec, report: LayerReport, emitted: float) -> None:
     """Keep the momentum as given (with its convention) and num_batches_tracked, which Keras cannot hold."""
-    fields: dict[str, Any] = {"momentum": spec.momentum, "momentum_convention": spec.momentum_convention, "momentum_emitted": emitted}
+    fields: dict[str, Any] = {
+        "momentum": spec.momentum,
+        "momentum_convention": spec.momentum_convention,
+        "momentum_emitted": emitted,
+    }
     if "num_batches_tracked" in spec.tensors:
         count = int(spec.tensors["num_batches_tracked"])
         fields["num_batches_tracked"] = count
         report.add("num_batches_tracked", count, count, "stored", STORED_NOTE + "; dropped from .keras files")
     if spec.momentum_convention != RUNNING_WEIGHT:
-        given = f"{spec.momentum!r} ({spec.momentum_convention})" if spec.momentum is not None else "None (cumulative average)"
-        report.add("momentum_convention", spec.momentum_convention, RUNNING_WEIGHT, "stored", f"the momentum as given, {given}, is " + STORED_NOTE)
+        given = (
+            f"{spec.momentum!r} ({spec.momentum_convention})"
+            if spec.momentum is not None
+            else "None (cumulative average)"
+        )
+        report.add(
+            "momentum_convention",
+            spec.momentum_convention,
+            RUNNING_WEIGHT,
+            "stored",
+            f"the momentum as given, {given}, is " + STORED_NOTE,
+        )
     markers.remember(layer, **fields)

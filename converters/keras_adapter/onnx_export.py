@@ -38,7 +38,9 @@ def _opset(opset: int) -> tuple[int, list[str]]:
 
     used = min(opset, _tf2onnx_max_opset())
     if used < opset:
-        return used, [f"tf2onnx {tf2onnx.__version__} writes at most opset {used}; the rewrite raises the opset only where a native op needs it"]
+        return used, [
+            f"tf2onnx {tf2onnx.__version__} writes at most opset {used}; the rewrite raises the opset only where a native op needs it"
+        ]
     return used, []
 
 
@@ -49,7 +51,11 @@ def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
     used, notes = _opset(opset)
     _call_once(model, sample)
     exported = tf2onnx_export.export_model(model, used)
-    return exported, f"tf2onnx {tf2onnx.__version__} (traced by normbridge: captured constants kept, Erfc as 1 - Erf) at opset {used}", notes
+    return (
+        exported,
+        f"tf2onnx {tf2onnx.__version__} (traced by normbridge: captured constants kept, Erfc as 1 - Erf) at opset {used}",
+        notes,
+    )
 
 
 def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
@@ -64,18 +70,28 @@ def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
         path = Path(folder) / "model.onnx"
 
         def told(error: Exception) -> str:  # the message without normbridge's temporary file, which the user never made
-            message = str(error).strip().replace(f"'{path}' ", "").replace(str(path), "the exported file").replace(folder, "a temporary folder")
+            message = (
+                str(error)
+                .strip()
+                .replace(f"'{path}' ", "")
+                .replace(str(path), "the exported file")
+                .replace(folder, "a temporary folder")
+            )
             return message.splitlines()[0][:300] if message else type(error).__name__
 
         try:
             model.export(str(path), format="onnx", opset_version=used, verbose=False)
         except Exception as error:
-            raise UnsupportedObjectError(f"Keras's ONNX export failed ({type(error).__name__}: {told(error)}).") from error
+            raise UnsupportedObjectError(
+                f"Keras's ONNX export failed ({type(error).__name__}: {told(error)})."
+            ) from error
         try:
             loaded = load_onnx(path)
         except InputFileError as error:
             detail = told(error).removeprefix("is not a valid ONNX model").split(";")[0].strip()
-            raise UnsupportedObjectError(f"Keras's ONNX export wrote an invalid ONNX file {detail}; normbridge's own export (export_onnx) traces the model itself.") from error
+            raise UnsupportedObjectError(
+                f"Keras's ONNX export wrote an invalid ONNX file {detail}; normbridge's own export (export_onnx) traces the model itself."
+            ) from error
         return loaded, f"keras.Model.export(format='onnx') via tf2onnx {tf2onnx.__version__} at opset {used}", notes
 
 
@@ -92,7 +108,10 @@ def _onnx_kernel(layer) -> np.ndarray | None:
             return None
         kernel = keras.ops.convert_to_numpy(kernel)
         return np.ascontiguousarray(np.transpose(kernel, (kernel.ndim - 1, kernel.ndim - 2, *range(kernel.ndim - 2))))
-    if name not in ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D") or getattr(layer, "kernel", None) is None:
+    if (
+        name not in ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")
+        or getattr(layer, "kernel", None) is None
+    ):
         return None
     kernel = keras.ops.convert_to_numpy(layer.kernel)
     n = kernel.ndim - 2
@@ -122,6 +141,10 @@ def conv_batchnorms(keras_model, specs: list[NormSpec]) -> list:
         kernel = _onnx_kernel(producer)
         if kernel is None:
             continue
-        bias = keras.ops.convert_to_numpy(producer.bias) if getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None else None
+        bias = (
+            keras.ops.convert_to_numpy(producer.bias)
+            if getattr(producer, "use_bias", False) and getattr(producer, "bias", None) is not None
+            else None
+        )
         pairs.append(ConvBatchNorm(layer.name, kernel, bias, by_name[layer.name]))
     return pairs

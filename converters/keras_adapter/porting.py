@@ -49,7 +49,9 @@ class KerasWrite:
 def plan_write(fresh: Any, target: Any, path: str, report: LayerReport) -> KerasWrite:
     """Check that `target` can hold `fresh`'s state and return the writes (nothing is written yet)."""
     plan = KerasWrite(target)
-    if is_deferred(fresh):  # a BatchNorm1d or GroupNorm with no recorded rank, built on first call: its state at the target's rank
+    if is_deferred(
+        fresh
+    ):  # a BatchNorm1d or GroupNorm with no recorded rank, built on first call: its state at the target's rank
         fresh = built_copy(fresh, len(built_input_shape(target)))
     for attribute, (setting, identity) in _affine_attributes(target).items():
         ours, theirs = _variable(fresh, attribute), _variable(target, attribute)
@@ -58,13 +60,21 @@ def plan_write(fresh: Any, target: Any, path: str, report: LayerReport) -> Keras
             raise NotExpressibleError(
                 f"the source has a {setting} but the target {type(target).__name__} '{target.name}' was built with {flag}=False; "
                 f"rebuild the target layer with {flag}=True.",
-                layer=path, setting=setting, target="keras",
+                layer=path,
+                setting=setting,
+                target="keras",
             )
         if ours is not None:
             plan.steps.append(_copy(ours, theirs, target.name, setting))
         elif theirs is not None:
             plan.steps.append(_fill(theirs, identity, target.name, setting))
-            report.add(setting, False, f"{attribute} = {identity:g}", "approximate", f"the target layer has a learned {attribute} the source lacks; set to the identity")
+            report.add(
+                setting,
+                False,
+                f"{attribute} = {identity:g}",
+                "approximate",
+                f"the target layer has a learned {attribute} the source lacks; set to the identity",
+            )
             report.warn(
                 f"the target's {attribute} was set to {identity:g} (the identity) because the source has no {setting}; it stays trainable, "
                 f"so training the target moves it where the source's would not exist."
@@ -75,7 +85,9 @@ def plan_write(fresh: Any, target: Any, path: str, report: LayerReport) -> Keras
             raise NotExpressibleError(
                 f"the converted layer {'has' if ours is not None else 'has no'} '{attribute}' but the target {type(target).__name__} "
                 f"'{target.name}' {'has none' if theirs is None else 'has one'}; the layers are not twins.",
-                layer=path, setting="track_running_stats", target="keras",
+                layer=path,
+                setting="track_running_stats",
+                target="keras",
             )
         if ours is not None:
             plan.steps.append(_copy(ours, theirs, target.name, attribute))
@@ -101,7 +113,9 @@ def _copy(source: Any, target: Any, layer: str, setting: str) -> Callable[[], No
 
 
 def _fill(target: Any, value: float, layer: str, setting: str) -> Callable[[], None]:
-    return lambda: write_variable(target, np.full(tuple(target.shape), value, dtype=str(target.dtype)), layer=layer, setting=setting)
+    return lambda: write_variable(
+        target, np.full(tuple(target.shape), value, dtype=str(target.dtype)), layer=layer, setting=setting
+    )
 
 
 def _set(obj: Any, name: str, value: Any) -> Callable[[], None]:

@@ -85,7 +85,9 @@ def _probe(layer: Any) -> ProbeResult:
     if has_sublayers(layer):
         return ProbeResult(None, "it holds sublayers, which a normalization layer does not")
     if str(layer.compute_dtype) not in ("float32", "float64") or str(layer.variable_dtype) != str(layer.compute_dtype):
-        return ProbeResult(None, f"its dtype policy '{layer.dtype_policy.name}' is not float32 or float64; the probe reads those only")
+        return ProbeResult(
+            None, f"its dtype policy '{layer.dtype_policy.name}' is not float32 or float64; the probe reads those only"
+        )
     shape = _input_shape(layer)
     if shape is None:
         return ProbeResult(None, "it records no single input shape")
@@ -94,13 +96,18 @@ def _probe(layer: Any) -> ProbeResult:
     if normalized is None and (called := _called_shape(variables, shape)) is not None:
         shape, normalized = called, _normalized_shape(variables, called)
     if normalized is None:
-        return ProbeResult(None, f"its variables {[f'{short_name(v)}{list(v.shape)}' for v in variables]} are not per-feature vectors of "
-                                 f"the trailing axes of its input {list(shape)}")
+        return ProbeResult(
+            None,
+            f"its variables {[f'{short_name(v)}{list(v.shape)}' for v in variables]} are not per-feature vectors of "
+            f"the trailing axes of its input {list(shape)}",
+        )
     before = [np.array(v.numpy(), copy=True) for v in variables]
     try:
         norm = next((n for h in _hypotheses(variables) if (n := _try(layer, shape, normalized, h)) is not None), None)
     except Exception as error:  # a layer that refuses the probe inputs is simply not proved
-        return ProbeResult(None, f"calling it on a probe input raised {type(error).__name__}: {str(error).strip()[:200]}")
+        return ProbeResult(
+            None, f"calling it on a probe input raised {type(error).__name__}: {str(error).strip()[:200]}"
+        )
     finally:
         changed = [(v, old) for v, old in zip(variables, before) if not np.array_equal(v.numpy(), old)]
         for variable, old in changed:
@@ -129,9 +136,9 @@ def _called_shape(variables: list, shape: tuple[int, ...]) -> tuple[int, ...] | 
     if len(shapes) != 1:
         return None
     trailing = shapes.pop()
-    if not trailing or len(trailing) >= len(shape) or tuple(shape[-len(trailing):]) == trailing:
+    if not trailing or len(trailing) >= len(shape) or tuple(shape[-len(trailing) :]) == trailing:
         return None
-    return tuple(shape[:-len(trailing)]) + trailing
+    return tuple(shape[: -len(trailing)]) + trailing
 
 
 def _normalized_shape(variables: list, shape: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -144,7 +151,7 @@ def _normalized_shape(variables: list, shape: tuple[int, ...]) -> tuple[int, ...
     if len(shapes) != 1:
         return None
     normalized = shapes.pop()
-    if not normalized or len(normalized) >= len(shape) or tuple(shape[-len(normalized):]) != normalized:
+    if not normalized or len(normalized) >= len(shape) or tuple(shape[-len(normalized) :]) != normalized:
         return None
     return normalized
 
@@ -220,7 +227,12 @@ def _exact_eps(layer: Any, estimate: float) -> float:
     """The layer's own eps attribute when it agrees with the estimate, else the shortest decimal within the estimate's precision."""
     for attribute in EPS_ATTRIBUTES:
         value = getattr(layer, attribute, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and abs(value - estimate) <= 1e-3 * value:
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value > 0
+            and abs(value - estimate) <= 1e-3 * value
+        ):
             return float(value)
     for digits in range(1, 8):
         rounded = float(f"{estimate:.{digits - 1}e}")
@@ -237,8 +249,17 @@ def effective_spec(layer: Any, norm: ProbedNorm) -> NormSpec:
         arrays["scale"] = norm.scale_offset + tensors[norm.scale]
     if norm.bias is not None:
         arrays["bias"] = tensors[norm.bias]
-    return NormSpec(name="probe", kind=norm.kind, eps=norm.eps, normalized_shape=norm.normalized_shape, input_rank=norm.input_rank,
-                    scale=norm.scale is not None, bias=norm.bias is not None, dtype="float64", tensors=arrays)
+    return NormSpec(
+        name="probe",
+        kind=norm.kind,
+        eps=norm.eps,
+        normalized_shape=norm.normalized_shape,
+        input_rank=norm.input_rank,
+        scale=norm.scale is not None,
+        bias=norm.bias is not None,
+        dtype="float64",
+        tensors=arrays,
+    )
 
 
 def prove(layer: Any, norm: ProbedNorm, shape: tuple[int, ...]) -> bool:
@@ -251,6 +272,8 @@ def prove(layer: Any, norm: ProbedNorm, shape: tuple[int, ...]) -> bool:
     for x in probes:
         expected = reference.forward(spec, x, False)
         got = _call(layer, x)
-        if got.shape != expected.shape or not np.allclose(got, expected, rtol=RTOL, atol=ATOL * max(1.0, float(np.max(np.abs(expected))))):
+        if got.shape != expected.shape or not np.allclose(
+            got, expected, rtol=RTOL, atol=ATOL * max(1.0, float(np.max(np.abs(expected))))
+        ):
             return False
     return True

@@ -39,18 +39,34 @@ def probed_spec(layer: Any, kind: str, report: LayerReport) -> NormSpec:
         tensors["scale"] = read_variable(variables[norm.scale])
     if norm.bias is not None:
         tensors["bias"] = read_variable(variables[norm.bias])
-    facts = KerasFacts(name=spec_name(layer, report), dtype=layer_dtype(layer), compute_dtype=None, eps=norm.eps, eps_origin="explicit", training=False)
+    facts = KerasFacts(
+        name=spec_name(layer, report),
+        dtype=layer_dtype(layer),
+        compute_dtype=None,
+        eps=norm.eps,
+        eps_origin="explicit",
+        training=False,
+    )
     offset = f", affine factor {norm.scale_offset:g} + {norm.scale}" if norm.scale_offset else ""
     report.warn(
         f"{type(layer).__name__} is not a stock Keras layer: read by the behavioural probe ({kind} over the last {len(norm.normalized_shape)} "
         f"axis/axes, eps {norm.eps!r}{offset}), proved against the NumPy reference on probe inputs."
     )
     spec = facts.spec(
-        layer, kind, tensors,
-        normalized_shape=norm.normalized_shape, input_rank=norm.input_rank,
-        scale=norm.scale is not None, bias=norm.bias is not None, scale_offset=norm.scale_offset,
+        layer,
+        kind,
+        tensors,
+        normalized_shape=norm.normalized_shape,
+        input_rank=norm.input_rank,
+        scale=norm.scale is not None,
+        bias=norm.bias is not None,
+        scale_offset=norm.scale_offset,
     )
     # The class and its variables' names, so converting back to Keras can rebuild it (restoring.py).
     roles = {role: name for role, name in (("scale", norm.scale), ("bias", norm.bias)) if name is not None}
     cls = type(layer)
-    return spec.replace(source=spec.source.model_copy(update={"module_class": f"{cls.__module__}.{cls.__qualname__}", "state_names": roles}))
+    return spec.replace(
+        source=spec.source.model_copy(
+            update={"module_class": f"{cls.__module__}.{cls.__qualname__}", "state_names": roles}
+        )
+    )

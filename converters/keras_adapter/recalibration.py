@@ -36,29 +36,46 @@ def _sub_model(model: Any, layers: list) -> Any:
     except (AttributeError, ValueError) as error:
         raise UnsupportedObjectError(
             f"layer '{layers[0].name}': its input cannot be read from Keras model '{model.name}' ({first_line(error)}); recalibrate a functional "
-            "or Sequential Keras model (BatchNormalization layers called once, outside nested models), or its ONNX export.") from error
+            "or Sequential Keras model (BatchNormalization layers called once, outside nested models), or its ONNX export."
+        ) from error
 
 
 def _axis(layer: Any) -> int:
     return layer.axis if isinstance(layer.axis, int) else layer.axis[0]
 
 
-def recalibrate_keras(model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
+def recalibrate_keras(
+    model: Any, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
+) -> tuple[Any, list[Movement], str]:
     """(new model, [(name, old mean, old var, new mean, new var, eps)], method); the input model is untouched."""
     keras = import_keras()
     new = _copy(model)
     layers = {layer.name: layer for layer in all_layers(new) if isinstance(layer, keras.layers.BatchNormalization)}
-    before = {name: (np.array(bn.moving_mean.numpy()), np.array(bn.moving_variance.numpy())) for name, bn in layers.items()}
-    upstream = {name: {layer.name for layer in all_layers(_sub_model(new, [bn])) if layer.name in layers} for name, bn in layers.items()}
+    before = {
+        name: (np.array(bn.moving_mean.numpy()), np.array(bn.moving_variance.numpy())) for name, bn in layers.items()
+    }
+    upstream = {
+        name: {layer.name for layer in all_layers(_sub_model(new, [bn])) if layer.name in layers}
+        for name, bn in layers.items()
+    }
     computed = {}
     for wave in waves(list(layers), upstream):
         probe = _sub_model(new, [layers[name] for name in wave])
-        records = [LayerMoments(name, *(a.astype(np.float64) for a in before[name]), float(layers[name].epsilon)) for name in wave]
+        records = [
+            LayerMoments(name, *(a.astype(np.float64) for a in before[name]), float(layers[name].epsilon))
+            for name in wave
+        ]
         for batch in batches:
             try:
-                values = probe(list(batch), training=False)  # the probe is built on model.inputs, a list: a bare tensor makes Keras warn
-            except Exception as error:  # Keras's ValueError, TensorFlow's InvalidArgumentError for a wrong shape or dtype
-                raise InputFileError(f"the Keras model refused a recalibration batch of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
+                values = probe(
+                    list(batch), training=False
+                )  # the probe is built on model.inputs, a list: a bare tensor makes Keras warn
+            except (
+                Exception
+            ) as error:  # Keras's ValueError, TensorFlow's InvalidArgumentError for a wrong shape or dtype
+                raise InputFileError(
+                    f"the Keras model refused a recalibration batch of shape {[list(a.shape) for a in batch]} ({first_line(error)})."
+                ) from error
             values = values if isinstance(values, (list, tuple)) else [values]
             for record, value in zip(records, values):
                 record.add(keras.ops.convert_to_numpy(value), _axis(layers[record.name]))
@@ -69,8 +86,10 @@ def recalibrate_keras(model: Any, batches: list[tuple[np.ndarray, ...]], varianc
             bn.moving_variance.assign(var.astype(before[record.name][1].dtype))
             computed[record.name] = (mean, var)
     moved = [(name, *before[name], *computed[name], float(layers[name].epsilon)) for name in layers]
-    method = ("sub-models of a copy called with training=False: population statistics of each BatchNormalization's input over all samples "
-              f"(pooled in float64), measured wave by wave with the layers upstream on their new statistics; {variance_estimator} variance")
+    method = (
+        "sub-models of a copy called with training=False: population statistics of each BatchNormalization's input over all samples "
+        f"(pooled in float64), measured wave by wave with the layers upstream on their new statistics; {variance_estimator} variance"
+    )
     return new, moved, method
 
 

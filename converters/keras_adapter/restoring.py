@@ -46,13 +46,21 @@ def restore_class(spec: NormSpec) -> tuple[Any | None, str]:
         variables = {short_name(v): v for v in layer.weights}
         for role, name in names.items():
             if name not in variables:
-                return None, f"a rebuilt {cls.__name__} has no variable '{name}' to hold the spec's {role} (it has {sorted(variables)})"
+                return (
+                    None,
+                    f"a rebuilt {cls.__name__} has no variable '{name}' to hold the spec's {role} (it has {sorted(variables)})",
+                )
             write_variable(variables[name], spec.tensors[role], layer=spec.name, setting=role)
     except Exception as error:  # a constructor or a build that does not take the spec: the stock class is built instead
-        return None, f"{cls.__name__} could not be rebuilt with the spec's state ({type(error).__name__}: {str(error).strip()[:200]})"
+        return (
+            None,
+            f"{cls.__name__} could not be rebuilt with the spec's state ({type(error).__name__}: {str(error).strip()[:200]})",
+        )
     layer, how = _proved(layer, spec, cls, how_found)
     if layer is not None and layer.name != spec.name:
-        if layer.name == spec.name.replace("/", "_"):  # Keras names cannot hold '/': the original is remembered, as for stock layers
+        if layer.name == spec.name.replace(
+            "/", "_"
+        ):  # Keras names cannot hold '/': the original is remembered, as for stock layers
             markers.remember(layer, name=spec.name)
         else:
             how += f"; its constructor takes no name, so it is named {layer.name!r}, not {spec.name!r}"
@@ -63,11 +71,19 @@ def find_class(path: str) -> tuple[type | None, str]:
     """The Keras layer class at `path` among the registered and the already imported ones, or (None, why not)."""
     keras = import_keras()
     module_name, _, qualname = path.rpartition(".")
-    registered = [obj for obj in keras.saving.get_custom_objects().values() if isinstance(obj, type) and _path_of(obj) == path]
-    cls, how = (registered[0], "registered with keras.saving") if registered else (_imported(module_name, qualname), "already imported")
+    registered = [
+        obj for obj in keras.saving.get_custom_objects().values() if isinstance(obj, type) and _path_of(obj) == path
+    ]
+    cls, how = (
+        (registered[0], "registered with keras.saving")
+        if registered
+        else (_imported(module_name, qualname), "already imported")
+    )
     if cls is None:
-        return None, (f"{path} is neither registered with keras.saving nor in a module this process has imported; normbridge never "
-                      "imports a module a spec names (import it, or register the class, to have it rebuilt)")
+        return None, (
+            f"{path} is neither registered with keras.saving nor in a module this process has imported; normbridge never "
+            "imports a module a spec names (import it, or register the class, to have it rebuilt)"
+        )
     if not isinstance(cls, type) or not issubclass(cls, keras.layers.Layer):
         return None, f"{path} is not a keras.layers.Layer class"
     if issubclass(cls, keras.layers.Lambda):
@@ -93,9 +109,17 @@ def _construct(cls: type, spec: NormSpec) -> Any:
     """cls(...) with the arguments its signature takes: the feature count when one argument is required, eps, name, dtype."""
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-    named = {p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-    required = [p for p in parameters if p.default is inspect.Parameter.empty
-                and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    named = {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    required = [
+        p
+        for p in parameters
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
     if len(required) > 1:
         raise TypeError(f"its constructor requires {[p.name for p in required]}, which a spec does not give")
     args = (spec.normalized_shape[-1],) if required else ()
@@ -121,10 +145,18 @@ def _proved(layer: Any, spec: NormSpec, cls: type, how_found: str) -> tuple[Any 
     from .probed import probed_spec
 
     try:
-        found = probed_spec(layer, spec.kind, LayerReport(layer=spec.name, kind=spec.kind, source_framework="keras",
-                                                          target_framework="spec", target_op="NormSpec"))
+        found = probed_spec(
+            layer,
+            spec.kind,
+            LayerReport(
+                layer=spec.name, kind=spec.kind, source_framework="keras", target_framework="spec", target_op="NormSpec"
+            ),
+        )
     except Exception as error:  # the probe does not prove the rebuilt layer: say why
-        return None, f"the rebuilt {cls.__name__} is not proved a {spec.kind} normalization ({str(error).strip()[:200]})"
+        return (
+            None,
+            f"the rebuilt {cls.__name__} is not proved a {spec.kind} normalization ({str(error).strip()[:200]})",
+        )
     differences = spec_differences(spec, found, ignore=("source", "input_rank", "name"))
     if differences:
         return None, f"the rebuilt {cls.__name__} computes another spec ({differences[0]})"

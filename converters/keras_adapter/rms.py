@@ -42,9 +42,13 @@ class KerasRmsAdapter(KerasKindAdapter):
             if not layer.trainable and bool(np.all(weight == 1)):
                 tensors = {}
             else:
-                report.warn("the scale was emitted as frozen ones but has since changed or been unfrozen; it is read as a learned scale.")
+                report.warn(
+                    "the scale was emitted as frozen ones but has since changed or been unfrozen; it is read as a learned scale."
+                )
         return read_facts(layer, report).spec(
-            layer, "rms", tensors,
+            layer,
+            "rms",
+            tensors,
             normalized_shape=tuple(int(d) for d in weight.shape),
             input_rank=len(shape),
             scale=bool(tensors),
@@ -62,7 +66,13 @@ class KerasRmsAdapter(KerasKindAdapter):
             assign_variable(layer, "scale", np.ones(spec.normalized_shape, dtype=variable_dtype(spec)), "scale")
             layer.trainable = False
             markers.remember(layer, frozen_identity=("scale",))
-            report.add("scale", False, "frozen scale = 1", "stored", "Keras RMSNormalization always has a scale weight; " + STORED_NOTE)
+            report.add(
+                "scale",
+                False,
+                "frozen scale = 1",
+                "stored",
+                "Keras RMSNormalization always has a scale weight; " + STORED_NOTE,
+            )
         return layer
 
 

@@ -19,7 +19,9 @@ def import_keras():
     from ..native_order import prepare
 
     prepare()  # triton's native library before TensorFlow's (native_order.py)
-    with optional_packages_kept_out():  # normbridge's own processes: no scikit-learn, matplotlib, pandas (lean_imports.py)
+    with (
+        optional_packages_kept_out()
+    ):  # normbridge's own processes: no scikit-learn, matplotlib, pandas (lean_imports.py)
         import keras
 
     return keras

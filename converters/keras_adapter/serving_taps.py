@@ -36,13 +36,15 @@ class MonitoredKerasModel:
                 except Exception as error:
                     self._sink.failed(error)
                 else:
-                    for index, (value, axis) in enumerate(zip(values[self._outputs:], self._axes)):
+                    for index, (value, axis) in enumerate(zip(values[self._outputs :], self._axes)):
                         try:
                             self._sink.observe(index, *numpy_moments(keras.ops.convert_to_numpy(value), axis))
                         except Exception as error:
                             self._sink.failed(error)
                     served = list(values[: self._outputs])
-                    return served[0] if self._outputs == 1 and not isinstance(self.model.output, (list, tuple)) else served
+                    return (
+                        served[0] if self._outputs == 1 and not isinstance(self.model.output, (list, tuple)) else served
+                    )
             return self.model(inputs, training=training, **kwargs)
         finally:
             self._sink.end()
@@ -50,7 +52,9 @@ class MonitoredKerasModel:
     def predict(self, inputs, **kwargs):
         keras = import_keras()
         out = self(inputs)
-        return [keras.ops.convert_to_numpy(o) for o in out] if isinstance(out, list) else keras.ops.convert_to_numpy(out)
+        return (
+            [keras.ops.convert_to_numpy(o) for o in out] if isinstance(out, list) else keras.ops.convert_to_numpy(out)
+        )
 
     def __getattr__(self, name: str):
         return getattr(self.model, name)
@@ -63,10 +67,18 @@ def keras_taps(model: Any, refs: list, sink: TapSink) -> ServingTaps:
     try:
         probe = keras.Model(model.inputs, list(model.outputs) + [layer.input for layer in layers])
     except (AttributeError, ValueError) as error:
-        raise UnsupportedObjectError(f"cannot read the BatchNormalization inputs of Keras model '{model.name}' ({error}); "
-                                     "monitor a functional Keras model.") from error
-    tapped = [TappedLayer(layer.name, *(keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.moving_mean, layer.moving_variance)),
-                          float(layer.epsilon)) for layer in layers]
+        raise UnsupportedObjectError(
+            f"cannot read the BatchNormalization inputs of Keras model '{model.name}' ({error}); "
+            "monitor a functional Keras model."
+        ) from error
+    tapped = [
+        TappedLayer(
+            layer.name,
+            *(keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.moving_mean, layer.moving_variance)),
+            float(layer.epsilon),
+        )
+        for layer in layers
+    ]
     axes = [layer.axis if isinstance(layer.axis, int) else layer.axis[0] for layer in layers]
     names = [getattr(tensor, "name", None) for tensor in model.inputs]
     return ServingTaps(MonitoredKerasModel(model, probe, axes, sink), tapped, input_names=names if all(names) else None)

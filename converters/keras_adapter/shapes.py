@@ -80,7 +80,11 @@ def channels_last_shape(num_features: int, rank: int) -> tuple[int | None, ...]:
 
 def channel_shape(num_features: int, rank: int, layout: str) -> tuple[int | None, ...]:
     """The build shape of a channel kind in `layout`."""
-    return channels_first_shape(num_features, rank) if layout == "channels_first" else channels_last_shape(num_features, rank)
+    return (
+        channels_first_shape(num_features, rank)
+        if layout == "channels_first"
+        else channels_last_shape(num_features, rank)
+    )
 
 
 def trailing_shape(normalized_shape: tuple[int, ...], rank: int) -> tuple[int | None, ...]:
@@ -88,11 +92,15 @@ def trailing_shape(normalized_shape: tuple[int, ...], rank: int) -> tuple[int | 
 
 
 #: Why a Keras layer has one input rank, said in every report that picks one.
-FIXED_RANK = ("a built Keras layer takes one input rank (its InputSpec fixes ndim, and BatchNormalization fixes its "
-              "reduction axes in build)")
+FIXED_RANK = (
+    "a built Keras layer takes one input rank (its InputSpec fixes ndim, and BatchNormalization fixes its "
+    "reduction axes in build)"
+)
 #: Why the rank a trailing-axes layer is built for does not restrict it.
-ANY_RANK = ("built for this rank, but a Keras LayerNormalization or RMSNormalization over trailing axes fixes no input rank "
-            "(its build records only the normalised axes' sizes): it takes inputs of any rank >= the normalised axes + 1")
+ANY_RANK = (
+    "built for this rank, but a Keras LayerNormalization or RMSNormalization over trailing axes fixes no input rank "
+    "(its build records only the normalised axes' sizes): it takes inputs of any rank >= the normalised axes + 1"
+)
 
 
 def build_rank(spec: NormSpec, report: LayerReport, default: int, minimum: int = 2, fixes_rank: bool = True) -> int:
@@ -108,9 +116,16 @@ def build_rank(spec: NormSpec, report: LayerReport, default: int, minimum: int =
     if not fixes_rank:
         report.add("input_rank", spec.input_rank, default, "translated", f"not recorded by the source; {ANY_RANK}")
         return default
-    reason = "not recorded by the source" if spec.input_rank is None else f"rank {spec.input_rank} has no batch axis here"
-    report.add("input_rank", spec.input_rank, default, "translated",
-               f"{reason}; {FIXED_RANK}, so it is built for rank-{default} inputs: pass input_rank= to build it for another rank")
+    reason = (
+        "not recorded by the source" if spec.input_rank is None else f"rank {spec.input_rank} has no batch axis here"
+    )
+    report.add(
+        "input_rank",
+        spec.input_rank,
+        default,
+        "translated",
+        f"{reason}; {FIXED_RANK}, so it is built for rank-{default} inputs: pass input_rank= to build it for another rank",
+    )
     return default
 
 

@@ -53,9 +53,12 @@ def read_standardization(layer: Any) -> Standardization | None:
         return None
     keras = import_keras()
     return Standardization(
-        name=layer.name, axis=tuple(layer.axis),
-        mean=np.asarray(keras.ops.convert_to_numpy(layer.mean)), variance=np.asarray(keras.ops.convert_to_numpy(layer.variance)),
-        epsilon=float(keras.backend.epsilon()), invert=bool(layer.invert),
+        name=layer.name,
+        axis=tuple(layer.axis),
+        mean=np.asarray(keras.ops.convert_to_numpy(layer.mean)),
+        variance=np.asarray(keras.ops.convert_to_numpy(layer.variance)),
+        epsilon=float(keras.backend.epsilon()),
+        invert=bool(layer.invert),
     )
 
 
@@ -84,14 +87,26 @@ def standardization_hazards(model: Any) -> list[Hazard]:
             continue
         state = read_standardization(layer)
         if state is None:
-            found.append(Hazard(code=CODE, severity="warning", message=f"keras.layers.Normalization '{layer.name}' is not built: it holds no statistics yet."))
+            found.append(
+                Hazard(
+                    code=CODE,
+                    severity="warning",
+                    message=f"keras.layers.Normalization '{layer.name}' is not built: it holds no statistics yet.",
+                )
+            )
             continue
         fresh = bool(np.all(state.mean == 0) and np.all(state.variance == 1))
-        what = "inverse standardisation, mean + x * max(sqrt(variance), epsilon)" if state.invert else "standardisation, (x - mean) / max(sqrt(variance), epsilon)"
-        message = (f"keras.layers.Normalization '{layer.name}' is a frozen {what} over axis {list(state.axis)}: mean {_summary(state.mean)}, "
-                   f"variance {_summary(state.variance)}, epsilon {state.epsilon!r} (a floor on the standard deviation); these are statistics "
-                   "of the training data and drift like BatchNorm's. It is not converted on its own (no normalizer kind computes it); "
-                   "a whole-model ONNX export keeps it exactly.")
+        what = (
+            "inverse standardisation, mean + x * max(sqrt(variance), epsilon)"
+            if state.invert
+            else "standardisation, (x - mean) / max(sqrt(variance), epsilon)"
+        )
+        message = (
+            f"keras.layers.Normalization '{layer.name}' is a frozen {what} over axis {list(state.axis)}: mean {_summary(state.mean)}, "
+            f"variance {_summary(state.variance)}, epsilon {state.epsilon!r} (a floor on the standard deviation); these are statistics "
+            "of the training data and drift like BatchNorm's. It is not converted on its own (no normalizer kind computes it); "
+            "a whole-model ONNX export keeps it exactly."
+        )
         if fresh:
             message += " Its statistics are still mean 0, variance 1: it was never adapted (adapt() or mean=/variance=), so it passes inputs through."
         found.append(Hazard(code=CODE, severity="warning" if fresh else "info", message=message))

@@ -27,14 +27,20 @@ def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]]) -> li
     try:
         probe = keras.Model(model.inputs, [layer.input for layer in layers])
     except (AttributeError, ValueError) as error:
-        raise UnsupportedObjectError(f"cannot read the BatchNormalization inputs of Keras model '{model.name}' ({error}); drift supports functional Keras models.") from error
+        raise UnsupportedObjectError(
+            f"cannot read the BatchNormalization inputs of Keras model '{model.name}' ({error}); drift supports functional Keras models."
+        ) from error
     moments = []
     for layer in layers:
-        mean, var = (keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.moving_mean, layer.moving_variance))
+        mean, var = (
+            keras.ops.convert_to_numpy(w).astype(np.float64) for w in (layer.moving_mean, layer.moving_variance)
+        )
         moments.append(LayerMoments(layer.name, mean, var, float(layer.epsilon)))
     axes = [layer.axis if isinstance(layer.axis, int) else layer.axis[0] for layer in layers]
     for batch in batches:
-        values = probe(list(batch), training=False)  # the probe is built on model.inputs, a list: a bare tensor makes Keras warn
+        values = probe(
+            list(batch), training=False
+        )  # the probe is built on model.inputs, a list: a bare tensor makes Keras warn
         values = values if isinstance(values, (list, tuple)) else [values]
         for record, value, axis in zip(moments, values, axes):
             record.add(keras.ops.convert_to_numpy(value), axis)

@@ -36,7 +36,10 @@ def keras_structure(model: Any, read_safely: bool = False) -> StructureParts | N
         json.dumps(config)
     except (NotImplementedError, TypeError, ValueError):
         return None
-    parts = {CONFIG: json.dumps(config, sort_keys=True).encode(), METADATA: json.dumps({"keras_version": keras.__version__}).encode()}
+    parts = {
+        CONFIG: json.dumps(config, sort_keys=True).encode(),
+        METADATA: json.dumps({"keras_version": keras.__version__}).encode(),
+    }
     return StructureParts("keras", parts, read_safely=read_safely)
 
 
@@ -47,15 +50,21 @@ def keras_model(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> Any:
         config = json.loads(parts[CONFIG])
         model = keras.saving.deserialize_keras_object(config, safe_mode=True)
     except KeyError as error:
-        raise InputFileError(f"a Keras structure holds '{CONFIG}'; got {sorted(parts)}: the stored version is inconsistent.") from error
+        raise InputFileError(
+            f"a Keras structure holds '{CONFIG}'; got {sorted(parts)}: the stored version is inconsistent."
+        ) from error
     except ValueError as error:
-        raise InputFileError(f"the stored Keras config cannot be rebuilt with safe_mode=True ({str(error).splitlines()[0][:300]}).") from error
+        raise InputFileError(
+            f"the stored Keras config cannot be rebuilt with safe_mode=True ({str(error).splitlines()[0][:300]})."
+        ) from error
     names = {variable_name(model, v): v for v in model.weights}
     stored = {name for name in tensors if "::" not in name}
     if set(names) != stored:
         missing, extra = sorted(stored - set(names)), sorted(set(names) - stored)
-        raise InputFileError(f"the rebuilt Keras model's variables do not match the stored tensors (stored only: {missing[:5]}, "
-                             f"model only: {extra[:5]}); the stored version is inconsistent.")
+        raise InputFileError(
+            f"the rebuilt Keras model's variables do not match the stored tensors (stored only: {missing[:5]}, "
+            f"model only: {extra[:5]}); the stored version is inconsistent."
+        )
     for name, variable in names.items():
         variable.assign(tensors[name])
     return model

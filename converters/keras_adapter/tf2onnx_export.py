@@ -51,7 +51,9 @@ def _erfc(ctx, node, name, args) -> None:
     dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
     node.type = "Erf"
     one = ctx.make_const(utils.make_name(f"{name}_one"), np.array(1, dtype=dtype))
-    ctx.insert_new_node_on_output("Sub", node.output[0], name=utils.make_name(f"{name}_erfc"), inputs=[one.output[0], node.output[0]])
+    ctx.insert_new_node_on_output(
+        "Sub", node.output[0], name=utils.make_name(f"{name}_erfc"), inputs=[one.output[0], node.output[0]]
+    )
 
 
 CUSTOM_OPS = {"Erfc": (_erfc, [])}
@@ -71,8 +73,10 @@ def _collecting(factory):
 def _collecting_optimizers(default: dict) -> dict:
     """tf2onnx's default optimizers, in its order, each collecting the garbage of the one before (the transpose
     optimizer keeps its Transposes: keras_internals.transposes_kept)."""
-    return OrderedDict((name, _collecting(transposes_kept(factory) if name == "optimize_transpose" else factory))
-                       for name, factory in default.items())
+    return OrderedDict(
+        (name, _collecting(transposes_kept(factory) if name == "optimize_transpose" else factory))
+        for name, factory in default.items()
+    )
 
 
 def _signature(model: Any) -> list:
@@ -81,7 +85,9 @@ def _signature(model: Any) -> list:
     try:
         inputs = list(model.inputs)
     except (AttributeError, ValueError) as error:
-        raise UnsupportedObjectError(f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input.") from error
+        raise UnsupportedObjectError(
+            f"Keras model '{model.name}' has no defined inputs ({error}); build it with keras.Input."
+        ) from error
     return [tf.TensorSpec(tuple(t.shape), t.dtype, name=f"input_{i}") for i, t in enumerate(inputs)]
 
 
@@ -110,17 +116,27 @@ def _convert(serve, signature: list, concrete, opset: int):
 
     def public():
         with transposes_kept_in_tf2onnx():
-            return convert.from_function(serve, input_signature=signature, opset=opset,
-                                         custom_op_handlers=CUSTOM_OPS)[0]
+            return convert.from_function(serve, input_signature=signature, opset=opset, custom_op_handlers=CUSTOM_OPS)[
+                0
+            ]
 
     input_names = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
     output_names = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
     renamed = convert.tensor_names_from_structed(concrete, input_names, output_names)
     with tf.device("/cpu:0"):
         frozen = tf_loader.from_function(concrete, input_names, output_names)
-        return converted_with_optimizers(frozen, _collecting_optimizers, public, name=concrete.name, continue_on_error=True,
-                                         opset=opset, custom_op_handlers=CUSTOM_OPS, input_names=input_names,
-                                         output_names=output_names, tensors_to_rename=renamed)
+        return converted_with_optimizers(
+            frozen,
+            _collecting_optimizers,
+            public,
+            name=concrete.name,
+            continue_on_error=True,
+            opset=opset,
+            custom_op_handlers=CUSTOM_OPS,
+            input_names=input_names,
+            output_names=output_names,
+            tensors_to_rename=renamed,
+        )
 
 
 def export_model(model: Any, opset: int):
@@ -139,7 +155,9 @@ def export_model(model: Any, opset: int):
             concrete = serve.get_concrete_function(*signature)
             model_proto = _convert(serve, signature, concrete, opset)
     except Exception as error:
-        raise UnsupportedObjectError(f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)}).") from error
+        raise UnsupportedObjectError(
+            f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)})."
+        ) from error
     captured = {}
     for external, internal in concrete.graph.captures:
         if external.dtype != tf.resource:

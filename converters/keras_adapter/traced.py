@@ -84,17 +84,28 @@ class TracedCalls:
         self._tf = tf
         # "both": the eval output, then the step; the function's reads and writes of a variable run in program order (TensorFlow's
         # automatic control dependencies), so the eval output is computed from the statistics before the step moves them.
-        self._functions = {name: tf.function(function, autograph=False) for name, function in
-                           (("write", write), ("eval", evaluate), ("train", train), ("both", lambda x: (evaluate(x), train(x))),
-                            ("write+both", write_and_run))}
+        self._functions = {
+            name: tf.function(function, autograph=False)
+            for name, function in (
+                ("write", write),
+                ("eval", evaluate),
+                ("train", train),
+                ("both", lambda x: (evaluate(x), train(x))),
+                ("write+both", write_and_run),
+            )
+        }
         self._traced: dict[tuple, Any] = {}  # (function, its inputs' dtypes and shapes) -> the concrete function
         self._next_input: np.ndarray | None = None  # run_with_next_write
-        self._ran: tuple[bytes, Any] | None = None  # (the input, what run_eval_and_train_step gives on it) from the last write
+        self._ran: tuple[bytes, Any] | None = (
+            None  # (the input, what run_eval_and_train_step gives on it) from the last write
+        )
 
     def _call(self, name: str, inputs: Any) -> Any:
         """The function `name` traced for these inputs' dtypes and shapes (once), called on them without grappler."""
         tf = self._tf
-        tensors = [tf.constant(value) for value in inputs] if isinstance(inputs, list) else tf.constant(inputs)  # as they are
+        tensors = (
+            [tf.constant(value) for value in inputs] if isinstance(inputs, list) else tf.constant(inputs)
+        )  # as they are
         flat = tensors if isinstance(tensors, list) else [tensors]
         key = (name, *((t.dtype, tuple(t.shape)) for t in flat))
         concrete = self._traced.get(key)
@@ -114,8 +125,11 @@ class TracedCalls:
         x, self._next_input, self._ran = self._next_input, None, None
         values = [np.asarray(value) for value in values]
         if [(value.shape, _dtype_name(value.dtype)) for value in values] != self._expected:
-            raise SpecError(f"values {[f'{v.dtype}{list(v.shape)}' for v in values]} for the Keras layer's variables, expected "
-                            f"{[f'{dtype}{list(shape)}' for shape, dtype in self._expected]}.", layer=self.layer.name)
+            raise SpecError(
+                f"values {[f'{v.dtype}{list(v.shape)}' for v in values]} for the Keras layer's variables, expected "
+                f"{[f'{dtype}{list(shape)}' for shape, dtype in self._expected]}.",
+                layer=self.layer.name,
+            )
         x = None if x is None else self._runnable(x)
         if x is None:
             read = self._call("write", values)
@@ -123,7 +137,10 @@ class TracedCalls:
             read, out, step = self._call("write+both", [*values, x])
         for variable, value, back in zip(self._weights, values, read):
             if not tensors_identical(back.numpy(), value):
-                raise SpecError(f"Keras variable '{variable.path}' did not read back bit-identical after assignment.", layer=self.layer.name)
+                raise SpecError(
+                    f"Keras variable '{variable.path}' did not read back bit-identical after assignment.",
+                    layer=self.layer.name,
+                )
         if x is not None:
             self._ran = (_key(x), (np.asarray(out.numpy()), _step(step)))
 
@@ -148,7 +165,9 @@ class TracedCalls:
         refuse_instance_training(layer)
         return _step(self._call("train", np.asarray(x).astype(layer.compute_dtype, copy=False)))
 
-    def run_eval_and_train_step(self, x: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
+    def run_eval_and_train_step(
+        self, x: np.ndarray
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
         """(run_eval(x), then run_train_step(x)) in one call, for a check that asks for both on one state: one dispatch instead
         of two; none when the last write ran them on this input (run_with_next_write). Refuses what either refuses, before
         anything runs."""
@@ -175,7 +194,11 @@ def _key(x: np.ndarray) -> tuple:
 def _step(values: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The training function's (output, [moving mean, moving variance]) as run_train_step returns them."""
     y, (mean, var) = values
-    return np.asarray(y.numpy()), None if mean is None else np.array(mean.numpy(), copy=True), None if var is None else np.array(var.numpy(), copy=True)
+    return (
+        np.asarray(y.numpy()),
+        None if mean is None else np.array(mean.numpy(), copy=True),
+        None if var is None else np.array(var.numpy(), copy=True),
+    )
 
 
 def refuse_instance_training(layer: Any) -> None:
@@ -184,8 +207,15 @@ def refuse_instance_training(layer: Any) -> None:
     TrackedInstanceNormalization emitted now takes the source's step."""
     from .tracked_instance_normalization import TrackedInstanceNormalization
 
-    if (markers.recall(layer).get("kind") == "instance" and isinstance(layer, import_keras().layers.BatchNormalization)
-            and not isinstance(layer, TrackedInstanceNormalization)):
+    if (
+        markers.recall(layer).get("kind") == "instance"
+        and isinstance(layer, import_keras().layers.BatchNormalization)
+        and not isinstance(layer, TrackedInstanceNormalization)
+    ):
         raise NotExpressibleError(
             "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval; its training step pools the batch "
-            "instead of normalising per instance; train the source layer instead.", layer=layer.name, setting="track_running_stats", target="keras")
+            "instead of normalising per instance; train the source layer instead.",
+            layer=layer.name,
+            setting="track_running_stats",
+            target="keras",
+        )

@@ -34,13 +34,17 @@ class TrackedInstanceNormalization(keras.layers.BatchNormalization):
     def __init__(self, spatial_rank: int = 2, variance_estimator: str = "unbiased", **kwargs):
         for setting, refused in (("renorm", kwargs.get("renorm")), ("synchronized", kwargs.get("synchronized"))):
             if refused:
-                raise ValueError(f"TrackedInstanceNormalization: {setting}=True has no instance-norm meaning; "
-                                 f"build it with {setting}=False.")
+                raise ValueError(
+                    f"TrackedInstanceNormalization: {setting}=True has no instance-norm meaning; "
+                    f"build it with {setting}=False."
+                )
         if spatial_rank not in (1, 2, 3):
             raise ValueError(f"TrackedInstanceNormalization: spatial_rank must be 1, 2 or 3 (got {spatial_rank!r}).")
         if variance_estimator not in ESTIMATORS:
-            raise ValueError(f"TrackedInstanceNormalization: variance_estimator must be one of {ESTIMATORS} "
-                             f"(got {variance_estimator!r}).")
+            raise ValueError(
+                f"TrackedInstanceNormalization: variance_estimator must be one of {ESTIMATORS} "
+                f"(got {variance_estimator!r})."
+            )
         super().__init__(**kwargs)
         self.spatial_rank = int(spatial_rank)
         self.variance_estimator = variance_estimator
@@ -51,15 +55,18 @@ class TrackedInstanceNormalization(keras.layers.BatchNormalization):
             raise ValueError(
                 f"TrackedInstanceNormalization '{self.name}' with spatial_rank={self.spatial_rank} takes rank-"
                 f"{self.spatial_rank + 2} inputs (or rank {self.spatial_rank + 1} without a batch axis), got "
-                f"input shape {tuple(input_shape)}.")
+                f"input shape {tuple(input_shape)}."
+            )
         super().build(input_shape)
 
     def call(self, inputs, training=None, mask=None):
         if not (training and self.trainable):
             return super().call(inputs, training=training, mask=mask)
         if mask is not None:
-            raise ValueError(f"TrackedInstanceNormalization '{self.name}': a masked training step has no PyTorch "
-                             "meaning; call it without a mask.")
+            raise ValueError(
+                f"TrackedInstanceNormalization '{self.name}': a masked training step has no PyTorch "
+                "meaning; call it without a mask."
+            )
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
         inputs = ops.cast(inputs, compute_dtype)
         rank = len(inputs.shape)

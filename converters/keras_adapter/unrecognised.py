@@ -41,10 +41,14 @@ def unrecognised_hazards(model: Any) -> list[Hazard]:
             reason = str(error)
         else:
             reason = probe_layer(layer).reason
-        hazards.append(Hazard(
-            code=CODE, severity="error", layer=layer_path(layer),
-            message=f"{type(layer).__module__}.{type(layer).__qualname__} '{layer_path(layer)}' looks like a normalization ({why}) but no "
-                    f"recognizer proves what it computes ({reason}); it is not listed, converted or checked as one: register a recognizer "
-                    "for it (converters.recognizers.register) or replace it by a stock keras.layers normalization.",
-        ))
+        hazards.append(
+            Hazard(
+                code=CODE,
+                severity="error",
+                layer=layer_path(layer),
+                message=f"{type(layer).__module__}.{type(layer).__qualname__} '{layer_path(layer)}' looks like a normalization ({why}) but no "
+                f"recognizer proves what it computes ({reason}); it is not listed, converted or checked as one: register a recognizer "
+                "for it (converters.recognizers.register) or replace it by a stock keras.layers normalization.",
+            )
+        )
     return hazards

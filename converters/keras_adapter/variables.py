@@ -35,7 +35,8 @@ def layer_dtypes(layer: Any) -> tuple[str, str | None]:
             raise SpecError(
                 f"the layer uses the dtype policy '{layer.dtype_policy.name}' (variables {variable_dtype}, computation {compute_dtype}), "
                 f"expected one dtype for both or {' or '.join(MIXED_POLICIES.values())}; rebuild it with dtype='{compute_dtype}'.",
-                layer=layer.name, setting="dtype",
+                layer=layer.name,
+                setting="dtype",
             )
         return compute_dtype, "float32"
     return layer_dtype(layer), None
@@ -75,7 +76,10 @@ def autocast_variables(layer: Any) -> bool:
     if len(flags) > 1:
         raise SpecError(
             f"the {layer.dtype_policy.name} layer autocasts some of its variables to {layer.compute_dtype} and not others; "
-            f"rebuild it with dtype='float32'.", layer=layer.name, setting="dtype")
+            f"rebuild it with dtype='float32'.",
+            layer=layer.name,
+            setting="dtype",
+        )
     return flags == {True}
 
 
@@ -110,7 +114,10 @@ def check_spec_dtype(spec: NormSpec) -> str:
         raise NotExpressibleError(
             f"Keras computes a {spec.dtype} layer's statistics in float32 only under {' or '.join(MIXED_POLICIES.values())}, "
             f"not in compute_dtype={spec.compute_dtype!r}; keep the layer in its source framework.",
-            layer=spec.name, setting="compute_dtype", target="keras")
+            layer=spec.name,
+            setting="compute_dtype",
+            target="keras",
+        )
     return MIXED_POLICIES[spec.dtype]
 
 
@@ -139,7 +146,11 @@ def assign_variable(layer: Any, attribute: str, array: np.ndarray, setting: str)
     """Write `array` into `layer.<attribute>` bit-exactly (see write_variable)."""
     variable = getattr(layer, attribute, None)
     if variable is None:
-        raise SpecError(f"the Keras layer has no '{attribute}' variable to hold tensor '{setting}'; the spec's flags and tensors disagree.", layer=layer.name, setting=setting)
+        raise SpecError(
+            f"the Keras layer has no '{attribute}' variable to hold tensor '{setting}'; the spec's flags and tensors disagree.",
+            layer=layer.name,
+            setting=setting,
+        )
     write_variable(variable, array, layer=layer.name, setting=setting)
 
 
@@ -153,4 +164,8 @@ def write_variable(variable: Any, array: np.ndarray, *, layer: str, setting: str
         )
     variable.assign(array)
     if not tensors_identical(read_variable(variable), np.asarray(array)):
-        raise SpecError(f"Keras variable '{variable.path}' did not read back bit-identical to tensor '{setting}' after assignment.", layer=layer, setting=setting)
+        raise SpecError(
+            f"Keras variable '{variable.path}' did not read back bit-identical to tensor '{setting}' after assignment.",
+            layer=layer,
+            setting=setting,
+        )

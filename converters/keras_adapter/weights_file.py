@@ -59,28 +59,38 @@ def declared_weights(source: BinaryIO, size: int, where: str) -> DeclaredWeights
     except InputFileError:
         raise
     except Exception as error:  # h5py raises OSError, KeyError, ValueError, RuntimeError on a malformed file
-        raise InputFileError(f"{where} is not a readable HDF5 file ({type(error).__name__}: {str(error)[:200]}); "
-                             "save the model again with model.save.") from error
+        raise InputFileError(
+            f"{where} is not a readable HDF5 file ({type(error).__name__}: {str(error)[:200]}); "
+            "save the model again with model.save."
+        ) from error
     declared, stored = sum(d for _, d, _ in found), sum(s for _, _, s in found)
     if stored > size:
-        raise InputFileError(f"{where} says its datasets store {stored} bytes but the file holds {size}; the file is corrupt or "
-                             "crafted, save the model again with model.save.")
+        raise InputFileError(
+            f"{where} says its datasets store {stored} bytes but the file holds {size}; the file is corrupt or "
+            "crafted, save the model again with model.save."
+        )
     if declared > max(MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * size):
-        raise InputFileError(f"{where} declares {declared} bytes of weights in a {size}-byte file, more than {MAX_DEFLATE_RATIO} times "
-                             "its size (a decompression bomb); save the model again with model.save, which stores weights uncompressed.")
+        raise InputFileError(
+            f"{where} declares {declared} bytes of weights in a {size}-byte file, more than {MAX_DEFLATE_RATIO} times "
+            "its size (a decompression bomb); save the model again with model.save, which stores weights uncompressed."
+        )
     return DeclaredWeights(declared, stored, len(found))
 
 
 def _datasets(weights: h5py.File, where: str, size: int) -> list[tuple[str, int, int]]:
     """(name, declared bytes, stored bytes) of every dataset, each link and attribute checked on the way."""
     links: list[tuple[str, Any]] = []
-    weights.visititems_links(lambda name, link: links.append((name, link)))  # names only: h5py's visit cannot raise through
+    weights.visititems_links(
+        lambda name, link: links.append((name, link))
+    )  # names only: h5py's visit cannot raise through
     _check_attributes(weights, f"{where} root group", size)
     found = []
     for name, link in links:
         if not isinstance(link, h5py.HardLink):
-            raise InputFileError(f"{where} holds a {type(link).__name__} at '{name}', which reads another object or file; "
-                                 "Keras writes plain groups and datasets, save the model again with model.save.")
+            raise InputFileError(
+                f"{where} holds a {type(link).__name__} at '{name}', which reads another object or file; "
+                "Keras writes plain groups and datasets, save the model again with model.save."
+            )
         item = weights[name]
         _check_attributes(item, f"{where} object '{name}'", size)
         if isinstance(item, h5py.Dataset):
@@ -90,15 +100,21 @@ def _datasets(weights: h5py.File, where: str, size: int) -> list[tuple[str, int,
 
 def _dataset(dataset: h5py.Dataset, where: str) -> tuple[str, int, int]:
     if dataset.external or dataset.is_virtual:
-        raise InputFileError(f"{where} keeps its data in another file (an external or virtual dataset); save the model again with model.save.")
+        raise InputFileError(
+            f"{where} keeps its data in another file (an external or virtual dataset); save the model again with model.save."
+        )
     declared = math.prod(dataset.shape) * dataset.dtype.itemsize if dataset.shape is not None else 0
     stored = dataset.id.get_storage_size()
     if declared and not stored:
-        raise InputFileError(f"{where} declares {_shape(dataset)} ({declared} bytes) and stores none (a dataset never written reads "
-                             "back as its fill value); save the model again with model.save.")
+        raise InputFileError(
+            f"{where} declares {_shape(dataset)} ({declared} bytes) and stores none (a dataset never written reads "
+            "back as its fill value); save the model again with model.save."
+        )
     if declared > max(MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * stored):
-        raise InputFileError(f"{where} declares {_shape(dataset)} ({declared} bytes) and stores {stored}, more than {MAX_DEFLATE_RATIO} "
-                             "times as much (a decompression bomb); save the model again with model.save, which stores weights uncompressed.")
+        raise InputFileError(
+            f"{where} declares {_shape(dataset)} ({declared} bytes) and stores {stored}, more than {MAX_DEFLATE_RATIO} "
+            "times as much (a decompression bomb); save the model again with model.save, which stores weights uncompressed."
+        )
     return dataset.name, declared, stored
 
 
@@ -109,8 +125,10 @@ def _check_attributes(item: Any, where: str, size: int) -> None:
         shape = attribute.shape
         declared = math.prod(shape) * attribute.dtype.itemsize if shape is not None else 0
         if declared > size:
-            raise InputFileError(f"{where} has an attribute '{name}' declaring {declared} bytes in a {size}-byte file; the file is "
-                                 "corrupt or crafted, save the model again with model.save.")
+            raise InputFileError(
+                f"{where} has an attribute '{name}' declaring {declared} bytes in a {size}-byte file; the file is "
+                "corrupt or crafted, save the model again with model.save."
+            )
 
 
 def _shape(dataset: h5py.Dataset) -> str:

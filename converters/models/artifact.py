@@ -25,11 +25,15 @@ def model_contents(model: Any) -> ModelContents:
         source = Path(model)
         model = load_model(source, checkpoint_folders=True)
     if isinstance(model, NormSpec):
-        raise InputFileError("got a single-layer spec folder; register a whole model (.pt2, .keras, .onnx, a torch module or an artifact folder).")
+        raise InputFileError(
+            "got a single-layer spec folder; register a whole model (.pt2, .keras, .onnx, a torch module or an artifact folder)."
+        )
     adapter = REGISTRY.model_adapter_of(model)
     contents = adapter.artifact_contents(model)
     contents.hazards = list(adapter.model_hazards(model, found=contents.sites))  # the layers were just read: not again
-    contents.structure = adapter.structure_of(model, {t.name: t.array for t in contents.tensors}, source if source and source.is_file() else None)
+    contents.structure = adapter.structure_of(
+        model, {t.name: t.array for t in contents.tensors}, source if source and source.is_file() else None
+    )
     contents.private = source is not None
     return contents
 

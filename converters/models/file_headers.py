@@ -85,7 +85,9 @@ def check_onnx_header(path: Path) -> None:
     with path.open("rb") as handle:
         problem = _onnx_problem(handle, path.stat().st_size)
     if problem is not None:
-        raise InputFileError(f"'{path}' is not an ONNX model ({problem}); expected a file written by onnx.save or save_onnx.")
+        raise InputFileError(
+            f"'{path}' is not an ONNX model ({problem}); expected a file written by onnx.save or save_onnx."
+        )
 
 
 def check_zip_header(path: Path, what: str, fix: str) -> None:
@@ -108,14 +110,18 @@ def check_npy_header(path: Path) -> None:
     size = path.stat().st_size
     with path.open("rb") as handle:
         if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:
-            raise InputFileError(f"sample file '{path}' is not a NumPy .npy file (no \\x93NUMPY magic at its start); save it with numpy.save.")
+            raise InputFileError(
+                f"sample file '{path}' is not a NumPy .npy file (no \\x93NUMPY magic at its start); save it with numpy.save."
+            )
         handle.seek(0)
         try:
             version = np.lib.format.read_magic(handle)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(handle, max_header_size=10_000)
         except (ValueError, SyntaxError) as error:
-            raise InputFileError(f"sample file '{path}' has a malformed .npy header ({error}); save it with numpy.save.") from None
+            raise InputFileError(
+                f"sample file '{path}' has a malformed .npy header ({error}); save it with numpy.save."
+            ) from None
         data_start = handle.tell()
     if dtype.hasobject:
         raise InputFileError(
@@ -123,8 +129,10 @@ def check_npy_header(path: Path) -> None:
         )
     needed = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size - data_start < needed:
-        raise InputFileError(f"sample file '{path}' is cut off: its header declares {dtype}{list(shape)} ({needed} bytes), the file holds "
-                             f"{size - data_start}; save it again with numpy.save.")
+        raise InputFileError(
+            f"sample file '{path}' is cut off: its header declares {dtype}{list(shape)} ({needed} bytes), the file holds "
+            f"{size - data_start}; save it again with numpy.save."
+        )
 
 
 #: Model file suffix -> the check of a format that is no zip archive (the archives are each FrameworkInfo's `archive`).

@@ -44,7 +44,9 @@ def unreadable(facts: LayerFacts) -> Hazard | None:
     """The layer was found but its settings or state could not be read into a spec."""
     if facts.problem is None:
         return None
-    return _hazard("unreadable", "warning", f"{facts.layer_type} could not be read, so its settings are unchecked: {facts.problem}")
+    return _hazard(
+        "unreadable", "warning", f"{facts.layer_type} could not be read, so its settings are unchecked: {facts.problem}"
+    )
 
 
 def train_mode(facts: LayerFacts) -> Hazard | None:
@@ -59,7 +61,8 @@ def train_mode(facts: LayerFacts) -> Hazard | None:
     else:
         how, fix = REGISTRY.model_adapter(facts.framework).train_mode_wording
     return _hazard(
-        "train_mode", "error",
+        "train_mode",
+        "error",
         f"{facts.layer_type} {how}: it normalises with the statistics of the current batch, so one request's output depends on the "
         f"others in its batch and every call moves the running statistics; {fix}.",
     )
@@ -74,7 +77,8 @@ def batch_stats_at_eval(facts: LayerFacts) -> Hazard | None:
     if facts.kind != "batch" or facts.spec is None or facts.spec.track_running_stats:
         return None
     return _hazard(
-        "batch_stats_at_eval", "error",
+        "batch_stats_at_eval",
+        "error",
         f"{facts.layer_type} has track_running_stats=False: it normalises with the statistics of the current batch even at eval, so "
         "one request's output depends on the others in its batch (and a batch of one divides by a zero variance); train it with "
         "track_running_stats=True.",
@@ -99,7 +103,8 @@ def never_trained(facts: LayerFacts) -> Hazard | None:
     else:
         return None
     return _hazard(
-        "never_trained", "warning",
+        "never_trained",
+        "warning",
         f"{why}: the layer never saw data, so at eval it normalises nothing but scale and shift; train or recalibrate it "
         "(normbridge recalibrate) before serving.",
     )
@@ -132,7 +137,8 @@ def unconverged_statistics(facts: LayerFacts) -> Hazard | None:
         return None
     needed = math.ceil(math.log(INITIAL_WEIGHT_FLOOR) / math.log(1.0 - momentum))
     return _hazard(
-        "unconverged_statistics", "warning",
+        "unconverged_statistics",
+        "warning",
         f"num_batches_tracked={int(count)} at momentum {momentum:g}: if these are the running statistics kept since training began, "
         f"{weight:.0%} of them is still the initial values (mean 0, var 1), pulling running_var toward 1 and running_mean toward 0, so "
         f"at eval the layer normalises with statistics that match no input; train until num_batches_tracked reaches {needed} or "
@@ -147,9 +153,14 @@ def momentum_none(facts: LayerFacts) -> Hazard | None:
         return None
     count = facts.spec.tensors.get("num_batches_tracked")
     seen = "" if count is None else f" (num_batches_tracked={int(count)})"
-    ambiguous = " (an eval export writes momentum=0.0 for it, so a momentum of exactly 0.0 reads the same)" if facts.origin == "exported_program" else ""
+    ambiguous = (
+        " (an eval export writes momentum=0.0 for it, so a momentum of exactly 0.0 reads the same)"
+        if facts.origin == "exported_program"
+        else ""
+    )
     return _hazard(
-        "momentum_none", "warning",
+        "momentum_none",
+        "warning",
         f"momentum=None{ambiguous}: the running statistics are a cumulative average of every batch seen{seen}, so further training "
         "moves them less and less, and Keras and ONNX cannot express it; set a momentum (e.g. 0.1) if the layer is trained further.",
     )
@@ -160,9 +171,15 @@ def default_eps(facts: LayerFacts) -> tuple[float | None, str]:
     framework = EXPORTER_FRAMEWORKS.get(facts.origin, facts.framework)
     info = KIND_INFO[facts.kind]
     # how a hazard names the framework's default (KindInfo.default_eps holds the values): its FrameworkInfo's words
-    named = REGISTRY.info(framework).default_eps_name if framework in REGISTRY.framework_names else f"the {framework} default"
+    named = (
+        REGISTRY.info(framework).default_eps_name
+        if framework in REGISTRY.framework_names
+        else f"the {framework} default"
+    )
     default = info.default_eps[framework]
-    if default is None:  # PyTorch's RMSNorm: eps=None means the eps of the dtype torch computes in, which the spec records as eps_origin="dtype_eps"
+    if (
+        default is None
+    ):  # PyTorch's RMSNorm: eps=None means the eps of the dtype torch computes in, which the spec records as eps_origin="dtype_eps"
         named_class = (info.stock_classes(framework) or (facts.layer_type,))[0]
         return None, f"{named} for {named_class} (eps=None: the eps of the dtype torch computes in)"
     return default, f"{named} {default!r}"
@@ -189,7 +206,8 @@ def eps_not_default(facts: LayerFacts) -> Hazard | None:
     elif eps == default:
         return None
     return _hazard(
-        "eps_not_default", "info",
+        "eps_not_default",
+        "info",
         f"eps is {eps!r}, not {named}: fine when the model was built that way, but an eps replaced by a converter shows up here.",
     )
 
@@ -209,9 +227,11 @@ def eps_underflow(facts: LayerFacts) -> Hazard | None:
         return None
     became = "0" if stored == 0.0 else f"the subnormal {stored!r}"
     return _hazard(
-        "eps_underflow", "warning" if stored == 0.0 else "info",
+        "eps_underflow",
+        "warning" if stored == 0.0 else "info",
         f"eps={spec.eps!r} rounds to {became} in {dtype}, the dtype its statistics are computed in (smallest normal {float(info.smallest_normal):.3g}); "
-        f"a constant input then divides by sqrt(0): raise eps to at least {float(info.smallest_normal):.3g} or compute the statistics in float32.")
+        f"a constant input then divides by sqrt(0): raise eps to at least {float(info.smallest_normal):.3g} or compute the statistics in float32.",
+    )
 
 
 def op_summary(op_types: tuple[str, ...]) -> str:
@@ -241,12 +261,14 @@ def decomposed(facts: LayerFacts) -> Hazard | None:
     ops = f" ({op_summary(facts.op_types)})" if facts.op_types else ""
     if eps is None:
         return _hazard(
-            "decomposed", "warning",
+            "decomposed",
+            "warning",
             f"a {facts.kind} normalization decomposed into primitive ops{ops} by {exporter}; its eps could not be read, "
             f"so it cannot be checked; {_decomposition_fix(facts)}.",
         )
     return _hazard(
-        "decomposed", "info",
+        "decomposed",
+        "info",
         f"a {facts.kind} normalization with eps={eps!r} decomposed into primitive ops{ops} by {exporter}; it computes "
         f"the same function but runs slower and keeps eps in a constant; {_decomposition_fix(facts)}.",
     )
@@ -258,7 +280,8 @@ def folded_site(facts: LayerFacts) -> Hazard | None:
         return None
     ops = op_summary(facts.op_types) or "Mul, Add"
     return _hazard(
-        "folded_batchnorm", "warning",
+        "folded_batchnorm",
+        "warning",
         f"a BatchNorm was folded into constants ({ops}) by the exporter: its eps, running statistics, scale and bias are baked into "
         "one multiplier and one offset and can no longer be checked or recalibrated; keep the source model to recalibrate.",
     )
@@ -266,8 +289,16 @@ def folded_site(facts: LayerFacts) -> Hazard | None:
 
 #: Every layer hazard, in the order they are reported.
 LAYER_HAZARDS: tuple[Callable[[LayerFacts], Hazard | None], ...] = (
-    unreadable, train_mode, batch_stats_at_eval, never_trained, unconverged_statistics, momentum_none, eps_not_default, eps_underflow,
-    decomposed, folded_site,
+    unreadable,
+    train_mode,
+    batch_stats_at_eval,
+    never_trained,
+    unconverged_statistics,
+    momentum_none,
+    eps_not_default,
+    eps_underflow,
+    decomposed,
+    folded_site,
 )
 
 
@@ -279,12 +310,17 @@ def layer_hazards(facts: LayerFacts) -> list[Hazard]:
 def convergence_unjudged(facts: list[LayerFacts]) -> Hazard | None:
     """Tracked BatchNorms whose format keeps no batch counter (Keras, ONNX): whether their statistics converged
     (unconverged_statistics) cannot be judged from the file, and inspection says so rather than pass over it."""
-    unjudged = [f.path for f in facts if f.kind == "batch" and f.tracked and not f.spec.frozen and "num_batches_tracked" not in f.spec.tensors]
+    unjudged = [
+        f.path
+        for f in facts
+        if f.kind == "batch" and f.tracked and not f.spec.frozen and "num_batches_tracked" not in f.spec.tensors
+    ]
     if not unjudged:
         return None
     more = f" and {len(unjudged) - 3} more" if len(unjudged) > 3 else ""
     return _hazard(
-        "convergence_unjudged", "info",
+        "convergence_unjudged",
+        "info",
         f"{len(unjudged)} BatchNorm layer(s) ({', '.join(unjudged[:3])}{more}) keep no batch counter in this format, so whether their running "
         "statistics converged (unconverged_statistics) is not judged from the file; `normbridge drift` judges it on real inputs.",
     )

@@ -36,14 +36,24 @@ def inspect_model(obj: Any, *, source: str | None = None) -> ModelInspection:
         facts = [_spec_facts(obj)]
         return _inspection(obj.source.framework, source or f"spec '{obj.name}'", facts, [])
     adapter = REGISTRY.model_adapter_of(obj)
-    return _inspection(adapter.framework, source or adapter.inspection_source(obj), adapter.layer_facts(obj), adapter.model_hazards(obj))
+    return _inspection(
+        adapter.framework,
+        source or adapter.inspection_source(obj),
+        adapter.layer_facts(obj),
+        adapter.model_hazards(obj),
+    )
 
 
 def _spec_facts(spec: NormSpec) -> LayerFacts:
     framework = spec.source.framework if spec.source.framework in REGISTRY.framework_names else "torch"
     return LayerFacts(
-        path=spec.name, kind=spec.kind, framework=framework, origin="normbridge", layer_type=spec.source.layer_type or spec.kind,
-        spec=spec, training=spec.training,
+        path=spec.name,
+        kind=spec.kind,
+        framework=framework,
+        origin="normbridge",
+        layer_type=spec.source.layer_type or spec.kind,
+        spec=spec,
+        training=spec.training,
     )
 
 
@@ -53,13 +63,23 @@ def _spec_facts(spec: NormSpec) -> LayerFacts:
 def _inspection(framework: str, source: str, facts: list[LayerFacts], hazards: list) -> ModelInspection:
     layers = [_layer(index, f) for index, f in enumerate(facts)]
     unjudged = convergence_unjudged(facts)
-    return ModelInspection(framework=framework, source=source, layers=layers, hazards=list(hazards) + ([unjudged] if unjudged else []))
+    return ModelInspection(
+        framework=framework, source=source, layers=layers, hazards=list(hazards) + ([unjudged] if unjudged else [])
+    )
 
 
 def _layer(index: int, facts: LayerFacts) -> LayerInspection:
     return LayerInspection(
-        index=index, path=facts.path, kind=facts.kind, layer_type=facts.layer_type, native=facts.native, folded=facts.folded, origin=facts.origin,
-        spec=None if facts.spec is None else facts.spec.config_dict(), mode=mode_of(facts), stats=stats_summary(facts.spec),
+        index=index,
+        path=facts.path,
+        kind=facts.kind,
+        layer_type=facts.layer_type,
+        native=facts.native,
+        folded=facts.folded,
+        origin=facts.origin,
+        spec=None if facts.spec is None else facts.spec.config_dict(),
+        mode=mode_of(facts),
+        stats=stats_summary(facts.spec),
         hazards=layer_hazards(facts),
     )
 
@@ -86,7 +106,12 @@ def stats_summary(spec: NormSpec | None) -> StatsSummary | None:
     # PyTorch's InstanceNorm never increments num_batches_tracked: only the values tell there.
     counted = count is None or count > 0 or spec.kind != "batch"
     return StatsSummary(
-        mean_min=float(mean.min()), mean_mean=float(mean.mean()), mean_max=float(mean.max()),
-        var_min=float(var.min()), var_mean=float(var.mean()), var_max=float(var.max()),
-        num_batches_tracked=count, updated=moved and counted,
+        mean_min=float(mean.min()),
+        mean_mean=float(mean.mean()),
+        mean_max=float(mean.max()),
+        var_min=float(var.min()),
+        var_mean=float(var.mean()),
+        var_max=float(var.max()),
+        num_batches_tracked=count,
+        updated=moved and counted,
     )

@@ -50,7 +50,9 @@ def load_model(path: str | Path, *, checkpoint_folders: bool = False, runnable: 
     model_files = REGISTRY.model_files()
     if suffix in model_files:
         framework, _ = model_files[suffix]
-        check_model_header(path)  # a file that is not a model is refused from its first bytes, before its framework reads it whole
+        check_model_header(
+            path
+        )  # a file that is not a model is refused from its first bytes, before its framework reads it whole
         return REGISTRY.model_adapter(framework).load(path)
     raise InputFileError(f"'{path}' has an unknown format '{suffix}'; pass a {supported()}.")
 

@@ -121,7 +121,10 @@ def _examples(names: list[str]) -> str:
 
 
 def match_layers(
-    sources: list[SourceLayer], targets: list[TargetLayer], name_map: dict[str, str] | None = None, source_note: str = ""
+    sources: list[SourceLayer],
+    targets: list[TargetLayer],
+    name_map: dict[str, str] | None = None,
+    source_note: str = "",
 ) -> list[Pair]:
     """Pair every source layer with one target layer: the name map first, then by order among the rest.
 
@@ -131,7 +134,10 @@ def match_layers(
     name_map = dict(name_map or {})
     for key, value in name_map.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise PortMismatchError(f"the name map holds {key!r}: {value!r}, expected source path strings mapped to target path strings.", setting="name_map")
+            raise PortMismatchError(
+                f"the name map holds {key!r}: {value!r}, expected source path strings mapped to target path strings.",
+                setting="name_map",
+            )
     source_paths, target_paths = [s.path for s in sources], [t.path for t in targets]
     by_source = {s.path: s for s in sources}
     by_target = {t.path: t for t in targets}
@@ -140,37 +146,56 @@ def match_layers(
         raise PortMismatchError(
             f"the name map names source layer(s) {_examples(unknown)} that the source model does not have (its {len(sources)} normalization "
             f"layers include {_examples(source_paths)}); use the paths `normbridge inspect` lists.",
-            layer=unknown[0], setting="name_map",
+            layer=unknown[0],
+            setting="name_map",
         )
     unknown = [v for v in name_map.values() if v not in by_target]
     if unknown:
         raise PortMismatchError(
             f"the name map names target layer(s) {_examples(unknown)} that the target model does not have (its {len(targets)} normalization "
             f"layers include {_examples(target_paths)}); use the target's module paths (PyTorch) or layer names (Keras).",
-            layer=unknown[0], setting="name_map",
+            layer=unknown[0],
+            setting="name_map",
         )
     reused = sorted({v for v in name_map.values() if list(name_map.values()).count(v) > 1})
     if reused:
-        raise PortMismatchError(f"the name map sends several source layers to target layer(s) {_examples(reused)}, expected one each.", layer=reused[0], setting="name_map")
+        raise PortMismatchError(
+            f"the name map sends several source layers to target layer(s) {_examples(reused)}, expected one each.",
+            layer=reused[0],
+            setting="name_map",
+        )
     ambiguous = sorted({p for p in target_paths if target_paths.count(p) > 1} & set(name_map.values()))
     if ambiguous:
-        raise PortMismatchError(f"the target has several normalization layers named {_examples(ambiguous)}, so the name map cannot pick one.", layer=ambiguous[0], setting="name_map")
+        raise PortMismatchError(
+            f"the target has several normalization layers named {_examples(ambiguous)}, so the name map cannot pick one.",
+            layer=ambiguous[0],
+            setting="name_map",
+        )
     rest_sources = [s for s in sources if s.path not in name_map]
     mapped_targets = set(name_map.values())
     rest_targets = [t for t in targets if t.path not in mapped_targets]
     if len(rest_sources) != len(rest_targets):
-        extra_side, extra = ("source", [s.path for s in rest_sources[len(rest_targets):]]) if len(rest_sources) > len(rest_targets) else (
-            "target", [t.path for t in rest_targets[len(rest_sources):]])
+        extra_side, extra = (
+            ("source", [s.path for s in rest_sources[len(rest_targets) :]])
+            if len(rest_sources) > len(rest_targets)
+            else ("target", [t.path for t in rest_targets[len(rest_sources) :]])
+        )
         other = "target" if extra_side == "source" else "source"
         scope = " among the layers the name map does not name" if name_map else ""
         raise PortMismatchError(
             f"the source has {len(sources)} normalization layers and the target {len(targets)}: paired by order{scope}, {extra_side} layer(s) "
             f"{_examples(extra)} have no twin in the {other}; port between models of the same architecture{source_note}.",
-            layer=extra[0], setting="layer_count",
+            layer=extra[0],
+            setting="layer_count",
         )
     if _same_names(rest_sources, rest_targets):
         named = {t.path: t for t in rest_targets}
-        return [Pair(s, by_target[name_map[s.path]], "name map") if s.path in name_map else Pair(s, named[s.path], "by name") for s in sources]
+        return [
+            Pair(s, by_target[name_map[s.path]], "name map")
+            if s.path in name_map
+            else Pair(s, named[s.path], "by name")
+            for s in sources
+        ]
     order = iter(rest_targets)
     pairs = []
     for index, source in enumerate(sources, start=1):
@@ -190,13 +215,18 @@ def _same_names(sources: list[SourceLayer], targets: list[TargetLayer]) -> bool:
 
 def _refuse_order_against_names(pairs: list[Pair], target_names: set[str]) -> None:
     """Order may not send a source layer elsewhere than to the target layer of its own name: one of the two is wrong."""
-    crossed = [p for p in pairs if p.how.startswith("by order") and p.source.path != p.target.path and p.source.path in target_names]
+    crossed = [
+        p
+        for p in pairs
+        if p.how.startswith("by order") and p.source.path != p.target.path and p.source.path in target_names
+    ]
     if crossed:
         first = crossed[0]
         raise PortMismatchError(
             f"paired by order, source layer '{first.source.path}' would go to target '{first.target.path}', but the target has a layer "
             f"named '{first.source.path}'; pass a name map for the layers whose names or order differ.",
-            layer=first.source.path, setting="name_map",
+            layer=first.source.path,
+            setting="name_map",
         )
 
 
@@ -215,20 +245,25 @@ def check_twins(pairs: list[Pair]) -> None:
     differing = [p for p in pairs if _signature(p.source.spec) != _signature(p.target.spec)]
     if differing:
         first = differing[0]
-        details = "; ".join(f"source '{p.source.path}' is {describe(p.source.spec)} but target '{p.target.path}' is {describe(p.target.spec)}" for p in differing[:_EXAMPLES])
+        details = "; ".join(
+            f"source '{p.source.path}' is {describe(p.source.spec)} but target '{p.target.path}' is {describe(p.target.spec)}"
+            for p in differing[:_EXAMPLES]
+        )
         more = f" (and {len(differing) - _EXAMPLES} more pairs)" if len(differing) > _EXAMPLES else ""
         setting = _first_difference(first.source.spec, first.target.spec)
         raise PortMismatchError(
             f"{len(differing)} of {len(pairs)} layer pairs differ in kind or shape: {details}{more}; the models are not twins, "
             "or pairing by order is wrong for them: pass a name map.",
-            layer=first.source.path, setting=setting,
+            layer=first.source.path,
+            setting=setting,
         )
     for p in pairs:
         if p.source.spec.dtype != p.target.spec.dtype:
             raise PortMismatchError(
                 f"the source layer is {p.source.spec.dtype} but target '{p.target.path}' holds {p.target.spec.dtype} variables, and state is copied "
                 "bit-exactly; cast one model so both use the same dtype.",
-                layer=p.source.path, setting="dtype",
+                layer=p.source.path,
+                setting="dtype",
             )
 
 
@@ -238,7 +273,13 @@ def check_twins(pairs: list[Pair]) -> None:
 def _plan(pair: Pair, adapter: ModelAdapter, options: ConversionOptions) -> tuple[LayerReport, Any]:
     """Convert the source layer for the target framework (all refusals happen here) and plan the writes."""
     spec, target, framework = pair.source.spec, pair.target, adapter.framework
-    report = LayerReport(layer=pair.source.path, kind=spec.kind, source_framework=spec.source.framework, target_framework=framework, target_op="?")
+    report = LayerReport(
+        layer=pair.source.path,
+        kind=spec.kind,
+        source_framework=spec.source.framework,
+        target_framework=framework,
+        target_op="?",
+    )
     # The target layer's class decides the running-variance estimator: it is reported below, not emitted.
     fresh, report = write_spec(spec, framework, options.model_copy(update={"match_variance_estimator": False}), report)
     _retarget(report, pair, framework, options)
@@ -256,7 +297,13 @@ def _retarget(report: LayerReport, pair: Pair, framework: str, options: Conversi
     record_layout(report, spec, target.layout)
     if target.input_rank is not None and spec.input_rank != target.input_rank:
         reason = "not recorded by the source" if spec.input_rank is None else "the target layer's own input rank"
-        report.add("input_rank", spec.input_rank, target.input_rank, "translated", f"{reason}; the target layer is built for rank-{target.input_rank} inputs")
+        report.add(
+            "input_rank",
+            spec.input_rank,
+            target.input_rank,
+            "translated",
+            f"{reason}; the target layer is built for rank-{target.input_rank} inputs",
+        )
     elif spec.input_rank is not None:
         report.add("input_rank", spec.input_rank)
     if spec.track_running_stats and target.variance_estimator is not None:
@@ -314,4 +361,15 @@ def _write(plans: list[Any], adapter: ModelAdapter) -> None:
         raise
 
 
-__all__ = ["Pair", "PortMismatchError", "SourceLayer", "TargetLayer", "check_twins", "describe", "match_layers", "port_state", "source_layers", "target_layers"]
+__all__ = [
+    "Pair",
+    "PortMismatchError",
+    "SourceLayer",
+    "TargetLayer",
+    "check_twins",
+    "describe",
+    "match_layers",
+    "port_state",
+    "source_layers",
+    "target_layers",
+]

@@ -23,7 +23,9 @@ def onnx_contents(model: Any) -> ModelContents:
     sites = read_layer(lambda: find_norm_sites(model), None)
     for site in sites:
         if site.spec is None:
-            raise layer_error(site.problem or SpecError("its state cannot be read, so it cannot be checked."), site.name)
+            raise layer_error(
+                site.problem or SpecError("its state cannot be read, so it cannot be checked."), site.name
+            )
     by_name = {node.name or node.output[0]: node for node in model.graph.node}
     owner: dict[str, str] = {}  # initializer -> the (last) site whose native node reads it
     normalizers = []
@@ -36,7 +38,11 @@ def onnx_contents(model: Any) -> ModelContents:
                 if node is not None and index < len(node.input) and node.input[index]:
                     candidates[spec_name] = node.input[index]
         owner.update({name: site.name for name in candidates.values()})
-        spec = site.spec if site.spec.name == site.name else read_layer(lambda site=site: site.spec.replace(name=site.name), site.name)
+        spec = (
+            site.spec
+            if site.spec.name == site.name
+            else read_layer(lambda site=site: site.spec.replace(name=site.name), site.name)
+        )
         normalizers.append(ModelNormalizer(site.name, spec, candidates))
     tensors = [ModelTensor(i.name, numpy_helper.to_array(i), owner.get(i.name)) for i in model.graph.initializer]
     return ModelContents("onnx", "onnx", tensors, normalizers, sites=len(sites))

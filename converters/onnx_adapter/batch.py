@@ -39,16 +39,27 @@ def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerRep
     if training and version < TRAINING_MODE_VERSION:
         raise NotExpressibleError(
             f"training_mode needs {OP}-{TRAINING_MODE_VERSION} but opset {g.opset} gives {OP}-{version}; pass opset >= {TRAINING_MODE_VERSION}.",
-            layer=spec.name, setting="opset", target="onnx",
+            layer=spec.name,
+            setting="opset",
+            target="onnx",
         )
     inputs = [INPUT, *g.affine()]
     if spec.track_running_stats:
         inputs += [g.state("running_mean"), g.state("running_var")]
     else:
-        inputs += [g.tensor("running_mean", np.zeros(spec.num_features, spec.dtype)), g.tensor("running_var", np.ones(spec.num_features, spec.dtype))]
+        inputs += [
+            g.tensor("running_mean", np.zeros(spec.num_features, spec.dtype)),
+            g.tensor("running_var", np.ones(spec.num_features, spec.dtype)),
+        ]
     attributes = {"epsilon": g.eps}
     if spec.frozen:
-        report.add("frozen", True, "training_mode=0", "exact", f"an eval-mode node never updates its statistics; kept in metadata '{metadata.KEY}'")
+        report.add(
+            "frozen",
+            True,
+            "training_mode=0",
+            "exact",
+            f"an eval-mode node never updates its statistics; kept in metadata '{metadata.KEY}'",
+        )
     momentum = None if spec.frozen else emit_momentum(report, spec, "running_weight", options, "onnx")
     if momentum is not None:
         attributes["momentum"] = momentum
@@ -81,10 +92,14 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     graph_training = layer.attribute("training_mode", 0) == 1
     # An untracked BatchNorm is emitted as training_mode=1 over zero/one running inputs.
     untracked_form = graph_training and bool(np.all(mean == 0) and np.all(var == 1))
-    tracked = metadata.trusted(report, meta, "track_running_stats", True, meta.get("track_running_stats", True) or untracked_form)
+    tracked = metadata.trusted(
+        report, meta, "track_running_stats", True, meta.get("track_running_stats", True) or untracked_form
+    )
     count = metadata.num_batches_tracked(report, meta) if tracked else None
     # Untracked, both modes compute batch statistics: the mode is the metadata's to tell.
-    training = metadata.trusted(report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training)
+    training = metadata.trusted(
+        report, meta, "training", graph_training, not tracked or meta.get("training") == graph_training
+    )
     # Untracked statistics never use the momentum: only the metadata's (the source's setting) is kept.
     frozen = tracked and not graph_training and meta.get("frozen") is True and layer.attribute("momentum") is None
     if tracked and not frozen:
@@ -96,11 +111,21 @@ def read_batch_norm(layer: reading.OnnxLayer, report: LayerReport):
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     spatial = layer.spatial_rank(report, meta)
     fields.update(
-        kind=layer.kind, num_features=layer.channels(mean), spatial_rank=spatial, layout="channels_first",
-        eps=eps, eps_origin=eps_origin, momentum=momentum, momentum_convention=convention if momentum is not None else None,
-        track_running_stats=tracked, variance_estimator="biased" if tracked and not frozen else None, training=training, frozen=frozen,
+        kind=layer.kind,
+        num_features=layer.channels(mean),
+        spatial_rank=spatial,
+        layout="channels_first",
+        eps=eps,
+        eps_origin=eps_origin,
+        momentum=momentum,
+        momentum_convention=convention if momentum is not None else None,
+        track_running_stats=tracked,
+        variance_estimator="biased" if tracked and not frozen else None,
+        training=training,
+        frozen=frozen,
         synchronized=tracked and not frozen and layer.kind == "batch" and meta.get("synchronized") is True,
-        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
+        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0),
+        bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
     )
     tensors = {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None}
     if tracked:
@@ -129,27 +154,49 @@ class OnnxBatchNorm(KindAdapter):
                 raise NotExpressibleError(
                     "track_running_stats=False normalises with batch statistics even at inference, which ONNX can express only as a "
                     "training_mode=1 BatchNormalization whose outputs depend on the rest of the batch; pass onnx_training_mode=True to emit that.",
-                    layer=spec.name, setting="track_running_stats", target="onnx",
+                    layer=spec.name,
+                    setting="track_running_stats",
+                    target="onnx",
                 )
-            report.add("track_running_stats", False, "training_mode=1", "translated", "batch statistics always, zero/one running inputs")
-            report.warn("emitted training_mode=1 (batch statistics at inference, as the source computes): each output depends on the other samples in its batch.")
+            report.add(
+                "track_running_stats",
+                False,
+                "training_mode=1",
+                "translated",
+                "batch statistics always, zero/one running inputs",
+            )
+            report.warn(
+                "emitted training_mode=1 (batch statistics at inference, as the source computes): each output depends on the other samples in its batch."
+            )
             return emit_batch_norm(spec, options, report, training=True)
         if spec.training and not options.onnx_training_mode:
             raise NotExpressibleError(
                 "the layer is in training mode, and a train-mode BatchNormalization in a serving graph normalises with batch statistics, "
                 "so each request's output depends on the others in its batch; put the layer in eval mode, or pass onnx_training_mode=True to emit training_mode=1.",
-                layer=spec.name, setting="training", target="onnx",
+                layer=spec.name,
+                setting="training",
+                target="onnx",
             )
         estimator_matches(report, spec, "biased", "onnx", can_match=False, options=options)
         warn_empty_batch(report, spec, "onnx")
         if spec.synchronized:
-            report.add("synchronized", True, True, "stored", f"in the '{metadata.KEY}' metadata: an ONNX graph runs on one device")
+            report.add(
+                "synchronized",
+                True,
+                True,
+                "stored",
+                f"in the '{metadata.KEY}' metadata: an ONNX graph runs on one device",
+            )
             if spec.training:
-                report.warn("synchronized=True: the training_mode=1 node normalises with this batch's statistics alone; "
-                            "nothing averages them across replicas.")
+                report.warn(
+                    "synchronized=True: the training_mode=1 node normalises with this batch's statistics alone; "
+                    "nothing averages them across replicas."
+                )
         if spec.training:
             report.add("training", True, "training_mode=1", "translated", "outputs running_mean and running_var")
-            report.warn("emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch.")
+            report.warn(
+                "emitted training_mode=1: the graph normalises with batch statistics, so each output depends on the other samples in its batch."
+            )
         return emit_batch_norm(spec, options, report, training=spec.training)
 
 

@@ -89,10 +89,18 @@ def group_norm(spec: NormSpec, options: ConversionOptions, report: LayerReport) 
     g = start(spec, options, report)
     groups = spec.num_groups
     grouped = g.node("Reshape", [INPUT, g.tensor("group_shape", np.array([0, groups, -1], dtype=np.int64))])
-    normalized = g.instance_norm(grouped, g.tensor("group_scale", np.ones(groups, spec.dtype)), g.tensor("group_bias", np.zeros(groups, spec.dtype)))
+    normalized = g.instance_norm(
+        grouped,
+        g.tensor("group_scale", np.ones(groups, spec.dtype)),
+        g.tensor("group_bias", np.zeros(groups, spec.dtype)),
+    )
     y = normalized
     if spec.scale or spec.bias:
-        y = apply_affine(g, g.node("Reshape", [y, g.tensor("channel_shape", np.array([0, spec.num_features, -1], dtype=np.int64))]), (spec.num_features, 1))
+        y = apply_affine(
+            g,
+            g.node("Reshape", [y, g.tensor("channel_shape", np.array([0, spec.num_features, -1], dtype=np.int64))]),
+            (spec.num_features, 1),
+        )
     return finish(g, g.node("Reshape", [y, g.node("Shape", [INPUT])]))
 
 
@@ -109,8 +117,10 @@ def read(layer: OnnxLayer, report: LayerReport, adapter) -> NormSpec:
         ops = {KIND_INFO[kind].onnx_op: KIND_INFO[kind] for kind in ("instance", "layer")}
         node = next((n for n in layer.model.graph.node if n.op_type in ops), None)
         if node is None:
-            raise UnsupportedObjectError(f"the graph carries '{metadata.KEY}' metadata of layer '{name}' but no '{name}.epsilon' initializer, "
-                                         "InstanceNormalization or LayerNormalization, expected a decomposition normbridge emitted.")
+            raise UnsupportedObjectError(
+                f"the graph carries '{metadata.KEY}' metadata of layer '{name}' but no '{name}.epsilon' initializer, "
+                "InstanceNormalization or LayerNormalization, expected a decomposition normbridge emitted."
+            )
         default = ops[node.op_type].default_eps["onnx"]
         stored = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), default)
         eps, eps_origin = metadata.eps(report, meta, stored)
@@ -138,9 +148,15 @@ def read(layer: OnnxLayer, report: LayerReport, adapter) -> NormSpec:
 
 def first_difference(found: onnx.GraphProto, expected: onnx.GraphProto) -> str | None:
     """The first node or initializer where two graphs differ, described in a few words; None if they agree."""
+
     def nodes(graph):
         return [
-            (n.op_type, list(n.input), list(n.output), sorted((a.name, repr(helper.get_attribute_value(a))) for a in n.attribute))
+            (
+                n.op_type,
+                list(n.input),
+                list(n.output),
+                sorted((a.name, repr(helper.get_attribute_value(a))) for a in n.attribute),
+            )
             for n in graph.node
         ]
 
@@ -149,7 +165,11 @@ def first_difference(found: onnx.GraphProto, expected: onnx.GraphProto) -> str |
 
     for index, (a, b) in enumerate(zip(nodes(found), nodes(expected))):
         if a != b:
-            return f"node {index} is {a[0]} where {b[0]} with other inputs or attributes was expected" if a[0] != b[0] else f"node {index} ({a[0]}) has other inputs, outputs or attributes"
+            return (
+                f"node {index} is {a[0]} where {b[0]} with other inputs or attributes was expected"
+                if a[0] != b[0]
+                else f"node {index} ({a[0]}) has other inputs, outputs or attributes"
+            )
     if len(found.node) != len(expected.node):
         return f"{len(found.node)} nodes, expected {len(expected.node)}"
     have, want = initializers(found), initializers(expected)

@@ -59,7 +59,10 @@ def _attribute_tensors(attributes) -> Iterator[onnx.TensorProto]:
         if attribute.HasField("t"):
             yield attribute.t
         yield from attribute.tensors
-        for sparse in (*([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []), *attribute.sparse_tensors):
+        for sparse in (
+            *([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []),
+            *attribute.sparse_tensors,
+        ):
             yield sparse.values
             yield sparse.indices
         if attribute.HasField("g"):
@@ -73,7 +76,10 @@ def load_external_data(model: onnx.ModelProto, model_path: Path) -> None:
 
     Every location is checked before any file is opened, so a model with one unsafe location reads nothing."""
     folder = Path(os.path.realpath(model_path.parent))
-    located = [(tensor, label, {entry.key: entry.value for entry in tensor.external_data}) for tensor, label in _external(model)]
+    located = [
+        (tensor, label, {entry.key: entry.value for entry in tensor.external_data})
+        for tensor, label in _external(model)
+    ]
     targets = [_inside(folder, fields.get("location", ""), label, model_path) for _, label, fields in located]
     for (tensor, label, fields), target in zip(located, targets):
         tensor.raw_data = _read(target, fields, label, fields.get("location", ""), model_path)
@@ -83,6 +89,7 @@ def load_external_data(model: onnx.ModelProto, model_path: Path) -> None:
 
 def _inside(folder: Path, location: str, tensor: str, model_path: Path) -> Path:
     """The data file a location names, resolved; refused unless it is a file inside `folder` (`tensor`: how to name it)."""
+
     def refuse(why: str) -> InputFileError:
         return InputFileError(
             f"'{model_path}': {tensor} keeps its data at location '{location}', {why}; normbridge reads external data only "
@@ -91,7 +98,11 @@ def _inside(folder: Path, location: str, tensor: str, model_path: Path) -> Path:
 
     if not location:
         raise refuse("which names no file")
-    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute() or PureWindowsPath(location).drive:
+    if (
+        PurePosixPath(location).is_absolute()
+        or PureWindowsPath(location).is_absolute()
+        or PureWindowsPath(location).drive
+    ):
         raise refuse("an absolute path")
     if ".." in PurePosixPath(location.replace("\\", "/")).parts:
         raise refuse("which leads out of the folder ('..')")
@@ -108,7 +119,9 @@ def _read(path: Path, fields: dict[str, str], tensor: str, location: str, model_
         offset = int(fields.get("offset", 0))
         length = int(fields["length"]) if "length" in fields else None
     except ValueError:
-        raise InputFileError(f"'{model_path}': {tensor} gives a non-integer offset or length for '{location}'; re-export the model.") from None
+        raise InputFileError(
+            f"'{model_path}': {tensor} gives a non-integer offset or length for '{location}'; re-export the model."
+        ) from None
     size = path.stat().st_size
     if offset < 0 or (length is not None and length < 0) or offset + (length or 0) > size:
         raise InputFileError(
@@ -136,4 +149,5 @@ def onnx_upload_bytes(path: Path) -> bytes | None:
     except ValueError as error:  # protobuf refuses a message over 2 GB
         raise InputFileError(
             f"'{path}' keeps its tensors in external data files and, embedded, is over protobuf's 2 GB limit, while a registry server "
-            "receives the model as one file; register it without --server, which reads the data files from the model's folder.") from error
+            "receives the model as one file; register it without --server, which reads the data files from the model's folder."
+        ) from error

@@ -29,12 +29,16 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise InputFileError(f"cannot read ONNX file '{path}' ({error.strerror or error}); check the path and its permissions.") from error
+        raise InputFileError(
+            f"cannot read ONNX file '{path}' ({error.strerror or error}); check the path and its permissions."
+        ) from error
     try:
         model = onnx.load_from_string(data)
         del data  # the file's bytes are not held while the checker serializes the model again
     except (DecodeError, ValueError) as error:
-        raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}); expected a file written by onnx.save or save_onnx.") from error
+        raise InputFileError(
+            f"'{path}' is not an ONNX model (protobuf decoding failed: {error}); expected a file written by onnx.save or save_onnx."
+        ) from error
     load_external_data(model, path)  # from the model's own folder only (external_data.py)
     _check(model, path)
     return model
@@ -49,7 +53,9 @@ def load_onnx_bytes(data: bytes, path: Path) -> onnx.ModelProto:
         raise InputFileError(f"'{path}' is not an ONNX model (protobuf decoding failed: {error}).") from error
     external = [t.name for t in external_tensors(model)]  # initializers, Constants, subgraphs and function bodies alike
     if external:
-        raise InputFileError(f"'{path}' keeps tensor '{external[0]}' in an external file; a model read from memory must hold all its data.")
+        raise InputFileError(
+            f"'{path}' keeps tensor '{external[0]}' in an external file; a model read from memory must hold all its data."
+        )
     _check(model, path)
     return model
 
@@ -63,7 +69,9 @@ def _check(model: onnx.ModelProto, path: Path) -> None:
         if "deprecated" in str(error) and _uses_deprecated_readable(model):
             return
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputFileError(f"'{path}' is not a valid ONNX model ({first_line}); re-export it or run onnx.checker.check_model on it for details.") from error
+        raise InputFileError(
+            f"'{path}' is not a valid ONNX model ({first_line}); re-export it or run onnx.checker.check_model on it for details."
+        ) from error
 
 
 def _uses_deprecated_readable(model: onnx.ModelProto) -> bool:

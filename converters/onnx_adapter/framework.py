@@ -57,7 +57,9 @@ def refuse_unrunnable(layer: OnnxLayer) -> None:
     if layer.dtype == "bfloat16":
         import onnxruntime
 
-        raise RuntimeError(f"NOT_IMPLEMENTED: onnxruntime {onnxruntime.__version__}'s CPU provider cannot run bfloat16 normalization layers.")
+        raise RuntimeError(
+            f"NOT_IMPLEMENTED: onnxruntime {onnxruntime.__version__}'s CPU provider cannot run bfloat16 normalization layers."
+        )
 
 
 def execute(run: Run, x: np.ndarray) -> Any:
@@ -87,7 +89,9 @@ class OnnxFramework(FrameworkAdapter):
     def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         return execute(self.eval_run(obj), x)
 
-    def run_train_step(self, obj: Any, x: np.ndarray, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def run_train_step(
+        self, obj: Any, x: np.ndarray, in_place: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         return execute(self.train_run(obj), x)
 
     def eval_run(self, obj: Any) -> Run:
@@ -101,14 +105,20 @@ class OnnxFramework(FrameworkAdapter):
         if (layer.raw_metadata or {}).get("frozen") is True:
             raise NotExpressibleError(
                 "this BatchNormalization holds frozen statistics: ONNX has no training step that keeps them (training_mode=1 would use and "
-                "update batch statistics); a frozen layer computes its eval output in training too.", layer=layer.name, setting="frozen", target="onnx")
+                "update batch statistics); a frozen layer computes its eval output in training too.",
+                layer=layer.name,
+                setting="frozen",
+                target="onnx",
+            )
         if layer.node is None or layer.node.op_type != BATCH_NORM:
             return Run(layer, layer.model, None, train=True)
         if layer.kind == "instance":
             raise NotExpressibleError(
                 "this BatchNormalization holds a tracked InstanceNorm's running statistics for eval, and a training step of it would pool "
                 "statistics over the batch instead of per instance; train the source layer instead.",
-                layer=layer.name, setting="training", target="onnx",
+                layer=layer.name,
+                setting="training",
+                target="onnx",
             )
         model, outputs = _training_copy(layer)
         return Run(layer, model, outputs, train=True)
@@ -136,5 +146,9 @@ def _training_copy(layer: OnnxLayer) -> tuple[onnx.ModelProto, list[str]]:
     declared = {value.name for value in model.graph.output}
     for name in outputs[1:]:
         if name not in declared:  # onnxruntime needs the running outputs declared with rank 1
-            model.graph.output.append(helper.make_tensor_value_info(name, element_type(layer.dtype), [layer.channels(layer.tensor(3, 'running_mean'))]))
+            model.graph.output.append(
+                helper.make_tensor_value_info(
+                    name, element_type(layer.dtype), [layer.channels(layer.tensor(3, "running_mean"))]
+                )
+            )
     return model, outputs

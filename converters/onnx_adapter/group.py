@@ -20,7 +20,9 @@ OP = INFO.onnx_op
 NATIVE_OPSET = INFO.onnx_opset
 
 
-def per_channel(layer: reading.OnnxLayer, report: LayerReport, groups: int, tensors: list[np.ndarray]) -> list[np.ndarray]:
+def per_channel(
+    layer: reading.OnnxLayer, report: LayerReport, groups: int, tensors: list[np.ndarray]
+) -> list[np.ndarray]:
     """Scale and bias per channel; GroupNormalization-18's per-group ones are repeated over each group's channels."""
     if layer.version >= NATIVE_OPSET:
         return tensors
@@ -29,11 +31,18 @@ def per_channel(layer: reading.OnnxLayer, report: LayerReport, groups: int, tens
         raise SpecError(
             f"{layer.layer_type} has per-group scale and bias, and the channel count of X {list(layer.shape or ['unranked'])} is unknown; "
             "give X a fixed dim 1 (C) so the per-channel values can be derived.",
-            layer=layer.name, setting="num_features",
+            layer=layer.name,
+            setting="num_features",
         )
     if channels % groups or any(t.shape != (groups,) for t in tensors):
-        raise SpecError(f"{layer.layer_type} with num_groups={groups} needs scale and bias of shape [{groups}] and C={channels} divisible by it.", layer=layer.name, setting="num_groups")
-    report.warn(f"read from the deprecated {layer.layer_type} form: its per-group scale and bias were repeated over the {channels // groups} channels of each group.")
+        raise SpecError(
+            f"{layer.layer_type} with num_groups={groups} needs scale and bias of shape [{groups}] and C={channels} divisible by it.",
+            layer=layer.name,
+            setting="num_groups",
+        )
+    report.warn(
+        f"read from the deprecated {layer.layer_type} form: its per-group scale and bias were repeated over the {channels // groups} channels of each group."
+    )
     return [np.repeat(t, channels // groups) for t in tensors]
 
 
@@ -44,10 +53,18 @@ def read_group_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpec:
     scale, bias = per_channel(layer, report, groups, [layer.tensor(1, "scale"), layer.tensor(2, "bias")])
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     fields.update(
-        kind="group", num_features=layer.channels(scale), num_groups=groups, layout="channels_first", eps=eps, eps_origin=eps_origin,
-        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
+        kind="group",
+        num_features=layer.channels(scale),
+        num_groups=groups,
+        layout="channels_first",
+        eps=eps,
+        eps_origin=eps_origin,
+        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0),
+        bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
     )
-    return reading.build(fields, {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None})
+    return reading.build(
+        fields, {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None}
+    )
 
 
 class OnnxGroupNorm(decompositions.DecomposableAdapter):
@@ -63,7 +80,9 @@ class OnnxGroupNorm(decompositions.DecomposableAdapter):
         return read_group_norm(layer, report)
 
     def emit_native(self, g):
-        return g.finish_native(OP, list(g.affine()), num_groups=g.spec.num_groups, epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
+        return g.finish_native(
+            OP, list(g.affine()), num_groups=g.spec.num_groups, epsilon=g.eps, stash_type=stash_type(g.spec.dtype)
+        )
 
     def decompose(self, spec, options, report):
         return decompositions.group_norm(spec, options, report)

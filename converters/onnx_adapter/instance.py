@@ -27,12 +27,23 @@ def read_instance_norm(layer: reading.OnnxLayer, report: LayerReport) -> NormSpe
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", reading.default_eps(layer)))
     momentum, convention = metadata.untracked_momentum(report, meta, None)  # InstanceNormalization has none
     fields.update(
-        kind="instance", momentum=momentum, momentum_convention=convention, num_features=layer.channels(scale), spatial_rank=layer.spatial_rank(report, meta), layout="channels_first",
-        eps=eps, eps_origin=eps_origin,
-        track_running_stats=metadata.trusted(report, meta, "track_running_stats", False, not meta.get("track_running_stats")),
-        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0), bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
+        kind="instance",
+        momentum=momentum,
+        momentum_convention=convention,
+        num_features=layer.channels(scale),
+        spatial_rank=layer.spatial_rank(report, meta),
+        layout="channels_first",
+        eps=eps,
+        eps_origin=eps_origin,
+        track_running_stats=metadata.trusted(
+            report, meta, "track_running_stats", False, not meta.get("track_running_stats")
+        ),
+        scale=metadata.affine_flag(report, meta, "scale", scale, 1.0),
+        bias=metadata.affine_flag(report, meta, "bias", bias, 0.0),
     )
-    return reading.build(fields, {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None})
+    return reading.build(
+        fields, {"scale": scale if fields["scale"] else None, "bias": bias if fields["bias"] else None}
+    )
 
 
 class OnnxInstanceNorm(KindAdapter):
@@ -60,14 +71,30 @@ class OnnxInstanceNorm(KindAdapter):
                 raise NotExpressibleError(
                     "a tracked InstanceNorm in training mode normalises per instance and updates running statistics, which no ONNX op does; "
                     "put the layer in eval mode, or pass onnx_training_mode=True to emit InstanceNormalization without running statistics.",
-                    layer=spec.name, setting="training", target="onnx",
+                    layer=spec.name,
+                    setting="training",
+                    target="onnx",
                 )
             for name in ("running_mean", "running_var"):
-                report.add(name, f"{spec.tensors[name].dtype}{list(spec.tensors[name].shape)}", None, "dropped", "InstanceNormalization has no running statistics")
-            report.warn("emitted InstanceNormalization for training mode: outputs match, but the running statistics are neither carried nor updated.")
+                report.add(
+                    name,
+                    f"{spec.tensors[name].dtype}{list(spec.tensors[name].shape)}",
+                    None,
+                    "dropped",
+                    "InstanceNormalization has no running statistics",
+                )
+            report.warn(
+                "emitted InstanceNormalization for training mode: outputs match, but the running statistics are neither carried nor updated."
+            )
         g = LayerGraph(spec, options, report)
         if spec.momentum is not None and not spec.track_running_stats:
-            report.add("momentum", spec.momentum, spec.momentum, "stored", f"unused: statistics are not tracked; InstanceNormalization has none, kept in metadata '{metadata.KEY}'")
+            report.add(
+                "momentum",
+                spec.momentum,
+                spec.momentum,
+                "stored",
+                f"unused: statistics are not tracked; InstanceNormalization has none, kept in metadata '{metadata.KEY}'",
+            )
         scale, bias = g.affine()
         result = g.instance_norm(INPUT, scale, bias)
         return g.finish(result, f"{OP}-{op_version(OP, g.opset)}", native=True)

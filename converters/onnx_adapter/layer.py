@@ -35,10 +35,14 @@ class OnnxLayerNorm(decompositions.DecomposableAdapter):
             inputs = [x, *inputs] if inputs[-1] else [x, inputs[0]]
             y = g.node(INFO.onnx_op, inputs, axis=-1, epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
             op = f"{INFO.onnx_op}-{op_version(INFO.onnx_op, g.opset)}"
-            model = g.finish(back(y), f"Transpose+{op}+Transpose", native=False)  # native=True would name a Transpose the layer
+            model = g.finish(
+                back(y), f"Transpose+{op}+Transpose", native=False
+            )  # native=True would name a Transpose the layer
             g.report.native = True  # the native op does the normalising
             return model
-        return g.finish_native(INFO.onnx_op, inputs, axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
+        return g.finish_native(
+            INFO.onnx_op, inputs, axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype)
+        )
 
     def decompose(self, spec, options, report):
         if spec.layout == "channels_first":
@@ -54,8 +58,13 @@ def channels_last(g: LayerGraph):
     rank = g.rank
     to_last = [0, *range(2, rank), 1]
     to_first = [0, rank - 1, *range(1, rank - 1)]
-    g.report.add("layout", "channels_first", f"Transpose{to_last}, over the last axis, Transpose{to_first}", "exact",
-                 "LayerNormalization's axis=1 would normalise every later axis too")
+    g.report.add(
+        "layout",
+        "channels_first",
+        f"Transpose{to_last}, over the last axis, Transpose{to_first}",
+        "exact",
+        "LayerNormalization's axis=1 would normalise every later axis too",
+    )
     return g.node("Transpose", [INPUT], perm=to_last), (lambda y: g.node("Transpose", [y], perm=to_first))
 
 

@@ -70,16 +70,27 @@ def record_rank(report: LayerReport, spec: NormSpec, dims: list[int | str]) -> N
     if spec.kind == "instance" and len(dims) < MIN_RANK["instance"]:
         raise NotExpressibleError(
             f"InstanceNormalization needs an input of rank >= 3 (N, C, D1, ...), got input_rank {len(dims)}; an unbatched (C, L) input "
-            "needs a batch axis of 1 first.", layer=spec.name, setting="input_rank", target="onnx",
+            "needs a batch axis of 1 first.",
+            layer=spec.name,
+            setting="input_rank",
+            target="onnx",
         )
     why = f"the ONNX IR requires a main-graph input to have a shape, so X is fixed to rank {len(dims)} (the op itself takes any rank >= {minimum}); "
     if spec.input_rank is None:
-        report.add("input_rank", None, len(dims), "translated", why + "the source records no rank, so this is the kind's usual rank: pass input_rank= to choose another")
+        report.add(
+            "input_rank",
+            None,
+            len(dims),
+            "translated",
+            why + "the source records no rank, so this is the kind's usual rank: pass input_rank= to choose another",
+        )
     else:
         report.add("input_rank", spec.input_rank, note=why.rstrip("; "))
 
 
-@functools.lru_cache(maxsize=256)  # onnx's schemas are fixed for the process; get_schema copies one out per call (~10 us)
+@functools.lru_cache(
+    maxsize=256
+)  # onnx's schemas are fixed for the process; get_schema copies one out per call (~10 us)
 def op_version(op: str, opset: int) -> int:
     """The version of `op` an opset selects (BatchNormalization at opset 13 is BatchNormalization-9)."""
     return onnx.defs.get_schema(op, opset).since_version
@@ -101,7 +112,9 @@ class LayerGraph:
         if options.opset > onnx.defs.onnx_opset_version():
             raise NotExpressibleError(
                 f"opset {options.opset} is newer than this onnx {onnx.__version__} knows (up to {onnx.defs.onnx_opset_version()}); pass a lower opset.",
-                layer=spec.name, setting="opset", target="onnx",
+                layer=spec.name,
+                setting="opset",
+                target="onnx",
             )
         self.spec, self.opset, self.report = spec, options.opset, report
         self.dims = input_dims(spec)
@@ -109,18 +122,29 @@ class LayerGraph:
         self.initializers: list[onnx.TensorProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.emitted: list[str] = []  # spec tensors carried bit-identically
-        if not KIND_INFO[spec.kind].trailing:  # a trailing kind's layout is the axis it normalises: its adapter says how (layer.py)
+        if not KIND_INFO[
+            spec.kind
+        ].trailing:  # a trailing kind's layout is the axis it normalises: its adapter says how (layer.py)
             record_layout(report, spec, "channels_first")
         if spec.chosen_layout is not None:
-            report.add("chosen_layout", spec.chosen_layout, spec.chosen_layout, "stored",
-                       f"in metadata '{metadata.KEY}', for a conversion back to a framework that offers both layouts")
+            report.add(
+                "chosen_layout",
+                spec.chosen_layout,
+                spec.chosen_layout,
+                "stored",
+                f"in metadata '{metadata.KEY}', for a conversion back to a framework that offers both layouts",
+            )
         self.eps = record_eps(report, spec, float32_attribute=eps_float32)
         record_rank(report, spec, self.dims)
         if spec.compute_dtype is not None:
             if spec.compute_dtype != "float32" or spec.dtype not in ("bfloat16", "float16"):
                 raise NotExpressibleError(
                     f"ONNX computes a {spec.dtype} layer's statistics in float32 (stash_type=1) or in its own type, not in "
-                    f"compute_dtype={spec.compute_dtype!r}; keep the layer in its source framework.", layer=spec.name, setting="compute_dtype", target="onnx")
+                    f"compute_dtype={spec.compute_dtype!r}; keep the layer in its source framework.",
+                    layer=spec.name,
+                    setting="compute_dtype",
+                    target="onnx",
+                )
             report.add("compute_dtype", spec.compute_dtype, "stash_type=1", "translated", "statistics in float32")
 
     @property
@@ -152,7 +176,13 @@ class LayerGraph:
             elif field in required:
                 shape = self.spec.normalized_shape or (self.spec.num_features,)
                 names.append(self.tensor(field, identity(shape, dtype=self.spec.dtype)))
-                self.report.add(field, False, f"{identity.__name__}{list(shape)}", "stored", f"the op needs a {field} tensor; 'no {field}' is kept in metadata '{metadata.KEY}'")
+                self.report.add(
+                    field,
+                    False,
+                    f"{identity.__name__}{list(shape)}",
+                    "stored",
+                    f"the op needs a {field} tensor; 'no {field}' is kept in metadata '{metadata.KEY}'",
+                )
             else:
                 names.append("")
         return names[0], names[1]
@@ -166,7 +196,9 @@ class LayerGraph:
     def instance_norm(self, x: str, scale: str, bias: str) -> str:
         """An InstanceNormalization node, warning where onnxruntime cannot run it."""
         if self.spec.dtype == "float64":
-            self.report.warn("onnxruntime's CPU provider does not implement InstanceNormalization for float64: the model is valid ONNX but onnxruntime CPU cannot run it.")
+            self.report.warn(
+                "onnxruntime's CPU provider does not implement InstanceNormalization for float64: the model is valid ONNX but onnxruntime CPU cannot run it."
+            )
         return self.node("InstanceNormalization", [x, scale, bias], epsilon=self.eps)
 
     def output(self, name: str, dims: list[int | str]) -> None:
@@ -187,7 +219,8 @@ class LayerGraph:
         self._check_dtype_allowed()
         value_type = element_type(self.spec.dtype)
         graph = helper.make_graph(
-            self.nodes, self.spec.name,
+            self.nodes,
+            self.spec.name,
             [helper.make_tensor_value_info(INPUT, value_type, self.dims)],
             [helper.make_tensor_value_info(OUTPUT, value_type, self.dims)] + self.outputs,
             initializer=self.initializers,
@@ -210,7 +243,11 @@ class LayerGraph:
             if allowed is not None and wanted not in allowed:
                 raise NotExpressibleError(
                     f"{node.op_type}-{since_version} (opset {self.opset}) takes no {self.spec.dtype} input; pass a higher opset "
-                    "(opset 22 and later hold every kind in bfloat16) or convert a float32 spec.", layer=self.spec.name, setting="dtype", target="onnx")
+                    "(opset 22 and later hold every kind in bfloat16) or convert a float32 spec.",
+                    layer=self.spec.name,
+                    setting="dtype",
+                    target="onnx",
+                )
 
     def finish_native(self, op: str, inputs: list[str], **attributes) -> onnx.ModelProto:
         """The graph of one native node X -> Y."""

@@ -30,9 +30,17 @@ def mergeable(runs: Sequence[Run]) -> bool:
     input_type = _data_input(first).type
     for run in runs:
         graph = run.model.graph
-        if run.model.functions or graph.sparse_initializer or sorted((o.domain, o.version) for o in run.model.opset_import) != opsets:
+        if (
+            run.model.functions
+            or graph.sparse_initializer
+            or sorted((o.domain, o.version) for o in run.model.opset_import) != opsets
+        ):
             return False
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for a in node.attribute):
+        if any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for node in graph.node
+            for a in node.attribute
+        ):
             return False
         if _data_input(run).type != input_type or run.layer.dtype != first.layer.dtype:
             return False
@@ -47,8 +55,15 @@ def _stepped_state_shared(runs: Sequence[Run]) -> bool:
     before a float16 BatchNormalization, say), and a BatchNormalization in training mode writes its moved running
     statistics into the buffer it read them from: the second model stepped from the first one's moved statistics
     (onnxruntime 1.32, two float16 BatchNorms of equal state, as every never-trained layer has). Such models run alone."""
-    stepped_by_run = [{name for node in run.model.graph.node if any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
-                       for name in node.input[3:5]} for run in runs]
+    stepped_by_run = [
+        {
+            name
+            for node in run.model.graph.node
+            if any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
+            for name in node.input[3:5]
+        }
+        for run in runs
+    ]
     if not any(stepped_by_run):
         return False  # no node steps a statistic (every eval run): no initializer's values need reading
     owners: dict[tuple, set[int]] = {}

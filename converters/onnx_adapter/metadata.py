@@ -64,7 +64,9 @@ def eps(report: LayerReport, meta: dict, stored: float, *, float32: bool = True)
     return value, meta.get("eps_origin", "explicit") if hint is not None else "explicit"
 
 
-def momentum(report: LayerReport, meta: dict, stored: float | None, tracked: int | None) -> tuple[float | None, str | None]:
+def momentum(
+    report: LayerReport, meta: dict, stored: float | None, tracked: int | None
+) -> tuple[float | None, str | None]:
     """Momentum and convention from BatchNormalization's (running_weight, float32) attribute.
 
     `stored` is None when the attribute is absent (op default 0.9). Metadata momentum
@@ -75,14 +77,20 @@ def momentum(report: LayerReport, meta: dict, stored: float | None, tracked: int
     if "momentum" in meta:
         value, convention = meta["momentum"], meta.get("momentum_convention")
         if value is None:
-            cumulative = tracked is not None and stored is not None and as_float32(1.0 - 1.0 / (tracked + 1)) == as_float32(stored)
+            cumulative = (
+                tracked is not None
+                and stored is not None
+                and as_float32(1.0 - 1.0 / (tracked + 1)) == as_float32(stored)
+            )
             consistent = stored is None or cumulative
         else:
             running = value if convention == "running_weight" else decimal_complement(value)
             consistent = convention in ("batch_weight", "running_weight") and as_float32(running) == as_float32(graph)
         if consistent:
             return value, convention
-        report.warn(f"metadata momentum={value!r} ({convention}) disagrees with the graph's momentum {graph!r}; used the graph's.")
+        report.warn(
+            f"metadata momentum={value!r} ({convention}) disagrees with the graph's momentum {graph!r}; used the graph's."
+        )
     return graph, "running_weight"
 
 
@@ -90,12 +98,19 @@ def untracked_momentum(report: LayerReport, meta: dict, stored: float | None) ->
     """The unused momentum of a layer without tracked statistics: the metadata's, kept only where the op holds none
     (InstanceNormalization) or its attribute agrees (`stored`, BatchNormalization's running_weight float32)."""
     value, convention = meta.get("momentum"), meta.get("momentum_convention")
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or convention not in ("batch_weight", "running_weight"):
+    if (
+        value is None
+        or isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or convention not in ("batch_weight", "running_weight")
+    ):
         return None, None
     if stored is not None:
         running = value if convention == "running_weight" else decimal_complement(value)
         if as_float32(running) != as_float32(stored):
-            report.warn(f"metadata momentum={value!r} ({convention}) disagrees with the graph's momentum {stored!r}; the momentum is unused here and was dropped.")
+            report.warn(
+                f"metadata momentum={value!r} ({convention}) disagrees with the graph's momentum {stored!r}; the momentum is unused here and was dropped."
+            )
             return None, None
     report.add("momentum", value, note=f"unused: statistics are not tracked; kept from metadata '{KEY}'")
     return float(value), convention

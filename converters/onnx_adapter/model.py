@@ -21,9 +21,7 @@ class OnnxModelAdapter(ModelAdapter):
     framework = "onnx"
     train_mode_wording = ("has training_mode=1", "export the model again from eval mode")
     eps_stored_as_float32 = True
-    port_source_note = (
-        " (an ONNX source offers native normalization nodes only: a BatchNorm folded into a Conv or a decomposed norm is not a layer there)"
-    )
+    port_source_note = " (an ONNX source offers native normalization nodes only: a BatchNorm folded into a Conv or a decomposed norm is not a layer there)"
 
     def load(self, path: Path) -> Any:
         return load_onnx(path)
@@ -37,7 +35,9 @@ class OnnxModelAdapter(ModelAdapter):
     # -- layers ----------------------------------------------------------------------------
 
     def norm_layers(self, model: Any) -> list[NormLayerRef]:
-        raise UnsupportedObjectError(f"norm_layers walks PyTorch and Keras models; got a {self.framework} model (use the ONNX graph tools).")
+        raise UnsupportedObjectError(
+            f"norm_layers walks PyTorch and Keras models; got a {self.framework} model (use the ONNX graph tools)."
+        )
 
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
         """Each native normalization node, read as a one-node model (decompositions and folded BatchNorms are not layers here)."""
@@ -53,11 +53,24 @@ class OnnxModelAdapter(ModelAdapter):
         for site in find_norm_sites(model):
             ops = tuple(site.op_types)
             distinct = tuple(dict.fromkeys(ops))
-            layer_type = "+".join(distinct) if len(distinct) <= 3 else f"{len(ops)} primitive ops"  # the hazard lists them all
-            facts.append(LayerFacts(
-                path=site.name, kind=site.kind, framework="onnx", origin=site.origin, layer_type=layer_type, spec=site.spec,
-                training=bool(site.training_mode), eps=site.eps, native=site.native, folded=site.folded, op_types=ops,
-            ))
+            layer_type = (
+                "+".join(distinct) if len(distinct) <= 3 else f"{len(ops)} primitive ops"
+            )  # the hazard lists them all
+            facts.append(
+                LayerFacts(
+                    path=site.name,
+                    kind=site.kind,
+                    framework="onnx",
+                    origin=site.origin,
+                    layer_type=layer_type,
+                    spec=site.spec,
+                    training=bool(site.training_mode),
+                    eps=site.eps,
+                    native=site.native,
+                    folded=site.folded,
+                    op_types=ops,
+                )
+            )
         return facts
 
     def model_hazards(self, model: Any, found: int | None = None) -> list[Hazard]:
@@ -66,13 +79,16 @@ class OnnxModelAdapter(ModelAdapter):
 
         if not batchnorm_folded_into_conv(model):
             return []
-        return [Hazard(
-            code="folded_batchnorm", severity="warning",
-            message="the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
-            "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
-            "export with torch.onnx.export(..., optimize=False) (with dynamo=False: do_constant_folding=False) to keep the "
-            "BatchNormalization nodes.",
-        )]
+        return [
+            Hazard(
+                code="folded_batchnorm",
+                severity="warning",
+                message="the graph has Conv nodes and no BatchNormalization: any BatchNorm was folded into the Conv weights and bias "
+                "(torch.onnx.export does this by default, tf2onnx always), so its statistics can no longer be checked or recalibrated; "
+                "export with torch.onnx.export(..., optimize=False) (with dynamo=False: do_constant_folding=False) to keep the "
+                "BatchNormalization nodes.",
+            )
+        ]
 
     def inspection_source(self, model: Any) -> str:
         return f"onnx graph '{model.graph.name}'"

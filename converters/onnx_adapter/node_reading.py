@@ -32,25 +32,40 @@ def node_layer(
     """An OnnxLayer for `node` of `model`; `constants` maps tensor names to values, `shape` is X's (None dims unknown)."""
     kind = recognizers.kind_of("onnx", node)
     if kind is None:
-        raise UnsupportedObjectError(f"node '{node.name}' is a {node.op_type}, expected one of {', '.join(reading.NATIVE_OPS)}.")
+        raise UnsupportedObjectError(
+            f"node '{node.name}' is a {node.op_type}, expected one of {', '.join(reading.NATIVE_OPS)}."
+        )
     opset = opset_of(model)
     try:
         op_version(node.op_type, opset)
     except onnx.defs.SchemaError:
-        raise UnsupportedObjectError(f"node '{node.name}': {node.op_type} does not exist at opset {opset}; fix the model's opset_import.") from None
+        raise UnsupportedObjectError(
+            f"node '{node.name}': {node.op_type} does not exist at opset {opset}; fix the model's opset_import."
+        ) from None
     if elem_type not in FLOAT_TYPES:
         raise SpecError(
             f"the input '{node.input[0]}' of {node.op_type} has no known float element type, expected FLOAT16, FLOAT or DOUBLE; run shape inference on the model.",
-            layer=node.name or None, setting="dtype",
+            layer=node.name or None,
+            setting="dtype",
         )
     if shape is None:
         raise SpecError(
             f"the rank of the input '{node.input[0]}' of {node.op_type} is unknown; the layer's spatial rank depends on it, so give the graph shapes (onnx.shape_inference).",
-            layer=node.name or None, setting="input_rank",
+            layer=node.name or None,
+            setting="input_rank",
         )
     graph_inputs = frozenset(i.name for i in model.graph.input)
     return reading.OnnxLayer(
-        model, kind, opset, node, node.input[0], FLOAT_TYPES[elem_type], tuple(shape), {}, constants, graph_inputs,
+        model,
+        kind,
+        opset,
+        node,
+        node.input[0],
+        FLOAT_TYPES[elem_type],
+        tuple(shape),
+        {},
+        constants,
+        graph_inputs,
     )
 
 
@@ -60,7 +75,9 @@ def read_node(layer: reading.OnnxLayer, report: LayerReport | None = None) -> No
     from .group import read_group_norm
     from .instance import read_instance_norm
 
-    report = report or LayerReport(layer=layer.name, kind=layer.kind, source_framework="onnx", target_framework="spec", target_op="NormSpec")
+    report = report or LayerReport(
+        layer=layer.name, kind=layer.kind, source_framework="onnx", target_framework="spec", target_op="NormSpec"
+    )
     op = layer.node.op_type
     if op == "BatchNormalization":
         return read_batch_norm(layer, report)
@@ -82,7 +99,9 @@ def native_node_specs(model) -> list[NormSpec]:
     from ..api import read_spec
 
     if not isinstance(model, onnx.ModelProto):
-        raise UnsupportedObjectError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto.")
+        raise UnsupportedObjectError(
+            f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto."
+        )
     inferred = shape_inference.infer_shapes(model)
     values = {v.name: v for v in list(inferred.graph.input) + list(inferred.graph.value_info)}
     initializers = {t.name: t for t in model.graph.initializer}
@@ -107,7 +126,11 @@ def native_node_specs(model) -> list[NormSpec]:
         single = helper.make_node(node.op_type, list(node.input), [node.output[0]], name=name, domain=node.domain)
         single.attribute.extend(node.attribute)
         graph = helper.make_graph(
-            [single], name, [x_info], [y_info], initializer=[initializers[i] for i in node.input[1:] if i in initializers]
+            [single],
+            name,
+            [x_info],
+            [y_info],
+            initializer=[initializers[i] for i in node.input[1:] if i in initializers],
         )
         piece = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
         spec = read_spec(piece)[0]

@@ -8,7 +8,12 @@ import onnx
 #: Domains of the standard operator set ("" and its long name).
 DEFAULT_DOMAINS = ("", "ai.onnx")
 #: TensorProto element type -> spec dtype, for the float types a normalization computes in.
-FLOAT_TYPES = {onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
+FLOAT_TYPES = {
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.DOUBLE: "float64",
+}
 
 
 def opset_of(model: onnx.ModelProto) -> int:

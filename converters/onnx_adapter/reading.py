@@ -31,10 +31,26 @@ from .proto import DEFAULT_DOMAINS, FLOAT_TYPES
 #: The native ops, as named in messages.
 NATIVE_OPS = tuple(info.onnx_op for info in KIND_INFO.values() if info.onnx_op is not None)
 #: Ops of the decompositions normbridge emits below the native opsets.
-DECOMPOSITION_OPS = frozenset({"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div", "Cast", "Reshape", "Shape", "InstanceNormalization",
-                               "Transpose", "LayerNormalization"})  # the last two: a channels-first layer norm (layer.py)
+DECOMPOSITION_OPS = frozenset(
+    {
+        "ReduceMean",
+        "Sub",
+        "Mul",
+        "Add",
+        "Sqrt",
+        "Div",
+        "Cast",
+        "Reshape",
+        "Shape",
+        "InstanceNormalization",
+        "Transpose",
+        "LayerNormalization",
+    }
+)  # the last two: a channels-first layer norm (layer.py)
 #: Kinds whose native op is newer than the oldest opset normbridge writes: below it they are decomposed.
-DECOMPOSED_KINDS = tuple(kind for kind, info in KIND_INFO.items() if info.onnx_opset is not None and info.onnx_opset > MIN_OPSET)
+DECOMPOSED_KINDS = tuple(
+    kind for kind, info in KIND_INFO.items() if info.onnx_opset is not None and info.onnx_opset > MIN_OPSET
+)
 
 
 def default_eps(layer: "OnnxLayer") -> float:
@@ -79,7 +95,8 @@ class OnnxLayer:
         raise SpecError(
             f"input '{self.input_name}' of {self.layer_type} is unranked and no '{metadata.KEY}' metadata records the spatial rank, "
             "so a 1d, 2d or 3d layer cannot be told apart; give X a shape (at least its rank) in the graph.",
-            layer=self.name, setting="spatial_rank",
+            layer=self.name,
+            setting="spatial_rank",
         )
 
     @property
@@ -108,7 +125,9 @@ class OnnxLayer:
             report.warn(f"metadata '{metadata.KEY}' is not a JSON object; ignored it and read the graph alone.")
             return {}
         if self.raw_metadata and self.raw_metadata.get("kind") != self.kind:
-            report.warn(f"metadata '{metadata.KEY}' describes a {self.raw_metadata.get('kind')!r} layer but the graph holds a {self.kind} layer; ignored it.")
+            report.warn(
+                f"metadata '{metadata.KEY}' describes a {self.raw_metadata.get('kind')!r} layer but the graph holds a {self.kind} layer; ignored it."
+            )
             return {}
         return self.raw_metadata
 
@@ -130,7 +149,8 @@ class OnnxLayer:
         raise SpecError(
             f"the {setting} tensor '{name}' of {self.node.op_type} is {where}, not an initializer, so its value is unknown; "
             "store it as an initializer (for example with onnx's constant folding) and read the model again.",
-            layer=self.name, setting=setting,
+            layer=self.name,
+            setting=setting,
         )
 
     def channels(self, per_channel: np.ndarray) -> int:
@@ -140,13 +160,16 @@ class OnnxLayer:
             raise SpecError(
                 f"{self.layer_type} has a per-channel tensor of shape {list(per_channel.shape)} but input X has shape {list(self.shape)}; "
                 "expected shape [C] with C = X's dim 1.",
-                layer=self.name, setting="num_features",
+                layer=self.name,
+                setting="num_features",
             )
         return count
 
 
 #: id(model) -> (model, its layer) while a caller holds its models unchanged (`models_unchanged`); None otherwise.
-_PARSED: contextvars.ContextVar[dict[int, tuple[onnx.ModelProto, OnnxLayer]] | None] = contextvars.ContextVar("parsed", default=None)
+_PARSED: contextvars.ContextVar[dict[int, tuple[onnx.ModelProto, OnnxLayer]] | None] = contextvars.ContextVar(
+    "parsed", default=None
+)
 
 
 @contextlib.contextmanager
@@ -181,16 +204,22 @@ def parse(model, kind: str | None = None) -> OnnxLayer:
 
 def _refuse_other_kind(found: str, kind: str | None) -> None:
     if kind is not None and found != kind:
-        raise UnsupportedObjectError(f"the ONNX model holds a {found} layer, expected a {kind} layer; use the {found} adapter (converters.to_spec picks it).")
+        raise UnsupportedObjectError(
+            f"the ONNX model holds a {found} layer, expected a {kind} layer; use the {found} adapter (converters.to_spec picks it)."
+        )
 
 
 def _parse(model, kind: str | None) -> OnnxLayer:
     if not isinstance(model, onnx.ModelProto):
-        raise UnsupportedObjectError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto; load files with load_onnx().")
+        raise UnsupportedObjectError(
+            f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto; load files with load_onnx()."
+        )
     graph = model.graph
     opsets = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not opsets:
-        raise UnsupportedObjectError("the ONNX model imports no default-domain opset, expected one (e.g. opset 23); re-export it with an opset_import.")
+        raise UnsupportedObjectError(
+            "the ONNX model imports no default-domain opset, expected one (e.g. opset 23); re-export it with an opset_import."
+        )
     initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     inputs = {value.name: value for value in graph.input}
     data_inputs = [name for name in inputs if name not in initializers]
@@ -203,11 +232,15 @@ def _parse(model, kind: str | None) -> OnnxLayer:
         try:
             op_version(ops[0], max(opsets))
         except onnx.defs.SchemaError:
-            raise UnsupportedObjectError(f"{ops[0]} does not exist at opset {max(opsets)}, expected an op the model's opset defines; fix the model's opset_import.") from None
+            raise UnsupportedObjectError(
+                f"{ops[0]} does not exist at opset {max(opsets)}, expected an op the model's opset defines; fix the model's opset_import."
+            ) from None
         x = node.input[0]
         if found == "batch" and raw and raw.get("kind") == "instance" and _training_mode(node) == 0:
             found = "instance"  # a tracked InstanceNorm emitted as an eval-mode BatchNormalization
-    elif raw and raw.get("kind") in DECOMPOSED_KINDS and ops and set(ops) <= DECOMPOSITION_OPS and len(data_inputs) == 1:
+    elif (
+        raw and raw.get("kind") in DECOMPOSED_KINDS and ops and set(ops) <= DECOMPOSITION_OPS and len(data_inputs) == 1
+    ):
         found, x = raw["kind"], data_inputs[0]
     else:
         raise UnsupportedObjectError(
@@ -217,14 +250,33 @@ def _parse(model, kind: str | None) -> OnnxLayer:
         )
     _refuse_other_kind(found, kind)
     if x not in inputs or x in initializers:
-        raise UnsupportedObjectError(f"the normalization's data input '{x}' is not a graph input, expected the model's input X to feed it directly.")
+        raise UnsupportedObjectError(
+            f"the normalization's data input '{x}' is not a graph input, expected the model's input X to feed it directly."
+        )
     tensor_type = inputs[x].type.tensor_type
     if tensor_type.elem_type not in FLOAT_TYPES:
         name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
-        raise UnsupportedObjectError(f"input '{x}' has element type {name}, expected BFLOAT16, FLOAT16, FLOAT or DOUBLE.")
+        raise UnsupportedObjectError(
+            f"input '{x}' has element type {name}, expected BFLOAT16, FLOAT16, FLOAT or DOUBLE."
+        )
     # An unranked X (what normbridge writes) is fine: the readers take the rank from the metadata where they need it.
-    shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim) if tensor_type.HasField("shape") else None
-    return OnnxLayer(model, found, max(opsets), node, x, FLOAT_TYPES[tensor_type.elem_type], shape, raw, initializers, frozenset(inputs))
+    shape = (
+        tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim)
+        if tensor_type.HasField("shape")
+        else None
+    )
+    return OnnxLayer(
+        model,
+        found,
+        max(opsets),
+        node,
+        x,
+        FLOAT_TYPES[tensor_type.elem_type],
+        shape,
+        raw,
+        initializers,
+        frozenset(inputs),
+    )
 
 
 def _training_mode(node: onnx.NodeProto) -> int:
@@ -239,12 +291,16 @@ def common_fields(layer: OnnxLayer, report: LayerReport, meta: dict) -> dict:
     return {
         "name": layer.name,
         "dtype": layer.dtype,
-        "input_rank": metadata.trusted(report, meta, "input_rank", layer.rank, layer.rank is None or meta.get("input_rank") in (None, layer.rank)),
+        "input_rank": metadata.trusted(
+            report, meta, "input_rank", layer.rank, layer.rank is None or meta.get("input_rank") in (None, layer.rank)
+        ),
         "training": bool(meta.get("training", False)),  # ONNX has no mode outside BatchNormalization
         "compute_dtype": compute_dtype(layer, report, meta),
         "source": layer.source(),
         # The layout chosen where the layer came from (a Keras axis=1 layer), kept for the way back: ONNX is channels-first.
-        "chosen_layout": meta.get("chosen_layout") if meta.get("chosen_layout") in ("channels_first", "channels_last") else None,
+        "chosen_layout": meta.get("chosen_layout")
+        if meta.get("chosen_layout") in ("channels_first", "channels_last")
+        else None,
     }
 
 
@@ -258,7 +314,9 @@ def compute_dtype(layer: OnnxLayer, report: LayerReport, meta: dict) -> str | No
         return None
     stash = layer.attribute("stash_type", onnx.TensorProto.FLOAT) if layer.node is not None else onnx.TensorProto.FLOAT
     has_stash = layer.node is None or "stash_type" in onnx.defs.get_schema(layer.node.op_type, layer.opset).attributes
-    consistent = wanted == "float32" and layer.dtype in ("bfloat16", "float16") and stash == onnx.TensorProto.FLOAT and has_stash
+    consistent = (
+        wanted == "float32" and layer.dtype in ("bfloat16", "float16") and stash == onnx.TensorProto.FLOAT and has_stash
+    )
     return metadata.trusted(report, meta, "compute_dtype", None, consistent)
 
 
@@ -271,7 +329,8 @@ def build(fields: dict, tensors: dict) -> NormSpec:
         where = ".".join(str(part) for part in problem["loc"]) or "spec"
         raise SpecError(
             f"the graph and its '{metadata.KEY}' metadata give an invalid {where} ({problem['msg']}); remove the metadata to read the graph alone.",
-            layer=fields.get("name"), setting=where,
+            layer=fields.get("name"),
+            setting=where,
         ) from error
 
 
@@ -288,27 +347,33 @@ def read_trailing(layer: OnnxLayer, report: LayerReport, *, has_bias: bool) -> N
         raise SpecError(
             f"{op} axis={axis} counts from the front of X, which is unranked, and no '{metadata.KEY}' metadata records its rank; "
             "give X a shape (at least its rank) or use a negative axis.",
-            layer=name, setting="normalized_shape",
+            layer=name,
+            setting="normalized_shape",
         )
     # axis=0 normalises every axis (torch's LayerNorm over an unbatched input's whole shape): count == rank.
     count = -axis if axis < 0 else rank - axis
-    trailing = layer.shape[layer.rank - count:] if layer.shape is not None and 0 < count <= layer.rank else ()
+    trailing = layer.shape[layer.rank - count :] if layer.shape is not None and 0 < count <= layer.rank else ()
     if scale.ndim != count or any(d not in (None, s) for d, s in zip(trailing, scale.shape)):
         raise SpecError(
             f"{op} axis={axis} normalises the last {count} axes of X {list(layer.shape or ['unranked'])} but its scale has shape {list(scale.shape)}; "
             "expected a scale of exactly the normalised shape (broadcast scales are not supported).",
-            layer=name, setting="normalized_shape",
+            layer=name,
+            setting="normalized_shape",
         )
     stash = layer.attribute("stash_type", onnx.TensorProto.FLOAT)
     if stash not in (onnx.TensorProto.FLOAT, helper.np_dtype_to_tensor_dtype(np.dtype(layer.dtype))):
         raise SpecError(
             f"{op} has stash_type {onnx.TensorProto.DataType.Name(stash)}, expected FLOAT or the input's own type; "
             "statistics in another precision have no spec equivalent.",
-            layer=name, setting="stash_type",
+            layer=name,
+            setting="stash_type",
         )
     eps, eps_origin = metadata.eps(report, meta, layer.attribute("epsilon", default_eps(layer)))
     fields.update(
-        kind=layer.kind, normalized_shape=tuple(int(d) for d in scale.shape), eps=eps, eps_origin=eps_origin,
+        kind=layer.kind,
+        normalized_shape=tuple(int(d) for d in scale.shape),
+        eps=eps,
+        eps_origin=eps_origin,
         scale=metadata.affine_flag(report, meta, "scale", scale, 1.0),
         bias=bias is not None and metadata.affine_flag(report, meta, "bias", bias, 0.0),
     )

@@ -52,7 +52,13 @@ def _pruned(probe, wanted: list[str]):
     return probe
 
 
-def _wave_probe(model, sites: list[OnnxBatchNorm], layer_of: dict[int, str], stats: dict[str, tuple[np.ndarray, np.ndarray]], wanted: list[str]):
+def _wave_probe(
+    model,
+    sites: list[OnnxBatchNorm],
+    layer_of: dict[int, str],
+    stats: dict[str, tuple[np.ndarray, np.ndarray]],
+    wanted: list[str],
+):
     """A copy of `model` whose finalized nodes read their new statistics and which returns the tensors `wanted`."""
     probe = copy.deepcopy(model)
     for site in sites:
@@ -77,7 +83,9 @@ def _measure(probe, batches: list[tuple[np.ndarray, ...]], outputs: list[str], r
     accumulate_outputs(probe, batches, outputs, records, "a recalibration batch")
 
 
-def recalibrate_onnx(model, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[onnx.ModelProto, list[Movement], str]:
+def recalibrate_onnx(
+    model, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
+) -> tuple[onnx.ModelProto, list[Movement], str]:
     """A copy of `model` whose BatchNormalization statistics are the population statistics of their inputs (module docstring)."""
     sites = onnx_batchnorms(model)
     layer_of = {site.index: site.name for site in sites}
@@ -85,8 +93,13 @@ def recalibrate_onnx(model, batches: list[tuple[np.ndarray, ...]], variance_esti
     for site in sites:
         by_layer.setdefault(site.name, []).append(site)
     dtypes = {name: onnx_constant(model, uses[0].mean_name).dtype for name, uses in by_layer.items()}
-    olds = {name: (onnx_constant(model, uses[0].mean_name).astype(np.float64), onnx_constant(model, uses[0].var_name).astype(np.float64))
-            for name, uses in by_layer.items()}
+    olds = {
+        name: (
+            onnx_constant(model, uses[0].mean_name).astype(np.float64),
+            onnx_constant(model, uses[0].var_name).astype(np.float64),
+        )
+        for name, uses in by_layer.items()
+    }
     stats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     computed: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for wave in waves(list(by_layer), _upstream(model, layer_of)):
@@ -96,16 +109,20 @@ def recalibrate_onnx(model, batches: list[tuple[np.ndarray, ...]], variance_esti
         probe = _wave_probe(model, sites, layer_of, stats, wanted)
         outputs = _output_names(model, wanted)
         position = {name: i for i, name in enumerate(dict.fromkeys(wanted))}
-        _measure(probe, batches, [outputs[position[site.input]] for _, site in uses], [records[name] for name, _ in uses])
+        _measure(
+            probe, batches, [outputs[position[site.input]] for _, site in uses], [records[name] for name, _ in uses]
+        )
         for name in wave:
             mean, var = population_statistics(records[name], variance_estimator)
             computed[name] = (mean, var)
             stats[name] = (mean.astype(dtypes[name]), var.astype(dtypes[name]))
     new = _written(model, by_layer, stats)
     moved = [(name, *olds[name], *computed[name], by_layer[name][0].eps) for name in by_layer]
-    method = ("onnxruntime in eval mode (graph as written): population statistics of each BatchNormalization's input over all samples "
-              f"(pooled in float64), measured wave by wave with the nodes upstream on their new statistics; {variance_estimator} variance "
-              "written into the mean/var initializers")
+    method = (
+        "onnxruntime in eval mode (graph as written): population statistics of each BatchNormalization's input over all samples "
+        f"(pooled in float64), measured wave by wave with the nodes upstream on their new statistics; {variance_estimator} variance "
+        "written into the mean/var initializers"
+    )
     return new, moved, method
 
 

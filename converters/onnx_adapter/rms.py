@@ -24,7 +24,13 @@ class OnnxRMSNorm(decompositions.DecomposableAdapter):
 
     def emit_native(self, g):
         scale, _ = g.affine(required=("scale",))
-        return g.finish_native(INFO.onnx_op, [scale], axis=-len(g.spec.normalized_shape), epsilon=g.eps, stash_type=stash_type(g.spec.dtype))
+        return g.finish_native(
+            INFO.onnx_op,
+            [scale],
+            axis=-len(g.spec.normalized_shape),
+            epsilon=g.eps,
+            stash_type=stash_type(g.spec.dtype),
+        )
 
     def decompose(self, spec, options, report):
         return decompositions.trailing_norm(spec, options, report, centre=False)

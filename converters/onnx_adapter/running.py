@@ -31,8 +31,9 @@ def computes_in_bfloat16(model) -> bool:
     """Whether the graph has a bfloat16 input, output, initializer or intermediate value."""
     bfloat16 = onnx.TensorProto.BFLOAT16
     values = list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info)
-    return (any(v.type.tensor_type.elem_type == bfloat16 for v in values)
-            or any(t.data_type == bfloat16 for t in model.graph.initializer))
+    return any(v.type.tensor_type.elem_type == bfloat16 for v in values) or any(
+        t.data_type == bfloat16 for t in model.graph.initializer
+    )
 
 
 def _true(value: np.ndarray) -> bool:
@@ -52,7 +53,12 @@ def onnx_train_mode_nodes(model) -> list[str]:
             mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "training_mode"), 0)
             if mode:
                 found.append(f"BatchNormalization '{name}' has training_mode=1 (normalizes with batch statistics)")
-        elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2] in constants and _true(numpy_helper.to_array(constants[node.input[2]])):
+        elif (
+            node.op_type == "Dropout"
+            and len(node.input) > 2
+            and node.input[2] in constants
+            and _true(numpy_helper.to_array(constants[node.input[2]]))
+        ):
             found.append(f"Dropout '{name}' has training_mode=1 (drops activations at random when run as written)")
     return found
 
@@ -75,8 +81,11 @@ def serving_runner(model, optimized: bool = False) -> ModelRunner:
                 "serving contract was not run: the file's outputs were not compared with "
                 "the model's. What can be done: export a float32 copy of the model (model.float() before torch.export) and "
                 "run the contract on that file; or write the bfloat16 file with `normbridge export --force`, its "
-                "normalizations then verified from the graph only (`normbridge contract` cannot run it).") from error
-        raise InputFileError(f"onnxruntime cannot load the serving model ({first}); check the opset and ops it uses.") from error
+                "normalizations then verified from the graph only (`normbridge contract` cannot run it)."
+            ) from error
+        raise InputFileError(
+            f"onnxruntime cannot load the serving model ({first}); check the opset and ops it uses."
+        ) from error
     names = [i.name for i in session.get_inputs()]
 
     def run(arrays):
@@ -84,5 +93,11 @@ def serving_runner(model, optimized: bool = False) -> ModelRunner:
 
     graph = model.graph.name or "graph"
     runtime = f"onnxruntime {onnxruntime.__version__} CPU, graph optimizations {'enabled' if optimized else 'disabled (graph as written)'}"
-    return ModelRunner(run, f"onnx '{graph}' opset {opset_of(model)}, {len(model.graph.node)} nodes", input_specs(model),
-                       onnx_train_mode_nodes(model), [o.name for o in session.get_outputs()], runtime)
+    return ModelRunner(
+        run,
+        f"onnx '{graph}' opset {opset_of(model)}, {len(model.graph.node)} nodes",
+        input_specs(model),
+        onnx_train_mode_nodes(model),
+        [o.name for o in session.get_outputs()],
+        runtime,
+    )

@@ -26,7 +26,9 @@ def _proto_of(session: Any) -> onnx.ModelProto:
         return onnx.load_from_string(data)
     if path:
         return onnx.load(path, load_external_data=True)
-    raise UnsupportedObjectError("this onnxruntime session keeps neither the model's bytes nor its path; pass the onnx.ModelProto to monitor().")
+    raise UnsupportedObjectError(
+        "this onnxruntime session keeps neither the model's bytes nor its path; pass the onnx.ModelProto to monitor()."
+    )
 
 
 class MonitoredSession:
@@ -48,7 +50,7 @@ class MonitoredSession:
                 except Exception as error:  # the copy failed: serve from the original, count it
                     self._sink.failed(error)
                 else:
-                    for index, value in enumerate(values[len(names):]):
+                    for index, value in enumerate(values[len(names) :]):
                         try:
                             self._sink.observe(index, *numpy_moments(value, 1))
                         except Exception as error:
@@ -67,21 +69,36 @@ def session_taps(model: Any, sink: TapSink) -> ServingTaps:
     import onnxruntime
 
     if isinstance(model, onnx.ModelProto):
-        proto, session = model, onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        proto, session = (
+            model,
+            onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]),
+        )
     else:
         proto, session = _proto_of(model), model
     sites = onnx_batchnorms(proto)
     if not sites:
-        raise UnsupportedObjectError("the ONNX graph has no BatchNormalization node with stored statistics to monitor "
-                                     "(an exporter may have folded them into the Conv: export with `normbridge export`, which keeps them).")
-    layers = [TappedLayer(s.name, onnx_constant(proto, s.mean_name).astype(np.float64), onnx_constant(proto, s.var_name).astype(np.float64), s.eps)
-              for s in sites]
+        raise UnsupportedObjectError(
+            "the ONNX graph has no BatchNormalization node with stored statistics to monitor "
+            "(an exporter may have folded them into the Conv: export with `normbridge export`, which keeps them)."
+        )
+    layers = [
+        TappedLayer(
+            s.name,
+            onnx_constant(proto, s.mean_name).astype(np.float64),
+            onnx_constant(proto, s.var_name).astype(np.float64),
+            s.eps,
+        )
+        for s in sites
+    ]
     probe_proto = _with_outputs(proto, [s.input for s in sites], train=False)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     probe = onnxruntime.InferenceSession(probe_proto.SerializeToString(), options, providers=session.get_providers())
     outputs = [o.name for o in probe.get_outputs()]
-    taps = [s.input if s.input in outputs else next(n for n in outputs if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
+    taps = [
+        s.input if s.input in outputs else next(n for n in outputs if n.startswith(f"{s.input}__normbridge_probe_"))
+        for s in sites
+    ]
     served = MonitoredSession(session, probe, taps, sink)
     found = training_mode_faults(proto)
     return ServingTaps(served, layers, input_names=served.input_names, faults=lambda: list(found))
@@ -95,9 +112,14 @@ def training_mode_faults(proto: onnx.ModelProto) -> list[tuple[str, str | None, 
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
             continue
         if any(a.name == "training_mode" and onnx.helper.get_attribute_value(a) == 1 for a in node.attribute):
-            found.append(("batch_statistics_in_graph", node.name or node.input[0],
-                          "BatchNormalization with training_mode=1 in the served graph: each request is normalized by "
-                          "its own batch; export the model after model.eval() (normbridge export does)"))
+            found.append(
+                (
+                    "batch_statistics_in_graph",
+                    node.name or node.input[0],
+                    "BatchNormalization with training_mode=1 in the served graph: each request is normalized by "
+                    "its own batch; export the model after model.eval() (normbridge export does)",
+                )
+            )
     return found
 
 

@@ -43,9 +43,15 @@ def onnx_batchnorms(model) -> list[OnnxBatchNorm]:
     for index, node in enumerate(model.graph.node):
         if node.op_type != BATCH.onnx_op or node.domain not in DEFAULT_DOMAINS:
             continue
-        eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), BATCH.default_eps["onnx"])
+        eps = next(
+            (helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), BATCH.default_eps["onnx"]
+        )
         mean_name = node.input[3]
-        name = mean_name.removesuffix(".running_mean") if mean_name.endswith(".running_mean") else (node.name or node.output[0])
+        name = (
+            mean_name.removesuffix(".running_mean")
+            if mean_name.endswith(".running_mean")
+            else (node.name or node.output[0])
+        )
         found.append(OnnxBatchNorm(index, name, node.input[0], mean_name, node.input[4], recover_from_float32(eps)))
     return found
 
@@ -56,9 +62,16 @@ def onnx_constant(model, name: str) -> np.ndarray:
         if init.name == name:
             return numpy_helper.to_array(init)
     for node in model.graph.node:
-        if node.op_type == "Constant" and node.output[0] == name and node.attribute and node.attribute[0].name == "value":
+        if (
+            node.op_type == "Constant"
+            and node.output[0] == name
+            and node.attribute
+            and node.attribute[0].name == "value"
+        ):
             return numpy_helper.to_array(node.attribute[0].t)
-    raise UnsupportedObjectError(f"ONNX tensor '{name}' is computed, not stored; only BatchNormalization nodes with stored statistics are supported.")
+    raise UnsupportedObjectError(
+        f"ONNX tensor '{name}' is computed, not stored; only BatchNormalization nodes with stored statistics are supported."
+    )
 
 
 def _with_outputs(model, names: list[str], train: bool):
@@ -94,8 +107,9 @@ def _with_outputs(model, names: list[str], train: bool):
     return probe
 
 
-def accumulate_outputs(probe, batches: Iterable[Sequence[np.ndarray]], outputs: list[str], records: list[LayerMoments],
-                       what: str) -> None:
+def accumulate_outputs(
+    probe, batches: Iterable[Sequence[np.ndarray]], outputs: list[str], records: list[LayerMoments], what: str
+) -> None:
     """Run `probe` in onnxruntime on each batch and add output i to records[i]; `what` names a batch in the refusal."""
     import onnxruntime
 
@@ -109,7 +123,9 @@ def accumulate_outputs(probe, batches: Iterable[Sequence[np.ndarray]], outputs: 
         try:
             values = session.run(outputs, dict(zip(input_names, batch)))
         except Exception as error:  # onnxruntime's InvalidArgument for a wrong shape or dtype
-            raise InputFileError(f"onnxruntime refused {what} of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
+            raise InputFileError(
+                f"onnxruntime refused {what} of shape {[list(a.shape) for a in batch]} ({first_line(error)})."
+            ) from error
         for record, value in zip(records, values):
             record.add(value, 1)
 
@@ -119,10 +135,22 @@ def onnx_batchnorm_moments(model, batches: Iterable[Sequence[np.ndarray]], train
     sites = onnx_batchnorms(model)
     if not sites:
         return []
-    moments = [LayerMoments(s.name, onnx_constant(model, s.mean_name).astype(np.float64), onnx_constant(model, s.var_name).astype(np.float64), s.eps)
-               for s in sites]
+    moments = [
+        LayerMoments(
+            s.name,
+            onnx_constant(model, s.mean_name).astype(np.float64),
+            onnx_constant(model, s.var_name).astype(np.float64),
+            s.eps,
+        )
+        for s in sites
+    ]
     probe = _with_outputs(model, [s.input for s in sites], train)
     output_names = [o.name for o in probe.graph.output]
-    wanted = [s.input if s.input in output_names else next(n for n in output_names if n.startswith(f"{s.input}__normbridge_probe_")) for s in sites]
+    wanted = [
+        s.input
+        if s.input in output_names
+        else next(n for n in output_names if n.startswith(f"{s.input}__normbridge_probe_"))
+        for s in sites
+    ]
     accumulate_outputs(probe, batches, wanted, moments, "a batch")
     return moments

@@ -23,7 +23,11 @@ PART = "model.onnx"
 
 def _has_data(tensor: onnx.TensorProto) -> bool:
     typed = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
-    return bool(tensor.raw_data) or any(len(getattr(tensor, name)) for name in typed) or tensor.data_location == onnx.TensorProto.EXTERNAL
+    return (
+        bool(tensor.raw_data)
+        or any(len(getattr(tensor, name)) for name in typed)
+        or tensor.data_location == onnx.TensorProto.EXTERNAL
+    )
 
 
 def onnx_structure(model: onnx.ModelProto, tensors: dict[str, np.ndarray], read_safely: bool = False) -> StructureParts:
@@ -37,7 +41,9 @@ def onnx_structure(model: onnx.ModelProto, tensors: dict[str, np.ndarray], read_
     if cleared is None:
         # the bytes would not come back the same: keep the graph whole
         return StructureParts("onnx", {PART: whole}, sha256_of(whole), read_safely=read_safely)
-    return StructureParts("onnx", {PART: _without_raw_data(whole, {i.name for i in cleared})}, sha256_of(whole), read_safely=read_safely)
+    return StructureParts(
+        "onnx", {PART: _without_raw_data(whole, {i.name for i in cleared})}, sha256_of(whole), read_safely=read_safely
+    )
 
 
 def _varint(data: memoryview, at: int) -> tuple[int, int]:
@@ -75,7 +81,7 @@ def _fields(data: memoryview):
             at += 4
         elif kind == 2:
             length, at = _varint(data, at)
-            payload, at = data[at:at + length], at + length
+            payload, at = data[at : at + length], at + length
         else:
             raise ValueError(f"wire type {kind} in a serialized ONNX model")
         yield key >> 3, data[start:at], payload
@@ -94,6 +100,7 @@ def _without_raw_data(whole: bytes, names: set[str]) -> bytes:
     """`whole` (ModelProto bytes as protobuf writes them) with the raw_data (field 9) of the initializers named `names`
     (ModelProto.graph = 7, GraphProto.initializer = 5, TensorProto.name = 8) left out, every other byte as it was: what
     serializing the model with those fields cleared gives."""
+
     def tensor(number, record, payload):
         if number != 5:
             return None
@@ -129,7 +136,9 @@ def _refillable(model: onnx.ModelProto, tensors: dict[str, np.ndarray]) -> list 
 def onnx_file(parts: dict[str, bytes], tensors: dict[str, np.ndarray]) -> bytes:
     """The registered .onnx file's bytes: the skeleton with every initializer's data put back."""
     if set(parts) != {PART}:
-        raise InputFileError(f"an ONNX structure holds exactly the part '{PART}', got {sorted(parts)}; the stored version is inconsistent.")
+        raise InputFileError(
+            f"an ONNX structure holds exactly the part '{PART}', got {sorted(parts)}; the stored version is inconsistent."
+        )
     return _fill(parts[PART], tensors, "the stored structure")
 
 
@@ -138,12 +147,16 @@ def _fill(part: bytes, tensors: dict[str, np.ndarray], where: str) -> bytes:
     try:
         model.ParseFromString(part)
     except (DecodeError, ValueError) as error:
-        raise InputFileError(f"{where} '{PART}' is not an ONNX protobuf ({error}); the stored version is corrupted.") from error
+        raise InputFileError(
+            f"{where} '{PART}' is not an ONNX protobuf ({error}); the stored version is corrupted."
+        ) from error
     for initializer in model.graph.initializer:
         if not _has_data(initializer):
             array = tensors.get(initializer.name)
             if array is None:
-                raise InputFileError(f"initializer '{initializer.name}' of {where} has no tensor in the version; the stored version is inconsistent.")
+                raise InputFileError(
+                    f"initializer '{initializer.name}' of {where} has no tensor in the version; the stored version is inconsistent."
+                )
             initializer.raw_data = little_endian_bytes(array)
     return model.SerializeToString()
 

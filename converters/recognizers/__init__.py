@@ -60,7 +60,9 @@ class RecognizerRegistry:
             for module_name in stock_recognizers(package) if package is not None else ():
                 recognizer = importlib.import_module(module_name).RECOGNIZER
                 if recognizer.framework != framework:
-                    raise DuplicateAdapterError(f"{module_name} declares a {recognizer.framework} recognizer but is listed for {framework}.")
+                    raise DuplicateAdapterError(
+                        f"{module_name} declares a {recognizer.framework} recognizer but is listed for {framework}."
+                    )
                 self._add(recognizer)
 
     def _frameworks(self) -> dict[str, str]:
@@ -69,13 +71,17 @@ class RecognizerRegistry:
     def _add(self, recognizer: Recognizer) -> None:
         if recognizer.name in self._by_name:
             existing = type(self._by_name[recognizer.name]).__name__
-            raise DuplicateAdapterError(f"a recognizer named '{recognizer.name}' is already registered ({existing}); give the new one another name.")
+            raise DuplicateAdapterError(
+                f"a recognizer named '{recognizer.name}' is already registered ({existing}); give the new one another name."
+            )
         self._by_name[recognizer.name] = recognizer
 
     def register(self, recognizer: Recognizer) -> None:
         """Add `recognizer`, asked after the stock recognizers of its framework and those registered before it."""
         if not isinstance(recognizer, (ObjectRecognizer, GraphRecognizer)):
-            raise TypeError(f"got a {type(recognizer).__name__}, expected an ObjectRecognizer or a GraphRecognizer instance.")
+            raise TypeError(
+                f"got a {type(recognizer).__name__}, expected an ObjectRecognizer or a GraphRecognizer instance."
+            )
         with self._lock:
             self._load(recognizer.framework)
             self._add(recognizer)
@@ -86,7 +92,9 @@ class RecognizerRegistry:
             for framework in self._frameworks():
                 self._load(framework)
             if name not in self._by_name:
-                raise AdapterNotFoundError(f"no recognizer is named '{name}'; currently registered recognizers are {', '.join(self._by_name)}.")
+                raise AdapterNotFoundError(
+                    f"no recognizer is named '{name}'; currently registered recognizers are {', '.join(self._by_name)}."
+                )
             return self._by_name[name]
 
     def of(self, framework: str, family: type[R]) -> list[R]:
@@ -118,4 +126,13 @@ def kind_of(framework: str, obj: Any) -> str | None:
     return RECOGNIZERS.kind_of(framework, obj)
 
 
-__all__ = ["GraphRecognizer", "ObjectRecognizer", "RECOGNIZERS", "Recognizer", "RecognizerRegistry", "kind_of", "register", "stock_recognizers"]
+__all__ = [
+    "GraphRecognizer",
+    "ObjectRecognizer",
+    "RECOGNIZERS",
+    "Recognizer",
+    "RecognizerRegistry",
+    "kind_of",
+    "register",
+    "stock_recognizers",
+]

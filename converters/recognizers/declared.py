@@ -44,9 +44,20 @@ _DECLARED: dict[type, Declaration] = {}
 _LOCK = threading.Lock()
 
 
-def recognize(cls: type, *, kind: str, eps: str | float, weight: str | None = "weight", bias: str | None = None,
-              running_mean: str | None = None, running_var: str | None = None, scale_offset: float = 0.0,
-              compute_dtype: str | None = None, cast_before_affine: bool = False, layout: str | None = None) -> Declaration:
+def recognize(
+    cls: type,
+    *,
+    kind: str,
+    eps: str | float,
+    weight: str | None = "weight",
+    bias: str | None = None,
+    running_mean: str | None = None,
+    running_var: str | None = None,
+    scale_offset: float = 0.0,
+    compute_dtype: str | None = None,
+    cast_before_affine: bool = False,
+    layout: str | None = None,
+) -> Declaration:
     """Declare that instances of `cls` compute a `kind` normalization; proved on a probe per instance before use.
 
     Args:
@@ -64,16 +75,37 @@ def recognize(cls: type, *, kind: str, eps: str | float, weight: str | None = "w
         SpecError: a kind or setting outside what a declaration can say.
     """
     if kind not in KINDS:
-        raise SpecError(f"recognize({cls.__name__}): kind '{kind}' cannot be declared; use one of {', '.join(KINDS)}.", setting="kind")
+        raise SpecError(
+            f"recognize({cls.__name__}): kind '{kind}' cannot be declared; use one of {', '.join(KINDS)}.",
+            setting="kind",
+        )
     if kind == "batch" and (running_mean is None or running_var is None):
-        raise SpecError(f"recognize({cls.__name__}): a batch norm needs running_mean= and running_var= attribute names.", setting="running_var")
+        raise SpecError(
+            f"recognize({cls.__name__}): a batch norm needs running_mean= and running_var= attribute names.",
+            setting="running_var",
+        )
     if layout not in (None, "channels_first"):
-        raise SpecError(f"recognize({cls.__name__}): layout must be None or 'channels_first' (got {layout!r}).", setting="layout")
-    declaration = Declaration(cls, kind, eps, weight, bias, running_mean, running_var, float(scale_offset), compute_dtype,
-                              cast_before_affine, layout)
+        raise SpecError(
+            f"recognize({cls.__name__}): layout must be None or 'channels_first' (got {layout!r}).", setting="layout"
+        )
+    declaration = Declaration(
+        cls,
+        kind,
+        eps,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        float(scale_offset),
+        compute_dtype,
+        cast_before_affine,
+        layout,
+    )
     with _LOCK:
         if cls in _DECLARED:
-            raise DuplicateAdapterError(f"{cls.__qualname__} was already declared with recognize(); forget() it first to change it.")
+            raise DuplicateAdapterError(
+                f"{cls.__qualname__} was already declared with recognize(); forget() it first to change it."
+            )
         _DECLARED[cls] = declaration
     return declaration
 

@@ -65,7 +65,9 @@ def train_step(spec, x: np.ndarray, variance_estimator: str | None = None) -> Tr
     if spec.frozen:
         # FrozenBatchNorm2d: constants, no momentum, no counter: the step changes nothing.
         count = int(spec.tensors["num_batches_tracked"]) if "num_batches_tracked" in spec.tensors else None
-        return TrainStep(y, spec.tensors["running_mean"].astype(np.float64), spec.tensors["running_var"].astype(np.float64), count)
+        return TrainStep(
+            y, spec.tensors["running_mean"].astype(np.float64), spec.tensors["running_var"].astype(np.float64), count
+        )
     estimator = variance_estimator or spec.variance_estimator
     batch_mean, batch_var_biased, count = batch_moments(spec, x)
     batch_var = batch_var_biased * count / (count - 1) if estimator == "unbiased" else batch_var_biased

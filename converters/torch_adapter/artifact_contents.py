@@ -31,7 +31,10 @@ def torch_array(tensor: Any, name: str) -> np.ndarray:
 def _tensors(state: dict[str, Any], sources: dict | None = None) -> list[ModelTensor]:
     """Each tensor as NumPy (sharing its memory, which a .pt2's large payloads map from the file) with where its bytes are."""
     sources = sources or {}
-    return [ModelTensor(name, torch_array(tensor, name), name.rpartition(".")[0] or None, sources.get(name)) for name, tensor in state.items()]
+    return [
+        ModelTensor(name, torch_array(tensor, name), name.rpartition(".")[0] or None, sources.get(name))
+        for name, tensor in state.items()
+    ]
 
 
 def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelContents:
@@ -58,8 +61,10 @@ def refuse_unread_layers(module: torch.nn.Module, refs: list[NormLayerRef]) -> N
                 reason = f"normbridge did not read this {type(sub).__name__}"
             except NormbridgeError as error:
                 reason = error.message
-            raise UnsupportedObjectError(f"{reason.rstrip('.')}; a model is registered only when each of its normalization layers is checked.",
-                                         layer=path or type(sub).__name__)
+            raise UnsupportedObjectError(
+                f"{reason.rstrip('.')}; a model is registered only when each of its normalization layers is checked.",
+                layer=path or type(sub).__name__,
+            )
 
 
 def program_contents(program: Any) -> ModelContents:

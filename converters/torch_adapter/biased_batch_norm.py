@@ -44,7 +44,11 @@ class BiasedBatchNorm3d(_BiasedRunningVariance, torch.nn.BatchNorm3d):
 
 
 BIASED_CLASSES = (BiasedBatchNorm1d, BiasedBatchNorm2d, BiasedBatchNorm3d)
-_BY_BASE = {torch.nn.BatchNorm1d: BiasedBatchNorm1d, torch.nn.BatchNorm2d: BiasedBatchNorm2d, torch.nn.BatchNorm3d: BiasedBatchNorm3d}
+_BY_BASE = {
+    torch.nn.BatchNorm1d: BiasedBatchNorm1d,
+    torch.nn.BatchNorm2d: BiasedBatchNorm2d,
+    torch.nn.BatchNorm3d: BiasedBatchNorm3d,
+}
 
 
 def biased_class_for(cls: type) -> type:

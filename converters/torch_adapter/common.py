@@ -13,7 +13,12 @@ from schemas import LayerReport, NormSpec, NotExpressibleError, Source, SpecErro
 from .. import markers
 from .torch_internals import own_tensors, torch_version
 
-TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
+TORCH_DTYPES = {
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
 SPEC_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 #: The extended settings every stock torch module holds: bfloat16, and float32 statistics of a bf16/fp16 layer.
 STOCK_HOLDS = frozenset({"dtype", "compute_dtype"})
@@ -24,7 +29,7 @@ def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     if type(array) is not np.ndarray or not (array.flags.c_contiguous and array.flags.writeable):
         # np.require(array, requirements=('C', 'W')) without its Python overhead: ascontiguousarray would make a 0-d array 1-d;
         # torch wants writable memory.
-        array = np.require(array, requirements=('C', 'W'))
+        array = np.require(array, requirements=("C", "W"))
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
@@ -42,10 +47,16 @@ def check_compute_dtype(spec: NormSpec) -> None:
 
     So they hold compute_dtype="float32" with the cast after the affine; another compute dtype is refused.
     """
-    if spec.compute_dtype is not None and (spec.compute_dtype != "float32" or spec.dtype not in ("bfloat16", "float16")):
+    if spec.compute_dtype is not None and (
+        spec.compute_dtype != "float32" or spec.dtype not in ("bfloat16", "float16")
+    ):
         raise NotExpressibleError(
             f"a stock torch module computes a {spec.dtype} layer in float32 on the CPU, not in compute_dtype={spec.compute_dtype!r}; "
-            "keep the layer in its source framework.", layer=spec.name, setting="compute_dtype", target="torch")
+            "keep the layer in its source framework.",
+            layer=spec.name,
+            setting="compute_dtype",
+            target="torch",
+        )
 
 
 def extended_fields(module: torch.nn.Module, dtype: str) -> dict:
@@ -62,11 +73,15 @@ def spec_dtype(module: torch.nn.Module, name: str, report: LayerReport | None = 
         return markers.recall(module)["dtype"]
     dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
     if not tensors and report is not None and dtype in TORCH_DTYPES:
-        report.warn(f"it holds no tensor, so it has no dtype of its own: read as torch's default dtype {TORCH_DTYPES[dtype]}; a converted "
-                    "layer takes inputs of that dtype (for another, convert spec.replace(dtype=...)).")
+        report.warn(
+            f"it holds no tensor, so it has no dtype of its own: read as torch's default dtype {TORCH_DTYPES[dtype]}; a converted "
+            "layer takes inputs of that dtype (for another, convert spec.replace(dtype=...))."
+        )
     if dtype not in TORCH_DTYPES:
         raise SpecError(
-            f"dtype {dtype} is not supported; use float16, float32 or float64 (module.to(torch.float32)).", layer=name, setting="dtype"
+            f"dtype {dtype} is not supported; use float16, float32 or float64 (module.to(torch.float32)).",
+            layer=name,
+            setting="dtype",
         )
     return TORCH_DTYPES[dtype]
 
@@ -82,8 +97,10 @@ def _own_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
 
 @functools.lru_cache(maxsize=None)
 def _stock_listing(cls: type) -> bool:
-    return all(getattr(cls, name) is getattr(torch.nn.Module, name)
-               for name in ("parameters", "named_parameters", "buffers", "named_buffers", "_named_members"))
+    return all(
+        getattr(cls, name) is getattr(torch.nn.Module, name)
+        for name in ("parameters", "named_parameters", "buffers", "named_buffers", "_named_members")
+    )
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -102,7 +119,9 @@ def copy_into(target: torch.Tensor, array: np.ndarray) -> None:
     """`assign` for a caller already inside torch.no_grad() (one block for a module's every tensor)."""
     source = tensor_from_numpy(np.array(array, copy=True, order="C"))
     if source.dtype != target.dtype or tuple(source.shape) != tuple(target.shape):
-        raise SpecError(f"cannot write a {source.dtype}{tuple(source.shape)} tensor into a {target.dtype}{tuple(target.shape)} one.")
+        raise SpecError(
+            f"cannot write a {source.dtype}{tuple(source.shape)} tensor into a {target.dtype}{tuple(target.shape)} one."
+        )
     target.copy_(source)
 
 
@@ -152,7 +171,9 @@ def read_affine(module: torch.nn.Module, name: str, report: LayerReport) -> tupl
             if not param.requires_grad and bool(torch.all(param == identity)):
                 flags[spec_name] = False
                 continue
-            report.warn(f"'{attr}' was emitted as a frozen identity but has since changed; it is read as a learned {spec_name}.")
+            report.warn(
+                f"'{attr}' was emitted as a frozen identity but has since changed; it is read as a learned {spec_name}."
+            )
         flags[spec_name] = True
         tensors[spec_name] = to_numpy(param)
     return flags["scale"], flags["bias"], tensors
@@ -172,7 +193,13 @@ def write_affine(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -
                 param.fill_(identity)
             param.requires_grad_(False)
             frozen.append(spec_name)
-            report.add(spec_name, False, f"frozen {attr} = {identity:g}", "stored", f"PyTorch {type(module).__name__} cannot have a bias without a weight")
+            report.add(
+                spec_name,
+                False,
+                f"frozen {attr} = {identity:g}",
+                "stored",
+                f"PyTorch {type(module).__name__} cannot have a bias without a weight",
+            )
     if frozen:
         markers.remember(module, frozen_identity=tuple(frozen))
 
@@ -190,7 +217,11 @@ def finish(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -> torc
     report.add("training", spec.training, note="module.training")
     markers.remember(module, name=spec.name, dtype=spec.dtype, compute_dtype=spec.compute_dtype)
     if spec.compute_dtype is not None:
-        report.add("compute_dtype", spec.compute_dtype, note="torch computes bf16/fp16 norms in float32 on the CPU and casts once, after the affine")
+        report.add(
+            "compute_dtype",
+            spec.compute_dtype,
+            note="torch computes bf16/fp16 norms in float32 on the CPU and casts once, after the affine",
+        )
     report.target_op = type(module).__name__
     report.native = True
     return module

@@ -63,8 +63,12 @@ class TorchFramework(FrameworkAdapter):
             from .recognition.norm_hazards import unrecognised
 
             found = recognition(obj)  # a candidate whose proof failed says why, in inspect's words
-            why = "" if found is None or found.reason is None else " " + unrecognised(
-                type(obj).__name__, type(obj).__name__, found.why_candidate, found.reason).message
+            why = (
+                ""
+                if found is None or found.reason is None
+                else " "
+                + unrecognised(type(obj).__name__, type(obj).__name__, found.why_candidate, found.reason).message
+            )
             raise UnsupportedObjectError(f"got a torch {type(obj).__name__}, expected one of {SUPPORTED}.{why}")
         return kind
 
@@ -97,7 +101,10 @@ class TorchFramework(FrameworkAdapter):
             raise NotExpressibleError(
                 "this stock module holds frozen statistics for eval only (momentum 0): its training-mode forward uses batch statistics, "
                 "which the frozen layer never does; train the source layer instead.",
-                layer=markers.recall(obj).get("name"), setting="frozen", target="torch")
+                layer=markers.recall(obj).get("name"),
+                setting="frozen",
+                target="torch",
+            )
         module = (obj if in_place else copy.deepcopy(obj)).train()
         with torch.no_grad(), one_thread():
             y = numpy_from_tensor(module(tensor_from_numpy(np.asarray(x))))

@@ -12,8 +12,10 @@ from schemas import LayerReport, NormSpec
 
 from .. import markers
 
-STORED = ("kept on the in-memory module only (normbridge marker), for a conversion back to a framework that offers "
-          "both layouts")
+STORED = (
+    "kept on the in-memory module only (normbridge marker), for a conversion back to a framework that offers "
+    "both layouts"
+)
 
 
 def remember_layout(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -> None:

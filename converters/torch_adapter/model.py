@@ -42,8 +42,11 @@ class TorchModelAdapter(ModelAdapter):
 
     def own_eps_default(self, facts: LayerFacts) -> bool:
         """A hand-written class (LlamaRMSNorm) has its own default eps, not the stock class's."""
-        return facts.origin != "normbridge" and not facts.layer_type.startswith("aten") \
+        return (
+            facts.origin != "normbridge"
+            and not facts.layer_type.startswith("aten")
             and facts.layer_type not in KIND_INFO[facts.kind].stock_classes("torch")
+        )
 
     def load(self, path: Path) -> Any:
         if path.is_dir():  # a Hugging Face checkpoint folder (converters.models.loading sends only those here)
@@ -66,7 +69,9 @@ class TorchModelAdapter(ModelAdapter):
 
     def save(self, model: Any, path: Path) -> None:
         if not exported_program.is_exported_program(model):
-            raise UnsupportedObjectError(f"cannot write a recalibrated {type(model).__name__} to '{path}'; recalibrate a .pt2, .keras or .onnx model.")
+            raise UnsupportedObjectError(
+                f"cannot write a recalibrated {type(model).__name__} to '{path}'; recalibrate a .pt2, .keras or .onnx model."
+            )
         buffer = io.BytesIO()
         torch.export.save(model, buffer)
         atomic_write_bytes(path, buffer.getvalue())
@@ -78,7 +83,9 @@ class TorchModelAdapter(ModelAdapter):
         from ..adapters import REGISTRY
 
         if not isinstance(model, torch.nn.Module):
-            raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module (call .module() on an ExportedProgram).")
+            raise UnsupportedObjectError(
+                f"got a {type(model).__name__}; expected a torch.nn.Module (call .module() on an ExportedProgram)."
+            )
         framework = REGISTRY.framework("torch")
         found = []
         for path, module in model.named_modules():
@@ -86,7 +93,9 @@ class TorchModelAdapter(ModelAdapter):
                 kind = framework.kind_of(module)
             except UnsupportedObjectError:
                 continue
-            found.append(NormLayerRef(path or type(module).__name__, module, "torch", kind, training=bool(module.training)))
+            found.append(
+                NormLayerRef(path or type(module).__name__, module, "torch", kind, training=bool(module.training))
+            )
         return found
 
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
@@ -121,7 +130,9 @@ class TorchModelAdapter(ModelAdapter):
         from .recognition import norm_hazards
 
         if exported_program.is_exported_program(model):
-            return norm_hazards.program_hazards(model, len(exported_program.exported_norm_layers(model)) if found is None else found)
+            return norm_hazards.program_hazards(
+                model, len(exported_program.exported_norm_layers(model)) if found is None else found
+            )
         if isinstance(model, torch.nn.Module):
             return norm_hazards.module_hazards(model, len(self.norm_layers(model)) if found is None else found)
         return []
@@ -237,7 +248,9 @@ class TorchModelAdapter(ModelAdapter):
             return statistics.program_moments(model, batches, train)
         if isinstance(model, torch.nn.Module) and not train:
             return statistics.module_moments(model, batches)
-        raise UnsupportedObjectError(f"got a {type(model).__name__}; expected a torch.nn.Module, ExportedProgram, Keras model or ONNX model.")
+        raise UnsupportedObjectError(
+            f"got a {type(model).__name__}; expected a torch.nn.Module, ExportedProgram, Keras model or ONNX model."
+        )
 
     def recalibrate(self, model: Any, batches, variance_estimator: str):
         if exported_program.is_exported_program(model):
@@ -253,8 +266,17 @@ class TorchModelAdapter(ModelAdapter):
         batch-norm call of its graph), or the program's module() with a tap before each batch-norm op."""
         if exported_program.is_exported_program(model):
             return serving_taps.program_taps(model, sink)
-        refs = [ref for ref in self.norm_layers(model) if ref.kind == "batch" and getattr(ref.obj, "running_mean", None) is not None]
+        refs = [
+            ref
+            for ref in self.norm_layers(model)
+            if ref.kind == "batch" and getattr(ref.obj, "running_mean", None) is not None
+        ]
         if not refs and not serving_taps.has_graph_batchnorms(model):
-            raise UnsupportedObjectError(f"{self.describe(model)} has no BatchNorm with running statistics for the recognizers to find; nothing to monitor.")
-        eps = [float(ref.obj.eps) if isinstance(getattr(ref.obj, "eps", None), (int, float)) else layer_spec(ref).eps for ref in refs]
+            raise UnsupportedObjectError(
+                f"{self.describe(model)} has no BatchNorm with running statistics for the recognizers to find; nothing to monitor."
+            )
+        eps = [
+            float(ref.obj.eps) if isinstance(getattr(ref.obj, "eps", None), (int, float)) else layer_spec(ref).eps
+            for ref in refs
+        ]
         return serving_taps.module_taps(model, refs, sink, eps)

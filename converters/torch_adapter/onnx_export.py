@@ -38,7 +38,9 @@ def _tensors(arrays) -> tuple[torch.Tensor, ...]:
 
 def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
     """(onnx.ModelProto, the exporter as named in reports, notes) for an nn.Module (with a dynamic batch when it allows one) or an ExportedProgram."""
-    notes = ["torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"]
+    notes = [
+        "torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"
+    ]
     opset = max(opset, TORCH_ONNX_MIN_OPSET)
     options = {"dynamo": True, "opset_version": opset, "optimize": False, "verbose": False}
     name = f"torch.onnx.export(dynamo=True, optimize=False) torch {torch_version()} at opset {opset}"
@@ -46,13 +48,19 @@ def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
         if isinstance(model, torch.export.ExportedProgram):
             program = torch.onnx.export(model, **options)
         else:
-            rows = sample.rows(slice(0, 2)) if sample.batch_size >= 2 else tuple(np.concatenate([a, a]) for a in sample.arrays)
+            rows = (
+                sample.rows(slice(0, 2))
+                if sample.batch_size >= 2
+                else tuple(np.concatenate([a, a]) for a in sample.arrays)
+            )
             args = _tensors(rows)
             batch = torch.export.Dim("batch", min=1)
             try:
                 program = torch.onnx.export(model, args, dynamic_shapes=tuple({0: batch} for _ in args), **options)
             except Exception as error:  # a model that fixes its batch size: export it with the sample's
-                notes.append(f"exported with a fixed batch of {sample.batch_size}: a dynamic batch failed ({type(error).__name__})")
+                notes.append(
+                    f"exported with a fixed batch of {sample.batch_size}: a dynamic batch failed ({type(error).__name__})"
+                )
                 program = torch.onnx.export(model, _tensors(sample.arrays), **options)
     except NormbridgeError:
         raise
@@ -60,7 +68,8 @@ def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
         raise UnsupportedObjectError(
             f"torch.onnx.export failed at opset {opset} ({exporter_failure(error)}): the exporter's own failure, before normbridge "
             "sees a graph, so nothing was written and no normalization was checked in ONNX; `normbridge register` checks each "
-            "normalization layer without exporting the whole model, or export a submodule that torch.onnx handles.") from error
+            "normalization layer without exporting the whole model, or export a submodule that torch.onnx handles."
+        ) from error
     return _clean(program.model_proto), name, notes
 
 
@@ -82,4 +91,8 @@ def exporter_failure(error: BaseException) -> str:
 
 
 #: torch.onnx.export's three steps, as its messages number them.
-_STEPS = {"1": "capturing the model with torch.export", "2": "decomposing the graph for ONNX", "3": "translating it to ONNX"}
+_STEPS = {
+    "1": "capturing the model with torch.export",
+    "2": "decomposing the graph for ONNX",
+    "3": "translating it to ONNX",
+}

@@ -40,20 +40,30 @@ def plan_write(fresh: torch.nn.Module, target: torch.nn.Module, path: str, repor
         if ours is not None and theirs is None:
             raise NotExpressibleError(
                 f"the source has a {flag} but the target {type(target).__name__} has no '{attr}' parameter; rebuild the target layer with its affine parameters.",
-                layer=path, setting=flag, target="torch",
+                layer=path,
+                setting=flag,
+                target="torch",
             )
         if ours is not None:
             # requires_grad is the user's choice on the target; it changes only where normbridge freezes
             # an identity (the converter froze `ours`) or had frozen one that now gets real values.
             freeze = not ours.requires_grad
-            plan.steps.append(_copy_parameter(ours, theirs, False if freeze else True if flag in frozen_before else None))
+            plan.steps.append(
+                _copy_parameter(ours, theirs, False if freeze else True if flag in frozen_before else None)
+            )
             if freeze:
                 frozen.append(flag)
         elif theirs is not None:
             # The source has no such parameter: the target's becomes a frozen identity, as the converter emits it.
             plan.steps.append(_fill_identity(theirs, identity))
             frozen.append(flag)
-            report.add(flag, False, f"frozen {attr} = {identity:g}", "stored", f"the target {type(target).__name__} has a '{attr}' the source lacks; set to the identity and frozen")
+            report.add(
+                flag,
+                False,
+                f"frozen {attr} = {identity:g}",
+                "stored",
+                f"the target {type(target).__name__} has a '{attr}' the source lacks; set to the identity and frozen",
+            )
     for name in _BUFFERS:
         ours, theirs = getattr(fresh, name, None), getattr(target, name, None)
         if ours is None and theirs is None:
@@ -62,13 +72,17 @@ def plan_write(fresh: torch.nn.Module, target: torch.nn.Module, path: str, repor
             raise NotExpressibleError(
                 f"the source {'tracks' if ours is not None else 'does not track'} running statistics but the target {type(target).__name__} "
                 f"{'does not' if theirs is None else 'does'} ('{name}'); rebuild the target layer with track_running_stats={ours is not None}.",
-                layer=path, setting="track_running_stats", target="torch",
+                layer=path,
+                setting="track_running_stats",
+                target="torch",
             )
         plan.steps.append(_copy_buffer(ours, theirs))
     for attr in ("eps", "momentum"):
         if hasattr(fresh, attr):
             if not hasattr(target, attr):
-                raise NotExpressibleError(f"the target {type(target).__name__} has no '{attr}'.", layer=path, setting=attr, target="torch")
+                raise NotExpressibleError(
+                    f"the target {type(target).__name__} has no '{attr}'.", layer=path, setting=attr, target="torch"
+                )
             plan.steps.append(_set_attribute(target, attr, getattr(fresh, attr)))
     extras = {key: value for key, value in markers.recall(fresh).items() if key != "name"}
     if frozen:
@@ -109,7 +123,10 @@ def _set_attribute(obj: Any, name: str, value: Any) -> Callable[[], None]:
 
 def snapshot(module: torch.nn.Module) -> Callable[[], None]:
     """A function that puts `module` back as it is now (tensors, flags, eps, momentum, mode, markers)."""
-    tensors = {name: (t, t.detach().clone(), t.requires_grad) for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))}
+    tensors = {
+        name: (t, t.detach().clone(), t.requires_grad)
+        for name, t in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+    }
     attributes = {name: getattr(module, name) for name in ("eps", "momentum") if hasattr(module, name)}
     training = module.training
     restore_markers = markers.restorer(module)
@@ -126,4 +143,3 @@ def snapshot(module: torch.nn.Module) -> Callable[[], None]:
         restore_markers()
 
     return restore
-

@@ -43,8 +43,10 @@ def _record(moments: LayerMoments, x: torch.Tensor) -> None:
 
 
 def _refused(batch, error: BaseException, what: str = "the model") -> InputFileError:
-    return InputFileError(f"{what} refused a recalibration batch of shape {[list(a.shape) for a in batch]} "
-                          f"({type(error).__name__}: {first_line(error)}).")
+    return InputFileError(
+        f"{what} refused a recalibration batch of shape {[list(a.shape) for a in batch]} "
+        f"({type(error).__name__}: {first_line(error)})."
+    )
 
 
 def _call_order(module: torch.nn.Module, layers: dict[str, torch.nn.Module], batch) -> list[str]:
@@ -65,11 +67,14 @@ def _call_order(module: torch.nn.Module, layers: dict[str, torch.nn.Module], bat
     if twice:
         raise UnsupportedObjectError(
             f"layer '{twice[0]}' runs {calls.count(twice[0])} times per forward (a shared module), so whether its statistics feed its "
-            "own input cannot be read from an nn.Module; recalibrate its torch.export program (.pt2), whose graph shows it.")
+            "own input cannot be read from an nn.Module; recalibrate its torch.export program (.pt2), whose graph shows it."
+        )
     return list(dict.fromkeys(calls))
 
 
-def recalibrate_module(module: torch.nn.Module, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[torch.nn.Module, list[Movement], str]:
+def recalibrate_module(
+    module: torch.nn.Module, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
+) -> tuple[torch.nn.Module, list[Movement], str]:
     """A deep copy in eval mode whose BatchNorm buffers hold the population statistics of their inputs (see the module docstring)."""
     new = copy.deepcopy(module)
     modes = {name: m.training for name, m in new.named_modules()}
@@ -86,9 +91,20 @@ def recalibrate_module(module: torch.nn.Module, batches: list[tuple[np.ndarray, 
     for name in order:
         if layers[name].num_batches_tracked is not None:
             layers[name].num_batches_tracked.fill_(len(batches))
-    moved = [(name, *before[name], layers[name].running_mean.detach(), layers[name].running_var.detach(), float(layers[name].eps)) for name in order]
-    method = ("population statistics of each BatchNorm's input over all samples (pooled in float64), measured layer by layer on a deep copy "
-              f"in eval mode with the layers before it on their new statistics; {variance_estimator} variance; weights, momentum and modes unchanged")
+    moved = [
+        (
+            name,
+            *before[name],
+            layers[name].running_mean.detach(),
+            layers[name].running_var.detach(),
+            float(layers[name].eps),
+        )
+        for name in order
+    ]
+    method = (
+        "population statistics of each BatchNorm's input over all samples (pooled in float64), measured layer by layer on a deep copy "
+        f"in eval mode with the layers before it on their new statistics; {variance_estimator} variance; weights, momentum and modes unchanged"
+    )
     idle = [name for name in layers if name not in order]
     if idle:  # said, not skipped silently: a BatchNorm the forward never calls (an unused head) keeps its statistics
         method += f"; {len(idle)} BatchNorm(s) the forward never called keep their statistics ({', '.join(idle[:3])})"
@@ -98,8 +114,13 @@ def recalibrate_module(module: torch.nn.Module, batches: list[tuple[np.ndarray, 
 def _measure_module_wave(new, layers, order, wave, batches, variance_estimator) -> None:
     [name] = wave  # without a graph every wave is one layer
     bn = layers[name]
-    moments = LayerMoments(name, bn.running_mean.detach().double().numpy().copy(), bn.running_var.detach().double().numpy().copy(), float(bn.eps))
-    later = set(order[order.index(name) + 1:])
+    moments = LayerMoments(
+        name,
+        bn.running_mean.detach().double().numpy().copy(),
+        bn.running_var.detach().double().numpy().copy(),
+        float(bn.eps),
+    )
+    later = set(order[order.index(name) + 1 :])
 
     def measure(_m, args):
         _record(moments, args[0])
@@ -119,8 +140,10 @@ def _measure_module_wave(new, layers, order, wave, batches, variance_estimator) 
                 except (ValueError, RuntimeError) as error:
                     raise _refused(batch, error) from error
                 if len(moments.counts) == seen:
-                    raise UnsupportedObjectError(f"layer '{name}' did not run before the layers after it on batch {index} (the model calls its "
-                                                 "BatchNorms in an order that depends on the data); recalibrate its torch.export program (.pt2).")
+                    raise UnsupportedObjectError(
+                        f"layer '{name}' did not run before the layers after it on batch {index} (the model calls its "
+                        "BatchNorms in an order that depends on the data); recalibrate its torch.export program (.pt2)."
+                    )
     finally:
         for handle in handles:
             handle.remove()
@@ -160,11 +183,23 @@ def _program_sites(module: torch.fx.GraphModule) -> tuple[dict[Any, _Site], dict
                 mean, var = kwargs.get("running_mean"), kwargs.get("running_var")
                 if mean is not None:
                     if not all(isinstance(n, torch.fx.Node) and n.op == "get_attr" for n in (mean, var)):
-                        raise UnsupportedObjectError(f"a batch-norm call ('{node.name}') reads running statistics the graph computes, not buffers of "
-                                                     "the program's state dict; recalibrate the nn.Module and export again.")
-                    sites[node] = _Site(str(mean.target).removesuffix(".running_mean"), str(mean.target), str(var.target),
-                                        float(kwargs.get("eps", BATCH.default_eps["torch"])))
-        steps.append(([n.name for n in node.all_input_nodes], [node.name, *written], sites[node].layer if node in sites else None))
+                        raise UnsupportedObjectError(
+                            f"a batch-norm call ('{node.name}') reads running statistics the graph computes, not buffers of "
+                            "the program's state dict; recalibrate the nn.Module and export again."
+                        )
+                    sites[node] = _Site(
+                        str(mean.target).removesuffix(".running_mean"),
+                        str(mean.target),
+                        str(var.target),
+                        float(kwargs.get("eps", BATCH.default_eps["torch"])),
+                    )
+        steps.append(
+            (
+                [n.name for n in node.all_input_nodes],
+                [node.name, *written],
+                sites[node].layer if node in sites else None,
+            )
+        )
     return sites, upstream_layers(steps)
 
 
@@ -185,7 +220,13 @@ class _WavePass(torch.fx.Interpreter):
     """Runs the program with every batch-norm call in eval mode on `stats` (the new statistics of finalized layers, else
     the program's), records the inputs of the wave's layers and stops after the wave's last call."""
 
-    def __init__(self, module, sites: dict[Any, _Site], stats: dict[str, tuple[torch.Tensor, torch.Tensor]], records: dict[str, LayerMoments]):
+    def __init__(
+        self,
+        module,
+        sites: dict[Any, _Site],
+        stats: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        records: dict[str, LayerMoments],
+    ):
         super().__init__(module)
         self.sites, self.stats, self.records = sites, stats, records
         self.calls = sum(1 for site in sites.values() if site.layer in records)
@@ -212,7 +253,16 @@ class _WavePass(torch.fx.Interpreter):
             if self.left == 0:
                 raise _Enough
         mean, var = self.stats.get(site.layer, (bound["running_mean"], bound["running_var"]))
-        out = F.batch_norm(bound["input"], mean, var, bound.get("weight"), bound.get("bias"), training=False, momentum=0.0, eps=bound["eps"])
+        out = F.batch_norm(
+            bound["input"],
+            mean,
+            var,
+            bound.get("weight"),
+            bound.get("bias"),
+            training=False,
+            momentum=0.0,
+            eps=bound["eps"],
+        )
         returns = len(torch_internals.op_schema(node.target).returns)
         # the extra results of the native ops: batch statistics a training call would save (none in eval), and for the
         # functional op the updated running statistics, which in eval are the ones used
@@ -220,7 +270,9 @@ class _WavePass(torch.fx.Interpreter):
         return out if returns == 1 else (out, *extra)
 
 
-def recalibrate_program(program, batches: list[tuple[np.ndarray, ...]], variance_estimator: str) -> tuple[Any, list[Movement], str]:
+def recalibrate_program(
+    program, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
+) -> tuple[Any, list[Movement], str]:
     """A copy of the program whose state dict holds each layer's population statistics (see the module docstring)."""
     module = program.module()
     sites, upstream = _program_sites(module)
@@ -233,8 +285,12 @@ def recalibrate_program(program, batches: list[tuple[np.ndarray, ...]], variance
         records = {}
         for name in wave:
             site = first[name]
-            records[name] = LayerMoments(name, buffers[site.mean_key].detach().double().numpy().copy(),
-                                         buffers[site.var_key].detach().double().numpy().copy(), site.eps)
+            records[name] = LayerMoments(
+                name,
+                buffers[site.mean_key].detach().double().numpy().copy(),
+                buffers[site.var_key].detach().double().numpy().copy(),
+                site.eps,
+            )
         runner = _WavePass(module, sites, stats, records)
         with torch.no_grad():
             for batch in batches:
@@ -247,7 +303,10 @@ def recalibrate_program(program, batches: list[tuple[np.ndarray, ...]], variance
         for name, record in records.items():
             mean, var = population_statistics(record, variance_estimator)
             site = first[name]
-            stats[name] = (torch.from_numpy(mean).to(buffers[site.mean_key].dtype), torch.from_numpy(var).to(buffers[site.var_key].dtype))
+            stats[name] = (
+                torch.from_numpy(mean).to(buffers[site.mean_key].dtype),
+                torch.from_numpy(var).to(buffers[site.var_key].dtype),
+            )
             results[name] = (record, mean, var)
     new = copy.deepcopy(program)
     state = new.state_dict
@@ -255,7 +314,9 @@ def recalibrate_program(program, batches: list[tuple[np.ndarray, ...]], variance
     for name in order:
         site, (record, mean, var) = first[name], results[name]
         if not all(k in state for k in (site.mean_key, site.var_key)):
-            raise UnsupportedObjectError(f"layer '{name}': its running statistics are not buffers of the program's state dict; recalibrate the nn.Module and export again.")
+            raise UnsupportedObjectError(
+                f"layer '{name}': its running statistics are not buffers of the program's state dict; recalibrate the nn.Module and export again."
+            )
         with torch.no_grad():
             state[site.mean_key].copy_(stats[name][0])
             state[site.var_key].copy_(stats[name][1])
@@ -263,9 +324,11 @@ def recalibrate_program(program, batches: list[tuple[np.ndarray, ...]], variance
             if tracked in state:
                 state[tracked].fill_(len(batches))
         moved.append((name, record.running_mean, record.running_var, mean, var, site.eps))
-    method = ("FX interpreter over the program in eval mode: population statistics of each BatchNorm's input over all samples (pooled in "
-              f"float64), measured wave by wave with the layers upstream on their new statistics; {variance_estimator} variance, rounded once "
-              "into the state dict (graph unchanged)")
+    method = (
+        "FX interpreter over the program in eval mode: population statistics of each BatchNorm's input over all samples (pooled in "
+        f"float64), measured wave by wave with the layers upstream on their new statistics; {variance_estimator} variance, rounded once "
+        "into the state dict (graph unchanged)"
+    )
     return new, moved, method
 
 

@@ -44,7 +44,10 @@ def _size_eps(spec: NormSpec) -> tuple[tuple, dict]:
 
 
 def _convnext(spec: NormSpec) -> tuple[tuple, dict]:
-    return (_size(spec),), {"eps": spec.eps, "data_format": "channels_first" if spec.layout == "channels_first" else "channels_last"}
+    return (_size(spec),), {
+        "eps": spec.eps,
+        "data_format": "channels_first" if spec.layout == "channels_first" else "channels_last",
+    }
 
 
 def _size_only(spec: NormSpec) -> tuple[tuple, dict]:
@@ -53,9 +56,14 @@ def _size_only(spec: NormSpec) -> tuple[tuple, dict]:
 
 #: Class name -> (args, kwargs) of its constructor for a spec: the transformers classes the recognizers read.
 CONSTRUCTORS: dict[str, Callable[[NormSpec], tuple[tuple, dict]]] = {
-    "LlamaRMSNorm": _size_eps, "Qwen2RMSNorm": _size_eps, "MistralRMSNorm": _size_eps, "GemmaRMSNorm": _size_eps,
-    "T5LayerNorm": _size_eps, "ConvNextLayerNorm": _convnext,
-    "DetrFrozenBatchNorm2d": _size_only, "RTDetrFrozenBatchNorm2d": _size_only,  # eps 1e-5 is written in their forward
+    "LlamaRMSNorm": _size_eps,
+    "Qwen2RMSNorm": _size_eps,
+    "MistralRMSNorm": _size_eps,
+    "GemmaRMSNorm": _size_eps,
+    "T5LayerNorm": _size_eps,
+    "ConvNextLayerNorm": _convnext,
+    "DetrFrozenBatchNorm2d": _size_only,
+    "RTDetrFrozenBatchNorm2d": _size_only,  # eps 1e-5 is written in their forward
 }
 
 
@@ -76,12 +84,18 @@ def restore_class(spec: NormSpec) -> tuple[torch.nn.Module | None, str]:
                 getattr(module, name).copy_(tensor_from_numpy(spec.tensors[role].copy()))
     except Exception as error:  # a constructor or a state it does not take: the stock class is built instead
         call = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
-        return None, f"{class_name}({call}) could not be rebuilt with the spec's state ({type(error).__name__}: {error})"
+        return (
+            None,
+            f"{class_name}({call}) could not be rebuilt with the spec's state ({type(error).__name__}: {error})",
+        )
     module.train(spec.training)
     markers.remember(module, name=spec.name)
     found = recognition(module, _applied_shape(spec))
     if found is None or found.spec is None:
-        return None, f"the rebuilt {class_name} is not recognised as a normalization ({found.reason if found else 'not a candidate'})"
+        return (
+            None,
+            f"the rebuilt {class_name} is not recognised as a normalization ({found.reason if found else 'not a candidate'})",
+        )
     differences = spec_differences(spec, found.spec, ignore=("source", "input_rank"))
     if differences:
         return None, f"the rebuilt {class_name} computes another spec ({differences[0]})"
@@ -100,7 +114,9 @@ def _constructor(cls: type) -> Callable[[NormSpec], tuple[tuple, dict]]:
     if cls.__name__ in CONSTRUCTORS:
         return CONSTRUCTORS[cls.__name__]
     try:
-        takes_format = issubclass(cls, torch.nn.LayerNorm) and "data_format" in inspect.signature(cls.__init__).parameters
+        takes_format = (
+            issubclass(cls, torch.nn.LayerNorm) and "data_format" in inspect.signature(cls.__init__).parameters
+        )
     except (TypeError, ValueError):
         takes_format = False
     return _convnext if takes_format else _size_eps
@@ -110,7 +126,10 @@ def _importable(module_name: str, class_name: str) -> tuple[type | None, str]:
     module = sys.modules.get(module_name)
     if module is None:
         if not module_name.startswith(IMPORTABLE):
-            return None, f"{module_name} is not imported, and normbridge imports only {', '.join(IMPORTABLE)}* modules to rebuild a class"
+            return (
+                None,
+                f"{module_name} is not imported, and normbridge imports only {', '.join(IMPORTABLE)}* modules to rebuild a class",
+            )
         try:
             module = importlib.import_module(module_name)
         except Exception as error:  # not installed, or another version

@@ -12,7 +12,18 @@ from ..adapter import KindAdapter
 from .state_slots import TorchRestating
 from ..options import ConversionOptions
 from ..translate import record_eps, tensor_fate
-from .common import SPEC_TO_TORCH, STOCK_HOLDS, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, write_affine
+from .common import (
+    SPEC_TO_TORCH,
+    STOCK_HOLDS,
+    check_compute_dtype,
+    extended_fields,
+    finish,
+    layer_name,
+    read_affine,
+    source,
+    spec_dtype,
+    write_affine,
+)
 
 
 class TorchRmsAdapter(TorchRestating, KindAdapter):
@@ -29,13 +40,29 @@ class TorchRmsAdapter(TorchRestating, KindAdapter):
             # Note [RMSNorm eps=None]: PyTorch then uses the eps of the dtype it computes in (float32 for a 16-bit layer,
             # schemas.floats.dtype_default_eps); store the number and where it came from.
             eps, origin = dtype_default_eps(dtype), "dtype_eps"
-            report.add("eps", None, eps, "translated", f"eps=None means the eps of the dtype torch computes a {dtype} RMSNorm in")
+            report.add(
+                "eps",
+                None,
+                eps,
+                "translated",
+                f"eps=None means the eps of the dtype torch computes a {dtype} RMSNorm in",
+            )
         else:
             eps, origin = float(obj.eps), "explicit"
         return NormSpec(
-            **extended_fields(obj, dtype), name=name, kind="rms", normalized_shape=tuple(obj.normalized_shape), input_rank=markers.recall(obj).get("input_rank"),
-            eps=eps, eps_origin=origin, scale=scale, bias=False, training=bool(obj.training), dtype=dtype,
-            source=source(obj), tensors=tensors,
+            **extended_fields(obj, dtype),
+            name=name,
+            kind="rms",
+            normalized_shape=tuple(obj.normalized_shape),
+            input_rank=markers.recall(obj).get("input_rank"),
+            eps=eps,
+            eps_origin=origin,
+            scale=scale,
+            bias=False,
+            training=bool(obj.training),
+            dtype=dtype,
+            source=source(obj),
+            tensors=tensors,
         )
 
     def from_spec(self, spec: NormSpec, options: ConversionOptions, report: LayerReport) -> torch.nn.RMSNorm:
@@ -44,7 +71,9 @@ class TorchRmsAdapter(TorchRestating, KindAdapter):
         eps = spec.eps
         if spec.eps_origin == "dtype_eps" and spec.eps == dtype_default_eps(spec.dtype):
             eps = None
-            report.add("eps", spec.eps, None, "translated", "written as eps=None, which PyTorch resolves to the same eps")
+            report.add(
+                "eps", spec.eps, None, "translated", "written as eps=None, which PyTorch resolves to the same eps"
+            )
         else:
             record_eps(report, spec)
         report.add("normalized_shape", list(spec.normalized_shape))

@@ -34,11 +34,17 @@ def module_runner(module: torch.nn.Module) -> ModelRunner:
     """A deep copy of `module` in eval mode; a finding names the layers the caller left in train mode."""
     served = copy.deepcopy(module).eval()
     mode_dependent = torch_internals.norm_base_classes() + torch_internals.dropout_base_classes()
-    in_train = [f"{type(m).__name__} '{name or type(m).__name__}'" for name, m in module.named_modules() if m.training and isinstance(m, mode_dependent)]
+    in_train = [
+        f"{type(m).__name__} '{name or type(m).__name__}'"
+        for name, m in module.named_modules()
+        if m.training and isinstance(m, mode_dependent)
+    ]
     findings = []
     if in_train:
         shown = ", ".join(in_train[:4]) + (f" and {len(in_train) - 4} more" if len(in_train) > 4 else "")
-        findings.append(f"source module is in train mode ({shown}); the contract replays a deep copy in eval mode, which is what serving must compute")
+        findings.append(
+            f"source module is in train mode ({shown}); the contract replays a deep copy in eval mode, which is what serving must compute"
+        )
 
     def run(arrays):
         with torch.no_grad():
@@ -104,7 +110,9 @@ def program_input_specs(program) -> list[InputSpec]:
             continue  # a constant the program was exported with (use_cache=False): program_call passes it again
         value = by_name[name].meta.get("val")
         if value is None or not hasattr(value, "shape"):
-            raise UnsupportedObjectError(f"input '{name}' of the ExportedProgram is not a tensor; pass a sample for it.")
+            raise UnsupportedObjectError(
+                f"input '{name}' of the ExportedProgram is not a tensor; pass a sample for it."
+            )
         shape = tuple(d if isinstance(d, int) else None for d in value.shape)
         specs.append(InputSpec(name, shape, str(value.dtype).removeprefix("torch.")))
     return specs
@@ -117,7 +125,9 @@ def specs_in_execution_order(module: torch.nn.Module, refs: list[NormLayerRef], 
     modules = dict(probe.named_modules())
     targets = [modules.get(r.path, probe if r.path == type(probe).__name__ else None) for r in refs]
     by_id = {id(m): i for i, m in enumerate(targets) if m is not None}
-    handles = [m.register_forward_pre_hook(lambda mod, _args: order.append(by_id[id(mod)])) for m in targets if m is not None]
+    handles = [
+        m.register_forward_pre_hook(lambda mod, _args: order.append(by_id[id(mod)])) for m in targets if m is not None
+    ]
     try:
         with torch.no_grad():
             probe(*_tensors(sample.rows(slice(0, 2))))

@@ -12,8 +12,20 @@ from ..options import ConversionOptions
 from ..translate import emit_momentum, estimator_matches, record_eps, record_layout, tensor_fate
 from .layouts import remember_layout, remembered_layout
 from .biased_batch_norm import BIASED_CLASSES, biased_class_for
-from .common import (SPEC_TO_TORCH, affine_kwargs, check_compute_dtype, extended_fields, finish, layer_name, read_affine, source, spec_dtype, to_numpy,
-                     write_affine, write_tensor)
+from .common import (
+    SPEC_TO_TORCH,
+    affine_kwargs,
+    check_compute_dtype,
+    extended_fields,
+    finish,
+    layer_name,
+    read_affine,
+    source,
+    spec_dtype,
+    to_numpy,
+    write_affine,
+    write_tensor,
+)
 
 
 def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report: LayerReport) -> NormSpec:
@@ -84,7 +96,13 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
             momentum = emit_momentum(report, spec, "batch_weight", options, "torch")
     elif spec.momentum is not None:
         momentum = spec.momentum_as("batch_weight")  # unused without tracked statistics; kept as the source gave it
-        report.add("momentum", spec.momentum, momentum, "exact" if spec.momentum_convention == "batch_weight" else "translated", "unused: statistics are not tracked")
+        report.add(
+            "momentum",
+            spec.momentum,
+            momentum,
+            "exact" if spec.momentum_convention == "batch_weight" else "translated",
+            "unused: statistics are not tracked",
+        )
     cls = classes[spec.spatial_rank]
     estimator = estimator_matches(report, spec, "unbiased", "torch", can_match=spec.kind == "batch", options=options)
     if spec.track_running_stats and estimator == "biased":
@@ -105,7 +123,13 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
             write_tensor(module, "num_batches_tracked", spec, "num_batches_tracked")
             report.add("num_batches_tracked", int(spec.tensors["num_batches_tracked"]), note="buffer")
         else:
-            report.add("num_batches_tracked", None, 0, "stored", "absent in the source; set to 0 (used only when momentum=None)")
+            report.add(
+                "num_batches_tracked",
+                None,
+                0,
+                "stored",
+                "absent in the source; set to 0 (used only when momentum=None)",
+            )
             markers.remember(module, invented_num_batches_tracked=True)
     report.add("track_running_stats", spec.track_running_stats)
     tensor_fate(report, spec)
@@ -124,8 +148,10 @@ def remember_synchronized(module: torch.nn.Module, report: LayerReport) -> None:
     its class (SyncBatchNorm, which fixes no spatial rank), so the user converts it for a distributed run."""
     markers.remember(module, synchronized=True)
     report.add("synchronized", True, True, "stored", "kept on the in-memory module only (normbridge marker)")
-    report.warn("synchronized=True: this BatchNorm averages nothing across replicas; before distributed training wrap the model "
-                "with torch.nn.SyncBatchNorm.convert_sync_batchnorm (eval and one-process training are unaffected).")
+    report.warn(
+        "synchronized=True: this BatchNorm averages nothing across replicas; before distributed training wrap the model "
+        "with torch.nn.SyncBatchNorm.convert_sync_batchnorm (eval and one-process training are unaffected)."
+    )
 
 
 def frozen_momentum(spec: NormSpec, report: LayerReport) -> float:
@@ -136,7 +162,6 @@ def frozen_momentum(spec: NormSpec, report: LayerReport) -> float:
     report.add("frozen", True, "momentum=0.0", "approximate", "stock modules have no frozen mode; eval mode is exact")
     report.warn(
         "frozen statistics emitted as a stock module with momentum=0.0: eval mode is exact and a training step leaves the statistics "
-        "unchanged, but a training-mode forward normalises with batch statistics where the frozen layer uses its running ones; keep it in eval mode.")
+        "unchanged, but a training-mode forward normalises with batch statistics where the frozen layer uses its running ones; keep it in eval mode."
+    )
     return 0.0
-
-

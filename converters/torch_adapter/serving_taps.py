@@ -51,7 +51,9 @@ def _observe(sink: TapSink, index: int, x: torch.Tensor) -> None:
     try:
         x = x.detach()
         dims = [d for d in range(x.ndim) if d != 1]
-        wide = torch.float32 if x.dtype in _NARROW else None  # float16 sums of squares overflow at 65504, bfloat16 ones keep 8 bits
+        wide = (
+            torch.float32 if x.dtype in _NARROW else None
+        )  # float16 sums of squares overflow at 65504, bfloat16 ones keep 8 bits
         sums = x.sum(dim=dims, dtype=wide)
         squares = torch.linalg.vector_norm(x, dim=dims, dtype=wide).square_()
         sink.observe_sums(index, int(x.numel() // max(1, x.shape[1])), sums, squares)
@@ -103,9 +105,13 @@ class _Inputs:
             else:
                 pairs.append((name, value))
         for name, value in pairs:
-            if isinstance(value, (list, tuple, dict)) and any(_is_array(v) for v in (value.values() if isinstance(value, dict) else value)):
-                raise InputFileError(f"input '{name}' is a {type(value).__name__} of tensors; keep_sample keeps array inputs: pass its tensors "
-                                     "as arguments of their own.")
+            if isinstance(value, (list, tuple, dict)) and any(
+                _is_array(v) for v in (value.values() if isinstance(value, dict) else value)
+            ):
+                raise InputFileError(
+                    f"input '{name}' is a {type(value).__name__} of tensors; keep_sample keeps array inputs: pass its tensors "
+                    "as arguments of their own."
+                )
         kept = [(name, value) for name, value in pairs if _is_array(value)]
         return tuple(value for _, value in kept), tuple(name for name, _ in kept)
 
@@ -115,16 +121,20 @@ def _inputs_of(module: torch.nn.Module) -> tuple[_Inputs | None, str | None]:
     try:
         signature = inspect.signature(module.forward)
     except (TypeError, ValueError):
-        return None, (f"the signature of {type(module).__name__}.forward cannot be read, so its keyword inputs cannot be named; "
-                      "monitor without keep_sample, or wrap the model in a module whose forward names its inputs.")
+        return None, (
+            f"the signature of {type(module).__name__}.forward cannot be read, so its keyword inputs cannot be named; "
+            "monitor without keep_sample, or wrap the model in a module whose forward names its inputs."
+        )
     if isinstance(module, torch.fx.GraphModule):
         flat = {node.name for node in module.graph.nodes if node.op == "placeholder"}
         named = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         nested = [name for name in named if name not in flat]
         if nested and len(flat) > len(named):
-            return None, (f"input '{nested[0]}' of the {type(module).__name__} holds several tensors (its graph reads "
-                          f"{', '.join(sorted(n for n in flat if n.startswith(nested[0])))}), and keep_sample keeps array inputs; "
-                          "export the model with each tensor as an argument of its own, or monitor without keep_sample.")
+            return None, (
+                f"input '{nested[0]}' of the {type(module).__name__} holds several tensors (its graph reads "
+                f"{', '.join(sorted(n for n in flat if n.startswith(nested[0])))}), and keep_sample keeps array inputs; "
+                "export the model with each tensor as an argument of its own, or monitor without keep_sample."
+            )
     return _Inputs(signature), None
 
 
@@ -136,7 +146,9 @@ def _root_hooks(root: torch.nn.Module, sink: TapSink, inputs: _Inputs | None) ->
                 return
             try:
                 values, names = inputs(args, kwargs)
-            except Exception as error:  # never into the request path: the forward itself says what is wrong with the call
+            except (
+                Exception
+            ) as error:  # never into the request path: the forward itself says what is wrong with the call
                 sink.failed(error)
                 return
             sink.keep(values, names)
@@ -163,8 +175,14 @@ def _graph_faults(module: torch.fx.GraphModule) -> list[tuple[str, str | None, s
         if _computes_batch_statistics(node, kwargs):
             name = str(kwargs["running_mean"].target).removesuffix(".running_mean")
             op = torch_internals.op_name(node)
-            found.append(("batch_statistics_in_graph", name, f"{op} with training=True in the served graph: each request "
-                          "is normalized by its own batch; export the model after model.eval()"))
+            found.append(
+                (
+                    "batch_statistics_in_graph",
+                    name,
+                    f"{op} with training=True in the served graph: each request "
+                    "is normalized by its own batch; export the model after model.eval()",
+                )
+            )
     return found
 
 
@@ -184,7 +202,10 @@ def _graph_sites(module: torch.fx.GraphModule) -> list[tuple[Any, dict]]:
             continue
         bound = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
         kwargs = bound.kwargs if bound is not None else {}
-        if all(isinstance(kwargs.get(k), torch.fx.Node) and kwargs[k].op == "get_attr" for k in ("running_mean", "running_var")):
+        if all(
+            isinstance(kwargs.get(k), torch.fx.Node) and kwargs[k].op == "get_attr"
+            for k in ("running_mean", "running_var")
+        ):
             found.append((node, kwargs))
     return found
 
@@ -201,7 +222,14 @@ def _tap_graph(module: torch.fx.GraphModule, sink_id: int, first: int) -> tuple[
     for node, kwargs in _graph_sites(module):
         mean_node, var_node = kwargs["running_mean"], kwargs["running_var"]
         name = str(mean_node.target).removesuffix(".running_mean")
-        layers.append(_layer(name, module.get_buffer(str(mean_node.target)), module.get_buffer(str(var_node.target)), kwargs.get("eps", 1e-5)))
+        layers.append(
+            _layer(
+                name,
+                module.get_buffer(str(mean_node.target)),
+                module.get_buffer(str(var_node.target)),
+                kwargs.get("eps", 1e-5),
+            )
+        )
         with graph.inserting_before(node):
             inserted.append(graph.call_function(tap, (kwargs["input"], sink_id, first + len(layers) - 1)))
     if inserted:
@@ -248,8 +276,10 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink, eps: list[flo
     graph_faults = _graph_faults(model) if isinstance(model, torch.fx.GraphModule) else []
 
     def faults() -> list[tuple[str, str | None, str]]:
-        why = ("the BatchNorm is in train mode (training=True): each request is normalized by its own batch and rewrites "
-               "the running statistics; call model.eval() before serving")
+        why = (
+            "the BatchNorm is in train mode (training=True): each request is normalized by its own batch and rewrites "
+            "the running statistics; call model.eval() before serving"
+        )
         trained = [("train_mode", ref.path, why) for ref in refs if ref.obj.training]
         return trained + graph_faults
 
@@ -262,8 +292,16 @@ def module_taps(model: torch.nn.Module, refs: list, sink: TapSink, eps: list[flo
             model.recompile()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(model, layers, remove, _argument_names(model.forward), per_layer=True, keep_refusal=refusal,
-                       faults=faults, statistics=lambda: _read(buffers))
+    return ServingTaps(
+        model,
+        layers,
+        remove,
+        _argument_names(model.forward),
+        per_layer=True,
+        keep_refusal=refusal,
+        faults=faults,
+        statistics=lambda: _read(buffers),
+    )
 
 
 def program_taps(program: Any, sink: TapSink) -> ServingTaps:
@@ -284,8 +322,16 @@ def program_taps(program: Any, sink: TapSink) -> ServingTaps:
             handle.remove()
         _SINKS.pop(sink_id, None)
 
-    return ServingTaps(module, layers, remove, _argument_names(module.forward), per_layer=True, keep_refusal=refusal,
-                       faults=lambda: list(graph_faults), statistics=lambda: _read(buffers))
+    return ServingTaps(
+        module,
+        layers,
+        remove,
+        _argument_names(module.forward),
+        per_layer=True,
+        keep_refusal=refusal,
+        faults=lambda: list(graph_faults),
+        statistics=lambda: _read(buffers),
+    )
 
 
 __all__ = ["has_graph_batchnorms", "module_taps", "program_taps", "tap"]

@@ -22,7 +22,9 @@ class TorchRestating:
 
     def template_state(self, module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], bool]:
         """Every parameter and buffer as from_spec left them, and the mode: what `restate` gives back to all no tensor is written to."""
-        return {name: tensor.detach().clone() for name, tensor in module.state_dict(keep_vars=True).items()}, module.training
+        return {
+            name: tensor.detach().clone() for name, tensor in module.state_dict(keep_vars=True).items()
+        }, module.training
 
     def restate(self, module: torch.nn.Module, spec: NormSpec, template: tuple[dict[str, torch.Tensor], bool]) -> None:
         """Make `module`, which this adapter's from_spec built for a spec of the same configuration, what it builds for `spec`.
@@ -42,4 +44,3 @@ class TorchRestating:
                 copy_into(getattr(module, attribute), spec.tensors[tensor_name])  # common.assign, in this block
         module.train(training)
         markers.remember(module, name=spec.name)
-

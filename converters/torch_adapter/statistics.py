@@ -31,8 +31,11 @@ def _tensors(batch) -> list[torch.Tensor]:
 
 def batchnorm_modules(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """(path, module) of every BatchNorm with running statistics."""
-    return [(name or type(m).__name__, m) for name, m in module.named_modules()
-            if isinstance(m, torch_internals.batch_norm_base_classes()) and m.running_mean is not None]
+    return [
+        (name or type(m).__name__, m)
+        for name, m in module.named_modules()
+        if isinstance(m, torch_internals.batch_norm_base_classes()) and m.running_mean is not None
+    ]
 
 
 def _tracked(counter) -> int | None:
@@ -49,18 +52,31 @@ def module_moments(module: torch.nn.Module, batches: Iterable[Sequence[np.ndarra
     """BatchNorm inputs of an nn.Module, read by forward pre-hooks on a deep copy in eval mode."""
     served = copy.deepcopy(module).eval()
     layers = batchnorm_modules(served)
-    moments = [LayerMoments(name, m.running_mean.detach().double().numpy().copy(), m.running_var.detach().double().numpy().copy(), float(m.eps),
-                            batches_tracked=_tracked(m.num_batches_tracked), momentum=m.momentum) for name, m in layers]
+    moments = [
+        LayerMoments(
+            name,
+            m.running_mean.detach().double().numpy().copy(),
+            m.running_var.detach().double().numpy().copy(),
+            float(m.eps),
+            batches_tracked=_tracked(m.num_batches_tracked),
+            momentum=m.momentum,
+        )
+        for name, m in layers
+    ]
     handles = []
     for record, (_, bn) in zip(moments, layers):
-        handles.append(bn.register_forward_pre_hook(lambda _m, args, record=record: record.add(args[0].detach().numpy(), 1)))
+        handles.append(
+            bn.register_forward_pre_hook(lambda _m, args, record=record: record.add(args[0].detach().numpy(), 1))
+        )
     try:
         with torch.no_grad():
             for batch in batches:
                 try:
                     served(*_tensors(batch))
                 except (ValueError, RuntimeError) as error:
-                    raise InputFileError(f"the model refused a batch of shape {[list(a.shape) for a in batch]} ({first_line(error)}).") from error
+                    raise InputFileError(
+                        f"the model refused a batch of shape {[list(a.shape) for a in batch]} ({first_line(error)})."
+                    ) from error
     finally:
         for handle in handles:
             handle.remove()
@@ -91,13 +107,27 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
                 return super().call_function(target, args, kwargs)
             name = buffer_names.get(id(running_mean), f"batch_norm_{len(moments)}").removesuffix(".running_mean")
             if name not in moments:
-                moments[name] = LayerMoments(name, running_mean.double().numpy().copy(), running_var.double().numpy().copy(), float(bound["eps"]),
-                                             batches_tracked=_tracked(tracked.get(f"{name}.num_batches_tracked")),
-                                             momentum=_momentum(bound.get("momentum")))
+                moments[name] = LayerMoments(
+                    name,
+                    running_mean.double().numpy().copy(),
+                    running_var.double().numpy().copy(),
+                    float(bound["eps"]),
+                    batches_tracked=_tracked(tracked.get(f"{name}.num_batches_tracked")),
+                    momentum=_momentum(bound.get("momentum")),
+                )
             moments[name].add(bound["input"].numpy(), 1)
             if not train:
                 return super().call_function(target, args, kwargs)
-            out = F.batch_norm(bound["input"], None, None, bound.get("weight"), bound.get("bias"), training=True, momentum=0.0, eps=bound["eps"])
+            out = F.batch_norm(
+                bound["input"],
+                None,
+                None,
+                bound.get("weight"),
+                bound.get("bias"),
+                training=True,
+                momentum=0.0,
+                eps=bound["eps"],
+            )
             extra = len(torch_internals.op_schema(target).returns) - 1
             return out if extra == 0 else (out,) + tuple(torch.empty(0) for _ in range(extra))
 
@@ -109,7 +139,7 @@ def program_moments(program, batches: Iterable[Sequence[np.ndarray]], train: boo
             except NormbridgeError:
                 raise
             except Exception as error:  # guards of a fixed-shape program, a batch of one in train mode, ...
-                raise InputFileError(f"the ExportedProgram refused a batch of shape {[list(a.shape) for a in batch]} ({type(error).__name__}: {first_line(error)}).") from error
+                raise InputFileError(
+                    f"the ExportedProgram refused a batch of shape {[list(a.shape) for a in batch]} ({type(error).__name__}: {first_line(error)})."
+                ) from error
     return list(moments.values())
-
-

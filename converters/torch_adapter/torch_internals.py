@@ -29,9 +29,27 @@ FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 #: torch.export's serialized ScalarType numbers (torch/_export/serde/schema.py, fixed by the file format): the dtype
 #: table used when torch's own `_SERIALIZE_TO_TORCH_DTYPE` cannot be reached.
 SCALAR_TYPES = {
-    1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32", 8: "float64", 9: "complex32",
-    10: "complex64", 11: "complex128", 12: "bool", 13: "bfloat16", 28: "uint16", 29: "float8_e4m3fn", 30: "float8_e5m2",
-    31: "float8_e4m3fnuz", 32: "float8_e5m2fnuz", 33: "float8_e8m0fnu", 34: "uint32", 35: "uint64",
+    1: "uint8",
+    2: "int8",
+    3: "int16",
+    4: "int32",
+    5: "int64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "complex32",
+    10: "complex64",
+    11: "complex128",
+    12: "bool",
+    13: "bfloat16",
+    28: "uint16",
+    29: "float8_e4m3fn",
+    30: "float8_e5m2",
+    31: "float8_e4m3fnuz",
+    32: "float8_e5m2fnuz",
+    33: "float8_e8m0fnu",
+    34: "uint32",
+    35: "uint64",
 }
 
 
@@ -45,7 +63,9 @@ def torch_version() -> str:
 def fell_back(logger: logging.Logger, step: str, error: BaseException) -> None:
     """The one debug line a speed path logs when it takes torch's own path for `step`."""
     if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("%s: torch %s's own path taken (%s: %s)", step, torch_version(), type(error).__name__, _first_line(error))
+        logger.debug(
+            "%s: torch %s's own path taken (%s: %s)", step, torch_version(), type(error).__name__, _first_line(error)
+        )
 
 
 def _first_line(error: BaseException) -> str:
@@ -56,7 +76,9 @@ def _first_line(error: BaseException) -> str:
 def _unavailable(what: str, purpose: str, error: BaseException) -> MissingDependencyError:
     return MissingDependencyError(
         f"torch {torch_version()} has no {what} ({type(error).__name__}), which normbridge needs {purpose}; install a torch in the "
-        "range normbridge's pyproject.toml admits (pip install 'normbridge[torch]').", setting="torch")
+        "range normbridge's pyproject.toml admits (pip install 'normbridge[torch]').",
+        setting="torch",
+    )
 
 
 @functools.cache
@@ -70,6 +92,7 @@ def _private(module: str, name: str | None = None, purpose: str = "to read a .pt
 
 
 # -- the program's JSON as torch's schema dataclasses (program_schema) -------------------------------------------------
+
 
 def import_serializer() -> Any:
     """`torch._export.serde.serialize` (it imports torch._dynamo, about 2 s): imported ahead by a warm worker; nothing
@@ -116,6 +139,7 @@ def reader_schema_version() -> tuple[int, int]:
 
 # -- torch's deserializer and the steps pt2/deserializer.py replaces --------------------------------------------
 
+
 def exported_program_deserializer() -> type:
     """`torch._export.serde.serialize.ExportedProgramDeserializer`: torch's own path for a whole program, which the patched
     one falls back to; nothing replaces it, so a failure raises MissingDependencyError."""
@@ -141,7 +165,9 @@ def with_globals(function: Any, **names: Any) -> Any:
         raise LookupError(f"{function.__qualname__} no longer reads {', '.join(unread)}")
     namespace = dict(function.__globals__)
     namespace.update(names)
-    bound = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
+    bound = types.FunctionType(
+        function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
+    )
     bound.__kwdefaults__ = function.__kwdefaults__
     return bound
 
@@ -149,7 +175,9 @@ def with_globals(function: Any, **names: Any) -> Any:
 def free_unbacked_symbols_with_path(value: Any, path: tuple, *args: Any, **kwargs: Any) -> dict:
     """`torch.fx.experimental.symbolic_shapes._free_unbacked_symbols_with_path`: torch's walk for unbacked symbols, which
     the shortcut answers without when nothing is pending and falls back to otherwise; nothing replaces it."""
-    return _private("torch.fx.experimental.symbolic_shapes", "_free_unbacked_symbols_with_path")(value, path, *args, **kwargs)
+    return _private("torch.fx.experimental.symbolic_shapes", "_free_unbacked_symbols_with_path")(
+        value, path, *args, **kwargs
+    )
 
 
 def fake_tensor(mode: Any, meta: Any, device: Any) -> Any:
@@ -241,6 +269,7 @@ class _DeferredForward:
 
 def _written_first(method: Any) -> Any:
     """`method`, run once the module's code is written."""
+
     def written_first(self: Any, *args: Any) -> Any:
         self.recompile()
         return method(self, *args)
@@ -269,6 +298,7 @@ class _DeferredCode:
 
 
 # -- pytrees and operators ---------------------------------------------------------------------------------------------
+
 
 def registered_pytree_types() -> frozenset[str] | None:
     """The serialized names of the pytree node types this process registered (`torch.utils._pytree.
@@ -337,7 +367,11 @@ def op_schema(target: Any) -> Any:
     raises MissingDependencyError rather than leaving every operator unread."""
     schema = getattr(target, "_schema", None)
     if schema is None and isinstance(target, op_overload_class()):
-        raise _unavailable(f"'_schema' on its operator {target!r}", "to read the operators of a torch.export program", AttributeError("_schema"))
+        raise _unavailable(
+            f"'_schema' on its operator {target!r}",
+            "to read the operators of a torch.export program",
+            AttributeError("_schema"),
+        )
     return schema
 
 
@@ -360,6 +394,7 @@ def _fx_node_class() -> type:
 
 # -- modules and tensors -----------------------------------------------------------------------------------------------
 
+
 @functools.cache
 def norm_base_classes() -> tuple[type, ...]:
     """`torch.nn.modules.batchnorm._NormBase` (the base of BatchNorm and InstanceNorm); on failure their public classes."""
@@ -370,8 +405,21 @@ def norm_base_classes() -> tuple[type, ...]:
         return (found,)
     fell_back(_LOG, "the BatchNorm/InstanceNorm base class", AttributeError("_NormBase"))
     nn = torch.nn
-    return (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d, nn.SyncBatchNorm,
-            nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LazyInstanceNorm1d, nn.LazyInstanceNorm2d, nn.LazyInstanceNorm3d)
+    return (
+        nn.BatchNorm1d,
+        nn.BatchNorm2d,
+        nn.BatchNorm3d,
+        nn.LazyBatchNorm1d,
+        nn.LazyBatchNorm2d,
+        nn.LazyBatchNorm3d,
+        nn.SyncBatchNorm,
+        nn.InstanceNorm1d,
+        nn.InstanceNorm2d,
+        nn.InstanceNorm3d,
+        nn.LazyInstanceNorm1d,
+        nn.LazyInstanceNorm2d,
+        nn.LazyInstanceNorm3d,
+    )
 
 
 @functools.cache
@@ -385,7 +433,15 @@ def batch_norm_base_classes() -> tuple[type, ...]:
         return (found,)
     fell_back(_LOG, "the BatchNorm base class", AttributeError("_BatchNorm"))
     nn = torch.nn
-    return (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LazyBatchNorm1d, nn.LazyBatchNorm2d, nn.LazyBatchNorm3d, nn.SyncBatchNorm)
+    return (
+        nn.BatchNorm1d,
+        nn.BatchNorm2d,
+        nn.BatchNorm3d,
+        nn.LazyBatchNorm1d,
+        nn.LazyBatchNorm2d,
+        nn.LazyBatchNorm3d,
+        nn.SyncBatchNorm,
+    )
 
 
 @functools.cache
@@ -421,6 +477,7 @@ def version_counter(tensor: Any) -> Any:
 
 
 # -- writing a .pt2 -----------------------------------------------------------------------------------------------------
+
 
 def pt2_archive_writer(stream: Any) -> Any:
     """`torch.export.pt2_archive._package.PT2ArchiveWriter(stream)`, torch.export.save's own archive writer; on failure the
@@ -463,10 +520,39 @@ class _FileWriterArchive:
 
 
 __all__ = [
-    "FAKE_TENSOR_LOGGER", "SCALAR_TYPES", "batch_norm_base_classes", "defer_code", "dict_to_program", "dropout_base_classes", "exported_program_deserializer",
-    "fake_tensor", "fell_back", "free_unbacked_symbols_with_path", "graph_module_deserializer", "graph_module_own_class",
-    "higher_order_operator_class", "import_serializer", "is_fake_tensor", "modes_active", "norm_base_classes", "op_overload_class",
-    "op_name", "op_schema", "own_tensors", "pt2_archive_writer", "reader_schema_version", "registered_pytree_types", "resolve_schema_class",
-    "schema_module", "serialized_dtypes", "stored_code", "torch_version", "tree_leaves", "tree_unflatten", "union_base", "union_tag",
-    "version_counter", "with_globals",
+    "FAKE_TENSOR_LOGGER",
+    "SCALAR_TYPES",
+    "batch_norm_base_classes",
+    "defer_code",
+    "dict_to_program",
+    "dropout_base_classes",
+    "exported_program_deserializer",
+    "fake_tensor",
+    "fell_back",
+    "free_unbacked_symbols_with_path",
+    "graph_module_deserializer",
+    "graph_module_own_class",
+    "higher_order_operator_class",
+    "import_serializer",
+    "is_fake_tensor",
+    "modes_active",
+    "norm_base_classes",
+    "op_overload_class",
+    "op_name",
+    "op_schema",
+    "own_tensors",
+    "pt2_archive_writer",
+    "reader_schema_version",
+    "registered_pytree_types",
+    "resolve_schema_class",
+    "schema_module",
+    "serialized_dtypes",
+    "stored_code",
+    "torch_version",
+    "tree_leaves",
+    "tree_unflatten",
+    "union_base",
+    "union_tag",
+    "version_counter",
+    "with_globals",
 ]

@@ -25,9 +25,11 @@ FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def store_full(store: object, error: OSError) -> StorageFullError:
     """The one-line error of a blob store whose disk refused a write for want of room (`error`: ENOSPC or EDQUOT)."""
-    return StorageFullError(f"the blob store '{store}' has no room left ({error.strerror or error}); nothing was stored: free space on "
-                            "its disk, or point NORMBRIDGE_BLOBS (--blobs; default NORMBRIDGE_HOME/blobs) at a disk with room, and try again.",
-                            setting="NORMBRIDGE_BLOBS")
+    return StorageFullError(
+        f"the blob store '{store}' has no room left ({error.strerror or error}); nothing was stored: free space on "
+        "its disk, or point NORMBRIDGE_BLOBS (--blobs; default NORMBRIDGE_HOME/blobs) at a disk with room, and try again.",
+        setting="NORMBRIDGE_BLOBS",
+    )
 
 
 def sha256_hex(data: bytes) -> str:
@@ -161,8 +163,10 @@ class BlobStore(abc.ABC):
 
 def stream_mismatch(digest: str, actual: str, length: int, size: int) -> IntegrityError:
     """The error of a streamed blob whose bytes are not the ones it was hashed as (its source changed since)."""
-    return IntegrityError(f"blob '{digest}' ({size} bytes) read again as {length} bytes hashing to '{actual}': its source changed "
-                          "while it was being registered; nothing was stored under either digest, register again.")
+    return IntegrityError(
+        f"blob '{digest}' ({size} bytes) read again as {length} bytes hashing to '{actual}': its source changed "
+        "while it was being registered; nothing was stored under either digest, register again."
+    )
 
 
 @dataclass

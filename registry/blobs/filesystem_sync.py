@@ -60,8 +60,10 @@ def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
             error = ctypes.get_errno()
             if error in FULL_ERRNOS:
                 raise store_full(root, OSError(error, os.strerror(error)))
-            raise RegistryError(f"the blob store '{root}' could not be made durable: syncfs of its filesystem failed "
-                                f"({os.strerror(error)}); nothing was registered: check the disk and register again")
+            raise RegistryError(
+                f"the blob store '{root}' could not be made durable: syncfs of its filesystem failed "
+                f"({os.strerror(error)}); nothing was registered: check the disk and register again"
+            )
     finally:
         os.close(handle)
     return True

@@ -71,6 +71,7 @@ class LocalBlobStore(BlobStore):
     def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> StagedBlob:
         """Write the chunks into the hidden temporary file while hashing them, a chunk at a time; a blob already stored is not
         read again. IntegrityError, and the temporary file removed, when they do not hash to `digest`."""
+
         def write(stream) -> None:
             hashed, length = hashlib.sha256(), 0
             for chunk in chunks:
@@ -188,7 +189,9 @@ class LocalBlobStore(BlobStore):
             with open(self.path_of(digest), "rb") as handle:
                 return handle.read(size), os.fstat(handle.fileno()).st_size
         except FileNotFoundError:
-            raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc") from None
+            raise NotFoundError(
+                f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
+            ) from None
 
     def exists(self, digest: str) -> bool:
         return self.path_of(digest).is_file()
@@ -240,7 +243,9 @@ def _new_read_only_file(folder: Path, prefix: str, modes: FileModes) -> tuple[in
             os.unlink(path)
             raise
         return handle, path
-    raise FileExistsError(f"could not create a temporary blob file in '{folder}' after 100 attempts; run normbridge gc to remove stale .*.tmp files.")
+    raise FileExistsError(
+        f"could not create a temporary blob file in '{folder}' after 100 attempts; run normbridge gc to remove stale .*.tmp files."
+    )
 
 
 def _start_writeback(handle: int) -> None:

@@ -53,16 +53,28 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 class S3BlobStore(BlobStore):
     """Blobs as objects '<prefix>/ab/cdef...' in `bucket`, each with metadata sha256=<digest>."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, client=None,
-                 multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD, part_size: int | None = None):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        client=None,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        part_size: int | None = None,
+    ):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         part_size = multipart_threshold if part_size is None else part_size
         if part_size < MIN_PART_SIZE:
-            raise RegistryError(f"S3 part size {part_size} bytes is below S3's minimum of {MIN_PART_SIZE} bytes (5 MiB); use 5 MiB or more")
+            raise RegistryError(
+                f"S3 part size {part_size} bytes is below S3's minimum of {MIN_PART_SIZE} bytes (5 MiB); use 5 MiB or more"
+            )
         if multipart_threshold < 1:
-            raise RegistryError(f"multipart threshold {multipart_threshold} bytes is not positive; pass at least 1 byte")
+            raise RegistryError(
+                f"multipart threshold {multipart_threshold} bytes is not positive; pass at least 1 byte"
+            )
         self.multipart_threshold = multipart_threshold
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
         self.stages_beside_gate = True  # PUTs wait on the network: staged while the gate runs
@@ -73,15 +85,21 @@ class S3BlobStore(BlobStore):
             try:
                 import boto3
             except ImportError:
-                raise RegistryError(f"blob store {self.uri} needs boto3, which is not installed; pip install boto3") from None
+                raise RegistryError(
+                    f"blob store {self.uri} needs boto3, which is not installed; pip install boto3"
+                ) from None
             from botocore.config import Config
 
             region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
             # Every body carries a checksum header that is signed and that S3 verifies (x-amz-checksum-sha256 on a
             # PUT, botocore's CRC32 on a part), so hashing the body again to sign it, as botocore does over plain
             # HTTP, adds nothing; over HTTPS botocore already skips it.
-            client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=region,
-                                  config=Config(s3={"payload_signing_enabled": False}))
+            client = boto3.client(
+                "s3",
+                endpoint_url=self.endpoint_url,
+                region_name=region,
+                config=Config(s3={"payload_signing_enabled": False}),
+            )
         self.client = client
 
     @classmethod
@@ -107,9 +125,13 @@ class S3BlobStore(BlobStore):
         """Turn an S3 error other than 'absent' into a RegistryError that says what to fix."""
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code == "NoSuchBucket":
-            return RegistryError(f"the bucket {self.bucket!r} of blob store {self.uri} does not exist; create it or fix the URI")
+            return RegistryError(
+                f"the bucket {self.bucket!r} of blob store {self.uri} does not exist; create it or fix the URI"
+            )
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return RegistryError(f"{action} in blob store {self.uri} was refused ({code}); check the AWS credentials and bucket policy")
+            return RegistryError(
+                f"{action} in blob store {self.uri} was refused ({code}); check the AWS credentials and bucket policy"
+            )
         return RegistryError(f"{action} in blob store {self.uri} failed: {error}")
 
     def _head(self, digest: str) -> dict | None:
@@ -155,8 +177,8 @@ class S3BlobStore(BlobStore):
                 length[0] += len(chunk)
                 buffer += chunk
                 while len(buffer) >= self.part_size:
-                    yield bytes(buffer[:self.part_size])
-                    del buffer[:self.part_size]
+                    yield bytes(buffer[: self.part_size])
+                    del buffer[: self.part_size]
             if buffer:
                 yield bytes(buffer)
 
@@ -174,13 +196,21 @@ class S3BlobStore(BlobStore):
                 return digest
         if len(data) > self.multipart_threshold:
             view = memoryview(data)
-            self._put_multipart(digest, (view[start:start + self.part_size] for start in range(0, len(data), self.part_size)))
+            self._put_multipart(
+                digest, (view[start : start + self.part_size] for start in range(0, len(data), self.part_size))
+            )
         else:
             from botocore.exceptions import ClientError
 
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self.key_of(digest), Body=data, ContentType="application/octet-stream",
-                                       Metadata={"sha256": digest}, ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode())
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=self.key_of(digest),
+                    Body=data,
+                    ContentType="application/octet-stream",
+                    Metadata={"sha256": digest},
+                    ChecksumSHA256=base64.b64encode(bytes.fromhex(digest)).decode(),
+                )
             except ClientError as error:
                 raise self._refuse(error, f"upload of blob {digest}") from error
         return digest
@@ -192,8 +222,9 @@ class S3BlobStore(BlobStore):
 
         key = self.key_of(digest)
         try:
-            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType="application/octet-stream",
-                                                         Metadata={"sha256": digest})
+            upload = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=key, ContentType="application/octet-stream", Metadata={"sha256": digest}
+            )
         except ClientError as error:
             raise self._refuse(error, f"multipart upload of blob {digest}") from error
         upload_id = upload["UploadId"]
@@ -203,8 +234,9 @@ class S3BlobStore(BlobStore):
                 response = self._upload_part(key, upload_id, number, chunk)
                 parts.append({"ETag": response["ETag"], "PartNumber": number})
             verify()
-            self.client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                                  MultipartUpload={"Parts": parts})
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
         except BaseException as failure:
             # The original failure is what matters; if the abort fails too, gc aborts what is left.
             with contextlib.suppress(ClientError, BotoCoreError):
@@ -214,8 +246,9 @@ class S3BlobStore(BlobStore):
             raise
 
     def _upload_part(self, key: str, upload_id: str, number: int, chunk: memoryview) -> dict:
-        return self.client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                       Body=io.BytesIO(chunk))
+        return self.client.upload_part(
+            Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=io.BytesIO(chunk)
+        )
 
     def get(self, digest: str) -> bytes:
         from botocore.exceptions import ClientError
@@ -236,11 +269,15 @@ class S3BlobStore(BlobStore):
         from botocore.exceptions import ClientError
 
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self.key_of(digest), Range=f"bytes=0-{max(size, 1) - 1}")
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self.key_of(digest), Range=f"bytes=0-{max(size, 1) - 1}"
+            )
             data = response["Body"].read()
         except ClientError as error:
             if str(error.response.get("Error", {}).get("Code", "")) in _MISSING:
-                raise NotFoundError(f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc") from None
+                raise NotFoundError(
+                    f"blob {digest} is not in the blob store {self.uri}; it was never stored or was removed by gc"
+                ) from None
             raise self._refuse(error, f"read of blob {digest}") from error
         whole = response.get("ContentRange", "").rpartition("/")[2]
         return data[:size], int(whole) if whole.isdigit() else int(response["ContentLength"])
@@ -263,9 +300,11 @@ class S3BlobStore(BlobStore):
         root = self._root()
         paginator = self.client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=root, PaginationConfig={"PageSize": self.list_page_size}):
+            for page in paginator.paginate(
+                Bucket=self.bucket, Prefix=root, PaginationConfig={"PageSize": self.list_page_size}
+            ):
                 for entry in page.get("Contents", []):
-                    rest = entry["Key"][len(root):]
+                    rest = entry["Key"][len(root) :]
                     shard, _, name = rest.partition("/")
                     digest = shard + name
                     if len(shard) == 2 and len(digest) == 64 and set(digest) <= HEX_DIGITS:
@@ -293,10 +332,12 @@ class S3BlobStore(BlobStore):
                 for upload in page.get("Uploads", []):
                     if now - upload["Initiated"].timestamp() < older_than_seconds:
                         continue
-                    if keep is not None and keep(upload["Key"][len(self._root()):].replace("/", "", 1)):
+                    if keep is not None and keep(upload["Key"][len(self._root()) :].replace("/", "", 1)):
                         continue
                     try:
-                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                        self.client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
                         removed += 1
                     except ClientError as error:
                         if str(error.response.get("Error", {}).get("Code", "")) != "NoSuchUpload":

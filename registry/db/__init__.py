@@ -13,4 +13,15 @@ from registry.db.models import (
     VersionRow,
 )
 
-__all__ = ["AliasHistoryRow", "AliasRow", "AuditHeadRow", "AuditRow", "Base", "BlobLeaseRow", "BlobRefRow", "LockRow", "ModelRow", "VersionRow"]
+__all__ = [
+    "AliasHistoryRow",
+    "AliasRow",
+    "AuditHeadRow",
+    "AuditRow",
+    "Base",
+    "BlobLeaseRow",
+    "BlobRefRow",
+    "LockRow",
+    "ModelRow",
+    "VersionRow",
+]

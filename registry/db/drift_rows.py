@@ -21,8 +21,11 @@ class DriftWindowRow(Base):
     """One window a collector shipped for a version, with the state the rule gave the version right after it."""
 
     __tablename__ = "drift_windows"
-    __table_args__ = (Index("ix_drift_windows_version_id", "version_id", "id"), Index("ix_drift_windows_received_at", "received_at"),
-                      Index("ux_drift_windows_content", "version_id", "content_digest", unique=True))
+    __table_args__ = (
+        Index("ix_drift_windows_version_id", "version_id", "id"),
+        Index("ix_drift_windows_received_at", "received_at"),
+        Index("ux_drift_windows_content", "version_id", "content_digest", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version_id: Mapped[int] = mapped_column(ForeignKey("versions.id"), nullable=False)
@@ -38,7 +41,9 @@ class DriftWindowRow(Base):
     over: Mapped[bool] = mapped_column(Boolean, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     unmatched: Mapped[str | None] = mapped_column(String(4096), nullable=True)  # '\n'-joined layer names
-    content_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # drift_history.window_digest (0009); NULL before
+    content_digest: Mapped[str | None] = mapped_column(
+        String(64), nullable=True
+    )  # drift_history.window_digest (0009); NULL before
     # The window's serving faults as a JSON list of schemas.monitoring.ServingFault (0012); NULL: none or stored before.
     faults: Mapped[str | None] = mapped_column(Text, nullable=True)
 
@@ -60,7 +65,9 @@ class DriftLayerRow(Base):
     variance_ratio: Mapped[float] = mapped_column(Float, nullable=False)
     max_abs_log_ratio: Mapped[float] = mapped_column(Float, nullable=False)
     over: Mapped[bool] = mapped_column(Boolean, nullable=False)
-    status: Mapped[str] = mapped_column(String(24), nullable=False, server_default="ok")  # ok, drift, unconverged_statistics (0007)
+    status: Mapped[str] = mapped_column(
+        String(24), nullable=False, server_default="ok"
+    )  # ok, drift, unconverged_statistics (0007)
     initial_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The sampling error the rule allowed for (0010; NULL before, and where it could not be measured): schemas.monitoring.LayerShift.
     batches: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

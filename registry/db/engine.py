@@ -67,7 +67,9 @@ def head_revision() -> str:
         downs.add(found["down_revision"] or None)
     heads = revisions - downs
     if len(heads) != 1:
-        raise RuntimeError(f"the migrations in {MIGRATIONS / 'versions'} have heads {sorted(heads)}; exactly one expected")
+        raise RuntimeError(
+            f"the migrations in {MIGRATIONS / 'versions'} have heads {sorted(heads)}; exactly one expected"
+        )
     return heads.pop()
 
 
@@ -103,16 +105,26 @@ def _refuse_full_disk(engine: Engine, parsed: URL) -> None:
     database (its transaction is rolled back: nothing of it was written)."""
     sqlite = parsed.get_backend_name() == "sqlite"
     where = parsed.database if sqlite else parsed.render_as_string(hide_password=True)
-    hint = ("point NORMBRIDGE_DB (--db; default NORMBRIDGE_HOME/registry.db) at a disk with room" if sqlite
-            else "ask the database's operator for room")
+    hint = (
+        "point NORMBRIDGE_DB (--db; default NORMBRIDGE_HOME/registry.db) at a disk with room"
+        if sqlite
+        else "ask the database's operator for room"
+    )
 
     @event.listens_for(engine, "handle_error")
     def _on_error(context):
         original = context.original_exception
-        if sqlite and getattr(original, "sqlite_errorcode", None) == SQLITE_FULL or \
-                not sqlite and POSTGRES_DISK_FULL in (getattr(original, "pgcode", None), getattr(original, "sqlstate", None)):
-            raise StorageFullError(f"the registry database '{where}' has no room left ({str(original).strip()}); its write was undone: "
-                                   f"free space on its disk, or {hint}, and try again.", setting="NORMBRIDGE_DB") from original
+        if (
+            sqlite
+            and getattr(original, "sqlite_errorcode", None) == SQLITE_FULL
+            or not sqlite
+            and POSTGRES_DISK_FULL in (getattr(original, "pgcode", None), getattr(original, "sqlstate", None))
+        ):
+            raise StorageFullError(
+                f"the registry database '{where}' has no room left ({str(original).strip()}); its write was undone: "
+                f"free space on its disk, or {hint}, and try again.",
+                setting="NORMBRIDGE_DB",
+            ) from original
 
 
 def make_engine(url: str | URL) -> Engine:
@@ -128,7 +140,9 @@ def make_engine(url: str | URL) -> Engine:
         modes = file_modes.current()
         file_modes.make_folder(Path(database).expanduser().parent, modes)
         try:
-            file_modes.create_file(Path(database), modes)  # before SQLite creates it with the umask's mode (its journals copy it)
+            file_modes.create_file(
+                Path(database), modes
+            )  # before SQLite creates it with the umask's mode (its journals copy it)
         except FileNotFoundError:
             pass  # a path SQLite cannot open either: its own error names it
     engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
@@ -154,4 +168,14 @@ def make_engine(url: str | URL) -> Engine:
     return engine
 
 
-__all__ = ["MIGRATIONS", "READ_ONLY", "SQLITE_BUSY_TIMEOUT", "alembic_config", "at_head", "head_revision", "make_engine", "normalize_url", "now"]
+__all__ = [
+    "MIGRATIONS",
+    "READ_ONLY",
+    "SQLITE_BUSY_TIMEOUT",
+    "alembic_config",
+    "at_head",
+    "head_revision",
+    "make_engine",
+    "normalize_url",
+    "now",
+]

@@ -35,8 +35,7 @@ def model_row(session: Session, name: str, *, lock: bool = False) -> ModelRow:
         known = session.scalars(select(ModelRow.name).order_by(ModelRow.name).limit(20)).all()
         listing = ", ".join(known) if known else "none yet"
         raise NotFoundError(
-            f"model {name!r} is not in the registry (registered models: {listing}); "
-            "check the name or register it first"
+            f"model {name!r} is not in the registry (registered models: {listing}); check the name or register it first"
         )
     return row
 
@@ -52,27 +51,39 @@ def storable_number(number: int) -> bool:
 
 def version_id(session: Session, model: str, number: int, lock: bool = False) -> int:
     """The id of `model@number`'s row (`lock`: held FOR UPDATE until the session ends); NotFoundError when there is none."""
-    query = (select(VersionRow.id).join(ModelRow, VersionRow.model_id == ModelRow.id)
-             .where(ModelRow.name == model, VersionRow.number == number))
-    found = session.execute(query.with_for_update() if lock else query).scalar_one_or_none() if storable_number(number) else None
+    query = (
+        select(VersionRow.id)
+        .join(ModelRow, VersionRow.model_id == ModelRow.id)
+        .where(ModelRow.name == model, VersionRow.number == number)
+    )
+    found = (
+        session.execute(query.with_for_update() if lock else query).scalar_one_or_none()
+        if storable_number(number)
+        else None
+    )
     if found is None:
-        raise NotFoundError(f"version {model}@{number} does not exist; `normbridge versions {model}` lists its versions.")
+        raise NotFoundError(
+            f"version {model}@{number} does not exist; `normbridge versions {model}` lists its versions."
+        )
     return found
 
 
 def version_row(session: Session, model: str, number: int, owner: ModelRow | None = None) -> VersionRow:
     """The row of `model@number` (`owner`: the model's row, when already read); NotFoundError listing its versions."""
     owner = owner or model_row(session, model)
-    row = session.scalars(
-        select(VersionRow).where(VersionRow.model_id == owner.id, VersionRow.number == number)
-    ).one_or_none() if storable_number(number) else None
+    row = (
+        session.scalars(
+            select(VersionRow).where(VersionRow.model_id == owner.id, VersionRow.number == number)
+        ).one_or_none()
+        if storable_number(number)
+        else None
+    )
     if row is None:
         numbers = session.scalars(
             select(VersionRow.number).where(VersionRow.model_id == owner.id).order_by(VersionRow.number)
         ).all()
         raise NotFoundError(
-            f"version {model}@{number} does not exist; {model} has versions "
-            f"{ranges(numbers) if numbers else 'none'}"
+            f"version {model}@{number} does not exist; {model} has versions {ranges(numbers) if numbers else 'none'}"
         )
     return row
 
@@ -82,7 +93,9 @@ def records(session: Session, condition, order=None) -> list[VersionRecord]:
     return [found for _, found in records_by_id(session, condition, order)]
 
 
-def records_by_id(session: Session, condition, order=None, *, manifests: bool = True) -> list[tuple[int, VersionRecord]]:
+def records_by_id(
+    session: Session, condition, order=None, *, manifests: bool = True
+) -> list[tuple[int, VersionRecord]]:
     """(row id, VersionRecord) of the rows matching `condition`; `manifests=False` leaves every manifest empty."""
     parent, parent_model = _PARENT, _PARENT_MODEL
     query = (
@@ -119,15 +132,19 @@ def lock_or_create_model(session: Session, model: str) -> ModelRow:
     return model_row(session, model, lock=True)
 
 
-def append_audit(session: Session, user: str, action: str, model: str | None, number: int | None, detail: dict) -> AuditRow:
+def append_audit(
+    session: Session, user: str, action: str, model: str | None, number: int | None, detail: dict
+) -> AuditRow:
     """Append one chained entry after the head and move the head onto it; takes the global audit lock (always the
     last lock a writer takes). Continuing from the head, not from the last row, keeps a cut visible for good: the
     next entry then chains to an entry that is no longer there."""
     session.scalars(select(LockRow).where(LockRow.name == "audit").with_for_update()).one()
     head = session.execute(select(AuditHeadRow.seq, AuditHeadRow.hash).where(AuditHeadRow.id == 1)).first()
     if head is None:
-        raise IntegrityError("the audit head (table audit_head) is missing, so nothing more is appended to the audit log; "
-                             "restore the database from a backup")
+        raise IntegrityError(
+            "the audit head (table audit_head) is missing, so nothing more is appended to the audit log; "
+            "restore the database from a backup"
+        )
     seq, prev_hash = head.seq + 1, head.hash
     at = now()
     # Hash exactly what the database will give back: JSON types only (tuples become lists, paths strings).

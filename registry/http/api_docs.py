@@ -24,8 +24,10 @@ ASSETS_URL = "/static/api-docs"
 ASSETS_PACKAGE = "fastapi_offline"
 ASSET_FILES = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
 #: Everything from this server only; inline scripts and styles because both pages are built that way, blob: workers for ReDoc's search.
-DOCS_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-               "font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+DOCS_POLICY = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
 
 
 def assets_folder() -> str:
@@ -33,11 +35,15 @@ def assets_folder() -> str:
     try:
         folder = resources.files(ASSETS_PACKAGE) / "static"
     except ModuleNotFoundError as error:
-        raise RuntimeError(f"the API docs need the '{ASSETS_PACKAGE.replace('_', '-')}' package for their Swagger UI and ReDoc files; "
-                           "install normbridge[server].") from error
+        raise RuntimeError(
+            f"the API docs need the '{ASSETS_PACKAGE.replace('_', '-')}' package for their Swagger UI and ReDoc files; "
+            "install normbridge[server]."
+        ) from error
     missing = [name for name in ASSET_FILES if not (folder / name).is_file()]
     if missing:
-        raise RuntimeError(f"the installed '{ASSETS_PACKAGE}' lacks {', '.join(missing)} in {folder}; reinstall normbridge[server].")
+        raise RuntimeError(
+            f"the installed '{ASSETS_PACKAGE}' lacks {', '.join(missing)} in {folder}; reinstall normbridge[server]."
+        )
     return str(folder)
 
 
@@ -55,10 +61,17 @@ def install(app: FastAPI) -> None:
 
     @app.get(DOCS_URL, include_in_schema=False)
     def swagger_ui(request: Request) -> HTMLResponse:
-        return _confined(get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}{app.openapi_url}", title=f"{app.title} - Swagger UI",
-                                   oauth2_redirect_url=app.swagger_ui_oauth2_redirect_url, swagger_js_url=asset(request, "swagger-ui-bundle.js"),
-                                   swagger_css_url=asset(request, "swagger-ui.css"), swagger_favicon_url=asset(request, "favicon.png"),
-                                   swagger_ui_parameters=app.swagger_ui_parameters))
+        return _confined(
+            get_swagger_ui_html(
+                openapi_url=f"{request.scope.get('root_path', '')}{app.openapi_url}",
+                title=f"{app.title} - Swagger UI",
+                oauth2_redirect_url=app.swagger_ui_oauth2_redirect_url,
+                swagger_js_url=asset(request, "swagger-ui-bundle.js"),
+                swagger_css_url=asset(request, "swagger-ui.css"),
+                swagger_favicon_url=asset(request, "favicon.png"),
+                swagger_ui_parameters=app.swagger_ui_parameters,
+            )
+        )
 
     @app.get(app.swagger_ui_oauth2_redirect_url, include_in_schema=False)
     def swagger_ui_redirect() -> HTMLResponse:
@@ -66,9 +79,15 @@ def install(app: FastAPI) -> None:
 
     @app.get(REDOC_URL, include_in_schema=False)
     def redoc(request: Request) -> HTMLResponse:
-        return _confined(get_redoc_html(openapi_url=f"{request.scope.get('root_path', '')}{app.openapi_url}", title=f"{app.title} - ReDoc",
-                              redoc_js_url=asset(request, "redoc.standalone.js"), redoc_favicon_url=asset(request, "favicon.png"),
-                              with_google_fonts=False))
+        return _confined(
+            get_redoc_html(
+                openapi_url=f"{request.scope.get('root_path', '')}{app.openapi_url}",
+                title=f"{app.title} - ReDoc",
+                redoc_js_url=asset(request, "redoc.standalone.js"),
+                redoc_favicon_url=asset(request, "favicon.png"),
+                with_google_fonts=False,
+            )
+        )
 
 
 __all__ = ["ASSETS_URL", "DOCS_POLICY", "DOCS_URL", "REDOC_URL", "assets_folder", "install"]

@@ -48,15 +48,26 @@ class Version(_Record):
     note: str | None
     created_at: datetime
     user: str
-    servable: bool | None = Field(default=None, description=(
-        "Whether the version may serve: false when a hazard blocks (train mode, statistics that never saw data, an eps that "
-        "rounds to 0 in the layer's dtype, normalization the equivalence check did not cover). A guarded alias (production) "
-        "refuses a version that is not servable unless forced."))
-    hazards: list[VersionHazard] = Field(default_factory=list, description="The warning- and error-level hazards found at registration; "
-                                                                           "the blocking ones are the reasons it is not servable.")
-    structure_checked: bool | None = Field(default=None, description=(
-        "True when a safe reader accepted the version's stored structure at registration (its model file is rebuilt on "
-        "pull without being read back); null for a version registered before this was recorded, or with no structure."))
+    servable: bool | None = Field(
+        default=None,
+        description=(
+            "Whether the version may serve: false when a hazard blocks (train mode, statistics that never saw data, an eps that "
+            "rounds to 0 in the layer's dtype, normalization the equivalence check did not cover). A guarded alias (production) "
+            "refuses a version that is not servable unless forced."
+        ),
+    )
+    hazards: list[VersionHazard] = Field(
+        default_factory=list,
+        description="The warning- and error-level hazards found at registration; "
+        "the blocking ones are the reasons it is not servable.",
+    )
+    structure_checked: bool | None = Field(
+        default=None,
+        description=(
+            "True when a safe reader accepted the version's stored structure at registration (its model file is rebuilt on "
+            "pull without being read back); null for a version registered before this was recorded, or with no structure."
+        ),
+    )
 
 
 class Alias(_Record):
@@ -68,8 +79,9 @@ class Alias(_Record):
 
 
 #: The audit entry as the API sends it: AuditRecord's own fields (one declaration of an audit entry, registry/entities.py).
-AuditEntry = create_model("AuditEntry", __base__=_Record,
-                          **{name: (kind, ...) for name, kind in get_type_hints(AuditRecord).items()})
+AuditEntry = create_model(
+    "AuditEntry", __base__=_Record, **{name: (kind, ...) for name, kind in get_type_hints(AuditRecord).items()}
+)
 
 
 class VersionList(BaseModel):
@@ -78,12 +90,16 @@ class VersionList(BaseModel):
 
 
 class Registered(BaseModel):
-    created: bool = Field(description="False when identical content was already registered (the existing version is returned).")
+    created: bool = Field(
+        description="False when identical content was already registered (the existing version is returned)."
+    )
     version: Version
     checks: list[CheckResult]
     unrecognised: list[UnrecognisedLayer] = Field(
-        default_factory=list, description="Layers that look like normalizations and that no recognizer proved, registered unchecked "
-        "because allow_unrecognised was given (a model with weights and no normalization found is one entry, '<model>').")
+        default_factory=list,
+        description="Layers that look like normalizations and that no recognizer proved, registered unchecked "
+        "because allow_unrecognised was given (a model with weights and no normalization found is one entry, '<model>').",
+    )
 
 
 class AliasBody(BaseModel):
@@ -110,17 +126,23 @@ class AuditHeadOut(BaseModel):
 
 class AuditOut(BaseModel):
     entries: list[AuditEntry]
-    chain_ok: bool | None = Field(description="Whether the whole hash chain is intact and ends at its head (null unless verify=true).")
+    chain_ok: bool | None = Field(
+        description="Whether the whole hash chain is intact and ends at its head (null unless verify=true)."
+    )
     chain_problems: list[str] | None
-    head: AuditHeadOut | None = Field(default=None, description="The head the chain was verified against (null unless verify=true, "
-                                                                "or if the head row is missing).")
+    head: AuditHeadOut | None = Field(
+        default=None,
+        description="The head the chain was verified against (null unless verify=true, or if the head row is missing).",
+    )
 
 
 class DriftList(DriftHistory):
     """A version's drift history (windows from serving collectors, newest first, and the state they move) and its recorded
     offline checks, which never move the state (the newest is summarised in `offline`)."""
 
-    reports: list[DriftRecord] = Field(description="Offline checks recorded with `normbridge drift --record`, newest first.")
+    reports: list[DriftRecord] = Field(
+        description="Offline checks recorded with `normbridge drift --record`, newest first."
+    )
 
 
 MAX_DIGESTS = 100_000
@@ -130,25 +152,51 @@ class DigestList(BaseModel):
     """Blob digests (the request of POST /api/v1/blobs/present)."""
 
     model_config = ConfigDict(extra="forbid")
-    digests: list[str] = Field(max_length=MAX_DIGESTS, description="sha256 hex digests of blobs, e.g. every blob of a manifest.")
+    digests: list[str] = Field(
+        max_length=MAX_DIGESTS, description="sha256 hex digests of blobs, e.g. every blob of a manifest."
+    )
 
 
 class PresentBlobs(BaseModel):
-    present: list[str] = Field(description="The asked digests the server stores and a version of a model this token may read "
-                                           "references: a bundle uploaded with this token may leave them out.")
+    present: list[str] = Field(
+        description="The asked digests the server stores and a version of a model this token may read "
+        "references: a bundle uploaded with this token may leave them out."
+    )
 
 
 class ErrorDetail(BaseModel):
-    code: str = Field(description="Stable machine-readable name, e.g. unauthorized, forbidden, not_found, check_failed.")
+    code: str = Field(
+        description="Stable machine-readable name, e.g. unauthorized, forbidden, not_found, check_failed."
+    )
     message: str
     layer: str | None = None
     setting: str | None = None
-    report: CheckResult | None = Field(default=None, description="The failed equivalence check (code check_failed only).")
+    report: CheckResult | None = Field(
+        default=None, description="The failed equivalence check (code check_failed only)."
+    )
 
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-__all__ = ["Alias", "AliasBody", "AuditEntry", "AuditHeadOut", "AuditOut", "CheckResult", "DriftList", "DriftRecord", "ErrorResponse", "GcResult", "Health",
-           "LineageView", "ManifestDiff", "ModelSummary", "Registered", "Version", "VersionList", "VerifyOut"]
+__all__ = [
+    "Alias",
+    "AliasBody",
+    "AuditEntry",
+    "AuditHeadOut",
+    "AuditOut",
+    "CheckResult",
+    "DriftList",
+    "DriftRecord",
+    "ErrorResponse",
+    "GcResult",
+    "Health",
+    "LineageView",
+    "ManifestDiff",
+    "ModelSummary",
+    "Registered",
+    "Version",
+    "VersionList",
+    "VerifyOut",
+]

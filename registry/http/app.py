@@ -37,16 +37,27 @@ HOST_ENV = "NORMBRIDGE_SERVE_HOST"
 MAX_UPLOAD_ENV = "NORMBRIDGE_SERVE_MAX_UPLOAD_BYTES"
 
 
-def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES, host: str = "127.0.0.1",
-               allowed_hosts: Iterable[str] = ()) -> FastAPI:
+def create_app(
+    registry,
+    *,
+    insecure_local: bool = False,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    host: str = "127.0.0.1",
+    allowed_hosts: Iterable[str] = (),
+) -> FastAPI:
     """The HTTP API over `registry` (a registry.service.Registry); see the API contract in README.md.
 
     `host` is the address the server binds and `allowed_hosts` the extra names it answers to (see request_guard):
     an in-process client such as Starlette's TestClient, which sends Host 'testserver', passes allowed_hosts=["testserver"].
     """
-    app = FastAPI(title="normbridge registry", version=routes_read.package_version(), default_response_class=SafeJSONResponse,
-                  description="Model versions behind a normalization-equivalence gate: read, register, diff, lineage, aliases, audit.",
-                  docs_url=None, redoc_url=None)  # api_docs serves them from installed files, not a CDN
+    app = FastAPI(
+        title="normbridge registry",
+        version=routes_read.package_version(),
+        default_response_class=SafeJSONResponse,
+        description="Model versions behind a normalization-equivalence gate: read, register, diff, lineage, aliases, audit.",
+        docs_url=None,
+        redoc_url=None,
+    )  # api_docs serves them from installed files, not a CDN
     app.state.registry = registry
     app.state.tokens = TokenStore(registry.meta)
     app.state.insecure_local = bool(insecure_local)
@@ -59,7 +70,9 @@ def create_app(registry, *, insecure_local: bool = False, max_upload_bytes: int 
     install_web_pages(app)
     install_api_docs(app)
     app.add_middleware(RequestGuard, hosts=HostPolicy.serving(host, allowed_hosts))
-    install_metrics(app, registry, (history_windows(drift_history.current),))  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
+    install_metrics(
+        app, registry, (history_windows(drift_history.current),)
+    )  # outermost: guard refusals are counted too (GET /metrics, docs/metrics.md)
     _declare_guard_in_openapi(app)
     return app
 
@@ -80,14 +93,25 @@ def app_from_env() -> FastAPI:
     """Factory for uvicorn workers: the app of NORMBRIDGE_DB / NORMBRIDGE_BLOBS and the serve options in the environment."""
     insecure = os.environ.get(INSECURE_ENV) == "1"
     if insecure and not is_loopback(os.environ.get(HOST_ENV, "")):
-        raise RuntimeError(f"{INSECURE_ENV}=1 is only allowed with a loopback {HOST_ENV}; anonymous admin access must stay on this machine.")
+        raise RuntimeError(
+            f"{INSECURE_ENV}=1 is only allowed with a loopback {HOST_ENV}; anonymous admin access must stay on this machine."
+        )
     limit = int(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_BYTES))
     allowed = [value for value in os.environ.get(ALLOWED_HOSTS_ENV, "").split(",") if value]
     # A server is long-lived: a child worker of its own checks the frameworks it has not imported (no shared worker).
-    registry = Registry(db=os.environ.get("NORMBRIDGE_DB"), blobs=os.environ.get("NORMBRIDGE_BLOBS"), user="server",
-                        gate=ChildWorkerGate())
-    return create_app(registry, insecure_local=insecure, max_upload_bytes=limit, host=os.environ.get(HOST_ENV, "127.0.0.1"),
-                      allowed_hosts=allowed)
+    registry = Registry(
+        db=os.environ.get("NORMBRIDGE_DB"),
+        blobs=os.environ.get("NORMBRIDGE_BLOBS"),
+        user="server",
+        gate=ChildWorkerGate(),
+    )
+    return create_app(
+        registry,
+        insecure_local=insecure,
+        max_upload_bytes=limit,
+        host=os.environ.get(HOST_ENV, "127.0.0.1"),
+        allowed_hosts=allowed,
+    )
 
 
 __all__ = ["ALLOWED_HOSTS_ENV", "DEFAULT_MAX_UPLOAD_BYTES", "app_from_env", "create_app", "is_loopback"]

@@ -53,16 +53,22 @@ class Principal:
     def check(self, role: str, model: str | None = None) -> None:
         """Raise 403 unless `can(role, model)`."""
         if _RANK.get(self.role, -1) < _RANK[role]:
-            raise forbidden(f"this token has role '{self.role}' but the request needs '{role}'; ask an admin for a token with role '{role}'.")
+            raise forbidden(
+                f"this token has role '{self.role}' but the request needs '{role}'; ask an admin for a token with role '{role}'."
+            )
         if model is not None and not self.can(role, model):
-            raise forbidden(f"this token is scoped to {', '.join(self.models or ())} and may not touch model '{model}'; use a token for that model.")
+            raise forbidden(
+                f"this token is scoped to {', '.join(self.models or ())} and may not touch model '{model}'; use a token for that model."
+            )
 
 
 def principal_from_token(app_state, token: str) -> Principal:
     """The Principal a token string proves, using the app's TokenStore; raises the 401 ApiError otherwise."""
     info = app_state.tokens.authenticate(token)
     if info is None:
-        raise unauthorized("the token is unknown, revoked or malformed; create one with `normbridge token create` on the server host.")
+        raise unauthorized(
+            "the token is unknown, revoked or malformed; create one with `normbridge token create` on the server host."
+        )
     return Principal(owner=info.owner, role=info.role, models=info.models, token_id=info.id)
 
 
@@ -74,13 +80,17 @@ def principal_for(app_state, header: str | None) -> Principal:
         raise unauthorized("this request carries no token; send the header 'Authorization: Bearer <token>'.")
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
-        raise unauthorized("the Authorization header is not 'Bearer <token>'; send the token from `normbridge token create`.")
+        raise unauthorized(
+            "the Authorization header is not 'Bearer <token>'; send the token from `normbridge token create`."
+        )
     return principal_from_token(app_state, value.strip())
 
 
 def current_principal(request: Request, _declared=Security(bearer_scheme)) -> Principal:
     """The caller of this request (dependency); 401 when it cannot be established."""
-    principal = request.scope.get(PRINCIPAL_SCOPE_KEY) or principal_for(request.app.state, request.headers.get("authorization"))
+    principal = request.scope.get(PRINCIPAL_SCOPE_KEY) or principal_for(
+        request.app.state, request.headers.get("authorization")
+    )
     request.state.principal = principal
     return principal
 
@@ -99,5 +109,13 @@ def require(role: str) -> Callable[..., Principal]:
     return dependency
 
 
-__all__ = ["LOCAL_USER", "PRINCIPAL_SCOPE_KEY", "Principal", "bearer_scheme", "current_principal", "principal_for", "principal_from_token",
-           "require"]
+__all__ = [
+    "LOCAL_USER",
+    "PRINCIPAL_SCOPE_KEY",
+    "Principal",
+    "bearer_scheme",
+    "current_principal",
+    "principal_for",
+    "principal_from_token",
+    "require",
+]

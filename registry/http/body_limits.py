@@ -41,7 +41,11 @@ def body_limit(scope: Scope) -> int | None:
 
 
 def _message(scope: Scope, limit: int, size: int | None) -> str:
-    what = "a JSON request; send less per request" if scope["path"].startswith(API_PREFIX) else "a form; send the page's own form"
+    what = (
+        "a JSON request; send less per request"
+        if scope["path"].startswith(API_PREFIX)
+        else "a form; send the page's own form"
+    )
     received = "larger than" if size is None else f"{size} bytes, over"
     return f"the request body is {received} this server's limit of {limit} bytes for {what}."
 
@@ -80,4 +84,13 @@ def bounded(scope: Scope, receive: Receive, limit: int) -> Receive:
     return receive_bounded
 
 
-__all__ = ["API_PREFIX", "BodyTooLarge", "MAX_FORM_BYTES", "MAX_JSON_BYTES", "body_limit", "bounded", "declared_excess", "is_upload"]
+__all__ = [
+    "API_PREFIX",
+    "BodyTooLarge",
+    "MAX_FORM_BYTES",
+    "MAX_JSON_BYTES",
+    "body_limit",
+    "bounded",
+    "declared_excess",
+    "is_upload",
+]

@@ -106,7 +106,11 @@ async def send_body(request: Request, pipe: BodyPipe, limit: int) -> None:
             if chunk:
                 await _put(pipe, chunk)
     except ClientDisconnect:
-        pipe.finish(UploadInterrupted(f"the client disconnected after {received} bytes; nothing was registered, send the whole file again."))
+        pipe.finish(
+            UploadInterrupted(
+                f"the client disconnected after {received} bytes; nothing was registered, send the whole file again."
+            )
+        )
         return
     if received > limit:
         pipe.finish(too_large(limit))

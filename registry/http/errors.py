@@ -26,7 +26,9 @@ log = logging.getLogger("normbridge.http")
 class ApiError(Exception):
     """A failure that exists only over HTTP (401, 403, 404 out of scope, 413, ...)."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None, setting: str | None = None):
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None, setting: str | None = None
+    ):
         super().__init__(message)
         self.status, self.code, self.message, self.headers, self.setting = status, code, message, headers, setting
 
@@ -43,7 +45,9 @@ def not_found(message: str) -> ApiError:
     return ApiError(404, "not_found", message)
 
 
-def error_body(code: str, message: str, layer: str | None = None, setting: str | None = None, report: dict | None = None) -> dict:
+def error_body(
+    code: str, message: str, layer: str | None = None, setting: str | None = None, report: dict | None = None
+) -> dict:
     return {"error": {"code": code, "message": message, "layer": layer, "setting": setting, "report": report}}
 
 
@@ -64,15 +68,21 @@ def _library_error(request: Request, error: NormbridgeError) -> SafeJSONResponse
     report = None
     if isinstance(error, CheckFailedError) and error.result is not None:
         report = error.result.model_dump(mode="json")  # inf/NaN errors (an overflowing layer) are sent as null
-    return SafeJSONResponse(error_body(error.code, message, error.layer, error.setting, report), status_code=status_for(error))
+    return SafeJSONResponse(
+        error_body(error.code, message, error.layer, error.setting, report), status_code=status_for(error)
+    )
 
 
 def unsupported_media_type(message: str) -> ApiError:
-    return ApiError(status_for(UnsupportedMediaTypeError(message)), UnsupportedMediaTypeError.code, message, setting="Content-Type")
+    return ApiError(
+        status_for(UnsupportedMediaTypeError(message)), UnsupportedMediaTypeError.code, message, setting="Content-Type"
+    )
 
 
 def api_error_response(error: ApiError) -> SafeJSONResponse:
-    return SafeJSONResponse(error_body(error.code, error.message, setting=error.setting), status_code=error.status, headers=error.headers)
+    return SafeJSONResponse(
+        error_body(error.code, error.message, setting=error.setting), status_code=error.status, headers=error.headers
+    )
 
 
 def _api_error(request: Request, error: ApiError) -> SafeJSONResponse:
@@ -81,7 +91,10 @@ def _api_error(request: Request, error: ApiError) -> SafeJSONResponse:
 
 def _validation_error(request: Request, error: RequestValidationError) -> SafeJSONResponse:
     problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in error.errors()[:5])
-    return SafeJSONResponse(error_body("invalid_request", f"the request does not match the API ({problems}); see /openapi.json."), status_code=422)
+    return SafeJSONResponse(
+        error_body("invalid_request", f"the request does not match the API ({problems}); see /openapi.json."),
+        status_code=422,
+    )
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 415: "unsupported_media_type"}
@@ -89,8 +102,11 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_la
 
 def _allowed_methods(request: Request) -> str:
     """Every method some route serves at this path (Starlette's own Allow names only the first route's)."""
-    methods = [m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
-               if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in request.app.routes)]
+    methods = [
+        m
+        for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+        if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in request.app.routes)
+    ]
     return ", ".join(methods)
 
 
@@ -98,15 +114,22 @@ def _http_error(request: Request, error: StarletteHTTPException) -> SafeJSONResp
     status, headers = error.status_code, dict(getattr(error, "headers", None) or {})
     message = error.detail if isinstance(error.detail, str) else str(error.detail)
     if status == 400:  # FastAPI's "error parsing the body": a malformed request, reported like any other
-        return SafeJSONResponse(error_body("invalid_request", f"the request body could not be parsed ({message}); send the JSON of the API."),
-                                status_code=422)
+        return SafeJSONResponse(
+            error_body(
+                "invalid_request", f"the request body could not be parsed ({message}); send the JSON of the API."
+            ),
+            status_code=422,
+        )
     if status == 404 and message == "Not Found":
         message = f"no endpoint at {request.url.path}; see /openapi.json for the API."
     if status == 405:
         headers["Allow"] = _allowed_methods(request)
         message = f"{request.method} is not served at {request.url.path}; allowed: {headers['Allow']}."
-    return SafeJSONResponse(error_body(_HTTP_CODES.get(status, "http_error"), message, setting=getattr(error, "setting", None)),
-                            status_code=status, headers=headers or None)
+    return SafeJSONResponse(
+        error_body(_HTTP_CODES.get(status, "http_error"), message, setting=getattr(error, "setting", None)),
+        status_code=status,
+        headers=headers or None,
+    )
 
 
 def _missing_module(request: Request, error: ModuleNotFoundError) -> SafeJSONResponse:
@@ -117,7 +140,9 @@ def _missing_module(request: Request, error: ModuleNotFoundError) -> SafeJSONRes
 
 def _crash(request: Request, error: Exception) -> SafeJSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return SafeJSONResponse(error_body("internal_error", "the server failed unexpectedly; the server log has the details."), status_code=500)
+    return SafeJSONResponse(
+        error_body("internal_error", "the server failed unexpectedly; the server log has the details."), status_code=500
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -129,5 +154,14 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _crash)
 
 
-__all__ = ["ApiError", "api_error_response", "error_body", "forbidden", "install_error_handlers", "not_found", "status_for", "unauthorized",
-           "unsupported_media_type"]
+__all__ = [
+    "ApiError",
+    "api_error_response",
+    "error_body",
+    "forbidden",
+    "install_error_handlers",
+    "not_found",
+    "status_for",
+    "unauthorized",
+    "unsupported_media_type",
+]

@@ -82,8 +82,10 @@ OfflineSource = Callable[[Any], dict[tuple[str, int], tuple[str, float]]]
 
 def recorded_checks(registry) -> dict[tuple[str, int], tuple[str, float]]:
     """The verdict of the newest offline check recorded per version (`drift --record`), and when it was recorded."""
-    return {(record.model, record.number): (record.report.verdict, record.created_at.timestamp())
-            for record in latest_drift_reports(registry.meta)}
+    return {
+        (record.model, record.number): (record.report.verdict, record.created_at.timestamp())
+        for record in latest_drift_reports(registry.meta)
+    }
 
 
 def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
@@ -107,7 +109,8 @@ def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
             for layer in window.layers:
                 state = getattr(layer, "status", None) or ("drift" if layer.over else "ok")
                 layers[(version.model, version.number, layer.name)] = DriftObservation(
-                    layer.max_shift, math.exp(layer.max_abs_log_ratio), state, stamp)
+                    layer.max_shift, math.exp(layer.max_abs_log_ratio), state, stamp
+                )
         return layers, alerts, faults
 
     return source
@@ -121,8 +124,13 @@ class DriftGauges:
     it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a version's state.
     """
 
-    def __init__(self, registry=None, sources: Sequence[DriftSource] = (), max_series: int = MAX_DRIFT_SERIES,
-                 offline: OfflineSource | None = recorded_checks):
+    def __init__(
+        self,
+        registry=None,
+        sources: Sequence[DriftSource] = (),
+        max_series: int = MAX_DRIFT_SERIES,
+        offline: OfflineSource | None = recorded_checks,
+    ):
         self._registry = registry
         self._sources = tuple(sources) if registry is not None else ()
         self._offline = offline if registry is not None else None
@@ -134,9 +142,13 @@ class DriftGauges:
     def observe(self, model: str, version: int, layer: str, shift: float, ratio: float, state: str) -> None:
         """Record a layer's latest window: `shift` the max standardized mean shift, `ratio` the worst variance factor (>= 1)."""
         if state not in LAYER_STATES:
-            raise ValueError(f"layer state '{state}' for {model}@{version} layer '{layer}' is not one of {sorted(LAYER_STATES)}")
+            raise ValueError(
+                f"layer state '{state}' for {model}@{version} layer '{layer}' is not one of {sorted(LAYER_STATES)}"
+            )
         with self._lock:
-            self._layers[(model, int(version), layer)] = DriftObservation(float(shift), float(ratio), state, time.time())
+            self._layers[(model, int(version), layer)] = DriftObservation(
+                float(shift), float(ratio), state, time.time()
+            )
 
     def set_alert_state(self, model: str, version: int, state: str) -> None:
         """The version's state by the history's sustained-shift rule: ok, warning or alert."""
@@ -175,23 +187,48 @@ class DriftGauges:
         offline = {key: found for key, found in offline.items() if principal.may_see(key[0])}
         layers, alerts, offline, left_out = capped(layers, alerts, self._max_series, offline, faults)
         faults = {key: kinds for key, kinds in faults.items() if key in alerts}
-        shift = GaugeMetricFamily("normbridge_drift_shift", "Max over channels of |mean - running_mean| / sqrt(running_var + eps) "
-                                  "in the latest serving window.", labels=["model", "version", "layer"])
-        ratio = GaugeMetricFamily("normbridge_drift_variance_ratio", "Worst channel's variance factor against running_var "
-                                  "(exp of max |log ratio|; 2 = halved or doubled) in the latest serving window.", labels=["model", "version", "layer"])
-        layer_state = GaugeMetricFamily("normbridge_drift_layer_state", "Layer state in the latest serving window: 0 ok, "
-                                        "1 unconverged_statistics, 2 drift (over a threshold beyond its sampling error).",
-                                        labels=["model", "version", "layer"])
-        alert = GaugeMetricFamily("normbridge_drift_alert_state", "Version alert state from serving windows only: 0 ok, "
-                                  "1 warning, 2 alert, 3 serving_fault (the model is served wrongly: see "
-                                  "normbridge_serving_fault).", labels=["model", "version"])
-        fault = GaugeMetricFamily("normbridge_serving_fault", "1 for each serving fault kind the newest serving window of "
-                                  "a version carries (train_mode, statistics_changed, batch_statistics_in_graph, "
-                                  "statistics_mismatch); docs/monitoring.md.", labels=["model", "version", "kind"])
-        checked = GaugeMetricFamily("normbridge_drift_offline_verdict", "Verdict of the newest offline check (drift --record), which "
-                                    "never moves the alert state: 0 no drift, 1 unconverged statistics, 2 drift.", labels=["model", "version"])
-        omitted = GaugeMetricFamily("normbridge_omitted_drift_series", f"Drift series left out of this scrape past its cap of "
-                                    f"{self._max_series} (whole versions, the calmest and stalest first).")
+        shift = GaugeMetricFamily(
+            "normbridge_drift_shift",
+            "Max over channels of |mean - running_mean| / sqrt(running_var + eps) in the latest serving window.",
+            labels=["model", "version", "layer"],
+        )
+        ratio = GaugeMetricFamily(
+            "normbridge_drift_variance_ratio",
+            "Worst channel's variance factor against running_var "
+            "(exp of max |log ratio|; 2 = halved or doubled) in the latest serving window.",
+            labels=["model", "version", "layer"],
+        )
+        layer_state = GaugeMetricFamily(
+            "normbridge_drift_layer_state",
+            "Layer state in the latest serving window: 0 ok, "
+            "1 unconverged_statistics, 2 drift (over a threshold beyond its sampling error).",
+            labels=["model", "version", "layer"],
+        )
+        alert = GaugeMetricFamily(
+            "normbridge_drift_alert_state",
+            "Version alert state from serving windows only: 0 ok, "
+            "1 warning, 2 alert, 3 serving_fault (the model is served wrongly: see "
+            "normbridge_serving_fault).",
+            labels=["model", "version"],
+        )
+        fault = GaugeMetricFamily(
+            "normbridge_serving_fault",
+            "1 for each serving fault kind the newest serving window of "
+            "a version carries (train_mode, statistics_changed, batch_statistics_in_graph, "
+            "statistics_mismatch); docs/monitoring.md.",
+            labels=["model", "version", "kind"],
+        )
+        checked = GaugeMetricFamily(
+            "normbridge_drift_offline_verdict",
+            "Verdict of the newest offline check (drift --record), which "
+            "never moves the alert state: 0 no drift, 1 unconverged statistics, 2 drift.",
+            labels=["model", "version"],
+        )
+        omitted = GaugeMetricFamily(
+            "normbridge_omitted_drift_series",
+            f"Drift series left out of this scrape past its cap of "
+            f"{self._max_series} (whole versions, the calmest and stalest first).",
+        )
         for (model, version, layer), seen in sorted(layers.items()):
             labels = [model, str(version), layer]
             shift.add_metric(labels, seen.shift)
@@ -208,8 +245,9 @@ class DriftGauges:
         return [shift, ratio, layer_state, alert, fault, checked, omitted]
 
 
-def capped(layers: dict, alerts: dict, limit: int, offline: dict | None = None,
-           faults: dict | None = None) -> tuple[dict, dict, dict, int]:
+def capped(
+    layers: dict, alerts: dict, limit: int, offline: dict | None = None, faults: dict | None = None
+) -> tuple[dict, dict, dict, int]:
     """(layers, alerts, offline verdicts) of the versions that fit in `limit` series, and how many series were left out.
 
     A version is kept or left out whole (its layers' three series, its alert state and its offline verdict), so no version
@@ -223,20 +261,30 @@ def capped(layers: dict, alerts: dict, limit: int, offline: dict | None = None,
     def priority(version: tuple[str, int]):
         own = [layers[key] for key in keys.get(version, ())]
         verdict, checked_at = offline.get(version, ("no drift", 0.0))
-        return (-ALERT_STATES.get(alerts.get(version, "ok"), 0), -max((LAYER_STATES[seen.state] for seen in own), default=0),
-                -OFFLINE_VERDICTS[verdict], -max([seen.at for seen in own] + [checked_at]), version)
+        return (
+            -ALERT_STATES.get(alerts.get(version, "ok"), 0),
+            -max((LAYER_STATES[seen.state] for seen in own), default=0),
+            -OFFLINE_VERDICTS[verdict],
+            -max([seen.at for seen in own] + [checked_at]),
+            version,
+        )
 
     kept, used, left_out = set(), 0, 0
     for version in sorted(set(keys) | set(alerts) | set(offline), key=priority):
-        cost = (3 * len(keys.get(version, ())) + (version in alerts) + (version in offline)
-                + len(faults.get(version, ())))
+        cost = (
+            3 * len(keys.get(version, ())) + (version in alerts) + (version in offline) + len(faults.get(version, ()))
+        )
         if used + cost <= limit:
             kept.add(version)
             used += cost
         else:
             left_out += cost
-    return ({key: seen for key, seen in layers.items() if key[:2] in kept}, {key: state for key, state in alerts.items() if key in kept},
-            {key: found for key, found in offline.items() if key in kept}, left_out)
+    return (
+        {key: seen for key, seen in layers.items() if key[:2] in kept},
+        {key: state for key, state in alerts.items() if key in kept},
+        {key: found for key, found in offline.items() if key in kept},
+        left_out,
+    )
 
 
 class GateTimer:
@@ -271,16 +319,36 @@ class GateTimer:
 class ServiceMetrics:
     """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram, drift gauges."""
 
-    def __init__(self, registry=None, drift_sources: Sequence[DriftSource] = (), max_drift_series: int = MAX_DRIFT_SERIES):
+    def __init__(
+        self, registry=None, drift_sources: Sequence[DriftSource] = (), max_drift_series: int = MAX_DRIFT_SERIES
+    ):
         self.registry = CollectorRegistry()
-        self.requests = Counter("normbridge_http_requests", "HTTP requests by method, route template and status.",
-                                ["method", "route", "status"], registry=self.registry)
-        self.latency = Histogram("normbridge_http_request_duration_seconds", "Time from request to the end of the response, by route template.",
-                                 ["method", "route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.registrations = Counter("normbridge_registrations", "Model registrations by outcome: created, existing, refused, rejected, error.",
-                                     ["outcome"], registry=self.registry)
-        self.gate = Histogram("normbridge_gate_duration_seconds", "Time the equivalence gate took per registration, by outcome.",
-                              ["outcome"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "normbridge_http_requests",
+            "HTTP requests by method, route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "normbridge_http_request_duration_seconds",
+            "Time from request to the end of the response, by route template.",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registrations = Counter(
+            "normbridge_registrations",
+            "Model registrations by outcome: created, existing, refused, rejected, error.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.gate = Histogram(
+            "normbridge_gate_duration_seconds",
+            "Time the equivalence gate took per registration, by outcome.",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.drift = DriftGauges(registry, drift_sources, max_drift_series)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -354,5 +422,21 @@ def install(app, registry=None, drift_sources: Sequence[DriftSource] = ()) -> Se
     return app.state.metrics
 
 
-__all__ = ["ALERT_STATES", "DriftGauges", "DriftObservation", "DriftSource", "GateTimer", "LAYER_STATES", "MAX_DRIFT_SERIES", "MetricsMiddleware",
-           "OFFLINE_VERDICTS", "OfflineSource", "ServiceMetrics", "capped", "history_windows", "install", "recorded_checks", "registration_outcome"]
+__all__ = [
+    "ALERT_STATES",
+    "DriftGauges",
+    "DriftObservation",
+    "DriftSource",
+    "GateTimer",
+    "LAYER_STATES",
+    "MAX_DRIFT_SERIES",
+    "MetricsMiddleware",
+    "OFFLINE_VERDICTS",
+    "OfflineSource",
+    "ServiceMetrics",
+    "capped",
+    "history_windows",
+    "install",
+    "recorded_checks",
+    "registration_outcome",
+]

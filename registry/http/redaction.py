@@ -64,10 +64,24 @@ class Redactor:
         """The view with versions outside the caller's scope anonymised and their notes dropped (the tree's shape is kept)."""
         if not self.hides_anything:
             return view
-        nodes = [node.model_copy(update={"ref": self.ref(node.ref), "parent": self.ref(node.parent),
-                                         **({} if self.principal.may_see(split_ref(node.ref)[0]) else {"note": None})}) for node in view.nodes]
-        return view.model_copy(update={"target": self.ref(view.target), "ancestors": [self.ref(r) for r in view.ancestors],
-                                       "descendants": [self.ref(r) for r in view.descendants], "nodes": nodes})
+        nodes = [
+            node.model_copy(
+                update={
+                    "ref": self.ref(node.ref),
+                    "parent": self.ref(node.parent),
+                    **({} if self.principal.may_see(split_ref(node.ref)[0]) else {"note": None}),
+                }
+            )
+            for node in view.nodes
+        ]
+        return view.model_copy(
+            update={
+                "target": self.ref(view.target),
+                "ancestors": [self.ref(r) for r in view.ancestors],
+                "descendants": [self.ref(r) for r in view.descendants],
+                "nodes": nodes,
+            }
+        )
 
     def audit(self, entry: AuditRecord) -> AuditRecord:
         """An audit entry whose detail names a parent (a registration) with that parent redacted."""

@@ -116,8 +116,10 @@ def parse_allowed_host(value: str) -> Authority:
     """An --allowed-host value (a DNS name or address, optionally with a port); ValueError naming the option otherwise."""
     authority = parse_authority(value)
     if authority is None or not value.strip():
-        raise ValueError(f"--allowed-host '{value[:_SHOWN]}' is not a host name or address with an optional port; "
-                         "pass the name clients put in the URL, e.g. registry.example.com or registry.example.com:8443.")
+        raise ValueError(
+            f"--allowed-host '{value[:_SHOWN]}' is not a host name or address with an optional port; "
+            "pass the name clients put in the URL, e.g. registry.example.com or registry.example.com:8443."
+        )
     return authority
 
 
@@ -141,7 +143,11 @@ class HostPolicy:
         return cls(frozenset(names), frozenset(entry for entry in entries if entry.port is not None), wildcard)
 
     def accepts(self, authority: Authority) -> bool:
-        return authority.host in self.names or authority in self.authorities or (self.any_ip and _ip(authority.host) is not None)
+        return (
+            authority.host in self.names
+            or authority in self.authorities
+            or (self.any_ip and _ip(authority.host) is not None)
+        )
 
 
 def same_origin_url(url: str, host: Authority, *, bare: bool = False) -> bool:
@@ -155,7 +161,12 @@ def same_origin_url(url: str, host: Authority, *, bare: bool = False) -> bool:
         port = parts.port
     except ValueError:
         return False
-    if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.username is not None or parts.password is not None:
+    if (
+        parts.scheme not in DEFAULT_PORTS
+        or not parts.hostname
+        or parts.username is not None
+        or parts.password is not None
+    ):
         return False
     if bare and (parts.path or parts.query or parts.fragment):
         return False
@@ -181,9 +192,12 @@ def refusal(scope: Scope, headers: Headers, hosts: HostPolicy) -> ApiError | Non
     raw_host = headers.get("host")
     host = parse_authority(raw_host) if raw_host is not None else None
     if host is None or not hosts.accepts(host):
-        return untrusted("Host", f"this server does not answer to Host '{_shown(raw_host)}' (a page of another site reaches a local "
-                                 "server under its own name by DNS rebinding); open the server by the address it listens on, or start "
-                                 "it with `normbridge serve --allowed-host NAME` for the name clients use.")
+        return untrusted(
+            "Host",
+            f"this server does not answer to Host '{_shown(raw_host)}' (a page of another site reaches a local "
+            "server under its own name by DNS rebinding); open the server by the address it listens on, or start "
+            "it with `normbridge serve --allowed-host NAME` for the name clients use.",
+        )
     if scope["method"] not in UNSAFE_METHODS:
         return None
     return _origin_refusal(scope["method"], headers, host)
@@ -194,14 +208,23 @@ def _origin_refusal(method: str, headers: Headers, host: Authority) -> ApiError 
     origin, referer, fetch_site = headers.get("origin"), headers.get("referer"), headers.get("sec-fetch-site")
     taken = "state-changing requests are taken only from this server's own pages or from clients that send no"
     if origin is not None and not same_origin_url(origin, host, bare=True):
-        return untrusted("Origin", f"this {method} comes from the page origin '{_shown(origin)}', not from this server ({host}); "
-                                   f"{taken} Origin, such as the normbridge CLI.")
+        return untrusted(
+            "Origin",
+            f"this {method} comes from the page origin '{_shown(origin)}', not from this server ({host}); "
+            f"{taken} Origin, such as the normbridge CLI.",
+        )
     if origin is None and referer is not None and not same_origin_url(referer, host):
-        return untrusted("Referer", f"this {method} was sent from the page '{_shown(referer)}', not from this server ({host}); "
-                                    f"{taken} Referer, such as the normbridge CLI.")
+        return untrusted(
+            "Referer",
+            f"this {method} was sent from the page '{_shown(referer)}', not from this server ({host}); "
+            f"{taken} Referer, such as the normbridge CLI.",
+        )
     if fetch_site is not None and fetch_site.strip().lower() not in SAME_ORIGIN_FETCH:
-        return untrusted("Sec-Fetch-Site", f"the browser marked this {method} Sec-Fetch-Site '{_shown(fetch_site)}', sent by another "
-                                           "site's page; state-changing requests are taken only from this server's own pages.")
+        return untrusted(
+            "Sec-Fetch-Site",
+            f"the browser marked this {method} Sec-Fetch-Site '{_shown(fetch_site)}', sent by another "
+            "site's page; state-changing requests are taken only from this server's own pages.",
+        )
     return None
 
 
@@ -217,8 +240,10 @@ def _media_refusal(scope: Scope, content_type: str | None) -> ApiError | None:
     if media_type(content_type) in (UPLOAD_MEDIA_TYPES if upload else (JSON,)):
         return None
     takes = "raw bytes (application/octet-stream, or a tar for format=bundle)" if upload else JSON
-    return unsupported_media_type(f"{scope['method']} {scope['path'][:_SHOWN]} takes a body of {takes}, not Content-Type "
-                                  f"'{_shown(content_type)}'; send that, as /openapi.json says.")
+    return unsupported_media_type(
+        f"{scope['method']} {scope['path'][:_SHOWN]} takes a body of {takes}, not Content-Type "
+        f"'{_shown(content_type)}'; send that, as /openapi.json says."
+    )
 
 
 async def _caller_refusal(scope: Scope, headers: Headers) -> ApiError | None:
@@ -258,7 +283,11 @@ class RequestGuard:
             await send(message)
 
         limit = body_limit(scope)
-        refused = refusal(scope, headers, self.hosts) or await _caller_refusal(scope, headers) or _media_refusal(scope, headers.get("content-type"))
+        refused = (
+            refusal(scope, headers, self.hosts)
+            or await _caller_refusal(scope, headers)
+            or _media_refusal(scope, headers.get("content-type"))
+        )
         if refused is None and limit is not None:
             refused = declared_excess(scope, headers, limit)
         if refused is not None:  # answered without reading the body (uvicorn drops what the client still sends)
@@ -275,8 +304,10 @@ def body_of(*media_types: str, optional: bool = False) -> Callable[[Request], No
         if content_type is None and optional:
             return
         if content_type is None or media_type(content_type) not in media_types:
-            raise unsupported_media_type(f"{request.method} {request.url.path[:_SHOWN]} takes a body of Content-Type "
-                                         f"{' or '.join(media_types)}, not '{_shown(content_type)}'; send one of those.")
+            raise unsupported_media_type(
+                f"{request.method} {request.url.path[:_SHOWN]} takes a body of Content-Type "
+                f"{' or '.join(media_types)}, not '{_shown(content_type)}'; send one of those."
+            )
 
     return dependency
 
@@ -301,9 +332,26 @@ def declare_refusals(schema: dict) -> dict:
                 if declared is None:
                     operation["responses"][status] = {"description": GUARD_RESPONSES[status], "content": error}
                 elif GUARD_RESPONSES[status] not in declared.get("description", ""):
-                    declared["description"] = f"{declared.get('description', '').rstrip()} Or: {GUARD_RESPONSES[status]}".strip()
+                    declared["description"] = (
+                        f"{declared.get('description', '').rstrip()} Or: {GUARD_RESPONSES[status]}".strip()
+                    )
     return schema
 
 
-__all__ = ["ALLOWED_HOSTS_ENV", "API_MEDIA_TYPES", "Authority", "HostPolicy", "JSON", "MAX_JSON_BYTES", "RequestGuard", "UPLOAD_MEDIA_TYPES",
-           "body_of", "declare_refusals", "is_loopback", "parse_allowed_host", "parse_authority", "refusal", "same_origin_url"]
+__all__ = [
+    "ALLOWED_HOSTS_ENV",
+    "API_MEDIA_TYPES",
+    "Authority",
+    "HostPolicy",
+    "JSON",
+    "MAX_JSON_BYTES",
+    "RequestGuard",
+    "UPLOAD_MEDIA_TYPES",
+    "body_of",
+    "declare_refusals",
+    "is_loopback",
+    "parse_allowed_host",
+    "parse_authority",
+    "refusal",
+    "same_origin_url",
+]

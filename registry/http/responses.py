@@ -36,7 +36,9 @@ class SafeJSONResponse(JSONResponse):
         try:
             return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         except ValueError:  # only inf/NaN get here: the slow path is the rare one
-            return json.dumps(finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+            return json.dumps(finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
+                "utf-8"
+            )
 
 
 __all__ = ["NOSNIFF", "SafeJSONResponse", "finite"]

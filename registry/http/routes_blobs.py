@@ -36,45 +36,85 @@ def reusable_blobs(registry, principal: Principal, digests) -> set[str]:
 
 def _pieces(data: bytes):
     for start in range(0, len(data), CHUNK):
-        yield data[start:start + CHUNK]
+        yield data[start : start + CHUNK]
 
 
-@router.get("/blobs/{digest}", tags=["read"], response_class=StreamingResponse, summary="The raw bytes of a blob (re-hashed before sending)",
-            responses={200: {"description": "The blob's bytes.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                             "headers": {"X-Normbridge-Sha256": {"description": "The digest (sha256 hex).", "schema": {"type": "string"}}}},
-                       **error_responses(401, 403, 404, 409, 422, 500)})
+@router.get(
+    "/blobs/{digest}",
+    tags=["read"],
+    response_class=StreamingResponse,
+    summary="The raw bytes of a blob (re-hashed before sending)",
+    responses={
+        200: {
+            "description": "The blob's bytes.",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "headers": {
+                "X-Normbridge-Sha256": {"description": "The digest (sha256 hex).", "schema": {"type": "string"}}
+            },
+        },
+        **error_responses(401, 403, 404, 409, 422, 500),
+    },
+)
 def get_blob(digest: str, request: Request, principal: Reader) -> StreamingResponse:
-    missing = not_found(f"no blob '{digest[:80]}' is referenced by a version this token may read; "
-                        "take digests from a version's manifest (GET /api/v1/models/NAME/versions/N).")
+    missing = not_found(
+        f"no blob '{digest[:80]}' is referenced by a version this token may read; "
+        "take digests from a version's manifest (GET /api/v1/models/NAME/versions/N)."
+    )
     if not _DIGEST.match(digest):
         raise missing
     registry = registry_for(request, principal)
     if not reusable_blobs(registry, principal, [digest]):
         raise missing
     data = registry.store.get(digest)  # re-hashed: IntegrityError (500) rather than tampered bytes
-    return StreamingResponse(_pieces(data), media_type="application/octet-stream",
-                             headers={"X-Normbridge-Sha256": digest, "Content-Length": str(len(data))})
+    return StreamingResponse(
+        _pieces(data),
+        media_type="application/octet-stream",
+        headers={"X-Normbridge-Sha256": digest, "Content-Length": str(len(data))},
+    )
 
 
-@router.post("/blobs/present", response_model=PresentBlobs, tags=["read"], responses=error_responses(401, 403, 422, 500),
-             dependencies=[Depends(body_of(JSON))],
-             summary="Which of these blobs the server holds for this token: an upload may leave those out of its bundle")
+@router.post(
+    "/blobs/present",
+    response_model=PresentBlobs,
+    tags=["read"],
+    responses=error_responses(401, 403, 422, 500),
+    dependencies=[Depends(body_of(JSON))],
+    summary="Which of these blobs the server holds for this token: an upload may leave those out of its bundle",
+)
 def present_blobs(body: DigestList, request: Request, principal: Reader) -> PresentBlobs:
     wanted = [d for d in body.digests if _DIGEST.match(d)]
     return PresentBlobs(present=sorted(reusable_blobs(registry_for(request, principal), principal, wanted)))
 
 
-@router.get("/models/{name}/versions/{ref}/bundle", tags=["read"], response_class=StreamingResponse,
-            summary="A version as a tar of its artifact folder (manifest.json + blobs/<digest>.safetensors)",
-            responses={200: {"description": "The bundle.", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
-                             "headers": {"X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
-                                         "X-Normbridge-Digest": {"description": "The digest of the manifest sent: the version digest, unless a parent outside the token's scope was redacted.", "schema": {"type": "string"}}}},
-                       **error_responses(401, 403, 404, 409, 422, 500)})
+@router.get(
+    "/models/{name}/versions/{ref}/bundle",
+    tags=["read"],
+    response_class=StreamingResponse,
+    summary="A version as a tar of its artifact folder (manifest.json + blobs/<digest>.safetensors)",
+    responses={
+        200: {
+            "description": "The bundle.",
+            "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+            "headers": {
+                "X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
+                "X-Normbridge-Digest": {
+                    "description": "The digest of the manifest sent: the version digest, unless a parent outside the token's scope was redacted.",
+                    "schema": {"type": "string"},
+                },
+            },
+        },
+        **error_responses(401, 403, 404, 409, 422, 500),
+    },
+)
 def get_bundle(name: str, ref: str, request: Request, principal: Reader) -> StreamingResponse:
     principal.check("read", name)
     registry = registry_for(request, principal)
     record = registry.show(version_ref(name, ref))
     bundle = VersionBundle(registry, record, Redactor(principal))
-    headers = {"X-Normbridge-Version": record.ref, "X-Normbridge-Digest": bundle.digest, "Content-Length": str(bundle.length),
-               "Content-Disposition": f'attachment; filename="{record.model}-{record.number}.tar"'}
+    headers = {
+        "X-Normbridge-Version": record.ref,
+        "X-Normbridge-Digest": bundle.digest,
+        "Content-Length": str(bundle.length),
+        "Content-Disposition": f'attachment; filename="{record.model}-{record.number}.tar"',
+    }
     return StreamingResponse(bundle.chunks(), media_type="application/x-tar", headers=headers)

@@ -29,15 +29,26 @@ Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 
 
-@router.post("/models/{name}/versions/{ref}/drift", status_code=201, response_model=WindowRecord, tags=["write"],
-             dependencies=[Depends(body_of(JSON))],
-             responses={200: {"model": WindowRecord, "description": "The same window was posted before: the stored window (it counts once)."},
-                        201: {"model": WindowRecord, "description": "A new window was stored."},
-                        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500)},
-             summary="Store one statistics window of a served version (what converters.monitor ships); returns it with the new state "
-                     "(200 with the stored window when the same window was posted before: it counts once)")
-def post_window(name: str, ref: str, request: Request, response: Response, principal: Writer,
-                window: Annotated[DriftWindow, Body()]) -> WindowRecord:
+@router.post(
+    "/models/{name}/versions/{ref}/drift",
+    status_code=201,
+    response_model=WindowRecord,
+    tags=["write"],
+    dependencies=[Depends(body_of(JSON))],
+    responses={
+        200: {
+            "model": WindowRecord,
+            "description": "The same window was posted before: the stored window (it counts once).",
+        },
+        201: {"model": WindowRecord, "description": "A new window was stored."},
+        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
+    },
+    summary="Store one statistics window of a served version (what converters.monitor ships); returns it with the new state "
+    "(200 with the stored window when the same window was posted before: it counts once)",
+)
+def post_window(
+    name: str, ref: str, request: Request, response: Response, principal: Writer, window: Annotated[DriftWindow, Body()]
+) -> WindowRecord:
     principal.check("write", name)
     record, created = store_window(registry_for(request, principal), version_ref(name, ref), window)
     if not created:
@@ -45,20 +56,38 @@ def post_window(name: str, ref: str, request: Request, response: Response, princ
     return record
 
 
-@router.get("/models/{name}/versions/{ref}/drift", response_model=DriftList, tags=["read"], responses=error_responses(401, 403, 404, 409, 422, 500),
-            summary="A version's drift history (newest window first), its serving state ok|warning|alert|serving_fault (moved by serving windows "
-                    "only), and its recorded offline checks beside it")
-def get_history(name: str, ref: str, request: Request, principal: Reader,
-                limit: Annotated[int, Query(ge=0, le=10_000, description="Newest windows to return.")] = 100) -> DriftList:
+@router.get(
+    "/models/{name}/versions/{ref}/drift",
+    response_model=DriftList,
+    tags=["read"],
+    responses=error_responses(401, 403, 404, 409, 422, 500),
+    summary="A version's drift history (newest window first), its serving state ok|warning|alert|serving_fault (moved by serving windows "
+    "only), and its recorded offline checks beside it",
+)
+def get_history(
+    name: str,
+    ref: str,
+    request: Request,
+    principal: Reader,
+    limit: Annotated[int, Query(ge=0, le=10_000, description="Newest windows to return.")] = 100,
+) -> DriftList:
     principal.check("read", name)
     registry = registry_for(request, principal)
     found = history(registry, version_ref(name, ref), limit=limit)
     return DriftList(**dict(found), reports=drift_reports(registry, version_ref(name, ref)))
 
 
-@router.post("/models/{name}/versions/{ref}/drift/reports", status_code=201, response_model=DriftRecord, tags=["write"],
-             dependencies=[Depends(body_of(JSON))], responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
-             summary="Record an offline drift check (`normbridge drift --record`) against the version it was computed on")
-def post_report(name: str, ref: str, request: Request, principal: Writer, report: Annotated[DriftReport, Body()]) -> DriftRecord:
+@router.post(
+    "/models/{name}/versions/{ref}/drift/reports",
+    status_code=201,
+    response_model=DriftRecord,
+    tags=["write"],
+    dependencies=[Depends(body_of(JSON))],
+    responses=error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500),
+    summary="Record an offline drift check (`normbridge drift --record`) against the version it was computed on",
+)
+def post_report(
+    name: str, ref: str, request: Request, principal: Writer, report: Annotated[DriftReport, Body()]
+) -> DriftRecord:
     principal.check("write", name)
     return record_drift(registry_for(request, principal), version_ref(name, ref), report)

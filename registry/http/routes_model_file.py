@@ -28,20 +28,44 @@ CHUNK = 256 * 1024
 HEADERS = {
     "X-Normbridge-Version": {"description": "NAME@N", "schema": {"type": "string"}},
     "X-Normbridge-Digest": {"description": "sha256 hex of the file sent.", "schema": {"type": "string"}},
-    "X-Normbridge-Format": {"description": f"{', '.join(PULL_FORMATS[1:-1])} or {PULL_FORMATS[-1]}.", "schema": {"type": "string"}},
+    "X-Normbridge-Format": {
+        "description": f"{', '.join(PULL_FORMATS[1:-1])} or {PULL_FORMATS[-1]}.",
+        "schema": {"type": "string"},
+    },
 }
 
 
-@router.get("/models/{name}/versions/{ref}/model", tags=["read"], response_class=StreamingResponse,
-            summary="The version as a runnable model file (its source format) or its state dict as safetensors",
-            responses={200: {"description": "The file's bytes.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                             "headers": HEADERS}, **error_responses(401, 403, 404, 409, 422, 500)})
-def get_model_file(name: str, ref: str, request: Request, principal: Reader,
-                   format: Annotated[PullFormat, Query(description=f"One of {', '.join(PULL_FORMATS)}; source: the format it was registered in.")] = "source",
-                   ) -> StreamingResponse:
+@router.get(
+    "/models/{name}/versions/{ref}/model",
+    tags=["read"],
+    response_class=StreamingResponse,
+    summary="The version as a runnable model file (its source format) or its state dict as safetensors",
+    responses={
+        200: {
+            "description": "The file's bytes.",
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "headers": HEADERS,
+        },
+        **error_responses(401, 403, 404, 409, 422, 500),
+    },
+)
+def get_model_file(
+    name: str,
+    ref: str,
+    request: Request,
+    principal: Reader,
+    format: Annotated[
+        PullFormat, Query(description=f"One of {', '.join(PULL_FORMATS)}; source: the format it was registered in.")
+    ] = "source",
+) -> StreamingResponse:
     principal.check("read", name)
     file = registry_for(request, principal).spooled_model_file(version_ref(name, ref), format)
     filename = f"{file.ref.replace('@', '-')}{file.suffix}"
-    headers = {"X-Normbridge-Version": file.ref, "X-Normbridge-Digest": file.sha256, "X-Normbridge-Format": file.format,
-               "Content-Length": str(file.nbytes), "Content-Disposition": f'attachment; filename="{filename}"'}
+    headers = {
+        "X-Normbridge-Version": file.ref,
+        "X-Normbridge-Digest": file.sha256,
+        "X-Normbridge-Format": file.format,
+        "Content-Length": str(file.nbytes),
+        "Content-Disposition": f'attachment; filename="{filename}"',
+    }
     return StreamingResponse(file.chunks(CHUNK), media_type="application/octet-stream", headers=headers)

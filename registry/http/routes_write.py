@@ -25,7 +25,15 @@ from .context import error_responses, model_of, registry_for
 from .errors import forbidden
 from .redaction import Redactor
 from .request_guard import JSON, UPLOAD_MEDIA_TYPES, body_of
-from .uploads import SUFFIXES, ZIP_FORMATS, new_workspace, receive_body, refuse_declared_excess, refuse_unpacked_excess, remove_workspace
+from .uploads import (
+    SUFFIXES,
+    ZIP_FORMATS,
+    new_workspace,
+    receive_body,
+    refuse_declared_excess,
+    refuse_unpacked_excess,
+    remove_workspace,
+)
 
 #: What an upload's body is: a model file of a framework's structure format (FrameworkInfo), or a bundle.
 UploadFormat = Literal[(*SUFFIXES, "bundle")]
@@ -37,29 +45,53 @@ Admin = Annotated[Principal, Depends(require("admin"))]
 UPLOAD_BODY = {
     "requestBody": {
         "required": True,
-        "description": ("The raw model file (.onnx, .keras, .pt2), received whole before it is read; or, for format=bundle, a tar "
-                        "(plain or gzip) of an artifact folder (manifest.json and blobs/<sha256>.safetensors), checked while it "
-                        "arrives: send manifest.json first, then the blobs of the normalizers' tensors, so the equivalence gate "
-                        "starts before the bulk weights have arrived."),
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},  # also x-tar, gzip (request_guard)
+        "description": (
+            "The raw model file (.onnx, .keras, .pt2), received whole before it is read; or, for format=bundle, a tar "
+            "(plain or gzip) of an artifact folder (manifest.json and blobs/<sha256>.safetensors), checked while it "
+            "arrives: send manifest.json first, then the blobs of the normalizers' tensors, so the equivalence gate "
+            "starts before the bulk weights have arrived."
+        ),
+        "content": {
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+        },  # also x-tar, gzip (request_guard)
     }
 }
 
 
-@router.post("/models/{name}/versions", status_code=201, response_model=Registered, tags=["write"], openapi_extra=UPLOAD_BODY,
-             dependencies=[Depends(body_of(*UPLOAD_MEDIA_TYPES, optional=True))],
-             summary="Register an uploaded model as the next version, only if every normalizer passes the equivalence check",
-             responses={200: {"model": Registered, "description": "Identical content is already registered: the existing version."},
-                        201: {"model": Registered, "description": "A new version was registered."},
-                        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500, 507)})
-async def register(request: Request, principal: Writer,
-                   name: Annotated[str, PathParam(description="Model name (letters, digits, '.', '_', '-').")],
-                   file_format: Annotated[UploadFormat, Query(alias="format", description="What the body is.")],
-                   parent: Annotated[str | None, Query(description="Parent version NAME@N (default: the latest version of NAME).")] = None,
-                   note: Annotated[str | None, Query(description="Free-text note stored with the version.")] = None,
-                   operation: Annotated[str | None, Query(description="registered, fine-tuned, recalibrated, converted, imported.")] = None,
-                   allow_unrecognised: Annotated[bool, Query(description="Register a model holding normalization no recognizer proved; "
-                                                                         "those layers are recorded as unchecked.")] = False):
+@router.post(
+    "/models/{name}/versions",
+    status_code=201,
+    response_model=Registered,
+    tags=["write"],
+    openapi_extra=UPLOAD_BODY,
+    dependencies=[Depends(body_of(*UPLOAD_MEDIA_TYPES, optional=True))],
+    summary="Register an uploaded model as the next version, only if every normalizer passes the equivalence check",
+    responses={
+        200: {"model": Registered, "description": "Identical content is already registered: the existing version."},
+        201: {"model": Registered, "description": "A new version was registered."},
+        **error_responses(400, 401, 403, 404, 409, 413, 415, 422, 500, 507),
+    },
+)
+async def register(
+    request: Request,
+    principal: Writer,
+    name: Annotated[str, PathParam(description="Model name (letters, digits, '.', '_', '-').")],
+    file_format: Annotated[UploadFormat, Query(alias="format", description="What the body is.")],
+    parent: Annotated[
+        str | None, Query(description="Parent version NAME@N (default: the latest version of NAME).")
+    ] = None,
+    note: Annotated[str | None, Query(description="Free-text note stored with the version.")] = None,
+    operation: Annotated[
+        str | None, Query(description="registered, fine-tuned, recalibrated, converted, imported.")
+    ] = None,
+    allow_unrecognised: Annotated[
+        bool,
+        Query(
+            description="Register a model holding normalization no recognizer proved; "
+            "those layers are recorded as unchecked."
+        ),
+    ] = False,
+):
     principal.check("write", name)
     if parent is not None:
         principal.check("read", model_of(parent))
@@ -67,7 +99,9 @@ async def register(request: Request, principal: Writer,
     registry = registry_for(request, principal)
     lock = request.app.state.register_lock
     if file_format == "bundle":
-        result = await _register_streamed_bundle(request, principal, lock, registry, name, limit, parent, note, operation, allow_unrecognised)
+        result = await _register_streamed_bundle(
+            request, principal, lock, registry, name, limit, parent, note, operation, allow_unrecognised
+        )
     else:
         workspace = new_workspace()
         try:
@@ -76,17 +110,41 @@ async def register(request: Request, principal: Writer,
             if file_format in ZIP_FORMATS:
                 await run_in_threadpool(refuse_unpacked_excess, received, limit)  # reads the central directory only
             with request.app.state.metrics.gate_timer() as timer:
-                result = await run_in_threadpool(_one_at_a_time, lock, registry.register, name, received, parent=parent, note=note,
-                                                 operation=operation, allow_unrecognised=allow_unrecognised, progress=timer)
+                result = await run_in_threadpool(
+                    _one_at_a_time,
+                    lock,
+                    registry.register,
+                    name,
+                    received,
+                    parent=parent,
+                    note=note,
+                    operation=operation,
+                    allow_unrecognised=allow_unrecognised,
+                    progress=timer,
+                )
         finally:
             remove_workspace(workspace)
-    body = Registered(created=result.created, version=Version.model_validate(Redactor(principal).version(result.version)), checks=result.checks,
-                      unrecognised=result.unrecognised)
+    body = Registered(
+        created=result.created,
+        version=Version.model_validate(Redactor(principal).version(result.version)),
+        checks=result.checks,
+        unrecognised=result.unrecognised,
+    )
     return Response(body.model_dump_json(), status_code=201 if result.created else 200, media_type="application/json")
 
 
-async def _register_streamed_bundle(request: Request, principal: Principal, lock, registry, name, limit, parent, note, operation,
-                                    allow_unrecognised: bool):
+async def _register_streamed_bundle(
+    request: Request,
+    principal: Principal,
+    lock,
+    registry,
+    name,
+    limit,
+    parent,
+    note,
+    operation,
+    allow_unrecognised: bool,
+):
     """Read the bundle in a worker thread while the event loop feeds it the body (see registry.bundle_stream)."""
     await refuse_declared_excess(request, limit)
     pipe = BodyPipe()
@@ -97,8 +155,17 @@ async def _register_streamed_bundle(request: Request, principal: Principal, lock
     def read_and_register():
         try:
             with request.app.state.metrics.gate_timer() as timer:  # the gate's duration (GET /metrics)
-                return registry.register_stream(name, pipe, limit, parent=parent, note=note, operation=operation, reuse=reuse,
-                                                allow_unrecognised=allow_unrecognised, progress=timer)
+                return registry.register_stream(
+                    name,
+                    pipe,
+                    limit,
+                    parent=parent,
+                    note=note,
+                    operation=operation,
+                    reuse=reuse,
+                    allow_unrecognised=allow_unrecognised,
+                    progress=timer,
+                )
         finally:
             pipe.abandon()  # the reader is done: the sender drops the rest of the body instead of waiting
 
@@ -106,7 +173,9 @@ async def _register_streamed_bundle(request: Request, principal: Principal, lock
     try:
         await send_body(request, pipe, limit)
     finally:
-        pipe.finish(UploadInterrupted("the upload was cancelled before its end; nothing was registered."))  # no-op once finished
+        pipe.finish(
+            UploadInterrupted("the upload was cancelled before its end; nothing was registered.")
+        )  # no-op once finished
     return await work
 
 
@@ -119,12 +188,28 @@ def _one_at_a_time(lock, register, *args, **kwargs):
         return register(*args, **kwargs)
 
 
-@router.put("/models/{name}/aliases/{alias}", response_model=Alias, tags=["write"], responses=error_responses(401, 403, 404, 409, 422, 500),
-            dependencies=[Depends(body_of(JSON))],
-            summary="Point NAME@ALIAS at a version of NAME (every move is audited; a guarded alias refuses a version that is not servable with 409 not_servable unless force=true)")
-def set_alias(name: str, alias: str, request: Request, principal: Writer, body: Annotated[AliasBody, Body()],
-              force: Annotated[bool, Query(description="Move a guarded alias (production) to a version that is not servable anyway; "
-                                                       "the audit entry records that it was forced and what it overrode.")] = False) -> Alias:
+@router.put(
+    "/models/{name}/aliases/{alias}",
+    response_model=Alias,
+    tags=["write"],
+    responses=error_responses(401, 403, 404, 409, 422, 500),
+    dependencies=[Depends(body_of(JSON))],
+    summary="Point NAME@ALIAS at a version of NAME (every move is audited; a guarded alias refuses a version that is not servable with 409 not_servable unless force=true)",
+)
+def set_alias(
+    name: str,
+    alias: str,
+    request: Request,
+    principal: Writer,
+    body: Annotated[AliasBody, Body()],
+    force: Annotated[
+        bool,
+        Query(
+            description="Move a guarded alias (production) to a version that is not servable anyway; "
+            "the audit entry records that it was forced and what it overrode."
+        ),
+    ] = False,
+) -> Alias:
     principal.check("write", name)
     target = str(body.version)
     if "@" in target:
@@ -132,10 +217,20 @@ def set_alias(name: str, alias: str, request: Request, principal: Writer, body: 
     return Alias.model_validate(registry_for(request, principal).set_alias(name, alias, target, force=force))
 
 
-@router.post("/gc", response_model=GcResult, tags=["admin"], responses=error_responses(401, 403, 409, 422, 500),
-             summary="Delete blobs no version references and older than the grace period")
-def gc(request: Request, principal: Admin,
-       grace: Annotated[float, Query(ge=0, allow_inf_nan=False, description="Keep unreferenced blobs younger than this many seconds.")] = 3600.0) -> GcResult:
+@router.post(
+    "/gc",
+    response_model=GcResult,
+    tags=["admin"],
+    responses=error_responses(401, 403, 409, 422, 500),
+    summary="Delete blobs no version references and older than the grace period",
+)
+def gc(
+    request: Request,
+    principal: Admin,
+    grace: Annotated[
+        float, Query(ge=0, allow_inf_nan=False, description="Keep unreferenced blobs younger than this many seconds.")
+    ] = 3600.0,
+) -> GcResult:
     if principal.models is not None:
         raise forbidden("garbage collection touches every model; use an admin token that is not scoped to models.")
     return registry_for(request, principal).gc(grace)  # audited by Registry.gc, as a local `normbridge gc` is

@@ -57,7 +57,7 @@ def remove_orphaned_workspaces() -> int:
     """Remove upload folders left by server processes that were killed mid-upload (their pid is gone); returns how many."""
     removed = 0
     for folder in Path(tempfile.gettempdir()).glob(f"{WORKSPACE_PREFIX}*-*"):
-        pid = folder.name[len(WORKSPACE_PREFIX):].split("-", 1)[0]
+        pid = folder.name[len(WORKSPACE_PREFIX) :].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
@@ -107,14 +107,19 @@ async def receive_body(request: Request, target: Path, limit: int) -> int:
                 if received <= limit:
                     out.write(chunk)
     except ClientDisconnect:  # nobody is left to answer; nothing was registered
-        raise InputFileError(f"the client disconnected after {received} bytes; nothing was registered, send the whole file again.") from None
+        raise InputFileError(
+            f"the client disconnected after {received} bytes; nothing was registered, send the whole file again."
+        ) from None
     except OSError as error:
         if error.errno not in FULL_ERRNOS:
             raise
         # the server's own folder is not the client's business: named by its setting only
-        raise StorageFullError(f"the server's folder for uploads has no room left after {received} bytes ({error.strerror}); nothing was "
-                               "registered: its operator must free space there or point TMPDIR at a disk with room, then send the file "
-                               "again.", setting="TMPDIR") from None
+        raise StorageFullError(
+            f"the server's folder for uploads has no room left after {received} bytes ({error.strerror}); nothing was "
+            "registered: its operator must free space there or point TMPDIR at a disk with room, then send the file "
+            "again.",
+            setting="TMPDIR",
+        ) from None
     if received > limit:
         raise too_large(limit)
     if received == 0:
@@ -136,13 +141,26 @@ def refuse_unpacked_excess(path: Path, limit: int) -> None:
     except (zipfile.BadZipFile, OSError, ValueError):
         return
     if unpacked > limit:
-        raise PayloadTooLargeError(f"the uploaded archive's entries unpack to {unpacked} bytes, more than this server's limit of {limit} "
-                                   "bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
+        raise PayloadTooLargeError(
+            f"the uploaded archive's entries unpack to {unpacked} bytes, more than this server's limit of {limit} "
+            "bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model."
+        )
     claimed = claimed_tensor_bytes(path)
     if claimed is not None and claimed.nbytes > limit:
-        raise PayloadTooLargeError(f"the uploaded {path.suffix} file's {claimed}, more than this server's limit of "
-                                   f"{limit} bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model.")
+        raise PayloadTooLargeError(
+            f"the uploaded {path.suffix} file's {claimed}, more than this server's limit of "
+            f"{limit} bytes; raise `normbridge serve --max-upload-mb` or upload a smaller model."
+        )
 
 
-__all__ = ["DRAIN_BYTES", "SUFFIXES", "ZIP_FORMATS", "new_workspace", "receive_body", "refuse_declared_excess", "refuse_unpacked_excess",
-           "remove_orphaned_workspaces", "remove_workspace"]
+__all__ = [
+    "DRAIN_BYTES",
+    "SUFFIXES",
+    "ZIP_FORMATS",
+    "new_workspace",
+    "receive_body",
+    "refuse_declared_excess",
+    "refuse_unpacked_excess",
+    "remove_orphaned_workspaces",
+    "remove_workspace",
+]

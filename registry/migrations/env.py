@@ -27,7 +27,9 @@ def _migrate(connection) -> None:
     # transactional_ddl: every migration in ONE transaction, on SQLite too (Alembic's SQLite default commits after each
     # migration, so a process that read the version between two of another's commits ran a migration again: "duplicate
     # column"). SQLite's transaction BEGINs IMMEDIATE (registry/db/engine.py): concurrent first openings queue behind it.
-    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True, transactional_ddl=True)
+    context.configure(
+        connection=connection, target_metadata=target_metadata, render_as_batch=True, transactional_ddl=True
+    )
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from converters.gate import ChildWorkerGate, Gate
-from schemas.errors import IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, NotServableError, RegistryError
+from schemas.errors import (
+    IntegrityError,
+    InvalidReferenceError,
+    NormbridgeError,
+    NotFoundError,
+    NotServableError,
+    RegistryError,
+)
 from schemas.manifest import load_manifest
 
 from .. import settings
@@ -48,8 +55,14 @@ class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
             this process has not imported are checked in a child process (the CLI passes the shared worker's gate).
     """
 
-    def __init__(self, db: str | None = None, blobs: str | None = None, user: str | None = None,
-                 guarded_aliases: Iterable[str] | None = None, gate: Gate | None = None):
+    def __init__(
+        self,
+        db: str | None = None,
+        blobs: str | None = None,
+        user: str | None = None,
+        guarded_aliases: Iterable[str] | None = None,
+        gate: Gate | None = None,
+    ):
         self.db_url = settings.database_url(db)
         self.blob_uri = settings.blobs_uri(blobs)
         self.user = settings.current_user(user)
@@ -115,11 +128,15 @@ class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
             try:
                 return self.store.get(digest)
             except IntegrityError as error:
-                raise IntegrityError(f"version {record.ref}: tensor '{', '.join(names.get(digest, ['?']))}' ({digest[:12]}) is tampered ({error}); "
-                                     "it is not served: restore the blob or delete the version.") from error
+                raise IntegrityError(
+                    f"version {record.ref}: tensor '{', '.join(names.get(digest, ['?']))}' ({digest[:12]}) is tampered ({error}); "
+                    "it is not served: restore the blob or delete the version."
+                ) from error
             except NotFoundError as error:
-                raise IntegrityError(f"version {record.ref}: tensor '{', '.join(names.get(digest, ['?']))}' ({digest[:12]}) is missing from the blob "
-                                     "store; restore the blob or delete the version.") from error
+                raise IntegrityError(
+                    f"version {record.ref}: tensor '{', '.join(names.get(digest, ['?']))}' ({digest[:12]}) is missing from the blob "
+                    "store; restore the blob or delete the version."
+                ) from error
 
         return get
 
@@ -141,8 +158,13 @@ class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
             get = self.blob_reader(record)
             for t in record.manifest.get("tensors", {}).values():
                 getters.setdefault(t["digest"], get)
-        return diff_manifests(self.manifest(a.ref), self.manifest(b.ref), lambda d: getters[d](d) if d in getters else self.store.get(d),
-                              label_a=a.ref, label_b=b.ref)
+        return diff_manifests(
+            self.manifest(a.ref),
+            self.manifest(b.ref),
+            lambda d: getters[d](d) if d in getters else self.store.get(d),
+            label_a=a.ref,
+            label_b=b.ref,
+        )
 
     def lineage(self, ref: str):
         """LineageView of a version: its ancestors (nearest first) and all descendants, with operation labels."""
@@ -159,16 +181,26 @@ class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
         (NotServableError naming the reasons, audited as 'alias_refused') unless `force`; the forced move's audit entry
         says it was forced and what it overrode."""
         if alias.isdigit() or not NAME.match(alias) or alias == "latest":
-            raise InvalidReferenceError(f"alias '{alias}' is not valid; use a name that starts with a letter and is not a number or 'latest'.")
+            raise InvalidReferenceError(
+                f"alias '{alias}' is not valid; use a name that starts with a letter and is not a number or 'latest'."
+            )
         if "@" not in ref and ref.isdigit():
             ref = f"{name}@{ref}"
         record = self.show(ref)
         if record.model != name:
-            raise RegistryError(f"alias '{name}@{alias}' cannot point at '{record.ref}', a version of another model; pass a version of '{name}'.")
+            raise RegistryError(
+                f"alias '{name}@{alias}' cannot point at '{record.ref}', a version of another model; pass a version of '{name}'."
+            )
         try:
             forced = guard_alias(alias, record, self.guarded_aliases, force)
         except NotServableError as error:
-            self.meta.append_audit("alias_refused", name, record.number, {"alias": alias, "error": error.code, "message": str(error)}, self.user)
+            self.meta.append_audit(
+                "alias_refused",
+                name,
+                record.number,
+                {"alias": alias, "error": error.code, "message": str(error)},
+                self.user,
+            )
             raise
         return self.meta.set_alias(name, alias, record.number, self.user, audit=forced)
 

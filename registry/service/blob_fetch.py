@@ -30,8 +30,14 @@ class FetchedTensors(Mapping):
     `order` (names; empty: every tensor, sorted). A name asked out of turn is read at once, as is one asked again after
     its blob was let go."""
 
-    def __init__(self, manifest: ArtifactManifest, get: Callable[[str], bytes], pool: ThreadPoolExecutor, order: Iterable[str],
-                 report: Progress | None = None):
+    def __init__(
+        self,
+        manifest: ArtifactManifest,
+        get: Callable[[str], bytes],
+        pool: ThreadPoolExecutor,
+        order: Iterable[str],
+        report: Progress | None = None,
+    ):
         self.refs, self.read, self.pool = manifest.tensors, get, pool
         self.report = report or (lambda step, done, total: None)
         names = list(dict.fromkeys(n for n in order if n in self.refs)) or sorted(self.refs)
@@ -67,7 +73,9 @@ class FetchedTensors(Mapping):
         with self.lock:
             self.handed += 1
             self.uses[ref.digest] = self.uses.get(ref.digest, 1) - 1
-            if self.uses[ref.digest] <= 0 and self.futures.pop(ref.digest, None) is not None:  # every tensor it holds was handed out
+            if (
+                self.uses[ref.digest] <= 0 and self.futures.pop(ref.digest, None) is not None
+            ):  # every tensor it holds was handed out
                 self.ahead -= ref.nbytes
                 self.released.add(ref.digest)
         self.report("reading blobs", min(self.handed, len(self.refs)), len(self.refs))

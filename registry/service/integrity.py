@@ -48,7 +48,10 @@ class Integrity:
         for record in records:
             bad = False
             parts = (record.manifest.get("structure") or {}).get("parts", {})
-            rows = [*record.manifest.get("tensors", {}).items(), *((f"structure:{part}", t) for part, t in parts.items())]
+            rows = [
+                *record.manifest.get("tensors", {}).items(),
+                *((f"structure:{part}", t) for part, t in parts.items()),
+            ]
             for tensor, t in rows:  # the tensors, then the structure parts (each a uint8 tensor blob)
                 blobs_checked += 1
                 problem = stored_tensor_problem(tensor, t)  # the row itself, before its digest is used
@@ -57,11 +60,22 @@ class Integrity:
                 except (IntegrityError, NotFoundError) as error:
                     bad = True
                     what = "tampered" if isinstance(error, IntegrityError) else "missing"
-                    problems.append(VerifyProblem(model=record.model, number=record.number, kind="blob", tensor=tensor,
-                                                  message=f"blob {t['digest'][:12]} is {what}: {error}"))
+                    problems.append(
+                        VerifyProblem(
+                            model=record.model,
+                            number=record.number,
+                            kind="blob",
+                            tensor=tensor,
+                            message=f"blob {t['digest'][:12]} is {what}: {error}",
+                        )
+                    )
                 if problem is not None:
                     bad = True
-                    problems.append(VerifyProblem(model=record.model, number=record.number, kind="tensor", tensor=tensor, message=problem))
+                    problems.append(
+                        VerifyProblem(
+                            model=record.model, number=record.number, kind="tensor", tensor=tensor, message=problem
+                        )
+                    )
             if bad or not rerun_checks:
                 continue
             try:
@@ -70,14 +84,28 @@ class Integrity:
                     checks_run += 1
                     result = converters.check(spec)
                     if not result.passed:
-                        problems.append(VerifyProblem(model=record.model, number=record.number, kind="check", tensor=spec.name,
-                                                      message=first_failure(result)))
+                        problems.append(
+                            VerifyProblem(
+                                model=record.model,
+                                number=record.number,
+                                kind="check",
+                                tensor=spec.name,
+                                message=first_failure(result),
+                            )
+                        )
             except NormbridgeError as error:
-                problems.append(VerifyProblem(model=record.model, number=record.number, kind="check", message=str(error)))
+                problems.append(
+                    VerifyProblem(model=record.model, number=record.number, kind="check", message=str(error))
+                )
         audit_problems = self.meta.verify_audit()
         problems += [VerifyProblem(model="-", number=0, kind="audit", message=p) for p in audit_problems]
-        return VerifyResult(versions=[r.ref for r in records], blobs_checked=blobs_checked, checks_run=checks_run,
-                            audit_entries=len(self.meta.audit()), problems=problems)
+        return VerifyResult(
+            versions=[r.ref for r in records],
+            blobs_checked=blobs_checked,
+            checks_run=checks_run,
+            audit_entries=len(self.meta.audit()),
+            problems=problems,
+        )
 
     def gc(self, grace_seconds: float = 3600.0) -> GcResult:
         """Delete blobs no version references, no registration in flight has leased, and older than `grace_seconds`.
@@ -99,11 +127,23 @@ class Integrity:
                 continue  # another gc deleted it meanwhile
         swept = self.leases.sweep(candidates, self.store)
         staging = self.leases.remove_stale_staging(self.store, grace_seconds)
-        result = GcResult(deleted=swept.deleted, bytes_freed=swept.bytes_freed, kept_young=young, kept_in_flight=swept.kept_in_use,
-                          referenced=len(referenced), grace_seconds=grace_seconds, staging_removed=staging)
+        result = GcResult(
+            deleted=swept.deleted,
+            bytes_freed=swept.bytes_freed,
+            kept_young=young,
+            kept_in_flight=swept.kept_in_use,
+            referenced=len(referenced),
+            grace_seconds=grace_seconds,
+            staging_removed=staging,
+        )
         # Here, not in a shell, so every caller (`normbridge gc`, POST /gc) is audited alike.
-        self.meta.append_audit("gc", None, None, {"deleted": len(result.deleted), "bytes_freed": result.bytes_freed,
-                                                  "grace_seconds": result.grace_seconds}, self.user)
+        self.meta.append_audit(
+            "gc",
+            None,
+            None,
+            {"deleted": len(result.deleted), "bytes_freed": result.bytes_freed, "grace_seconds": result.grace_seconds},
+            self.user,
+        )
         return result
 
 

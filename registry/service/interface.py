@@ -20,8 +20,16 @@ class ModelRegistry(abc.ABC):
     # -- writing -------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
-                 progress=None, allow_unrecognised: bool = False):
+    def register(
+        self,
+        name: str,
+        model: Any,
+        parent: str | None = None,
+        note: str | None = None,
+        operation: str | None = None,
+        progress=None,
+        allow_unrecognised: bool = False,
+    ):
         """Register `model` (a model file, an artifact folder or, locally, a model object) as the next version of `name`,
         only if the equivalence gate passes; a `Registration`."""
 

@@ -25,7 +25,9 @@ def export_layers(manifest, specs: list, to: str, folder: str | Path, version: s
     """
     names = REGISTRY.framework_names
     if to not in names:
-        raise RegistryError(f"export to '{to}' is not supported; use {', '.join(repr(n) for n in names[:-1])} or {names[-1]!r}.")
+        raise RegistryError(
+            f"export to '{to}' is not supported; use {', '.join(repr(n) for n in names[:-1])} or {names[-1]!r}."
+        )
     folder = make_folder(folder)
     layers = []
     for entry, spec in zip(manifest.normalizers, specs):

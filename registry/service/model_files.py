@@ -143,7 +143,9 @@ class ModelFiles:
         self._one_file(record.ref, fmt)
         return self._model_file(record, manifest, fmt, progress)
 
-    def spooled_model_file(self, ref: str, fmt: str | None = None, progress: Progress | None = None) -> SpooledModelFile:
+    def spooled_model_file(
+        self, ref: str, fmt: str | None = None, progress: Progress | None = None
+    ) -> SpooledModelFile:
         """`model_file` written to an unnamed temporary file instead of memory (what GET .../model streams); the caller
         closes it, or reads `chunks` to the end. Raises as `model_file` does, with nothing left behind."""
         record, manifest, fmt = self._resolve_pull(ref, fmt)
@@ -152,7 +154,9 @@ class ModelFiles:
         try:
             written = HashingWriter(handle)
             self._write_version(record, manifest, fmt, written, progress)
-            if self._needs_read_back(record, fmt):  # a version registered before its structure was checked: its reader takes bytes
+            if self._needs_read_back(
+                record, fmt
+            ):  # a version registered before its structure was checked: its reader takes bytes
                 handle.seek(0)
                 read_back(record.ref, fmt, manifest.framework, handle.read())
             handle.seek(0)
@@ -175,7 +179,9 @@ class ModelFiles:
         record, manifest, fmt = self._resolve_pull(ref, fmt)
         if fmt in FOLDER_FORMATS:
             target = folder_target(path, record.ref)
-            written = write_version_folder(manifest, self.blob_reader(record), self.store.parallel_transfers, target, progress)
+            written = write_version_folder(
+                manifest, self.blob_reader(record), self.store.parallel_transfers, target, progress
+            )
             return PullResult(ref=record.ref, path=str(target), format=fmt, digest=manifest.digest(), nbytes=written)
         if self._needs_read_back(record, fmt):  # read back from memory before anything is written
             return write_pulled(self._model_file(record, manifest, fmt, progress), path, progress)
@@ -185,7 +191,9 @@ class ModelFiles:
             self._write_version(record, manifest, fmt, written, progress)
         if progress:
             progress("writing", written.nbytes, written.nbytes)
-        return PullResult(ref=record.ref, path=str(target), format=fmt, digest=written.hexdigest(), nbytes=written.nbytes)
+        return PullResult(
+            ref=record.ref, path=str(target), format=fmt, digest=written.hexdigest(), nbytes=written.nbytes
+        )
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object (onnx.ModelProto, keras.Model, torch.export.ExportedProgram, or for a
@@ -203,9 +211,11 @@ class ModelFiles:
     def _one_file(ref: str, fmt: str) -> None:
         """RegistryError when the version is given back as a folder, not as one file."""
         if fmt in FOLDER_FORMATS:
-            raise RegistryError(f"version {ref} is {REGISTRY.info(FOLDER_FORMATS[fmt]).folder_formats[fmt]}, given back as a "
-                                f"folder, not one file: `normbridge pull {ref} -o DIR` writes it (or pull its tensors with "
-                                "--format safetensors).")
+            raise RegistryError(
+                f"version {ref} is {REGISTRY.info(FOLDER_FORMATS[fmt]).folder_formats[fmt]}, given back as a "
+                f"folder, not one file: `normbridge pull {ref} -o DIR` writes it (or pull its tensors with "
+                "--format safetensors)."
+            )
 
     def state_dict(self, ref: str) -> dict:
         """The version's state dict as NumPy arrays by the model's own tensor names (what `--format safetensors` writes)."""
@@ -238,7 +248,11 @@ class ModelFiles:
             blobs = dict(zip(digests, pool.map(get, digests)))
             parts = structure_parts(manifest, blobs.__getitem__)
             if fmt == "safetensors":
-                stream.write(state_dict_file(manifest, FetchedTensors(manifest, get, pool, state_dict_names(manifest, parts), report), parts))
+                stream.write(
+                    state_dict_file(
+                        manifest, FetchedTensors(manifest, get, pool, state_dict_names(manifest, parts), report), parts
+                    )
+                )
                 return
             adapter = REGISTRY.model_adapter(manifest.framework)
             tensors = FetchedTensors(manifest, get, pool, adapter.tensor_order(parts, manifest.tensors), report)
@@ -247,8 +261,10 @@ class ModelFiles:
             pool.shutdown(wait=True, cancel_futures=True)  # after a refusal, blobs not yet read are not read
         expected = manifest.structure.file_digest
         if expected is not None and stream.hexdigest() != expected:
-            raise IntegrityError(f"version {record.ref}: the rebuilt {fmt} file hashes to {stream.hexdigest()[:12]}, not the {expected[:12]} "
-                                 "registered; it is not served: run `normbridge verify` on the version.")
+            raise IntegrityError(
+                f"version {record.ref}: the rebuilt {fmt} file hashes to {stream.hexdigest()[:12]}, not the {expected[:12]} "
+                "registered; it is not served: run `normbridge verify` on the version."
+            )
 
     @staticmethod
     def _pull_format(ref: str, fmt: str, stored: str | None) -> str:
@@ -257,15 +273,21 @@ class ModelFiles:
         if fmt == "safetensors":
             return fmt
         if stored is None:
-            raise RegistryError(f"version {ref} holds no model structure (a torch nn.Module or a Keras model without a config registered "
-                                "from Python, or a version registered before normbridge stored structures), only its tensors; pull its "
-                                "state dict with --format safetensors.")
+            raise RegistryError(
+                f"version {ref} holds no model structure (a torch nn.Module or a Keras model without a config registered "
+                "from Python, or a version registered before normbridge stored structures), only its tensors; pull its "
+                "state dict with --format safetensors."
+            )
         if fmt not in ("source", stored):
             if stored in FOLDER_FORMATS:
-                raise RegistryError(f"version {ref} was registered as a folder ({stored}) and is given back as that folder or as "
-                                    f"safetensors, not {fmt}.")
+                raise RegistryError(
+                    f"version {ref} was registered as a folder ({stored}) and is given back as that folder or as "
+                    f"safetensors, not {fmt}."
+                )
             serve = f"; to serve it as ONNX run `normbridge export {ref} --to onnx -o FILE`" if fmt == "onnx" else ""
-            raise RegistryError(f"version {ref} was registered as {stored} and is given back as {stored} or safetensors, not {fmt}{serve}.")
+            raise RegistryError(
+                f"version {ref} was registered as {stored} and is given back as {stored} or safetensors, not {fmt}{serve}."
+            )
         return stored
 
 
@@ -274,7 +296,9 @@ def read_back(ref: str, fmt: str, framework: str, data: bytes) -> Any:
     try:
         return REGISTRY.model_adapter(framework).load_bytes(data, f"{ref.replace('@', '-')}{STRUCTURE_SUFFIXES[fmt]}")
     except NormbridgeError as error:
-        raise IntegrityError(f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it.") from error
+        raise IntegrityError(
+            f"version {ref}: the rebuilt {fmt} model does not load ({error}); run `normbridge verify` on it."
+        ) from error
 
 
 def pulled_path(path: str | Path, ref: str, suffix: str) -> Path:
@@ -286,8 +310,10 @@ def pulled_path(path: str | Path, ref: str, suffix: str) -> Path:
         return writable(writable(target, folder=True) / name)
     if target.suffix.lower() != suffix:
         what = f"ends in '{target.suffix}'" if target.suffix else "has no file extension"
-        raise OutputPathError(f"'{target}' {what}, but {ref} is written as a {suffix} file; pass a path ending in {suffix}, or a "
-                              f"folder (an existing one, or a path ending in '/') to write {name} into.")
+        raise OutputPathError(
+            f"'{target}' {what}, but {ref} is written as a {suffix} file; pass a path ending in {suffix}, or a "
+            f"folder (an existing one, or a path ending in '/') to write {name} into."
+        )
     return writable(target)
 
 
@@ -303,4 +329,14 @@ def write_pulled(file: ModelFile, path: str | Path, progress: Progress | None = 
     return PullResult(ref=file.ref, path=str(target), format=file.format, digest=file.digest, nbytes=len(file.data))
 
 
-__all__ = ["HashingWriter", "ModelFile", "ModelFiles", "PULL_FORMATS", "PullResult", "SpooledModelFile", "pulled_path", "read_back", "write_pulled"]
+__all__ = [
+    "HashingWriter",
+    "ModelFile",
+    "ModelFiles",
+    "PULL_FORMATS",
+    "PullResult",
+    "SpooledModelFile",
+    "pulled_path",
+    "read_back",
+    "write_pulled",
+]

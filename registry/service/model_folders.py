@@ -36,12 +36,19 @@ def folder_target(path: str | Path, ref: str) -> Path:
     if target.is_dir() and any(target.iterdir()):
         target = target / ref.replace("@", "-")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise OutputPathError(f"'{target}' already exists; {ref} is written as a new folder: remove it or pass another path.")
+        raise OutputPathError(
+            f"'{target}' already exists; {ref} is written as a new folder: remove it or pass another path."
+        )
     return writable(target, folder=True)
 
 
-def write_version_folder(manifest: ArtifactManifest, get: Callable[[str], bytes], parallel: int, target: Path,
-                         progress: Progress | None = None) -> int:
+def write_version_folder(
+    manifest: ArtifactManifest,
+    get: Callable[[str], bytes],
+    parallel: int,
+    target: Path,
+    progress: Progress | None = None,
+) -> int:
     """Write `manifest`'s folder to `target` atomically (schemas.atomic_io.atomic_write_folder: a temporary sibling
     renamed into place, replacing at most the empty folder `folder_target` allowed), every file and folder fsynced
     first; the bytes written."""

@@ -21,8 +21,16 @@ from typing import Any, BinaryIO, get_args
 
 from converters.gate import Gate
 from schemas import CheckResult
-from schemas.errors import (CheckFailedError, IntegrityError, InvalidReferenceError, NormbridgeError, NotFoundError, PayloadTooLargeError,
-                            RegistryError, StorageFullError)
+from schemas.errors import (
+    CheckFailedError,
+    IntegrityError,
+    InvalidReferenceError,
+    NormbridgeError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RegistryError,
+    StorageFullError,
+)
 from schemas.manifest import Lineage, Operation
 
 from ..artifact import extract_artifact
@@ -48,6 +56,7 @@ STAGE_BESIDE_GATE_BYTES = 64 << 20
 
 def _blob_bytes(blobs, digests: list[str]) -> int:
     return sum(blobs.size(d) for d in digests) if isinstance(blobs, BlobMap) else sum(len(blobs[d]) for d in digests)
+
 
 #: progress(step, done, total): called as a registration advances (the CLI draws a bar from it).
 Progress = Callable[[str, int, int], None]
@@ -91,8 +100,17 @@ class Registrations:
     user: str
     gate: Gate
 
-    def register(self, name: str, model: Any, parent: str | None = None, note: str | None = None, operation: str | None = None,
-                 progress: Progress | None = None, allow_unrecognised: bool = False, model_input: str | None = None) -> Registration:
+    def register(
+        self,
+        name: str,
+        model: Any,
+        parent: str | None = None,
+        note: str | None = None,
+        operation: str | None = None,
+        progress: Progress | None = None,
+        allow_unrecognised: bool = False,
+        model_input: str | None = None,
+    ) -> Registration:
         """Register `model` as the next version of `name`, only if every normalizer passes the equivalence check.
 
         `model` is a torch module / ExportedProgram, keras.Model, onnx.ModelProto, or a path (.pt2, .keras, .onnx,
@@ -112,11 +130,22 @@ class Registrations:
         report = progress or (lambda step, done, total: None)
         if model_input is None:  # how the audit log names the model (a job run for a caller names it as the caller did)
             model_input = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-        return self._audited(name, model_input, lambda: self._register(name, model, parent, note, operation, report, allow_unrecognised))
+        return self._audited(
+            name, model_input, lambda: self._register(name, model, parent, note, operation, report, allow_unrecognised)
+        )
 
-    def register_stream(self, name: str, stream: BinaryIO, limit: int, parent: str | None = None, note: str | None = None,
-                        operation: str | None = None, progress: Progress | None = None,
-                        reuse: Callable[[set[str]], set[str]] | None = None, allow_unrecognised: bool = False) -> Registration:
+    def register_stream(
+        self,
+        name: str,
+        stream: BinaryIO,
+        limit: int,
+        parent: str | None = None,
+        note: str | None = None,
+        operation: str | None = None,
+        progress: Progress | None = None,
+        reuse: Callable[[set[str]], set[str]] | None = None,
+        allow_unrecognised: bool = False,
+    ) -> Registration:
         """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
 
         Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as
@@ -128,11 +157,18 @@ class Registrations:
         other upload formats, no registration was attempted.
         """
         report = progress or (lambda step, done, total: None)
-        return self._audited(name, "bundle upload", lambda: self._register_stream(name, stream, limit, parent, note, operation, report, reuse,
-                                                                                  allow_unrecognised),
-                             unaudited=(UploadInterrupted, PayloadTooLargeError))
+        return self._audited(
+            name,
+            "bundle upload",
+            lambda: self._register_stream(
+                name, stream, limit, parent, note, operation, report, reuse, allow_unrecognised
+            ),
+            unaudited=(UploadInterrupted, PayloadTooLargeError),
+        )
 
-    def _audited(self, name: str, model_input: str, register: Callable[[], Registration], unaudited: tuple = ()) -> Registration:
+    def _audited(
+        self, name: str, model_input: str, register: Callable[[], Registration], unaudited: tuple = ()
+    ) -> Registration:
         """Run a registration; a refusal is recorded in the audit log as 'register_failed' and re-raised."""
         self._check_name(name)
         try:
@@ -141,13 +177,18 @@ class Registrations:
             raise
         except NormbridgeError as error:
             try:
-                self.meta.record_failure(name, self.user, {"error": error.code, "message": str(error), "layer": error.layer,
-                                                           "model_input": model_input})
+                self.meta.record_failure(
+                    name,
+                    self.user,
+                    {"error": error.code, "message": str(error), "layer": error.layer, "model_input": model_input},
+                )
             except StorageFullError:
                 pass  # a database with no room cannot hold the refusal's entry either: the refusal itself is what to report
             raise
 
-    def _register(self, name, model, parent, note, operation, report: Progress, allow_unrecognised: bool) -> Registration:
+    def _register(
+        self, name, model, parent, note, operation, report: Progress, allow_unrecognised: bool
+    ) -> Registration:
         is_folder = isinstance(model, (str, Path)) and Path(model).is_dir()
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
@@ -161,13 +202,24 @@ class Registrations:
             # Blobs are staged (beside the gate where the store gains: stages_beside_gate) and a structure no reader has seen is
             # checked; the blobs are published only if both pass.
             with ThreadPoolExecutor(max_workers=2) as pool:
-                beside = self.store.stages_beside_gate or _blob_bytes(artifact.blobs, digests) >= STAGE_BESIDE_GATE_BYTES
+                beside = (
+                    self.store.stages_beside_gate or _blob_bytes(artifact.blobs, digests) >= STAGE_BESIDE_GATE_BYTES
+                )
                 staging = pool.submit(self._stage, artifact.blobs, digests) if beside else None
-                structure = None if artifact.structure_read_safely else pool.submit(
-                    check_structure, artifact.manifest, structure_parts(artifact.manifest, artifact.blobs.__getitem__))
+                structure = (
+                    None
+                    if artifact.structure_read_safely
+                    else pool.submit(
+                        check_structure,
+                        artifact.manifest,
+                        structure_parts(artifact.manifest, artifact.blobs.__getitem__),
+                    )
+                )
                 try:
                     with _step(seconds, "gate"):
-                        checks = self._gate(artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised)
+                        checks = self._gate(
+                            artifact.manifest, list(artifact.specs), report, artifact.sites, allow_unrecognised
+                        )
                         if structure is not None:
                             structure.result()
                 except BaseException:
@@ -176,14 +228,20 @@ class Registrations:
                     raise
                 with _step(seconds, "staging"):  # beside the gate, only what is left of it
                     staged = staging.result() if staging is not None else self._stage(artifact.blobs, digests)
-            manifest = admit(artifact.manifest, allow_unrecognised)  # the gate admitted it: now it holds its unchecked layers
+            manifest = admit(
+                artifact.manifest, allow_unrecognised
+            )  # the gate admitted it: now it holds its unchecked layers
             with _step(seconds, "commit"):
-                done = self._commit(name, manifest, checks, staged, parent_record, note, report, lease, assess(manifest, artifact.specs))
+                done = self._commit(
+                    name, manifest, checks, staged, parent_record, note, report, lease, assess(manifest, artifact.specs)
+                )
             return dataclasses.replace(done, seconds=seconds)
         finally:
             lease.release()
 
-    def _register_stream(self, name, stream, limit, parent, note, operation, report: Progress, reuse, allow_unrecognised: bool) -> Registration:
+    def _register_stream(
+        self, name, stream, limit, parent, note, operation, report: Progress, reuse, allow_unrecognised: bool
+    ) -> Registration:
         parent_record, lineage = self._lineage(name, parent, operation, imported=True)
         report("receiving the bundle", 0, 1)
         lease = self.leases.new()
@@ -194,12 +252,24 @@ class Registrations:
             def gate(manifest, specs, held):
                 checked[:] = specs
                 checks = self._gate(manifest, specs, report, allow_unrecognised=allow_unrecognised)
-                check_structure(manifest, structure_parts(manifest, held))  # an uploaded structure is hostile until a reader accepts it
+                check_structure(
+                    manifest, structure_parts(manifest, held)
+                )  # an uploaded structure is hostile until a reader accepts it
                 return checks
 
             received = receive_bundle(stream, limit, self.store, gate, reuse, claim=lease.take)
             manifest = admit(received.manifest, allow_unrecognised).model_copy(update={"lineage": lineage})
-            return self._commit(name, manifest, received.checks, received.staged, parent_record, note, report, lease, assess(manifest, checked))
+            return self._commit(
+                name,
+                manifest,
+                received.checks,
+                received.staged,
+                parent_record,
+                note,
+                report,
+                lease,
+                assess(manifest, checked),
+            )
         finally:
             lease.release()
 
@@ -213,11 +283,15 @@ class Registrations:
             raise RegistryError(f"operation '{operation}' is not known; use one of {', '.join(OPERATIONS)}.")
         return parent_record, Lineage(parent=parent_record.ref if parent_record else None, operation=operation)
 
-    def _commit(self, name, manifest, checks, staged, parent_record, note, report: Progress, lease, verdict) -> Registration:
+    def _commit(
+        self, name, manifest, checks, staged, parent_record, note, report: Progress, lease, verdict
+    ) -> Registration:
         """After the gate passed (and a reader accepted the structure: every path checks it before it gets here): publish the
         staged blobs, then ONE transaction assigns the version with its servable `verdict` and its structure recorded as
         checked (crash-safe order) and ends the blob lease (registry.blob_leases.Lease.settle)."""
-        manifest = manifest.model_copy(update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note})
+        manifest = manifest.model_copy(
+            update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note}
+        )
         fault_point("after_check")
         self._publish(staged, report)
         fault_point("after_blobs")
@@ -226,10 +300,19 @@ class Registrations:
         digests = [b.digest for b in staged]
         digest, content_digest, document = manifest.digests_and_document()
         record, created = self.meta.add_version(
-            name, digest, content_digest, document, digests,
-            (parent_record.model, parent_record.number) if parent_record else None, operation, note, self.user,
-            guard=lambda session: lease.settle(session, self.store, digests), verdict=verdict.stored(),
-            structure_checked=True if manifest.structure is not None else None)
+            name,
+            digest,
+            content_digest,
+            document,
+            digests,
+            (parent_record.model, parent_record.number) if parent_record else None,
+            operation,
+            note,
+            self.user,
+            guard=lambda session: lease.settle(session, self.store, digests),
+            verdict=verdict.stored(),
+            structure_checked=True if manifest.structure is not None else None,
+        )
         lease.committed = True
         fault_point("after_commit")
         report("committed", 1, 1)
@@ -239,14 +322,18 @@ class Registrations:
         self.store.publish_all(staged, lambda i: report("storing blobs", i, len(staged)))
         report("storing blobs", len(staged), len(staged))
 
-    def _gate(self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None) -> list:
+    def _gate(
+        self, manifest, specs, report: Progress, sites: int | None = None, allow_unrecognised: bool | None = None
+    ) -> list:
         """converters.check on every normalizer, where `self.gate` runs it (converters/gate/gates.py); CheckFailedError
         naming the first layer that fails.
 
         First coverage.check_registrable: every tensor record is valid and each of the `sites` normalization layers
         the model's reader found has a spec, so none passes unchecked."""
         check_registrable(manifest, specs, sites)
-        if allow_unrecognised is not None:  # what the model leaves unchecked is refused once its records are known sound
+        if (
+            allow_unrecognised is not None
+        ):  # what the model leaves unchecked is refused once its records are known sound
             admit(manifest, allow_unrecognised)
         results = self.gate.check_all(specs, lambda i, spec: report(f"checking {spec.name or i}", i, len(specs)))
         checks = []
@@ -256,7 +343,9 @@ class Registrations:
                 layer = manifest.normalizers[i].path if i < len(manifest.normalizers) else spec.name
                 raise CheckFailedError(
                     f"layer '{layer}' failed the round-trip equivalence check ({first_failure(result)}); nothing was registered: "
-                    "fix the layer's state or settings and register again.", result)
+                    "fix the layer's state or settings and register again.",
+                    result,
+                )
         return checks
 
     def _stage(self, blobs, digests: list[str]) -> list:
@@ -264,6 +353,7 @@ class Registrations:
 
         An extracted model's blobs (registry/streamed_blobs.BlobMap) are streamed into the store a chunk at a time from
         where the model file holds them, and hashed again on the way."""
+
         def stage(digest: str):  # synced together below
             if isinstance(blobs, BlobMap):
                 return self.store.stage_stream(blobs.chunks(digest), digest, blobs.size(digest), sync=False)
@@ -276,8 +366,10 @@ class Registrations:
                 for digest, blob in zip(digests, pool.map(stage, digests) if parallel else map(stage, digests)):
                     staged.append(blob)
                     if blob.digest != digest:
-                        raise IntegrityError(f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
-                                             "extract it again.")
+                        raise IntegrityError(
+                            f"blob for '{digest}' hashed to '{blob.digest}' on write; the artifact is inconsistent, "
+                            "extract it again."
+                        )
             self.store.sync(staged)  # all at once: one sync each, after the writes started their writeback
         except BaseException:
             self._discard(staged)
@@ -299,7 +391,9 @@ class Registrations:
     @staticmethod
     def _check_name(name: str) -> None:
         if not NAME.match(name or ""):
-            raise InvalidReferenceError(f"model name '{name}' is not valid; use letters, digits, '.', '_' or '-' (no '@'), starting with a letter or digit.")
+            raise InvalidReferenceError(
+                f"model name '{name}' is not valid; use letters, digits, '.', '_' or '-' (no '@'), starting with a letter or digit."
+            )
 
 
 __all__ = ["NAME", "OPERATIONS", "Progress", "Registrations", "first_failure"]

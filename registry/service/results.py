@@ -41,9 +41,15 @@ class VerifyResult(BaseModel):
         return json.dumps({**self.model_dump(mode="json"), "passed": self.passed}, indent=indent)
 
     def render_text(self) -> str:
-        lines = [(f"verified {len(self.versions)} version(s): {self.blobs_checked} blob(s) re-hashed, {self.checks_run} equivalence check(s) re-run, "
-                  f"{self.audit_entries} audit entries chained")]
-        lines += [f"  {p.model}@{p.number} {p.kind}{' ' + p.tensor if p.tensor else ''}: {p.message}" for p in self.problems]
+        lines = [
+            (
+                f"verified {len(self.versions)} version(s): {self.blobs_checked} blob(s) re-hashed, {self.checks_run} equivalence check(s) re-run, "
+                f"{self.audit_entries} audit entries chained"
+            )
+        ]
+        lines += [
+            f"  {p.model}@{p.number} {p.kind}{' ' + p.tensor if p.tensor else ''}: {p.message}" for p in self.problems
+        ]
         lines.append("verify PASSED" if self.passed else f"verify FAILED ({len(self.problems)} problem(s))")
         return "\n".join(lines)
 
@@ -56,12 +62,18 @@ class GcResult(BaseModel):
     deleted: list[str] = Field(default_factory=list)
     bytes_freed: int = 0
     kept_young: list[str] = Field(default_factory=list)
-    kept_in_flight: list[str] = Field(default_factory=list, description=(
-        "Unreferenced when gc listed them, but leased by a registration in flight (or referenced by a version committed "
-        "meanwhile): kept, whatever their age."))
+    kept_in_flight: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Unreferenced when gc listed them, but leased by a registration in flight (or referenced by a version committed "
+            "meanwhile): kept, whatever their age."
+        ),
+    )
     referenced: int = 0
     grace_seconds: float = 0.0
-    staging_removed: int = Field(default=0, description="Hidden files of registrations that crashed before publishing their blobs.")
+    staging_removed: int = Field(
+        default=0, description="Hidden files of registrations that crashed before publishing their blobs."
+    )
 
     def to_json(self, indent: int = 2) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=indent)

@@ -37,7 +37,9 @@ RECORDED = ("warning", "error")
 #: in the layer's compute dtype (eps_underflow is a warning only then; a subnormal eps is info), and layers the
 #: equivalence check could not cover. Other warnings (momentum=None, a folded BatchNorm, unconverged statistics, whose batch
 #: counter is history rather than a measurement) are recorded, not blocking.
-BLOCKING_WARNINGS = frozenset({"never_trained", "eps_underflow", "unrecognised_normalization", "no_normalization_found"})
+BLOCKING_WARNINGS = frozenset(
+    {"never_trained", "eps_underflow", "unrecognised_normalization", "no_normalization_found"}
+)
 #: Hazards a version's lineage answers, by its operation: a `recalibrated` version's statistics are the population statistics
 #: of its recalibration data (`normbridge recalibrate --register`), which keep none of the initial values whatever its
 #: batch counter says, so it is not called unconverged.
@@ -54,7 +56,9 @@ class VersionHazard(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     layer: str | None = Field(default=None, description="The layer's path, or null for the model as a whole.")
-    code: str = Field(description="Stable name, e.g. train_mode, never_trained, eps_underflow, unrecognised_normalization.")
+    code: str = Field(
+        description="Stable name, e.g. train_mode, never_trained, eps_underflow, unrecognised_normalization."
+    )
     severity: str = Field(description="error or warning.")
     message: str
     blocking: bool = Field(description="Whether this hazard makes the version not servable.")
@@ -81,8 +85,15 @@ def stored_layer_facts(manifest: ArtifactManifest, path: str, spec: NormSpec) ->
     """What the hazards read of a stored layer; its origin comes from the manifest's format, so a `.pt2`'s layers are
     worded as exported ops ("exported in train mode"), not as live modules."""
     origin = ORIGINS.get(manifest.format) or FRAMEWORK_ORIGINS.get(manifest.framework, "module")
-    return LayerFacts(path=path, kind=spec.kind, framework=manifest.framework, origin=origin,
-                      layer_type=spec.source.layer_type or spec.kind, spec=spec, training=spec.training)
+    return LayerFacts(
+        path=path,
+        kind=spec.kind,
+        framework=manifest.framework,
+        origin=origin,
+        layer_type=spec.source.layer_type or spec.kind,
+        spec=spec,
+        training=spec.training,
+    )
 
 
 def stored_layer_hazards(manifest: ArtifactManifest, path: str, spec: NormSpec) -> list[Hazard]:
@@ -98,7 +109,9 @@ def _unchecked(manifest: ArtifactManifest) -> list[tuple[str | None, Hazard]]:
         if entry.path == WHOLE_MODEL:
             found.append((None, Hazard(code="no_normalization_found", severity="warning", message=entry.reason)))
         else:
-            found.append((entry.path, Hazard(code="unrecognised_normalization", severity="error", message=entry.reason)))
+            found.append(
+                (entry.path, Hazard(code="unrecognised_normalization", severity="error", message=entry.reason))
+            )
     return found
 
 
@@ -107,20 +120,38 @@ def assess(manifest: ArtifactManifest, specs: Iterable[NormSpec]) -> Verdict:
     found = _unchecked(manifest)
     for entry, spec in zip(manifest.normalizers, specs):
         found += [(entry.path, h) for h in stored_layer_hazards(manifest, entry.path, spec)]
-    hazards = [VersionHazard(layer=where, code=h.code, severity=h.severity, message=h.message, blocking=blocks(h))
-               for where, h in found if h.severity in RECORDED]
+    hazards = [
+        VersionHazard(layer=where, code=h.code, severity=h.severity, message=h.message, blocking=blocks(h))
+        for where, h in found
+        if h.severity in RECORDED
+    ]
     return Verdict(servable=not any(h.blocking for h in hazards), hazards=hazards)
 
 
 def unassessable(reason: str) -> Verdict:
     """The verdict of a version whose stored state could not be read: not servable, saying why."""
-    return Verdict(servable=False, hazards=[VersionHazard(code="unassessable", severity="error", blocking=True, message=(
-        f"the version's stored state could not be read to assess it ({reason}); run `normbridge verify` on it."))])
+    return Verdict(
+        servable=False,
+        hazards=[
+            VersionHazard(
+                code="unassessable",
+                severity="error",
+                blocking=True,
+                message=(
+                    f"the version's stored state could not be read to assess it ({reason}); run `normbridge verify` on it."
+                ),
+            )
+        ],
+    )
 
 
 def reasons(hazards: Iterable[dict]) -> list[str]:
     """'code at layer: message' for each blocking hazard of a stored version."""
-    return [f"{h['code']}{' at ' + h['layer'] if h.get('layer') else ''}: {h['message']}" for h in hazards if h.get("blocking")]
+    return [
+        f"{h['code']}{' at ' + h['layer'] if h.get('layer') else ''}: {h['message']}"
+        for h in hazards
+        if h.get("blocking")
+    ]
 
 
 def guard_alias(alias: str, record, guarded: frozenset[str], force: bool) -> dict | None:
@@ -135,9 +166,22 @@ def guard_alias(alias: str, record, guarded: frozenset[str], force: bool) -> dic
             f"alias '{record.model}@{alias}' is guarded and {record.ref} is not servable: {why[0].rstrip('.') if why else 'no verdict'}{more}; "
             f"nothing was moved. Register a version without these hazards (`normbridge show {record.ref}` lists them), or move the "
             "alias anyway with `normbridge alias --force` (HTTP: ?force=true), which the audit log records. The guarded aliases "
-            "are set by `normbridge serve --guarded-alias` or NORMBRIDGE_GUARDED_ALIASES.")
+            "are set by `normbridge serve --guarded-alias` or NORMBRIDGE_GUARDED_ALIASES."
+        )
     return {"forced": True, "not_servable": sorted({h["code"] for h in record.hazards if h.get("blocking")})}
 
 
-__all__ = ["ANSWERED_BY_LINEAGE", "BLOCKING_WARNINGS", "RECORDED", "Verdict", "VersionHazard", "assess", "blocks", "guard_alias", "reasons",
-           "stored_layer_facts", "stored_layer_hazards", "unassessable"]
+__all__ = [
+    "ANSWERED_BY_LINEAGE",
+    "BLOCKING_WARNINGS",
+    "RECORDED",
+    "Verdict",
+    "VersionHazard",
+    "assess",
+    "blocks",
+    "guard_alias",
+    "reasons",
+    "stored_layer_facts",
+    "stored_layer_hazards",
+    "unassessable",
+]

@@ -52,15 +52,19 @@ def check_structure(manifest: ArtifactManifest, parts: dict[str, bytes]) -> None
     fmt = manifest.structure.format
     adapter = REGISTRY.model_adapter(manifest.framework)
     try:
-        if fmt in REGISTRY.folder_formats():  # a folder's parts are JSON and raw bytes: checked as they are, nothing built
+        if (
+            fmt in REGISTRY.folder_formats()
+        ):  # a folder's parts are JSON and raw bytes: checked as they are, nothing built
             adapter.check_model_folder(parts, {name: (ref.dtype, ref.shape) for name, ref in manifest.tensors.items()})
             return
         data = adapter.model_file(parts, _Zeros(manifest))
         adapter.load_bytes(data, f"structure{REGISTRY.structure_suffixes().get(fmt, '')}")
     except Exception as error:  # noqa: BLE001 - hostile parts may fail anywhere in a framework; each is a refusal, never a 500
         why = str(error) if isinstance(error, NormbridgeError) else f"{type(error).__name__}: {str(error)[:300]}"
-        raise InputFileError(f"the stored {fmt} structure of this model does not load back through normbridge's safe reader ({why}); "
-                             "nothing was registered: register the model file itself, or export the artifact again with normbridge.") from error
+        raise InputFileError(
+            f"the stored {fmt} structure of this model does not load back through normbridge's safe reader ({why}); "
+            "nothing was registered: register the model file itself, or export the artifact again with normbridge."
+        ) from error
 
 
 __all__ = ["check_structure"]

@@ -27,15 +27,22 @@ def report_state(report) -> str:
 
 #: A serving fault kind -> what the banner says of it, and what to do.
 FAULT_WORDS = {
-    "train_mode": ("served in train mode",
-                   "each request is normalized by its own batch; call model.eval() before serving"),
-    "statistics_changed": ("running statistics changed while serving",
-                           "something updates them (train mode, a training loop)"),
-    "batch_statistics_in_graph": ("the served graph computes batch statistics",
-                                  "a training-mode batch norm was exported; export after model.eval()"),
-    "statistics_mismatch": ("served statistics are not this version's",
-                            "the served model holds another version's running statistics; serve this version, "
-                            "or monitor the one served"),
+    "train_mode": (
+        "served in train mode",
+        "each request is normalized by its own batch; call model.eval() before serving",
+    ),
+    "statistics_changed": (
+        "running statistics changed while serving",
+        "something updates them (train mode, a training loop)",
+    ),
+    "batch_statistics_in_graph": (
+        "the served graph computes batch statistics",
+        "a training-mode batch norm was exported; export after model.eval()",
+    ),
+    "statistics_mismatch": (
+        "served statistics are not this version's",
+        "the served model holds another version's running statistics; serve this version, or monitor the one served",
+    ),
 }
 #: Layers a banner line names before it says how many more there are.
 BANNER_LAYERS = 5
@@ -95,11 +102,22 @@ def shift_timeline(records) -> str:
     if not ordered:
         return ""
     layers = _layer_order([[layer.name for layer in record.report.layers] for record in records])
-    windows = [Window(label=record.created_at.strftime("%m-%d %H:%M:%S"), alert=record.report.verdict == "drift",
-                      values={layer.name: layer.max_shift for layer in record.report.layers},
-                      statuses={layer.name: layer.status for layer in record.report.layers}) for record in ordered]
+    windows = [
+        Window(
+            label=record.created_at.strftime("%m-%d %H:%M:%S"),
+            alert=record.report.verdict == "drift",
+            values={layer.name: layer.max_shift for layer in record.report.layers},
+            statuses={layer.name: layer.status for layer in record.report.layers},
+        )
+        for record in ordered
+    ]
     threshold = ordered[-1].report.thresholds.shift
-    return timeline_svg(windows, layers, threshold, f"max standardized mean shift per layer over {len(windows)} recorded check(s); shaded: drift")
+    return timeline_svg(
+        windows,
+        layers,
+        threshold,
+        f"max standardized mean shift per layer over {len(windows)} recorded check(s); shaded: drift",
+    )
 
 
 def window_timeline(history) -> str:
@@ -109,12 +127,31 @@ def window_timeline(history) -> str:
     if not ordered:
         return ""
     layers = _layer_order([[layer.name for layer in window.layers] for window in history.windows])
-    windows = [Window(label=window.received_at.strftime("%m-%d %H:%M:%S"), alert=window.state == "alert",
-                      values={layer.name: layer.max_shift for layer in window.layers},
-                      statuses={layer.name: layer.status for layer in window.layers}) for window in ordered]
-    return timeline_svg(windows, layers, history.rule.shift,
-                        f"max standardized shift per layer, last {len(windows)} serving window(s); shaded: alert; hollow: unconverged")
+    windows = [
+        Window(
+            label=window.received_at.strftime("%m-%d %H:%M:%S"),
+            alert=window.state == "alert",
+            values={layer.name: layer.max_shift for layer in window.layers},
+            statuses={layer.name: layer.status for layer in window.layers},
+        )
+        for window in ordered
+    ]
+    return timeline_svg(
+        windows,
+        layers,
+        history.rule.shift,
+        f"max standardized shift per layer, last {len(windows)} serving window(s); shaded: alert; hollow: unconverged",
+    )
 
 
-__all__ = ["DriftBadge", "FAULT_WORDS", "FaultLine", "STATES", "drift_states", "fault_banner", "report_state", "shift_timeline",
-           "window_timeline"]
+__all__ = [
+    "DriftBadge",
+    "FAULT_WORDS",
+    "FaultLine",
+    "STATES",
+    "drift_states",
+    "fault_banner",
+    "report_state",
+    "shift_timeline",
+    "window_timeline",
+]

@@ -102,15 +102,28 @@ def model_rows(registry, name: str, redactor: Redactor, limit: int | None = None
         badges = sorted(by_number.get(record.number, []))
         if record.number == latest:
             badges = ["latest", *badges]
-        versions.append({
-            "record": record, "url": version_url(record.model, record.number), "aliases": badges, "verdict": row_verdict(record),
-            "warnings": warning_codes(record), "layers": len(record.manifest.get("normalizers", [])),
-            "parent_url": version_url(*split(record.parent)) if visible_parent else None,
-            "diff_url": diff_url(record.parent, record.ref) if visible_parent else None,
-        })
+        versions.append(
+            {
+                "record": record,
+                "url": version_url(record.model, record.number),
+                "aliases": badges,
+                "verdict": row_verdict(record),
+                "warnings": warning_codes(record),
+                "layers": len(record.manifest.get("normalizers", [])),
+                "parent_url": version_url(*split(record.parent)) if visible_parent else None,
+                "diff_url": diff_url(record.parent, record.ref) if visible_parent else None,
+            }
+        )
     latest_servable = next(r.servable for r in records if r.number == latest)
-    return {"name": name, "url": model_url(name), "versions": versions, "aliases": aliases, "total": total, "hidden": total - len(shown),
-            "latest_servable": latest_servable is not False}
+    return {
+        "name": name,
+        "url": model_url(name),
+        "versions": versions,
+        "aliases": aliases,
+        "total": total,
+        "hidden": total - len(shown),
+        "latest_servable": latest_servable is not False,
+    }
 
 
 # --------------------------------------------------------------------------- a version
@@ -129,12 +142,20 @@ def layer_rows(registry, record) -> list[dict]:
         layer = inspect_model(spec).layers[0]
         hazards = stored_layer_hazards(manifest, entry.path, spec)  # worded by the stored format, as the verdict is
         config = entry.spec
-        rows.append({
-            "path": entry.path, "kind": config.get("kind"), "layer_type": (config.get("source") or {}).get("layer_type") or "",
-            "eps": config.get("eps"), "momentum": _momentum(config), "mode": "train" if config.get("training") else layer.mode,
-            "dtype": config.get("dtype"), "features": config.get("num_features") or config.get("normalized_shape"),
-            "stats": layer.stats, "hazards": hazards,
-        })
+        rows.append(
+            {
+                "path": entry.path,
+                "kind": config.get("kind"),
+                "layer_type": (config.get("source") or {}).get("layer_type") or "",
+                "eps": config.get("eps"),
+                "momentum": _momentum(config),
+                "mode": "train" if config.get("training") else layer.mode,
+                "dtype": config.get("dtype"),
+                "features": config.get("num_features") or config.get("normalized_shape"),
+                "stats": layer.stats,
+                "hazards": hazards,
+            }
+        )
     return rows
 
 
@@ -149,17 +170,36 @@ def equivalence_rows(record) -> list[dict]:
             framework = output.get("framework")
             step = steps.get(framework) or {}
             target = statuses.get(framework) or {}
-            rows.append({
-                "layer": result.get("layer"), "pair": f"{source} → {framework}", "max_abs": output.get("max_abs_error"),
-                "max_rel": output.get("max_rel_error"), "atol": output.get("atol"), "rtol": output.get("rtol"), "passed": output.get("passed"),
-                "mean_err": step.get("max_abs_error_mean"), "var_err": step.get("max_abs_error_var"),
-                "warnings": target.get("warnings") or [], "outcome": "ok" if output.get("passed") else "FAILED",
-            })
+            rows.append(
+                {
+                    "layer": result.get("layer"),
+                    "pair": f"{source} → {framework}",
+                    "max_abs": output.get("max_abs_error"),
+                    "max_rel": output.get("max_rel_error"),
+                    "atol": output.get("atol"),
+                    "rtol": output.get("rtol"),
+                    "passed": output.get("passed"),
+                    "mean_err": step.get("max_abs_error_mean"),
+                    "var_err": step.get("max_abs_error_var"),
+                    "warnings": target.get("warnings") or [],
+                    "outcome": "ok" if output.get("passed") else "FAILED",
+                }
+            )
         for framework, target in statuses.items():
-            if target.get("status") in ("not_expressible", "skipped", "failed") and framework not in {o.get("framework") for o in result.get("outputs") or []}:
-                rows.append({"layer": result.get("layer"), "pair": f"{source} → {framework}", "status": target.get("status"),
-                             "reason": target.get("reason"), "passed": target.get("status") != "failed", "warnings": target.get("warnings") or [],
-                             "outcome": UNCONVERTED_OUTCOMES.get(target.get("status"), "FAILED")})
+            if target.get("status") in ("not_expressible", "skipped", "failed") and framework not in {
+                o.get("framework") for o in result.get("outputs") or []
+            }:
+                rows.append(
+                    {
+                        "layer": result.get("layer"),
+                        "pair": f"{source} → {framework}",
+                        "status": target.get("status"),
+                        "reason": target.get("reason"),
+                        "passed": target.get("status") != "failed",
+                        "warnings": target.get("warnings") or [],
+                        "outcome": UNCONVERTED_OUTCOMES.get(target.get("status"), "FAILED"),
+                    }
+                )
     return rows
 
 
@@ -176,11 +216,29 @@ def lineage_graph(view, redactor: Redactor) -> tuple[str, list[dict], int]:
         visible = not redactor.is_hidden(node.ref)
         label = node.ref if visible else HIDDEN_LABEL
         href = version_url(*split(node.ref)) if visible else None
-        nodes.append(GraphNode(ref=node.ref, parent=node.parent, depth=node.depth, operation=node.operation,
-                               note=node.note if visible else None, target=node.target, href=href, label=label))
-        rows.append({"label": label, "url": href, "operation": node.operation, "depth": node.depth, "target": node.target,
-                     "parent": node.parent,
-                     "created_at": node.created_at})
+        nodes.append(
+            GraphNode(
+                ref=node.ref,
+                parent=node.parent,
+                depth=node.depth,
+                operation=node.operation,
+                note=node.note if visible else None,
+                target=node.target,
+                href=href,
+                label=label,
+            )
+        )
+        rows.append(
+            {
+                "label": label,
+                "url": href,
+                "operation": node.operation,
+                "depth": node.depth,
+                "target": node.target,
+                "parent": node.parent,
+                "created_at": node.created_at,
+            }
+        )
     drawn = nodes[:MAX_GRAPH_NODES]
     return lineage_svg(drawn), rows, len(nodes) - len(drawn)
 
@@ -235,14 +293,39 @@ def movement_plot(registry, a, b, diff) -> str:
 def drift_charts(report) -> tuple[str, str]:
     """(standardized-shift chart, log-variance-ratio chart) of a DriftReport, each against its threshold."""
     names = [layer.name for layer in report.layers]
-    shift = threshold_bars_svg(names, [layer.max_shift for layer in report.layers], report.thresholds.shift,
-                               "max standardized mean shift per layer |mean − running_mean| / √(running_var + eps)",
-                               secondary=[layer.mean_shift for layer in report.layers], secondary_name="mean over channels")
-    ratio = threshold_bars_svg(names, [layer.max_abs_log_ratio for layer in report.layers], report.thresholds.log_ratio,
-                               "max |log variance ratio| per layer", secondary=[layer.mean_abs_log_ratio for layer in report.layers],
-                               secondary_name="mean over channels")
+    shift = threshold_bars_svg(
+        names,
+        [layer.max_shift for layer in report.layers],
+        report.thresholds.shift,
+        "max standardized mean shift per layer |mean − running_mean| / √(running_var + eps)",
+        secondary=[layer.mean_shift for layer in report.layers],
+        secondary_name="mean over channels",
+    )
+    ratio = threshold_bars_svg(
+        names,
+        [layer.max_abs_log_ratio for layer in report.layers],
+        report.thresholds.log_ratio,
+        "max |log variance ratio| per layer",
+        secondary=[layer.mean_abs_log_ratio for layer in report.layers],
+        secondary_name="mean over channels",
+    )
     return shift, ratio
 
 
-__all__ = ["OUTCOME_CLASSES", "channel_movements", "diff_url", "drift_charts", "equivalence_rows", "layer_rows", "lineage_graph", "model_rows",
-           "model_url", "movement_plot", "row_verdict", "serving_rows", "verdict", "version_url", "warning_codes"]
+__all__ = [
+    "OUTCOME_CLASSES",
+    "channel_movements",
+    "diff_url",
+    "drift_charts",
+    "equivalence_rows",
+    "layer_rows",
+    "lineage_graph",
+    "model_rows",
+    "model_url",
+    "movement_plot",
+    "row_verdict",
+    "serving_rows",
+    "verdict",
+    "version_url",
+    "warning_codes",
+]

@@ -34,7 +34,9 @@ def is_https(request: Request) -> bool:
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int | None = None) -> None:
-    response.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="strict", secure=is_https(request))
+    response.set_cookie(
+        name, value, max_age=max_age, path="/", httponly=True, samesite="strict", secure=is_https(request)
+    )
 
 
 def clear_cookie(response: Response, request: Request, name: str) -> None:
@@ -105,5 +107,17 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-__all__ = ["CSRF_COOKIE", "SESSION_COOKIE", "clear_cookie", "csrf_matches", "is_https", "new_csrf_token", "principal_of", "read_form",
-           "safe_next", "same_origin", "set_cookie", "wants_html"]
+__all__ = [
+    "CSRF_COOKIE",
+    "SESSION_COOKIE",
+    "clear_cookie",
+    "csrf_matches",
+    "is_https",
+    "new_csrf_token",
+    "principal_of",
+    "read_form",
+    "safe_next",
+    "same_origin",
+    "set_cookie",
+    "wants_html",
+]

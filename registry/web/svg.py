@@ -64,8 +64,10 @@ def lineage_svg(nodes: Sequence[GraphNode]) -> str:
     rows = {node.ref: i for i, node in enumerate(nodes)}
     width = max((node.depth for node in nodes), default=0) * COL_W + NODE_W + 40
     height = len(nodes) * ROW_H + 20
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='lineage' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-             f"role='img' aria-label='lineage graph' {FONT} font-size='13'>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='lineage' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"role='img' aria-label='lineage graph' {FONT} font-size='13'>"
+    ]
     for node in nodes:  # edges first, so boxes are drawn over them
         if node.parent is None or node.parent not in rows:
             continue
@@ -73,10 +75,17 @@ def lineage_svg(nodes: Sequence[GraphNode]) -> str:
         px, py = _box(parent, rows[parent.ref])
         cx, cy = _box(node, rows[node.ref])
         x0, y0, yc = px + 18, py + NODE_H, cy + NODE_H / 2
-        parts.append(f"<path class='edge' d='M{x0},{y0} V{yc} H{cx}' fill='none' stroke='{AXIS}' stroke-width='1.5' marker-end='url(#arrow)'/>")
-        parts.append(f"<text class='edge-label' x='{x0 + 8}' y='{yc - 5}' fill='{MUTED}' font-size='11'>{esc(node.operation)}</text>")
-    parts.insert(1, f"<defs><marker id='arrow' viewBox='0 0 10 10' refX='9' refY='5' markerWidth='7' markerHeight='7' orient='auto'>"
-                    f"<path d='M0,0 L10,5 L0,10 z' fill='{AXIS}'/></marker></defs>")
+        parts.append(
+            f"<path class='edge' d='M{x0},{y0} V{yc} H{cx}' fill='none' stroke='{AXIS}' stroke-width='1.5' marker-end='url(#arrow)'/>"
+        )
+        parts.append(
+            f"<text class='edge-label' x='{x0 + 8}' y='{yc - 5}' fill='{MUTED}' font-size='11'>{esc(node.operation)}</text>"
+        )
+    parts.insert(
+        1,
+        f"<defs><marker id='arrow' viewBox='0 0 10 10' refX='9' refY='5' markerWidth='7' markerHeight='7' orient='auto'>"
+        f"<path d='M0,0 L10,5 L0,10 z' fill='{AXIS}'/></marker></defs>",
+    )
     for node in nodes:
         x, y = _box(node, rows[node.ref])
         fill, stroke, weight = ("#dbeafe", BLUE, 2.5) if node.target else ("#ffffff", "#94a3b8", 1.2)
@@ -84,10 +93,12 @@ def lineage_svg(nodes: Sequence[GraphNode]) -> str:
         if node.note:
             sub = (sub + " · " if sub else "") + node.note
         sub = sub if len(sub) <= 24 else sub[:23] + "…"
-        box = (f"<rect x='{x}' y='{y}' width='{NODE_W}' height='{NODE_H}' rx='6' fill='{fill}' stroke='{stroke}' stroke-width='{weight}'/>"
-               f"<text x='{x + 10}' y='{y + 16}' font-weight='600' fill='#111827'>{esc(node.label)}</text>"
-               f"<text x='{x + 10}' y='{y + 31}' font-size='11' fill='{MUTED}'>{esc(sub)}</text>"
-               f"<title>{esc(node.label)} ({esc(node.operation)}){' - ' + esc(node.note) if node.note else ''}</title>")
+        box = (
+            f"<rect x='{x}' y='{y}' width='{NODE_W}' height='{NODE_H}' rx='6' fill='{fill}' stroke='{stroke}' stroke-width='{weight}'/>"
+            f"<text x='{x + 10}' y='{y + 16}' font-weight='600' fill='#111827'>{esc(node.label)}</text>"
+            f"<text x='{x + 10}' y='{y + 31}' font-size='11' fill='{MUTED}'>{esc(sub)}</text>"
+            f"<title>{esc(node.label)} ({esc(node.operation)}){' - ' + esc(node.note) if node.note else ''}</title>"
+        )
         if node.href is None:
             parts.append(f"<g class='node hidden-node'>{box}</g>")
         else:
@@ -123,37 +134,53 @@ def movement_svg(layers: Sequence[ChannelMovement], width: int = 760) -> str:
     left, panel_h, gap, title_h = 150, 54, 8, 38  # the title on its own line: a long layer path ran into the summary
     plot_w = width - left - 20
     mean_scale = max((float(np.max(np.abs(m.mean_shift))) for m in layers if m.mean_shift.size), default=0.0) or 1.0
-    var_scale = max((float(np.max(np.abs(m.log_var_ratio))) for m in layers if m.log_var_ratio.size), default=0.0) or 1.0
+    var_scale = (
+        max((float(np.max(np.abs(m.log_var_ratio))) for m in layers if m.log_var_ratio.size), default=0.0) or 1.0
+    )
     block = title_h + 2 * panel_h + gap + 16
     height = len(layers) * block + 30
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='movement-plot' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-             f"role='img' aria-label='per-channel movement of running statistics' {FONT} font-size='12'>",
-             f"<rect x='{left}' y='6' width='10' height='10' fill='{BLUE}'/><text x='{left + 14}' y='15' fill='{MUTED}'>Δ mean / σ (per channel)</text>",
-             f"<rect x='{left + 190}' y='6' width='10' height='10' fill='{ORANGE}'/><text x='{left + 204}' y='15' fill='{MUTED}'>log(var_b / var_a) (per channel)</text>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='movement-plot' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"role='img' aria-label='per-channel movement of running statistics' {FONT} font-size='12'>",
+        f"<rect x='{left}' y='6' width='10' height='10' fill='{BLUE}'/><text x='{left + 14}' y='15' fill='{MUTED}'>Δ mean / σ (per channel)</text>",
+        f"<rect x='{left + 190}' y='6' width='10' height='10' fill='{ORANGE}'/><text x='{left + 204}' y='15' fill='{MUTED}'>log(var_b / var_a) (per channel)</text>",
+    ]
     y = 28
     titles = distinct_labels([layer.layer for layer in layers], width // 8)
     for layer, shown in zip(layers, titles):
         parts.append(f"<g class='movement-layer' data-layer='{esc(layer.layer)}'>")
-        parts.append(f"<text class='layer-title' x='0' y='{y + 14}' font-weight='600' fill='#111827'>{esc(shown)}<title>{esc(layer.layer)}</title></text>")
-        parts.append(f"<text class='layer-summary' x='{left}' y='{y + 31}' fill='{MUTED}' font-size='11'>{layer.mean_shift.size} channels; "
-                     f"max |Δmean/σ| {num(float(np.max(np.abs(layer.mean_shift))) if layer.mean_shift.size else 0.0)}, "
-                     f"max |log var ratio| {num(float(np.max(np.abs(layer.log_var_ratio))) if layer.log_var_ratio.size else 0.0)}</text>")
+        parts.append(
+            f"<text class='layer-title' x='0' y='{y + 14}' font-weight='600' fill='#111827'>{esc(shown)}<title>{esc(layer.layer)}</title></text>"
+        )
+        parts.append(
+            f"<text class='layer-summary' x='{left}' y='{y + 31}' fill='{MUTED}' font-size='11'>{layer.mean_shift.size} channels; "
+            f"max |Δmean/σ| {num(float(np.max(np.abs(layer.mean_shift))) if layer.mean_shift.size else 0.0)}, "
+            f"max |log var ratio| {num(float(np.max(np.abs(layer.log_var_ratio))) if layer.log_var_ratio.size else 0.0)}</text>"
+        )
         top = y + title_h
         parts.append(_signed_bars(layer.mean_shift, left, top, plot_w, panel_h, mean_scale, BLUE, "Δmean/σ"))
-        parts.append(_signed_bars(layer.log_var_ratio, left, top + panel_h + gap, plot_w, panel_h, var_scale, ORANGE, "log var ratio"))
+        parts.append(
+            _signed_bars(
+                layer.log_var_ratio, left, top + panel_h + gap, plot_w, panel_h, var_scale, ORANGE, "log var ratio"
+            )
+        )
         parts.append("</g>")
         y += block
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _signed_bars(values: np.ndarray, x: float, y: float, w: float, h: float, scale: float, colour: str, name: str) -> str:
+def _signed_bars(
+    values: np.ndarray, x: float, y: float, w: float, h: float, scale: float, colour: str, name: str
+) -> str:
     mid = y + h / 2
-    parts = [f"<rect x='{x}' y='{y}' width='{w}' height='{h}' fill='#f9fafb' stroke='#e5e7eb'/>",
-             f"<line x1='{x}' y1='{mid}' x2='{x + w}' y2='{mid}' stroke='{AXIS}' stroke-width='1'/>",
-             f"<text x='{x - 6}' y='{y + 10}' text-anchor='end' font-size='10' fill='{MUTED}'>+{num(scale, 2)}</text>",
-             f"<text x='{x - 6}' y='{mid + 4}' text-anchor='end' font-size='10' fill='{MUTED}'>{esc(name)} 0</text>",
-             f"<text x='{x - 6}' y='{y + h}' text-anchor='end' font-size='10' fill='{MUTED}'>-{num(scale, 2)}</text>"]
+    parts = [
+        f"<rect x='{x}' y='{y}' width='{w}' height='{h}' fill='#f9fafb' stroke='#e5e7eb'/>",
+        f"<line x1='{x}' y1='{mid}' x2='{x + w}' y2='{mid}' stroke='{AXIS}' stroke-width='1'/>",
+        f"<text x='{x - 6}' y='{y + 10}' text-anchor='end' font-size='10' fill='{MUTED}'>+{num(scale, 2)}</text>",
+        f"<text x='{x - 6}' y='{mid + 4}' text-anchor='end' font-size='10' fill='{MUTED}'>{esc(name)} 0</text>",
+        f"<text x='{x - 6}' y='{y + h}' text-anchor='end' font-size='10' fill='{MUTED}'>-{num(scale, 2)}</text>",
+    ]
     n = max(int(values.size), 1)
     step = w / n
     bar = max(step * 0.8, 0.5)
@@ -161,17 +188,26 @@ def _signed_bars(values: np.ndarray, x: float, y: float, w: float, h: float, sca
         v = float(value) if math.isfinite(float(value)) else 0.0
         length = min(abs(v) / scale, 1.0) * (h / 2 - 1)
         top = mid - length if v >= 0 else mid
-        parts.append(f"<rect class='bar' x='{x + i * step + (step - bar) / 2:.2f}' y='{top:.2f}' width='{bar:.2f}' height='{max(length, 0.0):.2f}' "
-                     f"fill='{colour}'><title>channel {i}: {num(v, 4)}</title></rect>")
+        parts.append(
+            f"<rect class='bar' x='{x + i * step + (step - bar) / 2:.2f}' y='{top:.2f}' width='{bar:.2f}' height='{max(length, 0.0):.2f}' "
+            f"fill='{colour}'><title>channel {i}: {num(v, 4)}</title></rect>"
+        )
     return "".join(parts)
 
 
 # --------------------------------------------------------------------------- bars against a threshold
 
 
-def threshold_bars_svg(labels: Sequence[str], values: Sequence[float], threshold: float, title: str,
-                       secondary: Sequence[float] | None = None, secondary_name: str = "", width: int = 760,
-                       href: Callable[[str], str] | None = None) -> str:
+def threshold_bars_svg(
+    labels: Sequence[str],
+    values: Sequence[float],
+    threshold: float,
+    title: str,
+    secondary: Sequence[float] | None = None,
+    secondary_name: str = "",
+    width: int = 760,
+    href: Callable[[str], str] | None = None,
+) -> str:
     """Horizontal bars (one per layer) with a dashed threshold line; bars beyond it are red.
 
     `secondary` (e.g. the mean over channels next to the max) is drawn as a thin bar inside each.
@@ -182,12 +218,16 @@ def threshold_bars_svg(labels: Sequence[str], values: Sequence[float], threshold
     scale = max(finite + [threshold * 1.25, 1e-12])
     height = top + len(labels) * (bar_h + gap) + 24
     tx = left + threshold / scale * plot_w
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='threshold-chart' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-             f"role='img' aria-label='{esc(title)}' {FONT} font-size='12'>",
-             f"<text x='0' y='16' font-weight='600' fill='#111827'>{esc(title)}</text>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='threshold-chart' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"role='img' aria-label='{esc(title)}' {FONT} font-size='12'>",
+        f"<text x='0' y='16' font-weight='600' fill='#111827'>{esc(title)}</text>",
+    ]
     if secondary is not None:
-        parts.append(f"<rect x='0' y='26' width='12' height='4' fill='#111827' opacity='0.55'/>"
-                     f"<text x='16' y='31' font-size='11' fill='{MUTED}'>{esc(secondary_name)}; bars: max over channels</text>")
+        parts.append(
+            f"<rect x='0' y='26' width='12' height='4' fill='#111827' opacity='0.55'/>"
+            f"<text x='16' y='31' font-size='11' fill='{MUTED}'>{esc(secondary_name)}; bars: max over channels</text>"
+        )
     for i, (label, value, shown) in enumerate(zip(labels, values, distinct_labels(labels))):
         y = top + i * (bar_h + gap)
         over = math.isfinite(value) and value > threshold
@@ -195,16 +235,24 @@ def threshold_bars_svg(labels: Sequence[str], values: Sequence[float], threshold
         text = f"<text x='{left - 8}' y='{y + 13}' text-anchor='end' fill='#111827'>{esc(shown)}<title>{esc(label)}</title></text>"
         if href is not None:
             text = f"<a href='{esc(href(label))}'>{text}</a>"
-        parts.append(f"<g class='bar-row{' over' if over else ''}' data-layer='{esc(label)}'>{text}"
-                     f"<rect class='bar' x='{left}' y='{y}' width='{max(length, 0.5):.2f}' height='{bar_h}' fill='{RED if over else GREEN}' rx='2'>"
-                     f"<title>{esc(label)}: {num(value, 4)}</title></rect>")
+        parts.append(
+            f"<g class='bar-row{' over' if over else ''}' data-layer='{esc(label)}'>{text}"
+            f"<rect class='bar' x='{left}' y='{y}' width='{max(length, 0.5):.2f}' height='{bar_h}' fill='{RED if over else GREEN}' rx='2'>"
+            f"<title>{esc(label)}: {num(value, 4)}</title></rect>"
+        )
         if secondary is not None and i < len(secondary) and math.isfinite(secondary[i]):
-            parts.append(f"<rect x='{left}' y='{y + bar_h / 2 - 2}' width='{max(min(secondary[i], scale) / scale * plot_w, 0.5):.2f}' height='4' "
-                         f"fill='#111827' opacity='0.55'/>")
-        parts.append(f"<text x='{left + max(length, 0.5) + 6:.2f}' y='{y + 13}' fill='{MUTED}' font-size='11'>{num(value)}</text></g>")
+            parts.append(
+                f"<rect x='{left}' y='{y + bar_h / 2 - 2}' width='{max(min(secondary[i], scale) / scale * plot_w, 0.5):.2f}' height='4' "
+                f"fill='#111827' opacity='0.55'/>"
+            )
+        parts.append(
+            f"<text x='{left + max(length, 0.5) + 6:.2f}' y='{y + 13}' fill='{MUTED}' font-size='11'>{num(value)}</text></g>"
+        )
     bottom = top + len(labels) * (bar_h + gap)
-    parts.append(f"<line class='threshold' x1='{tx:.2f}' y1='{top - 6}' x2='{tx:.2f}' y2='{bottom}' stroke='{RED}' stroke-width='1.5' stroke-dasharray='5 4'/>"
-                 f"<text x='{tx:.2f}' y='{bottom + 14}' text-anchor='middle' fill='{RED}' font-size='11'>threshold {num(threshold)}</text>")
+    parts.append(
+        f"<line class='threshold' x1='{tx:.2f}' y1='{top - 6}' x2='{tx:.2f}' y2='{bottom}' stroke='{RED}' stroke-width='1.5' stroke-dasharray='5 4'/>"
+        f"<text x='{tx:.2f}' y='{bottom + 14}' text-anchor='middle' fill='{RED}' font-size='11'>threshold {num(threshold)}</text>"
+    )
     parts.append(f"<line x1='{left}' y1='{top - 6}' x2='{left}' y2='{bottom}' stroke='{AXIS}'/>")
     parts.append("</svg>")
     return "".join(parts)

@@ -37,15 +37,23 @@ class Window:
 
 def _point(layer: str, i: int, px: float, py: float, value: float, status: str, threshold: float, colour: str) -> str:
     """One circle: filled in the layer's colour, hollow when its statistics never converged."""
-    classes = "point" + (" over" if value > threshold else "") + (" unconverged" if status == "unconverged_statistics" else "")
+    classes = (
+        "point"
+        + (" over" if value > threshold else "")
+        + (" unconverged" if status == "unconverged_statistics" else "")
+    )
     hollow = status == "unconverged_statistics"
     paint = f"fill='#ffffff' stroke='{colour}' stroke-width='1.5'" if hollow else f"fill='{colour}'"
     note = " (unconverged statistics)" if hollow else ""
-    return (f"<circle class='{classes}' data-window='{i}' data-status='{esc(status)}' cx='{px:.2f}' cy='{py:.2f}' r='3' {paint}>"
-            f"<title>{esc(layer)}: {num(value, 4)}{note}</title></circle>")
+    return (
+        f"<circle class='{classes}' data-window='{i}' data-status='{esc(status)}' cx='{px:.2f}' cy='{py:.2f}' r='3' {paint}>"
+        f"<title>{esc(layer)}: {num(value, 4)}{note}</title></circle>"
+    )
 
 
-def timeline_svg(windows: Sequence[Window], layers: Sequence[str], threshold: float, title: str, width: int = 760) -> str:
+def timeline_svg(
+    windows: Sequence[Window], layers: Sequence[str], threshold: float, title: str, width: int = 760
+) -> str:
     """Lines of each layer's value over `windows` (oldest first) with the threshold; alert windows shaded (class alert-window)."""
     left, right, top, plot_h = 56, 190, 36, 220
     plot_w = width - left - right
@@ -60,39 +68,58 @@ def timeline_svg(windows: Sequence[Window], layers: Sequence[str], threshold: fl
     def y(value: float) -> float:
         return top + plot_h - min(value, scale) / scale * plot_h
 
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='timeline-chart' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-             f"role='img' aria-label='{esc(title)}' {FONT} font-size='12'>",
-             f"<text x='0' y='16' font-weight='600' fill='#111827'>{esc(title)}</text>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='timeline-chart' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"role='img' aria-label='{esc(title)}' {FONT} font-size='12'>",
+        f"<text x='0' y='16' font-weight='600' fill='#111827'>{esc(title)}</text>",
+    ]
     for i, window in enumerate(windows):
         if window.alert:
-            parts.append(f"<rect class='alert-window' data-window='{i}' x='{left + i * step:.2f}' y='{top}' width='{step:.2f}' height='{plot_h}' "
-                         f"fill='{RED}' opacity='0.12'><title>{esc(window.label)}: alert</title></rect>")
+            parts.append(
+                f"<rect class='alert-window' data-window='{i}' x='{left + i * step:.2f}' y='{top}' width='{step:.2f}' height='{plot_h}' "
+                f"fill='{RED}' opacity='0.12'><title>{esc(window.label)}: alert</title></rect>"
+            )
     ty = y(threshold)
-    parts.append(f"<line class='threshold' x1='{left}' y1='{ty:.2f}' x2='{left + plot_w}' y2='{ty:.2f}' stroke='{RED}' stroke-width='1.5' "
-                 f"stroke-dasharray='5 4'/><text class='threshold-label' x='{left + plot_w - 4}' y='{ty - 5:.2f}' text-anchor='end' fill='{RED}' "
-                 f"font-size='11'>threshold {num(threshold)}</text>")
+    parts.append(
+        f"<line class='threshold' x1='{left}' y1='{ty:.2f}' x2='{left + plot_w}' y2='{ty:.2f}' stroke='{RED}' stroke-width='1.5' "
+        f"stroke-dasharray='5 4'/><text class='threshold-label' x='{left + plot_w - 4}' y='{ty - 5:.2f}' text-anchor='end' fill='{RED}' "
+        f"font-size='11'>threshold {num(threshold)}</text>"
+    )
     for rank, (layer, shown) in enumerate(zip(layers, distinct_labels(layers, LEGEND_CHARS))):
         colour = PALETTE[rank % len(PALETTE)]
-        points = [(i, x(i), y(w.values[layer]), w.values[layer], w.statuses.get(layer, "ok")) for i, w in enumerate(windows)
-                  if math.isfinite(w.values.get(layer, math.nan))]
+        points = [
+            (i, x(i), y(w.values[layer]), w.values[layer], w.statuses.get(layer, "ok"))
+            for i, w in enumerate(windows)
+            if math.isfinite(w.values.get(layer, math.nan))
+        ]
         path = " ".join(f"{px:.2f},{py:.2f}" for _, px, py, _, _ in points)
         dots = "".join(_point(layer, i, px, py, v, status, threshold, colour) for i, px, py, v, status in points)
         legend_y = top + 12 + rank * 15
         # the legend starts right of the plot, where the whole right margin holds a LEGEND_CHARS label (it was cut at the edge)
-        legend = (f"<text class='legend' x='{left + plot_w + 12}' y='{legend_y}' fill='{colour}' font-size='11'>{esc(shown)}"
-                  f"<title>{esc(layer)}</title></text>" if legend_y <= top + plot_h else "")
-        parts.append(f"<g class='layer-line' data-layer='{esc(layer)}'><polyline points='{path}' fill='none' stroke='{colour}' stroke-width='1.5'>"
-                     f"<title>{esc(layer)}</title></polyline>{dots}{legend}</g>")
+        legend = (
+            f"<text class='legend' x='{left + plot_w + 12}' y='{legend_y}' fill='{colour}' font-size='11'>{esc(shown)}"
+            f"<title>{esc(layer)}</title></text>"
+            if legend_y <= top + plot_h
+            else ""
+        )
+        parts.append(
+            f"<g class='layer-line' data-layer='{esc(layer)}'><polyline points='{path}' fill='none' stroke='{colour}' stroke-width='1.5'>"
+            f"<title>{esc(layer)}</title></polyline>{dots}{legend}</g>"
+        )
     bottom = top + plot_h
-    parts.append(f"<line x1='{left}' y1='{bottom}' x2='{left + plot_w}' y2='{bottom}' stroke='{AXIS}'/>"
-                 f"<line x1='{left}' y1='{top}' x2='{left}' y2='{bottom}' stroke='{AXIS}'/>"
-                 f"<text x='{left - 6}' y='{top + 4}' text-anchor='end' fill='{MUTED}' font-size='11'>{num(scale)}</text>"
-                 f"<text x='{left - 6}' y='{bottom}' text-anchor='end' fill='{MUTED}' font-size='11'>0</text>")
+    parts.append(
+        f"<line x1='{left}' y1='{bottom}' x2='{left + plot_w}' y2='{bottom}' stroke='{AXIS}'/>"
+        f"<line x1='{left}' y1='{top}' x2='{left}' y2='{bottom}' stroke='{AXIS}'/>"
+        f"<text x='{left - 6}' y='{top + 4}' text-anchor='end' fill='{MUTED}' font-size='11'>{num(scale)}</text>"
+        f"<text x='{left - 6}' y='{bottom}' text-anchor='end' fill='{MUTED}' font-size='11'>0</text>"
+    )
     every = max(1, math.ceil(len(windows) / max(1, plot_w // WINDOW_LABEL_PX)))
     for i, window in enumerate(windows):
         if i % every == 0:  # the newest window's own label only when it falls on the step: it overlapped the one before
-            parts.append(f"<text class='window-label' x='{x(i):.2f}' y='{bottom + 16}' text-anchor='middle' fill='{MUTED}' font-size='10'>"
-                         f"{esc(window.label)}</text>")
+            parts.append(
+                f"<text class='window-label' x='{x(i):.2f}' y='{bottom + 16}' text-anchor='middle' fill='{MUTED}' font-size='10'>"
+                f"{esc(window.label)}</text>"
+            )
     parts.append("</svg>")
     return "".join(parts)
 

@@ -20,7 +20,8 @@ KIND_INFO: dict[str, KindInfo] = {kind: module.INFO for kind, module in _MODULES
 VALIDATORS = {kind: module.validate for kind, module in _MODULES.items()}
 #: ONNX op -> {input position: spec tensor} (how a native node's initializers map onto a spec).
 ONNX_INPUTS: dict[str, dict[int, str]] = {
-    info.onnx_op: dict(enumerate(info.onnx_inputs, start=1)) for info in KIND_INFO.values() if info.onnx_op is not None}
+    info.onnx_op: dict(enumerate(info.onnx_inputs, start=1)) for info in KIND_INFO.values() if info.onnx_op is not None
+}
 
 
 def register_kind(module) -> None:

@@ -34,9 +34,17 @@ def forbid(spec, *fields: str) -> None:
 def forbid_running_stats(spec) -> None:
     """Kinds without running statistics: no tracking, no momentum, no estimator, nothing frozen."""
     if spec.frozen:
-        raise SpecError(f"a {spec.kind} normalizer has no running statistics to freeze; set frozen=False.", layer=spec.name, setting="frozen")
+        raise SpecError(
+            f"a {spec.kind} normalizer has no running statistics to freeze; set frozen=False.",
+            layer=spec.name,
+            setting="frozen",
+        )
     if spec.track_running_stats:
-        raise SpecError(f"a {spec.kind} normalizer has no running statistics; set track_running_stats=False.", layer=spec.name, setting="track_running_stats")
+        raise SpecError(
+            f"a {spec.kind} normalizer has no running statistics; set track_running_stats=False.",
+            layer=spec.name,
+            setting="track_running_stats",
+        )
     forbid(spec, "momentum", "momentum_convention", "variance_estimator")
 
 
@@ -50,10 +58,18 @@ def require_running_stats_fields(spec) -> None:
     """
     if spec.frozen:
         if not spec.track_running_stats:
-            raise SpecError("frozen statistics are running statistics; set track_running_stats=True.", layer=spec.name, setting="frozen")
+            raise SpecError(
+                "frozen statistics are running statistics; set track_running_stats=True.",
+                layer=spec.name,
+                setting="frozen",
+            )
         forbid(spec, "momentum", "momentum_convention", "variance_estimator")
         if "num_batches_tracked" in spec.tensors:
-            raise SpecError("frozen statistics count no batches; drop num_batches_tracked.", layer=spec.name, setting="num_batches_tracked")
+            raise SpecError(
+                "frozen statistics count no batches; drop num_batches_tracked.",
+                layer=spec.name,
+                setting="num_batches_tracked",
+            )
         return
     if not spec.track_running_stats:
         forbid(spec, "variance_estimator")
@@ -61,7 +77,9 @@ def require_running_stats_fields(spec) -> None:
     require(spec, "variance_estimator")
     if spec.momentum is None and "num_batches_tracked" not in spec.tensors:
         raise SpecError(
-            "momentum=None (cumulative average) needs the num_batches_tracked tensor.", layer=spec.name, setting="momentum"
+            "momentum=None (cumulative average) needs the num_batches_tracked tensor.",
+            layer=spec.name,
+            setting="momentum",
         )
 
 
@@ -73,16 +91,29 @@ def check_normalized_shape(spec) -> None:
     """
     shape = spec.normalized_shape
     if len(shape) == 0 or any(d < 1 for d in shape):
-        raise SpecError(f"normalized_shape must be non-empty positive dims (got {shape}).", layer=spec.name, setting="normalized_shape")
+        raise SpecError(
+            f"normalized_shape must be non-empty positive dims (got {shape}).",
+            layer=spec.name,
+            setting="normalized_shape",
+        )
     if spec.layout == "channels_last":
-        raise SpecError("a trailing kind over the last axis needs no layout; leave layout None (channels_first means over axis 1).",
-                        layer=spec.name, setting="layout")
+        raise SpecError(
+            "a trailing kind over the last axis needs no layout; leave layout None (channels_first means over axis 1).",
+            layer=spec.name,
+            setting="layout",
+        )
     if spec.layout is not None and len(shape) != 1:
-        raise SpecError(f"over the channel axis normalized_shape is (C,) (got {shape}).", layer=spec.name, setting="normalized_shape")
+        raise SpecError(
+            f"over the channel axis normalized_shape is (C,) (got {shape}).",
+            layer=spec.name,
+            setting="normalized_shape",
+        )
     # input_rank == len(shape) normalises every axis (torch on an unbatched input, ONNX axis=0): allowed.
     if spec.input_rank is not None and spec.input_rank < len(shape):
         raise SpecError(
-            f"input_rank {spec.input_rank} is smaller than normalized_shape {shape} has axes.", layer=spec.name, setting="input_rank"
+            f"input_rank {spec.input_rank} is smaller than normalized_shape {shape} has axes.",
+            layer=spec.name,
+            setting="input_rank",
         )
 
 
@@ -105,17 +136,26 @@ def check_tensors(info, spec) -> None:
 
 def expect_tensor_shapes(spec, per_feature_shape: tuple[int, ...]) -> None:
     """scale/bias follow the affine flags; running stats follow tracking; shapes match the features."""
-    wanted = {"scale": spec.scale, "bias": spec.bias, "running_mean": spec.track_running_stats, "running_var": spec.track_running_stats}
+    wanted = {
+        "scale": spec.scale,
+        "bias": spec.bias,
+        "running_mean": spec.track_running_stats,
+        "running_var": spec.track_running_stats,
+    }
     for name, present in wanted.items():
         if present and name not in spec.tensors:
             raise SpecError(f"tensor '{name}' is missing although the spec needs it.", layer=spec.name, setting=name)
         if not present and name in spec.tensors:
             raise SpecError(
-                f"tensor '{name}' is present although the spec's flags exclude it; drop it or set the flag.", layer=spec.name, setting=name
+                f"tensor '{name}' is present although the spec's flags exclude it; drop it or set the flag.",
+                layer=spec.name,
+                setting=name,
             )
         if present and tuple(spec.tensors[name].shape) != per_feature_shape:
             raise SpecError(
-                f"tensor '{name}' has shape {tuple(spec.tensors[name].shape)}, expected {per_feature_shape}.", layer=spec.name, setting=name
+                f"tensor '{name}' has shape {tuple(spec.tensors[name].shape)}, expected {per_feature_shape}.",
+                layer=spec.name,
+                setting=name,
             )
 
 
@@ -131,14 +171,26 @@ def check_common_tensors(spec) -> None:
                 )
             continue
         if _dtype_name(array.dtype) != (spec.state_dtype or spec.dtype):
-            expected = f"the spec's state_dtype {spec.state_dtype}" if spec.state_dtype else f"the spec dtype {spec.dtype}"
-            raise SpecError(f"tensor '{name}' has dtype {array.dtype}, expected {expected}.", layer=spec.name, setting=name)
+            expected = (
+                f"the spec's state_dtype {spec.state_dtype}" if spec.state_dtype else f"the spec dtype {spec.dtype}"
+            )
+            raise SpecError(
+                f"tensor '{name}' has dtype {array.dtype}, expected {expected}.", layer=spec.name, setting=name
+            )
         if not np.isfinite(array).all():
-            raise SpecError(f"tensor '{name}' holds NaN or Inf values; the layer's state is corrupt.", layer=spec.name, setting=name)
+            raise SpecError(
+                f"tensor '{name}' holds NaN or Inf values; the layer's state is corrupt.", layer=spec.name, setting=name
+            )
     if "running_var" in spec.tensors and (spec.tensors["running_var"] < 0).any():
-        raise SpecError("running_var holds negative values; a variance cannot be negative.", layer=spec.name, setting="running_var")
+        raise SpecError(
+            "running_var holds negative values; a variance cannot be negative.", layer=spec.name, setting="running_var"
+        )
     if "num_batches_tracked" in spec.tensors and not spec.track_running_stats:
-        raise SpecError("num_batches_tracked is present but statistics are not tracked.", layer=spec.name, setting="num_batches_tracked")
+        raise SpecError(
+            "num_batches_tracked is present but statistics are not tracked.",
+            layer=spec.name,
+            setting="num_batches_tracked",
+        )
 
 
 @functools.lru_cache(maxsize=64)

@@ -28,6 +28,8 @@ def validate(spec) -> None:
     check_fields(INFO, spec)
     if spec.num_features % spec.num_groups != 0:
         raise SpecError(
-            f"num_features {spec.num_features} is not divisible by num_groups {spec.num_groups}.", layer=spec.name, setting="num_groups"
+            f"num_features {spec.num_features} is not divisible by num_groups {spec.num_groups}.",
+            layer=spec.name,
+            setting="num_groups",
         )
     check_tensors(INFO, spec)

@@ -27,5 +27,7 @@ INFO = KindInfo(
 def validate(spec) -> None:
     check_fields(INFO, spec)
     if spec.bias:
-        raise SpecError("RMSNorm has no bias in PyTorch, Keras or ONNX; set bias=False.", layer=spec.name, setting="bias")
+        raise SpecError(
+            "RMSNorm has no bias in PyTorch, Keras or ONNX; set bias=False.", layer=spec.name, setting="bias"
+        )
     check_tensors(INFO, spec)

@@ -121,11 +121,21 @@ def test_a_foreign_train_mode_onnx_file_is_read_as_train_mode(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     c = 3
-    arrays = ((np.ones(c, np.float32), "s"), (np.zeros(c, np.float32), "b"), (np.zeros(c, np.float32), "m"), (np.ones(c, np.float32), "v"))
-    node = helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"], epsilon=1e-5, training_mode=1, name="bn")
+    arrays = (
+        (np.ones(c, np.float32), "s"),
+        (np.zeros(c, np.float32), "b"),
+        (np.zeros(c, np.float32), "m"),
+        (np.ones(c, np.float32), "v"),
+    )
+    node = helper.make_node(
+        "BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"], epsilon=1e-5, training_mode=1, name="bn"
+    )
     shape = ["N", c, "H", "W"]
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
         initializer=[numpy_helper.from_array(a, n) for a, n in arrays],
     )
     path = tmp_path / "train.onnx"
@@ -190,7 +200,9 @@ def test_every_command_module_is_registered():
     for group in app.registered_groups:
         commands += group.typer_instance.registered_commands
     registering = {command.callback.__module__ for command in commands}
-    assert registering == modules, f"listed but registering nothing: {sorted(modules - registering)}; registering but not listed: {sorted(registering - modules)}"
+    assert registering == modules, (
+        f"listed but registering nothing: {sorted(modules - registering)}; registering but not listed: {sorted(registering - modules)}"
+    )
 
 
 #: Runs `normbridge --help` as `python -m cli.main` does, delivering a real SIGINT to the process while cli.app is being imported.
@@ -211,8 +223,14 @@ runpy.run_module("cli.main", run_name="__main__")
 
 def test_ctrl_c_while_the_command_starts_exits_130_without_a_traceback():
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_IMPORTING], cwd=root, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(root)})
+    run = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WHILE_IMPORTING],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert run.returncode == 130, run.stderr[-2000:]
     assert run.stderr.strip() == "interrupted while starting" and "Traceback" not in run.stderr and run.stdout == ""
 

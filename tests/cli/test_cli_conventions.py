@@ -43,7 +43,9 @@ def work(tmp_path_factory) -> Path:
     save_spec(make_spec("batch", name="features.1", eps=1e-3, momentum=0.01, source="torch"), folder / "bn")
     torch.manual_seed(0)
     model = torch_resnet_small().eval()
-    program = torch.export.export(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    program = torch.export.export(
+        model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},)
+    )
     torch.export.save(program, folder / "resnet.pt2")
     np.save(folder / "inputs.npy", np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32))
     return folder
@@ -58,7 +60,10 @@ WRITES = {
     "spec folder": (["convert", "bn", "--to", "spec", "-o", "{out}_spec"], "{out}_spec"),
     "torch folder": (["convert", "bn", "--to", "torch", "-o", "{out}_torch"], "{out}_torch"),
     "serving export": (["export", "resnet.pt2", "--to", "onnx", "-o", "{out}_served.onnx"], "{out}_served.onnx"),
-    "recalibrated": (["recalibrate", "resnet.pt2", "inputs.npy", "-o", "{out}_recalibrated.pt2"], "{out}_recalibrated.pt2"),
+    "recalibrated": (
+        ["recalibrate", "resnet.pt2", "inputs.npy", "-o", "{out}_recalibrated.pt2"],
+        "{out}_recalibrated.pt2",
+    ),
 }
 
 
@@ -98,7 +103,9 @@ def test_the_registry_stays_private_whatever_the_umask(work):
         done = invoke_cli("register", "bn", f"bn_{umask:03o}.onnx", cwd=work, env=env, umask=umask)
         assert done.returncode == 0, done.stderr
         blobs = [p for p in (home / "blobs").rglob("*") if p.is_file()]
-        assert blobs and {mode(p) for p in blobs} == {blob_mode}, f"blobs under umask {umask:03o}: {sorted({oct(mode(p)) for p in blobs})}"
+        assert blobs and {mode(p) for p in blobs} == {blob_mode}, (
+            f"blobs under umask {umask:03o}: {sorted({oct(mode(p)) for p in blobs})}"
+        )
         assert mode(home / "registry.db") == db_mode
         folders = [home, home / "blobs", *(p for p in (home / "blobs").rglob("*") if p.is_dir())]
         assert {mode(p) for p in folders} == {folder_mode}, f"folders under umask {umask:03o}"
@@ -123,21 +130,42 @@ def test_version_prints_the_installed_version(tmp_path):
 
 
 def test_flags_show_no_bool_placeholder_in_help(tmp_path):
-    for command in (["--help"], ["convert", "--help"], ["inspect", "--help"], ["token", "create", "--help"], ["mlflow", "import", "--help"]):
-        done = (run_cli if command == ["--help"] else invoke_cli)(*command, cwd=tmp_path, columns=200)  # the root's help as a process
+    for command in (
+        ["--help"],
+        ["convert", "--help"],
+        ["inspect", "--help"],
+        ["token", "create", "--help"],
+        ["mlflow", "import", "--help"],
+    ):
+        done = (run_cli if command == ["--help"] else invoke_cli)(
+            *command, cwd=tmp_path, columns=200
+        )  # the root's help as a process
         assert done.returncode == 0, done.stderr
         assert "--json" in done.stdout or "--verbose" in done.stdout or "--trust-pickle" in done.stdout
         assert "<bool>" not in done.stdout, " ".join(command)
-    assert "<int>" in invoke_cli("convert", "--help", cwd=tmp_path, columns=200).stdout  # an option that takes a value keeps its type
+    assert (
+        "<int>" in invoke_cli("convert", "--help", cwd=tmp_path, columns=200).stdout
+    )  # an option that takes a value keeps its type
 
 
 def test_shell_completion_as_typer_offers_it(tmp_path):
     # Typer detects the shell from the process tree (shellingham): typed in bash, as a user does, whatever runs the tests.
     # (a second command keeps bash from exec-ing normbridge in its place, which would hide bash from the detection)
     command = " ".join(shlex.quote(part) for part in normbridge_command() + ["--show-completion"]) + "; exit $?"
-    script = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=user_environment(), capture_output=True, text=True,
-                            timeout=120, stdin=subprocess.DEVNULL)
-    assert script.returncode == 0 and "_NORMBRIDGE_COMPLETE=complete_bash" in script.stdout and "complete " in script.stdout
+    script = subprocess.run(
+        ["bash", "-c", command],
+        cwd=tmp_path,
+        env=user_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert (
+        script.returncode == 0
+        and "_NORMBRIDGE_COMPLETE=complete_bash" in script.stdout
+        and "complete " in script.stdout
+    )
     complete = {"_NORMBRIDGE_COMPLETE": "complete_bash", "COMP_CWORD": "1", "COMP_WORDS": "normbridge insp"}
     assert invoke_cli(cwd=tmp_path, env=complete).stdout.split() == ["inspect"]
     roles = {**complete, "COMP_CWORD": "4", "COMP_WORDS": "normbridge token create --role "}
@@ -165,18 +193,42 @@ USAGE_MISTAKES = {
     "bad alias name": (["alias", "a", "latest", "a@1"], "'latest' cannot be an alias"),
     "numeric alias": (["alias", "a", "7", "a@1"], "'7' cannot be an alias"),
     "bad role": (["token", "create", "--owner", "ci", "--role", "boss"], "'boss' is not a role"),
-    "bad token scope": (["token", "create", "--owner", "ci", "--role", "read", "--model", "x/y"], "'x/y' is not a model name"),
-    "bad export reference": (["export-layers", "a@x@", "--to", "onnx", "-o", "out"], "'a@x@' is not a version reference"),
-    "a bad version given to export": (["export", "a@x@", "--to", "onnx", "-o", "out"], "'a@x@' is not a version reference"),
+    "bad token scope": (
+        ["token", "create", "--owner", "ci", "--role", "read", "--model", "x/y"],
+        "'x/y' is not a model name",
+    ),
+    "bad export reference": (
+        ["export-layers", "a@x@", "--to", "onnx", "-o", "out"],
+        "'a@x@' is not a version reference",
+    ),
+    "a bad version given to export": (
+        ["export", "a@x@", "--to", "onnx", "-o", "out"],
+        "'a@x@' is not a version reference",
+    ),
     "bad pull reference": (["pull", "a@", "-o", "out"], "'a@' is not a version reference"),
     "bad drift record": (["drift", "a.onnx", "inputs.npy", "--record", "a@"], "'a@' is not a version reference"),
-    "unknown operation": (["register", "a", "a.onnx", "--operation", "retrained"], "'retrained' is not a lineage operation"),
+    "unknown operation": (
+        ["register", "a", "a.onnx", "--operation", "retrained"],
+        "'retrained' is not a lineage operation",
+    ),
     "negative grace": (["gc", "--grace", "-1"], "'--grace': Input should be greater than or equal to 0"),
-    "unknown framework": (["check", "bn", "--framework", "tflite"], "'tflite' is not a framework; choose torch, keras or onnx"),
-    "opset below the converters'": (["convert", "bn", "--to", "onnx", "-o", "low.onnx", "--opset", "12"], "12 is below opset 13"),
+    "unknown framework": (
+        ["check", "bn", "--framework", "tflite"],
+        "'tflite' is not a framework; choose torch, keras or onnx",
+    ),
+    "opset below the converters'": (
+        ["convert", "bn", "--to", "onnx", "-o", "low.onnx", "--opset", "12"],
+        "12 is below opset 13",
+    ),
     "check at opset 0": (["check", "bn", "--opset", "0"], "0 is below opset 13"),
-    "export at opset 0": (["export", "resnet.pt2", "-o", "zero.onnx", "--opset", "0"], "'--opset': Input should be greater than or equal to 1"),
-    "export to a layer format": (["export", "resnet.pt2", "--to", "torch", "-o", "out"], "written as torch files by normbridge export-layers"),
+    "export at opset 0": (
+        ["export", "resnet.pt2", "-o", "zero.onnx", "--opset", "0"],
+        "'--opset': Input should be greater than or equal to 1",
+    ),
+    "export to a layer format": (
+        ["export", "resnet.pt2", "--to", "torch", "-o", "out"],
+        "written as torch files by normbridge export-layers",
+    ),
     "unknown schema": (["schema", "bogus"], "'bogus' is not a schema; choose one of normspec"),
 }
 
@@ -185,7 +237,9 @@ USAGE_MISTAKES = {
 PROCESS_MISTAKES = ("malformed NAME@N",)
 
 
-@pytest.mark.parametrize("mistake, how", [(m, "in-process") for m in USAGE_MISTAKES] + [(m, "process") for m in PROCESS_MISTAKES])
+@pytest.mark.parametrize(
+    "mistake, how", [(m, "in-process") for m in USAGE_MISTAKES] + [(m, "process") for m in PROCESS_MISTAKES]
+)
 def test_usage_mistakes_exit_2_with_the_usage_line(work, registry, mistake, how):
     args, message = USAGE_MISTAKES[mistake]
     done = (run_cli if how == "process" else invoke_cli)(*args, cwd=work, env=registry, columns=400)

@@ -90,7 +90,9 @@ def test_a_reader_that_closed_the_output_ends_the_command_with_141_and_no_messag
         read, write = os.pipe()
         os.close(read)
         try:
-            done = subprocess.run([*normbridge_command(), *args], stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+            done = subprocess.run(
+                [*normbridge_command(), *args], stdout=write, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300
+            )
         finally:
             os.close(write)
         assert done.returncode == OUTPUT_CLOSED_EXIT == 141, (args, done.returncode, done.stderr)
@@ -119,7 +121,9 @@ def test_ctrl_c_during_a_command_says_what_stopped_and_leaves_no_version(tmp_pat
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while "libtorch" not in Path(f"/proc/{process.pid}/maps").read_text():  # the command itself has started
-        assert process.poll() is None and time.monotonic() < deadline, "the registration ended before it could be interrupted"
+        assert process.poll() is None and time.monotonic() < deadline, (
+            "the registration ended before it could be interrupted"
+        )
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)

@@ -45,7 +45,13 @@ with open(os.environ["PROBE_OUT"], "w") as out:
 
 def imports_of(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[int, list[str]]:
     out = tmp_path / "probe.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_OUT": str(out), "NORMBRIDGE_HOME": str(tmp_path / "home"), **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PROBE_OUT": str(out),
+        "NORMBRIDGE_HOME": str(tmp_path / "home"),
+        **(env or {}),
+    }
     env.pop("NORMBRIDGE_SERVER", None)
     done = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), done.stderr[-2000:]
@@ -80,8 +86,12 @@ def test_with_the_shared_worker_a_pt2_registration_imports_torch_alone_and_the_n
         torch.manual_seed(1)
         other = genuine_pt2(tmp_path / "other.pt2", ConvBatchNorm().eval(), (torch.randn(2, 3, 8, 8),))
         _, imported = imports_of(tmp_path, "register", "other", str(other), env=shared)
-        assert imported == [] and workers_of(folder) == [worker]  # the warm worker ran the whole registration (registry/worker_jobs.py)
-        loaded = Path(f"/proc/{worker}/maps").read_text()  # the worker ran the Keras leg: Keras and TensorFlow, nothing optional
+        assert imported == [] and workers_of(folder) == [
+            worker
+        ]  # the warm worker ran the whole registration (registry/worker_jobs.py)
+        loaded = Path(
+            f"/proc/{worker}/maps"
+        ).read_text()  # the worker ran the Keras leg: Keras and TensorFlow, nothing optional
         assert "site-packages/tensorflow/" in loaded
         assert not [name for name in OPTIONAL if f"site-packages/{name}/" in loaded]
     finally:
@@ -114,5 +124,9 @@ def test_keras_loads_without_its_optional_packages_in_the_cli_and_with_them_when
     model.save(tmp_path / "net.keras")
     _, lean = imports_of(tmp_path, "inspect", str(tmp_path / "net.keras"), "--json")
     assert "keras" in lean and "tensorflow" in lean and not [name for name in OPTIONAL if name in lean]
-    _, full = imports_of(tmp_path, "inspect", str(tmp_path / "net.keras"), "--json", env={"NORMBRIDGE_LEAN_IMPORTS": "0"})
-    assert [name for name in OPTIONAL if name in full] == OPTIONAL  # installed here (MLflow's), so the lean run kept them out
+    _, full = imports_of(
+        tmp_path, "inspect", str(tmp_path / "net.keras"), "--json", env={"NORMBRIDGE_LEAN_IMPORTS": "0"}
+    )
+    assert [
+        name for name in OPTIONAL if name in full
+    ] == OPTIONAL  # installed here (MLflow's), so the lean run kept them out

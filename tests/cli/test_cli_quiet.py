@@ -17,8 +17,18 @@ from tests.cli_run import invoke_cli, run_cli
 from testkit.model_zoo import torch_resnet_small
 
 ONEDNN_ON = {"TF_ENABLE_ONEDNN_OPTS": "1"}
-FRAMEWORK_MARKERS = ("oneDNN", "absl", "cpu_feature_guard", "torchvision", "FutureWarning", "DeprecationWarning", "Traceback", "tf2onnx",
-                     "W0000", "I0000")
+FRAMEWORK_MARKERS = (
+    "oneDNN",
+    "absl",
+    "cpu_feature_guard",
+    "torchvision",
+    "FutureWarning",
+    "DeprecationWarning",
+    "Traceback",
+    "tf2onnx",
+    "W0000",
+    "I0000",
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +38,11 @@ def models(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("quiet")
     torch.manual_seed(0)
-    program = torch.export.export(torch_resnet_small().eval(), (torch.randn(2, 3, 32, 32),),
-                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    program = torch.export.export(
+        torch_resnet_small().eval(),
+        (torch.randn(2, 3, 32, 32),),
+        dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},),
+    )
     torch.export.save(program, folder / "resnet.pt2")
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12, 12, 3), name="image")
@@ -77,7 +90,9 @@ def test_verbose_brings_tensorflow_start_up_lines_back(models):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("oneDNN custom operations are on") == 2, done.stderr[:3000]
     assert "absl::InitializeLog()" in done.stderr
-    quiet = invoke_cli("inspect", "small.keras", cwd=models, env=ONEDNN_ON, columns=120)  # in-process: only its stdout counts here
+    quiet = invoke_cli(
+        "inspect", "small.keras", cwd=models, env=ONEDNN_ON, columns=120
+    )  # in-process: only its stdout counts here
     assert quiet.stdout == done.stdout  # the same report either way
 
 
@@ -86,21 +101,34 @@ def test_verbose_brings_torch_onnx_and_warning_lines_back(models):
     done = run_cli("--verbose", "export", "resnet.pt2", "--to", "onnx", "-o", "verbose.onnx", cwd=models, columns=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torchvision is not installed" in done.stderr, done.stderr[:3000]
-    by_env = run_cli("export", "resnet.pt2", "--to", "onnx", "-o", "verbose_env.onnx", cwd=models, columns=120, env={"NORMBRIDGE_VERBOSE": "1"})
+    by_env = run_cli(
+        "export",
+        "resnet.pt2",
+        "--to",
+        "onnx",
+        "-o",
+        "verbose_env.onnx",
+        cwd=models,
+        columns=120,
+        env={"NORMBRIDGE_VERBOSE": "1"},
+    )
     assert by_env.returncode == 0 and "torchvision is not installed" in by_env.stderr
 
 
 def test_only_the_known_start_up_lines_are_dropped():
-    captured = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-                b"I0000 00:00:1796121933.715640   31249 port.cc:153] oneDNN custom operations are on. You may see slightly different numerical "
-                b"results due to floating-point round-off errors from different computation orders.\n"
-                b"I0000 00:00:1796119452.223262   12195 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available CPU "
-                b"instructions in performance-critical operations.\n"
-                b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.\n"
-                b"E0000 00:00:1796121933.715640   31249 some_kernel.cc:12] could not open model.pb: permission denied\n"
-                b"Traceback (most recent call last):\n"
-                b"  partial line without newline")
-    assert without_startup_noise(captured) == (b"E0000 00:00:1796121933.715640   31249 some_kernel.cc:12] could not open model.pb: permission denied\n"
-                                               b"Traceback (most recent call last):\n"
-                                               b"  partial line without newline")
-
+    captured = (
+        b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        b"I0000 00:00:1796121933.715640   31249 port.cc:153] oneDNN custom operations are on. You may see slightly different numerical "
+        b"results due to floating-point round-off errors from different computation orders.\n"
+        b"I0000 00:00:1796119452.223262   12195 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to use available CPU "
+        b"instructions in performance-critical operations.\n"
+        b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.\n"
+        b"E0000 00:00:1796121933.715640   31249 some_kernel.cc:12] could not open model.pb: permission denied\n"
+        b"Traceback (most recent call last):\n"
+        b"  partial line without newline"
+    )
+    assert without_startup_noise(captured) == (
+        b"E0000 00:00:1796121933.715640   31249 some_kernel.cc:12] could not open model.pb: permission denied\n"
+        b"Traceback (most recent call last):\n"
+        b"  partial line without newline"
+    )

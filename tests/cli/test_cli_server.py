@@ -55,8 +55,12 @@ def served(tmp_path_factory):
     files["broken"] = save_pt2(broken, root / "broken.pt2")
     db, blobs = f"sqlite:///{root / 'reg.db'}", str(root / "blobs")
     with running_server(db=db, blobs=blobs, log=root / "serve.log") as server:
-        state = Served(server.url, create_token(db, "alice", "write"), create_token(db, "bob", "read"), files, db, blobs)
-        first = process("--server", state.url, "--token", state.writer, "register", "cnn", str(files["v1"]), "--note", "first")
+        state = Served(
+            server.url, create_token(db, "alice", "write"), create_token(db, "bob", "read"), files, db, blobs
+        )
+        first = process(
+            "--server", state.url, "--token", state.writer, "register", "cnn", str(files["v1"]), "--note", "first"
+        )
         assert first.returncode == 0, first.stderr[-3000:] + server.log_text()[-3000:]
         assert "registered cnn@1" in first.stdout and "2/2 normalization layers passed" in first.stdout
         yield state
@@ -65,8 +69,15 @@ def served(tmp_path_factory):
 def process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real `normbridge` command, without any registry selection inherited from the test's environment."""
     base = {k: v for k, v in os.environ.items() if k not in REMOTE_ENV}
-    return subprocess.run(normbridge_command() + list(args), cwd=ROOT, env={**base, "COLUMNS": "200", **(env or {})},
-                          capture_output=True, text=True, timeout=240, check=False)
+    return subprocess.run(
+        normbridge_command() + list(args),
+        cwd=ROOT,
+        env={**base, "COLUMNS": "200", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
 
 
 def cli(served: Served, *args: str, token: str | None = "writer"):
@@ -90,24 +101,41 @@ def data(result):
 
 @pytest.mark.slow
 def test_register_read_diff_lineage_alias_audit_over_the_server(served):
-    second = process("register", "cnn", str(served.files["v2"]), "--json",
-                     env={"NORMBRIDGE_SERVER": served.url, "NORMBRIDGE_TOKEN": served.writer})  # env works like --server/--token
+    second = process(
+        "register",
+        "cnn",
+        str(served.files["v2"]),
+        "--json",
+        env={"NORMBRIDGE_SERVER": served.url, "NORMBRIDGE_TOKEN": served.writer},
+    )  # env works like --server/--token
     assert second.returncode == 0, second.stderr[-3000:]
     registered = json.loads(second.stdout)
     assert registered["created"] is True and registered["version"]["number"] == 2
-    assert (registered["version"]["parent"], registered["version"]["operation"], registered["version"]["user"]) == ("cnn@1", "fine-tuned", "alice")
+    assert (registered["version"]["parent"], registered["version"]["operation"], registered["version"]["user"]) == (
+        "cnn@1",
+        "fine-tuned",
+        "alice",
+    )
     assert len(registered["checks"]) == 2 and all(c["passed"] for c in registered["checks"])
 
     assert data(cli(served, "models", "--json", token="reader")) == [{"name": "cnn", "latest": 2, "versions": 2}]
     listed = data(cli(served, "versions", "cnn", "--json"))
-    assert [(v["number"], v["user"], v["note"]) for v in listed["versions"]] == [(1, "alice", "first"), (2, "alice", None)]
+    assert [(v["number"], v["user"], v["note"]) for v in listed["versions"]] == [
+        (1, "alice", "first"),
+        (2, "alice", None),
+    ]
     table = cli(served, "versions", "cnn")
     # The Rich table's width is fixed when cli.app's console is created (it may fold long cells): check what always fits.
     assert table.exit_code == 0 and "cnn: 2 version(s)" in table.stdout and "alice" in table.stdout
 
     shown = cli(served, "show", "cnn@2")  # downloads the bundle: every blob re-hashed, digest checked
     assert shown.exit_code == 0, shown.output
-    assert "bn1" in shown.stdout and "bn2" in shown.stdout and "passed" in shown.stdout and registered["version"]["digest"] in shown.stdout
+    assert (
+        "bn1" in shown.stdout
+        and "bn2" in shown.stdout
+        and "passed" in shown.stdout
+        and registered["version"]["digest"] in shown.stdout
+    )
     assert data(cli(served, "show", "cnn", "--json"))["number"] == 2  # bare NAME is the latest
 
     diff = data(cli(served, "diff", "cnn@1", "cnn@2", "--json"))
@@ -121,7 +149,11 @@ def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     assert data(cli(served, "show", "cnn@production", "--json"))["number"] == 1
 
     log = data(cli(served, "audit", "--model", "cnn", "--verify", "--json", token="reader"))
-    assert [(e["action"], e["number"], e["user"]) for e in log["entries"]] == [("register", 1, "alice"), ("register", 2, "alice"), ("alias", 1, "alice")]
+    assert [(e["action"], e["number"], e["user"]) for e in log["entries"]] == [
+        ("register", 1, "alice"),
+        ("register", 2, "alice"),
+        ("alias", 1, "alice"),
+    ]
     assert log["chain_ok"] is True
     from registry.service import Registry
 
@@ -129,7 +161,9 @@ def test_register_read_diff_lineage_alias_audit_over_the_server(served):
     assert head == Registry(db=served.db, blobs=served.blobs, user="test").audit()[-1].hash
     assert cli(served, "audit", "--verify", "--expect-head", head, token="reader").exit_code == 0
     forged = cli(served, "audit", "--verify", "--expect-head", "ab" * 32, token="reader")
-    assert forged.exit_code == 12 and "the pinned audit head abababababab... is not in the audit log" in " ".join(forged.stdout.split())
+    assert forged.exit_code == 12 and "the pinned audit head abababababab... is not in the audit log" in " ".join(
+        forged.stdout.split()
+    )
     verified = cli(served, "verify", "cnn@2", "--no-check")
     assert verified.exit_code == 0 and "verify PASSED" in verified.stdout
 
@@ -176,7 +210,9 @@ def test_export_over_the_server_writes_the_same_files_as_a_local_export(served, 
     local.register("cnn", served.files["v1"], note="first")
     expected = local.export("cnn@1", "onnx", tmp_path / "local")
 
-    done = data(cli(served, "export-layers", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "remote"), "--json", token="reader"))
+    done = data(
+        cli(served, "export-layers", "cnn@1", "--to", "onnx", "-o", str(tmp_path / "remote"), "--json", token="reader")
+    )
     assert done["version"] == "cnn@1" and len(done["layers"]) == 2
     local_files = {Path(layer.file).name: Path(layer.file).read_bytes() for layer in expected.layers}
     remote_files = {Path(layer["file"]).name: Path(layer["file"]).read_bytes() for layer in done["layers"]}
@@ -231,7 +267,12 @@ def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(s
 
     folder = save_artifact_folder(extract_artifact(finetune_statistics(trained_cnn(), seed=7)), tmp_path / "stats-only")
     remote = RemoteRegistry(served.url, served.writer, transfer=transfer)
-    held = {t["digest"] for name, _, _ in remote.models() for v in remote.versions(name) for t in v.manifest["tensors"].values()}
+    held = {
+        t["digest"]
+        for name, _, _ in remote.models()
+        for v in remote.versions(name)
+        for t in v.manifest["tensors"].values()
+    }
     artifact = load_artifact_folder(folder)
     unchanged = frozenset(set(artifact.blobs) & held)
     assert unchanged and set(artifact.blobs) - held  # the weights are shared, the statistics are new
@@ -240,7 +281,9 @@ def test_an_upload_leaves_out_the_blobs_the_server_already_holds_for_the_token(s
     assert totals[f"uploading {folder.name}"] == folder_tar_size(folder, unchanged) < folder_tar_size(folder)
     stored = remote.tensors("cnn-stats@1")  # downloaded and re-hashed: what was left out is there, byte for byte
     assert {n: a.tobytes() for n, a in stored.items()} == {
-        n: artifact.blobs[ref.digest][len(artifact.blobs[ref.digest]) - ref.nbytes:] for n, ref in artifact.manifest.tensors.items()}
+        n: artifact.blobs[ref.digest][len(artifact.blobs[ref.digest]) - ref.nbytes :]
+        for n, ref in artifact.manifest.tensors.items()
+    }
 
 
 @pytest.mark.slow
@@ -251,25 +294,41 @@ def test_a_scoped_token_cannot_leave_out_blobs_of_a_model_it_may_not_read(served
     from registry.manifest_io import save_artifact_folder
 
     carol = create_token(served.db, "carol", "write", models=["carols"])
-    digests = sorted({ref.digest for ref in RemoteRegistry(served.url, served.writer).manifest("cnn@1").tensors.values()})
+    digests = sorted(
+        {ref.digest for ref in RemoteRegistry(served.url, served.writer).manifest("cnn@1").tensors.values()}
+    )
     with httpx.Client(base_url=served.url, timeout=60) as client:
+
         def present(token: str) -> httpx.Response:
-            return client.post("/api/v1/blobs/present", json={"digests": digests}, headers={"Authorization": f"Bearer {token}"})
+            return client.post(
+                "/api/v1/blobs/present", json={"digests": digests}, headers={"Authorization": f"Bearer {token}"}
+            )
 
         assert present(served.writer).json() == {"present": digests}
         assert present(carol).json() == {"present": []}  # cnn's blobs are invisible to carol, whether or not they exist
-        assert client.post("/api/v1/blobs/present", json={"digests": ["x"] * 100_001},
-                           headers={"Authorization": f"Bearer {carol}"}).status_code == 422
+        assert (
+            client.post(
+                "/api/v1/blobs/present", json={"digests": ["x"] * 100_001}, headers={"Authorization": f"Bearer {carol}"}
+            ).status_code
+            == 422
+        )
         folder = save_artifact_folder(extract_artifact(served.files["v1"]), tmp_path / "copy")
         manifest_only = io.BytesIO()
         with tarfile.open(fileobj=manifest_only, mode="w") as tar:
             tar.add(folder / "manifest.json", arcname="manifest.json")
-        refused = client.post("/api/v1/models/carols/versions", params={"format": "bundle"}, content=manifest_only.getvalue(),
-                              headers={"Authorization": f"Bearer {carol}", "Content-Type": "application/octet-stream"})
+        refused = client.post(
+            "/api/v1/models/carols/versions",
+            params={"format": "bundle"},
+            content=manifest_only.getvalue(),
+            headers={"Authorization": f"Bearer {carol}", "Content-Type": "application/octet-stream"},
+        )
         assert refused.status_code == 400, refused.text
         assert "missing from the bundle (it may be left out only when" in refused.json()["error"]["message"]
     sent = RemoteRegistry(served.url, carol).register("carols", folder)  # the client sends carol everything
-    assert sent.created and sent.version.content_digest == RemoteRegistry(served.url, served.writer).show("cnn@1").content_digest
+    assert (
+        sent.created
+        and sent.version.content_digest == RemoteRegistry(served.url, served.writer).show("cnn@1").content_digest
+    )
 
 
 @pytest.mark.slow
@@ -313,7 +372,16 @@ def test_a_bundle_with_links_or_escaping_paths_is_never_extracted(tmp_path):
 def test_a_malformed_reference_is_refused_the_same_way_locally_and_over_the_server(served):
     for ref in ("cnn@", "@2"):
         remote = cli(served, "show", ref)
-        local = CliRunner().invoke(_app(), ["show", ref, "--db", served.db, "--blobs", served.blobs],
-                                   env={k: None for k in REMOTE_ENV} | {"COLUMNS": "200"})
-        assert remote.exit_code == local.exit_code == 2, (remote.output, local.output)  # a usage error, before any registry is asked
-        assert f"'{ref}' is not a version reference" in remote.stderr and f"'{ref}' is not a version reference" in local.stderr
+        local = CliRunner().invoke(
+            _app(),
+            ["show", ref, "--db", served.db, "--blobs", served.blobs],
+            env={k: None for k in REMOTE_ENV} | {"COLUMNS": "200"},
+        )
+        assert remote.exit_code == local.exit_code == 2, (
+            remote.output,
+            local.output,
+        )  # a usage error, before any registry is asked
+        assert (
+            f"'{ref}' is not a version reference" in remote.stderr
+            and f"'{ref}' is not a version reference" in local.stderr
+        )

@@ -36,12 +36,24 @@ from testkit.model_zoo import torch_resnet_small, train_batchnorm_statistics
 pytestmark = pytest.mark.slow
 
 #: The BatchNorm layers of torch_resnet_small in execution order (the order torch.onnx writes their nodes).
-RESNET_NORMS = ["stem.1", "layer1.0.bn1", "layer1.0.bn2", "layer1.1.bn1", "layer1.1.bn2", "layer2.0.bn1", "layer2.0.bn2",
-                "layer2.0.downsample.1", "layer2.1.bn1", "layer2.1.bn2"]
+RESNET_NORMS = [
+    "stem.1",
+    "layer1.0.bn1",
+    "layer1.0.bn2",
+    "layer1.1.bn1",
+    "layer1.1.bn2",
+    "layer2.0.bn1",
+    "layer2.0.bn2",
+    "layer2.0.downsample.1",
+    "layer2.1.bn1",
+    "layer2.1.bn2",
+]
 
 
 def _save_program(model: nn.Module, path: Path, shape: tuple[int, ...]) -> None:
-    program = torch.export.export(model.eval(), (torch.randn(*shape),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    program = torch.export.export(
+        model.eval(), (torch.randn(*shape),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},)
+    )
     torch.export.save(program, path)
 
 
@@ -50,11 +62,19 @@ def work(tmp_path_factory) -> Path:
     """trained.pt2 (a small ResNet whose BatchNorms saw data), untrained.pt2 (never did), untracked.pt2 (batch statistics at eval), samples."""
     folder = tmp_path_factory.mktemp("serving_honesty")
     torch.manual_seed(0)
-    batches = [torch.randn(8, 3, 32, 32) * 2 + 0.5 for _ in range(30)]  # 0.9 ** 30 < 5% of the initial statistics left: converged
+    batches = [
+        torch.randn(8, 3, 32, 32) * 2 + 0.5 for _ in range(30)
+    ]  # 0.9 ** 30 < 5% of the initial statistics left: converged
     _save_program(train_batchnorm_statistics(torch_resnet_small(), batches), folder / "trained.pt2", (2, 3, 32, 32))
     _save_program(torch_resnet_small(), folder / "untrained.pt2", (2, 3, 32, 32))
-    untracked = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, track_running_stats=False), nn.ReLU(),
-                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    untracked = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8, track_running_stats=False),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 4),
+    )
     _save_program(untracked, folder / "untracked.pt2", (2, 3, 16, 16))
     rng = np.random.default_rng(0)
     np.save(folder / "one.npy", rng.standard_normal((1, 3, 32, 32)).astype(np.float32))
@@ -77,9 +97,14 @@ def test_export_at_opset_17_writes_opset_17_without_a_traceback(at_17):
     assert result.returncode == 0, result.stderr
     model = onnx.load(path)
     assert {o.domain or "ai.onnx": o.version for o in model.opset_import}["ai.onnx"] == 17
-    assert "Traceback" not in result.stderr + result.stdout  # even with --verbose: torch.onnx is never asked below its own opset
+    assert (
+        "Traceback" not in result.stderr + result.stdout
+    )  # even with --verbose: torch.onnx is never asked below its own opset
     assert "converted down to opset 17" in result.stdout and "file opset 17" in result.stdout
-    assert all(n.op_type != "ReduceMean" or all(a.name != "noop_with_empty_axes" for a in n.attribute) for n in model.graph.node)
+    assert all(
+        n.op_type != "ReduceMean" or all(a.name != "noop_with_empty_axes" for a in n.attribute)
+        for n in model.graph.node
+    )
 
 
 def test_export_below_what_the_converter_can_reach_is_refused_with_the_reason(work):
@@ -98,7 +123,10 @@ def test_export_above_the_newest_opset_onnx_knows_asks_the_exporter_for_that_one
     result = json.loads(done.stdout)
     # torch.onnx asked for an opset onnx does not know exports at 18 and logs a traceback; asked for the newest, it writes that one
     assert result["exporter"].endswith(f"at opset {newest}") and result["opset"] == newest
-    assert f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {newest + 2} cap" in result["notes"]
+    assert (
+        f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {newest + 2} cap"
+        in result["notes"]
+    )
     assert {o.domain or "ai.onnx": o.version for o in onnx.load(work / "above.onnx").opset_import}["ai.onnx"] == newest
 
 
@@ -107,7 +135,9 @@ def test_export_above_the_newest_opset_onnx_knows_asks_the_exporter_for_that_one
 
 def test_export_repeats_inspect_s_warnings_and_errors(work):
     inspection = inspect_path(work / "untrained.pt2")  # what `inspect` reports (its --json is this model's dump)
-    expected = sorted((where, h.code, h.severity) for where, h in inspection.all_hazards() if h.severity in ("warning", "error"))
+    expected = sorted(
+        (where, h.code, h.severity) for where, h in inspection.all_hazards() if h.severity in ("warning", "error")
+    )
     assert {code for _, code, _ in expected} == {"never_trained"} and len(expected) == len(RESNET_NORMS)
 
     exported = invoke_cli("export", "untrained.pt2", "-o", "untrained.onnx", "--json", cwd=work)
@@ -118,7 +148,9 @@ def test_export_repeats_inspect_s_warnings_and_errors(work):
     assert text.returncode == 0, text.stderr
     # one line for the ten identical hazards (issue 35 §3): the first three layers named, the rest counted
     assert text.stdout.count("warning never_trained") == 1 and "contract PASSED" in text.stdout
-    assert f"at {', '.join(RESNET_NORMS[:3])} and {len(RESNET_NORMS) - 3} more ({len(RESNET_NORMS)} layers)" in text.stdout
+    assert (
+        f"at {', '.join(RESNET_NORMS[:3])} and {len(RESNET_NORMS) - 3} more ({len(RESNET_NORMS)} layers)" in text.stdout
+    )
     assert "hazard(s) in the source" in text.stdout
 
 
@@ -158,7 +190,9 @@ def test_contract_names_the_output_the_layer_and_the_setting_of_a_changed_eps(wo
     source = load_model(work / "trained.pt2")  # the same result as --json prints it, in this process
     result = contract_test(source, work / "eps_changed.onnx")
     assert not result.passed
-    assert [(d.source_layer, d.setting, d.expected, d.found) for d in result.differing_settings] == [(RESNET_NORMS[3], "eps", "1e-05", "0.5")]
+    assert [(d.source_layer, d.setting, d.expected, d.found) for d in result.differing_settings] == [
+        (RESNET_NORMS[3], "eps", "1e-05", "0.5")
+    ]
     assert '"differing_settings"' in result.to_json()
     passing = contract_test(source, path)
     assert passing.passed and passing.differing_settings == [] and not any("differing" in f for f in passing.findings)
@@ -189,7 +223,9 @@ def test_a_program_traced_at_batch_one_on_token_ids_is_described_as_such(tmp_pat
         def forward(self, ids):
             return self.norm(self.embed(ids))
 
-    torch.export.save(torch.export.export(Tokens().eval(), (torch.zeros(1, 16, dtype=torch.int64),)), str(tmp_path / "t.pt2"))
+    torch.export.save(
+        torch.export.export(Tokens().eval(), (torch.zeros(1, 16, dtype=torch.int64),)), str(tmp_path / "t.pt2")
+    )
     done = invoke_cli("export", "t.pt2", "--to", "onnx", "-o", "t.onnx", cwd=tmp_path, columns=400)
     assert done.returncode == 0, done.stdout + done.stderr
     text = " ".join(done.stdout.split())

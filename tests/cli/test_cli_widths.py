@@ -41,11 +41,18 @@ def work(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     import keras
 
     folder = tmp_path_factory.mktemp("widths")
-    env = {"NORMBRIDGE_DB": f"sqlite:///{folder / 'registry.db'}", "NORMBRIDGE_BLOBS": str(folder / "blobs"), "NORMBRIDGE_USER": "width-tester"}
+    env = {
+        "NORMBRIDGE_DB": f"sqlite:///{folder / 'registry.db'}",
+        "NORMBRIDGE_BLOBS": str(folder / "blobs"),
+        "NORMBRIDGE_USER": "width-tester",
+    }
     torch.manual_seed(0)
     model = train_batchnorm_statistics(torch_resnet_small(), [torch.randn(16, 3, 32, 32) * 0.01 for _ in range(3)])
     save_resnet(model, folder / "resnet.pt2")
-    save_resnet(train_batchnorm_statistics(model, [torch.randn(16, 3, 32, 32) * 3 + 1 for _ in range(3)]), folder / "resnet2.pt2")
+    save_resnet(
+        train_batchnorm_statistics(model, [torch.randn(16, 3, 32, 32) * 3 + 1 for _ in range(3)]),
+        folder / "resnet2.pt2",
+    )
     keras.utils.set_random_seed(0)
     inputs = keras.Input((12, 12, 3))
     x = keras.layers.BatchNormalization(epsilon=1e-3, name="bn")(keras.layers.Conv2D(8, 3, padding="same")(inputs))
@@ -53,10 +60,24 @@ def work(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     keras.Model(inputs, x).save(folder / "small.keras")
     np.save(folder / "inputs.npy", np.random.default_rng(0).standard_normal((16, 3, 32, 32)).astype(np.float32) * 2)
     save_spec(make_spec("batch", name="features.1", eps=1e-3, momentum=0.01, source="torch"), folder / "bn")
-    setup = [("export", "resnet.pt2", "--to", "onnx", "-o", "resnet.onnx"), ("register", "resnet", "resnet.pt2", "--note", "first epoch"),
-             ("register", "resnet", "resnet2.pt2", "--note", "statistics recalibrated on shifted inputs"),
-             ("alias", "resnet", "production", "resnet@2"),
-             ("token", "create", "--owner", "nightly-ci", "--role", "write", "--model", "resnet", "--note", "for the nightly pipeline")]
+    setup = [
+        ("export", "resnet.pt2", "--to", "onnx", "-o", "resnet.onnx"),
+        ("register", "resnet", "resnet.pt2", "--note", "first epoch"),
+        ("register", "resnet", "resnet2.pt2", "--note", "statistics recalibrated on shifted inputs"),
+        ("alias", "resnet", "production", "resnet@2"),
+        (
+            "token",
+            "create",
+            "--owner",
+            "nightly-ci",
+            "--role",
+            "write",
+            "--model",
+            "resnet",
+            "--note",
+            "for the nightly pipeline",
+        ),
+    ]
     for args in setup:
         done = invoke_cli(*args, cwd=folder, env=env)
         assert done.returncode == 0, (args, done.stderr[-2000:])
@@ -66,7 +87,10 @@ def work(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 #: command -> (arguments, values that must appear whole on one line at every width)
 COMMANDS = {
     "inspect .pt2": (["inspect", "resnet.pt2"], ["layer2.0.downsample.1", "1e-05", "(batch_weight)"]),
-    "inspect .keras": (["inspect", "small.keras"], ["BatchNormalization", "LayerNormalization", "never_trained", "eps_not_default"]),
+    "inspect .keras": (
+        ["inspect", "small.keras"],
+        ["BatchNormalization", "LayerNormalization", "never_trained", "eps_not_default"],
+    ),
     "models": (["models"], ["resnet"]),
     "versions": (["versions", "resnet"], ["fine-tuned", "production", "resnet@1"]),
     "show": (["show", "resnet@2"], ["layer2.0.downsample.1", "(batch_weight)", "passed"]),
@@ -76,8 +100,14 @@ COMMANDS = {
     "drift": (["drift", "resnet.onnx", "inputs.npy"], ["layer2.0.downsample.1", "DRIFT"]),
     "contract": (["contract", "resnet.pt2", "resnet.onnx"], ["PASSED", "deterministic"]),
     "check": (["check", "bn"], ["features.1", "PASSED"]),
-    "export": (["export", "resnet.pt2", "--to", "onnx", "-o", "again.onnx"], ["layer2.0.downsample.1", "node__native_batch_norm_legit_no_training__0", "1e-05"]),
-    "recalibrate": (["recalibrate", "resnet.pt2", "inputs.npy", "-o", "recalibrated.pt2"], ["layer2.0.downsample.1", "channels"]),
+    "export": (
+        ["export", "resnet.pt2", "--to", "onnx", "-o", "again.onnx"],
+        ["layer2.0.downsample.1", "node__native_batch_norm_legit_no_training__0", "1e-05"],
+    ),
+    "recalibrate": (
+        ["recalibrate", "resnet.pt2", "inputs.npy", "-o", "recalibrated.pt2"],
+        ["layer2.0.downsample.1", "channels"],
+    ),
 }
 #: Exit codes that are verdicts, not failures (drift alarms on the shifted inputs).
 VERDICTS = {"drift": 11}
@@ -91,7 +121,9 @@ def words(text: str) -> set[str]:
 PROCESS_COMMANDS = ("inspect .pt2",)
 
 
-@pytest.mark.parametrize("what, how", [(w, "in-process") for w in COMMANDS] + [(w, "process") for w in PROCESS_COMMANDS])
+@pytest.mark.parametrize(
+    "what, how", [(w, "in-process") for w in COMMANDS] + [(w, "process") for w in PROCESS_COMMANDS]
+)
 def test_output_fits_the_width_with_every_value_whole(work, what, how):
     folder, env = work
     args, values = COMMANDS[what]
@@ -111,7 +143,9 @@ def test_output_fits_the_width_with_every_value_whole(work, what, how):
         broken = sorted(w for w in words(wide.stdout) - found if len(w) <= width - 4)
         assert not broken, f"{what} at {width} columns broke {broken[:10]} across lines:\n{narrow.stdout[:3000]}"
         for value in values:
-            assert any(value in words(line) for line in lines), f"{what} at {width} columns: {value!r} not whole on any line"
+            assert any(value in words(line) for line in lines), (
+                f"{what} at {width} columns: {value!r} not whole on any line"
+            )
 
 
 def command_paths() -> list[list[str]]:

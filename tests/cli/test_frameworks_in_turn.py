@@ -61,8 +61,15 @@ def pt2_file(path: Path) -> Path:
 
 def normbridge(*args: str, env: dict) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in REMOTE_ENV}
-    return subprocess.run(normbridge_command() + list(args), cwd=ROOT, env={**base, "COLUMNS": "200", **env},
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        normbridge_command() + list(args),
+        cwd=ROOT,
+        env={**base, "COLUMNS": "200", **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def test_the_warm_worker_registers_a_pt2_after_a_keras_file(tmp_path):
@@ -76,7 +83,9 @@ def test_the_warm_worker_registers_a_pt2_after_a_keras_file(tmp_path):
         assert workers, "the first registration left no warm worker"
         second = normbridge("register", "p", str(files[1]), env=env)
         assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
-        assert sorted(workers_of(folder)) == workers, "the warm worker died or was replaced during the .pt2 registration"
+        assert sorted(workers_of(folder)) == workers, (
+            "the warm worker died or was replaced during the .pt2 registration"
+        )
     finally:
         for pid in workers_of(folder):
             os.kill(pid, 15)

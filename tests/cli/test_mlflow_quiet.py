@@ -19,13 +19,21 @@ def _onnx_batchnorm():
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    arrays = {"s": rng.normal(1, 0.2, 4), "b": rng.normal(0, 0.5, 4), "m": rng.normal(0, 1, 4),
-              "v": rng.uniform(0.5, 2, 4)}
+    arrays = {
+        "s": rng.normal(1, 0.2, 4),
+        "b": rng.normal(0, 0.5, 4),
+        "m": rng.normal(0, 1, 4),
+        "v": rng.uniform(0.5, 2, 4),
+    }
     node = helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"], epsilon=1e-3, name="bn")
     shape = ["N", 4, 5, 5]
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
-                              initializer=[numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
+        initializer=[numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
     proto.ir_version = 8
     return proto
@@ -43,16 +51,32 @@ def test_mlflow_import_prints_no_progress_bars(mlflow_server, tmp_path, monkeypa
     mlflow.set_registry_uri(mlflow_server.url)
     with mlflow.start_run():
         mlflow.onnx.log_model(_onnx_batchnorm(), name="model", registered_model_name="onnx-quiet")
-    options = ["--tracking-uri", mlflow_server.url, "--db", f"sqlite:///{tmp_path / 'registry.db'}",
-               "--blobs", str(tmp_path / "blobs")]
+    options = [
+        "--tracking-uri",
+        mlflow_server.url,
+        "--db",
+        f"sqlite:///{tmp_path / 'registry.db'}",
+        "--blobs",
+        str(tmp_path / "blobs"),
+    ]
     work = tmp_path / "cwd"
     work.mkdir()
-    done = run_cli("mlflow", "import", "models:/onnx-quiet/1", *options, cwd=work,
-                   env={"MLFLOW_TRACKING_URI": mlflow_server.url})
+    done = run_cli(
+        "mlflow", "import", "models:/onnx-quiet/1", *options, cwd=work, env={"MLFLOW_TRACKING_URI": mlflow_server.url}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported onnx-quiet@1" in done.stdout
     for bar in ("Downloading artifacts", "%|", "it/s]"):
         assert bar not in done.stdout + done.stderr, done.stderr
-    loud = run_cli("--verbose", "mlflow", "import", "models:/onnx-quiet/1", "--name", "onnx-loud", *options, cwd=work,
-                   env={"MLFLOW_TRACKING_URI": mlflow_server.url})
+    loud = run_cli(
+        "--verbose",
+        "mlflow",
+        "import",
+        "models:/onnx-quiet/1",
+        "--name",
+        "onnx-loud",
+        *options,
+        cwd=work,
+        env={"MLFLOW_TRACKING_URI": mlflow_server.url},
+    )
     assert loud.returncode == 0 and "Downloading artifacts" in loud.stderr  # the bars are MLflow's, back with --verbose

@@ -69,7 +69,8 @@ def test_convnext_eps_not_default_is_one_line(models):
     entries = [h for h in _json_hazards(models, "convnext.keras") if h["code"] == "eps_not_default"]
     assert len(entries) == 23 and {h["message"] for h in entries} == {  # every LayerNorm of ConvNeXtTiny at eps 1e-6
         "eps is 1e-06, not Keras's default 0.001: fine when the model was built that way, but an eps replaced by a "
-        "converter shows up here."}
+        "converter shows up here."
+    }
     done = invoke_cli("inspect", "convnext.keras", cwd=models, columns=200)
     assert done.returncode == 0, done.stderr
     assert _hazard_lines(done.stdout).count(("info", "eps_not_default")) == 1

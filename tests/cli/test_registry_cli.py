@@ -43,15 +43,20 @@ def cli(tmp_path):
     In this process (tests.cli_run.invoke_cli: the console script's app) unless `process`: then a real `normbridge` process,
     for the rows whose exit status and start-up are the behaviour (a registration, a tampered blob, a Keras export).
     """
-    registry_env = {"NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'reg.db'}", "NORMBRIDGE_BLOBS": str(tmp_path / "blobs"),
-                    "NORMBRIDGE_USER": "cli-user"}
+    registry_env = {
+        "NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'reg.db'}",
+        "NORMBRIDGE_BLOBS": str(tmp_path / "blobs"),
+        "NORMBRIDGE_USER": "cli-user",
+    }
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **registry_env, "COLUMNS": "200"}
     env.pop("NORMBRIDGE_FAULT", None)
 
     def run(*args: str, process: bool = False) -> subprocess.CompletedProcess:
         if not process:
             return invoke_cli(*args, cwd=ROOT, columns=200, env=registry_env)
-        return subprocess.run(command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+        return subprocess.run(
+            command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
 
     return run
 
@@ -70,11 +75,15 @@ def test_register_read_diff_lineage_alias_verify_audit_gc(cli, tmp_path):
     first = cli("register", "cnn", str(v1), "--note", "first", process=True)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "registered cnn@1" in first.stdout and "2/2 normalization layers passed" in first.stdout
-    second = data(cli("register", "cnn", str(v2), "--json", "--note", "époque 2 ✓", process=True))  # --json writes UTF-8
+    second = data(
+        cli("register", "cnn", str(v2), "--json", "--note", "époque 2 ✓", process=True)
+    )  # --json writes UTF-8
     assert second["created"] is True and second["version"]["number"] == 2 and second["version"]["note"] == "époque 2 ✓"
     assert (second["version"]["parent"], second["version"]["operation"]) == ("cnn@1", "fine-tuned")
     assert all(c["passed"] for c in second["checks"])
-    assert set(second["seconds"]) == {"reading", "gate", "staging", "commit"} and all(s > 0 for s in second["seconds"].values())
+    assert set(second["seconds"]) == {"reading", "gate", "staging", "commit"} and all(
+        s > 0 for s in second["seconds"].values()
+    )
 
     refused = cli("register", "cnn", str(tmp_path / "model.pt"))  # as a process: tests/converters/test_pt2_safety.py
     assert refused.returncode == 6 and "pickle" in refused.stderr
@@ -132,7 +141,9 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
         out = tmp_path / f"layers_{to}"
         done = data(cli("export-layers", "cnn@1", "--to", to, "-o", str(out), "--json", process=to == "keras"))
         files = sorted(Path(layer["file"]) for layer in done["layers"])
-        assert len(files) == 2 and all(f.suffix == suffix and (f.is_dir() if to == "torch" else f.is_file()) for f in files), files
+        assert len(files) == 2 and all(
+            f.suffix == suffix and (f.is_dir() if to == "torch" else f.is_file()) for f in files
+        ), files
     # what was exported computes the registered layers: eps and statistics survive
     first_bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     onnx_spec = converters.to_spec(onnx.load(str(sorted((tmp_path / "layers_onnx").iterdir())[0])))
@@ -143,7 +154,10 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
     torch_spec = load_spec(torch_folder)
     assert (torch_spec.eps, torch_spec.momentum) == (first_bn.eps, first_bn.momentum)
     rebuilt = converters.from_spec(torch_spec, "torch")
-    rebuilt.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in load_file(str(torch_folder / "state_dict.safetensors")).items()}, strict=True)
+    rebuilt.load_state_dict(
+        {k: torch.from_numpy(v.copy()) for k, v in load_file(str(torch_folder / "state_dict.safetensors")).items()},
+        strict=True,
+    )
     assert torch.equal(rebuilt.running_var, first_bn.running_var)
     assert (onnx_spec.tensors["running_var"] == first_bn.running_var.numpy()).all()
     missing = cli("export-layers", "cnn@9", "--to", "onnx", "-o", str(tmp_path / "none"))
@@ -159,7 +173,9 @@ def test_register_says_which_framework_left_layers_unchecked_and_prints_no_marku
     inputs = keras.Input((4, 4, 3))
     model = keras.Model(inputs, keras.layers.BatchNormalization(dtype="mixed_float16", name="bn_mixed")(inputs))
     layer = model.get_layer("bn_mixed")
-    layer.gamma.assign(np.array([1.0 + 2.0 ** -12, 0.5, 2.0], "float32"))  # float32 state no float16 holds: a trained layer
+    layer.gamma.assign(
+        np.array([1.0 + 2.0**-12, 0.5, 2.0], "float32")
+    )  # float32 state no float16 holds: a trained layer
     layer.moving_variance.assign(np.array([0.5, 2.0, 3.25], "float32"))
     path = tmp_path / "mixed.keras"
     model.save(path)
@@ -189,6 +205,8 @@ def test_a_model_made_from_scratch_records_no_parent_and_a_dropped_note_is_said(
     assert "the note was not stored: cnn@1 keeps its own ('first')" in again.stdout
     assert data(cli("register", "cnn", str(v1), "--note", "x", "--json"))["note_stored"] is False
     scratch = data(cli("register", "cnn", str(retrained), "--no-parent", "--json"))
-    assert scratch["created"] and scratch["version"]["parent"] is None and scratch["version"]["operation"] == "registered"
+    assert (
+        scratch["created"] and scratch["version"]["parent"] is None and scratch["version"]["operation"] == "registered"
+    )
     conflict = cli("register", "cnn", str(retrained), "--no-parent", "--parent", "cnn@1")
     assert conflict.returncode == 2 and "--no-parent" in conflict.stderr + conflict.stdout

@@ -11,7 +11,9 @@ from tests.spec_factory import make_spec
 
 
 def buggy_registry() -> AdapterRegistry:
-    return AdapterRegistry({"torch": "tests.buggy_torch", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
+    return AdapterRegistry(
+        {"torch": "tests.buggy_torch", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"}
+    )
 
 
 def test_check_of_a_module_passes_and_reports_errors_per_framework():
@@ -46,7 +48,9 @@ def test_check_catches_an_eps_read_wrong_where_its_writer_agrees():
     """tests/buggy_torch_eps.py reads a float16 RMSNorm(eps=None) as float16's eps and writes it back as eps=None: every
     spec comparison agrees, and only the probe's small sample (variance near eps) shows that torch adds another eps."""
     module = torch.nn.RMSNorm(16).half().eval()
-    buggy = AdapterRegistry({"torch": "tests.buggy_torch_eps", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"})
+    buggy = AdapterRegistry(
+        {"torch": "tests.buggy_torch_eps", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"}
+    )
     result = converters.check(module, frameworks=["torch"], registry=buggy)
     assert not result.passed
     torch_output = next(o for o in result.outputs if o.framework == "torch")

@@ -26,9 +26,16 @@ from tests.real_norms import randomise  # noqa: E402
 
 
 def _decoder(config_name: str, model_name: str, **extra):
-    config = getattr(transformers, config_name)(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
-                                                use_cache=False, **extra)
+    config = getattr(transformers, config_name)(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        use_cache=False,
+        **extra,
+    )
     return getattr(transformers, model_name)(config)
 
 
@@ -49,8 +56,14 @@ def qwen3():
 def bert():
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=64,
-                        layer_norm_eps=4e-12)
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=64,
+        layer_norm_eps=4e-12,
+    )
     return BertModel(config, add_pooling_layer=False)
 
 
@@ -70,11 +83,24 @@ def detr():
     (`backbone.conv_encoder.model.` for the module's `backbone.model.`): read through transformers' renaming."""
     from transformers import DetrConfig, DetrModel, ResNetConfig
 
-    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
-                            out_features=["stage2"])
-    return DetrModel(DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
-                                d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                                decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=5))
+    backbone = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", out_features=["stage2"]
+    )
+    return DetrModel(
+        DetrConfig(
+            use_timm_backbone=False,
+            use_pretrained_backbone=False,
+            backbone_config=backbone,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            num_queries=5,
+        )
+    )
 
 
 TOKENS = (torch.arange(6, dtype=torch.long).reshape(1, 6),)
@@ -107,10 +133,21 @@ def _layers(inspection) -> list[dict]:
     differ, whatever their source: the spec's `source` says which was read, `input_rank` is what a program's graph
     records of the input (a module does not say), and a module lists its layers in definition order, a program in
     execution order (Qwen3's q/k norms are defined before, and run after, the input norm)."""
-    return sorted(({"path": layer.path, "kind": layer.kind, "layer_type": layer.layer_type, "mode": layer.mode,
-             "spec": {k: v for k, v in (layer.spec or {}).items() if k not in ("source", "input_rank")},
-             "stats": layer.stats, "hazards": sorted(h.code for h in layer.hazards)} for layer in inspection.layers),
-                  key=lambda layer: layer["path"])
+    return sorted(
+        (
+            {
+                "path": layer.path,
+                "kind": layer.kind,
+                "layer_type": layer.layer_type,
+                "mode": layer.mode,
+                "spec": {k: v for k, v in (layer.spec or {}).items() if k not in ("source", "input_rank")},
+                "stats": layer.stats,
+                "hazards": sorted(h.code for h in layer.hazards),
+            }
+            for layer in inspection.layers
+        ),
+        key=lambda layer: layer["path"],
+    )
 
 
 #: The .pt2 reader (not the folder's) reads a bfloat16 program's BatchNorm as float32 and calls it unreadable
@@ -121,10 +158,17 @@ PT2_CANNOT_READ = {"resnet-bf16-sharded"}
 PT2_READS_LESS = {"detr-f32-sharded"}
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason="the .pt2 reader finds a bf16 BatchNorm unreadable"))
-    if case in PT2_CANNOT_READ else case for case in CASES
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            case, marks=pytest.mark.xfail(strict=True, reason="the .pt2 reader finds a bf16 BatchNorm unreadable")
+        )
+        if case in PT2_CANNOT_READ
+        else case
+        for case in CASES
+    ],
+)
 def test_a_folder_inspects_as_a_pt2_of_the_same_model(case, tmp_path):
     model = _saved(case, tmp_path / "checkpoint")
     program = torch.export.export(model, CASES[case][3])
@@ -135,8 +179,9 @@ def test_a_folder_inspects_as_a_pt2_of_the_same_model(case, tmp_path):
 
     assert from_folder.layers, "no normalization found"
     if case in PT2_READS_LESS:
-        assert sorted((layer.path, layer.kind) for layer in from_folder.layers) == \
-            sorted((layer.path, layer.kind) for layer in from_pt2.layers)
+        assert sorted((layer.path, layer.kind) for layer in from_folder.layers) == sorted(
+            (layer.path, layer.kind) for layer in from_pt2.layers
+        )
         return
     assert _layers(from_folder) == _layers(from_pt2)
     assert sorted(h.code for h in from_folder.hazards) == sorted(h.code for h in from_pt2.hazards)
@@ -183,8 +228,12 @@ def test_inspect_command_lists_a_sharded_folder_like_its_pt2(tmp_path):
     pt2 = invoke_cli("inspect", "model.pt2", "--json", cwd=tmp_path)
 
     assert folder.returncode == 0, folder.stderr
-    listed = sorted((layer["path"], layer["kind"], layer["spec"]["eps"], layer["spec"]["dtype"])
-                    for layer in json.loads(folder.stdout)["layers"])
-    assert listed == sorted((layer["path"], layer["kind"], layer["spec"]["eps"], layer["spec"]["dtype"])
-                            for layer in json.loads(pt2.stdout)["layers"])
+    listed = sorted(
+        (layer["path"], layer["kind"], layer["spec"]["eps"], layer["spec"]["dtype"])
+        for layer in json.loads(folder.stdout)["layers"]
+    )
+    assert listed == sorted(
+        (layer["path"], layer["kind"], layer["spec"]["eps"], layer["spec"]["dtype"])
+        for layer in json.loads(pt2.stdout)["layers"]
+    )
     assert {kind for _, kind, _, _ in listed} == {"rms"} and len(listed) == 2 * 4 + 1

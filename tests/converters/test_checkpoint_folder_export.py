@@ -34,8 +34,13 @@ CASES = {
 
 
 def _epsilons(model: onnx.ModelProto, op: str) -> list[float]:
-    return [attribute.f for node in model.graph.node if node.op_type == op for attribute in node.attribute
-            if attribute.name == "epsilon"]
+    return [
+        attribute.f
+        for node in model.graph.node
+        if node.op_type == op
+        for attribute in node.attribute
+        if attribute.name == "epsilon"
+    ]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -51,8 +56,11 @@ def test_a_folder_exports_to_onnx_with_native_norms_computing_what_transformers_
     assert _epsilons(model, op) and all(value == np.float32(eps) for value in _epsilons(model, op))
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     [feed] = session.get_inputs()
-    source = transformers.AutoModel.from_pretrained(tmp_path / "checkpoint").eval() if not case.startswith("llama") else \
-        transformers.LlamaModel.from_pretrained(tmp_path / "checkpoint").eval()
+    source = (
+        transformers.AutoModel.from_pretrained(tmp_path / "checkpoint").eval()
+        if not case.startswith("llama")
+        else transformers.LlamaModel.from_pretrained(tmp_path / "checkpoint").eval()
+    )
     if tokens is None:
         shape = [int(d) for d in feed.shape]
         inputs = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
@@ -91,13 +99,29 @@ def test_a_folder_lacking_tensors_of_its_architecture_is_refused_in_one_line(tmp
 
 def test_a_model_whose_main_input_normbridge_cannot_make_is_refused_naming_it(tmp_path):
     torch.manual_seed(0)
-    model = randomise(transformers.Wav2Vec2Model(transformers.Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, conv_dim=(8, 8),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)), seed=2)
+    model = randomise(
+        transformers.Wav2Vec2Model(
+            transformers.Wav2Vec2Config(
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                intermediate_size=64,
+                conv_dim=(8, 8),
+                conv_stride=(5, 2),
+                conv_kernel=(10, 3),
+                num_conv_pos_embeddings=16,
+                num_conv_pos_embedding_groups=4,
+            )
+        ),
+        seed=2,
+    )
     model.save_pretrained(tmp_path / "checkpoint")
 
     done = invoke_cli("export", "checkpoint", "--to", "onnx", "-o", "model.onnx", cwd=tmp_path)
 
     assert done.returncode != 0
-    assert "'input_values' as its main input" in done.stdout + done.stderr and "torch.export.save" in done.stdout + done.stderr
+    assert (
+        "'input_values' as its main input" in done.stdout + done.stderr
+        and "torch.export.save" in done.stdout + done.stderr
+    )
     assert not (tmp_path / "model.onnx").exists()

@@ -31,8 +31,16 @@ def _llama(folder: Path, shard: str | None = None) -> Path:
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    model = LlamaModel(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=64))
+    model = LlamaModel(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=64,
+        )
+    )
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
     return folder
 
@@ -66,6 +74,7 @@ def pickled_weights(folder: Path) -> None:
 def pickle_beside(suffix: str):
     def breaks(folder: Path) -> None:
         (folder / f"extra{suffix}").write_bytes(b"\x80\x04never unpickled")
+
     return breaks
 
 
@@ -97,8 +106,10 @@ def nested_auto_map(folder: Path) -> None:
 
 
 def offsets_past_the_end(folder: Path) -> None:
-    header = {"norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 128]},
-              "huge": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [128, 128 + (4 << 30)]}}
+    header = {
+        "norm.weight": {"dtype": "F32", "shape": [32], "data_offsets": [0, 128]},
+        "huge": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [128, 128 + (4 << 30)]},
+    }
     _write_safetensors(folder / "model.safetensors", header, bytes(128))
 
 
@@ -131,8 +142,14 @@ def shard_outside(folder: Path) -> None:
 
 
 def timm_backbone(folder: Path) -> None:
-    _edit_config(folder, backbone_config={"model_type": "timm_backbone", "backbone": "resnet18",
-                                          "model_args": {"checkpoint_path": "/tmp/a.pth"}})
+    _edit_config(
+        folder,
+        backbone_config={
+            "model_type": "timm_backbone",
+            "backbone": "resnet18",
+            "model_args": {"checkpoint_path": "/tmp/a.pth"},
+        },
+    )
 
 
 def unknown_model_type(folder: Path) -> None:
@@ -180,8 +197,16 @@ def test_a_hostile_folder_is_refused_in_one_line_and_nothing_is_stored(case, req
     breaks(folder)
 
     inspected = invoke_cli("inspect", "checkpoint", cwd=tmp_path)
-    registered = invoke_cli("register", "m", "checkpoint", "--db", f"sqlite:///{tmp_path / 'r.db'}",
-                            "--blobs", str(tmp_path / "blobs"), cwd=tmp_path)
+    registered = invoke_cli(
+        "register",
+        "m",
+        "checkpoint",
+        "--db",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--blobs",
+        str(tmp_path / "blobs"),
+        cwd=tmp_path,
+    )
 
     assert inspected.returncode == 6, inspected.stdout + inspected.stderr
     message = inspected.stderr.strip()
@@ -238,8 +263,14 @@ print(next(line.split()[1] for line in open("/proc/self/status") if line.startsw
 
 
 def _peak(folder: Path) -> tuple[str, int]:
-    done = subprocess.run([sys.executable, "-c", _PEAK, str(folder)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr
     outcome, peak_kib = done.stdout.strip().splitlines()[-2:]
     return outcome, int(peak_kib) * 1024
@@ -270,9 +301,14 @@ main()
 def test_inspect_without_transformers_is_one_line_naming_the_extra(one_file, tmp_path):
     from schemas.errors import EXIT_CODES, MissingDependencyError
 
-    done = subprocess.run([sys.executable, "-c", _WITHOUT_TRANSFORMERS, str(one_file)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300,
-                          env={**os.environ, "NORMBRIDGE_HOME": str(tmp_path / "home"), "COLUMNS": "200"})
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TRANSFORMERS, str(one_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NORMBRIDGE_HOME": str(tmp_path / "home"), "COLUMNS": "200"},
+    )
 
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == EXIT_CODES[MissingDependencyError] and len(lines) == 1, done.stderr[-2000:]

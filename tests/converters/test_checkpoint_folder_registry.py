@@ -84,8 +84,9 @@ def test_a_statistics_only_version_stores_only_the_statistics_and_diff_says_so(t
     diff = registry.diff("resnet@1", "resnet@2")
     assert diff.headline == f"weights identical, running statistics changed in {len(norms)} layers"
     assert diff.weights_identical and sorted(diff.statistics_changed_layers) == sorted(norms)
-    assert {change.name for change in diff.tensors if change.status == "changed"} == \
-        {f"{path}.{stat}" for path in norms for stat in ("running_mean", "running_var")}
+    assert {change.name for change in diff.tensors if change.status == "changed"} == {
+        f"{path}.{stat}" for path in norms for stat in ("running_mean", "running_var")
+    }
 
 
 def test_register_and_show_commands_take_a_folder(tmp_path):
@@ -99,7 +100,9 @@ def test_register_and_show_commands_take_a_folder(tmp_path):
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "layers.1.post_attention_layernorm" in shown.stdout
 
-    pulled = invoke_cli("pull", "llama@1", "-o", "pulled/model.safetensors", "--format", "safetensors", *where, cwd=tmp_path)
+    pulled = invoke_cli(
+        "pull", "llama@1", "-o", "pulled/model.safetensors", "--format", "safetensors", *where, cwd=tmp_path
+    )
 
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert _files_tensors(tmp_path / "pulled") == _files_tensors(tmp_path / "checkpoint")

@@ -20,7 +20,9 @@ PAIRS = [
     for source, target in itertools.product(FRAMEWORKS, FRAMEWORKS)
     if not {source, target} & (case.refused_by | case.expressed_by)
 ]
-REFUSALS = [pytest.param(case, target, id=f"{case.id}-{target}") for case in CASES for target in sorted(case.refused_by)]
+REFUSALS = [
+    pytest.param(case, target, id=f"{case.id}-{target}") for case in CASES for target in sorted(case.refused_by)
+]
 
 
 @pytest.mark.parametrize("case, source, target", PAIRS)
@@ -67,6 +69,12 @@ def test_check_passes_for_every_case(case):
     assert result.passed, result.render_text()
     statuses = {t.framework: t.status for t in result.targets}
     for framework in FRAMEWORKS:
-        expected = "not_expressible" if framework in case.refused_by else ("skipped",) if framework in case.no_runtime else ("passed", "skipped")
+        expected = (
+            "not_expressible"
+            if framework in case.refused_by
+            else ("skipped",)
+            if framework in case.no_runtime
+            else ("passed", "skipped")
+        )
         assert statuses[framework] in ((expected,) if isinstance(expected, str) else expected), result.render_text()
     assert result.outputs and all(np.isfinite(o.max_abs_error) for o in result.outputs)

@@ -31,7 +31,9 @@ def test_every_kind_has_an_info_a_validator_and_a_reference(kind):
     assert callable(VALIDATORS[kind])
     module = reference.KIND_MODULES[kind]
     assert callable(module.forward)
-    assert callable(getattr(module, "batch_moments", None)) or not info.running_stats, "a kind with running statistics needs batch_moments"
+    assert callable(getattr(module, "batch_moments", None)) or not info.running_stats, (
+        "a kind with running statistics needs batch_moments"
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -48,8 +50,9 @@ def test_each_framework_info_is_its_package_s_and_agrees_with_the_stored_formats
     the formats and frameworks, which must be the infos'."""
     infos = REGISTRY.infos()
     assert [(info.name, info.package) for info in infos] == list(REGISTRY.packages.items())
-    assert set(get_args(StructureFormat)) == {info.structure_format for info in infos if info.structure_format is not None} | {
-        fmt for info in infos for fmt in info.folder_formats}
+    assert set(get_args(StructureFormat)) == {
+        info.structure_format for info in infos if info.structure_format is not None
+    } | {fmt for info in infos for fmt in info.folder_formats}
     origins = {fmt for info in infos for fmt in info.format_origins}
     assert origins <= set(get_args(ArtifactFormat))
     assert set(get_args(ArtifactManifest.model_fields["framework"].annotation)) == set(FRAMEWORKS)
@@ -59,8 +62,12 @@ def test_each_framework_info_is_its_package_s_and_agrees_with_the_stored_formats
 def test_every_framework_has_a_model_adapter_its_files_and_recognizers(framework):
     adapter = REGISTRY.model_adapter(framework)
     assert isinstance(adapter, ModelAdapter) and adapter.framework == framework
-    assert any(owner == framework for owner, _ in MODEL_FILES.values()), f"no model file suffix loads {framework} models (adapters.MODEL_FILES)"
-    assert RECOGNIZERS.of(framework, ObjectRecognizer), f"no recognizer tells {framework} normalizations (STOCK_RECOGNIZERS in its adapter package's recognizers/)"
+    assert any(owner == framework for owner, _ in MODEL_FILES.values()), (
+        f"no model file suffix loads {framework} models (adapters.MODEL_FILES)"
+    )
+    assert RECOGNIZERS.of(framework, ObjectRecognizer), (
+        f"no recognizer tells {framework} normalizations (STOCK_RECOGNIZERS in its adapter package's recognizers/)"
+    )
 
 
 @pytest.mark.parametrize("framework", REGISTRY.framework_names)

@@ -66,7 +66,9 @@ def test_channels_first_layer_norm_is_convnext_s():
     x = probe_input(spec)
     assert x.shape[1] == 6 and x.ndim == 4
     t = torch.from_numpy(x).permute(0, 2, 3, 1)
-    convnext = torch.nn.functional.layer_norm(t, (6,), torch.from_numpy(spec.tensors["scale"]), torch.from_numpy(spec.tensors["bias"]), spec.eps)
+    convnext = torch.nn.functional.layer_norm(
+        t, (6,), torch.from_numpy(spec.tensors["scale"]), torch.from_numpy(spec.tensors["bias"]), spec.eps
+    )
     np.testing.assert_allclose(reference.forward(spec, x), convnext.permute(0, 3, 1, 2).numpy(), atol=2e-6, rtol=1e-5)
 
 
@@ -112,8 +114,10 @@ def test_torch_bfloat16_modules_convert_bit_exactly_and_compute_in_float32():
     assert tensors_identical(spec.tensors["scale"], numpy_from_tensor(module.weight.detach()))
     x = probe_input(spec)
     # torch's CPU kernel computes statistics and affine in float32 and rounds once: the reference with compute_dtype float32, exactly.
-    np.testing.assert_array_equal(REGISTRY.framework("torch").run_eval(module, x).astype(np.float64),
-                                  reference.forward(spec.replace(compute_dtype="float32"), x))
+    np.testing.assert_array_equal(
+        REGISTRY.framework("torch").run_eval(module, x).astype(np.float64),
+        reference.forward(spec.replace(compute_dtype="float32"), x),
+    )
 
 
 @pytest.mark.parametrize("policy, dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")])
@@ -128,7 +132,9 @@ def test_a_keras_mixed_policy_reads_as_its_compute_dtype_with_float32_statistics
     back = converters.from_spec(spec, "keras")
     assert back.dtype_policy.name == policy and spec_differences(spec, converters.to_spec(back)) == []
     x = probe_input(spec)
-    np.testing.assert_array_equal(REGISTRY.framework("keras").run_eval(layer, x).astype(np.float64), reference.forward(spec, x))
+    np.testing.assert_array_equal(
+        REGISTRY.framework("keras").run_eval(layer, x).astype(np.float64), reference.forward(spec, x)
+    )
 
 
 def _trained_mixed_layer(kind: str, policy: str):
@@ -144,13 +150,15 @@ def _trained_mixed_layer(kind: str, policy: str):
     layer.build((None, 3, 8))
     rng = np.random.default_rng(0)
     for variable in layer.weights:
-        variable.assign(rng.uniform(0.5, 2.0, tuple(variable.shape)).astype("float32") + np.float32(2.0 ** -14))
+        variable.assign(rng.uniform(0.5, 2.0, tuple(variable.shape)).astype("float32") + np.float32(2.0**-14))
     return layer
 
 
 @pytest.mark.parametrize("kind", ["layer", "rms", "batch", "group"])
 @pytest.mark.parametrize("policy, dtype", [("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16")])
-def test_a_mixed_policy_layer_with_trained_float32_state_reads_as_float32_state_and_computes_what_keras_computes(kind, policy, dtype):
+def test_a_mixed_policy_layer_with_trained_float32_state_reads_as_float32_state_and_computes_what_keras_computes(
+    kind, policy, dtype
+):
     """Keras's normalization layers cast a mixed layer's float32 variables to float32 and apply them there: a trained layer
     (state no 16-bit float holds) reads with state_dtype float32, the variables bit-exactly (it used to be refused);
     RMSNormalization autocasts its scale to the compute dtype first, so it reads as that rounded scale."""
@@ -174,7 +182,10 @@ def test_a_mixed_policy_layer_with_trained_float32_state_reads_as_float32_state_
     for target in ("torch", "onnx"):
         with pytest.raises(NotExpressibleError) as raised:
             converters.from_spec(spec, target)
-        assert raised.value.setting in set(spec.extended_settings()) - REGISTRY.get(target, kind).holds and raised.value.layer == spec.name
+        assert (
+            raised.value.setting in set(spec.extended_settings()) - REGISTRY.get(target, kind).holds
+            and raised.value.layer == spec.name
+        )
 
 
 def _compare_with_keras(layer, spec, dtype):
@@ -186,7 +197,9 @@ def _compare_with_keras(layer, spec, dtype):
     assert got.dtype == np.dtype(dtype)
     ulp = 2.0 ** (-10 if dtype == "float16" else -7)
     expected = reference.forward(spec, x)
-    np.testing.assert_allclose(got.astype(np.float64), expected, atol=2 * ulp * max(1.0, np.abs(expected).max()), rtol=2 * ulp)
+    np.testing.assert_allclose(
+        got.astype(np.float64), expected, atol=2 * ulp * max(1.0, np.abs(expected).max()), rtol=2 * ulp
+    )
     return expected
 
 
@@ -236,16 +249,21 @@ def test_a_bfloat16_tensor_blob_round_trips_bit_exactly():
 
 
 def _facts(spec) -> LayerFacts:
-    return LayerFacts(path=spec.name, kind=spec.kind, framework="torch", origin="module", layer_type="LayerNorm", spec=spec)
+    return LayerFacts(
+        path=spec.name, kind=spec.kind, framework="torch", origin="module", layer_type="LayerNorm", spec=spec
+    )
 
 
-@pytest.mark.parametrize("dtype, eps, compute, severity", [
-    ("float16", 1e-8, None, "warning"),      # float16(1e-8) == 0
-    ("float16", 1e-5, None, "info"),         # 1.00136e-05, below float16's smallest normal 6.1e-05
-    ("float16", 1e-8, "float32", None),      # the statistics are float32: eps survives
-    ("bfloat16", 1e-8, None, None),          # bfloat16 has float32's range
-    ("float32", 1e-50, None, "warning"),
-])
+@pytest.mark.parametrize(
+    "dtype, eps, compute, severity",
+    [
+        ("float16", 1e-8, None, "warning"),  # float16(1e-8) == 0
+        ("float16", 1e-5, None, "info"),  # 1.00136e-05, below float16's smallest normal 6.1e-05
+        ("float16", 1e-8, "float32", None),  # the statistics are float32: eps survives
+        ("bfloat16", 1e-8, None, None),  # bfloat16 has float32's range
+        ("float32", 1e-50, None, "warning"),
+    ],
+)
 def test_an_eps_that_underflows_in_the_compute_dtype_is_a_hazard(dtype, eps, compute, severity):
     spec = make_spec("layer", normalized_shape=(4,), dtype=dtype, eps=eps).replace(compute_dtype=compute)
     hazard = eps_underflow(_facts(spec))
@@ -266,7 +284,9 @@ def test_a_training_step_on_an_empty_batch_keeps_torch_s_statistics_and_writes_n
         obj, report = converters.api.write_spec(spec, framework, converters.ConversionOptions())
         empty = np.zeros((0, 5, 4, 6) if framework == "keras" else (0, 6, 5, 4), np.float32)
         _, mean, var = REGISTRY.framework(framework).run_train_step(obj, empty)
-        kept[framework] = tensors_identical(mean, spec.tensors["running_mean"]) and tensors_identical(var, spec.tensors["running_var"])
+        kept[framework] = tensors_identical(mean, spec.tensors["running_mean"]) and tensors_identical(
+            var, spec.tensors["running_var"]
+        )
         if framework != "torch":
             assert np.isnan(mean).all() and np.isnan(var).all()
             assert any("empty batch" in w and "NaN" in w for w in report.warnings)
@@ -280,7 +300,9 @@ def test_a_bfloat16_model_registers_as_an_artifact_bit_exactly(tmp_path):
     from registry.manifest_io import load_artifact_folder, save_artifact_folder, tensors_from_blobs
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.BatchNorm1d(8)).to(torch.bfloat16)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.BatchNorm1d(8)).to(
+        torch.bfloat16
+    )
     with torch.no_grad():
         model[2].running_var.uniform_(0.5, 2.0)
     model.eval()

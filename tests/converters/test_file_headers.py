@@ -32,8 +32,12 @@ MAX_RSS_BYTES = 400 * 2**20
 
 def _tiny_onnx() -> onnx.ModelProto:
     node = helper.make_node("Relu", ["x"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
 
 
@@ -50,13 +54,21 @@ def test_real_files_of_every_format_pass(tmp_path):
     assert load_model(tmp_path / "m.onnx").graph.node[0].op_type == "Relu"
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda data: b"", "the file is empty"),
-    (lambda data: b"\x00" * 64, "byte 0 does not start a protobuf field"),
-    (lambda data: data[:-3], "claims more bytes than the file holds"),
-    (lambda data: b"\x0a" + data[1:], "wire type 2"),  # field 1 (ir_version, a varint) as length-delimited
-    (lambda data: helper.make_model(helper.make_graph([], "g", [], [])).SerializeToString().replace(b"\x3a", b"\x32", 1), "holds no graph"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda data: b"", "the file is empty"),
+        (lambda data: b"\x00" * 64, "byte 0 does not start a protobuf field"),
+        (lambda data: data[:-3], "claims more bytes than the file holds"),
+        (lambda data: b"\x0a" + data[1:], "wire type 2"),  # field 1 (ir_version, a varint) as length-delimited
+        (
+            lambda data: (
+                helper.make_model(helper.make_graph([], "g", [], [])).SerializeToString().replace(b"\x3a", b"\x32", 1)
+            ),
+            "holds no graph",
+        ),
+    ],
+)
 def test_onnx_near_misses_are_refused_from_the_header(tmp_path, damage, message):
     path = tmp_path / "bad.onnx"
     path.write_bytes(damage(_tiny_onnx().SerializeToString()))
@@ -104,29 +116,45 @@ def big(tmp_path_factory) -> Path:
         with open(folder / f"big.{suffix}", "wb") as handle:
             handle.truncate(BIG)
     onnx.save(_tiny_onnx(), folder / "tiny.onnx")
-    with zipfile.ZipFile(folder / "tiny.pt2", "w") as archive:  # a zip: it passes the header check, so what is refused is the other file
+    with zipfile.ZipFile(
+        folder / "tiny.pt2", "w"
+    ) as archive:  # a zip: it passes the header check, so what is refused is the other file
         archive.writestr("archive/version", "1")
     np.save(folder / "sample.npy", np.zeros((2, 1, 2), np.float32))
     return folder
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, refused", [
-    (("inspect", "big.onnx"), "'big.onnx' is not an ONNX model (byte 0 does not start a protobuf field)"),
-    (("inspect", "big.pt2"), "'big.pt2' is not a torch.export .pt2 archive"),
-    (("inspect", "big.keras"), "'big.keras' is not a .keras file"),
-    (("contract", "tiny.pt2", "big.onnx"), "'big.onnx' is not an ONNX model"),
-    (("contract", "tiny.pt2", "tiny.onnx", "--sample", "big.npy"), "'big.npy' is not a NumPy .npy file"),
-    (("drift", "tiny.onnx", "big.npz"), "'big.npz' is not a NumPy .npz file"),
-    (("recalibrate", "tiny.onnx", "big.npy", "-o", "out.onnx"), "'big.npy' is not a NumPy .npy file"),
-    (("export", "big.pt2", "-o", "out.onnx"), "'big.pt2' is not a torch.export .pt2 archive"),
-    (("port", "tiny.pt2", "big.keras", "-o", "out.keras"), "'big.keras' is not a .keras file"),  # both checked before the source loads
-])
+@pytest.mark.parametrize(
+    "args, refused",
+    [
+        (("inspect", "big.onnx"), "'big.onnx' is not an ONNX model (byte 0 does not start a protobuf field)"),
+        (("inspect", "big.pt2"), "'big.pt2' is not a torch.export .pt2 archive"),
+        (("inspect", "big.keras"), "'big.keras' is not a .keras file"),
+        (("contract", "tiny.pt2", "big.onnx"), "'big.onnx' is not an ONNX model"),
+        (("contract", "tiny.pt2", "tiny.onnx", "--sample", "big.npy"), "'big.npy' is not a NumPy .npy file"),
+        (("drift", "tiny.onnx", "big.npz"), "'big.npz' is not a NumPy .npz file"),
+        (("recalibrate", "tiny.onnx", "big.npy", "-o", "out.onnx"), "'big.npy' is not a NumPy .npy file"),
+        (("export", "big.pt2", "-o", "out.onnx"), "'big.pt2' is not a torch.export .pt2 archive"),
+        (
+            ("port", "tiny.pt2", "big.keras", "-o", "out.keras"),
+            "'big.keras' is not a .keras file",
+        ),  # both checked before the source loads
+    ],
+)
 def test_a_3gb_file_that_is_not_a_model_is_refused_without_reading_it(big, args, refused):
-    done = subprocess.run([sys.executable, "-c", MEASURE, *normbridge_command(), *args], cwd=big, env=user_environment(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, *normbridge_command(), *args],
+        cwd=big,
+        env=user_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     measured = json.loads(done.stdout)
     assert measured["rc"] == 6, measured["stderr"]
     assert refused in measured["stderr"] and "Traceback" not in measured["stderr"]
-    assert measured["peak_rss"] < MAX_RSS_BYTES, f"peak RSS {measured['peak_rss'] / 2**20:.0f} MiB for a refused {BIG / 2**30:.0f} GiB file"
+    assert measured["peak_rss"] < MAX_RSS_BYTES, (
+        f"peak RSS {measured['peak_rss'] / 2**20:.0f} MiB for a refused {BIG / 2**30:.0f} GiB file"
+    )
     assert not (big / "out.onnx").exists() and not (big / "out.keras").exists()

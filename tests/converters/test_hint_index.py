@@ -13,8 +13,14 @@ WORDS = sorted({hint for hints in NAME_HINTS.values() for hint in hints}) + ["a"
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([".", "/"]).flatmap(lambda sep: st.tuples(
-    st.just(sep), st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(sep.join), max_size=14, unique=True))))
+@given(
+    st.sampled_from([".", "/"]).flatmap(
+        lambda sep: st.tuples(
+            st.just(sep),
+            st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(sep.join), max_size=14, unique=True),
+        )
+    )
+)
 def test_every_prefix_gets_what_a_search_of_every_name_gets(case):
     separator, names = case
     hints = hint_index(names, separator)
@@ -24,7 +30,9 @@ def test_every_prefix_gets_what_a_search_of_every_name_gets(case):
 
 
 def test_a_decoder_s_norms_find_their_own_weights():
-    names = [f"model.layers.{i}.{part}" for i in range(3) for part in ("norm.weight", "mix.weight", "mix.bias")] + ["model.norm.weight"]
+    names = [f"model.layers.{i}.{part}" for i in range(3) for part in ("norm.weight", "mix.weight", "mix.bias")] + [
+        "model.norm.weight"
+    ]
     hints = hint_index(names, ".")
     assert hints("model.layers.1.norm") == {"scale": "model.layers.1.norm.weight"}
     assert hints("model.norm") == {"scale": "model.norm.weight"}

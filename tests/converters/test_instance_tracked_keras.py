@@ -70,8 +70,9 @@ def random_instance_norm(spatial_rank: int, seed: int, affine: bool = True, chan
         module.running_mean.copy_(torch.tensor(rng.normal(0, 1.5, channels)))
         module.running_var.copy_(torch.tensor(rng.uniform(0.2, 3.0, channels)))
         module.num_batches_tracked.fill_(int(rng.integers(0, 100)))
-    state = {k: v.detach().double().numpy().copy() for k, v in module.state_dict().items()
-             if k != "num_batches_tracked"}
+    state = {
+        k: v.detach().double().numpy().copy() for k, v in module.state_dict().items() if k != "num_batches_tracked"
+    }
     state["_spatial"] = SPATIAL[spatial_rank]
     return module, state, momentum, eps
 
@@ -128,8 +129,9 @@ def test_inputs_without_a_batch_axis_step_as_pytorch(spatial_rank, match):
     """PyTorch's no_batch_dim input (C, *spatial): one instance; the running variance takes the unbiased estimator."""
     module, state, momentum, eps = random_instance_norm(spatial_rank, seed=40 + spatial_rank)
     x = data(spatial_rank, seed=7 * spatial_rank, batched=False)
-    layer, report = converters.convert_with_report(module, "keras", input_rank=spatial_rank + 1,
-                                                   match_variance_estimator=match)
+    layer, report = converters.convert_with_report(
+        module, "keras", input_rank=spatial_rank + 1, match_variance_estimator=match
+    )
     assert report.layers[0].warnings == []
     assert {t.setting: t.fate for t in report.layers[0].translations}["no_batch_dim"] == "exact"
     y_eval = from_keras(layer(to_keras(x, False), training=False), False)
@@ -208,9 +210,11 @@ def test_normbridge_loads_a_keras_file_holding_the_layer_in_a_fresh_process(tmp_
     inputs = keras.Input((7, 4))
     path = tmp_path / "tracked1d.keras"
     keras.Model(inputs, layer(inputs)).save(path)
-    script = ("from pathlib import Path; from converters.keras_adapter import MODEL; import converters; "
-              f"m = MODEL.load(Path({str(path)!r})); layer = m.layers[-1]; "
-              "print(type(layer).__name__, converters.to_spec(layer).variance_estimator)")
+    script = (
+        "from pathlib import Path; from converters.keras_adapter import MODEL; import converters; "
+        f"m = MODEL.load(Path({str(path)!r})); layer = m.layers[-1]; "
+        "print(type(layer).__name__, converters.to_spec(layer).variance_estimator)"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["TrackedInstanceNormalization", "unbiased"]

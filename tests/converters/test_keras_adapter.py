@@ -41,37 +41,80 @@ NBT = {"num_batches_tracked": np.array(7, dtype=np.int64)}
 NAMED = {
     # PyTorch-like: 0.01 batch_weight, unbiased estimator, a counter, left in train mode.
     "batch2d_torchlike": lambda: make_spec(
-        "batch", eps=2e-5, momentum=0.01, momentum_convention="batch_weight", variance_estimator="unbiased", training=True, extra_tensors=NBT
+        "batch",
+        eps=2e-5,
+        momentum=0.01,
+        momentum_convention="batch_weight",
+        variance_estimator="unbiased",
+        training=True,
+        extra_tensors=NBT,
     ),
     "batch1d_rank2_noscale": lambda: make_spec(
-        "batch", eps=1e-3, momentum=0.9, momentum_convention="running_weight", variance_estimator="biased",
-        spatial_rank=1, input_rank=2, layout="channels_last", scale=False,
+        "batch",
+        eps=1e-3,
+        momentum=0.9,
+        momentum_convention="running_weight",
+        variance_estimator="biased",
+        spatial_rank=1,
+        input_rank=2,
+        layout="channels_last",
+        scale=False,
     ),
     "batch3d_float64_nobias": lambda: make_spec(
-        "batch", dtype="float64", eps=2e-5, momentum=0.01, momentum_convention="batch_weight", variance_estimator="unbiased",
-        spatial_rank=3, bias=False,
+        "batch",
+        dtype="float64",
+        eps=2e-5,
+        momentum=0.01,
+        momentum_convention="batch_weight",
+        variance_estimator="unbiased",
+        spatial_rank=3,
+        bias=False,
     ),
     "batch2d_float16": lambda: make_spec(
-        "batch", dtype="float16", eps=1e-3, momentum=0.1, momentum_convention="batch_weight", variance_estimator="unbiased"
+        "batch",
+        dtype="float16",
+        eps=1e-3,
+        momentum=0.1,
+        momentum_convention="batch_weight",
+        variance_estimator="unbiased",
     ),
     "layer_2axes": lambda: make_spec("layer", eps=1e-3),
-    "layer_1axis_float64_scale_only": lambda: make_spec("layer", dtype="float64", eps=2e-5, normalized_shape=(6,), input_rank=3, bias=False),
+    "layer_1axis_float64_scale_only": lambda: make_spec(
+        "layer", dtype="float64", eps=2e-5, normalized_shape=(6,), input_rank=3, bias=False
+    ),
     "layer_no_affine": lambda: make_spec("layer", eps=2e-5, scale=False, bias=False, normalized_shape=(3, 4, 5)),
     "rms_scale": lambda: make_spec("rms", eps=2e-5, bias=False),
     "rms_no_scale_dtype_eps": lambda: make_spec(
-        "rms", eps=float(np.finfo(np.float32).eps), eps_origin="dtype_eps", scale=False, bias=False, normalized_shape=(2, 5)
+        "rms",
+        eps=float(np.finfo(np.float32).eps),
+        eps_origin="dtype_eps",
+        scale=False,
+        bias=False,
+        normalized_shape=(2, 5),
     ),
     "group": lambda: make_spec("group", eps=1e-3),
-    "group_one_per_channel": lambda: make_spec("group", eps=2e-5, num_features=4, num_groups=4, input_rank=3, layout="channels_last"),
-    "group_float64_no_affine": lambda: make_spec("group", dtype="float64", eps=2e-5, num_features=6, num_groups=3, scale=False, bias=False),
+    "group_one_per_channel": lambda: make_spec(
+        "group", eps=2e-5, num_features=4, num_groups=4, input_rank=3, layout="channels_last"
+    ),
+    "group_float64_no_affine": lambda: make_spec(
+        "group", dtype="float64", eps=2e-5, num_features=6, num_groups=3, scale=False, bias=False
+    ),
     "instance2d_train_mode": lambda: make_spec("instance", eps=2e-5, training=True),
-    "instance1d_float16_no_affine": lambda: make_spec("instance", dtype="float16", eps=1e-3, spatial_rank=1, scale=False, bias=False),
+    "instance1d_float16_no_affine": lambda: make_spec(
+        "instance", dtype="float16", eps=1e-3, spatial_rank=1, scale=False, bias=False
+    ),
     "instance3d_bias_only": lambda: make_spec("instance", eps=1e-3, spatial_rank=3, scale=False),
 }
 #: What the generic tests below run over: every row of tests/cases.py that Keras holds as its stock layer (not refused,
 #: not only expressed), so a new kind or setting there runs here too, and the named rows above.
-CASES = {**{case.id: (lambda case=case: case.spec) for case in ALL_CASES
-            if not {"keras"} & (case.refused_by | case.expressed_by | case.no_runtime)}, **NAMED}
+CASES = {
+    **{
+        case.id: (lambda case=case: case.spec)
+        for case in ALL_CASES
+        if not {"keras"} & (case.refused_by | case.expressed_by | case.no_runtime)
+    },
+    **NAMED,
+}
 
 
 def keras_input(spec: NormSpec, x_cf: np.ndarray) -> np.ndarray:
@@ -103,7 +146,11 @@ def built(layer, shape, seed=0):
     layer.build(shape)
     rng = np.random.default_rng(seed)
     for variable in layer.weights:
-        values = rng.uniform(0.5, 2.0, variable.shape) if "variance" in variable.path else rng.standard_normal(variable.shape)
+        values = (
+            rng.uniform(0.5, 2.0, variable.shape)
+            if "variance" in variable.path
+            else rng.standard_normal(variable.shape)
+        )
         variable.assign(values.astype(variable.dtype))
     return layer
 
@@ -141,7 +188,9 @@ def test_emitted_layer_is_natural_and_reported(case):
     layer = api.from_spec(spec, "keras")
     report = api.last_report().layers[0]
     # A GroupNorm (any rank) or a BatchNorm1d ((N, C) or (N, C, L)) with no recorded rank is built on its first call.
-    policy = f"mixed_{spec.dtype}" if spec.compute_dtype not in (None, spec.dtype) else spec.dtype  # statistics in float32
+    policy = (
+        f"mixed_{spec.dtype}" if spec.compute_dtype not in (None, spec.dtype) else spec.dtype
+    )  # statistics in float32
     assert layer.built is not open_rank(spec) and layer.name == spec.name and layer.dtype_policy.name == policy
     assert report.target_op == type(layer).__name__ and report.native
     fates = {t.setting: t for t in report.translations}
@@ -163,7 +212,13 @@ def test_batch_emits_keras_momentum_convention():
 
 
 def test_cumulative_momentum_needs_an_option():
-    spec = make_spec("batch", eps=1e-5, momentum=None, variance_estimator="unbiased", extra_tensors={"num_batches_tracked": np.array(3, dtype=np.int64)})
+    spec = make_spec(
+        "batch",
+        eps=1e-5,
+        momentum=None,
+        variance_estimator="unbiased",
+        extra_tensors={"num_batches_tracked": np.array(3, dtype=np.int64)},
+    )
     with pytest.raises(NotExpressibleError) as info:
         api.from_spec(spec, "keras")
     assert_names(info.value, "batch_norm", "momentum")
@@ -235,7 +290,13 @@ def test_frozen_batchnorm_reads_as_inference_mode():
 def test_keras_batchnorm_channels_first():
     layer = built(keras.layers.BatchNormalization(axis=1, momentum=0.9, name="bn_cf"), (None, 3, 5, 4))
     spec = api.to_spec(layer)
-    assert (spec.kind, spec.layout, spec.spatial_rank, spec.input_rank, spec.num_features) == ("batch", "channels_first", 2, 4, 3)
+    assert (spec.kind, spec.layout, spec.spatial_rank, spec.input_rank, spec.num_features) == (
+        "batch",
+        "channels_first",
+        2,
+        4,
+        3,
+    )
     assert spec.eps == 1e-3 and spec.momentum == 0.9 and spec.momentum_convention == "running_weight"
     assert spec.variance_estimator == "biased" and spec.track_running_stats and spec.training is False
     assert tensors_identical(spec.tensors["running_var"], layer.moving_variance.numpy())
@@ -267,7 +328,13 @@ def test_keras_groupnorm_groups_minus_one_is_instance():
     assert layer.groups == 3  # build() overwrote -1
     assert FRAMEWORK.kind_of(layer) == "instance"
     spec = api.to_spec(layer)
-    assert (spec.kind, spec.num_features, spec.spatial_rank, spec.layout, spec.track_running_stats) == ("instance", 3, 2, "channels_last", False)
+    assert (spec.kind, spec.num_features, spec.spatial_rank, spec.layout, spec.track_running_stats) == (
+        "instance",
+        3,
+        2,
+        "channels_last",
+        False,
+    )
     x = probe_input(spec)
     y = FRAMEWORK.run_eval(layer, from_channels_first(x, "channels_last"))
     assert_close(spec, to_channels_first(y, "channels_last"), reference.forward(spec, x))

@@ -25,7 +25,15 @@ from converters.probe import probe_input  # noqa: E402
 from schemas import LayerReport, NormSpec, NotExpressibleError, SpecError, UnsupportedObjectError, spec_differences  # noqa: E402
 from schemas.tensors import tensors_identical  # noqa: E402
 
-from tests.converters.test_keras_adapter import CASES, NBT, assert_close, assert_names, keras_input, keras_output, make_spec  # noqa: E402
+from tests.converters.test_keras_adapter import (
+    CASES,
+    NBT,
+    assert_close,
+    assert_names,
+    keras_input,
+    keras_output,
+    make_spec,
+)  # noqa: E402
 
 
 def test_renorm_is_not_expressible():
@@ -47,7 +55,15 @@ def test_rms_scaling_layernorm_is_refused():
     assert_names(info.value, "ln_rms", "rms_scaling")
 
 
-@pytest.mark.parametrize("factory", [keras.layers.BatchNormalization, keras.layers.LayerNormalization, keras.layers.RMSNormalization, keras.layers.GroupNormalization])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        keras.layers.BatchNormalization,
+        keras.layers.LayerNormalization,
+        keras.layers.RMSNormalization,
+        keras.layers.GroupNormalization,
+    ],
+)
 def test_unbuilt_layer_is_refused(factory):
     layer = factory(name="unbuilt")
     with pytest.raises(SpecError) as info:
@@ -69,9 +85,17 @@ def test_tracked_instance_converts_to_tracked_instance_normalization_exact_in_ev
     from converters.keras_adapter.tracked_instance_normalization import TrackedInstanceNormalization
 
     rng = np.random.default_rng(4)
-    tracked = {"running_mean": rng.normal(size=3).astype("float32"), "running_var": rng.uniform(0.5, 2, 3).astype("float32")}
+    tracked = {
+        "running_mean": rng.normal(size=3).astype("float32"),
+        "running_var": rng.uniform(0.5, 2, 3).astype("float32"),
+    }
     spec = make_spec(
-        "instance", eps=1e-5, momentum=0.1, momentum_convention="batch_weight", variance_estimator="unbiased", track_running_stats=True,
+        "instance",
+        eps=1e-5,
+        momentum=0.1,
+        momentum_convention="batch_weight",
+        variance_estimator="unbiased",
+        track_running_stats=True,
         extra_tensors=tracked,
     )
     layer, report = api.convert_with_report(api.from_spec(spec, "torch"), "keras")
@@ -86,7 +110,11 @@ def test_tracked_instance_converts_to_tracked_instance_normalization_exact_in_ev
 
 def test_tracked_instance_with_a_cumulative_average_is_still_refused():
     spec = make_spec(
-        "instance", eps=1e-5, momentum=None, track_running_stats=True, variance_estimator="unbiased",
+        "instance",
+        eps=1e-5,
+        momentum=None,
+        track_running_stats=True,
+        variance_estimator="unbiased",
         extra_tensors={"running_mean": np.zeros(3, "float32"), "running_var": np.ones(3, "float32"), **NBT},
     )
     with pytest.raises(NotExpressibleError) as info:
@@ -107,9 +135,14 @@ def test_bfloat16_keras_layer_reads_bit_exactly():
     assert stored.astype("float32").tolist() == [0.5, 2.0, 3.25]
 
 
-@pytest.mark.parametrize("dtype, spec_dtype, compute_dtype", [
-    ("bfloat16", "bfloat16", None), ("mixed_float16", "float16", "float32"), ("mixed_bfloat16", "bfloat16", "float32"),
-])
+@pytest.mark.parametrize(
+    "dtype, spec_dtype, compute_dtype",
+    [
+        ("bfloat16", "bfloat16", None),
+        ("mixed_float16", "float16", "float32"),
+        ("mixed_bfloat16", "bfloat16", "float32"),
+    ],
+)
 def test_keras_half_dtypes_convert_bit_exactly(dtype, spec_dtype, compute_dtype):
     layer = keras.layers.BatchNormalization(dtype=dtype, name="bn_dtype")
     layer.build((None, 3))
@@ -118,8 +151,15 @@ def test_keras_half_dtypes_convert_bit_exactly(dtype, spec_dtype, compute_dtype)
         variable.assign(rng.uniform(0.5, 2.0, 3).astype(spec_dtype).astype(str(variable.dtype)))
     spec = api.to_spec(layer)
     assert (spec.dtype, spec.compute_dtype) == (spec_dtype, compute_dtype)
-    for name, attribute in (("scale", "gamma"), ("bias", "beta"), ("running_mean", "moving_mean"), ("running_var", "moving_variance")):
-        assert tensors_identical(spec.tensors[name].astype(str(layer.variable_dtype)), getattr(layer, attribute).numpy())
+    for name, attribute in (
+        ("scale", "gamma"),
+        ("bias", "beta"),
+        ("running_mean", "moving_mean"),
+        ("running_var", "moving_variance"),
+    ):
+        assert tensors_identical(
+            spec.tensors[name].astype(str(layer.variable_dtype)), getattr(layer, attribute).numpy()
+        )
     back = api.from_spec(spec, "keras")
     assert back.dtype_policy.name == dtype and spec_differences(spec, api.to_spec(back)) == []
 
@@ -127,10 +167,12 @@ def test_keras_half_dtypes_convert_bit_exactly(dtype, spec_dtype, compute_dtype)
 def test_a_mixed_policy_state_no_bfloat16_holds_is_read_as_float32_state_not_refused():
     layer = keras.layers.BatchNormalization(dtype=keras.DTypePolicy("mixed_bfloat16"), name="bn_dtype")
     layer.build((None, 3))
-    layer.gamma.assign(np.full(3, 1.0 + 2.0 ** -12, "float32"))  # a float32 state no bfloat16 tensor holds (a trained layer)
+    layer.gamma.assign(
+        np.full(3, 1.0 + 2.0**-12, "float32")
+    )  # a float32 state no bfloat16 tensor holds (a trained layer)
     spec = api.to_spec(layer)
     assert (spec.dtype, spec.compute_dtype, spec.state_dtype) == ("bfloat16", "float32", "float32")
-    assert spec.tensors["scale"].dtype == np.float32 and float(spec.tensors["scale"][0]) == 1.0 + 2.0 ** -12
+    assert spec.tensors["scale"].dtype == np.float32 and float(spec.tensors["scale"][0]) == 1.0 + 2.0**-12
 
 
 def test_unsupported_spec_dtype():

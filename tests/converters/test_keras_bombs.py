@@ -25,25 +25,55 @@ from converters.keras_adapter.keras_file_checks import check_keras_file
 from converters.models.loading import load_model
 from schemas import InputFileError
 from tests.cli_run import run_cli_measured
-from tests.keras_crafting import (craft, genuine_keras, genuine_normalization_keras, giant_dense, huge_normalization, many_small_zero_datasets,
-                                  npz_weights, one_chunk_written, unwritten_kernel, zeros_written)
+from tests.keras_crafting import (
+    craft,
+    genuine_keras,
+    genuine_normalization_keras,
+    giant_dense,
+    huge_normalization,
+    many_small_zero_datasets,
+    npz_weights,
+    one_chunk_written,
+    unwritten_kernel,
+    zeros_written,
+)
 
 PEAK_BOUND = 100 << 20  # bytes a refused file may add to the peak resident memory
 
 #: name -> (how the genuine file is rewritten, what the refusal says)
 ATTACKS = {
-    "h5 dataset never written": (dict(edit_weights=unwritten_kernel(8192)),
-                                 r"dataset 'layers/dense/vars/0' declares float32\[8192, 8192\] \(268435456 bytes\) and stores none"),
-    "h5 dataset with a fill value": (dict(edit_weights=unwritten_kernel(8192, fill=1.5)), r"declares float32\[8192, 8192\].*stores none"),
-    "h5 dataset with one chunk written": (dict(edit_weights=one_chunk_written(8192)),
-                                          r"declares float32\[8192, 8192\] \(268435456 bytes\) and stores \d+, more than 100 times"),
-    "h5 dataset of compressed zeros": (dict(edit_weights=zeros_written(8192)), r"declares float32\[8192, 8192\].*more than 100 times"),
-    "h5 many small compressed datasets": (dict(edit_weights=many_small_zero_datasets(200)),
-                                          r"declares \d+ bytes of weights in a \d+-byte file, more than 100 times its size"),
-    "npz weights": (dict(replace_weights=npz_weights(16 << 20)), r"holds no 'model.weights.h5' \(a 'model.weights.npz'"),
-    "config 8000x8000 Dense": (dict(edit_config=giant_dense(8000)),
-                               r"'config.json' builds 6 variables of 256160000 bytes \(the largest 'dense/kernel' float32\[8000, 8000\]"),
-    "config 24000x24000 Dense": (dict(edit_config=giant_dense(24000)), r"the largest 'dense/kernel' float32\[24000, 24000\], 2304000000 bytes"),
+    "h5 dataset never written": (
+        dict(edit_weights=unwritten_kernel(8192)),
+        r"dataset 'layers/dense/vars/0' declares float32\[8192, 8192\] \(268435456 bytes\) and stores none",
+    ),
+    "h5 dataset with a fill value": (
+        dict(edit_weights=unwritten_kernel(8192, fill=1.5)),
+        r"declares float32\[8192, 8192\].*stores none",
+    ),
+    "h5 dataset with one chunk written": (
+        dict(edit_weights=one_chunk_written(8192)),
+        r"declares float32\[8192, 8192\] \(268435456 bytes\) and stores \d+, more than 100 times",
+    ),
+    "h5 dataset of compressed zeros": (
+        dict(edit_weights=zeros_written(8192)),
+        r"declares float32\[8192, 8192\].*more than 100 times",
+    ),
+    "h5 many small compressed datasets": (
+        dict(edit_weights=many_small_zero_datasets(200)),
+        r"declares \d+ bytes of weights in a \d+-byte file, more than 100 times its size",
+    ),
+    "npz weights": (
+        dict(replace_weights=npz_weights(16 << 20)),
+        r"holds no 'model.weights.h5' \(a 'model.weights.npz'",
+    ),
+    "config 8000x8000 Dense": (
+        dict(edit_config=giant_dense(8000)),
+        r"'config.json' builds 6 variables of 256160000 bytes \(the largest 'dense/kernel' float32\[8000, 8000\]",
+    ),
+    "config 24000x24000 Dense": (
+        dict(edit_config=giant_dense(24000)),
+        r"the largest 'dense/kernel' float32\[24000, 24000\], 2304000000 bytes",
+    ),
 }
 
 
@@ -92,7 +122,9 @@ def test_a_keras_applications_model_passes_and_loads(tmp_path):
     model = load_model(path)
     assert len(model.weights) == 262
     with zipfile.ZipFile(path) as archive:
-        declared = declared_weights(archive.open("model.weights.h5"), archive.getinfo("model.weights.h5").file_size, "its weights").declared
+        declared = declared_weights(
+            archive.open("model.weights.h5"), archive.getinfo("model.weights.h5").file_size, "its weights"
+        ).declared
         variables = built_variables(json.loads(archive.read("config.json")), budget=declared)
     assert sum(v.bytes for v in variables) == declared == sum(int(w.numpy().nbytes) for w in model.weights)
 
@@ -126,12 +158,25 @@ def test_a_layer_reading_its_variables_while_built_is_refused_before_their_initi
 @pytest.mark.slow
 def test_inspect_processes_refuse_with_exit_6_and_bounded_memory(genuine, tmp_path):
     """The two attacks of the issue through the real command, each process's peak memory beside a genuine file's."""
-    files = {"genuine": genuine, **{name: hostile(name, genuine, tmp_path) for name in ("h5 dataset never written", "config 8000x8000 Dense")}}
+    files = {
+        "genuine": genuine,
+        **{name: hostile(name, genuine, tmp_path) for name in ("h5 dataset never written", "config 8000x8000 Dense")},
+    }
     with ThreadPoolExecutor(len(files)) as pool:  # three processes at once: each one's peak is its own
-        runs = dict(zip(files, pool.map(lambda path: run_cli_measured("inspect", str(path), cwd=tmp_path, env={"COLUMNS": "200"}), files.values())))
+        runs = dict(
+            zip(
+                files,
+                pool.map(
+                    lambda path: run_cli_measured("inspect", str(path), cwd=tmp_path, env={"COLUMNS": "200"}),
+                    files.values(),
+                ),
+            )
+        )
     done, genuine_peak = runs.pop("genuine")
     assert done.returncode == 0, done.stderr
     for name, (done, peak) in runs.items():
         refused = done.returncode == 6 and "bad_input_file" in done.stderr and "Traceback" not in done.stderr
         assert refused, f"{name}: exit {done.returncode}\n{done.stderr}"
-        assert peak - genuine_peak < PEAK_BOUND, f"{name}: inspect peaked at {peak >> 20} MiB, a genuine file at {genuine_peak >> 20} MiB"
+        assert peak - genuine_peak < PEAK_BOUND, (
+            f"{name}: inspect peaked at {peak >> 20} MiB, a genuine file at {genuine_peak >> 20} MiB"
+        )

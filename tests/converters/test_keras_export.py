@@ -36,7 +36,11 @@ def randomise_norms(model, seed=0):
         if isinstance(layer, keras.layers.BatchNormalization) or "norm" in type(layer).__name__.lower():
             for variable in layer.weights:
                 name = variable.path.rsplit("/", 1)[-1]
-                values = rng.uniform(0.5, 2.0, tuple(variable.shape)) if name == "moving_variance" else rng.standard_normal(tuple(variable.shape)) * 0.3 + 0.1
+                values = (
+                    rng.uniform(0.5, 2.0, tuple(variable.shape))
+                    if name == "moving_variance"
+                    else rng.standard_normal(tuple(variable.shape)) * 0.3 + 0.1
+                )
                 variable.assign(values.astype(variable.dtype))
     return model
 
@@ -51,7 +55,9 @@ def convnext_block():
 def dict_inputs():
     a, b = keras.Input((6,), name="token_features"), keras.Input((6,), name="mask_features")
     x = keras.layers.Add()([keras.layers.Dense(6)(a), b])
-    return keras.Model({"token_features": a, "mask_features": b}, keras.layers.LayerNormalization(epsilon=1e-5, name="ln")(x))
+    return keras.Model(
+        {"token_features": a, "mask_features": b}, keras.layers.LayerNormalization(epsilon=1e-5, name="ln")(x)
+    )
 
 
 def exported_ops(path) -> list[str]:
@@ -92,8 +98,15 @@ def test_the_keras_export_path_s_error_names_no_temporary_file():
 
 def keras_hub_gemma():
     keras_hub = pytest.importorskip("keras_hub")
-    return keras_hub.models.GemmaBackbone(vocabulary_size=64, num_layers=1, num_query_heads=2, num_key_value_heads=1, hidden_dim=16,
-                                          intermediate_dim=32, head_dim=8)
+    return keras_hub.models.GemmaBackbone(
+        vocabulary_size=64,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )
 
 
 APPLICATIONS = {
@@ -120,13 +133,17 @@ def test_a_real_keras_family_exports_with_native_norms_and_passes_the_contract(n
     if name not in IN_A_FRESH_PROCESS:
         export_application(name, str(tmp_path))
         return
-    code = ("from tests.converters.test_keras_export import export_application; from tests.process_limits import peak_rss_mb; "
-            f"export_application({name!r}, {str(tmp_path)!r}); print('peak_mib', peak_rss_mb())")
+    code = (
+        "from tests.converters.test_keras_export import export_application; from tests.process_limits import peak_rss_mb; "
+        f"export_application({name!r}, {str(tmp_path)!r}); print('peak_mib', peak_rss_mb())"
+    )
     child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-5000:]
     assert (tmp_path / "model.onnx").is_file()
     peak = float(child.stdout.split("peak_mib")[-1])
-    assert peak < MAX_RSS_MB, f"the export's process reached {peak:.0f} MiB, over the {MAX_RSS_MB} MiB a test process may use"
+    assert peak < MAX_RSS_MB, (
+        f"the export's process reached {peak:.0f} MiB, over the {MAX_RSS_MB} MiB a test process may use"
+    )
 
 
 def test_a_folded_offset_left_behind_a_transpose_is_unfolded_into_a_native_batchnorm():
@@ -141,8 +158,10 @@ def test_a_folded_offset_left_behind_a_transpose_is_unfolded_into_a_native_batch
     rng = np.random.default_rng(1)
     bn = keras.layers.BatchNormalization(name="bn")
     bn.build((None, 5, 5, 4))
-    for variable, values in zip((bn.gamma, bn.beta, bn.moving_mean, bn.moving_variance),
-                                (rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4))):
+    for variable, values in zip(
+        (bn.gamma, bn.beta, bn.moving_mean, bn.moving_variance),
+        (rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4)),
+    ):
         variable.assign(values.astype("float32"))
     spec = converters.to_spec(bn)
     kernel = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
@@ -153,9 +172,13 @@ def test_a_folded_offset_left_behind_a_transpose_is_unfolded_into_a_native_batch
         helper.make_node("Transpose", ["c"], ["t"], name="to_nhwc", perm=[0, 2, 3, 1]),
         helper.make_node("Add", ["t", "offset"], ["y"], name="bn/add"),
     ]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 5, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5, 5, 4])],
-                              [numpy_helper.from_array(folded, "w"), numpy_helper.from_array(offset.astype(np.float32), "offset")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5, 5, 4])],
+        [numpy_helper.from_array(folded, "w"), numpy_helper.from_array(offset.astype(np.float32), "offset")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     unfolded, names = unfold_conv_batchnorms(model, [ConvBatchNorm("bn", kernel, None, spec)])
     assert names == ["bn"]
@@ -198,9 +221,15 @@ def test_two_norms_named_as_keras_names_them_are_each_checked_against_their_own_
     np.testing.assert_allclose(_onnx_output(path, x), keras.ops.convert_to_numpy(model(x)), atol=1e-5)
 
     exported = onnx.load(str(path))
-    second = [n for n in exported.graph.node if n.op_type == "LayerNormalization"][1]  # layer norm_1's node, in graph order
+    second = [n for n in exported.graph.node if n.op_type == "LayerNormalization"][
+        1
+    ]  # layer norm_1's node, in graph order
     next(a for a in second.attribute if a.name == "epsilon").f = 1e-3
-    failed = [(v.source_layer, v.setting) for v in verify_sites(source_specs(model), find_norm_sites(exported)) if not v.passed]
+    failed = [
+        (v.source_layer, v.setting)
+        for v in verify_sites(source_specs(model), find_norm_sites(exported))
+        if not v.passed
+    ]
     assert failed == [("norm_1", "eps")]
 
 
@@ -214,7 +243,9 @@ def test_group_normalization_with_one_group_is_verified_as_a_group_norm(tmp_path
     path = tmp_path / "gn1.onnx"
     result = export_for_serving(model, path)
     assert result.passed and result.written, result.failed_checks
-    assert {(v.source_layer, v.setting, v.found) for v in result.verification if v.setting == "eps"} == {("gn", "eps", "0.02")}
+    assert {(v.source_layer, v.setting, v.found) for v in result.verification if v.setting == "eps"} == {
+        ("gn", "eps", "0.02")
+    }
     nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "GroupNormalization"]
     assert len(nodes) == 1 and next(a.i for a in nodes[0].attribute if a.name == "num_groups") == 1
     x = np.random.default_rng(0).standard_normal((3, 16, 12)).astype(np.float32)

@@ -59,9 +59,11 @@ def _run(path, feeds: dict) -> list[np.ndarray]:
 def _in_a_child(function: str, folder: Path) -> None:
     """Run `function(folder)` of this module in a fresh Python (a full keras.applications export peaks near 3 GB,
     which TF keeps), and hold its peak resident memory to what a test process may use."""
-    code = (f"from tests.converters.test_keras_export_families import {function}; "
-            "from tests.process_limits import peak_rss_mb; "
-            f"{function}({str(folder)!r}); print('peak_mib', peak_rss_mb())")
+    code = (
+        f"from tests.converters.test_keras_export_families import {function}; "
+        "from tests.process_limits import peak_rss_mb; "
+        f"{function}({str(folder)!r}); print('peak_mib', peak_rss_mb())"
+    )
     child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-5000:]
     peak = float(child.stdout.split("peak_mib")[-1])
@@ -85,8 +87,11 @@ def _check_chain(model, path: Path, op: str, chain: list[tuple[str, dict[str, st
     for node, (layer_path, variables) in zip(nodes, chain):
         for position, variable in variables.items():
             held = _initializer(written, node.input[int(position)])
-            np.testing.assert_array_equal(held, _variable(layers[layer_path], variable),
-                                          err_msg=f"{node.name} does not hold {layer_path}.{variable}")
+            np.testing.assert_array_equal(
+                held,
+                _variable(layers[layer_path], variable),
+                err_msg=f"{node.name} does not hold {layer_path}.{variable}",
+            )
     paired = {v.source_layer: v.site for v in result.verification if v.setting == "eps"}
     names = {spec.name for spec in source_specs(model)}
     expected = {}
@@ -114,13 +119,17 @@ def test_llama_backbone_s_repeated_blocks_are_each_verified_against_their_own_no
     sibling's and the file refused: 'scale: expected float32[16], found different')."""
     keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(0)
-    source = keras_hub.models.LlamaBackbone(vocabulary_size=128, num_layers=2, num_query_heads=2, num_key_value_heads=1,
-                                            hidden_dim=16, intermediate_dim=32)
+    source = keras_hub.models.LlamaBackbone(
+        vocabulary_size=128, num_layers=2, num_query_heads=2, num_key_value_heads=1, hidden_dim=16, intermediate_dim=32
+    )
     randomise_norms(source)
     source.save(tmp_path / "llama.keras")
     model = keras.saving.load_model(tmp_path / "llama.keras")
-    chain = [(f"transformer_layer_{i}/{norm}", {"1": "scale"})
-             for i in range(2) for norm in ("self_attention_layernorm", "feedforward_layernorm")]
+    chain = [
+        (f"transformer_layer_{i}/{norm}", {"1": "scale"})
+        for i in range(2)
+        for norm in ("self_attention_layernorm", "feedforward_layernorm")
+    ]
     chain.append(("sequence_output_layernorm", {"1": "scale"}))
     _check_chain(model, tmp_path / "llama.onnx", "RMSNormalization", chain)
     _swap_first_two_scales_fails_those_two_only(model, tmp_path / "llama.onnx", "RMSNormalization")
@@ -136,8 +145,9 @@ def test_vit_backbone_s_repeated_blocks_are_each_verified_against_their_own_norm
     """The same family in keras_hub's ViTBackbone: LayerNorms with a scale and a bias, blocks numbered from 1."""
     keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(0)
-    model = keras_hub.models.ViTBackbone(image_shape=(16, 16, 3), patch_size=8, num_layers=2, num_heads=2,
-                                         hidden_dim=16, mlp_dim=32)
+    model = keras_hub.models.ViTBackbone(
+        image_shape=(16, 16, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
+    )
     randomise_norms(model)
     both = {"1": "gamma", "2": "beta"}
     chain = [(f"vit_encoder/transformer_block_{i}/{norm}", both) for i in (1, 2) for norm in ("ln_1", "ln_2")]
@@ -154,9 +164,16 @@ def _small_convnext(size: int, include_top: bool):
     from keras.src.applications.convnext import ConvNeXt
 
     keras.utils.set_random_seed(0)
-    model = ConvNeXt(depths=[1, 1, 1, 1], projection_dims=[8, 16, 24, 32], layer_scale_init_value=0.5,
-                     input_shape=(size, size, 3), include_top=include_top, weights=None, classes=5,
-                     name="convnext_small")
+    model = ConvNeXt(
+        depths=[1, 1, 1, 1],
+        projection_dims=[8, 16, 24, 32],
+        layer_scale_init_value=0.5,
+        input_shape=(size, size, 3),
+        include_top=include_top,
+        weights=None,
+        classes=5,
+        name="convnext_small",
+    )
     return randomise_norms(model)
 
 
@@ -272,8 +289,11 @@ def test_keras_hub_xception_s_batchnorms_after_separable_convolutions_are_unfold
     """Issue 34, item 7, in small config: keras_hub's XceptionBackbone, separable convolutions without a bias."""
     keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(0)
-    model = keras_hub.models.XceptionBackbone(stackwise_conv_filters=[[8, 16], [16, 24], [24, 24], [32, 32]],
-                                              stackwise_pooling=[True, True, False, False], image_shape=(32, 32, 3))
+    model = keras_hub.models.XceptionBackbone(
+        stackwise_conv_filters=[[8, 16], [16, 24], [24, 24], [32, 32]],
+        stackwise_pooling=[True, True, False, False],
+        image_shape=(32, 32, 3),
+    )
     _check_batchnorms_unfolded(randomise_norms(model), tmp_path / "xception.onnx")
 
 

@@ -75,8 +75,15 @@ def subclassed():
 
 def keras_hub_gemma():
     keras_hub = pytest.importorskip("keras_hub")
-    return keras_hub.models.GemmaBackbone(vocabulary_size=64, num_layers=1, num_query_heads=2, num_key_value_heads=1, hidden_dim=16,
-                                          intermediate_dim=32, head_dim=8)
+    return keras_hub.models.GemmaBackbone(
+        vocabulary_size=64,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        head_dim=8,
+    )
 
 
 def with_lookalike():
@@ -89,7 +96,12 @@ def dict_inputs():
     return keras.Model(inputs, keras.layers.Add()([inputs["ids"], inputs["mask"]]))
 
 
-MODELS = {"Sequential": sequential, "functional, nested": functional, "subclassed": subclassed, "keras_hub Gemma": keras_hub_gemma}
+MODELS = {
+    "Sequential": sequential,
+    "functional, nested": functional,
+    "subclassed": subclassed,
+    "keras_hub Gemma": keras_hub_gemma,
+}
 
 
 def _shown(layers) -> list[str]:
@@ -119,7 +131,10 @@ def test_a_model_whose_layers_cannot_be_listed_is_refused_not_read_as_empty(monk
     model = with_lookalike()
     monkeypatch.delattr(keras.layers.Layer, "_flatten_layers")
     monkeypatch.setattr(internals, "_public_sublayers", lambda layer: [])  # and whose layers no public attribute holds
-    with pytest.raises(UnsupportedObjectError, match=rf"Keras model '{model.name}' lists 3 layers in `layers`, but neither Keras .* found any"):
+    with pytest.raises(
+        UnsupportedObjectError,
+        match=rf"Keras model '{model.name}' lists 3 layers in `layers`, but neither Keras .* found any",
+    ):
         internals.all_layers(model)
     with pytest.raises(UnsupportedObjectError):
         unrecognised_hazards(model)
@@ -128,7 +143,11 @@ def test_a_model_whose_layers_cannot_be_listed_is_refused_not_read_as_empty(monk
 def test_a_layer_without_sublayers_has_none_either_way():
     dense = keras.layers.Dense(2)
     dense.build((None, 3))
-    assert internals.all_layers(dense) == [] and internals.public_layers(dense) == [] and not internals.has_sublayers(dense)
+    assert (
+        internals.all_layers(dense) == []
+        and internals.public_layers(dense) == []
+        and not internals.has_sublayers(dense)
+    )
 
 
 def test_inputs_structure_and_its_public_replacement():
@@ -230,6 +249,7 @@ def test_without_plain_graphs_keras_layers_run_eagerly(monkeypatch):
 from tests.converters import test_keras_export_families as families  # noqa: E402  (tf2onnx's transpose optimizer at 1x1)
 from tests.converters.test_keras_export_families import take_tf2onnx_public_path  # noqa: E402
 
+
 #: Each access of keras_internals and the test above that runs it on this Keras.
 def _exported(model):
     from converters.keras_adapter.tf2onnx_export import export_model
@@ -278,4 +298,3 @@ ACCESSES = {
 
 def test_every_access_has_a_test():
     assert set(internals.__all__) == set(ACCESSES)
-

@@ -30,10 +30,15 @@ layers = keras.layers
 def _bn_correctness():
     """batch_normalization_test.py test_correctness: parameterized.product over these four."""
     rows = []
-    for axis, shape, mean_init, var_init in itertools.product((-1, 1), ((5, 2, 3), (5, 3, 3, 2)), ("zeros", "ones"), ("zeros", "ones")):
-        factory = (lambda a=axis, m=mean_init, v=var_init: layers.BatchNormalization(
-            axis=a, momentum=0.9, moving_mean_initializer=m, moving_variance_initializer=v))
-        rows.append((f"bn_correctness-axis{axis}-{'x'.join(map(str, shape))}-{mean_init}-{var_init}", factory, shape, False))
+    for axis, shape, mean_init, var_init in itertools.product(
+        (-1, 1), ((5, 2, 3), (5, 3, 3, 2)), ("zeros", "ones"), ("zeros", "ones")
+    ):
+        factory = lambda a=axis, m=mean_init, v=var_init: layers.BatchNormalization(
+            axis=a, momentum=0.9, moving_mean_initializer=m, moving_variance_initializer=v
+        )
+        rows.append(
+            (f"bn_correctness-axis{axis}-{'x'.join(map(str, shape))}-{mean_init}-{var_init}", factory, shape, False)
+        )
     return rows
 
 
@@ -42,15 +47,45 @@ CONFIGS = [
     ("bn_basics-vector", lambda: layers.BatchNormalization(center=True, scale=True), (2, 3), True),
     ("bn_basics-vector-no_affine", lambda: layers.BatchNormalization(center=False, scale=False), (2, 3), True),
     ("bn_basics-image", lambda: layers.BatchNormalization(center=True, scale=True), (2, 4, 4, 3), True),
-    ("bn_trainable_behavior", lambda: layers.BatchNormalization(axis=-1, momentum=0.8, epsilon=1e-7), (10, 4, 4, 3), True),
+    (
+        "bn_trainable_behavior",
+        lambda: layers.BatchNormalization(axis=-1, momentum=0.8, epsilon=1e-7),
+        (10, 4, 4, 3),
+        True,
+    ),
     *_bn_correctness(),
     ("gn_basics-groups32", lambda: layers.GroupNormalization(), (3, 4, 32), False),
     ("gn_basics-groups4", lambda: layers.GroupNormalization(groups=4), (3, 4, 4), False),
-    ("gn_instance_norm-groups-1", lambda: layers.GroupNormalization(groups=-1, axis=-1, scale=False, center=False), (2, 5, 4), False),
-    ("gn_correctness_1d-1group", lambda: layers.GroupNormalization(groups=1, axis=-1, scale=False, center=False), (1, 8), False),
-    ("gn_correctness_1d-2groups-axis1", lambda: layers.GroupNormalization(groups=2, axis=1, scale=False, center=False), (1, 8), False),
-    ("gn_correctness_2d-1group", lambda: layers.GroupNormalization(groups=1, axis=-1, scale=False, center=False), (1, 2, 4), False),
-    ("gn_correctness_2d-2groups-axis2", lambda: layers.GroupNormalization(groups=2, axis=2, scale=False, center=False), (1, 2, 4), False),
+    (
+        "gn_instance_norm-groups-1",
+        lambda: layers.GroupNormalization(groups=-1, axis=-1, scale=False, center=False),
+        (2, 5, 4),
+        False,
+    ),
+    (
+        "gn_correctness_1d-1group",
+        lambda: layers.GroupNormalization(groups=1, axis=-1, scale=False, center=False),
+        (1, 8),
+        False,
+    ),
+    (
+        "gn_correctness_1d-2groups-axis1",
+        lambda: layers.GroupNormalization(groups=2, axis=1, scale=False, center=False),
+        (1, 8),
+        False,
+    ),
+    (
+        "gn_correctness_2d-1group",
+        lambda: layers.GroupNormalization(groups=1, axis=-1, scale=False, center=False),
+        (1, 2, 4),
+        False,
+    ),
+    (
+        "gn_correctness_2d-2groups-axis2",
+        lambda: layers.GroupNormalization(groups=2, axis=2, scale=False, center=False),
+        (1, 2, 4),
+        False,
+    ),
     ("gn_broadcasting_2d_channels_first", lambda: layers.GroupNormalization(groups=2, axis=1), (1, 4, 2, 2), False),
     ("ln_basics", lambda: layers.LayerNormalization(), (3, 4, 2), False),
     ("ln_basics-no_affine", lambda: layers.LayerNormalization(scale=False, center=False), (3, 3), False),
@@ -102,13 +137,20 @@ def test_a_keras_configuration_is_read_and_computes_the_same_in_every_framework(
     assert spec.input_rank == len(shape)
     x = config_input(shape)  # in the layer's own layout
     x_cf = to_channels_first(x, layout_of(spec))
-    assert_reference(to_channels_first(np.asarray(layer(x, training=False)), layout_of(spec)), spec, x_cf, "keras",
-                     "Keras differs from the reference of the spec read from it")
+    assert_reference(
+        to_channels_first(np.asarray(layer(x, training=False)), layout_of(spec)),
+        spec,
+        x_cf,
+        "keras",
+        "Keras differs from the reference of the spec read from it",
+    )
     for target in ("torch", "onnx"):
         obj = from_spec(spec, target)
         target_spec = to_spec(obj)
         out = REGISTRY.framework(target).run_eval(obj, from_channels_first(x_cf, layout_of(target_spec)))
-        assert_reference(to_channels_first(np.asarray(out), layout_of(target_spec)), spec, x_cf, target, f"{target} on {shape}")
+        assert_reference(
+            to_channels_first(np.asarray(out), layout_of(target_spec)), spec, x_cf, target, f"{target} on {shape}"
+        )
 
 
 @pytest.mark.parametrize("factory,shape,statistics", [row[1:] for row in CONFIGS], ids=IDS)
@@ -119,7 +161,13 @@ def test_back_to_keras_with_no_rank_the_layer_takes_the_configuration_s_rank_on_
     assert rank_lines and rank_lines[0].note, "the report says which rank the layer takes, and why"
     x_cf = to_channels_first(config_input(shape, seed=2), layout_of(spec))
     out = back(from_channels_first(x_cf, layout_of(to_spec(back))), training=False)
-    assert_reference(to_channels_first(np.asarray(out), layout_of(to_spec(back))), spec, x_cf, "keras", f"keras, first call on {shape}")
+    assert_reference(
+        to_channels_first(np.asarray(out), layout_of(to_spec(back))),
+        spec,
+        x_cf,
+        "keras",
+        f"keras, first call on {shape}",
+    )
     read = to_spec(back)
     assert all(np.array_equal(read.tensors[name], spec.tensors[name]) for name in spec.tensors), "state not bit-exact"
 
@@ -127,7 +175,9 @@ def test_back_to_keras_with_no_rank_the_layer_takes_the_configuration_s_rank_on_
 @pytest.mark.parametrize("shape", [(6, 6), (6, 5, 6), (2, 4, 5, 6)], ids=["rank2", "rank3", "rank4"])
 def test_a_groupnorm_and_a_flat_batchnorm_converted_without_a_rank_take_any_rank(shape):
     """The same spec, one fresh layer per rank: GroupNorm takes every rank, a 1-d BatchNorm (N, C) and (N, C, L)."""
-    group = to_spec(built_layer(lambda: layers.GroupNormalization(groups=3, epsilon=1e-4), (2, 6), False)).replace(input_rank=None)
+    group = to_spec(built_layer(lambda: layers.GroupNormalization(groups=3, epsilon=1e-4), (2, 6), False)).replace(
+        input_rank=None
+    )
     batch = to_spec(built_layer(lambda: layers.BatchNormalization(epsilon=1e-4), (2, 6), True)).replace(input_rank=None)
     for spec in (group, batch):
         if spec.kind == "batch" and len(shape) > 3:
@@ -135,8 +185,13 @@ def test_a_groupnorm_and_a_flat_batchnorm_converted_without_a_rank_take_any_rank
         layer = from_spec(spec, "keras")
         assert not layer.built
         x_cf = to_channels_first(config_input(shape, seed=3), "channels_last")
-        assert_reference(to_channels_first(np.asarray(layer(from_channels_first(x_cf, "channels_last"))), "channels_last"), spec, x_cf,
-                         "keras", f"{spec.kind} on {shape}")
+        assert_reference(
+            to_channels_first(np.asarray(layer(from_channels_first(x_cf, "channels_last"))), "channels_last"),
+            spec,
+            x_cf,
+            "keras",
+            f"{spec.kind} on {shape}",
+        )
 
 
 def test_rms_scaling_is_refused_naming_the_setting():

@@ -80,10 +80,17 @@ def test_a_float16_model_with_trained_norms_exports_with_native_ops_and_matches_
     _assign_trained(model)
     result = export_for_serving(model, tmp_path / "model.onnx")
     assert result.passed, result.failed_checks
-    assert {v.source_layer for v in result.verification if v.setting == "eps" and v.passed} == {"ln_a", "rms_b", "bn_c", "gn_d"}
+    assert {v.source_layer for v in result.verification if v.setting == "eps" and v.passed} == {
+        "ln_a",
+        "rms_b",
+        "bn_c",
+        "gn_d",
+    }
     ops = [n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node]
     for op in ("LayerNormalization", "RMSNormalization", "BatchNormalization", "GroupNormalization"):
         assert ops.count(op) == 1, (op, ops)
     x = np.random.default_rng(1).standard_normal((3, 16, 12)).astype(np.float32)
     x[1] *= 1e-3
-    np.testing.assert_allclose(_run_onnx(tmp_path / "model.onnx", x), keras.ops.convert_to_numpy(model(x)), **FLOAT16_TOLERANCE)
+    np.testing.assert_allclose(
+        _run_onnx(tmp_path / "model.onnx", x), keras.ops.convert_to_numpy(model(x)), **FLOAT16_TOLERANCE
+    )

@@ -98,10 +98,34 @@ FEATURES = 16
 #: (id, factory, kind, eps, scale_offset, scale variable, bias variable)
 FAMILIES = [
     ("keras_hub gemma RMSNormalization", lambda: GemmaRMSNormalization(epsilon=1e-6), "rms", 1e-6, 1.0, "scale", None),
-    ("keras_hub gemma3 RMSNormalization", lambda: Gemma3RMSNormalization(epsilon=3e-6), "rms", 3e-6, 1.0, "scale", None),
-    ("keras_hub.layers.RMSNormalization (eps in the code)", lambda: HubRMSNormalization(FEATURES), "rms", 1e-6, 0.0, "scale", None),
+    (
+        "keras_hub gemma3 RMSNormalization",
+        lambda: Gemma3RMSNormalization(epsilon=3e-6),
+        "rms",
+        3e-6,
+        1.0,
+        "scale",
+        None,
+    ),
+    (
+        "keras_hub.layers.RMSNormalization (eps in the code)",
+        lambda: HubRMSNormalization(FEATURES),
+        "rms",
+        1e-6,
+        0.0,
+        "scale",
+        None,
+    ),
     ("keras_hub LlamaLayerNorm", lambda: LlamaLayerNorm(epsilon=1e-5), "rms", 1e-5, 0.0, "scale", None),
-    ("keras_hub MistralLayerNormalization", lambda: MistralLayerNormalization(epsilon=2e-6), "rms", 2e-6, 0.0, "scale", None),
+    (
+        "keras_hub MistralLayerNormalization",
+        lambda: MistralLayerNormalization(epsilon=2e-6),
+        "rms",
+        2e-6,
+        0.0,
+        "scale",
+        None,
+    ),
     ("keras_hub QwenLayerNorm", lambda: QwenLayerNorm(epsilon=1e-6), "rms", 1e-6, 0.0, "scale", None),
     ("keras_hub Phi3LayerNorm", lambda: Phi3LayerNorm(epsilon=1e-5), "rms", 1e-5, 0.0, "scale", None),
     ("keras_hub RoformerNorm", lambda: RoformerNorm(epsilon=1e-12), "rms", 1e-12, 0.0, "scale", None),
@@ -125,11 +149,19 @@ def randomised(layer, shape=(None, 5, FEATURES), seed=0):
     return layer
 
 
-@pytest.mark.parametrize("factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES])
+@pytest.mark.parametrize(
+    "factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES]
+)
 def test_a_custom_family_is_read_with_its_kind_eps_and_affine(factory, kind, eps, offset, scale, bias):
     layer = randomised(factory())
     spec = converters.to_spec(layer)
-    assert (spec.kind, spec.eps, spec.scale_offset, spec.normalized_shape, spec.input_rank) == (kind, eps, offset, (FEATURES,), 3)
+    assert (spec.kind, spec.eps, spec.scale_offset, spec.normalized_shape, spec.input_rank) == (
+        kind,
+        eps,
+        offset,
+        (FEATURES,),
+        3,
+    )
     assert spec.source.layer_type == type(layer).__name__
     variables = {v.path.rsplit("/", 1)[-1]: np.asarray(v.numpy()) for v in layer.weights}
     assert np.array_equal(spec.tensors["scale"], variables[scale])
@@ -172,13 +204,21 @@ def test_a_layer_that_is_not_built_is_reported_not_guessed():
 
 def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
     backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=128, num_layers=2, num_query_heads=4, num_key_value_heads=1, hidden_dim=32, intermediate_dim=64, head_dim=8,
+        vocabulary_size=128,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=1,
+        hidden_dim=32,
+        intermediate_dim=64,
+        head_dim=8,
     )
     for layer in all_layers(backbone):
         if isinstance(layer, GemmaRMSNormalization):
             randomised(layer, seed=len(layer.name))
     found = inspect_model(backbone)
-    assert [(layer.kind, layer.spec["eps"], layer.spec["scale_offset"]) for layer in found.layers] == [("rms", 1e-6, 1.0)] * 5
+    assert [(layer.kind, layer.spec["eps"], layer.spec["scale_offset"]) for layer in found.layers] == [
+        ("rms", 1e-6, 1.0)
+    ] * 5
     assert not [h for h in found.hazards if h.code == "unrecognised_normalization"]
     # each block's norms share their names: a layer whose name another normalization layer has is named by its path in the
     # model (the bare name made 5 layers 3 paths: export-layers overwrote files, diff could not say which block changed)
@@ -190,7 +230,9 @@ def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
     specs = {spec.name: spec for spec in REGISTRY.model_adapter_of(backbone).layer_specs(backbone)}
     for block in ("decoder_block_0", "decoder_block_1"):
         own = next(layer for layer in all_layers(backbone.get_layer(block)) if layer.name == "pre_attention_norm")
-        assert np.array_equal(specs[f"{block}/pre_attention_norm"].tensors["scale"], own.weights[0].numpy())  # its own block's scale
+        assert np.array_equal(
+            specs[f"{block}/pre_attention_norm"].tensors["scale"], own.weights[0].numpy()
+        )  # its own block's scale
 
 
 # -- back to Keras: the source class, rebuilt where it is registered or already imported ------------------------------
@@ -204,26 +246,41 @@ def variables_of(layer) -> dict:
     return {v.path.rsplit("/", 1)[-1]: np.asarray(v.numpy()) for v in layer.weights}
 
 
-@pytest.mark.parametrize("factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES])
-def test_converting_back_to_keras_rebuilds_the_source_class_with_identical_numbers(factory, kind, eps, offset, scale, bias, tmp_path):
+@pytest.mark.parametrize(
+    "factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES]
+)
+def test_converting_back_to_keras_rebuilds_the_source_class_with_identical_numbers(
+    factory, kind, eps, offset, scale, bias, tmp_path
+):
     layer = randomised(factory())
     spec = converters.to_spec(layer)
     assert spec.source.module_class == f"{type(layer).__module__}.{type(layer).__qualname__}"
-    for given in (spec, load_spec(save_spec(spec, tmp_path / "spec"))):  # also from a file: the class is looked up, not imported
+    for given in (
+        spec,
+        load_spec(save_spec(spec, tmp_path / "spec")),
+    ):  # also from a file: the class is looked up, not imported
         back = converters.from_spec(given, "keras")
         assert type(back) is type(layer)
         [line] = class_lines()
         assert line.fate == "exact" and "proved equal" in line.note
-        assert {k: v.tobytes() for k, v in variables_of(back).items()} == {k: v.tobytes() for k, v in variables_of(layer).items()}
+        assert {k: v.tobytes() for k, v in variables_of(back).items()} == {
+            k: v.tobytes() for k, v in variables_of(layer).items()
+        }
         for shape in [(2, 7, FEATURES), (3, FEATURES)]:
             x = np.random.default_rng(9).standard_normal(shape).astype("float32") * 2 + 0.5
             got = np.asarray(ops.convert_to_numpy(back(x)), dtype=np.float64)
             np.testing.assert_allclose(got, reference.forward(spec, x), rtol=1e-4, atol=1e-5)
-            np.testing.assert_array_equal(got, np.asarray(ops.convert_to_numpy(layer(x)), dtype=np.float64))  # the same class, same numbers
+            np.testing.assert_array_equal(
+                got, np.asarray(ops.convert_to_numpy(layer(x)), dtype=np.float64)
+            )  # the same class, same numbers
 
 
-@pytest.mark.parametrize("factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES])
-def test_to_the_stock_class_the_numbers_hold_in_eval_and_the_report_says_what_is_not_kept(factory, kind, eps, offset, scale, bias):
+@pytest.mark.parametrize(
+    "factory,kind,eps,offset,scale,bias", [row[1:] for row in FAMILIES], ids=[row[0] for row in FAMILIES]
+)
+def test_to_the_stock_class_the_numbers_hold_in_eval_and_the_report_says_what_is_not_kept(
+    factory, kind, eps, offset, scale, bias
+):
     layer = randomised(factory())
     spec = converters.to_spec(layer)
     stock = converters.from_spec(spec, "keras", restore_source_class=False)
@@ -234,7 +291,9 @@ def test_to_the_stock_class_the_numbers_hold_in_eval_and_the_report_says_what_is
         offsets = [t for t in converters.last_report().layers[0].translations if t.setting == "scale_offset"]
         assert offsets and offsets[0].fate != "exact"
     x = np.random.default_rng(10).standard_normal((2, 7, FEATURES)).astype("float32") * 2 + 0.5
-    np.testing.assert_allclose(np.asarray(ops.convert_to_numpy(stock(x)), dtype=np.float64), reference.forward(spec, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(ops.convert_to_numpy(stock(x)), dtype=np.float64), reference.forward(spec, x), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_a_class_registered_with_keras_saving_is_rebuilt_even_when_no_module_holds_it():
@@ -263,7 +322,9 @@ def test_a_class_registered_with_keras_saving_is_rebuilt_even_when_no_module_hol
 
 def test_a_class_in_a_module_not_imported_is_never_imported_and_the_stock_class_is_built():
     spec = converters.to_spec(randomised(GemmaRMSNormalization(epsilon=1e-6)))
-    elsewhere = spec.replace(source=spec.source.model_copy(update={"module_class": "normbridge_test_absent.norms.GemmaRMSNorm"}))
+    elsewhere = spec.replace(
+        source=spec.source.model_copy(update={"module_class": "normbridge_test_absent.norms.GemmaRMSNorm"})
+    )
     back = converters.from_spec(elsewhere, "keras")
     assert type(back) is keras.layers.RMSNormalization
     [line] = class_lines()
@@ -271,11 +332,14 @@ def test_a_class_in_a_module_not_imported_is_never_imported_and_the_stock_class_
     assert not [name for name in sys.modules if name.startswith("normbridge_test_absent")]
 
 
-@pytest.mark.parametrize("path,why", [
-    ("keras.src.layers.core.lambda_layer.Lambda", "Lambda layer"),
-    ("os.path.join", "not a keras.layers.Layer class"),
-    ("keras.src.layers.core.dense.Dense", "has no variable 'scale'"),
-])
+@pytest.mark.parametrize(
+    "path,why",
+    [
+        ("keras.src.layers.core.lambda_layer.Lambda", "Lambda layer"),
+        ("os.path.join", "not a keras.layers.Layer class"),
+        ("keras.src.layers.core.dense.Dense", "has no variable 'scale'"),
+    ],
+)
 def test_a_class_that_is_not_a_restorable_normalization_is_refused_with_the_reason(path, why):
     spec = converters.to_spec(randomised(LlamaLayerNorm(epsilon=1e-5)))
     back = converters.from_spec(spec.replace(source=spec.source.model_copy(update={"module_class": path})), "keras")
@@ -299,15 +363,31 @@ def test_keras_hub_qwen3s_per_head_norms_built_with_the_hidden_shape_are_read_as
     unrecognised (error-level: no Qwen3 could register); now each is an rms over head_dim, proved on such an input."""
     import keras_hub
 
-    model = keras_hub.models.Qwen3Backbone(vocabulary_size=64, num_layers=1, hidden_dim=32, intermediate_dim=64, num_query_heads=4,
-                                           num_key_value_heads=2, head_dim=8, layer_norm_epsilon=2e-6)
+    model = keras_hub.models.Qwen3Backbone(
+        vocabulary_size=64,
+        num_layers=1,
+        hidden_dim=32,
+        intermediate_dim=64,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        layer_norm_epsilon=2e-6,
+    )
     inspection = inspect_model(model)
     assert not [h for _, h in inspection.all_hazards() if h.code == "unrecognised_normalization"]
-    per_head = [layer for layer in inspection.layers if "query_dense_layernorm" in layer.path or "key_dense_layernorm" in layer.path]
-    assert len(per_head) == 2 and all(layer.kind == "rms" and layer.spec["normalized_shape"] == [8] for layer in per_head)
+    per_head = [
+        layer
+        for layer in inspection.layers
+        if "query_dense_layernorm" in layer.path or "key_dense_layernorm" in layer.path
+    ]
+    assert len(per_head) == 2 and all(
+        layer.kind == "rms" and layer.spec["normalized_shape"] == [8] for layer in per_head
+    )
     # what the proof accepted is what the layer computes on the (B, T, heads, head_dim) input the backbone gives it
     layer = next(l for l in all_layers(model) if l.name == per_head[0].path.rsplit("/", 1)[-1])
-    assert per_head[0].spec["eps"] == layer.epsilon  # keras_hub 0.32's decoder does not pass layer_norm_epsilon on: 1e-5
+    assert (
+        per_head[0].spec["eps"] == layer.epsilon
+    )  # keras_hub 0.32's decoder does not pass layer_norm_epsilon on: 1e-5
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 8)).astype("float32")
     spec = converters.to_spec(layer)
     expected = reference.forward(spec.replace(input_rank=4), x, training=False)

@@ -67,6 +67,7 @@ def function(module: str, name: str, registered: str | None = None) -> dict:
 def _activation(reference: dict):
     def edit(config: dict, marker: Path) -> None:
         layer(config, "dense")["config"]["activation"] = reference
+
     return edit
 
 
@@ -74,6 +75,7 @@ def _layer_class(module: str, name: str):
     def edit(config: dict, marker: Path) -> None:
         entry = layer(config, "dense")
         entry.update(module=module, class_name=name, registered_name=name)
+
     return edit
 
 
@@ -87,7 +89,12 @@ def _lambda_writing(marker: Path, config: dict) -> None:
 def _tfsm_layer(config: dict, marker: Path) -> None:
     entry = layer(config, "fn")
     entry.update(class_name="TFSMLayer", registered_name=None)
-    entry["config"] = {"name": "fn", "filepath": str(marker.parent / "saved_model"), "call_endpoint": "serve", "trainable": False}
+    entry["config"] = {
+        "name": "fn",
+        "filepath": str(marker.parent / "saved_model"),
+        "call_endpoint": "serve",
+        "trainable": False,
+    }
 
 
 ATTACKS: dict[str, Callable[[dict, Path], None]] = {
@@ -118,7 +125,9 @@ def test_the_lambda_payload_is_live_once_its_function_name_resolves(genuine, tmp
     model = keras.saving.load_model(path, custom_objects={"save": torch.save}, safe_mode=True, compile=False)
     with contextlib.suppress(Exception):  # torch.save opens (creates) the file before it tries to pickle the tensor
         model(np.ones((2, 6), np.float32))
-    assert marker.exists(), "the crafted Lambda no longer writes the marker when resolved: the attack is not live, update it"
+    assert marker.exists(), (
+        "the crafted Lambda no longer writes the marker when resolved: the attack is not live, update it"
+    )
 
 
 def test_the_genuine_model_loads(genuine):
@@ -131,7 +140,9 @@ def test_load_model_refuses_each_hostile_config_and_runs_nothing(name, genuine, 
     path, marker = hostile(name, genuine, tmp_path)
     refused = None
     try:
-        load_model(path)(np.ones((2, 6), np.float32))  # the call is reached only if loading let it through: the payload runs there
+        load_model(path)(
+            np.ones((2, 6), np.float32)
+        )  # the call is reached only if loading let it through: the payload runs there
     except InputFileError as error:
         refused = error
     assert not marker.exists(), f"the '{name}' payload ran"
@@ -157,9 +168,20 @@ PROCESS_ATTACKS = ("lambda_module_function",)
 def test_inspect_and_export_processes_exit_6_and_run_nothing(name, genuine, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "COLUMNS": "200"}
-    processes = {cmd: subprocess.Popen([*normbridge_command(), *args], cwd=tmp_path, env=env, text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE) for cmd, args in _cli_arguments(path, tmp_path).items()}
-    results = {command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()}
+    processes = {
+        cmd: subprocess.Popen(
+            [*normbridge_command(), *args],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for cmd, args in _cli_arguments(path, tmp_path).items()
+    }
+    results = {
+        command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()
+    }
     _assert_refused_and_nothing_ran(results, marker, tmp_path)
 
 

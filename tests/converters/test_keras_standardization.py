@@ -31,8 +31,12 @@ def adapted():
 
 
 def given():
-    return keras.layers.Normalization(axis=-1, mean=[0.485 * 255, 0.456 * 255, 0.406 * 255], variance=[(0.229 * 255) ** 2, (0.224 * 255) ** 2, 0.0],
-                                      name="given_norm")
+    return keras.layers.Normalization(
+        axis=-1,
+        mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+        variance=[(0.229 * 255) ** 2, (0.224 * 255) ** 2, 0.0],
+        name="given_norm",
+    )
 
 
 ROWS = [("adapted", adapted), ("given mean and variance", given)]

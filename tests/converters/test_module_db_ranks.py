@@ -125,7 +125,9 @@ def test_module_db_sample_converts_at_its_rank(module_cls, sample, target):
     spec = to_spec(module)
     torch_out = module(torch.from_numpy(x)).detach().numpy()
     expected = reference.forward(spec, x, training=False)
-    np.testing.assert_allclose(torch_out, expected, atol=1e-5, rtol=1e-4, err_msg="torch differs from the reference: the oracle is wrong")
+    np.testing.assert_allclose(
+        torch_out, expected, atol=1e-5, rtol=1e-4, err_msg="torch differs from the reference: the oracle is wrong"
+    )
 
     refused = _refused_setting(spec, target)
     if refused is not None:
@@ -156,12 +158,18 @@ def test_module_db_sample_converts_at_its_rank(module_cls, sample, target):
     step = reference.train_step(target_spec, x)
     y = to_channels_first(np.asarray(y), layout)
     atol, rtol = output_tolerances(framework, spec, float(np.max(np.abs(step.output))))
-    np.testing.assert_allclose(y, step.output, atol=atol, rtol=rtol, err_msg=f"{target} training-step output on {x.shape}")
+    np.testing.assert_allclose(
+        y, step.output, atol=atol, rtol=rtol, err_msg=f"{target} training-step output on {x.shape}"
+    )
     if step.running_mean is None:
         return
     tol_mean, tol_var = training_tolerances(framework, target_spec, x, step)
-    np.testing.assert_allclose(mean, step.running_mean, atol=tol_mean, rtol=0, err_msg=f"{target} running mean after one step")
-    np.testing.assert_allclose(var, step.running_var, atol=tol_var, rtol=0, err_msg=f"{target} running var after one step")
+    np.testing.assert_allclose(
+        mean, step.running_mean, atol=tol_mean, rtol=0, err_msg=f"{target} running mean after one step"
+    )
+    np.testing.assert_allclose(
+        var, step.running_var, atol=tol_var, rtol=0, err_msg=f"{target} running var after one step"
+    )
 
 
 def test_every_normalization_module_of_module_db_is_covered():
@@ -191,9 +199,15 @@ def test_module_db_sample_runs_in_keras_converted_without_a_rank(module_cls, sam
     atol, rtol = output_tolerances(REGISTRY.framework("keras"), spec, float(np.max(np.abs(expected), initial=0.0)))
     np.testing.assert_allclose(y, expected, atol=atol, rtol=rtol, err_msg=f"keras eval on {x.shape}, first call")
     built = to_spec(layer)
-    if not KIND_INFO[spec.kind].trailing:  # a trailing-axes layer is built for one rank and takes any (test_keras_ranks.py)
+    if not KIND_INFO[
+        spec.kind
+    ].trailing:  # a trailing-axes layer is built for one rank and takes any (test_keras_ranks.py)
         assert built.input_rank == x.ndim
-    assert all(np.array_equal(built.tensors[name], spec.tensors[name]) for name in spec.tensors if name != "num_batches_tracked")
+    assert all(
+        np.array_equal(built.tensors[name], spec.tensors[name])
+        for name in spec.tensors
+        if name != "num_batches_tracked"
+    )
 
     if x.shape[0] == 0 or (spec.kind == "instance" and spec.track_running_stats):
         return  # as in test_module_db_sample_converts_at_its_rank
@@ -202,7 +216,9 @@ def test_module_db_sample_runs_in_keras_converted_without_a_rank(module_cls, sam
     y = to_channels_first(np.asarray(layer(x_keras, training=True)), layout)
     step = reference.train_step(target_spec, x)
     atol, rtol = output_tolerances(REGISTRY.framework("keras"), spec, float(np.max(np.abs(step.output))))
-    np.testing.assert_allclose(y, step.output, atol=atol, rtol=rtol, err_msg=f"keras training step on {x.shape}, first call")
+    np.testing.assert_allclose(
+        y, step.output, atol=atol, rtol=rtol, err_msg=f"keras training step on {x.shape}, first call"
+    )
     if step.running_mean is not None:
         tol_mean, tol_var = training_tolerances(REGISTRY.framework("keras"), target_spec, x, step)
         np.testing.assert_allclose(np.asarray(layer.moving_mean.numpy()), step.running_mean, atol=tol_mean, rtol=0)

@@ -35,12 +35,17 @@ from tests.spec_factory import per_feature, spec_with
 DTYPE_EPS = 1.1920928955078125e-07
 EPSILONS = [(1e-3, "explicit"), (2e-5, "explicit"), (DTYPE_EPS, "dtype_eps")]
 OPSETS = [23, 21, 17, 15]
-RUNNING = dict(momentum=0.01, momentum_convention="batch_weight", track_running_stats=True, variance_estimator="unbiased")
+RUNNING = dict(
+    momentum=0.01, momentum_convention="batch_weight", track_running_stats=True, variance_estimator="unbiased"
+)
 NBT = {"num_batches_tracked": np.array(7, dtype=np.int64)}
 #: Every case's kind (instance_tracked: a tracked InstanceNorm, written as BatchNormalization) and its fields.
 ONNX_CASES = {
     "batch": ("batch", dict(name="batch", seed=1, **RUNNING, extra_tensors=NBT)),
-    "instance_tracked": ("instance", dict(name="instance_tracked", spatial_rank=1, seed=1, **RUNNING, extra_tensors=NBT)),
+    "instance_tracked": (
+        "instance",
+        dict(name="instance_tracked", spatial_rank=1, seed=1, **RUNNING, extra_tensors=NBT),
+    ),
     "instance": ("instance", dict(name="inst", spatial_rank=1, seed=5)),
     "group": ("group", dict(name="gn", num_groups=3, seed=7)),
     "layer": ("layer", dict(name="ln", normalized_shape=(3, 4), seed=9)),
@@ -57,7 +62,9 @@ def native_opset(case: str) -> int:
 tensor = per_feature
 
 
-def make_spec(case: str, dtype: str = "float32", eps: float = 1e-3, eps_origin: str = "explicit", **changes) -> NormSpec:
+def make_spec(
+    case: str, dtype: str = "float32", eps: float = 1e-3, eps_origin: str = "explicit", **changes
+) -> NormSpec:
     """The case's spec (tests/spec_factory.spec_with), with non-default eps and momentum 0.01 (batch_weight); `changes` win."""
     kind, fields = ONNX_CASES[case]
     fields = {**fields, "dtype": dtype, "eps": eps, "eps_origin": eps_origin, **changes}
@@ -67,7 +74,9 @@ def make_spec(case: str, dtype: str = "float32", eps: float = 1e-3, eps_origin: 
 
 
 def emit(spec: NormSpec, opset: int = 23, **options) -> tuple[onnx.ModelProto, LayerReport]:
-    report = LayerReport(layer=spec.name, kind=spec.kind, source_framework="spec", target_framework="onnx", target_op="?")
+    report = LayerReport(
+        layer=spec.name, kind=spec.kind, source_framework="spec", target_framework="onnx", target_op="?"
+    )
     model = KIND_ADAPTERS[spec.kind]().from_spec(spec, ConversionOptions(opset=opset, **options), report)
     return model, report
 
@@ -88,7 +97,9 @@ def without_metadata(model: onnx.ModelProto) -> onnx.ModelProto:
 def assert_matches_reference(spec: NormSpec, model: onnx.ModelProto, training: bool | None = None) -> None:
     x = probe_input(spec)
     expected = reference.forward(spec, x, training)
-    atol, rtol = output_tolerances(FRAMEWORK, spec, float(np.max(np.abs(expected))))  # float64 layers run with float32(eps)
+    atol, rtol = output_tolerances(
+        FRAMEWORK, spec, float(np.max(np.abs(expected)))
+    )  # float64 layers run with float32(eps)
     np.testing.assert_allclose(FRAMEWORK.run_eval(model, x).astype(np.float64), expected, atol=atol, rtol=rtol)
 
 
@@ -134,9 +145,14 @@ def test_float32_round_trip_and_output(case, opset, eps, origin):
 @pytest.mark.parametrize(
     "case,opset,op",
     [
-        ("batch", 23, "BatchNormalization-15"), ("batch", 14, "BatchNormalization-14"), ("batch", 13, "BatchNormalization-9"),
-        ("instance", 23, "InstanceNormalization-22"), ("instance_tracked", 23, "BatchNormalization-15"),
-        ("layer", 17, "LayerNormalization-17"), ("group", 21, "GroupNormalization-21"), ("rms", 23, "RMSNormalization-23"),
+        ("batch", 23, "BatchNormalization-15"),
+        ("batch", 14, "BatchNormalization-14"),
+        ("batch", 13, "BatchNormalization-9"),
+        ("instance", 23, "InstanceNormalization-22"),
+        ("instance_tracked", 23, "BatchNormalization-15"),
+        ("layer", 17, "LayerNormalization-17"),
+        ("group", 21, "GroupNormalization-21"),
+        ("rms", 23, "RMSNormalization-23"),
         ("layer", 16, "decomposition(ReduceMean,Sub,Mul,ReduceMean,Add,Sqrt,Div,Mul,Add)"),
         ("rms", 22, "decomposition(Mul,ReduceMean,Add,Sqrt,Div,Mul)"),
         ("group", 20, "decomposition(Reshape,InstanceNormalization,Reshape,Mul,Add,Shape,Reshape)"),
@@ -146,7 +162,9 @@ def test_target_op_and_report(case, opset, op):
     spec = make_spec(case)
     model, report = emit(spec, opset)
     assert report.target_op == op
-    assert [n.op_type for n in model.graph.node] == (op[len("decomposition("):-1].split(",") if not report.native else [op.split("-")[0]])
+    assert [n.op_type for n in model.graph.node] == (
+        op[len("decomposition(") : -1].split(",") if not report.native else [op.split("-")[0]]
+    )
     fates = {t.setting: t.fate for t in report.translations}
     assert fates["scale"] == "exact" and fates["eps"] in ("exact", "stored")
     if "num_batches_tracked" in spec.tensors:
@@ -204,7 +222,11 @@ def gn18_model(channels="C"):
     scale, bias = np.array([0.5, -1.25, 2.0], np.float32), np.array([0.1, 0.0, -0.3], np.float32)
     node = helper.make_node("GroupNormalization", ["X", "s", "b"], ["Y"], num_groups=3, epsilon=1e-3)
     x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 6 if channels == "C" else "C", "H", "W"])
-    return hand_model(node, [x], [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(bias, "b")], 18), scale, bias
+    return (
+        hand_model(node, [x], [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(bias, "b")], 18),
+        scale,
+        bias,
+    )
 
 
 def opset18_group_norm(x, scale, bias, groups, eps):
@@ -222,7 +244,9 @@ def test_deprecated_group_norm_18_reads_per_channel(tmp_path):
     assert spec.source.layer_type == "GroupNormalization-18"
     assert any("deprecated GroupNormalization-18" in w for w in report.warnings)
     x = probe_input(spec)
-    np.testing.assert_allclose(reference.forward(spec, x), opset18_group_norm(x, scale, bias, 3, 1e-3), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        reference.forward(spec, x), opset18_group_norm(x, scale, bias, 3, 1e-3), rtol=1e-12, atol=1e-12
+    )
     # load_onnx accepts the deprecated op the checker rejects, since normbridge can read it.
     path = tmp_path / "gn18.onnx"
     path.write_bytes(model.SerializeToString())
@@ -236,37 +260,66 @@ def test_deprecated_group_norm_18_needs_known_channels():
 
 
 def bn_inputs(dtype=np.float32):
-    return [numpy_helper.from_array(tensor(3, dtype, seed, positive=seed == 4), name) for seed, name in enumerate("sbmv", start=1)]
+    return [
+        numpy_helper.from_array(tensor(3, dtype, seed, positive=seed == 4), name)
+        for seed, name in enumerate("sbmv", start=1)
+    ]
 
 
 def test_hand_built_train_mode_batch_norm_reads_training():
-    node = helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y", "rm", "rv"], epsilon=1e-5, training_mode=1)
+    node = helper.make_node(
+        "BatchNormalization", ["X", "s", "b", "m", "v"], ["Y", "rm", "rv"], epsilon=1e-5, training_mode=1
+    )
     x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, "L"])
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("Y", ["N", 3, "L"]), ("rm", [3]), ("rv", [3]))]
+    outputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+        for n, s in (("Y", ["N", 3, "L"]), ("rm", [3]), ("rv", [3]))
+    ]
     spec, _ = read(hand_model(node, [x], bn_inputs(), 15, outputs))
     assert spec.training and spec.track_running_stats
-    assert (spec.eps, spec.momentum, spec.momentum_convention, spec.spatial_rank, spec.input_rank) == (1e-05, 0.9, "running_weight", 1, 3)
+    assert (spec.eps, spec.momentum, spec.momentum_convention, spec.spatial_rank, spec.input_rank) == (
+        1e-05,
+        0.9,
+        "running_weight",
+        1,
+        3,
+    )
 
 
 def test_state_tensor_as_graph_input_is_refused():
     node = helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"])
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3]), helper.make_tensor_value_info("m", TensorProto.FLOAT, [3])]
+    inputs = [
+        helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3]),
+        helper.make_tensor_value_info("m", TensorProto.FLOAT, [3]),
+    ]
     initializers = [t for t in bn_inputs() if t.name != "m"]
-    with pytest.raises(SpecError, match="setting 'running_mean': the running_mean tensor 'm' of BatchNormalization is a graph input"):
+    with pytest.raises(
+        SpecError, match="setting 'running_mean': the running_mean tensor 'm' of BatchNormalization is a graph input"
+    ):
         read(hand_model(node, inputs, initializers, 15))
 
 
 def test_other_graphs_are_refused_with_what_was_found():
     relu = helper.make_node("Relu", ["X"], ["R"])
     bn = helper.make_node("BatchNormalization", ["R", "s", "b", "m", "v"], ["Y"])
-    graph = helper.make_graph([relu, bn], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])], bn_inputs())
-    with pytest.raises(UnsupportedObjectError, match=r"holds 2 nodes \(Relu, BatchNormalization\), expected one normalization node"):
+    graph = helper.make_graph(
+        [relu, bn],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])],
+        bn_inputs(),
+    )
+    with pytest.raises(
+        UnsupportedObjectError, match=r"holds 2 nodes \(Relu, BatchNormalization\), expected one normalization node"
+    ):
         FRAMEWORK.kind_of(helper.make_model(graph))
     with pytest.raises(UnsupportedObjectError, match="expected an onnx.ModelProto"):
         FRAMEWORK.kind_of(onnx.GraphProto())
     with pytest.raises(UnsupportedObjectError, match="holds a layer layer, expected a batch layer"):
-        KIND_ADAPTERS["batch"]().to_spec(emit(make_spec("layer"))[0], LayerReport(layer="?", kind="batch", source_framework="onnx", target_framework="spec", target_op="?"))
+        KIND_ADAPTERS["batch"]().to_spec(
+            emit(make_spec("layer"))[0],
+            LayerReport(layer="?", kind="batch", source_framework="onnx", target_framework="spec", target_op="?"),
+        )
 
 
 # -- metadata is trusted only where the graph agrees ---------------------------------------------
@@ -303,7 +356,10 @@ def test_absent_scale_is_trusted_only_if_the_tensor_is_ones():
 def test_edited_decomposition_is_refused():
     model, _ = emit(make_spec("layer"), opset=15)
     set_attribute(model, "axes", [-1])  # the first ReduceMean now averages over the last axis only
-    with pytest.raises(UnsupportedObjectError, match=r"differs from the decomposition normbridge emits for it \(node 0 \(ReduceMean\) has other"):
+    with pytest.raises(
+        UnsupportedObjectError,
+        match=r"differs from the decomposition normbridge emits for it \(node 0 \(ReduceMean\) has other",
+    ):
         read(model)
 
 
@@ -338,7 +394,9 @@ def test_training_step_matches_reference(opset):
     expected = reference.train_step(spec, x, "biased")
     for got, want in ((y, expected.output), (mean, expected.running_mean), (var, expected.running_var)):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
-    np.testing.assert_allclose(FRAMEWORK.run_eval(model, x), reference.forward(spec, x), atol=1e-5, rtol=1e-4)  # model unchanged
+    np.testing.assert_allclose(
+        FRAMEWORK.run_eval(model, x), reference.forward(spec, x), atol=1e-5, rtol=1e-4
+    )  # model unchanged
 
 
 def test_training_step_without_running_statistics_is_the_output():
@@ -361,7 +419,9 @@ def test_train_mode_batch_norm_is_refused_unless_asked():
     with pytest.raises(NotExpressibleError) as error:
         emit(spec)
     assert error.value.setting == "training" and error.value.target == "onnx"
-    assert str(error.value).startswith("layer 'batch', setting 'training': cannot convert to onnx: the layer is in training mode")
+    assert str(error.value).startswith(
+        "layer 'batch', setting 'training': cannot convert to onnx: the layer is in training mode"
+    )
     assert "each request's output depends on the others in its batch" in str(error.value)
     assert "onnx_training_mode=True" in str(error.value)
 
@@ -379,9 +439,18 @@ def test_train_mode_needs_batch_norm_14():
 
 
 def test_untracked_batch_norm_is_refused_unless_asked():
-    spec = make_spec("batch", track_running_stats=False, momentum=None, momentum_convention=None, variance_estimator=None,
-                     tensors={k: v for k, v in make_spec("batch").tensors.items() if k in ("scale", "bias")})
-    with pytest.raises(NotExpressibleError, match="layer 'batch', setting 'track_running_stats': cannot convert to onnx: .*pass onnx_training_mode=True"):
+    spec = make_spec(
+        "batch",
+        track_running_stats=False,
+        momentum=None,
+        momentum_convention=None,
+        variance_estimator=None,
+        tensors={k: v for k, v in make_spec("batch").tensors.items() if k in ("scale", "bias")},
+    )
+    with pytest.raises(
+        NotExpressibleError,
+        match="layer 'batch', setting 'track_running_stats': cannot convert to onnx: .*pass onnx_training_mode=True",
+    ):
         emit(spec)
     model, report = emit(spec, onnx_training_mode=True)
     assert any("training_mode=1" in w for w in report.warnings)
@@ -439,13 +508,20 @@ def test_registry_finds_every_kind():
 
 
 def test_opset_beyond_onnx_is_refused():
-    with pytest.raises(NotExpressibleError, match=f"layer 'ln', setting 'opset': .*opset {onnx.defs.onnx_opset_version() + 1} is newer"):
+    with pytest.raises(
+        NotExpressibleError, match=f"layer 'ln', setting 'opset': .*opset {onnx.defs.onnx_opset_version() + 1} is newer"
+    ):
         emit(make_spec("layer"), onnx.defs.onnx_opset_version() + 1)
 
 
 def test_op_missing_from_the_models_opset_is_refused():
     node = helper.make_node("LayerNormalization", ["X", "s"], ["Y"])
-    model = hand_model(node, [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])], [numpy_helper.from_array(np.ones(4, np.float32), "s")], 16)
+    model = hand_model(
+        node,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.ones(4, np.float32), "s")],
+        16,
+    )
     with pytest.raises(UnsupportedObjectError, match="LayerNormalization does not exist at opset 16"):
         read(model)
 
@@ -467,7 +543,9 @@ def test_a_model_is_parsed_once_while_its_caller_holds_it_unchanged_and_refused_
     with FRAMEWORK.unchanged_objects():
         layer = parse(model)
         assert parse(model, "batch") is layer and FRAMEWORK.kind_of(model) == "batch"
-        assert layer.initializers and not any(array.flags.writeable for array in layer.initializers.values())  # no reader changes them
+        assert layer.initializers and not any(
+            array.flags.writeable for array in layer.initializers.values()
+        )  # no reader changes them
         with pytest.raises(UnsupportedObjectError, match="holds a batch layer, expected a layer layer"):
             parse(model, "layer")
         other = onnx.ModelProto()

@@ -22,13 +22,18 @@ def _external_model(folder, location="model.onnx.data", size=64):
     scale = np.random.default_rng(0).uniform(0.5, 2.0, size).astype(np.float32)
     node = helper.make_node("LayerNormalization", ["X", "scale"], ["Y"], axis=-1, epsilon=1e-5, name="ln")
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", size])],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", size])], initializer=[numpy_helper.from_array(scale, "scale")],
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", size])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", size])],
+        initializer=[numpy_helper.from_array(scale, "scale")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = folder / "model.onnx"
-    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0)
+    onnx.save(
+        model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location, size_threshold=0
+    )
     return path, scale
 
 
@@ -74,7 +79,13 @@ def test_locations_outside_the_folder_are_refused(tmp_path, kind):
     path, _ = _external_model(inside)
     outside = tmp_path / "secret.bin"
     outside.write_bytes((inside / "model.onnx.data").read_bytes())
-    location = {"parent": "../secret.bin", "absolute": str(outside), "symlink": "link.data", "missing": "gone.data", "empty": ""}[kind]
+    location = {
+        "parent": "../secret.bin",
+        "absolute": str(outside),
+        "symlink": "link.data",
+        "missing": "gone.data",
+        "empty": "",
+    }[kind]
     if kind == "symlink":
         os.symlink(outside, inside / "link.data")
     _relocate(path, location)
@@ -133,7 +144,9 @@ def test_a_server_side_load_without_the_data_file_names_it(tmp_path):
     """What the server sees when such a file reaches it anyway (an old client): a refusal naming tensor and location."""
     path, _ = _external_model(tmp_path)
     os.remove(tmp_path / "model.onnx.data")
-    with pytest.raises(InputFileError, match="tensor 'scale' keeps its data at location 'model.onnx.data', which is missing"):
+    with pytest.raises(
+        InputFileError, match="tensor 'scale' keeps its data at location 'model.onnx.data', which is missing"
+    ):
         load_model(path)
 
 
@@ -162,7 +175,9 @@ class OpenWatch:
 
 
 def _external_constant(location: str, size: int) -> onnx.TensorProto:
-    tensor = onnx.TensorProto(name="k", data_type=onnx.TensorProto.FLOAT, dims=[size], data_location=onnx.TensorProto.EXTERNAL)
+    tensor = onnx.TensorProto(
+        name="k", data_type=onnx.TensorProto.FLOAT, dims=[size], data_location=onnx.TensorProto.EXTERNAL
+    )
     for key, value in (("location", location), ("offset", "0"), ("length", str(4 * size))):
         tensor.external_data.add(key=key, value=value)
     return tensor
@@ -178,25 +193,49 @@ def _function_model(folder, location, where="constant", size=8):
         body = [helper.make_node("Constant", [], ["kv"], value=k, name="const")]
         defaults = []
     elif where == "if branch":
-        then = helper.make_graph([helper.make_node("Constant", [], ["t"], value=k)], "then", [],
-                                 [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [size])])
-        other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(np.zeros(size, np.float32)))],
-                                  "else", [], [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [size])])
-        body = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
-                helper.make_node("If", ["c"], ["kv"], then_branch=then, else_branch=other)]
+        then = helper.make_graph(
+            [helper.make_node("Constant", [], ["t"], value=k)],
+            "then",
+            [],
+            [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [size])],
+        )
+        other = helper.make_graph(
+            [helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(np.zeros(size, np.float32)))],
+            "else",
+            [],
+            [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [size])],
+        )
+        body = [
+            helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
+            helper.make_node("If", ["c"], ["kv"], then_branch=then, else_branch=other),
+        ]
         defaults = []
     else:  # "attribute default"
         body = [helper.make_node("Constant", [], ["kv"])]
         body[0].attribute.add(name="value", ref_attr_name="kval", type=onnx.AttributeProto.TENSOR)
         defaults = [helper.make_attribute("kval", k)]
-    function = helper.make_function("custom", "AddK", ["x"], ["y"], [*body, helper.make_node("Add", ["x", "kv"], ["y"])],
-                                    [helper.make_opsetid("", 17)], attribute_protos=defaults)
+    function = helper.make_function(
+        "custom",
+        "AddK",
+        ["x"],
+        ["y"],
+        [*body, helper.make_node("Add", ["x", "kv"], ["y"])],
+        [helper.make_opsetid("", 17)],
+        attribute_protos=defaults,
+    )
     graph = helper.make_graph(
-        [helper.make_node("LayerNormalization", ["X", "scale"], ["h"], axis=-1, epsilon=1e-5, name="ln"),
-         helper.make_node("AddK", ["h"], ["Y"], domain="custom", name="call")], "g",
+        [
+            helper.make_node("LayerNormalization", ["X", "scale"], ["h"], axis=-1, epsilon=1e-5, name="ln"),
+            helper.make_node("AddK", ["h"], ["Y"], domain="custom", name="call"),
+        ],
+        "g",
         [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", size])],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", size])], initializer=[numpy_helper.from_array(scale, "scale")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)], functions=[function])
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", size])],
+        initializer=[numpy_helper.from_array(scale, "scale")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)], functions=[function]
+    )
     model.ir_version = 8
     (folder / "model.onnx").write_bytes(model.SerializeToString())
     return folder / "model.onnx"
@@ -211,8 +250,13 @@ def test_a_function_body_tensor_outside_the_folder_is_refused_and_never_opened(t
     inside.mkdir()
     secret = tmp_path / "secret.bin"
     secret.write_bytes(np.arange(8, dtype=np.float32).tobytes())
-    location = {"parent": "../secret.bin", "etc passwd": "../../etc/passwd", "absolute": str(secret), "symlink": "link.data",
-                "working directory": "secret.bin"}[kind]
+    location = {
+        "parent": "../secret.bin",
+        "etc passwd": "../../etc/passwd",
+        "absolute": str(secret),
+        "symlink": "link.data",
+        "working directory": "secret.bin",
+    }[kind]
     if kind == "symlink":
         os.symlink(secret, inside / "link.data")
     monkeypatch.chdir(tmp_path)  # where 'secret.bin' is, beside the model's folder
@@ -247,7 +291,10 @@ def test_a_model_whose_function_reads_a_file_of_the_working_directory_is_not_reg
     monkeypatch.chdir(tmp_path)
     path = _function_model(tmp_path / "model", "secret.bin")
     registry = Registry(db=f"sqlite:///{tmp_path / 'r.db'}", blobs=str(tmp_path / "blobs"))
-    with pytest.raises(InputFileError, match="tensor 'k' of function 'custom.AddK' keeps its data at location 'secret.bin', which is missing"):
+    with pytest.raises(
+        InputFileError,
+        match="tensor 'k' of function 'custom.AddK' keeps its data at location 'secret.bin', which is missing",
+    ):
         registry.register("m", path)
     assert registry.models() == [] and list(registry.store.digests()) == []
     registry.meta.close()

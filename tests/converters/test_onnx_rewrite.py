@@ -51,7 +51,9 @@ def epsilons(model: onnx.ModelProto) -> list[float]:
     ]
 
 
-def assert_same_function(original: onnx.ModelProto, rewritten: onnx.ModelProto, shape: tuple[int, ...], seed: int = 0) -> None:
+def assert_same_function(
+    original: onnx.ModelProto, rewritten: onnx.ModelProto, shape: tuple[int, ...], seed: int = 0
+) -> None:
     onnx.checker.check_model(rewritten, full_check=True)
     for offset in range(2):
         x = np.random.default_rng(seed + offset).standard_normal(shape).astype(np.float32)
@@ -101,7 +103,11 @@ def test_torch_rms_norms_become_native_at_opset_23(torch_block):
     assert not DECOMPOSITION_OPS & set(ops)
     assert epsilons(rewritten) == [as_float32(2e-5), as_float32(1e-4), as_float32(3e-3)]
     assert_same_function(model, rewritten, (2, 3, 8))
-    assert [(s.kind, s.native, s.eps) for s in find_norm_sites(rewritten)] == [("layer", True, 2e-5), ("rms", True, 1e-4), ("rms", True, 3e-3)]
+    assert [(s.kind, s.native, s.eps) for s in find_norm_sites(rewritten)] == [
+        ("layer", True, 2e-5),
+        ("rms", True, 1e-4),
+        ("rms", True, 3e-3),
+    ]
     for site, layer in zip(find_norm_sites(rewritten)[1:], (module.rms, module.final)):
         assert not spec_differences(site.spec, converters.to_spec(layer), ignore=("name", "source", "input_rank"))
 
@@ -157,7 +163,13 @@ def test_keras_conv_network_every_kind_native_with_transposes_cancelled(keras_co
     assert [(s.kind, s.eps) for s in sites] == [(k, e if e is not None else 1e-3) for k, e in KERAS_CONV_KINDS]
     ops = [n.op_type for n in rewritten.graph.node]
     assert not DECOMPOSITION_OPS & set(ops) and "Mul" not in ops and "Reshape" not in ops
-    assert [op for op in ops if op in NATIVE_OPS] == ["BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization"]
+    assert [op for op in ops if op in NATIVE_OPS] == [
+        "BatchNormalization",
+        "LayerNormalization",
+        "GroupNormalization",
+        "InstanceNormalization",
+        "RMSNormalization",
+    ]
     assert epsilons(rewritten) == [as_float32(s.eps) for s in specs]
     assert inverse_transpose_pairs(rewritten) == 0
     assert_same_function(exported, rewritten, (2, 6, 6, 3))
@@ -212,13 +224,17 @@ def test_normbridge_decompositions_round_trip(kind, opset, dtype, eps, shape):
     model = converters.from_spec(spec, "onnx", opset=opset)
     rewritten, sites = rewrite_decompositions(model, 23)
     assert [(s.kind, s.origin) for s in sites] == [(kind, "normbridge")]
-    assert [n.op_type for n in rewritten.graph.node] == [{"layer": "LayerNormalization", "rms": "RMSNormalization", "group": "GroupNormalization"}[kind]]
+    assert [n.op_type for n in rewritten.graph.node] == [
+        {"layer": "LayerNormalization", "rms": "RMSNormalization", "group": "GroupNormalization"}[kind]
+    ]
     assert epsilons(rewritten) == [as_float32(eps)]
     # the rewritten one-layer model reads back as the spec it was written from
     assert not spec_differences(converters.to_spec(rewritten), spec, ignore=("source", "layout", "input_rank"))
     x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == "float16" else TOLERANCE
-    np.testing.assert_allclose(run_onnx(rewritten, x).astype(np.float64), run_onnx(model, x).astype(np.float64), **tolerance)
+    np.testing.assert_allclose(
+        run_onnx(rewritten, x).astype(np.float64), run_onnx(model, x).astype(np.float64), **tolerance
+    )
 
 
 def test_folded_batchnorms_pair_with_specs_given_in_another_order():
@@ -236,14 +252,23 @@ def test_folded_batchnorms_pair_with_specs_given_in_another_order():
         t = spec.tensors
         k = t["scale"].astype(np.float64) / np.sqrt(t["running_var"].astype(np.float64) + spec.eps)
         offset = t["bias"].astype(np.float64) - t["running_mean"].astype(np.float64) * k
-        inits += [numpy_helper.from_array(k.astype(np.float32).reshape(1, 4, 1, 1), f"{spec.name}_k"),
-                  numpy_helper.from_array(offset.astype(np.float32).reshape(1, 4, 1, 1), f"{spec.name}_o")]
-        nodes += [helper.make_node("Mul", ["X", f"{spec.name}_k"], [f"{spec.name}_m"], name=f"{spec.name}/batchnorm/mul"),
-                  helper.make_node("Add", [f"{spec.name}_m", f"{spec.name}_o"], [f"Y_{spec.name}"], name=f"{spec.name}/batchnorm/add")]
+        inits += [
+            numpy_helper.from_array(k.astype(np.float32).reshape(1, 4, 1, 1), f"{spec.name}_k"),
+            numpy_helper.from_array(offset.astype(np.float32).reshape(1, 4, 1, 1), f"{spec.name}_o"),
+        ]
+        nodes += [
+            helper.make_node("Mul", ["X", f"{spec.name}_k"], [f"{spec.name}_m"], name=f"{spec.name}/batchnorm/mul"),
+            helper.make_node(
+                "Add", [f"{spec.name}_m", f"{spec.name}_o"], [f"Y_{spec.name}"], name=f"{spec.name}/batchnorm/add"
+            ),
+        ]
     shape = ["N", 4, 3, 3]
     graph = helper.make_graph(
-        nodes, "parallel", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(f"Y_{s.name}", TensorProto.FLOAT, shape) for s in specs], initializer=inits,
+        nodes,
+        "parallel",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(f"Y_{s.name}", TensorProto.FLOAT, shape) for s in specs],
+        initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     rewritten, sites = rewrite_decompositions(model, 23, list(reversed(specs)))
@@ -265,7 +290,9 @@ def _bfloat16_export(module, shape) -> onnx.ModelProto:
     from tests.converters.test_onnx_sites import quiet
 
     with quiet():
-        program = torch.onnx.export(module, (torch.randn(*shape, dtype=torch.bfloat16),), dynamo=True, opset_version=23, optimize=False)
+        program = torch.onnx.export(
+            module, (torch.randn(*shape, dtype=torch.bfloat16),), dynamo=True, opset_version=23, optimize=False
+        )
     onnxscript.optimizer.fold_constants(program.model)
     onnxscript.optimizer.remove_unused_nodes(program.model)
     return program.model_proto
@@ -284,7 +311,9 @@ def test_a_bfloat16_rms_norm_weighted_after_its_cast_back_is_one_native_site_wit
     spec = converters.to_spec(norm)
     rewritten, sites = rewrite_decompositions(model, 23, [spec])
     [site] = find_norm_sites(rewritten)
-    assert (site.kind, site.native, site.spec.dtype) == ("rms", True, "bfloat16") and np.float32(site.eps) == np.float32(3e-6)
+    assert (site.kind, site.native, site.spec.dtype) == ("rms", True, "bfloat16") and np.float32(
+        site.eps
+    ) == np.float32(3e-6)
     assert np.array_equal(site.spec.tensors["scale"].astype(np.float32), spec.tensors["scale"].astype(np.float32))
     assert [n.op_type for n in rewritten.graph.node] == ["RMSNormalization"]
 
@@ -302,6 +331,8 @@ def test_a_bfloat16_frozen_batchnorm_folded_into_bfloat16_constants_is_unfolded_
     assert spec.frozen and spec.dtype == "bfloat16"
     rewritten, sites = rewrite_decompositions(model, 23, [spec])
     [site] = find_norm_sites(rewritten)
-    assert (site.kind, site.native, site.spec.dtype) == ("batch", True, "bfloat16") and np.float32(site.eps) == np.float32(2e-5)
+    assert (site.kind, site.native, site.spec.dtype) == ("batch", True, "bfloat16") and np.float32(
+        site.eps
+    ) == np.float32(2e-5)
     for name in ("running_mean", "running_var", "scale", "bias"):
         assert np.array_equal(site.spec.tensors[name], spec.tensors[name]), name

@@ -29,7 +29,13 @@ from schemas.tensors import tensors_identical
 
 from tests.spec_factory import make_spec
 
-NATIVE_OPS = ("BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization")
+NATIVE_OPS = (
+    "BatchNormalization",
+    "LayerNormalization",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "RMSNormalization",
+)
 
 
 # -- exporting (shared with test_onnx_rewrite) ---------------------------------------------------
@@ -37,17 +43,31 @@ NATIVE_OPS = ("BatchNormalization", "LayerNormalization", "GroupNormalization", 
 
 @contextlib.contextmanager
 def quiet():
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
         yield
 
 
-def torch_onnx(module: nn.Module, shape: tuple[int, ...], opset: int, folder, *, dynamic_batch: bool = False, **options) -> onnx.ModelProto:
+def torch_onnx(
+    module: nn.Module, shape: tuple[int, ...], opset: int, folder, *, dynamic_batch: bool = False, **options
+) -> onnx.ModelProto:
     """torch.onnx.export(dynamo=True) of `module` in its current mode, loaded back."""
     path = folder / f"torch_{id(module)}_{opset}.onnx"
     dynamic = ({0: torch.export.Dim("batch", min=1, max=64)},) if dynamic_batch else None
     with quiet():
-        torch.onnx.export(module, (torch.randn(*shape),), str(path), dynamo=True, opset_version=opset, dynamic_shapes=dynamic, **options)
+        torch.onnx.export(
+            module,
+            (torch.randn(*shape),),
+            str(path),
+            dynamo=True,
+            opset_version=opset,
+            dynamic_shapes=dynamic,
+            **options,
+        )
     return onnx.load(str(path))
 
 
@@ -138,7 +158,11 @@ class ConvGroup(nn.Module):
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4, eps=1e-4), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.InstanceNorm2d(4, eps=3e-3, affine=True),
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.GroupNorm(2, 4, eps=1e-4),
+            nn.ReLU(),
+            nn.Conv2d(4, 4, 1),
+            nn.InstanceNorm2d(4, eps=3e-3, affine=True),
         )
 
     def forward(self, x):
@@ -146,7 +170,11 @@ class ConvGroup(nn.Module):
 
 
 def conv_bn() -> nn.Module:
-    return randomize_torch(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, eps=2e-5), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4, eps=1e-3)))
+    return randomize_torch(
+        nn.Sequential(
+            nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, eps=2e-5), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4, eps=1e-3)
+        )
+    )
 
 
 def keras_single_cases():
@@ -171,11 +199,17 @@ def keras_conv_layers():
 
     layers = keras.layers
     return [
-        layers.Conv2D(4, 3, padding="same"), layers.BatchNormalization(epsilon=1e-3), layers.ReLU(),
-        layers.Conv2D(4, 1), layers.LayerNormalization(epsilon=2e-5),
-        layers.Conv2D(4, 1), layers.GroupNormalization(groups=2, epsilon=1e-4),
-        layers.Conv2D(4, 1), layers.GroupNormalization(groups=-1, epsilon=3e-3),
-        layers.Conv2D(4, 1), layers.RMSNormalization(epsilon=1e-4),
+        layers.Conv2D(4, 3, padding="same"),
+        layers.BatchNormalization(epsilon=1e-3),
+        layers.ReLU(),
+        layers.Conv2D(4, 1),
+        layers.LayerNormalization(epsilon=2e-5),
+        layers.Conv2D(4, 1),
+        layers.GroupNormalization(groups=2, epsilon=1e-4),
+        layers.Conv2D(4, 1),
+        layers.GroupNormalization(groups=-1, epsilon=3e-3),
+        layers.Conv2D(4, 1),
+        layers.RMSNormalization(epsilon=1e-4),
     ]
 
 
@@ -205,7 +239,11 @@ def torch_conv(folder):
 @pytest.fixture(scope="module")
 def torch_conv_bn(folder):
     module = conv_bn()
-    return module, torch_onnx(module, (2, 3, 6, 6), 18, folder), torch_onnx(module, (2, 3, 6, 6), 18, folder, optimize=False)
+    return (
+        module,
+        torch_onnx(module, (2, 3, 6, 6), 18, folder),
+        torch_onnx(module, (2, 3, 6, 6), 18, folder, optimize=False),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -272,18 +310,29 @@ def test_torch_eval_batchnorm_folded_into_conv(torch_conv_bn):
     assert not batchnorm_folded_into_conv(kept)
     for site, layer in zip(sites, (module[1], module[4])):
         assert site.training_mode is False
-        for name, tensor in (("running_mean", layer.running_mean), ("running_var", layer.running_var), ("scale", layer.weight)):
+        for name, tensor in (
+            ("running_mean", layer.running_mean),
+            ("running_var", layer.running_var),
+            ("scale", layer.weight),
+        ):
             assert tensors_identical(site.spec.tensors[name], tensor.detach().numpy())
 
 
 def test_folding_by_hand_is_recognised():
     """A Conv whose weights absorbed the BatchNorm (w * g / sqrt(v + eps), bias folded) and no BN left."""
     rng = np.random.default_rng(0)
-    weight, gamma, var = rng.normal(size=(4, 3, 3, 3)).astype(np.float32), rng.uniform(0.5, 1.5, 4).astype(np.float32), rng.uniform(0.5, 1.5, 4).astype(np.float32)
+    weight, gamma, var = (
+        rng.normal(size=(4, 3, 3, 3)).astype(np.float32),
+        rng.uniform(0.5, 1.5, 4).astype(np.float32),
+        rng.uniform(0.5, 1.5, 4).astype(np.float32),
+    )
     k = gamma / np.sqrt(var + 1e-5)
     conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")
     graph = helper.make_graph(
-        [conv], "folded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [conv],
+        "folded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(weight * k[:, None, None, None], "w"), numpy_helper.from_array(-k * 0.1, "b")],
     )
     folded = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
@@ -318,7 +367,14 @@ def test_keras_fresh_group_norms_with_elided_affine(folder):
     """tf2onnx drops an Add of zeros (and a Mul by ones) from untrained layers: still read exactly."""
     import keras
 
-    model = keras_model([keras.layers.GroupNormalization(groups=2, epsilon=1e-4), keras.layers.GroupNormalization(groups=-1, epsilon=3e-3)], (2, 3, 3, 4), randomize=False)
+    model = keras_model(
+        [
+            keras.layers.GroupNormalization(groups=2, epsilon=1e-4),
+            keras.layers.GroupNormalization(groups=-1, epsilon=3e-3),
+        ],
+        (2, 3, 3, 4),
+        randomize=False,
+    )
     exported = keras_onnx(model, folder)
     sites = find_norm_sites(exported)
     assert summary(sites) == [("group", False, 1e-4), ("instance", False, 3e-3)]
@@ -347,7 +403,13 @@ def test_keras_conv_network_sites_in_graph_order(keras_conv):
 
 @pytest.mark.parametrize(
     "kind, opset, dtype, eps",
-    [("layer", 15, "float32", 2e-5), ("layer", 16, "float16", 1e-3), ("rms", 18, "float32", 3e-3), ("rms", 22, "float64", 1e-4), ("group", 18, "float32", 1e-4)],
+    [
+        ("layer", 15, "float32", 2e-5),
+        ("layer", 16, "float16", 1e-3),
+        ("rms", 18, "float32", 3e-3),
+        ("rms", 22, "float64", 1e-4),
+        ("group", 18, "float32", 1e-4),
+    ],
 )
 def test_normbridge_decompositions(kind, opset, dtype, eps):
     spec = make_spec(kind, dtype=dtype, eps=eps, name=f"nb_{kind}", num_features=6, num_groups=3)
@@ -359,7 +421,9 @@ def test_normbridge_decompositions(kind, opset, dtype, eps):
     # without the metadata the spec is rebuilt from the graph alone: same function, same tensors
     del model.metadata_props[:]
     bare = find_norm_sites(model)[0].spec
-    assert not spec_differences(bare, spec, ignore=("source", "input_rank", "layout", "momentum", "momentum_convention", "training"))
+    assert not spec_differences(
+        bare, spec, ignore=("source", "input_rank", "layout", "momentum", "momentum_convention", "training")
+    )
 
 
 def chain(specs: list) -> onnx.ModelProto:
@@ -378,7 +442,11 @@ def chain(specs: list) -> onnx.ModelProto:
         previous = f"t{position}"
     dims = ["N", 4, 3, 5]
     graph = helper.make_graph(
-        nodes, "chain", [helper.make_tensor_value_info("input", TensorProto.FLOAT, dims)], [helper.make_tensor_value_info(previous, TensorProto.FLOAT, dims)], initializers,
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info(previous, TensorProto.FLOAT, dims)],
+        initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     onnx.checker.check_model(model, full_check=True)
@@ -387,7 +455,9 @@ def chain(specs: list) -> onnx.ModelProto:
 
 def test_native_nodes_inside_a_graph_read_into_specs():
     specs = [
-        make_spec("batch", num_features=4, eps=2e-5, name="bn", momentum=0.1, nbt=None),  # the counter lives in metadata only
+        make_spec(
+            "batch", num_features=4, eps=2e-5, name="bn", momentum=0.1, nbt=None
+        ),  # the counter lives in metadata only
         make_spec("instance", num_features=4, eps=1e-4, name="inorm", tracked=False),
         make_spec("group", num_features=4, num_groups=2, eps=3e-3, name="gn"),
         make_spec("layer", normalized_shape=(5,), eps=1e-4, name="ln"),
@@ -396,7 +466,9 @@ def test_native_nodes_inside_a_graph_read_into_specs():
     sites = find_norm_sites(chain(specs))
     assert [(s.kind, s.native, s.name, s.eps) for s in sites] == [(s.kind, True, s.name, s.eps) for s in specs]
     for site, spec in zip(sites, specs):
-        assert not spec_differences(site.spec, spec, ignore=("source", "input_rank", "momentum", "momentum_convention", "variance_estimator")), site.name
+        assert not spec_differences(
+            site.spec, spec, ignore=("source", "input_rank", "momentum", "momentum_convention", "variance_estimator")
+        ), site.name
     assert batchnorm_folded_into_conv(chain(specs)) is False
 
 
@@ -413,7 +485,10 @@ def test_training_mode_batchnorm_is_reported():
 def _graph(nodes, constants: dict, rank: int = 3, opset: int = 13) -> onnx.ModelProto:
     dims = ["N", 3, 8][-rank:] if rank <= 3 else ["N", 4, 3, 8]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in constants.items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -426,7 +501,11 @@ def _layer_norm_nodes(variance_axes=(-1,), eps_inside=True, unbiased=False):
         helper.make_node("Mul", ["d", "d"], ["d2"]),
         helper.make_node("ReduceMean", ["d2"], ["var0"], axes=list(variance_axes)),
     ]
-    nodes.append(helper.make_node("Mul", ["var0", "bessel"], ["var"]) if unbiased else helper.make_node("Identity", ["var0"], ["var"]))
+    nodes.append(
+        helper.make_node("Mul", ["var0", "bessel"], ["var"])
+        if unbiased
+        else helper.make_node("Identity", ["var0"], ["var"])
+    )
     if eps_inside:
         nodes += [helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"])]
     else:

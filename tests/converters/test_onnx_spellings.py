@@ -28,8 +28,11 @@ from converters import REGISTRY, check, from_spec, reference, to_spec
 from converters.onnx_adapter.graph.sites import find_norm_sites
 from schemas import SpecError
 
-OPS = {"LayerNormalization": ("layernormalization", "layer"), "GroupNormalization": ("groupnormalization", "group"),
-       "RMSNormalization": ("rmsnormalization", "rms")}
+OPS = {
+    "LayerNormalization": ("layernormalization", "layer"),
+    "GroupNormalization": ("groupnormalization", "group"),
+    "RMSNormalization": ("rmsnormalization", "rms"),
+}
 
 
 OLD_CASE_MODULES = {"batch_normalization": "batchnorm", "instance_normalization": "instancenorm"}
@@ -45,7 +48,13 @@ def _node_cases():
             importlib.import_module(f"onnx.backend.test.case.node.{module}")
         except ModuleNotFoundError:  # older onnx (1.19) names these two batchnorm and instancenorm
             importlib.import_module(f"onnx.backend.test.case.node.{OLD_CASE_MODULES[module]}")
-    prefixes = ("test_layer_normalization", "test_group_normalization", "test_rms_normalization", "test_batchnorm", "test_instancenorm")
+    prefixes = (
+        "test_layer_normalization",
+        "test_group_normalization",
+        "test_rms_normalization",
+        "test_batchnorm",
+        "test_instancenorm",
+    )
     return {case.name: case for case in node._NodeTestCases if case.name.startswith(prefixes)}
 
 
@@ -116,7 +125,9 @@ def test_a_native_node_test_is_read_as_the_reference_computes_it_and_converts(na
             assert refused.layer == spec.name and refused.setting, (target, refused)
             continue
         layout = None if KIND_INFO[spec.kind].trailing and spec.layout != "channels_first" else to_spec(obj).layout
-        y = to_channels_first(np.asarray(REGISTRY.framework(target).run_eval(obj, from_channels_first(x, layout))), layout)
+        y = to_channels_first(
+            np.asarray(REGISTRY.framework(target).run_eval(obj, from_channels_first(x, layout))), layout
+        )
         np.testing.assert_allclose(y, expected[0], atol=1e-5, rtol=1e-4, err_msg=target)
 
 
@@ -141,7 +152,11 @@ def test_function_body_with_stored_weights_reads_exactly_and_runs_as_the_referen
     assert spec is not None, site.problem
     x = np.asarray(case.data_sets[0][0][0])
     if native.op_type == "GroupNormalization":
-        assert (spec.kind, spec.num_groups, spec.num_features) == ("group", _attribute(native, "num_groups", None), x.shape[1])
+        assert (spec.kind, spec.num_groups, spec.num_features) == (
+            "group",
+            _attribute(native, "num_groups", None),
+            x.shape[1],
+        )
     else:
         axis = _attribute(native, "axis", -1)
         axis = axis + x.ndim if axis < 0 else axis
@@ -164,8 +179,13 @@ def test_axis_zero_is_read_and_written(op):
     if op == "LayerNormalization":
         tensors.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), "bias"))
     node = helper.make_node(op, ["X"] + [t.name for t in tensors], ["Y"], axis=0, epsilon=1e-3, name="whole")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, list(shape))],
-                              [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, list(shape))], initializer=tensors)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, list(shape))],
+        initializer=tensors,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     spec = to_spec(model)
     assert (spec.normalized_shape, spec.input_rank, spec.eps) == (shape, 3, 1e-3)
@@ -234,7 +254,9 @@ def _torch_graph(norm, opset, example, **options):
     torch = pytest.importorskip("torch")
     net = torch.nn.Sequential(torch.nn.Identity(), norm).eval()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return torch.onnx.export(net, (example,), dynamo=True, opset_version=opset, verbose=False, external_data=False, **options).model_proto
+        return torch.onnx.export(
+            net, (example,), dynamo=True, opset_version=opset, verbose=False, external_data=False, **options
+        ).model_proto
 
 
 def _run(model, x):
@@ -295,7 +317,9 @@ def test_torch_onnx_group_norm_without_optimisation_is_a_group_norm(opset):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form,kind", [("rms-rsqrt", "rms"), ("rms-sqrt-div", "rms"), ("layer-mean-var", "layer"), ("group", "group")])
+@pytest.mark.parametrize(
+    "form,kind", [("rms-rsqrt", "rms"), ("rms-sqrt-div", "rms"), ("layer-mean-var", "layer"), ("group", "group")]
+)
 def test_onnxsim_s_spellings_of_torch_onnx_graphs_are_recognised(form, kind):
     """onnxsim (a test dependency: pyproject's `test` extra) simplifies what torch.onnx wrote; the simplified graph's norm is
     found with its kind and eps and computes the reference of the spec read from it."""
@@ -310,7 +334,9 @@ def test_onnxsim_s_spellings_of_torch_onnx_graphs_are_recognised(form, kind):
     assert ok
     (site,) = find_norm_sites(simplified)
     assert (site.kind, site.eps) == (kind, 1e-6) and site.spec is not None
-    np.testing.assert_allclose(_run(simplified, x.numpy()), reference.forward(site.spec, x.numpy()), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(
+        _run(simplified, x.numpy()), reference.forward(site.spec, x.numpy()), atol=1e-5, rtol=1e-4
+    )
 
 
 @pytest.mark.slow

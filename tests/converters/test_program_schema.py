@@ -17,7 +17,9 @@ from torch._export.serde.serialize import _dict_to_dataclass, serialize
 
 from torch._export.serde.union import _Union, _UnionTag
 
-from converters.torch_adapter.pt2.program_schema import quick_program_from_dict as program_from_dict  # the faster path alone, never its fallback
+from converters.torch_adapter.pt2.program_schema import (
+    quick_program_from_dict as program_from_dict,
+)  # the faster path alone, never its fallback
 from tests import real_norms as R
 
 
@@ -33,9 +35,15 @@ class Blocks(nn.Module):
 
 def _programs():
     batch = torch.export.Dim("batch", min=2, max=64)
-    yield "train-mode BatchNorm, dynamic batch", torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),), dynamic_shapes=({0: batch},))
+    yield (
+        "train-mode BatchNorm, dynamic batch",
+        torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),), dynamic_shapes=({0: batch},)),
+    )
     yield "eval", torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))
-    yield "transformers Llama", torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False})
+    yield (
+        "transformers Llama",
+        torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}),
+    )
 
 
 def _same_objects(ours, torchs, where: str = "program") -> int:
@@ -51,7 +59,11 @@ def _same_objects(ours, torchs, where: str = "program") -> int:
         mine, theirs = object.__getattribute__(ours, "__dict__"), object.__getattribute__(torchs, "__dict__")
         assert list(mine) == list(theirs), where
         if isinstance(torchs, _Union):
-            assert type(mine["_type"]) is _UnionTag and mine["_type"] == theirs["_type"] and mine["_type"]._cls is theirs["_type"]._cls, where
+            assert (
+                type(mine["_type"]) is _UnionTag
+                and mine["_type"] == theirs["_type"]
+                and mine["_type"]._cls is theirs["_type"]._cls
+            ), where
         return 1 + sum(_same_objects(mine[k], theirs[k], f"{where}.{k}") for k in theirs if k != "_type")
     assert type(ours) is type(torchs) and ours == torchs, where
     return 1
@@ -68,7 +80,9 @@ def test_the_same_dataclasses_as_torch(name, program):
 
 
 def test_unknown_keys_are_ignored_and_a_bad_union_is_refused_as_torch_does():
-    document = json.loads(serialize(torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))).exported_program.decode("utf-8"))
+    document = json.loads(
+        serialize(torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))).exported_program.decode("utf-8")
+    )
     document["from_the_future"] = 1
     assert program_from_dict(document) == _dict_to_dataclass(schema.ExportedProgram, document)
     node = document["graph_module"]["graph"]["nodes"][0]
@@ -79,7 +93,9 @@ def test_unknown_keys_are_ignored_and_a_bad_union_is_refused_as_torch_does():
 
 
 def test_a_union_member_that_is_not_a_field_is_refused_as_torch_does():
-    document = json.loads(serialize(torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))).exported_program.decode("utf-8"))
+    document = json.loads(
+        serialize(torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))).exported_program.decode("utf-8")
+    )
     document["graph_module"]["graph"]["nodes"][0]["inputs"][0]["arg"] = {"_type": {"name": "x"}}
     errors = []
     for convert in (program_from_dict, lambda d: _dict_to_dataclass(schema.ExportedProgram, d)):

@@ -32,7 +32,13 @@ def configurations(draw, kinds=tuple(KIND_INFO), tracked_only=False, dtypes=DTYP
     """make_spec's arguments for one random configuration, kind included (the state comes from a seed drawn apart)."""
     kind = draw(st.sampled_from(kinds))
     info = KIND_INFO[kind]
-    kwargs = dict(kind=kind, dtype=draw(st.sampled_from(dtypes)), eps=draw(decimals), scale=draw(st.booleans()), bias=draw(st.booleans()))
+    kwargs = dict(
+        kind=kind,
+        dtype=draw(st.sampled_from(dtypes)),
+        eps=draw(decimals),
+        scale=draw(st.booleans()),
+        bias=draw(st.booleans()),
+    )
     if not info.trailing:
         kwargs["layout"] = draw(st.sampled_from(["channels_first", "channels_last"]))
         kwargs["num_features"] = draw(st.integers(1, 8))
@@ -108,7 +114,9 @@ def test_every_direction_keeps_the_function_and_the_spec(spec, source, target):
     np.testing.assert_allclose(_eval(converted, x), expected, atol=atol, rtol=rtol)
 
 
-@given(spec=specs(kinds=("batch", "instance"), tracked_only=True), target=st.sampled_from(FRAMEWORKS), match=st.booleans())
+@given(
+    spec=specs(kinds=("batch", "instance"), tracked_only=True), target=st.sampled_from(FRAMEWORKS), match=st.booleans()
+)
 def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, match):
     obj = _build(spec, target, match_variance_estimator=match)
     obj_spec = converters.to_spec(obj)
@@ -127,7 +135,9 @@ def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, 
     expected = reference.train_step(obj_spec, x)
     # The step's output too: the statistics can be right while every output element is not.
     atol, rtol = output_tolerances(REGISTRY.framework(target), obj_spec, float(np.max(np.abs(expected.output))))
-    np.testing.assert_allclose(to_channels_first(np.asarray(y, np.float64), obj_spec.layout), expected.output, atol=atol, rtol=rtol)
+    np.testing.assert_allclose(
+        to_channels_first(np.asarray(y, np.float64), obj_spec.layout), expected.output, atol=atol, rtol=rtol
+    )
     tol_mean, tol_var = training_tolerances(REGISTRY.framework(target), obj_spec, x)
     assert np.max(np.abs(mean - expected.running_mean)) <= tol_mean
     assert np.max(np.abs(var - expected.running_var)) <= tol_var
@@ -138,5 +148,7 @@ def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, 
         # The only permitted difference is the estimator gap the report states.
         gap = float(np.max(np.abs(source_step.running_var - expected.running_var)))
         assert abs(float(np.max(np.abs(var - source_step.running_var))) - gap) <= tol_var
-        if match and ((target in ("torch", "keras") and spec.kind == "batch") or (target == "keras" and spec.kind == "instance")):
+        if match and (
+            (target in ("torch", "keras") and spec.kind == "batch") or (target == "keras" and spec.kind == "instance")
+        ):
             pytest.fail("match_variance_estimator=True should have made the estimators equal")

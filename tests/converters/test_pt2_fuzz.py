@@ -37,9 +37,17 @@ START_SECONDS = 180.0
 
 def _outcomes(genuine: Path, folder: Path) -> list[dict]:
     """Each case's last line from the reading process; fails at the first case that does not end within PER_CASE_SECONDS."""
-    with open(folder / "stderr.txt", "w+") as errors:  # a file, not a pipe: warnings must never fill a buffer and stall the reader
-        process = subprocess.Popen([sys.executable, "-m", "tests.pt2_fuzzing", str(genuine), str(SEED), "0", str(CASES), str(folder)],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)
+    with open(
+        folder / "stderr.txt", "w+"
+    ) as errors:  # a file, not a pipe: warnings must never fill a buffer and stall the reader
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.pt2_fuzzing", str(genuine), str(SEED), "0", str(CASES), str(folder)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            start_new_session=True,
+        )
         selector = selectors.DefaultSelector()
         selector.register(process.stdout, selectors.EVENT_READ)
         finished, running, deadline = [], None, time.monotonic() + START_SECONDS
@@ -48,13 +56,17 @@ def _outcomes(genuine: Path, folder: Path) -> list[dict]:
                 if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
                     if running is None:
                         pytest.fail(f"the reading process did not start a case within {START_SECONDS} s")
-                    pytest.fail(f"seed {SEED}, case {running['case']} ({running['started']}) did not finish within "
-                                f"{PER_CASE_SECONDS} s: the reader hangs on it")
+                    pytest.fail(
+                        f"seed {SEED}, case {running['case']} ({running['started']}) did not finish within "
+                        f"{PER_CASE_SECONDS} s: the reader hangs on it"
+                    )
                 line = process.stdout.readline()
                 if not line:
                     errors.seek(0)
-                    pytest.fail(f"the reading process ended after {len(finished)} cases (exit {process.wait(timeout=30)}): "
-                                f"{errors.read()[-3000:]}")
+                    pytest.fail(
+                        f"the reading process ended after {len(finished)} cases (exit {process.wait(timeout=30)}): "
+                        f"{errors.read()[-3000:]}"
+                    )
                 if not line.startswith("{"):
                     continue  # something a library printed
                 record = json.loads(line)
@@ -76,9 +88,17 @@ def test_every_mutation_of_a_genuine_archive_is_read_or_refused_as_a_bad_input_f
     cases = tmp_path / "cases"
     cases.mkdir()
     outcomes = _outcomes(genuine, cases)
-    wrong = [o for o in outcomes if o["outcome"] == "crashed"
-             or (o["outcome"] == "refused" and (o["code"] != "bad_input_file" or f"case-{o['case']}.pt2" not in o["message"]))]
-    assert not wrong, f"seed {SEED}: {len(wrong)} of {len(outcomes)} cases escaped the reader's refusals, first: " + \
-        json.dumps(wrong[0], indent=1)[:4000]
+    wrong = [
+        o
+        for o in outcomes
+        if o["outcome"] == "crashed"
+        or (
+            o["outcome"] == "refused" and (o["code"] != "bad_input_file" or f"case-{o['case']}.pt2" not in o["message"])
+        )
+    ]
+    assert not wrong, (
+        f"seed {SEED}: {len(wrong)} of {len(outcomes)} cases escaped the reader's refusals, first: "
+        + json.dumps(wrong[0], indent=1)[:4000]
+    )
     counts = {kind: sum(o["outcome"] == kind for o in outcomes) for kind in ("read", "refused")}
     assert counts["refused"] > CASES // 2, counts  # the mutations do reach the reader's checks

@@ -92,8 +92,11 @@ def _unrecognised(program) -> list[str]:
     return [h.message for _, h in inspect_model(program).all_hazards() if h.code == "unrecognised_normalization"]
 
 
-@pytest.mark.parametrize("build", [lambda: LlamaStyleRMSNorm(16, eps=3e-6), lambda: R.RmsNorm(16, eps=3e-6)],
-                         ids=["written_out", "F.rms_norm"])
+@pytest.mark.parametrize(
+    "build",
+    [lambda: LlamaStyleRMSNorm(16, eps=3e-6), lambda: R.RmsNorm(16, eps=3e-6)],
+    ids=["written_out", "F.rms_norm"],
+)
 def test_a_norm_of_its_parents_view_is_read_and_proved(build):
     model = HeadNorm(build())
     x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(3))
@@ -124,10 +127,17 @@ def test_mambas_norm_whose_input_cast_the_block_reuses_for_its_residual_is_read_
     model = Mamba(LlamaStyleRMSNorm(16, eps=1e-5))
     x = torch.randn(2, 7, 8, generator=torch.Generator().manual_seed(4))
     program = _export(model, x)
-    norm_casts = [n for n in program.graph.nodes if n.target == torch.ops.aten.to.dtype
-                  and any(path == "block.norm" for path, _ in (n.meta.get("nn_module_stack") or {}).values())]
-    assert any(user not in norm_casts and "block.norm" not in str(user.meta.get("nn_module_stack"))
-               for cast in norm_casts for user in cast.users), "the pattern: the norm's own cast is used by the block"
+    norm_casts = [
+        n
+        for n in program.graph.nodes
+        if n.target == torch.ops.aten.to.dtype
+        and any(path == "block.norm" for path, _ in (n.meta.get("nn_module_stack") or {}).values())
+    ]
+    assert any(
+        user not in norm_casts and "block.norm" not in str(user.meta.get("nn_module_stack"))
+        for cast in norm_casts
+        for user in cast.users
+    ), "the pattern: the norm's own cast is used by the block"
 
     [found] = program_modules(program)
     assert (found.path, found.reason) == ("block.norm", None)
@@ -162,10 +172,14 @@ class TwoOutputBlock(nn.Module):
         return y + variance
 
 
-@pytest.mark.parametrize("build, reason", [
-    (lambda: Mamba(R.EpsOutsideNorm(16)), "it has no rsqrt or division by a sqrt"),
-    (TwoOutputBlock, "it takes 1 tensor inputs and gives 2 outputs"),
-], ids=["eps_outside", "second_output"])
+@pytest.mark.parametrize(
+    "build, reason",
+    [
+        (lambda: Mamba(R.EpsOutsideNorm(16)), "it has no rsqrt or division by a sqrt"),
+        (TwoOutputBlock, "it takes 1 tensor inputs and gives 2 outputs"),
+    ],
+    ids=["eps_outside", "second_output"],
+)
 def test_a_module_in_the_same_place_that_computes_no_normalization_is_still_refused(build, reason):
     program = _export(build(), torch.randn(2, 7, 8))
     [found] = program_modules(program)

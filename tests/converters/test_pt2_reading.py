@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from converters.torch_adapter.pt2.program_schema import quick_program_from_dict as program_from_dict  # the faster path alone, never its fallback
+from converters.torch_adapter.pt2.program_schema import (
+    quick_program_from_dict as program_from_dict,
+)  # the faster path alone, never its fallback
 from converters.torch_adapter.pt2.archive import load_exported_program
 from converters.torch_adapter.pt2.deserializer import quick_deserialize, static_fake, unwritten_code
 from tests import real_norms as R
@@ -66,13 +68,25 @@ class Selected(nn.Module):
 
 def _programs():
     batch = torch.export.Dim("batch", min=2, max=64)
-    yield "train BatchNorm, dynamic batch", torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),),
-                                                                  dynamic_shapes=({0: batch},))
+    yield (
+        "train BatchNorm, dynamic batch",
+        torch.export.export(Blocks().train(), (torch.randn(4, 3, 8, 8),), dynamic_shapes=({0: batch},)),
+    )
     yield "eval BatchNorm", torch.export.export(Blocks().eval(), (torch.randn(2, 3, 8, 8),))
-    yield "bfloat16 RMSNorm decoder", torch.export.export(Decoder().to(torch.bfloat16), (torch.randn(2, 5, 16, dtype=torch.bfloat16),))
-    yield "RMSNorm decoder, dynamic sequence", torch.export.export(Decoder(), (torch.randn(2, 5, 16),),
-                                                                     dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=32)},))
-    yield "transformers Llama", torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False})
+    yield (
+        "bfloat16 RMSNorm decoder",
+        torch.export.export(Decoder().to(torch.bfloat16), (torch.randn(2, 5, 16, dtype=torch.bfloat16),)),
+    )
+    yield (
+        "RMSNorm decoder, dynamic sequence",
+        torch.export.export(
+            Decoder(), (torch.randn(2, 5, 16),), dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=32)},)
+        ),
+    )
+    yield (
+        "transformers Llama",
+        torch.export.export(R.randomise(R.llama()), (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}),
+    )
     yield "torch.cond branches", torch.export.export(Branches(), (torch.randn(3, 8),))
     yield "dynamic rows from nonzero (unbacked)", torch.export.export(Selected(), (torch.randn(6, 8),))
 
@@ -87,10 +101,19 @@ def _is_symbolic(value) -> bool:
 def _same_value(ours, torchs, where: str) -> None:
     assert type(ours) is type(torchs), where
     if isinstance(torchs, torch.Tensor):
-        assert (str(ours.shape), str(ours.stride()), str(ours.storage_offset())) == \
-            (str(torchs.shape), str(torchs.stride()), str(torchs.storage_offset())), where
-        assert (ours.dtype, ours.device, ours.layout, ours.requires_grad, ours.is_leaf, ours.grad_fn) == \
-            (torchs.dtype, torchs.device, torchs.layout, torchs.requires_grad, torchs.is_leaf, torchs.grad_fn), where
+        assert (str(ours.shape), str(ours.stride()), str(ours.storage_offset())) == (
+            str(torchs.shape),
+            str(torchs.stride()),
+            str(torchs.storage_offset()),
+        ), where
+        assert (ours.dtype, ours.device, ours.layout, ours.requires_grad, ours.is_leaf, ours.grad_fn) == (
+            torchs.dtype,
+            torchs.device,
+            torchs.layout,
+            torchs.requires_grad,
+            torchs.is_leaf,
+            torchs.grad_fn,
+        ), where
         assert str(ours.untyped_storage().nbytes()) == str(torchs.untyped_storage().nbytes()), where
         assert (ours.is_contiguous(), ours.is_inference()) == (torchs.is_contiguous(), torchs.is_inference()), where
         if not torchs.is_inference():  # an inference tensor has no version counter
@@ -135,8 +158,13 @@ def _same_program(ours, torchs) -> None:
     assert ours.state_dict.keys() == torchs.state_dict.keys()
     for name, tensor in torchs.state_dict.items():
         mine = ours.state_dict[name]
-        assert (type(mine), mine.dtype, mine.shape, mine.stride(), mine.requires_grad) == \
-            (type(tensor), tensor.dtype, tensor.shape, tensor.stride(), tensor.requires_grad), name
+        assert (type(mine), mine.dtype, mine.shape, mine.stride(), mine.requires_grad) == (
+            type(tensor),
+            tensor.dtype,
+            tensor.shape,
+            tensor.stride(),
+            tensor.requires_grad,
+        ), name
         assert torch.equal(mine, tensor), name
     assert ours.constants.keys() == torchs.constants.keys()
     for name, tensor in torchs.constants.items():
@@ -157,7 +185,9 @@ def test_the_program_torch_reads(name, program, tmp_path):
         torch.testing.assert_close(ours.module()(-x.abs()), torchs.module()(-x.abs()))
 
 
-@pytest.mark.parametrize("name, program", PROGRAMS[:3] + PROGRAMS[-2:], ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize(
+    "name, program", PROGRAMS[:3] + PROGRAMS[-2:], ids=lambda value: value if isinstance(value, str) else ""
+)
 def test_the_quick_path_itself_builds_torchs_program(name, program):
     """quick_deserialize on its own (deserialize would fall back to torch's path were its result not torch's)."""
     from torch._export.serde import schema
@@ -166,8 +196,9 @@ def test_the_quick_path_itself_builds_torchs_program(name, program):
     artifact = serialize(program)
     document = json.loads(artifact.exported_program.decode("utf-8"))
     ours = quick_deserialize(program_from_dict(document), artifact.state_dict, artifact.constants)
-    torchs = ExportedProgramDeserializer().deserialize(_dict_to_dataclass(schema.ExportedProgram, document), artifact.state_dict,
-                                                       artifact.constants, None)
+    torchs = ExportedProgramDeserializer().deserialize(
+        _dict_to_dataclass(schema.ExportedProgram, document), artifact.state_dict, artifact.constants, None
+    )
     _same_program(ours, torchs)
 
 
@@ -176,8 +207,12 @@ def _run_graph_module(program, x):
     from torch.export.graph_signature import InputKind
 
     state = {**program.state_dict, **program.constants}
-    return program.graph_module(*[x if spec.kind == InputKind.USER_INPUT else state[spec.target]
-                                  for spec in program.graph_signature.input_specs])
+    return program.graph_module(
+        *[
+            x if spec.kind == InputKind.USER_INPUT else state[spec.target]
+            for spec in program.graph_signature.input_specs
+        ]
+    )
 
 
 #: Each way of asking a GraphModule for its code (or needing it): what a program read here answers as torch's does.
@@ -231,16 +266,28 @@ def test_a_static_fake_tensor_is_the_one_fake_mode_dispatch_makes():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=True, shape_env=ShapeEnv(assume_static_by_default=True))
-    cases = [((2, 3), (3, 1), torch.float32, False, None), ((2, 3), (1, 2), torch.bfloat16, True, None),
-             ((0, 4), (4, 1), torch.int64, False, None), ((), (), torch.float16, True, 0), ((5, 1, 7), (7, 99, 1), torch.bool, False, 0)]
+    mode = FakeTensorMode(
+        allow_fallback_kernels=False, allow_non_fake_inputs=True, shape_env=ShapeEnv(assume_static_by_default=True)
+    )
+    cases = [
+        ((2, 3), (3, 1), torch.float32, False, None),
+        ((2, 3), (1, 2), torch.bfloat16, True, None),
+        ((0, 4), (4, 1), torch.int64, False, None),
+        ((), (), torch.float16, True, 0),
+        ((5, 1, 7), (7, 99, 1), torch.bool, False, 0),
+    ]
     for sizes, strides, dtype, requires_grad, index in cases:
         from torch._export.serde.serialize import _TORCH_TO_SERIALIZE_DTYPE
 
-        meta = schema.TensorMeta(dtype=_TORCH_TO_SERIALIZE_DTYPE[dtype], sizes=[schema.SymInt.create(as_int=s) for s in sizes],
-                                 requires_grad=requires_grad, device=schema.Device(type="cpu", index=index),
-                                 strides=[schema.SymInt.create(as_int=s) for s in strides],
-                                 storage_offset=schema.SymInt.create(as_int=0), layout=schema.Layout.Strided)
+        meta = schema.TensorMeta(
+            dtype=_TORCH_TO_SERIALIZE_DTYPE[dtype],
+            sizes=[schema.SymInt.create(as_int=s) for s in sizes],
+            requires_grad=requires_grad,
+            device=schema.Device(type="cpu", index=index),
+            strides=[schema.SymInt.create(as_int=s) for s in strides],
+            storage_offset=schema.SymInt.create(as_int=0),
+            layout=schema.Layout.Strided,
+        )
         with mode:
             device = torch.device("cpu") if index is None else torch.device("cpu", index)
             torchs = torch.empty_strided(sizes, strides, dtype=dtype, device=device, requires_grad=requires_grad)
@@ -249,7 +296,13 @@ def test_a_static_fake_tensor_is_the_one_fake_mode_dispatch_makes():
         assert ours.fake_mode is mode
     with mode:  # inside a mode torch's own path is taken
         assert static_fake(mode, meta) is None
-    symbolic = schema.TensorMeta(dtype=meta.dtype, sizes=[schema.SymInt.create(as_expr=schema.SymExpr(expr_str="s0"))],
-                                 requires_grad=False, device=meta.device, strides=[schema.SymInt.create(as_int=1)],
-                                 storage_offset=meta.storage_offset, layout=meta.layout)
+    symbolic = schema.TensorMeta(
+        dtype=meta.dtype,
+        sizes=[schema.SymInt.create(as_expr=schema.SymExpr(expr_str="s0"))],
+        requires_grad=False,
+        device=meta.device,
+        strides=[schema.SymInt.create(as_int=1)],
+        storage_offset=meta.storage_offset,
+        layout=meta.layout,
+    )
     assert static_fake(mode, symbolic) is None

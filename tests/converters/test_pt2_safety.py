@@ -69,16 +69,22 @@ def loaded_by_torch(genuine, tmp_path_factory) -> dict[str, Path]:
     """Each live attack's marker after torch.export.load read its archive: one process loads them all, in turn."""
     folder = tmp_path_factory.mktemp("control")
     built = {name: hostile(name, genuine, folder) for name in LIVE}
-    subprocess.run([sys.executable, "-c", CONTROL, *(str(path) for path, _ in built.values())], capture_output=True,
-                   timeout=600, cwd=folder)
+    subprocess.run(
+        [sys.executable, "-c", CONTROL, *(str(path) for path, _ in built.values())],
+        capture_output=True,
+        timeout=600,
+        cwd=folder,
+    )
     return {name: marker for name, (_, marker) in built.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LIVE)
 def test_each_live_attack_runs_its_payload_through_torch_export_load(name, loaded_by_torch):
-    assert loaded_by_torch[name].exists(), (f"torch.export.load no longer runs the '{name}' payload: the attack is not live any "
-                                            "more, update tests/pt2_crafting.py")
+    assert loaded_by_torch[name].exists(), (
+        f"torch.export.load no longer runs the '{name}' payload: the attack is not live any "
+        "more, update tests/pt2_crafting.py"
+    )
 
 
 # -- the library ---------------------------------------------------------------------------------
@@ -133,10 +139,15 @@ MALFORMED = {
     "big_endian": (lambda g, o: craft(g, o, replace={"byteorder": b"big"}), "'byteorder' is 'big'"),
     "view_out_of_bounds": (lambda g, o: craft(g, o, edit_json={WEIGHTS_CONFIG: _out_of_bounds}), "reaches element 999"),
     "not_a_zip": (lambda g, o: o.write_bytes(b"PK\x03\x04 not really a zip") and o, "not a zip file"),
-    "deflate_bomb": (lambda g, o: _rewrite_deflated(craft(g, o), root_of(g) + "data/sample_inputs/model.pt"), "(a zip bomb)"),
+    "deflate_bomb": (
+        lambda g, o: _rewrite_deflated(craft(g, o), root_of(g) + "data/sample_inputs/model.pt"),
+        "(a zip bomb)",
+    ),
     # a bare pickle (not torch.save's zip) the static scanner cannot read: it said "holds a pickle that calls an unreadable pickle"
-    "raw_pickle_inputs": (lambda g, o: craft(g, o, replace={"data/sample_inputs/model.pt": pickle.dumps(({"x": 1},), protocol=2)}),
-                          "is not a pickle torch's static scanner can read"),
+    "raw_pickle_inputs": (
+        lambda g, o: craft(g, o, replace={"data/sample_inputs/model.pt": pickle.dumps(({"x": 1},), protocol=2)}),
+        "is not a pickle torch's static scanner can read",
+    ),
 }
 
 
@@ -184,7 +195,9 @@ class Everything(torch.nn.Module):
     def forward(self, x, y):
         with torch.no_grad():
             z = self.linear(x)
-        out = self.rms(self.ln(z + self.tied(x))) @ self.window.t() + self.transposed.sum() + self.scale.float()[:6].sum()
+        out = (
+            self.rms(self.ln(z + self.tied(x))) @ self.window.t() + self.transposed.sum() + self.scale.float()[:6].sum()
+        )
         return out + self.ids.sum() + self.empty.sum(), self.bn(self.gn(y))
 
 
@@ -200,7 +213,12 @@ def test_genuine_archives_with_every_kind_of_state_load_like_torch_export_load(m
     assert ours.state_dict.keys() == theirs.state_dict.keys() and ours.constants.keys() == theirs.constants.keys()
     for key, tensor in {**theirs.state_dict, **theirs.constants}.items():
         mine = ours.state_dict.get(key, ours.constants.get(key))
-        assert (type(mine), mine.dtype, mine.shape, mine.stride()) == (type(tensor), tensor.dtype, tensor.shape, tensor.stride()), key
+        assert (type(mine), mine.dtype, mine.shape, mine.stride()) == (
+            type(tensor),
+            tensor.dtype,
+            tensor.shape,
+            tensor.stride(),
+        ), key
         torch.testing.assert_close(mine.detach(), tensor.detach(), rtol=0, atol=0)
     inputs = (torch.randn(7, 6), torch.randn(7, 4, 5))
     torch.testing.assert_close(ours.module()(*inputs), theirs.module()(*inputs), rtol=0, atol=0)
@@ -227,18 +245,33 @@ def _cli_arguments(path: Path, folder: Path) -> dict[str, list[str]]:
 
 
 def _cli_env(folder: Path) -> dict[str, str]:
-    return {"NORMBRIDGE_DB": f"sqlite:///{folder / 'reg.db'}", "NORMBRIDGE_BLOBS": str(folder / "blobs"), "COLUMNS": "200"}
+    return {
+        "NORMBRIDGE_DB": f"sqlite:///{folder / 'reg.db'}",
+        "NORMBRIDGE_BLOBS": str(folder / "blobs"),
+        "COLUMNS": "200",
+    }
 
 
 def _cli_runs(path: Path, folder: Path, commands: tuple[str, ...]) -> dict[str, subprocess.Popen]:
     """The model-reading `commands` started on `path` at once (each a real process); outputs under `folder`."""
     arguments = _cli_arguments(path, folder)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **_cli_env(folder)}
-    return {command: subprocess.Popen([*normbridge_command(), *arguments[command]], cwd=folder, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for command in commands}
+    return {
+        command: subprocess.Popen(
+            [*normbridge_command(), *arguments[command]],
+            cwd=folder,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for command in commands
+    }
 
 
-def _assert_refused_and_nothing_ran(name: str, folder: Path, marker: Path, results: dict[str, tuple[str, str, int]]) -> None:
+def _assert_refused_and_nothing_ran(
+    name: str, folder: Path, marker: Path, results: dict[str, tuple[str, str, int]]
+) -> None:
     """Every command exited 6 naming the entry, the payload never ran, nothing was written or registered."""
     assert not marker.exists(), f"the '{name}' payload ran in one of {sorted(results)}"
     for command, (stdout, stderr, code) in results.items():
@@ -260,7 +293,9 @@ PROCESS_ATTACKS = ("legacy_state_dict",)
 def test_every_cli_command_as_a_process_refuses_an_attack_with_exit_6_and_runs_nothing(name, genuine, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
     processes = _cli_runs(path, tmp_path, commands_for(name))
-    results = {command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()}
+    results = {
+        command: (*process.communicate(timeout=600), process.returncode) for command, process in processes.items()
+    }
     _assert_refused_and_nothing_ran(name, tmp_path, marker, results)
 
 
@@ -290,7 +325,9 @@ def server(tmp_path_factory):
 def test_the_server_answers_400_to_each_attack_uploaded_as_pt2_and_registers_nothing(name, genuine, server, tmp_path):
     path, marker = hostile(name, genuine, tmp_path)
     model = name.replace("_", "-")
-    response = server["client"].post(f"/api/v1/models/{model}/versions", params={"format": "pt2"}, content=path.read_bytes())
+    response = server["client"].post(
+        f"/api/v1/models/{model}/versions", params={"format": "pt2"}, content=path.read_bytes()
+    )
     assert not marker.exists(), f"the '{name}' payload ran inside normbridge serve"
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -301,7 +338,9 @@ def test_the_server_answers_400_to_each_attack_uploaded_as_pt2_and_registers_not
 
 @pytest.mark.slow
 def test_the_server_still_registers_a_genuine_pt2(genuine, server):
-    response = server["client"].post("/api/v1/models/genuine/versions", params={"format": "pt2"}, content=genuine.read_bytes())
+    response = server["client"].post(
+        "/api/v1/models/genuine/versions", params={"format": "pt2"}, content=genuine.read_bytes()
+    )
     assert response.status_code == 201, response.text
     listed = server["client"].get("/api/v1/models/genuine/versions").json()
     assert [v["number"] for v in listed["versions"]] == [1]

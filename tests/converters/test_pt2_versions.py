@@ -35,6 +35,7 @@ def _versioned(major: int, minor: int, writer: str = "2.99.0", edit=None):
         document["torch_version"] = writer
         if edit is not None:
             edit(document)
+
     return program
 
 
@@ -51,14 +52,27 @@ def _new_top_level_field(document: dict) -> None:
 
 
 REFUSED = {
-    "a newer major version": (_versioned(MAJOR + 1, 0), rf"schema version {MAJOR + 1}\.0 \(written by torch 2\.99\.0\)"),
-    "an older major version": (_versioned(MAJOR - 1, 3, writer="2.4.0"), rf"schema version {MAJOR - 1}\.3 \(written by torch 2\.4\.0\)"),
+    "a newer major version": (
+        _versioned(MAJOR + 1, 0),
+        rf"schema version {MAJOR + 1}\.0 \(written by torch 2\.99\.0\)",
+    ),
+    "an older major version": (
+        _versioned(MAJOR - 1, 3, writer="2.4.0"),
+        rf"schema version {MAJOR - 1}\.3 \(written by torch 2\.4\.0\)",
+    ),
     "the placeholder version 0.0": (_versioned(0, 0), r"schema version 0\.0"),
-    "a newer minor version with a field torch would drop": (_versioned(MAJOR, MINOR + 1, edit=_new_node_field),
-                                                            r"'graph_module\.graph\.nodes\[\d+\]\.is_fused_in_place' is not in schema"),
-    "a newer minor version with a union member torch does not know": (_versioned(MAJOR, MINOR + 1, edit=_new_union_member),
-                                                                      r"'graph_module\.graph\.nodes\[\d+\]\.inputs\[2\]\.arg\.as_symbolic_tuple'"),
-    "a newer minor version with a top-level field": (_versioned(MAJOR, MINOR + 5, edit=_new_top_level_field), r"'quantization_plan'"),
+    "a newer minor version with a field torch would drop": (
+        _versioned(MAJOR, MINOR + 1, edit=_new_node_field),
+        r"'graph_module\.graph\.nodes\[\d+\]\.is_fused_in_place' is not in schema",
+    ),
+    "a newer minor version with a union member torch does not know": (
+        _versioned(MAJOR, MINOR + 1, edit=_new_union_member),
+        r"'graph_module\.graph\.nodes\[\d+\]\.inputs\[2\]\.arg\.as_symbolic_tuple'",
+    ),
+    "a newer minor version with a top-level field": (
+        _versioned(MAJOR, MINOR + 5, edit=_new_top_level_field),
+        r"'quantization_plan'",
+    ),
 }
 
 
@@ -74,9 +88,14 @@ def test_a_program_this_torch_would_misread_is_refused_naming_both_versions(case
     assert "\n" not in message and "Traceback" not in message
 
 
-@pytest.mark.parametrize("major, minor", [(MAJOR, MINOR + 1), (MAJOR, MINOR + 40), (MAJOR, 0), (MAJOR, max(MINOR - 1, 0))],
-                         ids=["next minor", "far newer minor", "minor 0", "previous minor"])
-def test_another_minor_version_holding_only_what_this_torch_knows_reads_as_the_genuine_file(major, minor, genuine, tmp_path):
+@pytest.mark.parametrize(
+    "major, minor",
+    [(MAJOR, MINOR + 1), (MAJOR, MINOR + 40), (MAJOR, 0), (MAJOR, max(MINOR - 1, 0))],
+    ids=["next minor", "far newer minor", "minor 0", "previous minor"],
+)
+def test_another_minor_version_holding_only_what_this_torch_knows_reads_as_the_genuine_file(
+    major, minor, genuine, tmp_path
+):
     path = craft(genuine, tmp_path / "model.pt2", edit_program=_versioned(major, minor))
     _same_program(load_exported_program(path), load_exported_program(genuine))
 
@@ -90,7 +109,9 @@ def test_a_schema_version_that_is_not_two_integers_is_refused(genuine, tmp_path)
 
 
 def test_a_writer_version_that_is_not_a_version_is_not_echoed(genuine, tmp_path):
-    path = craft(genuine, tmp_path / "model.pt2", edit_program=_versioned(MAJOR + 1, 0, writer="<script>alert(1)</script>"))
+    path = craft(
+        genuine, tmp_path / "model.pt2", edit_program=_versioned(MAJOR + 1, 0, writer="<script>alert(1)</script>")
+    )
     with pytest.raises(InputFileError, match="written by an unnamed torch") as refused:
         load_exported_program(path)
     assert "script" not in str(refused.value)

@@ -56,8 +56,9 @@ def codes(inspection) -> set[str]:
 
 
 def bit() -> nn.Module:
-    config = transformers.BitConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_groups=4,
-                                    layer_type="preactivation")
+    config = transformers.BitConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_groups=4, layer_type="preactivation"
+    )
     return R.randomise(transformers.BitModel(config))
 
 
@@ -70,8 +71,15 @@ class ScaledStdConv2d(nn.Conv2d):
         self.scale = (cin * 9) ** -0.5
 
     def forward(self, x):
-        weight = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
-                              weight=(self.gain * self.scale).view(-1), training=True, momentum=0.0, eps=1e-6)
+        weight = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1),
+            None,
+            None,
+            weight=(self.gain * self.scale).view(-1),
+            training=True,
+            momentum=0.0,
+            eps=1e-6,
+        )
         weight = weight.reshape_as(self.weight)
         return F.conv2d(x, weight, self.bias, self.stride, self.padding)
 
@@ -101,10 +109,14 @@ class StandardizedWeights(nn.Module):
         return self.norm(self.spectral(self.weight_normed(self.written(self.scaled(x)))))
 
 
-@pytest.mark.parametrize("build,example,expected", [
-    (bit, (torch.randn(2, 3, 32, 32),), 7),
-    (lambda: R.randomise(StandardizedWeights()), (torch.randn(2, 3, 16, 16),), 1),
-], ids=["BiT", "ScaledStdConv-written-weight_norm-spectral_norm"])
+@pytest.mark.parametrize(
+    "build,example,expected",
+    [
+        (bit, (torch.randn(2, 3, 32, 32),), 7),
+        (lambda: R.randomise(StandardizedWeights()), (torch.randn(2, 3, 16, 16),), 1),
+    ],
+    ids=["BiT", "ScaledStdConv-written-weight_norm-spectral_norm"],
+)
 def test_a_normalization_of_a_parameter_is_not_listed_and_the_model_registers(build, example, expected, tmp_path):
     model = build()
     saved(model, example, tmp_path / "m.pt2")
@@ -132,22 +144,35 @@ class InlineStandardization(nn.Module):
 
 
 def patchtst() -> nn.Module:
-    config = transformers.PatchTSTConfig(num_input_channels=3, context_length=32, patch_length=8, patch_stride=8,
-                                         d_model=16, num_attention_heads=2, num_hidden_layers=1, ffn_dim=32)
+    config = transformers.PatchTSTConfig(
+        num_input_channels=3,
+        context_length=32,
+        patch_length=8,
+        patch_stride=8,
+        d_model=16,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        ffn_dim=32,
+    )
     return R.randomise(transformers.PatchTSTModel(config))
 
 
 def patchtsmixer() -> nn.Module:
-    config = transformers.PatchTSMixerConfig(context_length=32, patch_length=8, patch_stride=8, num_input_channels=3,
-                                             d_model=16, num_layers=1, scaling="std")
+    config = transformers.PatchTSMixerConfig(
+        context_length=32, patch_length=8, patch_stride=8, num_input_channels=3, d_model=16, num_layers=1, scaling="std"
+    )
     return R.randomise(transformers.PatchTSMixerModel(config))
 
 
-@pytest.mark.parametrize("build,example,path,found", [
-    (patchtst, (torch.randn(2, 32, 3),), "scaler.scaler", 2),
-    (patchtsmixer, (torch.randn(2, 32, 3),), "scaler", 2),
-    (InlineStandardization, (torch.randn(2, 16, 8),), "InlineStandardization", 0),
-], ids=["PatchTST", "PatchTSMixer", "in-the-model's-forward"])
+@pytest.mark.parametrize(
+    "build,example,path,found",
+    [
+        (patchtst, (torch.randn(2, 32, 3),), "scaler.scaler", 2),
+        (patchtsmixer, (torch.randn(2, 32, 3),), "scaler", 2),
+        (InlineStandardization, (torch.randn(2, 16, 8),), "InlineStandardization", 0),
+    ],
+    ids=["PatchTST", "PatchTSMixer", "in-the-model's-forward"],
+)
 def test_an_inline_standardization_is_named_as_unrecognised_never_missed(build, example, path, found, tmp_path):
     saved(build().eval(), example, tmp_path / "m.pt2")
     inspection = inspect_path(tmp_path / "m.pt2")
@@ -175,9 +200,20 @@ class TransposedLayerNorm(nn.LayerNorm):
 
 def squeezebert() -> nn.Module:
     config = transformers.SqueezeBertConfig(
-        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=32, embedding_size=16, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2,
-        intermediate_groups=2, output_groups=2)
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        embedding_size=16,
+        q_groups=2,
+        k_groups=2,
+        v_groups=2,
+        post_attention_groups=2,
+        intermediate_groups=2,
+        output_groups=2,
+    )
     return R.randomise(transformers.SqueezeBertModel(config))
 
 
@@ -190,10 +226,14 @@ class Conv1dBlock(nn.Module):
         return self.norm(self.conv(x))
 
 
-@pytest.mark.parametrize("norm", [
-    lambda: transformers.models.squeezebert.modeling_squeezebert.SqueezeBertLayerNorm(16, eps=1e-12),
-    lambda: TransposedLayerNorm(8, eps=1e-6),
-], ids=["SqueezeBertLayerNorm", "transposed-twin"])
+@pytest.mark.parametrize(
+    "norm",
+    [
+        lambda: transformers.models.squeezebert.modeling_squeezebert.SqueezeBertLayerNorm(16, eps=1e-12),
+        lambda: TransposedLayerNorm(8, eps=1e-6),
+    ],
+    ids=["SqueezeBertLayerNorm", "transposed-twin"],
+)
 def test_a_channels_first_layernorm_subclass_is_read_and_rebuilt_at_the_rank_it_takes(norm):
     module = R.randomise(norm())
     found = recognition(module)
@@ -206,10 +246,14 @@ def test_a_channels_first_layernorm_subclass_is_read_and_rebuilt_at_the_rank_it_
         torch.testing.assert_close(rebuilt(x), module(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("build,example,expected,channels_first", [
-    (squeezebert, (torch.randint(0, 64, (2, 8)),), 3, 2),
-    (lambda: R.randomise(Conv1dBlock()), (torch.randn(2, 8, 5),), 1, 1),
-], ids=["SqueezeBERT", "transposed-twin"])
+@pytest.mark.parametrize(
+    "build,example,expected,channels_first",
+    [
+        (squeezebert, (torch.randint(0, 64, (2, 8)),), 3, 2),
+        (lambda: R.randomise(Conv1dBlock()), (torch.randn(2, 8, 5),), 1, 1),
+    ],
+    ids=["SqueezeBERT", "transposed-twin"],
+)
 def test_a_model_with_a_channels_first_layernorm_subclass_registers(build, example, expected, channels_first, tmp_path):
     saved(build(), example, tmp_path / "m.pt2")
     inspection = inspect_path(tmp_path / "m.pt2")
@@ -225,27 +269,56 @@ def test_a_model_with_a_channels_first_layernorm_subclass_registers(build, examp
 
 def deepseek() -> nn.Module:
     config = transformers.DeepseekV3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, n_shared_experts=1,
-        num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
-        qk_nope_head_dim=8, v_head_dim=8,
-        max_position_embeddings=64, use_cache=False)
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     return R.randomise(transformers.DeepseekV3Model(config))
 
 
 def mixtral() -> nn.Module:
-    config = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                        num_experts_per_tok=2, use_cache=False)
+    config = transformers.MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        use_cache=False,
+    )
     return R.randomise(transformers.MixtralModel(config))
 
 
-@pytest.mark.parametrize("build,norms,experts", [
-    (deepseek, 9, ["layers.1.mlp.experts"]),
-    (mixtral, 5, ["layers.0.mlp.experts", "layers.1.mlp.experts"]),
-], ids=["DeepseekV3", "Mixtral"])
-def test_a_library_operator_outside_the_norms_leaves_them_read_and_the_call_unrecognised(build, norms, experts,
-                                                                                         tmp_path):
+@pytest.mark.parametrize(
+    "build,norms,experts",
+    [
+        (deepseek, 9, ["layers.1.mlp.experts"]),
+        (mixtral, 5, ["layers.0.mlp.experts", "layers.1.mlp.experts"]),
+    ],
+    ids=["DeepseekV3", "Mixtral"],
+)
+def test_a_library_operator_outside_the_norms_leaves_them_read_and_the_call_unrecognised(
+    build, norms, experts, tmp_path
+):
     saved(build(), (torch.randint(0, 64, (2, 8)),), tmp_path / "m.pt2")
     inspection = inspect_path(tmp_path / "m.pt2")
     assert len(inspection.layers) == norms and all(layer.spec is not None for layer in inspection.layers)

@@ -78,7 +78,12 @@ def test_a_registered_recognizer_is_asked_after_the_stock_ones():
     recognizers.register(WhiteningAsLayer())
     assert recognizers.kind_of("torch", Whitening()) == "layer"
     assert recognizers.kind_of("torch", torch.nn.BatchNorm2d(3)) == "batch"  # the stock ones still answer first
-    assert [r.name for r in recognizers.of("torch", ObjectRecognizer)] == ["torch.computed", "torch.modules", "torch.aten_ops", "tests.whitening"]
+    assert [r.name for r in recognizers.of("torch", ObjectRecognizer)] == [
+        "torch.computed",
+        "torch.modules",
+        "torch.aten_ops",
+        "tests.whitening",
+    ]
 
 
 def test_a_duplicate_recognizer_raises_and_a_missing_one_lists_the_registered():
@@ -111,5 +116,6 @@ def test_each_stock_recognizer_is_named_after_its_framework_and_its_module(frame
     from converters.recognizers import RECOGNIZERS, Recognizer, stock_recognizers
 
     modules = stock_recognizers(REGISTRY.packages[framework])
-    assert modules and [r.name for r in RECOGNIZERS.of(framework, Recognizer)][:len(modules)] == [
-        f"{framework}.{module.rsplit('.', 1)[1]}" for module in modules]
+    assert modules and [r.name for r in RECOGNIZERS.of(framework, Recognizer)][: len(modules)] == [
+        f"{framework}.{module.rsplit('.', 1)[1]}" for module in modules
+    ]

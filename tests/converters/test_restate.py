@@ -43,16 +43,28 @@ def build(spec, framework: str):
 
 def state(obj, framework: str) -> dict:
     if framework == "torch":
-        tensors = {name: (t.dtype, t.detach().reshape(-1).view(torch.uint8).numpy().tobytes()) for name, t in obj.state_dict().items()}
+        tensors = {
+            name: (t.dtype, t.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
+            for name, t in obj.state_dict().items()
+        }
         flags = {name: p.requires_grad for name, p in obj.named_parameters()}
         return {"tensors": tensors, "requires_grad": flags, "training": obj.training, "class": type(obj)}
-    return {"variables": [(v.path.rsplit("/", 1)[-1], np.asarray(v.numpy()).tobytes()) for v in obj.weights], "config": obj.get_config(),
-            "trainable": obj.trainable, "class": type(obj)}
+    return {
+        "variables": [(v.path.rsplit("/", 1)[-1], np.asarray(v.numpy()).tobytes()) for v in obj.weights],
+        "config": obj.get_config(),
+        "trainable": obj.trainable,
+        "class": type(obj),
+    }
 
 
 #: The cases a framework's stock classes cannot hold (write_spec refuses them): a cumulative moving average or an
 #: untracked BatchNorm in Keras, a channels-first RMSNorm in torch and in Keras.
-NOT_HELD = {("keras", "bn2d_cumulative"), ("keras", "bn2d_untracked"), ("torch", "rms_channels_first"), ("keras", "rms_channels_first")}
+NOT_HELD = {
+    ("keras", "bn2d_cumulative"),
+    ("keras", "bn2d_untracked"),
+    ("torch", "rms_channels_first"),
+    ("keras", "rms_channels_first"),
+}
 
 
 @pytest.mark.parametrize("framework", ["torch", "keras"])
@@ -72,7 +84,9 @@ def test_a_restated_layer_is_the_layer_from_spec_builds(case, framework):
         except NormbridgeError:
             pass
     _, prepared, fresh = build(second, framework)
-    if framework == "keras" and is_deferred(layer):  # built on its first call: no variables yet, so every member is built anew
+    if framework == "keras" and is_deferred(
+        layer
+    ):  # built on its first call: no variables yet, so every member is built anew
         name = layer.name
         with pytest.raises(ValueError, match="built on its first call"):
             adapter.restate(layer, prepared, template)
@@ -103,12 +117,15 @@ def test_models_run_in_one_merged_session_give_what_their_own_sessions_give(case
         assert mergeable(runs)
         try:
             alone = [execute(run, x) for run in runs]
-        except RuntimeError as error:  # a kernel onnxruntime lacks (float64 InstanceNormalization): the merged run fails too
+        except (
+            RuntimeError
+        ) as error:  # a kernel onnxruntime lacks (float64 InstanceNormalization): the merged run fails too
             assert "NOT_IMPLEMENTED" in str(error)
             with pytest.raises(Exception):
                 run_merged(runs, x)
             continue
         for merged, own in zip(run_merged(runs, x), alone):
             merged, own = (merged, own) if isinstance(own, tuple) else ((merged,), (own,))
-            assert [None if a is None else (a.dtype, a.shape, a.tobytes()) for a in merged] == \
-                   [None if a is None else (a.dtype, a.shape, a.tobytes()) for a in own]
+            assert [None if a is None else (a.dtype, a.shape, a.tobytes()) for a in merged] == [
+                None if a is None else (a.dtype, a.shape, a.tobytes()) for a in own
+            ]

@@ -97,7 +97,9 @@ def test_channels_first_batch_normalization_comes_back_with_axis_1(via, spatial_
     assert (spec.layout, spec.chosen_layout) == ("channels_first", "channels_first")
     middle, back, there, again = there_and_back(layer, via)
     assert back.axis == 1 and config_without_name(back) == config_without_name(layer)
-    assert {t.setting: t.fate for t in there.translations}["chosen_layout"] == "stored"  # the way there says it keeps it
+    assert {t.setting: t.fate for t in there.translations}[
+        "chosen_layout"
+    ] == "stored"  # the way there says it keeps it
     fates = {t.setting: t.fate for t in again.translations}
     assert fates["layout"] == "exact" and fates["chosen_layout"] == "exact"
     for ours, theirs in zip(layer.weights, back.weights):

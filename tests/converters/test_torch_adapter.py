@@ -86,8 +86,12 @@ def test_float16_batchnorm_matches_reference():
 
 # torch computes a 16-bit RMSNorm in float32 and, given eps=None, adds float32's eps, not the layer dtype's
 # (torch._decomp's _fused_rms_norm); the literal eps values below are NumPy's, not the code's.
-TORCH_DEFAULT_EPS = {"float16": np.finfo(np.float32).eps, "bfloat16": np.finfo(np.float32).eps,
-                     "float32": np.finfo(np.float32).eps, "float64": np.finfo(np.float64).eps}
+TORCH_DEFAULT_EPS = {
+    "float16": np.finfo(np.float32).eps,
+    "bfloat16": np.finfo(np.float32).eps,
+    "float32": np.finfo(np.float32).eps,
+    "float64": np.finfo(np.float64).eps,
+}
 
 
 @pytest.mark.parametrize("dtype", sorted(TORCH_DEFAULT_EPS))
@@ -102,19 +106,26 @@ def test_rms_eps_none_is_the_eps_torch_adds_in_every_dtype_and_every_framework_c
     assert spec.eps == float(TORCH_DEFAULT_EPS[dtype]) and spec.eps_origin == "dtype_eps"
     x = (torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0)) * 1e-2).to(torch_dtype)
     x64 = x.double().numpy()
-    expected = x64 / np.sqrt(np.mean(x64 ** 2, axis=-1, keepdims=True) + TORCH_DEFAULT_EPS[dtype]) * weight
+    expected = x64 / np.sqrt(np.mean(x64**2, axis=-1, keepdims=True) + TORCH_DEFAULT_EPS[dtype]) * weight
     with torch.no_grad():
         source = module(x).double().numpy()
     bound = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-5, "float64": 1e-12}[dtype]  # a few ulps of the output
     np.testing.assert_allclose(source, expected, atol=bound, rtol=bound, err_msg="torch's own eps=None")
     assert converters.from_spec(spec, "torch").eps is None
     layer = converters.from_spec(spec, "keras")
-    np.testing.assert_allclose(np.asarray(layer(x.float().numpy().astype(layer.dtype))).astype(np.float64), expected, atol=bound, rtol=bound,
-                               err_msg="keras")
+    np.testing.assert_allclose(
+        np.asarray(layer(x.float().numpy().astype(layer.dtype))).astype(np.float64),
+        expected,
+        atol=bound,
+        rtol=bound,
+        err_msg="keras",
+    )
     if dtype != "bfloat16":  # onnxruntime's CPU provider has no bfloat16 normalization kernels
         import onnxruntime as ort
 
-        session = ort.InferenceSession(converters.from_spec(spec, "onnx").SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            converters.from_spec(spec, "onnx").SerializeToString(), providers=["CPUExecutionProvider"]
+        )
         out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
         np.testing.assert_allclose(out.astype(np.float64), expected, atol=bound, rtol=bound, err_msg="onnx")
     assert converters.check(module).passed

@@ -43,7 +43,10 @@ def _with_globals() -> None:
 
     marker = object()
     bound = internals.with_globals(ExportedProgramDeserializer.deserialize, GraphModuleDeserializer=marker)
-    assert bound.__globals__["GraphModuleDeserializer"] is marker and bound.__code__ is ExportedProgramDeserializer.deserialize.__code__
+    assert (
+        bound.__globals__["GraphModuleDeserializer"] is marker
+        and bound.__code__ is ExportedProgramDeserializer.deserialize.__code__
+    )
     with pytest.raises(LookupError):
         internals.with_globals(ExportedProgramDeserializer.deserialize, not_a_name_it_reads=marker)
 
@@ -71,7 +74,9 @@ def _dtypes() -> None:
 
     assert internals.serialized_dtypes() == {int(k): v for k, v in _SERIALIZE_TO_TORCH_DTYPE.items()}
     # the fallback table (the file format's numbering) is torch's, dtype for dtype
-    assert {n: getattr(torch, name) for n, name in internals.SCALAR_TYPES.items() if hasattr(torch, name)} == internals.serialized_dtypes()
+    assert {
+        n: getattr(torch, name) for n, name in internals.SCALAR_TYPES.items() if hasattr(torch, name)
+    } == internals.serialized_dtypes()
 
 
 def _own_class() -> None:
@@ -109,7 +114,11 @@ def _operators() -> None:
     assert internals.op_overload_class() is torch._ops.OpOverload is type(torch.ops.aten.add.Tensor)
     assert internals.higher_order_operator_class() is torch._ops.HigherOrderOperator
     assert internals.op_schema(torch.ops.aten.add.Tensor).name == "aten::add"
-    assert [a.name for a in internals.op_schema(torch.ops.aten.native_batch_norm.default).arguments][:3] == ["input", "weight", "bias"]
+    assert [a.name for a in internals.op_schema(torch.ops.aten.native_batch_norm.default).arguments][:3] == [
+        "input",
+        "weight",
+        "bias",
+    ]
     assert internals.op_schema(operator.getitem) is None and internals.op_schema(torch.ops.higher_order.cond) is None
     program = torch.export.export(nn.Sequential(nn.BatchNorm1d(3)).eval(), (torch.ones(2, 3),))
     calls = {node.name: internals.op_name(node) for node in program.graph.nodes}
@@ -147,8 +156,12 @@ ACCESSES = {
     "resolve_schema_class": lambda: internals.resolve_schema_class("Node") is internals.schema_module().Node,
     "union_base": lambda: issubclass(internals.schema_module().Argument, internals.union_base()),
     "union_tag": lambda: str(internals.union_tag("as_int", internals.schema_module().Argument)) == "as_int",
-    "dict_to_program": lambda: type(internals.dict_to_program(_serialized_document())) is internals.schema_module().ExportedProgram,
-    "reader_schema_version": lambda: internals.reader_schema_version() == tuple(importlib.import_module(internals.SCHEMA).SCHEMA_VERSION),
+    "dict_to_program": lambda: (
+        type(internals.dict_to_program(_serialized_document())) is internals.schema_module().ExportedProgram
+    ),
+    "reader_schema_version": lambda: (
+        internals.reader_schema_version() == tuple(importlib.import_module(internals.SCHEMA).SCHEMA_VERSION)
+    ),
     "exported_program_deserializer": lambda: callable(internals.exported_program_deserializer().deserialize),
     "graph_module_deserializer": lambda: callable(internals.graph_module_deserializer().deserialize_tensor_meta),
     "with_globals": _with_globals,
@@ -190,6 +203,7 @@ def test_each_access_works_on_this_torch(name):
 
 # -- public paths taken when a private name is gone --------------------------------------------------------------------
 
+
 @pytest.fixture
 def renamed(monkeypatch):
     """`renamed(module, name)`: torch_internals finds `module.name` gone, as on a torch that renamed it."""
@@ -216,12 +230,25 @@ def test_without_torchs_private_names_their_public_replacements_give_the_same(re
     expected = (internals.serialized_dtypes(), internals.op_overload_class(), internals.higher_order_operator_class())
     value = ((1, [operator.add, torch.ones(1)]), {"a": slice(None), "b": (2,)})
     leaves, spec = _pytree.tree_flatten(((1, 2), {"x": 3}))
-    for module, name in ((internals.SERIALIZE, "_SERIALIZE_TO_TORCH_DTYPE"), ("torch._ops", "OpOverload"), ("torch._ops", "HigherOrderOperator"),
-                         ("torch.utils._pytree", "tree_leaves"), ("torch.utils._pytree", "tree_unflatten"),
-                         ("torch.utils._pytree", "SERIALIZED_TYPE_TO_PYTHON_TYPE")):
+    for module, name in (
+        (internals.SERIALIZE, "_SERIALIZE_TO_TORCH_DTYPE"),
+        ("torch._ops", "OpOverload"),
+        ("torch._ops", "HigherOrderOperator"),
+        ("torch.utils._pytree", "tree_leaves"),
+        ("torch.utils._pytree", "tree_unflatten"),
+        ("torch.utils._pytree", "SERIALIZED_TYPE_TO_PYTHON_TYPE"),
+    ):
         renamed(module, name)
-    internals.serialized_dtypes.cache_clear(), internals.op_overload_class.cache_clear(), internals.higher_order_operator_class.cache_clear()
-    assert (internals.serialized_dtypes(), internals.op_overload_class(), internals.higher_order_operator_class()) == expected
+    (
+        internals.serialized_dtypes.cache_clear(),
+        internals.op_overload_class.cache_clear(),
+        internals.higher_order_operator_class.cache_clear(),
+    )
+    assert (
+        internals.serialized_dtypes(),
+        internals.op_overload_class(),
+        internals.higher_order_operator_class(),
+    ) == expected
     assert _callables(internals.tree_leaves(value)) == _callables(_pytree.tree_leaves(value)) == [operator.add]
     for _, program in PROGRAMS:  # what pt2/program_checks.check_graph walks: every node's arguments
         for node in program.graph.nodes:
@@ -237,10 +264,16 @@ def _callables(leaves: list) -> list:
 
 
 def test_the_module_classes_public_fallbacks_are_every_stock_subclass_of_the_private_ones(monkeypatch):
-    private = (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
+    private = (
+        torch.nn.modules.batchnorm._NormBase,
+        torch.nn.modules.batchnorm._BatchNorm,
+        torch.nn.modules.dropout._DropoutNd,
+    )
     publics = []
     for function in (internals.norm_base_classes, internals.batch_norm_base_classes, internals.dropout_base_classes):
-        monkeypatch.setattr(torch.nn.modules.batchnorm, "_NormBase", None)  # as on a torch without them: the public lists
+        monkeypatch.setattr(
+            torch.nn.modules.batchnorm, "_NormBase", None
+        )  # as on a torch without them: the public lists
         monkeypatch.setattr(torch.nn.modules.batchnorm, "_BatchNorm", None)
         monkeypatch.setattr(torch.nn.modules.dropout, "_DropoutNd", None)
         function.cache_clear()
@@ -268,10 +301,14 @@ def test_a_torch_without_the_deserializer_is_named_not_blamed_on_the_file(tmp_pa
     path = genuine_pt2(tmp_path / "model.pt2")
 
     def gone():
-        raise internals._unavailable(f"'{internals.SERIALIZE}.ExportedProgramDeserializer'", "to read a .pt2 file", AttributeError("x"))
+        raise internals._unavailable(
+            f"'{internals.SERIALIZE}.ExportedProgramDeserializer'", "to read a .pt2 file", AttributeError("x")
+        )
 
     monkeypatch.setattr(internals, "exported_program_deserializer", gone)
-    with pytest.raises(MissingDependencyError, match=rf"torch {internals.torch_version()} has no .*ExportedProgramDeserializer"):
+    with pytest.raises(
+        MissingDependencyError, match=rf"torch {internals.torch_version()} has no .*ExportedProgramDeserializer"
+    ):
         load_exported_program(path)
 
 
@@ -329,5 +366,10 @@ def test_a_failing_fast_step_falls_back_to_torchs_for_the_same_program(step, arc
 
 
 def test_every_speed_path_keeps_its_fallback_test():
-    assert {name for name, _ in FAST_STEPS.values()} == {"schema_module", "graph_module_deserializer", "fake_tensor", "is_fake_tensor",
-                                                          "graph_module_own_class"}
+    assert {name for name, _ in FAST_STEPS.values()} == {
+        "schema_module",
+        "graph_module_deserializer",
+        "fake_tensor",
+        "is_fake_tensor",
+        "graph_module_own_class",
+    }

@@ -52,10 +52,22 @@ FAMILIES = [
     Family("MistralRMSNorm", R.mistral, f"{TF}.mistral.modeling_mistral", "rms", 4e-6),
     Family("GemmaRMSNorm", R.gemma, f"{TF}.gemma.modeling_gemma", "rms", 5e-6, scale_offset=1.0),
     Family("T5LayerNorm", R.t5, f"{TF}.t5.modeling_t5", "rms", 7e-6),
-    Family("ConvNextLayerNorm", R.convnext, f"{TF}.convnext.modeling_convnext", "layer", 3e-6,
-           layout=lambda m: "channels_first" if m.data_format == "channels_first" else None),
-    Family("ConvNextV2LayerNorm", R.convnextv2, f"{TF}.convnextv2.modeling_convnextv2", "layer", 3e-6,
-           layout=lambda m: "channels_first" if m.data_format == "channels_first" else None),
+    Family(
+        "ConvNextLayerNorm",
+        R.convnext,
+        f"{TF}.convnext.modeling_convnext",
+        "layer",
+        3e-6,
+        layout=lambda m: "channels_first" if m.data_format == "channels_first" else None,
+    ),
+    Family(
+        "ConvNextV2LayerNorm",
+        R.convnextv2,
+        f"{TF}.convnextv2.modeling_convnextv2",
+        "layer",
+        3e-6,
+        layout=lambda m: "channels_first" if m.data_format == "channels_first" else None,
+    ),
     Family("DetrFrozenBatchNorm2d", R.detr, f"{TF}.detr.modeling_detr", "batch", 1e-5, frozen=True),
 ]
 
@@ -104,23 +116,39 @@ def test_inspect_finds_every_module_of_the_family_and_reads_it_exactly(family_mo
     for path, module in present.items():
         spec = converters.to_spec(module)
         eps = family.eps_of(module)
-        assert (spec.kind, spec.eps, spec.scale_offset, spec.frozen, spec.compute_dtype) == (family.kind, eps, family.scale_offset, family.frozen, None)
+        assert (spec.kind, spec.eps, spec.scale_offset, spec.frozen, spec.compute_dtype) == (
+            family.kind,
+            eps,
+            family.scale_offset,
+            family.frozen,
+            None,
+        )
         assert spec.layout == (family.layout(module) if family.kind != "batch" else "channels_first")
         assert found[path].spec["eps"] == eps and found[path].kind == family.kind
         assert_computes(module, spec)
 
 
-@pytest.mark.parametrize("build, cast_before_affine, scale_offset", [
-    (lambda: __import__(f"{TF}.llama.modeling_llama", fromlist=["x"]).LlamaRMSNorm(16, eps=1e-5), True, 0.0),
-    (lambda: __import__(f"{TF}.gemma.modeling_gemma", fromlist=["x"]).GemmaRMSNorm(16, eps=1e-5), False, 1.0),
-    (lambda: __import__(f"{TF}.t5.modeling_t5", fromlist=["x"]).T5LayerNorm(16, eps=1e-5), True, 0.0),
-], ids=["LlamaRMSNorm", "GemmaRMSNorm", "T5LayerNorm"])
+@pytest.mark.parametrize(
+    "build, cast_before_affine, scale_offset",
+    [
+        (lambda: __import__(f"{TF}.llama.modeling_llama", fromlist=["x"]).LlamaRMSNorm(16, eps=1e-5), True, 0.0),
+        (lambda: __import__(f"{TF}.gemma.modeling_gemma", fromlist=["x"]).GemmaRMSNorm(16, eps=1e-5), False, 1.0),
+        (lambda: __import__(f"{TF}.t5.modeling_t5", fromlist=["x"]).T5LayerNorm(16, eps=1e-5), True, 0.0),
+    ],
+    ids=["LlamaRMSNorm", "GemmaRMSNorm", "T5LayerNorm"],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_narrow_layer_that_upcasts_records_its_compute_dtype_and_where_it_casts_back(build, cast_before_affine, scale_offset, dtype):
+def test_a_narrow_layer_that_upcasts_records_its_compute_dtype_and_where_it_casts_back(
+    build, cast_before_affine, scale_offset, dtype
+):
     module = R.randomise(build()).to(dtype)
     spec = converters.to_spec(module)
     assert (spec.dtype, spec.compute_dtype, spec.cast_before_affine, spec.scale_offset) == (
-        str(dtype).removeprefix("torch."), "float32", cast_before_affine, scale_offset)
+        str(dtype).removeprefix("torch."),
+        "float32",
+        cast_before_affine,
+        scale_offset,
+    )
     assert_computes(module, spec, rtol=norm_proof.TOLERANCE[spec.dtype])
 
 
@@ -138,14 +166,27 @@ REPLICAS = [
 ]
 
 
-@pytest.mark.parametrize("build, kind, eps, layout, frozen, hazard", REPLICAS,
-                         ids=["FrozenBatchNorm2d", "LayerNorm2d", "RmsNorm", "F.layer_norm", "written-out", "ConvNeXt-repo-channels-first", "SyncBatchNorm",
-                              "BatchNormAct2d"])
+@pytest.mark.parametrize(
+    "build, kind, eps, layout, frozen, hazard",
+    REPLICAS,
+    ids=[
+        "FrozenBatchNorm2d",
+        "LayerNorm2d",
+        "RmsNorm",
+        "F.layer_norm",
+        "written-out",
+        "ConvNeXt-repo-channels-first",
+        "SyncBatchNorm",
+        "BatchNormAct2d",
+    ],
+)
 def test_replicas_of_torchvision_and_timm_classes_are_read_exactly(build, kind, eps, layout, frozen, hazard):
     norm = R.randomise(build())
     model = nn.Sequential(nn.Identity(), norm)
     inspection = inspect_model(model)
-    assert [(layer.path, layer.kind, layer.layer_type) for layer in inspection.layers] == [("1", kind, type(norm).__name__)]
+    assert [(layer.path, layer.kind, layer.layer_type) for layer in inspection.layers] == [
+        ("1", kind, type(norm).__name__)
+    ]
     spec = converters.to_spec(norm)
     assert (spec.kind, spec.eps, spec.layout, spec.frozen) == (kind, eps, layout, frozen)
     assert "unrecognised_normalization" not in codes(inspection)
@@ -216,13 +257,18 @@ def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_i
     assert isinstance(stock, nn.RMSNorm) and stock.eps == 1e-5
     assert_computes(stock, spec)
     gemma = importlib.import_module(f"{TF}.gemma.modeling_gemma").GemmaRMSNorm(16)
-    for module, stock_class in [(gemma, nn.RMSNorm), (R.FrozenBatchNorm2d(8), nn.BatchNorm2d)]:  # scale offset folded; frozen held
+    for module, stock_class in [
+        (gemma, nn.RMSNorm),
+        (R.FrozenBatchNorm2d(8), nn.BatchNorm2d),
+    ]:  # scale offset folded; frozen held
         spec = converters.to_spec(R.randomise(module))
         converted = converters.from_spec(spec, "torch", restore_source_class=False)
         assert isinstance(converted, stock_class)
         assert_computes(converted, spec)
     spec = converters.to_spec(R.randomise(R.LayerNorm2d(8)))
-    stock = converters.from_spec(spec, "torch", restore_source_class=False)  # normbridge's own class for axis 1 (issue 34 item 10)
+    stock = converters.from_spec(
+        spec, "torch", restore_source_class=False
+    )  # normbridge's own class for axis 1 (issue 34 item 10)
     assert type(stock).__name__ == "ChannelsFirstLayerNorm"
     assert_computes(stock, spec)
     restored = converters.from_spec(spec, "torch")  # its own class (imported here) is rebuilt by default
@@ -246,9 +292,11 @@ def test_a_convnext_style_class_of_transformers_is_rebuilt_with_its_data_format_
     assert type(restored) is module.ConvNextV2LayerNorm and restored.data_format == "channels_first"
     assert_computes(restored, spec)
     folder = save_spec(spec, tmp_path / "spec")
-    script = (f"import sys, converters; from schemas import load_spec; name = '{TF}.convnextv2.modeling_convnextv2'; "
-              f"assert name not in sys.modules; m = converters.from_spec(load_spec({str(folder)!r}), 'torch'); "
-              "print(type(m).__module__, type(m).__name__, m.data_format)")
+    script = (
+        f"import sys, converters; from schemas import load_spec; name = '{TF}.convnextv2.modeling_convnextv2'; "
+        f"assert name not in sys.modules; m = converters.from_spec(load_spec({str(folder)!r}), 'torch'); "
+        "print(type(m).__module__, type(m).__name__, m.data_format)"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [f"{TF}.convnextv2.modeling_convnextv2", "ConvNextV2LayerNorm", "channels_first"]
@@ -260,7 +308,9 @@ def test_a_convnext_style_class_of_transformers_is_rebuilt_with_its_data_format_
 def _export(family: Family, model: nn.Module):
     """(program, the module it was exported from): T5's encoder alone, which needs no decoder inputs."""
     if family.name == "T5LayerNorm":
-        return torch.export.export(model.encoder, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}), model.encoder
+        return torch.export.export(
+            model.encoder, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}
+        ), model.encoder
     if family.kind == "rms":
         return torch.export.export(model, (torch.randint(0, 64, (1, 5)),), kwargs={"use_cache": False}), model
     size = 32 if family.name.startswith("ConvNext") else 64
@@ -281,8 +331,13 @@ def test_a_saved_program_lists_the_family_with_the_same_specs_as_the_module(fami
     assert "unrecognised_normalization" not in codes(inspection)
     for path, layer in found.items():
         module_spec = converters.to_spec(present[path])
-        assert (layer.kind, layer.spec["eps"], layer.spec["scale_offset"], layer.spec["frozen"], layer.spec["layout"]) == (
-            module_spec.kind, module_spec.eps, module_spec.scale_offset, module_spec.frozen, module_spec.layout)
+        assert (
+            layer.kind,
+            layer.spec["eps"],
+            layer.spec["scale_offset"],
+            layer.spec["frozen"],
+            layer.spec["layout"],
+        ) == (module_spec.kind, module_spec.eps, module_spec.scale_offset, module_spec.frozen, module_spec.layout)
 
 
 def test_a_program_names_a_module_it_cannot_prove():
@@ -300,12 +355,31 @@ def test_a_program_names_a_module_it_cannot_prove():
 def test_rt_detr_s_frozen_batchnorms_are_found_beside_its_stock_ones():
     from transformers import RTDetrConfig, RTDetrModel, RTDetrResNetConfig
 
-    backbone = RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1], layer_type="basic",
-                                  out_features=["stage2", "stage3", "stage4"])
-    config = RTDetrConfig(backbone_config=backbone, use_pretrained_backbone=False, use_timm_backbone=False, d_model=32,
-                          encoder_hidden_dim=32, encoder_in_channels=[16, 16, 16], encoder_ffn_dim=32, decoder_ffn_dim=32,
-                          num_queries=5, decoder_layers=1, encoder_layers=1, decoder_in_channels=[32, 32, 32], num_feature_levels=3,
-                          decoder_attention_heads=2, encoder_attention_heads=2, num_denoising=0)
+    backbone = RTDetrResNetConfig(
+        embedding_size=8,
+        hidden_sizes=[8, 16, 16, 16],
+        depths=[1, 1, 1, 1],
+        layer_type="basic",
+        out_features=["stage2", "stage3", "stage4"],
+    )
+    config = RTDetrConfig(
+        backbone_config=backbone,
+        use_pretrained_backbone=False,
+        use_timm_backbone=False,
+        d_model=32,
+        encoder_hidden_dim=32,
+        encoder_in_channels=[16, 16, 16],
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=5,
+        decoder_layers=1,
+        encoder_layers=1,
+        decoder_in_channels=[32, 32, 32],
+        num_feature_levels=3,
+        decoder_attention_heads=2,
+        encoder_attention_heads=2,
+        num_denoising=0,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = R.randomise(RTDetrModel(config))
@@ -314,7 +388,9 @@ def test_rt_detr_s_frozen_batchnorms_are_found_beside_its_stock_ones():
     found = {layer.path for layer in inspection.layers if layer.layer_type == "RTDetrFrozenBatchNorm2d"}
     assert frozen and found == frozen and "unrecognised_normalization" not in codes(inspection)
     assert all(layer.spec["frozen"] for layer in inspection.layers if layer.path in frozen)
-    assert len(inspection.layers) == sum(isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)) for m in model.modules()) + len(frozen)
+    assert len(inspection.layers) == sum(isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)) for m in model.modules()) + len(
+        frozen
+    )
 
 
 @pytest.mark.slow
@@ -341,10 +417,14 @@ def _saved(model: nn.Module, example: tuple, path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("build,example", [
-    (R.llama, lambda: (torch.randint(0, 64, (1, 5)),)),
-    (R.detr, lambda: (torch.randn(1, 3, 64, 64, dtype=torch.bfloat16),)),
-], ids=["Llama-bf16", "DETR-bf16"])
+@pytest.mark.parametrize(
+    "build,example",
+    [
+        (R.llama, lambda: (torch.randint(0, 64, (1, 5)),)),
+        (R.detr, lambda: (torch.randn(1, 3, 64, 64, dtype=torch.bfloat16),)),
+    ],
+    ids=["Llama-bf16", "DETR-bf16"],
+)
 def test_a_bfloat16_export_verifies_every_norm_and_says_the_contract_was_not_run(build, example, tmp_path):
     """onnxruntime's CPU provider has no bfloat16 kernels: the contract cannot run. The export says so (what, why, how to
     get it checked), still verifies every normalization site from the graph, writes nothing unless --force, and no traceback."""
@@ -360,12 +440,19 @@ def test_a_bfloat16_export_verifies_every_norm_and_says_the_contract_was_not_run
     result = json.loads(refused.stdout)
     assert result["contract"] is None and not result["passed"]
     [error] = result["errors"]
-    assert error.startswith("not checked:") and "bfloat16" in error and "serving contract was not run" in error and "--force" in error
+    assert (
+        error.startswith("not checked:")
+        and "bfloat16" in error
+        and "serving contract was not run" in error
+        and "--force" in error
+    )
     assert {entry["source_layer"] for entry in result["verification"]} == inspected and inspected
     assert all(entry["passed"] for entry in result["verification"])  # every norm verified from the graph alone
     forced = invoke_cli("export", "m.pt2", "--to", "onnx", "-o", "m.onnx", "--force", cwd=tmp_path)
     assert forced.returncode == 0 and (tmp_path / "m.onnx").exists() and "forced" in forced.stdout + forced.stderr
-    contract = invoke_cli("contract", "m.pt2", "m.onnx", cwd=tmp_path)  # it has no --force: the message must not offer one
+    contract = invoke_cli(
+        "contract", "m.pt2", "m.onnx", cwd=tmp_path
+    )  # it has no --force: the message must not offer one
     said = " ".join((contract.stdout + contract.stderr).split())
     assert contract.returncode == 6 and "float32 copy" in said and "`normbridge contract` cannot run it" in said, said
 
@@ -383,23 +470,39 @@ def test_t5_s_exporter_failure_is_named_with_its_cause_and_nothing_is_written(tm
     message = " ".join((refused.stdout + refused.stderr).split())
     assert "Traceback" not in message and "\x1b[" not in message
     assert "torch.onnx.export failed" in message and "decomposing the graph" in message and "modeling_t5.py" in message
-    assert "nothing was written and no normalization was checked in ONNX" in message and "normbridge register" in message
+    assert (
+        "nothing was written and no normalization was checked in ONNX" in message and "normbridge register" in message
+    )
 
 
 def test_a_program_of_channel_norm_replicas_reads_each_like_its_module():
-    norms = [R.BatchNormAct2d(8, eps=7e-5), R.FrozenBatchNorm2d(8, eps=3e-5), R.LayerNorm2d(8, eps=4e-6), R.ChannelsFirstLayerNorm(8, eps=5e-6),
-             nn.SyncBatchNorm(8, eps=2e-5)]
+    norms = [
+        R.BatchNormAct2d(8, eps=7e-5),
+        R.FrozenBatchNorm2d(8, eps=3e-5),
+        R.LayerNorm2d(8, eps=4e-6),
+        R.ChannelsFirstLayerNorm(8, eps=5e-6),
+        nn.SyncBatchNorm(8, eps=2e-5),
+    ]
     model = R.randomise(nn.Sequential(*norms))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, (torch.randn(2, 8, 3, 5),))
     inspection = inspect_model(program)
-    read = [(layer.path, layer.kind, layer.spec["eps"], layer.spec["layout"], layer.spec["frozen"]) for layer in inspection.layers]
-    assert read == [("0", "batch", 7e-5, "channels_first", False), ("1", "batch", 3e-5, "channels_first", True),
-                    ("2", "layer", 4e-6, "channels_first", False), ("3", "layer", 5e-6, "channels_first", False),
-                    ("4", "batch", 2e-5, "channels_first", False)]
+    read = [
+        (layer.path, layer.kind, layer.spec["eps"], layer.spec["layout"], layer.spec["frozen"])
+        for layer in inspection.layers
+    ]
+    assert read == [
+        ("0", "batch", 7e-5, "channels_first", False),
+        ("1", "batch", 3e-5, "channels_first", True),
+        ("2", "layer", 4e-6, "channels_first", False),
+        ("3", "layer", 5e-6, "channels_first", False),
+        ("4", "batch", 2e-5, "channels_first", False),
+    ]
     assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "computes_more"] == ["'0'"]
-    assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "per_device_statistics"] == ["'4'"]
+    assert [h.message.split(" ")[0] for _, h in inspection.all_hazards() if h.code == "per_device_statistics"] == [
+        "'4'"
+    ]
     assert "unrecognised_normalization" not in codes(inspection)
 
 
@@ -410,8 +513,16 @@ def test_a_class_named_for_having_no_norm_is_not_a_candidate_in_wav2vec2s_featur
     from transformers import Wav2Vec2Config
     from transformers.models.wav2vec2.modeling_wav2vec2 import Wav2Vec2FeatureEncoder
 
-    config = Wav2Vec2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, conv_dim=(8, 8, 8),
-                            conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), feat_extract_norm="group")
+    config = Wav2Vec2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        conv_dim=(8, 8, 8),
+        conv_stride=(5, 2, 2),
+        conv_kernel=(10, 3, 3),
+        feat_extract_norm="group",
+    )
     encoder = R.randomise(Wav2Vec2FeatureEncoder(config)).eval()
     assert [type(m).__name__ for m in encoder.conv_layers][1:] == ["Wav2Vec2NoLayerNormConvLayer"] * 2
     for model in (encoder, torch.export.export(encoder, (torch.randn(1, 400),))):
@@ -444,14 +555,22 @@ def test_weight_norm_and_spectral_norm_parametrizations_are_not_candidates():
     from transformers import Wav2Vec2Config
     from transformers.models.wav2vec2.modeling_wav2vec2 import Wav2Vec2Encoder
 
-    config = Wav2Vec2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    config = Wav2Vec2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    )
     encoder = R.randomise(Wav2Vec2Encoder(config)).eval()  # its pos_conv_embed holds a _WeightNorm
     assert any(type(m).__name__ == "_WeightNorm" for m in encoder.modules())
     norms = sorted(path for path, m in encoder.named_modules() if isinstance(m, nn.LayerNorm))
     for model in (encoder, torch.export.export(encoder, (torch.randn(1, 20, 32),))):
         inspection = inspect_model(model)
-        assert sorted(layer.path for layer in inspection.layers) == norms and "unrecognised_normalization" not in codes(inspection)
+        assert sorted(layer.path for layer in inspection.layers) == norms and "unrecognised_normalization" not in codes(
+            inspection
+        )
 
 
 def test_a_proved_norm_whose_forward_takes_a_gate_says_it_computes_more_and_the_program_says_unrecognised():
@@ -484,8 +603,15 @@ def test_olmos_layer_norm_without_weight_or_bias_is_sized_by_its_normalized_shap
     unrecognised (no OLMo could register). Its own `normalized_shape` sizes the probe now; the proof decides as before."""
     from transformers import OlmoConfig, OlmoModel
 
-    config = OlmoConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=2, max_position_embeddings=32)
+    config = OlmoConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     model = R.randomise(OlmoModel(config)).eval()
     norms = [path for path, m in model.named_modules() if type(m).__name__ == "OlmoLayerNorm"]
     ids = torch.randint(0, 64, (1, 5))
@@ -516,7 +642,9 @@ def test_a_declared_class_without_tensors_is_sized_by_its_normalized_shape_and_a
         assert found.how == "declared" and found.spec is not None and found.spec.normalized_shape == (16,)
         x = torch.randn(2, 3, 16) * 3 + 1
         mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-        torch.testing.assert_close(converters.from_spec(converters.to_spec(norm), "torch")(x), (x - mean) / torch.sqrt(var + 1e-5))
+        torch.testing.assert_close(
+            converters.from_spec(converters.to_spec(norm), "torch")(x), (x - mean) / torch.sqrt(var + 1e-5)
+        )
         converters.recognizers.declared.forget(OlmoLayerNorm)
         converters.recognize(OlmoLayerNorm, kind="rms", eps=1e-5, weight=None)
         assert "its declaration does not hold" in recognition(norm).reason
@@ -530,8 +658,17 @@ def test_mobileberts_no_norm_is_not_a_candidate_and_the_model_says_it_found_no_n
     no norm. The model then says, as any model without one does, that no normalization was found."""
     from transformers import MobileBertConfig, MobileBertModel
 
-    config = MobileBertConfig(vocab_size=64, hidden_size=32, embedding_size=16, num_hidden_layers=1, num_attention_heads=2,
-                              intermediate_size=32, intra_bottleneck_size=16, true_hidden_size=16, num_feedforward_networks=1)
+    config = MobileBertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        embedding_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        intra_bottleneck_size=16,
+        true_hidden_size=16,
+        num_feedforward_networks=1,
+    )
     model = R.randomise(MobileBertModel(config)).eval()
     assert config.normalization_type == "no_norm" and any(type(m).__name__ == "NoNorm" for m in model.modules())
     inspection = inspect_model(model)

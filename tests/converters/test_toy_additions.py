@@ -26,7 +26,9 @@ TOY = Path(__file__).resolve().parents[1] / "toy"
 
 
 def _forget_toy_modules() -> None:
-    for name in [name for name in sys.modules if name == "toynp" or name.startswith(("toynp.", "tests.toy.toynp_adapter"))]:
+    for name in [
+        name for name in sys.modules if name == "toynp" or name.startswith(("toynp.", "tests.toy.toynp_adapter"))
+    ]:
         del sys.modules[name]
 
 
@@ -58,8 +60,15 @@ def toynp(scalenorm, monkeypatch):
 
 def scalenorm_spec(**changes) -> NormSpec:
     rng = np.random.default_rng(0)
-    fields = dict(name="sn", kind="scalenorm", normalized_shape=(6,), eps=1e-5, bias=False, source={"framework": "spec"},
-                  tensors={"scale": rng.normal(size=6).astype(np.float32)})
+    fields = dict(
+        name="sn",
+        kind="scalenorm",
+        normalized_shape=(6,),
+        eps=1e-5,
+        bias=False,
+        source={"framework": "spec"},
+        tensors={"scale": rng.normal(size=6).astype(np.float32)},
+    )
     return NormSpec(**{**fields, **changes})
 
 
@@ -70,8 +79,11 @@ def test_the_toy_kind_is_known_while_added_and_refused_by_name_where_no_adapter_
         with pytest.raises(NotExpressibleError, match="scalenorm"):
             converters.from_spec(spec, target)
     result = converters.check(spec)
-    assert [(t.framework, t.status) for t in result.targets] == [("torch", "not_expressible"), ("keras", "not_expressible"),
-                                                                 ("onnx", "not_expressible")]
+    assert [(t.framework, t.status) for t in result.targets] == [
+        ("torch", "not_expressible"),
+        ("keras", "not_expressible"),
+        ("onnx", "not_expressible"),
+    ]
     assert all("scalenorm" in t.reason for t in result.targets)
 
 
@@ -111,8 +123,12 @@ def test_the_toy_kind_converts_and_checks_in_the_toy_framework_alone(toynp):
     spec = converters.to_spec(toy)
     assert spec.kind == "scalenorm" and spec.source.framework == "toynp"
     result = converters.check(spec)
-    assert {t.framework: t.status for t in result.targets} == {"torch": "not_expressible", "keras": "not_expressible",
-                                                               "onnx": "not_expressible", "toynp": "passed"}
+    assert {t.framework: t.status for t in result.targets} == {
+        "torch": "not_expressible",
+        "keras": "not_expressible",
+        "onnx": "not_expressible",
+        "toynp": "passed",
+    }
     assert result.passed, result.render_text()
     with pytest.raises(NotExpressibleError, match="onnx has no scalenorm layer"):
         converters.convert(toy, to="onnx")

@@ -55,12 +55,16 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
     except NotExpressibleError as refused:  # Keras cannot hold it: there is no layer to trace
         assert refused.target == "keras"
         return
-    if is_deferred(layer):  # built on its first call: restate refuses it (GroupObjects rebuilds it), so it never runs traced
+    if is_deferred(
+        layer
+    ):  # built on its first call: restate refuses it (GroupObjects rebuilds it), so it never runs traced
         with pytest.raises(ValueError, match="built on its first call"):
             REGISTRY.get("keras", case.spec.kind).restate(layer, case.spec, [])
         return
     x = from_channels_first(probe_input(case.spec), read_spec(layer)[0].layout)
-    other = write_spec(member(case.spec, 3), "keras", OPTIONS)[0]  # a second member's state, written eagerly by from_spec
+    other = write_spec(member(case.spec, 3), "keras", OPTIONS)[
+        0
+    ]  # a second member's state, written eagerly by from_spec
     states = [[read_variable(v) for v in layer.weights], [read_variable(v) for v in other.weights]]
     calls = TracedCalls(layer)
     for state in states:  # the trace made for the first state serves the second
@@ -76,7 +80,9 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
             assert traced[1] is eager[1]
         else:
             assert all(same(a, b) for a, b in zip(traced[1], eager[1])), "training output and moved statistics"
-        assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
+        assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), (
+            "variables after the step"
+        )
         for with_write in (False, True):  # the eval and the step in one call, and in the write's call: the same values
             if with_write:
                 calls.run_with_next_write(x)
@@ -87,9 +93,15 @@ def test_traced_writes_and_calls_are_the_eager_ones_bit_for_bit(case):
                     calls.run_eval_and_train_step(x)
                 continue
             out, step = calls.run_eval_and_train_step(x)
-            assert same(out, eager[0]) and all(same(a, b) for a, b in zip(step, eager[1])), f"eval and step, with the write: {with_write}"
-            if not with_write:  # a step run with the write leaves the state written (GroupObjects writes the next member over it)
-                assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), "variables after the step"
+            assert same(out, eager[0]) and all(same(a, b) for a, b in zip(step, eager[1])), (
+                f"eval and step, with the write: {with_write}"
+            )
+            if (
+                not with_write
+            ):  # a step run with the write leaves the state written (GroupObjects writes the next member over it)
+                assert all(same(read_variable(v), value) for v, value in zip(layer.weights, eager_after)), (
+                    "variables after the step"
+                )
 
 
 def test_group_objects_traces_a_layer_that_serves_enough_members_and_no_other():
@@ -109,9 +121,18 @@ def _llama_with_nine_rmsnorms():
 
     from tests import real_norms as R
 
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=64, rms_norm_eps=3e-6)
-    return R.randomise(transformers.LlamaModel(config))  # 2 RMSNorms per block and the final one: 9 of one configuration
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        rms_norm_eps=3e-6,
+    )
+    return R.randomise(
+        transformers.LlamaModel(config)
+    )  # 2 RMSNorms per block and the final one: 9 of one configuration
 
 
 def _keras_resnet50():
@@ -121,7 +142,9 @@ def _keras_resnet50():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("build", [_llama_with_nine_rmsnorms, _keras_resnet50], ids=["transformers Llama", "keras.applications ResNet50"])
+@pytest.mark.parametrize(
+    "build", [_llama_with_nine_rmsnorms, _keras_resnet50], ids=["transformers Llama", "keras.applications ResNet50"]
+)
 def test_models_nobody_here_wrote_check_the_same_through_traced_keras_runs(build, monkeypatch):
     from converters import check
     from converters.gate.grouped_check import check_many, groups
@@ -133,7 +156,9 @@ def test_models_nobody_here_wrote_check_the_same_through_traced_keras_runs(build
     traced = []
     for name in ("run_eval", "run_eval_and_train_step"):  # the latter where the check asks for a training step too
         real = getattr(TracedCalls, name)
-        monkeypatch.setattr(TracedCalls, name, lambda self, x, real=real: traced.append(self.layer.name) or real(self, x))
+        monkeypatch.setattr(
+            TracedCalls, name, lambda self, x, real=real: traced.append(self.layer.name) or real(self, x)
+        )
     assert_same(check_many(specs), [check(spec) for spec in specs])
     assert traced  # the Keras leg of the large groups did run traced
 
@@ -181,8 +206,12 @@ def test_group_objects_runs_a_members_eval_and_step_in_the_call_that_writes_it_o
             continue
         fresh = write_spec(spec, "keras", OPTIONS)[0]  # what check runs on: a layer of its own, eagerly
         x = from_channels_first(probe_input(spec), read_spec(fresh)[0].layout)
-        assert same(read_variable(layer.weights[0]), read_variable(fresh.weights[0]))  # the spec reads the state written
+        assert same(
+            read_variable(layer.weights[0]), read_variable(fresh.weights[0])
+        )  # the spec reads the state written
         out, step = objects.run_eval(KERAS, layer, x), objects.run_train_step(KERAS, layer, x)
         expected = KERAS.run_eval(fresh, x), KERAS.run_train_step(fresh, x)
         assert same(out, expected[0]) and all(same(a, b) for a, b in zip(step, expected[1])), spec.name
-    assert calls == ["write+both"] * (KEEP_RUNS_FROM - 1)  # one call per member after the first: its write, eval and step
+    assert calls == ["write+both"] * (
+        KEEP_RUNS_FROM - 1
+    )  # one call per member after the first: its write, eval and step

@@ -62,7 +62,9 @@ def test_match_estimator_makes_keras_training_identical_to_torch():
 
 
 def test_match_estimator_makes_torch_training_identical_to_keras():
-    spec = make_spec("batch", momentum=0.99, convention="running_weight", estimator="biased", layout="channels_last", nbt=None)
+    spec = make_spec(
+        "batch", momentum=0.99, convention="running_weight", estimator="biased", layout="channels_last", nbt=None
+    )
     keras_layer = converters.from_spec(spec, "keras")
     plain = converters.convert(keras_layer, "torch")
     matched = converters.convert(keras_layer, "torch", match_variance_estimator=True)
@@ -80,7 +82,9 @@ def test_cumulative_momentum_next_step_matches_torch_for_one_step():
     bn = trained_torch_bn(momentum=None)
     spec = converters.to_spec(bn)
     assert spec.momentum is None and int(spec.tensors["num_batches_tracked"]) == 3
-    keras_layer, report = converters.convert_with_report(bn, "keras", cumulative_momentum="next_step", match_variance_estimator=True)
+    keras_layer, report = converters.convert_with_report(
+        bn, "keras", cumulative_momentum="next_step", match_variance_estimator=True
+    )
     assert any("next training step only" in w for w in report.layers[0].warnings)
     x = probe_input(spec)
     torch_mean, torch_var = step(bn, x)

@@ -12,7 +12,14 @@ import torch
 from onnx import helper
 
 import converters
-from registry.manifest_io import BLOBS_DIR, MANIFEST_FILE, load_artifact_folder, save_artifact_folder, specs_from_manifest, tensors_from_blobs
+from registry.manifest_io import (
+    BLOBS_DIR,
+    MANIFEST_FILE,
+    load_artifact_folder,
+    save_artifact_folder,
+    specs_from_manifest,
+    tensors_from_blobs,
+)
 from registry.artifact import extract_artifact
 from schemas import InputFileError, SpecError
 from schemas.manifest import Lineage, load_manifest, sha256_hex
@@ -49,8 +56,11 @@ def test_torch_module_every_state_dict_tensor_and_the_normalizer_mapping():
     assert (manifest.framework, manifest.format, manifest.mode) == ("torch", "torch-module", "eval")
     assert [entry.path for entry in manifest.normalizers] == ["bn", "head.0"]
     assert manifest.normalizers[0].tensors == {
-        "scale": "bn.weight", "bias": "bn.bias", "running_mean": "bn.running_mean",
-        "running_var": "bn.running_var", "num_batches_tracked": "bn.num_batches_tracked",
+        "scale": "bn.weight",
+        "bias": "bn.bias",
+        "running_mean": "bn.running_mean",
+        "running_var": "bn.running_var",
+        "num_batches_tracked": "bn.num_batches_tracked",
     }
     assert manifest.normalizers[1].tensors == {"scale": "head.0.weight", "bias": "head.0.bias"}
     assert manifest.tensors["bn.running_var"].role == "running_var" and manifest.tensors["conv.weight"].role == "weight"
@@ -84,17 +94,27 @@ def test_keras_model_and_its_file_map_variable_paths(tmp_path):
     import keras
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((6, 6, 3)), keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization(epsilon=1e-3),
-        keras.layers.GlobalAveragePooling2D(), keras.layers.LayerNormalization(), keras.layers.Dense(2),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 3)),
+            keras.layers.Conv2D(4, 3),
+            keras.layers.BatchNormalization(epsilon=1e-3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.LayerNormalization(),
+            keras.layers.Dense(2),
+        ]
+    )
     model(np.random.default_rng(0).normal(size=(2, 6, 6, 3)).astype("float32"), training=True)
     artifact = extract_artifact(model)
     manifest = artifact.manifest
     assert manifest.framework == "keras" and manifest.format == "keras"
     assert set(manifest.tensors) == {v.path.removeprefix(f"{model.name}/") for v in model.weights}
     bn = manifest.normalizers[0]
-    assert bn.spec["eps"] == 1e-3 and bn.tensors["running_var"].endswith("/moving_variance") and bn.tensors["scale"].endswith("/gamma")
+    assert (
+        bn.spec["eps"] == 1e-3
+        and bn.tensors["running_var"].endswith("/moving_variance")
+        and bn.tensors["scale"].endswith("/gamma")
+    )
     arrays = tensors_from_blobs(manifest, artifact.blobs.__getitem__)
     variable = next(v for v in model.weights if v.path.endswith(bn.tensors["running_mean"]))
     np.testing.assert_array_equal(arrays[bn.tensors["running_mean"]], variable.numpy())
@@ -127,11 +147,16 @@ def test_onnx_native_nodes_map_to_initializers_and_extra_state_is_stored(tmp_pat
 
 def test_onnx_export_of_the_cnn_reads_the_layernorm_node():
     model = trained_cnn()
-    program = torch.onnx.export(model, (torch.randn(2, 3, 8, 8),), dynamo=True, opset_version=23, external_data=False, verbose=False)
+    program = torch.onnx.export(
+        model, (torch.randn(2, 3, 8, 8),), dynamo=True, opset_version=23, external_data=False, verbose=False
+    )
     manifest = extract_artifact(program.model_proto).manifest
     layer_norms = [e for e in manifest.normalizers if e.spec["kind"] == "layer"]
     assert len(layer_norms) == 1
-    assert manifest.tensors[layer_norms[0].tensors["scale"]].digest == extract_artifact(model).manifest.tensors["head.0.weight"].digest
+    assert (
+        manifest.tensors[layer_norms[0].tensors["scale"]].digest
+        == extract_artifact(model).manifest.tensors["head.0.weight"].digest
+    )
 
 
 def test_content_digest_is_stable_and_moves_with_one_running_var_value():
@@ -211,7 +236,9 @@ def test_nan_running_statistics_are_refused_naming_the_layer():
 
 def test_onnx_file_failing_the_checker_is_refused(tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["undefined_input"], ["y"])], "g", [],
+        [helper.make_node("Relu", ["undefined_input"], ["y"])],
+        "g",
+        [],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
     )
     path = tmp_path / "bad.onnx"
@@ -227,7 +254,9 @@ def test_pickle_and_keras_lambda_are_refused(tmp_path):
     pickled.write_bytes(pickle.dumps({"state": 1}))
     with pytest.raises(InputFileError, match="pickle"):
         extract_artifact(pickled)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda x: x * 2.0), keras.layers.BatchNormalization()])
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Lambda(lambda x: x * 2.0), keras.layers.BatchNormalization()]
+    )
     path = tmp_path / "lambda.keras"
     model.save(path)
     with pytest.raises(InputFileError, match="Lambda"):
@@ -237,7 +266,13 @@ def test_pickle_and_keras_lambda_are_refused(tmp_path):
 def test_a_bare_normalization_layer_maps_to_its_unprefixed_state_dict_keys():
     manifest = extract_artifact(torch.nn.BatchNorm1d(5)).manifest
     (entry,) = manifest.normalizers
-    assert entry.tensors == {"scale": "weight", "bias": "bias", "running_mean": "running_mean", "running_var": "running_var", "num_batches_tracked": "num_batches_tracked"}
+    assert entry.tensors == {
+        "scale": "weight",
+        "bias": "bias",
+        "running_mean": "running_mean",
+        "running_var": "running_var",
+        "num_batches_tracked": "num_batches_tracked",
+    }
     assert set(manifest.tensors) == set(torch.nn.BatchNorm1d(5).state_dict())
 
 

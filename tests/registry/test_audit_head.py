@@ -45,8 +45,17 @@ def h(value: str) -> str:
 def fill(store: MetadataStore) -> None:
     """Four entries: two registrations, an alias move, a refused registration."""
     for content, parent in (("a", None), ("b", ("cnn", 1))):
-        store.add_version("cnn", h("artifact " + content), h(content), {"content": content}, [h("blob " + content)], parent, "registered",
-                          None, "alice")
+        store.add_version(
+            "cnn",
+            h("artifact " + content),
+            h(content),
+            {"content": content},
+            [h("blob " + content)],
+            parent,
+            "registered",
+            None,
+            "alice",
+        )
     store.set_alias("cnn", "production", 2, "bob")
     store.record_failure("cnn", "carol", {"layer": "bn1", "reason": "NaN running_var"})
 
@@ -70,8 +79,11 @@ def test_the_head_follows_every_append_and_the_database_refuses_to_move_it_other
     entries = store.audit()
     check = store.check_audit()
     assert check.problems == [] and (check.head.seq, check.head.hash) == (4, entries[-1].hash) and check.entries == 4
-    for statement in ("UPDATE audit_head SET seq = 2, hash = (SELECT hash FROM audit_log WHERE seq = 2)", "DELETE FROM audit_head",
-                      "UPDATE audit_head SET seq = 5, hash = 'forged'"):
+    for statement in (
+        "UPDATE audit_head SET seq = 2, hash = (SELECT hash FROM audit_log WHERE seq = 2)",
+        "DELETE FROM audit_head",
+        "UPDATE audit_head SET seq = 5, hash = 'forged'",
+    ):
         with store.engine.connect() as connection, pytest.raises(Exception, match="audit_head only moves"):
             connection.execute(text(statement))
     assert store.check_audit().head == check.head
@@ -84,7 +96,9 @@ def test_entries_deleted_from_the_end_are_detected_and_later_appends_keep_the_cu
     as_attacker(store, "DELETE FROM audit_log WHERE seq > 2")
     assert [e.seq for e in store.audit()] == [1, 2]
     problems = store.verify_audit()
-    assert problems == [problems[0]] and problems[0].startswith("the audit log ends at entry 2 but its head says 4: entries 3-4 were deleted")
+    assert problems == [problems[0]] and problems[0].startswith(
+        "the audit log ends at entry 2 but its head says 4: entries 3-4 were deleted"
+    )
     # the next entry continues from the head, not from the surviving last row: the gap stays in the chain for good
     store.record_failure("cnn", "dave", {"reason": "after the cut"})
     assert [e.seq for e in store.audit()] == [1, 2, 5]
@@ -100,11 +114,16 @@ def test_a_rewritten_head_is_caught_by_the_head_pinned_earlier(url):
     pinned = store.check_audit().head.hash
     store.set_alias("cnn", "staging", 1, "bob")  # the log grows after the pin: still fine
     assert store.verify_audit(pinned) == []
-    as_attacker(store, "DELETE FROM audit_log WHERE seq > 2",
-                "UPDATE audit_head SET seq = 2, hash = (SELECT hash FROM audit_log WHERE seq = 2)")
+    as_attacker(
+        store,
+        "DELETE FROM audit_log WHERE seq > 2",
+        "UPDATE audit_head SET seq = 2, hash = (SELECT hash FROM audit_log WHERE seq = 2)",
+    )
     assert store.verify_audit() == []  # head and log agree: without a pin this cannot be told from a two-entry log
     problems = store.verify_audit(pinned)
-    assert len(problems) == 1 and problems[0].startswith(f"the pinned audit head {pinned[:12]}... is not in the audit log")
+    assert len(problems) == 1 and problems[0].startswith(
+        f"the pinned audit head {pinned[:12]}... is not in the audit log"
+    )
     store.close()
 
 
@@ -113,7 +132,9 @@ def cli(url: str, *args: str, process: bool = False) -> subprocess.CompletedProc
     if not process:
         return invoke_cli(*args, cwd=ROOT, columns=250, env={"NORMBRIDGE_DB": url})
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": url, "COLUMNS": "250"}
-    return subprocess.run(normbridge_command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    return subprocess.run(
+        normbridge_command() + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
 
 
 @pytest.mark.slow
@@ -138,7 +159,9 @@ def test_the_cli_prints_the_head_to_pin_and_exits_12_on_a_cut_log(url, tmp_path)
     as_attacker(store, "UPDATE audit_head SET seq = 3, hash = (SELECT hash FROM audit_log WHERE seq = 3)")
     assert cli(url, "audit", "--verify", *blobs).returncode == 0  # the rewrite is consistent ...
     pinned = cli(url, "audit", "--verify", "--expect-head", head.hash, *blobs)  # ... but the pinned head is gone
-    assert pinned.returncode == 12 and f"the pinned audit head {head.hash[:12]}... is not in the audit log" in " ".join(pinned.stdout.split())
+    assert pinned.returncode == 12 and f"the pinned audit head {head.hash[:12]}... is not in the audit log" in " ".join(
+        pinned.stdout.split()
+    )
     bad = cli(url, "audit", "--expect-head", "abc123", *blobs)
     assert bad.returncode == 14 and "is not an entry hash" in bad.stderr + bad.stdout
     store.close()
@@ -153,12 +176,28 @@ def test_a_registry_from_before_the_head_gets_the_head_of_its_chain_at_upgrade(u
     for seq, action in enumerate(("register", "alias", "register_failed"), start=1):
         at = datetime(2026, 11, 30, 12, 0, seq)
         digest = entry_hash(prev, entry_payload(seq, at, "old", action, "cnn", None, {"n": seq}))
-        rows.append({"seq": seq, "at": at, "user": "old", "action": action, "model": "cnn", "number": None, "detail": json.dumps({"n": seq}),
-                     "prev_hash": prev, "hash": digest})
+        rows.append(
+            {
+                "seq": seq,
+                "at": at,
+                "user": "old",
+                "action": action,
+                "model": "cnn",
+                "number": None,
+                "detail": json.dumps({"n": seq}),
+                "prev_hash": prev,
+                "hash": digest,
+            }
+        )
         prev = digest
     with engine.begin() as connection:
-        connection.execute(text('INSERT INTO audit_log (seq, at, "user", action, model, number, detail, prev_hash, hash) '
-                                "VALUES (:seq, :at, :user, :action, :model, :number, :detail, :prev_hash, :hash)"), rows)
+        connection.execute(
+            text(
+                'INSERT INTO audit_log (seq, at, "user", action, model, number, detail, prev_hash, hash) '
+                "VALUES (:seq, :at, :user, :action, :model, :number, :detail, :prev_hash, :hash)"
+            ),
+            rows,
+        )
     engine.dispose()
 
     store = MetadataStore(url)  # upgrades to head

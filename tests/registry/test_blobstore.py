@@ -47,7 +47,9 @@ def test_a_failed_write_leaves_no_temporary_file_and_no_blob(tmp_path, monkeypat
         raise OSError(28, "No space left on device (injected)")
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(StorageFullError, match=f"the blob store '{store.root}' has no room left .*injected"):  # a full disk, typed
+    with pytest.raises(
+        StorageFullError, match=f"the blob store '{store.root}' has no room left .*injected"
+    ):  # a full disk, typed
         store.put(b"half written")
     monkeypatch.undo()
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
@@ -105,8 +107,13 @@ def test_blobs_staged_unsynced_are_synced_together_then_published_at_once(tmp_pa
     store = LocalBlobStore(tmp_path)
     blobs = [f"tensor {i}".encode() * (i + 1) for i in range(20)]
     staged = [store.stage(data, sync=False) for data in blobs[:10]]
-    staged += [store.stage_stream(iter([data[:3], data[3:]]), hashlib.sha256(data).hexdigest(), len(data), sync=False) for data in blobs[10:]]
-    assert not any(blob.synced for blob in staged) and all(blob.temporary.read_bytes() == data for blob, data in zip(staged, blobs))
+    staged += [
+        store.stage_stream(iter([data[:3], data[3:]]), hashlib.sha256(data).hexdigest(), len(data), sync=False)
+        for data in blobs[10:]
+    ]
+    assert not any(blob.synced for blob in staged) and all(
+        blob.temporary.read_bytes() == data for blob, data in zip(staged, blobs)
+    )
     assert list(store.digests()) == []  # staged is not stored
     store.sync(staged)
     assert all(blob.synced for blob in staged)
@@ -124,7 +131,9 @@ def test_a_blob_published_unsynced_is_synced_first_and_a_failed_rename_leaves_no
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda handle: synced.append(handle) or real_fsync(handle))
     lone = store.stage(b"one blob", sync=False)
-    assert store.publish(lone) == hashlib.sha256(b"one blob").hexdigest() and lone.synced and synced  # its file, then its folder
+    assert (
+        store.publish(lone) == hashlib.sha256(b"one blob").hexdigest() and lone.synced and synced
+    )  # its file, then its folder
     staged = [store.stage(f"blob {i}".encode(), sync=False) for i in range(4)]
     renamed = []
     real_replace = os.replace

@@ -98,7 +98,9 @@ def test_gc_aborts_multipart_uploads_left_by_a_crashed_writer(s3_env):
     client.create_multipart_upload(Bucket=bucket, Key="elsewhere/ab/cd")  # outside the prefix: not ours
     # (moto reports every upload as initiated in 2010, so the grace period cannot be exercised here)
     asked: list[str] = []
-    assert store.remove_stale_staging(0, keep=lambda digest: asked.append(digest) or digest == "ab" * 32) == 0  # a leased digest's upload
+    assert (
+        store.remove_stale_staging(0, keep=lambda digest: asked.append(digest) or digest == "ab" * 32) == 0
+    )  # a leased digest's upload
     assert asked == ["ab" * 32]
     assert store.remove_stale_staging(0) == 1
     assert [u["Key"] for u in client.list_multipart_uploads(Bucket=bucket)["Uploads"]] == ["elsewhere/ab/cd"]
@@ -109,7 +111,9 @@ def test_get_refuses_an_object_whose_bytes_were_overwritten(s3_env):
     store = open_blob_store(f"s3://{bucket}/p")
     digest = store.put(b"weights")
     client.put_object(Bucket=bucket, Key=store.key_of(digest), Body=b"weightz", Metadata={"sha256": digest})
-    with pytest.raises(IntegrityError, match=f"blob {digest} .* now hashes to {hashlib.sha256(b'weightz').hexdigest()}"):
+    with pytest.raises(
+        IntegrityError, match=f"blob {digest} .* now hashes to {hashlib.sha256(b'weightz').hexdigest()}"
+    ):
         store.get(digest)
     assert store.exists(digest)
 
@@ -153,8 +157,10 @@ def test_digests_pages_through_many_blobs_and_delete_removes_them(s3_env):
 def test_open_blob_store_lists_s3_and_imports_boto3_only_for_s3(tmp_path):
     with pytest.raises(RegistryError, match="unknown scheme 'gs'; currently registered schemes are file, s3"):
         open_blob_store("gs://bucket/blobs")
-    code = ("import sys; from registry.blobs import open_blob_store; "
-            f"open_blob_store({str(tmp_path)!r}).put(b'x'); assert 'boto3' not in sys.modules, 'boto3 imported'")
+    code = (
+        "import sys; from registry.blobs import open_blob_store; "
+        f"open_blob_store({str(tmp_path)!r}).put(b'x'); assert 'boto3' not in sys.modules, 'boto3 imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parents[2]))
 
 
@@ -199,7 +205,9 @@ def test_each_put_carries_the_blobs_sha256_as_s3s_signed_checksum(s3_env):
     _, bucket, _ = s3_env
     store = open_blob_store(f"s3://{bucket}/p")
     sent: list[dict] = []
-    store.client.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(dict(request.headers)))
+    store.client.meta.events.register(
+        "before-send.s3.PutObject", lambda request, **_: sent.append(dict(request.headers))
+    )
     data = b"running statistics" * 100
     digest = store.put(data)
     assert len(sent) == 1
@@ -243,7 +251,10 @@ def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_
     tampered = bytearray(original)
     tampered[-1] ^= 0x01
     client.put_object(Bucket=bucket, Key=key, Body=bytes(tampered), Metadata={"sha256": digest})
-    assert reg.store.head_of(digest, 64) == (bytes(tampered[:64]), len(original))  # nothing but the hash tells them apart
+    assert reg.store.head_of(digest, 64) == (
+        bytes(tampered[:64]),
+        len(original),
+    )  # nothing but the hash tells them apart
 
     assert [(p.number, p.kind, p.tensor) for p in reg.verify().problems] == [(1, "blob", "bn1.running_var")]
     with pytest.raises(IntegrityError, match=r"cnn@1: tensor 'bn1.running_var'"):
@@ -259,14 +270,18 @@ def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_
     with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
         http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=120)
         verified = http.post("/api/v1/verify", params={"check": "false"}).json()
-        assert verified["passed"] is False and [(p["kind"], p["tensor"]) for p in verified["problems"]] == [("blob", "bn1.running_var")]
+        assert verified["passed"] is False and [(p["kind"], p["tensor"]) for p in verified["problems"]] == [
+            ("blob", "bn1.running_var")
+        ]
         model = http.get("/api/v1/models/cnn/versions/1/model", params={"format": "safetensors"})
         assert model.status_code == 500 and model.json()["error"]["code"] == "integrity_error", model.text
         assert "bn1.running_var" in model.json()["error"]["message"]
         blob = http.get(f"/api/v1/blobs/{digest}")
         assert blob.status_code == 500 and blob.json()["error"]["code"] == "integrity_error", blob.text
         assert digest in blob.json()["error"]["message"] and bytes(tampered) not in blob.content
-        with pytest.raises(httpx.RemoteProtocolError):  # the body ends short of its Content-Length: no client takes it as whole
+        with pytest.raises(
+            httpx.RemoteProtocolError
+        ):  # the body ends short of its Content-Length: no client takes it as whole
             with http.stream("GET", "/api/v1/models/cnn/versions/1/bundle") as response:
                 assert response.status_code == 200
                 b"".join(response.iter_bytes())
@@ -290,7 +305,7 @@ def test_a_streamed_large_blob_goes_up_in_parts_and_appears_only_if_it_hashes_to
     digest = hashlib.sha256(data).hexdigest()
 
     def chunks():
-        return (data[start:start + 3 * MiB] for start in range(0, len(data), 3 * MiB))
+        return (data[start : start + 3 * MiB] for start in range(0, len(data), 3 * MiB))
 
     with pytest.raises(IntegrityError, match="changed"):
         store.stage_stream(chunks(), hashlib.sha256(b"what was hashed before").hexdigest(), len(data))
@@ -298,7 +313,11 @@ def test_a_streamed_large_blob_goes_up_in_parts_and_appears_only_if_it_hashes_to
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the upload was aborted
     staged = store.stage_stream(chunks(), digest, len(data))
     assert store.publish(staged) == digest and store.get(digest) == data
-    assert client.head_object(Bucket=bucket, Key=store.key_of(digest))["ETag"].strip('"').endswith("-3")  # 5 + 5 + 2 MiB
+    assert (
+        client.head_object(Bucket=bucket, Key=store.key_of(digest))["ETag"].strip('"').endswith("-3")
+    )  # 5 + 5 + 2 MiB
     small = b"running statistics"
-    assert store.publish(store.stage_stream(iter([small[:7], small[7:]]), hashlib.sha256(small).hexdigest(), len(small))) \
+    assert (
+        store.publish(store.stage_stream(iter([small[:7], small[7:]]), hashlib.sha256(small).hexdigest(), len(small)))
         == hashlib.sha256(small).hexdigest()
+    )

@@ -69,10 +69,12 @@ def pax_bomb(mib: int) -> bytes:
 
 def members_bomb(mib: int) -> bytes:
     """Plain members of 1 MiB of zeros each, `mib` of them: each one is under the limit, their sum is far over it."""
+
     def pieces() -> Iterator[bytes]:
         for i in range(mib):
             yield header(f"junk/{i}.bin", 1 << 20)
             yield ZERO_CHUNK
+
     return gzip_of(pieces())
 
 
@@ -120,6 +122,7 @@ def keras_bomb(mib: int) -> bytes:
     def pieces() -> Iterator[bytes]:
         for _ in range((mib << 20) // (256 * block)):
             yield b"".join(noise.randbytes(64) + bytes(block - 64) for _ in range(256))
+
     return zip_bomb(b"", "config.json", pieces())
 
 
@@ -160,21 +163,50 @@ def server(tmp_path_factory):
     with running_server(db=db, blobs=blobs, args=["--max-upload-mb", str(LIMIT_MB)], log=root / "serve.log") as running:
         with httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as client:
             # warm up: the bundle path's modules are imported before anything is measured
-            warm = client.post("/api/v1/models/warm/versions", params={"format": "bundle"}, content=header("x", 0) + bytes(1024))
+            warm = client.post(
+                "/api/v1/models/warm/versions", params={"format": "bundle"}, content=header("x", 0) + bytes(1024)
+            )
             assert warm.status_code == 400, warm.text
-            warm = client.post("/api/v1/models/warm-pt2/versions", params={"format": "pt2"}, content=genuine_pt2_bytes())
+            warm = client.post(
+                "/api/v1/models/warm-pt2/versions", params={"format": "pt2"}, content=genuine_pt2_bytes()
+            )
             assert warm.status_code == 201, warm.text  # torch, onnx and the gate are loaded
-            warm = client.post("/api/v1/models/warm-keras/versions", params={"format": "keras"}, content=genuine_keras_bytes())
-            assert warm.status_code == 201, warm.text  # keras is loaded, and a config built without allocating (keras_file_checks)
+            warm = client.post(
+                "/api/v1/models/warm-keras/versions", params={"format": "keras"}, content=genuine_keras_bytes()
+            )
+            assert warm.status_code == 201, (
+                warm.text
+            )  # keras is loaded, and a config built without allocating (keras_file_checks)
             yield running, client
 
 
-@pytest.mark.parametrize("label, bomb, status, code, message", [
-    ("long name 0.5 MiB", lambda: long_name_bomb(512), 400, "bad_input_file", r"GNU long name of 536870912 bytes.*at most 4096"),
-    ("long name 1 MiB", lambda: long_name_bomb(1024), 400, "bad_input_file", r"GNU long name of 1073741824 bytes.*at most 4096"),
-    ("pax header", lambda: pax_bomb(512), 400, "bad_input_file", r"pax header of 536870912 bytes.*at most 65536"),
-    ("members", lambda: members_bomb(512), 413, "payload_too_large", r"decompressed.*larger than this server's limit of 8388608 bytes"),
-])
+@pytest.mark.parametrize(
+    "label, bomb, status, code, message",
+    [
+        (
+            "long name 0.5 MiB",
+            lambda: long_name_bomb(512),
+            400,
+            "bad_input_file",
+            r"GNU long name of 536870912 bytes.*at most 4096",
+        ),
+        (
+            "long name 1 MiB",
+            lambda: long_name_bomb(1024),
+            400,
+            "bad_input_file",
+            r"GNU long name of 1073741824 bytes.*at most 4096",
+        ),
+        ("pax header", lambda: pax_bomb(512), 400, "bad_input_file", r"pax header of 536870912 bytes.*at most 65536"),
+        (
+            "members",
+            lambda: members_bomb(512),
+            413,
+            "payload_too_large",
+            r"decompressed.*larger than this server's limit of 8388608 bytes",
+        ),
+    ],
+)
 def test_a_gzip_bomb_is_refused_and_the_servers_peak_memory_stays_bounded(server, label, bomb, status, code, message):
     refused_with_bounded_memory(server, label, "bundle", bomb, status, code, message)
 
@@ -182,40 +214,74 @@ def test_a_gzip_bomb_is_refused_and_the_servers_peak_memory_stays_bounded(server
 UNPACKED_413 = r"entries unpack to \d+ bytes, more than this server's limit of 8388608 bytes"
 
 
-@pytest.mark.parametrize("label, file_format, bomb", [
-    (".pt2 sample inputs 1 GiB", "pt2", lambda: pt2_bomb("data/sample_inputs/model.pt", 1024)),
-    (".pt2 weight 1 GiB", "pt2", lambda: pt2_bomb("data/weights/weight_0", 1024)),
-    (".keras config.json 256 MiB at 60x", "keras", lambda: keras_bomb(256)),
-])
+@pytest.mark.parametrize(
+    "label, file_format, bomb",
+    [
+        (".pt2 sample inputs 1 GiB", "pt2", lambda: pt2_bomb("data/sample_inputs/model.pt", 1024)),
+        (".pt2 weight 1 GiB", "pt2", lambda: pt2_bomb("data/weights/weight_0", 1024)),
+        (".keras config.json 256 MiB at 60x", "keras", lambda: keras_bomb(256)),
+    ],
+)
 def test_a_zip_bomb_uploaded_as_a_model_file_is_refused_before_it_is_read(server, label, file_format, bomb):
     refused_with_bounded_memory(server, label, file_format, bomb, 413, "payload_too_large", UNPACKED_413)
 
 
-@pytest.mark.parametrize("label, bomb, status, code, message", [
-    (".keras weights dataset of 256 MiB never written", lambda: crafted_keras(edit_weights=unwritten_kernel(8192)),
-     400, "bad_input_file", r"the uploaded .keras file entry 'model.weights.h5' dataset 'layers/dense/vars/0' declares .* and stores none"),
-    (".keras weights of 64 MiB at 60x", lambda: crafted_keras(edit_weights=noisy_kernel(64)),
-     413, "payload_too_large", r"'model.weights.h5' declares 67\d+ bytes of weights, more than this server's limit of 8388608 bytes"),
-    (".keras weights in a 64 MiB npz", lambda: crafted_keras(replace_weights=npz_weights(16 << 20)),
-     400, "bad_input_file", r"holds no 'model.weights.h5' \(a 'model.weights.npz'"),
-    (".keras config of an 8000x8000 Dense", lambda: crafted_keras(edit_config=giant_dense(8000)),
-     400, "bad_input_file", r"'config.json' builds 6 variables of 256160000 bytes"),
-])
-def test_a_keras_file_declaring_more_than_it_stores_is_refused_before_keras_allocates_it(server, label, bomb, status, code, message):
+@pytest.mark.parametrize(
+    "label, bomb, status, code, message",
+    [
+        (
+            ".keras weights dataset of 256 MiB never written",
+            lambda: crafted_keras(edit_weights=unwritten_kernel(8192)),
+            400,
+            "bad_input_file",
+            r"the uploaded .keras file entry 'model.weights.h5' dataset 'layers/dense/vars/0' declares .* and stores none",
+        ),
+        (
+            ".keras weights of 64 MiB at 60x",
+            lambda: crafted_keras(edit_weights=noisy_kernel(64)),
+            413,
+            "payload_too_large",
+            r"'model.weights.h5' declares 67\d+ bytes of weights, more than this server's limit of 8388608 bytes",
+        ),
+        (
+            ".keras weights in a 64 MiB npz",
+            lambda: crafted_keras(replace_weights=npz_weights(16 << 20)),
+            400,
+            "bad_input_file",
+            r"holds no 'model.weights.h5' \(a 'model.weights.npz'",
+        ),
+        (
+            ".keras config of an 8000x8000 Dense",
+            lambda: crafted_keras(edit_config=giant_dense(8000)),
+            400,
+            "bad_input_file",
+            r"'config.json' builds 6 variables of 256160000 bytes",
+        ),
+    ],
+)
+def test_a_keras_file_declaring_more_than_it_stores_is_refused_before_keras_allocates_it(
+    server, label, bomb, status, code, message
+):
     refused_with_bounded_memory(server, label, "keras", bomb, status, code, message)
 
 
-def refused_with_bounded_memory(server, label: str, file_format: str, bomb, status: int, code: str, message: str) -> None:
+def refused_with_bounded_memory(
+    server, label: str, file_format: str, bomb, status: int, code: str, message: str
+) -> None:
     """Upload `bomb()` as `file_format`: refused with `status`/`code`/`message`, the server's peak memory raised by under PEAK_BOUND."""
     running, client = server
     body = bomb()
-    assert len(body) <= 5 << 20, f"{label}: the bomb is {len(body)} bytes, meant to be a few MiB at most (under the 8 MiB limit)"
+    assert len(body) <= 5 << 20, (
+        f"{label}: the bomb is {len(body)} bytes, meant to be a few MiB at most (under the 8 MiB limit)"
+    )
     pid = running.process.pid
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS now
     before = memory(pid, "VmRSS")
     response = client.post("/api/v1/models/bomb/versions", params={"format": file_format}, content=body)
     peak = memory(pid, "VmHWM")
-    assert peak - before < PEAK_BOUND, f"{label}: the upload raised the server's peak memory by {(peak - before) >> 20} MiB"
+    assert peak - before < PEAK_BOUND, (
+        f"{label}: the upload raised the server's peak memory by {(peak - before) >> 20} MiB"
+    )
     assert response.status_code == status, (label, response.status_code, response.text[:500])
     error = response.json()["error"]
     assert error["code"] == code and re.search(message, error["message"]), (label, error)

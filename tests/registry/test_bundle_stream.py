@@ -41,8 +41,14 @@ NO_LIMIT = 1 << 40
 class Trickle:
     """A stream that returns at most `piece` bytes per read (as a socket does), optionally pausing once at `pause_at`."""
 
-    def __init__(self, data: bytes, piece: int = 7_919, pause_at: int | None = None, until: threading.Event | None = None,
-                 fail_at: int | None = None):
+    def __init__(
+        self,
+        data: bytes,
+        piece: int = 7_919,
+        pause_at: int | None = None,
+        until: threading.Event | None = None,
+        fail_at: int | None = None,
+    ):
         self.data, self.piece, self.position = data, piece, 0
         self.pause_at, self.until, self.fail_at = pause_at, until, fail_at
         self.waited: bool | None = None
@@ -55,7 +61,7 @@ class Trickle:
         end = self.position + min(self.piece, size if size >= 0 else self.piece)
         if self.pause_at is not None and self.waited is None:
             end = min(end, self.pause_at)
-        chunk, self.position = self.data[self.position:end], min(end, len(self.data))
+        chunk, self.position = self.data[self.position : end], min(end, len(self.data))
         return chunk
 
 
@@ -95,15 +101,21 @@ def members_of(folder: Path) -> list[tuple[str, bytes]]:
 def state(registry: Registry) -> dict:
     """What a refused registration must not change: versions, blobs, hidden staging files."""
     root = Path(registry.store.root) if hasattr(registry.store, "root") else None
-    return {"versions": [(r.model, r.number, r.digest) for name, _, _ in registry.models() for r in registry.versions(name)],
-            "blobs": sorted(registry.store.digests()),
-            "staging": sorted(str(p) for p in root.rglob(".*.tmp")) if root else []}
+    return {
+        "versions": [
+            (r.model, r.number, r.digest) for name, _, _ in registry.models() for r in registry.versions(name)
+        ],
+        "blobs": sorted(registry.store.digests()),
+        "staging": sorted(str(p) for p in root.rglob(".*.tmp")) if root else [],
+    }
 
 
 def test_a_streamed_bundle_registers_the_same_content_as_the_folder(local, artifact_folder, tmp_path):
     streamed = local.register_stream("cnn", Trickle(client_tar(artifact_folder)), NO_LIMIT)
     assert streamed.created and streamed.version.number == 1 and streamed.version.operation == "imported"
-    direct = Registry(db=f"sqlite:///{tmp_path / 'direct.db'}", blobs=str(tmp_path / "direct-blobs"), user="u").register("cnn", artifact_folder)
+    direct = Registry(
+        db=f"sqlite:///{tmp_path / 'direct.db'}", blobs=str(tmp_path / "direct-blobs"), user="u"
+    ).register("cnn", artifact_folder)
     assert streamed.version.content_digest == direct.version.content_digest
     assert [c.passed for c in streamed.checks] == [True, True]
     # what was stored reads back byte-identical and re-validates
@@ -111,7 +123,7 @@ def test_a_streamed_bundle_registers_the_same_content_as_the_folder(local, artif
     for name, ref in json.loads((artifact_folder / "manifest.json").read_text())["tensors"].items():
         data = (artifact_folder / "blobs" / f"{ref['digest']}.safetensors").read_bytes()
         assert hashlib.sha256(data).hexdigest() == ref["digest"]
-        assert stored[name].tobytes() == (data[len(data) - ref["nbytes"]:])  # the raw data ends the safetensors blob
+        assert stored[name].tobytes() == (data[len(data) - ref["nbytes"] :])  # the raw data ends the safetensors blob
     assert local.verify().passed
     assert state(local)["staging"] == []
     # the same bytes again, manifest last and gzip-compressed: the existing version
@@ -126,7 +138,11 @@ def test_the_gate_starts_before_the_bulk_weights_have_arrived(local, artifact_fo
     data = client_tar(artifact_folder)
     names = [m.name for m in tarfile.open(fileobj=io.BytesIO(data))]
     digests = [n.removeprefix("blobs/").removesuffix(".safetensors") for n in names[1:]]
-    assert names[0] == "manifest.json" and set(digests[:len(gated)]) == gated and set(digests[len(gated):]).isdisjoint(gated)
+    assert (
+        names[0] == "manifest.json"
+        and set(digests[: len(gated)]) == gated
+        and set(digests[len(gated) :]).isdisjoint(gated)
+    )
     # the byte offset where the first bulk blob's header starts
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         first_bulk = [m for m in tar.getmembers()][1 + len(gated)].offset
@@ -144,7 +160,9 @@ def test_the_gate_starts_before_the_bulk_weights_have_arrived(local, artifact_fo
 def corrupted(folder: Path, tmp_path: Path, how: str) -> bytes:
     """A bundle of `folder` with one defect (each refused with a message naming the file or tensor)."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    weight = next(name for name, ref in manifest["tensors"].items() if ref["role"] == "weight" and len(ref["shape"]) == 4)
+    weight = next(
+        name for name, ref in manifest["tensors"].items() if ref["role"] == "weight" and len(ref["shape"]) == 4
+    )
     digest = manifest["tensors"][weight]["digest"]
     members = [(n, d) for n, d in members_of(folder)]
     if how == "bytes changed":
@@ -166,15 +184,21 @@ def corrupted(folder: Path, tmp_path: Path, how: str) -> bytes:
     return tar_of(members)
 
 
-@pytest.mark.parametrize("how, message", [
-    ("bytes changed", r"does not hash to its name"),
-    ("blob missing", r"the blob of tensor '(conv1|conv2)\.weight' .* is missing from the bundle"),
-    ("header disagrees", r"the blob of tensor '(conv1|conv2)\.weight' holds float32\[.*\] but the manifest says float32"),
-    ("two manifests", r"holds manifest.json twice"),
-    ("two folders", r"artifact files in both 'a' and 'b'"),
-    ("no manifest", r"holds no manifest.json"),
-    ("manifest not JSON", r"is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("bytes changed", r"does not hash to its name"),
+        ("blob missing", r"the blob of tensor '(conv1|conv2)\.weight' .* is missing from the bundle"),
+        (
+            "header disagrees",
+            r"the blob of tensor '(conv1|conv2)\.weight' holds float32\[.*\] but the manifest says float32",
+        ),
+        ("two manifests", r"holds manifest.json twice"),
+        ("two folders", r"artifact files in both 'a' and 'b'"),
+        ("no manifest", r"holds no manifest.json"),
+        ("manifest not JSON", r"is not valid JSON"),
+    ],
+)
 def test_a_defective_bundle_is_refused_and_leaves_nothing(local, artifact_folder, tmp_path, how, message):
     before = state(local)
     with pytest.raises(InputFileError, match=message):
@@ -224,17 +248,24 @@ def test_headers_count_toward_the_limit_and_long_names_and_pax_headers_are_cappe
     assert local.register_stream("cnn", io.BytesIO(tar_of(base + [("junk/a", b"")])), limit).created
     before = state(local)
     headers_only = tar_of(base + [(f"junk/{i}", b"") for i in range(2048)])  # 1 MiB of headers, no data
-    with pytest.raises(PayloadTooLargeError, match=f"decompressed and counting its headers, is larger than this server's limit of {limit}"):
+    with pytest.raises(
+        PayloadTooLargeError,
+        match=f"decompressed and counting its headers, is larger than this server's limit of {limit}",
+    ):
         local.register_stream("cnn", io.BytesIO(headers_only), limit)
     with pytest.raises(InputFileError, match=r"is a GNU long name of 5007 bytes; at most 4096"):
-        local.register_stream("cnn", io.BytesIO(tar_of(base + [("junk/" + "n" * 5001, b"x")], fmt=tarfile.GNU_FORMAT)), limit)
+        local.register_stream(
+            "cnn", io.BytesIO(tar_of(base + [("junk/" + "n" * 5001, b"x")], fmt=tarfile.GNU_FORMAT)), limit
+        )
     with pytest.raises(InputFileError, match=r"is a pax header of \d+ bytes; at most 65536"):
         local.register_stream("cnn", io.BytesIO(tar_of(base + [("junk/" + "n" * 70_000, b"x")])), limit)
     assert state(local) == before
 
 
 @pytest.mark.slow
-def test_on_s3_blobs_are_written_during_the_gate_and_a_refused_bundle_leaves_only_unreferenced_blobs(s3_env, artifact_folder, tmp_path):
+def test_on_s3_blobs_are_written_during_the_gate_and_a_refused_bundle_leaves_only_unreferenced_blobs(
+    s3_env, artifact_folder, tmp_path
+):
     from tests.registry.http.test_http_api import failing_gate_bundle
 
     _, bucket, client = s3_env
@@ -260,6 +291,7 @@ def test_on_s3_blobs_are_written_during_the_gate_and_a_refused_bundle_leaves_onl
 
 def test_tensor_headers_are_checked_against_an_independently_written_header():
     """check_tensor_header reads what safetensors writes, and refuses headers built by hand to disagree."""
+
     def blob(header: dict, payload: bytes) -> bytes:
         text = json.dumps(header).encode()
         return struct.pack("<Q", len(text)) + text + payload
@@ -267,15 +299,26 @@ def test_tensor_headers_are_checked_against_an_independently_written_header():
     ref = TensorRef(digest="0" * 64, dtype="float32", shape=[2, 3], nbytes=24, role="weight")
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
     check_tensor_header(tensor_blob(array), ref, "w")
-    check_tensor_header(blob({"tensor": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}, array.tobytes()), ref, "w")
-    check_tensor_header(tensor_blob(np.array(5, dtype=np.int64)), TensorRef(digest="0" * 64, dtype="int64", shape=[], nbytes=8, role="weight"), "n")
+    check_tensor_header(
+        blob({"tensor": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}, array.tobytes()), ref, "w"
+    )
+    check_tensor_header(
+        tensor_blob(np.array(5, dtype=np.int64)),
+        TensorRef(digest="0" * 64, dtype="int64", shape=[], nbytes=8, role="weight"),
+        "n",
+    )
     refused = {
         "dtype": blob({"tensor": {"dtype": "F64", "shape": [2, 3], "data_offsets": [0, 48]}}, bytes(48)),
         "shape": blob({"tensor": {"dtype": "F32", "shape": [3, 2], "data_offsets": [0, 24]}}, bytes(24)),
         "truncated": blob({"tensor": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}, bytes(20)),
         "trailing": blob({"tensor": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}, bytes(28)),
-        "two tensors": blob({"tensor": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
-                             "other": {"dtype": "F32", "shape": [1], "data_offsets": [24, 28]}}, bytes(28)),
+        "two tensors": blob(
+            {
+                "tensor": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+                "other": {"dtype": "F32", "shape": [1], "data_offsets": [24, 28]},
+            },
+            bytes(28),
+        ),
         "header past the end": struct.pack("<Q", 10_000) + b"{}",
         "not JSON": struct.pack("<Q", 3) + b"abc",
         "empty": b"",
@@ -303,6 +346,7 @@ def test_staging_waits_while_the_window_of_queued_bytes_is_full():
     window = _Window(budget=100)
     submitted: list[int] = []
     with ThreadPoolExecutor(max_workers=4) as pool:
+
         def submit_three() -> None:
             for size in (60, 40, 30):  # 60 + 40 fill the window; 30 must wait for one of them
                 window.submit(pool, lambda data: release.wait(timeout=30), b"x" * size)
@@ -327,26 +371,41 @@ def test_a_bundle_may_leave_out_blobs_the_store_holds_when_reuse_allows_them(loc
 
     local.register("cnn", artifact_folder)
     held = set(local.store.digests())
-    finetuned = save_artifact_folder(extract_artifact(finetune_statistics(trained_cnn(seed=3), seed=9)), tmp_path / "finetuned")
+    finetuned = save_artifact_folder(
+        extract_artifact(finetune_statistics(trained_cnn(seed=3), seed=9)), tmp_path / "finetuned"
+    )
     artifact = load_artifact_folder(finetuned)
     new = [d for d in artifact.manifest.blob_digests() if d not in held]
     assert new and set(artifact.blobs) - set(new)  # only the statistics changed
-    slim = tar_of([(f"blobs/{d}.safetensors", artifact.blobs[d]) for d in new] + [("manifest.json", (finetuned / "manifest.json").read_bytes())])
+    slim = tar_of(
+        [(f"blobs/{d}.safetensors", artifact.blobs[d]) for d in new]
+        + [("manifest.json", (finetuned / "manifest.json").read_bytes())]
+    )
 
-    def allowed(digests: set[str]) -> set[str]:  # the policy the HTTP layer applies: blobs a readable version references
+    def allowed(
+        digests: set[str],
+    ) -> set[str]:  # the policy the HTTP layer applies: blobs a readable version references
         return digests & local.meta.referenced_digests()
 
     before = state(local)
     with pytest.raises(InputFileError, match="is missing from the bundle; export"):
         local.register_stream("cnn", io.BytesIO(slim), NO_LIMIT)  # no reuse: every blob must be sent
     with pytest.raises(NotFoundError):  # a policy that allows a blob the store does not hold registers nothing
-        local.register_stream("cnn", io.BytesIO(tar_of([("manifest.json", (finetuned / "manifest.json").read_bytes())])), NO_LIMIT,
-                              reuse=lambda digests: digests)
+        local.register_stream(
+            "cnn",
+            io.BytesIO(tar_of([("manifest.json", (finetuned / "manifest.json").read_bytes())])),
+            NO_LIMIT,
+            reuse=lambda digests: digests,
+        )
     lying = json.loads((finetuned / "manifest.json").read_text())
     weight = next(n for n, ref in lying["tensors"].items() if ref["digest"] in held and len(ref["shape"]) == 4)
     lying["tensors"][weight]["shape"] = lying["tensors"][weight]["shape"][::-1]
-    with pytest.raises(InputFileError, match=f"the blob of tensor '{weight}' holds float32"):  # checked from the stored header
-        local.register_stream("cnn", io.BytesIO(tar_of([("manifest.json", json.dumps(lying).encode())])), NO_LIMIT, reuse=allowed)
+    with pytest.raises(
+        InputFileError, match=f"the blob of tensor '{weight}' holds float32"
+    ):  # checked from the stored header
+        local.register_stream(
+            "cnn", io.BytesIO(tar_of([("manifest.json", json.dumps(lying).encode())])), NO_LIMIT, reuse=allowed
+        )
     assert state(local) == before
 
     result = local.register_stream("cnn", io.BytesIO(slim), NO_LIMIT, reuse=allowed)

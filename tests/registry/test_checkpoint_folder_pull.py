@@ -28,8 +28,11 @@ from tests.cli_run import invoke_cli  # noqa: E402
 from tests.converters.test_checkpoint_folder import _saved  # noqa: E402
 
 TOKENS = torch.arange(12, dtype=torch.long).reshape(2, 6) % 64
-KEPT = {"tokenizer.json": '{"version": "1.0", "model": {"vocab": {"a": 0}}}\n',
-        "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}\n', "notes/README.md": "fine-tuned for tests\n"}
+KEPT = {
+    "tokenizer.json": '{"version": "1.0", "model": {"vocab": {"a": 0}}}\n',
+    "generation_config.json": '{"bos_token_id": 1, "eos_token_id": 2}\n',
+    "notes/README.md": "fine-tuned for tests\n",
+}
 
 
 def _registry(tmp_path: Path) -> Registry:
@@ -46,7 +49,9 @@ def _checkpoint(case: str, folder: Path):
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()
+    }
 
 
 def _outputs(model, inputs) -> torch.Tensor:
@@ -55,7 +60,9 @@ def _outputs(model, inputs) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output.last_hidden_state
 
 
-@pytest.mark.parametrize("case", ["llama-bf16-one-file", "gemma2-bf16-sharded", "qwen3-f32-one-file", "detr-f32-sharded"])
+@pytest.mark.parametrize(
+    "case", ["llama-bf16-one-file", "gemma2-bf16-sharded", "qwen3-f32-one-file", "detr-f32-sharded"]
+)
 def test_a_pulled_folder_is_the_registered_one_byte_for_byte_and_loads(case, tmp_path):
     model = _checkpoint(case, tmp_path / "checkpoint")
     registry = _registry(tmp_path)
@@ -69,8 +76,14 @@ def test_a_pulled_folder_is_the_registered_one_byte_for_byte_and_loads(case, tmp
     loaded, source = (type(model).from_pretrained(tmp_path / folder) for folder in ("pulled", "checkpoint"))
     inputs = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1)) if case.startswith("detr") else TOKENS
     assert torch.equal(_outputs(loaded, inputs), _outputs(source, inputs))
-    if not case.startswith("detr"):  # the saved tensors are the model's (a bfloat16 model's rotary buffers are not saved)
-        assert all(torch.equal(value, model.state_dict()[name]) for name, value in loaded.state_dict().items() if name in model.state_dict())
+    if not case.startswith(
+        "detr"
+    ):  # the saved tensors are the model's (a bfloat16 model's rotary buffers are not saved)
+        assert all(
+            torch.equal(value, model.state_dict()[name])
+            for name, value in loaded.state_dict().items()
+            if name in model.state_dict()
+        )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pulled")]  # no staging folder left
 
 
@@ -194,16 +207,23 @@ def test_the_registered_structure_passes_its_own_check(folder_parts):
     _check(*folder_parts)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda p: p.update({"files/../escape.txt": b"x"}), "outside the folder"),
-    (lambda p: p.update({"files/weights.bin": b"x"}), "pickle or code"),
-    (lambda p: p.update({"files/modeling_evil.py": b"import os"}), "pickle or code"),
-    (lambda p: p.update({"files/config.json": json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}).encode()}),
-     "auto_map"),
-    (lambda p: p.pop("files/config.json"), "no config.json"),
-    (lambda p: p.update({"stray": b"x"}), "does not use"),
-    (lambda p: p.update({"layout.json": b"[]"}), "not a hf-folder layout"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.update({"files/../escape.txt": b"x"}), "outside the folder"),
+        (lambda p: p.update({"files/weights.bin": b"x"}), "pickle or code"),
+        (lambda p: p.update({"files/modeling_evil.py": b"import os"}), "pickle or code"),
+        (
+            lambda p: p.update(
+                {"files/config.json": json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}).encode()}
+            ),
+            "auto_map",
+        ),
+        (lambda p: p.pop("files/config.json"), "no config.json"),
+        (lambda p: p.update({"stray": b"x"}), "does not use"),
+        (lambda p: p.update({"layout.json": b"[]"}), "not a hf-folder layout"),
+    ],
+)
 def test_a_hostile_structure_is_refused(folder_parts, change, message):
     parts, tensors = folder_parts
     hostile = dict(parts)
@@ -235,37 +255,84 @@ def test_a_layout_that_writes_a_tensor_the_version_lacks_or_with_another_shape_i
 
 
 def _mixtral():
-    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=64, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=2e-6))
+    return transformers.MixtralForCausalLM(
+        transformers.MixtralConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rms_norm_eps=2e-6,
+        )
+    )
 
 
 def _qwen2_moe():
-    return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
-        hidden_size=32, intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=32,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64, num_experts=4,
-        num_experts_per_tok=2))
+    return transformers.Qwen2MoeForCausalLM(
+        transformers.Qwen2MoeConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+    )
 
 
 def _deepseek_v3():
     """DeepSeek-V3's MoE program holds transformers' custom op `grouped_mm_fallback` once exported (issue 34 item 4);
     its folder has no program: its q_a/kv_a norms and the rest are read and gated from the files."""
-    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
-        hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, vocab_size=64, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8))
+    return transformers.DeepseekV3ForCausalLM(
+        transformers.DeepseekV3Config(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=64,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=8,
+        )
+    )
 
 
 def _vit():
-    return transformers.ViTModel(transformers.ViTConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8,
-        layer_norm_eps=3e-6), add_pooling_layer=False)
+    return transformers.ViTModel(
+        transformers.ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=32,
+            patch_size=8,
+            layer_norm_eps=3e-6,
+        ),
+        add_pooling_layer=False,
+    )
 
 
 def _convnext():
     """ConvNeXt's channels-first LayerNorm (a hand-written class) beside stock ones."""
-    return transformers.ConvNextModel(transformers.ConvNextConfig(
-        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, layer_norm_eps=2e-6))
+    return transformers.ConvNextModel(
+        transformers.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, layer_norm_eps=2e-6)
+    )
 
 
 #: builder, inputs, norms the folder must hold (at least), shard size.
@@ -315,7 +382,9 @@ def test_a_projection_only_fine_tune_stores_only_the_projections_and_diff_names_
     with torch.no_grad():
         for name in adapted:
             weight = merged.get_parameter(name)
-            weight.add_(torch.outer(torch.linspace(-0.1, 0.1, weight.shape[0]), torch.linspace(0.2, -0.2, weight.shape[1])))
+            weight.add_(
+                torch.outer(torch.linspace(-0.1, 0.1, weight.shape[0]), torch.linspace(0.2, -0.2, weight.shape[1]))
+            )
     merged.save_pretrained(tmp_path / "v2", max_shard_size="20KB")
     for name, text in KEPT.items():
         (tmp_path / "v2" / name).parent.mkdir(parents=True, exist_ok=True)

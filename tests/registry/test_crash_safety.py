@@ -36,7 +36,15 @@ def register_in_subprocess(db: str, blobs: str, seed: int, fault: str | None) ->
     env.pop("NORMBRIDGE_FAULT", None)
     if fault:
         env["NORMBRIDGE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-c", SCRIPT, db, blobs, str(seed)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, db, blobs, str(seed)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
 
 
 #: each backend with the fault points it is killed at (PostgreSQL: the crash that leaves orphans, to save time)
@@ -81,7 +89,11 @@ def test_a_crash_at_any_fault_point_leaves_a_whole_version_or_none(store):
             # the dead registration's blob lease keeps what it wrote until the lease expires; gc sweeps it then
             staged = list(registry.store.root.rglob(".*.tmp"))
             leased = registry.gc(grace_seconds=0)
-            assert leased.deleted == [] and leased.staging_removed == 0 and list(registry.store.root.rglob(".*.tmp")) == staged
+            assert (
+                leased.deleted == []
+                and leased.staging_removed == 0
+                and list(registry.store.root.rglob(".*.tmp")) == staged
+            )
             assert set(leased.kept_in_flight) == new_blobs
             assert expire_leases(registry) > 0
             if point == "after_check":
@@ -108,4 +120,8 @@ def test_a_crash_at_any_fault_point_leaves_a_whole_version_or_none(store):
     assert [r.number for r in registry.versions("cnn")] == ([1, 2] if "after_commit" in points else [1])
     # a registration without a fault afterwards gets the next number: no gap, no duplicate
     finetune_statistics(model, seed=7)
-    assert registry.register("cnn", model).version.number == len(registry.versions("cnn")) == (3 if "after_commit" in points else 2)
+    assert (
+        registry.register("cnn", model).version.number
+        == len(registry.versions("cnn"))
+        == (3 if "after_commit" in points else 2)
+    )

@@ -55,8 +55,14 @@ def _trained(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
 def artifacts():
     torch.manual_seed(0)
     conv = _trained(ConvNet(), (4, 3, 8, 8))
-    exported = torch.onnx.export(conv, (torch.randn(2, 3, 8, 8),), dynamo=True, optimize=False, verbose=False).model_proto
-    found = {"torch": extract_artifact(conv), "onnx": extract_artifact(exported), "block": extract_artifact(Block().eval())}
+    exported = torch.onnx.export(
+        conv, (torch.randn(2, 3, 8, 8),), dynamo=True, optimize=False, verbose=False
+    ).model_proto
+    found = {
+        "torch": extract_artifact(conv),
+        "onnx": extract_artifact(exported),
+        "block": extract_artifact(Block().eval()),
+    }
     blobs = {digest: data for artifact in found.values() for digest, data in artifact.blobs.items()}
     return found, blobs.__getitem__
 
@@ -104,7 +110,9 @@ def test_unrelated_models_say_added_and_removed_not_identical(artifacts):
     assert len(moved) == 2 and all(n.weights_changed is None and n.statistics_changed is None for n in moved)
 
     page = templates.get_template("diff.html").render(diff=diff, plot="", a_url="#", b_url="#")
-    rows = re.findall(r'<tr data-layer="([^"]+)"><td class="mono">[^<]*</td><td>(\w+)</td>\s*<td>(\w+)</td><td>(\w+)</td>', page)
+    rows = re.findall(
+        r'<tr data-layer="([^"]+)"><td class="mono">[^<]*</td><td>(\w+)</td>\s*<td>(\w+)</td><td>(\w+)</td>', page
+    )
     assert sorted(rows) == sorted((n.path, n.status, n.status, n.status) for n in moved)
     assert "identical" not in "".join(cell for row in rows for cell in row[1:])
 

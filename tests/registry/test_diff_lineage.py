@@ -119,7 +119,10 @@ def test_stats_only_version_shares_every_weight_blob(chain):
     total = sum(len(data) for data in v2.blobs.values())
     # equal statistics share a blob too (both layers' num_batches_tracked are 7)
     assert new_bytes == sum(len(v2.blobs[d]) for d in {ref.digest for ref in stat_refs}) and new_bytes < total / 4
-    assert v2.manifest.tensors["block1.1.num_batches_tracked"].digest == v2.manifest.tensors["block2.1.num_batches_tracked"].digest
+    assert (
+        v2.manifest.tensors["block1.1.num_batches_tracked"].digest
+        == v2.manifest.tensors["block2.1.num_batches_tracked"].digest
+    )
 
 
 def test_changed_eps_is_a_config_change_with_equal_tensors(chain):
@@ -151,26 +154,42 @@ def _state(artifact) -> dict:
 # -- lineage --------------------------------------------------------------------------------
 
 
-def _record(number: int, parent: int | None, operation: str, model: str = "cnn", note: str | None = None) -> VersionRecord:
+def _record(
+    number: int, parent: int | None, operation: str, model: str = "cnn", note: str | None = None
+) -> VersionRecord:
     return VersionRecord(
-        model=model, number=number, digest="0" * 64, content_digest=f"{number:064d}", manifest={},
-        parent=None if parent is None else f"cnn@{parent}", operation=operation, note=note,
-        created_at=datetime(2026, 1, 1, tzinfo=timezone.utc), user="tester",
+        model=model,
+        number=number,
+        digest="0" * 64,
+        content_digest=f"{number:064d}",
+        manifest={},
+        parent=None if parent is None else f"cnn@{parent}",
+        operation=operation,
+        note=note,
+        created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        user="tester",
     )
 
 
 def test_lineage_renders_a_chain_and_a_branch_with_operations():
-    r = {1: _record(1, None, "registered"), 2: _record(2, 1, "fine-tuned"), 3: _record(3, 2, "recalibrated", note="new camera"),
-         4: _record(4, 2, "fine-tuned"), 5: _record(5, 4, "converted")}
+    r = {
+        1: _record(1, None, "registered"),
+        2: _record(2, 1, "fine-tuned"),
+        3: _record(3, 2, "recalibrated", note="new camera"),
+        4: _record(4, 2, "fine-tuned"),
+        5: _record(5, 4, "converted"),
+    }
     view = LineageView.from_records(r[2], [r[1]], [r[5], r[3], r[4]])
     assert view.ancestors == ["cnn@1"] and view.descendants == ["cnn@3", "cnn@4", "cnn@5"]
-    assert view.render_text() == "\n".join([
-        "cnn@1 (registered)",
-        "└── cnn@2 (fine-tuned)  *",
-        "    ├── cnn@3 (recalibrated) - new camera",
-        "    └── cnn@4 (fine-tuned)",
-        "        └── cnn@5 (converted)",
-    ])
+    assert view.render_text() == "\n".join(
+        [
+            "cnn@1 (registered)",
+            "└── cnn@2 (fine-tuned)  *",
+            "    ├── cnn@3 (recalibrated) - new camera",
+            "    └── cnn@4 (fine-tuned)",
+            "        └── cnn@5 (converted)",
+        ]
+    )
     leaf = build_lineage(r[5], [r[4], r[2], r[1]], [])
     assert leaf.ancestors == ["cnn@1", "cnn@2", "cnn@4"]
     assert leaf.render_text().splitlines()[-1] == "        └── cnn@5 (converted)  *"

@@ -47,7 +47,9 @@ def test_recorded_reports_come_back_newest_first_with_their_numbers_and_are_audi
     assert calm.verdict == "no drift" and alarming.verdict == "drift"  # the two records differ in what matters
 
     first = record_drift(registry, "cnn@1", calm)
-    second = record_drift(registry.as_user("oncall"), "cnn", alarming.model_dump(mode="json"))  # 'cnn' = latest; a JSON dict is accepted
+    second = record_drift(
+        registry.as_user("oncall"), "cnn", alarming.model_dump(mode="json")
+    )  # 'cnn' = latest; a JSON dict is accepted
     assert isinstance(second, DriftRecord) and second.id != first.id
     assert (second.model, second.number, second.user) == ("cnn", 1, "oncall")
 
@@ -59,7 +61,9 @@ def test_recorded_reports_come_back_newest_first_with_their_numbers_and_are_audi
 
     entries = [e for e in registry.audit(model="cnn") if e.action == "drift_recorded"]
     assert [(e.user, e.number, e.detail["drift_report"], e.detail["verdict"]) for e in entries] == [
-        ("monitor", 1, first.id, "no drift"), ("oncall", 1, second.id, "drift")]
+        ("monitor", 1, first.id, "no drift"),
+        ("oncall", 1, second.id, "drift"),
+    ]
     assert entries[1].detail["alarms"] == alarming.alarms
     assert registry.verify_audit() == []
 
@@ -94,11 +98,15 @@ def test_drift_record_option_stores_the_report_the_command_printed(tmp_path):
         args = ["drift", str(model_file), str(data_file), "--json", "--db", db, "--blobs", blobs, *extra]
         if not process:  # the console script's app in this process
             return invoke_cli(*args, cwd=ROOT, env={"NORMBRIDGE_USER": "nightly"})
-        return subprocess.run([*normbridge_command(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+        return subprocess.run(
+            [*normbridge_command(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
+        )
 
     missing = drift("--record", "cnn@9")
     assert missing.returncode == 13, missing.stderr[-2000:]  # NotFoundError, before any forward pass
-    assert json.loads(missing.stdout)["error"]["code"] == "not_found" and "cnn@9" in missing.stdout  # --json: the error is JSON too
+    assert (
+        json.loads(missing.stdout)["error"]["code"] == "not_found" and "cnn@9" in missing.stdout
+    )  # --json: the error is JSON too
 
     done = drift("--record", "cnn@1", "--shift-threshold", "0.2", process=True)
     assert done.returncode == 11, done.stderr[-2000:]  # the alarm still decides the exit code
@@ -121,7 +129,11 @@ def test_a_report_computed_on_other_statistics_is_refused(registry):
     with pytest.raises(RegistryError, match="not those of cnn@1"):
         record_drift(registry, "cnn@1", report)
     with pytest.raises(RegistryError, match="no statistics_digest"):
-        record_drift(registry, "cnn@1", {**drift_check(model, shifted_inputs()).model_dump(mode="json"), "statistics_digest": None})
+        record_drift(
+            registry,
+            "cnn@1",
+            {**drift_check(model, shifted_inputs()).model_dump(mode="json"), "statistics_digest": None},
+        )
     assert drift_reports(registry, "cnn@1") == [] and len(registry.audit()) == audit_before
     assert record_drift(registry, "cnn@2", report).number == 2  # the version it was computed on takes it
 
@@ -141,18 +153,43 @@ def test_drift_record_with_server_records_there_and_never_opens_a_local_registry
     home = tmp_path / "home"  # where a local registry would be created
     token = create_token(db, "nightly", "write", ["cnn"])
     with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_HOME": str(home), "NORMBRIDGE_SERVER": server.url, "NORMBRIDGE_TOKEN": token}
+        env = {
+            **os.environ,
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "NORMBRIDGE_HOME": str(home),
+            "NORMBRIDGE_SERVER": server.url,
+            "NORMBRIDGE_TOKEN": token,
+        }
         env.pop("NORMBRIDGE_DB", None), env.pop("NORMBRIDGE_BLOBS", None)
 
         def drift(ref: str, process: bool = False) -> subprocess.CompletedProcess:
             args = ["drift", str(model_file), str(data_file), "--json", "--record", ref]
             if not process:  # the console script's app in this process, in the same environment
-                return invoke_cli(*args, cwd=ROOT, env={"NORMBRIDGE_HOME": str(home), "NORMBRIDGE_SERVER": server.url, "NORMBRIDGE_TOKEN": token,
-                                                        "NORMBRIDGE_DB": None, "NORMBRIDGE_BLOBS": None})
-            return subprocess.run([*normbridge_command(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+                return invoke_cli(
+                    *args,
+                    cwd=ROOT,
+                    env={
+                        "NORMBRIDGE_HOME": str(home),
+                        "NORMBRIDGE_SERVER": server.url,
+                        "NORMBRIDGE_TOKEN": token,
+                        "NORMBRIDGE_DB": None,
+                        "NORMBRIDGE_BLOBS": None,
+                    },
+                )
+            return subprocess.run(
+                [*normbridge_command(), *args],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+                check=False,
+            )
 
         missing = drift("cnn@9")
-        assert missing.returncode == 13 and json.loads(missing.stdout)["error"]["code"] == "not_found", missing.stderr[-2000:]
+        assert missing.returncode == 13 and json.loads(missing.stdout)["error"]["code"] == "not_found", missing.stderr[
+            -2000:
+        ]
         wrong = drift("cnn@2")  # the file holds cnn@1's statistics
         assert wrong.returncode == 14, wrong.stderr[-2000:]
         assert "not those of cnn@2" in json.loads(wrong.stdout)["error"]["message"]

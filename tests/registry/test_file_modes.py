@@ -70,6 +70,7 @@ def read(path: Path) -> Callable[[], None]:
     def action() -> None:
         with open(path, "rb") as handle:
             handle.read(1)
+
     return action
 
 
@@ -99,7 +100,11 @@ def test_a_fresh_registry_is_private_to_its_owner_whatever_the_umask(reachable, 
             assert mode(staged.temporary) == 0o400, f"temporary blob under umask {umask:03o}"
             registry.store.discard(staged)
             folders, databases, blobs = registry_files(home)
-            assert {p.name for p in databases} >= {"registry.db", "registry.db-wal", "registry.db-shm"}  # the engine is open
+            assert {p.name for p in databases} >= {
+                "registry.db",
+                "registry.db-wal",
+                "registry.db-shm",
+            }  # the engine is open
             assert blobs
             for paths, expected in ((folders, 0o700), (databases, 0o600), (blobs, 0o400)):
                 found = {str(p.relative_to(reachable)): oct(mode(p)) for p in paths if mode(p) != expected}
@@ -158,7 +163,9 @@ def test_a_team_sharing_the_home_with_its_group_reads_and_writes_and_nobody_else
             assert handle.read() == b"the team's model"
         LocalBlobStore(home / "blobs", file_modes.SHARED_GROUP).put(b"a member's model")
         connection = sqlite3.connect(home / "registry.db")
-        connection.execute("BEGIN IMMEDIATE")  # the write lock: the database, its -wal and -shm are the group's to write
+        connection.execute(
+            "BEGIN IMMEDIATE"
+        )  # the write lock: the database, its -wal and -shm are the group's to write
         connection.execute("ROLLBACK")
         connection.close()
 

@@ -36,8 +36,11 @@ def test_the_local_normbridge_gc_command_is_audited(tmp_path):
 
     db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
     _registry(tmp_path, "setup").store.put(b"unreferenced " + os.urandom(8))
-    result = CliRunner().invoke(app, ["gc", "--grace", "0", "--db", db, "--blobs", blobs, "--json"],
-                                env={k: None for k in REMOTE_ENV} | {"NORMBRIDGE_USER": "operator", "COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        ["gc", "--grace", "0", "--db", db, "--blobs", blobs, "--json"],
+        env={k: None for k in REMOTE_ENV} | {"NORMBRIDGE_USER": "operator", "COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)["deleted"]) == 1
     registry = _registry(tmp_path, "reader")

@@ -48,7 +48,10 @@ def small_model(seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.fixture(params=[("sqlite", "local"), ("postgresql", "local"), ("postgresql", "s3")], ids=["sqlite-local", "pg-local", "pg-s3"])
+@pytest.fixture(
+    params=[("sqlite", "local"), ("postgresql", "local"), ("postgresql", "s3")],
+    ids=["sqlite-local", "pg-local", "pg-s3"],
+)
 def where(request, tmp_path):
     """(database URL, blob store URI, whether blob ages can be set): fresh for each test."""
     database, store = request.param
@@ -78,8 +81,15 @@ def orphan(registry: Registry, name: str, model, age: float) -> set[str]:
 
 def gc_process(db: str, blobs: str, grace: str) -> dict:
     """`normbridge gc` as a separate process (its own interpreter and database connection)."""
-    run = subprocess.run(normbridge_command() + ["gc", "--grace", grace, "--json", "--db", db, "--blobs", blobs], cwd=ROOT,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True, timeout=240, check=False)
+    run = subprocess.run(
+        normbridge_command() + ["gc", "--grace", grace, "--json", "--db", db, "--blobs", blobs],
+        cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
 
@@ -101,7 +111,9 @@ def test_gc_in_another_process_during_a_registration_keeps_the_blobs_it_relies_o
     grace = "60" if local else "0"
     runs: list[dict] = []
 
-    def gc_beside(point: str) -> None:  # after the staging found the old blobs stored and the gate passed, before the commit
+    def gc_beside(
+        point: str,
+    ) -> None:  # after the staging found the old blobs stored and the gate passed, before the commit
         if point == "after_check":
             runs.append(gc_process(db, blobs, grace))
 
@@ -110,7 +122,9 @@ def test_gc_in_another_process_during_a_registration_keeps_the_blobs_it_relies_o
         if upload == "model":
             version = registry.register("new", model).version
         else:
-            version = registry.register_stream("new", io.BytesIO(bundle_of(model, tmp_path / "artifact")), 1 << 30).version
+            version = registry.register_stream(
+                "new", io.BytesIO(bundle_of(model, tmp_path / "artifact")), 1 << 30
+            ).version
 
     assert len(runs) == 1 and reused == digests_of(version)
     assert set(runs[0]["deleted"]) & reused == set(), "gc deleted blobs the registration was committing"
@@ -128,7 +142,9 @@ def test_gc_in_another_process_during_a_registration_keeps_the_blobs_it_relies_o
 
 
 @pytest.mark.slow
-def test_a_bundle_that_leaves_out_stored_blobs_keeps_them_while_the_version_holding_them_is_deleted(where, monkeypatch, tmp_path):
+def test_a_bundle_that_leaves_out_stored_blobs_keeps_them_while_the_version_holding_them_is_deleted(
+    where, monkeypatch, tmp_path
+):
     """The HTTP upload may leave out blobs a readable version holds; that version may go before the commit."""
     from tests.registry.test_bundle_stream import tar_of
 
@@ -147,8 +163,9 @@ def test_a_bundle_that_leaves_out_stored_blobs_keeps_them_while_the_version_hold
 
     with monkeypatch.context() as patch:
         patch.setattr("registry.service.registration.fault_point", delete_then_gc)
-        version = registry.register_stream("new", io.BytesIO(slim), 1 << 30,
-                                           reuse=lambda digests: digests & registry.meta.referenced_digests()).version
+        version = registry.register_stream(
+            "new", io.BytesIO(slim), 1 << 30, reuse=lambda digests: digests & registry.meta.referenced_digests()
+        ).version
     assert set(runs[0]["deleted"]) & digests_of(version) == set()
     result = registry.verify(rerun_checks=False)
     assert result.passed, result.render_text()
@@ -173,7 +190,9 @@ def test_a_registration_that_starts_while_gc_is_deleting_waits_and_writes_the_bl
     collector = threading.Thread(target=lambda: outcome.setdefault("gc", janitor.gc(grace_seconds=60 if local else 0)))
     collector.start()
     assert deciding.wait(timeout=60)
-    registering = threading.Thread(target=lambda: outcome.setdefault("version", registry.register("new", model).version))
+    registering = threading.Thread(
+        target=lambda: outcome.setdefault("version", registry.register("new", model).version)
+    )
     registering.start()
     registering.join(timeout=3)  # the registration must not rely on the old blobs while gc is deleting them
     finished_first = not registering.is_alive()
@@ -183,7 +202,9 @@ def test_a_registration_that_starts_while_gc_is_deleting_waits_and_writes_the_bl
     result = registry.verify(rerun_checks=False)
     assert result.passed, result.render_text()
     assert not finished_first, "the registration committed while gc was deleting the blobs it relied on"
-    assert set(outcome["gc"].deleted) == reused and all(registry.store.exists(d) for d in reused)  # deleted, then written again
+    assert set(outcome["gc"].deleted) == reused and all(
+        registry.store.exists(d) for d in reused
+    )  # deleted, then written again
     assert digests_of(outcome["version"]) == reused
     registry.meta.close()
     janitor.meta.close()
@@ -205,15 +226,23 @@ print(json.dumps({"runs": runs, "deleted": deleted}))
 
 
 @pytest.mark.slow
-def test_gc_looping_in_another_process_beside_registrations_that_reuse_unreferenced_blobs_loses_nothing(where, tmp_path):
+def test_gc_looping_in_another_process_beside_registrations_that_reuse_unreferenced_blobs_loses_nothing(
+    where, tmp_path
+):
     db, blobs, _ = where
     registry = Registry(db=db, blobs=blobs, user="uploader")
     reused = [small_model(seed) for seed in range(3)]  # stored once, then unreferenced again after every registration
     for seed, model in enumerate(reused):
         orphan(registry, f"seed{seed}", model, age=0)
     stop = tmp_path / "stop"
-    janitor = subprocess.Popen([sys.executable, "-c", GC_LOOP, db, blobs, str(stop), "100000"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    janitor = subprocess.Popen(
+        [sys.executable, "-c", GC_LOOP, db, blobs, str(stop), "100000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     kept, broken = [], []
     try:
         assert janitor.stdout.readline().strip() == "started", janitor.stderr.read()[-3000:]
@@ -232,11 +261,15 @@ def test_gc_looping_in_another_process_beside_registrations_that_reuse_unreferen
         out, err = janitor.communicate(timeout=120)
     assert janitor.returncode == 0, err[-3000:]
     janitor_report = json.loads(out)
-    assert janitor_report["runs"] > LOOP_REGISTRATIONS and janitor_report["deleted"] > 0, janitor_report  # the race really ran
+    assert janitor_report["runs"] > LOOP_REGISTRATIONS and janitor_report["deleted"] > 0, (
+        janitor_report
+    )  # the race really ran
     assert broken == [], broken[0]
     result = registry.verify()
     assert result.passed, result.render_text()
-    assert sorted(v.ref for v in kept) == sorted(r.ref for name, _, _ in registry.models() for r in registry.versions(name))
+    assert sorted(v.ref for v in kept) == sorted(
+        r.ref for name, _, _ in registry.models() for r in registry.versions(name)
+    )
     for version in kept:
         assert all(registry.store.exists(d) for d in digests_of(version)), version.ref
     registry.meta.close()

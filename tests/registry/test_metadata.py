@@ -50,9 +50,24 @@ def add(store, model, content, parent=None, operation="registered", user="alice"
 
 def test_the_schema_comes_from_alembic(store):
     tables = set(inspect(store.engine).get_table_names())
-    assert {"alembic_version", "models", "versions", "version_blobs", "aliases", "alias_history", "audit_log", "api_tokens", "drift_reports", "blob_leases", "audit_head"} <= tables
+    assert {
+        "alembic_version",
+        "models",
+        "versions",
+        "version_blobs",
+        "aliases",
+        "alias_history",
+        "audit_log",
+        "api_tokens",
+        "drift_reports",
+        "blob_leases",
+        "audit_head",
+    } <= tables
     with store.engine.connect() as connection:
-        newest = max(path.name[:4] for path in (Path(__file__).resolve().parents[2] / "registry/migrations/versions").glob("[0-9]*.py"))
+        newest = max(
+            path.name[:4]
+            for path in (Path(__file__).resolve().parents[2] / "registry/migrations/versions").glob("[0-9]*.py")
+        )
         assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == newest
     MetadataStore(store.url).close()  # opening again is an idempotent upgrade
 

@@ -70,8 +70,13 @@ def bn_eval(x: np.ndarray, spec, axis: int) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_push_registers_versions_with_normbridge_tags_and_a_bundle_that_loads_to_the_same_digest(cli_app, mlflow_server, store, tmp_path,  # noqa: F811
-                                                                                                  monkeypatch):
+def test_push_registers_versions_with_normbridge_tags_and_a_bundle_that_loads_to_the_same_digest(
+    cli_app,
+    mlflow_server,
+    store,
+    tmp_path,  # noqa: F811
+    monkeypatch,
+):
     from mlflow.tracking import MlflowClient
 
     from registry.manifest_io import load_artifact_folder
@@ -95,7 +100,9 @@ def test_push_registers_versions_with_normbridge_tags_and_a_bundle_that_loads_to
     assert version.tags["normbridge.equivalence"] == "passed 2/2"
     assert version.tags["normbridge.normalizers"] == "2 (batch x2)"
 
-    downloaded = mlflow_fluent.artifacts.download_artifacts(f"models:/cnn-push/{version.version}", dst_path=str(tmp_path / "dl1"))
+    downloaded = mlflow_fluent.artifacts.download_artifacts(
+        f"models:/cnn-push/{version.version}", dst_path=str(tmp_path / "dl1")
+    )
     assert load_artifact_folder(downloaded).manifest.digest() == first.digest
 
     child = run(cli_app, "mlflow", "push", "cnn-push@2", *options)
@@ -103,12 +110,25 @@ def test_push_registers_versions_with_normbridge_tags_and_a_bundle_that_loads_to
     child_version = client.get_model_version("cnn-push", json.loads(child.stdout)["version"])
     assert child_version.version != version.version
     assert child_version.tags["normbridge.digest"] == second.digest
-    assert child_version.tags["normbridge.parent"] == "cnn-push@1" and child_version.tags["normbridge.operation"] == "fine-tuned"
+    assert (
+        child_version.tags["normbridge.parent"] == "cnn-push@1"
+        and child_version.tags["normbridge.operation"] == "fine-tuned"
+    )
     child_folder = client.download_artifacts(child_version.run_id, "normbridge-artifact", str(tmp_path / "dl2"))
     assert load_artifact_folder(child_folder).manifest.digest() == second.digest
 
     elsewhere = {"db": f"sqlite:///{tmp_path / 'other.db'}", "blobs": str(tmp_path / "other-blobs")}
-    back = run(cli_app, "mlflow", "import", f"models:/cnn-push/{version.version}", "--db", elsewhere["db"], "--blobs", elsewhere["blobs"], "--json")
+    back = run(
+        cli_app,
+        "mlflow",
+        "import",
+        f"models:/cnn-push/{version.version}",
+        "--db",
+        elsewhere["db"],
+        "--blobs",
+        elsewhere["blobs"],
+        "--json",
+    )
     assert back.exit_code == 0, back.output
     assert json.loads(back.stdout)["flavor"] == "normbridge-bundle"
     imported = Registry(**elsewhere).show("cnn-push@1")
@@ -131,9 +151,29 @@ def test_an_unreachable_tracking_server_fails_fast_with_exit_18(cli_app, store):
     from tests.http_server import free_port
 
     Registry(db=store["db"], blobs=store["blobs"]).register("cnn-away", trained_cnn())
-    done = run(cli_app, "mlflow", "push", "cnn-away", "--tracking-uri", f"http://127.0.0.1:{free_port()}", "--db", store["db"], "--blobs", store["blobs"])
+    done = run(
+        cli_app,
+        "mlflow",
+        "push",
+        "cnn-away",
+        "--tracking-uri",
+        f"http://127.0.0.1:{free_port()}",
+        "--db",
+        store["db"],
+        "--blobs",
+        store["blobs"],
+    )
     assert done.exit_code == 18 and "did not answer" in done.output
-    done = run(cli_app, "mlflow", "import", "models:/cnn-away/1", "--tracking-uri", f"http://127.0.0.1:{free_port()}", "--db", store["db"])
+    done = run(
+        cli_app,
+        "mlflow",
+        "import",
+        "models:/cnn-away/1",
+        "--tracking-uri",
+        f"http://127.0.0.1:{free_port()}",
+        "--db",
+        store["db"],
+    )
     assert done.exit_code == 18
 
 
@@ -141,25 +181,38 @@ def test_an_unreachable_tracking_server_fails_fast_with_exit_18(cli_app, store):
 
 
 @pytest.mark.slow
-def test_import_of_an_mlflow_onnx_model_registers_its_exact_batchnorm_through_the_gate(cli_app, mlflow_fluent, mlflow_server, store):  # noqa: F811
+def test_import_of_an_mlflow_onnx_model_registers_its_exact_batchnorm_through_the_gate(
+    cli_app, mlflow_fluent, mlflow_server, store
+):  # noqa: F811
     import onnx
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     c = 4
-    arrays = {"s": rng.normal(1, 0.2, c), "b": rng.normal(0, 0.5, c), "m": rng.normal(0, 1, c), "v": rng.uniform(0.5, 2, c)}
+    arrays = {
+        "s": rng.normal(1, 0.2, c),
+        "b": rng.normal(0, 0.5, c),
+        "m": rng.normal(0, 1, c),
+        "v": rng.uniform(0.5, 2, c),
+    }
     node = helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["Y"], epsilon=1e-3, name="bn")
     shape = ["N", c, 5, 5]
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
-                              initializer=[numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
+        initializer=[numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
     proto.ir_version = 8
     with mlflow_fluent.start_run():
         mlflow_fluent.onnx.log_model(proto, name="model", registered_model_name="onnx-bn")
 
-    done = run(cli_app, "mlflow", "import", "models:/onnx-bn/1", "--db", store["db"], "--blobs", store["blobs"], "--json")
+    done = run(
+        cli_app, "mlflow", "import", "models:/onnx-bn/1", "--db", store["db"], "--blobs", store["blobs"], "--json"
+    )
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["flavor"] == "onnx"
     registry = Registry(db=store["db"], blobs=store["blobs"])
@@ -169,7 +222,9 @@ def test_import_of_an_mlflow_onnx_model_registers_its_exact_batchnorm_through_th
     for name, key in (("scale", "s"), ("bias", "b"), ("running_mean", "m"), ("running_var", "v")):
         np.testing.assert_array_equal(spec.tensors[name], arrays[key].astype(np.float32))
     x = rng.normal(size=(2, c, 5, 5)).astype(np.float32)
-    original = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    original = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"X": x}
+    )[0]
     np.testing.assert_allclose(bn_eval(x.astype(np.float64), spec, axis=1), original, rtol=1e-5, atol=1e-5)
 
 
@@ -186,7 +241,18 @@ def test_import_of_an_mlflow_keras_model_registers_its_exact_batchnorm(cli_app, 
     with mlflow_fluent.start_run():
         info = mlflow_fluent.keras.log_model(model, name="model")
 
-    done = run(cli_app, "mlflow", "import", info.model_uri, "--name", "keras-bn", "--db", store["db"], "--blobs", store["blobs"])
+    done = run(
+        cli_app,
+        "mlflow",
+        "import",
+        info.model_uri,
+        "--name",
+        "keras-bn",
+        "--db",
+        store["db"],
+        "--blobs",
+        store["blobs"],
+    )
     assert done.exit_code == 0, done.output
     assert "keras" in done.stdout
     registry = Registry(db=store["db"], blobs=store["blobs"])
@@ -203,10 +269,26 @@ def test_import_of_an_mlflow_keras_model_registers_its_exact_batchnorm(cli_app, 
 def test_import_of_an_mlflow_pt2_pytorch_model_needs_no_pickle(cli_app, mlflow_fluent, store):
     model = trained_cnn(seed=3)
     with mlflow_fluent.start_run():
-        info = mlflow_fluent.pytorch.log_model(model, name="model", input_example=np.random.default_rng(0).normal(size=(2, 3, 8, 8)).astype(np.float32),
-                                               serialization_format="pt2")
+        info = mlflow_fluent.pytorch.log_model(
+            model,
+            name="model",
+            input_example=np.random.default_rng(0).normal(size=(2, 3, 8, 8)).astype(np.float32),
+            serialization_format="pt2",
+        )
 
-    done = run(cli_app, "mlflow", "import", info.model_uri, "--name", "pt2-cnn", "--db", store["db"], "--blobs", store["blobs"], "--json")
+    done = run(
+        cli_app,
+        "mlflow",
+        "import",
+        info.model_uri,
+        "--name",
+        "pt2-cnn",
+        "--db",
+        store["db"],
+        "--blobs",
+        store["blobs"],
+        "--json",
+    )
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["flavor"] == "pytorch-pt2"
     specs = {spec.name: spec for spec in Registry(db=store["db"], blobs=store["blobs"]).specs("pt2-cnn@1")}
@@ -234,7 +316,9 @@ class MarkingBatchNorm(torch.nn.Module):
 
 
 @pytest.mark.slow
-def test_a_pickled_pytorch_model_is_refused_unpickled_unless_trusted_then_registered_with_a_warning(cli_app, mlflow_fluent, store, tmp_path):
+def test_a_pickled_pytorch_model_is_refused_unpickled_unless_trusted_then_registered_with_a_warning(
+    cli_app, mlflow_fluent, store, tmp_path
+):
     marker = tmp_path / "unpickled.txt"
     model = MarkingBatchNorm(marker).eval()
     with torch.no_grad():
@@ -277,7 +361,19 @@ def test_push_through_a_registry_server_logs_the_same_bundle(cli_app, mlflow_ser
     token = create_token(store["db"], "pusher", "read", models=["cnn-remote"])
     point_mlflow_at(mlflow_server.url, monkeypatch)
     with running_server(db=store["db"], blobs=store["blobs"], log=tmp_path / "serve.log") as server:
-        pushed = run(cli_app, "--server", server.url, "--token", token, "mlflow", "push", "cnn-remote@1", "--tracking-uri", mlflow_server.url, "--json")
+        pushed = run(
+            cli_app,
+            "--server",
+            server.url,
+            "--token",
+            token,
+            "mlflow",
+            "push",
+            "cnn-remote@1",
+            "--tracking-uri",
+            mlflow_server.url,
+            "--json",
+        )
     assert pushed.exit_code == 0, pushed.output
     client = MlflowClient(tracking_uri=mlflow_server.url, registry_uri=mlflow_server.url)
     version = client.get_model_version("cnn-remote", json.loads(pushed.stdout)["version"])

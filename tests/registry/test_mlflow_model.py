@@ -22,13 +22,21 @@ def registry(tmp_path):
     return Registry(db=f"sqlite:///{tmp_path / 'r.db'}", blobs=str(tmp_path / "blobs"), user="test")
 
 
-def test_a_pushed_onnx_version_loads_in_mlflow_and_imports_back_byte_identical(mlflow_server, registry, tmp_path, monkeypatch):  # noqa: F811
+def test_a_pushed_onnx_version_loads_in_mlflow_and_imports_back_byte_identical(
+    mlflow_server, registry, tmp_path, monkeypatch
+):  # noqa: F811
     import mlflow
 
     monkeypatch.chdir(tmp_path)
     source = tmp_path / "cnn.onnx"
-    torch.onnx.export(trained_cnn(), (torch.from_numpy(SAMPLE),), str(source), dynamo=False, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.EVAL)
+    torch.onnx.export(
+        trained_cnn(),
+        (torch.from_numpy(SAMPLE),),
+        str(source),
+        dynamo=False,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.EVAL,
+    )
     registry.register("cnn-onnx", source)
     result = push(registry, "cnn-onnx@1", mlflow_server.url)
     mlflow.set_tracking_uri(mlflow_server.url)

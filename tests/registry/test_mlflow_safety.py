@@ -29,9 +29,24 @@ pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def import_process(uri: str, tracking: str, store: dict, *extra: str, process: bool = True) -> subprocess.CompletedProcess:  # noqa: F811
+def import_process(
+    uri: str, tracking: str, store: dict, *extra: str, process: bool = True
+) -> subprocess.CompletedProcess:  # noqa: F811
     """`normbridge mlflow import` as a real process, or in this process (tests.cli_run.invoke_cli) if not `process`."""
-    args = ["mlflow", "import", uri, "--tracking-uri", tracking, "--name", "imported", "--db", store["db"], "--blobs", store["blobs"], *extra]
+    args = [
+        "mlflow",
+        "import",
+        uri,
+        "--tracking-uri",
+        tracking,
+        "--name",
+        "imported",
+        "--db",
+        store["db"],
+        "--blobs",
+        store["blobs"],
+        *extra,
+    ]
     if not process:
         return invoke_cli(*args, cwd=ROOT, columns=200)
     command = [*normbridge_command(), *args]
@@ -50,10 +65,14 @@ def log_folder(mlflow, folder: Path) -> str:
     return f"runs:/{run.info.run_id}/model"
 
 
-def test_a_pickled_pytorch_flavour_is_refused_without_trust_pickle_and_never_unpickled(mlflow_fluent, mlflow_server, store, tmp_path):  # noqa: F811
+def test_a_pickled_pytorch_flavour_is_refused_without_trust_pickle_and_never_unpickled(
+    mlflow_fluent, mlflow_server, store, tmp_path
+):  # noqa: F811
     marker = tmp_path / "unpickled.txt"
     with mlflow_fluent.start_run():
-        info = mlflow_fluent.pytorch.log_model(MarkingBatchNorm(marker).eval(), name="model", serialization_format="pickle")
+        info = mlflow_fluent.pytorch.log_model(
+            MarkingBatchNorm(marker).eval(), name="model", serialization_format="pickle"
+        )
     marker.unlink(missing_ok=True)  # MLflow's own logging round-trips the object; only what import does counts
 
     refused = import_process(info.model_uri, mlflow_server.url, store)
@@ -64,7 +83,9 @@ def test_a_pickled_pytorch_flavour_is_refused_without_trust_pickle_and_never_unp
 
 
 @pytest.mark.parametrize("attack", ["sample_inputs", "use_pickle_weight"])
-def test_a_pt2_flavour_holding_a_crafted_archive_is_refused_naming_the_entry(attack, mlflow_fluent, mlflow_server, store, tmp_path):  # noqa: F811
+def test_a_pt2_flavour_holding_a_crafted_archive_is_refused_naming_the_entry(
+    attack, mlflow_fluent, mlflow_server, store, tmp_path
+):  # noqa: F811
     folder = tmp_path / "model"
     (folder / "data").mkdir(parents=True)
     marker = tmp_path / "payload.marker"
@@ -91,5 +112,7 @@ def test_an_mlmodel_data_path_outside_the_model_folder_is_refused(where, mlflow_
     uri = log_folder(mlflow_fluent, folder)
 
     refused = import_process(uri, mlflow_server.url, store, process=False)  # the pickle row above is the real process
-    assert refused.returncode == 6 and "bad_input_file" in refused.stderr and "outside" in refused.stderr, refused.stderr[-3000:]
+    assert refused.returncode == 6 and "bad_input_file" in refused.stderr and "outside" in refused.stderr, (
+        refused.stderr[-3000:]
+    )
     assert_nothing_registered(store)

@@ -67,8 +67,9 @@ def pushed_resnet(registry, server, folder: Path) -> tuple[str, dict[str, np.nda
     model = resnet()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.export.export(model, (), {"pixel_values": torch.from_numpy(PIXELS)},
-                                      dynamic_shapes={"pixel_values": {0: BATCH}})
+        program = torch.export.export(
+            model, (), {"pixel_values": torch.from_numpy(PIXELS)}, dynamic_shapes={"pixel_values": {0: BATCH}}
+        )
     torch.export.save(program, str(folder / "resnet.pt2"))
     with torch.no_grad():
         out = model(pixel_values=torch.from_numpy(PIXELS))
@@ -90,7 +91,13 @@ def pushed_cnn(registry, server, folder: Path) -> tuple[str, np.ndarray]:
 def mlflow_env(server) -> dict[str, str]:
     """A user's shell with this virtualenv active (`mlflow models serve` runs its `uvicorn` from PATH)."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {**os.environ, "PATH": path, "MLFLOW_TRACKING_URI": server.url, "MLFLOW_REGISTRY_URI": server.url, "PYTHONPATH": ""}
+    return {
+        **os.environ,
+        "PATH": path,
+        "MLFLOW_TRACKING_URI": server.url,
+        "MLFLOW_REGISTRY_URI": server.url,
+        "PYTHONPATH": "",
+    }
 
 
 def downloaded(server, uri: str, folder: Path) -> Path:
@@ -98,9 +105,13 @@ def downloaded(server, uri: str, folder: Path) -> Path:
     import mlflow.artifacts
     from mlflow.tracking import MlflowClient
 
-    name, version = uri[len("models:/"):].split("/")
-    location = MlflowClient(tracking_uri=server.url, registry_uri=server.url).get_model_version_download_uri(name, version)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(folder), tracking_uri=server.url))
+    name, version = uri[len("models:/") :].split("/")
+    location = MlflowClient(tracking_uri=server.url, registry_uri=server.url).get_model_version_download_uri(
+        name, version
+    )
+    return Path(
+        mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(folder), tracking_uri=server.url)
+    )
 
 
 FRESH_INTERPRETER = """
@@ -112,11 +123,19 @@ np.savez(sys.argv[3], **outputs)
 """
 
 
-def test_a_transformers_resnet_pt2_loads_in_a_fresh_interpreter_and_predicts_by_keyword(mlflow_server, registry, tmp_path):  # noqa: F811
+def test_a_transformers_resnet_pt2_loads_in_a_fresh_interpreter_and_predicts_by_keyword(
+    mlflow_server, registry, tmp_path
+):  # noqa: F811
     uri, expected = pushed_resnet(registry, mlflow_server, tmp_path)
     np.save(tmp_path / "pixels.npy", PIXELS)
-    done = subprocess.run([sys.executable, "-c", FRESH_INTERPRETER, uri, str(tmp_path / "pixels.npy"), str(tmp_path / "out.npz")],
-                          env=mlflow_env(mlflow_server), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_INTERPRETER, uri, str(tmp_path / "pixels.npy"), str(tmp_path / "out.npz")],
+        env=mlflow_env(mlflow_server),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with np.load(tmp_path / "out.npz") as got:
         assert sorted(got.files) == sorted(expected)
@@ -153,8 +172,12 @@ def assert_installable(requirements: list[str]) -> None:
         assert Version(importlib.metadata.version(requirement.name)).public == specifier.version, line
 
 
-def test_a_plain_cnn_pt2_predicts_through_mlflow_models_predict_from_plain_json_numbers(cli_app, mlflow_server, registry,  # noqa: F811
-                                                                                       tmp_path):
+def test_a_plain_cnn_pt2_predicts_through_mlflow_models_predict_from_plain_json_numbers(
+    cli_app,
+    mlflow_server,
+    registry,  # noqa: F811
+    tmp_path,
+):
     from typer.testing import CliRunner
 
     uri, expected = pushed_cnn(registry, mlflow_server, tmp_path)
@@ -162,18 +185,39 @@ def test_a_plain_cnn_pt2_predicts_through_mlflow_models_predict_from_plain_json_
     again = CliRunner().invoke(cli_app, ["mlflow", "push", "cnn@1", *store])
     assert again.exit_code == 0, again.output
     assert f"serve       mlflow models serve -m {uri}" in again.output
-    assert json.loads(CliRunner().invoke(cli_app, ["mlflow", "push", "cnn@1", *store, "--json"]).stdout)["mlflow_model"] is True
+    assert (
+        json.loads(CliRunner().invoke(cli_app, ["mlflow", "push", "cnn@1", *store, "--json"]).stdout)["mlflow_model"]
+        is True
+    )
     # JSON numbers are doubles; nn.Sequential.forward names its argument `input`, the program keeps the name
     (tmp_path / "inp.json").write_text(json.dumps({"inputs": {"input": SAMPLE.astype(np.float64).tolist()}}))
-    command = [str(SCRIPT), "models", "predict", "-m", uri, "-i", str(tmp_path / "inp.json"), "-o", str(tmp_path / "out.json"),
-               "--content-type", "json", "--env-manager", "local"]
-    done = subprocess.run(command, env=mlflow_env(mlflow_server), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    command = [
+        str(SCRIPT),
+        "models",
+        "predict",
+        "-m",
+        uri,
+        "-i",
+        str(tmp_path / "inp.json"),
+        "-o",
+        str(tmp_path / "out.json"),
+        "--content-type",
+        "json",
+        "--env-manager",
+        "local",
+    ]
+    done = subprocess.run(
+        command, env=mlflow_env(mlflow_server), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     predictions = json.loads((tmp_path / "out.json").read_text())["predictions"]
     np.testing.assert_allclose(np.asarray(predictions, np.float32), expected, rtol=1e-5, atol=1e-5)
 
     folder = downloaded(mlflow_server, uri, tmp_path / "dl")
-    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["code", "data"]  # no blobs/: the weights are in data/model.pt2 only
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [
+        "code",
+        "data",
+    ]  # no blobs/: the weights are in data/model.pt2 only
     assert [p.name for p in folder.rglob("*.pt2")] == ["model.pt2"]
     assert_installable((folder / "requirements.txt").read_text().split())
 
@@ -189,13 +233,40 @@ def test_mlflow_models_serve_answers_on_loopback_for_the_resnet(mlflow_server, r
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(SCRIPT), "models", "serve", "-m", uri, "--env-manager", "local", "--host", "127.0.0.1",
-                                    "--port", str(port), "--workers", "1"],
-                                   env=mlflow_env(mlflow_server), cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [
+                str(SCRIPT),
+                "models",
+                "serve",
+                "-m",
+                uri,
+                "--env-manager",
+                "local",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            env=mlflow_env(mlflow_server),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/ping", process, 180, lambda: log.read_text(errors="replace"), "mlflow models serve")
+        wait_for_http(
+            f"http://127.0.0.1:{port}/ping",
+            process,
+            180,
+            lambda: log.read_text(errors="replace"),
+            "mlflow models serve",
+        )
         body = json.dumps({"inputs": {"pixel_values": PIXELS.astype(np.float64).tolist()}}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             predictions = json.loads(response.read())["predictions"]
     finally:
@@ -218,8 +289,9 @@ def test_a_push_to_a_local_tracking_database_keeps_artifacts_beside_it_not_in_th
     assert (tmp_path / "mlflow" / "mlartifacts").is_dir()
 
 
-def test_an_experiment_keeping_artifacts_in_the_working_directory_is_refused_before_anything_is_written(registry, tmp_path,
-                                                                                                        empty_working_directory):
+def test_an_experiment_keeping_artifacts_in_the_working_directory_is_refused_before_anything_is_written(
+    registry, tmp_path, empty_working_directory
+):
     """An experiment made earlier with MLflow's default ./mlruns, where the push runs: refused, nothing lands there."""
     from mlflow.tracking import MlflowClient
 

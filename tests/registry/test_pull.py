@@ -49,8 +49,14 @@ def onnx_run(path, sample=SAMPLE) -> np.ndarray:
 
 def test_an_onnx_file_comes_back_byte_identical_and_computes_the_same(registry, tmp_path):
     source = tmp_path / "cnn.onnx"
-    torch.onnx.export(trained_cnn(), (torch.from_numpy(SAMPLE),), str(source), dynamo=False, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.EVAL)
+    torch.onnx.export(
+        trained_cnn(),
+        (torch.from_numpy(SAMPLE),),
+        str(source),
+        dynamo=False,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.EVAL,
+    )
     registry.register("cnn", source)
     result = registry.pull("cnn@1", tmp_path / "back.onnx")
     back = tmp_path / "back.onnx"
@@ -68,7 +74,9 @@ def test_a_pt2_comes_back_runnable_by_torch_export_load_with_identical_outputs(r
     registry.register("cnn", source)
     source.unlink()  # the registry alone gives it back
     registry.pull("cnn@1", tmp_path / "back.pt2")
-    pulled = torch.export.load(str(tmp_path / "back.pt2"))  # torch's own loader accepts it (the file is ours: no pickle in it)
+    pulled = torch.export.load(
+        str(tmp_path / "back.pt2")
+    )  # torch's own loader accepts it (the file is ours: no pickle in it)
     with torch.no_grad():
         expected = model(torch.from_numpy(SAMPLE)).numpy()
         got = pulled.module()(torch.from_numpy(SAMPLE)).numpy()
@@ -77,9 +85,15 @@ def test_a_pt2_comes_back_runnable_by_torch_export_load_with_identical_outputs(r
     assert np.array_equal(program.module()(torch.from_numpy(SAMPLE)).detach().numpy(), expected)
     # pulled and registered again, it is the same content
     assert registry.register("cnn", tmp_path / "back.pt2").created is False
-    manifest = registry.manifest("cnn@1")  # structure, tensors and the equivalence report: one dump gives what three did
+    manifest = registry.manifest(
+        "cnn@1"
+    )  # structure, tensors and the equivalence report: one dump gives what three did
     assert manifest.structure is not None and manifest.equivalence
-    assert manifest.digests_and_document() == (manifest.digest(), manifest.content_digest(), manifest.model_dump(mode="json"))
+    assert manifest.digests_and_document() == (
+        manifest.digest(),
+        manifest.content_digest(),
+        manifest.model_dump(mode="json"),
+    )
 
 
 def test_a_keras_model_comes_back_with_safe_mode_and_identical_outputs(registry, tmp_path):
@@ -104,7 +118,9 @@ def test_a_keras_model_comes_back_with_safe_mode_and_identical_outputs(registry,
     assert registry.manifest("dense@1").structure.format == "keras"
     registry.pull("dense@1", tmp_path / "again.keras")  # model.save dates metadata.json and the zip's weights entry
     assert (tmp_path / "again.keras").read_bytes() == (tmp_path / "back.keras").read_bytes()
-    with zipfile.ZipFile(tmp_path / "back.keras") as archive:  # dated to the second: two pulls in one second would not show it
+    with zipfile.ZipFile(
+        tmp_path / "back.keras"
+    ) as archive:  # dated to the second: two pulls in one second would not show it
         assert {entry.date_time for entry in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
         assert "date_saved" not in json.loads(archive.read("metadata.json"))
 
@@ -194,19 +210,31 @@ def test_a_payload_holding_more_than_its_tensor_is_stored_as_structure_and_the_r
     model = OffsetShift()
     torch.export.save(torch.export.export(model, (torch.from_numpy(SAMPLE),)), str(source))
     with zipfile.ZipFile(source) as archive:
-        payloads = {name.rsplit("/", 1)[-1]: archive.read(name) for name in archive.namelist() if "/data/weights/weight_" in name}
+        payloads = {
+            name.rsplit("/", 1)[-1]: archive.read(name)
+            for name in archive.namelist()
+            if "/data/weights/weight_" in name
+        }
     larger = [name for name, data in payloads.items() if data == np.arange(5.0, dtype=np.float32).tobytes()]
     assert len(larger) == 1  # the shift's payload is its whole storage: five floats for a three-float view
     registry.register("offset", source)
-    kept = {name.rsplit("/", 1)[-1] for name in registry.manifest("offset").structure.parts if "/weights/weight_" in name}
+    kept = {
+        name.rsplit("/", 1)[-1] for name in registry.manifest("offset").structure.parts if "/weights/weight_" in name
+    }
     assert kept == set(larger)  # every other payload is its tensor's bytes, rebuilt from the tensor
     registry.pull("offset@1", tmp_path / "back.pt2")
     with zipfile.ZipFile(tmp_path / "back.pt2") as archive:
-        back = {name.rsplit("/", 1)[-1]: archive.read(name) for name in archive.namelist() if "/data/weights/weight_" in name}
+        back = {
+            name.rsplit("/", 1)[-1]: archive.read(name)
+            for name in archive.namelist()
+            if "/data/weights/weight_" in name
+        }
     assert back == payloads
     with torch.no_grad():
         expected = model(torch.from_numpy(SAMPLE)).numpy()
-        assert np.array_equal(torch.export.load(str(tmp_path / "back.pt2")).module()(torch.from_numpy(SAMPLE)).numpy(), expected)
+        assert np.array_equal(
+            torch.export.load(str(tmp_path / "back.pt2")).module()(torch.from_numpy(SAMPLE)).numpy(), expected
+        )
 
 
 def test_a_tampered_structure_blob_is_refused_on_the_way_out(registry, tmp_path):
@@ -230,8 +258,16 @@ def test_a_manifest_without_structure_keeps_its_document_and_digest():
     manifest = ArtifactManifest.model_validate(document)
     assert "structure" not in json.loads(manifest.to_canonical_json())
     assert "structure" not in manifest.model_dump(mode="json")
-    fields = {"framework", "format", "mode", "tensors", "normalizers"}  # what the content digest covered before structures
-    assert manifest.content_digest() == sha256_hex(canonical_json(manifest.model_dump(mode="json", include=fields)).encode())
+    fields = {
+        "framework",
+        "format",
+        "mode",
+        "tensors",
+        "normalizers",
+    }  # what the content digest covered before structures
+    assert manifest.content_digest() == sha256_hex(
+        canonical_json(manifest.model_dump(mode="json", include=fields)).encode()
+    )
 
 
 def test_a_manifest_naming_a_structure_part_outside_its_folder_or_not_bytes_is_refused():
@@ -240,19 +276,31 @@ def test_a_manifest_naming_a_structure_part_outside_its_folder_or_not_bytes_is_r
 
     ref = {"digest": "0" * 64, "dtype": "uint8", "shape": [3], "nbytes": 3, "role": "weight"}
     base = {"framework": "onnx", "format": "onnx", "mode": "eval", "tensors": {}, "normalizers": []}
-    for part, entry in (("../model.onnx", ref), ("/etc/passwd", ref), ("model.onnx", {**ref, "dtype": "float32", "shape": [3], "nbytes": 12})):
+    for part, entry in (
+        ("../model.onnx", ref),
+        ("/etc/passwd", ref),
+        ("model.onnx", {**ref, "dtype": "float32", "shape": [3], "nbytes": 12}),
+    ):
         with pytest.raises(SpecError, match="structure part"):
             load_manifest({**base, "structure": {"format": "onnx", "parts": {part: entry}}})
-    assert load_manifest({**base, "structure": {"format": "onnx", "parts": {"model.onnx": ref}}}).blob_digests() == ["0" * 64]
+    assert load_manifest({**base, "structure": {"format": "onnx", "parts": {"model.onnx": ref}}}).blob_digests() == [
+        "0" * 64
+    ]
 
 
 def test_an_onnx_file_read_from_memory_may_not_point_at_external_data(tmp_path):
     from converters.onnx_adapter.files import load_onnx_bytes
     from schemas.errors import InputFileError
 
-    model = onnx.helper.make_model(onnx.helper.make_graph(
-        [onnx.helper.make_node("Identity", ["w"], ["y"])], "g", [], [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
-        [onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])]))
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["w"], ["y"])],
+            "g",
+            [],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+            [onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [2], [1.0, 2.0])],
+        )
+    )
     assert load_onnx_bytes(model.SerializeToString(), tmp_path / "m.onnx").graph.initializer[0].name == "w"
     tensor = model.graph.initializer[0]
     tensor.ClearField("float_data")

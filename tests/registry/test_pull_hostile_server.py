@@ -31,9 +31,13 @@ def hostile_server(version: str, fmt: str = "onnx"):
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
             self.send_response(200)
-            for name, value in (("Content-Type", "application/octet-stream"), ("Content-Length", str(len(BODY))),
-                                ("X-Normbridge-Version", version), ("X-Normbridge-Format", fmt),
-                                ("X-Normbridge-Digest", hashlib.sha256(BODY).hexdigest())):
+            for name, value in (
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Length", str(len(BODY))),
+                ("X-Normbridge-Version", version),
+                ("X-Normbridge-Format", fmt),
+                ("X-Normbridge-Digest", hashlib.sha256(BODY).hexdigest()),
+            ):
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(BODY)
@@ -56,14 +60,18 @@ def files_under(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("version, fmt, ref, says", [
-    ("../../../../escaped@1", "onnx", "x@1", "'../../../../escaped@1'"),  # the attack
-    ("x@1/../../../../escaped@1", "onnx", "x@1", "x@1/../"),
-    ("escaped@1", "onnx", "x@1", "'escaped@1'"),  # another model's name is another file name
-    ("x@2", "onnx", "x@1", "not x@1"),  # another version than the one asked for
-    ("../x@1", "onnx", "x@prod", "not a version of x"),
-    ("x@1", "../../../onnx", "x@1", "format"),  # the suffix comes from the format header
-], ids=["dot-dot", "slash-after", "other-model", "other-number", "alias", "format"])
+@pytest.mark.parametrize(
+    "version, fmt, ref, says",
+    [
+        ("../../../../escaped@1", "onnx", "x@1", "'../../../../escaped@1'"),  # the attack
+        ("x@1/../../../../escaped@1", "onnx", "x@1", "x@1/../"),
+        ("escaped@1", "onnx", "x@1", "'escaped@1'"),  # another model's name is another file name
+        ("x@2", "onnx", "x@1", "not x@1"),  # another version than the one asked for
+        ("../x@1", "onnx", "x@prod", "not a version of x"),
+        ("x@1", "../../../onnx", "x@1", "format"),  # the suffix comes from the format header
+    ],
+    ids=["dot-dot", "slash-after", "other-model", "other-number", "alias", "format"],
+)
 def test_a_header_that_does_not_name_the_version_asked_for_writes_nothing(tmp_path, version, fmt, ref, says):
     dl = tmp_path / "a" / "b" / "c" / "d" / "dl"
     dl.mkdir(parents=True)

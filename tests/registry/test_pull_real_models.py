@@ -22,7 +22,9 @@ from registry.service import Registry
 from tests import real_norms as R
 from tests.cli_run import invoke_cli
 
-pytestmark = pytest.mark.slow  # real models: a transformers import, a Keras model, two registrations and two serving exports
+pytestmark = (
+    pytest.mark.slow
+)  # real models: a transformers import, a Keras model, two registrations and two serving exports
 
 
 @pytest.fixture
@@ -34,8 +36,20 @@ def registry(tmp_path):
 
 def export_from_registry(registry, ref: str, tmp_path) -> tuple[dict, ort.InferenceSession]:
     """`normbridge export NAME@REF --to onnx` on the registry alone (in this process): its JSON and a session on the file."""
-    done = invoke_cli("export", ref, "--to", "onnx", "-o", "served.onnx", "--db", registry.db_url, "--blobs", registry.blob_uri, "--json",
-                      cwd=tmp_path)
+    done = invoke_cli(
+        "export",
+        ref,
+        "--to",
+        "onnx",
+        "-o",
+        "served.onnx",
+        "--db",
+        registry.db_url,
+        "--blobs",
+        registry.blob_uri,
+        "--json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
     assert result["written"] and result["contract"]["passed"]
@@ -61,7 +75,9 @@ def test_a_transformers_llama_pt2_comes_back_runnable_and_identical(registry, tm
     pulled = torch.export.load(result.path)  # torch's own loader: the file holds no pickle
     with torch.no_grad():
         assert np.array_equal(pulled.module()(ids)["last_hidden_state"].numpy(), expected)
-        assert np.array_equal(registry.load("llama@1").module()(ids)["last_hidden_state"].numpy(), expected)  # normbridge's reader
+        assert np.array_equal(
+            registry.load("llama@1").module()(ids)["last_hidden_state"].numpy(), expected
+        )  # normbridge's reader
     assert registry.register("llama", tmp_path / "back.pt2").created is False  # the same content
 
     exported, session = export_from_registry(registry, "llama@1", tmp_path)
@@ -81,7 +97,11 @@ def test_a_keras_applications_mobilenet_comes_back_runnable_and_identical_with_i
         c = layer.moving_mean.shape[0]
         layer.moving_mean.assign(rng.normal(0, 0.2, c).astype(np.float32))
         layer.moving_variance.assign(rng.uniform(0.5, 2.0, c).astype(np.float32))
-    untouched = [layer.name for layer in norms if not np.any(layer.moving_mean.numpy()) and np.all(layer.moving_variance.numpy() == 1)]
+    untouched = [
+        layer.name
+        for layer in norms
+        if not np.any(layer.moving_mean.numpy()) and np.all(layer.moving_variance.numpy() == 1)
+    ]
     assert untouched == [norms[-1].name]
     source = tmp_path / "mobilenet.keras"
     model.save(source)
@@ -90,7 +110,9 @@ def test_a_keras_applications_mobilenet_comes_back_runnable_and_identical_with_i
 
     version = registry.register("mobilenet", source).version
     assert version.servable is False and version.structure_checked is True
-    assert [(h["code"], h["layer"], h["blocking"]) for h in version.hazards] == [("never_trained", name, True) for name in untouched]
+    assert [(h["code"], h["layer"], h["blocking"]) for h in version.hazards] == [
+        ("never_trained", name, True) for name in untouched
+    ]
     source.unlink()
 
     result = registry.pull("mobilenet@1", tmp_path / "back.keras")

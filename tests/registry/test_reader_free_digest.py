@@ -26,13 +26,17 @@ CONTENT = ("framework", "format", "mode", "tensors", "normalizers", "structure")
 def old_release_digest(manifest: dict) -> str:
     """The content digest as releases before migration 0008 computed it: every content field, provenance included."""
     content = {name: manifest[name] for name in CONTENT if name in manifest}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    ).hexdigest()
 
 
 def with_reader(manifest: dict, version: str) -> dict:
     """The manifest as a process with `version` of the framework would have written it."""
-    normalizers = [{**entry, "spec": {**entry["spec"], "source": {**entry["spec"]["source"], "framework_version": version}}}
-                   for entry in manifest["normalizers"]]
+    normalizers = [
+        {**entry, "spec": {**entry["spec"], "source": {**entry["spec"]["source"], "framework_version": version}}}
+        for entry in manifest["normalizers"]
+    ]
     return {**manifest, "normalizers": normalizers}
 
 
@@ -47,9 +51,13 @@ def test_the_same_model_read_under_another_torch_release_is_unchanged(registry, 
     first = registry.register("cnn", model)
     sources = [entry["spec"]["source"] for entry in first.version.manifest["normalizers"]]
     assert sources and {source["framework_version"] for source in sources} == {torch.__version__.split("+")[0]}
-    monkeypatch.setattr(torch, "__version__", "2.14.1+cu130")  # the reading process's release, as the adapters record it
+    monkeypatch.setattr(
+        torch, "__version__", "2.14.1+cu130"
+    )  # the reading process's release, as the adapters record it
     again = registry.register("cnn", model)
-    assert not again.created and again.version.number == 1 and again.version.content_digest == first.version.content_digest
+    assert (
+        not again.created and again.version.number == 1 and again.version.content_digest == first.version.content_digest
+    )
     assert [v.number for v in registry.versions("cnn")] == [1]
 
 
@@ -61,7 +69,11 @@ def test_a_registry_made_by_an_older_release_keeps_recognising_its_bytes(registr
         row = connection.execute(select(VersionRow.id, VersionRow.manifest)).one()
         manifest = json.loads(row.manifest) if isinstance(row.manifest, str) else row.manifest
         old = with_reader(manifest, "2.12.0")
-        connection.execute(update(VersionRow).where(VersionRow.id == row.id).values(manifest=old, content_digest=old_release_digest(old)))
+        connection.execute(
+            update(VersionRow)
+            .where(VersionRow.id == row.id)
+            .values(manifest=old, content_digest=old_release_digest(old))
+        )
         connection.commit()
         command.downgrade(alembic_config(connection), "0007")
         connection.commit()
@@ -70,7 +82,9 @@ def test_a_registry_made_by_an_older_release_keeps_recognising_its_bytes(registr
         connection.commit()
     again = registry.register("cnn", model)
     assert not again.created and again.version.number == 1
-    assert again.version.manifest["normalizers"][0]["spec"]["source"]["framework_version"] == "2.12.0"  # provenance kept
+    assert (
+        again.version.manifest["normalizers"][0]["spec"]["source"]["framework_version"] == "2.12.0"
+    )  # provenance kept
 
 
 def test_the_downgrade_gives_back_the_old_formula(registry):

@@ -80,7 +80,9 @@ def assert_registered_and_checked(registry, name: str, model_or_path, inspected:
     result = registry.register(name, model_or_path)
     assert result.unrecognised == []
     assert len(result.checks) == len(inspected) > 0 and all(c.passed for c in result.checks)
-    assert all(any(t.status == "passed" for t in c.targets) for c in result.checks)  # checked somewhere, not only refused
+    assert all(
+        any(t.status == "passed" for t in c.targets) for c in result.checks
+    )  # checked somewhere, not only refused
     manifest = registry.manifest(f"{name}@1")
     assert [n.path for n in manifest.normalizers] == inspected  # one count: inspect and register list the same layers
     return [n.spec | {"path": n.path} for n in manifest.normalizers]
@@ -91,9 +93,17 @@ def assert_family_read_exactly(row: Row, specs: list[dict], family: dict[str, to
     assert set(read) == set(family), f"{row.family}: found {sorted(read)}, the model has {sorted(family)}"
     for path, module in family.items():
         spec = read[path]
-        assert (spec["kind"], spec["eps"], spec["scale_offset"], spec["frozen"]) == (row.kind, own_eps(module), row.scale_offset, row.frozen)
+        assert (spec["kind"], spec["eps"], spec["scale_offset"], spec["frozen"]) == (
+            row.kind,
+            own_eps(module),
+            row.scale_offset,
+            row.frozen,
+        )
         assert (spec["dtype"], spec["compute_dtype"], spec["cast_before_affine"]) == (
-            str(row.dtype).removeprefix("torch."), row.compute_dtype, row.cast_before_affine)
+            str(row.dtype).removeprefix("torch."),
+            row.compute_dtype,
+            row.cast_before_affine,
+        )
         channels_first = getattr(module, "data_format", "channels_first") == "channels_first"
         assert spec["layout"] == (row.layout if channels_first else None)
 
@@ -143,7 +153,9 @@ def test_a_gemma_norm_converts_to_a_stock_rmsnorm_exactly_in_float32_and_the_rep
     stock = converters.from_spec(spec, "torch", restore_source_class=False)
     report = converters.last_report()
     assert isinstance(stock, torch.nn.RMSNorm)
-    np.testing.assert_array_equal(stock.weight.detach().numpy(), (1.0 + gemma.weight.detach()).numpy())  # Gemma's own factor
+    np.testing.assert_array_equal(
+        stock.weight.detach().numpy(), (1.0 + gemma.weight.detach()).numpy()
+    )  # Gemma's own factor
     x = torch.randn(3, 4, gemma.weight.shape[0])
     with torch.no_grad():
         torch.testing.assert_close(stock(x), gemma(x), rtol=2e-6, atol=2e-6)
@@ -156,7 +168,9 @@ def test_a_gemma_norm_converts_to_a_stock_rmsnorm_exactly_in_float32_and_the_rep
     assert rounded.fate == "approximate" and "half a bfloat16 ulp" in rounded.note
 
 
-@pytest.mark.parametrize("row", [r for r in ROWS if r.dtype == F32 and r.id in ("Llama", "Gemma", "ConvNeXt", "DETR")], ids=lambda r: r.id)
+@pytest.mark.parametrize(
+    "row", [r for r in ROWS if r.dtype == F32 and r.id in ("Llama", "Gemma", "ConvNeXt", "DETR")], ids=lambda r: r.id
+)
 def test_converting_back_to_torch_rebuilds_the_source_class_with_bit_identical_state(row):
     import converters
 

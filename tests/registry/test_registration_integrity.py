@@ -55,7 +55,9 @@ def conv_bn_onnx(nan: bool) -> onnx.ModelProto:
         model(torch.randn(8, 3, 8, 8))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        proto = torch.onnx.export(model.eval(), (torch.randn(2, 3, 8, 8),), dynamo=True, optimize=False, verbose=False).model_proto
+        proto = torch.onnx.export(
+            model.eval(), (torch.randn(2, 3, 8, 8),), dynamo=True, optimize=False, verbose=False
+        ).model_proto
     assert [n.name for n in proto.graph.node if n.op_type == "BatchNormalization"] == [BN_NODE]
     if nan:
         for initializer in proto.graph.initializer:
@@ -95,25 +97,40 @@ def lying_folder(base: Path, target: Path, lie: str) -> Path:
     """The artifact plus a non-normalizer tensor 'extra.weight' whose manifest entry and safetensors header agree on a lie."""
     code, dtype, shape = LIES[lie]
     folder = Path(shutil.copytree(base, target))
-    header = json.dumps({"tensor": {"dtype": code, "shape": shape, "data_offsets": [0, 16]}}, separators=(",", ":")).encode()
+    header = json.dumps(
+        {"tensor": {"dtype": code, "shape": shape, "data_offsets": [0, 16]}}, separators=(",", ":")
+    ).encode()
     blob = struct.pack("<Q", len(header)) + header + bytes(16)
     digest = hashlib.sha256(blob).hexdigest()
     (folder / "blobs" / f"{digest}.safetensors").write_bytes(blob)
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["tensors"]["extra.weight"] = {"digest": digest, "dtype": dtype, "shape": shape, "nbytes": 16, "role": "weight", "layer": "extra"}
+    manifest["tensors"]["extra.weight"] = {
+        "digest": digest,
+        "dtype": dtype,
+        "shape": shape,
+        "nbytes": 16,
+        "role": "weight",
+        "layer": "extra",
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
 
 def cli_env(tmp_path: Path) -> dict[str, str]:
-    return {"NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'cli.db'}", "NORMBRIDGE_BLOBS": str(tmp_path / "cli-blobs"), "NORMBRIDGE_USER": "cli",
-            "COLUMNS": "250"}
+    return {
+        "NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'cli.db'}",
+        "NORMBRIDGE_BLOBS": str(tmp_path / "cli-blobs"),
+        "NORMBRIDGE_USER": "cli",
+        "COLUMNS": "250",
+    }
 
 
 def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`normbridge ARGS` as a real process on the registry in `tmp_path`."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **cli_env(tmp_path)}
-    return subprocess.run(normbridge_command() + list(args), env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        normbridge_command() + list(args), env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def invoke(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -133,7 +150,9 @@ def test_an_onnx_batchnorm_with_a_nan_running_var_is_refused_naming_the_layer(lo
     assert (caught.value.layer, caught.value.setting) == (BN_NODE, "running_var")
     assert "NaN" in str(caught.value) and str(caught.value).startswith(f"layer '{BN_NODE}', setting 'running_var': ")
     assert stored(local) == before
-    assert [(e.action, e.detail["error"], e.detail["layer"]) for e in local.audit(model="cnn")] == [("register_failed", "invalid_spec", BN_NODE)]
+    assert [(e.action, e.detail["error"], e.detail["layer"]) for e in local.audit(model="cnn")] == [
+        ("register_failed", "invalid_spec", BN_NODE)
+    ]
 
 
 @pytest.mark.slow
@@ -149,7 +168,9 @@ def test_a_batchnorm_folded_away_by_tf2onnx_is_refused_not_skipped(local, tmp_pa
     from converters.keras_adapter.runtime import import_keras
 
     keras = import_keras()
-    model = keras.Sequential([keras.Input((5, 3)), keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(2, name="dense")])
+    model = keras.Sequential(
+        [keras.Input((5, 3)), keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(2, name="dense")]
+    )
     model(np.random.default_rng(1).normal(size=(4, 5, 3)).astype("float32"), training=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -163,8 +184,12 @@ def test_a_bundle_listing_normalizer_state_without_its_normalizers_is_refused(lo
     """The bundle form of item 5: drop the manifest's normalizers and the gate would have nothing to check."""
     manifest = json.loads((artifact_folder / "manifest.json").read_text())
     manifest["normalizers"] = []
-    members = [(n, json.dumps(manifest).encode() if n == "manifest.json" else d) for n, d in members_of(artifact_folder)]
-    with pytest.raises(SpecError, match=r"tensor 'bn1\.\w+' holds \w+ state but no normalizer of the manifest uses it") as caught:
+    members = [
+        (n, json.dumps(manifest).encode() if n == "manifest.json" else d) for n, d in members_of(artifact_folder)
+    ]
+    with pytest.raises(
+        SpecError, match=r"tensor 'bn1\.\w+' holds \w+ state but no normalizer of the manifest uses it"
+    ) as caught:
         local.register_stream("cnn", io.BytesIO(tar_of(members)), 1 << 40)
     assert caught.value.layer == "bn1"
     folder = Path(shutil.copytree(artifact_folder, tmp_path / "no-normalizers"))
@@ -183,7 +208,9 @@ def test_the_gate_refuses_fewer_checks_than_normalization_layers(artifact_folder
     check_registrable(artifact.manifest, artifact.specs, 2)
     with pytest.raises(CheckFailedError, match="the manifest lists 2 normalizers and 1 would be checked"):
         check_registrable(artifact.manifest, artifact.specs[:1])
-    with pytest.raises(CheckFailedError, match="the model holds 3 normalization layers, the manifest lists 2 and 2 would be checked"):
+    with pytest.raises(
+        CheckFailedError, match="the model holds 3 normalization layers, the manifest lists 2 and 2 would be checked"
+    ):
         check_registrable(artifact.manifest, artifact.specs, 3)
     assert extract_artifact(trained_cnn()).sites == 2  # what the torch reader found
 
@@ -212,12 +239,20 @@ def server(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_uploads_of_the_nan_onnx_and_of_lying_bundles_are_refused_and_store_nothing(server, onnx_files, artifact_folder):
+def test_uploads_of_the_nan_onnx_and_of_lying_bundles_are_refused_and_store_nothing(
+    server, onnx_files, artifact_folder
+):
     client, registry, root = server
-    refused = client.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=onnx_files["nan"].read_bytes())
+    refused = client.post(
+        "/api/v1/models/cnn/versions", params={"format": "onnx"}, content=onnx_files["nan"].read_bytes()
+    )
     assert refused.status_code == 422, refused.text
     error = refused.json()["error"]
-    assert (error["code"], error["layer"], error["setting"]) == ("invalid_spec", BN_NODE, "running_var") and "NaN" in error["message"]
+    assert (error["code"], error["layer"], error["setting"]) == (
+        "invalid_spec",
+        BN_NODE,
+        "running_var",
+    ) and "NaN" in error["message"]
     for i, lie in enumerate(LIES):
         body = tar_of(members_of(lying_folder(artifact_folder, root / f"lying-{i}", lie)))
         refused = client.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=body)
@@ -225,11 +260,15 @@ def test_uploads_of_the_nan_onnx_and_of_lying_bundles_are_refused_and_store_noth
         assert refused.json()["error"]["code"] == "bad_input_file"
         assert re.search(LIE_MESSAGE, refused.json()["error"]["message"]), (lie, refused.json())
     assert stored(registry) == {"versions": [], "blobs": []}
-    accepted = client.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=tar_of(members_of(artifact_folder)))
+    accepted = client.post(
+        "/api/v1/models/cnn/versions", params={"format": "bundle"}, content=tar_of(members_of(artifact_folder))
+    )
     assert accepted.status_code == 201, accepted.text  # the same bundle without the lie
 
 
-@pytest.mark.parametrize("lie", ["shape [1000000] with its bytes", "dtype object", "shape [-4]", "a shape the blob does not hold"])
+@pytest.mark.parametrize(
+    "lie", ["shape [1000000] with its bytes", "dtype object", "shape [-4]", "a shape the blob does not hold"]
+)
 def test_verify_fails_when_a_stored_manifest_row_is_edited_to_lie(local, tmp_path, lie):
     local.register("cnn", trained_cnn())
     assert local.verify().passed
@@ -252,9 +291,12 @@ def test_verify_fails_when_a_stored_manifest_row_is_edited_to_lie(local, tmp_pat
     assert not result.passed
     found = [p for p in result.problems if p.kind == "tensor"]
     assert [(p.model, p.number, p.tensor) for p in found] == [("cnn", 1, "conv2.weight")], result.problems
-    expected = {"shape [1000000] with its bytes": r"claims 864 bytes for float32\[1000000\]", "dtype object": "has dtype 'object'",
-                "shape [-4]": r"has shape \[-4, 6, 3, 3\]",
-                "a shape the blob does not hold": r"holds float32\[6, 4, 3, 3\] but the manifest says float32\[4, 6, 3, 3\]"}
+    expected = {
+        "shape [1000000] with its bytes": r"claims 864 bytes for float32\[1000000\]",
+        "dtype object": "has dtype 'object'",
+        "shape [-4]": r"has shape \[-4, 6, 3, 3\]",
+        "a shape the blob does not hold": r"holds float32\[6, 4, 3, 3\] but the manifest says float32\[4, 6, 3, 3\]",
+    }
     assert re.search(expected[lie], found[0].message), found[0].message
     with pytest.raises(InputFileError, match="conv2.weight"):
         local.tensors("cnn@1")
@@ -278,6 +320,8 @@ def test_a_torch_normalization_layer_the_reader_cannot_classify_refuses_the_mode
 
     norm = torch.nn.SyncBatchNorm(4) if layer == "SyncBatchNorm" else torch.nn.LazyBatchNorm2d()
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), norm).eval()
-    with pytest.raises(UnsupportedObjectError, match="registered only when each of its normalization layers is checked") as caught:
+    with pytest.raises(
+        UnsupportedObjectError, match="registered only when each of its normalization layers is checked"
+    ) as caught:
         local.register("cnn", model)
     assert caught.value.layer == "2" and stored(local) == {"versions": [], "blobs": []}

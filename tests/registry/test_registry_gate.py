@@ -34,7 +34,9 @@ def test_a_registry_checks_through_the_gate_it_was_given_once_the_model_is_read(
     """The gate is asked once, with every normalizer's spec (so the model was read before it), and never to prepare for a
     model before its reading: the registration's walk reads the model first."""
     gate = RecordingGate()
-    registry = Registry(db=f"sqlite:///{tmp_path / 'registry.db'}", blobs=str(tmp_path / "blobs"), user="tester", gate=gate)
+    registry = Registry(
+        db=f"sqlite:///{tmp_path / 'registry.db'}", blobs=str(tmp_path / "blobs"), user="tester", gate=gate
+    )
     done = registry.register("cnn", trained_cnn())
     assert [asked for asked, _ in gate.asked] == ["check_all"]
     assert gate.asked[0][1] == [check.layer for check in done.checks] and len(done.checks) >= 2
@@ -54,7 +56,11 @@ def test_the_cli_gate_is_the_shared_workers_with_the_registrys_jobs_unless_set_p
     monkeypatch.setenv("NORMBRIDGE_GATE_WORKER", "shared")
     gate = cli_gate()
     assert isinstance(gate, SharedWorkerGate)
-    assert (gate.worker.folder, gate.worker.idle, gate.worker.jobs) == (tmp_path / "workers", DEFAULT_WORKER_IDLE, worker_jobs)
+    assert (gate.worker.folder, gate.worker.idle, gate.worker.jobs) == (
+        tmp_path / "workers",
+        DEFAULT_WORKER_IDLE,
+        worker_jobs,
+    )
     monkeypatch.setenv("NORMBRIDGE_WORKER_DIR", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("NORMBRIDGE_WORKER_IDLE", "30")
     assert (cli_gate().worker.folder, cli_gate().worker.idle) == (Path(tmp_path / "elsewhere"), 30.0)

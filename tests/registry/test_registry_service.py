@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from schemas.errors import CheckFailedError, InputFileError, IntegrityError, NormbridgeError, NotFoundError, RegistryError, SpecError
+from schemas.errors import (
+    CheckFailedError,
+    InputFileError,
+    IntegrityError,
+    NormbridgeError,
+    NotFoundError,
+    RegistryError,
+    SpecError,
+)
 from tests.pg import registry_on
 
 
@@ -83,7 +91,9 @@ def blob_path(registry, digest: str) -> Path:
 def snapshot(registry) -> dict:
     """Everything a failed registration must leave unchanged: versions, audit actions and blobs."""
     return {
-        "versions": [(r.model, r.number, r.digest) for name, _, _ in registry.models() for r in registry.meta.versions(name)],
+        "versions": [
+            (r.model, r.number, r.digest) for name, _, _ in registry.models() for r in registry.meta.versions(name)
+        ],
         "audit": [(a.seq, a.action) for a in registry.audit()],
         "blobs": sorted(registry.store.digests()),
     }
@@ -111,7 +121,7 @@ def assert_unchanged_but_failure(registry, before: dict) -> None:
     assert after["versions"] == before["versions"]
     assert after["blobs"] == before["blobs"]
     assert after["audit"][: len(before["audit"])] == before["audit"]
-    assert [action for _, action in after["audit"][len(before["audit"]):]] == ["register_failed"]
+    assert [action for _, action in after["audit"][len(before["audit"]) :]] == ["register_failed"]
     assert registry.verify_audit() == []
 
 
@@ -150,7 +160,9 @@ def test_a_stats_only_fine_tune_registers_as_a_child_that_shares_every_weight_bl
     new_blobs = set(registry.store.digests()) - blobs_v1
     tensors_v1, tensors_v2 = first.version.manifest["tensors"], second.version.manifest["tensors"]
     stats = {n for n, t in tensors_v2.items() if t["role"] in ("running_mean", "running_var", "num_batches_tracked")}
-    assert len(stats) == 6 and new_blobs == {tensors_v2[n]["digest"] for n in stats}  # only the statistics were stored again
+    assert len(stats) == 6 and new_blobs == {
+        tensors_v2[n]["digest"] for n in stats
+    }  # only the statistics were stored again
     assert all(tensors_v1[n]["digest"] == t["digest"] for n, t in tensors_v2.items() if n not in stats)
 
     diff = registry.diff("cnn@1", "cnn@2")
@@ -237,14 +249,18 @@ def test_a_failing_equivalence_check_stores_nothing_and_names_the_layer(sqlite_r
 
         def check_all(self, specs, progress=None):
             overturned = {"passed": False, "errors": ["onnx: running_var differs by 1e-2"]}
-            return [result.model_copy(update=overturned) if result.layer == "bn2" else result
-                    for result in super().check_all(specs, progress)]
+            return [
+                result.model_copy(update=overturned) if result.layer == "bn2" else result
+                for result in super().check_all(specs, progress)
+            ]
 
     sqlite_registry.register("cnn", trained_cnn())
     reg = Registry(db=sqlite_registry.db_url, blobs=sqlite_registry.blob_uri, user="tester", gate=FailingOnBn2())
     before = snapshot(reg)
     model = finetune_statistics(trained_cnn())
-    with pytest.raises(CheckFailedError, match="layer 'bn2' failed the round-trip equivalence check .*running_var differs"):
+    with pytest.raises(
+        CheckFailedError, match="layer 'bn2' failed the round-trip equivalence check .*running_var differs"
+    ):
         reg.register("cnn", model)
     assert_unchanged_but_failure(reg, before)
 

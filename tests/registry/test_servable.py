@@ -46,7 +46,11 @@ def untrained_cnn() -> torch.nn.Module:
     model = SmallCNN().eval()
     for name in batchnorm_paths(model):
         bn = model.get_submodule(name)
-        assert int(bn.num_batches_tracked) == 0 and bool((bn.running_mean == 0).all()) and bool((bn.running_var == 1).all())
+        assert (
+            int(bn.num_batches_tracked) == 0
+            and bool((bn.running_mean == 0).all())
+            and bool((bn.running_var == 1).all())
+        )
     return model
 
 
@@ -63,19 +67,29 @@ def test_a_pt2_exported_in_train_mode_is_not_servable_and_the_guard_refuses_it_u
     assert registry.show("cnn@1") == record  # stored with the version, read back as registered
     assert registry.audit(model="cnn")[-1].detail["not_servable"] == ["train_mode"]
 
-    with pytest.raises(NotServableError, match=r"cnn@production' is guarded and cnn@1 is not servable: train_mode at bn1") as refused:
+    with pytest.raises(
+        NotServableError, match=r"cnn@production' is guarded and cnn@1 is not servable: train_mode at bn1"
+    ) as refused:
         registry.set_alias("cnn", "production", "cnn@1")
     assert exit_code_for(refused.value) == 22 and HTTP_STATUSES[NotServableError] == 409
     assert registry.aliases("cnn") == []
     last = registry.audit(model="cnn")[-1]
-    assert (last.action, last.number, last.detail["alias"], last.detail["error"]) == ("alias_refused", 1, "production", "not_servable")
+    assert (last.action, last.number, last.detail["alias"], last.detail["error"]) == (
+        "alias_refused",
+        1,
+        "production",
+        "not_servable",
+    )
 
     assert registry.set_alias("cnn", "staging", "cnn@1").number == 1  # only guarded aliases are refused
     moved = registry.set_alias("cnn", "production", "cnn@1", force=True)
     assert (moved.alias, moved.number) == ("production", 1)
     entry = registry.audit(model="cnn")[-1]
-    assert (entry.action, entry.user, entry.detail) == ("alias", "alice", {"alias": "production", "from": None, "to": 1, "forced": True,
-                                                                            "not_servable": ["train_mode"]})
+    assert (entry.action, entry.user, entry.detail) == (
+        "alias",
+        "alice",
+        {"alias": "production", "from": None, "to": 1, "forced": True, "not_servable": ["train_mode"]},
+    )
     assert registry.verify_audit() == []
 
 
@@ -87,7 +101,10 @@ def test_batchnorms_that_never_saw_data_are_not_servable_and_a_trained_eval_mode
     clean = registry.register("clean", trained_cnn()).version
     assert clean.servable is True and blocking(clean) == set()
     assert registry.set_alias("clean", "production", "clean@1").number == 1
-    assert "forced" not in registry.audit(model="clean")[-1].detail and "not_servable" not in registry.audit(model="clean")[-2].detail
+    assert (
+        "forced" not in registry.audit(model="clean")[-1].detail
+        and "not_servable" not in registry.audit(model="clean")[-2].detail
+    )
 
 
 def test_an_eps_that_rounds_to_zero_in_float16_is_not_servable(local):
@@ -134,7 +151,10 @@ def test_a_version_registered_before_verdicts_were_stored_is_assessed_when_read(
     with local.meta.engine.begin() as connection:  # as a registry upgraded by migration 0004 holds its older versions
         connection.execute(update(VersionRow).values(servable=None, hazards=None))
     assert local.meta.resolve("cnn@1").servable is None
-    assert local.show("cnn@1").servable is False and blocking(local.show("cnn@1")) == {("train_mode", "bn1"), ("train_mode", "bn2")}
+    assert local.show("cnn@1").servable is False and blocking(local.show("cnn@1")) == {
+        ("train_mode", "bn1"),
+        ("train_mode", "bn2"),
+    }
     assert [r.servable for r in local.versions("clean")] == [True]
     with pytest.raises(NotServableError):
         local.set_alias("cnn", "production", "1")
@@ -144,8 +164,11 @@ def test_unconverged_statistics_are_recorded_as_a_warning_that_does_not_block(lo
     from converters import recalibrate
 
     model = trained_cnn()  # three SGD steps: each BatchNorm counted 3 batches at momentum 0.1
-    expected = {name for name in batchnorm_paths(model)
-                if (1 - model.get_submodule(name).momentum) ** int(model.get_submodule(name).num_batches_tracked) >= 0.05}
+    expected = {
+        name
+        for name in batchnorm_paths(model)
+        if (1 - model.get_submodule(name).momentum) ** int(model.get_submodule(name).num_batches_tracked) >= 0.05
+    }
     assert expected == set(batchnorm_paths(model))
     record = local.register("cnn", model).version
     found = {h["layer"]: h for h in record.hazards if h["code"] == "unconverged_statistics"}
@@ -154,7 +177,9 @@ def test_unconverged_statistics_are_recorded_as_a_warning_that_does_not_block(lo
     assert "not_servable" not in local.audit(model="cnn")[-1].detail
     assert local.set_alias("cnn", "production", "cnn@1").number == 1  # recorded and shown, never a reason to refuse
     # statistics re-estimated as a cumulative average over 4 batches keep none of the initial values, whatever the counter says
-    recalibrated, _ = recalibrate(model, [np.random.default_rng(i).standard_normal((8, 3, 8, 8)).astype(np.float32) for i in range(4)])
+    recalibrated, _ = recalibrate(
+        model, [np.random.default_rng(i).standard_normal((8, 3, 8, 8)).astype(np.float32) for i in range(4)]
+    )
     assert all(int(recalibrated.get_submodule(name).num_batches_tracked) == 4 for name in expected)
     child = local.register("cnn", recalibrated, operation="recalibrated").version
     assert child.servable is True and not [h for h in child.hazards if h["code"] == "unconverged_statistics"]

@@ -35,7 +35,11 @@ def snapshot(db: str, blobs: str) -> dict:
     try:
         return {
             "models": registry.models(),
-            "versions": [(r.model, r.number, r.digest, r.content_digest) for name, _, _ in registry.models() for r in registry.versions(name)],
+            "versions": [
+                (r.model, r.number, r.digest, r.content_digest)
+                for name, _, _ in registry.models()
+                for r in registry.versions(name)
+            ],
             "audit": [(e.seq, e.action, e.model, e.number, e.user, e.hash) for e in registry.audit()],
             "blobs": sorted(registry.store.digests()),
             "staging": sorted(str(p.relative_to(blobs)) for p in Path(blobs).rglob(".*.tmp")),
@@ -76,7 +80,10 @@ def template(tmp_path_factory):
     folder = tmp_path_factory.mktemp("template")
     db = f"sqlite:///{folder / 'registry.db'}"
     token = create_token(db, "uploader", "write")
-    with running_server(db=db, blobs=str(folder / "blobs"), log=folder / "server.log") as server, httpx.Client() as client:
+    with (
+        running_server(db=db, blobs=str(folder / "blobs"), log=folder / "server.log") as server,
+        httpx.Client() as client,
+    ):
         response = post_model(client, server.url, token, "cnn", bn_onnx_bytes(1))
         assert response.status_code == 201, response.text
     return folder, token
@@ -96,8 +103,13 @@ def registry_with_one_version(template, tmp_path):
 def assert_unchanged_and_served(db: str, blobs: str, token: str, before: dict, tmp_path: Path) -> None:
     """The registry is as `before`; a restarted server serves it and numbers the next upload 2."""
     after = snapshot(db, blobs)
-    assert {k: after[k] for k in ("models", "versions", "audit", "blobs")} == {k: before[k] for k in ("models", "versions", "audit", "blobs")}
-    with running_server(db=db, blobs=blobs, log=tmp_path / "restarted.log") as server, httpx.Client(headers=bearer(token), timeout=120) as client:
+    assert {k: after[k] for k in ("models", "versions", "audit", "blobs")} == {
+        k: before[k] for k in ("models", "versions", "audit", "blobs")
+    }
+    with (
+        running_server(db=db, blobs=blobs, log=tmp_path / "restarted.log") as server,
+        httpx.Client(headers=bearer(token), timeout=120) as client,
+    ):
         assert client.get(f"{server.url}/api/v1/models").json() == [{"name": "cnn", "latest": 1, "versions": 1}]
         listed = client.get(f"{server.url}/api/v1/models/cnn/versions").json()["versions"]
         assert [(v["model"], v["number"], v["digest"], v["content_digest"]) for v in listed] == before["versions"]
@@ -118,18 +130,24 @@ def test_sigkill_during_a_streamed_upload_leaves_the_registry_unchanged(registry
     outcome: dict = {}
 
     def body():
-        yield data[:SENT_BEFORE_STALL // 2]
-        yield data[SENT_BEFORE_STALL // 2:SENT_BEFORE_STALL]
+        yield data[: SENT_BEFORE_STALL // 2]
+        yield data[SENT_BEFORE_STALL // 2 : SENT_BEFORE_STALL]
         stalled.set()
         release.wait(timeout=120)  # the server dies meanwhile
         yield data[SENT_BEFORE_STALL:]
 
     with running_server(db=db, blobs=blobs, env={"TMPDIR": str(upload_tmp)}, log=tmp_path / "killed.log") as server:
+
         def send():
             try:
                 with httpx.Client() as client:
-                    outcome["response"] = client.post(f"{server.url}/api/v1/models/cnn/versions", params={"format": "onnx"}, content=body(),
-                                                      headers={**bearer(token), "Content-Type": "application/octet-stream"}, timeout=120)
+                    outcome["response"] = client.post(
+                        f"{server.url}/api/v1/models/cnn/versions",
+                        params={"format": "onnx"},
+                        content=body(),
+                        headers={**bearer(token), "Content-Type": "application/octet-stream"},
+                        timeout=120,
+                    )
             except httpx.HTTPError as error:
                 outcome["error"] = error
 
@@ -144,7 +162,9 @@ def test_sigkill_during_a_streamed_upload_leaves_the_registry_unchanged(registry
         kill(server)
         release.set()
         sender.join(timeout=60)
-    assert "response" not in outcome, f"the killed server answered: {outcome['response'].status_code} {outcome['response'].text[:300]}"
+    assert "response" not in outcome, (
+        f"the killed server answered: {outcome['response'].status_code} {outcome['response'].text[:300]}"
+    )
     assert isinstance(outcome.get("error"), httpx.HTTPError)
     # the partial body is only in the dead server's temp folder, never in the registry
     partial = list(upload_tmp.glob("normbridge-upload-*/upload.onnx"))
@@ -161,6 +181,7 @@ def test_sigkill_during_the_equivalence_gate_leaves_the_registry_unchanged(regis
     data = bn_onnx_bytes(4, layers=80)
     outcome: dict = {}
     with running_server(db=db, blobs=blobs, log=tmp_path / "killed.log") as server:
+
         def send():
             try:
                 with httpx.Client() as client:
@@ -213,8 +234,13 @@ def test_a_client_that_disconnects_mid_upload_leaves_nothing_behind(registry_wit
         def send():
             try:
                 with httpx.Client() as client:
-                    outcome["response"] = client.post(f"{server.url}/api/v1/models/cnn/versions", params={"format": "onnx"}, content=body(),
-                                                      headers={**bearer(token), "Content-Type": "application/octet-stream"}, timeout=60)
+                    outcome["response"] = client.post(
+                        f"{server.url}/api/v1/models/cnn/versions",
+                        params={"format": "onnx"},
+                        content=body(),
+                        headers={**bearer(token), "Content-Type": "application/octet-stream"},
+                        timeout=60,
+                    )
             except Disconnect as error:
                 outcome["error"] = error
 
@@ -226,7 +252,9 @@ def test_a_client_that_disconnects_mid_upload_leaves_nothing_behind(registry_wit
         sender.join(timeout=60)
         assert isinstance(outcome.get("error"), Disconnect), outcome
         # the server notices, removes the partial body and registers nothing; it keeps serving
-        wait_for(lambda: not list(upload_tmp.glob("normbridge-upload-*")), 30, "the server to remove the partial upload")
+        wait_for(
+            lambda: not list(upload_tmp.glob("normbridge-upload-*")), 30, "the server to remove the partial upload"
+        )
         with httpx.Client(headers=bearer(token), timeout=60) as client:
             assert client.get(f"{server.url}/api/v1/models").json() == [{"name": "cnn", "latest": 1, "versions": 1}]
         assert server.process.poll() is None
@@ -264,6 +292,7 @@ def test_a_bundle_cut_off_mid_stream_leaves_the_registry_unchanged(registry_with
         return any(Path(blobs).rglob(".*.tmp"))
 
     with running_server(db=db, blobs=blobs, log=tmp_path / "server.log") as server:
+
         def send():
             try:
                 with httpx.Client() as client:

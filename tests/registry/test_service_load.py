@@ -31,7 +31,9 @@ def test_concurrent_readers_and_writers_lose_nothing_and_never_fail(tmp_path):
     db = f"sqlite:///{tmp_path / 'registry.db'}"
     writer_token = create_token(db, "writer", "write")
     reader_token = create_token(db, "reader", "read")
-    with running_server(db=db, blobs=str(tmp_path / "blobs"), args=["--workers", "2"], log=tmp_path / "server.log") as server:
+    with running_server(
+        db=db, blobs=str(tmp_path / "blobs"), args=["--workers", "2"], log=tmp_path / "server.log"
+    ) as server:
         with httpx.Client() as client:
             first = post_model(client, server.url, writer_token, "load", bn_onnx_bytes(1))
         assert first.status_code == 201, first.text
@@ -48,12 +50,16 @@ def test_concurrent_readers_and_writers_lose_nothing_and_never_fail(tmp_path):
                 for k in range(PER_WRITER):
                     if time.monotonic() > deadline:
                         return
-                    response = post_model(client, server.url, writer_token, "load", bn_onnx_bytes(1000 * (index + 1) + k))
+                    response = post_model(
+                        client, server.url, writer_token, "load", bn_onnx_bytes(1000 * (index + 1) + k)
+                    )
                     with lock:
                         if response.status_code >= 500:
                             server_errors.append(f"POST {response.status_code} {response.text[:500]}")
                         elif response.status_code != 201:
-                            read_problems.append(f"writer {index}: POST answered {response.status_code} {response.text[:500]}")
+                            read_problems.append(
+                                f"writer {index}: POST answered {response.status_code} {response.text[:500]}"
+                            )
                         else:
                             version = response.json()["version"]
                             if version["number"] in acknowledged:
@@ -67,8 +73,11 @@ def test_concurrent_readers_and_writers_lose_nothing_and_never_fail(tmp_path):
                     with lock:
                         number, digest = rng.choice(sorted(acknowledged.items()))
                     kind = ("versions", "show", "bundle")[rng.randrange(3)]
-                    path = {"versions": "/api/v1/models/load/versions", "show": f"/api/v1/models/load/versions/{number}",
-                            "bundle": f"/api/v1/models/load/versions/{number}/bundle"}[kind]
+                    path = {
+                        "versions": "/api/v1/models/load/versions",
+                        "show": f"/api/v1/models/load/versions/{number}",
+                        "bundle": f"/api/v1/models/load/versions/{number}/bundle",
+                    }[kind]
                     response = client.get(server.url + path)
                     problem = None
                     if response.status_code != 200:

@@ -50,14 +50,24 @@ def bn_onnx_bytes(seed: int, channels: int = 8, layers: int = 1) -> bytes:
     current = "X"
     for i in range(layers):
         names = [f"s{i}", f"b{i}", f"m{i}", f"v{i}"]
-        arrays = (rng.uniform(0.5, 1.5, channels), rng.normal(size=channels), rng.normal(size=channels), rng.uniform(0.5, 2.0, channels))
+        arrays = (
+            rng.uniform(0.5, 1.5, channels),
+            rng.normal(size=channels),
+            rng.normal(size=channels),
+            rng.uniform(0.5, 2.0, channels),
+        )
         initializers += [numpy_helper.from_array(a.astype(np.float32), n) for a, n in zip(arrays, names)]
         output = "Y" if i == layers - 1 else f"h{i}"
         nodes.append(helper.make_node("BatchNormalization", [current, *names], [output], epsilon=1e-5, name=f"bn{i}"))
         current = output
     shape = ["N", channels, "H", "W"]
-    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)], initializer=initializers)
+    graph = helper.make_graph(
+        nodes,
+        "bn",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
+        initializer=initializers,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]).SerializeToString()
 
 
@@ -65,15 +75,25 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def post_model(client: httpx.Client, url: str, token: str, name: str, data, fmt: str = "onnx", **params) -> httpx.Response:
+def post_model(
+    client: httpx.Client, url: str, token: str, name: str, data, fmt: str = "onnx", **params
+) -> httpx.Response:
     """POST /api/v1/models/{name}/versions with the raw file as the body."""
-    return client.post(f"{url}/api/v1/models/{name}/versions", params={"format": fmt, **params}, content=data,
-                       headers={**bearer(token), "Content-Type": "application/octet-stream"}, timeout=300)
+    return client.post(
+        f"{url}/api/v1/models/{name}/versions",
+        params={"format": fmt, **params},
+        content=data,
+        headers={**bearer(token), "Content-Type": "application/octet-stream"},
+        timeout=300,
+    )
 
 
 def check_bundle(response: httpx.Response, name: str, number: int, digest: str) -> str | None:
     """None when the tar is the version's artifact folder and every blob hashes to its name; else what is wrong."""
-    if response.headers.get("x-normbridge-version") != f"{name}@{number}" or response.headers.get("x-normbridge-digest") != digest:
+    if (
+        response.headers.get("x-normbridge-version") != f"{name}@{number}"
+        or response.headers.get("x-normbridge-digest") != digest
+    ):
         return f"bundle headers {dict(response.headers)} do not name {name}@{number} {digest}"
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
         members = {m.name: tar.extractfile(m).read() for m in tar if m.isreg()}
@@ -95,8 +115,13 @@ def server_failures(log: str) -> list[str]:
 
 def s3_server_env(endpoint: str) -> dict[str, str]:
     """What a server process needs to reach the moto S3 server (tests/moto_server.py sets the same in-process)."""
-    return {"NORMBRIDGE_S3_ENDPOINT": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return {
+        "NORMBRIDGE_S3_ENDPOINT": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
 
 
 # ---------------------------------------------------------------------------- the test
@@ -114,7 +139,10 @@ def test_two_servers_on_one_database_and_bucket_register_concurrently(s3_env, tm
         owners = ("alice", "bob")
         tokens = [create_token(db, owner, "write") for owner in owners]
         reader = create_token(db, "auditor", "read")
-        servers = [stack.enter_context(running_server(db=db, blobs=blobs, env=env, log=tmp_path / f"server-{i}.log")) for i in range(2)]
+        servers = [
+            stack.enter_context(running_server(db=db, blobs=blobs, env=env, log=tmp_path / f"server-{i}.log"))
+            for i in range(2)
+        ]
 
         def warm(i: int) -> httpx.Response:
             # each server imports the gate's frameworks once; both warm-ups race for version numbers of 'warm'
@@ -187,7 +215,10 @@ def test_two_servers_on_one_database_and_bucket_register_concurrently(s3_env, tm
                     assert v["user"] == created_by[(model, v["number"])]
             summary = {m["name"]: m for m in client.get(f"{servers[1].url}/api/v1/models").json()}
             assert {name: (m["latest"], m["versions"]) for name, m in summary.items()} == {
-                "warm": (2, 2), "alpha": (DISTINCT + 1, DISTINCT + 1), "beta": (DISTINCT + 1, DISTINCT + 1)}
+                "warm": (2, 2),
+                "alpha": (DISTINCT + 1, DISTINCT + 1),
+                "beta": (DISTINCT + 1, DISTINCT + 1),
+            }
 
             # each server serves the blobs and bundles the other one wrote, byte-exact
             for (model, number), version in sorted(acknowledged.items()):
@@ -203,9 +234,13 @@ def test_two_servers_on_one_database_and_bucket_register_concurrently(s3_env, tm
 
             audit = client.get(f"{servers[0].url}/api/v1/audit", params={"verify": "true"}).json()
             assert audit["chain_ok"] is True, audit["chain_problems"]
-            registrations = [(e["model"], e["number"], e["user"]) for e in audit["entries"] if e["action"] == "register"]
-            assert sorted(registrations) == sorted([(m, n, owner) for (m, n), owner in created_by.items()] +
-                                                   [("warm", r.json()["version"]["number"], owners[i]) for i, r in enumerate(warmed)])
+            registrations = [
+                (e["model"], e["number"], e["user"]) for e in audit["entries"] if e["action"] == "register"
+            ]
+            assert sorted(registrations) == sorted(
+                [(m, n, owner) for (m, n), owner in created_by.items()]
+                + [("warm", r.json()["version"]["number"], owners[i]) for i, r in enumerate(warmed)]
+            )
 
         # the library on the same database and bucket: every referenced blob is in S3 and hashes right, chain intact
         from registry.service import Registry
@@ -214,11 +249,18 @@ def test_two_servers_on_one_database_and_bucket_register_concurrently(s3_env, tm
         result = registry.verify(rerun_checks=False)
         assert result.passed, result.render_text()
         assert len(result.versions) == 2 + 2 * (DISTINCT + 1)
-        referenced = {t["digest"] for name, _, _ in registry.models() for record in registry.versions(name)
-                      for t in record.manifest["tensors"].values()}
+        referenced = {
+            t["digest"]
+            for name, _, _ in registry.models()
+            for record in registry.versions(name)
+            for t in record.manifest["tensors"].values()
+        }
         assert referenced and referenced <= set(registry.store.digests())
-        keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="registry/")
-                for o in page.get("Contents", [])}
+        keys = {
+            o["Key"]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="registry/")
+            for o in page.get("Contents", [])
+        }
         assert {f"registry/{d[:2]}/{d[2:]}" for d in referenced} <= keys
         assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
         registry.meta.close()
@@ -238,11 +280,17 @@ def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tm
 
     endpoint, bucket, s3 = s3_env
     blobs = f"s3://{bucket}/registry"
-    folder = save_artifact_folder(extract_artifact(onnx.load_from_string(bn_onnx_bytes(77, channels=50_000, layers=6))), tmp_path / "artifact")
+    folder = save_artifact_folder(
+        extract_artifact(onnx.load_from_string(bn_onnx_bytes(77, channels=50_000, layers=6))), tmp_path / "artifact"
+    )
     with fresh_database() as db, ExitStack() as stack:
         tokens = [create_token(db, owner, "write") for owner in ("alice", "bob")]
-        servers = [stack.enter_context(running_server(db=db, blobs=blobs, env=s3_server_env(endpoint), log=tmp_path / f"s{i}.log"))
-                   for i in range(2)]
+        servers = [
+            stack.enter_context(
+                running_server(db=db, blobs=blobs, env=s3_server_env(endpoint), log=tmp_path / f"s{i}.log")
+            )
+            for i in range(2)
+        ]
         start = threading.Barrier(2)
 
         def upload(i: int):
@@ -259,7 +307,9 @@ def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tm
         assert registry.verify(rerun_checks=False).passed
         manifest = registry.manifest("streamed@1")
         parts = manifest.structure.parts.values() if manifest.structure is not None else ()
-        referenced = {ref.digest for ref in [*manifest.tensors.values(), *parts]}  # tensors and the graph's structure blobs
+        referenced = {
+            ref.digest for ref in [*manifest.tensors.values(), *parts]
+        }  # tensors and the graph's structure blobs
         assert referenced == set(registry.store.digests())  # each blob once in the bucket, nothing else
         from registry.manifest_io import load_artifact_folder
 
@@ -267,14 +317,18 @@ def test_the_same_bundle_streamed_to_two_servers_on_s3_is_stored_once(s3_env, tm
         with RemoteRegistry(servers[1].url, tokens[1]) as remote:  # the bundle download is re-hashed by the client
             served = remote.tensors("streamed@1")
         assert {name: array.tobytes() for name, array in served.items()} == {
-            name: sent.blobs[ref.digest][len(sent.blobs[ref.digest]) - ref.nbytes:] for name, ref in sent.manifest.tensors.items()}
+            name: sent.blobs[ref.digest][len(sent.blobs[ref.digest]) - ref.nbytes :]
+            for name, ref in sent.manifest.tensors.items()
+        }
 
         # a statistics-only fine-tune of a torch CNN: its weights are left out, checked on S3 from their stored headers
         from registry.client_transfer import folder_tar_size
         from tests.registry.test_registry_service import finetune_statistics, trained_cnn
 
         base = save_artifact_folder(extract_artifact(trained_cnn(seed=5)), tmp_path / "cnn")
-        tuned = save_artifact_folder(extract_artifact(finetune_statistics(trained_cnn(seed=5), seed=6)), tmp_path / "cnn-tuned")
+        tuned = save_artifact_folder(
+            extract_artifact(finetune_statistics(trained_cnn(seed=5), seed=6)), tmp_path / "cnn-tuned"
+        )
         sizes: dict[str, int] = {}
 
         @contextmanager

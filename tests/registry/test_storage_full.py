@@ -28,8 +28,10 @@ from tests.http_server import create_token, running_server
 from tests.registry.test_service_scale import bn_onnx_bytes, post_model
 from tests.process_limits import workers_of
 
-pytestmark = [pytest.mark.slow,  # real processes, a real server
-              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the registry's disk needs root")]
+pytestmark = [
+    pytest.mark.slow,  # real processes, a real server
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs as the registry's disk needs root"),
+]
 
 EXIT_STORAGE_FULL = 25
 #: The disk the registry gets, and the model that does not fit on it.
@@ -41,7 +43,9 @@ WEIGHT_SHAPE = (96, 8192)  # float32: 3 MiB
 def small_disk(folder: Path, size: str = DISK) -> Iterator[Path]:
     """A tmpfs of `size` mounted at `folder` (created), unmounted afterwards whatever happens."""
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"mount is not permitted here ({done.stderr.strip()}): a full disk needs a small tmpfs to fill")
     try:
@@ -62,12 +66,25 @@ def big_onnx(path: Path, seed: int = 0) -> Path:
 
     rng = np.random.default_rng(seed)
     c = 8
-    arrays = (rng.uniform(0.5, 1.5, c), rng.normal(size=c), rng.normal(size=c), rng.uniform(0.5, 2.0, c), rng.normal(size=WEIGHT_SHAPE))
+    arrays = (
+        rng.uniform(0.5, 1.5, c),
+        rng.normal(size=c),
+        rng.normal(size=c),
+        rng.uniform(0.5, 2.0, c),
+        rng.normal(size=WEIGHT_SHAPE),
+    )
     initializers = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in zip(arrays, ("s", "b", "m", "v", "w"))]
-    nodes = [helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["h"], epsilon=1e-5, name="bn"),
-             helper.make_node("MatMul", ["h", "w"], ["Y"], name="fc")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", c, 4, WEIGHT_SHAPE[0]])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", c, 4, WEIGHT_SHAPE[1]])], initializer=initializers)
+    nodes = [
+        helper.make_node("BatchNormalization", ["X", "s", "b", "m", "v"], ["h"], epsilon=1e-5, name="bn"),
+        helper.make_node("MatMul", ["h", "w"], ["Y"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", c, 4, WEIGHT_SHAPE[0]])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", c, 4, WEIGHT_SHAPE[1]])],
+        initializer=initializers,
+    )
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]).SerializeToString())
     return path
 
@@ -80,7 +97,9 @@ def stored_files(home: Path) -> set[str]:
 def assert_one_line_storage_full(stderr: str, blobs: Path) -> None:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
-    assert lines[0].startswith(f"error (storage_full): the blob store '{blobs}' has no room left (No space left on device)"), lines[0]
+    assert lines[0].startswith(
+        f"error (storage_full): the blob store '{blobs}' has no room left (No space left on device)"
+    ), lines[0]
     assert "free space on its disk" in lines[0] and "NORMBRIDGE_BLOBS" in lines[0], lines[0]
 
 
@@ -130,7 +149,9 @@ def test_the_library_refuses_a_full_database_then_registers_once_a_filler_is_rem
         with pytest.raises(StorageFullError) as refused:
             registry.register("small", model)
         message = str(refused.value)
-        assert message.startswith(f"the registry database '{home / 'registry.db'}' has no room left (database or disk is full)"), message
+        assert message.startswith(
+            f"the registry database '{home / 'registry.db'}' has no room left (database or disk is full)"
+        ), message
         assert "NORMBRIDGE_DB" in message and refused.value.setting == "NORMBRIDGE_DB"
         assert registry.models() == [] and list(registry.store.digests()) == []
         filler.unlink()
@@ -155,8 +176,12 @@ def test_the_cli_in_process_and_through_the_shared_worker_says_one_line_and_exit
         assert_refused_and_nothing_written(home, set())
 
         # The shared worker: the first registration (it fits) starts it, the next is handed to it whole (registry/worker_jobs.py).
-        shared = {"NORMBRIDGE_HOME": str(home), "NORMBRIDGE_GATE_WORKER": "shared", "NORMBRIDGE_WORKER_DIR": str(workers),
-                  "NORMBRIDGE_SPREAD_LEGS": "0"}
+        shared = {
+            "NORMBRIDGE_HOME": str(home),
+            "NORMBRIDGE_GATE_WORKER": "shared",
+            "NORMBRIDGE_WORKER_DIR": str(workers),
+            "NORMBRIDGE_SPREAD_LEGS": "0",
+        }
         try:
             done = run_cli("register", "small", "small.onnx", cwd=tmp_path, env=shared)
             assert done.returncode == 0, done.stderr[-3000:]
@@ -165,7 +190,9 @@ def test_the_cli_in_process_and_through_the_shared_worker_says_one_line_and_exit
             done = run_cli("register", "big", str(model), cwd=tmp_path, env=shared)
             assert done.returncode == EXIT_STORAGE_FULL, done.stdout + done.stderr[-3000:]
             assert_one_line_storage_full(done.stderr, home / "blobs")
-            assert written_bytes(worker) - written > 1_000_000, "the worker did not write the blob: the registration ran elsewhere"
+            assert written_bytes(worker) - written > 1_000_000, (
+                "the worker did not write the blob: the registration ran elsewhere"
+            )
             assert_refused_and_nothing_written(home, before)
             make_room(home)
             done = run_cli("register", "big", str(model), "--json", cwd=tmp_path, env=shared)
@@ -182,14 +209,19 @@ def test_the_server_answers_507_with_the_json_error_for_an_upload_and_a_streamed
     with small_disk(tmp_path / "home") as home, small_disk(tmp_path / "uploads") as uploads:
         db, blobs = f"sqlite:///{home / 'registry.db'}", home / "blobs"
         token = create_token(db, "uploader", "write")
-        with running_server(db=db, blobs=str(blobs), env={"TMPDIR": str(uploads)}, log=tmp_path / "serve.log") as server, \
-                httpx.Client(timeout=300) as client:
+        with (
+            running_server(db=db, blobs=str(blobs), env={"TMPDIR": str(uploads)}, log=tmp_path / "serve.log") as server,
+            httpx.Client(timeout=300) as client,
+        ):
             before = stored_files(home)
             response = post_model(client, server.url, token, "big", model.read_bytes())
             assert response.status_code == 507, response.text
             error = response.json()["error"]
             assert (error["code"], error["setting"]) == ("storage_full", "TMPDIR")
-            assert error["message"].startswith("the server's folder for uploads has no room left") and str(uploads) not in error["message"]
+            assert (
+                error["message"].startswith("the server's folder for uploads has no room left")
+                and str(uploads) not in error["message"]
+            )
             assert list(uploads.iterdir()) == []  # the upload's folder is removed
             assert_refused_and_nothing_written(home, before, audited=False)  # the model never arrived: nothing to audit
             make_room(uploads)

@@ -44,13 +44,17 @@ def test_a_streamed_blob_is_the_blob_safetensors_writes(dtype, shape):
 def test_a_transposed_or_big_endian_array_streams_as_its_c_order_little_endian_blob():
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     for array in (base.T, base.astype(">f4"), base[:, ::2]):
-        assert b"".join(TensorBlob(array).chunks(size=7)) == tensor_blob(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")))
+        assert b"".join(TensorBlob(array).chunks(size=7)) == tensor_blob(
+            np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        )
 
 
 def _wide_model() -> torch.nn.Module:
     """A Linear whose weight (512x600 float32, 1.2 MB) is mapped from a .pt2, then a BatchNorm with moved statistics."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 600), torch.nn.BatchNorm1d(600), torch.nn.ReLU(), torch.nn.Linear(600, 3)).train()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 600), torch.nn.BatchNorm1d(600), torch.nn.ReLU(), torch.nn.Linear(600, 3)
+    ).train()
     model(torch.randn(16, 512))
     return model.eval()
 
@@ -68,11 +72,17 @@ def test_a_large_payload_is_mapped_and_registers_with_the_digests_of_its_module(
     from_module, from_file = extract_artifact(model), extract_artifact(path)
     for name, ref in from_module.manifest.tensors.items():
         assert from_file.manifest.tensors[name].digest == ref.digest, name
-    assert [(s.name, s.kind, s.eps) for s in from_file.specs] == [(s.name, s.kind, s.eps) for s in from_module.specs] == [("1", "batch", 1e-5)]
+    assert (
+        [(s.name, s.kind, s.eps) for s in from_file.specs]
+        == [(s.name, s.kind, s.eps) for s in from_module.specs]
+        == [("1", "batch", 1e-5)]
+    )
     for ours, theirs in zip(from_file.specs, from_module.specs):
         assert set(ours.tensors) <= set(theirs.tensors)  # a program holds no num_batches_tracked of its own
         assert all(np.array_equal(ours.tensors[k], theirs.tensors[k]) for k in ours.tensors)
-    assert sum(ref.nbytes for ref in from_file.manifest.structure.parts.values()) < MAPPED_BYTES  # the payload is not a part
+    assert (
+        sum(ref.nbytes for ref in from_file.manifest.structure.parts.values()) < MAPPED_BYTES
+    )  # the payload is not a part
     registry = Registry(db=f"sqlite:///{tmp_path}/r.db", blobs=str(tmp_path / "blobs"))
     assert registry.register("wide", path).created
     pulled = registry.pull("wide@1", tmp_path / "pulled.pt2")
@@ -156,8 +166,14 @@ def test_registering_a_large_checkpoint_stays_within_a_memory_bound(tmp_path):
     small = torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.BatchNorm1d(8)).eval()
     torch.export.save(torch.export.export(small, (torch.randn(2, width),)), str(tmp_path / "small.pt2"))
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", _PROBE, str(tmp_path / "small.pt2"), str(tmp_path / "large.pt2"), str(tmp_path)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(tmp_path / "small.pt2"), str(tmp_path / "large.pt2"), str(tmp_path)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     baseline, peak = (int(v) for v in done.stdout.split()[-2:])
     megabytes = (peak - baseline) / 1024
@@ -183,15 +199,26 @@ def test_the_onnx_skeleton_is_the_model_serialized_with_its_initializers_raw_dat
     from converters.onnx_adapter.structure import PART, onnx_file, onnx_structure
 
     rng = np.random.default_rng(1)
-    raw = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in (("w", (6, 4)), ("scale", (4,)), ("bias", (4,)))}
+    raw = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in (("w", (6, 4)), ("scale", (4,)), ("bias", (4,)))
+    }
     initializers = [numpy_helper.from_array(array, name) for name, array in raw.items()]
-    initializers.append(helper.make_tensor("shape", onnx.TensorProto.INT64, [2], [3, 4]))  # typed int64_data: stays in the skeleton
+    initializers.append(
+        helper.make_tensor("shape", onnx.TensorProto.INT64, [2], [3, 4])
+    )  # typed int64_data: stays in the skeleton
     initializers[0].doc_string = "kept"
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "shape"], ["r"]),
-         helper.make_node("LayerNormalization", ["r", "scale", "bias"], ["y"], epsilon=1e-5)],
-        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 6])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4])], initializers)
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Reshape", ["h", "shape"], ["r"]),
+            helper.make_node("LayerNormalization", ["r", "scale", "bias"], ["y"], epsilon=1e-5),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4])],
+        initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
     tensors = {**raw, "shape": np.array([3, 4], np.int64)}
     expected = onnx.ModelProto()

@@ -50,8 +50,14 @@ def pt2_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def onnx_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("onnx") / "cnn.onnx"
-    torch.onnx.export(trained_cnn(), (torch.from_numpy(SAMPLE),), str(path), dynamo=False, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.EVAL)
+    torch.onnx.export(
+        trained_cnn(),
+        (torch.from_numpy(SAMPLE),),
+        str(path),
+        dynamo=False,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.EVAL,
+    )
     return path
 
 
@@ -66,7 +72,13 @@ def with_part(folder: Path, name: str, data: bytes) -> Path:
     digest = sha256_hex(blob)
     (folder / "blobs" / f"{digest}.safetensors").write_bytes(blob)
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["structure"]["parts"][name] = {"digest": digest, "dtype": "uint8", "shape": [len(data)], "nbytes": len(data), "role": "weight"}
+    manifest["structure"]["parts"][name] = {
+        "digest": digest,
+        "dtype": "uint8",
+        "shape": [len(data)],
+        "nbytes": len(data),
+        "role": "weight",
+    }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
@@ -79,12 +91,19 @@ def test_a_registered_file_is_checked_by_its_own_reader_and_pulls_without_a_read
     with torch.no_grad():
         got = torch.export.load(result.path).module()(torch.from_numpy(SAMPLE)).numpy()
         assert np.array_equal(got, trained_cnn()(torch.from_numpy(SAMPLE)).numpy())
-    assert result.digest == sha256_hex((tmp_path / "back.pt2").read_bytes()) and result.nbytes == (tmp_path / "back.pt2").stat().st_size
+    assert (
+        result.digest == sha256_hex((tmp_path / "back.pt2").read_bytes())
+        and result.nbytes == (tmp_path / "back.pt2").stat().st_size
+    )
     assert registry.model_file("cnn@1").digest == sha256_hex(registry.model_file("cnn@1").data)
-    assert registry.register("mod", trained_cnn()).version.structure_checked is None  # an nn.Module: no structure to check
+    assert (
+        registry.register("mod", trained_cnn()).version.structure_checked is None
+    )  # an nn.Module: no structure to check
 
 
-def test_a_bundle_or_folder_structure_is_checked_at_registration_and_then_pulls_the_same(registry, pt2_file, onnx_file, tmp_path):
+def test_a_bundle_or_folder_structure_is_checked_at_registration_and_then_pulls_the_same(
+    registry, pt2_file, onnx_file, tmp_path
+):
     folder = save_artifact_folder(extract_artifact(pt2_file), tmp_path / "pt2-artifact")
     streamed = registry.register_stream("cnn", bundle(folder), NO_LIMIT)
     assert streamed.created and streamed.version.structure_checked is True
@@ -101,10 +120,16 @@ def test_a_bundle_or_folder_structure_is_checked_at_registration_and_then_pulls_
 @pytest.mark.parametrize("case", ["pt2 with AOTInductor code", "onnx graph that is not protobuf"])
 def test_a_structure_no_safe_reader_accepts_is_refused_at_registration(registry, pt2_file, onnx_file, tmp_path, case):
     if case.startswith("pt2"):  # native code torch.export.load would hand to AOTInductor: normbridge never loads it
-        folder = with_part(save_artifact_folder(extract_artifact(pt2_file), tmp_path / "a"), "data/aotinductor/model/model.so", b"\x7fELF")
+        folder = with_part(
+            save_artifact_folder(extract_artifact(pt2_file), tmp_path / "a"),
+            "data/aotinductor/model/model.so",
+            b"\x7fELF",
+        )
         reason = "compiled code for another runtime"
     else:
-        folder = with_part(save_artifact_folder(extract_artifact(onnx_file), tmp_path / "a"), "model.onnx", b"\xff\xff not a protobuf")
+        folder = with_part(
+            save_artifact_folder(extract_artifact(onnx_file), tmp_path / "a"), "model.onnx", b"\xff\xff not a protobuf"
+        )
         reason = "not an ONNX protobuf"
     with pytest.raises(InputFileError, match=f"does not load back through normbridge's safe reader.*{reason}"):
         registry.register_stream("bad", bundle(folder), NO_LIMIT)
@@ -114,13 +139,17 @@ def test_a_structure_no_safe_reader_accepts_is_refused_at_registration(registry,
     assert [e.action for e in registry.audit()] == ["register_failed", "register_failed"]
 
 
-def test_a_version_registered_before_the_check_was_recorded_is_read_back_and_pulls_the_same(registry, onnx_file, tmp_path):
+def test_a_version_registered_before_the_check_was_recorded_is_read_back_and_pulls_the_same(
+    registry, onnx_file, tmp_path
+):
     registry.register("net", onnx_file)
     with registry.meta.engine.begin() as connection:
         connection.execute(text("UPDATE versions SET structure_checked = NULL"))
     assert registry.show("net@1").structure_checked is None
     result = registry.pull("net@1", tmp_path / "back.onnx")
-    assert (tmp_path / "back.onnx").read_bytes() == onnx_file.read_bytes() and result.digest == sha256_hex(onnx_file.read_bytes())
+    assert (tmp_path / "back.onnx").read_bytes() == onnx_file.read_bytes() and result.digest == sha256_hex(
+        onnx_file.read_bytes()
+    )
     assert np.array_equal(onnx_run(tmp_path / "back.onnx"), onnx_run(onnx_file))
 
 
@@ -129,7 +158,9 @@ def test_a_pull_that_meets_a_tampered_tensor_leaves_the_old_file_and_no_temporar
     target = tmp_path / "out" / "cnn.pt2"
     target.parent.mkdir()
     target.write_bytes(b"the previous file")
-    weight = next(ref for name, ref in registry.manifest("cnn").tensors.items() if name.endswith("weight") and len(ref.shape) == 4)
+    weight = next(
+        ref for name, ref in registry.manifest("cnn").tensors.items() if name.endswith("weight") and len(ref.shape) == 4
+    )
     path = registry.store.path_of(weight.digest)
     path.chmod(0o644)
     data = bytearray(path.read_bytes())

@@ -39,7 +39,7 @@ class Pieces(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         end = self.position + min(self.piece, size if size >= 0 else self.piece)
-        chunk, self.position = self.data[self.position:end], min(end, len(self.data))
+        chunk, self.position = self.data[self.position : end], min(end, len(self.data))
         return chunk
 
 
@@ -48,7 +48,15 @@ def oracle(archive: Path) -> list[tuple[str, str, bytes]]:
     found = []
     with tarfile.open(archive, "r:*") as tar:
         for member in tar:
-            kind = "file" if member.isreg() else "directory" if member.isdir() else "link" if member.issym() or member.islnk() else "other"
+            kind = (
+                "file"
+                if member.isreg()
+                else "directory"
+                if member.isdir()
+                else "link"
+                if member.issym() or member.islnk()
+                else "other"
+            )
             found.append((member.name, kind, tar.extractfile(member).read() if member.isreg() else b""))
     return found
 
@@ -69,8 +77,19 @@ def normalized(found: list[tuple[str, str, bytes]]) -> list[tuple[str, str, byte
     return [(name.removeprefix("./").rstrip("/"), kind, data) for name, kind, data in found if name not in (".", "./")]
 
 
-@pytest.mark.parametrize("how", ["tarfile-ustar-gz", "tarfile-gnu", "tarfile-pax-bz2", "tarfile-pax-xz", "tar-gnu", "tar-pax-gz", "tar-ustar",
-                                 "tar-oldgnu-gz"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "tarfile-ustar-gz",
+        "tarfile-gnu",
+        "tarfile-pax-bz2",
+        "tarfile-pax-xz",
+        "tar-gnu",
+        "tar-pax-gz",
+        "tar-ustar",
+        "tar-oldgnu-gz",
+    ],
+)
 def test_archives_written_by_tarfile_and_gnu_tar_read_as_tarfile_reads_them(folder, tmp_path, how):
     tool, layout = how.split("-", 1)
     fmt, _, compression = layout.partition("-")
@@ -81,7 +100,16 @@ def test_archives_written_by_tarfile_and_gnu_tar_read_as_tarfile_reads_them(fold
             tar.add(folder, arcname=".")  # ustar splits a path of up to 255 bytes into prefix and name
     else:
         options = {"gz": ["-z"], "": []}[compression]
-        command = ["tar", f"--format={'posix' if fmt == 'pax' else fmt}", *options, "-cf", str(archive), "-C", str(folder), "."]
+        command = [
+            "tar",
+            f"--format={'posix' if fmt == 'pax' else fmt}",
+            *options,
+            "-cf",
+            str(archive),
+            "-C",
+            str(folder),
+            ".",
+        ]
         if fmt == "ustar":
             command[-1:] = ["manifest.json", LONG_DIR]
         subprocess.run(command, check=True, capture_output=True)
@@ -124,17 +152,30 @@ def end() -> bytes:
 def test_long_names_and_pax_headers_are_capped_before_they_are_read():
     at_cap = "d/" + "n" * (MAX_LONG_NAME - 3)  # with its NUL, exactly the cap
     assert len(at_cap.encode()) + 1 == MAX_LONG_NAME
-    fits = raw_member("././@LongLink", at_cap.encode() + b"\0", tarfile.GNUTYPE_LONGNAME) + raw_member("short", b"x") + end()
+    fits = (
+        raw_member("././@LongLink", at_cap.encode() + b"\0", tarfile.GNUTYPE_LONGNAME)
+        + raw_member("short", b"x")
+        + end()
+    )
     assert entries(fits) == [(at_cap, "file", b"x")]
-    over = raw_member("././@LongLink", b"n" * (MAX_LONG_NAME + 1), tarfile.GNUTYPE_LONGNAME) + raw_member("short", b"x") + end()
-    with pytest.raises(InputFileError, match=rf"'././@LongLink' is a GNU long name of {MAX_LONG_NAME + 1} bytes; at most {MAX_LONG_NAME}"):
+    over = (
+        raw_member("././@LongLink", b"n" * (MAX_LONG_NAME + 1), tarfile.GNUTYPE_LONGNAME)
+        + raw_member("short", b"x")
+        + end()
+    )
+    with pytest.raises(
+        InputFileError,
+        match=rf"'././@LongLink' is a GNU long name of {MAX_LONG_NAME + 1} bytes; at most {MAX_LONG_NAME}",
+    ):
         entries(over)
     big_pax = b"x" * (MAX_PAX_HEADER + 1)
     with pytest.raises(InputFileError, match=rf"pax header of {len(big_pax)} bytes; at most {MAX_PAX_HEADER}"):
         entries(raw_member("PaxHeaders/x", big_pax, tarfile.XHDTYPE) + raw_member("short", b"x") + end())
     fits = pax_record("path", "p/" + "q" * 60_000)
     assert len(fits) <= MAX_PAX_HEADER
-    assert entries(raw_member("PaxHeaders/x", fits, tarfile.XHDTYPE) + raw_member("short", b"x") + end()) == [("p/" + "q" * 60_000, "file", b"x")]
+    assert entries(raw_member("PaxHeaders/x", fits, tarfile.XHDTYPE) + raw_member("short", b"x") + end()) == [
+        ("p/" + "q" * 60_000, "file", b"x")
+    ]
     # a declared size is refused from the header alone: the reader never waits for the bytes
     info = tarfile.TarInfo("././@LongLink")
     info.size, info.type = 1 << 33, tarfile.GNUTYPE_LONGNAME
@@ -145,7 +186,10 @@ def test_long_names_and_pax_headers_are_capped_before_they_are_read():
 def test_every_decompressed_byte_counts_toward_the_limit_headers_and_padding_included():
     empties = b"".join(raw_member(f"junk/{i}", b"") for i in range(2048)) + end()  # 1 MiB of headers, no data
     assert len(entries(empties, limit=len(empties))) == 2048
-    with pytest.raises(PayloadTooLargeError, match=r"decompressed and counting its headers, is larger than this server's limit of 1048575"):
+    with pytest.raises(
+        PayloadTooLargeError,
+        match=r"decompressed and counting its headers, is larger than this server's limit of 1048575",
+    ):
         entries(empties, limit=(1 << 20) - 1)
     one = raw_member("a", b"x") + end()  # header 512 + data 1 padded to 512 + the end block read: 1536
     assert entries(one, limit=1536) == [("a", "file", b"x")]
@@ -193,9 +237,18 @@ def test_malformed_archives_are_refused_naming_the_problem():
         "truncated header": (good[:300], "ends inside a header"),
         "empty": (b"", "it is empty"),
         "damaged gzip": (gzip.compress(good)[:-30] + b"\xff" * 30, "compressed stream|ends inside"),
-        "long name then end": (raw_member("././@LongLink", b"x\0", tarfile.GNUTYPE_LONGNAME) + end(), "ends right after a long-name"),
-        "malformed pax": (raw_member("PaxHeaders/x", b"12 path\n", tarfile.XHDTYPE) + good, "pax header record at byte 0 is malformed"),
-        "sparse": (raw_member("PaxHeaders/x", pax_record("GNU.sparse.major", "1"), tarfile.XHDTYPE) + good, "sparse file"),
+        "long name then end": (
+            raw_member("././@LongLink", b"x\0", tarfile.GNUTYPE_LONGNAME) + end(),
+            "ends right after a long-name",
+        ),
+        "malformed pax": (
+            raw_member("PaxHeaders/x", b"12 path\n", tarfile.XHDTYPE) + good,
+            "pax header record at byte 0 is malformed",
+        ),
+        "sparse": (
+            raw_member("PaxHeaders/x", pax_record("GNU.sparse.major", "1"), tarfile.XHDTYPE) + good,
+            "sparse file",
+        ),
     }
     for label, (data, message) in cases.items():
         with pytest.raises(InputFileError, match=message):
@@ -215,4 +268,8 @@ def test_links_and_devices_are_reported_as_what_they_are():
     device = tarfile.TarInfo("dev")
     device.type = tarfile.CHRTYPE
     data = link.tobuf() + device.tobuf() + raw_member("dir/", b"", tarfile.AREGTYPE) + end()
-    assert [(name, kind) for name, kind, _ in entries(data)] == [("manifest.json", "link"), ("dev", "device"), ("dir/", "directory")]
+    assert [(name, kind) for name, kind, _ in entries(data)] == [
+        ("manifest.json", "link"),
+        ("dev", "device"),
+        ("dir/", "directory"),
+    ]

@@ -91,17 +91,26 @@ def test_an_onnx_graph_whose_batchnorm_the_exporter_folded_is_refused_saying_so(
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), str(tmp_path / "folded.onnx"), dynamo=False)  # its default folds Conv+BN
+        torch.onnx.export(
+            net, (torch.randn(1, 3, 8, 8),), str(tmp_path / "folded.onnx"), dynamo=False
+        )  # its default folds Conv+BN
     with pytest.raises(UnrecognisedNormalizationError) as info:
         registry.register("folded", tmp_path / "folded.onnx")
     message = str(info.value)
-    assert "no normalization layer was found" in message and "folded into the Conv weights" in message and "optimize=False" in message and "do_constant_folding=False" in message
+    assert (
+        "no normalization layer was found" in message
+        and "folded into the Conv weights" in message
+        and "optimize=False" in message
+        and "do_constant_folding=False" in message
+    )
     assert registry.models() == []
     result = registry.register("folded", tmp_path / "folded.onnx", allow_unrecognised=True)
     [entry] = result.unrecognised
     assert entry.path == "<model>" and "folded into the Conv weights" in entry.reason
     record = registry.show("folded@1")
-    assert record.servable is False and [h["code"] for h in record.hazards if h.get("blocking")] == ["no_normalization_found"]
+    assert record.servable is False and [h["code"] for h in record.hazards if h.get("blocking")] == [
+        "no_normalization_found"
+    ]
     # a model with no normalization and nothing that explains it keeps the plain refusal
     mlp = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
     with pytest.raises(UnrecognisedNormalizationError) as plain:
@@ -123,7 +132,9 @@ def test_the_cli_exits_21_then_registers_with_the_flag_and_says_what_is_unchecke
     refused = run_cli("register", "block", "block.pt2", *store, cwd=tmp_path)
     assert refused.returncode == 21, refused.stderr
     assert "'odd'" in refused.stderr and "--allow-unrecognised" in refused.stderr and "Traceback" not in refused.stderr
-    done = invoke_cli("register", "block", "block.pt2", "--allow-unrecognised", *store, cwd=tmp_path, columns=200)  # in this process
+    done = invoke_cli(
+        "register", "block", "block.pt2", "--allow-unrecognised", *store, cwd=tmp_path, columns=200
+    )  # in this process
     assert done.returncode == 0, done.stderr
     assert "unchecked" in done.stdout and "odd" in done.stdout
     from registry.service import Registry
@@ -137,16 +148,32 @@ def test_the_cli_exits_21_then_registers_with_the_flag_and_says_what_is_unchecke
 def test_the_server_answers_422_and_registers_only_when_allowed_and_its_page_says_unchecked(tmp_path):
     db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
     body = save_pt2(block(), tmp_path / "block.pt2").read_bytes()
-    with running_server(db=db, blobs=blobs, args=["--insecure-local"], log=tmp_path / "serve.log") as server, \
-            httpx.Client(base_url=server.url, timeout=300) as client:
-        refused = client.post("/api/v1/models/block/versions", params={"format": "pt2"}, content=body,
-                              headers={"Content-Type": "application/octet-stream"})
-        assert refused.status_code == 422 and refused.json()["error"]["code"] == "unrecognised_normalization", refused.text
+    with (
+        running_server(db=db, blobs=blobs, args=["--insecure-local"], log=tmp_path / "serve.log") as server,
+        httpx.Client(base_url=server.url, timeout=300) as client,
+    ):
+        refused = client.post(
+            "/api/v1/models/block/versions",
+            params={"format": "pt2"},
+            content=body,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "unrecognised_normalization", (
+            refused.text
+        )
         assert client.get("/api/v1/models/block/versions").status_code == 404  # nothing was registered
-        allowed = client.post("/api/v1/models/block/versions", params={"format": "pt2", "allow_unrecognised": "true"}, content=body,
-                              headers={"Content-Type": "application/octet-stream"})
+        allowed = client.post(
+            "/api/v1/models/block/versions",
+            params={"format": "pt2", "allow_unrecognised": "true"},
+            content=body,
+            headers={"Content-Type": "application/octet-stream"},
+        )
         assert allowed.status_code == 201, allowed.text
         assert [u["path"] for u in allowed.json()["unrecognised"]] == ["odd"]
         page = client.get("/ui/models/block/versions/1")
         assert page.status_code == 200
-        assert "equivalence incomplete" in page.text and 'data-unchecked="odd"' in page.text and "equivalence passed" not in page.text
+        assert (
+            "equivalence incomplete" in page.text
+            and 'data-unchecked="odd"' in page.text
+            and "equivalence passed" not in page.text
+        )

@@ -36,7 +36,9 @@ def worker_folder(tmp_path_factory):
     worker.close()
     yield folder
     if not shared_worker.stop(folder, REGISTRY.packages, jobs=worker_jobs):
-        with contextlib.suppress(ProcessLookupError):  # its socket's name changed (a code file edited meanwhile): by its pid
+        with contextlib.suppress(
+            ProcessLookupError
+        ):  # its socket's name changed (a code file edited meanwhile): by its pid
             os.kill(worker.pid, signal.SIGTERM)
 
 
@@ -52,8 +54,20 @@ def both_ways(tmp_path: Path, folder: Path, model: str, **options):
         registries.append(Registry(db=db, blobs=blobs))
         try:
             if label == "worker":
-                done = register_in_worker(folder, REGISTRY.packages, "net", Path(model), db, blobs, None, None, None, False,
-                                          progress=lambda step, done, total: steps.append(step), **options)
+                done = register_in_worker(
+                    folder,
+                    REGISTRY.packages,
+                    "net",
+                    Path(model),
+                    db,
+                    blobs,
+                    None,
+                    None,
+                    None,
+                    False,
+                    progress=lambda step, done, total: steps.append(step),
+                    **options,
+                )
                 assert done is not None, "the worker did not run the registration"
             else:
                 done = registries[-1].register("net", Path(model))
@@ -65,8 +79,13 @@ def both_ways(tmp_path: Path, folder: Path, model: str, **options):
 
 def test_the_workers_registration_stores_and_answers_what_an_in_process_one_does(tmp_path, worker_folder, monkeypatch):
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
-                              torch.nn.BatchNorm2d(4)).eval()
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3),
+        torch.nn.BatchNorm2d(4),
+    ).eval()
     with torch.no_grad():
         for bn in (net[1], net[4]):
             bn.running_mean.uniform_(-1, 1)
@@ -75,19 +94,39 @@ def test_the_workers_registration_stores_and_answers_what_an_in_process_one_does
     monkeypatch.chdir(tmp_path)  # the model is named relatively, as a user types it
     (ours, theirs), (worker_registry, here_registry), steps = both_ways(tmp_path, worker_folder, "net.pt2")
     assert ours.created and theirs.created
-    for field in ("model", "number", "digest", "content_digest", "parent", "operation", "user", "servable", "hazards", "structure_checked"):
+    for field in (
+        "model",
+        "number",
+        "digest",
+        "content_digest",
+        "parent",
+        "operation",
+        "user",
+        "servable",
+        "hazards",
+        "structure_checked",
+    ):
         assert getattr(ours.version, field) == getattr(theirs.version, field), field
     assert worker_registry.show("net@1").manifest == here_registry.show("net@1").manifest
     assert [c.model_dump(mode="json") for c in ours.checks] == [c.model_dump(mode="json") for c in theirs.checks]
     assert len(ours.checks) == 2 and all(c.passed for c in ours.checks)
-    assert list(ours.seconds) == list(theirs.seconds) == ["reading", "gate", "staging", "commit"]  # measured in the worker, sent back
+    assert (
+        list(ours.seconds) == list(theirs.seconds) == ["reading", "gate", "staging", "commit"]
+    )  # measured in the worker, sent back
     assert all(isinstance(spent, float) and spent > 0 for spent in ours.seconds.values())
     assert sorted(worker_registry.store.digests()) == sorted(here_registry.store.digests())
-    assert [(e.action, e.detail.get("model_input")) for e in worker_registry.audit()] == \
-        [(e.action, e.detail.get("model_input")) for e in here_registry.audit()]
-    assert steps[0] == "extracting the artifact" and any(s.startswith("checking") for s in steps) and steps[-1] == "committed"
+    assert [(e.action, e.detail.get("model_input")) for e in worker_registry.audit()] == [
+        (e.action, e.detail.get("model_input")) for e in here_registry.audit()
+    ]
+    assert (
+        steps[0] == "extracting the artifact"
+        and any(s.startswith("checking") for s in steps)
+        and steps[-1] == "committed"
+    )
     # the same content again: the existing version, nothing new
-    again = register_in_worker(worker_folder, REGISTRY.packages, "net", Path("net.pt2"), *stores(tmp_path, "worker"), None, None, None, False)
+    again = register_in_worker(
+        worker_folder, REGISTRY.packages, "net", Path("net.pt2"), *stores(tmp_path, "worker"), None, None, None, False
+    )
     assert not again.created and again.version.number == 1
 
 
@@ -111,11 +150,15 @@ def mobilenet_keras(folder: Path) -> Path:
     import keras
 
     keras.utils.set_random_seed(0)
-    keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=10).save(folder / "mobilenet.keras")
+    keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=10).save(
+        folder / "mobilenet.keras"
+    )
     return folder / "mobilenet.keras"
 
 
-@pytest.mark.parametrize("make", [llama_pt2, mobilenet_keras], ids=["transformers llama .pt2", "keras.applications mobilenet .keras"])
+@pytest.mark.parametrize(
+    "make", [llama_pt2, mobilenet_keras], ids=["transformers llama .pt2", "keras.applications mobilenet .keras"]
+)
 def test_models_nobody_here_wrote_register_in_the_worker_as_in_process(tmp_path, worker_folder, monkeypatch, make):
     name = make(tmp_path).name
     monkeypatch.chdir(tmp_path)
@@ -142,28 +185,50 @@ def test_a_refusal_in_the_worker_is_the_in_process_refusal(tmp_path, worker_fold
     assert "'net.pt2'" in str(ours) or case != "corrupt file"  # named as the caller gave it, not by its absolute path
     assert worker_registry.models() == here_registry.models() == []
     assert sorted(worker_registry.store.digests()) == []
-    assert [(e.action, e.detail.get("error"), e.detail.get("model_input")) for e in worker_registry.audit()] == \
-        [(e.action, e.detail.get("error"), e.detail.get("model_input")) for e in here_registry.audit()]
+    assert [(e.action, e.detail.get("error"), e.detail.get("model_input")) for e in worker_registry.audit()] == [
+        (e.action, e.detail.get("error"), e.detail.get("model_input")) for e in here_registry.audit()
+    ]
 
 
 def test_only_a_local_registry_with_a_running_worker_is_registered_there(tmp_path, worker_folder, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert local_store("sqlite:///rel/registry.db", "blobs") == (f"sqlite:///{tmp_path / 'rel/registry.db'}", str(tmp_path / "blobs"))
-    assert local_store("sqlite:///rel/registry.db", "file:///srv/blobs") == (f"sqlite:///{tmp_path / 'rel/registry.db'}", "/srv/blobs")
-    assert local_store("postgresql://postgres@127.0.0.1:5432/test", "blobs") is None  # its credentials may be the caller's env
+    assert local_store("sqlite:///rel/registry.db", "blobs") == (
+        f"sqlite:///{tmp_path / 'rel/registry.db'}",
+        str(tmp_path / "blobs"),
+    )
+    assert local_store("sqlite:///rel/registry.db", "file:///srv/blobs") == (
+        f"sqlite:///{tmp_path / 'rel/registry.db'}",
+        "/srv/blobs",
+    )
+    assert (
+        local_store("postgresql://postgres@127.0.0.1:5432/test", "blobs") is None
+    )  # its credentials may be the caller's env
     assert local_store("sqlite:///registry.db", "s3://bucket/blobs") is None
     assert local_store("sqlite:///:memory:", "blobs") is None
     genuine_pt2(tmp_path / "net.pt2")
     db, blobs = stores(tmp_path, "none")
     nobody = tmp_path / "no-worker"
-    assert register_in_worker(nobody, REGISTRY.packages, "net", Path("net.pt2"), db, blobs, None, None, None, False) is None
+    assert (
+        register_in_worker(nobody, REGISTRY.packages, "net", Path("net.pt2"), db, blobs, None, None, None, False)
+        is None
+    )
     assert not list(nobody.glob("*.sock"))  # none was started for it
-    for env, value in (("NORMBRIDGE_REGISTER_IN_WORKER", "0"), ("NORMBRIDGE_FAULT", "after_check")):  # a fault must kill the caller
+    for env, value in (
+        ("NORMBRIDGE_REGISTER_IN_WORKER", "0"),
+        ("NORMBRIDGE_FAULT", "after_check"),
+    ):  # a fault must kill the caller
         monkeypatch.setenv(env, value)
-        assert register_in_worker(worker_folder, REGISTRY.packages, "net", Path("net.pt2"), db, blobs, None, None, None, False) is None
+        assert (
+            register_in_worker(
+                worker_folder, REGISTRY.packages, "net", Path("net.pt2"), db, blobs, None, None, None, False
+            )
+            is None
+        )
         monkeypatch.delenv(env)
     assert Registry(db=db, blobs=blobs).models() == []  # nothing was registered by anyone
-    done = register_in_worker(worker_folder, REGISTRY.packages, "net", Path("net.pt2"), db, blobs, None, None, None, False)
+    done = register_in_worker(
+        worker_folder, REGISTRY.packages, "net", Path("net.pt2"), db, blobs, None, None, None, False
+    )
     assert done is not None and done.created and Registry(db=db, blobs=blobs).models() == [("net", 1, 1)]
 
 
@@ -177,10 +242,19 @@ def test_a_caller_that_hangs_up_stops_the_registration_and_the_worker_serves_on(
         first.append(fields)
         worker.close()
 
-    args = {"db": db, "blobs": blobs, "user": "tester", "name": "net", "model": str(tmp_path / "net.pt2"), "model_input": "net.pt2"}
+    args = {
+        "db": db,
+        "blobs": blobs,
+        "user": "tester",
+        "name": "net",
+        "model": str(tmp_path / "net.pt2"),
+        "model_input": "net.pt2",
+    }
     assert worker.run("register", args, hang_up) is None
     assert first and first[0][0] == "extracting the artifact"
-    again = register_in_worker(worker_folder, REGISTRY.packages, "other", tmp_path / "net.pt2", db, blobs, None, None, None, False)
+    again = register_in_worker(
+        worker_folder, REGISTRY.packages, "other", tmp_path / "net.pt2", db, blobs, None, None, None, False
+    )
     assert again is not None and again.created  # the same worker answers the next caller
     assert Registry(db=db, blobs=blobs).models() == [("other", 1, 1)]  # and the first registration stored nothing
 
@@ -211,7 +285,10 @@ def warm_spread_child(folder: Path, model: Path, db: str, blobs: str) -> int:
 
     worker = shared_worker.connect(folder, REGISTRY.packages, [], jobs=worker_jobs)
     try:
-        assert register_in_worker(folder, REGISTRY.packages, "first", model, db, blobs, None, None, None, False) is not None
+        assert (
+            register_in_worker(folder, REGISTRY.packages, "first", model, db, blobs, None, None, None, False)
+            is not None
+        )
         assert spread_child(worker.pid) is not None  # started as the first registration ended
         deadline, child, last, still = time.monotonic() + 300, None, -1, 0
         while time.monotonic() < deadline:
@@ -227,12 +304,16 @@ def warm_spread_child(folder: Path, model: Path, db: str, blobs: str) -> int:
         worker.close()
 
 
-def test_a_registration_whose_legs_the_worker_spreads_over_two_processes_is_the_in_process_one(tmp_path, worker_folder, monkeypatch):
+def test_a_registration_whose_legs_the_worker_spreads_over_two_processes_is_the_in_process_one(
+    tmp_path, worker_folder, monkeypatch
+):
     """The worker's gate runs the Keras legs of a .pt2 in its second process: same version, checks and manifest; and a
     model the registration refuses is refused as in process. (That a layer failing the gate still fails with its legs
     spread is tested on the broken adapters and the case table in tests/converters/gate/test_split_check.py.)"""
     torch.manual_seed(1)
-    net = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4))]).eval()
+    net = torch.nn.Sequential(
+        *[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4))]
+    ).eval()
     with torch.no_grad():
         for bn in net[1::2]:
             bn.running_mean.uniform_(-1, 1)

@@ -40,14 +40,22 @@ def onnx_with(values: dict):
 
 
 BAD_STATES = [
-    pytest.param({"running_var": np.array([1, 1, -0.5, 1, 1, 1], np.float32)}, "running_var", "negative", id="negative-var"),
-    pytest.param({"running_mean": np.array([0, np.nan, 0, 0, 0, 0], np.float32)}, "running_mean", "NaN or Inf", id="nan-mean"),
+    pytest.param(
+        {"running_var": np.array([1, 1, -0.5, 1, 1, 1], np.float32)}, "running_var", "negative", id="negative-var"
+    ),
+    pytest.param(
+        {"running_mean": np.array([0, np.nan, 0, 0, 0, 0], np.float32)}, "running_mean", "NaN or Inf", id="nan-mean"
+    ),
     pytest.param({"weight": np.array([1, 1, 1, np.inf, 1, 1], np.float32)}, "scale", "NaN or Inf", id="inf-scale"),
 ]
 
 
 @pytest.mark.parametrize("values, setting, phrase", BAD_STATES)
-@pytest.mark.parametrize("build, name", [(torch_with, "BatchNorm2d"), (keras_with, "kbn"), (onnx_with, "obn")], ids=["torch", "keras", "onnx"])
+@pytest.mark.parametrize(
+    "build, name",
+    [(torch_with, "BatchNorm2d"), (keras_with, "kbn"), (onnx_with, "obn")],
+    ids=["torch", "keras", "onnx"],
+)
 def test_corrupt_state_is_refused_on_read(build, name, values, setting, phrase):
     obj = build(values)
     with pytest.raises(SpecError) as info:

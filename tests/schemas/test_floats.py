@@ -7,7 +7,9 @@ from hypothesis import given, strategies as st
 from schemas.floats import as_float32, decimal_complement, recover_from_float32, shortest_float32_decimal
 
 # What users write: decimals with a few significant digits, over many magnitudes.
-user_decimals = st.builds(lambda digits, exponent: float(f"{digits}e{exponent}"), st.integers(1, 999999), st.integers(-12, -1))
+user_decimals = st.builds(
+    lambda digits, exponent: float(f"{digits}e{exponent}"), st.integers(1, 999999), st.integers(-12, -1)
+)
 
 
 def test_known_values():

@@ -109,7 +109,9 @@ def test_json_describes_tensors_and_loads_only_with_matching_safetensors(tmp_pat
     folder = save_spec(spec, tmp_path / "s")
     document = json.loads((folder / SPEC_FILE).read_text())
     assert document["tensors"]["running_var"] == {"dtype": "float32", "shape": [6]}
-    assert document["eps"] == 0.001 and document["momentum"] == 0.01 and document["momentum_convention"] == "batch_weight"
+    assert (
+        document["eps"] == 0.001 and document["momentum"] == 0.01 and document["momentum_convention"] == "batch_weight"
+    )
     (folder / TENSORS_FILE).write_bytes(b"\x00garbage")
     with pytest.raises(InputFileError, match="safetensors"):
         load_spec(folder)
@@ -124,8 +126,10 @@ def test_unknown_schema_version_is_refused(tmp_path):
         load_spec(folder)
 
 
-@pytest.mark.skipif(tuple(int(part) for part in pydantic.VERSION.split(".")[:2]) < (2, 11),
-                    reason="the files are written by pydantic >= 2.11; older releases spell a described $ref as allOf (same schema)")
+@pytest.mark.skipif(
+    tuple(int(part) for part in pydantic.VERSION.split(".")[:2]) < (2, 11),
+    reason="the files are written by pydantic >= 2.11; older releases spell a described $ref as allOf (same schema)",
+)
 def test_json_schema_files_are_current():
     """The committed JSON Schema files match the models (run `make schemas` after changing them)."""
     for name, text in schema_documents().items():

@@ -28,12 +28,18 @@ def spec_with(kind, **fields):
         fields.setdefault("bias", False)
     return _spec_with(kind, **{**defaults, **fields})
 
+
 #: One spec per extended setting, each valid, each using exactly that setting.
 EXTENDED = {
     "compute_dtype": lambda: spec_with("rms", dtype="float16", compute_dtype="float32"),
     "cast_before_affine": lambda: spec_with("rms", dtype="float16", compute_dtype="float32", cast_before_affine=True),
-    "state_dtype": lambda: spec_with("rms", dtype="float16", compute_dtype="float32", state_dtype="float32",
-                                     tensors={"scale": np.linspace(0.5001, 2.0, 5, dtype=np.float32)}),
+    "state_dtype": lambda: spec_with(
+        "rms",
+        dtype="float16",
+        compute_dtype="float32",
+        state_dtype="float32",
+        tensors={"scale": np.linspace(0.5001, 2.0, 5, dtype=np.float32)},
+    ),
     "scale_offset": lambda: spec_with("rms", scale_offset=1.0),
     "frozen": lambda: spec_with("batch", frozen=True, momentum=None, momentum_convention=None, variance_estimator=None),
     "layout": lambda: spec_with("layer", normalized_shape=(4,), layout="channels_first"),
@@ -66,7 +72,9 @@ def _unheld() -> list[tuple[str, str]]:
     pairs = []
     for setting, build in sorted(EXTENDED.items()):
         spec = build()
-        used = set(spec.extended_settings()) - set(EXPRESSIBLE)  # those a stock layer computes are expressed, not refused
+        used = set(spec.extended_settings()) - set(
+            EXPRESSIBLE
+        )  # those a stock layer computes are expressed, not refused
         pairs += [(setting, f) for f in REGISTRY.framework_names if not used <= REGISTRY.get(f, spec.kind).holds]
     return pairs
 
@@ -93,21 +101,45 @@ def test_bfloat16_is_an_extended_setting():
     assert NormSpec.model_fields["dtype"].annotation.__args__[0] == "bfloat16"
 
 
-@pytest.mark.parametrize("build, setting", [
-    (lambda: spec_with("rms", compute_dtype="float32"), "compute_dtype"),  # equal to dtype: one spelling only
-    (lambda: spec_with("rms", cast_before_affine=True), "cast_before_affine"),
-    (lambda: spec_with("rms", scale_offset=float("nan")), "scale_offset"),
-    (lambda: spec_with("rms", scale=False, scale_offset=1.0), "scale_offset"),
-    (lambda: spec_with("rms", dtype="float16", state_dtype="float32"), "state_dtype"),  # no compute dtype to apply it in
-    (lambda: spec_with("rms", dtype="float16", compute_dtype="float32", cast_before_affine=True, state_dtype="float32"), "state_dtype"),
-    (lambda: spec_with("rms", dtype="float16", compute_dtype="float32", state_dtype="float32"), "scale"),  # float16 tensors
-    (lambda: spec_with("layer", frozen=True), "frozen"),
-    (lambda: spec_with("batch", frozen=True), "momentum"),
-    (lambda: spec_with("batch", frozen=True, track_running_stats=False, momentum=None, momentum_convention=None, variance_estimator=None,
-                       tensors={}), "frozen"),
-    (lambda: spec_with("layer", normalized_shape=(4,), layout="channels_last"), "layout"),
-    (lambda: spec_with("layer", normalized_shape=(2, 4), layout="channels_first"), "normalized_shape"),
-])
+@pytest.mark.parametrize(
+    "build, setting",
+    [
+        (lambda: spec_with("rms", compute_dtype="float32"), "compute_dtype"),  # equal to dtype: one spelling only
+        (lambda: spec_with("rms", cast_before_affine=True), "cast_before_affine"),
+        (lambda: spec_with("rms", scale_offset=float("nan")), "scale_offset"),
+        (lambda: spec_with("rms", scale=False, scale_offset=1.0), "scale_offset"),
+        (
+            lambda: spec_with("rms", dtype="float16", state_dtype="float32"),
+            "state_dtype",
+        ),  # no compute dtype to apply it in
+        (
+            lambda: spec_with(
+                "rms", dtype="float16", compute_dtype="float32", cast_before_affine=True, state_dtype="float32"
+            ),
+            "state_dtype",
+        ),
+        (
+            lambda: spec_with("rms", dtype="float16", compute_dtype="float32", state_dtype="float32"),
+            "scale",
+        ),  # float16 tensors
+        (lambda: spec_with("layer", frozen=True), "frozen"),
+        (lambda: spec_with("batch", frozen=True), "momentum"),
+        (
+            lambda: spec_with(
+                "batch",
+                frozen=True,
+                track_running_stats=False,
+                momentum=None,
+                momentum_convention=None,
+                variance_estimator=None,
+                tensors={},
+            ),
+            "frozen",
+        ),
+        (lambda: spec_with("layer", normalized_shape=(4,), layout="channels_last"), "layout"),
+        (lambda: spec_with("layer", normalized_shape=(2, 4), layout="channels_first"), "normalized_shape"),
+    ],
+)
 def test_invalid_extended_settings_are_refused_naming_the_setting(build, setting):
     with pytest.raises(SpecError) as raised:
         build()

@@ -23,7 +23,11 @@ class KerasProbedLayers(ObjectRecognizer):
     framework = "keras"
 
     def kind_of(self, obj: Any) -> str | None:
-        if owning_framework(obj, ("keras",)) != "keras" or not hasattr(obj, "weights") or looks_like_normalization(obj) is None:
+        if (
+            owning_framework(obj, ("keras",)) != "keras"
+            or not hasattr(obj, "weights")
+            or looks_like_normalization(obj) is None
+        ):
             return None
         norm = probe_layer(obj).norm
         return None if norm is None else norm.kind

@@ -57,11 +57,15 @@ from .window import Window
 DEFAULT_SAMPLE_RATE = 0.1
 DEFAULT_WINDOW_REQUESTS = 1000
 DEFAULT_WINDOW_SECONDS = 60.0
-DEFAULT_MAX_BACKLOG = 256  # sampled requests waiting for the worker; beyond it their statistics are discarded and counted
+DEFAULT_MAX_BACKLOG = (
+    256  # sampled requests waiting for the worker; beyond it their statistics are discarded and counted
+)
 
 _CLOSE, _STOP = object(), object()  # markers on the worker's queue
-_CHANGED = ("the running statistics changed since the previous window: something updates them while serving "
-            "(train mode, a training loop)")
+_CHANGED = (
+    "the running statistics changed since the previous window: something updates them while serving "
+    "(train mode, a training loop)"
+)
 
 
 @dataclass(frozen=True)
@@ -94,15 +98,35 @@ def _adapter_of(model: Any):
 class Monitor:
     """A running collector (the TapSink the served object reports to); see the module docstring."""
 
-    def __init__(self, model: Any, *, server: str | None, token: str | None, ref: str | None, sample_rate: float,
-                 window_requests: int, window_seconds: float, keep_sample: int = 0, max_pending: int = 8, timeout: float = 5.0,
-                 seed: int | None = None, replica: str | None = None, max_backlog: int = DEFAULT_MAX_BACKLOG):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        server: str | None,
+        token: str | None,
+        ref: str | None,
+        sample_rate: float,
+        window_requests: int,
+        window_seconds: float,
+        keep_sample: int = 0,
+        max_pending: int = 8,
+        timeout: float = 5.0,
+        seed: int | None = None,
+        replica: str | None = None,
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
+    ):
         if not 0.0 <= sample_rate <= 1.0:
-            raise InputFileError(f"sample_rate={sample_rate} is not a fraction; pass a value between 0 and 1, e.g. 0.1.")
+            raise InputFileError(
+                f"sample_rate={sample_rate} is not a fraction; pass a value between 0 and 1, e.g. 0.1."
+            )
         if window_requests < 1 or window_seconds <= 0:
-            raise InputFileError("window_requests must be at least 1 and window_seconds above 0; e.g. window_requests=1000, window_seconds=60.")
+            raise InputFileError(
+                "window_requests must be at least 1 and window_seconds above 0; e.g. window_requests=1000, window_seconds=60."
+            )
         if keep_sample < 0:
-            raise InputFileError(f"keep_sample={keep_sample} is negative; pass 0 (keep no sample) or the number of input rows to keep.")
+            raise InputFileError(
+                f"keep_sample={keep_sample} is negative; pass 0 (keep no sample) or the number of input rows to keep."
+            )
         if server is not None and ref is None:
             raise InputFileError("monitor(..., server=URL) needs ref='NAME@N', the registered version being served.")
         url = drift_url(server, ref) if server else None  # a bad ref is refused before the model is touched
@@ -198,7 +222,9 @@ class Monitor:
             if observed is not None:
                 if self._backlog < self._max_backlog:
                     self._backlog += 1
-                    window.sampled += sampled  # a window's `sampled` counts the sampled requests whose statistics it holds
+                    window.sampled += (
+                        sampled  # a window's `sampled` counts the sampled requests whose statistics it holds
+                    )
                     self._work.put((window, observed))
                 else:
                     self._discarded += 1
@@ -239,8 +265,13 @@ class Monitor:
             self._closed += 1
         faults = self._serving_faults()
         dropped = self._sender.stats.dropped if self._sender else 0
-        body = window.payload(self.layers, self.replica, dropped, self.statistics_digest,
-                              [fault.model_dump(exclude_none=True) for fault in faults])
+        body = window.payload(
+            self.layers,
+            self.replica,
+            dropped,
+            self.statistics_digest,
+            [fault.model_dump(exclude_none=True) for fault in faults],
+        )
         self.closed_windows.append(body)
         if self._sender is not None:
             self._sender.submit(body)
@@ -310,7 +341,9 @@ class Monitor:
     def save_sample(self, path: str | Path) -> int:
         """Write the kept traffic sample as an .npz for `normbridge recalibrate` (sample.py); returns the rows written."""
         if self.sample is None:
-            raise InputFileError("this collector keeps no traffic sample; start it with monitor(..., keep_sample=N) to keep the last N input rows.")
+            raise InputFileError(
+                "this collector keeps no traffic sample; start it with monitor(..., keep_sample=N) to keep the last N input rows."
+            )
         self.settle()
         return self.sample.save(path)
 
@@ -319,15 +352,28 @@ class Monitor:
         self.settle(1.0)
         with self._lock:
             discarded = self._discarded
-            requests, sampled, closed, errors, last_error = (self._requests, self._drawn, self._closed,
-                                                             self._errors, self._last_error)
+            requests, sampled, closed, errors, last_error = (
+                self._requests,
+                self._drawn,
+                self._closed,
+                self._errors,
+                self._last_error,
+            )
         sender = self._sender.stats if self._sender else None
-        return MonitorStats(requests=requests, sampled=sampled, windows_closed=closed, windows_sent=sender.sent if sender else 0,
-                            dropped=sender.dropped if sender else 0, rejected=sender.rejected if sender else 0, errors=errors,
-                            last_error=(sender.last_error if sender and sender.last_error else last_error),
-                            last_state=sender.last_state if sender else None, discarded=discarded,
-                            kept_rows=self.sample.rows if self.sample else 0,
-                            faults=_merged(self._faults, sender.last_faults if sender else ()))
+        return MonitorStats(
+            requests=requests,
+            sampled=sampled,
+            windows_closed=closed,
+            windows_sent=sender.sent if sender else 0,
+            dropped=sender.dropped if sender else 0,
+            rejected=sender.rejected if sender else 0,
+            errors=errors,
+            last_error=(sender.last_error if sender and sender.last_error else last_error),
+            last_state=sender.last_state if sender else None,
+            discarded=discarded,
+            kept_rows=self.sample.rows if self.sample else 0,
+            faults=_merged(self._faults, sender.last_faults if sender else ()),
+        )
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush, stop the threads and take the taps off the model."""
@@ -354,9 +400,17 @@ def _merged(*groups) -> tuple[ServingFault, ...]:
     return tuple(seen.values())
 
 
-def monitor(model: Any, server: str | None = None, token: str | None = None, ref: str | None = None, sample_rate: float = DEFAULT_SAMPLE_RATE,
-            window_requests: int = DEFAULT_WINDOW_REQUESTS, window_seconds: float = DEFAULT_WINDOW_SECONDS, keep_sample: int = 0,
-            **options) -> Monitor:
+def monitor(
+    model: Any,
+    server: str | None = None,
+    token: str | None = None,
+    ref: str | None = None,
+    sample_rate: float = DEFAULT_SAMPLE_RATE,
+    window_requests: int = DEFAULT_WINDOW_REQUESTS,
+    window_seconds: float = DEFAULT_WINDOW_SECONDS,
+    keep_sample: int = 0,
+    **options,
+) -> Monitor:
     """Watch the BatchNorm inputs of a served model and ship statistics windows to a registry.
 
     Args:
@@ -381,8 +435,17 @@ def monitor(model: Any, server: str | None = None, token: str | None = None, ref
         >>> y = model(x)          # serve as before
         >>> watch.flush()         # send the open window now
     """
-    return Monitor(model, server=server, token=token, ref=ref, sample_rate=sample_rate, window_requests=window_requests,
-                   window_seconds=window_seconds, keep_sample=keep_sample, **options)
+    return Monitor(
+        model,
+        server=server,
+        token=token,
+        ref=ref,
+        sample_rate=sample_rate,
+        window_requests=window_requests,
+        window_seconds=window_seconds,
+        keep_sample=keep_sample,
+        **options,
+    )
 
 
 __all__ = ["Monitor", "MonitorStats", "monitor"]

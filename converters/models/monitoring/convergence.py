@@ -56,7 +56,14 @@ def is_initial(running_mean: np.ndarray, running_var: np.ndarray) -> bool:
     return bool(np.all(running_mean == 0.0) and np.all(running_var == 1.0))
 
 
-def score(mean: np.ndarray, var: np.ndarray, running_mean: np.ndarray, running_var: np.ndarray, eps: float, thresholds: DriftThresholds) -> float:
+def score(
+    mean: np.ndarray,
+    var: np.ndarray,
+    running_mean: np.ndarray,
+    running_var: np.ndarray,
+    eps: float,
+    thresholds: DriftThresholds,
+) -> float:
     """The worst channel's statistic over its threshold (above 1 alarms); infinity for a non-positive variance."""
     if np.any(running_var + eps <= 0.0):
         return float("inf")
@@ -70,12 +77,25 @@ def corrected(running_mean: np.ndarray, running_var: np.ndarray, weight: float) 
     return running_mean / (1.0 - weight), (running_var - weight) / (1.0 - weight)
 
 
-def judge(mean, var, running_mean, running_var, eps: float, thresholds: DriftThresholds, alarm: bool,
-          batches_tracked: int | None = None, momentum: float | None = None) -> Convergence:
+def judge(
+    mean,
+    var,
+    running_mean,
+    running_var,
+    eps: float,
+    thresholds: DriftThresholds,
+    alarm: bool,
+    batches_tracked: int | None = None,
+    momentum: float | None = None,
+) -> Convergence:
     """ok, drift or unconverged_statistics for one layer whose input had per-channel `mean` and `var`."""
     if is_initial(running_mean, running_var):
-        return Convergence("unconverged_statistics", "running statistics are exactly their initial values (mean 0, variance 1): "
-                           f"the layer never tracked a batch (num_batches_tracked={_count(batches_tracked)})", 1.0)
+        return Convergence(
+            "unconverged_statistics",
+            "running statistics are exactly their initial values (mean 0, variance 1): "
+            f"the layer never tracked a batch (num_batches_tracked={_count(batches_tracked)})",
+            1.0,
+        )
     if not alarm:
         return Convergence("ok", initial_weight=initial_weight(batches_tracked, momentum))
     raw = score(mean, var, running_mean, running_var, eps, thresholds)
@@ -85,17 +105,25 @@ def judge(mean, var, running_mean, running_var, eps: float, thresholds: DriftThr
             return Convergence("drift", initial_weight=known)
         fixed = score(mean, var, *corrected(running_mean, running_var, known), eps, thresholds)
         if fixed <= 1.0:
-            return Convergence("unconverged_statistics", f"num_batches_tracked={batches_tracked} at momentum {momentum:g} leaves "
-                               f"{known:.0%} of the initial values in the running statistics; against the bias-corrected statistics "
-                               f"the input is within the thresholds (score {fixed:.2f} of 1, uncorrected {raw:.2f})", known)
+            return Convergence(
+                "unconverged_statistics",
+                f"num_batches_tracked={batches_tracked} at momentum {momentum:g} leaves "
+                f"{known:.0%} of the initial values in the running statistics; against the bias-corrected statistics "
+                f"the input is within the thresholds (score {fixed:.2f} of 1, uncorrected {raw:.2f})",
+                known,
+            )
         return Convergence("drift", initial_weight=known)
     scores = [score(mean, var, *corrected(running_mean, running_var, w), eps, thresholds) for w in _FIT_GRID]
     best = int(np.argmin(scores))
     if scores[best] <= 1.0 and scores[best] <= raw / 2.0:
         weight = float(_FIT_GRID[best])
-        return Convergence("unconverged_statistics", f"the running statistics read as {weight:.0%} initial values (mean 0, variance 1) "
-                           f"blended with the input's own (no batch counter in this format): corrected, the input is within the "
-                           f"thresholds (score {scores[best]:.2f} of 1, uncorrected {raw:.2f})", weight)
+        return Convergence(
+            "unconverged_statistics",
+            f"the running statistics read as {weight:.0%} initial values (mean 0, variance 1) "
+            f"blended with the input's own (no batch counter in this format): corrected, the input is within the "
+            f"thresholds (score {scores[best]:.2f} of 1, uncorrected {raw:.2f})",
+            weight,
+        )
     return Convergence("drift")
 
 
@@ -113,8 +141,23 @@ def blamed_on_unconverged(layers) -> tuple[str | None, list[int]]:
     first = next((i for i, layer in enumerate(layers) if layer.status == "unconverged_statistics"), None)
     if first is None:
         return None, []
-    return layers[first].name, [i for i, layer in enumerate(layers) if i > first and layer.status == "drift"
-                                and not (layer.initial_weight is not None and layer.initial_weight < INITIAL_WEIGHT_FLOOR)]
+    return layers[first].name, [
+        i
+        for i, layer in enumerate(layers)
+        if i > first
+        and layer.status == "drift"
+        and not (layer.initial_weight is not None and layer.initial_weight < INITIAL_WEIGHT_FLOOR)
+    ]
 
 
-__all__ = ["Convergence", "FITTED_FLOOR", "INITIAL_WEIGHT_FLOOR", "blamed_on_unconverged", "corrected", "initial_weight", "is_initial", "judge", "score"]
+__all__ = [
+    "Convergence",
+    "FITTED_FLOOR",
+    "INITIAL_WEIGHT_FLOOR",
+    "blamed_on_unconverged",
+    "corrected",
+    "initial_weight",
+    "is_initial",
+    "judge",
+    "score",
+]

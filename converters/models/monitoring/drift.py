@@ -47,7 +47,9 @@ def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]], train
 def channel_shift(mean, var, running_mean, running_var, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """Per channel: the standardized mean shift |mean - running_mean| / sqrt(running_var + eps) and the log variance ratio
     log((var + eps) / (running_var + eps)) (signed), in float64. The one definition `drift` and the registry's history share."""
-    mean, var, running_mean, running_var = (np.asarray(a, dtype=np.float64) for a in (mean, var, running_mean, running_var))
+    mean, var, running_mean, running_var = (
+        np.asarray(a, dtype=np.float64) for a in (mean, var, running_mean, running_var)
+    )
     shift = np.abs(mean - running_mean) / np.sqrt(running_var + eps)
     return shift, np.log((var + eps) / (running_var + eps))
 
@@ -58,13 +60,31 @@ def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLaye
     shift, signed_log_ratio = channel_shift(mean, var, moments.running_mean, moments.running_var, moments.eps)
     log_ratio = np.abs(signed_log_ratio)
     alarm = bool(shift.max() > thresholds.shift or log_ratio.max() > thresholds.log_ratio)
-    verdict = judge(mean, var, moments.running_mean, moments.running_var, moments.eps, thresholds, alarm,
-                    moments.batches_tracked, moments.momentum)
+    verdict = judge(
+        mean,
+        var,
+        moments.running_mean,
+        moments.running_var,
+        moments.eps,
+        thresholds,
+        alarm,
+        moments.batches_tracked,
+        moments.momentum,
+    )
     return DriftLayer(
-        name=moments.name, channels=moments.channels,
-        max_shift=float(shift.max()), mean_shift=float(shift.mean()), worst_shift_channel=int(shift.argmax()),
-        max_abs_log_ratio=float(log_ratio.max()), mean_abs_log_ratio=float(log_ratio.mean()), worst_ratio_channel=int(log_ratio.argmax()),
-        alarm=alarm, status=verdict.status, reason=verdict.reason, batches_tracked=moments.batches_tracked, momentum=moments.momentum,
+        name=moments.name,
+        channels=moments.channels,
+        max_shift=float(shift.max()),
+        mean_shift=float(shift.mean()),
+        worst_shift_channel=int(shift.argmax()),
+        max_abs_log_ratio=float(log_ratio.max()),
+        mean_abs_log_ratio=float(log_ratio.mean()),
+        worst_ratio_channel=int(log_ratio.argmax()),
+        alarm=alarm,
+        status=verdict.status,
+        reason=verdict.reason,
+        batches_tracked=moments.batches_tracked,
+        momentum=moments.momentum,
         initial_weight=verdict.initial_weight,
     )
 
@@ -72,10 +92,14 @@ def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLaye
 def downstream_of_unconverged(layers: list[DriftLayer]) -> list[DriftLayer]:
     """Alarms after an unconverged layer are that layer's doing, not the input's (convergence.blamed_on_unconverged)."""
     first, blamed = blamed_on_unconverged(layers)
-    reason = (f"downstream of '{first}', whose statistics never converged: in eval mode it normalizes with statistics its training "
-              "batches never had, so this layer's input differs from its training input although the served input did not move")
-    return [layer.model_copy(update={"status": "unconverged_statistics", "reason": reason}) if i in blamed else layer
-            for i, layer in enumerate(layers)]
+    reason = (
+        f"downstream of '{first}', whose statistics never converged: in eval mode it normalizes with statistics its training "
+        "batches never had, so this layer's input differs from its training input although the served input did not move"
+    )
+    return [
+        layer.model_copy(update={"status": "unconverged_statistics", "reason": reason}) if i in blamed else layer
+        for i, layer in enumerate(layers)
+    ]
 
 
 def fixed_batch_size(model: Any) -> int | None:
@@ -101,7 +125,9 @@ def data_batches(model: Any, data: Any, batch_size: int | None) -> tuple[Sample,
     fixed = fixed_batch_size(model)
     if fixed is not None:
         if sample.batch_size % fixed:
-            raise InputFileError(f"the model accepts batches of exactly {fixed} and the data has {sample.batch_size} samples; pass a multiple of {fixed}.")
+            raise InputFileError(
+                f"the model accepts batches of exactly {fixed} and the data has {sample.batch_size} samples; pass a multiple of {fixed}."
+            )
         batch_size = fixed
     return sample, list(sample.batches(batch_size))
 
@@ -121,8 +147,10 @@ def refuse_non_finite(arrays: Sequence[np.ndarray], names: Sequence[str], where:
             bad = ~np.isfinite(array)  # in the array's own dtype (ml_dtypes' bfloat16 too): no float64 copy of the data
             if bad.any():
                 first = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0]) if bad.ndim else 0
-                raise InputFileError(f"{where}: input '{name}' holds {int(bad.sum())} NaN or infinite values (the first in sample {first}); "
-                                     "statistics of such inputs are not numbers: drop or repair those samples.")
+                raise InputFileError(
+                    f"{where}: input '{name}' holds {int(bad.sum())} NaN or infinite values (the first in sample {first}); "
+                    "statistics of such inputs are not numbers: drop or repair those samples."
+                )
 
 
 def describe(model: Any) -> str:
@@ -130,7 +158,13 @@ def describe(model: Any) -> str:
     return REGISTRY.model_adapter_of(model).describe(model)
 
 
-def drift_check(model: Any, data: Any, thresholds: DriftThresholds | dict | None = None, *, batch_size: int | None = DEFAULT_BATCH_SIZE) -> DriftReport:
+def drift_check(
+    model: Any,
+    data: Any,
+    thresholds: DriftThresholds | dict | None = None,
+    *,
+    batch_size: int | None = DEFAULT_BATCH_SIZE,
+) -> DriftReport:
     """Compare every BatchNorm layer's serving-time input statistics with its running statistics.
 
     Args:
@@ -153,9 +187,14 @@ def drift_check(model: Any, data: Any, thresholds: DriftThresholds | dict | None
     alarms = [layer.name for layer in layers if layer.status == "drift"]
     unconverged = [layer.name for layer in layers if layer.status == "unconverged_statistics"]
     return DriftReport(
-        model=describe(model), framework=REGISTRY.model_framework(model), samples=sample.batch_size, thresholds=thresholds,
+        model=describe(model),
+        framework=REGISTRY.model_framework(model),
+        samples=sample.batch_size,
+        thresholds=thresholds,
         variance="population variance (ddof=0) per channel over batch and spatial positions; ratio (var + eps) / (running_var + eps)",
-        layers=layers, alarms=alarms, unconverged=unconverged,
+        layers=layers,
+        alarms=alarms,
+        unconverged=unconverged,
         verdict="drift" if alarms else "unconverged statistics" if unconverged else "no drift",
         statistics_digest=statistics_digest((m.running_mean, m.running_var) for m in moments),
     )

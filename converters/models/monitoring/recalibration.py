@@ -55,13 +55,22 @@ def _as_batches(model: Any, batches: Any, batch_size: int | None) -> list[tuple[
 
 
 def _movement(name: str, old_mean, old_var, new_mean, new_var, eps: float) -> RecalibratedLayer:
-    old_mean, old_var, new_mean, new_var = (np.asarray(a, dtype=np.float64) for a in (old_mean, old_var, new_mean, new_var))
+    old_mean, old_var, new_mean, new_var = (
+        np.asarray(a, dtype=np.float64) for a in (old_mean, old_var, new_mean, new_var)
+    )
     shift = np.abs(new_mean - old_mean) / np.sqrt(old_var + eps)
     ratio = np.abs(np.log((new_var + eps) / (old_var + eps)))
-    return RecalibratedLayer(name=name, channels=int(old_mean.shape[0]), max_mean_shift=float(shift.max()), max_abs_log_var_ratio=float(ratio.max()))
+    return RecalibratedLayer(
+        name=name,
+        channels=int(old_mean.shape[0]),
+        max_mean_shift=float(shift.max()),
+        max_abs_log_var_ratio=float(ratio.max()),
+    )
 
 
-def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, variance_estimator: str = "unbiased") -> tuple[Any, RecalibrationReport]:
+def recalibrate(
+    model: Any, batches: Any, *, batch_size: int | None = None, variance_estimator: str = "unbiased"
+) -> tuple[Any, RecalibrationReport]:
     """Re-estimate every BatchNorm's running statistics on `batches`; returns (new model, report). The input model is not modified.
 
     Args:
@@ -73,7 +82,9 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
             population variance itself).
     """
     if variance_estimator not in ("unbiased", "biased"):
-        raise InputFileError(f"variance_estimator '{variance_estimator}' is unknown; pass 'unbiased' (PyTorch) or 'biased' (Keras, ONNX).")
+        raise InputFileError(
+            f"variance_estimator '{variance_estimator}' is unknown; pass 'unbiased' (PyTorch) or 'biased' (Keras, ONNX)."
+        )
     adapter = REGISTRY.model_adapter_of(model)
     split = _as_batches(model, batches, batch_size)
     if not split:
@@ -83,9 +94,19 @@ def recalibrate(model: Any, batches: Any, *, batch_size: int | None = None, vari
     new_model, moved, method = adapter.recalibrate(model, split, variance_estimator)
     layers = [_movement(*entry) for entry in moved]
     if not layers:
-        raise UnsupportedObjectError(f"{describe(model)} has no BatchNorm layer with running statistics to recalibrate.")
-    report = RecalibrationReport(model=describe(model), framework=adapter.framework, method=method, batches=len(split), samples=samples,
-                                 variance_estimator=variance_estimator, layers=layers, notes=notes)
+        raise UnsupportedObjectError(
+            f"{describe(model)} has no BatchNorm layer with running statistics to recalibrate."
+        )
+    report = RecalibrationReport(
+        model=describe(model),
+        framework=adapter.framework,
+        method=method,
+        batches=len(split),
+        samples=samples,
+        variance_estimator=variance_estimator,
+        layers=layers,
+        notes=notes,
+    )
     return new_model, report
 
 
@@ -97,8 +118,10 @@ def _batch_size_notes(model: Any, batches: Any, asked: int) -> list[str]:
     fixed = fixed_batch_size(model)
     if fixed is None or fixed == asked:
         return []
-    return [f"the model accepts batches of exactly {fixed}, so the forward passes took {fixed} samples each, not {asked}; the statistics "
-            "are pooled over all samples either way."]
+    return [
+        f"the model accepts batches of exactly {fixed}, so the forward passes took {fixed} samples each, not {asked}; the statistics "
+        "are pooled over all samples either way."
+    ]
 
 
 def save_recalibrated(model: Any, path) -> None:

@@ -39,7 +39,9 @@ class TrafficSample:
 
     def __init__(self, rows: int, names: list[str] | None = None):
         if rows < 1:
-            raise InputFileError(f"keep_sample={rows} keeps nothing; pass the number of input rows to keep, e.g. keep_sample=512.")
+            raise InputFileError(
+                f"keep_sample={rows} keeps nothing; pass the number of input rows to keep, e.g. keep_sample=512."
+            )
         self.limit = int(rows)
         self.names = list(names) if names else None
         self._parts: deque[tuple[np.ndarray, ...]] = deque()
@@ -55,11 +57,13 @@ class TrafficSample:
         """Append one request's copied inputs (named by `names` when the served object says which inputs they are); the
         oldest rows beyond the limit are let go."""
         if not arrays or any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
-            raise InputFileError(f"a sampled request's inputs have no common batch axis (shapes {[list(a.shape) for a in arrays]}); "
-                                 "keep_sample needs batch-first array inputs.")
+            raise InputFileError(
+                f"a sampled request's inputs have no common batch axis (shapes {[list(a.shape) for a in arrays]}); "
+                "keep_sample needs batch-first array inputs."
+            )
         rows = int(arrays[0].shape[0])
         if rows > self.limit:
-            arrays, rows = tuple(a[-self.limit:].copy() for a in arrays), self.limit
+            arrays, rows = tuple(a[-self.limit :].copy() for a in arrays), self.limit
         with self._lock:
             self._parts.append((arrays, names))
             self._rows += rows
@@ -79,26 +83,36 @@ class TrafficSample:
         with self._lock:
             parts = list(self._parts)
         if not parts:
-            raise InputFileError("the traffic sample is empty: no sampled request has been served since monitor(..., keep_sample=N) "
-                                 "started (raise sample_rate or serve more requests first).")
+            raise InputFileError(
+                "the traffic sample is empty: no sampled request has been served since monitor(..., keep_sample=N) "
+                "started (raise sample_rate or serve more requests first)."
+            )
         given = {part_names for _, part_names in parts}
         if len(given) > 1:
             listed = sorted("(" + ", ".join(n or ["unnamed"]) + ")" for n in given)
-            raise InputFileError(f"sampled requests passed different inputs ({'; '.join(listed)}); a recalibration sample needs every request "
-                                 "to pass the same inputs: serve them with the same inputs, or save earlier.")
+            raise InputFileError(
+                f"sampled requests passed different inputs ({'; '.join(listed)}); a recalibration sample needs every request "
+                "to pass the same inputs: serve them with the same inputs, or save earlier."
+            )
         count = len(parts[0][0])
         if any(len(arrays) != count for arrays, _ in parts):
-            raise InputFileError(f"sampled requests had different numbers of inputs ({sorted({len(arrays) for arrays, _ in parts})}); "
-                                 "a recalibration sample needs every request to pass the same inputs.")
+            raise InputFileError(
+                f"sampled requests had different numbers of inputs ({sorted({len(arrays) for arrays, _ in parts})}); "
+                "a recalibration sample needs every request to pass the same inputs."
+            )
         names = next(iter(given))
         if names is None:
-            names = self.names[:count] if self.names and len(self.names) >= count else [f"input_{i}" for i in range(count)]
+            names = (
+                self.names[:count] if self.names and len(self.names) >= count else [f"input_{i}" for i in range(count)]
+            )
         out = {}
         for index, name in enumerate(names):
             shapes = {arrays[index].shape[1:] for arrays, _ in parts}
             if len(shapes) != 1:
-                raise InputFileError(f"input '{name}' came in shapes {sorted(list(s) for s in shapes)} (after the batch axis) in the kept requests; "
-                                     "a recalibration sample needs one shape per input: serve one shape, or save earlier.")
+                raise InputFileError(
+                    f"input '{name}' came in shapes {sorted(list(s) for s in shapes)} (after the batch axis) in the kept requests; "
+                    "a recalibration sample needs one shape per input: serve one shape, or save earlier."
+                )
             out[name] = np.concatenate([arrays[index] for arrays, _ in parts])
         return out
 
@@ -106,7 +120,9 @@ class TrafficSample:
         """Write the kept rows to `path` (.npz) atomically; returns the number of rows written."""
         path = Path(path)
         if path.suffix.lower() != ".npz":
-            raise InputFileError(f"save_sample('{path}'): the sample is written as .npz (one array per input); use a path ending in .npz.")
+            raise InputFileError(
+                f"save_sample('{path}'): the sample is written as .npz (one array per input); use a path ending in .npz."
+            )
         arrays = self.arrays()
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)

@@ -114,8 +114,20 @@ class Judged:
     over: bool
 
 
-def judge_layer(shift: np.ndarray, log_ratio: np.ndarray, var, running_var, eps: float, count: int, batches: int | None,
-                se_mean, se_var, shift_threshold: float, log_ratio_threshold: float, false_alarm: float) -> Judged:
+def judge_layer(
+    shift: np.ndarray,
+    log_ratio: np.ndarray,
+    var,
+    running_var,
+    eps: float,
+    count: int,
+    batches: int | None,
+    se_mean,
+    se_var,
+    shift_threshold: float,
+    log_ratio_threshold: float,
+    false_alarm: float,
+) -> Judged:
     """Whether a layer's window is over a threshold by more than its sampling error (see the module docstring).
 
     `shift` and `log_ratio` are per channel (channel_shift), `var` the window's variance, `se_mean`/`se_var` the standard
@@ -130,7 +142,9 @@ def judge_layer(shift: np.ndarray, log_ratio: np.ndarray, var, running_var, eps:
     se_log_ratio = np.asarray(se_var, dtype=np.float64) / (var + eps)
     shift_bound = float((shift - multiplier * se_shift).max())
     log_ratio_bound = float((np.abs(log_ratio) - multiplier * se_log_ratio).max())
-    return Judged(shift_bound, log_ratio_bound, multiplier, shift_bound > shift_threshold or log_ratio_bound > log_ratio_threshold)
+    return Judged(
+        shift_bound, log_ratio_bound, multiplier, shift_bound > shift_threshold or log_ratio_bound > log_ratio_threshold
+    )
 
 
 __all__ = ["Judged", "count_errors", "error_multiplier", "judge_layer", "t_quantile", "t_upper_tail"]

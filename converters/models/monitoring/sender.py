@@ -39,7 +39,9 @@ def drift_url(server: str, ref: str) -> str:
     """The endpoint of `ref` ('NAME@N' or 'NAME@alias') on `server`."""
     name, at, version = ref.partition("@")
     if not name or not at or not version:
-        raise InputFileError(f"ref '{ref}' is not NAME@N; pass the registered version the served model is, e.g. ref='cnn@3'.")
+        raise InputFileError(
+            f"ref '{ref}' is not NAME@N; pass the registered version the served model is, e.g. ref='cnn@3'."
+        )
     quote = lambda part: urllib.parse.quote(part, safe="")  # noqa: E731
     return f"{server.rstrip('/')}/api/v1/models/{quote(name)}/versions/{quote(version)}/drift"
 
@@ -60,8 +62,14 @@ def _read_answer(answer: str | dict | None) -> tuple[str | None, tuple]:
 class Sender:
     """A daemon thread posting queued window bodies; `post` is replaceable (tests, other transports)."""
 
-    def __init__(self, url: str | None, token: str | None, max_pending: int = 8, timeout: float = 5.0,
-                 post: Callable[[dict], str | dict | None] | None = None):
+    def __init__(
+        self,
+        url: str | None,
+        token: str | None,
+        max_pending: int = 8,
+        timeout: float = 5.0,
+        post: Callable[[dict], str | dict | None] | None = None,
+    ):
         self.url, self.token, self.timeout = url, token, timeout
         self.stats = SenderStats()
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
@@ -107,7 +115,9 @@ class Sender:
                     self.stats.last_state, self.stats.last_faults = state, faults
             except urllib.error.HTTPError as error:
                 detail = error.read()[:300].decode(errors="replace")
-                self._drop(f"the registry refused the window (HTTP {error.code}): {detail}", rejected=400 <= error.code < 500)
+                self._drop(
+                    f"the registry refused the window (HTTP {error.code}): {detail}", rejected=400 <= error.code < 500
+                )
             except Exception as error:  # unreachable, timeout, reset: drop and count, never raise
                 self._drop(f"{type(error).__name__}: {error}"[:300])
             finally:

@@ -81,7 +81,13 @@ class _BatchSpread:
         self.centre = centre
         self.weight = 0.0
         zeros = np.zeros_like(centre)
-        self.mean_d, self.mean_a, self.c_dd, self.c_aa, self.c_ad = zeros, zeros.copy(), zeros.copy(), zeros.copy(), zeros.copy()
+        self.mean_d, self.mean_a, self.c_dd, self.c_aa, self.c_ad = (
+            zeros,
+            zeros.copy(),
+            zeros.copy(),
+            zeros.copy(),
+            zeros.copy(),
+        )
 
     def add(self, count: int, mean: np.ndarray, var: np.ndarray) -> None:
         w = float(count) ** 2
@@ -99,7 +105,9 @@ class _BatchSpread:
         shift = mean - self.centre
         about_mean = self.c_dd + self.weight * np.square(self.mean_d - shift)
         e = self.mean_a - 2.0 * shift * self.mean_d + np.square(shift) - var
-        about_var = self.c_aa - 4.0 * shift * self.c_ad + 4.0 * np.square(shift) * self.c_dd + self.weight * np.square(e)
+        about_var = (
+            self.c_aa - 4.0 * shift * self.c_ad + 4.0 * np.square(shift) * self.c_dd + self.weight * np.square(e)
+        )
         scale = batches / (batches - 1) / float(count) ** 2
         return np.sqrt(np.maximum(about_mean, 0.0) * scale), np.sqrt(np.maximum(about_var, 0.0) * scale)
 
@@ -118,18 +126,33 @@ class Window:
         if not self.moments:
             self.moments = [ChannelMoments() for _ in range(self.layers)]
 
-    def payload(self, names: list[str], replica: str, dropped: int, digest: str | None,
-                faults: list[dict] | None = None) -> dict:
+    def payload(
+        self, names: list[str], replica: str, dropped: int, digest: str | None, faults: list[dict] | None = None
+    ) -> dict:
         """The JSON body of POST .../drift (schemas.monitoring.DriftWindow), closing the window now."""
         layers = [_layer(name, m) for name, m in zip(names, self.moments) if m.count > 0]
-        return {"started_at": self.started_at.isoformat(), "ended_at": datetime.now(UTC).isoformat(), "requests": self.requests,
-                "sampled": self.sampled, "replica": replica, "dropped": dropped, "statistics_digest": digest,
-                "layers": layers, "faults": list(faults or [])}
+        return {
+            "started_at": self.started_at.isoformat(),
+            "ended_at": datetime.now(UTC).isoformat(),
+            "requests": self.requests,
+            "sampled": self.sampled,
+            "replica": replica,
+            "dropped": dropped,
+            "statistics_digest": digest,
+            "layers": layers,
+            "faults": list(faults or []),
+        }
 
 
 def _layer(name: str, moments: ChannelMoments) -> dict:
     """One layer of the payload: its moments, the batches they pooled and, from two batches on, their standard errors."""
-    layer = {"name": name, "count": moments.count, "mean": moments.mean.tolist(), "var": moments.var.tolist(), "batches": moments.batches}
+    layer = {
+        "name": name,
+        "count": moments.count,
+        "mean": moments.mean.tolist(),
+        "var": moments.var.tolist(),
+        "batches": moments.batches,
+    }
     errors = moments.standard_errors()
     if errors is not None:
         layer["se_mean"], layer["se_var"] = errors[0].tolist(), errors[1].tolist()

@@ -39,7 +39,11 @@ from .samples import DEFAULT_BATCH, DEFAULT_SEED, Sample, as_sample, merge_specs
 #: (atol, rtol) per output dtype for a whole model: |serving - source| <= atol + rtol * |source|.
 #: Looser than one layer's (converters.equivalence.TOLERANCES): a network accumulates float32
 #: reordering through every Conv and MatMul, and exporters fuse or reorder ops.
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {"float16": (1e-2, 1e-2), "float32": (1e-4, 1e-3), "float64": (1e-8, 1e-7)}
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float16": (1e-2, 1e-2),
+    "float32": (1e-4, 1e-3),
+    "float64": (1e-8, 1e-7),
+}
 
 
 # --------------------------------------------------------------------------- source side
@@ -80,7 +84,9 @@ def _tolerance(table: dict[str, tuple[float, float]], dtype: np.dtype) -> tuple[
     return table.get(np.dtype(dtype).name, (0.0, 0.0)) if np.dtype(dtype).kind == "f" else (0.0, 0.0)
 
 
-def compare(got: np.ndarray, reference: np.ndarray, atol: float, rtol: float) -> tuple[float | None, float | None, bool]:
+def compare(
+    got: np.ndarray, reference: np.ndarray, atol: float, rtol: float
+) -> tuple[float | None, float | None, bool]:
     """(max abs error, max rel error over |reference| >= atol, within tolerance) of `got` against `reference`."""
     if got.shape != reference.shape:
         return None, None, False
@@ -99,22 +105,39 @@ def compare(got: np.ndarray, reference: np.ndarray, atol: float, rtol: float) ->
 def _output_checks(source: Outputs, serving: Outputs, names: list[str], table) -> tuple[list[OutputCheck], list[str]]:
     errors = []
     if len(source) != len(serving):
-        errors.append(f"the source returns {len(source)} outputs and the serving model {len(serving)}; export the serving model from this source.")
+        errors.append(
+            f"the source returns {len(source)} outputs and the serving model {len(serving)}; export the serving model from this source."
+        )
     checks = []
     for i, (ref, got) in enumerate(zip(source, serving)):
         atol, rtol = _tolerance(table, ref.dtype)
         max_abs, max_rel, ok = compare(got, ref, atol, rtol)
-        reason = "" if got.shape == ref.shape else f"shape {list(got.shape)} in serving, {list(ref.shape)} in the source"
+        reason = (
+            "" if got.shape == ref.shape else f"shape {list(got.shape)} in serving, {list(ref.shape)} in the source"
+        )
         name = names[i] if i < len(names) else f"output_{i}"
-        checks.append(OutputCheck(name=name, shape=list(ref.shape), dtype=ref.dtype.name, max_abs_error=max_abs, max_rel_error=max_rel,
-                                  atol=atol, rtol=rtol, passed=ok, reason=reason))
+        checks.append(
+            OutputCheck(
+                name=name,
+                shape=list(ref.shape),
+                dtype=ref.dtype.name,
+                max_abs_error=max_abs,
+                max_rel_error=max_rel,
+                atol=atol,
+                rtol=rtol,
+                passed=ok,
+                reason=reason,
+            )
+        )
     return checks, errors
 
 
 #: Why batch independence could not be tested on a one-request sample, and what makes it testable.
-SINGLE_REQUEST = ("the sample has a single request, so no request can be compared with others in its batch; pass a sample of at "
-                  "least two, or, for a program traced at batch size 1 (a static batch), export it with a dynamic batch "
-                  "(torch.export.export(..., dynamic_shapes=...) with a torch.export.Dim on axis 0)")
+SINGLE_REQUEST = (
+    "the sample has a single request, so no request can be compared with others in its batch; pass a sample of at "
+    "least two, or, for a program traced at batch size 1 (a static batch), export it with a dynamic batch "
+    "(torch.export.export(..., dynamic_shapes=...) with a torch.export.Dim on axis 0)"
+)
 
 
 def _companion(sample: Sample, i: int) -> tuple[np.ndarray, ...]:
@@ -130,8 +153,16 @@ def batch_independence(side: str, run: ModelRunner, sample: Sample, full: Output
     again = run(sample.arrays)
     deterministic = len(again) == len(full) and all(np.array_equal(a, b, equal_nan=True) for a, b in zip(again, full))
     if n < 2:
-        return BatchIndependenceCheck(side=side, method="skipped", requests=n, max_abs_difference=None, max_rel_difference=None,
-                                      deterministic=deterministic, passed=deterministic, reason=SINGLE_REQUEST)
+        return BatchIndependenceCheck(
+            side=side,
+            method="skipped",
+            requests=n,
+            max_abs_difference=None,
+            max_rel_difference=None,
+            deterministic=deterministic,
+            passed=deterministic,
+            reason=SINGLE_REQUEST,
+        )
     method = "alone"
     try:
         singles = [run(sample.rows(i)) for i in range(n)]
@@ -140,9 +171,16 @@ def batch_independence(side: str, run: ModelRunner, sample: Sample, full: Output
         try:
             singles = [[o[i : i + 1] for o in run(_companion(sample, i))] for i in range(n)]
         except Exception as error:  # neither a batch of one nor a reordered batch runs: report, do not crash
-            return BatchIndependenceCheck(side=side, method="skipped", requests=n, max_abs_difference=None, max_rel_difference=None,
-                                          deterministic=deterministic, passed=False,
-                                          reason=f"the model refused both a batch of one and a reordered batch ({type(error).__name__})")
+            return BatchIndependenceCheck(
+                side=side,
+                method="skipped",
+                requests=n,
+                max_abs_difference=None,
+                max_rel_difference=None,
+                deterministic=deterministic,
+                passed=False,
+                reason=f"the model refused both a batch of one and a reordered batch ({type(error).__name__})",
+            )
     worst_abs, worst_rel, passed = 0.0, 0.0, deterministic
     for i, outputs in enumerate(singles):
         for ref, got in zip(full, outputs):
@@ -151,16 +189,36 @@ def batch_independence(side: str, run: ModelRunner, sample: Sample, full: Output
             passed &= ok
             worst_abs = None if max_abs is None or worst_abs is None else max(worst_abs, max_abs)
             worst_rel = None if max_rel is None or worst_rel is None else max(worst_rel, max_rel)
-    reason = "" if deterministic else "the same batch run twice gave different outputs (random ops, e.g. dropout in training mode)"
+    reason = (
+        ""
+        if deterministic
+        else "the same batch run twice gave different outputs (random ops, e.g. dropout in training mode)"
+    )
     if not passed and deterministic:
         reason = "a request's output changes with the other requests in its batch (a layer normalizing with batch statistics)"
-    return BatchIndependenceCheck(side=side, method=method, requests=n, max_abs_difference=worst_abs, max_rel_difference=worst_rel,
-                                  deterministic=deterministic, passed=bool(passed), reason=reason)
+    return BatchIndependenceCheck(
+        side=side,
+        method=method,
+        requests=n,
+        max_abs_difference=worst_abs,
+        max_rel_difference=worst_rel,
+        deterministic=deterministic,
+        passed=bool(passed),
+        reason=reason,
+    )
 
 
-def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any = None, *,
-                  batch_size: int = DEFAULT_BATCH, seed: int = DEFAULT_SEED, optimized_runtime: bool = False,
-                  diagnose: bool = True) -> ContractResult:
+def contract_test(
+    source: Any,
+    serving: Any,
+    sample: Any = None,
+    tolerances: Any = None,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    seed: int = DEFAULT_SEED,
+    optimized_runtime: bool = False,
+    diagnose: bool = True,
+) -> ContractResult:
     """Replay one sample through the source (eval) and the serving ONNX model (onnxruntime); compare outputs and batch independence.
 
     Args:
@@ -182,14 +240,21 @@ def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any
     try:
         source_out = src(sample.arrays)
     except Exception as error:
-        raise InputFileError(f"the source model refused the sample ({sample.description}): {type(error).__name__}: {str(error).strip()[:300]}") from error
+        raise InputFileError(
+            f"the source model refused the sample ({sample.description}): {type(error).__name__}: {str(error).strip()[:300]}"
+        ) from error
     try:
         serving_out = srv(sample.arrays)
     except Exception as error:
-        raise InputFileError(f"onnxruntime refused the sample ({sample.description}): {str(error).strip().splitlines()[0][:300]}") from error
+        raise InputFileError(
+            f"onnxruntime refused the sample ({sample.description}): {str(error).strip().splitlines()[0][:300]}"
+        ) from error
     outputs, output_errors = _output_checks(source_out, serving_out, srv.output_names or [], table)
     errors += output_errors
-    independence = [batch_independence("source", src, sample, source_out, table), batch_independence("serving", srv, sample, serving_out, table)]
+    independence = [
+        batch_independence("source", src, sample, source_out, table),
+        batch_independence("serving", srv, sample, serving_out, table),
+    ]
     diagnosis, differing = mismatch_findings(source, serving, sample, outputs) if diagnose else ([], [])
     used = sorted({np.dtype(o.dtype).name for o in outputs} & set(table)) or ["float32"]
     passed = not errors and all(o.passed for o in outputs) and all(b.passed for b in independence)
@@ -197,8 +262,13 @@ def contract_test(source: Any, serving: Any, sample: Any = None, tolerances: Any
         source=src.description,
         serving=srv.description,
         runtime=srv.runtime,
-        sample=SampleInfo(description=sample.description, shapes=[list(a.shape) for a in sample.arrays], dtypes=[a.dtype.name for a in sample.arrays],
-                          seed=sample.seed, path=sample.path),
+        sample=SampleInfo(
+            description=sample.description,
+            shapes=[list(a.shape) for a in sample.arrays],
+            dtypes=[a.dtype.name for a in sample.arrays],
+            seed=sample.seed,
+            path=sample.path,
+        ),
         tolerances=[Tolerance(dtype=d, atol=table[d][0], rtol=table[d][1]) for d in used],
         outputs=outputs,
         batch_independence=independence,

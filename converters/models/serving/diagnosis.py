@@ -23,8 +23,10 @@ SHOWN = 5
 def _output_line(first: OutputCheck) -> str:
     if first.max_abs_error is None:
         return f"first differing output: {first.name} ({first.reason or 'not comparable'})"
-    return (f"first differing output: {first.name}, max abs error {first.max_abs_error:.3e} "
-            f"(tolerance atol {first.atol:g} + rtol {first.rtol:g} x |source|)")
+    return (
+        f"first differing output: {first.name}, max abs error {first.max_abs_error:.3e} "
+        f"(tolerance atol {first.atol:g} + rtol {first.rtol:g} x |source|)"
+    )
 
 
 def differing_settings(source: Any, serving: Any, sample: Sample) -> list[SiteVerification]:
@@ -34,7 +36,9 @@ def differing_settings(source: Any, serving: Any, sample: Sample) -> list[SiteVe
     return [v for v in verify_sites(source_specs(source, sample), find_norm_sites(serving)) if not v.passed]
 
 
-def mismatch_findings(source: Any, serving: Any, sample: Sample, outputs: list[OutputCheck]) -> tuple[list[str], list[SiteVerification]]:
+def mismatch_findings(
+    source: Any, serving: Any, sample: Sample, outputs: list[OutputCheck]
+) -> tuple[list[str], list[SiteVerification]]:
     """(findings to print, differing settings) for a contract whose outputs differ; ([], []) when they agree."""
     bad = [o for o in outputs if not o.passed]
     if not bad:
@@ -43,16 +47,22 @@ def mismatch_findings(source: Any, serving: Any, sample: Sample, outputs: list[O
     try:
         differing = differing_settings(source, serving, sample)
     except NormbridgeError as error:
-        return findings + [f"the serving graph's normalizations could not be compared with the source's layers ({error})"], []
+        return findings + [
+            f"the serving graph's normalizations could not be compared with the source's layers ({error})"
+        ], []
     for v in differing[:SHOWN]:
         where = v.source_layer or "(no source layer)"
         note = f" ({v.note})" if v.note and not v.note.startswith(v.setting) else ""
-        findings.append(f"layer {where}, graph site {v.site}, setting {v.setting}: source {v.expected}, serving {v.found}{note}")
+        findings.append(
+            f"layer {where}, graph site {v.site}, setting {v.setting}: source {v.expected}, serving {v.found}{note}"
+        )
     if len(differing) > SHOWN:
         findings.append(f"... and {len(differing) - SHOWN} more differing setting(s) (see --json: differing_settings)")
     if not differing:
-        findings.append("every normalization site of the serving graph matches its source layer (eps, statistics, scale, bias, mode): "
-                        "the difference comes from another op or its weights")
+        findings.append(
+            "every normalization site of the serving graph matches its source layer (eps, statistics, scale, bias, mode): "
+            "the difference comes from another op or its weights"
+        )
     return findings, differing
 
 

@@ -19,8 +19,17 @@ from onnx import helper, numpy_helper
 from schemas import UnsupportedObjectError
 
 #: Reductions whose `axes` became an input at opset 18 (ReduceSum at 13, before any cap we accept).
-AXES_INPUT_REDUCTIONS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd",
-                         "ReduceSumSquare")
+AXES_INPUT_REDUCTIONS = (
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSumSquare",
+)
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -63,7 +72,9 @@ def exporter_opset(cap: int) -> tuple[int, list[str]]:
     newest = onnx.defs.onnx_opset_version()
     if cap <= newest:
         return cap, []
-    return newest, [f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {cap} cap"]
+    return newest, [
+        f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {cap} cap"
+    ]
 
 
 def cap_opset(model: onnx.ModelProto, cap: int) -> tuple[onnx.ModelProto, list[str]]:
@@ -93,7 +104,9 @@ def cap_opset(model: onnx.ModelProto, cap: int) -> tuple[onnx.ModelProto, list[s
         if node.name in metadata and not len(node.metadata_props):
             node.metadata_props.extend(metadata[node.name])
     converted.ir_version = max(converted.ir_version, helper.find_min_ir_version_for(list(converted.opset_import)))
-    return converted, [f"the exporter wrote opset {current}; converted down to opset {cap} (--opset) with onnx's version converter"]
+    return converted, [
+        f"the exporter wrote opset {current}; converted down to opset {cap} (--opset) with onnx's version converter"
+    ]
 
 
 __all__ = ["cap_opset", "exporter_opset"]

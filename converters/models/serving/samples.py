@@ -70,7 +70,9 @@ def merge_specs(first: Sequence[InputSpec], second: Sequence[InputSpec]) -> list
     if not second:
         return list(first)
     if len(first) != len(second):
-        raise InputFileError(f"the source takes {len(first)} inputs and the serving model {len(second)}; they are not the same model.")
+        raise InputFileError(
+            f"the source takes {len(first)} inputs and the serving model {len(second)}; they are not the same model."
+        )
     merged = []
     for a, b in zip(first, second):
         if len(a.shape) != len(b.shape):
@@ -87,7 +89,9 @@ def random_sample(specs: Sequence[InputSpec], batch_size: int = DEFAULT_BATCH, s
     rng = np.random.default_rng(seed)
     arrays = []
     for spec in specs:
-        shape = tuple((batch_size if i == 0 else DEFAULT_OPEN_DIM) if d is None else d for i, d in enumerate(spec.shape))
+        shape = tuple(
+            (batch_size if i == 0 else DEFAULT_OPEN_DIM) if d is None else d for i, d in enumerate(spec.shape)
+        )
         dtype = np.dtype(spec.dtype)
         if is_float_dtype(dtype):
             arrays.append(rng.standard_normal(shape).astype(dtype))
@@ -96,12 +100,20 @@ def random_sample(specs: Sequence[InputSpec], batch_size: int = DEFAULT_BATCH, s
         elif dtype.kind == "b":
             arrays.append(rng.integers(0, 2, size=shape).astype(bool))
         else:
-            raise UnsupportedObjectError(f"input '{spec.name}' has dtype {dtype}, for which no random sample is defined; pass a sample file.")
+            raise UnsupportedObjectError(
+                f"input '{spec.name}' has dtype {dtype}, for which no random sample is defined; pass a sample file."
+            )
     values = ", ".join(f"{a.dtype}{list(a.shape)} {_drawn(a.dtype)}" for a in arrays)
     requests = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else batch_size
-    fixed = "" if not specs or specs[0].shape[:1] in ((), (None,)) else f"; the model's batch size is fixed at {requests}"
-    return Sample(tuple(arrays), tuple(s.name for s in specs), f"seeded random batch of {_requests(requests)} (seed {seed}{fixed}): {values}",
-                  seed=seed)
+    fixed = (
+        "" if not specs or specs[0].shape[:1] in ((), (None,)) else f"; the model's batch size is fixed at {requests}"
+    )
+    return Sample(
+        tuple(arrays),
+        tuple(s.name for s in specs),
+        f"seeded random batch of {_requests(requests)} (seed {seed}{fixed}): {values}",
+        seed=seed,
+    )
 
 
 def _drawn(dtype: np.dtype) -> str:
@@ -128,7 +140,9 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
         raise InputFileError(f"sample file '{path}' does not exist; pass a .npy or .npz file.")
     suffix = path.suffix.lower()
     if suffix not in (".npy", ".npz"):
-        raise InputFileError(f"sample file '{path}' is a '{suffix}' file; pass a .npy (one input) or .npz (one array per input).")
+        raise InputFileError(
+            f"sample file '{path}' is a '{suffix}' file; pass a .npy (one input) or .npz (one array per input)."
+        )
     check_sample_header(path)  # magic and header first: a file that is not NumPy's is refused before it is read
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -150,22 +164,35 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
     if specs:
         names, arrays, stored = _match(path, names, arrays, specs)
     if any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
-        raise InputFileError(f"sample file '{path}': every array needs the same leading batch axis; got shapes {[list(a.shape) for a in arrays]}.")
+        raise InputFileError(
+            f"sample file '{path}': every array needs the same leading batch axis; got shapes {[list(a.shape) for a in arrays]}."
+        )
     # a cast to the model's input dtype is said, never silent: int64 pixels read as float32 are another input than the file's
-    shapes = ", ".join(f"{a.dtype}{list(a.shape)}" + ("" if was == a.dtype else f" (cast from the file's {was})") for a, was in zip(arrays, stored))
-    return Sample(tuple(arrays), tuple(names), f"{path.name}: {_requests(int(arrays[0].shape[0]))} {shapes}", path=str(path))
+    shapes = ", ".join(
+        f"{a.dtype}{list(a.shape)}" + ("" if was == a.dtype else f" (cast from the file's {was})")
+        for a, was in zip(arrays, stored)
+    )
+    return Sample(
+        tuple(arrays), tuple(names), f"{path.name}: {_requests(int(arrays[0].shape[0]))} {shapes}", path=str(path)
+    )
 
 
-def _match(path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequence[InputSpec]) -> tuple[list[str], list[np.ndarray], list]:
+def _match(
+    path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequence[InputSpec]
+) -> tuple[list[str], list[np.ndarray], list]:
     """(the inputs' names, the arrays cast to their dtypes, the dtypes the file stored them in), in the model's input order."""
     if len(arrays) != len(specs):
-        raise InputFileError(f"sample file '{path}' holds {len(arrays)} arrays but the model takes {len(specs)} inputs ({', '.join(s.name for s in specs)}).")
+        raise InputFileError(
+            f"sample file '{path}' holds {len(arrays)} arrays but the model takes {len(specs)} inputs ({', '.join(s.name for s in specs)})."
+        )
     if len(arrays) > 1 and all(s.name in names for s in specs):
         arrays = [arrays[names.index(s.name)] for s in specs]
     stored = [a.dtype for a in arrays]
     matched = []
     for array, spec in zip(arrays, specs):
-        if array.ndim != len(spec.shape) or any(d is not None and d != n for d, n in zip(spec.shape[1:], array.shape[1:])):
+        if array.ndim != len(spec.shape) or any(
+            d is not None and d != n for d, n in zip(spec.shape[1:], array.shape[1:])
+        ):
             raise InputFileError(
                 f"sample file '{path}': input '{spec.name}' expects shape {['batch' if d is None else d for d in spec.shape]}, got {list(array.shape)}; "
                 "save the sample in the model's layout (Keras models are channels-last)."
@@ -174,13 +201,17 @@ def _match(path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequen
     return [s.name for s in specs], matched, stored
 
 
-def as_sample(sample: Any, specs: Sequence[InputSpec] | None, batch_size: int = DEFAULT_BATCH, seed: int = DEFAULT_SEED) -> Sample:
+def as_sample(
+    sample: Any, specs: Sequence[InputSpec] | None, batch_size: int = DEFAULT_BATCH, seed: int = DEFAULT_SEED
+) -> Sample:
     """A Sample from None (seeded random for `specs`), a path, an array, a sequence or dict of arrays, or a Sample."""
     if isinstance(sample, Sample):
         return sample
     if sample is None:
         if not specs:
-            raise UnsupportedObjectError("no input shape is known for this model; pass a sample (a NumPy array, or a .npy/.npz file).")
+            raise UnsupportedObjectError(
+                "no input shape is known for this model; pass a sample (a NumPy array, or a .npy/.npz file)."
+            )
         return random_sample(specs, batch_size, seed)
     if isinstance(sample, (str, Path)):
         return load_sample(sample, specs)
@@ -188,11 +219,18 @@ def as_sample(sample: Any, specs: Sequence[InputSpec] | None, batch_size: int = 
         names, arrays = list(sample), [_numpy(v) for v in sample.values()]
     elif isinstance(sample, (list, tuple)):
         arrays = [_numpy(v) for v in sample]
-        names = [s.name for s in specs] if specs and len(specs) == len(arrays) else [f"input_{i}" for i in range(len(arrays))]
+        names = (
+            [s.name for s in specs]
+            if specs and len(specs) == len(arrays)
+            else [f"input_{i}" for i in range(len(arrays))]
+        )
     else:
         arrays, names = [_numpy(sample)], [specs[0].name if specs else "input"]
     if specs and len(specs) == len(arrays):  # float64 NumPy data for a float32 model: cast within the same kind only
-        arrays = [a.astype(s.dtype, copy=False) if a.dtype.kind == np.dtype(s.dtype).kind else a for a, s in zip(arrays, specs)]
+        arrays = [
+            a.astype(s.dtype, copy=False) if a.dtype.kind == np.dtype(s.dtype).kind else a
+            for a, s in zip(arrays, specs)
+        ]
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
     count = f"{_requests(int(arrays[0].shape[0]))} " if arrays and arrays[0].ndim else ""
     return Sample(tuple(arrays), tuple(names), f"given arrays: {count}{shapes}")

@@ -21,8 +21,11 @@ REPEATED = ("warning", "error")
 def serving_hazards(model: Any) -> list[ServingHazard]:
     """Every warning- and error-level hazard `inspect_model` finds in `model`, model-level first, then per layer in order."""
     inspection = inspect_model(model)
-    return [ServingHazard(layer=where, code=h.code, severity=h.severity, message=h.message)
-            for where, h in inspection.all_hazards() if h.severity in REPEATED]
+    return [
+        ServingHazard(layer=where, code=h.code, severity=h.severity, message=h.message)
+        for where, h in inspection.all_hazards()
+        if h.severity in REPEATED
+    ]
 
 
 __all__ = ["REPEATED", "serving_hazards"]

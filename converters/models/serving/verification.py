@@ -54,7 +54,7 @@ def _names_match(site_name: str, layer_name: str, exact: bool) -> bool:
     scopes = re.split(r"[/:]", site_name)
     parts = layer_name.split("/")
     for start in range(len(scopes) - len(parts) + 1):
-        window = scopes[start:start + len(parts)]
+        window = scopes[start : start + len(parts)]
         if all(_part_fits(s, p, exact) for s, p in zip(window, parts)) and (exact or window != parts):
             return True
     return False
@@ -68,7 +68,9 @@ def served_kind(spec: NormSpec) -> str:
     return spec.kind
 
 
-def _pair(specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset()) -> list[tuple[NormSpec | None, Any | None]]:
+def _pair(
+    specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset()
+) -> list[tuple[NormSpec | None, Any | None]]:
     """Source specs and graph sites paired per served kind: by name where names tell, the rest in order when their counts agree
     (without the `unused` layers, dead code the exporter drops, when only that makes them agree)."""
     pairs: list[tuple[NormSpec | None, Any | None]] = []
@@ -78,8 +80,12 @@ def _pair(specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset
         paired: dict[int, int] = {}
         # A site whose name fits one unpaired layer only is that layer's, first: tf2onnx scopes layers 'x' and 'x_1' as
         # 'x_1' and 'x_1_2', so 'x_1' alone does not tell (an exact match would take it for layer 'x_1').
-        fits = {(i, j) for i, spec in enumerate(wanted) for j, site in enumerate(found)
-                if _names_match(site.name, spec.name, True) or _names_match(site.name, spec.name, False)}
+        fits = {
+            (i, j)
+            for i, spec in enumerate(wanted)
+            for j, site in enumerate(found)
+            if _names_match(site.name, spec.name, True) or _names_match(site.name, spec.name, False)
+        }
         progress = True
         while progress:
             progress = False
@@ -92,7 +98,14 @@ def _pair(specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset
             for i, spec in enumerate(wanted):
                 if i in paired:
                     continue
-                j = next((j for j, site in enumerate(found) if j not in paired.values() and _names_match(site.name, spec.name, exact)), None)
+                j = next(
+                    (
+                        j
+                        for j, site in enumerate(found)
+                        if j not in paired.values() and _names_match(site.name, spec.name, exact)
+                    ),
+                    None,
+                )
                 if j is not None:
                     paired[i] = j
         rest_specs = [i for i in range(len(wanted)) if i not in paired]
@@ -108,9 +121,19 @@ def _pair(specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset
     return pairs
 
 
-def _entry(site: str, spec: NormSpec | None, kind: str, setting: str, expected: str, found: str, passed: bool, note: str = "") -> SiteVerification:
-    return SiteVerification(site=site, source_layer=None if spec is None else spec.name, kind=kind, setting=setting,
-                            expected=expected, found=found, passed=passed, note=note)
+def _entry(
+    site: str, spec: NormSpec | None, kind: str, setting: str, expected: str, found: str, passed: bool, note: str = ""
+) -> SiteVerification:
+    return SiteVerification(
+        site=site,
+        source_layer=None if spec is None else spec.name,
+        kind=kind,
+        setting=setting,
+        expected=expected,
+        found=found,
+        passed=passed,
+        note=note,
+    )
 
 
 def expected_tensor(spec: NormSpec, setting: str) -> np.ndarray | None:
@@ -126,33 +149,88 @@ def expected_tensor(spec: NormSpec, setting: str) -> np.ndarray | None:
 UNUSED_NOTE = "not checked: its output reaches no output of the source model (dead code), so the exporter dropped it and it cannot change what the file serves"
 
 
-def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the exporter removed or fused it beyond recognition",
-                 unused: frozenset[str] = frozenset()) -> list[SiteVerification]:
+def verify_sites(
+    specs: list[NormSpec],
+    sites: list,
+    missing_note: str = "the exporter removed or fused it beyond recognition",
+    unused: frozenset[str] = frozenset(),
+) -> list[SiteVerification]:
     """Every normalization site of the exported graph against its source layer: presence, eps, state tensors, mode.
 
     A layer named in `unused` (its output reaches no model output) that is absent from the graph passes presence, noted as not checked."""
     entries: list[SiteVerification] = []
     for spec, site in _pair(specs, sites, unused):
         if site is None and spec.name in unused:
-            entries.append(_entry("(not exported: dead code, not checked)", spec, spec.kind, "presence", f"a {spec.kind} normalization",
-                                  "none in the exported graph (not checked)", True, UNUSED_NOTE))
+            entries.append(
+                _entry(
+                    "(not exported: dead code, not checked)",
+                    spec,
+                    spec.kind,
+                    "presence",
+                    f"a {spec.kind} normalization",
+                    "none in the exported graph (not checked)",
+                    True,
+                    UNUSED_NOTE,
+                )
+            )
             continue
         if site is None:
-            entries.append(_entry("(missing)", spec, spec.kind, "presence", f"a {spec.kind} normalization", "none in the exported graph", False,
-                                  missing_note))
+            entries.append(
+                _entry(
+                    "(missing)",
+                    spec,
+                    spec.kind,
+                    "presence",
+                    f"a {spec.kind} normalization",
+                    "none in the exported graph",
+                    False,
+                    missing_note,
+                )
+            )
             continue
         if spec is None:
-            entries.append(_entry(site.name, None, site.kind, "presence", "no such layer in the source", f"{'+'.join(site.op_types)}", False,
-                                  "the graph holds a normalization the source does not"))
+            entries.append(
+                _entry(
+                    site.name,
+                    None,
+                    site.kind,
+                    "presence",
+                    "no such layer in the source",
+                    f"{'+'.join(site.op_types)}",
+                    False,
+                    "the graph holds a normalization the source does not",
+                )
+            )
             continue
         label = site.name
         if site.folded or site.eps is None:
-            entries.append(_entry(label, spec, spec.kind, "eps", repr(spec.eps), "unreadable (folded into constants)", False,
-                                  "the exporter folded this BatchNorm; export with rewrite on to restore the native op"))
+            entries.append(
+                _entry(
+                    label,
+                    spec,
+                    spec.kind,
+                    "eps",
+                    repr(spec.eps),
+                    "unreadable (folded into constants)",
+                    False,
+                    "the exporter folded this BatchNorm; export with rewrite on to restore the native op",
+                )
+            )
         else:
             recovered = recover_from_float32(site.eps, hint=spec.eps)
             ok = bool(np.float32(site.eps) == np.float32(spec.eps))
-            entries.append(_entry(label, spec, spec.kind, "eps", repr(spec.eps), repr(recovered), ok, "" if ok else "eps differs from the source layer's"))
+            entries.append(
+                _entry(
+                    label,
+                    spec,
+                    spec.kind,
+                    "eps",
+                    repr(spec.eps),
+                    repr(recovered),
+                    ok,
+                    "" if ok else "eps differs from the source layer's",
+                )
+            )
         exported = site.spec.tensors if site.spec is not None else {}
         for setting in STATE_SETTINGS:
             expected = expected_tensor(spec, setting)
@@ -160,23 +238,80 @@ def verify_sites(specs: list[NormSpec], sites: list, missing_note: str = "the ex
                 continue
             got = exported.get(setting)
             if got is None:
-                if setting in ("scale", "bias"):  # weights a decomposition may apply outside the matched nodes: the contract covers them
+                if setting in (
+                    "scale",
+                    "bias",
+                ):  # weights a decomposition may apply outside the matched nodes: the contract covers them
                     continue
-                entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "not readable from the graph", False))
+                entries.append(
+                    _entry(
+                        label,
+                        spec,
+                        spec.kind,
+                        setting,
+                        f"float32[{expected.size}]",
+                        "not readable from the graph",
+                        False,
+                    )
+                )
                 continue
-            if served_kind(spec) != spec.kind and got.ndim == expected.ndim == 1 and got.size > expected.size and got.size % expected.size == 0:
+            if (
+                served_kind(spec) != spec.kind
+                and got.ndim == expected.ndim == 1
+                and got.size > expected.size
+                and got.size % expected.size == 0
+            ):
                 # torch.onnx's eval InstanceNorm: a BatchNormalization over the (1, N*C, ...) view, its state repeated for each of N requests
                 expected = np.tile(expected, got.size // expected.size)
             same = got.shape == expected.shape and np.array_equal(got.astype(np.float32), expected.astype(np.float32))
-            note = "" if same else f"max |difference| {float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))):.3e}" if got.shape == expected.shape else "shape differs"
-            entries.append(_entry(label, spec, spec.kind, setting, f"float32[{expected.size}]", "equal as float32" if same else "different", same, note))
-        if KIND_INFO[spec.kind].running_stats and spec.track_running_stats:  # the layers whose output depends on the mode
+            note = (
+                ""
+                if same
+                else f"max |difference| {float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))):.3e}"
+                if got.shape == expected.shape
+                else "shape differs"
+            )
+            entries.append(
+                _entry(
+                    label,
+                    spec,
+                    spec.kind,
+                    setting,
+                    f"float32[{expected.size}]",
+                    "equal as float32" if same else "different",
+                    same,
+                    note,
+                )
+            )
+        if (
+            KIND_INFO[spec.kind].running_stats and spec.track_running_stats
+        ):  # the layers whose output depends on the mode
             if spec.training:
-                entries.append(_entry(label, spec, spec.kind, "mode", "eval (serving)", "source layer in train mode", False,
-                                      "call .eval() on the model before exporting; torch.onnx silently serves running statistics for it"))
+                entries.append(
+                    _entry(
+                        label,
+                        spec,
+                        spec.kind,
+                        "mode",
+                        "eval (serving)",
+                        "source layer in train mode",
+                        False,
+                        "call .eval() on the model before exporting; torch.onnx silently serves running statistics for it",
+                    )
+                )
             else:
-                entries.append(_entry(label, spec, spec.kind, "mode", "eval", "training_mode=1" if site.training_mode else "eval", not site.training_mode,
-                                      "batch statistics in the serving graph" if site.training_mode else ""))
+                entries.append(
+                    _entry(
+                        label,
+                        spec,
+                        spec.kind,
+                        "mode",
+                        "eval",
+                        "training_mode=1" if site.training_mode else "eval",
+                        not site.training_mode,
+                        "batch statistics in the serving graph" if site.training_mode else "",
+                    )
+                )
     return entries
 
 

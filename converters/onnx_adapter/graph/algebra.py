@@ -141,7 +141,7 @@ def _unit_monomial(value: Value) -> Monomial:
     """The monomial of a single-term value whose coefficient is exactly 1 (for Div and Reciprocal)."""
     if len(value.terms) != 1:
         raise NotNormalization("divisor is not a single statistic")
-    (key, coefficient), = value.terms.items()
+    ((key, coefficient),) = value.terms.items()
     if not key or coefficient.size != 1 or float(coefficient.reshape(())) != 1.0 or any(s == X for s, _ in key):
         raise NotNormalization("divisor is not a statistic")
     return key
@@ -278,4 +278,3 @@ def reshape(a: Value, target: list[DimValue], x_dims: tuple[DimValue, ...]) -> V
             raise NotNormalization("coefficient on a dropped axis")
         terms[key] = coefficient.reshape(shape)
     return Value(rank, terms, amaps)
-

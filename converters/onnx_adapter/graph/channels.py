@@ -51,14 +51,22 @@ def _channel_reshape(index: GraphIndex, tensor: str, channels: int | None) -> in
     if r is None or index.nodes[r].op_type != "Reshape":
         return None
     target = index.int_values(index.nodes[r].input[1])
-    if target is None or len(target) != 3 or target[0] != 0 or target[2] != -1 or index.nodes[r].input[1] not in index.constants:
+    if (
+        target is None
+        or len(target) != 3
+        or target[0] != 0
+        or target[2] != -1
+        or index.nodes[r].input[1] not in index.constants
+    ):
         return None
     if not isinstance(target[1], int) or target[1] < 1 or (channels is not None and target[1] != channels):
         return None
     return r
 
 
-def _affine_steps(index: GraphIndex, nodes: list[int], output: str, rank: int, channels: int) -> tuple[dict[str, np.ndarray], str]:
+def _affine_steps(
+    index: GraphIndex, nodes: list[int], output: str, rank: int, channels: int
+) -> tuple[dict[str, np.ndarray], str]:
     """The per-channel Mul and Add following `output` (appended to `nodes`), by op, and the last output."""
     affine = {}
     for op in ("Mul", "Add"):
@@ -87,10 +95,21 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
         return None
     groups = target[1]
     known = dims[1] if dims is not None and isinstance(dims[1], int) else None
-    if target[0] not in (0, None if dims is None else dims[0]) or not isinstance(groups, int) or groups < 1 or target[2] not in (-1, None):
+    if (
+        target[0] not in (0, None if dims is None else dims[0])
+        or not isinstance(groups, int)
+        or groups < 1
+        or target[2] not in (-1, None)
+    ):
         return None
     scale, bias = index.constant(node.input[1]), index.constant(node.input[2])
-    if scale is None or bias is None or scale.shape != (groups,) or bias.shape != (groups,) or not (np.all(scale == 1) and np.all(bias == 0)):
+    if (
+        scale is None
+        or bias is None
+        or scale.shape != (groups,)
+        or bias.shape != (groups,)
+        or not (np.all(scale == 1) and np.all(bias == 0))
+    ):
         return None
     inner = _channel_reshape(index, node.output[0], known)
     if inner is not None:  # normbridge: the affine on (N, C, -1), then back to X's shape (any rank >= 2)
@@ -98,7 +117,11 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
         nodes, output = [r_in, i, inner], index.nodes[inner].output[0]
         affine, output = _affine_steps(index, nodes, output, 3, channels)
         r_out = index.single_consumer(output)
-        if r_out is None or index.nodes[r_out].op_type != "Reshape" or not same_shape(index, index.nodes[r_out].input[1], xin):
+        if (
+            r_out is None
+            or index.nodes[r_out].op_type != "Reshape"
+            or not same_shape(index, index.nodes[r_out].input[1], xin)
+        ):
             return None
         nodes += [r_out] + shape_chain(index, index.nodes[r_out].input[1])
         output = index.nodes[r_out].output[0]
@@ -107,7 +130,11 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
             return None
         channels = known
         r_out = index.single_consumer(node.output[0])
-        if r_out is None or index.nodes[r_out].op_type != "Reshape" or not same_shape(index, index.nodes[r_out].input[1], xin):
+        if (
+            r_out is None
+            or index.nodes[r_out].op_type != "Reshape"
+            or not same_shape(index, index.nodes[r_out].input[1], xin)
+        ):
             return None
         nodes = [r_in, i, r_out] + shape_chain(index, index.nodes[r_out].input[1])
         affine, output = _affine_steps(index, nodes, index.nodes[r_out].output[0], len(dims), channels)
@@ -118,10 +145,22 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
     eps = attribute(node, "epsilon", INSTANCE.default_eps["onnx"])
     dtype = index.dtype(xin)
     match = Match(
-        kind="group", native=False, origin=origin_of(index, nodes), name="", nodes=sorted(set(nodes)), input=xin, output=output,
-        eps=recover_eps(eps, "float32"), dtype=dtype, rank=None if dims is None else len(dims),
-        frame=None if dims is None else tuple(range(len(dims))), channel_axis=1, groups=groups,
-        dims=(channels,), scale=affine.get("Mul"), bias=affine.get("Add"),
+        kind="group",
+        native=False,
+        origin=origin_of(index, nodes),
+        name="",
+        nodes=sorted(set(nodes)),
+        input=xin,
+        output=output,
+        eps=recover_eps(eps, "float32"),
+        dtype=dtype,
+        rank=None if dims is None else len(dims),
+        frame=None if dims is None else tuple(range(len(dims))),
+        channel_axis=1,
+        groups=groups,
+        dims=(channels,),
+        scale=affine.get("Mul"),
+        bias=affine.get("Add"),
     )
     match.name = site_name(index, match.nodes, output)
     return match
@@ -161,9 +200,20 @@ def folded_candidate(index: GraphIndex, i: int, claimed: set[int]) -> Match | No
                 nodes.append(j)
                 output = add.output[0]
     return Match(
-        kind="batch", native=False, origin="tf2onnx", name="",
-        nodes=nodes, input=data[0], output=output, dtype=index.dtype(data[0]), rank=rank, frame=tuple(range(rank)),
-        channel_axis=axis, dims=(channels,), folded=True, folded_constants=(np.ascontiguousarray(padded.reshape(-1)), offset),
+        kind="batch",
+        native=False,
+        origin="tf2onnx",
+        name="",
+        nodes=nodes,
+        input=data[0],
+        output=output,
+        dtype=index.dtype(data[0]),
+        rank=rank,
+        frame=tuple(range(rank)),
+        channel_axis=axis,
+        dims=(channels,),
+        folded=True,
+        folded_constants=(np.ascontiguousarray(padded.reshape(-1)), offset),
     )
 
 

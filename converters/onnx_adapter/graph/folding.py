@@ -40,7 +40,9 @@ def folded(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray 
             return data.reshape(int(np.prod(data.shape[:axis])), -1)
         if op == "Reshape" and len(inputs) == 2 and inputs[1] is not None:
             shape = [int(d) for d in inputs[1]]
-            shape = [data.shape[i] if d == 0 and not _attribute(node, "allowzero", 0) else d for i, d in enumerate(shape)]
+            shape = [
+                data.shape[i] if d == 0 and not _attribute(node, "allowzero", 0) else d for i, d in enumerate(shape)
+            ]
             return data.reshape(shape)
         if op in ("Squeeze", "Unsqueeze"):
             axes = _attribute(node, "axes")
@@ -58,7 +60,12 @@ def fold_with_shapes(index) -> None:  # index: a GraphIndex whose types are infe
     """Fold what needs the inferred types or integer shape expressions too: torch.onnx's optimize=False graphs build a
     GroupNorm's unit scale as Expand(CastLike(1.0, x), [G]) and unsqueeze its weight along axes computed by Range."""
     for node in index.nodes:
-        if node.domain not in DEFAULT_DOMAINS or len(node.output) != 1 or node.output[0] in index.constants or not node.input:
+        if (
+            node.domain not in DEFAULT_DOMAINS
+            or len(node.output) != 1
+            or node.output[0] in index.constants
+            or not node.input
+        ):
             continue
         if node.op_type not in ("CastLike", "Expand", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Cast", "Identity"):
             continue
@@ -71,7 +78,11 @@ def fold_with_shapes(index) -> None:  # index: a GraphIndex whose types are infe
                     value = None if target is None else np.zeros(0, dtype=target)
                 else:
                     ints = index.int_values(name)
-                    value = np.array(ints, dtype=np.int64) if ints is not None and all(isinstance(d, int) for d in ints) else None
+                    value = (
+                        np.array(ints, dtype=np.int64)
+                        if ints is not None and all(isinstance(d, int) for d in ints)
+                        else None
+                    )
             inputs.append(value)
         if any(v is None for v, name in zip(inputs, node.input) if name):
             continue
@@ -79,6 +90,10 @@ def fold_with_shapes(index) -> None:  # index: a GraphIndex whose types are infe
         if value is not None:
             index.constants[node.output[0]] = value
     # A folded node reads nothing at run time (CastLike reads its second input for the type only): it consumes nothing.
-    done = {i for i, node in enumerate(index.nodes) if node.op_type != "Constant" and node.output and all(o in index.constants for o in node.output)}
+    done = {
+        i
+        for i, node in enumerate(index.nodes)
+        if node.op_type != "Constant" and node.output and all(o in index.constants for o in node.output)
+    }
     if done:
         index.consumers = {name: [i for i in users if i not in done] for name, users in index.consumers.items()}

@@ -90,7 +90,9 @@ def _interpret(index: GraphIndex, node: onnx.NodeProto, values: dict[str, Value]
         base = value(0)
         if op == "ReduceMean":
             positions = _positions(node, index, base.rank)
-            if attribute(node, "keepdims", 1) != 1:  # torch.onnx's x.var(): the reduced axes dropped, a Reshape puts them back
+            if (
+                attribute(node, "keepdims", 1) != 1
+            ):  # torch.onnx's x.var(): the reduced axes dropped, a Reshape puts them back
                 reduced = algebra.reduce_mean(base, positions)
                 dims = algebra.value_dims(reduced, x_dims)
                 return algebra.reshape(reduced, [d for p, d in enumerate(dims) if p not in positions], x_dims)

@@ -20,10 +20,33 @@ from schemas.kinds import KIND_INFO
 
 from ..proto import DEFAULT_DOMAINS, FLOAT_TYPES, opset_of
 from .folding import fold_with_shapes, folded
+
 #: Unary ops whose output has their input's shape: a dim of the output is the input's dim.
-SHAPE_PRESERVING = frozenset({"Identity", "Cast", "Relu", "Neg", "Sigmoid", "Tanh", "Erf", "Abs", "Sqrt", "Reciprocal", "Exp", "LeakyRelu", "Clip", "HardSigmoid", "Softplus"})
+SHAPE_PRESERVING = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "Relu",
+        "Neg",
+        "Sigmoid",
+        "Tanh",
+        "Erf",
+        "Abs",
+        "Sqrt",
+        "Reciprocal",
+        "Exp",
+        "LeakyRelu",
+        "Clip",
+        "HardSigmoid",
+        "Softplus",
+    }
+)
 #: Ops whose first output has the type and shape of their first input.
-SAME_TYPE_AND_SHAPE = (SHAPE_PRESERVING - {"Cast"}) | {info.onnx_op for info in KIND_INFO.values() if info.onnx_op} | {"Softmax", "Dropout"}
+SAME_TYPE_AND_SHAPE = (
+    (SHAPE_PRESERVING - {"Cast"})
+    | {info.onnx_op for info in KIND_INFO.values() if info.onnx_op}
+    | {"Softmax", "Dropout"}
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +85,9 @@ class GraphIndex:
             for name in list(node.input) + sorted(subgraph_reads(node)):
                 if name:
                     self.consumers.setdefault(name, []).append(index)
-        self._int_cache: dict[str, tuple[int, int, list | None]] = {}  # int_values: name -> (constants known, depth, value)
+        self._int_cache: dict[
+            str, tuple[int, int, list | None]
+        ] = {}  # int_values: name -> (constants known, depth, value)
         self.graph_outputs = frozenset(o.name for o in model.graph.output)
         self.graph_inputs = frozenset(i.name for i in model.graph.input)
         self.constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -71,7 +96,12 @@ class GraphIndex:
                 value = _constant_value(node)
                 if value is not None:
                     self.constants[node.output[0]] = value
-            elif node.domain in DEFAULT_DOMAINS and len(node.output) == 1 and node.input and all(n in self.constants for n in node.input if n):
+            elif (
+                node.domain in DEFAULT_DOMAINS
+                and len(node.output) == 1
+                and node.input
+                and all(n in self.constants for n in node.input if n)
+            ):
                 value = folded(node, [self.constants.get(n) for n in node.input])
                 if value is not None:
                     self.constants[node.output[0]] = value
@@ -93,7 +123,13 @@ class GraphIndex:
         # onnx's inference stops at ops it cannot infer (GroupNormalization-21 inside a larger graph):
         # ops whose output has their input's type and shape carry it on.
         for node in self.nodes:
-            if node.op_type in SAME_TYPE_AND_SHAPE and node.input and node.input[0] in self._types and node.output and node.output[0] not in self._types:
+            if (
+                node.op_type in SAME_TYPE_AND_SHAPE
+                and node.input
+                and node.input[0] in self._types
+                and node.output
+                and node.output[0] not in self._types
+            ):
                 self._types[node.output[0]] = self._types[node.input[0]]
 
     def elem_type(self, name: str) -> int | None:
@@ -239,7 +275,12 @@ class GraphIndex:
             a, b = (a * len(b) if len(a) == 1 else a), (b * len(a) if len(b) == 1 else b)
             if op == "Div" and any(y == 0 or x % y for x, y in zip(a, b)):
                 return None
-            combine = {"Add": lambda x, y: x + y, "Sub": lambda x, y: x - y, "Mul": lambda x, y: x * y, "Div": lambda x, y: x // y}[op]
+            combine = {
+                "Add": lambda x, y: x + y,
+                "Sub": lambda x, y: x - y,
+                "Mul": lambda x, y: x * y,
+                "Div": lambda x, y: x // y,
+            }[op]
             return [combine(x, y) for x, y in zip(a, b)]
         return None
 
@@ -293,7 +334,13 @@ def subgraph_reads(node: onnx.NodeProto) -> set[str]:
     """Names the bodies of an If/Loop/Scan node read (outer tensors they capture count as consumed by the node)."""
     names: set[str] = set()
     for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else []
+        graphs = (
+            [attr.g]
+            if attr.type == onnx.AttributeProto.GRAPH
+            else list(attr.graphs)
+            if attr.type == onnx.AttributeProto.GRAPHS
+            else []
+        )
         for graph in graphs:
             for inner in graph.node:
                 names.update(n for n in inner.input if n)

@@ -95,26 +95,49 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
     # GroupNorm written over a Reshape that splits the channels into (groups, channels per group).
     splits = reshape_splits(index, root) if form.which == "V" else []
     widen = index.producer.get(root) if form.which == "V" and not splits else None
-    if widen is not None and index.nodes[widen].op_type == "Cast" and index.dtype(index.nodes[widen].input[0]) is not None:
-        splits = reshape_splits(index, index.nodes[widen].input[0])  # a Keras mixed-policy GroupNormalization: Reshape, then Cast
+    if (
+        widen is not None
+        and index.nodes[widen].op_type == "Cast"
+        and index.dtype(index.nodes[widen].input[0]) is not None
+    ):
+        splits = reshape_splits(
+            index, index.nodes[widen].input[0]
+        )  # a Keras mixed-policy GroupNormalization: Reshape, then Cast
     else:
         widen = None
     for r_in, xin, c, groups, channels in splits:
         r_out = index.single_consumer(output)
         if (
-            r_out is not None and index.nodes[r_out].op_type == "Reshape" and frame == tuple(range(rank))
-            and axes == frozenset(range(1, rank)) - {c} and same_shape(index, index.nodes[r_out].input[1], xin)
-            and _varies_only(form.scale, rank, {c, c + 1}) and _varies_only(form.bias, rank, {c, c + 1})
+            r_out is not None
+            and index.nodes[r_out].op_type == "Reshape"
+            and frame == tuple(range(rank))
+            and axes == frozenset(range(1, rank)) - {c}
+            and same_shape(index, index.nodes[r_out].input[1], xin)
+            and _varies_only(form.scale, rank, {c, c + 1})
+            and _varies_only(form.bias, rank, {c, c + 1})
         ):
             dims = (groups, channels // groups)
             scale, bias = (_squeeze_to(a, rank, [c, c + 1], dims) for a in (form.scale, form.bias))
-            extra = [r_in, r_out] + shape_chain(index, index.nodes[r_out].input[1]) + shape_chain(index, index.nodes[r_in].input[1])
+            extra = (
+                [r_in, r_out]
+                + shape_chain(index, index.nodes[r_out].input[1])
+                + shape_chain(index, index.nodes[r_in].input[1])
+            )
             extra += [widen] if widen is not None else []
             common.update(rank=rank - 1, frame=tuple(range(rank - 1)))  # the site reads and writes xin's layout
             return Match(
-                kind="instance" if groups == channels else "group", input=xin, output=index.nodes[r_out].output[0],
-                nodes=sorted(set(nodes + extra)), origin="", name="", channel_axis=c, groups=groups, dims=(channels,),
-                scale=None if scale is None else scale.reshape(channels), bias=None if bias is None else bias.reshape(channels), **common,
+                kind="instance" if groups == channels else "group",
+                input=xin,
+                output=index.nodes[r_out].output[0],
+                nodes=sorted(set(nodes + extra)),
+                origin="",
+                name="",
+                channel_axis=c,
+                groups=groups,
+                dims=(channels,),
+                scale=None if scale is None else scale.reshape(channels),
+                bias=None if bias is None else bias.reshape(channels),
+                **common,
             )
     if splits:
         return None
@@ -130,8 +153,17 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
         scale = None if dims is None else _squeeze_to(form.scale, rank, norm_positions, dims)
         bias = None if dims is None else _squeeze_to(form.bias, rank, norm_positions, dims)
         return Match(
-            kind="layer" if form.which == "V" else "rms", input=root, output=output, nodes=nodes, origin="", name="",
-            axes=tuple(frame[p] for p in norm_positions), dims=dims, scale=scale, bias=bias, **common,
+            kind="layer" if form.which == "V" else "rms",
+            input=root,
+            output=output,
+            nodes=nodes,
+            origin="",
+            name="",
+            axes=tuple(frame[p] for p in norm_positions),
+            dims=dims,
+            scale=scale,
+            bias=bias,
+            **common,
         )
 
     # InstanceNorm: statistics over every axis but batch and channel, per-channel affine.
@@ -140,11 +172,24 @@ def _classify(index: GraphIndex, root: str, output: str, form: Form, nodes: list
         if len(channel) == 1 and axes == frozenset(range(1, rank)) - {channel[0]}:
             c = channel[0]
             position = inverse[c]
-            if _varies_only(form.scale, rank, {position}) and _varies_only(form.bias, rank, {position}) and isinstance(x_dims[c], int):
+            if (
+                _varies_only(form.scale, rank, {position})
+                and _varies_only(form.bias, rank, {position})
+                and isinstance(x_dims[c], int)
+            ):
                 size = (x_dims[c],)
                 return Match(
-                    kind="instance", input=root, output=output, nodes=nodes, origin="", name="", channel_axis=c, dims=size,
-                    scale=_squeeze_to(form.scale, rank, [position], size), bias=_squeeze_to(form.bias, rank, [position], size), **common,
+                    kind="instance",
+                    input=root,
+                    output=output,
+                    nodes=nodes,
+                    origin="",
+                    name="",
+                    channel_axis=c,
+                    dims=size,
+                    scale=_squeeze_to(form.scale, rank, [position], size),
+                    bias=_squeeze_to(form.bias, rank, [position], size),
+                    **common,
                 )
     return None
 

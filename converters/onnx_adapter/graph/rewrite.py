@@ -67,7 +67,9 @@ def rewrite_decompositions(
             plans = _plans(index, source_specs, limit=needed)
     if not plans:
         return result, []
-    sites = [site_of(index, match, spec=spec if spec is not None else spec_of_match(index, match)) for match, spec in plans]
+    sites = [
+        site_of(index, match, spec=spec if spec is not None else spec_of_match(index, match)) for match, spec in plans
+    ]
     _apply(result, index, plans)
     onnx.checker.check_model(result)
     return result, sites
@@ -81,7 +83,13 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _rewritable(match: Match, limit: int) -> bool:
-    if match.native or not KIND_INFO[match.kind].native_in(limit) or match.dtype is None or match.rank is None or match.eps is None:
+    if (
+        match.native
+        or not KIND_INFO[match.kind].native_in(limit)
+        or match.dtype is None
+        or match.rank is None
+        or match.eps is None
+    ):
         return False
     if KIND_INFO[match.kind].trailing:
         return match.dims is not None and match.axes is not None
@@ -112,7 +120,9 @@ def _folded_plans(index: GraphIndex, specs: list[NormSpec], claimed: set[int]) -
         match = folded_candidate(index, i, claimed)
         if match is None:
             continue
-        agreeing = [p for p in unused if _folds_in(specs[p], match.dtype) and folded_agrees(specs[p], *match.folded_constants)]
+        agreeing = [
+            p for p in unused if _folds_in(specs[p], match.dtype) and folded_agrees(specs[p], *match.folded_constants)
+        ]
         if not agreeing:
             continue
         site_name = _folded_name(index, match)
@@ -190,7 +200,9 @@ class _Names:
 
     def __init__(self, model: onnx.ModelProto):
         graph = model.graph
-        self.taken = {t.name for t in graph.initializer} | {v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)}
+        self.taken = {t.name for t in graph.initializer} | {
+            v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)
+        }
         for node in graph.node:
             self.taken.update(node.input)
             self.taken.update(node.output)
@@ -226,21 +238,34 @@ class _Rewrite:
                 self.candidates.add(i)
                 return node.input[0], []
         out = self.names.fresh(f"{tensor}/normbridge_transposed")
-        return out, [helper.make_node("Transpose", [tensor], [out], name=self.names.fresh(f"{tensor}/normbridge_Transpose"), perm=order)]
+        return out, [
+            helper.make_node(
+                "Transpose", [tensor], [out], name=self.names.fresh(f"{tensor}/normbridge_Transpose"), perm=order
+            )
+        ]
 
     def target(self, output: str, perm: list[int], base: str) -> tuple[str, list[onnx.NodeProto]]:
         """The tensor the native op writes, and the Transpose back to `output`'s layout (or an inverse consumer removed)."""
         if perm == sorted(perm):
             return output, []
         users = self.index.consumer_nodes(output)
-        if output not in self.index.graph_outputs and len(users) == 1 and users[0] not in self.planned and self.index.nodes[users[0]].op_type == "Transpose":
+        if (
+            output not in self.index.graph_outputs
+            and len(users) == 1
+            and users[0] not in self.planned
+            and self.index.nodes[users[0]].op_type == "Transpose"
+        ):
             node = self.index.nodes[users[0]]
             back = attribute(node, "perm")
             if back is not None and len(back) == len(perm) and all(perm[back[k]] == k for k in range(len(perm))):
                 self.removed.add(users[0])
                 return node.output[0], []
         native = self.names.fresh(f"{base}/normbridge_native")
-        return native, [helper.make_node("Transpose", [native], [output], name=self.names.fresh(f"{base}/normbridge_Transpose"), perm=perm)]
+        return native, [
+            helper.make_node(
+                "Transpose", [native], [output], name=self.names.fresh(f"{base}/normbridge_Transpose"), perm=perm
+            )
+        ]
 
     def emit(self, match: Match, spec: NormSpec | None) -> None:
         rank, frame = match.rank, list(match.frame)
@@ -259,11 +284,27 @@ class _Rewrite:
         in_dtype, out_dtype = self.index.dtype(match.input), self.index.dtype(match.output)
         if in_dtype is not None and in_dtype != native_dtype:
             widened = self.names.fresh(f"{base}/normbridge_cast_in")
-            before = before + [helper.make_node("Cast", [x], [widened], name=self.names.fresh(f"{base}/normbridge_Cast"), to=_tensor_type(native_dtype))]
+            before = before + [
+                helper.make_node(
+                    "Cast",
+                    [x],
+                    [widened],
+                    name=self.names.fresh(f"{base}/normbridge_Cast"),
+                    to=_tensor_type(native_dtype),
+                )
+            ]
             x = widened
         if out_dtype is not None and out_dtype != native_dtype:
             narrowed = self.names.fresh(f"{base}/normbridge_cast_out")
-            after = [helper.make_node("Cast", [narrowed], [y], name=self.names.fresh(f"{base}/normbridge_Cast"), to=_tensor_type(out_dtype))] + after
+            after = [
+                helper.make_node(
+                    "Cast",
+                    [narrowed],
+                    [y],
+                    name=self.names.fresh(f"{base}/normbridge_Cast"),
+                    to=_tensor_type(out_dtype),
+                )
+            ] + after
             y = narrowed
         shape = tuple(match.dims)
         ones, zeros = np.ones(shape, dtype), np.zeros(shape, dtype)
@@ -272,9 +313,14 @@ class _Rewrite:
         op = info.onnx_op
         if match.kind == "batch":  # a folded BatchNorm: its tensors and eps come from the source spec
             # A mixed-precision spec's state may be narrower than the folded constants' dtype: widening it is exact.
-            tensors = {name: array.astype(dtype) for name, array in spec.tensors.items() if name != "num_batches_tracked"}
+            tensors = {
+                name: array.astype(dtype) for name, array in spec.tensors.items() if name != "num_batches_tracked"
+            }
             inputs = [
-                tensors["scale"] if spec.scale else ones, tensors["bias"] if spec.bias else zeros, tensors["running_mean"], tensors["running_var"],
+                tensors["scale"] if spec.scale else ones,
+                tensors["bias"] if spec.bias else zeros,
+                tensors["running_mean"],
+                tensors["running_var"],
             ]
             names = [self.constant(f"{base}.{field}", array) for field, array in zip(info.onnx_inputs, inputs)]
             attributes = {"epsilon": eps}
@@ -314,7 +360,9 @@ class _Rewrite:
         nodes, origin = _dead_code(graph, nodes, origin, candidates)
         nodes = _cancel_transposes(graph, nodes, {n.name for new in self.replaced.values() for n in new})
         used = {name for node in nodes for name in list(node.input) + sorted(subgraph_reads(node))}
-        dropped = {name for i in set(self.candidates) | self.removed | set(self.replaced) for name in self.index.nodes[i].input}
+        dropped = {
+            name for i in set(self.candidates) | self.removed | set(self.replaced) for name in self.index.nodes[i].input
+        }
         declared = {value.name for value in graph.input}  # IR < 4 lists initializers as inputs: keep those
         kept = [t for t in graph.initializer if t.name in used or t.name not in dropped or t.name in declared]
         del graph.node[:]
@@ -343,8 +391,12 @@ def _native_dtype(index: GraphIndex, match: Match) -> str:
     wide = index.dtype(index.nodes[casts[0]].output[0]) if casts else None
     if match.kind == "batch" or wide is None or wide == narrow:
         return match.dtype
-    affine = {index.dtype(index.nodes[i].output[0]) for i in match.nodes
-              if index.nodes[i].op_type in ("Mul", "Add", "Sub") and any(_coefficient(index, name) for name in index.nodes[i].input)}
+    affine = {
+        index.dtype(index.nodes[i].output[0])
+        for i in match.nodes
+        if index.nodes[i].op_type in ("Mul", "Add", "Sub")
+        and any(_coefficient(index, name) for name in index.nodes[i].input)
+    }
     if wide in affine or (not affine and index.dtype(match.output) == wide):
         return wide
     return narrow
@@ -363,7 +415,11 @@ def _dead_code(graph: onnx.GraphProto, nodes: list, origin: list, candidates: se
     while changed:
         changed = False
         used = {name for node in nodes for name in list(node.input) + sorted(subgraph_reads(node))} | outputs
-        keep = [k for k, (node, i) in enumerate(zip(nodes, origin)) if i not in candidates or any(o in used for o in node.output if o)]
+        keep = [
+            k
+            for k, (node, i) in enumerate(zip(nodes, origin))
+            if i not in candidates or any(o in used for o in node.output if o)
+        ]
         if len(keep) != len(nodes):
             nodes, origin = [nodes[k] for k in keep], [origin[k] for k in keep]
             changed = True
@@ -390,7 +446,11 @@ def _cancel_transposes(graph: onnx.GraphProto, nodes: list, created: set[str]) -
             p, q = attribute(first, "perm"), attribute(node, "perm")
             if p is None or q is None or len(p) != len(q) or any(p[q[i]] != i for i in range(len(q))):
                 continue
-            if users.get(node.input[0], 0) == 1 and node.input[0] not in outputs and node.output[0] not in outputs | captured:
+            if (
+                users.get(node.input[0], 0) == 1
+                and node.input[0] not in outputs
+                and node.output[0] not in outputs | captured
+            ):
                 pair = (producer[node.input[0]], k, first.input[0], node.output[0])
                 break
         if pair is None:

@@ -50,7 +50,9 @@ class NormSite:
 def require_model(model) -> onnx.ModelProto:
     """`model` if it is an onnx.ModelProto, else UnsupportedObjectError."""
     if not isinstance(model, onnx.ModelProto):
-        raise UnsupportedObjectError(f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto; load files with load_onnx().")
+        raise UnsupportedObjectError(
+            f"got a {type(model).__module__}.{type(model).__qualname__}, expected an onnx.ModelProto; load files with load_onnx()."
+        )
     return model
 
 
@@ -84,8 +86,10 @@ def site_of(index: GraphIndex, match: Match, single: NormSpec | None = None, spe
     nodes = sorted(match.nodes)
     problem = None
     if spec is None and match.folded:
-        problem = SpecError("the BatchNormalization was folded into Mul/Add constants, so its eps and running statistics are gone and "
-                            "it cannot be checked; register the source model, or export it without folding (torch.onnx optimize=False).")
+        problem = SpecError(
+            "the BatchNormalization was folded into Mul/Add constants, so its eps and running statistics are gone and "
+            "it cannot be checked; register the source model, or export it without folding (torch.onnx optimize=False)."
+        )
     elif spec is None:
         spec, problem = (single, None) if single is not None else read_spec_of_match(index, match)
     return NormSite(
@@ -146,33 +150,51 @@ def _native_spec(index: GraphIndex, match: Match) -> NormSpec:
     node = index.nodes[match.nodes[0]]
     dims = index.dims(node.input[0])
     shape = None if dims is None else tuple(d if isinstance(d, int) else None for d in dims)
-    layer = node_layer(index.model, node, constants=index.constants, shape=shape, elem_type=index.elem_type(node.input[0]))
+    layer = node_layer(
+        index.model, node, constants=index.constants, shape=shape, elem_type=index.elem_type(node.input[0])
+    )
     return read_node(layer)
 
 
 def _decomposition_spec(index: GraphIndex, match: Match) -> NormSpec:
     if match.affine_inputs:
-        raise SpecError(f"its scale or bias ({', '.join(repr(n) for n in match.affine_inputs)}) is not a constant (a graph input, or computed), "
-                        "so its values are unknown; store the weights as initializers.", setting="scale")
+        raise SpecError(
+            f"its scale or bias ({', '.join(repr(n) for n in match.affine_inputs)}) is not a constant (a graph input, or computed), "
+            "so its values are unknown; store the weights as initializers.",
+            setting="scale",
+        )
     if match.dtype is None or match.dims is None or match.eps is None or match.eps <= 0:
-        raise SpecError(f"its decomposition ({match.origin}) has no constant dtype, shape and positive eps, so its settings cannot be read exactly.")
+        raise SpecError(
+            f"its decomposition ({match.origin}) has no constant dtype, shape and positive eps, so its settings cannot be read exactly."
+        )
     dtype = np.dtype(match.dtype)
     tensors = {}
     for name, array in (("scale", match.scale), ("bias", match.bias)):
         if array is not None:
             tensors[name] = np.ascontiguousarray(array.astype(dtype, copy=False))
     fields = dict(
-        name=match.name or match.output, kind=match.kind, eps=match.eps, dtype=match.dtype, input_rank=match.rank,
-        scale="scale" in tensors, bias="bias" in tensors,
-        source=Source(framework="onnx", framework_version=onnx.__version__, layer_type=f"decomposition({match.origin})"),
+        name=match.name or match.output,
+        kind=match.kind,
+        eps=match.eps,
+        dtype=match.dtype,
+        input_rank=match.rank,
+        scale="scale" in tensors,
+        bias="bias" in tensors,
+        source=Source(
+            framework="onnx", framework_version=onnx.__version__, layer_type=f"decomposition({match.origin})"
+        ),
     )
     if match.kind in ("layer", "rms"):
         fields.update(normalized_shape=tuple(int(d) for d in match.dims))
     else:
         last = None if match.rank is None else match.rank - 1
-        layout = "channels_first" if match.channel_axis == 1 else "channels_last" if match.channel_axis == last else None
+        layout = (
+            "channels_first" if match.channel_axis == 1 else "channels_last" if match.channel_axis == last else None
+        )
         if layout is None:
-            raise SpecError(f"its decomposition ({match.origin}) normalizes channel axis {match.channel_axis}, neither the first nor the last.")
+            raise SpecError(
+                f"its decomposition ({match.origin}) normalizes channel axis {match.channel_axis}, neither the first nor the last."
+            )
         fields.update(num_features=int(match.dims[0]), layout=layout)
         if match.kind == "group":
             fields.update(num_groups=match.groups)

@@ -50,7 +50,9 @@ class _Unfolder:
         self.model.CopyFrom(model)
         self.graph = self.model.graph
         self.initializers = {t.name: t for t in self.graph.initializer}
-        self.taken = set(self.initializers) | {n for node in self.graph.node for n in list(node.input) + list(node.output)}
+        self.taken = set(self.initializers) | {
+            n for node in self.graph.node for n in list(node.input) + list(node.output)
+        }
         self.candidates = list(candidates)
 
     def fresh(self, base: str) -> str:
@@ -69,7 +71,9 @@ class _Unfolder:
                 continue
             k = folded_constants(candidate.spec)[0]
             expected = kernel.astype(np.float64) * k.reshape((-1,) + (1,) * (kernel.ndim - 1))
-            if np.all(np.abs(folded.astype(np.float64) - expected) <= FOLD_RTOL * np.abs(expected) + np.finfo(np.float32).tiny):
+            if np.all(
+                np.abs(folded.astype(np.float64) - expected) <= FOLD_RTOL * np.abs(expected) + np.finfo(np.float32).tiny
+            ):
                 return position
         return None
 
@@ -109,7 +113,12 @@ class _Unfolder:
 
     def unfold(self, node: onnx.NodeProto) -> tuple[str, list[onnx.NodeProto]] | None:
         """(BatchNorm name, the Mul and Add that follow `node` once its kernel is the source's); None when it is not a folded Conv."""
-        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in self.initializers or not self.candidates:
+        if (
+            node.op_type != "Conv"
+            or len(node.input) < 2
+            or node.input[1] not in self.initializers
+            or not self.candidates
+        ):
             return None
         folded = numpy_helper.to_array(self.initializers[node.input[1]])
         position = self.matching(folded)
@@ -151,10 +160,18 @@ class _Unfolder:
         shape = (1, kernel.shape[0]) + (1,) * (kernel.ndim - 2)
         scaled = self.fresh(f"{name}/normbridge_scaled")
         return [
-            helper.make_node("Mul", [conv_out, self.constant(f"{name}/normbridge_factor", k.reshape(shape).astype(dtype))], [scaled],
-                             name=self.fresh(f"{name}/batchnorm/normbridge_mul")),
-            helper.make_node("Add", [scaled, self.constant(f"{name}/normbridge_offset", offset.reshape(shape).astype(dtype))], [output],
-                             name=self.fresh(f"{name}/batchnorm/normbridge_add")),
+            helper.make_node(
+                "Mul",
+                [conv_out, self.constant(f"{name}/normbridge_factor", k.reshape(shape).astype(dtype))],
+                [scaled],
+                name=self.fresh(f"{name}/batchnorm/normbridge_mul"),
+            ),
+            helper.make_node(
+                "Add",
+                [scaled, self.constant(f"{name}/normbridge_offset", offset.reshape(shape).astype(dtype))],
+                [output],
+                name=self.fresh(f"{name}/batchnorm/normbridge_add"),
+            ),
         ]
 
 
@@ -162,7 +179,9 @@ def _ints(node: onnx.NodeProto, name: str) -> list[int]:
     return next((list(a.ints) for a in node.attribute if a.name == name), [])
 
 
-def unfold_conv_batchnorms(model: onnx.ModelProto, candidates: list[ConvBatchNorm]) -> tuple[onnx.ModelProto, list[str]]:
+def unfold_conv_batchnorms(
+    model: onnx.ModelProto, candidates: list[ConvBatchNorm]
+) -> tuple[onnx.ModelProto, list[str]]:
     """`model` with every Conv that folded one of `candidates` unfolded; (new model, unfolded layer names).
 
     The input model is not changed; when nothing is unfolded it is returned as it is.

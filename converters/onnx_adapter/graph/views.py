@@ -53,7 +53,12 @@ def runtime_affine(index: GraphIndex, match: Match, claimed: set[int]) -> None:
             continue
         node = index.nodes[i]
         other = [n for n in node.input if n != match.output]
-        if len(other) != 1 or other[0] in index.constants or _depends_on(index, other[0], match.input) or not _per_feature(index, other[0], match):
+        if (
+            len(other) != 1
+            or other[0] in index.constants
+            or _depends_on(index, other[0], match.input)
+            or not _per_feature(index, other[0], match)
+        ):
             continue
         match.nodes = sorted(set(match.nodes) | {i})
         match.output = node.output[0]
@@ -79,7 +84,12 @@ def unflatten(index: GraphIndex, match: Match, claimed: set[int]) -> None:
         return  # a = 0 normalises the whole tensor (ONNX's axis=0), which the spec holds as normalized_shape = X's shape
     runtime_affine(index, match, claimed)
     r = index.single_consumer(match.output)
-    if r is None or r in claimed or index.nodes[r].op_type != "Reshape" or not same_shape(index, index.nodes[r].input[1], x):
+    if (
+        r is None
+        or r in claimed
+        or index.nodes[r].op_type != "Reshape"
+        or not same_shape(index, index.nodes[r].input[1], x)
+    ):
         return
     shape = tuple(int(d) for d in normalized)
     match.nodes = sorted(set(match.nodes) | {f, r} | set(shape_chain(index, index.nodes[r].input[1])))
@@ -116,7 +126,11 @@ def _channel_affine(index: GraphIndex, tensor: str, channels: int, claimed: set[
                 continue
             other = [n for n in index.nodes[i].input if n != tensor]
             dims = index.dims(other[0]) if len(other) == 1 else None
-            if dims is None or other[0] in index.constants or int(np.prod([d for d in dims if isinstance(d, int)])) != channels:
+            if (
+                dims is None
+                or other[0] in index.constants
+                or int(np.prod([d for d in dims if isinstance(d, int)])) != channels
+            ):
                 continue
             runtime.append(other[0])
             step = (i, None)
@@ -128,10 +142,20 @@ def _channel_affine(index: GraphIndex, tensor: str, channels: int, claimed: set[
 def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
     """ONNX's GroupNormalization body: statistics over axis 2 of X reshaped to (N, G, C/G, ...) then (N, G, -1),
     the result reshaped back to X's shape, to (N, C, -1) for the per-channel affine, and to X's shape again."""
-    if match.kind != "layer" or match.rank != 3 or match.axes != (2,) or match.scale is not None or match.bias is not None:
+    if (
+        match.kind != "layer"
+        or match.rank != 3
+        or match.axes != (2,)
+        or match.scale is not None
+        or match.bias is not None
+    ):
         return None
     flat = index.producer.get(match.input)
-    if flat is None or index.nodes[flat].op_type != "Reshape" or index.int_values(index.nodes[flat].input[1]) != [0, 0, -1]:
+    if (
+        flat is None
+        or index.nodes[flat].op_type != "Reshape"
+        or index.int_values(index.nodes[flat].input[1]) != [0, 0, -1]
+    ):
         return None
     split = reshape_split(index, index.nodes[flat].input[0])
     if split is None or split[2] != 1:
@@ -142,7 +166,8 @@ def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
     if back is None:
         return None
     per_channel = _reshape_to(index, index.nodes[back].output[0], claimed, target=[0, 0, -1]) or _reshape_to(
-        index, index.nodes[back].output[0], claimed, target=[0, channels, -1])
+        index, index.nodes[back].output[0], claimed, target=[0, channels, -1]
+    )
     if per_channel is None:
         return None
     tensor = index.nodes[per_channel].output[0]
@@ -158,9 +183,23 @@ def ungroup(index: GraphIndex, match: Match, claimed: set[int]) -> Match | None:
     nodes.append(final)
     dims = index.dims(xin)
     return Match(
-        kind="instance" if groups == channels else "group", native=False, origin="", name="", nodes=sorted(set(nodes)), input=xin,
-        output=index.nodes[final].output[0], eps=match.eps, dtype=index.dtype(xin), rank=len(dims), frame=tuple(range(len(dims))),
-        channel_axis=1, groups=groups, dims=(channels,), scale=scale, bias=bias, affine_inputs=runtime,
+        kind="instance" if groups == channels else "group",
+        native=False,
+        origin="",
+        name="",
+        nodes=sorted(set(nodes)),
+        input=xin,
+        output=index.nodes[final].output[0],
+        eps=match.eps,
+        dtype=index.dtype(xin),
+        rank=len(dims),
+        frame=tuple(range(len(dims))),
+        channel_axis=1,
+        groups=groups,
+        dims=(channels,),
+        scale=scale,
+        bias=bias,
+        affine_inputs=runtime,
     )
 
 
@@ -189,10 +228,14 @@ def reshape_splits(index: GraphIndex, x5: str) -> list:
     splits = []
     for c in range(1, len(source)):
         channels, groups, per_group = source[c], target[c], target[c + 1]
-        if not all(isinstance(d, int) for d in (channels, groups, per_group)) or groups < 1 or groups * per_group != channels:
+        if (
+            not all(isinstance(d, int) for d in (channels, groups, per_group))
+            or groups < 1
+            or groups * per_group != channels
+        ):
             continue
-        rest = list(source[:c]) + list(source[c + 1:])
-        others = list(target[:c]) + list(target[c + 2:])
+        rest = list(source[:c]) + list(source[c + 1 :])
+        others = list(target[:c]) + list(target[c + 2 :])
         if others.count(-1) <= 1 and all(d == r for d, r in zip(others, rest) if d != -1):
             splits.append((i, xin, c, groups, channels))
     return splits

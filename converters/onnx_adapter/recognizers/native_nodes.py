@@ -20,9 +20,17 @@ def match_native(index: GraphIndex, i: int) -> Match | None:
     eps = attribute(node, "epsilon", KIND_INFO[kind].default_eps["onnx"])
     training = attribute(node, "training_mode", 0) == 1  # BatchNormalization's; the other ops have no mode
     return Match(
-        kind=kind, native=True, origin="native", name=node.name or node.output[0], nodes=[i],
-        input=node.input[0], output=node.output[0], eps=shortest_float32_decimal(eps), dtype=index.dtype(node.input[0]),
-        rank=index.rank(node.input[0]), training_mode=training,
+        kind=kind,
+        native=True,
+        origin="native",
+        name=node.name or node.output[0],
+        nodes=[i],
+        input=node.input[0],
+        output=node.output[0],
+        eps=shortest_float32_decimal(eps),
+        dtype=index.dtype(node.input[0]),
+        rank=index.rank(node.input[0]),
+        training_mode=training,
     )
 
 

@@ -31,7 +31,9 @@ from .safetensors_index import TensorEntry
 CHUNK_BYTES = 8 * 1024 * 1024
 #: safetensors dtype code -> the NumPy dtype the registry stores it as (schemas/safetensors_io.py's table, the one the
 #: registry's own safetensors files use).
-_NUMPY = {code: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for code, name in SAFETENSORS_DTYPES.items()}
+_NUMPY = {
+    code: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for code, name in SAFETENSORS_DTYPES.items()
+}
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,12 @@ def folder_contents(model: torch.nn.Module, named: dict[str, TensorEntry], refs:
     """The contents of a checkpoint folder's model: `named`, the files' tensors under the model's names."""
     refuse_unread_layers(model, refs)
     specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
-    tensors = [ModelTensor(name, _array(entry), name.rpartition(".")[0] or None,
-                           FileRangeBytes(entry.file, entry.start, entry.length))
-               for name, entry in sorted(named.items())]
+    tensors = [
+        ModelTensor(
+            name, _array(entry), name.rpartition(".")[0] or None, FileRangeBytes(entry.file, entry.start, entry.length)
+        )
+        for name, entry in sorted(named.items())
+    ]
     hints = hint_index([t.name for t in tensors], ".")
     normalizers = [ModelNormalizer(ref.path, spec, hints(ref.path)) for ref, spec in specs]
     return ModelContents("torch", "torch-module", tensors, normalizers, sites=len(refs), mode="eval")

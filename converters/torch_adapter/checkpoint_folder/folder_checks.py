@@ -22,8 +22,10 @@ CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".so")
 #: More entries than any checkpoint holds (weights, shards, tokenizer, generation config): a bound on the walk.
 MAX_ENTRIES = 100_000
 
-CONVERT = ("convert it to safetensors where you trust it: "
-           "`AutoModel.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`, then remove the pickle")
+CONVERT = (
+    "convert it to safetensors where you trust it: "
+    "`AutoModel.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`, then remove the pickle"
+)
 
 
 @dataclass(frozen=True)

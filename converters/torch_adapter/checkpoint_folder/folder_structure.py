@@ -101,7 +101,7 @@ def write_folder(parts: Mapping[str, bytes], tensors: Mapping[str, np.ndarray], 
     written = 0
     for name, data in parts.items():
         if name.startswith(FILES):
-            written += _write_file(target / name[len(FILES):], [data])
+            written += _write_file(target / name[len(FILES) :], [data])
     for shard in _layout(parts)["shards"]:
         header = parts[HEADERS + shard["file"]]
         chunks = (little_endian_view(tensors[model_name]) for _, model_name in shard["tensors"])
@@ -128,11 +128,13 @@ def check_folder_parts(parts: Mapping[str, bytes], tensors: Mapping[str, tuple[s
     listed = {LAYOUT}
     for name in parts:
         if name.startswith(FILES):
-            path = PurePosixPath(name[len(FILES):])
+            path = PurePosixPath(name[len(FILES) :])
             if path.is_absolute() or ".." in path.parts or not path.parts:
                 raise InputFileError(f"the folder structure keeps a file at '{path}', outside the folder.")
             if path.suffix.lower() in PICKLE_SUFFIXES + CODE_SUFFIXES:
-                raise InputFileError(f"the folder structure keeps '{path}', a pickle or code file normbridge never writes.")
+                raise InputFileError(
+                    f"the folder structure keeps '{path}', a pickle or code file normbridge never writes."
+                )
             listed.add(name)
     config = parts.get(FILES + CONFIG)
     if config is None:
@@ -142,8 +144,15 @@ def check_folder_parts(parts: Mapping[str, bytes], tensors: Mapping[str, tuple[s
     for shard in layout["shards"]:
         file = shard.get("file") if isinstance(shard, dict) else None
         header = parts.get(HEADERS + str(file))
-        if not isinstance(file, str) or PurePosixPath(file).name != file or not file.endswith(".safetensors") or header is None:
-            raise InputFileError(f"the folder structure lists the shard {file!r} without its header, or outside the folder.")
+        if (
+            not isinstance(file, str)
+            or PurePosixPath(file).name != file
+            or not file.endswith(".safetensors")
+            or header is None
+        ):
+            raise InputFileError(
+                f"the folder structure lists the shard {file!r} without its header, or outside the folder."
+            )
         listed.add(HEADERS + file)
         if FILES + file in parts:
             raise InputFileError(f"the folder structure holds '{file}' both as a kept file and as a shard.")
@@ -153,28 +162,42 @@ def check_folder_parts(parts: Mapping[str, bytes], tensors: Mapping[str, tuple[s
         raise InputFileError(f"the folder structure holds parts it does not use ({', '.join(unknown[:3])}).")
 
 
-def _check_shard(file: str, header: bytes, listed: Any, tensors: Mapping[str, tuple[str, list[int]]], placed: set[str]) -> None:
+def _check_shard(
+    file: str, header: bytes, listed: Any, tensors: Mapping[str, tuple[str, list[int]]], placed: set[str]
+) -> None:
     """The shard's header holds exactly the listed tensors, in that order, filling its data; each is the manifest's."""
     if len(header) < 8 or int.from_bytes(header[:8], "little") != len(header) - 8 or len(header) - 8 > MAX_HEADER_BYTES:
         raise InputFileError(f"the folder structure's header of '{file}' does not give its own length.")
-    if not isinstance(listed, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in listed):
-        raise InputFileError(f"the folder structure's layout of '{file}' is not a list of [file name, model name] pairs.")
+    if not isinstance(listed, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in listed
+    ):
+        raise InputFileError(
+            f"the folder structure's layout of '{file}' is not a list of [file name, model name] pairs."
+        )
     entries = parse_header(Path(file), header[8:], len(header), None)
     position = 0
     for file_name, model_name in listed:
         entry = entries.pop(file_name, None)
         if entry is None or entry.start - len(header) != position:
-            raise InputFileError(f"the folder structure puts '{file_name}' in '{file}', whose header does not hold it there.")
+            raise InputFileError(
+                f"the folder structure puts '{file_name}' in '{file}', whose header does not hold it there."
+            )
         if model_name in placed or model_name not in tensors:
-            raise InputFileError(f"the folder structure writes tensor '{model_name}' twice, or one the version does not hold.")
+            raise InputFileError(
+                f"the folder structure writes tensor '{model_name}' twice, or one the version does not hold."
+            )
         dtype, shape = tensors[model_name]
         if SAFETENSORS_DTYPES.get(entry.dtype) != dtype or list(entry.shape) != list(shape):
-            raise InputFileError(f"the folder structure writes '{model_name}' as {entry.dtype}{list(entry.shape)}; the version holds "
-                                 f"{dtype}{list(shape)}.")
+            raise InputFileError(
+                f"the folder structure writes '{model_name}' as {entry.dtype}{list(entry.shape)}; the version holds "
+                f"{dtype}{list(shape)}."
+            )
         placed.add(model_name)
         position += entry.length
     if entries:
-        raise InputFileError(f"the header of '{file}' holds tensors the folder structure does not write ({', '.join(sorted(entries)[:3])}).")
+        raise InputFileError(
+            f"the header of '{file}' holds tensors the folder structure does not write ({', '.join(sorted(entries)[:3])})."
+        )
 
 
 def _config_without_code(data: bytes) -> None:

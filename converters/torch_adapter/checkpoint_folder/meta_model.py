@@ -69,11 +69,14 @@ def load_pretrained(path: str | Path, *, complete: bool = False) -> torch.nn.Mod
     model_class = model_class or transformers.AutoModel
     try:
         with _quiet_loading(transformers):
-            model, info = model_class.from_pretrained(folder.root, config=config, trust_remote_code=False,
-                                                      output_loading_info=True)
+            model, info = model_class.from_pretrained(
+                folder.root, config=config, trust_remote_code=False, output_loading_info=True
+            )
     except Exception as error:  # noqa: BLE001 - what transformers raises on files it cannot load: the folder's fault
-        raise InputFileError(f"transformers could not load '{folder.root}' as {model_class.__name__} ({type(error).__name__}: "
-                             f"{str(error).splitlines()[0] if str(error) else ''}).") from None
+        raise InputFileError(
+            f"transformers could not load '{folder.root}' as {model_class.__name__} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''})."
+        ) from None
     missing = sorted(info.get("missing_keys") or ())
     if complete and missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
@@ -286,8 +289,9 @@ def _check_shapes(config_path: Path, model: torch.nn.Module, named: dict[str, Te
 
 def norm_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The modules a torch recognizer may read: stock normalization classes and `recognition.computed`'s candidates."""
-    return [(path, module) for path, module in model.named_modules()
-            if isinstance(module, STOCK) or why_candidate(module)]
+    return [
+        (path, module) for path, module in model.named_modules() if isinstance(module, STOCK) or why_candidate(module)
+    ]
 
 
 def _load_norms(model: torch.nn.Module, named: dict[str, TensorEntry]) -> None:
@@ -313,4 +317,11 @@ def _load_norms(model: torch.nn.Module, named: dict[str, TensorEntry]) -> None:
                     table[name] = torch.nn.Parameter(value, requires_grad=False) if slot == "_parameters" else value
 
 
-__all__ = ["folder_of", "load_checkpoint_folder", "load_pretrained", "norm_modules", "refuse_code_in_config", "tensors_of"]
+__all__ = [
+    "folder_of",
+    "load_checkpoint_folder",
+    "load_pretrained",
+    "norm_modules",
+    "refuse_code_in_config",
+    "tensors_of",
+]

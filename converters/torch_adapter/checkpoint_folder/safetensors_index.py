@@ -24,9 +24,18 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 
 DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 
 
@@ -72,8 +81,11 @@ def parse_header(file: Path, raw: bytes, data_start: int, data_size: int | None)
         raise InputFileError(f"'{file}' has a safetensors header that is not JSON ({error}); save it again.") from None
     if not isinstance(header, dict):
         raise InputFileError(f"'{file}' has a safetensors header that is not a JSON object; save it again.")
-    entries = {name: _entry(file, name, value, data_start, data_size)
-               for name, value in header.items() if name != "__metadata__"}
+    entries = {
+        name: _entry(file, name, value, data_start, data_size)
+        for name, value in header.items()
+        if name != "__metadata__"
+    }
     _check_disjoint(file, entries)
     return entries
 
@@ -83,8 +95,10 @@ def _entry(file: Path, name: str, value: object, data_start: int, data_size: int
         raise InputFileError(f"'{file}': tensor '{name}' has no dtype, shape and offsets in its header; save it again.")
     dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
     if dtype not in DTYPES:
-        raise InputFileError(f"'{file}': tensor '{name}' has dtype {dtype!r}, which normbridge does not read; "
-                             f"expected one of {', '.join(DTYPES)}.")
+        raise InputFileError(
+            f"'{file}': tensor '{name}' has dtype {dtype!r}, which normbridge does not read; "
+            f"expected one of {', '.join(DTYPES)}."
+        )
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise InputFileError(f"'{file}': tensor '{name}' has shape {shape!r}, not a list of sizes; save it again.")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)):
@@ -138,8 +152,9 @@ def read_index(index: Path) -> dict[str, TensorEntry]:
                 "save the checkpoint again."
             )
         if not (folder / shard).is_file():
-            raise InputFileError(f"'{index}' names the shard '{shard}', which is not in '{folder}'; copy the whole "
-                                 "checkpoint folder.")
+            raise InputFileError(
+                f"'{index}' names the shard '{shard}', which is not in '{folder}'; copy the whole checkpoint folder."
+            )
         headers[shard] = read_header(folder / shard)
     entries = {}
     for name, shard in weight_map.items():

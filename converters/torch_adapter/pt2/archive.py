@@ -62,8 +62,18 @@ MIN_BOMB_BYTES = 1024**2
 MIN_CLAIM_BYTES = 64 * 1024**2
 PROGRAM = "models/model.json"
 SAMPLE_INPUTS = "data/sample_inputs/"
-WEIGHTS = ("data/weights/", "data/weights/model_weights_config.json", "data/weights/model.pt", re.compile(r"weight_[0-9]+"))
-CONSTANTS = ("data/constants/", "data/constants/model_constants_config.json", "data/constants/model.pt", re.compile(r"tensor_[0-9]+"))
+WEIGHTS = (
+    "data/weights/",
+    "data/weights/model_weights_config.json",
+    "data/weights/model.pt",
+    re.compile(r"weight_[0-9]+"),
+)
+CONSTANTS = (
+    "data/constants/",
+    "data/constants/model_constants_config.json",
+    "data/constants/model.pt",
+    re.compile(r"tensor_[0-9]+"),
+)
 #: Folders holding compiled code for other runtimes: loading them would run native code.
 COMPILED_CODE = ("data/aotinductor/", "data/executorch/", "data/mtia", "xl_model_weights/")
 #: Payload names of TorchScript custom objects and opaque Python objects: both are unpickled by torch.
@@ -88,7 +98,9 @@ class _Archive:
         if info is None:
             raise InputFileError(f"'{self.path}' has no entry '{entry}'; save the model with torch.export.save.")
         if limit is not None and info.file_size > limit:
-            raise InputFileError(f"{self.where(entry)} declares {info.file_size} bytes, more than the {limit} normbridge reads.")
+            raise InputFileError(
+                f"{self.where(entry)} declares {info.file_size} bytes, more than the {limit} normbridge reads."
+            )
         data = bytearray(info.file_size)
         try:
             with self.zf.open(info) as stream:
@@ -97,7 +109,9 @@ class _Archive:
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
             raise InputFileError(f"{self.where(entry)} cannot be read ({error}); the archive is corrupt.") from error
         if got != info.file_size or extra:
-            raise InputFileError(f"{self.where(entry)} does not hold the {info.file_size} bytes it declares; the archive is corrupt.")
+            raise InputFileError(
+                f"{self.where(entry)} does not hold the {info.file_size} bytes it declares; the archive is corrupt."
+            )
         return data
 
 
@@ -112,9 +126,13 @@ def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
     try:
         zf = zipfile.ZipFile(path if data is None else io.BytesIO(data))
     except (zipfile.BadZipFile, OSError) as error:
-        raise InputFileError(f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save.") from error
+        raise InputFileError(
+            f"'{path}' is not a torch.export .pt2 archive (not a zip file: {error}); save the model with torch.export.save."
+        ) from error
     except Exception as error:  # zipfile raises others for a directory it did not expect (ValueError, EOFError, ...)
-        raise InputFileError(f"'{path}' is not a readable zip archive ({_described(error)}); save the model with torch.export.save.") from error
+        raise InputFileError(
+            f"'{path}' is not a readable zip archive ({_described(error)}); save the model with torch.export.save."
+        ) from error
     with zf:
         with _reading(f"'{path}'"):
             archive = _Archive(path, zf, _entries(path, zf), on_disk=data is None)
@@ -139,8 +157,12 @@ def claimed_tensor_bytes(path: Path) -> int:
     try:
         with zipfile.ZipFile(path) as zf:
             archive = _Archive(path, zf, _entries(path, zf))
-            return sum(claimed_bytes(meta) for folder, config, _, file_name in (WEIGHTS, CONSTANTS) if config in archive.entries
-                       for _, _, meta, _ in _payloads(archive, folder, config, file_name))
+            return sum(
+                claimed_bytes(meta)
+                for folder, config, _, file_name in (WEIGHTS, CONSTANTS)
+                if config in archive.entries
+                for _, _, meta, _ in _payloads(archive, folder, config, file_name)
+            )
     except Exception:  # anything the reader refuses, with a better message than this check could give
         return 0
 
@@ -153,8 +175,10 @@ def _reading(where: str) -> Iterator[None]:
     except NormbridgeError:
         raise
     except Exception as error:
-        raise InputFileError(f"{where} cannot be read ({_described(error)}); the archive is malformed or was altered: save the "
-                             "model with torch.export.save.") from error
+        raise InputFileError(
+            f"{where} cannot be read ({_described(error)}); the archive is malformed or was altered: save the "
+            "model with torch.export.save."
+        ) from error
 
 
 def _described(error: BaseException) -> str:
@@ -166,41 +190,67 @@ def _entries(path: Path, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     """Entries by name below the single root folder; path tricks, duplicates, bombs and compiled code are refused."""
     infos = zf.infolist()
     if not infos or len(infos) > MAX_ENTRIES:
-        raise InputFileError(f"'{path}' holds {len(infos)} entries; a torch.export .pt2 holds between 1 and {MAX_ENTRIES}.")
+        raise InputFileError(
+            f"'{path}' holds {len(infos)} entries; a torch.export .pt2 holds between 1 and {MAX_ENTRIES}."
+        )
     root = infos[0].filename.split("/")[0]
     entries: dict[str, zipfile.ZipInfo] = {}
     total = 0
     for info in infos:
         name = info.filename
         parts = name.split("/")
-        if ("\\" in name or "\x00" in name or name.startswith("/") or parts[0] != root or len(parts) < 2
-                or any(part in ("", ".", "..") for part in parts[1:-1]) or parts[-1] in (".", "..") or root in ("", ".", "..")):
-            raise InputFileError(f"'{path}' has an entry named {name!r}; a torch.export .pt2 keeps plain names under one root folder.")
+        if (
+            "\\" in name
+            or "\x00" in name
+            or name.startswith("/")
+            or parts[0] != root
+            or len(parts) < 2
+            or any(part in ("", ".", "..") for part in parts[1:-1])
+            or parts[-1] in (".", "..")
+            or root in ("", ".", "..")
+        ):
+            raise InputFileError(
+                f"'{path}' has an entry named {name!r}; a torch.export .pt2 keeps plain names under one root folder."
+            )
         if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise InputFileError(f"'{path}' entry {name!r} is encrypted or compressed with method {info.compress_type}; "
-                                 "torch.export.save stores entries plainly.")
-        relative = name[len(root) + 1:]
+            raise InputFileError(
+                f"'{path}' entry {name!r} is encrypted or compressed with method {info.compress_type}; "
+                "torch.export.save stores entries plainly."
+            )
+        relative = name[len(root) + 1 :]
         if name.endswith("/"):
             continue  # a folder record some zip tools add
         if relative in entries:
-            raise InputFileError(f"'{path}' holds the entry '{relative}' twice; readers would disagree on which one counts.")
+            raise InputFileError(
+                f"'{path}' holds the entry '{relative}' twice; readers would disagree on which one counts."
+            )
         if relative.startswith(COMPILED_CODE):
-            raise InputFileError(f"'{path}' entry '{relative}' is compiled code for another runtime (AOTInductor, ExecuTorch), "
-                                 "which normbridge never loads; save the model with torch.export.save alone.")
-        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > max(MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * info.compress_size):
-            raise InputFileError(f"'{path}' entry '{relative}' unpacks to {info.file_size} bytes from {info.compress_size}, more than "
-                                 f"{MAX_DEFLATE_RATIO} times its stored size (a zip bomb); torch.export.save stores entries plainly.")
+            raise InputFileError(
+                f"'{path}' entry '{relative}' is compiled code for another runtime (AOTInductor, ExecuTorch), "
+                "which normbridge never loads; save the model with torch.export.save alone."
+            )
+        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > max(
+            MIN_BOMB_BYTES, MAX_DEFLATE_RATIO * info.compress_size
+        ):
+            raise InputFileError(
+                f"'{path}' entry '{relative}' unpacks to {info.file_size} bytes from {info.compress_size}, more than "
+                f"{MAX_DEFLATE_RATIO} times its stored size (a zip bomb); torch.export.save stores entries plainly."
+            )
         total += info.file_size
         entries[relative] = info
     if total > MAX_TOTAL_BYTES:
-        raise InputFileError(f"'{path}' entries unpack to {total} bytes, more than the {MAX_TOTAL_BYTES} normbridge reads.")
+        raise InputFileError(
+            f"'{path}' entries unpack to {total} bytes, more than the {MAX_TOTAL_BYTES} normbridge reads."
+        )
     return entries
 
 
 def _check_format(archive: _Archive) -> None:
     if "archive_format" not in archive.entries:
-        raise InputFileError(f"'{archive.path}' has no 'archive_format' entry: not a torch.export .pt2 archive (or one from before "
-                             "torch 2.6, which normbridge does not read); save the model with torch.export.save.")
+        raise InputFileError(
+            f"'{archive.path}' has no 'archive_format' entry: not a torch.export .pt2 archive (or one from before "
+            "torch 2.6, which normbridge does not read); save the model with torch.export.save."
+        )
     checks = {"archive_format": ("pt2",), "archive_version": ("0",), "byteorder": (sys.byteorder,)}
     for entry, expected in checks.items():
         if entry == "byteorder" and entry not in archive.entries:
@@ -208,8 +258,10 @@ def _check_format(archive: _Archive) -> None:
         with _reading(archive.where(entry)):
             value = bytes(archive.read(entry, limit=64)).decode("utf-8", "replace").strip()
         if value not in expected:
-            raise InputFileError(f"{archive.where(entry)} is {value!r}, expected {expected[0]!r}; "
-                                 "save the model with torch.export.save on a little-endian machine with torch 2.6 or later.")
+            raise InputFileError(
+                f"{archive.where(entry)} is {value!r}, expected {expected[0]!r}; "
+                "save the model with torch.export.save on a little-endian machine with torch 2.6 or later."
+            )
 
 
 def _program(archive: _Archive) -> dict:
@@ -217,10 +269,18 @@ def _program(archive: _Archive) -> dict:
         try:
             document = json.loads(archive.read(PROGRAM, limit=MAX_JSON_BYTES))
             check_program(document, archive.where(PROGRAM))
-            check_schema_version(document, archive.where(PROGRAM))  # another torch's program: read as it was meant, or refused
-        except (UnicodeDecodeError, ValueError, RecursionError) as error:  # InputFileError is not a ValueError: it passes through
-            raise InputFileError(f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
-                                 "save the model with torch.export.save.") from error
+            check_schema_version(
+                document, archive.where(PROGRAM)
+            )  # another torch's program: read as it was meant, or refused
+        except (
+            UnicodeDecodeError,
+            ValueError,
+            RecursionError,
+        ) as error:  # InputFileError is not a ValueError: it passes through
+            raise InputFileError(
+                f"{archive.where(PROGRAM)} is not valid JSON of a sensible depth ({type(error).__name__}); "
+                "save the model with torch.export.save."
+            ) from error
         read_as_dicts(document)  # a library's output type (transformers' ModelOutput) read as a dict, never imported
     return document
 
@@ -241,12 +301,14 @@ def _check_sample_inputs(archive: _Archive) -> None:
             raise InputFileError(
                 f"{archive.where(entry)} is not a pickle torch's static scanner can read ({type(error).__name__}), so what it would run "
                 "cannot be shown safe; normbridge never unpickles sample inputs and refuses the file: re-save the model with "
-                "torch.export.save from code you trust.") from error
+                "torch.export.save from code you trust."
+            ) from error
         if unsafe:
             raise InputFileError(
                 f"{archive.where(entry)} holds a pickle that calls {', '.join(sorted(unsafe)[:5])}, which only the full unpickler "
                 "runs and which can run code; normbridge never unpickles sample inputs and refuses the file: re-save the model "
-                "with torch.export.save from code you trust.")
+                "with torch.export.save from code you trust."
+            )
 
 
 def _claim_limit(archive: _Archive) -> tuple[int, str]:
@@ -254,13 +316,24 @@ def _claim_limit(archive: _Archive) -> tuple[int, str]:
     stored = sum(info.compress_size for info in archive.entries.values())
     by_ratio = max(MIN_CLAIM_BYTES, MAX_DEFLATE_RATIO * stored)
     if by_ratio < MAX_TOTAL_BYTES:
-        return by_ratio, (f"an archive storing {stored} bytes may claim ({MAX_DEFLATE_RATIO} times what it stores, at least "
-                          f"{MIN_CLAIM_BYTES >> 20} MiB)")
+        return by_ratio, (
+            f"an archive storing {stored} bytes may claim ({MAX_DEFLATE_RATIO} times what it stores, at least "
+            f"{MIN_CLAIM_BYTES >> 20} MiB)"
+        )
     return MAX_TOTAL_BYTES, "normbridge reads of one archive"
 
 
-def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name: re.Pattern, *, parameters: bool,
-             sources: dict[str, ZipEntryBytes], claims: ClaimedBytes) -> dict:
+def _tensors(
+    archive: _Archive,
+    folder: str,
+    config: str,
+    legacy: str,
+    file_name: re.Pattern,
+    *,
+    parameters: bool,
+    sources: dict[str, ZipEntryBytes],
+    claims: ClaimedBytes,
+) -> dict:
     """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file; `sources` gets where
     the bytes of each tensor of a mapped payload are (payloads.py), `claims` what each tensor claims, before it is made."""
     if legacy in archive.entries:  # torch prefers the legacy file when both exist
@@ -289,7 +362,9 @@ def _tensors(archive: _Archive, folder: str, config: str, legacy: str, file_name
     return found
 
 
-def _payloads(archive: _Archive, folder: str, config: str, file_name: re.Pattern) -> Iterator[tuple[str, str, dict, dict]]:
+def _payloads(
+    archive: _Archive, folder: str, config: str, file_name: re.Pattern
+) -> Iterator[tuple[str, str, dict, dict]]:
     """(fqn, payload file name, checked tensor meta, the config's record) of every tensor of one payload config; a pickled
     payload, a name outside the payload folder or a meta torch.export.save does not write is refused."""
     with _reading(archive.where(config)):
@@ -299,19 +374,26 @@ def _payloads(archive: _Archive, folder: str, config: str, file_name: re.Pattern
             raise InputFileError(f"{archive.where(config)} is not valid JSON ({error}).") from error
         payloads = document.get("config") if isinstance(document, dict) else None
         if not isinstance(payloads, dict):
-            raise InputFileError(f"{archive.where(config)} has no 'config' object; save the model with torch.export.save.")
+            raise InputFileError(
+                f"{archive.where(config)} has no 'config' object; save the model with torch.export.save."
+            )
         for fqn, payload in payloads.items():
             where = f"{archive.where(config)}, '{fqn}'"
             if not is_fqn(fqn, "") or not isinstance(payload, dict):
-                raise InputFileError(f"{archive.where(config)} names the tensor {fqn!r}, which is not a dotted attribute path; refused.")
+                raise InputFileError(
+                    f"{archive.where(config)} names the tensor {fqn!r}, which is not a dotted attribute path; refused."
+                )
             name = payload.get("path_name")
             if payload.get("use_pickle") is not False or (isinstance(name, str) and name.startswith(PICKLED_OBJECTS)):
                 raise InputFileError(
                     f"{where} is stored as a pickle (entry '{folder}{name}', use_pickle={payload.get('use_pickle')!r}), which only a full "
                     "unpickler can read and which can run code; normbridge reads raw tensors only: save plain tensors (no tensor subclasses "
-                    "or custom objects) with torch.export.save.")
+                    "or custom objects) with torch.export.save."
+                )
             if not isinstance(name, str) or not file_name.fullmatch(name):
-                raise InputFileError(f"{where} names the payload {name!r}, expected '{file_name.pattern}' in '{folder}'; the archive was altered.")
+                raise InputFileError(
+                    f"{where} names the payload {name!r}, expected '{file_name.pattern}' in '{folder}'; the archive was altered."
+                )
             yield fqn, name, tensor_meta(payload.get("tensor_meta"), where), payload
 
 
@@ -332,8 +414,10 @@ def _flat_tensor(archive: _Archive, entry: str, meta: dict, where: str) -> tuple
         data = archive.read(entry)
     if not len(data):
         if numel(meta):
-            raise InputFileError(f"{where}: the entry '{entry}' is empty, but its tensor claims {numel(meta)} elements of {dtype} (torch would "
-                                 "make them zeros); only a tensor without elements may have an empty payload: the archive was altered.")
+            raise InputFileError(
+                f"{where}: the entry '{entry}' is empty, but its tensor claims {numel(meta)} elements of {dtype} (torch would "
+                "make them zeros); only a tensor without elements may have an empty payload: the archive was altered."
+            )
         flat = torch.zeros(meta["sizes"], dtype=dtype)
     elif len(data) % element:
         raise InputFileError(f"{archive.where(entry)} holds {len(data)} bytes, not a whole number of {dtype} elements.")
@@ -356,9 +440,14 @@ def _weights_only(archive: _Archive, entry: str) -> dict:
         raise InputFileError(
             f"{archive.where(entry)} is a pickle that the weights-only unpickler refuses ({type(error).__name__}: "
             f"{str(error).splitlines()[0][:200] if str(error) else ''}); it would need the full unpickler, which can run code: "
-            "re-save the model with torch.export.save.") from error
-    if not isinstance(loaded, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
-        raise InputFileError(f"{archive.where(entry)} is not a dict of tensors (got {type(loaded).__name__}); re-save the model with torch.export.save.")
+            "re-save the model with torch.export.save."
+        ) from error
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
+        raise InputFileError(
+            f"{archive.where(entry)} is not a dict of tensors (got {type(loaded).__name__}); re-save the model with torch.export.save."
+        )
     return loaded
 
 

@@ -87,7 +87,10 @@ def _graph_module_deserializer() -> Any:
     """torch's GraphModuleDeserializer whose deserialize_tensor_meta tries `static_fake` first and whose graph answers
     `python_code` with `_Unwritten` from the module call graph (read last) on."""
     deserializer = internals.graph_module_deserializer()()
-    torch_tensor_meta, torch_call_graph = deserializer.deserialize_tensor_meta, deserializer.deserialize_module_call_graph
+    torch_tensor_meta, torch_call_graph = (
+        deserializer.deserialize_tensor_meta,
+        deserializer.deserialize_module_call_graph,
+    )
 
     def deserialize_tensor_meta(tensor_meta: Any) -> Any:
         try:
@@ -149,8 +152,11 @@ class _Unwritten:
     GraphModule writes its real code before anything runs it)."""
 
     def __call__(self, root_module: str, **options: Any) -> PythonCode:
-        return PythonCode(src=f"\n\ndef forward(self, *args, **kwargs):\n    raise RuntimeError({_UNWRITTEN!r})\n", globals={},
-                          _lineno_map=None)
+        return PythonCode(
+            src=f"\n\ndef forward(self, *args, **kwargs):\n    raise RuntimeError({_UNWRITTEN!r})\n",
+            globals={},
+            _lineno_map=None,
+        )
 
 
 def static_fake(mode: Any, tensor_meta: Any) -> Any:
@@ -164,7 +170,9 @@ def static_fake(mode: Any, tensor_meta: Any) -> Any:
     dtype = internals.serialized_dtypes()[tensor_meta.dtype]
     empty = torch.empty_strided(sizes, strides, dtype=dtype, device="meta", requires_grad=tensor_meta.requires_grad)
     device = tensor_meta.device  # as torch's deserialize_device makes it
-    return internals.fake_tensor(mode, empty, torch.device(device.type) if device.index is None else torch.device(device.type, device.index))
+    return internals.fake_tensor(
+        mode, empty, torch.device(device.type) if device.index is None else torch.device(device.type, device.index)
+    )
 
 
 def _ints(values: Any) -> tuple[int, ...] | None:

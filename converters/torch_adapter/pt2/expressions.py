@@ -25,30 +25,122 @@ SYMBOL = re.compile(r"[a-z]+[0-9]+")
 _FLOAT_TEXT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?inf|nan")
 
 #: sympy classes `srepr` writes and torch's own sympy functions (torch.utils._sympy.functions).
-SYMPY_CALLS = frozenset({
-    "Symbol", "Dummy", "Integer", "Rational", "Float", "Mul", "Add", "Pow", "Mod", "Max", "Min", "Abs", "floor", "ceiling",
-    "sqrt", "StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan", "Equality", "Unequality", "Eq", "Ne", "Lt",
-    "Le", "Gt", "Ge", "And", "Or", "Not", "Xor", "Piecewise", "ExprCondPair", "ITE", "FloorDiv", "ModularIndexing", "Where",
-    "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow",
-    "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt", "RoundToInt",
-    "RoundDecimal", "ToFloat", "Identity",
-})
+SYMPY_CALLS = frozenset(
+    {
+        "Symbol",
+        "Dummy",
+        "Integer",
+        "Rational",
+        "Float",
+        "Mul",
+        "Add",
+        "Pow",
+        "Mod",
+        "Max",
+        "Min",
+        "Abs",
+        "floor",
+        "ceiling",
+        "sqrt",
+        "StrictLessThan",
+        "LessThan",
+        "StrictGreaterThan",
+        "GreaterThan",
+        "Equality",
+        "Unequality",
+        "Eq",
+        "Ne",
+        "Lt",
+        "Le",
+        "Gt",
+        "Ge",
+        "And",
+        "Or",
+        "Not",
+        "Xor",
+        "Piecewise",
+        "ExprCondPair",
+        "ITE",
+        "FloorDiv",
+        "ModularIndexing",
+        "Where",
+        "PythonMod",
+        "CleanDiv",
+        "CeilToInt",
+        "FloorToInt",
+        "CeilDiv",
+        "LShift",
+        "RShift",
+        "PowByNatural",
+        "FloatPow",
+        "FloatTrueDiv",
+        "IntTrueDiv",
+        "IsNonOverlappingAndDenseIndicator",
+        "TruncToFloat",
+        "TruncToInt",
+        "RoundToInt",
+        "RoundDecimal",
+        "ToFloat",
+        "Identity",
+    }
+)
 _POWERS = frozenset({"Pow", "PowByNatural", "FloatPow"})
 #: What srepr writes for exact numbers: Integer(5), Rational(1, 2), from integer literals only (a Rational of a Float is exact,
 #: its denominator a power of two as long as the float's exponent).
 _NUMBERS = frozenset({"Integer", "Rational"})
 #: Assumption keywords of Symbol(...) and Float's precision.
-SYMPY_KEYWORDS = frozenset({
-    "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "infinite", "zero", "nonzero", "even",
-    "odd", "commutative", "extended_real", "extended_positive", "extended_negative", "extended_nonnegative",
-    "extended_nonpositive", "precision", "evaluate",
-})
+SYMPY_KEYWORDS = frozenset(
+    {
+        "positive",
+        "negative",
+        "nonnegative",
+        "nonpositive",
+        "integer",
+        "real",
+        "finite",
+        "infinite",
+        "zero",
+        "nonzero",
+        "even",
+        "odd",
+        "commutative",
+        "extended_real",
+        "extended_positive",
+        "extended_negative",
+        "extended_nonnegative",
+        "extended_nonpositive",
+        "precision",
+        "evaluate",
+    }
+)
 SYMPY_CONSTANTS = frozenset({"oo", "zoo", "nan", "true", "false", "True", "False", "pi", "E"})
 GUARD_ROOT = "L"
 TENSOR_METHODS = frozenset({"size", "stride", "storage_offset"})
 
-_OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.BitAnd, ast.BitOr, ast.BitXor,
-              ast.USub, ast.UAdd, ast.Not, ast.Invert, ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_OPERATORS = (
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.BitAnd,
+    ast.BitOr,
+    ast.BitXor,
+    ast.USub,
+    ast.UAdd,
+    ast.Not,
+    ast.Invert,
+    ast.And,
+    ast.Or,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+)
 
 
 RUNS_CODE = "loading it could run code"
@@ -96,8 +188,13 @@ def _check(node: ast.AST, guard: bool) -> None:
             raise _Refused(f"uses the operator {type(operators[0]).__name__}")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             _check_exponent(node.right)
-        for child in [getattr(node, "left", None), getattr(node, "right", None), getattr(node, "operand", None),
-                      *getattr(node, "values", []), *getattr(node, "comparators", [])]:
+        for child in [
+            getattr(node, "left", None),
+            getattr(node, "right", None),
+            getattr(node, "operand", None),
+            *getattr(node, "values", []),
+            *getattr(node, "comparators", []),
+        ]:
             if child is not None:
                 _check(child, guard)
     elif isinstance(node, ast.Tuple):
@@ -121,8 +218,11 @@ def _check_call(node: ast.Call, guard: bool) -> None:
     if not isinstance(function, ast.Name) or function.id not in SYMPY_CALLS:
         raise _Refused(f"calls {ast.unparse(function)[:40]!r}")
     for keyword in node.keywords:
-        if keyword.arg not in SYMPY_KEYWORDS or not isinstance(keyword.value, ast.Constant) \
-                or not isinstance(keyword.value.value, (bool, int)):
+        if (
+            keyword.arg not in SYMPY_KEYWORDS
+            or not isinstance(keyword.value, ast.Constant)
+            or not isinstance(keyword.value.value, (bool, int))
+        ):
             raise _Refused(f"passes the keyword {keyword.arg!r}")
     if function.id in ("Symbol", "Dummy"):
         if len(node.args) != 1 or not _is_string(node.args[0], SYMBOL):
@@ -166,17 +266,24 @@ def _literal(node: ast.AST) -> float | None:
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return _literal(node.operand)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Integer", "Float", "Rational") \
-            and node.args and all(_literal(a) is not None or _is_string(a, _FLOAT_TEXT) for a in node.args):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Integer", "Float", "Rational")
+        and node.args
+        and all(_literal(a) is not None or _is_string(a, _FLOAT_TEXT) for a in node.args)
+    ):
         first = node.args[0]
         return _literal(first) if _literal(first) is not None else float(first.value)  # type: ignore[attr-defined]
     return None
 
 
 def _mentions_symbol(node: ast.AST) -> bool:
-    return any((isinstance(n, ast.Name) and SYMBOL.fullmatch(n.id))
-               or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("Symbol", "Dummy"))
-               for n in ast.walk(node))
+    return any(
+        (isinstance(n, ast.Name) and SYMBOL.fullmatch(n.id))
+        or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("Symbol", "Dummy"))
+        for n in ast.walk(node)
+    )
 
 
 def _is_integer(node: ast.AST) -> bool:

@@ -29,14 +29,51 @@ MAX_SYMBOLIC_BITS = 16384
 MAX_MINMAX_ARGUMENTS = 8
 _LOG2_10 = math.log2(10)
 
-_SUMS = frozenset({"Add", "Max", "Min", "Piecewise", "ExprCondPair", "ITE", "Where"})  # a value is one of (or adds) its arguments
+_SUMS = frozenset(
+    {"Add", "Max", "Min", "Piecewise", "ExprCondPair", "ITE", "Where"}
+)  # a value is one of (or adds) its arguments
 _QUOTIENTS = frozenset({"FloorDiv", "CleanDiv", "CeilDiv", "IntTrueDiv", "FloatTrueDiv"})
 _REMAINDERS = frozenset({"Mod", "PythonMod", "ModularIndexing"})
 _POWERS = frozenset({"Pow", "PowByNatural", "FloatPow"})
-_SAME_SIZE = frozenset({"Integer", "Abs", "floor", "ceiling", "sqrt", "CeilToInt", "FloorToInt", "TruncToFloat", "TruncToInt", "RoundToInt",
-                        "RoundDecimal", "ToFloat", "Identity", "RShift"})
-_TRUTHS = frozenset({"StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan", "Equality", "Unequality", "Eq", "Ne", "Lt",
-                     "Le", "Gt", "Ge", "And", "Or", "Not", "Xor", "IsNonOverlappingAndDenseIndicator"})
+_SAME_SIZE = frozenset(
+    {
+        "Integer",
+        "Abs",
+        "floor",
+        "ceiling",
+        "sqrt",
+        "CeilToInt",
+        "FloorToInt",
+        "TruncToFloat",
+        "TruncToInt",
+        "RoundToInt",
+        "RoundDecimal",
+        "ToFloat",
+        "Identity",
+        "RShift",
+    }
+)
+_TRUTHS = frozenset(
+    {
+        "StrictLessThan",
+        "LessThan",
+        "StrictGreaterThan",
+        "GreaterThan",
+        "Equality",
+        "Unequality",
+        "Eq",
+        "Ne",
+        "Lt",
+        "Le",
+        "Gt",
+        "Ge",
+        "And",
+        "Or",
+        "Not",
+        "Xor",
+        "IsNonOverlappingAndDenseIndicator",
+    }
+)
 _SYMBOLS = frozenset({"Symbol", "Dummy"})
 #: sympy's named constants (every other name is a symbol, or a guard's inputs): infinities and truth values hold no number.
 _CONSTANT_BITS = {"oo": 0, "zoo": 0, "nan": 0, "true": 0, "false": 0, "True": 0, "False": 0, "pi": 2, "E": 2}
@@ -81,8 +118,10 @@ def _size(node: ast.AST) -> _Size:
         shown = ast.unparse(node)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         kind = "with every symbol at 2**64" if size.symbolic else "from literals alone"
-        raise TooLarge(f"holds {shown!r}, which makes a number of up to {_bits_text(size.bits)} bits {kind}, more than the "
-                       f"{limit} a shape can need")
+        raise TooLarge(
+            f"holds {shown!r}, which makes a number of up to {_bits_text(size.bits)} bits {kind}, more than the "
+            f"{limit} a shape can need"
+        )
     return size
 
 
@@ -97,7 +136,11 @@ def _measure(node: ast.AST) -> _Size:
         return _Size(_CONSTANT_BITS[node.id]) if node.id in _CONSTANT_BITS else _SYMBOL
     if isinstance(node, ast.UnaryOp):
         operand = _size(node.operand)
-        return _Size(operand.numerator + 1, operand.denominator, operand.symbolic) if isinstance(node.op, ast.Invert) else operand
+        return (
+            _Size(operand.numerator + 1, operand.denominator, operand.symbolic)
+            if isinstance(node.op, ast.Invert)
+            else operand
+        )
     if isinstance(node, ast.BinOp):
         return _binary(node)
     if isinstance(node, (ast.BoolOp, ast.Compare)):
@@ -117,7 +160,9 @@ def _number(value: object) -> _Size:
         return _Size(0.0)
     if isinstance(value, int):
         return _Size(float(abs(value).bit_length()))
-    if isinstance(value, float):  # sympy computes with a float at its precision: only its size can grow, when made an integer
+    if isinstance(
+        value, float
+    ):  # sympy computes with a float at its precision: only its size can grow, when made an integer
         return _Size(float(max(math.frexp(value)[1], 0)) if math.isfinite(value) else 0.0)
     return _Size(0.0)  # a symbol's name or a Float's text: measured by their call
 
@@ -141,8 +186,10 @@ def _call(node: ast.Call) -> _Size:
     name = node.func.id  # type: ignore[attr-defined]
     for keyword in node.keywords:
         if keyword.arg == "precision" and _above(keyword.value, MAX_FLOAT_PRECISION):
-            raise TooLarge(f"asks for a precision of {ast.unparse(keyword.value)[:20]} bits, more than the {MAX_FLOAT_PRECISION} "
-                           "normbridge lets sympy compute with")
+            raise TooLarge(
+                f"asks for a precision of {ast.unparse(keyword.value)[:20]} bits, more than the {MAX_FLOAT_PRECISION} "
+                "normbridge lets sympy compute with"
+            )
     if name in _SYMBOLS:
         return _SYMBOL
     if name == "Float":
@@ -150,15 +197,20 @@ def _call(node: ast.Call) -> _Size:
     if name in ("Max", "Min"):
         count = _flattened_arguments(node, name)
         if count > MAX_MINMAX_ARGUMENTS:
-            raise TooLarge(f"calls {name} with {count} arguments, more than the {MAX_MINMAX_ARGUMENTS} normbridge lets sympy "
-                           "compare pairwise")
+            raise TooLarge(
+                f"calls {name} with {count} arguments, more than the {MAX_MINMAX_ARGUMENTS} normbridge lets sympy "
+                "compare pairwise"
+            )
     arguments = [_size(child) for child in node.args]
     if not arguments:
         return _Size(0.0)
     if name == "Rational":
         numerator, denominator = arguments[0], arguments[1] if len(arguments) > 1 else _Size(0.0)
-        return _Size(numerator.numerator + denominator.denominator, numerator.denominator + denominator.numerator,
-                     numerator.symbolic or denominator.symbolic)
+        return _Size(
+            numerator.numerator + denominator.denominator,
+            numerator.denominator + denominator.numerator,
+            numerator.symbolic or denominator.symbolic,
+        )
     if name in _POWERS and len(arguments) == 2:
         return _power(arguments[0], node.args[1], arguments[1])
     if name == "LShift" and len(arguments) == 2:  # base * 2**shift
@@ -192,8 +244,10 @@ def _float(node: ast.Call) -> _Size:
     or of a number, at a precision sympy can afford."""
     for child in node.args[1:]:
         if _above(child, MAX_FLOAT_PRECISION):
-            raise TooLarge(f"asks for {ast.unparse(child)[:20]} digits of precision, more than the {MAX_FLOAT_PRECISION} "
-                           "normbridge lets sympy compute with")
+            raise TooLarge(
+                f"asks for {ast.unparse(child)[:20]} digits of precision, more than the {MAX_FLOAT_PRECISION} "
+                "normbridge lets sympy compute with"
+            )
         _size(child)
     first = node.args[0] if node.args else None
     if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
@@ -206,8 +260,10 @@ def _float(node: ast.Call) -> _Size:
         return _Size(0.0)
     exponent = number.adjusted()  # the power of ten of its first digit
     if abs(exponent) > MAX_FLOAT_EXPONENT:
-        raise TooLarge(f"holds the number {first.value[:30]!r}, whose exponent is beyond the {MAX_FLOAT_EXPONENT} (either way) "
-                       "normbridge lets sympy parse")
+        raise TooLarge(
+            f"holds the number {first.value[:30]!r}, whose exponent is beyond the {MAX_FLOAT_EXPONENT} (either way) "
+            "normbridge lets sympy parse"
+        )
     return _Size(max(exponent + 1, 0) * _LOG2_10)
 
 
@@ -224,7 +280,7 @@ def _power(base: _Size, exponent_node: ast.AST, exponent: _Size) -> _Size:
         return _Size(SYMBOL_BITS, 0.0, True)
     value = _signed_value(exponent_node)
     if value is None:  # a literal expression: as large as its bits allow, either sign
-        bits = base.bits * 2.0 ** exponent.bits
+        bits = base.bits * 2.0**exponent.bits
         return _Size(bits, bits, base.symbolic)
     times = max(abs(value), 1.0)
     if value < 0:
@@ -240,8 +296,13 @@ def _signed_value(node: ast.AST) -> float | None:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _signed_value(node.operand)
         return None if value is None else (-value if isinstance(node.op, ast.USub) else value)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Integer", "Rational") \
-            and len(node.args) in (1, 2) and not node.keywords:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Integer", "Rational")
+        and len(node.args) in (1, 2)
+        and not node.keywords
+    ):
         values = [_signed_value(argument) for argument in node.args]
         if None in values or (len(values) == 2 and values[1] == 0):
             return None
@@ -252,16 +313,21 @@ def _signed_value(node: ast.AST) -> float | None:
 def _power_of_two(base: _Size, shift: _Size) -> _Size:
     if shift.symbolic:
         return _Size(SYMBOL_BITS, 0.0, True)
-    return _Size(base.numerator + 2.0 ** shift.bits, base.denominator, base.symbolic)
+    return _Size(base.numerator + 2.0**shift.bits, base.denominator, base.symbolic)
 
 
 def _product(factors: list[_Size]) -> _Size:
-    return _Size(sum(f.numerator for f in factors), sum(f.denominator for f in factors), any(f.symbolic for f in factors))
+    return _Size(
+        sum(f.numerator for f in factors), sum(f.denominator for f in factors), any(f.symbolic for f in factors)
+    )
 
 
 def _quotient(dividend: _Size, divisor: _Size) -> _Size:
-    return _Size(dividend.numerator + divisor.denominator, dividend.denominator + divisor.numerator,
-                 dividend.symbolic or divisor.symbolic)
+    return _Size(
+        dividend.numerator + divisor.denominator,
+        dividend.denominator + divisor.numerator,
+        dividend.symbolic or divisor.symbolic,
+    )
 
 
 def _remainder(arguments: list[_Size]) -> _Size:
@@ -281,4 +347,11 @@ def _combined(terms: list[_Size], *, added: bool) -> _Size:
     return _Size(largest + carry, denominators, any(t.symbolic for t in terms))
 
 
-__all__ = ["MAX_LITERAL_BITS", "MAX_MINMAX_ARGUMENTS", "MAX_SYMBOLIC_BITS", "SYMBOL_BITS", "TooLarge", "magnitude_problem"]
+__all__ = [
+    "MAX_LITERAL_BITS",
+    "MAX_MINMAX_ARGUMENTS",
+    "MAX_SYMBOLIC_BITS",
+    "SYMBOL_BITS",
+    "TooLarge",
+    "magnitude_problem",
+]

@@ -40,7 +40,8 @@ def refusal(operator: str, where: str, why: str) -> InputFileError:
     return InputFileError(
         f"{where}: the program calls {operator}, a library's own operator normbridge does not load (loading it could "
         f"run code), and {why}; export the model without it (for transformers MoE models, a model whose experts run "
-        "as plain torch ops), or convert and check its normalization layers one by one (normbridge convert).")
+        "as plain torch ops), or convert and check its normalization layers one by one (normbridge convert)."
+    )
 
 
 def replace_custom_operators(document: dict, where: str) -> list[str]:
@@ -109,7 +110,8 @@ def register() -> Any:
             f"this program calls {operator}, a library's own operator normbridge read but does not run (loading it "
             "could run code): it can be inspected and registered (--allow-unrecognised), not run; run it where the "
             "library is installed, from code you trust, or export the model's `save_pretrained` folder instead "
-            "(`normbridge export DIR --to onnx`).")
+            "(`normbridge export DIR --to onnx`)."
+        )
 
     @opaque_operator.register_fake
     def _(inputs, operator, size, stride, dtype):

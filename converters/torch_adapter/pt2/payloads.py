@@ -36,8 +36,12 @@ _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def mappable(path: Path | None, info: zipfile.ZipInfo, element_size: int) -> bool:
     """Whether the payload can be mapped: stored plainly in a file, large, and its data aligned to its elements."""
-    return (path is not None and info.compress_type == zipfile.ZIP_STORED and info.file_size >= MAPPED_BYTES
-            and info.file_size % element_size == 0)
+    return (
+        path is not None
+        and info.compress_type == zipfile.ZIP_STORED
+        and info.file_size >= MAPPED_BYTES
+        and info.file_size % element_size == 0
+    )
 
 
 def mapped_bytes(path: Path, info: zipfile.ZipInfo, element_size: int) -> np.ndarray | None:
@@ -54,17 +58,21 @@ def mapped_bytes(path: Path, info: zipfile.ZipInfo, element_size: int) -> np.nda
             size = handle.seek(0, 2)
     except OSError as error:
         raise InputFileError(f"{where} cannot be read ({error}); check the file.") from error
-    if len(header) < _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header[:_LOCAL_HEADER.size])[0] != _LOCAL_SIGNATURE:
+    if len(header) < _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header[: _LOCAL_HEADER.size])[0] != _LOCAL_SIGNATURE:
         raise InputFileError(f"{where} has no local header at byte {info.header_offset}; the archive is corrupt.")
-    _, name_length, extra_length = _LOCAL_HEADER.unpack(header[:_LOCAL_HEADER.size])
-    name = header[_LOCAL_HEADER.size:_LOCAL_HEADER.size + name_length]
+    _, name_length, extra_length = _LOCAL_HEADER.unpack(header[: _LOCAL_HEADER.size])
+    name = header[_LOCAL_HEADER.size : _LOCAL_HEADER.size + name_length]
     utf8 = int.from_bytes(header[6:8], "little") & 0x800  # the local header's own flag, as zipfile reads it
     if name.decode("utf-8" if utf8 else "cp437", "replace") != info.orig_filename:
-        raise InputFileError(f"{where} has the name {name[:100]!r} in its local header; the archive is corrupt.")  # zipfile's own check
+        raise InputFileError(
+            f"{where} has the name {name[:100]!r} in its local header; the archive is corrupt."
+        )  # zipfile's own check
     start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
     if info.compress_size != info.file_size or start + info.file_size > size:
-        raise InputFileError(f"{where} declares {info.file_size} bytes from byte {start}, past the end of the {size}-byte file; "
-                             "the archive is corrupt.")
+        raise InputFileError(
+            f"{where} declares {info.file_size} bytes from byte {start}, past the end of the {size}-byte file; "
+            "the archive is corrupt."
+        )
     if start % element_size:
         return None
     return np.memmap(path, dtype=np.uint8, mode="c", offset=start, shape=(info.file_size,))

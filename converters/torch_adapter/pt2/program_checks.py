@@ -35,16 +35,44 @@ from .magnitudes import SYMBOL_BITS
 FILE_OPERATORS = frozenset({"aten.from_file", "aten.save"})
 
 #: Higher-order operators torch.export emits for control flow, grad/autocast regions and effects.
-HIGHER_ORDER_OPERATORS = frozenset({
-    "cond", "while_loop", "map_impl", "scan", "wrap_with_set_grad_enabled", "wrap_with_autocast",
-    "auto_functionalized", "auto_functionalized_v2", "with_effects", "invoke_subgraph",
-})
+HIGHER_ORDER_OPERATORS = frozenset(
+    {
+        "cond",
+        "while_loop",
+        "map_impl",
+        "scan",
+        "wrap_with_set_grad_enabled",
+        "wrap_with_autocast",
+        "auto_functionalized",
+        "auto_functionalized_v2",
+        "with_effects",
+        "invoke_subgraph",
+    }
+)
 
 #: Python callables a serialized graph may name: the symbolic-shape arithmetic of torch's serializer.
 PYTHON_CALLABLES = (
-    operator.getitem, operator.eq, operator.ne, operator.le, operator.ge, operator.lt, operator.gt,
-    operator.neg, operator.pos, operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod,
-    operator.pow, operator.truediv, operator.and_, operator.or_, operator.lshift, operator.rshift, math.trunc,
+    operator.getitem,
+    operator.eq,
+    operator.ne,
+    operator.le,
+    operator.ge,
+    operator.lt,
+    operator.gt,
+    operator.neg,
+    operator.pos,
+    operator.mul,
+    operator.add,
+    operator.sub,
+    operator.floordiv,
+    operator.mod,
+    operator.pow,
+    operator.truediv,
+    operator.and_,
+    operator.or_,
+    operator.lshift,
+    operator.rshift,
+    math.trunc,
 )
 _TORCH_SYM_CALLABLES = ("sym_not", "sym_int", "sym_float", "sym_ite", "sym_max", "sym_min", "sym_sqrt")
 
@@ -57,12 +85,23 @@ _FQN = re.compile(r"[\w\-]+(\.[\w\-]+)*(@[0-9]+)?")
 
 #: The containers torch's deserializer iterates without looking (a number there failed inside torch): path -> kind.
 CONTAINERS = {
-    "graph_module.graph": dict, "graph_module.graph.inputs": list, "graph_module.graph.outputs": list,
-    "graph_module.graph.nodes": list, "graph_module.graph.tensor_values": dict, "graph_module.graph.sym_int_values": dict,
-    "graph_module.graph.sym_bool_values": dict, "graph_module.graph.sym_float_values": dict,
-    "graph_module.graph.custom_obj_values": dict, "graph_module.signature": dict, "graph_module.signature.input_specs": list,
-    "graph_module.signature.output_specs": list, "graph_module.module_call_graph": list, "range_constraints": dict,
-    "opset_version": dict, "schema_version": dict, "verifiers": list,
+    "graph_module.graph": dict,
+    "graph_module.graph.inputs": list,
+    "graph_module.graph.outputs": list,
+    "graph_module.graph.nodes": list,
+    "graph_module.graph.tensor_values": dict,
+    "graph_module.graph.sym_int_values": dict,
+    "graph_module.graph.sym_bool_values": dict,
+    "graph_module.graph.sym_float_values": dict,
+    "graph_module.graph.custom_obj_values": dict,
+    "graph_module.signature": dict,
+    "graph_module.signature.input_specs": list,
+    "graph_module.signature.output_specs": list,
+    "graph_module.module_call_graph": list,
+    "range_constraints": dict,
+    "opset_version": dict,
+    "schema_version": dict,
+    "verifiers": list,
 }
 _NAME_KEYS = frozenset({"name", "as_name"})
 _VALUE_MAPS = frozenset({"tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values"})
@@ -71,7 +110,9 @@ _IDENTIFIER_LISTS = frozenset({"forward_arg_names", "field_names"})
 _CUSTOM_OBJECT_KEYS = frozenset({"as_custom_obj", "custom_obj", "custom_obj_name", "class_fqn"})
 _OPERATOR_KEYS = frozenset({"target", "as_operator"})
 _EXPRESSION_KEYS = frozenset({"expr_str"})
-_RULE_KEYS = _CUSTOM_OBJECT_KEYS | _NAME_KEYS | _FQN_KEYS | _OPERATOR_KEYS | _EXPRESSION_KEYS  # the keys _check_entry has a rule for
+_RULE_KEYS = (
+    _CUSTOM_OBJECT_KEYS | _NAME_KEYS | _FQN_KEYS | _OPERATOR_KEYS | _EXPRESSION_KEYS
+)  # the keys _check_entry has a rule for
 
 
 @functools.cache
@@ -100,7 +141,9 @@ def operator_problem(target: Any) -> str | None:
         packet = f"{match.group(1)}.{match.group(2)}"
         return f"is '{packet}', which reads or writes files" if packet in FILE_OPERATORS else None
     if match := _HIGHER_ORDER_TARGET.fullmatch(target):
-        return None if match.group(1) in HIGHER_ORDER_OPERATORS else "is a higher-order operator normbridge does not run"
+        return (
+            None if match.group(1) in HIGHER_ORDER_OPERATORS else "is a higher-order operator normbridge does not run"
+        )
     if target in python_callables().values() or target == opaque_operators.TARGET:
         return None
     return "is not an ATen or prims operator"
@@ -113,7 +156,9 @@ def check_program(document: Any, where: str) -> None:
         InputFileError: naming `where` (file and entry), the key and the value that was refused.
     """
     if not isinstance(document, dict) or not isinstance(document.get("graph_module"), dict):
-        raise InputFileError(f"{where} is not a serialized torch.export program (no 'graph_module'); re-save the model with torch.export.save.")
+        raise InputFileError(
+            f"{where} is not a serialized torch.export program (no 'graph_module'); re-save the model with torch.export.save."
+        )
     guards = document.get("guards_code", [])
     if not isinstance(guards, list):
         _refuse(where, "guards_code", guards, "is not a list")
@@ -132,9 +177,11 @@ def _check_containers(document: dict, where: str) -> None:
         for key in path.split("."):
             value = value.get(key) if isinstance(value, dict) else None
         if value is not None and not isinstance(value, kind):
-            raise InputFileError(f"{where}: '{path}' is {json.dumps(value)[:80]}, where torch.export.save writes a "
-                                 f"{'list' if kind is list else 'JSON object'}; the file was altered: re-export the model with "
-                                 "torch.export.export and torch.export.save.")
+            raise InputFileError(
+                f"{where}: '{path}' is {json.dumps(value)[:80]}, where torch.export.save writes a "
+                f"{'list' if kind is list else 'JSON object'}; the file was altered: re-export the model with "
+                "torch.export.export and torch.export.save."
+            )
 
 
 def _walk(value: Any, where: str, key: str) -> None:
@@ -212,17 +259,25 @@ def _check_callable(target: Any, node: str, where: str, allowed_python: set) -> 
             return
     elif any(target is fn for fn in allowed_python):
         return
-    _refuse(where, f"node '{node}'", getattr(target, "__name__", repr(target)), "calls something that is not an allowed ATen operator")
+    _refuse(
+        where,
+        f"node '{node}'",
+        getattr(target, "__name__", repr(target)),
+        "calls something that is not an allowed ATen operator",
+    )
 
 
 def _refuse_integer(where: str, key: str, value: int) -> None:
-    raise InputFileError(f"{where}: '{key}' holds an integer of {value.bit_length()} bits, more than the {SYMBOL_BITS} any size, stride, "
-                         "hint or range bound can need (torch's shape arithmetic computes with it); normbridge refuses the file: "
-                         "re-export the model with torch.export.export and torch.export.save.")
+    raise InputFileError(
+        f"{where}: '{key}' holds an integer of {value.bit_length()} bits, more than the {SYMBOL_BITS} any size, stride, "
+        "hint or range bound can need (torch's shape arithmetic computes with it); normbridge refuses the file: "
+        "re-export the model with torch.export.export and torch.export.save."
+    )
 
 
 def _refuse(where: str, key: str, value: Any, problem: str, consequence: str = RUNS_CODE) -> None:
     shown = repr(value) if len(repr(value)) <= 120 else repr(value)[:117] + "..."
     raise InputFileError(
         f"{where}: '{key}' {shown} {problem}, and {consequence}; normbridge refuses the file: "
-        "re-export the model with torch.export.export and torch.export.save from code you trust.")
+        "re-export the model with torch.export.export and torch.export.save from code you trust."
+    )

@@ -30,7 +30,9 @@ _LOCK = threading.Lock()
 _RESERVED = ("type", "_type", "create", "value")  # the names _Union.__post_init__ refuses
 _SCALARS = frozenset({str, int, bool, type(None)})  # JSON values a converter in _KEEPS_SCALARS returns as they are
 _KEEPS_SCALARS: set[Converter] = set()  # converters of a type that is not a float and has no arguments (str, an enum)
-union_fields = _fields = object.__getattribute__  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
+union_fields = _fields = (
+    object.__getattribute__
+)  # a union's own attributes, past _Union.__getattribute__ (which only adds a check for unset members)
 
 
 _LOG = logging.getLogger(__name__)
@@ -97,7 +99,9 @@ def _make(cls: Any, building: dict[Any, Converter]) -> Converter:
 def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
     """`cls.create(**{tag: converted value})` for a one-key dict, as `_dict_to_dataclass` checks and builds it."""
     names = tuple(field.name for field in dataclasses.fields(cls))
-    members: dict[str, tuple[Converter, Any, bool]] = {}  # tag: (its value's converter, its _UnionTag, whether it keeps scalars)
+    members: dict[
+        str, tuple[Converter, Any, bool]
+    ] = {}  # tag: (its value's converter, its _UnionTag, whether it keeps scalars)
     if _plain_union(cls):  # else every member takes torch's create, as it is
         if any(name in _RESERVED for name in names):
             raise AssertionError("field names 'type', '_type', 'create', 'value' are reserved")
@@ -111,7 +115,7 @@ def _union(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:
             raise AssertionError(f"expected dict, got {type(data).__name__}")
         if len(data) != 1:
             raise AssertionError(f"expected dict with 1 key, got {len(data)}")
-        (tag, value), = data.items()
+        ((tag, value),) = data.items()
         if not isinstance(tag, str):
             raise AssertionError(f"expected str key, got {type(tag).__name__}")
         member = members.get(tag)
@@ -132,9 +136,14 @@ def _plain_union(cls: Any) -> bool:
     """Whether `cls.create` does only what `convert` does: _Union's own create and checks, a dataclass __init__ that
     sets the fields, no attribute hooks."""
     _Union = torch_internals.union_base()
-    return (cls.create.__func__ is _Union.create.__func__ and cls.__post_init__ is _Union.__post_init__
-            and cls.__setattr__ is object.__setattr__ and cls.__new__ is object.__new__
-            and cls.__dataclass_params__.init and not getattr(cls, "__slots__", ()))
+    return (
+        cls.create.__func__ is _Union.create.__func__
+        and cls.__post_init__ is _Union.__post_init__
+        and cls.__setattr__ is object.__setattr__
+        and cls.__new__ is object.__new__
+        and cls.__dataclass_params__.init
+        and not getattr(cls, "__slots__", ())
+    )
 
 
 def _dataclass(cls: Any, hints: dict, building: dict[Any, Converter]) -> Converter:

@@ -79,7 +79,9 @@ def pt2_structure(program: Any, tensors: dict[str, np.ndarray], source: Path | N
         return StructureParts("pt2", _parts(zf, _entries(zf), tensors, {}))
 
 
-def _parts(zf: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], tensors: dict[str, np.ndarray], mapped: dict) -> dict[str, bytes]:
+def _parts(
+    zf: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], tensors: dict[str, np.ndarray], mapped: dict
+) -> dict[str, bytes]:
     """Every entry but the payloads the tensors rebuild, the sample inputs and the writer's records.
 
     A payload mapped whole as its tensor (payloads.py) is that tensor's bytes by construction, so it is not read;
@@ -91,7 +93,11 @@ def _parts(zf: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], tensors: di
             continue
         fqn = sources.get(name)
         where = mapped.get(fqn)
-        if fqn in tensors and where is not None and (where.entry, where.start, where.length) == (info.filename, 0, info.file_size):
+        if (
+            fqn in tensors
+            and where is not None
+            and (where.entry, where.start, where.length) == (info.filename, 0, info.file_size)
+        ):
             continue  # the tensor is this whole payload, mapped from it: rebuilt from the tensor
         data = zf.read(info)
         if fqn is not None and fqn in tensors and _holds(tensors[fqn], data):
@@ -113,11 +119,15 @@ def _records(parts: dict[str, bytes], tensor_names) -> dict[str, bytes | str]:
     for name, fqn in _payload_sources(parts).items():
         if name not in records:
             if fqn not in tensor_names:
-                raise InputFileError(f"the .pt2 payload '{name}' is the tensor '{fqn}', which the version does not hold; the stored version is inconsistent.")
+                raise InputFileError(
+                    f"the .pt2 payload '{name}' is the tensor '{fqn}', which the version does not hold; the stored version is inconsistent."
+                )
             records[name] = fqn
-    for name in parts:  # torch.export.load reads each program's sample inputs: an empty record, no pickle (it loads as none)
+    for (
+        name
+    ) in parts:  # torch.export.load reads each program's sample inputs: an empty record, no pickle (it loads as none)
         if name.startswith(PROGRAMS) and name.endswith(".json"):
-            records.setdefault(f"{SAMPLE_INPUTS}{name[len(PROGRAMS):-len('.json')]}.pt", b"")
+            records.setdefault(f"{SAMPLE_INPUTS}{name[len(PROGRAMS) : -len('.json')]}.pt", b"")
     return {name: records[name] for name in sorted(records)}
 
 

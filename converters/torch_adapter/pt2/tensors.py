@@ -45,9 +45,17 @@ def tensor_meta(meta: Any, where: str) -> dict:
     if type(meta.get("requires_grad")) is not bool:
         _refuse(where, "requires_grad", meta.get("requires_grad"), "true or false")
     if meta["requires_grad"] and not (dtype.is_floating_point or dtype.is_complex):
-        _refuse(where, "requires_grad", True, f"false for a {dtype} tensor (only floating point tensors have gradients)")
-    return {"dtype": dtype, "sizes": sizes, "strides": strides, "offset": offset, "requires_grad": meta["requires_grad"],
-            "device": _device(meta.get("device"), where)}
+        _refuse(
+            where, "requires_grad", True, f"false for a {dtype} tensor (only floating point tensors have gradients)"
+        )
+    return {
+        "dtype": dtype,
+        "sizes": sizes,
+        "strides": strides,
+        "offset": offset,
+        "requires_grad": meta["requires_grad"],
+        "device": _device(meta.get("device"), where),
+    }
 
 
 def _ints(values: Any, where: str, field: str) -> tuple[int, ...]:
@@ -70,9 +78,11 @@ def _device(device: Any, where: str) -> tuple[str, int | None]:
         return kind, index
     if kind == "cuda" and torch.cuda.is_available() and (index or 0) < torch.cuda.device_count():
         return kind, index
-    raise InputFileError(f"{where}: 'device' is {json.dumps(device)[:100]}, a device this torch cannot make the tensor on "
-                         f"(normbridge reads tensors on the CPU{', or CUDA' if torch.cuda.is_available() else ''}); move the model "
-                         "to the CPU (model.cpu()) before torch.export.export and save it again.")
+    raise InputFileError(
+        f"{where}: 'device' is {json.dumps(device)[:100]}, a device this torch cannot make the tensor on "
+        f"(normbridge reads tensors on the CPU{', or CUDA' if torch.cuda.is_available() else ''}); move the model "
+        "to the CPU (model.cpu()) before torch.export.export and save it again."
+    )
 
 
 def numel(meta: dict) -> int:
@@ -94,9 +104,11 @@ class ClaimedBytes:
     def add(self, claimed: int, where: str) -> None:
         self.total += claimed
         if self.total > self.limit:
-            raise InputFileError(f"{where} claims {claimed} bytes of tensor data, bringing the archive's tensors to {self.total} bytes, "
-                                 f"more than the {self.limit} bytes {self.described}; a payload must store what its tensor claims: save the "
-                                 "model with torch.export.save.")
+            raise InputFileError(
+                f"{where} claims {claimed} bytes of tensor data, bringing the archive's tensors to {self.total} bytes, "
+                f"more than the {self.limit} bytes {self.described}; a payload must store what its tensor claims: save the "
+                "model with torch.export.save."
+            )
 
 
 def view(flat: Any, meta: dict, where: str) -> Any:
@@ -106,7 +118,9 @@ def view(flat: Any, meta: dict, where: str) -> Any:
     sizes, strides, offset = meta["sizes"], meta["strides"], meta["offset"]
     extent = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides)) + 1
     if all(sizes) and extent > flat.numel():
-        raise InputFileError(f"{where} reaches element {extent - 1} of a payload of {flat.numel()} elements; the archive is corrupt.")
+        raise InputFileError(
+            f"{where} reaches element {extent - 1} of a payload of {flat.numel()} elements; the archive is corrupt."
+        )
     return torch.as_strided(flat, sizes, strides, offset)
 
 
@@ -117,8 +131,10 @@ def parameter(tensor: Any, meta: dict) -> Any:
 
 
 def _refuse(where: str, field: str, value: Any, expected: str) -> None:
-    raise InputFileError(f"{where}: tensor_meta '{field}' is {json.dumps(value)[:120]}, expected {expected}; the archive was altered: "
-                         "save the model with torch.export.save.")
+    raise InputFileError(
+        f"{where}: tensor_meta '{field}' is {json.dumps(value)[:120]}, expected {expected}; the archive was altered: "
+        "save the model with torch.export.save."
+    )
 
 
 __all__ = ["ClaimedBytes", "MAX_DIMENSION", "claimed_bytes", "numel", "parameter", "tensor_meta", "view"]

@@ -44,16 +44,24 @@ def check_schema_version(document: dict, where: str) -> None:
         return
     written = _written(document.get("schema_version"))
     if written is None:
-        raise InputFileError(f"{where}: 'schema_version' is {json.dumps(document.get('schema_version'))[:80]}, expected "
-                             "{\"major\": N, \"minor\": N} as torch.export.save writes it; the file was altered: save the model with "
-                             "torch.export.save.")
+        raise InputFileError(
+            f"{where}: 'schema_version' is {json.dumps(document.get('schema_version'))[:80]}, expected "
+            '{"major": N, "minor": N} as torch.export.save writes it; the file was altered: save the model with '
+            "torch.export.save."
+        )
     if written[0] != reader[0]:
         _refuse(document, where, written, reader, f"this torch reads schema version {reader[0]}.x only")
     if written[1] > reader[1]:
         unknown = unknown_key(document)
         if unknown is not None:
-            _refuse(document, where, written, reader, f"its '{unknown}' is not in schema {reader[0]}.{reader[1]}, which this torch "
-                    "reads (torch would drop it without a word)")
+            _refuse(
+                document,
+                where,
+                written,
+                reader,
+                f"its '{unknown}' is not in schema {reader[0]}.{reader[1]}, which this torch "
+                "reads (torch would drop it without a word)",
+            )
 
 
 def unknown_key(document: dict) -> str | None:
@@ -76,7 +84,8 @@ def _refuse(document: dict, where: str, written: tuple[int, int], reader: tuple[
     raise InputFileError(
         f"{where} holds a torch.export program of schema version {written[0]}.{written[1]} (written by {writer}), and {why}; this "
         f"is torch {mine} (schema {reader[0]}.{reader[1]}): save the model again with torch.export.save under torch {mine}, or "
-        f"run normbridge with the torch that wrote it.")
+        f"run normbridge with the torch that wrote it."
+    )
 
 
 def _unknown(cls: Any, data: Any, path: str, namespace: dict) -> str | None:

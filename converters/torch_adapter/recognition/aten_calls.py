@@ -23,7 +23,9 @@ from ..torch_internals import op_name, op_schema, torch_version
 #: inside a hand-written module (norm_graph.py).
 OP_KINDS: dict[str, str] = {op: kind for kind, info in KIND_INFO.items() for op in info.aten_ops}
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
-MODULE_KINDS: dict[str, str] = {name: kind for kind, info in KIND_INFO.items() for name in info.classes.get("torch", ())}
+MODULE_KINDS: dict[str, str] = {
+    name: kind for kind, info in KIND_INFO.items() for name in info.classes.get("torch", ())
+}
 
 
 def module_kind(type_name: str | None) -> str | None:
@@ -32,10 +34,26 @@ def module_kind(type_name: str | None) -> str | None:
 
 
 #: Ops that only reshape, repeat or alias a tensor: followed back to find the parameter they read.
-_PASS_THROUGH = frozenset({"aten::repeat", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::clone", "aten::expand", "aten::detach"})
+_PASS_THROUGH = frozenset(
+    {
+        "aten::repeat",
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::reshape",
+        "aten::alias",
+        "aten::clone",
+        "aten::expand",
+        "aten::detach",
+    }
+)
 
 
-_DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64"}
+_DTYPE_NAMES = {
+    "torch.bfloat16": "bfloat16",
+    "torch.float16": "float16",
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+}
 
 
 @dataclass(frozen=True)
@@ -72,7 +90,9 @@ class _Reader:
         self.version = torch_version()
         signature = program.graph_signature
         self.placeholders: dict[str, str] = {
-            **signature.inputs_to_parameters, **signature.inputs_to_buffers, **getattr(signature, "inputs_to_lifted_tensor_constants", {}),
+            **signature.inputs_to_parameters,
+            **signature.inputs_to_buffers,
+            **getattr(signature, "inputs_to_lifted_tensor_constants", {}),
         }
         self.state = program.state_dict
         self.constants = program.constants
@@ -88,7 +108,9 @@ class _Reader:
         except NormbridgeError as error:
             return ExportedNormLayer(path, kind, op, module_type, None, training, problem=str(error))
         except Exception as error:  # an argument this reader does not understand: report, never crash the inspection
-            return ExportedNormLayer(path, kind, op, module_type, None, training, problem=f"{type(error).__name__}: {error}")
+            return ExportedNormLayer(
+                path, kind, op, module_type, None, training, problem=f"{type(error).__name__}: {error}"
+            )
         return ExportedNormLayer(path, kind, op, module_type, spec, training)
 
     def tensor(self, value: Any, path: str, setting: str) -> np.ndarray | None:
@@ -102,7 +124,8 @@ class _Reader:
         if name is None:
             raise SpecError(
                 f"the {setting} argument is computed by the graph ({getattr(value, 'name', value)!r}), not a parameter or buffer, so its value is unknown.",
-                layer=path, setting=setting,
+                layer=path,
+                setting=setting,
             )
         tensor = self.state[name] if name in self.state else self.constants[name]
         return numpy_from_tensor(tensor.detach().cpu().clone())  # bfloat16 as ml_dtypes' bfloat16, bit for bit
@@ -134,7 +157,11 @@ class _Reader:
             mean, var = a.get("running_mean"), a.get("running_var")
             tracked = mean is not None and var is not None
             reshaped = kind == "instance" and schema_name != "aten::instance_norm"
-            fields.update(spatial_rank=_spatial_rank(module_type, None if reshaped else rank), layout="channels_first", track_running_stats=tracked)
+            fields.update(
+                spatial_rank=_spatial_rank(module_type, None if reshaped else rank),
+                layout="channels_first",
+                track_running_stats=tracked,
+            )
             if not reshaped and rank is not None:
                 fields["input_rank"] = rank
             if tracked:
@@ -147,7 +174,11 @@ class _Reader:
                 if momentum == 0.0 and not training and count is not None:
                     # torch/nn/modules/batchnorm.py passes exponential_average_factor=0.0 at eval when momentum is None.
                     momentum = None
-                fields.update(momentum=momentum, momentum_convention=None if momentum is None else "batch_weight", variance_estimator="unbiased")
+                fields.update(
+                    momentum=momentum,
+                    momentum_convention=None if momentum is None else "batch_weight",
+                    variance_estimator="unbiased",
+                )
             per_channel = next((t for t in (tensors.get("running_mean"), weight) if t is not None), None)
             fields["num_features"] = int(per_channel.shape[0]) if per_channel is not None else int(x.shape[1])
         elif kind == "group":
@@ -161,10 +192,17 @@ class _Reader:
             if rank is not None:
                 fields["input_rank"] = rank
         return NormSpec(
-            name=path, kind=kind, eps=float(eps), eps_origin=eps_origin, scale=weight is not None, bias=bias is not None and info.bias,
-            training=training if info.running_stats else False, dtype=dtype,
+            name=path,
+            kind=kind,
+            eps=float(eps),
+            eps_origin=eps_origin,
+            scale=weight is not None,
+            bias=bias is not None and info.bias,
+            training=training if info.running_stats else False,
+            dtype=dtype,
             source=Source(framework="torch", framework_version=self.version, layer_type=op),
-            tensors={name: t for name, t in tensors.items() if t is not None}, **fields,
+            tensors={name: t for name, t in tensors.items() if t is not None},
+            **fields,
         )
 
 
@@ -210,7 +248,9 @@ def _value(node: Any) -> Any:
 def _dtype(x: Any, path: str) -> str:
     name = str(getattr(x, "dtype", "torch.float32"))
     if name not in _DTYPE_NAMES:
-        raise SpecError(f"the input is {name}, expected bfloat16, float16, float32 or float64.", layer=path, setting="dtype")
+        raise SpecError(
+            f"the input is {name}, expected bfloat16, float16, float32 or float64.", layer=path, setting="dtype"
+        )
     return _DTYPE_NAMES[name]
 
 

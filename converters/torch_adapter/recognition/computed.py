@@ -62,7 +62,9 @@ def why_candidate(module: torch.nn.Module) -> str | None:
     if (cls.__module__ or "").startswith("torch."):
         return None
     children = list(module.children())
-    if names_a_norm(cls.__name__) and not any(why_candidate(m) or isinstance(m, STOCK) for m in module.modules() if m is not module):
+    if names_a_norm(cls.__name__) and not any(
+        why_candidate(m) or isinstance(m, STOCK) for m in module.modules() if m is not module
+    ):
         return f"its class name {cls.__name__} contains 'Norm'"
     weight = getattr(module, "weight", None)
     if not children and isinstance(weight, torch.Tensor) and weight.dim() == 1 and not says_no_norm(cls.__name__):
@@ -105,7 +107,10 @@ def class_path(module: torch.nn.Module) -> str | None:
 def _fingerprint(module: torch.nn.Module) -> tuple:
     """What a cached verdict depends on: the module's tensors and settings, its name, and its class's declaration (which
     `recognize` and `forget` change after an instance was first read)."""
-    state = tuple((n, t.data_ptr(), torch_internals.version_counter(t), tuple(t.shape), t.dtype) for n, t in _state(module).items())
+    state = tuple(
+        (n, t.data_ptr(), torch_internals.version_counter(t), tuple(t.shape), t.dtype)
+        for n, t in _state(module).items()
+    )
     return state, scalar_attributes(module), markers.recall(module).get("name"), declaration_of(module)
 
 
@@ -127,7 +132,9 @@ def _recognise(module: torch.nn.Module, why: str, shape: tuple[int, ...] | None 
         except NotANormalization as error:
             return Recognition(None, f"its declaration does not fit it: {error}", why, "declared")
         problem = prove(module, spec, shape)
-        return Recognition(spec if problem is None else None, problem and f"its declaration does not hold: {problem}", why, "declared")
+        return Recognition(
+            spec if problem is None else None, problem and f"its declaration does not hold: {problem}", why, "declared"
+        )
     reused = _from_template(module, why)
     if reused is not None:
         return reused
@@ -147,7 +154,9 @@ def _recognise(module: torch.nn.Module, why: str, shape: tuple[int, ...] | None 
             return Recognition(spec, None, why, "traced")
         _TEMPLATES.pop(_template_key(module), None)
         reasons.append(f"read as a {spec.kind} norm on a {tuple(shape)} input, {problem}")
-    return Recognition(None, "; ".join(reasons or unexportable) or "it keeps no 1-D tensor to size a probe", why, "traced")
+    return Recognition(
+        None, "; ".join(reasons or unexportable) or "it keeps no 1-D tensor to size a probe", why, "traced"
+    )
 
 
 #: (class, state shapes and dtypes, plain settings) -> (probe shape, Derivation) of a module proved before: the ops a
@@ -167,8 +176,15 @@ def _from_template(module: torch.nn.Module, why: str) -> Recognition | None:
         return None
     shape, derivation = template
     try:
-        spec = build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__, module_class=class_path(module),
-                          training=bool(module.training), input_dtype=_module_dtype(module))
+        spec = build_spec(
+            derivation,
+            _state(module),
+            name=_name(module),
+            layer_type=type(module).__name__,
+            module_class=class_path(module),
+            training=bool(module.training),
+            input_dtype=_module_dtype(module),
+        )
     except NotANormalization:
         return None
     return Recognition(spec, None, why, "traced") if prove(module, spec, shape) is None else None
@@ -190,7 +206,9 @@ def probe_shapes(module: torch.nn.Module) -> list[tuple[int, ...]]:
     # Last: a sequence with its channels first, as SqueezeBERT's LayerNorm subclass takes (N, C, W) and permutes it; a module
     # that fits only this shape fails on the others (its permutation has three axes), and so would be left unrecognised.
     sequence = (4, c, 5)
-    channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(module, torch_internals.norm_base_classes())
+    channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(
+        module, torch_internals.norm_base_classes()
+    )
     return [channels, trailing, sequence] if channel_first else [trailing, channels, sequence]
 
 
@@ -207,15 +225,24 @@ def traced_spec(module: torch.nn.Module, shape: tuple[int, ...]) -> NormSpec:
         with _quiet_tracing():
             program = torch.export.export(probe, (torch.zeros(shape, dtype=dtype),))
     except Exception as error:  # a module that cannot run on this shape: the next probe is tried
-        raise _Unexportable(f"it could not be exported ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})")
+        raise _Unexportable(
+            f"it could not be exported ({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''})"
+        )
     group = whole_program_group(program)
     derivation = derive(group)
     if derivation.native is not None:
         return _native_spec(program, derivation, module, shape)
     with _LOCK:
         _TEMPLATES[_template_key(module)] = (shape, derivation)
-    return build_spec(derivation, _state(module), name=_name(module), layer_type=type(module).__name__, module_class=class_path(module),
-                      training=bool(module.training), input_dtype=dtype)
+    return build_spec(
+        derivation,
+        _state(module),
+        name=_name(module),
+        layer_type=type(module).__name__,
+        module_class=class_path(module),
+        training=bool(module.training),
+        input_dtype=dtype,
+    )
 
 
 @contextlib.contextmanager

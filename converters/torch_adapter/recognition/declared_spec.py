@@ -29,8 +29,12 @@ def declared_spec(module: torch.nn.Module, declaration: Declaration, name: str) 
         eps = getattr(module, eps, None)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool):
             raise NotANormalization(f"its eps attribute '{declaration.eps}' holds {eps!r}, not a number")
-    roles = {"scale": declaration.weight, "bias": declaration.bias, "running_mean": declaration.running_mean,
-             "running_var": declaration.running_var}
+    roles = {
+        "scale": declaration.weight,
+        "bias": declaration.bias,
+        "running_mean": declaration.running_mean,
+        "running_var": declaration.running_var,
+    }
     state: dict[str, Any] = {}
     for role, attribute in list(roles.items()):
         tensor = _tensor(module, attribute, role)
@@ -40,11 +44,20 @@ def declared_spec(module: torch.nn.Module, declaration: Declaration, name: str) 
             state[attribute] = tensor
     own = own_normalized_shape(module)
     if not state and own is None:
-        raise NotANormalization("it declares no scale, bias or statistics and has no normalized_shape to size the layer")
+        raise NotANormalization(
+            "it declares no scale, bias or statistics and has no normalized_shape to size the layer"
+        )
     sizes = (int(next(iter(state.values())).shape[0]),) if state else own
     fields: dict[str, Any] = {"eps": float(eps)}
     if declaration.kind == "batch":
-        fields.update(num_features=sizes[0], spatial_rank=2, layout="channels_first", input_rank=4, track_running_stats=True, frozen=True)
+        fields.update(
+            num_features=sizes[0],
+            spatial_rank=2,
+            layout="channels_first",
+            input_rank=4,
+            track_running_stats=True,
+            frozen=True,
+        )
         shape = (4, sizes[0], 3, 5)
     else:
         fields["normalized_shape"] = sizes
@@ -61,7 +74,14 @@ def declared_spec(module: torch.nn.Module, declaration: Declaration, name: str) 
     derivation = Derivation(declaration.kind, fields, roles, ops=())
     dtype = next(iter(state.values())).dtype if state else torch.get_default_dtype()
     try:
-        spec = build_spec(derivation, state, name=name, layer_type=type(module).__name__, training=bool(module.training), input_dtype=dtype)
+        spec = build_spec(
+            derivation,
+            state,
+            name=name,
+            layer_type=type(module).__name__,
+            training=bool(module.training),
+            input_dtype=dtype,
+        )
     except SpecError as error:
         raise NotANormalization(str(error)) from error
     return spec, shape

@@ -37,8 +37,16 @@ def to_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64)).to(dtype)
 
 
-def build_spec(derivation: Derivation, state: dict[str, torch.Tensor], *, name: str, layer_type: str, training: bool,
-               input_dtype: torch.dtype, module_class: str | None = None) -> NormSpec:
+def build_spec(
+    derivation: Derivation,
+    state: dict[str, torch.Tensor],
+    *,
+    name: str,
+    layer_type: str,
+    training: bool,
+    input_dtype: torch.dtype,
+    module_class: str | None = None,
+) -> NormSpec:
     """The spec of `derivation` for one module whose state tensors (by their names in the module) are `state`;
     `module_class` (the class's import path) and the tensors' own names go into its provenance, to rebuild the class."""
     fields = dict(derivation.fields)
@@ -50,7 +58,9 @@ def build_spec(derivation: Derivation, state: dict[str, torch.Tensor], *, name: 
     dtype = dtype_name(next(iter(tensors.values())).dtype if tensors else input_dtype, "state")
     for role, tensor in tensors.items():
         if dtype_name(tensor.dtype, role) != dtype or tensor.dim() != 1:
-            raise NotANormalization(f"its {role} is a {tuple(tensor.shape)} {tensor.dtype} tensor, not a vector of the layer's dtype")
+            raise NotANormalization(
+                f"its {role} is a {tuple(tensor.shape)} {tensor.dtype} tensor, not a vector of the layer's dtype"
+            )
     if fields.get("compute_dtype") == dtype:
         fields.pop("compute_dtype")
         fields.pop("cast_before_affine", None)
@@ -63,11 +73,23 @@ def build_spec(derivation: Derivation, state: dict[str, torch.Tensor], *, name: 
         training = False  # frozen statistics: the same output in either mode
     try:
         return NormSpec(
-            name=name, kind=derivation.kind, eps=float(eps), eps_origin=origin, scale="scale" in tensors,
-            bias="bias" in tensors, training=training if derivation.kind == "batch" else False, dtype=dtype,
-            source=Source(framework="torch", framework_version=torch_version(), layer_type=layer_type,
-                          module_class=module_class, state_names=dict(derivation.roles) if module_class else None),
-            tensors={role: to_numpy(t) for role, t in tensors.items()}, **fields,
+            name=name,
+            kind=derivation.kind,
+            eps=float(eps),
+            eps_origin=origin,
+            scale="scale" in tensors,
+            bias="bias" in tensors,
+            training=training if derivation.kind == "batch" else False,
+            dtype=dtype,
+            source=Source(
+                framework="torch",
+                framework_version=torch_version(),
+                layer_type=layer_type,
+                module_class=module_class,
+                state_names=dict(derivation.roles) if module_class else None,
+            ),
+            tensors={role: to_numpy(t) for role, t in tensors.items()},
+            **fields,
         )
     except SpecError as error:
         raise NotANormalization(f"what it computes is not a valid spec: {error}") from error
@@ -79,7 +101,9 @@ def scalar_attributes(module: Any) -> tuple:
     for key, value in sorted(vars(module).items()):
         if key.startswith("_"):
             continue
-        if isinstance(value, (bool, int, float, str, type(None))) or (isinstance(value, tuple) and all(isinstance(v, (int, float, str)) for v in value)):
+        if isinstance(value, (bool, int, float, str, type(None))) or (
+            isinstance(value, tuple) and all(isinstance(v, (int, float, str)) for v in value)
+        ):
             items.append((key, value))
     return tuple(items)
 
@@ -89,6 +113,10 @@ def own_normalized_shape(module: torch.nn.Module) -> tuple[int, ...] | None:
     normalization that keeps no tensor (OLMo's LayerNorm), for the tracer's probe and for a declaration alike."""
     shape = getattr(module, "normalized_shape", None)
     shape = (shape,) if isinstance(shape, int) else shape
-    if isinstance(shape, (tuple, list, torch.Size)) and shape and all(isinstance(d, int) and 0 < d <= 65536 for d in shape):
+    if (
+        isinstance(shape, (tuple, list, torch.Size))
+        and shape
+        and all(isinstance(d, int) and 0 < d <= 65536 for d in shape)
+    ):
         return tuple(shape)
     return None

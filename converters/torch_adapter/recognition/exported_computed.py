@@ -56,7 +56,9 @@ def program_modules(program: Any) -> list[ProgramModule]:
     if cached is not None:
         return cached
     groups = _groups(program)
-    names = state_names(program)  # once: each read of the signature's mappings rebuilds them (1.8 ms per module of a decoder)
+    names = state_names(
+        program
+    )  # once: each read of the signature's mappings rebuilds them (1.8 ms per module of a decoder)
     keys, children = set(names.values()), _children(groups)
     found, candidates = [], set()
     for path, (type_name, position, nodes) in groups.items():
@@ -75,8 +77,9 @@ def program_modules(program: Any) -> list[ProgramModule]:
     return found
 
 
-def _inline_standardizations(program: Any, names: dict[str, str], groups: dict,
-                              candidates: set[str]) -> list[ProgramModule]:
+def _inline_standardizations(
+    program: Any, names: dict[str, str], groups: dict, candidates: set[str]
+) -> list[ProgramModule]:
     """The modules no name rule made candidates whose own ops (not their children's) standardize a value
     (inline_standardization.py), the model's root included; not those inside a candidate or a stock class."""
     own: dict[str, tuple[str, int, list]] = {}
@@ -137,12 +140,19 @@ def _why(program: Any, path: str, type_name: str, groups: dict, children, keys: 
     child_norm = any(groups[p][0] in MODULE_KINDS or names_a_norm(groups[p][0]) for p in children)
     if names_a_norm(type_name) and not child_norm:
         return f"its class name {type_name} contains 'Norm'"
-    if not children and f"{path}.weight" in keys and state_tensor(program, f"{path}.weight").dim() == 1 and not says_no_norm(type_name):
+    if (
+        not children
+        and f"{path}.weight" in keys
+        and state_tensor(program, f"{path}.weight").dim() == 1
+        and not says_no_norm(type_name)
+    ):
         return "it keeps a 1-D weight and has no child modules"
     return None
 
 
-def _read(program: Any, names: dict[str, str], path: str, type_name: str, position: int, nodes: list, why: str) -> ProgramModule | None:
+def _read(
+    program: Any, names: dict[str, str], path: str, type_name: str, position: int, nodes: list, why: str
+) -> ProgramModule | None:
     """The module's verdict; None for one that normalizes a parameter (data_flow.py), which is part of that parameter."""
     native = any(op_name(n) in OP_KINDS for n in nodes)
     opaque = [operator_of(n) for n in nodes if is_opaque(n)]
@@ -169,8 +179,15 @@ def _spec(program: Any, names: dict[str, str], group, path: str, type_name: str)
         return layer.spec.replace(source=layer.spec.source.model_copy(update={"layer_type": type_name}))
     state = {rel: state_tensor(program, names[node.name]) for node, rel in group.state.items()}
     dtype = group.x.meta["val"].dtype
-    return build_spec(derivation, state, name=path, layer_type=type_name, training=False, input_dtype=dtype,
-                      module_class=class_path_of(group.nodes, path))
+    return build_spec(
+        derivation,
+        state,
+        name=path,
+        layer_type=type_name,
+        training=False,
+        input_dtype=dtype,
+        module_class=class_path_of(group.nodes, path),
+    )
 
 
 def _prove(program: Any, names: dict[str, str], group, spec: NormSpec) -> str | None:

@@ -61,8 +61,12 @@ def unused_layers(program: Any) -> frozenset[str]:
             stack.extend(node.all_input_nodes)
     unused = set()
     for layer in exported_norm_layers(program):
-        nodes = [n for n in graph.nodes if n.name == layer.path
-                 or layer.path in (path for path, _ in (n.meta.get("nn_module_stack") or {}).values())]
+        nodes = [
+            n
+            for n in graph.nodes
+            if n.name == layer.path
+            or layer.path in (path for path, _ in (n.meta.get("nn_module_stack") or {}).values())
+        ]
         if nodes and not any(n in live for n in nodes):
             unused.add(layer.path)
     return frozenset(unused)
@@ -73,7 +77,9 @@ def _with_computed(program: Any, found: list) -> list:
     proved = {m.path: m for m in program_modules(program) if m.spec is not None}
     kept = [(p, layer) for p, layer in found if layer.path not in proved]
     for m in proved.values():
-        kept.append((m.position, ExportedNormLayer(m.path, m.spec.kind, "computed", m.module_type, m.spec, m.spec.training)))
+        kept.append(
+            (m.position, ExportedNormLayer(m.path, m.spec.kind, "computed", m.module_type, m.spec, m.spec.training))
+        )
     return kept
 
 
@@ -82,7 +88,11 @@ def exported_specs(program: Any) -> list[NormSpec]:
     specs = []
     for layer in exported_norm_layers(program):
         if layer.spec is None:
-            raise SpecError(layer.problem or f"the {layer.module_type} was decomposed into primitive ops, so its settings cannot be read.", layer=layer.path)
+            raise SpecError(
+                layer.problem
+                or f"the {layer.module_type} was decomposed into primitive ops, so its settings cannot be read.",
+                layer=layer.path,
+            )
         specs.append(layer.spec)
     return specs
 
@@ -96,15 +106,35 @@ def _with_program_mode(layers: list[ExportedNormLayer]) -> list[ExportedNormLaye
     mode = any(tracked)
     out = []
     for layer in layers:
-        if layer.kind == "batch" and layer.spec is not None and not layer.spec.track_running_stats and layer.training != mode:
-            layer = ExportedNormLayer(layer.path, layer.kind, layer.op, layer.module_type, layer.spec.replace(training=mode), mode, layer.native, layer.problem)
+        if (
+            layer.kind == "batch"
+            and layer.spec is not None
+            and not layer.spec.track_running_stats
+            and layer.training != mode
+        ):
+            layer = ExportedNormLayer(
+                layer.path,
+                layer.kind,
+                layer.op,
+                layer.module_type,
+                layer.spec.replace(training=mode),
+                mode,
+                layer.native,
+                layer.problem,
+            )
         out.append(layer)
     return out
 
 
 def _dissolved(path: str, module_type: str) -> ExportedNormLayer:
     return ExportedNormLayer(
-        path, MODULE_KINDS[module_type], "primitive ops", module_type, None, False, native=False,
+        path,
+        MODULE_KINDS[module_type],
+        "primitive ops",
+        module_type,
+        None,
+        False,
+        native=False,
         problem=f"the {module_type} was decomposed into primitive ops (run_decompositions), so its eps and weights are not readable from one op",
     )
 
@@ -116,9 +146,18 @@ def exported_facts(program: Any) -> list:
     facts = []
     for layer in exported_norm_layers(program):
         layer_type = layer.module_type or layer.op  # the aten op stays in spec.source.layer_type
-        facts.append(LayerFacts(
-            path=layer.path, kind=layer.kind, framework="torch", origin="exported_program", layer_type=layer_type,
-            spec=layer.spec, training=layer.training, native=layer.native, problem=None if not layer.native else layer.problem,
-            op_types=() if layer.native else ("primitive ops",),
-        ))
+        facts.append(
+            LayerFacts(
+                path=layer.path,
+                kind=layer.kind,
+                framework="torch",
+                origin="exported_program",
+                layer_type=layer_type,
+                spec=layer.spec,
+                training=layer.training,
+                native=layer.native,
+                problem=None if not layer.native else layer.problem,
+                op_types=() if layer.native else ("primitive ops",),
+            )
+        )
     return facts

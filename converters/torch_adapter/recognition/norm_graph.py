@@ -24,15 +24,33 @@ from .aten_calls import OP_KINDS, _arguments
 
 #: Ops that change no value (shape views, aliases) or only its dtype (casts).
 CASTS = frozenset({"aten::to", "aten::_to_copy", "aten::type_as"})
-VIEWS = frozenset({
-    "aten::view", "aten::reshape", "aten::_unsafe_view", "aten::unsqueeze", "aten::expand", "aten::alias", "aten::clone",
-    "aten::detach", "aten::contiguous", "aten::squeeze", "aten::view_as", "aten::expand_as", "aten::lift_fresh_copy",
-    "aten::slice",  # weight[:, None, None]; a slice that drops values is caught by the proof
-})
+VIEWS = frozenset(
+    {
+        "aten::view",
+        "aten::reshape",
+        "aten::_unsafe_view",
+        "aten::unsqueeze",
+        "aten::expand",
+        "aten::alias",
+        "aten::clone",
+        "aten::detach",
+        "aten::contiguous",
+        "aten::squeeze",
+        "aten::view_as",
+        "aten::expand_as",
+        "aten::lift_fresh_copy",
+        "aten::slice",  # weight[:, None, None]; a slice that drops values is caught by the proof
+    }
+)
 PASS = CASTS | VIEWS
 #: Ops that produce nothing (checks torch.export inserts): ignored.
 IGNORED = frozenset({"aten::_assert_tensor_metadata", "aten::_assert_scalar", "aten::sym_constrain_range_for_size"})
-_TORCH_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64"}
+_TORCH_DTYPES = {
+    "torch.bfloat16": "bfloat16",
+    "torch.float16": "float16",
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+}
 
 
 class NotANormalization(Exception):
@@ -176,7 +194,9 @@ def _inverse_std(group: NodeGroup) -> tuple[Any, Any]:
         if s == "aten::rsqrt":
             users = [u for u in _through_views(group, node) if op_name(u) == "aten::mul"]
         elif s == "aten::sqrt":
-            users = [u for u in _through_views(group, node) if op_name(u) == "aten::div" and group.strip(u.args[1]) is node]
+            users = [
+                u for u in _through_views(group, node) if op_name(u) == "aten::div" and group.strip(u.args[1]) is node
+            ]
         else:
             continue
         if users:
@@ -205,7 +225,7 @@ def _decomposed(group: NodeGroup, ops: tuple) -> Derivation:
     dims = tuple(sorted(d % rank for d in dims))
     fields: dict[str, Any] = {"eps": eps}
     if dims == tuple(range(rank - len(dims), rank)):
-        fields["normalized_shape"] = shape[rank - len(dims):]
+        fields["normalized_shape"] = shape[rank - len(dims) :]
     elif dims == (1,) and rank >= 3:
         fields.update(normalized_shape=(shape[1],), layout="channels_first", input_rank=rank)
     else:
@@ -226,7 +246,9 @@ def _statistic(group: NodeGroup, stat: Any, rank: int) -> tuple[str, Any, list]:
         if len(stat.args) > 2 and isinstance(stat.args[2], bool):
             correction = int(stat.args[2])
         if correction not in (0, 0.0):
-            raise NotANormalization(f"its variance has correction={correction} (an unbiased variance), not the population variance")
+            raise NotANormalization(
+                f"its variance has correction={correction} (an unbiased variance), not the population variance"
+            )
         source = stat.args[0]
         if group.strip(source) is not group.x:
             raise NotANormalization("its variance reads a value computed from the input")
@@ -244,9 +266,15 @@ def _statistic(group: NodeGroup, stat: Any, rank: int) -> tuple[str, Any, list]:
     if group.strip(base) is group.x:
         return "rms", base, dims
     centred = group.strip(base)
-    if op_name(centred) == "aten::sub" and group.strip(centred.args[0]) is group.x and op_name(group.strip(centred.args[1])) == "aten::mean":
+    if (
+        op_name(centred) == "aten::sub"
+        and group.strip(centred.args[0]) is group.x
+        and op_name(group.strip(centred.args[1])) == "aten::mean"
+    ):
         mean = group.strip(centred.args[1])
-        if group.strip(mean.args[0]) is group.x and sorted(d % rank for d in mean.args[1]) == sorted(d % rank for d in dims):
+        if group.strip(mean.args[0]) is group.x and sorted(d % rank for d in mean.args[1]) == sorted(
+            d % rank for d in dims
+        ):
             return "layer", centred.args[0], dims
     raise NotANormalization("the squares under its square root are not of the input or of the input minus its mean")
 
@@ -272,8 +300,13 @@ def _frozen_batch(group: NodeGroup, inverse: Any, running_var: str, eps: float, 
         raise NotANormalization("it divides by a buffer's square root but subtracts no running mean")
     shape = shape_of(group.x)
     fields = {
-        "eps": eps, "num_features": shape[1], "spatial_rank": max(1, min(3, len(shape) - 2)), "layout": "channels_first",
-        "input_rank": len(shape), "track_running_stats": True, "frozen": True,
+        "eps": eps,
+        "num_features": shape[1],
+        "spatial_rank": max(1, min(3, len(shape) - 2)),
+        "layout": "channels_first",
+        "input_rank": len(shape),
+        "track_running_stats": True,
+        "frozen": True,
     }
     return Derivation("batch", fields, roles, ops)
 
@@ -292,7 +325,14 @@ def _state_source(group: NodeGroup, value: Any) -> tuple[str, float]:
     raise NotANormalization(f"an affine operand ({getattr(value, 'name', value)}) is computed, not a parameter")
 
 
-def _walk_after(group: NodeGroup, node: Any, compute: str | None, roles: dict | None, fields: dict | None = None, permuted: bool = False) -> None:
+def _walk_after(
+    group: NodeGroup,
+    node: Any,
+    compute: str | None,
+    roles: dict | None,
+    fields: dict | None = None,
+    permuted: bool = False,
+) -> None:
     """Follow the normalised value to the output, reading the elementwise scale and bias on the way.
 
     Anything else between them (an activation, a dropout that is not the identity) is not part of a normalization.

@@ -66,7 +66,9 @@ def disagreement(spec: NormSpec, x: np.ndarray, y: np.ndarray) -> str | None:
     scale = max(1.0, float(np.max(np.abs(want))))
     error = float(np.max(np.abs(got - want)))
     if error > tolerance * scale:
-        return f"its output differs from the reference by {error:.3g} (tolerance {tolerance * scale:.3g} for {spec.dtype})"
+        return (
+            f"its output differs from the reference by {error:.3g} (tolerance {tolerance * scale:.3g} for {spec.dtype})"
+        )
     return None
 
 

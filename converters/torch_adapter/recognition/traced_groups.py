@@ -20,7 +20,11 @@ from .norm_graph import IGNORED, NodeGroup, NotANormalization, strip
 def state_names(program: Any) -> dict[str, str]:
     """Placeholder name -> state_dict / constants key."""
     signature = program.graph_signature
-    return {**signature.inputs_to_parameters, **signature.inputs_to_buffers, **getattr(signature, "inputs_to_lifted_tensor_constants", {})}
+    return {
+        **signature.inputs_to_parameters,
+        **signature.inputs_to_buffers,
+        **getattr(signature, "inputs_to_lifted_tensor_constants", {}),
+    }
 
 
 def state_tensor(program: Any, key: str) -> torch.Tensor:
@@ -60,14 +64,18 @@ def group_of(program: Any, nodes: list, prefix: str = "", names: dict[str, str] 
                 continue
             key = names.get(arg.name) if arg.op == "placeholder" else None
             if key is not None:
-                state[arg] = key[len(prefix) + 1:] if prefix and key.startswith(prefix + ".") else key
+                state[arg] = key[len(prefix) + 1 :] if prefix and key.startswith(prefix + ".") else key
             elif arg not in data:
                 data.append(arg)
     # A no-op cast of the input (`x.to(float32)` on a float32 x) is the input itself: torch.export hands that alias to
     # the caller's other uses of x (LlamaRMSNorm's residual; Mamba's `residual.to(float32)`, where x is itself the
     # block's cast), which does not make it an output of the module. Followed back only through the module's own nodes:
     # past its input, the walk would never meet it.
-    outputs = [n for n in nodes if op_name(n) not in IGNORED and any(u not in members for u in n.users) and strip(n, members) not in data]
+    outputs = [
+        n
+        for n in nodes
+        if op_name(n) not in IGNORED and any(u not in members for u in n.users) and strip(n, members) not in data
+    ]
     if len(data) != 1 or len(outputs) != 1:
         raise NotANormalization(f"it takes {len(data)} tensor inputs and gives {len(outputs)} outputs, not one of each")
     return NodeGroup(nodes=list(nodes), x=data[0], out=outputs[0], state=state)

@@ -34,7 +34,9 @@ class TorchModules(ObjectRecognizer):
     framework = "torch"
 
     def __init__(self):
-        self.classes = tuple((tuple(getattr(torch.nn, n) for n in info.stock_classes("torch")), kind) for kind, info in KIND_INFO.items())
+        self.classes = tuple(
+            (tuple(getattr(torch.nn, n) for n in info.stock_classes("torch")), kind) for kind, info in KIND_INFO.items()
+        )
 
     def kind_of(self, obj: Any) -> str | None:
         if not isinstance(obj, torch.nn.Module):

@@ -32,7 +32,9 @@ def upgrade() -> None:
     op.create_table(
         "drift_reports",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("version_id", sa.Integer, sa.ForeignKey("versions.id", name="fk_drift_reports_version"), nullable=False),
+        sa.Column(
+            "version_id", sa.Integer, sa.ForeignKey("versions.id", name="fk_drift_reports_version"), nullable=False
+        ),
         sa.Column("created_at", sa.DateTime, nullable=False),
         sa.Column("user", sa.String(255), nullable=False),
         sa.Column("report", sa.JSON, nullable=False),

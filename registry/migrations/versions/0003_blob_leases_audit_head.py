@@ -44,27 +44,37 @@ def upgrade() -> None:
         sa.CheckConstraint("id = 1", name="ck_audit_head_one_row"),
     )
     last = op.get_bind().execute(sa.text("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1")).first()
-    op.bulk_insert(head, [{"id": 1, "seq": 0 if last is None else last.seq, "hash": _GENESIS if last is None else last.hash}])
+    op.bulk_insert(
+        head, [{"id": 1, "seq": 0 if last is None else last.seq, "hash": _GENESIS if last is None else last.hash}]
+    )
     _guard_head()
 
 
 def _guard_head() -> None:
     """The head row is never deleted and moves one entry forward, onto the audit row appended in its transaction."""
-    moves_wrongly = ("NEW.id <> OLD.id OR NEW.seq <> OLD.seq + 1 OR "
-                     "NEW.hash IS DISTINCT FROM (SELECT hash FROM audit_log WHERE seq = NEW.seq)")
+    moves_wrongly = (
+        "NEW.id <> OLD.id OR NEW.seq <> OLD.seq + 1 OR "
+        "NEW.hash IS DISTINCT FROM (SELECT hash FROM audit_log WHERE seq = NEW.seq)"
+    )
     dialect = op.get_bind().dialect.name
     if dialect == "sqlite":
-        op.execute(f"CREATE TRIGGER audit_head_no_delete BEFORE DELETE ON audit_head BEGIN SELECT RAISE(ABORT, '{_HEAD_MESSAGE}'); END")
-        op.execute(f"CREATE TRIGGER audit_head_forward BEFORE UPDATE ON audit_head "
-                   f"WHEN {moves_wrongly.replace('IS DISTINCT FROM', 'IS NOT')} BEGIN SELECT RAISE(ABORT, '{_HEAD_MESSAGE}'); END")
+        op.execute(
+            f"CREATE TRIGGER audit_head_no_delete BEFORE DELETE ON audit_head BEGIN SELECT RAISE(ABORT, '{_HEAD_MESSAGE}'); END"
+        )
+        op.execute(
+            f"CREATE TRIGGER audit_head_forward BEFORE UPDATE ON audit_head "
+            f"WHEN {moves_wrongly.replace('IS DISTINCT FROM', 'IS NOT')} BEGIN SELECT RAISE(ABORT, '{_HEAD_MESSAGE}'); END"
+        )
     elif dialect == "postgresql":
         op.execute(
             "CREATE FUNCTION audit_head_forward() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
             f"IF TG_OP = 'DELETE' OR {moves_wrongly} THEN RAISE EXCEPTION '{_HEAD_MESSAGE}'; END IF; "
             "RETURN NEW; END $$"
         )
-        op.execute("CREATE TRIGGER audit_head_forward BEFORE UPDATE OR DELETE ON audit_head "
-                   "FOR EACH ROW EXECUTE FUNCTION audit_head_forward()")
+        op.execute(
+            "CREATE TRIGGER audit_head_forward BEFORE UPDATE OR DELETE ON audit_head "
+            "FOR EACH ROW EXECUTE FUNCTION audit_head_forward()"
+        )
 
 
 def downgrade() -> None:

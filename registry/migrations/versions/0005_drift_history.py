@@ -21,7 +21,9 @@ def upgrade() -> None:
     op.create_table(
         "drift_windows",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("version_id", sa.Integer, sa.ForeignKey("versions.id", name="fk_drift_windows_version"), nullable=False),
+        sa.Column(
+            "version_id", sa.Integer, sa.ForeignKey("versions.id", name="fk_drift_windows_version"), nullable=False
+        ),
         sa.Column("received_at", sa.DateTime, nullable=False),
         sa.Column("started_at", sa.DateTime, nullable=False),
         sa.Column("ended_at", sa.DateTime, nullable=False),
@@ -40,7 +42,12 @@ def upgrade() -> None:
     op.create_table(
         "drift_layers",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("window_id", sa.Integer, sa.ForeignKey("drift_windows.id", name="fk_drift_layers_window", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "window_id",
+            sa.Integer,
+            sa.ForeignKey("drift_windows.id", name="fk_drift_layers_window", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("layer", sa.String(512), nullable=False),
         sa.Column("channels", sa.Integer, nullable=False),
         sa.Column("count", sa.Integer, nullable=False),
@@ -54,12 +61,19 @@ def upgrade() -> None:
     op.create_index("ix_drift_layers_window_id", "drift_layers", ["window_id"])
     op.create_table(
         "drift_window_arrays",
-        sa.Column("window_id", sa.Integer, sa.ForeignKey("drift_windows.id", name="fk_drift_arrays_window", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "window_id",
+            sa.Integer,
+            sa.ForeignKey("drift_windows.id", name="fk_drift_arrays_window", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("data", sa.LargeBinary, nullable=False),
     )
     op.create_table(
         "drift_state",
-        sa.Column("version_id", sa.Integer, sa.ForeignKey("versions.id", name="fk_drift_state_version"), primary_key=True),
+        sa.Column(
+            "version_id", sa.Integer, sa.ForeignKey("versions.id", name="fk_drift_state_version"), primary_key=True
+        ),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("recent", sa.String(64), nullable=False),
         sa.Column("windows", sa.Integer, nullable=False),

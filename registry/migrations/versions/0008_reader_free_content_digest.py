@@ -50,11 +50,20 @@ def _without_reader(entry: dict) -> dict:
 
 
 def _recompute(reader_free: bool) -> None:
-    versions = sa.table("versions", sa.column("id", sa.Integer), sa.column("model_id", sa.Integer), sa.column("number", sa.Integer),
-                        sa.column("content_digest", sa.String), sa.column("manifest", sa.JSON))
+    versions = sa.table(
+        "versions",
+        sa.column("id", sa.Integer),
+        sa.column("model_id", sa.Integer),
+        sa.column("number", sa.Integer),
+        sa.column("content_digest", sa.String),
+        sa.column("manifest", sa.JSON),
+    )
     connection = op.get_bind()
-    rows = connection.execute(sa.select(versions.c.id, versions.c.model_id, versions.c.content_digest, versions.c.manifest)
-                              .order_by(versions.c.model_id, versions.c.number)).all()
+    rows = connection.execute(
+        sa.select(versions.c.id, versions.c.model_id, versions.c.content_digest, versions.c.manifest).order_by(
+            versions.c.model_id, versions.c.number
+        )
+    ).all()
     taken = {(row.model_id, row.content_digest) for row in rows}
     for row in rows:
         manifest = json.loads(row.manifest) if isinstance(row.manifest, str) else row.manifest

@@ -24,7 +24,12 @@ down_revision = "0008"
 branch_labels = None
 depends_on = None
 
-WIDENED = (("drift_windows", "requests"), ("drift_windows", "sampled"), ("drift_windows", "dropped"), ("drift_layers", "count"))
+WIDENED = (
+    ("drift_windows", "requests"),
+    ("drift_windows", "sampled"),
+    ("drift_windows", "dropped"),
+    ("drift_layers", "count"),
+)
 
 
 def _sqlite() -> bool:

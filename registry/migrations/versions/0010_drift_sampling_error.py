@@ -18,7 +18,12 @@ down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-COLUMNS = (("batches", sa.BigInteger), ("shift_bound", sa.Float), ("log_ratio_bound", sa.Float), ("error_multiplier", sa.Float))
+COLUMNS = (
+    ("batches", sa.BigInteger),
+    ("shift_bound", sa.Float),
+    ("log_ratio_bound", sa.Float),
+    ("error_multiplier", sa.Float),
+)
 
 
 def upgrade() -> None:

@@ -38,7 +38,11 @@ def test_a_fast_step_sends_its_first_and_last_frame_and_few_between():
     frames = _frames_of({"fast": job}, "fast")
     progress = [frame["progress"] for frame in frames[:-1]]
     assert frames[-1] == {"done": {"ok": True}}
-    assert progress[0] == ["checking", 0, 2000] and ["checking", 2000, 2000] in progress and progress[-1] == ["committing", 0, 1]
+    assert (
+        progress[0] == ["checking", 0, 2000]
+        and ["checking", 2000, 2000] in progress
+        and progress[-1] == ["committing", 0, 1]
+    )
     assert len(progress) < 100  # 2002 reports in far less than 100 intervals
 
 

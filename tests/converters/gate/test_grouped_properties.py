@@ -39,8 +39,13 @@ def members(config: dict, seeds: list[int], source: str) -> list:
         assume(False)
 
 
-@given(config=configurations(), seeds=st.lists(st.integers(0, 2**16), min_size=2, max_size=4, unique=True),
-       source=st.sampled_from(["spec", "torch", "keras", "onnx"]), broken=st.booleans(), traced=st.booleans())
+@given(
+    config=configurations(),
+    seeds=st.lists(st.integers(0, 2**16), min_size=2, max_size=4, unique=True),
+    source=st.sampled_from(["spec", "torch", "keras", "onnx"]),
+    broken=st.booleans(),
+    traced=st.booleans(),
+)
 def test_a_group_of_one_configuration_gives_checks_results_member_by_member(config, seeds, source, broken, traced):
     specs = members(config, seeds, source)
     registry = converters.REGISTRY
@@ -50,7 +55,9 @@ def test_a_group_of_one_configuration_gives_checks_results_member_by_member(conf
         scale = specs[victim].tensors["scale"].copy()
         scale.flat[-1] = 2 * SATURATION
         specs[victim] = specs[victim].replace(tensors={**specs[victim].tensors, "scale": scale})
-    assume(len(groups(specs)) == 1)  # a framework may read a state-dependent setting (a frozen identity scale) differently
+    assume(
+        len(groups(specs)) == 1
+    )  # a framework may read a state-dependent setting (a frozen identity scale) differently
     plain = [converters.check(spec, registry=registry) for spec in specs]
     keep = group_objects.KEEP_RUNS_FROM
     group_objects.KEEP_RUNS_FROM = 1 if traced else keep

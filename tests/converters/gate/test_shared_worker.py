@@ -109,7 +109,9 @@ def test_a_second_caller_finds_the_worker_warm_and_an_idle_worker_exits(folder):
     second = shared_worker.connect(path, REGISTRY.packages, [], idle=3)
     assert second.pid == first.pid  # the same process serves both callers
     spec = make_spec("batch", source="torch")
-    assert second.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    assert (
+        second.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    )
     first.close()
     second.close()
     assert _gone(first.pid), "the worker outlived its idle time"
@@ -249,7 +251,9 @@ def test_an_oversized_frame_drops_that_connection_only(warm):
     assert sock.recv(1) == b""
     sock.close()
     spec = make_spec("rms", source="torch")
-    assert worker.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    assert (
+        worker.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    )
     worker.close()
 
 
@@ -280,7 +284,9 @@ def test_settling_the_heap_collects_garbage_first_and_then_exempts_what_is_alive
     try:
         settle_heap()
         assert gone() is None and gc.get_freeze_count() > 0
-        assert not gc.is_tracked(alive) or alive not in gc.get_objects()  # frozen objects leave the collector's generations
+        assert (
+            not gc.is_tracked(alive) or alive not in gc.get_objects()
+        )  # frozen objects leave the collector's generations
     finally:
         gc.unfreeze()
 
@@ -299,7 +305,9 @@ def test_a_started_worker_is_not_waited_for_and_the_gate_connects_to_that_one(fo
     again = shared_worker.start(path, REGISTRY.packages, ["onnx"], idle=60)  # it runs now: a connection at once
     assert again is not None and again.pid == started.pid
     spec = make_spec("batch", source="torch")
-    assert again.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    assert (
+        again.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+    )
     worker.close()
     again.close()
 
@@ -375,9 +383,11 @@ def _swap_on_open(home: Path, marker: Path, member: int, ready: int) -> int:
         events, offset = os.read(watch, 65536), 0
         while offset < len(events):
             _, mask, _, size = struct.unpack_from("iIII", events, offset)
-            name, offset = events[offset + 16:offset + 16 + size].rstrip(b"\0"), offset + 16 + size
+            name, offset = events[offset + 16 : offset + 16 + size].rstrip(b"\0"), offset + 16 + size
             if name == b"workers" and mask & IN_ISDIR:
-                swapped = _LIBC.renameat2(AT_FDCWD, os.fsencode(home / "workers"), AT_FDCWD, os.fsencode(evil), RENAME_EXCHANGE)
+                swapped = _LIBC.renameat2(
+                    AT_FDCWD, os.fsencode(home / "workers"), AT_FDCWD, os.fsencode(evil), RENAME_EXCHANGE
+                )
                 return 0 if swapped == 0 else 4
     return 3
 
@@ -402,7 +412,9 @@ def _race_once(base: Path, member: int) -> tuple[int, str, int | None]:
     os.close(ready_w)
     pid = None
     try:
-        assert select.select([ready_r], [], [], 30)[0] and os.read(ready_r, 1) == b"r", "the attacker did not start watching"
+        assert select.select([ready_r], [], [], 30)[0] and os.read(ready_r, 1) == b"r", (
+            "the attacker did not start watching"
+        )
         try:
             worker = shared_worker.connect(home / "workers", REGISTRY.packages, [], idle=30, wait=60)
             pid = worker.pid
@@ -433,8 +445,10 @@ def _gone_after_kill(pid: int) -> bool:
     return _gone(pid, 30)
 
 
-@pytest.mark.skipif(os.geteuid() != 0,
-                    reason="the race needs a second local user: only root can become one (setuid) without a passwd entry")
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="the race needs a second local user: only root can become one (setuid) without a passwd entry",
+)
 def test_another_member_of_a_shared_home_who_swaps_the_worker_folder_during_the_spawn_runs_no_code():
     """Issue 30, hole 6: a team shares NORMBRIDGE_HOME (2775); another member exchanges `workers/` with a folder of their
     own holding `converters/__init__.py` the moment the victim opens it (after the folder check, before the spawn). The
@@ -451,11 +465,15 @@ def test_another_member_of_a_shared_home_who_swaps_the_worker_folder_during_the_
             shared_worker._STARTED.clear()
             shutil.rmtree(base, ignore_errors=True)
     assert [swapped for swapped, _, _ in outcomes] == [0] * 4, "the attacker did not get to swap the folders"
-    assert [marker for _, marker, _ in outcomes] == [""] * 4, "the other member's converters/__init__.py ran as this user"
+    assert [marker for _, marker, _ in outcomes] == [""] * 4, (
+        "the other member's converters/__init__.py ran as this user"
+    )
     assert all(pid is not None for _, _, pid in outcomes), "the worker did not start in the folder that was checked"
 
 
-def test_a_private_worker_started_in_a_folder_holding_a_converters_package_runs_the_installed_one(tmp_path, monkeypatch):
+def test_a_private_worker_started_in_a_folder_holding_a_converters_package_runs_the_installed_one(
+    tmp_path, monkeypatch
+):
     """`python -m` puts the working directory first on sys.path: a gate worker started from a folder holding a
     `converters/` package (a download, a shared /tmp) must still run normbridge's own code."""
     marker = tmp_path / "marker"
@@ -482,7 +500,9 @@ def _shut_down(worker) -> None:
     worker.close()
 
 
-def test_a_caller_with_other_settings_reaches_a_worker_of_its_own_which_takes_only_the_listed_variables(folder, monkeypatch):
+def test_a_caller_with_other_settings_reaches_a_worker_of_its_own_which_takes_only_the_listed_variables(
+    folder, monkeypatch
+):
     """The shared worker kept the environment of the CLI that started it for every later caller: now its environment is
     what `worker_environment` takes from its caller, and all of it names the socket."""
     path, pids = folder
@@ -505,7 +525,10 @@ def test_a_caller_with_other_settings_reaches_a_worker_of_its_own_which_takes_on
         assert "NORMBRIDGE_TOKEN" not in first_env and "AWS_SECRET_ACCESS_KEY" not in first_env
         assert first_env == shared_worker.worker_environment()
         spec = make_spec("batch", source="torch")
-        assert second.submit(spec, ["onnx"]).result().model_dump() == converters.check(spec, frameworks=["onnx"]).model_dump()
+        assert (
+            second.submit(spec, ["onnx"]).result().model_dump()
+            == converters.check(spec, frameworks=["onnx"]).model_dump()
+        )
     finally:
         again.close()
         _shut_down(first)
@@ -515,12 +538,20 @@ def test_a_caller_with_other_settings_reaches_a_worker_of_its_own_which_takes_on
 def test_importing_the_frameworks_does_not_change_the_environment_that_names_the_socket():
     """A CLI process names the worker before it imports its model's framework (`start`) and after (`connect`): what Keras
     and TensorFlow set in the environment on import (torch sets nothing) must not name another worker."""
-    script = ("from converters.gate import shared_worker as w\n"
-              "before = w.worker_environment()\n"
-              "from converters.keras_adapter.runtime import import_keras; import_keras()\n"
-              "from converters import lean_imports; lean_imports.enable()\n"
-              "print(before == w.worker_environment())")
+    script = (
+        "from converters.gate import shared_worker as w\n"
+        "before = w.worker_environment()\n"
+        "from converters.keras_adapter.runtime import import_keras; import_keras()\n"
+        "from converters import lean_imports; lean_imports.enable()\n"
+        "print(before == w.worker_environment())"
+    )
     env = {key: value for key, value in os.environ.items() if key not in ("KERAS_BACKEND", "NORMBRIDGE_LEAN_IMPORTS")}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=Path(converters.__file__).parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(converters.__file__).parent.parent,
+    )
     assert done.stdout.strip() == "True", done.stderr[-2000:]

@@ -32,7 +32,9 @@ SPECS = [
     make_spec("rms", source="torch", name="rms"),
     make_spec("group", source="torch", name="gn"),
     make_spec("instance", source="torch", dtype="bfloat16", name="inorm"),  # onnxruntime skips bfloat16
-    make_spec("batch", source="keras", layout="channels_last", convention="running_weight", momentum=0.99, name="keras_bn"),
+    make_spec(
+        "batch", source="keras", layout="channels_last", convention="running_weight", momentum=0.99, name="keras_bn"
+    ),
 ]
 
 
@@ -57,7 +59,9 @@ def test_legs_in_a_worker_give_the_in_process_results():
         assert result.model_dump() == expected, spec.name
 
 
-@pytest.mark.parametrize("in_worker", [["torch"], ["keras", "onnx"]], ids=["broken leg in the worker", "broken round trips back here"])
+@pytest.mark.parametrize(
+    "in_worker", [["torch"], ["keras", "onnx"]], ids=["broken leg in the worker", "broken round trips back here"]
+)
 def test_the_deliberately_broken_adapters_still_fail_when_their_leg_runs_in_the_worker(in_worker):
     """The broken torch adapter's own leg in the worker; or the Keras and ONNX legs there, whose round trips back to the
     broken torch adapter run here (converters/gate/round_trips.py) and must fail those targets as check does."""
@@ -91,7 +95,11 @@ def real_model_specs() -> list:
     from converters.adapters import REGISTRY
     from tests import real_norms as R
 
-    specs = [spec for make in (R.llama, R.gemma, R.detr) for spec in REGISTRY.model_adapter("torch").layer_specs(R.randomise(make()))]
+    specs = [
+        spec
+        for make in (R.llama, R.gemma, R.detr)
+        for spec in REGISTRY.model_adapter("torch").layer_specs(R.randomise(make()))
+    ]
     keras.utils.set_random_seed(0)
     mobilenet = keras.applications.MobileNet(input_shape=(32, 32, 3), alpha=0.25, weights=None, classes=10)
     rng = np.random.default_rng(0)
@@ -112,14 +120,20 @@ def test_real_models_legs_in_a_worker_without_their_framework_give_the_in_proces
         mine = [spec for spec in specs if spec.source.framework == source]
         split = SplitCheck(in_worker=legs)
         got = split.check_all(mine)
-        assert library not in Path(f"/proc/{split._workers[source].pid}/maps").read_text()  # it never loaded the source framework
+        assert (
+            library not in Path(f"/proc/{split._workers[source].pid}/maps").read_text()
+        )  # it never loaded the source framework
         for spec, result in zip(mine, got):
             assert result.model_dump() == converters.check(spec).model_dump(), spec.name
 
 
 def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch):
     seen = []
-    monkeypatch.setattr(converters, "check_many", lambda specs, **legs: [seen.append((spec.name, legs["frameworks"])) or "checked" for spec in specs])
+    monkeypatch.setattr(
+        converters,
+        "check_many",
+        lambda specs, **legs: [seen.append((spec.name, legs["frameworks"])) or "checked" for spec in specs],
+    )
     assert SplitCheck(in_worker=[]).check_all(SPECS[:2]) == ["checked", "checked"]
     assert seen == [("bn", ["torch", "keras", "onnx"]), ("bn_half", ["torch", "keras", "onnx"])]
 
@@ -130,10 +144,17 @@ def test_the_workers_legs_go_in_one_request_per_source_and_legs(monkeypatch):
 
     sent = []
     original = WorkerConnection.send
-    monkeypatch.setattr(WorkerConnection, "send", lambda self, header, tensors, progress=None: sent.append(header) or original(self, header, tensors, progress))
+    monkeypatch.setattr(
+        WorkerConnection,
+        "send",
+        lambda self, header, tensors, progress=None: sent.append(header) or original(self, header, tensors, progress),
+    )
     got = SplitCheck(in_worker=["keras", "onnx"]).check_all(SPECS)
     checks = [header for header in sent if "specs" in header or "spec" in header]
-    assert sorted((header["specs"][0]["source"]["framework"], len(header["specs"])) for header in checks) == [("keras", 1), ("torch", 8)]
+    assert sorted((header["specs"][0]["source"]["framework"], len(header["specs"])) for header in checks) == [
+        ("keras", 1),
+        ("torch", 8),
+    ]
     for spec, result in zip(SPECS, got):
         assert result.model_dump() == converters.check(spec).model_dump(), spec.name
 
@@ -194,8 +215,13 @@ def test_the_deliberately_broken_adapters_still_fail_with_legs_spread(spread):
     broken torch adapter) run in the child, which is that registry's own: they fail as check fails them."""
     registry = buggy_registry()
     spread.start_spread(SPREAD, registry.packages).result(timeout=300)
-    specs = [make_spec("layer", eps=1e-3, normalized_shape=(16,), source="torch"), make_spec("batch", source="torch"),
-             make_spec("batch", source="keras", layout="channels_last", convention="running_weight", momentum=0.99, name="keras_bn")]
+    specs = [
+        make_spec("layer", eps=1e-3, normalized_shape=(16,), source="torch"),
+        make_spec("batch", source="torch"),
+        make_spec(
+            "batch", source="keras", layout="channels_last", convention="running_weight", momentum=0.99, name="keras_bn"
+        ),
+    ]
     split = spread_gate(registry)
     got = split.check_all(specs)
     assert split._spread == SPREAD
@@ -242,7 +268,9 @@ def test_a_gate_that_finds_the_spread_child_importing_runs_every_leg_here(spread
     monkeypatch.setitem(spread._SPREAD_WARM, child, Future())  # its warm-up not answered yet
     seen = []
     original = converters.check_many
-    monkeypatch.setattr(converters, "check_many", lambda specs, **legs: seen.append(legs["frameworks"]) or original(specs, **legs))
+    monkeypatch.setattr(
+        converters, "check_many", lambda specs, **legs: seen.append(legs["frameworks"]) or original(specs, **legs)
+    )
     split = spread_gate()
     got = split.check_all(SPECS[:2])
     assert split._spread == () and not split._workers and seen == [["torch", "keras", "onnx"]]

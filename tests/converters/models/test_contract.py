@@ -96,7 +96,10 @@ def test_train_mode_export_with_dropout_fails_both_tests_and_eval_export_passes(
     fixed = contract_test(model, to_onnx(model.eval()))
     assert fixed.passed, fixed.render_text()
     assert [b.method for b in fixed.batch_independence] == ["alone", "alone"]
-    assert fixed.tolerances[0].dtype == "float32" and (fixed.tolerances[0].atol, fixed.tolerances[0].rtol) == (1e-4, 1e-3)
+    assert fixed.tolerances[0].dtype == "float32" and (fixed.tolerances[0].atol, fixed.tolerances[0].rtol) == (
+        1e-4,
+        1e-3,
+    )
 
 
 def test_errors_are_measured_against_numpy_on_the_same_sample():
@@ -156,8 +159,13 @@ def test_an_onnx_batchnorm_in_training_mode_fails_batch_independence():
     exported = to_onnx(model)
     graph = copy.deepcopy(exported)  # append a training_mode=1 BatchNormalization on the logits
     out = graph.graph.output[0].name
-    graph.graph.node.append(helper.make_node("BatchNormalization", [out, "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1))
-    graph.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", [1] * 3), ("b", [0] * 3), ("m", [0] * 3), ("v", [1] * 3)))
+    graph.graph.node.append(
+        helper.make_node("BatchNormalization", [out, "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1)
+    )
+    graph.graph.initializer.extend(
+        numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (("s", [1] * 3), ("b", [0] * 3), ("m", [0] * 3), ("v", [1] * 3))
+    )
     del graph.graph.output[:]
     graph.graph.output.append(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None))
     result = contract_test(model, graph)
@@ -232,6 +240,7 @@ def test_a_sample_cast_to_the_models_input_dtype_says_so(tmp_path):
     sample = load_sample(tmp_path / "ints.npy", [InputSpec("x", (None, 3, 4), "float32")])
     assert sample.arrays[0].dtype == np.float32 and np.array_equal(sample.arrays[0], np.arange(24).reshape(2, 3, 4))
     assert "float32[2, 3, 4] (cast from the file's int64)" in sample.description
+
 
 def test_cli_contract_exit_codes_json_and_table(tmp_path, cli_app):
     model = trained()

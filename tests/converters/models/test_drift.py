@@ -41,10 +41,18 @@ def images(n: int, means=TRAINING_MEANS, std: float = 0.2, seed: int = 0) -> np.
 def cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 4),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 4),
     ).eval()
 
 
@@ -57,7 +65,14 @@ def calibrated() -> nn.Module:
 @pytest.fixture(scope="module")
 def exported(calibrated):
     # optimize=False: torch.onnx's optimizer folds BatchNorm into the Conv, leaving nothing to monitor.
-    return torch.onnx.export(calibrated, (torch.from_numpy(images(2)),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False).model_proto
+    return torch.onnx.export(
+        calibrated,
+        (torch.from_numpy(images(2)),),
+        dynamo=True,
+        dynamic_shapes=({0: BATCH},),
+        optimize=False,
+        verbose=False,
+    ).model_proto
 
 
 def test_fresh_data_from_the_training_distribution_does_not_alarm(calibrated):
@@ -108,7 +123,9 @@ def test_onnx_extra_outputs_and_exported_program_match_torch_hooks(calibrated, e
 
 
 def test_folded_batchnorm_has_nothing_to_monitor(calibrated):
-    folded = torch.onnx.export(calibrated, (torch.from_numpy(images(2)),), dynamo=True, dynamic_shapes=({0: BATCH},), verbose=False).model_proto
+    folded = torch.onnx.export(
+        calibrated, (torch.from_numpy(images(2)),), dynamo=True, dynamic_shapes=({0: BATCH},), verbose=False
+    ).model_proto
     assert not any(n.op_type == "BatchNormalization" for n in folded.graph.node)  # torch.onnx's optimizer folded them
     with pytest.raises(UnsupportedObjectError, match="folded"):
         drift_check(folded, images(8))
@@ -142,6 +159,7 @@ def test_keras_functional_model_reads_batchnorm_inputs():
     # the layer inputs are read as the model takes them: Keras has nothing to warn about (it printed on drift's stderr)
     assert not [w for w in seen if issubclass(w.category, UserWarning)], [str(w.message) for w in seen]
 
+
 def test_cli_drift_exit_codes_and_json(exported, tmp_path, cli_app):
     import onnx
 
@@ -156,9 +174,22 @@ def test_cli_drift_exit_codes_and_json(exported, tmp_path, cli_app):
     assert loud.exit_code == 11, loud.output
     report = json.loads(loud.output)
     assert report["verdict"] == "drift" and report["alarms"][0] == "1" and report["samples"] == 40
-    table = runner.invoke(cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "shifted.npz"), "--shift-threshold", "100", "--ratio-threshold", "1000"])
+    table = runner.invoke(
+        cli_app,
+        [
+            "drift",
+            str(tmp_path / "cnn.onnx"),
+            str(tmp_path / "shifted.npz"),
+            "--shift-threshold",
+            "100",
+            "--ratio-threshold",
+            "1000",
+        ],
+    )
     assert table.exit_code == 0 and "DRIFT" not in table.output
-    bad = runner.invoke(cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "same.npy"), "--ratio-threshold", "0.5"])
+    bad = runner.invoke(
+        cli_app, ["drift", str(tmp_path / "cnn.onnx"), str(tmp_path / "same.npy"), "--ratio-threshold", "0.5"]
+    )
     assert bad.exit_code == 6 and "ratio-threshold" in bad.output
 
 

@@ -80,7 +80,11 @@ def test_ten_steps_of_one_batchnorm_leave_a_third_of_the_initial_values_and_that
     (layer,) = calm.layers
     assert layer.alarm and layer.status == "unconverged_statistics", layer
     assert layer.batches_tracked == STEPS and layer.momentum == pytest.approx(MOMENTUM)
-    assert layer.initial_weight == pytest.approx(weight) and "num_batches_tracked=10" in layer.reason and "35%" in layer.reason
+    assert (
+        layer.initial_weight == pytest.approx(weight)
+        and "num_batches_tracked=10" in layer.reason
+        and "35%" in layer.reason
+    )
     assert calm.verdict == "unconverged statistics" and calm.alarms == [] and calm.unconverged == ["0"]
     shifted = drift_check(nn.Sequential(bn), moved)
     assert shifted.verdict == "drift" and shifted.alarms == ["0"] and shifted.layers[0].status == "drift"
@@ -93,14 +97,22 @@ def briefly_trained() -> nn.Module:
 
 def test_a_cnn_trained_for_ten_steps_does_not_say_drift_on_its_training_distribution(briefly_trained):
     program = torch.export.export(briefly_trained, (torch.from_numpy(images(2)),), dynamic_shapes=({0: BATCH},))
-    onnx_model = torch.onnx.export(briefly_trained, (torch.from_numpy(images(2)),), dynamo=True, dynamic_shapes=({0: BATCH},),
-                                   optimize=False, verbose=False).model_proto
+    onnx_model = torch.onnx.export(
+        briefly_trained,
+        (torch.from_numpy(images(2)),),
+        dynamo=True,
+        dynamic_shapes=({0: BATCH},),
+        optimize=False,
+        verbose=False,
+    ).model_proto
     for model in (briefly_trained, program, onnx_model):
         calm = drift_check(model, images(256, seed=7))
         assert all(layer.alarm for layer in calm.layers)  # what the first user saw: every layer over the thresholds
         assert calm.verdict == "unconverged statistics" and calm.alarms == [], [(l.name, l.status) for l in calm.layers]
         assert [l.status for l in calm.layers] == ["unconverged_statistics"] * 3
-        assert calm.layers[0].initial_weight == pytest.approx((1 - MOMENTUM) ** STEPS, abs=0.01)  # fitted for ONNX, counted for torch
+        assert calm.layers[0].initial_weight == pytest.approx(
+            (1 - MOMENTUM) ** STEPS, abs=0.01
+        )  # fitted for ONNX, counted for torch
         moved = drift_check(model, images(256, means=RED_SHIFTED, seed=7))
         assert moved.verdict == "drift" and moved.alarms[0] == "1"
 
@@ -110,7 +122,12 @@ def mobilenet_like() -> nn.Module:
     torch.manual_seed(0)
     layers, channels = [nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Hardswish())], 8
     for _ in range(11):
-        block = nn.Sequential(*[nn.Sequential(nn.Conv2d(channels, channels, 1), nn.BatchNorm2d(channels), nn.Hardswish()) for _ in range(3)])
+        block = nn.Sequential(
+            *[
+                nn.Sequential(nn.Conv2d(channels, channels, 1), nn.BatchNorm2d(channels), nn.Hardswish())
+                for _ in range(3)
+            ]
+        )
         layers.append(nn.ModuleDict({"block": block}))
     model = _Features(nn.ModuleList(layers))
     return model.eval()
@@ -131,28 +148,52 @@ def test_an_untrained_model_reports_unconverged_statistics_on_every_layer_not_dr
     model = mobilenet_like()
     report = drift_check(model, images(64, seed=3))
     assert len(report.layers) == 34 and report.alarms == [] and report.verdict == "unconverged statistics"
-    assert all(l.status == "unconverged_statistics" and l.initial_weight == 1.0 and "exactly their initial values" in l.reason
-               for l in report.layers)
+    assert all(
+        l.status == "unconverged_statistics" and l.initial_weight == 1.0 and "exactly their initial values" in l.reason
+        for l in report.layers
+    )
     program = torch.export.export(model, (torch.from_numpy(images(2)),))
     torch.export.save(program, tmp_path / "mobilenet_like.pt2")
     np.save(tmp_path / "traffic.npy", images(16, seed=4))
-    done = CliRunner().invoke(cli_app, ["drift", str(tmp_path / "mobilenet_like.pt2"), str(tmp_path / "traffic.npy"), "--json"])
+    done = CliRunner().invoke(
+        cli_app, ["drift", str(tmp_path / "mobilenet_like.pt2"), str(tmp_path / "traffic.npy"), "--json"]
+    )
     assert done.exit_code == UNCONVERGED_EXIT_CODE, done.output
     assert json.loads(done.output)["unconverged"] == [layer.name for layer in report.layers]
 
 
 def test_layer_rows_keep_distinct_names_distinct_at_80_columns():
     names = [f"features.{i}.block.{j}.squeeze_excitation.fc{k}.bn" for i in range(4) for j in range(3) for k in (1, 2)]
-    names.append("backbone." + "very_long_stage_name_" * 4 + "bn_last")  # wider than any column could be: folded, never cut
-    layer = dict(channels=16, max_shift=3.0, mean_shift=1.0, worst_shift_channel=2, max_abs_log_ratio=1.0, mean_abs_log_ratio=0.5,
-                 worst_ratio_channel=3, alarm=True, status="drift")
-    report = DriftReport(model="m", framework="torch", samples=8, thresholds={}, layers=[DriftLayer(name=n, **layer) for n in names],
-                         alarms=names, verdict="drift")
+    names.append(
+        "backbone." + "very_long_stage_name_" * 4 + "bn_last"
+    )  # wider than any column could be: folded, never cut
+    layer = dict(
+        channels=16,
+        max_shift=3.0,
+        mean_shift=1.0,
+        worst_shift_channel=2,
+        max_abs_log_ratio=1.0,
+        mean_abs_log_ratio=0.5,
+        worst_ratio_channel=3,
+        alarm=True,
+        status="drift",
+    )
+    report = DriftReport(
+        model="m",
+        framework="torch",
+        samples=8,
+        thresholds={},
+        layers=[DriftLayer(name=n, **layer) for n in names],
+        alarms=names,
+        verdict="drift",
+    )
     console = Console(width=80, record=True, color_system=None, force_terminal=False)
     print_table(_drift_table(report), console=console)
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     flat = re.sub(r"\s+", "", text)
     for name in names[:-1]:
-        assert re.search(rf"(^|[\s│┃]){re.escape(name)}($|[\s│┃])", text, re.M), f"{name} is not whole on one line:\n{text}"
+        assert re.search(rf"(^|[\s│┃]){re.escape(name)}($|[\s│┃])", text, re.M), (
+            f"{name} is not whole on one line:\n{text}"
+        )
     assert names[-1] in flat and "…" not in text  # the too-wide name folds across lines: every character kept

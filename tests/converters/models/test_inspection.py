@@ -30,7 +30,9 @@ class SmallCNN(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.block1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, momentum=None), nn.ReLU())
+        self.block1 = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, momentum=None), nn.ReLU()
+        )
         self.block2 = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, eps=1e-3), nn.ReLU())
         self.block3 = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
         self.head = nn.LayerNorm(8)
@@ -112,13 +114,19 @@ def test_a_layer_left_in_train_mode_is_an_error():
 
 def test_momentum_none_and_untracked_statistics_are_flagged_but_untracked_instance_norm_is_not():
     net = nn.Sequential(
-        nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4, momentum=None), nn.BatchNorm2d(4, track_running_stats=False), nn.InstanceNorm2d(4),
+        nn.Conv2d(3, 4, 1),
+        nn.BatchNorm2d(4, momentum=None),
+        nn.BatchNorm2d(4, track_running_stats=False),
+        nn.InstanceNorm2d(4),
     )
     with torch.no_grad():
         net.train()(torch.randn(4, 3, 5, 5))
     layers = by_path(inspect_model(net.eval()))
     assert codes(layers["1"]) == {"momentum_none"}
-    assert "num_batches_tracked=1" in layers["1"].hazards[0].message and layers["1"].momentum_text() == "None (cumulative average)"
+    assert (
+        "num_batches_tracked=1" in layers["1"].hazards[0].message
+        and layers["1"].momentum_text() == "None (cumulative average)"
+    )
     assert codes(layers["2"]) == {"batch_stats_at_eval"} and layers["2"].hazards[0].severity == "error"
     assert layers["2"].stats is None
     assert codes(layers["3"]) == set() and layers["3"].mode == "n/a"
@@ -153,7 +161,11 @@ def assert_same_specs(module_side: list, program_side: list) -> None:
     for ours, theirs in zip(module_side, program_side):
         # source and input_rank say where a spec was read from; everything the layer computes must agree.
         assert spec_differences(ours, theirs) == [], ours.name
-        assert (theirs.eps, theirs.momentum, theirs.momentum_convention) == (ours.eps, ours.momentum, ours.momentum_convention)
+        assert (theirs.eps, theirs.momentum, theirs.momentum_convention) == (
+            ours.eps,
+            ours.momentum,
+            ours.momentum_convention,
+        )
         assert set(theirs.tensors) == set(ours.tensors)
         assert all(tensors_identical(theirs.tensors[k], ours.tensors[k]) for k in ours.tensors)
 
@@ -167,7 +179,12 @@ def test_pt2_file_reads_to_the_same_specs_as_the_module(cnn_and_pt2):
     assert specs[0].source.layer_type == "aten.batch_norm.default" and specs[0].input_rank == 4
     inspection = inspect_path(path)
     assert inspection.framework == "torch" and {layer.origin for layer in inspection.layers} == {"exported_program"}
-    assert [codes(layer) for layer in inspection.layers] == [{"momentum_none"}, {"eps_not_default", "unconverged_statistics"}, {"never_trained"}, set()]
+    assert [codes(layer) for layer in inspection.layers] == [
+        {"momentum_none"},
+        {"eps_not_default", "unconverged_statistics"},
+        {"never_trained"},
+        set(),
+    ]
     module_view = inspect_model(net)
     assert [layer.stats for layer in inspection.layers] == [layer.stats for layer in module_view.layers]
 
@@ -178,18 +195,24 @@ def test_decomposed_program_still_reads_batch_and_layer_norms(cnn_and_pt2):
         warnings.simplefilter("ignore")
         program = torch.export.load(str(path)).run_decompositions()
     layers = exported_norm_layers(program)
-    assert [layer.op for layer in layers] == ["aten._native_batch_norm_legit_no_training.default"] * 3 + ["aten.native_layer_norm.default"]
+    assert [layer.op for layer in layers] == ["aten._native_batch_norm_legit_no_training.default"] * 3 + [
+        "aten.native_layer_norm.default"
+    ]
     assert_same_specs(module_specs(net), [layer.spec for layer in layers])
 
 
 def test_program_exported_in_train_mode_is_flagged():
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LayerNorm(144), nn.RMSNorm(144))
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.LayerNorm(144), nn.RMSNorm(144)
+    )
     program = export(net.train())
     inspection = inspect_model(program)
     layers = by_path(inspection)
     assert layers["1"].mode == "train" and codes(layers["1"]) == {"train_mode", "never_trained"}
     assert layers["4"].mode == "n/a" and codes(layers["4"]) == set()
-    assert layers["5"].spec["eps_origin"] == "dtype_eps" and codes(layers["5"]) == set()  # RMSNorm(eps=None) is the default
+    assert (
+        layers["5"].spec["eps_origin"] == "dtype_eps" and codes(layers["5"]) == set()
+    )  # RMSNorm(eps=None) is the default
     assert inspection.has_hazard_at_least("error")
     # run_decompositions dissolves RMSNorm into primitive ops: still listed, from its module metadata, as unreadable.
     with warnings.catch_warnings():
@@ -210,10 +233,15 @@ def keras_files(tmp_path_factory):
     keras = import_keras()
     folder = tmp_path_factory.mktemp("keras")
     layers = keras.layers
-    model = keras.Sequential([
-        keras.Input((6, 6, 3)), layers.Conv2D(4, 3, name="conv"), layers.BatchNormalization(name="bn"),
-        layers.LayerNormalization(epsilon=1e-5, name="ln"), layers.GroupNormalization(groups=2, name="gn"),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 3)),
+            layers.Conv2D(4, 3, name="conv"),
+            layers.BatchNormalization(name="bn"),
+            layers.LayerNormalization(epsilon=1e-5, name="ln"),
+            layers.GroupNormalization(groups=2, name="gn"),
+        ]
+    )
     model(np.random.default_rng(0).normal(1.0, 2.0, (8, 6, 6, 3)).astype("float32"), training=True)
     model.save(folder / "model.keras")
     with_lambda = keras.Sequential([keras.Input((4,)), layers.Lambda(lambda x: x * 2.0), layers.BatchNormalization()])
@@ -225,13 +253,25 @@ def test_keras_file_is_inspected_in_layer_order_with_its_statistics(keras_files)
     model, path, _ = keras_files
     inspection = inspect_path(path)
     assert inspection.framework == "keras"
-    assert [(layer.path, layer.kind) for layer in inspection.layers] == [("bn", "batch"), ("ln", "layer"), ("gn", "group")]
+    assert [(layer.path, layer.kind) for layer in inspection.layers] == [
+        ("bn", "batch"),
+        ("ln", "layer"),
+        ("gn", "group"),
+    ]
     bn = model.get_layer("bn")
     mean, var = np.asarray(bn.moving_mean.numpy(), np.float64), np.asarray(bn.moving_variance.numpy(), np.float64)
     stats = inspection.layers[0].stats
-    assert (stats.mean_min, stats.mean_mean, stats.mean_max, stats.var_max) == (mean.min(), mean.mean(), mean.max(), var.max())
+    assert (stats.mean_min, stats.mean_mean, stats.mean_max, stats.var_max) == (
+        mean.min(),
+        mean.mean(),
+        mean.max(),
+        var.max(),
+    )
     assert stats.updated and stats.num_batches_tracked is None and inspection.layers[0].mode == "n/a"
-    assert inspection.layers[0].spec["momentum"] == 0.99 and inspection.layers[0].spec["momentum_convention"] == "running_weight"
+    assert (
+        inspection.layers[0].spec["momentum"] == 0.99
+        and inspection.layers[0].spec["momentum_convention"] == "running_weight"
+    )
     assert [codes(layer) for layer in inspection.layers] == [set(), {"eps_not_default"}, set()]
     assert "Keras's default 0.001" in inspection.layers[1].hazards[0].message
 
@@ -240,7 +280,13 @@ def test_keras_export_through_tf2onnx_shows_a_folded_batch_norm_and_decomposed_l
     from converters.keras_adapter.runtime import import_keras
 
     keras = import_keras()
-    model = keras.Sequential([keras.Input((5, 3)), keras.layers.BatchNormalization(name="bn"), keras.layers.LayerNormalization(epsilon=1e-5, name="ln")])
+    model = keras.Sequential(
+        [
+            keras.Input((5, 3)),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.LayerNormalization(epsilon=1e-5, name="ln"),
+        ]
+    )
     model(np.random.default_rng(1).normal(size=(4, 5, 3)).astype("float32"), training=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -274,7 +320,9 @@ def onnx_files(cnn_and_pt2, tmp_path_factory):
     folder = tmp_path_factory.mktemp("onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(net, example(), str(folder / "kept.onnx"), dynamo=True, optimize=False, external_data=False, verbose=False)
+        torch.onnx.export(
+            net, example(), str(folder / "kept.onnx"), dynamo=True, optimize=False, external_data=False, verbose=False
+        )
         torch.onnx.export(net, example(), str(folder / "folded.onnx"), dynamo=True, external_data=False, verbose=False)
     return net, folder / "kept.onnx", folder / "folded.onnx"
 
@@ -283,12 +331,19 @@ def test_onnx_export_has_native_batch_norm_sites_equal_to_the_source(onnx_files)
     net, kept, _ = onnx_files
     inspection = inspect_path(kept)
     batch = [layer for layer in inspection.layers if layer.kind == "batch"]
-    assert len(batch) == 3 and all(layer.native and layer.origin == "native" and layer.mode == "eval" for layer in batch)
+    assert len(batch) == 3 and all(
+        layer.native and layer.origin == "native" and layer.mode == "eval" for layer in batch
+    )
     for layer, path in zip(batch, BN_PATHS):
         bn = net.get_submodule(path)
         assert layer.spec["eps"] == bn.eps
         mean, var = bn.running_mean.numpy().astype(np.float64), bn.running_var.numpy().astype(np.float64)
-        assert (layer.stats.mean_min, layer.stats.mean_max, layer.stats.var_min, layer.stats.var_max) == (mean.min(), mean.max(), var.min(), var.max())
+        assert (layer.stats.mean_min, layer.stats.mean_max, layer.stats.var_min, layer.stats.var_max) == (
+            mean.min(),
+            mean.max(),
+            var.min(),
+            var.max(),
+        )
     assert [layer.spec["eps"] == 1e-3 for layer in batch] == [False, True, False]
     assert "never_trained" in codes(batch[2]) and "never_trained" not in codes(batch[0])
     assert any(layer.kind == "layer" for layer in inspection.layers)
@@ -336,7 +391,9 @@ def test_cli_prints_the_table_and_valid_json(cli_files, fmt, how):
     path = cli_files[fmt]
     table = run_as("inspect", str(path))
     assert table.returncode == 0, table.stdout + table.stderr
-    assert "eps" in table.stdout and "momentum" in table.stdout and "hazards" in table.stdout and "batch" in table.stdout
+    assert (
+        "eps" in table.stdout and "momentum" in table.stdout and "hazards" in table.stdout and "batch" in table.stdout
+    )
     as_json = run_as("inspect", str(path), "--json")
     assert as_json.returncode == 0, as_json.stdout + as_json.stderr
     inspection = ModelInspection.model_validate(json.loads(as_json.stdout))

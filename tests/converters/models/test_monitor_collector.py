@@ -35,8 +35,11 @@ def test_chan_merges_of_uneven_batches_equal_numpy_over_everything():
 def _bn_inputs(model, batches):
     """Each BatchNorm's input over `batches`, read by hooks of this test (not the collector's)."""
     seen = {name: [] for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
-    handles = [m.register_forward_pre_hook(lambda _m, a, name=name: seen[name].append(a[0].detach().double().numpy()))
-               for name, m in model.named_modules() if name in seen]
+    handles = [
+        m.register_forward_pre_hook(lambda _m, a, name=name: seen[name].append(a[0].detach().double().numpy()))
+        for name, m in model.named_modules()
+        if name in seen
+    ]
     with torch.no_grad():
         for batch in batches:
             model(torch.from_numpy(batch))
@@ -66,8 +69,9 @@ def test_torch_module_window_is_numpy_over_the_sampled_inputs_and_outputs_are_un
         np.testing.assert_allclose(layer.mean, x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(layer.var, x.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
         assert layer.count == x.shape[0] * x.shape[2] * x.shape[3]
-    expected_digest = statistics_digest((m.running_mean.numpy(), m.running_var.numpy())
-                                        for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    expected_digest = statistics_digest(
+        (m.running_mean.numpy(), m.running_var.numpy()) for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)
+    )
     assert window.statistics_digest == expected_digest
     assert not model._forward_pre_hooks and not model.bn1._forward_pre_hooks  # close() took the hooks off
 
@@ -89,6 +93,7 @@ def test_torch_layers_are_drawn_apart_each_seeing_its_share_and_its_window_is_nu
             if watch.observing(index[name]):
                 seen[name].append(args[0].detach().double().numpy())
                 requests[name].add(current[0])
+
         return hook
 
     current = [None]
@@ -180,7 +185,9 @@ def test_keras_model_served_through_the_monitor_returns_what_the_model_returns()
     np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
     layer = watch.closed_windows[0]["layers"][0]
     assert layer["name"] == "bn" and layer["count"] == 4 * 8 * 8 and len(layer["mean"]) == 4
-    assert not [w for w in seen if issubclass(w.category, UserWarning)], [str(w.message) for w in seen]  # called as the model is called
+    assert not [w for w in seen if issubclass(w.category, UserWarning)], [
+        str(w.message) for w in seen
+    ]  # called as the model is called
 
 
 def test_a_keras_model_on_a_dict_of_inputs_is_tapped_as_it_is_called():
@@ -245,7 +252,9 @@ def test_keep_sample_is_a_ring_of_the_newest_sampled_rows_saved_for_recalibrate(
     batches = [shifted(rng) for _ in range(40)]
     seen = []  # what the served model's first layer received on sampled requests, by a hook of this test
     watch = converters.monitor(model, sample_rate=0.5, window_requests=1000, keep_sample=10, seed=3)
-    probe = model.conv1.register_forward_pre_hook(lambda _m, a: seen.append(a[0].numpy().copy()) if watch.sampling() else None)
+    probe = model.conv1.register_forward_pre_hook(
+        lambda _m, a: seen.append(a[0].numpy().copy()) if watch.sampling() else None
+    )
     with torch.no_grad():
         for batch in batches:
             model(torch.from_numpy(batch))
@@ -285,7 +294,9 @@ def test_an_onnxruntime_sample_recalibrates_the_batchnorm_to_numpy_over_the_kept
     new, report = recalibrate(model, str(tmp_path / "traffic.npz"), batch_size=4, variance_estimator="biased")
     stats = {i.name: numpy_helper.to_array(i) for i in new.graph.initializer}
     doubled = 2 * np.concatenate(batches)[-8:].astype(np.float64)  # the BatchNormalization input is 2x
-    np.testing.assert_allclose(stats["bn.running_mean"], doubled.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)  # over all 8 rows
+    np.testing.assert_allclose(
+        stats["bn.running_mean"], doubled.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6
+    )  # over all 8 rows
     np.testing.assert_allclose(stats["bn.running_var"], doubled.var(axis=(0, 2, 3)), rtol=1e-5)
     assert report.samples == 8 and report.batches == 2
 
@@ -331,12 +342,16 @@ def test_a_stalled_worker_never_holds_up_requests_and_what_it_cannot_take_is_cou
     watch.close()
     assert (stats.requests, stats.sampled, stats.discarded, stats.errors, stats.kept_rows) == (5, 5, 3, 0, 8)
     window = watch.closed_windows[0]
-    assert window["sampled"] == 2 and window["layers"][0]["count"] == 2 * 4 * 8 * 8  # the window holds the two merged requests
+    assert (
+        window["sampled"] == 2 and window["layers"][0]["count"] == 2 * 4 * 8 * 8
+    )  # the window holds the two merged requests
 
 
 def test_a_bfloat16_model_is_reduced_in_float32_not_in_its_8_bit_mantissa():
     model = torch_cnn().to(torch.bfloat16)
-    x = torch.from_numpy(shifted(np.random.default_rng(13), 64, (3, 32, 32))).to(torch.bfloat16)  # 65536 values per channel
+    x = torch.from_numpy(shifted(np.random.default_rng(13), 64, (3, 32, 32))).to(
+        torch.bfloat16
+    )  # 65536 values per channel
     watch = converters.monitor(model, sample_rate=1.0, window_requests=1)
     with torch.no_grad():
         model(x)
@@ -358,15 +373,22 @@ def test_a_transformers_resnet_is_tapped_at_every_batchnorm_and_each_window_is_n
     from transformers import ResNetConfig, ResNetModel
 
     torch.manual_seed(0)
-    model = ResNetModel(ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")).eval()
+    model = ResNetModel(
+        ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+    ).eval()
     norms = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
     watch = converters.monitor(model, sample_rate=0.5, window_requests=10_000, seed=7)
     assert sorted(watch.layers) == sorted(norms)  # every BatchNorm found, whatever its class's module path
     index = {name: i for i, name in enumerate(watch.layers)}
     seen = {name: [] for name in watch.layers}
-    handles = [norms[name].register_forward_pre_hook(
-        lambda _m, a, name=name: seen[name].append(a[0].detach().double().numpy()) if watch.observing(index[name]) else None)
-        for name in watch.layers]
+    handles = [
+        norms[name].register_forward_pre_hook(
+            lambda _m, a, name=name: (
+                seen[name].append(a[0].detach().double().numpy()) if watch.observing(index[name]) else None
+            )
+        )
+        for name in watch.layers
+    ]
     rng = np.random.default_rng(15)
     with torch.no_grad():
         for _ in range(30):
@@ -379,7 +401,9 @@ def test_a_transformers_resnet_is_tapped_at_every_batchnorm_and_each_window_is_n
     assert stats.errors == 0
     window = DriftWindow.model_validate(watch.closed_windows[0])
     assert {layer.name for layer in window.layers} == {name for name in seen if seen[name]}
-    assert len({len(v) for v in seen.values()}) > 1  # layers drawn apart: not every layer saw the same number of requests
+    assert (
+        len({len(v) for v in seen.values()}) > 1
+    )  # layers drawn apart: not every layer saw the same number of requests
     for layer in window.layers:
         x = np.concatenate(seen[layer.name])
         assert layer.count == x.shape[0] * x.shape[2] * x.shape[3]

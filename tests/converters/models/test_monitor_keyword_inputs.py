@@ -41,14 +41,21 @@ def _resnet() -> nn.Module:
     from transformers import ResNetConfig, ResNetModel
 
     torch.manual_seed(0)
-    return randomise(ResNetModel(ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")), seed=1)
+    return randomise(
+        ResNetModel(
+            ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+        ),
+        seed=1,
+    )
 
 
 def _regnet() -> nn.Module:
     from transformers import RegNetConfig, RegNetModel
 
     torch.manual_seed(0)
-    config = RegNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=4, layer_type="y")
+    config = RegNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=4, layer_type="y"
+    )
     return randomise(RegNetModel(config), seed=2)
 
 
@@ -64,6 +71,7 @@ def _bn_inputs(model: nn.Module, requests: list[np.ndarray]) -> dict[str, np.nda
     def reads(name):
         def hook(_module, args):
             seen[name].append(args[0].detach().double().numpy())
+
         return hook
 
     handles = [model.get_submodule(name).register_forward_pre_hook(reads(name)) for name in seen]
@@ -85,7 +93,9 @@ def test_a_transformers_resnet_called_by_keyword_keeps_its_inputs_under_their_na
     watch = converters.monitor(model, sample_rate=1.0, window_requests=1000, keep_sample=6)
     with torch.no_grad():
         for i, x in enumerate(requests):  # by keyword, and by position: one input either way
-            model(pixel_values=torch.from_numpy(x)) if i % 2 == 0 else model(torch.from_numpy(x), output_hidden_states=False)
+            model(pixel_values=torch.from_numpy(x)) if i % 2 == 0 else model(
+                torch.from_numpy(x), output_hidden_states=False
+            )
     stats = watch.stats()
     rows = watch.save_sample(tmp_path / "traffic.npz")
     watch.close()
@@ -95,7 +105,9 @@ def test_a_transformers_resnet_called_by_keyword_keeps_its_inputs_under_their_na
         assert saved.files == ["pixel_values"]
         np.testing.assert_array_equal(saved["pixel_values"], np.concatenate(requests)[-6:])
     # the sample is what `recalibrate` reads for the model's program, matched to its input by name
-    program = torch.export.export(model, (), {"pixel_values": torch.from_numpy(requests[0])}, dynamic_shapes={"pixel_values": {0: BATCH}})
+    program = torch.export.export(
+        model, (), {"pixel_values": torch.from_numpy(requests[0])}, dynamic_shapes={"pixel_values": {0: BATCH}}
+    )
     _, report = converters.recalibrate(program, str(tmp_path / "traffic.npz"), batch_size=3)
     assert (report.samples, report.batches) == (6, 2)
 
@@ -103,7 +115,9 @@ def test_a_transformers_resnet_called_by_keyword_keeps_its_inputs_under_their_na
 def test_a_program_served_by_keyword_keeps_its_inputs_and_answers_as_its_module_does(tmp_path):
     model = _resnet()
     requests = _requests(3, seed=2)
-    program = torch.export.export(model, (), {"pixel_values": torch.from_numpy(requests[0])}, dynamic_shapes={"pixel_values": {0: BATCH}})
+    program = torch.export.export(
+        model, (), {"pixel_values": torch.from_numpy(requests[0])}, dynamic_shapes={"pixel_values": {0: BATCH}}
+    )
     watch = converters.monitor(program, sample_rate=1.0, window_requests=3, keep_sample=4)
     with torch.no_grad():
         served = [watch.served(pixel_values=torch.from_numpy(x)).last_hidden_state for x in requests]
@@ -159,9 +173,14 @@ def test_a_program_input_holding_several_tensors_is_refused_when_the_monitor_sta
     module = program.module()
     hooks = dict(module._forward_pre_hooks)  # torch's own (input constraints)
     for served in (program, module):
-        with pytest.raises(UnsupportedObjectError, match=r"keep_sample=4\): input 'batch' .* holds several tensors .*batch_image, batch_scale"):
+        with pytest.raises(
+            UnsupportedObjectError,
+            match=r"keep_sample=4\): input 'batch' .* holds several tensors .*batch_image, batch_scale",
+        ):
             converters.monitor(served, keep_sample=4)
-    assert "tap(" not in module.code and dict(module._forward_pre_hooks) == hooks  # the refused monitor left nothing behind
+    assert (
+        "tap(" not in module.code and dict(module._forward_pre_hooks) == hooks
+    )  # the refused monitor left nothing behind
     watch = converters.monitor(module, sample_rate=1.0, window_requests=1)  # without a sample it is monitored
     with torch.no_grad():
         module(x)
@@ -172,11 +191,15 @@ def test_a_program_input_holding_several_tensors_is_refused_when_the_monitor_sta
 # -- item 13: ep.module() ----------------------------------------------------------------------------------------------
 
 
-def test_the_module_of_a_transformers_resnet_program_is_tapped_in_place_and_its_windows_are_numpy_over_its_inputs(tmp_path):
+def test_the_module_of_a_transformers_resnet_program_is_tapped_in_place_and_its_windows_are_numpy_over_its_inputs(
+    tmp_path,
+):
     """`torch.export.load("m.pt2").module()` was refused ("no BatchNorm with running statistics ... nothing to monitor")."""
     model = _resnet()
     requests = _requests(4, seed=5)
-    torch.export.save(torch.export.export(model, (torch.from_numpy(requests[0]),), dynamic_shapes=({0: BATCH},)), tmp_path / "m.pt2")
+    torch.export.save(
+        torch.export.export(model, (torch.from_numpy(requests[0]),), dynamic_shapes=({0: BATCH},)), tmp_path / "m.pt2"
+    )
     program = torch.export.load(tmp_path / "m.pt2")
     m = program.module()
     hooks = (dict(m._forward_pre_hooks), dict(m._forward_hooks))  # torch's own (input constraints)
@@ -213,7 +236,9 @@ def test_the_module_of_a_regnet_program_read_by_normbridge_is_monitored_and_keep
     normbridge's own safe reader, its module called by keyword with a traffic sample kept."""
     model = _regnet()
     requests = _requests(3, seed=6)
-    exported = torch.export.export(model, (), {"pixel_values": torch.from_numpy(requests[0])}, dynamic_shapes={"pixel_values": {0: BATCH}})
+    exported = torch.export.export(
+        model, (), {"pixel_values": torch.from_numpy(requests[0])}, dynamic_shapes={"pixel_values": {0: BATCH}}
+    )
     torch.export.save(exported, tmp_path / "r.pt2")
     m = load_model(tmp_path / "r.pt2").module()
     watch = converters.monitor(m, sample_rate=1.0, window_requests=len(requests), keep_sample=4)

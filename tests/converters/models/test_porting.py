@@ -56,13 +56,19 @@ def keras_state(model) -> dict[str, np.ndarray]:
 
 
 def keras_settings(model) -> dict[str, tuple]:
-    return {layer.name: (layer.epsilon, getattr(layer, "momentum", None)) for layer in model.layers if hasattr(layer, "epsilon")}
+    return {
+        layer.name: (layer.epsilon, getattr(layer, "momentum", None))
+        for layer in model.layers
+        if hasattr(layer, "epsilon")
+    }
 
 
 def assert_keras_unchanged(model, state, settings):
     after = keras_state(model)
     assert after.keys() == state.keys()
-    assert all(tensors_identical(state[k], after[k]) for k in state), [k for k in state if not tensors_identical(state[k], after[k])]
+    assert all(tensors_identical(state[k], after[k]) for k in state), [
+        k for k in state if not tensors_identical(state[k], after[k])
+    ]
     assert keras_settings(model) == settings
 
 
@@ -114,7 +120,12 @@ def test_torch_resnet_into_keras_twin_computes_the_same_and_carries_every_settin
         layer = keras_twin.get_layer(zoo.keras_name(path))
         assert layer.epsilon == module.eps == custom.get(path, (1e-5, None))[0]
         assert layer.momentum == decimal_complement(module.momentum)
-        for ours, theirs in (("gamma", module.weight), ("beta", module.bias), ("moving_mean", module.running_mean), ("moving_variance", module.running_var)):
+        for ours, theirs in (
+            ("gamma", module.weight),
+            ("beta", module.bias),
+            ("moving_mean", module.running_mean),
+            ("moving_variance", module.running_var),
+        ):
             assert tensors_identical(np.asarray(getattr(layer, ours).numpy()), theirs.detach().numpy()), (path, ours)
         assert markers.recall(layer)["num_batches_tracked"] == 4
         settings = {t.setting: t for t in layer_report.translations}
@@ -129,7 +140,10 @@ def test_a_ported_keras_batchnorm_matches_the_numpy_formula(torch_resnet, keras_
     port_state(torch_resnet, keras_twin)
     module, layer = torch_resnet.layer2[0].downsample[1], keras_twin.get_layer("layer2_0_downsample_1")
     x = random_input((3, 5, 5, 32), seed=2) * 3.0
-    mean, var, weight, bias = (t.detach().numpy().astype(np.float64) for t in (module.running_mean, module.running_var, module.weight, module.bias))
+    mean, var, weight, bias = (
+        t.detach().numpy().astype(np.float64)
+        for t in (module.running_mean, module.running_var, module.weight, module.bias)
+    )
     expected = (x - mean) / np.sqrt(var + 2e-4) * weight + bias
     np.testing.assert_allclose(keras_out(layer, x), expected, atol=1e-5, rtol=1e-5)
 
@@ -171,7 +185,12 @@ def test_keras_resnet_into_torch_twin(tmp_path):
         layer = source.get_layer(zoo.keras_name(path))
         assert module.eps == layer.epsilon and module.momentum == decimal_complement(layer.momentum)
         assert module.momentum in (0.05, 0.01) and not module.training
-        for ours, theirs in (("weight", layer.gamma), ("bias", layer.beta), ("running_mean", layer.moving_mean), ("running_var", layer.moving_variance)):
+        for ours, theirs in (
+            ("weight", layer.gamma),
+            ("bias", layer.beta),
+            ("running_mean", layer.moving_mean),
+            ("running_var", layer.moving_variance),
+        ):
             assert tensors_identical(getattr(module, ours).detach().numpy(), np.asarray(theirs.numpy())), (path, ours)
         assert int(module.num_batches_tracked) == 0
     settings = {t.setting: t for t in report.layers[0].translations}
@@ -207,7 +226,11 @@ def test_transformer_block_both_directions():
     assert tensors_identical(np.asarray(norm1.beta.numpy()), source.norm1.bias.detach().numpy())
     assert tensors_identical(np.asarray(norm2.scale.numpy()), source.norm2.weight.detach().numpy())
     rms = {t.setting: t for t in report.layers[1].translations}
-    assert report.layers[1].kind == "rms" and rms["eps_origin"].source_value == "dtype_eps" and rms["eps_origin"].fate == "stored"
+    assert (
+        report.layers[1].kind == "rms"
+        and rms["eps_origin"].source_value == "dtype_eps"
+        and rms["eps_origin"].fate == "stored"
+    )
 
     # Back into a PyTorch block built with other eps values: eps=None comes back from the in-memory marker.
     back = zoo.torch_transformer_block(layer_norm_eps=1e-5, rms_norm_eps=1e-6).eval()
@@ -243,7 +266,12 @@ def test_a_shape_mismatch_is_refused_naming_both_layers_and_nothing_changes(kera
     with pytest.raises(PortMismatchError) as caught:
         port_state(source, keras_twin)
     message = str(caught.value)
-    assert "'layer2.0.bn1'" in message and "num_features=24" in message and "'layer2_0_bn1'" in message and "num_features=32" in message
+    assert (
+        "'layer2.0.bn1'" in message
+        and "num_features=24" in message
+        and "'layer2_0_bn1'" in message
+        and "num_features=32" in message
+    )
     assert_keras_unchanged(keras_twin, state, settings)
 
 
@@ -280,8 +308,10 @@ def test_missing_affine_weights_in_the_target_are_refused_and_extra_ones_become_
 
     # Into PyTorch: a target without affine parameters or statistics cannot hold a Keras BatchNormalization.
     keras_bn = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(epsilon=1e-2, name="bn")])
-    for target, setting in ((torch.nn.Sequential(torch.nn.BatchNorm1d(4, affine=False)), "scale"),
-                            (torch.nn.Sequential(torch.nn.BatchNorm1d(4, track_running_stats=False)), "track_running_stats")):
+    for target, setting in (
+        (torch.nn.Sequential(torch.nn.BatchNorm1d(4, affine=False)), "scale"),
+        (torch.nn.Sequential(torch.nn.BatchNorm1d(4, track_running_stats=False)), "track_running_stats"),
+    ):
         before = {k: v.clone() for k, v in target.state_dict().items()}
         with pytest.raises(NotExpressibleError) as caught:
             port_state(keras_bn, target)
@@ -302,8 +332,12 @@ def test_a_name_map_that_swaps_two_same_shape_layers_is_honoured(torch_resnet, k
     swap = {"layer1.0.bn1": "layer1_0_bn2", "layer1.0.bn2": "layer1_0_bn1"}
     report = port_state(torch_resnet, keras_twin, swap)
     bn1, bn2 = torch_resnet.layer1[0].bn1, torch_resnet.layer1[0].bn2
-    assert tensors_identical(np.asarray(keras_twin.get_layer("layer1_0_bn2").moving_mean.numpy()), bn1.running_mean.numpy())
-    assert tensors_identical(np.asarray(keras_twin.get_layer("layer1_0_bn1").moving_mean.numpy()), bn2.running_mean.numpy())
+    assert tensors_identical(
+        np.asarray(keras_twin.get_layer("layer1_0_bn2").moving_mean.numpy()), bn1.running_mean.numpy()
+    )
+    assert tensors_identical(
+        np.asarray(keras_twin.get_layer("layer1_0_bn1").moving_mean.numpy()), bn2.running_mean.numpy()
+    )
     assert not np.array_equal(bn1.running_mean.numpy(), bn2.running_mean.numpy())
     pairing = {r.layer: next(t for t in r.translations if t.setting == "layer") for r in report.layers}
     assert pairing["layer1.0.bn1"].target_value == "layer1_0_bn2" and pairing["layer1.0.bn1"].note == "paired name map"
@@ -349,12 +383,16 @@ def test_layers_named_alike_pair_by_name_when_definition_order_differs_from_call
     mean, var = model.bn_a.running_mean.numpy(), model.bn_a.running_var.numpy()
     hidden = (x - mean) / np.sqrt(var + 1e-3) @ model.fc.weight.detach().numpy().T + model.fc.bias.detach().numpy()
     b = model.bn_b
-    expected = (hidden - b.running_mean.numpy()) / np.sqrt(b.running_var.numpy() + 1e-3) * b.weight.detach().numpy() + b.bias.detach().numpy()
+    expected = (hidden - b.running_mean.numpy()) / np.sqrt(
+        b.running_var.numpy() + 1e-3
+    ) * b.weight.detach().numpy() + b.bias.detach().numpy()
     np.testing.assert_allclose(keras_out(twin, x), expected, atol=1e-5)
 
 
 def test_order_that_contradicts_a_shared_name_is_refused_and_nothing_changes():
-    model, twin = _out_of_order_twins(names=("bn_a", "other"))  # one name shared, one not: order would send bn_b to bn_a
+    model, twin = _out_of_order_twins(
+        names=("bn_a", "other")
+    )  # one name shared, one not: order would send bn_b to bn_a
     state, settings = keras_state(twin), keras_settings(twin)
     with pytest.raises(PortMismatchError, match="source layer 'bn_a' would go to target 'other'.*name map"):
         port_state(model, twin)
@@ -388,7 +426,11 @@ def test_snapshots_put_a_written_layer_back_exactly():
     layer.epsilon, layer.momentum, layer.trainable = 1e-5, 0.5, False
     markers.remember(layer, num_batches_tracked=3)
     restore()
-    assert np.all(layer.moving_variance.numpy() == 1.0) and (layer.epsilon, layer.momentum, layer.trainable) == (1e-3, 0.9, True)
+    assert np.all(layer.moving_variance.numpy() == 1.0) and (layer.epsilon, layer.momentum, layer.trainable) == (
+        1e-3,
+        0.9,
+        True,
+    )
     assert markers.recall(layer) == {}
 
 
@@ -396,7 +438,9 @@ def test_snapshots_put_a_written_layer_back_exactly():
 
 
 def test_an_onnx_export_ports_like_its_torch_model(torch_resnet, keras_twin):
-    program = torch.onnx.export(torch_resnet, (torch.from_numpy(random_input(RESNET_INPUT)),), dynamo=True, optimize=False, verbose=False)
+    program = torch.onnx.export(
+        torch_resnet, (torch.from_numpy(random_input(RESNET_INPUT)),), dynamo=True, optimize=False, verbose=False
+    )
     report = port_state(program.model_proto, keras_twin)
     x = random_input(RESNET_INPUT, seed=4)
     np.testing.assert_allclose(keras_out(keras_twin, nhwc(x)), torch_out(torch_resnet, x), atol=ATOL, rtol=0)
@@ -406,7 +450,6 @@ def test_an_onnx_export_ports_like_its_torch_model(torch_resnet, keras_twin):
 
 
 # -- the command line ------------------------------------------------------------------------
-
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -434,7 +477,9 @@ def test_cli_ports_a_pt2_file_into_a_keras_file(torch_resnet, keras_twin, tmp_pa
 
     short = tmp_path / "short.keras"
     keras.Model(keras_twin.input, keras_twin.get_layer("layer2_1_relu1").output).save(short)
-    refused = invoke_cli("port", str(source), str(short), "-o", str(tmp_path / "never.keras"), cwd=tmp_path)  # in-process: same command
+    refused = invoke_cli(
+        "port", str(source), str(short), "-o", str(tmp_path / "never.keras"), cwd=tmp_path
+    )  # in-process: same command
     assert refused.returncode == 3, refused.stdout + refused.stderr
     assert "layer2.1.bn2" in refused.stderr and "port_mismatch" in refused.stderr
     assert not (tmp_path / "never.keras").exists()

@@ -39,7 +39,9 @@ class Net(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=0.05), nn.ReLU())
-        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, eps=1e-3), nn.ReLU(), nn.Dropout(0.5))
+        self.block = nn.Sequential(
+            nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, eps=1e-3), nn.ReLU(), nn.Dropout(0.5)
+        )
         self.head = nn.Linear(8, 3)
 
     def forward(self, x):
@@ -81,8 +83,12 @@ def test_torch_statistics_are_the_population_statistics_and_nothing_else_moves(s
     # The report measures the movement against the old statistics (mean 0, var 1).
     first = report.layers[0]
     assert [l.name for l in report.layers] == ["stem.1", "block.1"] and report.batches == 3 and report.samples == 48
-    assert first.max_mean_shift == pytest.approx(np.max(np.abs(bn.running_mean.double().numpy()) / np.sqrt(1 + 1e-5)), rel=1e-9)
-    assert first.max_abs_log_var_ratio == pytest.approx(np.max(np.abs(np.log((bn.running_var.double().numpy() + 1e-5) / (1 + 1e-5)))), rel=1e-9)
+    assert first.max_mean_shift == pytest.approx(
+        np.max(np.abs(bn.running_mean.double().numpy()) / np.sqrt(1 + 1e-5)), rel=1e-9
+    )
+    assert first.max_abs_log_var_ratio == pytest.approx(
+        np.max(np.abs(np.log((bn.running_var.double().numpy() + 1e-5) / (1 + 1e-5)))), rel=1e-9
+    )
     assert not report.registered and not any("registry" in note for note in report.notes)
 
 
@@ -94,7 +100,14 @@ def test_dropout_stays_off_during_recalibration(source, batches, by_torch):
 
 def test_onnx_recalibration_matches_torch_and_changes_only_statistics(source, batches, by_torch):
     new_torch, _ = by_torch
-    exported = torch.onnx.export(source, (torch.from_numpy(batches[0][:2]),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False).model_proto
+    exported = torch.onnx.export(
+        source,
+        (torch.from_numpy(batches[0][:2]),),
+        dynamo=True,
+        dynamic_shapes=({0: BATCH},),
+        optimize=False,
+        verbose=False,
+    ).model_proto
     new_onnx, report = recalibrate(exported, batches)
     before = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
     after = {i.name: numpy_helper.to_array(i) for i in new_onnx.graph.initializer}
@@ -116,7 +129,9 @@ def test_pt2_recalibration_updates_only_the_state_dict(source, batches, by_torch
     new_program, report = recalibrate(program, batches)
     for name, value in new_program.state_dict.items():
         if name.endswith(BN_BUFFERS):
-            np.testing.assert_allclose(value.double().numpy(), new_torch.get_buffer(name).double().numpy(), rtol=2e-6, atol=1e-7, err_msg=name)
+            np.testing.assert_allclose(
+                value.double().numpy(), new_torch.get_buffer(name).double().numpy(), rtol=2e-6, atol=1e-7, err_msg=name
+            )
         else:
             assert torch.equal(value, program.state_dict[name]), name
     assert torch.equal(program.state_dict["stem.1.running_var"], torch.ones(8))  # the input program is untouched
@@ -131,8 +146,12 @@ def test_a_fixed_batch_program_is_split_at_its_size_and_the_report_says_so_when_
     data = np.concatenate(batches)
     new_program, report = recalibrate(program, data, batch_size=16)
     expected, _ = recalibrate(source, [data])
-    np.testing.assert_allclose(new_program.state_dict["stem.1.running_var"].numpy(), expected.get_buffer("stem.1.running_var").numpy(),
-                               rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        new_program.state_dict["stem.1.running_var"].numpy(),
+        expected.get_buffer("stem.1.running_var").numpy(),
+        rtol=2e-6,
+        atol=1e-7,
+    )
     assert report.batches == len(data) // 4
     [note] = report.notes
     assert "batches of exactly 4" in note and "not 16" in note and "note: " + note in report.render_text()
@@ -144,31 +163,74 @@ def test_refusals(source, batches):
     with pytest.raises(InputFileError, match="variance_estimator"):
         recalibrate(source, batches, variance_estimator="sample")
     dense = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).eval()
-    exported = torch.onnx.export(dense, (torch.randn(2, 4),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False).model_proto
+    exported = torch.onnx.export(
+        dense, (torch.randn(2, 4),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False
+    ).model_proto
     with pytest.raises(InputFileError, match="at least 2"):
         recalibrate(exported, [np.ones((1, 4), np.float32)])
     with pytest.raises(UnsupportedObjectError, match="no BatchNorm"):
         recalibrate(nn.Sequential(nn.Conv2d(3, 3, 1)).eval(), batches)
 
+
 def test_cli_recalibrate_onnx_and_pt2(source, batches, tmp_path, cli_app):
-    onnx.save(torch.onnx.export(source, (torch.from_numpy(batches[0][:2]),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False).model_proto,
-              tmp_path / "net.onnx")
-    torch.export.save(torch.export.export(source, (torch.from_numpy(batches[0][:2]),), dynamic_shapes=({0: BATCH},)), tmp_path / "net.pt2")
+    onnx.save(
+        torch.onnx.export(
+            source,
+            (torch.from_numpy(batches[0][:2]),),
+            dynamo=True,
+            dynamic_shapes=({0: BATCH},),
+            optimize=False,
+            verbose=False,
+        ).model_proto,
+        tmp_path / "net.onnx",
+    )
+    torch.export.save(
+        torch.export.export(source, (torch.from_numpy(batches[0][:2]),), dynamic_shapes=({0: BATCH},)),
+        tmp_path / "net.pt2",
+    )
     np.save(tmp_path / "new.npy", np.concatenate(batches))
     runner = CliRunner()
-    done = runner.invoke(cli_app, ["recalibrate", str(tmp_path / "net.onnx"), str(tmp_path / "new.npy"), "-o", str(tmp_path / "out.onnx"), "--batch-size", "16", "--json"])
+    done = runner.invoke(
+        cli_app,
+        [
+            "recalibrate",
+            str(tmp_path / "net.onnx"),
+            str(tmp_path / "new.npy"),
+            "-o",
+            str(tmp_path / "out.onnx"),
+            "--batch-size",
+            "16",
+            "--json",
+        ],
+    )
     assert done.exit_code == 0, done.output
     report = json.loads(done.output)
     assert report["batches"] == 3 and report["output"] == str(tmp_path / "out.onnx") and len(report["layers"]) == 2
     expected, _ = recalibrate(onnx.load(tmp_path / "net.onnx"), batches)
     written = onnx.load(tmp_path / "out.onnx")
-    assert [i.SerializeToString() for i in written.graph.initializer] == [i.SerializeToString() for i in expected.graph.initializer]
-    text = runner.invoke(cli_app, ["recalibrate", str(tmp_path / "net.pt2"), str(tmp_path / "new.npy"), "-o", str(tmp_path / "out.pt2"), "--batch-size", "16"])
+    assert [i.SerializeToString() for i in written.graph.initializer] == [
+        i.SerializeToString() for i in expected.graph.initializer
+    ]
+    text = runner.invoke(
+        cli_app,
+        [
+            "recalibrate",
+            str(tmp_path / "net.pt2"),
+            str(tmp_path / "new.npy"),
+            "-o",
+            str(tmp_path / "out.pt2"),
+            "--batch-size",
+            "16",
+        ],
+    )
     assert text.exit_code == 0, text.output
     assert "stem.1" in text.output and "wrote" in text.output
     loaded = torch.export.load(tmp_path / "out.pt2")
     assert int(loaded.state_dict["block.1.num_batches_tracked"]) == 3
-    wrong = runner.invoke(cli_app, ["recalibrate", str(tmp_path / "net.pt2"), str(tmp_path / "new.npy"), "-o", str(tmp_path / "other.onnx")])
+    wrong = runner.invoke(
+        cli_app,
+        ["recalibrate", str(tmp_path / "net.pt2"), str(tmp_path / "new.npy"), "-o", str(tmp_path / "other.onnx")],
+    )
     assert wrong.exit_code == 6 and not (tmp_path / "other.onnx").exists()
 
 
@@ -221,7 +283,9 @@ def test_keras_dropout_stays_off_during_recalibration():
     again, _ = recalibrate(with_dropout, batches)
     expected, _ = recalibrate(plain, batches)
     for model in (again, expected):
-        np.testing.assert_array_equal(first.get_layer("bn2").moving_variance.numpy(), model.get_layer("bn2").moving_variance.numpy())
+        np.testing.assert_array_equal(
+            first.get_layer("bn2").moving_variance.numpy(), model.get_layer("bn2").moving_variance.numpy()
+        )
 
 
 @pytest.mark.slow
@@ -240,8 +304,12 @@ def test_cli_recalibrate_keras_file(tmp_path):
     np.save(data, np.random.default_rng(9).normal(1.0, 2.0, (12, 8, 8, 3)).astype(np.float32))
     out = tmp_path / "cnn.recalibrated.keras"
     script = Path(sys.executable).parent / "normbridge"
-    done = subprocess.run([str(script), "recalibrate", str(source), str(data), "-o", str(out), "--batch-size", "6", "--json"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(script), "recalibrate", str(source), str(data), "-o", str(out), "--batch-size", "6", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["framework"] == "keras"
     new = keras.saving.load_model(out, safe_mode=True)

@@ -40,6 +40,8 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
 LAYERS = ("bn1", "bn2", "bn_s", "bn3")
 
 
@@ -71,7 +73,7 @@ def _conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: int = 1, p
     out = np.zeros((x.shape[0], w.shape[0], out_h, out_w))
     for i in range(w.shape[2]):
         for j in range(w.shape[3]):
-            patch = x[:, :, i:i + stride * out_h:stride, j:j + stride * out_w:stride]
+            patch = x[:, :, i : i + stride * out_h : stride, j : j + stride * out_w : stride]
             out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
     return out if b is None else out + b[None, :, None, None]
 
@@ -120,8 +122,12 @@ def expected(chain, data):
 
 def _assert_oracle(found: dict[str, tuple[np.ndarray, np.ndarray]], expected, what: str) -> None:
     for name in LAYERS:
-        np.testing.assert_allclose(found[name][0], expected[name][0], rtol=2e-5, atol=2e-6, err_msg=f"{what}: {name} mean")
-        np.testing.assert_allclose(found[name][1], expected[name][1], rtol=2e-5, atol=2e-6, err_msg=f"{what}: {name} variance")
+        np.testing.assert_allclose(
+            found[name][0], expected[name][0], rtol=2e-5, atol=2e-6, err_msg=f"{what}: {name} mean"
+        )
+        np.testing.assert_allclose(
+            found[name][1], expected[name][1], rtol=2e-5, atol=2e-6, err_msg=f"{what}: {name} variance"
+        )
 
 
 def test_the_oracle_is_what_the_recalibrated_torch_model_computes_in_eval(chain, data, expected):
@@ -136,6 +142,7 @@ def test_the_oracle_is_what_the_recalibrated_torch_model_computes_in_eval(chain,
     def reads(name):
         def hook(_module, args):
             seen[name] = args[0].double().numpy()
+
         return hook
 
     handles = [held.get_submodule(n).register_forward_pre_hook(reads(n)) for n in LAYERS]
@@ -148,23 +155,39 @@ def test_the_oracle_is_what_the_recalibrated_torch_model_computes_in_eval(chain,
 
 def test_torch_module_and_programs_at_any_batch_recalibrate_to_the_numpy_population_statistics(chain, data, expected):
     module, _ = recalibrate(chain, data, batch_size=8)
-    _assert_oracle({n: (module.get_buffer(f"{n}.running_mean").double().numpy(), module.get_buffer(f"{n}.running_var").double().numpy())
-                    for n in LAYERS}, expected, "nn.Module")
+    _assert_oracle(
+        {
+            n: (
+                module.get_buffer(f"{n}.running_mean").double().numpy(),
+                module.get_buffer(f"{n}.running_var").double().numpy(),
+            )
+            for n in LAYERS
+        },
+        expected,
+        "nn.Module",
+    )
     static = torch.export.export(chain, (torch.from_numpy(data[:4]),))  # the default: a batch of exactly 4
     dynamic = torch.export.export(chain, (torch.from_numpy(data[:4]),), dynamic_shapes=({0: BATCH},))
     for what, program, batch_size in (("static batch 4", static, 64), ("dynamic batch, uneven batches", dynamic, 16)):
         new, report = recalibrate(program, data, batch_size=batch_size)
         state = new.state_dict
-        _assert_oracle({n: (state[f"{n}.running_mean"].double().numpy(), state[f"{n}.running_var"].double().numpy()) for n in LAYERS},
-                       expected, what)
+        _assert_oracle(
+            {
+                n: (state[f"{n}.running_mean"].double().numpy(), state[f"{n}.running_var"].double().numpy())
+                for n in LAYERS
+            },
+            expected,
+            what,
+        )
         assert report.samples == 40
     assert report.batches == 3  # 16 + 16 + 8
     assert torch.equal(static.state_dict["bn3.running_var"], chain.bn3.running_var)  # the input program is untouched
 
 
 def test_onnx_recalibrates_to_the_numpy_population_statistics(chain, data, expected):
-    exported = torch.onnx.export(chain, (torch.from_numpy(data[:4]),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False,
-                                 verbose=False).model_proto
+    exported = torch.onnx.export(
+        chain, (torch.from_numpy(data[:4]),), dynamo=True, dynamic_shapes=({0: BATCH},), optimize=False, verbose=False
+    ).model_proto
     new, report = recalibrate(exported, data, batch_size=16)
     stored = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in new.graph.initializer}
     _assert_oracle({n: (stored[f"{n}.running_mean"], stored[f"{n}.running_var"]) for n in LAYERS}, expected, "onnx")
@@ -188,7 +211,10 @@ def _keras_chain(model: Chain):
     h = keras.layers.ReLU()(bn("bn1")(conv1(inputs)))
     conv2 = keras.layers.Conv2D(8, 3, strides=2, use_bias=False, name="conv2")
     y = keras.layers.ReLU()(bn("bn2")(conv2(keras.layers.ZeroPadding2D(1)(h))))
-    conv3, short = keras.layers.Conv2D(8, 1, use_bias=False, name="conv3"), keras.layers.Conv2D(8, 1, strides=2, use_bias=False, name="short")
+    conv3, short = (
+        keras.layers.Conv2D(8, 1, use_bias=False, name="conv3"),
+        keras.layers.Conv2D(8, 1, strides=2, use_bias=False, name="short"),
+    )
     y = keras.layers.Add()([bn("bn3")(conv3(y)), bn("bn_s")(short(h))])
     twin = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(y))))
     conv1.set_weights([kernel(model.conv1), model.conv1.bias.detach().numpy()])
@@ -196,7 +222,9 @@ def _keras_chain(model: Chain):
         twin.get_layer(name).set_weights([kernel(getattr(model, name))])
     for name in LAYERS:
         layer = model.get_submodule(name)
-        twin.get_layer(name).set_weights([t.detach().numpy() for t in (layer.weight, layer.bias, layer.running_mean, layer.running_var)])
+        twin.get_layer(name).set_weights(
+            [t.detach().numpy() for t in (layer.weight, layer.bias, layer.running_mean, layer.running_var)]
+        )
     return twin
 
 
@@ -204,8 +232,13 @@ def test_keras_recalibrates_to_the_numpy_population_statistics_and_leaves_weight
     twin = _keras_chain(chain)
     before = [w.copy() for w in twin.get_weights()]
     new, report = recalibrate(twin, data.transpose(0, 2, 3, 1), batch_size=16)
-    found = {n: (np.asarray(new.get_layer(n).moving_mean.numpy(), np.float64), np.asarray(new.get_layer(n).moving_variance.numpy(), np.float64))
-             for n in LAYERS}
+    found = {
+        n: (
+            np.asarray(new.get_layer(n).moving_mean.numpy(), np.float64),
+            np.asarray(new.get_layer(n).moving_variance.numpy(), np.float64),
+        )
+        for n in LAYERS
+    }
     _assert_oracle(found, expected, "keras")
     assert all(np.array_equal(a, b) for a, b in zip(twin.get_weights(), before))  # the input model is untouched
     for name in ("conv1", "conv2", "conv3", "short"):
@@ -218,11 +251,15 @@ def _transformers_resnet():
     from transformers import ResNetConfig, ResNetModel
 
     torch.manual_seed(0)
-    config = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16, 32, 32], depths=[1, 1, 1, 1], layer_type="basic")
+    config = ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16, 32, 32], depths=[1, 1, 1, 1], layer_type="basic"
+    )
     return randomise(ResNetModel(config), seed=1)
 
 
-def test_a_transformers_resnet_exported_at_batch_4_is_recalibrated_to_what_drift_then_reads_on_the_same_data(tmp_path, cli_app):
+def test_a_transformers_resnet_exported_at_batch_4_is_recalibrated_to_what_drift_then_reads_on_the_same_data(
+    tmp_path, cli_app
+):
     """The issue's reproduction: `recalibrate v2.pt2 indist.npy -o v3.pt2 --batch-size 64` on a program that takes batches
     of exactly 4, then `drift v3.pt2 indist.npy`: no layer moves (it read a shift of 0.685 in a deep layer), and the
     statistics are those a dynamic-batch export of the same model gets."""
@@ -230,10 +267,24 @@ def test_a_transformers_resnet_exported_at_batch_4_is_recalibrated_to_what_drift
     x = torch.from_numpy(np.zeros((4, 3, 32, 32), np.float32))
     torch.export.save(torch.export.export(model, (x,)), tmp_path / "v2.pt2")
     torch.export.save(torch.export.export(model, (x,), dynamic_shapes=({0: BATCH},)), tmp_path / "any.pt2")
-    np.save(tmp_path / "indist.npy", (np.random.default_rng(5).standard_normal((64, 3, 32, 32)) * 1.3 + 0.4).astype(np.float32))
+    np.save(
+        tmp_path / "indist.npy",
+        (np.random.default_rng(5).standard_normal((64, 3, 32, 32)) * 1.3 + 0.4).astype(np.float32),
+    )
     runner = CliRunner()
-    done = runner.invoke(cli_app, ["recalibrate", str(tmp_path / "v2.pt2"), str(tmp_path / "indist.npy"), "-o", str(tmp_path / "v3.pt2"),
-                                   "--batch-size", "64", "--json"])
+    done = runner.invoke(
+        cli_app,
+        [
+            "recalibrate",
+            str(tmp_path / "v2.pt2"),
+            str(tmp_path / "indist.npy"),
+            "-o",
+            str(tmp_path / "v3.pt2"),
+            "--batch-size",
+            "64",
+            "--json",
+        ],
+    )
     assert done.exit_code == 0, done.output
     report = json.loads(done.output)
     assert report["batches"] == 16 and "batches of exactly 4" in report["notes"][0]
@@ -244,13 +295,31 @@ def test_a_transformers_resnet_exported_at_batch_4_is_recalibrated_to_what_drift
     # the mean is the data's own; the variance differs from the population variance only by n/(n-1) (64 values at 1x1)
     assert max(layer["max_shift"] for layer in layers) < 1e-4, layers
     assert max(layer["max_abs_log_ratio"] for layer in layers) <= np.log(64 / 63) + 1e-4, layers
-    assert runner.invoke(cli_app, ["recalibrate", str(tmp_path / "any.pt2"), str(tmp_path / "indist.npy"), "-o", str(tmp_path / "any3.pt2"),
-                                   "--batch-size", "64"]).exit_code == 0
-    static, dynamic = torch.export.load(tmp_path / "v3.pt2").state_dict, torch.export.load(tmp_path / "any3.pt2").state_dict
+    assert (
+        runner.invoke(
+            cli_app,
+            [
+                "recalibrate",
+                str(tmp_path / "any.pt2"),
+                str(tmp_path / "indist.npy"),
+                "-o",
+                str(tmp_path / "any3.pt2"),
+                "--batch-size",
+                "64",
+            ],
+        ).exit_code
+        == 0
+    )
+    static, dynamic = (
+        torch.export.load(tmp_path / "v3.pt2").state_dict,
+        torch.export.load(tmp_path / "any3.pt2").state_dict,
+    )
     for name, value in static.items():
         if name.endswith("num_batches_tracked"):
             continue  # counts the forward passes (16 of 4 against 1 of 64): history, not statistics
-        np.testing.assert_allclose(value.detach().double().numpy(), dynamic[name].detach().double().numpy(), rtol=2e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(
+            value.detach().double().numpy(), dynamic[name].detach().double().numpy(), rtol=2e-5, atol=1e-6, err_msg=name
+        )
 
 
 def test_a_regnet_with_squeeze_excitation_at_a_static_batch_is_its_own_fixed_point_and_agrees_with_its_module():
@@ -258,7 +327,9 @@ def test_a_regnet_with_squeeze_excitation_at_a_static_batch_is_its_own_fixed_poi
     from transformers import RegNetConfig, RegNetModel
 
     torch.manual_seed(0)
-    config = RegNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16, 32], depths=[1, 1, 1], groups_width=4, layer_type="y")
+    config = RegNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16, 32], depths=[1, 1, 1], groups_width=4, layer_type="y"
+    )
     model = randomise(RegNetModel(config), seed=2)
     data = (np.random.default_rng(6).standard_normal((32, 3, 32, 32)) * 0.8 - 0.3).astype(np.float32)
     program = torch.export.export(model, (torch.from_numpy(data[:4]),))
@@ -270,7 +341,9 @@ def test_a_regnet_with_squeeze_excitation_at_a_static_batch_is_its_own_fixed_poi
     module, _ = recalibrate(model, data, batch_size=32, variance_estimator="biased")
     for name, value in new.state_dict.items():
         if name.endswith(("running_mean", "running_var")):
-            np.testing.assert_allclose(value.double().numpy(), module.get_buffer(name).double().numpy(), rtol=2e-5, atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(
+                value.double().numpy(), module.get_buffer(name).double().numpy(), rtol=2e-5, atol=1e-6, err_msg=name
+            )
 
 
 def test_a_batchnorm_shared_by_two_branches_pools_both_uses_in_a_program_and_is_refused_in_a_module():
@@ -287,10 +360,16 @@ def test_a_batchnorm_shared_by_two_branches_pools_both_uses_in_a_program_and_is_
 
     model = randomise(Siamese(), seed=5)
     data = np.random.default_rng(7).standard_normal((12, 3, 4, 4)).astype(np.float32)
-    with pytest.raises(UnsupportedObjectError, match=r"layer 'bn' runs 2 times per forward .* recalibrate its torch.export program"):
+    with pytest.raises(
+        UnsupportedObjectError, match=r"layer 'bn' runs 2 times per forward .* recalibrate its torch.export program"
+    ):
         recalibrate(model, data)
     new, _ = recalibrate(torch.export.export(model, (torch.from_numpy(data[:4]),)), data, variance_estimator="biased")
     with torch.no_grad():
         both = torch.cat([model.left(torch.from_numpy(data)), model.right(torch.from_numpy(data))]).double().numpy()
-    np.testing.assert_allclose(new.state_dict["bn.running_mean"].double().numpy(), both.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(new.state_dict["bn.running_var"].double().numpy(), both.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        new.state_dict["bn.running_mean"].double().numpy(), both.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        new.state_dict["bn.running_var"].double().numpy(), both.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6
+    )

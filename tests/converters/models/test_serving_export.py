@@ -98,7 +98,9 @@ def test_verification_catches_a_changed_eps_and_statistics(mixed, tmp_path):
     export_for_serving(mixed, tmp_path / "m.onnx", sample=x)
     model = onnx.load(str(tmp_path / "m.onnx"))
     specs = source_specs(mixed, as_sample(x, None))
-    assert verify_sites(specs, find_norm_sites(model)) and all(v.passed for v in verify_sites(specs, find_norm_sites(model)))
+    assert verify_sites(specs, find_norm_sites(model)) and all(
+        v.passed for v in verify_sites(specs, find_norm_sites(model))
+    )
     for node in model.graph.node:
         if node.op_type == "LayerNormalization":
             for a in node.attribute:
@@ -170,12 +172,19 @@ def test_keras_applications_export_has_native_batchnorm_with_exact_eps_and_stati
     initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     in_file = {tuple(initializers[name].tobytes() for name in n.input[1:5]) for n in nodes}
     for layer in layers:  # each source layer has a node with bit-identical scale, bias, mean and variance
-        state = tuple(keras.ops.convert_to_numpy(w).tobytes() for w in (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance))
+        state = tuple(
+            keras.ops.convert_to_numpy(w).tobytes()
+            for w in (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance)
+        )
         assert state in in_file, layer.name
-    assert {attribute(n, "epsilon") for n in nodes} == {float(np.float32(layers[0].epsilon))} and layers[0].epsilon == 1e-3
+    assert {attribute(n, "epsilon") for n in nodes} == {float(np.float32(layers[0].epsilon))} and layers[
+        0
+    ].epsilon == 1e-3
     assert not any(attribute(n, "training_mode", 0) for n in nodes)
     assert len(result.rewritten) == 52 and sum(v.setting == "eps" for v in result.verification) == 52
-    assert result.contract.passed and result.contract.sample.shapes == [[4, 32, 32, 3]]  # channels-last, as Keras and tf2onnx take it
+    assert result.contract.passed and result.contract.sample.shapes == [
+        [4, 32, 32, 3]
+    ]  # channels-last, as Keras and tf2onnx take it
 
 
 @pytest.fixture(scope="module")
@@ -203,12 +212,26 @@ def test_keras_layer_group_rms_become_native_where_the_opset_allows(small_keras,
     high = export_for_serving(small_keras, tmp_path / "23.onnx", opset=23)
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "23.onnx")).graph.node)
     assert all(ops[op] == 1 for op in NORM_OPS) and high.opset == 23
-    eps = {n.op_type: attribute(n, "epsilon") for n in onnx.load(str(tmp_path / "23.onnx")).graph.node if n.op_type in NORM_OPS}
+    eps = {
+        n.op_type: attribute(n, "epsilon")
+        for n in onnx.load(str(tmp_path / "23.onnx")).graph.node
+        if n.op_type in NORM_OPS
+    }
     assert eps == EXPECTED_EPS
     low = export_for_serving(small_keras, tmp_path / "18.onnx", opset=18)
     ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "18.onnx")).graph.node)
-    assert low.opset == 18 and ops["LayerNormalization"] == 1 and ops["GroupNormalization"] == 0 and ops["RMSNormalization"] == 0
-    assert {v.source_layer for v in low.verification if v.setting == "eps"} == {"bn", "gn", "ln", "rms"}  # decompositions verified by eps
+    assert (
+        low.opset == 18
+        and ops["LayerNormalization"] == 1
+        and ops["GroupNormalization"] == 0
+        and ops["RMSNormalization"] == 0
+    )
+    assert {v.source_layer for v in low.verification if v.setting == "eps"} == {
+        "bn",
+        "gn",
+        "ln",
+        "rms",
+    }  # decompositions verified by eps
     assert low.passed
 
 
@@ -220,6 +243,7 @@ def test_keras_without_rewrite_is_refused_because_eps_is_folded_away(small_keras
     assert result.contract.passed  # the function is right; what is lost is the BatchNorm's eps and statistics
     assert any(v.source_layer == "bn" and not v.passed for v in result.verification)
 
+
 def test_cli_export_pt2(mixed, tmp_path, cli_app):
     for mode in ("eval", "train"):
         getattr(mixed, mode)()
@@ -227,15 +251,21 @@ def test_cli_export_pt2(mixed, tmp_path, cli_app):
         torch.export.save(program, tmp_path / f"{mode}.pt2")
     mixed.eval()
     runner = CliRunner()
-    done = runner.invoke(cli_app, ["export", str(tmp_path / "eval.pt2"), "--to", "onnx", "-o", str(tmp_path / "eval.onnx"), "--json"])
+    done = runner.invoke(
+        cli_app, ["export", str(tmp_path / "eval.pt2"), "--to", "onnx", "-o", str(tmp_path / "eval.onnx"), "--json"]
+    )
     assert done.exit_code == 0, done.output
     report = json.loads(done.output)
     assert report["passed"] and report["written"] and report["contract"]["passed"]
     assert (tmp_path / "eval.onnx").exists()
-    refused = runner.invoke(cli_app, ["export", str(tmp_path / "train.pt2"), "--to", "onnx", "-o", str(tmp_path / "train.onnx")])
+    refused = runner.invoke(
+        cli_app, ["export", str(tmp_path / "train.pt2"), "--to", "onnx", "-o", str(tmp_path / "train.onnx")]
+    )
     assert refused.exit_code == 7 and not (tmp_path / "train.onnx").exists()
     assert "refused" in refused.output and "mode" in refused.output
-    forced = runner.invoke(cli_app, ["export", str(tmp_path / "train.pt2"), "-o", str(tmp_path / "train.onnx"), "--force", "--json"])
+    forced = runner.invoke(
+        cli_app, ["export", str(tmp_path / "train.pt2"), "-o", str(tmp_path / "train.onnx"), "--force", "--json"]
+    )
     assert forced.exit_code == 0 and (tmp_path / "train.onnx").exists()
     assert json.loads(forced.output)["forced"] is True and json.loads(forced.output)["passed"] is False
 
@@ -270,11 +300,17 @@ def test_an_exported_graph_onnxruntime_cannot_run_is_an_unsupported_object_namin
     example = tuple(torch.randn(1, 2, 3, 4) for _ in range(3))
     source = torch.export.export(Add(), example)
     inputs = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [1, 2, 3, 4]) for name in ("q", "k", "v")]
-    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"])], "g", inputs,
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 3, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["q", "k", "v"], ["y"])],
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 3, 4])],
+    )
     final = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])  # Attention exists from opset 23
     final.ir_version = 10
-    with pytest.raises(UnsupportedObjectError, match=r"uses Attention at opset 18, which onnxruntime .* cannot run.*lower --opset"):
+    with pytest.raises(
+        UnsupportedObjectError, match=r"uses Attention at opset 18, which onnxruntime .* cannot run.*lower --opset"
+    ):
         _contract(source, final, None, None, [])
 
 
@@ -312,14 +348,20 @@ def test_a_dead_norm_is_reported_not_checked_and_the_layers_in_the_graph_are_che
     checked = {v.source_layer: v.found for v in result.verification if v.setting == "eps"}
     assert checked == {"first": "0.001", "last": "1e-06"}
     dead = [v for v in result.verification if v.source_layer == "pooler"]
-    assert [(v.setting, v.passed, v.found) for v in dead] == [("presence", True, "none in the exported graph (not checked)")]
+    assert [(v.setting, v.passed, v.found) for v in dead] == [
+        ("presence", True, "none in the exported graph (not checked)")
+    ]
     assert "dead code" in dead[0].note and any("pooler" in note and "not checked" in note for note in result.notes)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x})[0], model(torch.from_numpy(x)).detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        session.run(None, {session.get_inputs()[0].name: x})[0], model(torch.from_numpy(x)).detach().numpy(), atol=1e-5
+    )
 
     specs = source_specs(source, as_sample(x, None))
     sites = find_norm_sites(onnx.load(str(path)))
-    assert ("pooler", "presence", False) in [(v.source_layer, v.setting, v.passed) for v in verify_sites(specs, sites)]  # unknown dead: fails
+    assert ("pooler", "presence", False) in [
+        (v.source_layer, v.setting, v.passed) for v in verify_sites(specs, sites)
+    ]  # unknown dead: fails
     tampered = onnx.load(str(path))
     node = [n for n in tampered.graph.node if n.op_type == "LayerNormalization"][1]
     next(a for a in node.attribute if a.name == "epsilon").f = 1e-5
@@ -332,9 +374,13 @@ def test_an_eval_instance_norm_with_running_statistics_is_checked_as_the_batchno
     its statistics and affine repeated N times: it pairs with that node (its neighbouring BatchNorms keep theirs), each repetition
     is compared with the source, and one changed value still fails."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6, eps=0.3, affine=False),
-                          nn.InstanceNorm2d(6, affine=True, track_running_stats=True, eps=0.05), nn.GroupNorm(2, 6, eps=0.02),
-                          nn.BatchNorm2d(6, eps=1e-3))
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3),
+        nn.BatchNorm2d(6, eps=0.3, affine=False),
+        nn.InstanceNorm2d(6, affine=True, track_running_stats=True, eps=0.05),
+        nn.GroupNorm(2, 6, eps=0.02),
+        nn.BatchNorm2d(6, eps=1e-3),
+    )
     with torch.no_grad():
         for layer in (model[1], model[2], model[4]):
             layer.running_mean.normal_()
@@ -347,13 +393,30 @@ def test_an_eval_instance_norm_with_running_statistics_is_checked_as_the_batchno
     path = tmp_path / "in.onnx"
     result = export_for_serving(torch.export.export(model, (torch.from_numpy(x),)), path, sample=x)
     assert result.passed and result.written, result.render_text()
-    assert {v.source_layer: v.found for v in result.verification if v.setting == "eps"} == {"1": "0.3", "2": "0.05", "3": "0.02", "4": "0.001"}
-    assert {v.setting for v in result.verification if v.source_layer == "2"} == {"eps", "running_mean", "running_var", "scale", "bias", "mode"}
+    assert {v.source_layer: v.found for v in result.verification if v.setting == "eps"} == {
+        "1": "0.3",
+        "2": "0.05",
+        "3": "0.02",
+        "4": "0.001",
+    }
+    assert {v.setting for v in result.verification if v.source_layer == "2"} == {
+        "eps",
+        "running_mean",
+        "running_var",
+        "scale",
+        "bias",
+        "mode",
+    }
     assert result.contract.passed and result.contract.outputs[0].max_abs_error < 1e-5
 
     tampered = onnx.load(str(path))
-    node = next(n for n in tampered.graph.node if n.op_type == "BatchNormalization" and n.input[0] != "conv2d"
-                and numpy_helper.to_array(next(t for t in tampered.graph.initializer if t.name == n.input[3])).size == 12)
+    node = next(
+        n
+        for n in tampered.graph.node
+        if n.op_type == "BatchNormalization"
+        and n.input[0] != "conv2d"
+        and numpy_helper.to_array(next(t for t in tampered.graph.initializer if t.name == n.input[3])).size == 12
+    )
     var = next(t for t in tampered.graph.initializer if t.name == node.input[4])
     values = numpy_helper.to_array(var).copy()
     values[7] *= np.float32(1.0001)  # the second request's copy of channel 1

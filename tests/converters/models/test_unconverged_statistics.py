@@ -37,7 +37,9 @@ def trained_bn(data: list[np.ndarray], momentum: float | None = MOMENTUM) -> nn.
     return model.eval()
 
 
-def replay(data: list[np.ndarray], momentum: float, start_mean: float, start_var: float) -> tuple[np.ndarray, np.ndarray]:
+def replay(
+    data: list[np.ndarray], momentum: float, start_mean: float, start_var: float
+) -> tuple[np.ndarray, np.ndarray]:
     """PyTorch's running-average update, by hand in float64: mean and unbiased variance of each batch."""
     mean, var = np.full(4, start_mean), np.full(4, start_var)
     for x in data:
@@ -58,17 +60,25 @@ def test_a_few_steps_leave_the_share_numpy_measures_and_the_hazard_names_it(step
     bn = model[0]
     mean, var = replay(data, MOMENTUM, 0.0, 1.0)
     assert np.allclose(bn.running_var.numpy(), var, rtol=1e-5) and np.allclose(bn.running_mean.numpy(), mean, atol=1e-5)
-    share = float(np.mean(replay(data, MOMENTUM, 0.0, 1.0)[1] - replay(data, MOMENTUM, 0.0, 0.0)[1]))  # the initial variance's share
+    share = float(
+        np.mean(replay(data, MOMENTUM, 0.0, 1.0)[1] - replay(data, MOMENTUM, 0.0, 0.0)[1])
+    )  # the initial variance's share
     assert share >= FLOOR
-    needed = next(t for t in range(1, 1000) if np.prod(np.full(t, 1 - MOMENTUM)) < FLOOR)  # batches until the share is below the floor
-    (where, hazard), = unconverged(model)
+    needed = next(
+        t for t in range(1, 1000) if np.prod(np.full(t, 1 - MOMENTUM)) < FLOOR
+    )  # batches until the share is below the floor
+    ((where, hazard),) = unconverged(model)
     assert where == "0" and hazard.severity == "warning"
     assert f"num_batches_tracked={steps} at momentum 0.1" in hazard.message
     assert f"{share:.0%} of them is still the initial values" in hazard.message
     assert f"reaches {needed} " in hazard.message and "normbridge drift" in hazard.message
-    program = torch.export.export(model, (torch.from_numpy(data[0]),))  # the same from an exported program's op and buffers
+    program = torch.export.export(
+        model, (torch.from_numpy(data[0]),)
+    )  # the same from an exported program's op and buffers
     assert [h.message for _, h in unconverged(program)] == [hazard.message]
-    assert [(h.layer, h.code) for h in serving_hazards(model) if h.code == "unconverged_statistics"] == [("0", "unconverged_statistics")]
+    assert [(h.layer, h.code) for h in serving_hazards(model) if h.code == "unconverged_statistics"] == [
+        ("0", "unconverged_statistics")
+    ]
 
 
 def test_converged_statistics_are_not_flagged():
@@ -76,8 +86,12 @@ def test_converged_statistics_are_not_flagged():
     share = float(np.mean(replay(data, MOMENTUM, 0.0, 1.0)[1] - replay(data, MOMENTUM, 0.0, 0.0)[1]))
     assert share < FLOOR  # 60 steps at 0.1 leave 0.18%
     assert unconverged(trained_bn(data)) == []
-    assert unconverged(trained_bn(batches(10), momentum=0.5)) == []  # a faster running average forgets sooner: 0.1% left
-    assert unconverged(trained_bn(batches(3), momentum=None)) == []  # a cumulative average keeps none of the initial values
+    assert (
+        unconverged(trained_bn(batches(10), momentum=0.5)) == []
+    )  # a faster running average forgets sooner: 0.1% left
+    assert (
+        unconverged(trained_bn(batches(3), momentum=None)) == []
+    )  # a cumulative average keeps none of the initial values
 
 
 def test_statistics_no_running_average_can_give_are_not_called_unconverged():
@@ -91,10 +105,18 @@ def test_statistics_no_running_average_can_give_are_not_called_unconverged():
 def test_formats_without_a_batch_counter_say_it_was_not_judged(tmp_path):
     model = trained_bn(batches(10))
     path = tmp_path / "bn.onnx"
-    torch.onnx.export(model, (torch.from_numpy(batches(1)[0]),), str(path), dynamo=False, training=torch.onnx.TrainingMode.EVAL,
-                      do_constant_folding=False)
+    torch.onnx.export(
+        model,
+        (torch.from_numpy(batches(1)[0]),),
+        str(path),
+        dynamo=False,
+        training=torch.onnx.TrainingMode.EVAL,
+        do_constant_folding=False,
+    )
     inspection = inspect_model(path)
     assert unconverged(path) == []
     (note,) = [h for h in inspection.hazards if h.code == "convergence_unjudged"]
     assert note.severity == "info" and "keep no batch counter" in note.message and "normbridge drift" in note.message
-    assert not [h for h in inspect_model(model).hazards if h.code == "convergence_unjudged"]  # torch keeps the counter: judged
+    assert not [
+        h for h in inspect_model(model).hazards if h.code == "convergence_unjudged"
+    ]  # torch keeps the counter: judged

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("api_docs")
-    with running_server(db=f"sqlite:///{folder / 'registry.db'}", blobs=str(folder / "blobs"), log=folder / "serve.log") as running:
+    with running_server(
+        db=f"sqlite:///{folder / 'registry.db'}", blobs=str(folder / "blobs"), log=folder / "serve.log"
+    ) as running:
         yield running
 
 
@@ -76,7 +78,9 @@ def test_redoc_renders_the_operations_offline(server, browser):
     context, page, requested = offline_page(browser, server)
     try:
         page.goto(server.url + "/redoc")
-        page.locator("h2", has_text="Liveness (no token needed)").first.wait_for(timeout=30_000)  # the operation's section
+        page.locator("h2", has_text="Liveness (no token needed)").first.wait_for(
+            timeout=30_000
+        )  # the operation's section
         assert page.locator("h1").first.inner_text().startswith("normbridge registry")
     finally:
         context.close()

@@ -41,7 +41,14 @@ def server(tmp_path_factory):
         for chunked in (False, True):  # warm up every path measured below with small bodies
             stream_body(running.url, "POST", DRIFT, {"Content-Type": "application/octet-stream"}, 1024, chunked=chunked)
             stream_body(running.url, "PUT", ALIAS, auth, 1024, chunked=chunked)
-            stream_body(running.url, "POST", "/ui/login", {"Content-Type": "application/x-www-form-urlencoded"}, 1024, chunked=chunked)
+            stream_body(
+                running.url,
+                "POST",
+                "/ui/login",
+                {"Content-Type": "application/x-www-form-urlencoded"},
+                1024,
+                chunked=chunked,
+            )
         yield running, auth
 
 
@@ -60,28 +67,58 @@ def error_of(answer) -> dict:
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_anonymous_bodies_get_401_before_they_are_read(server, chunked):
     running, _ = server
-    attacks = [("POST", DRIFT, {"Content-Type": "application/octet-stream"}),  # the curl
-               ("PUT", ALIAS, {}),  # no Content-Type at all
-               ("POST", DRIFT, {"Content-Type": "application/json"})]
+    attacks = [
+        ("POST", DRIFT, {"Content-Type": "application/octet-stream"}),  # the curl
+        ("PUT", ALIAS, {}),  # no Content-Type at all
+        ("POST", DRIFT, {"Content-Type": "application/json"}),
+    ]
 
     def attack():
         with ThreadPoolExecutor(len(attacks)) as pool:  # concurrent bodies used to add up
             return list(pool.map(lambda a: stream_body(running.url, a[0], a[1], a[2], BODY, chunked=chunked), attacks))
 
     growth, answers = peak_growth(running.process.pid, attack)
-    assert growth < ANONYMOUS_GROWTH, f"three anonymous {BODY >> 20} MiB bodies raised the server's peak memory by {growth >> 20} MiB"
+    assert growth < ANONYMOUS_GROWTH, (
+        f"three anonymous {BODY >> 20} MiB bodies raised the server's peak memory by {growth >> 20} MiB"
+    )
     for (method, path, _), answer in zip(attacks, answers):
-        assert answer.status == 401 and error_of(answer)["code"] == "unauthorized", (method, path, answer.status, answer.body[:300])
+        assert answer.status == 401 and error_of(answer)["code"] == "unauthorized", (
+            method,
+            path,
+            answer.status,
+            answer.body[:300],
+        )
 
 
 def test_an_anonymous_request_gets_401_before_its_content_type_is_judged(server):
     running, _ = server
-    for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/octet-stream", "application/xml"):
-        for method, path in (("POST", DRIFT), ("PUT", ALIAS), ("POST", "/api/v1/blobs/present"), ("POST", "/api/v1/gc")):
-            answer = httpx.request(method, running.url + path, content=b"{}", headers={"Content-Type": content_type}, timeout=60)
-            assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized", (method, path, content_type, answer.text)
-    forged = httpx.post(running.url + DRIFT, content=b"{}", headers={"Content-Type": "application/json", "Authorization": "Bearer nbt_x_y"},
-                        timeout=60)
+    for content_type in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "application/octet-stream",
+        "application/xml",
+    ):
+        for method, path in (
+            ("POST", DRIFT),
+            ("PUT", ALIAS),
+            ("POST", "/api/v1/blobs/present"),
+            ("POST", "/api/v1/gc"),
+        ):
+            answer = httpx.request(
+                method, running.url + path, content=b"{}", headers={"Content-Type": content_type}, timeout=60
+            )
+            assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized", (
+                method,
+                path,
+                content_type,
+                answer.text,
+            )
+    forged = httpx.post(
+        running.url + DRIFT,
+        content=b"{}",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer nbt_x_y"},
+        timeout=60,
+    )
     assert forged.status_code == 401, forged.text  # a made-up token is no token
 
 
@@ -90,10 +127,19 @@ def test_a_login_form_body_is_cut_at_its_bound(server, chunked):
     running, _ = server
 
     def attack():
-        return stream_body(running.url, "POST", "/ui/login", {"Content-Type": "application/x-www-form-urlencoded"}, BODY, chunked=chunked)
+        return stream_body(
+            running.url,
+            "POST",
+            "/ui/login",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            BODY,
+            chunked=chunked,
+        )
 
     growth, answer = peak_growth(running.process.pid, attack)
-    assert growth < ANONYMOUS_GROWTH, f"a {BODY >> 20} MiB login form raised the server's peak memory by {growth >> 20} MiB"
+    assert growth < ANONYMOUS_GROWTH, (
+        f"a {BODY >> 20} MiB login form raised the server's peak memory by {growth >> 20} MiB"
+    )
     assert answer.status == 413 and error_of(answer)["code"] == "payload_too_large", (answer.status, answer.body[:300])
     assert "8192" in error_of(answer)["message"]
 
@@ -104,14 +150,25 @@ def test_an_authenticated_body_of_any_media_type_is_bounded(server, chunked):
     attacks = [("PUT", ALIAS, auth), ("POST", DRIFT, {**auth, "Content-Type": "application/octet-stream"})]
 
     def attack():
-        return [stream_body(running.url, method, path, headers, 2 * BODY, chunked=chunked) for method, path, headers in attacks]
+        return [
+            stream_body(running.url, method, path, headers, 2 * BODY, chunked=chunked)
+            for method, path, headers in attacks
+        ]
 
     growth, (unlabelled, octets) = peak_growth(running.process.pid, attack)
-    assert growth < AUTHENTICATED_GROWTH, f"a {2 * BODY >> 20} MiB body raised the server's peak memory by {growth >> 20} MiB"
-    assert unlabelled.status == 413 and error_of(unlabelled)["code"] == "payload_too_large", (unlabelled.status, unlabelled.body[:300])
+    assert growth < AUTHENTICATED_GROWTH, (
+        f"a {2 * BODY >> 20} MiB body raised the server's peak memory by {growth >> 20} MiB"
+    )
+    assert unlabelled.status == 413 and error_of(unlabelled)["code"] == "payload_too_large", (
+        unlabelled.status,
+        unlabelled.body[:300],
+    )
     assert str(32 << 20) in error_of(unlabelled)["message"]
     # a JSON endpoint takes JSON: refused for its media type before a byte of it is read
-    assert octets.status == 415 and error_of(octets)["code"] == "unsupported_media_type", (octets.status, octets.body[:300])
+    assert octets.status == 415 and error_of(octets)["code"] == "unsupported_media_type", (
+        octets.status,
+        octets.body[:300],
+    )
     assert octets.sent < 2 * BODY
 
 
@@ -122,8 +179,18 @@ def test_a_real_login_form_and_json_bodies_still_pass(server):
         page = browser.get("/ui/login", headers={"Accept": "text/html"})
         csrf = browser.cookies["nb_csrf"]
         assert page.status_code == 200 and csrf in page.text
-        answer = browser.post("/ui/login", data={"token": token, "csrf": csrf, "next": "/ui/"}, headers={"Origin": running.url})
-        assert answer.status_code == 303 and answer.headers["location"] == "/ui/" and browser.cookies.get("nb_session") == token
-    chunked = httpx.post(running.url + "/api/v1/blobs/present", content=iter([b'{"digests"', b": []}"]),
-                         headers={**auth, "Content-Type": "application/json"}, timeout=60)
+        answer = browser.post(
+            "/ui/login", data={"token": token, "csrf": csrf, "next": "/ui/"}, headers={"Origin": running.url}
+        )
+        assert (
+            answer.status_code == 303
+            and answer.headers["location"] == "/ui/"
+            and browser.cookies.get("nb_session") == token
+        )
+    chunked = httpx.post(
+        running.url + "/api/v1/blobs/present",
+        content=iter([b'{"digests"', b": []}"]),
+        headers={**auth, "Content-Type": "application/json"},
+        timeout=60,
+    )
     assert chunked.status_code == 200 and chunked.json() == {"present": []}, chunked.text

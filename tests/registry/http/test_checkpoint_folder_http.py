@@ -65,14 +65,19 @@ def test_a_folder_goes_up_and_comes_back_and_a_recalibration_sends_only_its_stat
     assert len(_blob_files(server["blobs"]) - held) == len(norms)  # each running_var: nothing else is new
     weights = os.path.getsize(tmp_path / "v2" / "model.safetensors")
     assert sent["uploading v2"] < sent["uploading v1"] - 0.9 * weights  # the weights went up once
-    assert remote.diff("resnet@1", "resnet@2").headline == f"weights identical, running statistics changed in {len(norms)} layers"
+    assert (
+        remote.diff("resnet@1", "resnet@2").headline
+        == f"weights identical, running statistics changed in {len(norms)} layers"
+    )
 
     pulled = remote.pull("resnet@2", tmp_path / "back")
     assert pulled.path == str(tmp_path / "back") and pulled.format == "hf-folder"
     assert _files(tmp_path / "back") == _files(tmp_path / "v2")
     loaded = remote.load("resnet@1")
     pixels = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(_outputs(loaded, pixels), _outputs(transformers.ResNetModel.from_pretrained(tmp_path / "v1"), pixels))
+    assert torch.equal(
+        _outputs(loaded, pixels), _outputs(transformers.ResNetModel.from_pretrained(tmp_path / "v1"), pixels)
+    )
     with pytest.raises(RegistryError, match="folder, not one file"):
         remote.model_file("resnet@1")
 

@@ -40,7 +40,10 @@ def test_concurrent_senders_on_two_servers_lose_nothing_and_keep_the_state_exact
         registry.register("cnn", model)
         token = create_token(db, "fleet", "write", ["cnn"])
         bodies = [window(model, shift_sd=2.0 if i % 3 == 0 else 0.0) for i in range(PER_SENDER)]
-        with running_server(db=db, blobs=blobs, log=tmp_path / "a.log") as a, running_server(db=db, blobs=blobs, log=tmp_path / "b.log") as b:
+        with (
+            running_server(db=db, blobs=blobs, log=tmp_path / "a.log") as a,
+            running_server(db=db, blobs=blobs, log=tmp_path / "b.log") as b,
+        ):
             latencies, failures, lock = [], [], threading.Lock()
             deadline = time.monotonic() + TIME_CAP
 
@@ -62,15 +65,17 @@ def test_concurrent_senders_on_two_servers_lose_nothing_and_keep_the_state_exact
         assert not failures, failures[:5]
         assert len(latencies) == SENDERS * PER_SENDER  # the time cap was not reached
         p50, p99 = (float(np.percentile(latencies, q)) * 1000 for q in (50, 99))
-        print(f"\nPOST .../drift: {len(latencies)} windows from {SENDERS} senders on 2 servers (PostgreSQL): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+        print(
+            f"\nPOST .../drift: {len(latencies)} windows from {SENDERS} senders on 2 servers (PostgreSQL): p50 {p50:.0f} ms, p99 {p99:.0f} ms"
+        )
         assert p99 < 10_000
 
         found = history(registry, "cnn@1", limit=10_000)
         assert found.windows_total == len(found.windows) == SENDERS * PER_SENDER
         by_id = sorted(found.windows, key=lambda w: w.id)
-        assert found.recent == "".join("1" if w.over else "0" for w in by_id[-found.rule.m:])
+        assert found.recent == "".join("1" if w.over else "0" for w in by_id[-found.rule.m :])
         for index, record in enumerate(by_id):  # each stored state is the rule applied to the windows stored before it
-            recent = "".join("1" if w.over else "0" for w in by_id[max(0, index - found.rule.m + 1): index + 1])
+            recent = "".join("1" if w.over else "0" for w in by_id[max(0, index - found.rule.m + 1) : index + 1])
             assert record.state == found.rule.state_of(recent), (index, recent, record.state)
         with Session(registry.meta.engine) as session:
             assert session.scalar(select(func.count()).select_from(DriftLayerRow)) == 2 * SENDERS * PER_SENDER

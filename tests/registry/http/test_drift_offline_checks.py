@@ -63,7 +63,10 @@ def env(tmp_path_factory):
     rng = np.random.default_rng(0)
     np.save(root / "shifted.npy", shifted(rng, 64))
     np.save(root / "calm.npy", calm(rng, 64))
-    tokens = {"writer": create_token(db, "nightly", "write", ["m", "onx"]), "reader": create_token(db, "dashboard", "read")}
+    tokens = {
+        "writer": create_token(db, "nightly", "write", ["m", "onx"]),
+        "reader": create_token(db, "dashboard", "read"),
+    }
     with running_server(db=db, blobs=blobs, log=root / "serve.log") as server:
         yield {"server": server, "root": root, "tokens": tokens}
 
@@ -77,13 +80,20 @@ def _drift(env, *args: str, process: bool = False):
 
 
 def _read(env, path: str, **params) -> httpx.Response:
-    response = httpx.get(env["server"].url + path, params=params, headers={"Authorization": f"Bearer {env['tokens']['reader']}"}, timeout=60)
+    response = httpx.get(
+        env["server"].url + path,
+        params=params,
+        headers={"Authorization": f"Bearer {env['tokens']['reader']}"},
+        timeout=60,
+    )
     assert response.status_code == 200, response.text
     return response
 
 
 def _page(env, path: str) -> str:
-    with httpx.Client(base_url=env["server"].url, cookies={"nb_session": env["tokens"]["reader"]}, timeout=60) as browser:
+    with httpx.Client(
+        base_url=env["server"].url, cookies={"nb_session": env["tokens"]["reader"]}, timeout=60
+    ) as browser:
         response = browser.get(path)
     assert response.status_code == 200, response.text[:2000]
     return response.text
@@ -91,8 +101,12 @@ def _page(env, path: str) -> str:
 
 def _metrics(env, model: str) -> dict[tuple, float]:
     text = _read(env, "/metrics").text
-    return {(s.name, s.labels.get("layer")): s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if s.labels.get("model") == model}
+    return {
+        (s.name, s.labels.get("layer")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("model") == model
+    }
 
 
 def _attribute(html: str, element_id: str, name: str) -> str:
@@ -106,24 +120,39 @@ def _attribute(html: str, element_id: str, name: str) -> str:
 def test_four_offline_drift_checks_are_shown_beside_a_serving_state_they_never_move(env):
     done = [_drift(env, "m.pt2", "shifted.npy", "--record", "m@1", process=i == 0) for i in range(CHECKS)]
     for run in done:
-        assert run.returncode == 11 and "DRIFT in bn" in run.stdout and "recorded drift report" in run.stderr, run.stderr[-2000:]
+        assert run.returncode == 11 and "DRIFT in bn" in run.stdout and "recorded drift report" in run.stderr, (
+            run.stderr[-2000:]
+        )
 
     found = _read(env, "/api/v1/models/m/versions/1/drift").json()
     assert (found["state"], found["windows_total"], found["windows"]) == ("ok", 0, [])
     assert len(found["reports"]) == CHECKS
     series = _metrics(env, "m")
-    assert ("normbridge_drift_alert_state", None) not in series  # no serving window: no serving state to export (it said 2)
+    assert (
+        "normbridge_drift_alert_state",
+        None,
+    ) not in series  # no serving window: no serving state to export (it said 2)
     assert not [key for key in series if key[0] in ("normbridge_drift_shift", "normbridge_drift_layer_state")]
     assert series[("normbridge_drift_offline_verdict", None)] == 2
     offline = found["offline"]
-    assert (offline["verdict"], offline["alarms"], offline["checks"], offline["report"]) == ("drift", ["bn"], CHECKS, found["reports"][0]["id"])
+    assert (offline["verdict"], offline["alarms"], offline["checks"], offline["report"]) == (
+        "drift",
+        ["bn"],
+        CHECKS,
+        found["reports"][0]["id"],
+    )
     assert offline["samples"] == 64 and offline["user"] == "nightly"
     assert all("never counted in it" in run.stderr for run in done)  # the CLI says so when it records
 
     page = _page(env, "/ui/models/m/versions/1/drift")
-    assert _attribute(page, "drift-history-state", "data-state") == "ok" and _attribute(page, "drift-history-state", "data-windows") == "0"
+    assert (
+        _attribute(page, "drift-history-state", "data-state") == "ok"
+        and _attribute(page, "drift-history-state", "data-windows") == "0"
+    )
     assert "no serving window yet" in page and "never by offline checks" in page
-    assert _attribute(page, "drift-offline", "data-verdict") == "drift" and _attribute(page, "drift-offline", "data-checks") == str(CHECKS)
+    assert _attribute(page, "drift-offline", "data-verdict") == "drift" and _attribute(
+        page, "drift-offline", "data-checks"
+    ) == str(CHECKS)
     version = _page(env, "/ui/models/m/versions/1")
     assert _attribute(version, "drift-offline", "data-verdict") == "drift" and 'id="drift-state"' not in version
     row = re.search(r'<tr data-ref="m@1">.*?</tr>', _page(env, "/ui/models/m"), re.S).group(0)
@@ -133,8 +162,16 @@ def test_four_offline_drift_checks_are_shown_beside_a_serving_state_they_never_m
 def test_a_clean_offline_check_does_not_lower_a_serving_alert(env):
     """The same question on the family's other side: an ONNX version alerting on its serving windows, then checked offline."""
     session = onnxruntime.InferenceSession(str(env["root"] / "onx.onnx"), providers=["CPUExecutionProvider"])
-    watch = converters.monitor(session, server=env["server"].url, token=env["tokens"]["writer"], ref="onx@1", sample_rate=1.0,
-                               window_requests=8, window_seconds=600, seed=0)
+    watch = converters.monitor(
+        session,
+        server=env["server"].url,
+        token=env["tokens"]["writer"],
+        ref="onx@1",
+        sample_rate=1.0,
+        window_requests=8,
+        window_seconds=600,
+        seed=0,
+    )
     rng = np.random.default_rng(1)
     try:
         for _ in range(3 * 8):
@@ -151,7 +188,9 @@ def test_a_clean_offline_check_does_not_lower_a_serving_alert(env):
     assert (found["state"], found["windows_total"], found["recent"]) == ("alert", 3, "111")
     assert (found["offline"]["verdict"], found["offline"]["checks"]) == ("no drift", 1)
     series = _metrics(env, "onx")
-    assert series[("normbridge_drift_alert_state", None)] == 2 and series[("normbridge_drift_offline_verdict", None)] == 0
+    assert (
+        series[("normbridge_drift_alert_state", None)] == 2 and series[("normbridge_drift_offline_verdict", None)] == 0
+    )
     assert series[("normbridge_drift_layer_state", "bn")] == 2  # the newest serving window's, not the offline check's
     page = _page(env, "/ui/models/onx/versions/1/drift")
     assert _attribute(page, "drift-history-state", "data-state") == "alert"

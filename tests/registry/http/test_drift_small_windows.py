@@ -41,7 +41,9 @@ def moved(x: np.ndarray) -> np.ndarray:
 def resnet():
     from transformers import ResNetConfig, ResNetModel
 
-    config = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="bottleneck")
+    config = ResNetConfig(
+        num_channels=3, embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="bottleneck"
+    )
     last = ["encoder.stages.3.layers.0.layer.2.normalization", "encoder.stages.3.layers.0.shortcut.normalization"]
     return randomise(ResNetModel(config), 0), last, 0.35
 
@@ -105,12 +107,22 @@ def test_in_distribution_windows_of_160_images_stay_ok_and_a_real_shift_alerts_o
     rng = np.random.default_rng(7)
     offline = drift_check(model, population(rng, 512))
     assert offline.verdict == "no drift", [(layer.name, layer.max_shift) for layer in offline.layers if layer.alarm]
-    assert 0.25 < max(layer.max_shift for layer in offline.layers if layer.name in off) < 0.5  # near the threshold, under it
+    assert (
+        0.25 < max(layer.max_shift for layer in offline.layers if layer.name in off) < 0.5
+    )  # near the threshold, under it
 
     url = f"{env['server'].url}/api/v1/models/{name}/versions/1/drift"
     reader = {"Authorization": f"Bearer {env['reader']}"}
-    watch = converters.monitor(model, server=env["server"].url, token=env["token"], ref=f"{name}@1", sample_rate=sample_rate,
-                               window_requests=WINDOW, window_seconds=600, seed=0)
+    watch = converters.monitor(
+        model,
+        server=env["server"].url,
+        token=env["token"],
+        ref=f"{name}@1",
+        sample_rate=sample_rate,
+        window_requests=WINDOW,
+        window_seconds=600,
+        seed=0,
+    )
     try:
         with torch.no_grad():
             for _ in range(CALM_WINDOWS * WINDOW):
@@ -126,14 +138,23 @@ def test_in_distribution_windows_of_160_images_stay_ok_and_a_real_shift_alerts_o
     stats = watch.stats()
     assert (stats.dropped, stats.rejected, stats.errors) == (0, 0, 0), stats
 
-    assert (calm["state"], calm["windows_total"], calm["recent"]) == ("ok", CALM_WINDOWS, "0" * CALM_WINDOWS), calm["recent"]
+    assert (calm["state"], calm["windows_total"], calm["recent"]) == ("ok", CALM_WINDOWS, "0" * CALM_WINDOWS), calm[
+        "recent"
+    ]
     near = [layer for window in calm["windows"] for layer in window["layers"] if layer["name"] in off]
     crossed = [layer for layer in near if layer["max_shift"] > calm["rule"]["shift"]]
-    assert len(crossed) >= CALM_WINDOWS // 2, [layer["max_shift"] for layer in near]  # what the bare threshold test alarmed on
-    assert all(not layer["over"] and layer["status"] == "ok" and layer["shift_bound"] < calm["rule"]["shift"] for layer in crossed)
+    assert len(crossed) >= CALM_WINDOWS // 2, [
+        layer["max_shift"] for layer in near
+    ]  # what the bare threshold test alarmed on
+    assert all(
+        not layer["over"] and layer["status"] == "ok" and layer["shift_bound"] < calm["rule"]["shift"]
+        for layer in crossed
+    )
     assert all(layer["batches"] >= 2 and layer["error_multiplier"] > 3 for layer in near)
 
     assert [window["state"] for window in reversed(shifted["windows"])] == ["warning", "warning", "alert"]
     assert shifted["state"] == "alert" and shifted["recent"].endswith("111")
     for window in shifted["windows"]:
-        assert window["over"] and any(layer["status"] == "drift" and layer["shift_bound"] > calm["rule"]["shift"] for layer in window["layers"])
+        assert window["over"] and any(
+            layer["status"] == "drift" and layer["shift_bound"] > calm["rule"]["shift"] for layer in window["layers"]
+        )

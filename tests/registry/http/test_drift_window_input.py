@@ -49,7 +49,9 @@ def served(request, tmp_path_factory):
         token = create_token(db, "collector", "write", ["cnn"])
         try:
             with running_server(db=db, blobs=blobs, log=root / "serve.log") as server:
-                with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as client:
+                with httpx.Client(
+                    base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=120
+                ) as client:
                     yield client, registry, model
         finally:
             registry.meta.close()
@@ -68,17 +70,31 @@ def _with(body: dict, **changes) -> dict:
 BIG = 2**63
 
 
-@pytest.mark.parametrize("field, changes", [
-    ("started_at", {"started_at": "2026-01-01T00:00:00"}),  # no offset, beside an ended_at that has one
-    ("ended_at", {"started_at": "2026-01-01T00:00:00+00:00", "ended_at": "2099-01-01T00:00:00"}),
-    ("started_at", {"started_at": "0001-01-01T00:00:00+05:00"}),  # year 0 in UTC
-    ("ended_at", {"ended_at": "9999-12-31T23:00:00-05:00"}),  # year 10000 in UTC
-    ("count", {"count": BIG}),
-    ("requests", {"requests": BIG}),
-    ("dropped", {"dropped": BIG}),
-    ("sampled", {"sampled": BIG + 5}),
-    ("requests", {"requests": 10**30}),
-], ids=["naive-start", "naive-end", "year-0", "year-10000", "count", "requests", "dropped", "sampled", "requests-huge"])
+@pytest.mark.parametrize(
+    "field, changes",
+    [
+        ("started_at", {"started_at": "2026-01-01T00:00:00"}),  # no offset, beside an ended_at that has one
+        ("ended_at", {"started_at": "2026-01-01T00:00:00+00:00", "ended_at": "2099-01-01T00:00:00"}),
+        ("started_at", {"started_at": "0001-01-01T00:00:00+05:00"}),  # year 0 in UTC
+        ("ended_at", {"ended_at": "9999-12-31T23:00:00-05:00"}),  # year 10000 in UTC
+        ("count", {"count": BIG}),
+        ("requests", {"requests": BIG}),
+        ("dropped", {"dropped": BIG}),
+        ("sampled", {"sampled": BIG + 5}),
+        ("requests", {"requests": 10**30}),
+    ],
+    ids=[
+        "naive-start",
+        "naive-end",
+        "year-0",
+        "year-10000",
+        "count",
+        "requests",
+        "dropped",
+        "sampled",
+        "requests-huge",
+    ],
+)
 def test_a_window_the_store_cannot_hold_is_a_422_naming_the_field(served, field, changes):
     client, registry, model = served
     before = history(registry, "cnn@1").windows_total
@@ -91,8 +107,15 @@ def test_a_window_the_store_cannot_hold_is_a_422_naming_the_field(served, field,
 
 def test_the_largest_values_the_store_holds_are_stored(served):
     client, registry, model = served
-    body = _with(window(model), count=BIG - 1, requests=BIG - 1, dropped=BIG - 1, sampled=BIG - 1,
-                 started_at="0001-01-01T00:00:00+00:00", ended_at="9999-12-31T23:59:59-00:00")
+    body = _with(
+        window(model),
+        count=BIG - 1,
+        requests=BIG - 1,
+        dropped=BIG - 1,
+        sampled=BIG - 1,
+        started_at="0001-01-01T00:00:00+00:00",
+        ended_at="9999-12-31T23:59:59-00:00",
+    )
     answer = client.post(PATH, json=body)
     assert answer.status_code == 201, answer.text
     stored = history(registry, "cnn@1", limit=1).windows[0]
@@ -115,7 +138,7 @@ def test_a_window_posted_twice_counts_once(served):
         assert replay.json() == first.json()
     after = history(registry, "cnn@1")
     assert after.windows_total == before.windows_total + 1
-    assert after.recent == (before.recent + "1")[-after.rule.m:]
+    assert after.recent == (before.recent + "1")[-after.rule.m :]
     assert [w.id for w in after.windows].count(first.json()["id"]) == 1
     # another window (another replica, the same figures) is another window
     other = client.post(PATH, json={**body, "replica": "another:1"})

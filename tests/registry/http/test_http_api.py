@@ -86,7 +86,9 @@ def bearer(token: str) -> dict:
 def snapshot(registry) -> dict:
     """What a refused request must leave unchanged: versions and blobs."""
     return {
-        "versions": [(r.model, r.number, r.digest) for name, _, _ in registry.models() for r in registry.meta.versions(name)],
+        "versions": [
+            (r.model, r.number, r.digest) for name, _, _ in registry.models() for r in registry.meta.versions(name)
+        ],
         "blobs": sorted(registry.store.digests()),
     }
 
@@ -108,12 +110,22 @@ def env(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("http-api")
     db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
-    tokens = {"admin": create_token(db, "root-admin", "admin"), "writer": create_token(db, "ci-bot", "write"),
-              "reader": create_token(db, "dashboard", "read")}
+    tokens = {
+        "admin": create_token(db, "root-admin", "admin"),
+        "writer": create_token(db, "ci-bot", "write"),
+        "reader": create_token(db, "dashboard", "read"),
+    }
     with running_server(db=db, blobs=blobs, args=["--max-upload-mb", "1"], log=root / "serve.log") as server:
-        clients = {role: httpx.Client(base_url=server.url, headers=bearer(t), timeout=180) for role, t in tokens.items()}
+        clients = {
+            role: httpx.Client(base_url=server.url, headers=bearer(t), timeout=180) for role, t in tokens.items()
+        }
         try:
-            yield {"server": server, "clients": clients, "root": root, "registry": Registry(db=db, blobs=blobs, user="test")}
+            yield {
+                "server": server,
+                "clients": clients,
+                "root": root,
+                "registry": Registry(db=db, blobs=blobs, user="test"),
+            }
         finally:
             for client in clients.values():
                 client.close()
@@ -124,7 +136,9 @@ def registered(env):
     """cnn@1 and cnn@2 (statistics fine-tuned) registered over HTTP by the write token."""
     writer, root = env["clients"]["writer"], env["root"]
     model = small_model()
-    first = writer.post("/api/v1/models/cnn/versions", params={"format": "pt2", "note": "3 steps"}, content=pt2_bytes(model, root))
+    first = writer.post(
+        "/api/v1/models/cnn/versions", params={"format": "pt2", "note": "3 steps"}, content=pt2_bytes(model, root)
+    )
     again = writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=pt2_bytes(model, root))
     with torch.no_grad():
         model.train()
@@ -157,7 +171,9 @@ def test_upload_registers_201_then_200_for_identical_content_and_every_read_work
 
     alias = env["clients"]["writer"].put("/api/v1/models/cnn/aliases/production", json={"version": "cnn@1"})
     assert alias.status_code == 200 and alias.json()["number"] == 1 and alias.json()["user"] == "ci-bot"
-    assert env["clients"]["writer"].put("/api/v1/models/cnn/aliases/production", json={"version": 2}).json()["number"] == 2
+    assert (
+        env["clients"]["writer"].put("/api/v1/models/cnn/aliases/production", json={"version": 2}).json()["number"] == 2
+    )
     assert reader.get("/api/v1/models/cnn/versions/production").json()["number"] == 2
     assert [a["alias"] for a in reader.get("/api/v1/models/cnn/aliases").json()] == ["production"]
 
@@ -171,14 +187,24 @@ def test_upload_registers_201_then_200_for_identical_content_and_every_read_work
 
     audit = reader.get("/api/v1/audit", params={"model": "cnn", "verify": "true"}).json()
     assert audit["chain_ok"] is True and audit["chain_problems"] == []
-    assert audit["head"] == {"seq": audit["entries"][-1]["seq"], "hash": audit["entries"][-1]["hash"]}  # cnn's entries are the last
+    assert audit["head"] == {
+        "seq": audit["entries"][-1]["seq"],
+        "hash": audit["entries"][-1]["hash"],
+    }  # cnn's entries are the last
     pinned = reader.get("/api/v1/audit", params={"expect_head": audit["head"]["hash"]}).json()
     assert pinned["chain_ok"] is True and pinned["head"] == audit["head"]
     forged = reader.get("/api/v1/audit", params={"expect_head": "ab" * 32}).json()
-    assert forged["chain_ok"] is False and forged["chain_problems"][0].startswith("the pinned audit head abababababab...")
+    assert forged["chain_ok"] is False and forged["chain_problems"][0].startswith(
+        "the pinned audit head abababababab..."
+    )
     assert reader.get("/api/v1/audit", params={"expect_head": "abc"}).status_code == 422
     assert [(e["action"], e["user"]) for e in audit["entries"]] == [
-        ("register", "ci-bot"), ("register_existing", "ci-bot"), ("register", "ci-bot"), ("alias", "ci-bot"), ("alias", "ci-bot")]
+        ("register", "ci-bot"),
+        ("register_existing", "ci-bot"),
+        ("register", "ci-bot"),
+        ("alias", "ci-bot"),
+        ("alias", "ci-bot"),
+    ]
     assert reader.get("/api/v1/audit", params={"user": "nobody"}).json()["entries"] == []
     assert reader.get("/api/v1/models/cnn/versions/2/drift").json()["reports"] == []
 
@@ -200,9 +226,13 @@ def test_onnx_upload_and_bundle_download_round_trip(env, registered):
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
         names = tar.getnames()
         tar.extractall(target, filter="data")
-    parts = (version["manifest"].get("structure") or {}).get("parts", {})  # the model's structure travels with its tensors
+    parts = (version["manifest"].get("structure") or {}).get(
+        "parts", {}
+    )  # the model's structure travels with its tensors
     assert parts, "a .pt2 version holds its structure"
-    digests = sorted({t["digest"] for t in version["manifest"]["tensors"].values()} | {p["digest"] for p in parts.values()})
+    digests = sorted(
+        {t["digest"] for t in version["manifest"]["tensors"].values()} | {p["digest"] for p in parts.values()}
+    )
     assert sorted(names) == sorted(["manifest.json", *[f"blobs/{d}.safetensors" for d in digests]])
     artifact = load_artifact_folder(target)  # re-hashes every blob and re-validates every spec
     assert artifact.manifest.digest() == version["digest"]
@@ -234,27 +264,43 @@ def test_a_failing_gate_returns_the_error_with_its_report_and_stores_nothing(env
     refused = writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=pt2_bytes(nan_model, root))
     error = assert_error(refused, 422, "invalid_spec")
     assert "1" in (error["layer"] or "") and error["report"] is None
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"not an onnx file at all"), 400, "bad_input_file")
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"not an onnx file at all"),
+        400,
+        "bad_input_file",
+    )
     assert snapshot(registry) == before
     failures = [e for e in registry.audit(model="cnn") if e.action == "register_failed"]
-    assert [(e.user, e.detail["error"]) for e in failures][-3:] == [("ci-bot", "check_failed"), ("ci-bot", "invalid_spec"), ("ci-bot", "bad_input_file")]
+    assert [(e.user, e.detail["error"]) for e in failures][-3:] == [
+        ("ci-bot", "check_failed"),
+        ("ci-bot", "invalid_spec"),
+        ("ci-bot", "bad_input_file"),
+    ]
     # an error about the uploaded file names it as such, never by the server's temporary path
     truncated = pt2_bytes(small_model(seed=5), root)[:3000]
-    error = assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=truncated), 400, "bad_input_file")
-    assert error["message"].startswith("the uploaded .pt2 file ") and tempfile.gettempdir() not in error["message"], error
+    error = assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=truncated), 400, "bad_input_file"
+    )
+    assert error["message"].startswith("the uploaded .pt2 file ") and tempfile.gettempdir() not in error["message"], (
+        error
+    )
 
 
 def test_an_upload_over_the_limit_is_refused_with_413_and_stores_nothing(env, registered):
     writer, registry = env["clients"]["writer"], env["registry"]
     before, audit_before = snapshot(registry), len(registry.audit())
     body = os.urandom(UPLOAD_LIMIT + 4096)
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=body), 413, "payload_too_large")
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=body), 413, "payload_too_large"
+    )
 
     def chunks():  # no Content-Length: the limit is enforced while streaming
         for start in range(0, len(body), 64 * 1024):
-            yield body[start:start + 64 * 1024]
+            yield body[start : start + 64 * 1024]
 
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=chunks()), 413, "payload_too_large")
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=chunks()), 413, "payload_too_large"
+    )
     huge = writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=b"x" * (40 * 1024 * 1024))
     assert_error(huge, 413, "payload_too_large")
     assert snapshot(registry) == before and len(registry.audit()) == audit_before
@@ -268,14 +314,26 @@ def test_an_over_limit_body_of_zeros_is_refused_as_too_large_not_as_unreadable(e
 
     def chunks():  # no Content-Length: only counting while it streams can tell
         for start in range(0, len(zeros), 64 * 1024):
-            yield zeros[start:start + 64 * 1024]
+            yield zeros[start : start + 64 * 1024]
 
     for file_format in ("bundle", "onnx", "pt2", "keras"):
-        assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": file_format}, content=zeros), 413, "payload_too_large")
-        assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": file_format}, content=chunks()), 413, "payload_too_large")
+        assert_error(
+            writer.post("/api/v1/models/cnn/versions", params={"format": file_format}, content=zeros),
+            413,
+            "payload_too_large",
+        )
+        assert_error(
+            writer.post("/api/v1/models/cnn/versions", params={"format": file_format}, content=chunks()),
+            413,
+            "payload_too_large",
+        )
     # a whole, valid bundle followed by padding past the limit is refused too: it is registered only once all of it arrived
     padded = bundle_of(small_model(seed=31), env["root"]) + zeros
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=padded), 413, "payload_too_large")
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=padded),
+        413,
+        "payload_too_large",
+    )
     assert snapshot(registry) == before and len(registry.audit()) == audit_before
 
 
@@ -291,12 +349,18 @@ def test_every_response_carries_nosniff(env, registered):
         writer.post("/api/v1/gc", headers={"Content-Type": "text/plain"}),  # 415
         reader.get("/api/v1/diff", params={"a": "cnn@1"}),  # 422
         writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"not onnx"),  # 400
-        reader.get("/api/v1/models"), reader.get("/api/v1/models/cnn/versions/1/bundle"), httpx.get(f"{url}/openapi.json", timeout=30),
+        reader.get("/api/v1/models"),
+        reader.get("/api/v1/models/cnn/versions/1/bundle"),
+        httpx.get(f"{url}/openapi.json", timeout=30),
         httpx.get(f"{url}/ui/login", timeout=30),
     ]
     assert sorted({r.status_code for r in responses}) == [200, 400, 401, 403, 404, 405, 413, 415, 422]
     for response in responses:
-        assert response.headers.get("x-content-type-options") == "nosniff", (response.request.method, response.request.url, response.status_code)
+        assert response.headers.get("x-content-type-options") == "nosniff", (
+            response.request.method,
+            response.request.url,
+            response.status_code,
+        )
 
 
 def test_killing_the_server_during_an_upload_leaves_the_registry_unchanged(env, registered, tmp_path):
@@ -337,8 +401,13 @@ def test_killing_the_server_during_an_upload_leaves_the_registry_unchanged(env, 
 
 def _post_quietly(url: str, authorization: str, body) -> httpx.Response | None:
     try:
-        return httpx.post(f"{url}/api/v1/models/cnn/versions", params={"format": "pt2"}, content=body,
-                          headers={"Authorization": authorization}, timeout=60)
+        return httpx.post(
+            f"{url}/api/v1/models/cnn/versions",
+            params={"format": "pt2"},
+            content=body,
+            headers={"Authorization": authorization},
+            timeout=60,
+        )
     except httpx.HTTPError:
         return None
 
@@ -349,36 +418,62 @@ def test_unsafe_bundles_are_refused(env, registered):
     for build in ("symlink", "parent", "absolute"):
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            info = tarfile.TarInfo({"symlink": "manifest.json", "parent": "../escape.json", "absolute": "/tmp/escape.json"}[build])
+            info = tarfile.TarInfo(
+                {"symlink": "manifest.json", "parent": "../escape.json", "absolute": "/tmp/escape.json"}[build]
+            )
             if build == "symlink":
                 info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
                 tar.addfile(info)
             else:
                 info.size = 2
                 tar.addfile(info, io.BytesIO(b"{}"))
-        assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=buffer.getvalue()), 400, "bad_input_file")
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=b"\x00" * 2048), 400, "bad_input_file")
+        assert_error(
+            writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=buffer.getvalue()),
+            400,
+            "bad_input_file",
+        )
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=b"\x00" * 2048),
+        400,
+        "bad_input_file",
+    )
     assert not (env["root"].parent / "escape.json").exists()
     assert snapshot(registry) == before
-    assert [(e.action, e.user, e.detail["error"]) for e in registry.audit(model="cnn")[-4:]] == [("register_failed", "ci-bot", "bad_input_file")] * 4
+    assert [(e.action, e.user, e.detail["error"]) for e in registry.audit(model="cnn")[-4:]] == [
+        ("register_failed", "ci-bot", "bad_input_file")
+    ] * 4
 
 
 def test_verify_gc_and_error_shapes(env, registered):
-    admin, writer, reader, registry = env["clients"]["admin"], env["clients"]["writer"], env["clients"]["reader"], env["registry"]
+    admin, writer, reader, registry = (
+        env["clients"]["admin"],
+        env["clients"]["writer"],
+        env["clients"]["reader"],
+        env["registry"],
+    )
     one = reader.post("/api/v1/verify", params={"ref": "cnn@1", "check": "true"})
-    assert one.status_code == 200 and one.json()["passed"] is True and one.json()["versions"] == ["cnn@1"] and one.json()["checks_run"] == 1
+    assert (
+        one.status_code == 200
+        and one.json()["passed"] is True
+        and one.json()["versions"] == ["cnn@1"]
+        and one.json()["checks_run"] == 1
+    )
     everything = reader.post("/api/v1/verify", params={"check": "false"}).json()
     assert everything["passed"] is True and "cnn@2" in everything["versions"] and everything["checks_run"] == 0
 
     orphan = registry.store.put(b"left behind by a crashed upload " + os.urandom(8))
     assert_error(writer.post("/api/v1/gc", params={"grace": 0}), 403, "forbidden")
-    assert_error(admin.post("/api/v1/gc", params={"grace": -1}), 422, "invalid_request")  # a malformed request, not a refusal (409)
+    assert_error(
+        admin.post("/api/v1/gc", params={"grace": -1}), 422, "invalid_request"
+    )  # a malformed request, not a refusal (409)
     # a JSON body over 32 MiB is refused before it is parsed whole (a read token's 300 MB body held about 1 GB of the server)
     from registry.http.request_guard import MAX_JSON_BYTES
 
-    big = b"{\"digests\": [" + b" " * (MAX_JSON_BYTES + 1) + b"]}"
+    big = b'{"digests": [' + b" " * (MAX_JSON_BYTES + 1) + b"]}"
     json_headers = {"Content-Type": "application/json"}
-    body = assert_error(reader.post("/api/v1/blobs/present", content=big, headers=json_headers), 413, "payload_too_large")
+    body = assert_error(
+        reader.post("/api/v1/blobs/present", content=big, headers=json_headers), 413, "payload_too_large"
+    )
     assert str(MAX_JSON_BYTES) in body["message"]
 
     def chunked():
@@ -387,7 +482,9 @@ def test_verify_gc_and_error_shapes(env, registered):
             yield b" " * (1 << 20)
         yield b"]}"
 
-    assert_error(reader.post("/api/v1/blobs/present", content=chunked(), headers=json_headers), 413, "payload_too_large")
+    assert_error(
+        reader.post("/api/v1/blobs/present", content=chunked(), headers=json_headers), 413, "payload_too_large"
+    )
     assert reader.post("/api/v1/blobs/present", json={"digests": []}).status_code == 200
     swept = admin.post("/api/v1/gc", params={"grace": 0})
     assert swept.status_code == 200 and orphan in swept.json()["deleted"]
@@ -397,14 +494,20 @@ def test_verify_gc_and_error_shapes(env, registered):
     assert_error(reader.get("/api/v1/models/cnn/versions/9"), 404, "not_found")
     assert_error(reader.get("/api/v1/models/nope/versions"), 404, "not_found")
     assert_error(reader.get("/api/v1/diff", params={"a": "cnn@1"}), 422, "invalid_request")
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "zip"}, content=b"x"), 422, "invalid_request")
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "zip"}, content=b"x"), 422, "invalid_request"
+    )
     assert_error(writer.put("/api/v1/models/cnn/aliases/prod", json={"version": "bn-onnx@1"}), 409, "registry_error")
     assert_error(writer.put("/api/v1/models/cnn/aliases/prod", json={"wrong": 1}), 422, "invalid_request")
     assert_error(reader.get("/api/v1/no/such/route"), 404, "not_found")
     # malformed names and references are malformed requests (422), not refusals (409) or missing models (404)
     assert_error(writer.put("/api/v1/models/cnn/aliases/latest", json={"version": 1}), 422, "invalid_request")
     assert_error(writer.put("/api/v1/models/cnn/aliases/42", json={"version": 1}), 422, "invalid_request")
-    assert_error(writer.post("/api/v1/models/bad%20name/versions", params={"format": "onnx"}, content=b"x" * 64), 422, "invalid_request")
+    assert_error(
+        writer.post("/api/v1/models/bad%20name/versions", params={"format": "onnx"}, content=b"x" * 64),
+        422,
+        "invalid_request",
+    )
     assert_error(reader.get("/api/v1/diff", params={"a": "cnn@@1", "b": "cnn@1"}), 422, "invalid_request")
     # a version number past 64 bits names no version: SQLite's OverflowError was a 500
     huge = "99999999999999999999"
@@ -412,8 +515,15 @@ def test_verify_gc_and_error_shapes(env, registered):
     assert_error(reader.get("/api/v1/diff", params={"a": f"cnn@{huge}", "b": "cnn@1"}), 404, "not_found")
     assert_error(writer.put("/api/v1/models/cnn/aliases/staging", json={"version": int(huge)}), 404, "not_found")
     assert_error(reader.get(f"/api/v1/models/cnn/versions/{huge}/drift"), 404, "not_found")
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "pt2", "parent": f"cnn@{huge}"},
-                             content=pt2_bytes(small_model(seed=5), env["root"])), 404, "not_found")
+    assert_error(
+        writer.post(
+            "/api/v1/models/cnn/versions",
+            params={"format": "pt2", "parent": f"cnn@{huge}"},
+            content=pt2_bytes(small_model(seed=5), env["root"]),
+        ),
+        404,
+        "not_found",
+    )
 
 
 def test_concurrent_uploads_each_get_their_own_version(env, registered):
@@ -422,7 +532,12 @@ def test_concurrent_uploads_each_get_their_own_version(env, registered):
     writer, root = env["clients"]["writer"], env["root"]
     bodies = [pt2_bytes(small_model(seed=20 + i, shift=i), root) for i in range(3)]
     with ThreadPoolExecutor(3) as pool:
-        responses = list(pool.map(lambda body: writer.post("/api/v1/models/parallel/versions", params={"format": "pt2"}, content=body), bodies))
+        responses = list(
+            pool.map(
+                lambda body: writer.post("/api/v1/models/parallel/versions", params={"format": "pt2"}, content=body),
+                bodies,
+            )
+        )
     assert [r.status_code for r in responses] == [201, 201, 201], [r.text for r in responses]
     assert sorted(r.json()["version"]["number"] for r in responses) == [1, 2, 3]
     assert all(c["passed"] for r in responses for c in r.json()["checks"])
@@ -443,16 +558,30 @@ def test_recorded_drift_checks_come_back_newest_first(env, registered):
     record_drift(env["registry"].as_user("monitor"), "cnn@1", shifted)
     reports = reader.get("/api/v1/models/cnn/versions/1/drift").json()["reports"]
     assert [(r["model"], r["number"], r["user"]) for r in reports] == [("cnn", 1, "monitor")] * 2
-    assert [r["report"]["verdict"] for r in reports] == [shifted.verdict, calm.verdict] and reports[0]["id"] > reports[1]["id"]
+    assert [r["report"]["verdict"] for r in reports] == [shifted.verdict, calm.verdict] and reports[0]["id"] > reports[
+        1
+    ]["id"]
     assert_error(reader.get("/api/v1/models/cnn/versions/99/drift"), 404, "not_found")
     # a report relabelled 'no drift' over layers whose own numbers alarm, or naming a layer the version lacks, is refused
     writer, sent = env["clients"]["writer"], shifted.model_dump(mode="json")
     assert sent["verdict"] == "drift"
-    relabelled = {**sent, "verdict": "no drift", "alarms": [], "layers": [{**layer, "status": "ok"} for layer in sent["layers"]]}
-    body = assert_error(writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=relabelled), 422, "invalid_request")
-    assert "not consistent" in body["message"] and (body["layer"], body["setting"]) == (sent["layers"][0]["name"], "status")
+    relabelled = {
+        **sent,
+        "verdict": "no drift",
+        "alarms": [],
+        "layers": [{**layer, "status": "ok"} for layer in sent["layers"]],
+    }
+    body = assert_error(
+        writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=relabelled), 422, "invalid_request"
+    )
+    assert "not consistent" in body["message"] and (body["layer"], body["setting"]) == (
+        sent["layers"][0]["name"],
+        "status",
+    )
     renamed = {**sent, "layers": [{**sent["layers"][0], "name": "<b>not-a-layer</b>"}] + sent["layers"][1:]}
-    body = assert_error(writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=renamed), 422, "invalid_request")
+    body = assert_error(
+        writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=renamed), 422, "invalid_request"
+    )
     assert "is not a BatchNorm of cnn@1" in body["message"]
     assert len(reader.get("/api/v1/models/cnn/versions/1/drift").json()["reports"]) == 2
     assert writer.post("/api/v1/models/cnn/versions/1/drift/reports", json=sent).status_code == 201
@@ -464,12 +593,32 @@ def test_openapi_lists_every_route_with_its_responses(env):
         ("get", "/api/v1/health"): {"200", "403"},
         ("get", "/api/v1/models"): {"200", "401", "403", "422"},
         ("get", "/api/v1/models/{name}/versions"): {"200", "401", "403", "404", "422"},
-        ("post", "/api/v1/models/{name}/versions"): {"200", "201", "400", "401", "403", "404", "409", "413", "415", "422"},
+        ("post", "/api/v1/models/{name}/versions"): {
+            "200",
+            "201",
+            "400",
+            "401",
+            "403",
+            "404",
+            "409",
+            "413",
+            "415",
+            "422",
+        },
         ("get", "/api/v1/models/{name}/versions/{ref}"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/lineage"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/bundle"): {"200", "401", "403", "404", "422"},
         ("get", "/api/v1/models/{name}/versions/{ref}/drift"): {"200", "401", "403", "404", "422"},
-        ("post", "/api/v1/models/{name}/versions/{ref}/drift"): {"201", "400", "401", "403", "404", "409", "415", "422"},
+        ("post", "/api/v1/models/{name}/versions/{ref}/drift"): {
+            "201",
+            "400",
+            "401",
+            "403",
+            "404",
+            "409",
+            "415",
+            "422",
+        },
         ("get", "/api/v1/blobs/{digest}"): {"200", "401", "403", "404", "422"},
         ("post", "/api/v1/blobs/present"): {"200", "401", "403", "415", "422"},
         ("get", "/api/v1/diff"): {"200", "401", "403", "404", "422"},
@@ -489,10 +638,19 @@ def test_openapi_lists_every_route_with_its_responses(env):
             assert operation.get("security") == [{"HTTPBearer": []}], (method, path)
     upload = document["paths"]["/api/v1/models/{name}/versions"]["post"]
     assert upload["requestBody"]["content"]["application/octet-stream"]["schema"]["format"] == "binary"
-    assert upload["responses"]["201"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Registered"}
+    assert upload["responses"]["201"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Registered"
+    }
     bundle = document["paths"]["/api/v1/models/{name}/versions/{ref}/bundle"]["get"]
     assert "application/x-tar" in bundle["responses"]["200"]["content"]
-    assert document["paths"]["/api/v1/models/{name}/versions/{ref}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/Version"}
-    assert set(document["components"]["schemas"]["ErrorDetail"]["properties"]) == {"code", "message", "layer", "setting", "report"}
+    assert document["paths"]["/api/v1/models/{name}/versions/{ref}"]["get"]["responses"]["200"]["content"][
+        "application/json"
+    ]["schema"] == {"$ref": "#/components/schemas/Version"}
+    assert set(document["components"]["schemas"]["ErrorDetail"]["properties"]) == {
+        "code",
+        "message",
+        "layer",
+        "setting",
+        "report",
+    }
     assert httpx.get(f"{env['server'].url}/docs", timeout=30).status_code == 200

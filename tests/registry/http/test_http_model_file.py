@@ -30,8 +30,14 @@ def served(tmp_path_factory):
     registry = Registry(db=db, blobs=blobs, user="test")
     onnx_file, pt2_file = root / "cnn.onnx", root / "cnn.pt2"
     model = trained_cnn()
-    torch.onnx.export(model, (torch.from_numpy(SAMPLE),), str(onnx_file), dynamo=False, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.EVAL)
+    torch.onnx.export(
+        model,
+        (torch.from_numpy(SAMPLE),),
+        str(onnx_file),
+        dynamo=False,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.EVAL,
+    )
     torch.export.save(torch.export.export(model, (torch.from_numpy(SAMPLE),)), str(pt2_file))
     registry.register("cnn", onnx_file)
     registry.register("other", pt2_file)
@@ -41,7 +47,9 @@ def served(tmp_path_factory):
 
 
 def test_the_model_is_streamed_with_its_digest_and_is_the_registered_file(served):
-    response = httpx.get(f"{served['url']}/api/v1/models/cnn/versions/1/model", headers=bearer(served["tokens"]["cnn"]), timeout=120)
+    response = httpx.get(
+        f"{served['url']}/api/v1/models/cnn/versions/1/model", headers=bearer(served["tokens"]["cnn"]), timeout=120
+    )
     assert response.status_code == 200, response.text
     assert response.content == served["onnx"].read_bytes()
     assert response.headers["X-Normbridge-Digest"] == hashlib.sha256(response.content).hexdigest()
@@ -52,7 +60,11 @@ def test_the_model_is_streamed_with_its_digest_and_is_the_registered_file(served
 def test_a_scoped_token_is_refused_outside_its_models_whether_or_not_they_exist(served):
     headers = bearer(served["tokens"]["cnn"])
     for name in ("other", "missing"):
-        assert_error(httpx.get(f"{served['url']}/api/v1/models/{name}/versions/1/model", headers=headers, timeout=60), 403, "forbidden")
+        assert_error(
+            httpx.get(f"{served['url']}/api/v1/models/{name}/versions/1/model", headers=headers, timeout=60),
+            403,
+            "forbidden",
+        )
     assert_error(httpx.get(f"{served['url']}/api/v1/models/cnn/versions/1/model"), 401, "unauthorized")
     with RemoteRegistry(served["url"], served["tokens"]["cnn"]) as remote, pytest.raises(ForbiddenError):
         remote.pull("other@1", served["root"] / "refused.pt2")
@@ -63,11 +75,14 @@ def test_the_client_pulls_and_loads_over_http(served, tmp_path):
     with RemoteRegistry(served["url"], served["tokens"]["all"]) as remote:
         result = remote.pull("cnn@1", tmp_path / "cnn.onnx")
         assert (tmp_path / "cnn.onnx").read_bytes() == served["onnx"].read_bytes() and result.digest == hashlib.sha256(
-            served["onnx"].read_bytes()).hexdigest()
+            served["onnx"].read_bytes()
+        ).hexdigest()
         program = remote.load("other@1")
         remote.pull("other", tmp_path / "sd.safetensors", "safetensors")
     with torch.no_grad():
-        assert np.array_equal(program.module()(torch.from_numpy(SAMPLE)).numpy(), served["model"](torch.from_numpy(SAMPLE)).numpy())
+        assert np.array_equal(
+            program.module()(torch.from_numpy(SAMPLE)).numpy(), served["model"](torch.from_numpy(SAMPLE)).numpy()
+        )
     assert np.array_equal(onnx_run(tmp_path / "cnn.onnx"), onnx_run(served["onnx"]))
     from safetensors.torch import load_file
 
@@ -75,6 +90,10 @@ def test_the_client_pulls_and_loads_over_http(served, tmp_path):
 
 
 def test_an_unknown_format_is_a_422_naming_the_formats(served):
-    response = httpx.get(f"{served['url']}/api/v1/models/cnn/versions/1/model", params={"format": "pickle"},
-                         headers=bearer(served["tokens"]["all"]), timeout=60)
+    response = httpx.get(
+        f"{served['url']}/api/v1/models/cnn/versions/1/model",
+        params={"format": "pickle"},
+        headers=bearer(served["tokens"]["all"]),
+        timeout=60,
+    )
     assert response.status_code in (400, 422) and "safetensors" in response.text

@@ -18,7 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from converters.models.monitoring.drift import drift_check
 from registry.drift_records import record_drift
 from tests.http_server import create_token, running_server
-from tests.registry.http.test_http_api import assert_error, bearer, failing_gate_bundle, onnx_bytes, pt2_bytes, small_model
+from tests.registry.http.test_http_api import (
+    assert_error,
+    bearer,
+    failing_gate_bundle,
+    onnx_bytes,
+    pt2_bytes,
+    small_model,
+)
 
 pytestmark = pytest.mark.slow  # starts a server
 
@@ -29,11 +36,22 @@ def env(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("metrics")
     db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
-    tokens = {"writer": create_token(db, "ci-bot", "write"), "prometheus": create_token(db, "prometheus", "read"),
-              "other_reader": create_token(db, "other-team", "read", models=["other"])}
+    tokens = {
+        "writer": create_token(db, "ci-bot", "write"),
+        "prometheus": create_token(db, "prometheus", "read"),
+        "other_reader": create_token(db, "other-team", "read", models=["other"]),
+    }
     with running_server(db=db, blobs=blobs, log=root / "serve.log") as server:
-        clients = {role: httpx.Client(base_url=server.url, headers=bearer(token), timeout=180) for role, token in tokens.items()}
-        yield {"server": server, "root": root, "clients": clients, "registry": Registry(db=db, blobs=blobs, user="nightly")}
+        clients = {
+            role: httpx.Client(base_url=server.url, headers=bearer(token), timeout=180)
+            for role, token in tokens.items()
+        }
+        yield {
+            "server": server,
+            "root": root,
+            "clients": clients,
+            "registry": Registry(db=db, blobs=blobs, user="nightly"),
+        }
         for client in clients.values():
             client.close()
 
@@ -68,14 +86,22 @@ def test_requests_are_counted_by_route_template_and_status(env):
         assert prometheus.get(f"/api/v1/models/never-registered-{ref}/versions/{ref}").status_code == 404
     assert prometheus.get("/no/such/page/abc123").status_code == 404
     after = scrape(prometheus)
-    assert value(after, "normbridge_http_requests_total", method="GET", route=route, status="404") == \
-        value(before, "normbridge_http_requests_total", method="GET", route=route, status="404") + 3
-    assert value(after, "normbridge_http_requests_total", method="GET", route="unmatched", status="404") >= \
-        value(before, "normbridge_http_requests_total", method="GET", route="unmatched", status="404") + 1
-    assert value(after, "normbridge_http_request_duration_seconds_count", method="GET", route=route) == \
-        value(before, "normbridge_http_request_duration_seconds_count", method="GET", route=route) + 3
+    assert (
+        value(after, "normbridge_http_requests_total", method="GET", route=route, status="404")
+        == value(before, "normbridge_http_requests_total", method="GET", route=route, status="404") + 3
+    )
+    assert (
+        value(after, "normbridge_http_requests_total", method="GET", route="unmatched", status="404")
+        >= value(before, "normbridge_http_requests_total", method="GET", route="unmatched", status="404") + 1
+    )
+    assert (
+        value(after, "normbridge_http_request_duration_seconds_count", method="GET", route=route)
+        == value(before, "normbridge_http_request_duration_seconds_count", method="GET", route=route) + 3
+    )
     routes = {dict(labels)["route"] for labels in after["normbridge_http_requests_total"]}
-    assert not any("never-registered" in r or "abc123" in r for r in routes), routes  # templates only: a bounded label set
+    assert not any("never-registered" in r or "abc123" in r for r in routes), (
+        routes
+    )  # templates only: a bounded label set
     assert value(after, "normbridge_http_requests_total", method="GET", route="/metrics", status="200") >= 1
 
 
@@ -85,25 +111,50 @@ def test_registrations_are_counted_by_outcome_and_the_gate_is_timed(env):
     model = pt2_bytes(small_model(seed=3), root)
     assert writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=model).status_code == 201
     assert writer.post("/api/v1/models/cnn/versions", params={"format": "pt2"}, content=model).status_code == 200
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=failing_gate_bundle(root)), 409, "check_failed")
-    assert_error(writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"not an onnx file"), 400, "bad_input_file")
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=failing_gate_bundle(root)),
+        409,
+        "check_failed",
+    )
+    assert_error(
+        writer.post("/api/v1/models/cnn/versions", params={"format": "onnx"}, content=b"not an onnx file"),
+        400,
+        "bad_input_file",
+    )
     after = scrape(prometheus)
     for outcome, moved in (("created", 1), ("existing", 1), ("refused", 1), ("rejected", 1)):
-        assert value(after, "normbridge_registrations_total", outcome=outcome) == \
-            value(before, "normbridge_registrations_total", outcome=outcome) + moved, outcome
-    assert value(after, "normbridge_gate_duration_seconds_count", outcome="passed") >= \
-        value(before, "normbridge_gate_duration_seconds_count", outcome="passed") + 1
-    assert value(after, "normbridge_gate_duration_seconds_count", outcome="failed") == \
-        value(before, "normbridge_gate_duration_seconds_count", outcome="failed") + 1
-    assert value(after, "normbridge_gate_duration_seconds_sum", outcome="passed") > value(before, "normbridge_gate_duration_seconds_sum", outcome="passed")
+        assert (
+            value(after, "normbridge_registrations_total", outcome=outcome)
+            == value(before, "normbridge_registrations_total", outcome=outcome) + moved
+        ), outcome
+    assert (
+        value(after, "normbridge_gate_duration_seconds_count", outcome="passed")
+        >= value(before, "normbridge_gate_duration_seconds_count", outcome="passed") + 1
+    )
+    assert (
+        value(after, "normbridge_gate_duration_seconds_count", outcome="failed")
+        == value(before, "normbridge_gate_duration_seconds_count", outcome="failed") + 1
+    )
+    assert value(after, "normbridge_gate_duration_seconds_sum", outcome="passed") > value(
+        before, "normbridge_gate_duration_seconds_sum", outcome="passed"
+    )
 
 
 @pytest.fixture(scope="module")
 def shifted(env):
     """served@1 with two drift reports recorded against it, a calm one then a shifted one; returns the shifted (newest) report."""
     writer, registry = env["clients"]["writer"], env["registry"]
-    assert writer.post("/api/v1/models/other/versions", params={"format": "onnx"}, content=onnx_bytes()).status_code in (200, 201)
-    assert writer.post("/api/v1/models/served/versions", params={"format": "pt2"}, content=pt2_bytes(small_model(seed=5), env["root"])).status_code == 201
+    assert writer.post(
+        "/api/v1/models/other/versions", params={"format": "onnx"}, content=onnx_bytes()
+    ).status_code in (200, 201)
+    assert (
+        writer.post(
+            "/api/v1/models/served/versions",
+            params={"format": "pt2"},
+            content=pt2_bytes(small_model(seed=5), env["root"]),
+        ).status_code
+        == 201
+    )
     model = small_model(seed=5)
     rng = np.random.default_rng(0)
     record_drift(registry, "served@1", drift_check(model, rng.standard_normal((256, 3)).astype(np.float32)))
@@ -113,23 +164,45 @@ def shifted(env):
     return report
 
 
-def test_the_newest_recorded_report_exports_its_verdict_apart_from_the_serving_series_within_the_token_scope(env, shifted):
+def test_the_newest_recorded_report_exports_its_verdict_apart_from_the_serving_series_within_the_token_scope(
+    env, shifted
+):
     samples = scrape(env["clients"]["prometheus"])
-    assert value(samples, "normbridge_drift_offline_verdict", model="served", version="1") == 2  # the newest report found drift
-    for name in ("normbridge_drift_shift", "normbridge_drift_variance_ratio", "normbridge_drift_layer_state", "normbridge_drift_alert_state"):
-        assert not [labels for labels in samples.get(name, {}) if dict(labels)["model"] == "served"], name  # no serving window: none
+    assert (
+        value(samples, "normbridge_drift_offline_verdict", model="served", version="1") == 2
+    )  # the newest report found drift
+    for name in (
+        "normbridge_drift_shift",
+        "normbridge_drift_variance_ratio",
+        "normbridge_drift_layer_state",
+        "normbridge_drift_alert_state",
+    ):
+        assert not [labels for labels in samples.get(name, {}) if dict(labels)["model"] == "served"], (
+            name
+        )  # no serving window: none
 
     scoped = scrape(env["clients"]["other_reader"])
-    assert not [labels for name in ("normbridge_drift_offline_verdict", "normbridge_drift_alert_state") for labels in scoped.get(name, {})
-                if dict(labels)["model"] != "other"]
+    assert not [
+        labels
+        for name in ("normbridge_drift_offline_verdict", "normbridge_drift_alert_state")
+        for labels in scoped.get(name, {})
+        if dict(labels)["model"] != "other"
+    ]
     assert "normbridge_http_requests_total" in scoped  # service metrics carry no model name
 
 
 def test_the_drift_page_shows_each_layers_status_and_links_the_recalibrated_child(env, shifted):
     writer = env["clients"]["writer"]
-    child = writer.post("/api/v1/models/served/versions", params={"format": "pt2", "parent": "served@1", "operation": "recalibrated",
-                                                                  "note": "recalibrated on recent traffic"},
-                        content=pt2_bytes(small_model(seed=6), env["root"]))
+    child = writer.post(
+        "/api/v1/models/served/versions",
+        params={
+            "format": "pt2",
+            "parent": "served@1",
+            "operation": "recalibrated",
+            "note": "recalibrated on recent traffic",
+        },
+        content=pt2_bytes(small_model(seed=6), env["root"]),
+    )
     assert child.status_code == 201, child.text
     number = child.json()["version"]["number"]
     token = env["clients"]["prometheus"].headers["authorization"].removeprefix("Bearer ")

@@ -45,8 +45,14 @@ def served(tmp_path_factory):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.BatchNorm1d(2048)).eval()  # 16 MiB of weights
     source = root / "big.onnx"
-    torch.onnx.export(model, (torch.randn(2, 2048),), str(source), dynamo=False, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.EVAL)
+    torch.onnx.export(
+        model,
+        (torch.randn(2, 2048),),
+        str(source),
+        dynamo=False,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.EVAL,
+    )
     assert source.stat().st_size > 16 << 20
     registry = Registry(db=db, blobs=blobs, user="test")
     registry.register("big", source)
@@ -87,7 +93,9 @@ def test_clients_that_never_read_the_model_do_not_pin_it_in_the_server(served):
         for sock in stalled:
             sock.close()
     assert after - before < SERVER_HELD, f"{CLIENTS} stalled downloads hold {(after - before) >> 20} MiB of the server"
-    assert peak - before < SERVER_PEAK, f"{CLIENTS} stalled downloads raised the server's peak memory by {(peak - before) >> 20} MiB"
+    assert peak - before < SERVER_PEAK, (
+        f"{CLIENTS} stalled downloads raised the server's peak memory by {(peak - before) >> 20} MiB"
+    )
 
 
 CHILD = textwrap.dedent("""
@@ -111,8 +119,16 @@ CHILD = textwrap.dedent("""
 def test_the_client_pulls_the_model_to_disk_without_holding_it(served, tmp_path):
     server, _, source, token = served
     out = tmp_path / "big.onnx"
-    done = subprocess.run([sys.executable, "-c", CHILD, server.url, token, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, server.url, token, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     growth = int(done.stdout.strip().splitlines()[-1])
     assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(source.read_bytes()).digest()
-    assert growth < CLIENT_GROWTH, f"pulling the {source.stat().st_size >> 20} MiB model raised the client's peak memory by {growth >> 20} MiB"
+    assert growth < CLIENT_GROWTH, (
+        f"pulling the {source.stat().st_size >> 20} MiB model raised the client's peak memory by {growth >> 20} MiB"
+    )

@@ -38,18 +38,24 @@ def _conv_numpy(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
     out = np.zeros((n, weight.shape[0], h, w))
     for i in range(3):
         for j in range(3):
-            out += np.einsum("nchw,oc->nohw", padded[:, :, i:i + h, j:j + w], weight[:, :, i, j])
+            out += np.einsum("nchw,oc->nohw", padded[:, :, i : i + h, j : j + w], weight[:, :, i, j])
     return out
 
 
 def _history(server, token: str, ref: str) -> dict:
     name, number = ref.split("@")
-    return httpx.get(f"{server.url}/api/v1/models/{name}/versions/{number}/drift", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+    return httpx.get(
+        f"{server.url}/api/v1/models/{name}/versions/{number}/drift",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    ).json()
 
 
 def test_a_kept_sample_recalibrates_into_a_registered_child_that_stops_the_alert(tmp_path):
     model = torch_cnn()
-    program = torch.export.export(model, (torch.from_numpy(shifted(np.random.default_rng(0))),), dynamic_shapes=({0: BATCH},))
+    program = torch.export.export(
+        model, (torch.from_numpy(shifted(np.random.default_rng(0))),), dynamic_shapes=({0: BATCH},)
+    )
     torch.export.save(program, tmp_path / "cnn.pt2")
     db, blobs = f"sqlite:///{tmp_path / 'registry.db'}", str(tmp_path / "blobs")
     Registry(db=db, blobs=blobs, user="ci").register("cnn", str(tmp_path / "cnn.pt2"))
@@ -58,8 +64,16 @@ def test_a_kept_sample_recalibrates_into_a_registered_child_that_stops_the_alert
     traffic = [shifted(rng) for _ in range(4 * WINDOW)]
 
     with running_server(db=db, blobs=blobs, log=tmp_path / "serve.log") as server:
-        watch = converters.monitor(model, server=server.url, token=writer, ref="cnn@1", sample_rate=1.0, window_requests=WINDOW,
-                                   window_seconds=600, keep_sample=KEEP)
+        watch = converters.monitor(
+            model,
+            server=server.url,
+            token=writer,
+            ref="cnn@1",
+            sample_rate=1.0,
+            window_requests=WINDOW,
+            window_seconds=600,
+            keep_sample=KEEP,
+        )
         with torch.no_grad():
             for batch in traffic:
                 model(torch.from_numpy(batch))
@@ -68,8 +82,23 @@ def test_a_kept_sample_recalibrates_into_a_registered_child_that_stops_the_alert
         watch.close()
         assert rows == KEEP and _history(server, reader, "cnn@1")["state"] == "alert"
 
-        command = [*normbridge_command(), "--server", server.url, "--token", writer, "recalibrate", str(tmp_path / "cnn.pt2"),
-                   str(tmp_path / "traffic.npz"), "-o", str(tmp_path / "new.pt2"), "--batch-size", str(BATCH_SIZE), "--register", "cnn@1", "--json"]
+        command = [
+            *normbridge_command(),
+            "--server",
+            server.url,
+            "--token",
+            writer,
+            "recalibrate",
+            str(tmp_path / "cnn.pt2"),
+            str(tmp_path / "traffic.npz"),
+            "-o",
+            str(tmp_path / "new.pt2"),
+            "--batch-size",
+            str(BATCH_SIZE),
+            "--register",
+            "cnn@1",
+            "--json",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr + done.stdout
         report = json.loads(done.stdout)
@@ -77,13 +106,24 @@ def test_a_kept_sample_recalibrates_into_a_registered_child_that_stops_the_alert
         assert report["diff"] == "weights identical, running statistics changed in 2 layers"
         assert (report["samples"], report["batches"]) == (KEEP, KEEP // BATCH_SIZE)
         child = Registry(db=db, blobs=blobs).show("cnn@2")
-        assert child.parent == "cnn@1" and child.operation == "recalibrated" and f"{KEEP} samples of traffic.npz" in child.note
+        assert (
+            child.parent == "cnn@1"
+            and child.operation == "recalibrated"
+            and f"{KEEP} samples of traffic.npz" in child.note
+        )
 
         recalibrated = torch.export.load(tmp_path / "new.pt2")
-        again = converters.monitor(recalibrated, server=server.url, token=writer, ref="cnn@2", sample_rate=1.0, window_requests=WINDOW,
-                                   window_seconds=600)
+        again = converters.monitor(
+            recalibrated,
+            server=server.url,
+            token=writer,
+            ref="cnn@2",
+            sample_rate=1.0,
+            window_requests=WINDOW,
+            window_seconds=600,
+        )
         with torch.no_grad():
-            for batch in traffic[-3 * WINDOW:]:
+            for batch in traffic[-3 * WINDOW :]:
                 again.served(torch.from_numpy(batch))
         assert again.flush(30)
         again.close()
@@ -94,7 +134,9 @@ def test_a_kept_sample_recalibrates_into_a_registered_child_that_stops_the_alert
         np.testing.assert_array_equal(saved["x"], kept.astype(np.float32))
     weight = model.conv1.weight.detach().double().numpy()
     inputs = _conv_numpy(kept, weight)
-    expected_mean = inputs.mean(axis=(0, 2, 3))  # the population statistics of all the kept rows, whatever the batch size
+    expected_mean = inputs.mean(
+        axis=(0, 2, 3)
+    )  # the population statistics of all the kept rows, whatever the batch size
     expected_var = inputs.var(axis=(0, 2, 3), ddof=1)  # unbiased: times n / (n - 1) for the n values per channel in all
     state = recalibrated.state_dict
     np.testing.assert_allclose(state["bn1.running_mean"].double().numpy(), expected_mean, rtol=1e-5, atol=1e-6)

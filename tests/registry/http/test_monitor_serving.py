@@ -49,8 +49,11 @@ def env(tmp_path_factory, models):
     registry.register("cnn", models["cnn"])
     registry.register("kcnn", models["kcnn"])
     registry.register("onx", str(root / "onx.onnx"))
-    tokens = {"writer": create_token(db, "serving", "write", ["cnn", "kcnn", "onx"]), "other": create_token(db, "elsewhere", "write", ["ghost"]),
-              "reader": create_token(db, "dashboard", "read")}
+    tokens = {
+        "writer": create_token(db, "serving", "write", ["cnn", "kcnn", "onx"]),
+        "other": create_token(db, "elsewhere", "write", ["ghost"]),
+        "reader": create_token(db, "dashboard", "read"),
+    }
     with running_server(db=db, blobs=blobs, log=root / "serve.log") as server:
         yield {"server": server, "db": db, "blobs": blobs, "root": root, "tokens": tokens, "registry": registry}
 
@@ -72,16 +75,27 @@ def _batch(name: str, maker, rng):
 @pytest.mark.parametrize("name", ["cnn", "onx", "kcnn"])
 def test_calm_traffic_stays_ok_and_shifted_traffic_alerts_on_the_third_window(env, models, name):
     target, request = _served(name, models[name])
-    watch = converters.monitor(target, server=env["server"].url, token=env["tokens"]["writer"], ref=f"{name}@1", sample_rate=0.5,
-                               window_requests=WINDOW, window_seconds=600, seed=0)
+    watch = converters.monitor(
+        target,
+        server=env["server"].url,
+        token=env["tokens"]["writer"],
+        ref=f"{name}@1",
+        sample_rate=0.5,
+        window_requests=WINDOW,
+        window_seconds=600,
+        seed=0,
+    )
     rng = np.random.default_rng(1)
     try:
         with torch.no_grad():
             for _ in range(CALM_WINDOWS * WINDOW):
                 request(watch, _batch(name, calm, rng))
             assert watch.flush(30)
-            calm_history = httpx.get(f"{env['server'].url}/api/v1/models/{name}/versions/1/drift",
-                                     headers={"Authorization": f"Bearer {env['tokens']['reader']}"}, timeout=30).json()
+            calm_history = httpx.get(
+                f"{env['server'].url}/api/v1/models/{name}/versions/1/drift",
+                headers={"Authorization": f"Bearer {env['tokens']['reader']}"},
+                timeout=30,
+            ).json()
             for _ in range(SHIFTED_WINDOWS * WINDOW):
                 request(watch, _batch(name, shifted, rng))
             assert watch.flush(30)
@@ -90,8 +104,9 @@ def test_calm_traffic_stays_ok_and_shifted_traffic_alerts_on_the_third_window(en
     stats = watch.stats()
     assert (stats.dropped, stats.errors, stats.windows_sent) == (0, 0, CALM_WINDOWS + SHIFTED_WINDOWS), stats
     assert calm_history["state"] == "ok" and len(calm_history["windows"]) == CALM_WINDOWS
-    assert all(not w["over"] for w in calm_history["windows"]), [[(l["name"], l["max_shift"], l["variance_ratio"]) for l in w["layers"]]
-                                                                 for w in calm_history["windows"]]
+    assert all(not w["over"] for w in calm_history["windows"]), [
+        [(l["name"], l["max_shift"], l["variance_ratio"]) for l in w["layers"]] for w in calm_history["windows"]
+    ]
     found = history(env["registry"], f"{name}@1")
     states = [w.state for w in reversed(found.windows)]  # oldest first
     assert states == ["ok"] * CALM_WINDOWS + ["warning", "warning", "alert", "alert"], states
@@ -110,8 +125,16 @@ def test_statistics_that_never_converged_read_unconverged_in_the_history_and_met
     model = unconverged_cnn()
     env["registry"].register("fresh", model)
     token = create_token(env["db"], "fresh-serving", "write", ["fresh"])
-    watch = converters.monitor(model, server=env["server"].url, token=token, ref="fresh@1", sample_rate=1.0,
-                               window_requests=WINDOW, window_seconds=600, seed=0)
+    watch = converters.monitor(
+        model,
+        server=env["server"].url,
+        token=token,
+        ref="fresh@1",
+        sample_rate=1.0,
+        window_requests=WINDOW,
+        window_seconds=600,
+        seed=0,
+    )
     rng = np.random.default_rng(2)
     try:
         with torch.no_grad():
@@ -125,9 +148,16 @@ def test_statistics_that_never_converged_read_unconverged_in_the_history_and_met
     assert (found["state"], found["recent"], len(found["windows"])) == ("ok", "00000", 5), found["recent"]
     for window in found["windows"]:
         assert any(layer["over"] for layer in window["layers"])  # over a threshold: the old history called this drift
-        assert [layer["status"] for layer in window["layers"]] == ["unconverged_statistics"] * len(watch.layers) and not window["over"]
+        assert [layer["status"] for layer in window["layers"]] == ["unconverged_statistics"] * len(
+            watch.layers
+        ) and not window["over"]
     exposition = httpx.get(f"{env['server'].url}/metrics", headers=reader, timeout=30).text
-    samples = [s for family in text_string_to_metric_families(exposition) for s in family.samples if s.labels.get("model") == "fresh"]
+    samples = [
+        s
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+        if s.labels.get("model") == "fresh"
+    ]
     layer_states = {s.labels["layer"]: s.value for s in samples if s.name == "normbridge_drift_layer_state"}
     assert layer_states == {name: 1.0 for name in watch.layers}  # 1 = unconverged_statistics
     assert [s.value for s in samples if s.name == "normbridge_drift_alert_state"] == [0.0]
@@ -140,8 +170,16 @@ def test_stopping_the_registry_mid_run_leaves_serving_alone_and_counts_the_drops
     with torch.no_grad():
         expected = [model(torch.from_numpy(b)).numpy() for b in batches]
     with running_server(db=env["db"], blobs=env["blobs"], log=tmp_path / "second.log") as second:
-        watch = converters.monitor(model, server=second.url, token=env["tokens"]["writer"], ref="cnn@1", sample_rate=1.0,
-                                   window_requests=WINDOW, window_seconds=600, timeout=2.0)
+        watch = converters.monitor(
+            model,
+            server=second.url,
+            token=env["tokens"]["writer"],
+            ref="cnn@1",
+            sample_rate=1.0,
+            window_requests=WINDOW,
+            window_seconds=600,
+            timeout=2.0,
+        )
         served = []
         with torch.no_grad():
             for index, batch in enumerate(batches):
@@ -154,7 +192,13 @@ def test_stopping_the_registry_mid_run_leaves_serving_alone_and_counts_the_drops
     for a, b in zip(served, expected):
         np.testing.assert_array_equal(a, b)
     stats = watch.stats()
-    assert (stats.requests, stats.windows_closed, stats.windows_sent, stats.dropped, stats.rejected) == (5 * WINDOW, 5, 2, 3, 0), stats
+    assert (stats.requests, stats.windows_closed, stats.windows_sent, stats.dropped, stats.rejected) == (
+        5 * WINDOW,
+        5,
+        2,
+        3,
+        0,
+    ), stats
     assert stats.errors == 0 and stats.last_error
 
 
@@ -183,8 +227,14 @@ def test_tokens_scope_and_the_statistics_digest_decide_who_may_post(env, models)
     assert "other running statistics" in foreign.json()["faults"][0]["detail"]
 
     other_model = torch_cnn(seed=5)  # other statistics: stored, and its collector hears of the mismatch
-    watch = converters.monitor(other_model, server=env["server"].url, token=env["tokens"]["writer"], ref="cnn@1", sample_rate=1.0,
-                               window_requests=1)
+    watch = converters.monitor(
+        other_model,
+        server=env["server"].url,
+        token=env["tokens"]["writer"],
+        ref="cnn@1",
+        sample_rate=1.0,
+        window_requests=1,
+    )
     with torch.no_grad():
         other_model(torch.from_numpy(calm(np.random.default_rng(0))))
     assert watch.flush(30)

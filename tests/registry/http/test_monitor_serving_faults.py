@@ -67,8 +67,16 @@ def env(tmp_path_factory):
 
 
 def _serve(env, model, ref: str, windows: int = 1):
-    watch = converters.monitor(model, server=env["server"].url, token=env["token"], ref=ref, sample_rate=1.0,
-                               window_requests=WINDOW, window_seconds=600, seed=0)
+    watch = converters.monitor(
+        model,
+        server=env["server"].url,
+        token=env["token"],
+        ref=ref,
+        sample_rate=1.0,
+        window_requests=WINDOW,
+        window_seconds=600,
+        seed=0,
+    )
     rng = np.random.default_rng(3)
     try:
         with torch.no_grad():
@@ -108,8 +116,11 @@ def test_a_resnet_served_in_train_mode_is_a_serving_fault_from_the_first_window(
     found = history(env["registry"], "resnet@1")
     assert (found.state, found.windows_total) == ("serving_fault", 1)  # one window: no k of m
     assert {fault.layer for fault in found.faults if fault.kind == "train_mode"} == set(layers)
-    api = httpx.get(f"{env['server'].url}/api/v1/models/resnet/versions/1/drift",
-                    headers={"Authorization": f"Bearer {env['reader']}"}, timeout=60).json()
+    api = httpx.get(
+        f"{env['server'].url}/api/v1/models/resnet/versions/1/drift",
+        headers={"Authorization": f"Bearer {env['reader']}"},
+        timeout=60,
+    ).json()
     assert api["state"] == "serving_fault" and {f["kind"] for f in api["windows"][0]["faults"]} >= {"train_mode"}
     changes = [e.detail for e in env["registry"].audit(model="resnet") if e.action == "drift_state_changed"]
     assert changes[-1]["to"] == "serving_fault" and "train_mode" in changes[-1]["faults"]

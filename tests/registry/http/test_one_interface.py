@@ -22,8 +22,23 @@ pytestmark = pytest.mark.slow  # starts a server
 
 def version_facts(record) -> dict:
     """A VersionRecord but for the time it was written."""
-    return {name: getattr(record, name) for name in ("model", "number", "digest", "content_digest", "manifest", "parent",
-                                                      "operation", "note", "user", "servable", "hazards", "structure_checked")}
+    return {
+        name: getattr(record, name)
+        for name in (
+            "model",
+            "number",
+            "digest",
+            "content_digest",
+            "manifest",
+            "parent",
+            "operation",
+            "note",
+            "user",
+            "servable",
+            "hazards",
+            "structure_checked",
+        )
+    }
 
 
 def run_scenario(registry: ModelRegistry, files: dict[str, Path], out: Path) -> dict:
@@ -43,8 +58,14 @@ def run_scenario(registry: ModelRegistry, files: dict[str, Path], out: Path) -> 
         "diff": registry.diff("cnn@1", "cnn@2").model_dump(mode="json"),
         "aliases": [(a.model, a.alias, a.number, a.user) for a in registry.aliases("cnn")],
         "alias": (alias.model, alias.alias, alias.number, alias.user),
-        "pulled": (pulled.ref, pulled.format, pulled.digest, pulled.nbytes, Path(pulled.path).name,
-                   hashlib.sha256(Path(pulled.path).read_bytes()).hexdigest()),
+        "pulled": (
+            pulled.ref,
+            pulled.format,
+            pulled.digest,
+            pulled.nbytes,
+            Path(pulled.path).name,
+            hashlib.sha256(Path(pulled.path).read_bytes()).hexdigest(),
+        ),
     }
 
 

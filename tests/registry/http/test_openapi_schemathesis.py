@@ -18,7 +18,11 @@ from schemathesis import GenerationMode
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance, status_code_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.http_server import create_token, running_server
 from tests.registry.test_service_scale import bearer, bn_onnx_bytes, server_failures
@@ -40,13 +44,20 @@ def live(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("schemathesis")
     db = f"sqlite:///{folder / 'registry.db'}"
-    tokens = {"admin": create_token(db, "fuzzer", "admin"), "scoped": create_token(db, "viewer", "read", models=["cnn"])}
+    tokens = {
+        "admin": create_token(db, "fuzzer", "admin"),
+        "scoped": create_token(db, "viewer", "read", models=["cnn"]),
+    }
     with running_server(db=db, blobs=str(folder / "blobs"), log=folder / "server.log") as server:
         with httpx.Client(headers=bearer(tokens["admin"]), timeout=300) as client:
             first = None
             for name, seed in (("cnn", 1), ("cnn", 2), ("other", 3)):
-                response = client.post(f"{server.url}/api/v1/models/{name}/versions", params={"format": "onnx", "note": f"seed {seed}"},
-                                       content=bn_onnx_bytes(seed), headers={"Content-Type": "application/octet-stream"})
+                response = client.post(
+                    f"{server.url}/api/v1/models/{name}/versions",
+                    params={"format": "onnx", "note": f"seed {seed}"},
+                    content=bn_onnx_bytes(seed),
+                    headers={"Content-Type": "application/octet-stream"},
+                )
                 assert response.status_code == 201, response.text
                 first = first or response.json()["version"]
             assert client.put(f"{server.url}/api/v1/models/cnn/aliases/prod", json={"version": 2}).status_code == 200
@@ -66,7 +77,10 @@ def strategies(operation):
     yield "negative", operation.as_strategy(GenerationMode.NEGATIVE)
     if "{name}" in operation.path:
         for name in ("cnn", "other"):
-            yield f"positive, name={name}", operation.as_strategy(GenerationMode.POSITIVE, path_parameters={"name": name})
+            yield (
+                f"positive, name={name}",
+                operation.as_strategy(GenerationMode.POSITIVE, path_parameters={"name": name}),
+            )
 
 
 @pytest.mark.parametrize("principal", ["admin", "scoped"])
@@ -83,7 +97,13 @@ def test_every_operation_answers_as_documented(api_schema, live, principal):
         for label, strategy in strategies(operation):
 
             @given(case=strategy)
-            @settings(max_examples=EXAMPLES if principal == "admin" else max(1, EXAMPLES // 2), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
+            @settings(
+                max_examples=EXAMPLES if principal == "admin" else max(1, EXAMPLES // 2),
+                deadline=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            )
             def fuzz(case):
                 case.call_and_validate(headers=bearer(token), checks=CHECKS, timeout=120)
 
@@ -125,9 +145,14 @@ def test_responses_about_real_versions_match_the_schema(api_schema, live):
     present = api_schema["/api/v1/blobs/present"]["POST"].Case(body={"digests": [digest, "0" * 64]})
     response = present.call_and_validate(headers=bearer(token), checks=CHECKS, timeout=120)
     assert response.status_code == 200 and response.json() == {"present": [digest]}
-    scoped = [("/api/v1/models", "GET", {}, {}, 200), ("/api/v1/verify", "POST", {}, {"check": "false"}, 200),
-              ("/api/v1/audit", "GET", {}, {}, 200), ("/api/v1/models/{name}/versions", "GET", {"name": "other"}, {}, 403),
-              ("/api/v1/diff", "GET", {}, {"a": "cnn@1", "b": "other@1"}, 403), ("/api/v1/gc", "POST", {}, {}, 403)]
+    scoped = [
+        ("/api/v1/models", "GET", {}, {}, 200),
+        ("/api/v1/verify", "POST", {}, {"check": "false"}, 200),
+        ("/api/v1/audit", "GET", {}, {}, 200),
+        ("/api/v1/models/{name}/versions", "GET", {"name": "other"}, {}, 403),
+        ("/api/v1/diff", "GET", {}, {"a": "cnn@1", "b": "other@1"}, 403),
+        ("/api/v1/gc", "POST", {}, {}, 403),
+    ]
     for path, method, path_parameters, query, status in scoped:
         case = api_schema[path][method].Case(path_parameters=path_parameters, query=query)
         response = case.call_and_validate(headers=bearer(tokens["scoped"]), checks=CHECKS, timeout=120)
@@ -138,10 +163,15 @@ def test_responses_about_real_versions_match_the_schema(api_schema, live):
             assert response.json()["passed"] is True and sorted(response.json()["versions"]) == ["cnn@1", "cnn@2"]
         if path == "/api/v1/audit":
             assert {e["model"] for e in response.json()["entries"]} == {"cnn"}
-    moved = api_schema["/api/v1/models/{name}/aliases/{alias}"]["PUT"].Case(path_parameters={"name": "cnn", "alias": "prod"},
-                                                                           body={"version": "cnn@1"}, media_type="application/json")
+    moved = api_schema["/api/v1/models/{name}/aliases/{alias}"]["PUT"].Case(
+        path_parameters={"name": "cnn", "alias": "prod"}, body={"version": "cnn@1"}, media_type="application/json"
+    )
     assert moved.call_and_validate(headers=bearer(token), checks=CHECKS, timeout=120).json()["number"] == 1
-    refused = api_schema["/api/v1/models/{name}/versions"]["POST"].Case(path_parameters={"name": "cnn"}, query={"format": "onnx"},
-                                                                        body=b"not an onnx file", media_type="application/octet-stream")
+    refused = api_schema["/api/v1/models/{name}/versions"]["POST"].Case(
+        path_parameters={"name": "cnn"},
+        query={"format": "onnx"},
+        body=b"not an onnx file",
+        media_type="application/octet-stream",
+    )
     response = refused.call_and_validate(headers=bearer(token), checks=CHECKS, timeout=120)
     assert response.status_code == 400 and response.json()["error"]["code"] == "bad_input_file"

@@ -25,7 +25,13 @@ from tests.registry.web.test_web import browser, login, readme_copy, shot  # noq
 
 pytestmark = pytest.mark.slow  # starts a server and a browser
 
-REMOTE_ENV = ("NORMBRIDGE_SERVER", "NORMBRIDGE_TOKEN", "NORMBRIDGE_DB", "NORMBRIDGE_BLOBS", "NORMBRIDGE_GUARDED_ALIASES")
+REMOTE_ENV = (
+    "NORMBRIDGE_SERVER",
+    "NORMBRIDGE_TOKEN",
+    "NORMBRIDGE_DB",
+    "NORMBRIDGE_BLOBS",
+    "NORMBRIDGE_GUARDED_ALIASES",
+)
 #: The stock BatchNorms of SmallCNN, where every hazard of these models sits.
 BATCHNORMS = ["bn1", "bn2"]
 
@@ -71,8 +77,16 @@ def surfaces(tmp_path_factory):
     cumulative = root / "cumulative.pt2"
     torch.export.save(torch.export.export(cumulative_momentum_model(), (torch.randn(2, 4),)), str(cumulative))
     db, blobs = f"sqlite:///{root / 'registry.db'}", str(root / "blobs")
-    with running_server(db=db, blobs=blobs, log=root / "serve.log", args=["--guarded-alias", "production", "--guarded-alias", "canary"]) as server:
-        state = Surfaces(server.url, {"writer": create_token(db, "alice", "write"), "reader": create_token(db, "bob", "read")}, db, blobs, {})
+    with running_server(
+        db=db, blobs=blobs, log=root / "serve.log", args=["--guarded-alias", "production", "--guarded-alias", "canary"]
+    ) as server:
+        state = Surfaces(
+            server.url,
+            {"writer": create_token(db, "alice", "write"), "reader": create_token(db, "bob", "read")},
+            db,
+            blobs,
+            {},
+        )
         for name, path in (("trainmode", bundle), ("fresh", fresh), ("clean", clean), ("cumulative", cumulative)):
             state.registered[name] = answer(cli(state, "register", name, str(path), "--json"))
         yield state
@@ -80,26 +94,46 @@ def surfaces(tmp_path_factory):
 
 def test_show_and_versions_say_which_version_may_not_serve_and_why(surfaces):
     registered = surfaces.registered
-    assert [registered[n]["version"]["servable"] for n in ("trainmode", "fresh", "clean", "cumulative")] == [False, False, True, True]
+    assert [registered[n]["version"]["servable"] for n in ("trainmode", "fresh", "clean", "cumulative")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
     shown = answer(cli(surfaces, "show", "trainmode@1", "--json", token="reader"))
     assert shown["servable"] is False
     assert [(h["code"], h["layer"], h["severity"], h["blocking"]) for h in shown["hazards"] if h["blocking"]] == [
-        ("train_mode", layer, "error", True) for layer in BATCHNORMS]
+        ("train_mode", layer, "error", True) for layer in BATCHNORMS
+    ]
     # trained_cnn counted 3 batches at momentum 0.1: 73% of the initial statistics left, recorded beside, never blocking
     assert [(h["code"], h["layer"], h["severity"]) for h in shown["hazards"] if not h["blocking"]] == [
-        ("unconverged_statistics", layer, "warning") for layer in BATCHNORMS]
+        ("unconverged_statistics", layer, "warning") for layer in BATCHNORMS
+    ]
     fresh = answer(cli(surfaces, "show", "fresh", "--json", token="reader"))
-    assert [(h["code"], h["layer"], h["blocking"]) for h in fresh["hazards"]] == [("never_trained", layer, True) for layer in BATCHNORMS]
+    assert [(h["code"], h["layer"], h["blocking"]) for h in fresh["hazards"]] == [
+        ("never_trained", layer, True) for layer in BATCHNORMS
+    ]
     clean = answer(cli(surfaces, "show", "clean@1", "--json", token="reader"))
     assert clean["servable"] is True and not any(h["blocking"] for h in clean["hazards"])
-    assert [(h["code"], h["layer"]) for h in clean["hazards"]] == [("unconverged_statistics", layer) for layer in BATCHNORMS]
+    assert [(h["code"], h["layer"]) for h in clean["hazards"]] == [
+        ("unconverged_statistics", layer) for layer in BATCHNORMS
+    ]
     cumulative = answer(cli(surfaces, "show", "cumulative@1", "--json", token="reader"))
-    assert cumulative["servable"] is True and [(h["code"], h["blocking"]) for h in cumulative["hazards"]] == [("momentum_none", False)]
+    assert cumulative["servable"] is True and [(h["code"], h["blocking"]) for h in cumulative["hazards"]] == [
+        ("momentum_none", False)
+    ]
 
     text = cli(surfaces, "show", "trainmode@1", token="reader")
-    assert text.exit_code == 0 and "not servable: train_mode at bn1, bn2" in text.stdout and "exported in train mode" in text.stdout
+    assert (
+        text.exit_code == 0
+        and "not servable: train_mode at bn1, bn2" in text.stdout
+        and "exported in train mode" in text.stdout
+    )
     shown_clean = cli(surfaces, "show", "clean@1", token="reader").stdout
-    assert "servable: no hazard blocks serving" in shown_clean and "warning unconverged_statistics at bn1: num_batches_tracked=3" in shown_clean
+    assert (
+        "servable: no hazard blocks serving" in shown_clean
+        and "warning unconverged_statistics at bn1: num_batches_tracked=3" in shown_clean
+    )
     assert "yes (warns: unconverged_statistics)" in cli(surfaces, "versions", "clean", token="reader").stdout
     listed = cli(surfaces, "versions", "fresh", token="reader")
     assert listed.exit_code == 0 and "NO: never_trained" in listed.stdout
@@ -131,13 +165,20 @@ def test_the_guard_refuses_over_the_cli_and_http_and_force_is_audited(surfaces):
     assert (moved["alias"], moved["number"], moved["user"]) == ("production", 1, "alice")
     log = answer(cli(surfaces, "audit", "--verify", "--json", token="reader"))
     assert log["chain_ok"] is True
-    aliases = [(e["model"], e["action"], e["detail"].get("alias"), e["detail"].get("forced"), e["detail"].get("not_servable"))
-               for e in log["entries"] if e["action"] in ("alias", "alias_refused")]
+    aliases = [
+        (e["model"], e["action"], e["detail"].get("alias"), e["detail"].get("forced"), e["detail"].get("not_servable"))
+        for e in log["entries"]
+        if e["action"] in ("alias", "alias_refused")
+    ]
     assert aliases == [
-        ("trainmode", "alias_refused", "production", None, None), ("trainmode", "alias_refused", "canary", None, None),
-        ("trainmode", "alias", "staging", None, None), ("fresh", "alias_refused", "production", None, None),
-        ("fresh", "alias", "production", True, ["never_trained"]), ("clean", "alias", "production", None, None),
-        ("trainmode", "alias", "production", True, ["train_mode"])]
+        ("trainmode", "alias_refused", "production", None, None),
+        ("trainmode", "alias_refused", "canary", None, None),
+        ("trainmode", "alias", "staging", None, None),
+        ("fresh", "alias_refused", "production", None, None),
+        ("fresh", "alias", "production", True, ["never_trained"]),
+        ("clean", "alias", "production", None, None),
+        ("trainmode", "alias", "production", True, ["train_mode"]),
+    ]
     registrations = {e["model"]: e["detail"].get("not_servable") for e in log["entries"] if e["action"] == "register"}
     assert registrations == {"trainmode": ["train_mode"], "fresh": ["never_trained"], "clean": None, "cumulative": None}
     assert Registry(db=surfaces.db, blobs=surfaces.blobs).verify_audit() == []
@@ -150,34 +191,56 @@ def test_the_pages_do_not_show_a_version_that_may_not_serve_as_green(surfaces, b
         assert section.locator("h2 .latest-not-servable").inner_text() == "latest version not servable"
         assert section.locator(f"tr[data-ref='{name}@1'] .verdict").inner_text() == "not servable"
     clean = page.locator("section.model[data-model='clean']")
-    assert clean.locator("h2 .latest-not-servable").count() == 0 and clean.locator("tr[data-ref='clean@1'] .verdict").inner_text() == "passed"
-    assert clean.locator("tr[data-ref='clean@1'] .warns").inner_text() == "warns: unconverged_statistics"  # green, and says what to look at
+    assert (
+        clean.locator("h2 .latest-not-servable").count() == 0
+        and clean.locator("tr[data-ref='clean@1'] .verdict").inner_text() == "passed"
+    )
+    assert (
+        clean.locator("tr[data-ref='clean@1'] .warns").inner_text() == "warns: unconverged_statistics"
+    )  # green, and says what to look at
     shot(page, "models-not-servable")
 
     page.goto(surfaces.url + "/ui/models/trainmode/versions/1")
     headline = page.locator("h1")
     assert headline.locator("#servable-verdict").inner_text() == "not servable"
-    assert headline.locator(".verdict.passed").count() == 0  # no green "equivalence passed" above a version that may not serve
+    assert (
+        headline.locator(".verdict.passed").count() == 0
+    )  # no green "equivalence passed" above a version that may not serve
     green = headline.locator("#servable-verdict").evaluate("e => getComputedStyle(e).color")
     assert green == "rgb(220, 38, 38)"  # --red
     rows = page.locator("table.hazards tbody tr")
     # one row per distinct hazard, listing its layers (issue 35 §3); the API keeps one entry per layer
-    shown = [(r.get_attribute("data-hazard"), r.get_attribute("data-layers"), r.locator("td").nth(2).inner_text()) for r in rows.all()]
+    shown = [
+        (r.get_attribute("data-hazard"), r.get_attribute("data-layers"), r.locator("td").nth(2).inner_text())
+        for r in rows.all()
+    ]
     assert shown[0] == ("train_mode", " ".join(BATCHNORMS), "yes")  # the same message at both layers: one row
-    assert {(code, blocks) for code, _, blocks in shown[1:]} == {("unconverged_statistics", "no")}  # worded per layer's counter
+    assert {(code, blocks) for code, _, blocks in shown[1:]} == {
+        ("unconverged_statistics", "no")
+    }  # worded per layer's counter
     assert sorted(layer for _, layers, _ in shown[1:] for layer in layers.split()) == BATCHNORMS
     layer_hazard = page.locator("table.layers tr[data-layer='bn1'] td").nth(9).locator("a").first
     assert layer_hazard.inner_text() == "train_mode"
-    assert "exported in train mode" in layer_hazard.get_attribute("title")  # the layer table words it as the verdict does
+    assert "exported in train mode" in layer_hazard.get_attribute(
+        "title"
+    )  # the layer table words it as the verdict does
     readme_copy(shot(page, "version-not-servable"), "version-not-servable.png")
 
     page.goto(surfaces.url + "/ui/models/clean/versions/1")
     assert page.locator("h1 #servable-verdict").inner_text() == "servable"
-    assert page.locator("table.hazards tr[data-hazard='unconverged_statistics'][data-layers~='bn1'] td").nth(2).inner_text() == "no"
+    assert (
+        page.locator("table.hazards tr[data-hazard='unconverged_statistics'][data-layers~='bn1'] td")
+        .nth(2)
+        .inner_text()
+        == "no"
+    )
     assert page.locator("h1 .verdict.passed").inner_text() == "equivalence passed"
 
     page.goto(surfaces.url + "/ui/models/cumulative/versions/1")  # Keras and ONNX cannot express momentum=None
-    outcomes = {r.locator("td").nth(1).inner_text(): r.locator(".verdict").inner_text() for r in page.locator("table.equivalence tbody tr").all()}
+    outcomes = {
+        r.locator("td").nth(1).inner_text(): r.locator(".verdict").inner_text()
+        for r in page.locator("table.equivalence tbody tr").all()
+    }
     assert outcomes == {"torch → torch": "ok", "torch → keras": "not converted", "torch → onnx": "not converted"}
     assert "cannot convert to onnx" in page.locator("table.equivalence").inner_text()
     assert page.locator("table.hazards tr[data-hazard='momentum_none'] td").nth(2).inner_text() == "no"

@@ -47,11 +47,18 @@ def test_the_registration_that_imports_torch_settles_the_heap_and_a_later_one_do
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
     program = torch.export.export(model, (torch.randn(1, 3, 8, 8),))
     torch.export.save(program, tmp_path / "net.pt2")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), str(tmp_path / "net.pt2")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), str(tmp_path / "net.pt2")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert not seen["torch_before"] and seen["frozen_before"] == 0
     assert seen["first"]["status"] == 201 and seen["first"]["torch"] and seen["first"]["frozen"] > 0
     assert seen["second"]["status"] in (200, 201)  # identical content: the existing version
-    assert not seen["second"]["marker_frozen"]  # it imported nothing new, so it left the heap as the first one settled it
+    assert not seen["second"][
+        "marker_frozen"
+    ]  # it imported nothing new, so it left the heap as the first one settled it

@@ -43,8 +43,9 @@ def _transformers_norm_paths() -> list[str]:
 
     from tests.real_norms import detr
 
-    resnet = ResNetModel(ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[2, 2, 2, 2],
-                                      layer_type="bottleneck"))
+    resnet = ResNetModel(
+        ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[2, 2, 2, 2], layer_type="bottleneck")
+    )
     # prefixed as ResNetForImageClassification names them
     names = [f"resnet.{name}" for name, module in resnet.named_modules() if isinstance(module, torch.nn.BatchNorm2d)]
     detr_norms = ("DetrFrozenBatchNorm2d", "LayerNorm")
@@ -57,16 +58,31 @@ def _charts(paths: list[str]) -> list[str]:
     layers = paths[:12]
     timelines = []
     for count in (8, 13):  # 8: the newest window's label was drawn beside the one before it
-        windows = [Window(label=(start + timedelta(minutes=7 * i, seconds=13 * i)).strftime("%m-%d %H:%M:%S"),
-                          alert=i >= count - 3,
-                          values={name: float(rng.uniform(0, 6)) for name in layers},
-                          statuses={layers[1]: "unconverged_statistics"}) for i in range(count)]
+        windows = [
+            Window(
+                label=(start + timedelta(minutes=7 * i, seconds=13 * i)).strftime("%m-%d %H:%M:%S"),
+                alert=i >= count - 3,
+                values={name: float(rng.uniform(0, 6)) for name in layers},
+                statuses={layers[1]: "unconverged_statistics"},
+            )
+            for i in range(count)
+        ]
         title = f"max standardized shift per layer, last {count} serving window(s); shaded: alert"
         timelines.append(timeline_svg(windows, layers, 3.0, title))
-    bars = threshold_bars_svg(paths, list(rng.uniform(0, 6, len(paths))), 3.0, "max standardized mean shift per layer",
-                              secondary=list(rng.uniform(0, 3, len(paths))), secondary_name="mean over channels")
-    movement = movement_svg([ChannelMovement(layer=name, mean_shift=rng.normal(size=16),
-                                             log_var_ratio=rng.normal(size=16)) for name in paths[:8]])
+    bars = threshold_bars_svg(
+        paths,
+        list(rng.uniform(0, 6, len(paths))),
+        3.0,
+        "max standardized mean shift per layer",
+        secondary=list(rng.uniform(0, 3, len(paths))),
+        secondary_name="mean over channels",
+    )
+    movement = movement_svg(
+        [
+            ChannelMovement(layer=name, mean_shift=rng.normal(size=16), log_var_ratio=rng.normal(size=16))
+            for name in paths[:8]
+        ]
+    )
     return [*timelines, bars, movement]
 
 
@@ -74,8 +90,11 @@ def test_chart_text_stays_inside_its_chart_and_off_other_text(browser):  # noqa:
     paths = _transformers_norm_paths()
     assert max(len(p) for p in paths) > 60 and len(paths) > 20  # resnet.encoder.stages.0.layers.0.layer.0.normalization
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_content("<!doctype html><html><body style='font-family:system-ui,sans-serif'>" + "".join(
-        f"<div>{svg}</div>" for svg in _charts(paths)) + "</body></html>")
+    page.set_content(
+        "<!doctype html><html><body style='font-family:system-ui,sans-serif'>"
+        + "".join(f"<div>{svg}</div>" for svg in _charts(paths))
+        + "</body></html>"
+    )
     measured = page.locator("svg").evaluate_all(MEASURE)
     assert [m["cls"] for m in measured] == ["timeline-chart", "timeline-chart", "threshold-chart", "movement-plot"]
     for chart in measured:

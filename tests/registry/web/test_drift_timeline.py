@@ -22,7 +22,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def history(site):  # noqa: F811
     rng = np.random.default_rng(5)
-    calm = [drift_check(trained_cnn(), rng.standard_normal((32, 3, 8, 8)).astype(np.float32)) for _ in range(2)]  # its training inputs
+    calm = [
+        drift_check(trained_cnn(), rng.standard_normal((32, 3, 8, 8)).astype(np.float32)) for _ in range(2)
+    ]  # its training inputs
     assert all(report.verdict == "unconverged statistics" for report in calm)  # 3 SGD steps: not drift, and not shaded
     shifted = drift_check(trained_cnn(), (rng.standard_normal((32, 3, 8, 8)) * 3.0 + 2.0).astype(np.float32))
     for report in (*calm, shifted):
@@ -36,7 +38,9 @@ def test_the_drift_page_plots_each_layer_over_time_against_the_threshold(site, b
     chart = page.locator("#drift-timeline svg.timeline-chart")
     assert chart.is_visible()
     lines = chart.locator("g.layer-line")
-    assert sorted(lines.evaluate_all("gs => gs.map(g => g.dataset.layer)")) == sorted(layer.name for layer in newest.layers)
+    assert sorted(lines.evaluate_all("gs => gs.map(g => g.dataset.layer)")) == sorted(
+        layer.name for layer in newest.layers
+    )
     alerts = [i for i, record in enumerate(reversed(history)) if record.report.verdict == "drift"]
     assert chart.locator("rect.alert-window").evaluate_all("rs => rs.map(r => Number(r.dataset.window))") == alerts
     assert 0 < len(alerts) < len(history)
@@ -48,7 +52,11 @@ def test_the_drift_page_plots_each_layer_over_time_against_the_threshold(site, b
         for j, record in enumerate(oldest_first):
             value = next(l.max_shift for l in record.report.layers if l.name == layer.name)
             box = points.nth(j).bounding_box()
-            assert (box["y"] + box["height"] / 2 < threshold_y) == (value > newest.thresholds.shift), (layer.name, j, value)
+            assert (box["y"] + box["height"] / 2 < threshold_y) == (value > newest.thresholds.shift), (
+                layer.name,
+                j,
+                value,
+            )
     statuses = page.locator("td.layer-status").evaluate_all("ts => ts.map(t => t.dataset.status)")
     assert statuses == [layer.status for layer in newest.layers]
     assert page.locator("#drift-recalibrated a").inner_text() == "cnn@3"

@@ -35,7 +35,9 @@ def live(tmp_path_factory):
     registry.register("live", model, note="bn2 never trained")
     tokens = {"reader": create_token(db, "reader", "read"), "writer": create_token(db, "serving", "write", ["live"])}
     rng = np.random.default_rng(11)
-    bodies = [served_window(model, calm(rng, 32)) for _ in range(CALM)] + [served_window(model, shifted(rng, 32)) for _ in range(SHIFTED)]
+    bodies = [served_window(model, calm(rng, 32)) for _ in range(CALM)] + [
+        served_window(model, shifted(rng, 32)) for _ in range(SHIFTED)
+    ]
     with running_server(db=db, blobs=blobs, log=folder / "serve.log") as server:
         url = f"{server.url}/api/v1/models/live/versions/1/drift"
         stored = []
@@ -64,13 +66,21 @@ def test_the_drift_page_plots_the_serving_windows(live, browser):  # noqa: F811
         for j, window in enumerate(stored):
             layer = next(l for l in window["layers"] if l["name"] == name)
             box = points.nth(j).bounding_box()
-            assert (box["y"] + box["height"] / 2 < threshold_y) == (layer["max_shift"] > 0.5), (name, j, layer["max_shift"])
+            assert (box["y"] + box["height"] / 2 < threshold_y) == (layer["max_shift"] > 0.5), (
+                name,
+                j,
+                layer["max_shift"],
+            )
             assert points.nth(j).get_attribute("data-status") == layer["status"]
     statuses = {name: {l["status"] for w in stored for l in w["layers"] if l["name"] == name} for name in names}
     assert statuses == {"bn1": {"ok", "drift"}, "bn2": {"unconverged_statistics"}}, statuses
     assert chart.locator("circle.unconverged").count() == len(stored)  # bn2's points, hollow
     alerts = [j for j, window in enumerate(stored) if window["state"] == "alert"]
-    assert chart.locator("rect.alert-window").evaluate_all("rs => rs.map(r => Number(r.dataset.window))") == alerts == [4, 5]
+    assert (
+        chart.locator("rect.alert-window").evaluate_all("rs => rs.map(r => Number(r.dataset.window))")
+        == alerts
+        == [4, 5]
+    )
     shown = page.locator("td.window-status").evaluate_all("ts => ts.map(t => t.dataset.status)")
     assert shown == [layer["status"] for layer in stored[-1]["layers"]]
     readme_copy(shot(page, "drift-windows"), "drift-windows.png")

@@ -40,12 +40,27 @@ ROOT = Path(__file__).resolve().parents[3]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 EVIL_NOTE = "<script>document.title='pwned'</script><b>bold?</b>"
 EVIL_OWNER = "<img src=x onerror=alert(1)>"
-PAGES = ["/ui/", "/ui/models/cnn", "/ui/models/cnn/versions/1", "/ui/models/cnn/versions/1/lineage", "/ui/diff?a=cnn@1&b=cnn@2",
-         "/ui/models/cnn/versions/1/drift", "/ui/audit?model=cnn"]
+PAGES = [
+    "/ui/",
+    "/ui/models/cnn",
+    "/ui/models/cnn/versions/1",
+    "/ui/models/cnn/versions/1/lineage",
+    "/ui/diff?a=cnn@1&b=cnn@2",
+    "/ui/models/cnn/versions/1/drift",
+    "/ui/audit?model=cnn",
+]
 
 
 class Site:
@@ -89,12 +104,17 @@ def site(tmp_path_factory):
     registry.register("other", tiny, note=EVIL_NOTE)
     with torch.no_grad():
         tiny.train()(torch.randn(16, 4) + 1.0)
-    registry.register("other", tiny.eval(), parent="cnn@1", operation="converted", note="head only")  # lineage across models
+    registry.register(
+        "other", tiny.eval(), parent="cnn@1", operation="converted", note="head only"
+    )  # lineage across models
     inputs = (np.random.default_rng(0).standard_normal((32, 3, 8, 8)) * 2.0 + 1.0).astype(np.float32)
     report = drift_check(trained_cnn(), inputs, DriftThresholds(shift=0.5))
     record_drift(registry.as_user("carol"), "cnn@1", report)
-    tokens = {"reader": create_token(db, "reader", "read"), "scoped": create_token(db, "scoped", "read", models=["other"]),
-              "evil": create_token(db, EVIL_OWNER, "read")}
+    tokens = {
+        "reader": create_token(db, "reader", "read"),
+        "scoped": create_token(db, "scoped", "read", models=["other"]),
+        "evil": create_token(db, EVIL_OWNER, "read"),
+    }
     with running_server(db=db, blobs=blobs, log=folder / "serve.log") as server:
         yield Site(server, registry, tokens, report, db)
     registry.meta.close()
@@ -156,7 +176,9 @@ def test_pages_refuse_without_a_valid_session(site, browser):
             script = client.get(path)
             assert script.status_code == 401 and script.json()["error"]["code"] == "unauthorized", path
             assert "nbt_" not in script.text
-            forged = client.get(path, headers={"Accept": "text/html"}, cookies={"nb_session": "nbt_000000000000_" + "A" * 43})
+            forged = client.get(
+                path, headers={"Accept": "text/html"}, cookies={"nb_session": "nbt_000000000000_" + "A" * 43}
+            )
             assert forged.status_code == 303, path
         # a bearer token is the API's way in, not the pages': the cookie is the only session
         bearer = client.get("/ui/", headers={"Authorization": f"Bearer {site.tokens['reader']}"})
@@ -183,12 +205,17 @@ def test_login_form_refuses_other_origins_and_missing_csrf_tokens(site):
         assert cross.status_code == 403 and "nb_session" not in cross.headers.get("set-cookie", "")
         no_origin = client.post("/ui/login", data=good, headers={"Content-Type": "application/x-www-form-urlencoded"})
         assert no_origin.status_code == 403
-        bad_referer = client.post("/ui/login", data=good, headers={"Referer": "http://evil.example/ui/login",
-                                                                     "Content-Type": "application/x-www-form-urlencoded"})
+        bad_referer = client.post(
+            "/ui/login",
+            data=good,
+            headers={"Referer": "http://evil.example/ui/login", "Content-Type": "application/x-www-form-urlencoded"},
+        )
         assert bad_referer.status_code == 403
         no_csrf = client.post("/ui/login", data={**good, "csrf": "guessed"}, headers=same_site)
         assert no_csrf.status_code == 403 and "nb_session" not in no_csrf.headers.get("set-cookie", "")
-        wrong_token = client.post("/ui/login", data={**good, "token": "nbt_000000000000_" + "B" * 43}, headers=same_site)
+        wrong_token = client.post(
+            "/ui/login", data={**good, "token": "nbt_000000000000_" + "B" * 43}, headers=same_site
+        )
         assert wrong_token.status_code == 401 and "nb_session" not in wrong_token.headers.get("set-cookie", "")
         offsite_next = client.post("/ui/login", data={**good, "next": "//evil.example/"}, headers=same_site)
         assert offsite_next.status_code == 303 and offsite_next.headers["location"] == "/ui/"  # never an open redirect
@@ -196,7 +223,11 @@ def test_login_form_refuses_other_origins_and_missing_csrf_tokens(site):
         client.cookies.clear()  # that login worked (and replaced the CSRF secret): start again from the form
         client.get("/ui/login")
         good["csrf"] = client.cookies["nb_csrf"]
-        ok = client.post("/ui/login", data=good, headers={"Referer": site.url + "/ui/login", "Content-Type": "application/x-www-form-urlencoded"})
+        ok = client.post(
+            "/ui/login",
+            data=good,
+            headers={"Referer": site.url + "/ui/login", "Content-Type": "application/x-www-form-urlencoded"},
+        )
         assert ok.status_code == 303 and ok.headers["location"] == "/ui/models/cnn"
         cookie = next(c for c in ok.headers.get_list("set-cookie") if c.startswith("nb_session="))
         flags = {part.strip().lower() for part in cookie.split(";")}
@@ -204,9 +235,16 @@ def test_login_form_refuses_other_origins_and_missing_csrf_tokens(site):
         assert "secure" not in flags  # plain http on loopback; https responses add Secure
         page = client.get("/ui/models/cnn", headers={"Accept": "text/html"})
         assert page.status_code == 200 and site.tokens["reader"] not in page.text
-        assert "script-src" not in page.headers["content-security-policy"] and "default-src 'none'" in page.headers["content-security-policy"]
+        assert (
+            "script-src" not in page.headers["content-security-policy"]
+            and "default-src 'none'" in page.headers["content-security-policy"]
+        )
 
-        logout_cross = client.post("/ui/logout", data={"csrf": client.cookies["nb_csrf"]}, headers={**same_site, "Origin": "http://evil.example"})
+        logout_cross = client.post(
+            "/ui/logout",
+            data={"csrf": client.cookies["nb_csrf"]},
+            headers={**same_site, "Origin": "http://evil.example"},
+        )
         assert logout_cross.status_code == 403
 
 
@@ -237,7 +275,12 @@ def test_a_revoked_token_ends_the_session(site, browser):
     page.wait_for_load_state()
     assert page.locator("h1").inner_text() == "Models"
     token_id = token.split("_")[1]
-    done = subprocess.run([*normbridge_command(), "token", "revoke", token_id, "--db", site.db], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*normbridge_command(), "token", "revoke", token_id, "--db", site.db],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     page.goto(site.url + "/ui/")
     assert "/ui/login" in page.url
@@ -267,7 +310,11 @@ def test_models_page_to_version_to_parent_through_the_lineage_graph(site, browse
     bn1, bn2 = layers.nth(0).locator("td"), layers.nth(1).locator("td")
     assert bn1.nth(0).inner_text() == "bn1" and bn1.nth(2).inner_text() == "float32"  # the dtype column (issue 35 §3)
     assert bn1.nth(3).inner_text() == "1e-05" and bn1.nth(4).inner_text() == "0.1 (batch_weight)"
-    assert bn2.nth(3).inner_text() == "0.001" and bn2.nth(4).inner_text() == "0.01 (batch_weight)" and bn1.nth(5).inner_text() == "eval"
+    assert (
+        bn2.nth(3).inner_text() == "0.001"
+        and bn2.nth(4).inner_text() == "0.01 (batch_weight)"
+        and bn1.nth(5).inner_text() == "eval"
+    )
     assert "eps_not_default" in bn2.nth(9).inner_text() and bn1.nth(9).inner_text() == "none"
     stats = site.registry.tensors("cnn@3")
     mean = stats["bn1.running_mean"].astype(np.float64)
@@ -276,7 +323,10 @@ def test_models_page_to_version_to_parent_through_the_lineage_graph(site, browse
     assert sorted(set(pairs)) == ["torch → keras", "torch → onnx", "torch → torch"] and len(pairs) == 6
     stored = site.registry.show("cnn@3").manifest["equivalence"][0]["outputs"]
     keras_row = page.locator("table.equivalence tbody tr").nth([o["framework"] for o in stored].index("keras"))
-    assert keras_row.locator("td").nth(2).inner_text() == f"{next(o for o in stored if o['framework'] == 'keras')['max_abs_error']:.3e}"
+    assert (
+        keras_row.locator("td").nth(2).inner_text()
+        == f"{next(o for o in stored if o['framework'] == 'keras')['max_abs_error']:.3e}"
+    )
     shot(page, "version")
 
     page.click("#lineage-link")
@@ -284,7 +334,11 @@ def test_models_page_to_version_to_parent_through_the_lineage_graph(site, browse
     assert page.url.endswith("/ui/models/cnn/versions/3/lineage")
     graph = page.locator("#lineage-graph svg")
     assert graph.is_visible() and graph.bounding_box()["height"] > 50
-    assert page.locator("#lineage-graph a.node").evaluate_all("nodes => nodes.map(n => n.dataset.ref)") == ["cnn@1", "cnn@3", "cnn@4"]
+    assert page.locator("#lineage-graph a.node").evaluate_all("nodes => nodes.map(n => n.dataset.ref)") == [
+        "cnn@1",
+        "cnn@3",
+        "cnn@4",
+    ]
     assert page.locator("#lineage-graph text.edge-label").all_text_contents() == ["recalibrated", "fine-tuned"]
     lineage_png = shot(page, "lineage-cnn@3")
     page.click("#lineage-graph a.node[data-ref='cnn@1']")
@@ -294,8 +348,19 @@ def test_models_page_to_version_to_parent_through_the_lineage_graph(site, browse
 
     page.click("#lineage-link")  # the root's graph: every child, of this model and of another, with its operation
     page.wait_for_load_state()
-    assert sorted(page.locator("#lineage-graph text.edge-label").all_text_contents()) == ["converted", "fine-tuned", "fine-tuned", "recalibrated"]
-    assert page.locator("#lineage-graph a.node").evaluate_all("nodes => nodes.map(n => n.dataset.ref)") == ["cnn@1", "cnn@2", "cnn@3", "cnn@4", "other@2"]
+    assert sorted(page.locator("#lineage-graph text.edge-label").all_text_contents()) == [
+        "converted",
+        "fine-tuned",
+        "fine-tuned",
+        "recalibrated",
+    ]
+    assert page.locator("#lineage-graph a.node").evaluate_all("nodes => nodes.map(n => n.dataset.ref)") == [
+        "cnn@1",
+        "cnn@2",
+        "cnn@3",
+        "cnn@4",
+        "other@2",
+    ]
     lineage_png = shot(page, "lineage")
     readme_copy(lineage_png, "lineage.png")
     no_token_anywhere(page, site)
@@ -318,14 +383,18 @@ def test_diff_page_shows_the_headline_and_plots_every_channel(site, browser):
     # the plotted values are the real movement of the running statistics, channel by channel
     a, b = site.registry.tensors("cnn@1"), site.registry.tensors("cnn@2")
     eps = 1e-5
-    shift = (b["bn1.running_mean"].astype(np.float64) - a["bn1.running_mean"]) / np.sqrt(a["bn1.running_var"].astype(np.float64) + eps)
+    shift = (b["bn1.running_mean"].astype(np.float64) - a["bn1.running_mean"]) / np.sqrt(
+        a["bn1.running_var"].astype(np.float64) + eps
+    )
     titles = bars.locator("title").all_text_contents()[:4]
     for channel, title in enumerate(titles):
         assert title.startswith(f"channel {channel}: ")
         assert math.isclose(float(title.split(": ")[1]), shift[channel], rel_tol=1e-3, abs_tol=1e-9)
     assert max(bars.nth(i).bounding_box()["height"] for i in range(4)) > 5  # drawn, not zero-height
     tensor_rows = page.locator("table.tensors tr.tensor-changed td:first-child").all_inner_texts()
-    assert set(tensor_rows) == {f"{layer}.{name}" for layer in ("bn1", "bn2") for name in ("running_mean", "running_var", "num_batches_tracked")}
+    assert set(tensor_rows) == {
+        f"{layer}.{name}" for layer in ("bn1", "bn2") for name in ("running_mean", "running_var", "num_batches_tracked")
+    }
     diff_png = shot(page, "diff")
     readme_copy(diff_png, "diff.png")
 
@@ -397,7 +466,10 @@ def test_a_scoped_token_sees_only_its_models(site, browser):
     # other@2 was converted from cnn@1: the graph shows that a parent exists, never its name or a link to it
     page.goto(site.url + "/ui/models/other/versions/2/lineage")
     assert page.locator("#lineage-graph a.node").evaluate_all("nodes => nodes.map(n => n.dataset.ref)") == ["other@2"]
-    assert page.locator("#lineage-graph .hidden-node").count() == 1 and page.locator("main a[href*='/models/cnn/']").count() == 0
+    assert (
+        page.locator("#lineage-graph .hidden-node").count() == 1
+        and page.locator("main a[href*='/models/cnn/']").count() == 0
+    )
     assert "3 SGD steps" not in page.content()  # the parent's ref (as in the API's Version.parent), nothing else of it
     assert page.locator("#lineage-graph text.edge-label").all_text_contents() == ["converted"]
     page.goto(site.url + "/ui/models/other/versions/1/lineage")  # a note with markup, inside the SVG: text only
@@ -406,10 +478,18 @@ def test_a_scoped_token_sees_only_its_models(site, browser):
     page.goto(site.url + "/ui/models/other/versions/2")
     assert page.locator("#parent-link").count() == 0 and page.locator("main a[href*='/models/cnn/']").count() == 0
     page.goto(site.url + "/ui/")
-    assert page.locator("main a[href*='/models/cnn/']").count() == 0 and page.locator("main a[href*='diff']").count() == 0
+    assert (
+        page.locator("main a[href*='/models/cnn/']").count() == 0 and page.locator("main a[href*='diff']").count() == 0
+    )
     # the parent's name itself is on none of the pages (the API redacts it the same way)
-    for path in ("/ui/", "/ui/models/other", "/ui/models/other/versions/2", "/ui/models/other/versions/2/lineage", "/ui/audit",
-                 "/ui/audit?model=other"):
+    for path in (
+        "/ui/",
+        "/ui/models/other",
+        "/ui/models/other/versions/2",
+        "/ui/models/other/versions/2/lineage",
+        "/ui/audit",
+        "/ui/audit?model=other",
+    ):
         page.goto(site.url + path)
         assert "cnn@1" not in page.content(), path
     context.close()

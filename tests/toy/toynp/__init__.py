@@ -10,8 +10,15 @@ __version__ = "0.1"
 class LayerNorm:
     """(x - mean) / sqrt(var + eps) * weight + bias over the trailing `shape` axes."""
 
-    def __init__(self, shape: tuple[int, ...], eps: float = 1e-5, weight=None, bias=None, name: str = "norm",
-                 training: bool = False):
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        eps: float = 1e-5,
+        weight=None,
+        bias=None,
+        name: str = "norm",
+        training: bool = False,
+    ):
         self.shape, self.eps, self.name, self.training = tuple(shape), eps, name, training
         self.weight = None if weight is None else np.array(weight, dtype=np.float32)
         self.bias = None if bias is None else np.array(bias, dtype=np.float32)

@@ -13,5 +13,6 @@ def source(obj) -> Source:
 
 def require_float32(spec) -> None:
     if spec.dtype != "float32":
-        raise NotExpressibleError(f"toynp layers hold float32 only (got {spec.dtype}).", layer=spec.name, setting="dtype",
-                                  target="toynp")
+        raise NotExpressibleError(
+            f"toynp layers hold float32 only (got {spec.dtype}).", layer=spec.name, setting="dtype", target="toynp"
+        )
