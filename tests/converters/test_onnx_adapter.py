@@ -30,6 +30,7 @@ from schemas import (
 from schemas.floats import as_float32, shortest_float32_decimal
 from schemas.kinds import KIND_INFO
 
+from tests.cases import CASES as ALL_CASES
 from tests.spec_factory import per_feature, spec_with
 
 DTYPE_EPS = 1.1920928955078125e-07
@@ -39,7 +40,8 @@ RUNNING = dict(
     momentum=0.01, momentum_convention="batch_weight", track_running_stats=True, variance_estimator="unbiased"
 )
 NBT = {"num_batches_tracked": np.array(7, dtype=np.int64)}
-#: Every case's kind (instance_tracked: a tracked InstanceNorm, written as BatchNormalization) and its fields.
+#: The named cases the tests below single out (instance_tracked: a tracked InstanceNorm, written as BatchNormalization):
+#: their kind and fields, swept over dtypes and eps; every kind's rows come from tests/cases.py (ROWS below).
 ONNX_CASES = {
     "batch": ("batch", dict(name="batch", seed=1, **RUNNING, extra_tensors=NBT)),
     "instance_tracked": (
@@ -52,6 +54,9 @@ ONNX_CASES = {
     "rms": ("rms", dict(name="rms", normalized_shape=(8,), bias=False, seed=11)),
 }
 CASES = list(ONNX_CASES)
+#: Every row of tests/cases.py that ONNX holds as its own op (not refused, not only expressed): a new kind or setting
+#: there runs through the ONNX adapter here at every opset, with no table of this file to extend.
+ROWS = {case.id: case for case in ALL_CASES if not {"onnx"} & (case.refused_by | case.expressed_by)}
 
 
 def native_opset(case: str) -> int:
@@ -115,7 +120,43 @@ def hand_model(node, inputs, initializers, opset, outputs=None):
     return model
 
 
-# -- every kind, every opset, three eps: ORT output, round trip, reading without metadata -------
+# -- every row of tests/cases.py, every opset: ORT output, round trip, reading without metadata ---
+
+
+def row_native_opset(spec: NormSpec) -> int:
+    """The first opset at which the row is written as its native op: a tracked InstanceNorm as a BatchNormalization."""
+    tracked_instance = spec.kind == "instance" and spec.track_running_stats
+    return KIND_INFO["batch" if tracked_instance else spec.kind].onnx_opset
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_every_case_row_at_every_opset(row, opset):
+    case = ROWS[row]
+    spec = case.spec
+    untracked_instance = spec.kind == "instance" and not spec.track_running_stats
+    group_decomposed = spec.kind == "group" and opset < row_native_opset(spec)
+    if spec.dtype == "bfloat16" and opset < 22 and (untracked_instance or group_decomposed):
+        # A GroupNorm decomposition and an InstanceNorm are InstanceNormalization-6, which has no bfloat16 before 22.
+        with pytest.raises(NotExpressibleError, match=rf"setting 'dtype'.*opset {opset}\) takes no bfloat16.*opset 22"):
+            emit(spec, opset)
+        return
+    model, report = emit(spec, opset)
+    assert report.native == (opset >= row_native_opset(spec)), report.target_op
+    if "onnx" not in case.no_runtime:
+        assert_matches_reference(spec, model)
+    back, _ = read(model)
+    assert spec_differences(spec, back) == []
+    assert back.eps == spec.eps and back.source.framework == "onnx"
+    if report.native and len(model.graph.node) == 1:  # a channels-first LayerNorm's Transposes need the metadata
+        bare, _ = read(without_metadata(model))
+        tracked_instance = spec.kind == "instance" and spec.track_running_stats
+        assert bare.name == spec.name and bare.kind == ("batch" if tracked_instance else spec.kind)
+        if "scale" in spec.tensors:  # an absent scale is written as ones, which the graph alone cannot tell apart
+            np.testing.assert_array_equal(bare.tensors["scale"], spec.tensors["scale"])
+
+
+# -- the named cases, every opset, three eps: ORT output, round trip, reading without metadata ---
 
 
 @pytest.mark.parametrize("eps,origin", EPSILONS)
@@ -555,7 +596,7 @@ def test_a_model_is_parsed_once_while_its_caller_holds_it_unchanged_and_refused_
         assert parse(model) is not layer  # a new block parses afresh
 
 
-def test_every_kind_the_onnx_adapter_converts_has_a_row_here():
-    """A kind the ONNX adapter takes is a row of ONNX_CASES, which the tests above run at every opset and eps (tests/cases.py's
-    rows run through ONNX in tests/converters/test_conversions.py; these add what only ONNX has: opsets, eps read back)."""
-    assert set(KIND_ADAPTERS) <= {kind for kind, _ in ONNX_CASES.values()}
+def test_every_kind_the_onnx_adapter_converts_runs_here():
+    """A kind the ONNX adapter takes has rows in tests/cases.py (tests/converters/test_coverage.py requires them), and
+    test_every_case_row_at_every_opset runs each one ONNX holds: a new kind is one row there, nothing here."""
+    assert set(KIND_ADAPTERS) <= {case.spec.kind for case in ROWS.values()}
