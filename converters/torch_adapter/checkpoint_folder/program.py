@@ -57,10 +57,14 @@ def folder_program(model: torch.nn.Module) -> Any:
 
 
 def load_folder_program(path: str | Path) -> Any:
-    """The program of the checkpoint folder at `path` (its weights loaded by transformers)."""
+    """The program of the checkpoint folder at `path` (its weights loaded by transformers); a refusal names the folder."""
     from .meta_model import load_pretrained
 
-    return folder_program(load_pretrained(path, complete=True))
+    model = load_pretrained(path, complete=True)
+    try:
+        return folder_program(model)
+    except UnsupportedObjectError as error:
+        raise UnsupportedObjectError(f"checkpoint folder '{path}': {error}") from None
 
 
 def is_transformers_model(model: Any) -> bool:
