@@ -399,3 +399,44 @@ def test_a_projection_only_fine_tune_stores_only_the_projections_and_diff_names_
     assert {change.name for change in diff.tensors if change.status == "changed"} == set(adapted)
     registry.pull("llama@2", tmp_path / "back")
     assert _files(tmp_path / "back") == _files(tmp_path / "v2")
+
+
+FULL_DISK_PULL = """
+import resource, signal, sys
+from registry.service import Registry
+from schemas.errors import OutputPathError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full disk's with ENOSPC
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+registry = Registry(db=f"sqlite:///{sys.argv[1]}/registry.db", blobs=f"{sys.argv[1]}/blobs", user="tester")
+try:
+    registry.pull("llama@1", sys.argv[2])
+except OutputPathError as error:
+    print(error)
+    sys.exit(24)
+"""
+
+
+def test_a_pull_the_disk_refuses_is_an_error_naming_the_folder_and_leaves_nothing(tmp_path):
+    """The disk refuses a write halfway through a shard (a file-size limit in a child process stands for a full disk):
+    the pull fails with an OutputPathError naming the folder, and neither the folder nor its staging sibling is left."""
+    import subprocess
+    import sys
+
+    _checkpoint("llama-bf16-one-file", tmp_path / "checkpoint")
+    _registry(tmp_path).register("llama", tmp_path / "checkpoint")
+    shard = (tmp_path / "checkpoint" / "model.safetensors").stat().st_size
+    out = tmp_path / "out"
+    out.mkdir()
+
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_PULL, str(tmp_path), str(out / "pulled"), str(shard // 2)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert done.returncode == 24, done.stdout + done.stderr
+    assert f"cannot write '{out / 'pulled'}'" in done.stdout, done.stdout
+    assert list(out.iterdir()) == []  # no folder, no staging folder
