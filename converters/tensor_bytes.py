@@ -1,9 +1,11 @@
 """Where a model tensor's bytes can be read again, in chunks, without holding them: so a registration streams them.
 
 A model file read for registration keeps its large tensors where they are (a `.pt2` payload is mapped, never read
-whole: torch_adapter/pt2/payloads.py) and names, per tensor, the range of the file that holds its C-order
-little-endian bytes. The registry hashes each blob from that range and stages it from it again (registry/artifact.py,
-registry/tensor_blobs.py), a chunk at a time, so the peak memory of registering a checkpoint does not grow with it.
+whole: torch_adapter/pt2/payloads.py: `ZipEntryBytes`; a checkpoint folder's tensors stay in their safetensors files:
+`FileRangeBytes`) and names, per tensor, the range of the file that holds its C-order little-endian bytes. The
+registry hashes each blob from that range and stages it from it again (registry/artifact.py, registry/tensor_blobs.py),
+or, for a checkpoint folder on a local store, in one pass while the folder is read (registry/early_staging.py), a chunk
+at a time, so the peak memory of registering a checkpoint does not grow with it. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -62,4 +64,28 @@ class ZipEntryBytes:
             )
 
 
-__all__ = ["CHUNK_BYTES", "ZipEntryBytes"]
+@dataclass(frozen=True)
+class FileRangeBytes:
+    """`length` bytes from byte `start` of `file`: a safetensors tensor's C-order little-endian bytes."""
+
+    file: Path
+    start: int
+    length: int
+
+    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The range's bytes, at most `size` at a time; InputFileError if the file ends first."""
+        left = self.length
+        with open(self.file, "rb") as stream:
+            stream.seek(self.start)
+            while left:
+                chunk = stream.read(min(size, left))
+                if not chunk:
+                    raise InputFileError(
+                        f"'{self.file}' ended before byte {self.start + self.length}; the file changed while it was "
+                        "registered."
+                    )
+                left -= len(chunk)
+                yield chunk
+
+
+__all__ = ["CHUNK_BYTES", "FileRangeBytes", "ZipEntryBytes"]

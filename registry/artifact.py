@@ -17,6 +17,7 @@ live model object has its blobs' bytes kept, as a snapshot of what was checked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +112,18 @@ class _Builder:
                 nothing_found(self.framework, len(self.arrays), contents.hazards)
             ]  # the refusal says why
 
-    def build(self, mode: str, lineage: Lineage | None) -> Artifact:
-        """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole."""
+    def build(self, mode: str, lineage: Lineage | None, known: Callable[[TensorBlob], str | None] | None) -> Artifact:
+        """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole. `known(blob)`: its digest
+        when it was hashed already (registry/early_staging.py); asked for no tensor a normalizer's spec points to, which
+        is hashed here, after the spec was read, as the gate checks it."""
         blobs = BlobMap()
         refs: dict[str, TensorRef] = {}
         for name in sorted(self.arrays):
             array = self.arrays[name]
-            digest = blobs.add(TensorBlob(array, self.sources.get(name), snapshot=not self.private))
+            blob = TensorBlob(array, self.sources.get(name), snapshot=not self.private)
+            if known is not None and name not in self.roles:
+                blob.digest = known(blob)
+            digest = blobs.add(blob)
             refs[name] = TensorRef(
                 digest=digest,
                 dtype=str(array.dtype),
@@ -152,13 +158,15 @@ def _mode_of(specs: list[NormSpec]) -> str:
     return "mixed" if len(flags) == 2 else ("train" if flags == {True} else "eval")
 
 
-def extract_artifact(model: Any, lineage: Lineage | None = None) -> Artifact:
+def extract_artifact(
+    model: Any, lineage: Lineage | None = None, known: Callable[[TensorBlob], str | None] | None = None
+) -> Artifact:
     """The artifact of a torch nn.Module, ExportedProgram, keras.Model, onnx.ModelProto, or a path.
 
     Paths: .pt2, .keras (safe_mode), .onnx through converters.models.loading.load_model, or a
     saved artifact folder (its content is kept; its lineage becomes `lineage`, by default 'imported').
     Refused before anything is produced: pickles, unreadable files, invalid specs (NaN statistics
-    name their layer).
+    name their layer). `known`: see `_Builder.build`.
     """
     if isinstance(model, (str, Path)):
         path = Path(model)
@@ -171,7 +179,7 @@ def extract_artifact(model: Any, lineage: Lineage | None = None) -> Artifact:
     contents = model_contents(model)
     builder = _Builder(contents.framework, contents.format)
     builder.add(contents)
-    return builder.build(contents.mode or _mode_of(builder.specs), lineage)
+    return builder.build(contents.mode or _mode_of(builder.specs), lineage, known)
 
 
 __all__ = ["extract_artifact"]

@@ -63,6 +63,7 @@ SERVICE_FLOOR = (
     "registry/service*",
     "registry/artifact*",
     "registry/bundle_stream*",
+    "registry/early_staging.py",
     "registry/coverage.py",
     "registry/recognition_gate.py",
     "registry/diff.py",

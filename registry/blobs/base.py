@@ -57,6 +57,10 @@ class BlobStore(abc.ABC):
     #: on round trips); a local disk does not: each write hands the GIL back and forth with the gate's Python, which stalled the
     #: gate more than the writes took alone (53 BatchNorms: 660 ms of gate beside the staging, 320 ms + 115 ms one after the other).
     stages_beside_gate: bool = False
+    #: Whether `stage_chunks` writes a blob as it hashes it, never holding it whole (a local folder: a file renamed once its
+    #: digest is known); a registration then stages a checkpoint's tensors while it is still reading the model
+    #: (registry/early_staging.py). S3 names an object before writing it.
+    stages_unnamed: bool = False
 
     @abc.abstractmethod
     def put(self, data: bytes) -> str:
@@ -133,6 +137,11 @@ class BlobStore(abc.ABC):
         if actual != digest or len(data) != size:
             raise stream_mismatch(digest, actual, len(data), size)
         return self.stage(data, digest, sync)
+
+    def stage_chunks(self, chunks: Iterable[bytes], sync: bool = True) -> "StagedBlob":
+        """Stage the blob whose bytes arrive as `chunks`, its digest computed on the way (`stage_stream` needs it first).
+        This default joins the chunks; a store with `stages_unnamed` writes them as they come."""
+        return self.stage(b"".join(chunks), sync=sync)
 
     def publish(self, staged: "StagedBlob") -> str:
         """Make a staged blob visible (atomic, idempotent); returns its digest."""

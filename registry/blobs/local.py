@@ -26,12 +26,17 @@ from ..file_modes import FileModes
 from .base import FULL_ERRNOS, HEX_DIGITS, BlobStore, StagedBlob, check_digest, sha256_hex, store_full, stream_mismatch
 from .filesystem_sync import MIN_PATHS, linux_libc, sync_filesystem
 
+#: The start of the name of a file `stage_chunks` writes at the store's root until its digest is known.
+PENDING_PREFIX = ".pending."
+
 
 class LocalBlobStore(BlobStore):
     """Blobs as read-only files 'ab/cdef...' under `root`, written by temp file + fsync + rename.
 
     `modes`: what new folders and blobs get (registry/file_modes.py; default: $NORMBRIDGE_SHARED_GROUP's, private unless set).
     """
+
+    stages_unnamed = True
 
     def __init__(self, root: str | os.PathLike, modes: FileModes | None = None):
         self.root = Path(root).expanduser().resolve()
@@ -82,6 +87,36 @@ class LocalBlobStore(BlobStore):
                 raise stream_mismatch(digest, hashed.hexdigest(), length, size)
 
         return self._staged(digest, write, sync)
+
+    def stage_chunks(self, chunks: Iterable[bytes], sync: bool = True) -> StagedBlob:
+        """Write the chunks into a hidden temporary file at the store's root while hashing them, a chunk at a time, then
+        move it to where `stage` puts the blob's (or remove it, when the store holds the blob already): one pass over the
+        bytes where `stage_stream` needs their digest first."""
+        with self._full_is_an_error():
+            handle, pending = _new_read_only_file(self.root, PENDING_PREFIX, self.modes)
+            try:
+                hashed = hashlib.sha256()
+                with os.fdopen(handle, "wb") as stream:
+                    for chunk in chunks:
+                        hashed.update(chunk)
+                        stream.write(chunk)
+                    stream.flush()
+                    if sync:
+                        os.fsync(stream.fileno())
+                    else:
+                        _start_writeback(stream.fileno())
+                digest = hashed.hexdigest()
+                target = self.path_of(digest)
+                if target.exists():
+                    os.unlink(pending)
+                    return StagedBlob(digest=digest)
+                file_modes.make_folder(target.parent, self.modes)
+                temporary = target.parent / f".{digest[2:10]}.{secrets.token_hex(6)}.tmp"
+                os.rename(pending, temporary)  # the same filesystem; its name now says what it is being written as
+            except BaseException:
+                Path(pending).unlink(missing_ok=True)
+                raise
+        return StagedBlob(digest=digest, temporary=temporary, synced=sync)
 
     def _staged(self, digest: str, write: Callable, sync: bool) -> StagedBlob:
         target = self.path_of(digest)
@@ -160,6 +195,13 @@ class LocalBlobStore(BlobStore):
     def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
         removed = 0
         now = time.time()
+        for entry in self.root.glob(f"{PENDING_PREFIX}*.tmp"):  # stage_chunks' files, before their digest was known
+            try:
+                if now - entry.stat().st_mtime >= older_than_seconds:
+                    entry.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
         for shard in self.root.iterdir():
             if not shard.is_dir():
                 continue

@@ -1,8 +1,9 @@
 """Registering a model: extract, lease, run the equivalence gate and stage the blobs, publish, then ONE commit.
 
 Registration order is what makes a crash harmless: every blob is staged (hidden files locally, after
-the gate; on S3 written at once, hashed first, while the gate runs), published if the gate passes (atomic,
-idempotent), then one transaction assigns the version number. A crash or a refusal before the
+the gate, or beside it past STAGE_BESIDE_GATE_BYTES; a checkpoint folder's tensors on a local store while the folder
+is still being read, registry/early_staging.py; on S3 written at once, hashed first, while the gate runs), published
+if the gate passes (atomic, idempotent), then one transaction assigns the version number. A crash or a refusal before the
 commit leaves only unreferenced blobs (and staging files), which `gc` removes after a grace
 period; a crash after it leaves a whole version. Before it looks at the store, a registration
 leases the digests it relies on, so gc (in any process) keeps them until the commit
@@ -39,6 +40,7 @@ from ..blob_leases import BlobLeases
 from ..blobs.base import BlobStore
 from ..bundle_stream import UploadInterrupted, receive_bundle
 from ..coverage import check_registrable
+from ..early_staging import EarlyStaging
 from ..entities import NAME
 from ..faults import fault_point
 from ..metadata import MetadataStore
@@ -193,8 +195,20 @@ class Registrations:
         parent_record, lineage = self._lineage(name, parent, operation, imported=is_folder)
         report("extracting the artifact", 0, 1)
         seconds: dict[str, float] = {}
-        with _step(seconds, "reading"):
-            artifact = extract_artifact(model, lineage)
+        early = EarlyStaging.start(model, self.store) if is_folder else None  # its bytes staged while the model is read
+        try:
+            with _step(seconds, "reading"):
+                artifact = extract_artifact(model, lineage, early.digest_of if early is not None else None)
+            return self._gate_and_commit(
+                name, artifact, parent_record, note, report, allow_unrecognised, seconds, early
+            )
+        finally:
+            if early is not None:
+                early.close()
+
+    def _gate_and_commit(
+        self, name, artifact, parent_record, note, report: Progress, allow_unrecognised: bool, seconds, early
+    ) -> Registration:
         digests = list(artifact.blobs)
         lease = self.leases.new()
         try:
@@ -205,7 +219,7 @@ class Registrations:
                 beside = (
                     self.store.stages_beside_gate or _blob_bytes(artifact.blobs, digests) >= STAGE_BESIDE_GATE_BYTES
                 )
-                staging = pool.submit(self._stage, artifact.blobs, digests) if beside else None
+                staging = pool.submit(self._stage, artifact.blobs, digests, early) if beside else None
                 structure = (
                     None
                     if artifact.structure_read_safely
@@ -227,7 +241,7 @@ class Registrations:
                         self._discard(staging.result())
                     raise
                 with _step(seconds, "staging"):  # beside the gate, only what is left of it
-                    staged = staging.result() if staging is not None else self._stage(artifact.blobs, digests)
+                    staged = staging.result() if staging is not None else self._stage(artifact.blobs, digests, early)
             manifest = admit(
                 artifact.manifest, allow_unrecognised
             )  # the gate admitted it: now it holds its unchecked layers
@@ -348,13 +362,16 @@ class Registrations:
                 )
         return checks
 
-    def _stage(self, blobs, digests: list[str]) -> list:
+    def _stage(self, blobs, digests: list[str], early: EarlyStaging | None = None) -> list:
         """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's.
 
         An extracted model's blobs (registry/streamed_blobs.BlobMap) are streamed into the store a chunk at a time from
-        where the model file holds them, and hashed again on the way."""
+        where the model file holds them, and hashed again on the way; those `early` staged already are taken as they are."""
 
         def stage(digest: str):  # synced together below
+            staged = early.take(digest) if early is not None else None
+            if staged is not None:
+                return staged
             if isinstance(blobs, BlobMap):
                 return self.store.stage_stream(blobs.chunks(digest), digest, blobs.size(digest), sync=False)
             return self.store.stage(blobs[digest], sync=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+from hashlib import sha256
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 
 from converters.models.inspection import inspect_path  # noqa: E402
+from registry.artifact import extract_artifact  # noqa: E402
+from registry.blobs.local import LocalBlobStore  # noqa: E402
+from registry.early_staging import EarlyStaging  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from tests.cli_run import invoke_cli  # noqa: E402
 from tests.converters.test_checkpoint_folder import _saved  # noqa: E402
@@ -61,6 +65,76 @@ def test_a_folder_registers_every_tensor_bit_identical_and_gates_every_norm(case
     assert set(stored) == set(files)
     for name, array in stored.items():
         assert np.ascontiguousarray(array).view(np.uint8).tobytes() == files[name], name
+
+
+def test_early_staging_stages_each_tensor_once_under_the_digest_the_extraction_gives(tmp_path):
+    """registry/early_staging.py: every tensor's blob staged (hidden) while the model is read, under the digest the
+    extraction computes from the files without it; nothing visible, and nothing left once closed."""
+    _saved("gemma2-bf16-sharded", tmp_path / "checkpoint")
+    reference = extract_artifact(tmp_path / "checkpoint").manifest.tensors
+    store = LocalBlobStore(tmp_path / "blobs")
+
+    early = EarlyStaging.start(tmp_path / "checkpoint", store)
+    artifact = extract_artifact(tmp_path / "checkpoint", known=early.digest_of)
+
+    assert {name: ref.digest for name, ref in artifact.manifest.tensors.items()} == {
+        name: ref.digest for name, ref in reference.items()
+    }
+    taken = {digest: early.take(digest) for digest in {ref.digest for ref in reference.values()}}
+    assert all(staged is not None for staged in taken.values()), "a tensor was not staged early"
+    for digest, staged in taken.items():
+        assert sha256(staged.temporary.read_bytes()).hexdigest() == digest
+    assert list(store.digests()) == []  # staged, not stored
+    early.close()
+    for staged in taken.values():
+        store.discard(staged)
+    assert [path for path in (tmp_path / "blobs").rglob("*") if path.is_file()] == []
+
+
+def test_early_staging_closed_while_it_writes_leaves_nothing(tmp_path):
+    """What a registration refused while the folder is still being staged does (registration._register's finally)."""
+    _saved("gemma2-bf16-sharded", tmp_path / "checkpoint")
+    store = LocalBlobStore(tmp_path / "blobs")
+
+    EarlyStaging.start(tmp_path / "checkpoint", store).close()
+
+    assert [path for path in (tmp_path / "blobs").rglob("*") if path.is_file()] == []
+
+
+def test_early_staging_hands_a_blob_the_store_held_back_to_the_leased_path(tmp_path):
+    """A blob the store held when the thread looked was seen before the registration's lease (gc may remove it since):
+    `take` gives None, so staging looks again under the lease; a registration after gc removed one still stores it."""
+    _saved("llama-bf16-one-file", tmp_path / "checkpoint")
+    registry = _registry(tmp_path)
+    registry.register("tuned", tmp_path / "checkpoint")
+    store = LocalBlobStore(tmp_path / "blobs")
+    digests = set(store.digests())
+
+    early = EarlyStaging.start(tmp_path / "checkpoint", store)
+    artifact = extract_artifact(tmp_path / "checkpoint", known=early.digest_of)
+    assert {ref.digest for ref in artifact.manifest.tensors.values()} <= digests
+    assert [early.take(digest) for digest in digests] == [None] * len(digests)
+    early.close()
+
+    removed = sorted(digests)[0]
+    store.path_of(removed).unlink()  # what gc does to an unreferenced blob between the thread's look and the lease
+    registry.register("again", tmp_path / "checkpoint")
+    assert set(store.digests()) == digests
+    assert sha256(store.path_of(removed).read_bytes()).hexdigest() == removed
+
+
+def test_a_registration_leaves_no_staging_file_and_the_digests_of_a_registration_without_early_staging(tmp_path):
+    _saved("llama-bf16-one-file", tmp_path / "checkpoint")
+    reference = extract_artifact(tmp_path / "checkpoint").manifest.tensors
+
+    registry = _registry(tmp_path)
+    registry.register("tuned", tmp_path / "checkpoint")
+
+    manifest = registry.show("tuned@1").manifest
+    assert {name: record["digest"] for name, record in manifest["tensors"].items()} == {
+        name: ref.digest for name, ref in reference.items()
+    }
+    assert not [path for path in (tmp_path / "blobs").rglob(".*") if path.is_file()]
 
 
 def test_a_statistics_only_version_stores_only_the_statistics_and_diff_says_so(tmp_path):

@@ -9,10 +9,6 @@ torch module's state is (format `torch-module`), with the folder itself as its s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-
 import ml_dtypes
 import numpy as np
 import torch
@@ -24,40 +20,15 @@ from schemas.safetensors_io import SAFETENSORS_DTYPES
 from ...model_contents import ModelContents, ModelNormalizer, ModelTensor, hint_index
 from ...model_values import NormLayerRef
 from ...models.walking import spec_of
+from ...tensor_bytes import FileRangeBytes
 from ..artifact_contents import refuse_unread_layers
 from .safetensors_index import TensorEntry
 
-#: Bytes read at a time when a tensor is streamed.
-CHUNK_BYTES = 8 * 1024 * 1024
 #: safetensors dtype code -> the NumPy dtype the registry stores it as (schemas/safetensors_io.py's table, the one the
 #: registry's own safetensors files use).
 _NUMPY = {
     code: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for code, name in SAFETENSORS_DTYPES.items()
 }
-
-
-@dataclass(frozen=True)
-class FileRangeBytes:
-    """`length` bytes from byte `start` of `file`: a safetensors tensor's C-order little-endian bytes."""
-
-    file: Path
-    start: int
-    length: int
-
-    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
-        """The range's bytes, at most `size` at a time; InputFileError if the file ends first."""
-        left = self.length
-        with open(self.file, "rb") as stream:
-            stream.seek(self.start)
-            while left:
-                chunk = stream.read(min(size, left))
-                if not chunk:
-                    raise InputFileError(
-                        f"'{self.file}' ended before byte {self.start + self.length}; the file changed while it was "
-                        "registered."
-                    )
-                left -= len(chunk)
-                yield chunk
 
 
 def _array(entry: TensorEntry) -> np.ndarray:

@@ -27,7 +27,7 @@ from schemas.extras import missing_dependency
 
 from ..recognition.computed import STOCK, why_candidate
 from .folder_checks import CheckedFolder, check_folder
-from .safetensors_index import TensorEntry, read_header, read_index, read_tensor
+from .safetensors_index import TensorEntry, checked_tensors, read_tensor
 
 _LOG = logging.getLogger(__name__)
 #: model -> its files' tensors under the model's names, for the registry (`tensors_of`).
@@ -42,7 +42,7 @@ def load_checkpoint_folder(path: str | Path) -> torch.nn.Module:
     """The model of a Hugging Face checkpoint folder, in eval mode, with its normalization modules' tensors loaded."""
     folder = check_folder(Path(path))
     config = _read_config(folder.config)
-    tensors = read_index(folder.index) if folder.index is not None else read_header(folder.single)
+    tensors = checked_tensors(folder)
     model = _meta_model(folder.config, config)
     named = _matching_names(folder.config, model, tensors)
     _check_shapes(folder.config, model, named)

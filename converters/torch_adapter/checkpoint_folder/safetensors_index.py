@@ -4,6 +4,10 @@ Nothing claimed is trusted: a header's length is bounded before it is read (safe
 file's size, every tensor's range must lie inside the file's data and hold exactly its shape's bytes, ranges must not
 overlap, and an index (`model.safetensors.index.json`) may name only plain files of the folder that exist and hold the
 tensors it maps to them. A tensor is read from its range alone (`read_tensor`), never by mapping or decoding a file.
+
+Nothing here imports torch until a tensor is read (`read_tensor`, `TensorEntry.torch_dtype`): a registration lists the
+ranges and streams them into the blob store while torch and transformers are still being imported
+(registry/early_staging.py).
 """
 
 from __future__ import annotations
@@ -13,29 +17,34 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from schemas import InputFileError
+
+from .folder_checks import CheckedFolder
+
+if TYPE_CHECKING:
+    import torch
 
 #: safetensors' own bound on a header (its Rust reader refuses larger ones).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 #: An index maps names to files: megabytes at most, even for a model of thousands of tensors.
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 
+#: safetensors dtype code -> (torch's name of the dtype, bytes per element).
 DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
+    "F64": ("float64", 8),
+    "F32": ("float32", 4),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I16": ("int16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
 }
 
 
@@ -52,7 +61,9 @@ class TensorEntry:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, DTYPES[self.dtype][0])
 
 
 def read_header(file: Path) -> dict[str, TensorEntry]:
@@ -111,7 +122,7 @@ def _entry(file: Path, name: str, value: object, data_start: int, data_size: int
             f"'{file}': tensor '{name}' claims bytes {begin}..{end} of a {data_size}-byte data section (past the "
             "file's end); the file is truncated or corrupt: save it again."
         )
-    expected = math.prod(shape) * DTYPES[dtype].itemsize
+    expected = math.prod(shape) * DTYPES[dtype][1]
     if end - begin != expected:
         raise InputFileError(
             f"'{file}': tensor '{name}' ({dtype}, shape {shape}) needs {expected} bytes but its header gives it "
@@ -167,8 +178,15 @@ def read_index(index: Path) -> dict[str, TensorEntry]:
     return entries
 
 
+def checked_tensors(folder: CheckedFolder) -> dict[str, TensorEntry]:
+    """Every tensor of a checked folder's weights: its index's, else its one file's."""
+    return read_index(folder.index) if folder.index is not None else read_header(folder.single)
+
+
 def read_tensor(entry: TensorEntry) -> torch.Tensor:
     """The tensor at `entry`'s byte range, read alone (the file's size was checked when its header was read)."""
+    import torch
+
     with open(entry.file, "rb") as stream:
         stream.seek(entry.start)
         data = bytearray(stream.read(entry.length))
@@ -179,4 +197,13 @@ def read_tensor(entry: TensorEntry) -> torch.Tensor:
     return torch.frombuffer(data, dtype=entry.torch_dtype).reshape(entry.shape).clone()
 
 
-__all__ = ["DTYPES", "MAX_HEADER_BYTES", "TensorEntry", "parse_header", "read_header", "read_index", "read_tensor"]
+__all__ = [
+    "DTYPES",
+    "MAX_HEADER_BYTES",
+    "TensorEntry",
+    "checked_tensors",
+    "parse_header",
+    "read_header",
+    "read_index",
+    "read_tensor",
+]
