@@ -33,4 +33,20 @@ def settled_after_imports() -> Iterator[None]:
             settle_heap()
 
 
-__all__ = ["settle_heap", "settled_after_imports"]
+@contextmanager
+def collections_of_the_block_only() -> Iterator[None]:
+    """Within the block, full collections scan only the objects created in it: what was alive before is frozen, and
+    unfrozen after. A block that collects again and again (tf2onnx_export: before each of 24 optimizers) in a process
+    that imported TensorFlow (some 450,000 objects) otherwise scans them all each time: 6.6 s of a small Keras model's
+    7 s export. A process that froze its heap already (the CLI, a worker: settle_heap) is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+__all__ = ["collections_of_the_block_only", "settle_heap", "settled_after_imports"]

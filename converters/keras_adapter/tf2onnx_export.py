@@ -38,6 +38,7 @@ import numpy as np
 
 from schemas import UnsupportedObjectError
 
+from ..heap import collections_of_the_block_only
 from ..model_values import first_line
 from .inputs import pack_inputs
 from .keras_internals import converted_with_optimizers, plain_convolutions, transposes_kept, transposes_kept_in_tf2onnx
@@ -153,7 +154,8 @@ def export_model(model: Any, opset: int):
     try:
         with plain_convolutions(_TRACE_LOCK):  # Keras's TF conv without its XLA wrapper for grouped convolutions
             concrete = serve.get_concrete_function(*signature)
-            model_proto = _convert(serve, signature, concrete, opset)
+            with collections_of_the_block_only():  # the optimizers' collections scan the export's objects only
+                model_proto = _convert(serve, signature, concrete, opset)
     except Exception as error:
         raise UnsupportedObjectError(
             f"tf2onnx could not convert Keras model '{model.name}' ({type(error).__name__}: {first_line(error)})."
