@@ -31,7 +31,8 @@ ENV["NORMBRIDGE_GATE_WORKER"] = "shared"  # what the CLI does by default
 
 @dataclass(frozen=True)
 class Timing:
-    """Wall seconds of a process from start to exit, and the CPU seconds (user + system) it and the children it waited for used.
+    """Wall seconds of a process from start to exit, and the CPU seconds (user + system) it and the children it waited
+    for used.
 
     CPU seconds hardly move with other processes' load on the cores; wall seconds show what overlapping work saves."""
 
@@ -73,7 +74,8 @@ def medians(times: list[Timing]) -> Timing:
 
 
 def median_seconds(make_argv, repeat: int, prepare=None) -> Timing:
-    """Medians (wall and CPU, each) of `repeat` runs; `prepare(i)` (untimed) sets up run i and returns its env or None."""
+    """Medians (wall and CPU, each) of `repeat` runs; `prepare(i)` (untimed) sets up run i and returns its env or
+    None."""
     times = []
     for i in range(repeat):
         env = prepare(i) if prepare else None
@@ -82,7 +84,8 @@ def median_seconds(make_argv, repeat: int, prepare=None) -> Timing:
 
 
 class SharedWorkers:
-    """The shared gate workers of one folder (the CLI's NORMBRIDGE_WORKER_DIR in these runs): their CPU time and stopping them."""
+    """The shared gate workers of one folder (the CLI's NORMBRIDGE_WORKER_DIR in these runs):
+    their CPU time and stopping them."""
 
     def __init__(self, folder: Path):
         self.folder = folder

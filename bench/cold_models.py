@@ -79,7 +79,8 @@ def save_pt2(model: torch.nn.Module, example: tuple, path: Path) -> Path:
 
 
 def write_models(folder: Path) -> dict[str, Path]:
-    """name -> file: the .pt2 models, their state dicts as safetensors (what MLflow's process loads), and the .keras ResNet50."""
+    """name -> file: the .pt2 models, their state dicts as safetensors (what MLflow's process loads),
+    and the .keras ResNet50."""
     from safetensors.torch import save_file
 
     files = {}

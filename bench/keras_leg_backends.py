@@ -41,7 +41,8 @@ json.dump({"backend": keras.backend.backend(), "import_cpu": import_cpu, "result
 
 
 def layers():
-    """(name, torch layer) pairs: every stock normalization class, state moved away from its initial values, eval mode."""
+    """(name, torch layer) pairs: every stock normalization class, state moved away from its initial values,
+    eval mode."""
     import torch
 
     torch.manual_seed(0)

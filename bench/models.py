@@ -43,7 +43,8 @@ from converters.models.loading import load_model  # noqa: E402
 from converters.models.serving.export import export_for_serving  # noqa: E402
 from testkit.model_zoo import torch_resnet18, train_batchnorm_statistics  # noqa: E402
 
-from real_models import export_through_torch_backend, real_cases  # noqa: E402  (bench/, the script's folder, is on sys.path)
+# bench/, the script's folder, is on sys.path
+from real_models import export_through_torch_backend, real_cases  # noqa: E402
 
 
 def timed(fn, repeat: int):
@@ -142,7 +143,8 @@ def keras_case(size: int, repeat: int, folder: Path) -> list[tuple]:
 
 
 def cold_inspect_rows(folder: Path, repeat: int) -> list[tuple]:
-    """`normbridge inspect` of the files torch_case and keras_case wrote, against the bare loader, each in a fresh process."""
+    """`normbridge inspect` of the files torch_case and keras_case wrote, against the bare loader,
+    each in a fresh process."""
     rows = []
     for model, path, bare in (
         ("torch ResNet-18", folder / "resnet18.pt2", BARE_TORCH_LOAD),
@@ -191,7 +193,8 @@ def keras_exporter_models(size: int) -> list[tuple[str, object]]:
 
 
 def keras_exporters(size: int) -> None:
-    """Each Keras -> ONNX candidate on each model: success, seconds, graph inputs, normalizations the raw graph keeps, contract."""
+    """Each Keras -> ONNX candidate on each model: success, seconds, graph inputs,
+    normalizations the raw graph keeps, contract."""
     from converters.keras_adapter import onnx_export
     from converters.models.serving.samples import as_sample, input_specs
     from converters.onnx_adapter.graph.sites import find_norm_sites

@@ -32,7 +32,8 @@ model.export(sys.argv[2], format="onnx", verbose=False)
 
 
 def export_through_torch_backend(model, sample, opset: int):
-    """(onnx.ModelProto, exporter, notes): the model saved as .keras, loaded under KERAS_BACKEND=torch, keras.Model.export."""
+    """(onnx.ModelProto, exporter, notes): the model saved as .keras, loaded under KERAS_BACKEND=torch,
+    keras.Model.export."""
     with tempfile.TemporaryDirectory() as folder:
         keras_path, onnx_path, npz = Path(folder) / "m.keras", Path(folder) / "m.onnx", Path(folder) / "x.npz"
         model.save(keras_path)

@@ -1,8 +1,8 @@
 """Where a registration's time per normalizer goes, in one warm process (as the shared worker registers a model).
 
-Registers each model into fresh local stores (`rounds` times after one untimed run, every framework's leg in this process)
-with the wall seconds of each step as the registration reports them (`Registration.seconds`): reading the model into an
-artifact (the `.pt2` program, its specs, hashes and structure), the gate, staging the blobs and the commit with
+Registers each model into fresh local stores (`rounds` times after one untimed run, every framework's leg in this
+process) with the wall seconds of each step as the registration reports them (`Registration.seconds`): reading the model
+into an artifact (the `.pt2` program, its specs, hashes and structure), the gate, staging the blobs and the commit with
 publishing. Printed per normalizer as (big model minus small model) / the difference in normalizers, from each model's
 fastest run. Timings are printed, never asserted.
 

@@ -3,11 +3,11 @@
 - `normbridge register` of a .pt2 with 53 BatchNorm2d(64) (ResNet-50's count) and of keras
   ResNet50 (weights=None) as .keras, each beside MLflow's `log_model` + `register_model` of the same
   model in a fresh process (the ratio: target <= 0.5x);
-- the gate's marginal cost per normalizer: (53-layer minus 1-layer) / 52 of the gate step the cold runs'
-  registrations reported (`register --json` prints each step's seconds), the same for a Llama-style decoder with 160
-  RMSNorms (minus its 2-norm, 1-block version) / 158 (target <= 5 ms), and the same difference of the gate's own CPU
-  measured in this process with all three legs here (no second process: what one core pays); beside them, the whole registration's marginal cost (reading
-  the bigger program, the gate, storing its tensors) from the same runs' wall and CPU;
+- the gate's marginal cost per normalizer: (53-layer minus 1-layer) / 52 of the gate step the cold runs' registrations
+  reported (`register --json` prints each step's seconds), the same for a Llama-style decoder with 160 RMSNorms (minus
+  its 2-norm, 1-block version) / 158 (target <= 5 ms), and the same difference of the gate's own CPU measured in this
+  process with all three legs here (no second process: what one core pays); beside them, the whole registration's
+  marginal cost (reading the bigger program, the gate, storing its tensors) from the same runs' wall and CPU;
 - where a registration's time per normalizer goes in a warm process (bench/registration_phases.py: reading, gate,
   staging, commit), and reading the .pt2 per normalizer beside a bare torch.export.load;
 - peak memory of registering a large .pt2 checkpoint above the process's baseline after its imports
@@ -84,7 +84,8 @@ ROWS = (
 )
 
 
-#: (normalizer, the bigger model's cold rows, the smaller model's, the normalizers it has more) of the per-normalizer figures.
+#: (normalizer, the bigger model's cold rows, the smaller model's, the normalizers it has more) of the per-normalizer
+#: figures.
 MARGINAL_PAIRS = (
     ("BatchNorm", "register bn53", "register bn1", 52),
     ("RMSNorm", "register rms160", "register rms2", 158),
@@ -118,9 +119,9 @@ def cold_registration_rows(files: dict[str, Path], folder: Path, repeat: int, ro
 
 
 def gate_cpu_per_normalizer(big: Path, small: Path, rounds: int = 3) -> tuple[int, int, float, float]:
-    """(normalizers of `big`, of `small`, the gate's marginal CPU ms per normalizer, the same for `check` one normalizer at a
-    time): (CPU on `big` minus CPU on `small`) / the difference in normalizers, every leg in this process (torch, keras,
-    onnx), the least of `rounds` runs each, after a first run that pays the imports and first-call costs."""
+    """(normalizers of `big`, of `small`, the gate's marginal CPU ms per normalizer, the same for `check` one normalizer
+    at a time): (CPU on `big` minus CPU on `small`) / the difference in normalizers, every leg in this process (torch,
+    keras, onnx), the least of `rounds` runs each, after a first run that pays the imports and first-call costs."""
     from converters import check
     from converters.gate.split_check import SplitCheck
     from registry.artifact import extract_artifact
@@ -172,9 +173,9 @@ def print_gate_rows(gate: dict[str, tuple[int, int, float, float]]) -> None:
 
 
 def reading_per_normalizer(big: Path, small: Path, extra: int, rounds: int = 3) -> tuple[float, float]:
-    """(torch.export.load, normbridge's reader) ms per normalizer: (least time of `big` minus least of `small`) / `extra`, warm,
-    in this process. What any tool pays to hold the bigger program before it can look at it (torch.export.load unpickles the
-    sample inputs: fine for these files, which this run wrote)."""
+    """(torch.export.load, normbridge's reader) ms per normalizer: (least time of `big` minus least of `small`) /
+    `extra`, warm, in this process. What any tool pays to hold the bigger program before it can look at it
+    (torch.export.load unpickles the sample inputs: fine for these files, which this run wrote)."""
     from converters.torch_adapter.pt2.archive import load_exported_program
 
     least = {}
@@ -191,7 +192,8 @@ def reading_per_normalizer(big: Path, small: Path, extra: int, rounds: int = 3) 
 
 
 def reading_rows(files: dict[str, Path]) -> dict[str, tuple[float, float]]:
-    """{label: (torch.export.load, normbridge's reader) ms per normalizer} of the two model pairs (the files must still exist)."""
+    """{label: (torch.export.load, normbridge's reader) ms per normalizer} of the two model pairs
+    (the files must still exist)."""
     return {
         label: reading_per_normalizer(files[big], files[small], extra)
         for label, big, small, extra in (("BatchNorm", "bn53", "bn1", 52), ("RMSNorm", "rms160", "rms2", 158))
@@ -243,10 +245,10 @@ LINEAGE_CALLS = 21
 def stats_only_and_lineage(
     folder: Path, chain: int, calls: int = LINEAGE_CALLS
 ) -> tuple[int, int, tuple[float, float]]:
-    """(bytes a statistics-only fine-tune stored, full checkpoint bytes, (median, max) seconds of `calls` lineage queries of
-    the middle of a `chain` chain). Why median and max, not a mean of a few: in this process (torch imported) a full
-    garbage collection takes about 0.1 s and lands in one call of five to ten, whichever it is; the median is a query's
-    own time, the max says what such a pause adds."""
+    """(bytes a statistics-only fine-tune stored, full checkpoint bytes, (median, max) seconds of `calls` lineage
+    queries of the middle of a `chain` chain). Why median and max, not a mean of a few: in this process (torch imported)
+    a full garbage collection takes about 0.1 s and lands in one call of five to ten, whichever it is; the median is a
+    query's own time, the max says what such a pause adds."""
     from registry.artifact import extract_artifact
     from registry.service import Registry
 

@@ -240,7 +240,8 @@ def artifact_folder(model, folder: Path) -> Path:
 
 
 def s3_throughput(folder: Path, args) -> dict[str, list[float]]:
-    """MB/s per round: normbridge upload/download of a bundle (S3 blob store) vs boto3 put/get of the same bytes, same moto server.
+    """MB/s per round: normbridge upload/download of a bundle (S3 blob store) vs boto3 put/get of the same bytes,
+    same moto server.
 
     Each round is a new model (new bytes, so nothing is deduplicated), after one untimed round of each. The normbridge
     upload is what a user runs:

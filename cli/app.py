@@ -31,7 +31,8 @@ CLICK_ERROR: type[Exception] = next(base for base in typer.BadParameter.__mro__ 
 
 
 class NormbridgeGroup(typer.core.TyperGroup):
-    """The root group: a flag shows no `<bool>` placeholder in --help (it takes no value), in every command and subcommand."""
+    """The root group: a flag shows no `<bool>` placeholder in --help (it takes no value),
+    in every command and subcommand."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -60,7 +61,8 @@ class NormbridgeGroup(typer.core.TyperGroup):
 
 
 def usage_error(error) -> None:
-    """Print a usage mistake as one `error (usage):` line and the command's usage line on stderr; exit with its code (2)."""
+    """Print a usage mistake as one `error (usage):` line and the command's usage line on stderr;
+    exit with its code (2)."""
     stderr = Console(stderr=True)
     stderr.print("[bold red]error[/] (usage): ", end="", highlight=False)
     stderr.print(error.format_message(), highlight=False, soft_wrap=True, markup=False)
@@ -88,7 +90,8 @@ def _blank(params) -> None:
 
 
 def _blank_flag_metavars(command) -> None:
-    """Blank the metavar of every flag of `command` and its subcommands, --help included (created here, as click caches it)."""
+    """Blank the metavar of every flag of `command` and its subcommands, --help included
+    (created here, as click caches it)."""
     _blank(command.params)
     help_option = command.get_help_option(typer.Context(command))
     if help_option is not None:

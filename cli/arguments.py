@@ -85,7 +85,8 @@ def operation(value: str | None) -> str | None:
 
 
 def frameworks(values: list[str] | None) -> list[str] | None:
-    """Framework names of converters.REGISTRY (`check --framework`); an unknown one is a usage error, not a failed check."""
+    """Framework names of converters.REGISTRY (`check --framework`); an unknown one is a usage error,
+    not a failed check."""
     if not values:
         return values
     from converters import REGISTRY

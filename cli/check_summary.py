@@ -14,8 +14,8 @@ UNCHECKED = {"not_expressible": "not expressible", "skipped": "not evaluated"}
 
 
 def check_lines(checks: Sequence) -> list[tuple[str, str]]:
-    """`checks` (schemas.CheckResult) as (Rich markup prefix, plain text) lines (fitting.say_marked prints them): the summary,
-    then one line per framework that left layers unchecked."""
+    """`checks` (schemas.CheckResult) as (Rich markup prefix, plain text) lines (fitting.say_marked prints them): the
+    summary, then one line per framework that left layers unchecked."""
     passed = sum(check.passed for check in checks)
     lines = [("  checks    ", f"{passed}/{len(checks)} normalization layers passed the round-trip equivalence check")]
     unchecked: dict[str, list[tuple[str, str, str]]] = {}

@@ -19,7 +19,8 @@ def choices(name: str, values) -> type[Enum]:
 
 #: A layer written as one framework's object (or a spec folder): `convert --to`.
 Target = choices("Target", ("spec", *REGISTRY.framework_names))
-#: A framework a command exports to: `export --to` (onnx serves; the others point to export-layers), `export-layers --to`.
+#: A framework a command exports to: `export --to` (onnx serves; the others point to export-layers),
+#: `export-layers --to`.
 FrameworkTarget = choices("FrameworkTarget", REGISTRY.framework_names)
 #: What `pull` writes: the version's source format, a structure format, or its state dict.
 PullFormat = choices(

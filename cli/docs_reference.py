@@ -1,10 +1,9 @@
 """The CLI reference page, docs/cli.md, rendered from every command's `--help`.
 
-The page is generated so it cannot drift from the commands: `make docs-cli` (that is,
-`python -m cli.docs_reference docs/cli.md`) rewrites it, and tests/test_docs.py renders it again
-(to stdout, `python -m cli.docs_reference -`) and fails when the file differs. Commands are found by walking the Typer app that
-cli/main.py assembles, groups (`token`, `mlflow`) included, so a new or renamed command shows up
-without touching this module.
+The page is generated so it cannot drift from the commands: `make docs-cli` (that is, `python -m cli.docs_reference
+docs/cli.md`) rewrites it, and tests/test_docs.py renders it again (to stdout, `python -m cli.docs_reference -`) and
+fails when the file differs. Commands are found by walking the Typer app that cli/main.py assembles, groups (`token`,
+`mlflow`) included, so a new or renamed command shows up without touching this module.
 
 Help is rendered with click's plain formatter (no Rich panels, no colour) at a fixed width, so
 the text is the same on every machine and terminal. Render it in a fresh process, as `make

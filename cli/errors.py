@@ -16,8 +16,8 @@ from schemas.errors import NormbridgeError, exit_code_for
 from schemas.extras import missing_dependency
 
 stderr = Console(stderr=True)
-#: Exit status when the reader of standard output closed it (`normbridge versions NAME | head -1`): 128 + SIGPIPE, what a
-#: Unix tool that SIGPIPE ends reports. Click's own handling said 1, which this CLI keeps for crashes.
+#: Exit status when the reader of standard output closed it (`normbridge versions NAME | head -1`): 128 + SIGPIPE, what
+#: a Unix tool that SIGPIPE ends reports. Click's own handling said 1, which this CLI keeps for crashes.
 OUTPUT_CLOSED_EXIT = 141
 
 

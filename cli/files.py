@@ -45,8 +45,8 @@ def check_headers(models: tuple[Path, ...] = (), samples: tuple[Path | None, ...
 
 
 def output_path(path: Path, *, suffix: str | None = None, folder: bool = False) -> Path:
-    """Refuse, before any work, an output that does not end in `suffix` (a usage error, exit 2) or that cannot be written
-    (schemas.atomic_io.writable: exit 24): an export that ran for minutes no longer fails at its last step."""
+    """Refuse, before any work, an output that does not end in `suffix` (a usage error, exit 2) or that cannot be
+    written (schemas.atomic_io.writable: exit 24): an export that ran for minutes no longer fails at its last step."""
     import typer
 
     from schemas.atomic_io import writable

@@ -80,7 +80,8 @@ def fitted_table(console: Console, table: Table) -> Table | None:
 
 
 def _compact(table: Table, gap: int) -> Table:
-    """The same table without an outer edge or vertical rules: columns `gap` + 1 spaces apart (as `docker ps` prints them)."""
+    """The same table without an outer edge or vertical rules: columns `gap` + 1 spaces apart
+    (as `docker ps` prints them)."""
     table.box, table.show_edge, table.pad_edge, table.padding = box.SIMPLE_HEAD, False, False, (0, gap, 0, 0)
     return table
 
@@ -141,7 +142,8 @@ def _print_titled(console: Console, table: Table, fitted: Table | None) -> None:
 
 
 def print_table(table: Table, console: Console | None = None) -> None:
-    """Print `table` to fit the console: columns when every word fits whole, else one block per row. The title goes first."""
+    """Print `table` to fit the console: columns when every word fits whole, else one block per row.
+    The title goes first."""
     console = _default(console)
     title = table.title
     table.title = None  # measured without it, as printed
@@ -172,7 +174,8 @@ def print_narrowing_table(tables: Iterable[Table], console: Console | None = Non
 
 
 def wrapped_lines(text: str, width: int) -> list[str]:
-    """`text` wrapped at spaces to `width`; each continuation indented past its line's own indent. Words stay whole unless wider than a line."""
+    """`text` wrapped at spaces to `width`; each continuation indented past its line's own indent.
+    Words stay whole unless wider than a line."""
     lines = []
     for line in text.splitlines() or [""]:
         body = line.lstrip(" ")
@@ -195,7 +198,8 @@ def wrapped_lines(text: str, width: int) -> list[str]:
 
 
 def clipped(text: str, limit: int) -> str:
-    """`text`, or its words up to `limit` characters and '…': a cut cell must not read as a whole one (--json has it all)."""
+    """`text`, or its words up to `limit` characters and '…': a cut cell must not read as a whole one
+    (--json has it all)."""
     if len(text) <= limit:
         return text
     head = text[: limit - 1]
@@ -210,7 +214,8 @@ def say(text: str, style: str | None = None, console: Console | None = None) -> 
 
 
 def say_marked(prefix: str, text: str, console: Console | None = None) -> None:
-    """Print `prefix` (Rich markup, e.g. a coloured severity) then plain `text`, wrapped to the console width at spaces."""
+    """Print `prefix` (Rich markup, e.g. a coloured severity) then plain `text`,
+    wrapped to the console width at spaces."""
     console = _default(console)
     line = Text.from_markup(prefix)
     line.append(text)

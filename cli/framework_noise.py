@@ -110,7 +110,8 @@ class _QuietImports(importlib.abc.MetaPathFinder):
 
 
 class _QuietLoader(importlib.abc.Loader):
-    """Executes a package's real loader (C++ start-up lines dropped for tensorflow), quiets its loggers, then steps aside."""
+    """Executes a package's real loader (C++ start-up lines dropped for tensorflow), quiets its loggers,
+    then steps aside."""
 
     def __init__(self, loader, package: str):
         self.loader, self.package = loader, package

@@ -1,4 +1,5 @@
-"""How the CLI prints hazards: one line per distinct hazard with its layers (schemas/hazard_groups.py), not per layer."""
+"""How the CLI prints hazards: one line per distinct hazard with its layers (schemas/hazard_groups.py),
+not per layer."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ import sys
 
 
 def _interrupted_while_starting(signum: int, frame) -> None:
-    """Ctrl-C while the commands' modules import (a few tenths of a second) says so and exits 130, instead of printing the
-    traceback of whichever import it stopped."""
+    """Ctrl-C while the commands' modules import (a few tenths of a second) says so and exits 130, instead of printing
+    the traceback of whichever import it stopped."""
     sys.stderr.write("interrupted while starting\n")
     raise SystemExit(128 + signum)
 
@@ -26,7 +26,9 @@ if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a caller th
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 from .app import app  # noqa: E402
-from .commands import inspect, layers, mlflow_commands, monitoring, port, pull, registry, layer_export, service, serving  # noqa: E402,F401  (each registers its commands on `app`, in this order)
+
+# each registers its commands on `app`, in this order
+from .commands import inspect, layers, mlflow_commands, monitoring, port, pull, registry, layer_export, service, serving  # noqa: E402,F401
 
 if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # commands see Ctrl-C as KeyboardInterrupt, as before
@@ -43,10 +45,10 @@ def main() -> None:
     runs the atexit handlers registered after this one (private workers reaped, connections closed), then `_leave`
     flushes the logs and standard streams. A command that crashed (not a SystemExit) exits as Python does.
 
-    The objects the imports above left are frozen first (`gc.freeze`): Python's full collections, which the command's own
-    data triggers, then skip them. Parsing the shared worker's 435 kB answer for a 53-BatchNorm registration took 36 ms
-    with them scanned, 4 ms without; they live until the process ends anyway. (converters/heap.py settles a worker's heap
-    the same way; importing it here would import the converters package before the command needs it.)"""
+    The objects the imports above left are frozen first (`gc.freeze`): Python's full collections, which the command's
+    own data triggers, then skip them. Parsing the shared worker's 435 kB answer for a 53-BatchNorm registration took 36
+    ms with them scanned, 4 ms without; they live until the process ends anyway. (converters/heap.py settles a worker's
+    heap the same way; importing it here would import the converters package before the command needs it.)"""
     gc.freeze()
     finished: list = []
     atexit.register(_leave, finished)  # registered before anything the command imports: it runs last
@@ -73,7 +75,8 @@ def _interrupt(signum: int, frame) -> None:
 
 
 def interrupted_message(args: list[str]) -> str:
-    """What a Ctrl-C stopped, and what it left: every file and registry write of normbridge appears whole or not at all."""
+    """What a Ctrl-C stopped, and what it left: every file and registry write of normbridge appears whole or not at
+    all."""
     commands = {command.name or command.callback.__name__ for command in app.registered_commands}
     commands |= {group.name for group in app.registered_groups if group.name}
     command = next((arg for arg in args if arg in commands), None)

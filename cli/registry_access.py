@@ -21,15 +21,15 @@ BLOBS_HELP = "Blob store: a folder or file:// URI (env NORMBRIDGE_BLOBS; default
 def _registry(db: str | None, blobs: str | None, quiet: bool = False, gate_for: Path | None = None):
     """The local Registry, or a RemoteRegistry when --server / NORMBRIDGE_SERVER is set (byte bars unless `quiet`).
 
-    `gate_for`: a model about to be registered here; the gate's worker for the frameworks it does not use is asked for (and
-    started, if none runs) before anything else is imported, so its imports overlap this process's."""
+    `gate_for`: a model about to be registered here; the gate's worker for the frameworks it does not use is asked for
+    (and started, if none runs) before anything else is imported, so its imports overlap this process's."""
     client = remote.remote_registry(db, blobs, quiet=quiet)
     if client is not None:
         return client
     from registry.worker_jobs import cli_gate
 
-    # A CLI process is short-lived: the checks of frameworks it has not imported go to the warm shared worker, which also
-    # runs the next registration whole (registry/worker_jobs.py).
+    # A CLI process is short-lived: the checks of frameworks it has not imported go to the warm shared worker, which
+    # also runs the next registration whole (registry/worker_jobs.py).
     gate = cli_gate()
     if gate_for is not None:
         gate.expect(gate_for)  # the registration's gate finds this worker
@@ -70,8 +70,8 @@ def _dump(value) -> None:
 
 
 def _register(name: str, model: Path, db: str | None, blobs: str | None, quiet: bool, progress, options: dict):
-    """In the warm shared worker when one runs and the registry is local (registry/worker_jobs.py: this process then imports
-    no framework), else here (starting that worker for the next registration)."""
+    """In the warm shared worker when one runs and the registry is local (registry/worker_jobs.py: this process then
+    imports no framework), else here (starting that worker for the next registration)."""
     if remote.options.server is None:
         from converters.adapters import REGISTRY
         from registry.settings import gate_worker

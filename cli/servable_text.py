@@ -1,4 +1,5 @@
-"""How the CLI words a version's servable verdict (registry/service/servable.py): in `register`, `versions` and `show`."""
+"""How the CLI words a version's servable verdict (registry/service/servable.py): in `register`,
+`versions` and `show`."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def blocking_text(record) -> str:
 
 
 def servable_cell(record) -> str:
-    """The versions table's verdict: yes (with the codes of the recorded hazards that do not block, when there are any), or NO
-    with the blocking hazards' codes."""
+    """The versions table's verdict: yes (with the codes of the recorded hazards that do not block, when there are any),
+    or NO with the blocking hazards' codes."""
     if record.servable:
         warnings = list(dict.fromkeys(h["code"] for h in record.hazards if not h.get("blocking")))
         return f"yes (warns: {', '.join(warnings)})" if warnings else "yes"

@@ -103,8 +103,8 @@ class FrameworkAdapter(abc.ABC):
         return None
 
     def restore(self, spec: NormSpec) -> tuple[Any, str]:
-        """(the class `spec` was read from, rebuilt and proved equal; how) or (None, why not): a framework that can rebuild
-        a source class (torch: torch_adapter/restoring.py) overrides this."""
+        """(the class `spec` was read from, rebuilt and proved equal; how) or (None, why not): a framework that can
+        rebuild a source class (torch: torch_adapter/restoring.py) overrides this."""
         return None, f"{self.name} layers are always converted to their stock class"
 
     @abc.abstractmethod
@@ -119,24 +119,27 @@ class FrameworkAdapter(abc.ABC):
     def run_eval(self, obj: Any, x: np.ndarray, in_place: bool = False) -> np.ndarray:
         """Eval-mode output of `obj` on `x` (in the object's own layout), without changing its state.
 
-        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/gate/group_objects.py), so no copy is made.
+        `in_place`: the caller owns `obj` and resets whatever running it changes (converters/gate/group_objects.py),
+        so no copy is made.
         """
 
     @abc.abstractmethod
     def run_train_step(
         self, obj: Any, x: np.ndarray, in_place: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """One training-mode forward pass: (output, new running_mean, new running_var), on a copy (on `obj` itself if `in_place`)."""
+        """One training-mode forward pass: (output, new running_mean, new running_var), on a copy
+        (on `obj` itself if `in_place`)."""
 
     def unchanged_objects(self) -> contextlib.AbstractContextManager:
-        """A block in which the caller changes none of the objects it hands this framework (check_many, over the objects it
-        wrote): the framework may read each once there (ONNX: onnx_adapter/reading.models_unchanged). Default: no effect."""
+        """A block in which the caller changes none of the objects it hands this framework (check_many, over the objects
+        it wrote): the framework may read each once there (ONNX: onnx_adapter/reading.models_unchanged). Default:
+        no effect."""
         return contextlib.nullcontext()
 
     def kept_runs(self, obj: Any) -> Any:
         """An object whose `run_eval(x)` and `run_train_step(x)` give what `run_eval(obj, x, in_place=True)` and
-        `run_train_step(obj, x, in_place=True)` give, bit for bit, at less cost to a caller that runs `obj` again and again
-        with its state changed in between (check_many's GroupObjects); None where running `obj` directly costs no more. It also has
-        `run_eval_and_train_step(x)` (both, from one state) and `run_with_next_write(x)` (the next write runs both on `x`
-        and hands them over): keras_adapter/traced.TracedCalls."""
+        `run_train_step(obj, x, in_place=True)` give, bit for bit, at less cost to a caller that runs `obj` again and
+        again with its state changed in between (check_many's GroupObjects); None where running `obj` directly costs no
+        more. It also has `run_eval_and_train_step(x)` (both, from one state) and `run_with_next_write(x)` (the next
+        write runs both on `x` and hands them over): keras_adapter/traced.TracedCalls."""
         return None

@@ -92,16 +92,17 @@ class AdapterRegistry:
                 del self._kinds[key]
 
     def add_kind(self, rules: ModuleType, oracle: ModuleType) -> None:
-        """Add a kind at run time: `rules` is its spec module (INFO, a KindInfo, and validate, as schemas/kinds/<kind>.py),
-        `oracle` its NumPy reference (forward, and batch_moments with running statistics, as converters/reference/<kind>.py).
-        Each framework registered afterwards finds its `<package>.<kind>` adapter module; one without it refuses the kind
-        (NotExpressibleError). A kind known already raises."""
+        """Add a kind at run time: `rules` is its spec module (INFO, a KindInfo, and validate, as
+        schemas/kinds/<kind>.py), `oracle` its NumPy reference (forward, and batch_moments with running statistics, as
+        converters/reference/<kind>.py). Each framework registered afterwards finds its `<package>.<kind>` adapter
+        module; one without it refuses the kind (NotExpressibleError). A kind known already raises."""
         with self._lock:
             register_kind(rules)
             reference.register_kind(rules.INFO.kind, oracle)
 
     def remove_kind(self, kind: str) -> None:
-        """Take a kind added by `add_kind` out again, with every adapter of it (a test restores the registry with it)."""
+        """Take a kind added by `add_kind` out again, with every adapter of it
+        (a test restores the registry with it)."""
         with self._lock:
             for key in [key for key in self._kinds if key[1] == kind]:
                 del self._kinds[key]
@@ -189,8 +190,8 @@ class AdapterRegistry:
         }
 
     def folder_framework(self, folder: Path) -> str | None:
-        """The framework whose model folder `folder` is, told from its marker files alone (FrameworkInfo.folder_markers);
-        None for a spec or artifact folder, or one no framework marks."""
+        """The framework whose model folder `folder` is, told from its marker files alone
+        (FrameworkInfo.folder_markers); None for a spec or artifact folder, or one no framework marks."""
         if (folder / "spec.json").exists() or (folder / "manifest.json").exists():
             return None
         return next(
@@ -198,7 +199,8 @@ class AdapterRegistry:
         )
 
     def folder_formats(self) -> dict[str, str]:
-        """Structure format -> the framework whose model adapter writes it back as a folder (FrameworkInfo.folder_formats)."""
+        """Structure format -> the framework whose model adapter writes it back as a folder
+        (FrameworkInfo.folder_formats)."""
         return {fmt: info.name for info in self.infos() for fmt in info.folder_formats}
 
     def framework(self, name: str) -> FrameworkAdapter:

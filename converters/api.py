@@ -85,8 +85,9 @@ def write_spec(
 ) -> tuple[Any, LayerReport]:
     """from_spec plus its layer report.
 
-    `build(adapter, spec, options, report)` stands in for `adapter.from_spec(spec, options, report)` on the spec it would get:
-    check_many (converters/gate/grouped_check.py) passes one that builds a layer once per configuration and gives it each state.
+    `build(adapter, spec, options, report)` stands in for `adapter.from_spec(spec, options, report)` on the spec it
+    would get: check_many (converters/gate/grouped_check.py) passes one that builds a layer once per configuration and
+    gives it each state.
     """
     layer_report = report or LayerReport(
         layer=spec.name, kind=spec.kind, source_framework=spec.source.framework, target_framework=to, target_op="?"
@@ -111,8 +112,8 @@ def _from_spec(adapter: KindAdapter, spec: NormSpec, options: ConversionOptions,
 def restored_layer(
     spec: NormSpec, to: str, options: ConversionOptions, report: LayerReport, registry: AdapterRegistry = REGISTRY
 ) -> Any:
-    """The class `spec` was read from, when converting back to its framework can rebuild it (options.restore_source_class), else None;
-    either way `report` says which class the layer becomes and why."""
+    """The class `spec` was read from, when converting back to its framework can rebuild it
+    (options.restore_source_class), else None; either way `report` says which class the layer becomes and why."""
     if spec.source.framework != to or not spec.source.module_class:
         return None
     if not options.restore_source_class:
@@ -130,8 +131,8 @@ def restored_layer(
 
 
 def target_spec_of(spec: NormSpec, to: str, registry: AdapterRegistry = REGISTRY) -> NormSpec:
-    """The spec `write_spec(spec, to)` builds its layer for: `spec` with what the target holds no attribute for expressed in
-    what it does (expressing.stock_spec). A layer read back from the target should equal it."""
+    """The spec `write_spec(spec, to)` builds its layer for: `spec` with what the target holds no attribute for
+    expressed in what it does (expressing.stock_spec). A layer read back from the target should equal it."""
     return stock_spec(spec, registry.get(to, spec.kind, spec.name).holds)
 
 
@@ -168,7 +169,8 @@ def from_spec(
     options: ConversionOptions | None = None,
     **option_overrides: Any,
 ) -> Any:
-    """Build the target framework's natural layer: "torch" -> nn.Module, "keras" -> built layer, "onnx" -> ModelProto."""
+    """Build the target framework's natural layer: "torch" -> nn.Module, "keras" -> built layer,
+    "onnx" -> ModelProto."""
     obj, layer_report = write_spec(spec, to, _options(options, opset, option_overrides))
     _remember(ConversionReport(layers=[layer_report]))
     return obj

@@ -117,11 +117,12 @@ def _check_training_step(
     source: Callable[[], reference.TrainStep],
     objects: "CheckObjects",
 ) -> StatsComparison:
-    """`source()` is reference.train_step(spec, x_cf): the same for every target, so check() computes it at most once."""
+    """`source()` is reference.train_step(spec, x_cf): the same for every target,
+    so check() computes it at most once."""
     x = from_channels_first(x_cf, target_spec.layout)
     y, mean, var = objects.run_train_step(framework, obj, x)
-    # The reference is a function of the spec's settings and tensors: a target read back with the source's own (the torch
-    # target of a torch layer) predicts the source's step, computed once.
+    # The reference is a function of the spec's settings and tensors: a target read back with the source's own (the
+    # torch target of a torch layer) predicts the source's step, computed once.
     expected = None if _computes_as(target_spec, spec) else reference.train_step(target_spec, x_cf)
     source_step = source()
     if expected is None:
@@ -155,8 +156,8 @@ def _check_training_step(
 
 
 def _computes_as(a: NormSpec, b: NormSpec) -> bool:
-    """Whether every field but the name and the provenance is the same value (a float's sign too) and every tensor the same
-    bits: then the reference computes the same for both."""
+    """Whether every field but the name and the provenance is the same value (a float's sign too) and every tensor the
+    same bits: then the reference computes the same for both."""
     for field in type(a).model_fields:
         if field in ("name", "source", "tensors"):
             continue
@@ -175,7 +176,8 @@ def _computes_as(a: NormSpec, b: NormSpec) -> bool:
 def training_tolerances(
     framework, target_spec: NormSpec, x_cf: np.ndarray, expected: reference.TrainStep | None = None
 ) -> tuple[float, float]:
-    """Allowed max abs error of (running_mean, running_var) after one step of `target_spec` on `x_cf` (`expected`: that step, if known)."""
+    """Allowed max abs error of (running_mean, running_var) after one step of `target_spec` on `x_cf`
+    (`expected`: that step, if known)."""
     atol, rtol = TOLERANCES[target_spec.dtype]
     expected = expected or reference.train_step(target_spec, x_cf)
     tol_mean = atol + rtol * float(np.max(np.abs(expected.running_mean)))
@@ -196,10 +198,10 @@ def training_tolerances(
 def _back_to_source(
     spec: NormSpec, target_spec: NormSpec, source: str, options: ConversionOptions, objects: "CheckObjects"
 ) -> tuple[NormSpec, NormSpec | None]:
-    """(the spec read back after converting `target_spec` to the source framework, the spec it must equal or None for the
-    expressed one). Into the stock class first; where no stock class holds the layer (a channels-first LayerNorm in torch),
-    into the class the source was read from, rebuilt with the source's provenance (torch_adapter/restoring.py): then the
-    round trip must give the source spec itself."""
+    """(the spec read back after converting `target_spec` to the source framework, the spec it must equal or None for
+    the expressed one). Into the stock class first; where no stock class holds the layer (a channels-first LayerNorm in
+    torch), into the class the source was read from, rebuilt with the source's provenance (torch_adapter/restoring.py):
+    then the round trip must give the source spec itself."""
     registry = objects.registry
     try:
         return objects.read(objects.write_back(target_spec, source, options)), None
@@ -229,9 +231,9 @@ def round_trip_options(spec: NormSpec, options: ConversionOptions) -> Conversion
 def round_trip_differences(
     spec: NormSpec, target_spec: NormSpec, expressed: NormSpec, options: ConversionOptions, objects: "CheckObjects"
 ) -> list[str]:
-    """How the layer read from a target (`target_spec`), written back to the source framework and read again, differs from
-    the spec it must equal (`expressed`, or the source spec itself where the source class was rebuilt). `options`: the
-    target's. Raises NotExpressibleError where the source framework cannot hold it."""
+    """How the layer read from a target (`target_spec`), written back to the source framework and read again, differs
+    from the spec it must equal (`expressed`, or the source spec itself where the source class was rebuilt). `options`:
+    the target's. Raises NotExpressibleError where the source framework cannot hold it."""
     back_spec, home = _back_to_source(
         spec, target_spec, spec.source.framework, round_trip_options(spec, options), objects
     )
@@ -351,7 +353,8 @@ def check_target(
     source_step: Callable[[], reference.TrainStep],
     objects: "CheckObjects",
 ) -> None:
-    """One target's part of `check` into `result`: a NormbridgeError becomes that target's failed entry and an error line."""
+    """One target's part of `check` into `result`: a NormbridgeError becomes that target's failed entry and an error
+    line."""
     try:
         _check_target(spec, target, options, x_cf, y_ref, result, source_step, objects)
     except NormbridgeError as error:
@@ -400,7 +403,8 @@ class CheckObjects:
 
 
 def verdict(result: CheckResult) -> bool:
-    """Whether a check passed: no error, no failed target, every output and training step within tolerance, one target passed."""
+    """Whether a check passed: no error, no failed target, every output and training step within tolerance,
+    one target passed."""
     return (
         not result.errors
         and all(t.status != "failed" for t in result.targets)

@@ -31,7 +31,8 @@ EXPRESSIBLE = ("scale_offset", "cast_before_affine")
 
 def stock_spec(spec: NormSpec, holds: frozenset[str], report: LayerReport | None = None) -> NormSpec:
     """`spec` as a stock layer holding only `holds` computes it: a scale offset folded into the scale, a cast before the
-    affine moved after it; each recorded in `report`. Unchanged when the adapter holds them (or the spec uses neither)."""
+    affine moved after it; each recorded in `report`. Unchanged when the adapter holds them
+    (or the spec uses neither)."""
     if spec.scale_offset and "scale_offset" not in holds:
         spec = _fold_scale_offset(spec, report)
     if spec.cast_before_affine and "cast_before_affine" not in holds:
@@ -40,7 +41,8 @@ def stock_spec(spec: NormSpec, holds: frozenset[str], report: LayerReport | None
 
 
 def _fold_scale_offset(spec: NormSpec, report: LayerReport | None) -> NormSpec:
-    """scale_offset + scale as the plain scale, computed in the dtype the source adds them in, stored in the layer's dtype."""
+    """scale_offset + scale as the plain scale, computed in the dtype the source adds them in,
+    stored in the layer's dtype."""
     where = affine_dtype(spec)
     factor = (np.asarray(spec.tensors["scale"]).astype(where) + np.asarray(spec.scale_offset, dtype=where)).astype(
         spec.dtype

@@ -1,4 +1,5 @@
-"""Writing one converted layer to disk, atomically: the one writer the CLI's `convert` and the registry's per-layer export share.
+"""Writing one converted layer to disk, atomically: the one writer the CLI's `convert` and the registry's per-layer
+export share.
 
 The format follows the target and the path: `spec`, a spec folder (spec.json + tensors.safetensors);
 `onnx`, the checked .onnx model; `keras`, a one-layer .keras model; `torch`, the module's state dict as
@@ -21,7 +22,8 @@ TARGETS = ("spec", "onnx", "keras", "torch")
 
 
 def write_layer(obj: Any, spec: NormSpec, to: str, path: str | Path) -> Path:
-    """Write `obj`, the layer `spec` converted to framework `to` (the spec itself for "spec"), to `path`; returns `path`."""
+    """Write `obj`, the layer `spec` converted to framework `to` (the spec itself for "spec"), to `path`;
+    returns `path`."""
     path = Path(path)
     if to == "spec":
         atomic_write_folder(path, lambda folder: save_spec(spec, folder))

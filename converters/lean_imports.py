@@ -1,13 +1,14 @@
-"""Keras loaded without the optional packages it would import for features normbridge never uses, in normbridge's own processes.
+"""Keras loaded without the optional packages it would import for features normbridge never uses,
+in normbridge's own processes.
 
 Why: where scikit-learn, matplotlib and pandas are installed (MLflow brings all three), `import keras` on TensorFlow
 imports them through Keras's optional integrations (its scikit-learn wrappers, its image gallery, pandas inputs to
 `fit`): 2.2 s of the 6 s a cold CLI process or gate worker spends importing Keras and TensorFlow. Keras wraps each of
-those imports in `try/except ImportError` and runs as on a machine without them; no layer computes with them, so
-every check's numbers are the same. Only normbridge's own processes opt in, by NORMBRIDGE_LEAN_IMPORTS=1 unless the
-user set it (0 turns it off): the CLI sets it (without importing this package), the gate's workers call `enable`; a
-program that imports normbridge as a library keeps its environment as it is. Once Keras is in, the packages import normally (only Keras's own optional hooks stay
-off in that process).
+those imports in `try/except ImportError` and runs as on a machine without them; no layer computes with them, so every
+check's numbers are the same. Only normbridge's own processes opt in, by NORMBRIDGE_LEAN_IMPORTS=1 unless the user set
+it (0 turns it off): the CLI sets it (without importing this package), the gate's workers call `enable`; a program that
+imports normbridge as a library keeps its environment as it is. Once Keras is in, the packages import normally (only
+Keras's own optional hooks stay off in that process).
 """
 
 from __future__ import annotations

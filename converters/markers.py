@@ -29,7 +29,8 @@ def recall(obj: Any) -> dict[str, Any]:
 
 
 def replace(obj: Any, fields: dict[str, Any]) -> None:
-    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state: converters/gate/group_objects.py)."""
+    """Make `fields` all that is remembered on `obj` (a layer given another layer's name and state:
+    converters/gate/group_objects.py)."""
     object.__setattr__(obj, ATTRIBUTE, dict(fields))
 
 

@@ -46,20 +46,24 @@ class ModelAdapter(abc.ABC):
     eps_stored_as_float32: ClassVar[bool] = False
 
     def own_eps_default(self, facts: LayerFacts) -> bool:
-        """Whether the layer's class sets its own default eps (a hand-written class), so the stock default does not apply."""
+        """Whether the layer's class sets its own default eps (a hand-written class),
+        so the stock default does not apply."""
         return False
 
     # -- files -----------------------------------------------------------------------------
 
     @abc.abstractmethod
     def load(self, path: Path) -> Any:
-        """The model in `path` (a file with one of this framework's MODEL_FILES suffixes), without executing code from it."""
+        """The model in `path` (a file with one of this framework's MODEL_FILES suffixes),
+        without executing code from it."""
 
     def prepare_loading(self) -> None:
-        """Import now what `load` imports on its first call (a warm worker does it between registrations). Default: nothing."""
+        """Import now what `load` imports on its first call (a warm worker does it between registrations).
+        Default: nothing."""
 
     def load_bytes(self, data: bytes, name: str) -> Any:
-        """The model in the file bytes `data` (`name`, e.g. 'model.pt2', for its suffix and messages), read as `load` reads a file.
+        """The model in the file bytes `data` (`name`, e.g. 'model.pt2', for its suffix and messages),
+        read as `load` reads a file.
 
         By default through a temporary file; frameworks that read from memory override it."""
         with tempfile.TemporaryDirectory(prefix="normbridge-model-") as folder:
@@ -79,7 +83,8 @@ class ModelAdapter(abc.ABC):
 
     @abc.abstractmethod
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
-        """The spec of every normalization layer, named by its path, in order (execution order where `sample` lets it trace one)."""
+        """The spec of every normalization layer, named by its path, in order
+        (execution order where `sample` lets it trace one)."""
 
     def layer_spec(self, ref: NormLayerRef) -> NormSpec:
         """The spec of one layer `norm_layers` found, named by its path: `converters.api.layer_spec(ref)` reads it.
@@ -119,8 +124,9 @@ class ModelAdapter(abc.ABC):
         return facts
 
     def model_hazards(self, model: Any, found: int | None = None) -> list:
-        """Hazards of the model as a whole (schemas.inspection.Hazard); none by default. `found`: how many normalization layers
-        the caller's reading of this model found (None: the adapter counts them where a hazard needs the count)."""
+        """Hazards of the model as a whole (schemas.inspection.Hazard); none by default. `found`: how many normalization
+        layers the caller's reading of this model found (None: the adapter counts them where a hazard needs the
+        count)."""
         return []
 
     def inspection_source(self, model: Any) -> str:
@@ -141,24 +147,26 @@ class ModelAdapter(abc.ABC):
     def structure_of(
         self, model: Any, tensors: dict[str, np.ndarray], source: Path | None = None
     ) -> StructureParts | None:
-        """The model's structure without its tensor bytes (model_structure.py), `tensors` being artifact_contents' by name and
-        `source` the file it was loaded from; None when there is none to store (a torch nn.Module is its state dict)."""
+        """The model's structure without its tensor bytes (model_structure.py), `tensors` being artifact_contents' by
+        name and `source` the file it was loaded from; None when there is none to store
+        (a torch nn.Module is its state dict)."""
         return None
 
     def model_file(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray]) -> bytes:
-        """The runnable model file of a stored structure with its tensors put back (the bytes of a file `load` reads)."""
+        """The runnable model file of a stored structure with its tensors put back
+        (the bytes of a file `load` reads)."""
         raise UnsupportedObjectError(
             f"{self.framework} models have no stored structure to rebuild; pull the state dict (--format safetensors)."
         )
 
     def write_model_file(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], stream: BinaryIO) -> None:
-        """Write `model_file`'s bytes to `stream` (a pulled file's temporary sibling); frameworks that can write the file as
-        they go, each tensor read once when its turn comes, override it."""
+        """Write `model_file`'s bytes to `stream` (a pulled file's temporary sibling); frameworks that can write the
+        file as they go, each tensor read once when its turn comes, override it."""
         stream.write(self.model_file(parts, tensors))
 
     def tensor_order(self, parts: dict[str, bytes], tensor_names: Iterable[str]) -> list[str]:
-        """The tensors in the order `write_model_file` reads them, so a registry can fetch them ahead in that order (empty:
-        no order, all are read before writing starts)."""
+        """The tensors in the order `write_model_file` reads them, so a registry can fetch them ahead in that order
+        (empty: no order, all are read before writing starts)."""
         return []
 
     # -- folder structures (a model given back as a folder of files: FrameworkInfo.folder_formats) --------------------
@@ -168,7 +176,8 @@ class ModelAdapter(abc.ABC):
         raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
 
     def write_model_folder(self, parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], target: Path) -> int:
-        """Write the folder of a stored folder structure into the empty folder `target`, every file fsynced; the bytes written."""
+        """Write the folder of a stored folder structure into the empty folder `target`, every file fsynced;
+        the bytes written."""
         raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
 
     def check_model_folder(self, parts: dict[str, bytes], tensors: Mapping[str, tuple[str, list[int]]]) -> None:
@@ -177,8 +186,8 @@ class ModelAdapter(abc.ABC):
         raise UnsupportedObjectError(f"{self.framework} models have no folder structure.")
 
     def load_runnable(self, path: Path) -> Any:
-        """The model of a folder `load` reads only for inspection (a Hugging Face checkpoint), with its weights and in the
-        form the runners and exporters take (a program); refused unless the framework reads such folders."""
+        """The model of a folder `load` reads only for inspection (a Hugging Face checkpoint), with its weights and in
+        the form the runners and exporters take (a program); refused unless the framework reads such folders."""
         raise UnsupportedObjectError(f"{self.framework} reads no model folders to run or export.")
 
     def runnable(self, model: Any) -> Any:
@@ -216,7 +225,8 @@ class ModelAdapter(abc.ABC):
         """The model's inputs; UnsupportedObjectError when the model does not record them (pass a sample)."""
 
     def source_runner(self, model: Any) -> ModelRunner:
-        """The model in eval mode, as the source side of the serving contract (models of a `serving_source` framework)."""
+        """The model in eval mode, as the source side of the serving contract
+        (models of a `serving_source` framework)."""
         raise InputFileError(
             f"the source must be a torch.nn.Module, a torch ExportedProgram (.pt2) or a Keras model (.keras); got a {type(model).__name__}."
         )
@@ -226,7 +236,8 @@ class ModelAdapter(abc.ABC):
         raise InputFileError(f"the serving model must be an ONNX model (.onnx); got a {type(model).__name__}.")
 
     def export_onnx(self, model: Any, sample: Any, opset: int) -> tuple[Any, str, list[str]]:
-        """(onnx.ModelProto, the exporter as named in reports, notes) from the framework's own exporter (a `serving_source` framework)."""
+        """(onnx.ModelProto, the exporter as named in reports, notes) from the framework's own exporter
+        (a `serving_source` framework)."""
         raise UnsupportedObjectError(
             f"{self.framework} models are not exported for serving; export the torch or Keras model they came from."
         )
@@ -256,7 +267,8 @@ class ModelAdapter(abc.ABC):
     # -- serving -------------------------------------------------------------------------------
 
     def serving_taps(self, model: Any, sink: Any) -> Any:
-        """`model` instrumented for the serving collector (converters.serving_taps.ServingTaps); refused unless the framework provides it."""
+        """`model` instrumented for the serving collector (converters.serving_taps.ServingTaps);
+        refused unless the framework provides it."""
         raise UnsupportedObjectError(
             f"{self.framework} models cannot be monitored while serving; monitor a torch, Keras or onnxruntime model."
         )

@@ -53,8 +53,8 @@ class ModelNormalizer:
 
 @dataclass
 class ModelContents:
-    """Everything of a model an artifact stores; `sites` is how many normalization layers the reader found (each
-    must become a normalizer, or the registry's gate refuses the model); `mode` None: told by the specs' training flags."""
+    """Everything of a model an artifact stores; `sites` is how many normalization layers the reader found (each must
+    become a normalizer, or the registry's gate refuses the model); `mode` None: told by the specs' training flags."""
 
     framework: str
     format: str
@@ -62,9 +62,11 @@ class ModelContents:
     normalizers: list[ModelNormalizer] = field(default_factory=list)
     sites: int = 0
     mode: str | None = None
-    #: The model adapter's model_hazards: among them the layers that look like normalizations and that no recognizer proved.
+    #: The model adapter's model_hazards: among them the layers that look like normalizations and that no recognizer
+    #: proved.
     hazards: list = field(default_factory=list)
-    #: The model's structure without the tensor bytes (ModelAdapter.structure_of), None when only the tensors are stored.
+    #: The model's structure without the tensor bytes (ModelAdapter.structure_of),
+    #: None when only the tensors are stored.
     structure: StructureParts | None = None
     #: True when the model was read from a file for these contents alone: no one else holds its tensors, so they cannot
     #: change and need no snapshot (the registry streams them from where they are); False for a caller's live model.
@@ -85,7 +87,8 @@ def hinted(prefix: str, names: list[str], separator: str) -> dict[str, str]:
 
 
 def hint_index(names: list[str], separator: str) -> Callable[[str], dict[str, str]]:
-    """`hinted(prefix, names, separator)` for any prefix, `names` grouped once by the prefix before their last separator.
+    """`hinted(prefix, names, separator)` for any prefix, `names` grouped once by the prefix before their last
+    separator.
 
     Why: a model's every normalizer looked through all its tensor names (160 RMSNorms x 482 tensors). A name `hinted`
     takes for a prefix is that prefix, the separator and a hint, which holds no separator: its group is the prefix."""

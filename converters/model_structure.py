@@ -1,4 +1,5 @@
-"""A model's structure as the registry stores it beside the tensors: files of the model's format without the tensor bytes.
+"""A model's structure as the registry stores it beside the tensors: files of the model's format without the tensor
+bytes.
 
 `ModelAdapter.structure_of` cuts a model into `parts` (file name -> bytes: an ONNX graph whose initializers hold no
 data, a .keras config and metadata, a .pt2 program's JSON entries), checked at once to give the same model back
@@ -16,8 +17,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class StructureParts:
-    """The parts of one model's structure; `file_digest`: sha256 of the file they rebuild when it is byte-identical to the
-    registered one (ONNX), else None (a rebuilt .keras or .pt2 archive holds the same model in a new file).
+    """The parts of one model's structure; `file_digest`: sha256 of the file they rebuild when it is byte-identical to
+    the registered one (ONNX), else None (a rebuilt .keras or .pt2 archive holds the same model in a new file).
 
     `read_safely`: the parts are what the framework's safe reader accepted when it loaded the registered file (a .pt2's
     own entries, the graph or config of the model read from the file), so the registry need not rebuild and read them
@@ -39,8 +40,8 @@ def little_endian_bytes(array: np.ndarray) -> bytes:
 
 
 def little_endian_view(array: np.ndarray) -> memoryview:
-    """The same bytes as `little_endian_bytes`, without a copy when the array already holds them (C order, little-endian):
-    a pulled file is written from its blobs' bytes as they are."""
+    """The same bytes as `little_endian_bytes`, without a copy when the array already holds them (C order,
+    little-endian): a pulled file is written from its blobs' bytes as they are."""
     array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))

@@ -116,7 +116,8 @@ def estimator_matches(
 
 
 def warn_empty_batch(report: LayerReport, spec: NormSpec, target: str) -> None:
-    """Warn that the target's training step on an empty batch does not do what torch's does (nothing: it keeps its statistics).
+    """Warn that the target's training step on an empty batch does not do what torch's does
+    (nothing: it keeps its statistics).
 
     Each framework's behaviour is its `FrameworkInfo.empty_batch` (checked: tests/converters/test_dtypes.py)."""
     done, torch_done = REGISTRY.info(target).empty_batch, REGISTRY.info("torch").empty_batch

@@ -1,4 +1,5 @@
-"""The registry quickstart: register a trained CNN, fine-tune only its BatchNorm statistics, register again, diff, lineage, export.
+"""The registry quickstart: register a trained CNN, fine-tune only its BatchNorm statistics, register again,
+diff, lineage, export.
 
 Runs on the embedded defaults (SQLite + a local blobs folder) in a temporary NORMBRIDGE_HOME,
 so it needs no configuration and leaves nothing behind. `make demo` runs it after the layer quickstart.

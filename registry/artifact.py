@@ -57,9 +57,10 @@ class _Builder:
         self.structure = None  # converters.model_structure.StructureParts, stored as one uint8 blob per part
 
     def add_tensor(self, name: str, array: np.ndarray, layer: str | None = None, source: object = None) -> None:
-        """Keep the tensor as the model holds it, uncopied (a large one may be mapped from the model file, and streamed into its
-        blob from `source` when given); `build` hashes its blob, and keeps the blob's bytes only for a caller's live model,
-        which may change afterwards (a model read from a file for this artifact alone is streamed again when staged)."""
+        """Keep the tensor as the model holds it, uncopied (a large one may be mapped from the model file, and streamed
+        into its blob from `source` when given); `build` hashes its blob, and keeps the blob's bytes only for a caller's
+        live model, which may change afterwards (a model read from a file for this artifact alone is streamed again when
+        staged)."""
         if str(array.dtype) not in STORED_DTYPES:
             raise InputFileError(
                 f"tensor '{name}' has dtype {array.dtype}, which an artifact cannot store; "
@@ -113,9 +114,9 @@ class _Builder:
             ]  # the refusal says why
 
     def build(self, mode: str, lineage: Lineage | None, known: Callable[[TensorBlob], str | None] | None) -> Artifact:
-        """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole. `known(blob)`: its digest
-        when it was hashed already (registry/early_staging.py); asked for no tensor a normalizer's spec points to, which
-        is hashed here, after the spec was read, as the gate checks it."""
+        """Every blob hashed a chunk at a time (registry/streamed_blobs.py): none is held whole. `known(blob)`: its
+        digest when it was hashed already (registry/early_staging.py); asked for no tensor a normalizer's spec points
+        to, which is hashed here, after the spec was read, as the gate checks it."""
         blobs = BlobMap()
         refs: dict[str, TensorRef] = {}
         for name in sorted(self.arrays):

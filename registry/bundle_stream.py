@@ -35,8 +35,8 @@ MAX_MEMBERS = 100_000
 #: Bytes of blobs queued for the blob store before the reader (and so the uploading client) waits.
 STAGING_WINDOW = 256 << 20
 
-#: gate(manifest, specs, held) -> the CheckResults (raises CheckFailedError); Registry._gate, then the structure check on the
-#: structure parts' bytes, which `held(digest)` gives (with the normalizers' blobs).
+#: gate(manifest, specs, held) -> the CheckResults (raises CheckFailedError); Registry._gate, then the structure check
+#: on the structure parts' bytes, which `held(digest)` gives (with the normalizers' blobs).
 Gate = Callable[[ArtifactManifest, list, Callable[[str], bytes]], list]
 #: reuse(digests) -> the subset the bundle may leave out because the store holds them for this uploader (the HTTP
 #: layer allows blobs of models the token may read); None: every blob must be in the bundle.
@@ -74,8 +74,8 @@ def too_large(limit: int, decompressed: bool = False) -> PayloadTooLargeError:
 
 
 def member_path(name: str, folder: bool = False) -> PurePosixPath:
-    """A member's path, refused unless it is relative and stays inside the bundle; a `folder` may be the bundle's own root
-    ('./', the first member of `tar -cf - -C FOLDER .`)."""
+    """A member's path, refused unless it is relative and stays inside the bundle; a `folder` may be the bundle's own
+    root ('./', the first member of `tar -cf - -C FOLDER .`)."""
     path = PurePosixPath(name)
     parts = [p for p in path.parts if p not in ("", ".")]
     if folder and not parts and not path.is_absolute() and "\\" not in name:
@@ -100,7 +100,8 @@ def _role(path: PurePosixPath) -> tuple[str, str | None] | None:
 
 
 def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
-    """The manifest and blob members of a bundle tar (plain or compressed) in the order they arrive; other files are skipped.
+    """The manifest and blob members of a bundle tar (plain or compressed) in the order they arrive;
+    other files are skipped.
 
     The tar is read by tar_reader: `limit` bounds its decompressed bytes, headers and padding included, and long names
     and pax headers are capped, so memory stays near one blob whatever the body holds.
@@ -143,7 +144,8 @@ def read_bundle_stream(stream: BinaryIO, limit: int) -> Iterator[BundleMember]:
 
 def _read_to_end(stream: BinaryIO) -> None:
     """Read what follows the archive's end (tar padding, or more): a bundle is registered only once its upload arrived
-    whole, so a body past the size limit fails here (the HTTP body pipe raises PayloadTooLargeError) and never commits."""
+    whole, so a body past the size limit fails here (the HTTP body pipe raises PayloadTooLargeError) and never
+    commits."""
     while stream.read(READ_SIZE):
         pass
 
@@ -203,10 +205,11 @@ def receive_bundle(
 
 
 class _Receiver:
-    """One bundle on its way in. Memory stays near what is in flight when the manifest comes first: a bulk blob's
-    bytes are dropped once staged, only the normalizers' blobs and the structure parts are kept (for the gate and the
-    structure check), and the reader, so the sender, waits while more than STAGING_WINDOW bytes are queued for the store. Blobs that arrive before the
-    manifest are held until it comes (a manifest-last tar costs its size in memory)."""
+    """One bundle on its way in. Memory stays near what is in flight when the manifest comes first: a bulk blob's bytes
+    are dropped once staged, only the normalizers' blobs and the structure parts are kept (for the gate and the
+    structure check), and the reader, so the sender, waits while more than STAGING_WINDOW bytes are queued for the
+    store. Blobs that arrive before the manifest are held until it comes (a manifest-last tar costs its size in
+    memory)."""
 
     def __init__(
         self,

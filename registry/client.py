@@ -1,14 +1,13 @@
 """The registry over HTTP: `RemoteRegistry` answers what `Registry` answers, by asking a `normbridge serve` server.
 
-The CLI picks it when `--server URL` (env NORMBRIDGE_SERVER) is given, so every registry command
-works unchanged against a shared server. Methods and return types follow registry.service.Registry
-(records from registry/entities.py, pydantic results from registry/service/results.py); server errors come back as the same
-schemas.errors types (and so the same exit codes), and a server that does not answer is a
-ServerUnreachableError naming the URL. Bundles are re-hashed on arrival: a blob that does not
-hash to its name, or a manifest whose digest is not the one the server announced, is refused. What the server's headers
-say is checked before it is used: the version it names must be a version of the model asked for (the very one when a
-number was asked), so a hostile server's X-Normbridge-Version never becomes a path, and a pulled file goes from the
-download's temporary file to its place in chunks, never held whole.
+The CLI picks it when `--server URL` (env NORMBRIDGE_SERVER) is given, so every registry command works unchanged against
+a shared server. Methods and return types follow registry.service.Registry (records from registry/entities.py, pydantic
+results from registry/service/results.py); server errors come back as the same schemas.errors types (and so the same
+exit codes), and a server that does not answer is a ServerUnreachableError naming the URL. Bundles are re-hashed on
+arrival: a blob that does not hash to its name, or a manifest whose digest is not the one the server announced, is
+refused. What the server's headers say is checked before it is used: the version it names must be a version of the model
+asked for (the very one when a number was asked), so a hostile server's X-Normbridge-Version never becomes a path, and a
+pulled file goes from the download's temporary file to its place in chunks, never held whole.
 """
 
 from __future__ import annotations
@@ -84,7 +83,8 @@ _STATUS_ERRORS = {401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundErro
 
 
 class RemoteRegistry(ModelRegistry):
-    """A registry on a normbridge server at `url`, authenticated with `token` (`nbt_...`; None for `serve --insecure-local`).
+    """A registry on a normbridge server at `url`, authenticated with `token`
+    (`nbt_...`; None for `serve --insecure-local`).
 
     `transfer(description, total_bytes)` may be given to draw byte progress for uploads and downloads.
     """
@@ -141,7 +141,8 @@ class RemoteRegistry(ModelRegistry):
             ) from error
 
     def _error(self, response: httpx.Response) -> NormbridgeError:
-        """The server's {"error": {...}} as the matching schemas.errors type (CheckFailedError keeps its CheckResult)."""
+        """The server's {"error": {...}} as the matching schemas.errors type (CheckFailedError keeps its
+        CheckResult)."""
         try:
             body = response.json()["error"]
             code, message = body["code"], body["message"]
@@ -210,7 +211,8 @@ class RemoteRegistry(ModelRegistry):
             yield artifact, served_ref(self.url, ref, headers.get("X-Normbridge-Version"))
 
     def _check_announced(self, ref: str, manifest, headers: httpx.Headers) -> None:
-        """IntegrityError unless a downloaded bundle's manifest has the digest the server announced (X-Normbridge-Digest)."""
+        """IntegrityError unless a downloaded bundle's manifest has the digest the server announced
+        (X-Normbridge-Digest)."""
         announced = headers.get("X-Normbridge-Digest")
         if announced is None or manifest.digest() != announced:
             raise IntegrityError(
@@ -261,7 +263,8 @@ class RemoteRegistry(ModelRegistry):
         progress=None,
         allow_unrecognised: bool = False,
     ):
-        """Upload a model file (.onnx, .keras, .pt2) or an artifact folder; the server runs the equivalence gate and stores it.
+        """Upload a model file (.onnx, .keras, .pt2) or an artifact folder; the server runs the equivalence gate and
+        stores it.
 
         Returns a registry.service.Registration. An in-memory model is refused: save it to a file first.
         """
@@ -312,7 +315,8 @@ class RemoteRegistry(ModelRegistry):
         )
 
     def _upload_body(self, model: Any):
-        """(path, format, size, chunks(advance)) for a model path; InputFileError/RegistryError before anything is sent."""
+        """(path, format, size, chunks(advance)) for a model path; InputFileError/RegistryError before anything is
+        sent."""
         if not isinstance(model, (str, Path)):
             raise RegistryError(
                 f"cannot send an in-memory {type(model).__name__} to the registry server at {self.url}; save it to a file first "
@@ -385,8 +389,8 @@ class RemoteRegistry(ModelRegistry):
             return tensors_from_blobs(artifact.manifest, artifact.blobs.__getitem__)
 
     def blob_reader(self, record: VersionRecord) -> Callable[[str], bytes]:
-        """`Registry.blob_reader` over HTTP: the version's blobs from its downloaded bundle (each re-hashed, the manifest digest
-        checked against the server's), read once (`mlflow push --server` logs all of them)."""
+        """`Registry.blob_reader` over HTTP: the version's blobs from its downloaded bundle (each re-hashed, the
+        manifest digest checked against the server's), read once (`mlflow push --server` logs all of them)."""
         with self._bundle(record.ref) as (artifact, _):
             blobs = dict(artifact.blobs)
 
@@ -439,7 +443,8 @@ class RemoteRegistry(ModelRegistry):
         )
 
     def record_drift(self, ref: str, report) -> DriftRecord:
-        """Store a drift report on the server against `ref` (refused there unless the report's statistics are that version's)."""
+        """Store a drift report on the server against `ref` (refused there unless the report's statistics are that
+        version's)."""
         name, version = _split(ref)
         body = report.model_dump(mode="json") if hasattr(report, "model_dump") else report
         return DriftRecord.model_validate(
@@ -451,8 +456,8 @@ class RemoteRegistry(ModelRegistry):
 
     @contextmanager
     def _model_download(self, ref: str, fmt: str | None) -> Iterator[tuple[Path, ModelFile]]:
-        """GET .../model into a temporary file, its sha256 checked against X-Normbridge-Digest and its version and format
-        headers against what was asked; yields (the file, a ModelFile of those without data)."""
+        """GET .../model into a temporary file, its sha256 checked against X-Normbridge-Digest and its version and
+        format headers against what was asked; yields (the file, a ModelFile of those without data)."""
         name, version = _split(ref)
         path = f"/models/{_q(name)}/versions/{_q(version)}/model?format={_q(fmt or 'source')}"
         with self._download(path, f"downloading {ref}") as (body, headers):
@@ -469,7 +474,8 @@ class RemoteRegistry(ModelRegistry):
             yield body, ModelFile(served, written, b"", got)
 
     def model_file(self, ref: str, fmt: str | None = None, progress=None) -> ModelFile:
-        """The version as one file from GET .../model (streamed; its sha256 must be the X-Normbridge-Digest the server sent)."""
+        """The version as one file from GET .../model (streamed; its sha256 must be the X-Normbridge-Digest the server
+        sent)."""
         with self._model_download(ref, fmt) as (body, file):
             return ModelFile(file.ref, file.format, body.read_bytes(), file.sha256)
 
@@ -494,7 +500,8 @@ class RemoteRegistry(ModelRegistry):
             return self._pull_folder(ref, path, progress)
 
     def _pull_folder(self, ref: str, path: str | Path, progress=None) -> PullResult:
-        """The version's bundle (extracted to disk, each blob re-hashed) written as the folder it was registered from."""
+        """The version's bundle (extracted to disk, each blob re-hashed) written as the folder it was registered
+        from."""
         with self._bundle_on_disk(ref) as (manifest, get, version):
             target = folder_target(path, version)
             written = write_version_folder(manifest, get, 4, target, progress)
@@ -519,14 +526,16 @@ class RemoteRegistry(ModelRegistry):
         return read_back(file.ref, file.format, self.manifest(file.ref).framework, file.data)
 
     def _folder_format(self, ref: str, fmt: str | None) -> str | None:
-        """The folder format `ref` is given back in when `fmt` asks for its source (or that folder format); else None."""
+        """The folder format `ref` is given back in when `fmt` asks for its source (or that folder format);
+        else None."""
         if fmt not in (None, "source", *FOLDER_FORMATS):
             return None
         structure = self.manifest(ref).structure
         return structure.format if structure is not None and structure.format in FOLDER_FORMATS else None
 
     def export(self, ref: str, to: str, folder: str | Path):
-        """Download the version's bundle (re-hashed) and write each normalization layer locally, as `Registry.export` does."""
+        """Download the version's bundle (re-hashed) and write each normalization layer locally,
+        as `Registry.export` does."""
         with self._bundle(ref) as (artifact, version):
             return export_layers(artifact.manifest, list(artifact.specs), to, folder, version)
 
@@ -535,8 +544,9 @@ class RemoteRegistry(ModelRegistry):
 
 
 def served_ref(url: str, requested: str, announced: str | None) -> str:
-    """The NAME@N a server says it sent for `requested`: a version of the model asked for (the very one when a number was
-    asked), else IntegrityError. The answer names files (NAME-N.onnx), so a header such as '../../x@1' is never used."""
+    """The NAME@N a server says it sent for `requested`: a version of the model asked for (the very one when a number
+    was asked), else IntegrityError. The answer names files (NAME-N.onnx),
+    so a header such as '../../x@1' is never used."""
     name, suffix = _split(requested)
     number = re.fullmatch(rf"{re.escape(name)}@([1-9][0-9]{{0,17}})", announced or "")
     if number is None or (suffix.isdigit() and int(suffix) != int(number.group(1))):
@@ -549,7 +559,8 @@ def served_ref(url: str, requested: str, announced: str | None) -> str:
 
 
 def served_format(url: str, requested: str, fmt: str | None, announced: str | None) -> str:
-    """The format a server says it sent: one `pull` writes, and the one asked for unless that was 'source'; else IntegrityError."""
+    """The format a server says it sent: one `pull` writes, and the one asked for unless that was 'source';
+    else IntegrityError."""
     if announced not in SUFFIXES or (fmt not in (None, "source") and announced != fmt):
         expected = f"'{fmt}'" if fmt not in (None, "source") else f"one of {', '.join(SUFFIXES)}"
         raise IntegrityError(
@@ -590,7 +601,8 @@ def _audit(e: dict) -> AuditRecord:
 
 
 def check_result(document: dict):
-    """A CheckResult from its JSON; errors that overflowed to inf/NaN arrive as null (JSON has neither) and come back as NaN."""
+    """A CheckResult from its JSON; errors that overflowed to inf/NaN arrive as null
+    (JSON has neither) and come back as NaN."""
     document = copy.deepcopy(document)
     for _ in range(8):  # one pass per nesting of nulls is plenty; a report that still fails is returned as None
         try:
@@ -608,7 +620,8 @@ def check_result(document: dict):
 
 
 def _rebuild(cls: type[NormbridgeError], message: str, body: dict) -> NormbridgeError:
-    """An error of `cls` carrying the server's message as is (it already names the layer), its layer, setting and report."""
+    """An error of `cls` carrying the server's message as is (it already names the layer), its layer,
+    setting and report."""
     error = cls.__new__(cls)
     NormbridgeError.__init__(error, message)
     error.layer, error.setting = body.get("layer"), body.get("setting")

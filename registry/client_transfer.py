@@ -1,4 +1,5 @@
-"""Moving bytes to and from a registry server: streamed uploads and downloads with byte progress, safe bundle extraction.
+"""Moving bytes to and from a registry server: streamed uploads and downloads with byte progress,
+safe bundle extraction.
 
 Nothing is held in memory whole: a model file or an artifact folder (tarred on the fly, so its
 Content-Length is known before the first byte) is read in chunks as the request body, and a
@@ -108,7 +109,8 @@ def artifact_members(manifest: ArtifactManifest, blobs: BlobMap, skip: frozenset
 
 
 def _gated_digests(manifest_path: Path) -> set[str]:
-    """Digests of the normalizers' tensors and the structure parts; empty when the manifest is unreadable (the server reports that)."""
+    """Digests of the normalizers' tensors and the structure parts; empty when the manifest is unreadable
+    (the server reports that)."""
     try:
         return gated_digests(load_manifest(json.loads(manifest_path.read_text())))
     except Exception:  # noqa: BLE001 - the order is only an optimisation; the server names what is wrong

@@ -140,7 +140,8 @@ def diff_manifests(
 
 
 def _headline(identical, moved_weights, stats_layers, config_layers, normalizers, tensors, top_level) -> str:
-    """The headline, derived from the rows: every part counts tensor or normalizer rows, so it cannot contradict them."""
+    """The headline, derived from the rows: every part counts tensor or normalizer rows,
+    so it cannot contradict them."""
     if identical:
         return "identical content"
     parts = []

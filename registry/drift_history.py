@@ -3,9 +3,9 @@ running statistics, and an alert state moved one window at a time by a sustained
 
 The store API (the HTTP routes, the metrics endpoint and the pages call only these):
 
-- `record_window(registry, ref, window)`: store one `schemas.monitoring.DriftWindow` against version `ref`, returning its
-  `WindowRecord`. A bounded number of statements per window whatever its size: lock the version row, look the window up
-  by its content digest, read the state row, insert the window, insert every layer summary in one executemany, insert
+- `record_window(registry, ref, window)`: store one `schemas.monitoring.DriftWindow` against version `ref`, returning
+  its `WindowRecord`. A bounded number of statements per window whatever its size: lock the version row, look the window
+  up by its content digest, read the state row, insert the window, insert every layer summary in one executemany, insert
   the compressed per-channel arrays, write the state row (and an audit entry only when the state changes). The history
   is never rescanned. `store_window` does the same and also says whether the window was new.
 - A window's identity is its version and `window_digest`, the sha256 of its canonical content: every field as validated
@@ -21,20 +21,19 @@ The store API (the HTTP routes, the metrics endpoint and the pages call only the
 The rule (`DriftRule`): a layer is over threshold when some channel's standardized mean shift exceeds `shift` (0.5) or
 its |log variance ratio| exceeds `log_ratio` (log 2) by more than its sampling error allows: t standard errors, measured
 on the window's batches, t chosen so that a layer sitting at a threshold alarms in at most `false_alarm` (1%) of windows
-(converters/models/monitoring/sampling_error.py; a layer seen in one batch cannot alarm); each layer then gets the status
-the `drift` command gives it
-(drift_status.py): `unconverged_statistics` when the version's stored statistics never converged, `drift` when over
-with converged statistics, `ok` otherwise. A window is over when any layer's status is drift (unconverged layers never
-count); the state is `alert` when at least `k` (3) of the last `m` (5) windows are over, `warning` when at least one
-is, `ok` otherwise. Override with
-$NORMBRIDGE_DRIFT_SHIFT, $NORMBRIDGE_DRIFT_LOG_RATIO, $NORMBRIDGE_DRIFT_FALSE_ALARM, $NORMBRIDGE_DRIFT_K, $NORMBRIDGE_DRIFT_M.
-A serving fault (schemas.monitoring.ServingFault: a module served in train mode, running statistics changing between
-windows, a served graph computing batch statistics, sent by the collector; statistics_mismatch, added here when the
-window's statistics_digest is not the version's) makes the state `serving_fault` at once, with no k of m: it says the
-model is served wrongly, not that its traffic moved. The window is stored with its faults (a mismatched digest is no
-longer refused), and the next window without a fault puts the state back where the rule has it.
-Only serving windows move the state: offline checks (`drift --record`, drift_records.py) are shown beside it. Per-channel
-arrays are kept $NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summaries are kept.
+(converters/models/monitoring/sampling_error.py; a layer seen in one batch cannot alarm); each layer then gets the
+status the `drift` command gives it (drift_status.py): `unconverged_statistics` when the version's stored statistics
+never converged, `drift` when over with converged statistics, `ok` otherwise. A window is over when any layer's status
+is drift (unconverged layers never count); the state is `alert` when at least `k` (3) of the last `m` (5) windows are
+over, `warning` when at least one is, `ok` otherwise. Override with $NORMBRIDGE_DRIFT_SHIFT,
+$NORMBRIDGE_DRIFT_LOG_RATIO, $NORMBRIDGE_DRIFT_FALSE_ALARM, $NORMBRIDGE_DRIFT_K, $NORMBRIDGE_DRIFT_M. A serving fault
+(schemas.monitoring.ServingFault: a module served in train mode, running statistics changing between windows, a served
+graph computing batch statistics, sent by the collector; statistics_mismatch, added here when the window's
+statistics_digest is not the version's) makes the state `serving_fault` at once, with no k of m: it says the model is
+served wrongly, not that its traffic moved. The window is stored with its faults (a mismatched digest is no longer
+refused), and the next window without a fault puts the state back where the rule has it. Only serving windows move the
+state: offline checks (`drift --record`, drift_records.py) are shown beside it. Per-channel arrays are kept
+$NORMBRIDGE_DRIFT_RETENTION_DAYS days (30; 0 keeps them forever); the summaries are kept.
 """
 
 from __future__ import annotations
@@ -90,7 +89,8 @@ _last_sweep = [0.0]
 
 
 def rule() -> DriftRule:
-    """The rule in force: the defaults, overridden by $NORMBRIDGE_DRIFT_* (an unreadable value is an error naming it)."""
+    """The rule in force: the defaults, overridden by $NORMBRIDGE_DRIFT_* (an unreadable value is an error naming
+    it)."""
     values = {}
     for field, env in RULE_ENV.items():
         raw = os.environ.get(env)
@@ -134,7 +134,8 @@ def _naive(at: datetime) -> datetime:
 
 
 def _shifts(window: DriftWindow, reference: Reference, active: DriftRule) -> tuple[list[LayerShift], list[str], dict]:
-    """Each sent layer against the version's running statistics; the layers the version has none for; the arrays kept."""
+    """Each sent layer against the version's running statistics; the layers the version has none for;
+    the arrays kept."""
     shifts, unmatched, arrays = [], [], {}
     for layer in window.layers:
         ref = reference.layer(layer.name)
@@ -258,7 +259,8 @@ def record_window(registry, ref: str, window: DriftWindow | dict, active: DriftR
 def store_window(
     registry, ref: str, window: DriftWindow | dict, active: DriftRule | None = None
 ) -> tuple[WindowRecord, bool]:
-    """`record_window`, and whether the window was new (False: the same window was stored before, and comes back as stored)."""
+    """`record_window`, and whether the window was new (False: the same window was stored before, and comes back as
+    stored)."""
     window = window if isinstance(window, DriftWindow) else DriftWindow.model_validate(window)
     digest = window_digest(window)
     active = active or rule()
@@ -342,7 +344,8 @@ def store_window(
 
 
 def _sweep(session: Session, now: datetime) -> None:
-    """Drop the per-channel arrays older than the retention period, at most once a minute per process (one statement)."""
+    """Drop the per-channel arrays older than the retention period, at most once a minute per process
+    (one statement)."""
     days = retention_days()
     if days <= 0:
         return
@@ -481,7 +484,8 @@ def current(registry) -> list[VersionDrift]:
 
 
 def window_arrays(registry, window_id: int) -> dict | None:
-    """The per-channel arrays a window carried ({layer: {count, mean, var}}), or None once the retention period dropped them."""
+    """The per-channel arrays a window carried ({layer: {count, mean, var}}),
+    or None once the retention period dropped them."""
     with _read(registry) as session:
         row = session.get(DriftArraysRow, window_id)
         return None if row is None else json.loads(zlib.decompress(row.data))

@@ -51,10 +51,10 @@ def _as_report(report) -> DriftReport:
 
 
 def check_consistent(report: DriftReport, reference) -> None:
-    """Refuse (InvalidReferenceError, HTTP 422, naming the first layer and setting at fault) a report that does not say what
-    its own numbers say: an alarm not given by its thresholds, alarms, unconverged layers or a verdict other than its
-    layers', a number that is not finite, or a layer the version does not have. The server cannot re-measure an offline
-    report; it can refuse one that contradicts itself."""
+    """Refuse (InvalidReferenceError, HTTP 422, naming the first layer and setting at fault) a report that does not say
+    what its own numbers say: an alarm not given by its thresholds, alarms, unconverged layers or a verdict other than
+    its layers', a number that is not finite, or a layer the version does not have. The server cannot re-measure an
+    offline report; it can refuse one that contradicts itself."""
     t, problems = report.thresholds, []  # (layer or None, setting, what is wrong)
     for layer in report.layers:
         numbers = (layer.max_shift, layer.mean_shift, layer.max_abs_log_ratio, layer.mean_abs_log_ratio)
@@ -102,8 +102,8 @@ def check_consistent(report: DriftReport, reference) -> None:
 
 
 def check_belongs(registry, version, report: DriftReport) -> None:
-    """Refuse a report computed on a model whose running statistics are not `version`'s (their digests differ), or one that
-    contradicts itself (check_consistent)."""
+    """Refuse a report computed on a model whose running statistics are not `version`'s (their digests differ), or one
+    that contradicts itself (check_consistent)."""
     reference = reference_of(registry, version)
     expected = reference.digest
     if report.statistics_digest is None:
@@ -175,7 +175,8 @@ def drift_reports(registry, ref: str) -> list[DriftRecord]:
 
 
 def offline_check(registry, version) -> OfflineCheck | None:
-    """The newest check recorded against `version` (a VersionRecord) and how many there are, in two queries; None when none was."""
+    """The newest check recorded against `version` (a VersionRecord) and how many there are, in two queries;
+    None when none was."""
     with Session(registry.meta.engine.execution_options(**{READ_ONLY: True})) as session:
         version_id = queries.version_id(session, version.model, version.number)
         checks = session.scalar(

@@ -1,5 +1,5 @@
-"""A version's running statistics, as the drift history compares serving windows with them (read once per version, cached),
-with each layer's batch counter and momentum, which the convergence rule reads (drift_status.py).
+"""A version's running statistics, as the drift history compares serving windows with them (read once per version,
+cached), with each layer's batch counter and momentum, which the convergence rule reads (drift_status.py).
 
 Versions are immutable, so the statistics are cached by the version's artifact digest. A layer sent by a collector is
 found by the normalizer's path in the manifest, or by the name its running-mean tensor carries without the suffix
@@ -104,7 +104,8 @@ def _tracked(registry, manifest, names: dict[str, str]) -> int | None:
 
 
 def _batch_weight(spec: dict) -> float | None:
-    """The momentum as the weight of a new batch (Keras and ONNX store the running weight: complemented on its decimal)."""
+    """The momentum as the weight of a new batch (Keras and ONNX store the running weight: complemented on its
+    decimal)."""
     momentum = spec.get("momentum")
     if momentum is None:
         return None

@@ -46,8 +46,8 @@ class EarlyStaging:
 
     @classmethod
     def start(cls, model: Any, store: BlobStore) -> EarlyStaging | None:
-        """Early staging of `model` when it is a checkpoint folder (a folder with a config.json) and `store` writes blobs
-        before their digest is known; else None."""
+        """Early staging of `model` when it is a checkpoint folder (a folder with a config.json) and `store` writes
+        blobs before their digest is known; else None."""
         if not (store.stages_unnamed and isinstance(model, (str, Path))):
             return None
         folder = Path(model)

@@ -23,10 +23,10 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 class VersionRecord:
     """One immutable version of a model: its artifact digest, manifest, lineage and servable verdict.
 
-    `servable` is None only for a version registered before the verdict existed and not yet assessed; `hazards` are
-    the warning- and error-level hazards found in it, each a dict with layer, code, severity, message and blocking.
-    `structure_checked` is True when a safe reader accepted its stored structure at registration (so `pull` need not read
-    the rebuilt file back), None for a version registered before that was recorded.
+    `servable` is None only for a version registered before the verdict existed and not yet assessed; `hazards` are the
+    warning- and error-level hazards found in it, each a dict with layer, code, severity, message and blocking.
+    `structure_checked` is True when a safe reader accepted its stored structure at registration (so `pull` need not
+    read the rebuilt file back), None for a version registered before that was recorded.
     """
 
     model: str
@@ -90,8 +90,8 @@ class AuditRecord:
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
-    """'name@N' / 'name@alias' / 'name' -> (name, suffix or None); 'name@latest' is 'name' (no alias may be called latest),
-    as in the HTTP API's paths."""
+    """'name@N' / 'name@alias' / 'name' -> (name, suffix or None); 'name@latest' is 'name' (no alias may be called
+    latest), as in the HTTP API's paths."""
     name, at, suffix = ref.rpartition("@")
     if not at:
         name, suffix = ref, None

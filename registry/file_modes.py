@@ -1,12 +1,13 @@
 """The modes of what the registry creates on disk: private to its owner, or shared with a team's group when configured.
 
 Why: the database and the blobs hold every registered model, so by default no other local user may read them: folders
-are created 0700, the database 0600 and blobs (read-only once written) 0400, whatever the umask allows. A team that shares
-one NORMBRIDGE_HOME (a folder of its group with the setgid bit, mode 2775 or 2770) sets NORMBRIDGE_SHARED_GROUP=1: folders
-are then created 2770 (the setgid bit keeps the group on everything created inside), the database 0660 and blobs 0440, so
-the group reads and writes the registry and other users read nothing. SQLite creates its -wal, -shm and -journal files
-with the database file's own mode, so creating the database with its mode covers them. Files and folders that already
-exist are left as they are (docs/registry.md says how to tighten an older registry).
+are created 0700, the database 0600 and blobs (read-only once written) 0400, whatever the umask allows. A team that
+shares one NORMBRIDGE_HOME (a folder of its group with the setgid bit, mode 2775 or 2770) sets
+NORMBRIDGE_SHARED_GROUP=1: folders are then created 2770 (the setgid bit keeps the group on everything created inside),
+the database 0660 and blobs 0440, so the group reads and writes the registry and other users read nothing. SQLite
+creates its -wal, -shm and -journal files with the database file's own mode, so creating the database with its mode
+covers them. Files and folders that already exist are left as they are (docs/registry.md says how to tighten an older
+registry).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def make_folder(path: Path, modes: FileModes | None = None) -> None:
 
 
 def create_file(path: Path, modes: FileModes | None = None) -> None:
-    """Create the empty file `path` with `modes.file` unless it exists (SQLite then opens it as a new database, and gives its
-    journals the same mode)."""
+    """Create the empty file `path` with `modes.file` unless it exists (SQLite then opens it as a new database, and
+    gives its journals the same mode)."""
     modes = modes or current()
     try:
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), modes.file)

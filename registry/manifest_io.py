@@ -32,8 +32,8 @@ BUNDLE_ERROR_FILE = "normbridge-error.json"
 
 @dataclass
 class Artifact:
-    """A manifest, the blobs it references (digest -> bytes; an extracted model's are a streamed_blobs.BlobMap, which reads
-    each tensor's blob only when asked, and a chunk at a time through `chunks`) and the normalizer specs.
+    """A manifest, the blobs it references (digest -> bytes; an extracted model's are a streamed_blobs.BlobMap, which
+    reads each tensor's blob only when asked, and a chunk at a time through `chunks`) and the normalizer specs.
 
     `sites` is how many normalization layers the model holds, as its reader found them (None for a saved artifact
     folder, whose manifest is all there is): the registry's gate refuses a registration that checks fewer.
@@ -81,7 +81,8 @@ def _spec(path: str, config: dict, tensors: dict[str, np.ndarray]) -> NormSpec:
 
 
 def blob_chunks(blobs: MutableMapping[str, bytes], digest: str) -> Iterator[bytes]:
-    """The bytes of blob `digest` a chunk at a time where `blobs` streams them (streamed_blobs.BlobMap), else at once."""
+    """The bytes of blob `digest` a chunk at a time where `blobs` streams them (streamed_blobs.BlobMap),
+    else at once."""
     if isinstance(blobs, BlobMap):
         yield from blobs.chunks(digest)
     else:

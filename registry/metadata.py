@@ -52,7 +52,8 @@ class MetadataStore(MetadataReads):
         self.engine.dispose()
 
     def upgrade(self) -> None:
-        """Apply every pending Alembic migration (upgrade head); a database at the head is left alone without loading Alembic."""
+        """Apply every pending Alembic migration (upgrade head); a database at the head is left alone without loading
+        Alembic."""
         if at_head(self.engine):
             return
         from alembic import command
@@ -82,8 +83,9 @@ class MetadataStore(MetadataReads):
 
         `guard(session)` runs first inside that transaction and may refuse: the registry ends the registration's blob
         lease there (registry/blob_leases.py), atomically with the blob references that replace it. `verdict` is
-        (servable, hazards) as registry/service/servable.py computed it; a version that is not servable says so in
-        its audit entry. `structure_checked`: a safe reader accepted the stored structure (registry/service/structure_check.py).
+        (servable, hazards) as registry/service/servable.py computed it; a version that is not servable says so in its
+        audit entry. `structure_checked`: a safe reader accepted the stored structure
+        (registry/service/structure_check.py).
         """
         if not model or "@" in model:
             raise RegistryError(f"model name {model!r} is not allowed; use a non-empty name without '@'")

@@ -71,7 +71,8 @@ def tracking_uri(explicit: str | None) -> str:
 
 
 def _client(uri: str):
-    """A client bound to `uri`; an HTTP server that does not answer fails in seconds, not after MLflow's minutes of retries."""
+    """A client bound to `uri`; an HTTP server that does not answer fails in seconds,
+    not after MLflow's minutes of retries."""
     from mlflow.tracking import MlflowClient
 
     if uri.startswith(("http://", "https://")):
@@ -329,7 +330,8 @@ def _download(model_uri: str, uri: str, folder: Path) -> Path:
 
 
 def _download_with(client, model_uri: str, uri: str, folder: Path) -> str:
-    """Download `model_uri`, resolving models:/ URIs on OUR client: MLflow 3.17 resolves them on the global registry URI."""
+    """Download `model_uri`, resolving models:/ URIs on OUR client: MLflow 3.17 resolves them on the global registry
+    URI."""
     import mlflow.artifacts
     from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
     from mlflow.store.artifact.utils.models import get_model_name_and_version
@@ -348,7 +350,8 @@ def _download_with(client, model_uri: str, uri: str, folder: Path) -> str:
 
 
 def locate_model_file(local: Path, bundle: bool = True) -> tuple[str, Path]:
-    """(flavour, file) of a downloaded MLflow model folder (or pushed normbridge bundle), preferring formats that load without pickle.
+    """(flavour, file) of a downloaded MLflow model folder (or pushed normbridge bundle),
+    preferring formats that load without pickle.
 
     Reads only the MLmodel YAML and file names: nothing in the model is deserialised here.
     """
@@ -391,7 +394,8 @@ def locate_model_file(local: Path, bundle: bool = True) -> tuple[str, Path]:
 
 
 def rebuilt_bundle(local: Path, folder: Path) -> Path:
-    """The bundle of a version pushed with its model file: the pushed manifest, with blobs read from the file MLflow holds.
+    """The bundle of a version pushed with its model file: the pushed manifest,
+    with blobs read from the file MLflow holds.
 
     The file is read as any MLflow model is (locate_model_file, then the framework's safe reader); it must hold exactly
     what the manifest says (same content digest), or nothing is registered.

@@ -1,4 +1,5 @@
-"""The runnable MLflow model `normbridge mlflow push` writes beside a version's manifest, so MLflow can load, serve and install it.
+"""The runnable MLflow model `normbridge mlflow push` writes beside a version's manifest, so MLflow can load,
+serve and install it.
 
 The pushed folder is both: the normbridge artifact (manifest.json; its blobs too when the version has no model file) and
 an MLflow model (MLmodel and the model file), so `mlflow.pyfunc.load_model("models:/NAME/N")`, `mlflow models predict`
@@ -37,7 +38,8 @@ _BUILTIN_TREE_MODULES = ("builtins", "collections", "torch")
 
 
 def write_mlflow_model(registry, ref: str, folder: Path) -> str | None:
-    """Add the MLflow model of version `ref` into `folder`; the flavour written, or None when the version has no model file."""
+    """Add the MLflow model of version `ref` into `folder`; the flavour written,
+    or None when the version has no model file."""
     manifest = registry.manifest(ref)
     if (
         manifest.structure is None or manifest.structure.format in REGISTRY.folder_formats()
@@ -62,8 +64,8 @@ def write_mlflow_model(registry, ref: str, folder: Path) -> str | None:
 
 def pinned(module: str) -> str:
     """The requirement installing `module` at the version installed here, as PyPI names it: 'torch==2.13.0' for torch
-    2.13.0+cpu (a local version label is no release PyPI holds), 'tensorflow_cpu==2.21.0' where that provides tensorflow;
-    the bare name when no installed distribution provides the module."""
+    2.13.0+cpu (a local version label is no release PyPI holds), 'tensorflow_cpu==2.21.0' where that provides
+    tensorflow; the bare name when no installed distribution provides the module."""
     from packaging.version import Version
 
     top = module.split(".")[0]
@@ -107,7 +109,8 @@ def describe_inputs(target: Path, signature, example: dict | None) -> None:
         return
     meta = Model.load(str(target / MLMODEL))
     meta.signature = signature
-    try:  # MLflow's private writer of an example (mlflow.models.utils._save_example), the one that does not run the model
+    # MLflow's private writer of an example (mlflow.models.utils._save_example), the one that does not run the model
+    try:
         from mlflow.models.utils import _save_example
 
         _save_example(meta, example, str(target))

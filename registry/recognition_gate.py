@@ -1,4 +1,5 @@
-"""What a registration does with normalization it cannot check: refuse it, or hold it unchecked by request; never pass it.
+"""What a registration does with normalization it cannot check: refuse it, or hold it unchecked by request;
+never pass it.
 
 A model can hold layers that look like normalizations and that no recognizer proved (a hand-rolled
 class, a spelling normbridge does not read). The equivalence gate checks only what was recognised, so
@@ -19,7 +20,8 @@ UNRECOGNISED = "unrecognised_normalization"
 #: The manifest entry standing for a model in which no normalization was found at all.
 WHOLE_MODEL = "<model>"
 #: Model hazards that say why a model holds no normalization layer: the refusal quotes them (an ONNX graph whose
-#: BatchNorms an exporter folded into the Conv weights has none left to check, and the user needs to know how to keep them).
+#: BatchNorms an exporter folded into the Conv weights has none left to check, and the user needs to know how to keep
+#: them).
 EXPLAINS_NONE = ("folded_batchnorm",)
 
 
@@ -57,7 +59,8 @@ def unchecked(manifest: ArtifactManifest) -> list[UnrecognisedLayer]:
 
 
 def admit(manifest: ArtifactManifest, allow_unrecognised: bool) -> ArtifactManifest:
-    """`manifest`, holding every unchecked layer, when it has none or they are allowed; UnrecognisedNormalizationError otherwise."""
+    """`manifest`, holding every unchecked layer, when it has none or they are allowed;
+    UnrecognisedNormalizationError otherwise."""
     found = unchecked(manifest)
     if not found or allow_unrecognised:
         return manifest.model_copy(update={"unrecognised": found})

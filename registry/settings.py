@@ -94,7 +94,8 @@ def gate_worker() -> tuple[Path, float] | None:
     """(folder, idle seconds) of the shared gate worker the CLI uses, or None for a private worker per process.
 
     Raises:
-        RegistryError: NORMBRIDGE_GATE_WORKER is neither 'shared' nor 'private', or NORMBRIDGE_WORKER_IDLE is not a positive number.
+        RegistryError: NORMBRIDGE_GATE_WORKER is neither 'shared' nor 'private',
+            or NORMBRIDGE_WORKER_IDLE is not a positive number.
     """
     mode = os.environ.get(GATE_WORKER_ENV, "shared").strip().lower() or "shared"
     if mode not in ("shared", "private"):

@@ -1,4 +1,5 @@
-"""A version's state dict as one safetensors file, the Hugging Face convention: tensors by name, normalizer specs in the metadata.
+"""A version's state dict as one safetensors file, the Hugging Face convention: tensors by name,
+normalizer specs in the metadata.
 
 Keys are the model's own tensor names (torch state_dict keys, Keras variable paths, ONNX initializer names), so the
 file of a torch version loads with `load_state_dict(safetensors.torch.load_file(f), strict=True)`. Left out: the

@@ -23,7 +23,8 @@ _CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
 
 
 def blob_header(dtype: str, shape: list[int], nbytes: int) -> bytes:
-    """The 8-byte length and JSON header safetensors writes for one tensor named "tensor" (padded with spaces to 8 bytes)."""
+    """The 8-byte length and JSON header safetensors writes for one tensor named "tensor"
+    (padded with spaces to 8 bytes)."""
     text = json.dumps(
         {"tensor": {"dtype": _CODES[dtype], "shape": list(shape), "data_offsets": [0, nbytes]}}, separators=(",", ":")
     )

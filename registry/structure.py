@@ -1,4 +1,5 @@
-"""A model's structure in the blob store: each part (a file of the model's format without tensor bytes) as a uint8 tensor blob.
+"""A model's structure in the blob store: each part (a file of the model's format without tensor bytes) as a uint8
+tensor blob.
 
 Parts are single-tensor safetensors blobs like every tensor (registry/tensor_blobs.py), so the store, the bundle
 upload, gc and verify treat them the same way and identical structure is stored once: a fine-tune that moved only
@@ -18,7 +19,8 @@ from .tensor_blobs import tensor_blob, tensor_from_blob
 
 
 def structure_record(parts, blobs: dict[str, bytes]) -> ModelStructure | None:
-    """The manifest's record of `parts` (converters.model_structure.StructureParts or None); each part's blob goes into `blobs`."""
+    """The manifest's record of `parts` (converters.model_structure.StructureParts or None);
+    each part's blob goes into `blobs`."""
     if parts is None:
         return None
     refs = {}

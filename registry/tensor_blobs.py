@@ -46,8 +46,8 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def tensor_view(data: bytes, ref: TensorRef, name: str) -> np.ndarray:
-    """The tensor in a blob as a read-only view of its bytes (no decode, no copy), checked against its manifest entry from
-    the header (check_tensor_header): what `pull` reads, where every tensor is written out once anyway."""
+    """The tensor in a blob as a read-only view of its bytes (no decode, no copy), checked against its manifest entry
+    from the header (check_tensor_header): what `pull` reads, where every tensor is written out once anyway."""
     check_tensor_header(data, ref, name)
     start = 8 + int.from_bytes(data[:8], "little")
     dtype = numpy_dtype(ref.dtype)
@@ -100,7 +100,8 @@ def check_tensor_header(data: bytes, ref: TensorRef, name: str, total: int | Non
 
 
 def stored_tensor_problem(name: str, record: dict, data: bytes | None = None) -> str | None:
-    """Why a stored version's tensor is not what its manifest row says, or None: for `verify`, which reads rows as stored.
+    """Why a stored version's tensor is not what its manifest row says, or None: for `verify`,
+    which reads rows as stored.
 
     The row's dtype, shape and byte length must agree with each other and, when the blob's bytes `data` are given,
     with its safetensors header.

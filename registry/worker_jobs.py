@@ -1,17 +1,17 @@
 """The CLI's gate, and a registration as a job of the warm shared gate worker: a CLI process that finds it running
 imports no framework.
 
-`cli_gate` is the one place that reads the settings choosing where a CLI process's gate runs (registry/settings.py:
-the shared worker, or a child of each process) and builds that `Gate`; the shared worker is started with this module's
-jobs (`worker_jobs`, registered explicitly: the worker calls the function the CLI passed, converters/gate/shared_worker.py).
+`cli_gate` is the one place that reads the settings choosing where a CLI process's gate runs (registry/settings.py: the
+shared worker, or a child of each process) and builds that `Gate`; the shared worker is started with this module's jobs
+(`worker_jobs`, registered explicitly: the worker calls the function the CLI passed, converters/gate/shared_worker.py).
 
-Why: a cold `normbridge register` of a .pt2 spent about 2.4 s of its 4 s importing torch and torch's .pt2
-deserializer (which imports torch._dynamo), work the shared worker (converters/gate/shared_worker.py) did once
-when it started. When that worker runs, the CLI sends it the registration (the store's locations, the
-user, the model's path and the options) and prints what comes back: the worker runs `Registry.register`
-itself, the same code on the same store, with every framework's checks of the gate in its own process. Errors come back as
-their class, message, layer and setting, so the exit code and the message are the ones an in-process
-registration gives (a relative model path is named as the caller gave it).
+Why: a cold `normbridge register` of a .pt2 spent about 2.4 s of its 4 s importing torch and torch's .pt2 deserializer
+(which imports torch._dynamo), work the shared worker (converters/gate/shared_worker.py) did once when it started. When
+that worker runs, the CLI sends it the registration (the store's locations, the user, the model's path and the options)
+and prints what comes back: the worker runs `Registry.register` itself, the same code on the same store, with every
+framework's checks of the gate in its own process. Errors come back as their class, message, layer and setting, so the
+exit code and the message are the ones an in-process registration gives (a relative model path is named as the caller
+gave it).
 
 Only a registry of a local SQLite database and a local blob folder is registered this way: both are paths
 the worker, a process of the same user, opens as the caller would; a server's credentials may live in the
@@ -23,11 +23,11 @@ version or the whole one: the caller then registers in process, which finds iden
 The worker's gate spreads its checks over two processes (a `ChildWorkerGate` with `spread`, converters/gate/gates.py):
 the Keras checks of a .pt2's normalizers (the torch checks of a .keras model's) run in a second warm process, the
 worker's child, while the worker runs the others, so on two cores a registration's gate takes about its longest
-framework per normalizer instead of their sum. That child is started when the worker has run its first registration (not before: its imports, several
-seconds of CPU, would slow the first registration on a machine, which the CLI runs while the worker starts), is kept for
-every later one, and holds TensorFlow and torch a second time (about 0.8 GB); NORMBRIDGE_SPREAD_LEGS=0 in the caller's environment
-turns it off (the caller then reaches a worker of its own: shared_worker.worker_environment), as does a machine with one
-core, where it gains nothing.
+framework per normalizer instead of their sum. That child is started when the worker has run its first registration (not
+before: its imports, several seconds of CPU, would slow the first registration on a machine, which the CLI runs while
+the worker starts), is kept for every later one, and holds TensorFlow and torch a second time (about 0.8 GB);
+NORMBRIDGE_SPREAD_LEGS=0 in the caller's environment turns it off (the caller then reaches a worker of its own:
+shared_worker.worker_environment), as does a machine with one core, where it gains nothing.
 """
 
 from __future__ import annotations
@@ -90,8 +90,9 @@ def register_in_worker(
     allow_unrecognised: bool,
     progress: Progress | None = None,
 ) -> Registration | None:
-    """`Registry(db, blobs).register(name, model, ...)` run by the shared worker of `folder`, if one runs and the registry
-    is local; None when it was not run there (the caller registers in process). Raises the registration's error."""
+    """`Registry(db, blobs).register(name, model, ...)` run by the shared worker of `folder`, if one runs and the
+    registry is local; None when it was not run there (the caller registers in process).
+    Raises the registration's error."""
     store = local_store(db, blobs)
     if store is None or os.environ.get(SWITCH_ENV) == "0" or os.environ.get(FAULT_ENV) or not Path(model).exists():
         return None
@@ -124,8 +125,8 @@ _GATE = ChildWorkerGate()
 
 
 def register_job(args: dict, progress: Callable[[list], None]) -> dict:
-    """The worker's side: the registration `register_in_worker` asked for, every framework's checks in this process (some
-    in its spread child from the second job on)."""
+    """The worker's side: the registration `register_in_worker` asked for, every framework's checks in this process
+    (some in its spread child from the second job on)."""
     from .service import Registry  # the worker's side only: a CLI that hands the job over never imports it
 
     for (

@@ -90,7 +90,8 @@ def writable(target: str | os.PathLike, folder: bool = False) -> Path:
 
 @contextlib.contextmanager
 def _refused_as_output(target: Path) -> Iterator[None]:
-    """What the system refuses while making or publishing `target` (a read-only or full disk, /proc) as an OutputPathError."""
+    """What the system refuses while making or publishing `target` (a read-only or full disk, /proc) as an
+    OutputPathError."""
     try:
         yield
     except OSError as error:
@@ -98,7 +99,8 @@ def _refused_as_output(target: Path) -> Iterator[None]:
 
 
 def make_folder(target: str | os.PathLike) -> Path:
-    """Create the output folder `target` (and its parents), or raise OutputPathError naming it and what is in the way."""
+    """Create the output folder `target` (and its parents), or raise OutputPathError naming it and what is in the
+    way."""
     target = writable(target, folder=True)
     with _refused_as_output(target):
         target.mkdir(parents=True, exist_ok=True)

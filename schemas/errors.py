@@ -69,8 +69,9 @@ class InputFileError(NormbridgeError):
 
 
 class OutputPathError(NormbridgeError):
-    """An output path normbridge cannot write: its folder is a file or missing and cannot be made, it is a folder where a
-    file goes (or a file where a folder goes), or the system refused the write (permissions, a read-only or full disk)."""
+    """An output path normbridge cannot write: its folder is a file or missing and cannot be made, it is a folder where
+    a file goes (or a file where a folder goes), or the system refused the write
+    (permissions, a read-only or full disk)."""
 
     code = "bad_output_path"
 
@@ -104,9 +105,9 @@ class RegistryError(NormbridgeError):
 
 
 class InvalidReferenceError(RegistryError):
-    """A model name, alias or version reference that is not well formed (`a b`, `cnn@@1`, an alias called `latest` or `42`),
-    or a drift report that contradicts its own numbers: a malformed request (HTTP 422 invalid_request, a usage error on the
-    command line), not one the registry refused."""
+    """A model name, alias or version reference that is not well formed (`a b`, `cnn@@1`, an alias called `latest` or
+    `42`), or a drift report that contradicts its own numbers: a malformed request (HTTP 422 invalid_request, a usage
+    error on the command line), not one the registry refused."""
 
     code = "invalid_request"
 
@@ -130,26 +131,29 @@ class PayloadTooLargeError(NormbridgeError):
 
 
 class UntrustedRequestError(NormbridgeError):
-    """A server refused a request whose Host, Origin, Referer or Sec-Fetch-Site does not name the server itself (HTTP 403):
-    a DNS-rebinding or cross-site request forgery; `setting` names the header."""
+    """A server refused a request whose Host, Origin, Referer or Sec-Fetch-Site does not name the server itself (HTTP
+    403): a DNS-rebinding or cross-site request forgery; `setting` names the header."""
 
     code = "untrusted_request"
 
 
 class UnsupportedMediaTypeError(NormbridgeError):
-    """A server refused a request body whose Content-Type the endpoint does not take, e.g. a form on a JSON endpoint (HTTP 415)."""
+    """A server refused a request body whose Content-Type the endpoint does not take, e.g.
+    a form on a JSON endpoint (HTTP 415)."""
 
     code = "unsupported_media_type"
 
 
 class UnrecognisedNormalizationError(NormbridgeError):
-    """A model holds layers that look like normalizations and that no recognizer proved, so the gate cannot check them."""
+    """A model holds layers that look like normalizations and that no recognizer proved,
+    so the gate cannot check them."""
 
     code = "unrecognised_normalization"
 
 
 class NotServableError(RegistryError):
-    """A guarded alias (production by default) was to point at a version whose verdict is not servable; `--force` overrides, audited."""
+    """A guarded alias (production by default) was to point at a version whose verdict is not servable;
+    `--force` overrides, audited."""
 
     code = "not_servable"
 
@@ -236,7 +240,8 @@ HTTP_STATUSES: dict[type[NormbridgeError], int] = {
 
 
 def error_class_for_code(code: str) -> type[NormbridgeError]:
-    """The error class whose stable `code` this is (NormbridgeError for unknown codes): HTTP clients re-raise server errors with it."""
+    """The error class whose stable `code` this is (NormbridgeError for unknown codes):
+    HTTP clients re-raise server errors with it."""
     for cls in EXIT_CODES:
         if cls.code == code:
             return cls

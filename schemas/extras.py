@@ -1,9 +1,9 @@
 """Which pip extra brings each optional package normbridge imports, so a missing one is a one-line error naming it.
 
-The core install (numpy, pydantic, safetensors, typer, rich, SQLAlchemy, Alembic, httpx) runs every command's parsing and
-the registry's SQLite store; each framework and service comes with an extra of pyproject.toml. `tests/test_extras.py`
-holds this table to pyproject.toml (every package listed in its extra) and to the code (every third-party import outside
-the core is listed here).
+The core install (numpy, pydantic, safetensors, typer, rich, SQLAlchemy, Alembic, httpx) runs every command's parsing
+and the registry's SQLite store; each framework and service comes with an extra of pyproject.toml.
+`tests/test_extras.py` holds this table to pyproject.toml (every package listed in its extra) and to the code (every
+third-party import outside the core is listed here).
 """
 
 from __future__ import annotations

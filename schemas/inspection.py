@@ -72,7 +72,8 @@ class Hazard(BaseModel):
 
 def momentum_text(spec: dict[str, Any]) -> str:
     """How a layer's running statistics move, from its `NormSpec.config_dict()`: '-' where it keeps none, 'frozen (never
-    updates)' for a frozen one (FrozenBatchNorm2d: its momentum field means nothing), else the momentum and convention."""
+    updates)' for a frozen one (FrozenBatchNorm2d: its momentum field means nothing),
+    else the momentum and convention."""
     if not spec.get("track_running_stats"):
         return "-"
     if spec.get("frozen"):
@@ -171,7 +172,8 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def dtype_text(spec: dict[str, Any] | None) -> str:
-    """The layer's dtype ('bfloat16'), with the dtype it computes in when that differs ('float16 (computes in float32)')."""
+    """The layer's dtype ('bfloat16'), with the dtype it computes in when that differs
+    ('float16 (computes in float32)')."""
     if spec is None or not spec.get("dtype"):
         return "-"
     compute = spec.get("compute_dtype")

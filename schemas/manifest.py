@@ -115,16 +115,16 @@ class ModelStructure(BaseModel):
 
 #: The fields of a manifest that say what the model computes: its content digest covers these and nothing else.
 CONTENT_FIELDS = ("framework", "format", "mode", "tensors", "normalizers", "structure")
-#: Provenance inside a normalizer's spec that says which reader read the file, not what the file computes: the same bytes
-#: read under torch 2.13 and 2.14 are the same content (kept in the manifest, left out of the content digest).
+#: Provenance inside a normalizer's spec that says which reader read the file, not what the file computes: the same
+#: bytes read under torch 2.13 and 2.14 are the same content (kept in the manifest, left out of the content digest).
 READER_FIELDS = ("framework_version",)
 
 
 def content_document(document: dict) -> dict:
     """The part of a manifest document (model_dump(mode="json")) that the content digest covers.
 
-    CONTENT_FIELDS, with each normalizer's `spec.source` stripped of READER_FIELDS: the version of the framework that read the
-    file is provenance, so a registry keeps recognising identical bytes across framework upgrades.
+    CONTENT_FIELDS, with each normalizer's `spec.source` stripped of READER_FIELDS: the version of the framework that
+    read the file is provenance, so a registry keeps recognising identical bytes across framework upgrades.
     """
     content = {name: document[name] for name in CONTENT_FIELDS if name in document}
     if "normalizers" in content:
@@ -171,7 +171,8 @@ class ArtifactManifest(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_empty_unrecognised(self, handler):
-        """Manifests without unrecognised layers or structure serialise (and so digest) exactly as before the fields existed."""
+        """Manifests without unrecognised layers or structure serialise (and so digest) exactly as before the fields
+        existed."""
         document = handler(self)
         for name in ("unrecognised", "structure"):
             if name in document and not document[name]:
@@ -188,8 +189,8 @@ class ArtifactManifest(BaseModel):
         return _digest_of(self.model_dump(mode="json"))
 
     def digests_and_document(self) -> tuple[str, str, dict]:
-        """(digest(), content_digest(), model_dump(mode="json")) from one dump: a registration stores all three, and each
-        dump of a 160-normalizer manifest with its equivalence report costs milliseconds."""
+        """(digest(), content_digest(), model_dump(mode="json")) from one dump: a registration stores all three, and
+        each dump of a 160-normalizer manifest with its equivalence report costs milliseconds."""
         document = self.model_dump(mode="json")
         return _digest_of(document), _digest_of(content_document(document)), document
 

@@ -35,7 +35,8 @@ State = Literal["ok", "warning", "alert", "serving_fault"]
 #: statistics (a training-mode batch_norm op, an ONNX BatchNormalization with training_mode=1), or served statistics
 #: whose digest is not the registered version's (the registry finds this one, on the window's statistics_digest).
 FaultKind = Literal["train_mode", "statistics_changed", "batch_statistics_in_graph", "statistics_mismatch"]
-#: Why a stored layer reads as it does: its input matches the statistics, its input moved, or the statistics never converged.
+#: Why a stored layer reads as it does: its input matches the statistics, its input moved,
+#: or the statistics never converged.
 LayerStatus = Literal["ok", "drift", "unconverged_statistics"]
 
 #: Channels one layer may send (a bound on the body; ResNet-50's widest BatchNorm has 2048).
@@ -69,7 +70,8 @@ class _Frozen(BaseModel):
 
 
 class LayerWindow(_Frozen):
-    """One normalization layer's input over a window: per-channel mean and population variance of `count` values per channel."""
+    """One normalization layer's input over a window: per-channel mean and population variance of `count` values per
+    channel."""
 
     name: str = Field(
         min_length=1,
@@ -128,7 +130,8 @@ class LayerWindow(_Frozen):
         return self
 
     def _check_errors(self) -> None:
-        """Standard errors come in pairs, one per channel, finite and non-negative, measured on at most `count` batches."""
+        """Standard errors come in pairs, one per channel, finite and non-negative,
+        measured on at most `count` batches."""
         if self.batches is not None and self.batches > self.count:
             raise ValueError(
                 f"layer '{self.name}': batches={self.batches} exceeds count={self.count}; each batch holds at least one value."
@@ -235,9 +238,10 @@ class DriftWindow(_Frozen):
 
 class DriftRule(_Frozen):
     """The sustained-shift rule: a layer is over a threshold when some channel's statistic exceeds it by more than its
-    sampling error allows (`false_alarm`, sampling_error.py); a window is over threshold when any layer's status is drift
-    (over, statistics converged); `alert` when at least `k` of the last `m` windows are over, `warning` when at least one of
-    them is, `ok` otherwise. A layer whose statistics never converged (unconverged_statistics) does not make its window over."""
+    sampling error allows (`false_alarm`, sampling_error.py); a window is over threshold when any layer's status is
+    drift (over, statistics converged); `alert` when at least `k` of the last `m` windows are over, `warning` when at
+    least one of them is, `ok` otherwise. A layer whose statistics never converged
+    (unconverged_statistics) does not make its window over."""
 
     shift: float = Field(
         0.5, gt=0, description="Max standardized mean shift |mean - running_mean| / sqrt(running_var + eps) of a layer."
@@ -343,9 +347,9 @@ class WindowRecord(_Frozen):
 
 
 class OfflineCheck(_Frozen):
-    """The newest offline check recorded against a version (`normbridge drift MODEL DATA --record NAME@N`), shown beside the
-    serving state and never counted in it: the data of an offline check is whatever file was given (a test set, a what-if
-    shift, the traffic of an alert under investigation), not the traffic the version serves."""
+    """The newest offline check recorded against a version (`normbridge drift MODEL DATA --record NAME@N`), shown beside
+    the serving state and never counted in it: the data of an offline check is whatever file was given (a test set, a
+    what-if shift, the traffic of an alert under investigation), not the traffic the version serves."""
 
     report: int = Field(description="The recorded report's id (its full report is in `reports`).")
     checked_at: datetime

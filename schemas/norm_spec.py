@@ -62,7 +62,8 @@ EXTENDED_DEFAULTS: dict[str, Any] = {
     "frozen": False,
     "synchronized": False,
 }
-#: Fields left out of `config_dict` at their default, so a manifest's content digest stays what it was before they existed.
+#: Fields left out of `config_dict` at their default, so a manifest's content digest stays what it was before they
+#: existed.
 DIGEST_QUIET_DEFAULTS: dict[str, Any] = {"state_dtype": None, "synchronized": False, "chosen_layout": None}
 
 
@@ -270,7 +271,8 @@ class NormSpec(BaseModel):
             )
 
     def extended_settings(self) -> dict[str, Any]:
-        """The settings beyond schema version 1's vocabulary this spec uses (what an adapter must hold to convert it)."""
+        """The settings beyond schema version 1's vocabulary this spec uses (what an adapter must hold to convert
+        it)."""
         used = {
             name: getattr(self, name) for name, default in EXTENDED_DEFAULTS.items() if getattr(self, name) != default
         }
@@ -306,9 +308,9 @@ class NormSpec(BaseModel):
         return NormSpec(**data)
 
     def config_dict(self) -> dict:
-        """Every field but the tensors, as JSON-ready Python values; those of DIGEST_QUIET_DEFAULTS only when set, because the
-        manifest's content digest hashes this dict: a model registered before the field existed must keep its digest (and
-        deduplicate)."""
+        """Every field but the tensors, as JSON-ready Python values; those of DIGEST_QUIET_DEFAULTS only when set,
+        because the manifest's content digest hashes this dict: a model registered before the field existed must keep
+        its digest (and deduplicate)."""
         config = self.model_dump(mode="json", exclude={"tensors"})
         for name, default in DIGEST_QUIET_DEFAULTS.items():
             if config.get(name, default) == default:

@@ -52,8 +52,9 @@ def load_tensors(data: bytes) -> dict[str, np.ndarray]:
 
 
 def save_tensors(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
-    """The safetensors bytes of `tensors` (and string `metadata`), the same bytes for the same content every time.
-    Only the metadata is reordered: the tensors' entries stay as safetensors writes them (a blob's digest depends on them)."""
+    """The safetensors bytes of `tensors` (and string `metadata`), the same bytes for the same content every time. Only
+    the metadata is reordered: the tensors' entries stay as safetensors writes them
+    (a blob's digest depends on them)."""
     data = _save(tensors, metadata=metadata)
     if not metadata or len(metadata) < 2:
         return data

@@ -164,7 +164,8 @@ class ServingHazard(_Result):
 
 
 class ExportResult(_Result):
-    """What `export_for_serving` did: exporter, verification per site, rewrites, contract, hazards, and whether it wrote."""
+    """What `export_for_serving` did: exporter, verification per site, rewrites, contract, hazards,
+    and whether it wrote."""
 
     source: str
     exporter: str
@@ -281,7 +282,8 @@ class DriftLayer(_Result):
 class DriftReport(_Result):
     """Verdict of `drift_check` over every BatchNorm layer, in execution order.
 
-    `alarms` lists the layers whose input moved (status 'drift'); `unconverged` those whose statistics never converged."""
+    `alarms` lists the layers whose input moved (status 'drift'); `unconverged` those whose statistics never
+    converged."""
 
     model: str
     framework: str

@@ -12,7 +12,8 @@ from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 from .errors import InputFileError, SpecError
 from .vocabulary import TENSOR_NAMES
 
-#: Bytes per element of every dtype an artifact tensor may have: those safetensors and NumPy (with ml_dtypes' bfloat16) hold exactly.
+#: Bytes per element of every dtype an artifact tensor may have: those safetensors and NumPy
+#: (with ml_dtypes' bfloat16) hold exactly.
 STORED_DTYPES: dict[str, int] = {
     "bfloat16": 2,
     "float16": 2,
@@ -31,7 +32,8 @@ STORED_DTYPES: dict[str, int] = {
 
 
 def tensor_record_problem(dtype: Any, shape: Any, nbytes: Any) -> str | None:
-    """Why a tensor record (dtype, shape, byte length: a manifest entry or a safetensors header) cannot describe real bytes, or None.
+    """Why a tensor record (dtype, shape, byte length: a manifest entry or a safetensors header) cannot describe real
+    bytes, or None.
 
     Every record normbridge reads is hostile until checked: a dtype outside STORED_DTYPES, a dimension that is
     not a non-negative integer, or a byte length other than itemsize * prod(shape) would make readers allocate,

@@ -346,7 +346,8 @@ def copy_keras_transformer_weights_to_torch(keras_model, torch_model: nn.Module)
 
 
 def train_batchnorm_statistics(model: nn.Module, batches: Iterable[torch.Tensor]) -> nn.Module:
-    """Run `model` in train mode over `batches` (no optimizer: weights stay) so running statistics move; return it in eval()."""
+    """Run `model` in train mode over `batches` (no optimizer: weights stay) so running statistics move;
+    return it in eval()."""
     model.train()
     with torch.no_grad():
         for batch in batches:

@@ -1,4 +1,5 @@
-"""Small models whose BatchNorm statistics converged on a known input population, for the collector's tests and benchmark.
+"""Small models whose BatchNorm statistics converged on a known input population,
+for the collector's tests and benchmark.
 
 Each model's running statistics are a cumulative average over many batches of `calm` inputs (standard normal), so
 serving more `calm` inputs stays within the drift thresholds and `shifted` inputs (scaled by 2, moved by 1.5) do not.
@@ -94,7 +95,8 @@ def served_window(model, inputs: np.ndarray) -> dict:
 
 
 def onnx_bn_model() -> onnx.ModelProto:
-    """x (N,3,8,8) -> Mul 2 -> BatchNormalization (mean 0, var 4: what 2x of standard normal inputs has) -> Relu -> y."""
+    """x (N,3,8,8) -> Mul 2 -> BatchNormalization (mean 0, var 4: what 2x of standard normal inputs has) -> Relu ->
+    y."""
     inits = [
         numpy_helper.from_array(np.full((1, 1, 1, 1), 2.0, np.float32), "two"),
         numpy_helper.from_array(np.ones(3, np.float32), "bn.weight"),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401  (INFO: the framework facts an adapter package declares)
+# INFO: the framework facts an adapter package declares
+from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401
 from converters.torch_adapter.framework import TorchFramework
 
 

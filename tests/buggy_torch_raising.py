@@ -1,9 +1,11 @@
-"""A PyTorch adapter package whose from_spec crashes (not a NormbridgeError) on layers named 'boom...': `check` lets such
-an error out, and check_many must raise the same one, for the first spec in order (tests/converters/gate/test_grouped_check.py)."""
+"""A PyTorch adapter package whose from_spec crashes (not a NormbridgeError) on layers named 'boom...': `check` lets
+such an error out, and check_many must raise the same one, for the first spec in order
+(tests/converters/gate/test_grouped_check.py)."""
 
 from __future__ import annotations
 
-from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401  (INFO: the framework facts an adapter package declares)
+# INFO: the framework facts an adapter package declares
+from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401
 from converters.torch_adapter.framework import TorchFramework
 
 

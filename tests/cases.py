@@ -155,7 +155,8 @@ CASES: list[Case] = [
     ),
     _case("in2d_bfloat16", "instance", dtype="bfloat16", eps=1e-5, momentum=None),
     _case("in2d_tracked_bfloat16", "instance", tracked=True, dtype="bfloat16", eps=1e-5, momentum=0.1),
-    # Over the channel axis: torch's ChannelsFirstLayerNorm, ONNX's LayerNormalization between two Transposes (issue 34, item 10).
+    # Over the channel axis: torch's ChannelsFirstLayerNorm, ONNX's LayerNormalization between two Transposes
+    # (issue 34, item 10).
     _case(
         "ln_channels_first",
         "layer",
@@ -163,7 +164,8 @@ CASES: list[Case] = [
         eps=1e-6,
         extended=dict(layout="channels_first", input_rank=4),
     ),
-    # Keras's RMSNormalization(axis=1) does not broadcast its scale over a rank-4 input (checked: keras 3.15), so no stock layer holds it.
+    # Keras's RMSNormalization(axis=1) does not broadcast its scale over a rank-4 input (checked: keras 3.15),
+    # so no stock layer holds it.
     _case(
         "rms_channels_first",
         "rms",

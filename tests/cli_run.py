@@ -57,7 +57,8 @@ def run_cli(
 def invoke_cli(
     *args: str, cwd: Path, columns: int | None = None, umask: int | None = None, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """`normbridge ARGS` run in this process as `run_cli` runs it: in `cwd`, under `umask`, at `columns` (80 like a pipe)."""
+    """`normbridge ARGS` run in this process as `run_cli` runs it: in `cwd`, under `umask`, at `columns`
+    (80 like a pipe)."""
     from cli.main import app  # the console script's object; imported late so collecting a test file stays cheap
 
     overrides: dict[str, str | None] = {name: None for name in TEST_ONLY_VARIABLES if name != "TF_CPP_MIN_LOG_LEVEL"}
@@ -76,7 +77,8 @@ def invoke_cli(
     return subprocess.CompletedProcess(["normbridge", *args], result.exit_code, result.stdout, result.stderr)
 
 
-#: Runs its arguments as a child and prints the child's exit code, output and peak resident memory (bytes; Linux reports KiB).
+#: Runs its arguments as a child and prints the child's exit code, output and peak resident memory
+#: (bytes; Linux reports KiB).
 _MEASURING_LAUNCHER = (
     "import json, resource, subprocess, sys\n"
     "done = subprocess.run(sys.argv[1:], capture_output=True, text=True, stdin=subprocess.DEVNULL)\n"
@@ -88,8 +90,9 @@ _MEASURING_LAUNCHER = (
 def run_cli_measured(
     *args: str, cwd: Path, env: Mapping[str, str] | None = None, timeout: float = 600
 ) -> tuple[subprocess.CompletedProcess, int]:
-    """`run_cli`, plus the command's peak resident memory in bytes. It is started by a small launcher process, not by the
-    test process: Linux counts in a child's ru_maxrss the peak of the image it was forked from, here the test process."""
+    """`run_cli`, plus the command's peak resident memory in bytes. It is started by a small launcher process, not by
+    the test process: Linux counts in a child's ru_maxrss the peak of the image it was forked from,
+    here the test process."""
     import json
     import sys
 

@@ -1,4 +1,5 @@
-"""Shared test setup: quiet TensorFlow, bounded hypothesis profiles, absl's log stream, the spec factory as a fixture."""
+"""Shared test setup: quiet TensorFlow, bounded hypothesis profiles, absl's log stream,
+the spec factory as a fixture."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# CLI runs get a private gate worker each (tests/converters/gate/test_shared_worker.py starts shared ones in their own folders):
-# a shared worker would outlive the test that started it.
+# CLI runs get a private gate worker each (tests/converters/gate/test_shared_worker.py starts shared ones in their own
+# folders): a shared worker would outlive the test that started it.
 os.environ.setdefault("NORMBRIDGE_GATE_WORKER", "private")
 
 from hypothesis import HealthCheck, settings
@@ -26,7 +27,8 @@ from converters.native_order import prepare as _prepare_native_order  # noqa: E4
 
 _prepare_native_order()  # triton's native library before any test imports TensorFlow (converters/native_order.py)
 
-from tests.process_limits import _bounded_test_process, _no_shared_worker_outlives_the_session  # noqa: E402,F401  (autouse)
+# autouse
+from tests.process_limits import _bounded_test_process, _no_shared_worker_outlives_the_session  # noqa: E402,F401
 
 
 class _CurrentStderr:
@@ -44,12 +46,13 @@ class _CurrentStderr:
 
 def _absl_handler_holds_no_capture_stream() -> None:
     """absl's Python log handler, created when absl.logging is first imported (TensorFlow imports it), keeps the stream
-    that was `sys.stderr` then: in a test process, pytest's capture file of fd 2, shared by every later test. Its close()
-    closes that stream unless it is the `sys.stderr` of the moment, and MLflow 3.11's `import mlflow` closes every log
-    handler of the process (`logging.config.dictConfig`). So a test importing TensorFlow, then a later one importing
-    MLflow inside a CliRunner run (`normbridge mlflow push`, where `sys.stderr` is the runner's), closed pytest's capture:
-    "I/O operation on closed file" in that test and in every later one on the same worker. absl's handler writes to the
-    current `sys.stderr` instead (each test's capture), through a stream its close() cannot close."""
+    that was `sys.stderr` then: in a test process, pytest's capture file of fd 2, shared by every later test. Its
+    close() closes that stream unless it is the `sys.stderr` of the moment, and MLflow 3.11's `import mlflow` closes
+    every log handler of the process (`logging.config.dictConfig`). So a test importing TensorFlow, then a later one
+    importing MLflow inside a CliRunner run (`normbridge mlflow push`, where `sys.stderr` is the runner's), closed
+    pytest's capture: "I/O operation on closed file" in that test and in every later one on the same worker. absl's
+    handler writes to the current `sys.stderr` instead (each test's capture),
+    through a stream its close() cannot close."""
     try:
         import absl.logging
     except ImportError:  # no absl, no such handler

@@ -4,7 +4,8 @@ check's result, a pass (tests/converters/gate/test_grouped_check.py)."""
 
 from __future__ import annotations
 
-from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401  (INFO: the framework facts an adapter package declares)
+# INFO: the framework facts an adapter package declares
+from converters.torch_adapter import INFO, KIND_ADAPTERS as REAL_ADAPTERS  # noqa: F401
 from schemas import SpecError
 from converters.torch_adapter.framework import TorchFramework
 

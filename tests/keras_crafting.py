@@ -105,7 +105,8 @@ def zeros_written(n: int) -> Callable[[h5py.File], None]:
 
 
 def many_small_zero_datasets(count: int) -> Callable[[h5py.File], None]:
-    """`count` extra datasets of 1 MiB of zeros each, gzip: each under the per-dataset floor, together far past 100x the file."""
+    """`count` extra datasets of 1 MiB of zeros each, gzip: each under the per-dataset floor,
+    together far past 100x the file."""
 
     def edit(weights: h5py.File) -> None:
         group = weights.create_group("padding")
@@ -151,7 +152,8 @@ def giant_dense(n: int) -> Callable[[dict], None]:
 
 
 def huge_normalization(n: int) -> Callable[[dict], None]:
-    """Hole 5 through a layer that reads its variables in `build`: the Normalization model's input widened to n features."""
+    """Hole 5 through a layer that reads its variables in `build`: the Normalization model's input widened to n
+    features."""
 
     def edit(config: dict) -> None:
         layer(config, "inputs")["config"]["batch_shape"] = [None, n]
@@ -161,8 +163,8 @@ def huge_normalization(n: int) -> Callable[[dict], None]:
 
 
 def npz_weights(elements: int) -> tuple[str, bytes]:
-    """A `model.weights.npz` (Keras's other weights format) whose member for the Dense layer is `elements` float32 zeros, deflated:
-    Keras reads it whole and turns it into a Python list."""
+    """A `model.weights.npz` (Keras's other weights format) whose member for the Dense layer is `elements` float32
+    zeros, deflated: Keras reads it whole and turns it into a Python list."""
     inner = io.BytesIO()
     with zipfile.ZipFile(inner, "w", zipfile.ZIP_DEFLATED) as archive:
         with archive.open("layers/dense.npy", "w", force_zip64=True) as member:

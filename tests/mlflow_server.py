@@ -54,7 +54,8 @@ class MlflowServer:
 
 @contextmanager
 def running_mlflow_server(folder: Path, timeout: float = 120.0) -> Iterator[MlflowServer]:
-    """`mlflow server` on 127.0.0.1 with its database and artifacts under `folder` (ready on first `.url`); stopped on exit."""
+    """`mlflow server` on 127.0.0.1 with its database and artifacts under `folder` (ready on first `.url`);
+    stopped on exit."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     artifacts = folder / "artifacts"

@@ -64,7 +64,8 @@ def pg_url() -> Iterator[str]:
 
 @contextmanager
 def registry_on(backend: str, folder, user: str):
-    """A registry.service.Registry on 'sqlite' (a file in `folder`) or 'postgresql' (a fresh database), blobs in `folder`."""
+    """A registry.service.Registry on 'sqlite' (a file in `folder`) or 'postgresql' (a fresh database),
+    blobs in `folder`."""
     from registry.service import Registry
 
     if backend == "sqlite":

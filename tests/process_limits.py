@@ -1,8 +1,8 @@
 """What a test may leave behind and how large a test process may grow (issue 31, item 6), as autouse fixtures.
 
-* A shared gate worker (converters/gate/shared_worker.py) started by a test outlives it for its idle time (10 minutes, about
-  1 GB each): the one whose socket lies in the test's own `tmp_path` is stopped when the test ends, and any other started
-  under this process's pytest base folder (a module's worker) when the session ends.
+* A shared gate worker (converters/gate/shared_worker.py) started by a test outlives it for its idle time (10 minutes,
+  about 1 GB each): the one whose socket lies in the test's own `tmp_path` is stopped when the test ends, and any other
+  started under this process's pytest base folder (a module's worker) when the session ends.
 * A test process (pytest itself, or an xdist worker) may not pass MAX_RSS_MB of peak resident memory: the test during
   which the peak crossed it fails, naming the peak. The machine has 2 cores and 24 GB; two workers and the servers they
   start must fit.
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 #: The peak resident memory (VmHWM) a test process may reach, in MiB; NORMBRIDGE_TEST_MAX_RSS_MB overrides it. A test
-#: whose work alone peaks near it (Keras ConvNeXtTiny's export) runs that work in a child process and checks the child's.
+#: whose work alone peaks near it (Keras ConvNeXtTiny's export) runs that work in a child process and checks the
+#: child's.
 MAX_RSS_MB = int(os.environ.get("NORMBRIDGE_TEST_MAX_RSS_MB", "4096"))
 WORKER_MODULE = "converters.gate.shared_worker"
 

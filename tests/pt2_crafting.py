@@ -154,7 +154,8 @@ def ascii_exec(marker: Path) -> str:
 
 @dataclass(frozen=True)
 class Hostile:
-    """One attack: how to build it from a genuine archive, the entry the refusal must name, and whether it runs on torch.export.load."""
+    """One attack: how to build it from a genuine archive, the entry the refusal must name,
+    and whether it runs on torch.export.load."""
 
     build: Callable[[Path, Path, Path], Path]  # (genuine, out, marker) -> out
     entry: str  # the archive entry a refusal names
@@ -210,7 +211,8 @@ def _object_constant(prefix: str):
 
 
 def _legacy(config_entry: str, legacy_entry: str):
-    """The pre-2.6 layout: the payload config removed and a torch.save file in its place (torch falls back to the full unpickler)."""
+    """The pre-2.6 layout: the payload config removed and a torch.save file in its place
+    (torch falls back to the full unpickler)."""
 
     def build(genuine: Path, out: Path, marker: Path) -> Path:
         return craft(genuine, out, drop=(config_entry,), replace={legacy_entry: torch_saved_payload(marker)})
@@ -226,7 +228,8 @@ def _program_edit(edit: Callable[[dict, Path], None]):
 
 
 def _symbolic_size(program: dict, marker: Path) -> None:
-    """The input's batch size as a 'sympy expression' that is Python code (torch hands it to sympy.sympify, i.e. eval)."""
+    """The input's batch size as a 'sympy expression' that is Python code (torch hands it to sympy.sympify, i.e.
+    eval)."""
     sizes = program["graph_module"]["graph"]["tensor_values"]["x"]["sizes"]
     sizes[0] = {"as_expr": {"expr_str": python_writing_marker(marker), "hint": {"as_int": 2}}}
 
@@ -320,7 +323,8 @@ HOSTILE: dict[str, Hostile] = {
 }
 
 
-# -- archives that cost far more than they hold (issue 30, holes 2 and 3), and metadata the reader once crashed on (hole 10)
+# -- archives that cost far more than they hold (issue 30, holes 2 and 3),
+#    and metadata the reader once crashed on (hole 10)
 
 
 def power_tower(levels: int) -> str:
@@ -350,8 +354,8 @@ def claiming(
     *,
     empty: bool = False,
 ) -> Callable[[Path, Path], Path]:
-    """The tensor `fqn` of a payload config given `sizes` (and `strides`, contiguous by default) over its own payload, or
-    over an empty one (torch makes zeros of the claimed size for an empty payload)."""
+    """The tensor `fqn` of a payload config given `sizes` (and `strides`, contiguous by default) over its own payload,
+    or over an empty one (torch makes zeros of the claimed size for an empty payload)."""
 
     def build(genuine: Path, out: Path) -> Path:
         name = fqn(genuine) if callable(fqn) else fqn

@@ -1,12 +1,13 @@
-"""Seeded mutations of a genuine `.pt2`, and a process that reads each one with normbridge's reader and reports the outcome.
+"""Seeded mutations of a genuine `.pt2`, and a process that reads each one with normbridge's reader and reports the
+outcome.
 
 `mutated(genuine, seed, index, out)` writes case `index` of run `seed`: one to three mutations, chosen by
-`random.Random(f"{seed}:{index}")` so a case is rebuilt from its numbers alone, of the kinds an attacker (or a broken disk)
-makes: a JSON entry edited (a value replaced by another type or an extreme number, deleted, duplicated, emptied), an
-entry's bytes flipped, cut or swapped with another's, an entry dropped or emptied, and the zip file's own bytes flipped
-or cut. `python -m tests.pt2_fuzzing GENUINE SEED FIRST COUNT FOLDER` reads cases FIRST..FIRST+COUNT-1 through
-`load_model` and prints one JSON line as each starts and one when it ends: `read`, `refused` (an InputFileError, with its
-code and message) or `crashed` (anything else, with its traceback), so a test can put a deadline on every case.
+`random.Random(f"{seed}:{index}")` so a case is rebuilt from its numbers alone, of the kinds an attacker (or a broken
+disk) makes: a JSON entry edited (a value replaced by another type or an extreme number, deleted, duplicated, emptied),
+an entry's bytes flipped, cut or swapped with another's, an entry dropped or emptied, and the zip file's own bytes
+flipped or cut. `python -m tests.pt2_fuzzing GENUINE SEED FIRST COUNT FOLDER` reads cases FIRST..FIRST+COUNT-1 through
+`load_model` and prints one JSON line as each starts and one when it ends: `read`, `refused` (an InputFileError, with
+its code and message) or `crashed` (anything else, with its traceback), so a test can put a deadline on every case.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ REPLACEMENTS: tuple[Any, ...] = (
     {"as_tensor": {"name": "x"}},
 )
 
-#: Keys whose values the reader interprets (a device, a size, an expression, a structure torch walks), edited more often.
+#: Keys whose values the reader interprets (a device, a size, an expression, a structure torch walks),
+#: edited more often.
 STEERING_KEYS = frozenset(
     {
         "type",
@@ -105,7 +107,8 @@ STEERING_KEYS = frozenset(
 
 
 class FuzzNet(torch.nn.Module):
-    """Conv, BatchNorm, a lifted constant, a stride-0 buffer and a 1.2 MB buffer (a payload the reader maps, not reads)."""
+    """Conv, BatchNorm, a lifted constant, a stride-0 buffer and a 1.2 MB buffer
+    (a payload the reader maps, not reads)."""
 
     def __init__(self):
         super().__init__()

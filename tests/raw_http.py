@@ -45,8 +45,8 @@ def stream_body(
     piece: int = 1 << 20,
     timeout: float = 120.0,
 ) -> Answer:
-    """Send `total` zero bytes as the body of `method path` (declared with Content-Length, or chunked), stopping as soon as
-    the server answers or stops reading; then read the answer."""
+    """Send `total` zero bytes as the body of `method path` (declared with Content-Length, or chunked), stopping as soon
+    as the server answers or stops reading; then read the answer."""
     sock, netloc = _connect(url, timeout)
     try:
         framing = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(total)}
@@ -85,7 +85,8 @@ def stream_body(
 def open_unread(
     url: str, path: str, headers: dict[str, str], timeout: float = 120.0
 ) -> tuple[socket.socket, int, dict[str, str]]:
-    """GET `path` and read only the answer's status line and headers: the body is left unread, the socket open (close it).
+    """GET `path` and read only the answer's status line and headers: the body is left unread, the socket open
+    (close it).
 
     The kernel's receive buffer fills and the server's sends stall, as with a client that stopped reading."""
     sock, netloc = _connect(url, timeout)

@@ -134,7 +134,8 @@ def detr():
 
 
 class FrozenBatchNorm2d(nn.Module):
-    """torchvision.ops.misc.FrozenBatchNorm2d: four buffers, `x * scale + (b - rm * scale)`, scale = w * rsqrt(rv + eps)."""
+    """torchvision.ops.misc.FrozenBatchNorm2d: four buffers, `x * scale + (b - rm * scale)`,
+    scale = w * rsqrt(rv + eps)."""
 
     def __init__(self, num_features: int, eps: float = 1e-5):
         super().__init__()
@@ -214,7 +215,8 @@ class WrittenOutLayerNorm(nn.Module):
 
 
 class ChannelsFirstLayerNorm(nn.Module):
-    """The original ConvNeXt repository's LayerNorm for data_format="channels_first", its statistics written out over axis 1."""
+    """The original ConvNeXt repository's LayerNorm for data_format="channels_first",
+    its statistics written out over axis 1."""
 
     def __init__(self, channels: int, eps: float = 1e-6):
         super().__init__()

@@ -38,7 +38,8 @@ URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def rendered_reference() -> str:
-    """docs/cli.md as `make docs-cli` would write it, rendered in a fresh process (as the command's import order has it)."""
+    """docs/cli.md as `make docs-cli` would write it, rendered in a fresh process
+    (as the command's import order has it)."""
     done = subprocess.run(
         [sys.executable, "-m", "cli.docs_reference", "-"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )

@@ -100,7 +100,8 @@ def test_the_keras_and_all_extras_bring_what_exporting_a_keras_model_needs():
         assert {"keras", "tensorflow-cpu", "tf2onnx", "onnx", "onnxruntime"} <= _installed_by(extra)
 
 
-#: Runs the CLI with `HIDDEN` unimportable, as on a machine without its extra (None in sys.modules: ModuleNotFoundError).
+#: Runs the CLI with `HIDDEN` unimportable, as on a machine without its extra
+#: (None in sys.modules: ModuleNotFoundError).
 WITHOUT = """
 import sys
 for name in sys.argv[1].split(","):

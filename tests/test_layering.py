@@ -171,7 +171,8 @@ def floors_of(file: str) -> list[str]:
 
 
 def layer_of_file(file: str) -> str | None:
-    """The layer of a file; None for a registry file on no floor or on both (test_every_registry_module_is_on_one_floor fails)."""
+    """The layer of a file; None for a registry file on no floor or on both
+    (test_every_registry_module_is_on_one_floor fails)."""
     top = file.split("/")[0]
     if top != "registry":
         return top
@@ -411,7 +412,8 @@ def test_every_project_import_names_a_module_of_the_project():
 
 
 def test_converters_names_no_module_above_it():
-    """No edge by name: converters would import what the string names (a worker's jobs, `import_module`), unseen above."""
+    """No edge by name: converters would import what the string names (a worker's jobs, `import_module`),
+    unseen above."""
     found = module_names_written_in_converters(FILES) + module_names_handed_to_converters(FILES)
     assert not found, "\n".join(found)
 

@@ -1,4 +1,5 @@
-"""`normbridge export-layers`: every normalization layer of a registry version, one file per layer, through the converters.
+"""`normbridge export-layers`: every normalization layer of a registry version, one file per layer,
+through the converters.
 
 Beside `normbridge export`, which exports a model file for serving: the registry stores normalization
 state and weights, not a model's architecture, so a version exports as its layers. Local or, with

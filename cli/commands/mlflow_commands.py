@@ -46,10 +46,10 @@ def push(
 ) -> None:
     """Register a normbridge version in the MLflow Model Registry, with its artifact bundle and normbridge.* tags.
 
-    The tags carry the digest, content digest, lineage (version, parent, operation), equivalence verdict and normalizers;
-    pushing the same version again returns the existing MLflow version. A version registered from a .onnx, .keras or .pt2
-    file is also an MLflow model with a signature and an input example: mlflow models serve -m models:/NAME/N serves it.
-    Example: normbridge mlflow push resnet@3 --tracking-uri http://127.0.0.1:5000
+    The tags carry the digest, content digest, lineage (version, parent, operation), equivalence verdict and
+    normalizers; pushing the same version again returns the existing MLflow version. A version registered from a .onnx,
+    .keras or .pt2 file is also an MLflow model with a signature and an input example: mlflow models serve -m
+    models:/NAME/N serves it. Example: normbridge mlflow push resnet@3 --tracking-uri http://127.0.0.1:5000
     """
     from registry.mlflow_bridge import push as push_version
 
@@ -100,7 +100,8 @@ def import_(
     """Import an MLflow-logged ONNX, Keras 3 or PyTorch (pt2) model into the registry through the equivalence gate.
 
     The version is recorded with operation 'imported' and a note naming the URI. Pickled PyTorch models are refused
-    (exit 6) unless --trust-pickle is given. Example: normbridge mlflow import models:/resnet/2 --tracking-uri http://127.0.0.1:5000
+    (exit 6) unless --trust-pickle is given. Example: normbridge mlflow import models:/resnet/2 --tracking-uri
+    http://127.0.0.1:5000
     """
     from registry.mlflow_bridge import import_model
 

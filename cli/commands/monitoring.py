@@ -69,7 +69,8 @@ class _LocalRecorder:
 
 
 def _recording_registry(record: str | None, db: str | None, blobs: str | None):
-    """Where --record stores: the server given with --server (never a local registry then), else the local one; None without --record."""
+    """Where --record stores: the server given with --server (never a local registry then), else the local one;
+    None without --record."""
     if record is None:
         return None
     from ..remote import remote_registry
@@ -242,9 +243,9 @@ def recalibrate(
 ) -> None:
     """Re-estimate BatchNorm running statistics on new data (weights untouched) and write the new model.
 
-    With --register NAME@N the new model becomes the next version of NAME, a 'recalibrated' child of NAME@N, and its diff
-    against NAME@N is printed ("weights identical, running statistics changed in K layers").
-    Example: normbridge recalibrate model.onnx recent_traffic.npy -o model.recalibrated.onnx --register resnet@3
+    With --register NAME@N the new model becomes the next version of NAME, a 'recalibrated' child of NAME@N, and its
+    diff against NAME@N is printed ("weights identical, running statistics changed in K layers"). Example: normbridge
+    recalibrate model.onnx recent_traffic.npy -o model.recalibrated.onnx --register resnet@3
     """
     from converters.models.loading import load_model
     from converters.models.monitoring.recalibration import recalibrate as run_recalibration

@@ -48,8 +48,9 @@ def port(
 ) -> None:
     """Copy every normalization layer's weights, statistics, eps and momentum from SOURCE into its twin TARGET.
 
-    Layers pair by name when both models name them alike, else by order, checked by kind and shape;
-    a count or shape mismatch is refused and nothing is written. Only normalization state moves: copy convolution and dense weights yourself.
+    Layers pair by name when both models name them alike, else by order, checked by kind and shape; a count or shape
+    mismatch is refused and nothing is written. Only normalization state moves:
+    copy convolution and dense weights yourself.
 
     Example: normbridge port resnet.pt2 resnet_twin.keras -o resnet_ported.keras
     """
@@ -70,7 +71,8 @@ def port(
     output_path(output)
     check_headers((source, target))  # both files, before either framework loads one
     mapping = _read_name_map(name_map) if name_map is not None else None
-    import converters.keras_adapter.unbiased_batch_normalization  # noqa: F401  (registered class, in case the target holds one)
+    # registered class, in case the target holds one
+    import converters.keras_adapter.unbiased_batch_normalization  # noqa: F401
 
     source_model = load_model(source)
     target_model = load_model(target)

@@ -21,7 +21,8 @@ from .registry import BLOBS_HELP, DB_HELP, _dump, _registry
 
 
 def _pull_with_bar(registry, ref: str, output: str, fmt: str):
-    """Registry.pull with a transient stderr bar over the blobs read and the bytes written (none when stderr is not a terminal)."""
+    """Registry.pull with a transient stderr bar over the blobs read and the bytes written
+    (none when stderr is not a terminal)."""
     stderr = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
@@ -64,11 +65,11 @@ def pull(
 ) -> None:
     """Write a registered version as a runnable model in its source format, or its state dict as safetensors.
 
-    Every blob is re-hashed on the way out (exit 12 if one was tampered with, and nothing is written); an ONNX file comes
-    back byte-identical to the one registered; the structure was accepted by normbridge's safe reader when the version was
-    registered, and the file is written straight to disk, atomically. A torch nn.Module registered from Python is stored
-    as its state dict: pull it with --format safetensors.
-    Example: normbridge pull resnet@production -o resnet.pt2
+    Every blob is re-hashed on the way out (exit 12 if one was tampered with, and nothing is written); an ONNX file
+    comes back byte-identical to the one registered; the structure was accepted by normbridge's safe reader when the
+    version was registered, and the file is written straight to disk, atomically. A torch nn.Module registered from
+    Python is stored as its state dict: pull it with --format safetensors. Example:
+    normbridge pull resnet@production -o resnet.pt2
     """
     from registry.client import RemoteRegistry
 

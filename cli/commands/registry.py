@@ -1,4 +1,5 @@
-"""Registry commands: register model versions behind the equivalence gate, read, diff, trace lineage, verify, audit, gc (export-layers: cli/commands/layer_export.py).
+"""Registry commands: register model versions behind the equivalence gate, read, diff, trace lineage, verify, audit, gc
+(export-layers: cli/commands/layer_export.py).
 
 Every command is a thin shell over registry.service.Registry. `--db` / `--blobs` (or env
 NORMBRIDGE_DB / NORMBRIDGE_BLOBS) pick the store; by default SQLite and a blobs folder under
@@ -25,7 +26,9 @@ from ..check_summary import check_lines
 from ..arguments import model_name, version_ref
 from ..errors import reports_errors
 from ..fitting import clipped, print_table, say, say_marked
-from ..registry_access import BLOBS_HELP, DB_HELP, _dump, _register, _registry  # noqa: F401  (the other command modules import them from here)
+
+# the other command modules import them from here
+from ..registry_access import BLOBS_HELP, DB_HELP, _dump, _register, _registry  # noqa: F401
 from ..servable_text import say_registered_verdict, say_verdict, servable_cell
 
 INTEGRITY_EXIT = 12
@@ -88,11 +91,11 @@ def register(
 ) -> None:
     """Register MODEL as the next version of NAME, only if every normalization layer passes the round-trip check.
 
-    Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21, unless
-    --allow-unrecognised); identical content returns the existing version. The checks on frameworks the model does not use run in
-    a shared worker process that stays up for the next registration (NORMBRIDGE_WORKER_IDLE, 600 s; NORMBRIDGE_GATE_WORKER=private: one per
-    command); into a local registry, a registration that finds it running is run there whole (NORMBRIDGE_REGISTER_IN_WORKER=0: here).
-    Example: normbridge register resnet resnet.pt2 --note "epoch 3"
+    Nothing is stored when a check fails (exit 7) or when the model holds normalization no recognizer proved (exit 21,
+    unless --allow-unrecognised); identical content returns the existing version. The checks on frameworks the model
+    does not use run in a shared worker process that stays up for the next registration (NORMBRIDGE_WORKER_IDLE, 600 s;
+    NORMBRIDGE_GATE_WORKER=private: one per command); into a local registry, a registration that finds it running is run
+    there whole (NORMBRIDGE_REGISTER_IN_WORKER=0: here). Example: normbridge register resnet resnet.pt2 --note "epoch 3"
     """
     if no_parent and (parent is not None or operation not in (None, "registered")):
         raise typer.BadParameter(
@@ -185,7 +188,8 @@ def versions(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the versions as JSON."),
 ) -> None:
-    """List the versions of a model, oldest first, with lineage, aliases and whether each may serve. Example: normbridge versions resnet"""
+    """List the versions of a model, oldest first, with lineage, aliases and whether each may serve. Example:
+    normbridge versions resnet"""
     registry = _registry(db, blobs, json_output)
     records = registry.versions(name)
     aliases = registry.aliases(name)
@@ -229,7 +233,8 @@ def show(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the version and its manifest as JSON."),
 ) -> None:
-    """Show a version: whether it may serve and why, its normalization layers (specs, modes, statistics summary) and the equivalence report.
+    """Show a version: whether it may serve and why, its normalization layers
+    (specs, modes, statistics summary) and the equivalence report.
 
     Every blob is re-hashed before its statistics are shown (exit 12 if tampered); --json carries "servable" and
     "hazards". Example: normbridge show resnet@2
@@ -293,7 +298,8 @@ def diff(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
 ) -> None:
-    """Compare two versions: per tensor unchanged/changed (max abs and relative change), per normalizer config, and a headline.
+    """Compare two versions: per tensor unchanged/changed (max abs and relative change), per normalizer config,
+    and a headline.
 
     Example: normbridge diff resnet@1 resnet@2
     """
@@ -314,7 +320,8 @@ def lineage(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
 ) -> None:
-    """Show a version's ancestors and descendants as a tree with operation labels. Example: normbridge lineage resnet@2"""
+    """Show a version's ancestors and descendants as a tree with operation labels. Example:
+    normbridge lineage resnet@2"""
     view = _registry(db, blobs, json_output).lineage(ref)
     if json_output:
         print(view.model_dump_json(indent=2))
@@ -342,7 +349,8 @@ def verify(
 ) -> None:
     """Re-hash every blob, re-run the equivalence check and verify the audit hash chain.
 
-    Exit 0 when all is intact, 12 when a blob is tampered or missing or the chain is broken, 7 when a check fails. Example: normbridge verify resnet@2
+    Exit 0 when all is intact, 12 when a blob is tampered or missing or the chain is broken, 7 when a check fails.
+    Example: normbridge verify resnet@2
     """
     result = _registry(db, blobs, json_output).verify(ref, rerun_checks=not no_check)
     if json_output:
@@ -481,7 +489,8 @@ def gc(
     blobs: str | None = typer.Option(None, "--blobs", help=BLOBS_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),
 ) -> None:
-    """Delete blobs that no version references (left by an interrupted registration) and no registration in flight relies on.
+    """Delete blobs that no version references (left by an interrupted registration) and no registration in flight
+    relies on.
 
     A registration leases its blobs until it commits, so gc may run beside `normbridge serve`; a crashed one's lease
     lapses after a day. Example: normbridge gc --grace 0

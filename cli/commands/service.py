@@ -68,8 +68,9 @@ def serve(
     """Serve the registry over HTTP (/api/v1, OpenAPI at /docs); every request needs a token unless --insecure-local.
 
     Requests whose Host is not this server's address (or an --allowed-host name), and state-changing ones sent from
-    another site's page, are refused. A guarded alias (production unless --guarded-alias) refuses a version that is
-    not servable with 409 not_servable unless the request says force=true. Example: normbridge serve --host 127.0.0.1 --port 8000 --db sqlite:///registry.db --blobs ./blobs
+    another site's page, are refused. A guarded alias (production unless --guarded-alias) refuses a version that is not
+    servable with 409 not_servable unless the request says force=true. Example: normbridge serve --host 127.0.0.1 --port
+    8000 --db sqlite:///registry.db --blobs ./blobs
     """
     import uvicorn
 
@@ -184,7 +185,8 @@ def token_create(
         False, "--json", help="Print {id, token, owner, role, models, expires_at} as JSON."
     ),
 ) -> None:
-    """Create an API token and print its secret once (only its hash is stored). Example: normbridge token create --owner ci --role write --model resnet --expires 30d"""
+    """Create an API token and print its secret once (only its hash is stored). Example: normbridge token create --owner
+    ci --role write --model resnet --expires 30d"""
     from registry.settings import current_user
     from registry.tokens import parse_lifetime
 
@@ -220,7 +222,8 @@ def token_list(
     db: str | None = typer.Option(None, "--db", help=DB_HELP),
     json_output: bool = typer.Option(False, "--json", help="Print the tokens as JSON (never their secrets)."),
 ) -> None:
-    """List API tokens (ids, owners, roles, scopes, expiry and state; never secrets). Example: normbridge token list --json"""
+    """List API tokens (ids, owners, roles, scopes, expiry and state; never secrets). Example:
+    normbridge token list --json"""
     tokens = _tokens(db).list()
     if json_output:
         print(json.dumps([_token_json(t) for t in tokens], indent=2))

@@ -1,4 +1,5 @@
-"""Serving commands: export a model for serving (verified, rewritten to native ops, contract-tested) and the contract test alone."""
+"""Serving commands: export a model for serving (verified, rewritten to native ops, contract-tested) and the contract
+test alone."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def _rewrites(result) -> list[str]:
 
 
 def _print_hazards(result) -> None:
-    """The source's warning- and error-level hazards, as `inspect` prints them, and what the error-level ones did to the export."""
+    """The source's warning- and error-level hazards, as `inspect` prints them,
+    and what the error-level ones did to the export."""
     from schemas.hazard_groups import group_hazards
 
     say_hazard_groups(group_hazards((h.layer, h.code, h.severity, h.message, False) for h in result.hazards))
@@ -196,13 +198,14 @@ def export_command(
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the export result as JSON."),
 ) -> None:
-    """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops, run the contract.
+    """Export to ONNX for serving: verify every normalization against the source, rewrite to native ops,
+    run the contract.
 
-    The warnings and errors `inspect` reports on the model are repeated; nothing is written when a check fails or the model
-    has an error-level hazard (exit 7) unless --force. MODEL may be a registry version NAME@REF (with --server too): it is
-    rebuilt from the registry (blobs re-hashed, read back safely), no source file or model code needed; the layers of a
-    version are written by normbridge export-layers.
-    Example: normbridge export resnet.keras --to onnx -o resnet.onnx; normbridge export resnet@production --to onnx -o prod.onnx
+    The warnings and errors `inspect` reports on the model are repeated; nothing is written when a check fails or the
+    model has an error-level hazard (exit 7) unless --force. MODEL may be a registry version NAME@REF (with --server
+    too): it is rebuilt from the registry (blobs re-hashed, read back safely), no source file or model code needed; the
+    layers of a version are written by normbridge export-layers. Example: normbridge export resnet.keras --to onnx -o
+    resnet.onnx; normbridge export resnet@production --to onnx -o prod.onnx
     """
     if to is not FrameworkTarget.onnx:  # a usage error (exit 2): the option asks for something this command does not do
         raise typer.BadParameter(
@@ -268,8 +271,9 @@ def export_command(
 
 
 def registry_model(ref: str, db: str | None, blobs: str | None, quiet: bool):
-    """(the framework object of a registry version, rebuilt from its stored structure (local, or over --server); the hazards
-    its lineage answers, as the registry's servable verdict leaves them out: a recalibrated version is never unconverged)."""
+    """(the framework object of a registry version, rebuilt from its stored structure (local, or over --server); the
+    hazards its lineage answers, as the registry's servable verdict leaves them out: a recalibrated version is never
+    unconverged)."""
     from registry.service.servable import ANSWERED_BY_LINEAGE
     from schemas.errors import RegistryError
 
@@ -319,9 +323,11 @@ def contract(
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the contract result as JSON."),
 ) -> None:
-    """Check that the serving model computes what the source computes in eval mode, and that no request depends on its batch.
+    """Check that the serving model computes what the source computes in eval mode,
+    and that no request depends on its batch.
 
-    Exit 0 when both tests pass, 7 when one fails. Example: normbridge contract model.pt2 model.onnx --sample requests.npz
+    Exit 0 when both tests pass, 7 when one fails. Example: normbridge contract model.pt2 model.onnx --sample
+    requests.npz
     """
     from converters.models.serving.contract import DEFAULT_TOLERANCES, contract_test
     from converters.models.loading import load_model

@@ -108,10 +108,10 @@ def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | N
     """Import `frameworks`, then check one small BatchNorm of normbridge's own through them, before any caller asks.
 
     Why: a process's first check traces the frameworks' functions and opens their first sessions: 0.4 s with Keras on
-    TensorFlow and onnxruntime, against about 14 ms for each later spec of any configuration. A worker started while
-    its caller reads the model has that time free. The sample is not a caller's data and its result is not kept; the
-    objects built for it are kept like any configuration's (converters/gate/kept_objects.py), and no result depends on them.
-    A sample that fails to check costs only its time: the callers' own checks say what is wrong. Returns the sample's
+    TensorFlow and onnxruntime, against about 14 ms for each later spec of any configuration. A worker started while its
+    caller reads the model has that time free. The sample is not a caller's data and its result is not kept; the objects
+    built for it are kept like any configuration's (converters/gate/kept_objects.py), and no result depends on them. A
+    sample that fails to check costs only its time: the callers' own checks say what is wrong. Returns the sample's
     result (None when it raised), for the tests."""
     registry.import_frameworks(frameworks)
     if not frameworks:
@@ -145,7 +145,8 @@ def warm_up(registry: AdapterRegistry, frameworks: list[str]) -> CheckResult | N
         pass
 
 
-#: A job a shared worker runs for its callers: (arguments from the request, a function that sends a progress frame) -> result.
+#: A job a shared worker runs for its callers: (arguments from the request, a function that sends a progress frame) ->
+#: result.
 Job = Callable[[dict, Callable[[list], None]], dict]
 
 
@@ -207,7 +208,8 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
             else [spec_from_parts(request["spec"], tensors)]
         )
         # The caller runs the round trips back to a source framework this worker has not imported (it read the model):
-        # importing it here would cost more than they do. One this worker has is cheaper here, beside the caller's own legs.
+        # importing it here would cost more than they do. One this worker has is cheaper here,
+        # beside the caller's own legs.
         asked = bool(request.get("defer_round_trips"))
         defer = asked and not all(imported(spec.source.framework) for spec in specs)
         with round_trips.deferring() if defer else contextlib.nullcontext() as held:
@@ -217,7 +219,8 @@ def answer(header: bytes, tensors: bytes, registry: AdapterRegistry) -> dict:
                 results = [checker_for(registry).check(specs[0], frameworks=request["frameworks"])]
         fields = [result.model_dump(mode="python") for result in results]
         reply = {"results": fields} if many else {"result": fields[0]}
-        if asked:  # each result's round trips left to the caller, none where this worker ran them (converters/gate/round_trips.py)
+        # each result's round trips left to the caller, none where this worker ran them (converters/gate/round_trips.py)
+        if asked:
             trips = [[trip.fields() for trip in held.of(result)] if held is not None else [] for result in results]
             reply["round_trips"] = trips if many else trips[0]
         return reply
@@ -267,7 +270,8 @@ def serve(
                 settle_heap()
 
 
-#: Seconds between a job's progress frames, at least, except a step's first and last (a CLI redraws about ten times a second).
+#: Seconds between a job's progress frames, at least, except a step's first and last
+#: (a CLI redraws about ten times a second).
 PROGRESS_INTERVAL = 0.05
 
 
@@ -275,7 +279,8 @@ class _Progress:
     """Sends a job's progress frames: every step's first (done 0) and last (done == total), the others at most every
     PROGRESS_INTERVAL (a frame that is not [step, done, total] always). Why: a registration reports each normalizer it
     checks and each blob it stores (274 frames for a 53-BatchNorm model), and the caller only redraws a bar. A caller
-    that hung up is still found at the next frame sent: at the latest the commit's own step, before anything is committed."""
+    that hung up is still found at the next frame sent: at the latest the commit's own step,
+    before anything is committed."""
 
     def __init__(self, replies: BinaryIO):
         self.replies, self.sent = replies, float("-inf")

@@ -1,9 +1,9 @@
 """`GroupObjects`: how `check_many` (grouped_check.py) makes and runs the objects of many layers of one configuration.
 
-Why a module of its own: the grouping (which layers share a configuration, in which order their checks run,
-what a member whose check raises gets) is grouped_check.py's; making the objects once per configuration and
-running them together is this module's, and `check_target` (converters/equivalence.py) calls it where `check` would build
-and run its own objects:
+Why a module of its own: the grouping (which layers share a configuration, in which order their checks run, what a
+member whose check raises gets) is grouped_check.py's; making the objects once per configuration and running them
+together is this module's, and `check_target` (converters/equivalence.py) calls it where `check` would build and run its
+own objects:
 
 - Keras: a kind adapter that declares `restatable` builds its layer from the configuration and writes the
   tensors in one place (keras_adapter/kind_adapter.py); the group's first layer is built by from_spec, later
@@ -35,9 +35,9 @@ from ..options import ConversionOptions
 
 
 def configuration(spec: NormSpec) -> str:
-    """Everything a converter builds a layer from except the name and the tensors' values: kind, shapes, dtype, layout, flags,
-    eps, momentum, provenance, the tensors' names, dtypes and shapes, and num_batches_tracked's value (a momentum=None layer's
-    emitted momentum and Keras's remembered counter depend on it)."""
+    """Everything a converter builds a layer from except the name and the tensors' values: kind, shapes, dtype, layout,
+    flags, eps, momentum, provenance, the tensors' names, dtypes and shapes, and num_batches_tracked's value (a
+    momentum=None layer's emitted momentum and Keras's remembered counter depend on it)."""
     fields = spec.model_dump(
         exclude={"name", "tensors"}
     )  # in the model's field order: its repr is the same for equal fields
@@ -48,7 +48,8 @@ def configuration(spec: NormSpec) -> str:
 
 @dataclass
 class _Template:
-    """A layer from_spec built, and what from_spec gave it that `restate` cannot: its state then, its warnings, its op."""
+    """A layer from_spec built, and what from_spec gave it that `restate` cannot: its state then, its warnings,
+    its op."""
 
     layer: Any
     state: Any
@@ -79,7 +80,8 @@ KEEP_RUNS_FROM = 8
 
 
 class GroupObjects(CheckObjects):
-    """The objects of one group's checks: Keras layers restated per configuration, ONNX models run in one session each way."""
+    """The objects of one group's checks: Keras layers restated per configuration,
+    ONNX models run in one session each way."""
 
     def __init__(self, registry: AdapterRegistry):
         super().__init__(registry)
@@ -113,9 +115,9 @@ class GroupObjects(CheckObjects):
         self.forget_beyond(keep)
 
     def members(self, specs: list[NormSpec], configuration_of_all: str) -> None:
-        """The group about to be checked: these specs, all of `configuration_of_all` (grouped_check.groups computed it), which
-        each target's write of them then looks up instead of computing it again. Only these objects: any other spec written
-        (a layer read back from a target, a spec a conversion changed) has its configuration computed."""
+        """The group about to be checked: these specs, all of `configuration_of_all` (grouped_check.groups computed it),
+        which each target's write of them then looks up instead of computing it again. Only these objects: any other
+        spec written (a layer read back from a target, a spec a conversion changed) has its configuration computed."""
         self._configurations = {id(spec): (spec, configuration_of_all) for spec in specs}
 
     def _configuration(self, spec: NormSpec) -> str:
@@ -123,7 +125,8 @@ class GroupObjects(CheckObjects):
         return held[1] if held is not None and held[0] is spec else configuration(spec)
 
     def _forget_runs(self) -> None:
-        """Drop what one target's checks of a group wrote ahead and ran (each target's start here: nothing grows across targets)."""
+        """Drop what one target's checks of a group wrote ahead and ran (each target's start here: nothing grows across
+        targets)."""
         for held in (self._ahead, self._runs, self._merged, self._trains, self._stepped):
             held.clear()
 
@@ -151,7 +154,8 @@ class GroupObjects(CheckObjects):
                 self._keep_runs(template, to)
                 return layer
             self._keep_runs(template, to)  # before restate: a layer run by its kept runs is written by them too
-            # A target's check runs the eval and the step next on the group's probe: where the runs can, the write runs them too.
+            # A target's check runs the eval and the step next on the group's probe: where the runs can,
+            # the write runs them too.
             ahead = (
                 template.runs.run_with_next_write
                 if template.runs is not None and role == "target" and spec.track_running_stats
@@ -161,7 +165,8 @@ class GroupObjects(CheckObjects):
                 if ahead is not None:
                     ahead(template.probe)
                 adapter.restate(template.layer, spec, template.state)
-            except Exception:  # noqa: BLE001  from_spec meets the same problem and says it in its own words (a layer of this name)
+            # from_spec meets the same problem and says it in its own words (a layer of this name)
+            except Exception:  # noqa: BLE001
                 return adapter.from_spec(spec, build_options, report)
             finally:
                 if ahead is not None:
@@ -174,9 +179,10 @@ class GroupObjects(CheckObjects):
         return build
 
     def _keep_runs(self, template: _Template, to: str) -> None:
-        """Count a member built on `template`; once it serves KEEP_RUNS_FROM members (counted so far, or in the group being
-        checked), ask the framework for runs kept with the layer (Keras: traced, converters/keras_adapter/traced.py). Fewer
-        members would not pay back the trace: about 45 ms per configuration against about 4 ms saved per member."""
+        """Count a member built on `template`; once it serves KEEP_RUNS_FROM members (counted so far, or in the group
+        being checked), ask the framework for runs kept with the layer (Keras: traced,
+        converters/keras_adapter/traced.py). Fewer members would not pay back the trace: about 45 ms per configuration
+        against about 4 ms saved per member."""
         template.uses += 1
         if not template.asked and max(template.uses, self._group) >= KEEP_RUNS_FROM:
             template.asked = True
@@ -232,8 +238,8 @@ class GroupObjects(CheckObjects):
         if template is not None and template.layer is obj and template.runs is not None:
             if template.probe is not None or not self._trains.get(id(obj)):
                 return self._kept_run(template, x, train)
-            # The first eval and step since the runs were asked run as written here: they give the probe, and every later
-            # member's write carries its own (one trace per configuration, of the write with them).
+            # The first eval and step since the runs were asked run as written here: they give the probe, and every
+            # later member's write carries its own (one trace per configuration, of the write with them).
             template.probe = x if train else None
         run = framework.run_train_step if train else framework.run_eval
         return run(
@@ -241,10 +247,10 @@ class GroupObjects(CheckObjects):
         )  # every object here is this set's own: a torch module per member, a restated Keras layer
 
     def _kept_run(self, template: _Template, x: np.ndarray, train: bool) -> Any:
-        """A run through the layer's kept runs. An eval whose check asks for a training step next runs both in one call where
-        the runs can (`run_eval_and_train_step`; a step it refuses is refused before anything runs, then asked for alone), and
-        the step is handed over when asked for on the same input with no write between. Any other run of a layer whose step
-        has run is not the one check makes: it raises, and the member is checked by `check` itself."""
+        """A run through the layer's kept runs. An eval whose check asks for a training step next runs both in one call
+        where the runs can (`run_eval_and_train_step`; a step it refuses is refused before anything runs, then asked for
+        alone), and the step is handed over when asked for on the same input with no write between. Any other run of a
+        layer whose step has run is not the one check makes: it raises, and the member is checked by `check` itself."""
         runs, obj = template.runs, template.layer
         held = self._stepped.pop(id(obj), None)
         if held is not None:
@@ -264,8 +270,8 @@ class GroupObjects(CheckObjects):
         return out
 
     def _run_merged(self, framework, x: np.ndarray, train: bool) -> None:
-        """Run every model written ahead in one session (once per mode); a model whose run cannot be planned, or a merged run
-        that fails, leaves its members to run on their own (where each raises its own error)."""
+        """Run every model written ahead in one session (once per mode); a model whose run cannot be planned, or a
+        merged run that fails, leaves its members to run on their own (where each raises its own error)."""
         from ..onnx_adapter.merged_runs import mergeable, run_merged
 
         if train in self._merged:

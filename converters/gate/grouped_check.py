@@ -56,8 +56,8 @@ def check_many(
 ) -> list[CheckResult]:
     """`[check(s, frameworks, options, registry) for s in specs]`, each object built once per configuration of layer.
 
-    Raises what that list would raise: the error of the first spec whose `check` raises. `progress(i, spec)` is called as
-    each spec's checks start. The objects are kept for later calls in this process (converters/gate/kept_objects.py).
+    Raises what that list would raise: the error of the first spec whose `check` raises. `progress(i, spec)` is called
+    as each spec's checks start. The objects are kept for later calls in this process (converters/gate/kept_objects.py).
     """
     with kept_objects.lent(registry, GroupObjects) as objects:  # a process's objects of earlier calls serve this one
         return _check_all(list(specs), frameworks, options, registry, progress, lambda: objects)
@@ -89,16 +89,18 @@ def _check_all(
             outcomes[index] = outcome
     results = []
     for spec, outcome in zip(specs, outcomes):
-        # A member whose grouped check raised is checked by `check` itself: the error is check's (or, if check passes it, its result).
+        # A member whose grouped check raised is checked by `check` itself: the error is check's
+        # (or, if check passes it, its result).
         results.append(check(spec, targets, options, registry) if isinstance(outcome, Exception) else outcome)
     return results
 
 
 class Checker:
-    """`check` of one spec after another, the objects built for earlier ones kept for later ones of the same configuration.
+    """`check` of one spec after another, the objects built for earlier ones kept for later ones of the same
+    configuration.
 
-    A check worker (converters/gate/check_worker.py) answers a gate's requests one spec at a time; this gives it what check_many
-    gives a whole model. At most `keep` configurations' objects are kept; calls are serialised.
+    A check worker (converters/gate/check_worker.py) answers a gate's requests one spec at a time; this gives it what
+    check_many gives a whole model. At most `keep` configurations' objects are kept; calls are serialised.
     """
 
     def __init__(self, registry: AdapterRegistry = REGISTRY, keep: int = 64):
@@ -150,7 +152,8 @@ def _check_group(
     members, probe = [], None
     for spec in specs:
         try:
-            # The probe is a function of fields every member shares (kind, shapes, layout, dtype): made once, copied per member.
+            # The probe is a function of fields every member shares (kind, shapes, layout, dtype): made once,
+            # copied per member.
             probe = probe_input(spec) if probe is None else probe
             x_cf = probe.copy()
             members.append(
@@ -174,8 +177,9 @@ def _check_group(
 
 
 def _unchanged_objects(registry: AdapterRegistry, target: str) -> contextlib.AbstractContextManager:
-    """The target framework's block for objects nobody changes (the set's own, written and read and run by the check); no
-    block where the framework cannot be had: each member's check_target meets that error and says it as check does."""
+    """The target framework's block for objects nobody changes (the set's own, written and read and run by the check);
+    no block where the framework cannot be had: each member's check_target meets that error and says it as check
+    does."""
     try:
         framework = registry.framework(target)
     except Exception:  # noqa: BLE001

@@ -48,8 +48,9 @@ def finish_round_trips(
 
 
 def merge_parts(parts: list[CheckResult], order: list[str]) -> CheckResult:
-    """One CheckResult from checks of the same spec on disjoint sets of frameworks (its legs: converters/gate/split_check.py
-    runs some in a worker process): every entry in the place `check(spec)` over `order` puts it, and the same verdict."""
+    """One CheckResult from checks of the same spec on disjoint sets of frameworks (its legs:
+    converters/gate/split_check.py runs some in a worker process): every entry in the place `check(spec)` over `order`
+    puts it, and the same verdict."""
     rank = {name: i for i, name in enumerate(order)}
 
     def gathered(field: str, framework=lambda entry: entry.framework) -> list:

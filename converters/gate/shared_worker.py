@@ -96,8 +96,8 @@ def _load_jobs(reference: str) -> WorkerJobs:
 #: Seconds a shared worker waits for a new connection after its last one closed before it exits.
 DEFAULT_IDLE_SECONDS = 600.0
 #: The environment a worker takes from the caller that starts it: these names, and names with these prefixes (the
-#: frameworks' and thread pools' settings, normbridge's own). Nothing else reaches it (no credentials, no token), and all
-#: of it is part of the socket's name, so a caller whose values differ starts, or reaches, a worker of its own.
+#: frameworks' and thread pools' settings, normbridge's own). Nothing else reaches it (no credentials, no token), and
+#: all of it is part of the socket's name, so a caller whose values differ starts, or reaches, a worker of its own.
 WORKER_ENV_NAMES = (
     "HOME",
     "LANG",
@@ -141,8 +141,8 @@ CALLER_ONLY_ENV = (
     "NORMBRIDGE_FAULT",
     "NORMBRIDGE_VERBOSE",
 )
-#: What a worker's own code sets when unset (keras_adapter.runtime, lean_imports), applied first so that a caller that has
-#: not set them yet (it imports Keras later) names the same worker as one that has.
+#: What a worker's own code sets when unset (keras_adapter.runtime, lean_imports), applied first so that a caller that
+#: has not set them yet (it imports Keras later) names the same worker as one that has.
 WORKER_ENV_DEFAULTS = {"KERAS_BACKEND": "tensorflow", "NORMBRIDGE_LEAN_IMPORTS": "1"}
 #: The same for every worker: it runs no program by name, and its log is for its errors.
 WORKER_ENV_FIXED = {"PATH": os.defpath, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -161,12 +161,14 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class WorkerUnavailable(Exception):
-    """No shared worker can be used (an unsafe folder, a path too long, a worker that did not start): use a private one."""
+    """No shared worker can be used (an unsafe folder, a path too long, a worker that did not start):
+    use a private one."""
 
 
 def open_folder(folder: Path) -> int:
-    """A descriptor of `folder`, created 0700 if missing; it must be a directory (not a link) owned by this user, closed to
-    group and others, checked on the descriptor itself (so nothing swaps it after the check). Raises WorkerUnavailable."""
+    """A descriptor of `folder`, created 0700 if missing; it must be a directory (not a link) owned by this user, closed
+    to group and others, checked on the descriptor itself (so nothing swaps it after the check).
+    Raises WorkerUnavailable."""
     folder = Path(folder)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -180,7 +182,8 @@ def open_folder(folder: Path) -> int:
 
 
 def _check_folder(fd: int, folder: Path) -> None:
-    """Raise WorkerUnavailable (closing `fd`) unless the directory of `fd` is this user's and closed to group and others."""
+    """Raise WorkerUnavailable (closing `fd`) unless the directory of `fd` is this user's and closed to group and
+    others."""
     info = os.fstat(fd)
     problem = None
     if info.st_uid != os.getuid():
@@ -232,7 +235,8 @@ def fingerprint(packages: dict[str, str], jobs: JobSource | None = None) -> str:
 
 
 def socket_path(folder: Path, packages: dict[str, str], jobs: JobSource | None = None) -> Path:
-    """Where the shared worker for these adapter packages (and jobs) listens (its name: a digest of what the results depend on)."""
+    """Where the shared worker for these adapter packages (and jobs) listens
+    (its name: a digest of what the results depend on)."""
     return Path(folder) / f"legs-{fingerprint(packages, jobs)[:24]}.sock"
 
 
@@ -318,7 +322,8 @@ def _spawn(
         os.close(log)
 
 
-#: Workers this process started that may not listen yet, by socket path: `connect` waits for one instead of starting another.
+#: Workers this process started that may not listen yet, by socket path: `connect` waits for one instead of starting
+#: another.
 _STARTED: dict[Path, subprocess.Popen] = {}
 
 
@@ -329,9 +334,9 @@ def start(
     idle: float = DEFAULT_IDLE_SECONDS,
     jobs: JobSource | None = None,
 ) -> WorkerConnection | None:
-    """A connection to the shared worker of `folder` when one answers now; else one is started (importing `warm`) and None
-    returned at once, and `connect` waits for it later. Why: a cold CLI process reads its model meanwhile instead of
-    waiting about 0.5 s for the new worker's socket. Raises WorkerUnavailable as `connect` does."""
+    """A connection to the shared worker of `folder` when one answers now; else one is started (importing `warm`) and
+    None returned at once, and `connect` waits for it later. Why: a cold CLI process reads its model meanwhile instead
+    of waiting about 0.5 s for the new worker's socket. Raises WorkerUnavailable as `connect` does."""
     folder_fd = open_folder(folder)
     try:
         path = socket_path(folder, packages, jobs)
@@ -351,8 +356,8 @@ def connect(
     wait: float = 300.0,
     jobs: JobSource | None = None,
 ) -> WorkerConnection:
-    """A connection to the shared worker of `folder` for these adapter packages (and `jobs`), started (importing `warm`) if
-    none runs. Raises WorkerUnavailable when none can be used (the caller then runs a private worker)."""
+    """A connection to the shared worker of `folder` for these adapter packages (and `jobs`), started (importing `warm`)
+    if none runs. Raises WorkerUnavailable when none can be used (the caller then runs a private worker)."""
     folder_fd = open_folder(folder)
     try:
         path = socket_path(folder, packages, jobs)
@@ -378,7 +383,8 @@ def connect(
 
 
 def running(folder: Path, packages: dict[str, str], jobs: JobSource | None = None) -> WorkerConnection | None:
-    """A connection to the shared worker of `folder` for these packages (and jobs) if one is running (none is started)."""
+    """A connection to the shared worker of `folder` for these packages (and jobs) if one is running
+    (none is started)."""
     try:
         folder_fd = open_folder(folder)
     except WorkerUnavailable:
@@ -413,9 +419,10 @@ def run_job(
     args: dict,
     progress: Callable[[list], None] | None = None,
 ) -> dict | None:
-    """Run job `name` of `jobs` in the shared worker of `folder` if one is running (none is started), passing each progress
-    frame to `progress`: its result, or None when no worker answers or it hung up before the result (nothing was done, or
-    what was done is all-or-nothing: the caller runs the job itself). Raises the job's error as the caller would have seen it."""
+    """Run job `name` of `jobs` in the shared worker of `folder` if one is running (none is started), passing each
+    progress frame to `progress`: its result, or None when no worker answers or it hung up before the result (nothing
+    was done, or what was done is all-or-nothing: the caller runs the job itself).
+    Raises the job's error as the caller would have seen it."""
     worker = running(folder, packages, jobs)
     if worker is None:
         return None
@@ -426,7 +433,8 @@ def run_job(
 
 
 class _Server:
-    """The worker's side: accept same-user connections, answer each on its own thread, exit after `idle` seconds alone."""
+    """The worker's side: accept same-user connections, answer each on its own thread,
+    exit after `idle` seconds alone."""
 
     def __init__(
         self,
@@ -516,8 +524,9 @@ def _enter_folder(path: Path, folder_fd: int | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """argv: the socket path (only its name is used, in the folder of `--folder-fd`), the idle seconds, the adapter packages
-    (JSON), `--folder-fd=FD` and `--jobs=MODULE:NAME` (the callers' JobSource) if any, then the frameworks to import at once."""
+    """argv: the socket path (only its name is used, in the folder of `--folder-fd`), the idle seconds, the adapter
+    packages (JSON), `--folder-fd=FD` and `--jobs=MODULE:NAME` (the callers' JobSource) if any,
+    then the frameworks to import at once."""
     path, idle, packages, warm = Path(argv[0]), float(argv[1]), json.loads(argv[2]), argv[3:]
     options = {}
     while warm and warm[0].startswith("--"):

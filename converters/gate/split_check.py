@@ -109,8 +109,9 @@ def _spread_child(packages: dict[str, str], spread: tuple[str, ...]) -> tuple[Wo
 
 
 def _spread_now(packages: dict[str, str], spread: tuple[str, ...], shared: SharedWorker | None) -> tuple[str, ...]:
-    """The legs a gate starting now spreads: `spread` once its child has finished its imports, none before (the gate runs
-    them here rather than wait for the child, which goes on importing for the next gate), none beside a shared worker."""
+    """The legs a gate starting now spreads: `spread` once its child has finished its imports, none before (the gate
+    runs them here rather than wait for the child, which goes on importing for the next gate),
+    none beside a shared worker."""
     if not spread or shared is not None:
         return ()
     worker, ready = _spread_child(packages, spread)
@@ -146,7 +147,8 @@ def _start(packages: dict[str, str], frameworks: tuple[str, ...], shared: Shared
 
 
 def _shared(packages: dict[str, str], frameworks: tuple[str, ...], shared: SharedWorker) -> WorkerConnection | None:
-    """A connection to the shared worker, asked to import `frameworks` now; None (with a warning) when none can be used."""
+    """A connection to the shared worker, asked to import `frameworks` now; None
+    (with a warning) when none can be used."""
     key = _shared_key(packages, shared)
     worker = _WORKERS.get(key)
     if worker is None or not worker.alive():
@@ -199,7 +201,8 @@ class SplitCheck:
     ):
         """`model_framework`: the model's, when known before it is read (its worker starts importing now). `in_worker`
         names the legs to run in the worker whatever this process has imported (the tests compare both ways); `shared`:
-        the shared worker to use instead of a private child; `spread`: the legs to spread (see the module's docstring)."""
+        the shared worker to use instead of a private child; `spread`: the legs to spread
+        (see the module's docstring)."""
         self._registry = registry
         self._order = registry.framework_names
         self._in_worker = None if in_worker is None else list(in_worker)
@@ -224,9 +227,9 @@ class SplitCheck:
     def _local_all(
         self, plans: list, progress: Callable[[int, NormSpec], None] | None
     ) -> list[CheckResult | None] | None:
-        """Every spec's legs in this process, through `converters.check_many` (each object built once per configuration; the
-        public entry point, looked up now: a caller may wrap it); None if it raises, so that each spec is then checked alone
-        and the error raised is the first spec's, in order."""
+        """Every spec's legs in this process, through `converters.check_many` (each object built once per configuration;
+        the public entry point, looked up now: a caller may wrap it); None if it raises, so that each spec is then
+        checked alone and the error raised is the first spec's, in order."""
         by_legs: dict[tuple[str, ...], list[int]] = {}
         for i, (_, remote) in enumerate(plans):
             legs = tuple(name for name in self._order if name not in remote)
@@ -252,15 +255,15 @@ class SplitCheck:
         return self._workers[own]
 
     def _warm(self, own: str) -> tuple[str, ...]:
-        """The frameworks the worker imports for specs from `own`: its legs. Not `own`: the round trips back to it run here
-        (converters/gate/round_trips.py), where reading the model imported it. With legs spread: the spread child's frameworks
-        (it has them all, so round trips back to `own` run there too)."""
+        """The frameworks the worker imports for specs from `own`: its legs. Not `own`: the round trips back to it run
+        here (converters/gate/round_trips.py), where reading the model imported it. With legs spread: the spread child's
+        frameworks (it has them all, so round trips back to `own` run there too)."""
         legs = tuple(self._remote_legs(own))
         return tuple(dict.fromkeys(self._spread + legs)) if self._spread else legs
 
     def _prepare_next(self) -> None:
-        """Have the shared worker import the models' own frameworks and their readers once it has answered this gate's legs
-        (requests are answered in order): off this registration's clock, for the next one, which it runs whole
+        """Have the shared worker import the models' own frameworks and their readers once it has answered this gate's
+        legs (requests are answered in order): off this registration's clock, for the next one, which it runs whole
         (its callers' jobs)."""
         if self._shared is not None:
             for own, worker in self._workers.items():
@@ -270,8 +273,9 @@ class SplitCheck:
     def _remote_result(
         self, spec: NormSpec, remote: list[str], batch: "_Batch", position: int, objects: GroupObjects
     ) -> CheckResult:
-        """The worker's answer, its round trips run here with `objects`; if a shared worker ended before answering (killed, out
-        of memory), the same legs again in a private worker, and if the spread child ended, here: they are never skipped."""
+        """The worker's answer, its round trips run here with `objects`; if a shared worker ended before answering
+        (killed, out of memory), the same legs again in a private worker, and if the spread child ended, here:
+        they are never skipped."""
         try:
             checked = batch.result(position)
         except WorkerGone:
@@ -340,8 +344,9 @@ def _tensor_bytes(spec: NormSpec) -> int:
 
 
 class _Batch:
-    """The worker's legs of several specs, asked in one request (WorkerConnection.submit_many: checked by `check_many`). If the
-    request raises, each of its specs is asked alone, so that the error raised is the first spec's own, in order."""
+    """The worker's legs of several specs, asked in one request (WorkerConnection.submit_many: checked by `check_many`).
+    If the request raises, each of its specs is asked alone, so that the error raised is the first spec's own,
+    in order."""
 
     def __init__(self, worker: WorkerConnection, specs: list[NormSpec], remote: list[str]):
         self.worker, self.specs, self.remote = worker, specs, remote

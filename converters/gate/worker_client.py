@@ -1,7 +1,7 @@
 """The caller's side of a check worker (converters/gate/check_worker.py): requests sent, replies read back into results.
 
-Why apart: the caller (the gate, converters/gate/split_check.py; the shared worker's connections, converters/gate/shared_worker.py)
-needs only this and the frames, not the worker's serving code.
+Why apart: the caller (the gate, converters/gate/split_check.py; the shared worker's connections,
+converters/gate/shared_worker.py) needs only this and the frames, not the worker's serving code.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ class WorkerConnection:
         return self.send(header, tensors_to_bytes(spec))
 
     def submit_many(self, specs: list[NormSpec], frameworks: list[str], defer_round_trips: bool = False) -> Future:
-        """A future list of CheckResults (of round_trips.Checked with `defer_round_trips`): `check_many(specs, frameworks)`
-        run in the worker in one request. Why: one spec per request costs the worker about 8 ms per spec against 5 for
-        the same checks grouped by configuration."""
+        """A future list of CheckResults (of round_trips.Checked with `defer_round_trips`): `check_many(specs,
+        frameworks)` run in the worker in one request. Why: one spec per request costs the worker about 8 ms per spec
+        against 5 for the same checks grouped by configuration."""
         blobs = [tensors_to_bytes(spec) for spec in specs]
         header = {
             "frameworks": frameworks,
@@ -76,7 +76,8 @@ class WorkerConnection:
 
     def prepare(self, frameworks: list[str]) -> Future:
         """Ask the worker to import `frameworks` and what reading their models imports, after the requests sent before;
-        answered at once (nobody need wait for it): a shared worker then runs the next registration of such a model warm."""
+        answered at once (nobody need wait for it): a shared worker then runs the next registration of such a model
+        warm."""
         return self.send({"prepare": list(frameworks)}, b"")
 
     def run(self, job: str, args: dict, progress: Callable[[list], None] | None = None) -> dict | None:
@@ -88,8 +89,8 @@ class WorkerConnection:
             return None
 
     def send(self, header: dict, tensors: bytes, progress: Callable[[list], None] | None = None) -> Future:
-        """A future of the reply to one request (a CheckResult, a job's result, None for the others); `progress` is given
-        each progress frame answered before it (a job's)."""
+        """A future of the reply to one request (a CheckResult, a job's result, None for the others); `progress` is
+        given each progress frame answered before it (a job's)."""
         future: Future = Future()
         with self._lock:
             if self._ended:  # the reply reader has stopped: nothing would ever answer this request
@@ -171,16 +172,17 @@ def _checked(result: dict, trips: list | None) -> CheckResult | round_trips.Chec
 
 
 def python_path() -> str:
-    """PYTHONPATH for a worker: ROOT first (it runs this copy of normbridge), then the caller's own entries made absolute
-    (as the caller resolved them; an empty entry, which would mean the worker's working directory, is dropped)."""
+    """PYTHONPATH for a worker: ROOT first (it runs this copy of normbridge), then the caller's own entries made
+    absolute (as the caller resolved them; an empty entry, which would mean the worker's working directory, is
+    dropped)."""
     entries = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
     return os.pathsep.join(dict.fromkeys([ROOT, *entries]))  # a worker's own workers: ROOT once
 
 
 def python_command(module: str) -> list[str]:
     """argv that runs `module` as a worker. `-P`: `python -m` would put the working directory first on sys.path, so a
-    `converters/` package in the folder a worker starts from (a download, a shared /tmp, a swapped worker folder) would run
-    instead of normbridge's; the worker finds normbridge through `python_path` alone."""
+    `converters/` package in the folder a worker starts from (a download, a shared /tmp, a swapped worker folder) would
+    run instead of normbridge's; the worker finds normbridge through `python_path` alone."""
     return [sys.executable, "-P", "-m", module]
 
 

@@ -1,4 +1,5 @@
-"""The contents of a keras.Model for an artifact: its variables by path, each layer's spec tensors looked for among its own."""
+"""The contents of a keras.Model for an artifact: its variables by path, each layer's spec tensors looked for among its
+own."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from ..models.walking import spec_of
 
 
 def variable_name(model: Any, variable: Any) -> str:
-    """A variable's tensor name: its path without the model's name, which it starts with in memory ('sequential/dense/kernel')
-    but not after loading a .keras file ('dense/kernel'), so the same model has the same tensor names."""
+    """A variable's tensor name: its path without the model's name, which it starts with in memory
+    ('sequential/dense/kernel') but not after loading a .keras file ('dense/kernel'),
+    so the same model has the same tensor names."""
     top = f"{model.name}/"
     return variable.path[len(top) :] if variable.path.startswith(top) else variable.path
 

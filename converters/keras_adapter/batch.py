@@ -116,7 +116,8 @@ class KerasBatchAdapter(KerasKindAdapter):
 
 
 def emit_frozen(spec: NormSpec, common: dict, report: LayerReport, kind: str = "batch") -> Any:
-    """A frozen batch spec (FrozenBatchNorm2d), or a tracked instance spec in eval, as BatchNormalization(trainable=False).
+    """A frozen batch spec (FrozenBatchNorm2d), or a tracked instance spec in eval, as
+    BatchNormalization(trainable=False).
 
     keras/src/layers/normalization/batch_normalization.py: `if training and self.trainable`: a non-trainable layer
     normalises with its moving statistics in training too and never updates them, which is what frozen means.

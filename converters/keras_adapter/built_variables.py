@@ -56,8 +56,8 @@ class VariablesOverBudget(Exception):
 def built_variables(config: dict, budget: int) -> list[BuiltVariable]:
     """Every variable that loading `config` (config.json, parsed) would create, none of them allocated.
 
-    A layer that reads its variables in `build` (Normalization does) makes Keras run their initializers then: those reads
-    may materialise at most `budget` bytes, else VariablesOverBudget is raised before the initializer runs.
+    A layer that reads its variables in `build` (Normalization does) makes Keras run their initializers then: those
+    reads may materialise at most `budget` bytes, else VariablesOverBudget is raised before the initializer runs.
 
     Raises:
         VariablesOverBudget: as above.
@@ -88,9 +88,9 @@ def built_variables(config: dict, budget: int) -> list[BuiltVariable]:
 
 @functools.cache
 def _budgeted_scope() -> type:
-    """keras.StatelessScope (initialize_variables=False) charging a budget for each variable read eagerly that it has no value
-    for: Keras's symbolic passes (compute_output_spec) open a scope of their own, so a read that reaches this one is a layer
-    reading a variable in `build`, which Keras answers by running the variable's initializer."""
+    """keras.StatelessScope (initialize_variables=False) charging a budget for each variable read eagerly that it has no
+    value for: Keras's symbolic passes (compute_output_spec) open a scope of their own, so a read that reaches this one
+    is a layer reading a variable in `build`, which Keras answers by running the variable's initializer."""
 
     class BudgetedScope(import_keras().StatelessScope):
         def __init__(self, budget: int):

@@ -27,7 +27,8 @@ from .. import markers
 from .shapes import build_rank, channel_shape
 from .variables import variable_dtype
 
-#: Marker holding the pending state: {"<variable>_initializer": array, ...}, the channel count and the rank it is read at.
+#: Marker holding the pending state: {"<variable>_initializer": array, ...},
+#: the channel count and the rank it is read at.
 MARKER = "deferred_build"
 #: Why the rank is left open, said in the report.
 DEFERRED_NOTE = (
@@ -49,8 +50,9 @@ def open_rank(spec: NormSpec) -> bool:
 def channel_build_shape(
     spec: NormSpec, report: LayerReport, default: int, minimum: int = 2, layout: str = "channels_last"
 ) -> tuple[int | None, ...] | None:
-    """The shape in `layout` a channel kind is built for (the rank given, or the kind's only rank), or None when the source
-    takes several ranks and records none: the layer is then built on its first call (defer_build, which reports it)."""
+    """The shape in `layout` a channel kind is built for (the rank given, or the kind's only rank), or None when the
+    source takes several ranks and records none: the layer is then built on its first call
+    (defer_build, which reports it)."""
     if open_rank(spec):
         return None
     return channel_shape(spec.num_features, build_rank(spec, report, default, minimum), layout)
@@ -77,7 +79,8 @@ def is_deferred(layer: Any) -> bool:
 
 
 def built_copy(layer: Any, rank: int) -> Any:
-    """A copy of a deferred layer built for `rank` (same class, config, markers and pending state); the layer stays unbuilt."""
+    """A copy of a deferred layer built for `rank` (same class, config, markers and pending state);
+    the layer stays unbuilt."""
     clone = type(layer).from_config(layer.get_config())
     markers.remember(clone, **markers.recall(layer))
     _wrap_build(clone)
@@ -87,7 +90,8 @@ def built_copy(layer: Any, rank: int) -> Any:
 
 
 def deferred_spec(layer: Any, read: Callable[[Any], NormSpec]) -> NormSpec:
-    """The spec of a deferred layer: read from a copy built for the kind's usual rank, with no input rank (it has none yet)."""
+    """The spec of a deferred layer: read from a copy built for the kind's usual rank, with no input rank
+    (it has none yet)."""
     spec = read(built_copy(layer, markers.recall(layer)[MARKER]["read_rank"]))
     return spec.replace(input_rank=None)
 

@@ -56,7 +56,8 @@ def entry_file(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> I
     """The entry `info` of the archive at `path` (opened as `archive`) as a seekable file of `info.file_size` bytes.
 
     Raises:
-        InputFileError: the entry's local header is not where the central directory says, or its data runs past the file.
+        InputFileError: the entry's local header is not where the central directory says,
+            or its data runs past the file.
     """
     if info.compress_type != zipfile.ZIP_STORED:
         yield io.BytesIO(archive.read(info))

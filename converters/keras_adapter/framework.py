@@ -38,7 +38,8 @@ class KerasFramework(FrameworkAdapter):
         )
 
     def restore(self, spec):
-        """The custom class a probed spec was read from (keras_hub's RMSNormalization), rebuilt and proved equal (restoring.py), else (None, why)."""
+        """The custom class a probed spec was read from (keras_hub's RMSNormalization), rebuilt and proved equal
+        (restoring.py), else (None, why)."""
         from .restoring import restore_class
 
         return restore_class(spec)
@@ -63,7 +64,8 @@ class KerasFramework(FrameworkAdapter):
     def run_train_step(
         self, obj: Any, x: np.ndarray, in_place: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were (on the layer itself if `in_place`)."""
+        """layer(x, training=True) on a copy, so the caller's moving statistics stay as they were
+        (on the layer itself if `in_place`)."""
         refuse_instance_training(obj)
         keras = import_keras()
         clone = built_copy(obj, np.ndim(x)) if is_deferred(obj) else (obj if in_place else copy_layer(obj))
@@ -77,8 +79,9 @@ class KerasFramework(FrameworkAdapter):
         )
 
     def kept_runs(self, obj: Any) -> Any:
-        """The layer's traced eval and training calls (traced.py), for a layer built and run again and again; none (it runs
-        eagerly) where TensorFlow cannot run them without grappler's rewrites (keras_internals.plain_graphs_available)."""
+        """The layer's traced eval and training calls (traced.py), for a layer built and run again and again; none (it
+        runs eagerly) where TensorFlow cannot run them without grappler's rewrites
+        (keras_internals.plain_graphs_available)."""
         if is_deferred(obj) or not plain_graphs_available():
             return None
         return traced_calls(obj)

@@ -100,7 +100,8 @@ def emit_tracked_instance(spec: NormSpec, common: dict, options: ConversionOptio
 
 
 def read_tracked_instance(layer: Any, report: LayerReport) -> NormSpec:
-    """The tracked instance spec of a TrackedInstanceNormalization (or of a BatchNormalization an older normbridge marked)."""
+    """The tracked instance spec of a TrackedInstanceNormalization (or of a BatchNormalization an older normbridge
+    marked)."""
     from .tracked_instance_normalization import TrackedInstanceNormalization
 
     shape = built_input_shape(layer)
@@ -136,7 +137,8 @@ ADAPTER = KerasInstanceAdapter
 
 
 def is_tracked_instance(obj: Any) -> bool:
-    """A TrackedInstanceNormalization, or a BatchNormalization an older normbridge emitted for a tracked InstanceNorm."""
+    """A TrackedInstanceNormalization, or a BatchNormalization an older normbridge emitted for a tracked
+    InstanceNorm."""
     layers = import_keras().layers
     if not isinstance(obj, layers.BatchNormalization):
         return False

@@ -38,7 +38,8 @@ SLACK_BYTES = 1024**2
 
 
 def check_keras_file(path: Path) -> None:
-    """Refuse the `.keras` file at `path` when it would make Keras allocate more than it stores (see the module docstring).
+    """Refuse the `.keras` file at `path` when it would make Keras allocate more than it stores
+    (see the module docstring).
 
     Raises:
         InputFileError: the entry, dataset or variable at fault, named.
@@ -80,8 +81,8 @@ def check_keras_file(path: Path) -> None:
 
 
 def declared_weight_bytes(path: Path) -> int:
-    """The bytes the weights of the `.keras` file at `path` declare, from HDF5 metadata (0 when it holds no weights file,
-    which its loader refuses).
+    """The bytes the weights of the `.keras` file at `path` declare, from HDF5 metadata (0 when it holds no weights
+    file, which its loader refuses).
 
     Raises:
         InputFileError: not a zip, a bomb among the entries or the weights' datasets.
@@ -106,7 +107,8 @@ def _archive(path: Path) -> zipfile.ZipFile:
 
 
 def _entries(archive: zipfile.ZipFile, path: Path) -> dict[str, zipfile.ZipInfo]:
-    """Entries by name; a duplicate name, or an entry that unpacks to far more than it stores, is refused before anything is read."""
+    """Entries by name; a duplicate name, or an entry that unpacks to far more than it stores,
+    is refused before anything is read."""
     infos: dict[str, zipfile.ZipInfo] = {}
     for info in archive.infolist():
         if info.compress_type != zipfile.ZIP_STORED and info.file_size > max(

@@ -1,13 +1,13 @@
-"""Every use of Keras's and TensorFlow's private modules and attributes, one function each, so a release that renames one
-fails here, by name.
+"""Every use of Keras's and TensorFlow's private modules and attributes, one function each,
+so a release that renames one fails here, by name.
 
-Each function's docstring says what it reaches and what replaces it when it fails: a public Keras path where one gives the
-same answer (the layers of a model, its input structure, the layer that made a tensor), the eager or unpatched path where
-the private one only saves time (TensorFlow's flat call, Keras's plain convolution), and MissingDependencyError naming
-the Keras version where nothing does (the variables a `.keras` config builds, counted before they are allocated). None
-answers "nothing" for a model that has something: `all_layers` raises rather than return no layers, which would hide
-every layer from the unrecognised-normalization hazard. tests/converters/test_keras_internals.py runs every access on the
-installed Keras and each fallback against the private path.
+Each function's docstring says what it reaches and what replaces it when it fails: a public Keras path where one gives
+the same answer (the layers of a model, its input structure, the layer that made a tensor), the eager or unpatched path
+where the private one only saves time (TensorFlow's flat call, Keras's plain convolution), and MissingDependencyError
+naming the Keras version where nothing does (the variables a `.keras` config builds, counted before they are allocated).
+None answers "nothing" for a model that has something: `all_layers` raises rather than return no layers, which would
+hide every layer from the unrecognised-normalization hazard. tests/converters/test_keras_internals.py runs every access
+on the installed Keras and each fallback against the private path.
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ def _unavailable(what: str, purpose: str, error: BaseException) -> MissingDepend
     )
 
 
-# -- the layers of a model ----------------------------------------------------------------------------------------------
+# -- the layers of a model ---------------------------------------------------------------------------------------------
 
 
 def all_layers(model: Any) -> list:
-    """Every layer inside `model`, nested ones included, itself excluded: Keras's `model._flatten_layers(include_self=False,
-    recursive=True)`, or on failure the same walk over public attributes (`public_layers`).
+    """Every layer inside `model`, nested ones included, itself excluded: Keras's
+    `model._flatten_layers(include_self=False, recursive=True)`, or on failure the same walk over public attributes
+    (`public_layers`).
 
     Raises:
         UnsupportedObjectError: neither walk finds a layer in a model whose public `layers` lists some (nothing would be
@@ -86,9 +87,9 @@ def all_layers(model: Any) -> list:
 
 
 def public_layers(model: Any) -> list:
-    """`_flatten_layers`' walk (each layer once, a nested layer's sublayers visited before its next sibling's, last first,
-    as Keras's deque does) over the public ways sublayers are held: a Model's `layers`, and the attributes (or lists, tuples
-    and dict values of them) a layer tracks sublayers by."""
+    """`_flatten_layers`' walk (each layer once, a nested layer's sublayers visited before its next sibling's, last
+    first, as Keras's deque does) over the public ways sublayers are held: a Model's `layers`, and the attributes (or
+    lists, tuples and dict values of them) a layer tracks sublayers by."""
     found, seen = [], set()
     pending = _public_sublayers(model)
     while pending:
@@ -102,7 +103,8 @@ def public_layers(model: Any) -> list:
 
 
 def sublayers(layer: Any) -> list:
-    """The layers `layer` holds directly: Keras's `layer._layers`, or on failure the public ones (`_public_sublayers`)."""
+    """The layers `layer` holds directly: Keras's `layer._layers`, or on failure the public ones
+    (`_public_sublayers`)."""
     try:
         held = layer._layers  # noqa: SLF001
         if isinstance(held, (list, tuple)):
@@ -148,12 +150,13 @@ def has_sublayers(layer: Any) -> bool:
     return bool(sublayers(layer))
 
 
-# -- inputs, tensors, variables -----------------------------------------------------------------------------------------
+# -- inputs, tensors, variables ----------------------------------------------------------------------------------------
 
 
 def inputs_structure(model: Any) -> Any:
-    """The structure a functional model was built on (a tensor, list or dict): Keras's `model._inputs_struct`, or on failure
-    the public `model.input`, which a functional model answers with that structure; None for a model that has neither."""
+    """The structure a functional model was built on (a tensor, list or dict): Keras's `model._inputs_struct`, or on
+    failure the public `model.input`, which a functional model answers with that structure;
+    None for a model that has neither."""
     try:
         return model._inputs_struct  # noqa: SLF001
     except AttributeError as error:
@@ -165,14 +168,14 @@ def inputs_structure(model: Any) -> Any:
 
 
 def autocasts(variable: Any) -> bool:
-    """Whether `variable` was created with autocast=True: Keras's `variable._autocast`; True (Keras's default) when it does
-    not say (keras_adapter.variables then refuses a layer whose variables disagree)."""
+    """Whether `variable` was created with autocast=True: Keras's `variable._autocast`; True (Keras's default) when it
+    does not say (keras_adapter.variables then refuses a layer whose variables disagree)."""
     return bool(getattr(variable, "_autocast", True))
 
 
 def producing_layer(tensor: Any, layers: list) -> Any:
-    """The layer whose call made the symbolic `tensor`: Keras's `tensor._keras_history[0]`, or on failure the layer among
-    `layers` whose public `output` is `tensor`; None when none is."""
+    """The layer whose call made the symbolic `tensor`: Keras's `tensor._keras_history[0]`, or on failure the layer
+    among `layers` whose public `output` is `tensor`; None when none is."""
     try:
         return tensor._keras_history[0]  # noqa: SLF001
     except Exception as error:
@@ -186,7 +189,7 @@ def producing_layer(tensor: Any, layers: list) -> Any:
     return None
 
 
-# -- counting the variables a .keras config builds (keras_adapter.built_variables) --------------------------------------
+# -- counting the variables a .keras config builds (keras_adapter.built_variables) -------------------------------------
 
 
 def _global_state() -> Any:
@@ -202,19 +205,21 @@ def _global_state() -> Any:
 
 
 def uninitialized_variables() -> Any:
-    """`keras.src.backend.common.global_state.get_global_attribute("uninitialized_variables")`, Keras's own (thread-local)
-    list of the variables created uninitialised in a stateless scope; nothing replaces it: MissingDependencyError."""
+    """`keras.src.backend.common.global_state.get_global_attribute("uninitialized_variables")`, Keras's own
+    (thread-local) list of the variables created uninitialised in a stateless scope;
+    nothing replaces it: MissingDependencyError."""
     return _global_state().get_global_attribute("uninitialized_variables")
 
 
 def set_uninitialized_variables(value: Any) -> None:
-    """`global_state.set_global_attribute("uninitialized_variables", value)`; nothing replaces it: MissingDependencyError."""
+    """`global_state.set_global_attribute("uninitialized_variables", value)`;
+    nothing replaces it: MissingDependencyError."""
     _global_state().set_global_attribute("uninitialized_variables", value)
 
 
 def object_sharing_scope() -> Any:
-    """`keras.src.saving.serialization_lib.ObjectSharingScope()`, what keras.saving.load_model deserialises under (shared
-    objects built once); nothing replaces it (counting without it would not count what loading builds):
+    """`keras.src.saving.serialization_lib.ObjectSharingScope()`, what keras.saving.load_model deserialises under
+    (shared objects built once); nothing replaces it (counting without it would not count what loading builds):
     MissingDependencyError."""
     try:
         from keras.src.saving.serialization_lib import ObjectSharingScope
@@ -227,14 +232,14 @@ def object_sharing_scope() -> Any:
     return ObjectSharingScope()
 
 
-# -- TensorFlow: tracing for ONNX export and the traced layer calls -----------------------------------------------------
+# -- TensorFlow: tracing for ONNX export and the traced layer calls ----------------------------------------------------
 
 
 @contextlib.contextmanager
 def plain_convolutions(lock: Any) -> Iterator[None]:
-    """Keras's TensorFlow `conv` (`keras.src.backend.tensorflow.nn.conv`) as a plain `tf.nn.convolution`, without the XLA
-    wrapper it puts around grouped convolutions (which tf2onnx cannot convert), for the duration of one trace under `lock`;
-    on failure to reach it, Keras's own conv is traced."""
+    """Keras's TensorFlow `conv` (`keras.src.backend.tensorflow.nn.conv`) as a plain `tf.nn.convolution`, without the
+    XLA wrapper it puts around grouped convolutions (which tf2onnx cannot convert), for the duration of one trace under
+    `lock`; on failure to reach it, Keras's own conv is traced."""
     import tensorflow as tf
 
     try:
@@ -264,10 +269,11 @@ def plain_convolutions(lock: Any) -> Iterator[None]:
 
 
 def called_flat(concrete: Any, tensors: Any, flat: list) -> Any:
-    """`concrete(tensors)`, through the call its __call__ ends in when no tape records and nothing is being traced (TensorFlow's
-    `tensorflow.python.eager.record.could_possibly_record`, `context.executing_eagerly` and
-    `concrete._inference_function.call_preflattened`): the inputs, matching the trace by construction, are passed flat with
-    the captured variables, which skips binding them to the signature; on failure to reach those, `concrete(tensors)`."""
+    """`concrete(tensors)`, through the call its __call__ ends in when no tape records and nothing is being traced
+    (TensorFlow's `tensorflow.python.eager.record.could_possibly_record`, `context.executing_eagerly` and
+    `concrete._inference_function.call_preflattened`): the inputs, matching the trace by construction, are passed flat
+    with the captured variables, which skips binding them to the signature;
+    on failure to reach those, `concrete(tensors)`."""
     try:
         from tensorflow.python.eager import context, record
 
@@ -286,8 +292,9 @@ _PLAIN: dict[bytes, Any] = {}  # the caller's serialized call config -> the same
 
 @functools.cache
 def plain_graphs_available() -> bool:
-    """Whether `plain_graphs` can run here (TensorFlow's `tensorflow.python.eager.context.context().function_call_options`);
-    when it cannot, Keras layers are run eagerly, never traced with grappler's rewrites (which change the last bits)."""
+    """Whether `plain_graphs` can run here (TensorFlow's
+    `tensorflow.python.eager.context.context().function_call_options`); when it cannot, Keras layers are run eagerly,
+    never traced with grappler's rewrites (which change the last bits)."""
     try:
         from tensorflow.core.protobuf import config_pb2  # noqa: F401
         from tensorflow.python.eager import context
@@ -324,16 +331,17 @@ def plain_graphs() -> Iterator[None]:
         ctx.function_call_options = current
 
 
-# -- tf2onnx: the conversion of a traced Keras model ----------------------------------------------------------------------
+# -- tf2onnx: the conversion of a traced Keras model -------------------------------------------------------------------
 
 
 def converted_with_optimizers(
     frozen: Any, optimizers: Callable[[dict], dict], public: Callable[[], Any], **options: Any
 ) -> Any:
     """tf2onnx's conversion of a frozen graph with its default optimizers passed through `optimizers` (tf2onnx's
-    `tf2onnx.optimizer._get_optimizers()` and `tf2onnx.convert._convert_common`, the steps `tf2onnx.convert.from_function`
-    takes, which accepts no optimizers); on failure to reach or call those, `public()`: `from_function`'s own path, the same
-    graph with tf2onnx's own optimizer loop (more memory at its peak on large models: see tf2onnx_export)."""
+    `tf2onnx.optimizer._get_optimizers()` and `tf2onnx.convert._convert_common`, the steps
+    `tf2onnx.convert.from_function` takes, which accepts no optimizers); on failure to reach or call those, `public()`:
+    `from_function`'s own path, the same graph with tf2onnx's own optimizer loop
+    (more memory at its peak on large models: see tf2onnx_export)."""
     try:
         from tf2onnx import convert, optimizer
 

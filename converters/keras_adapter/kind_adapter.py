@@ -34,14 +34,14 @@ class KerasKindAdapter(KindAdapter):
     """Shared steps of the Keras kind adapters: class checks, the start and the end of from_spec."""
 
     framework: ClassVar[str] = "keras"
-    #: Every Keras layer holds bfloat16 and, under a mixed policy, float32 statistics of a bf16/fp16 layer, with its state in
-    #: the float32 variables (state_dtype float32) or as exact bf16/fp16 values in them.
+    #: Every Keras layer holds bfloat16 and, under a mixed policy, float32 statistics of a bf16/fp16 layer, with its
+    #: state in the float32 variables (state_dtype float32) or as exact bf16/fp16 values in them.
     holds: ClassVar[frozenset[str]] = frozenset({"dtype", "compute_dtype", "state_dtype"})
     #: Names in keras.layers this adapter reads.
     layer_classes: ClassVar[tuple[str, ...]]
     #: Declared by a class whose from_spec builds from the configuration alone and writes the spec's tensors only in
-    #: finish_emit, so `restate` may stand in for it (converters/gate/group_objects.py). Read from the class that defines
-    #: from_spec: a subclass overriding from_spec without declaring it again is never restated.
+    #: finish_emit, so `restate` may stand in for it (converters/gate/group_objects.py). Read from the class that
+    #: defines from_spec: a subclass overriding from_spec without declaring it again is never restated.
     restatable: ClassVar[bool] = False
 
     def layer_of(self, obj: Any) -> Any:
@@ -112,18 +112,19 @@ class KerasKindAdapter(KindAdapter):
         return layer
 
     def template_state(self, layer: Any) -> list[np.ndarray]:
-        """Every variable's value as from_spec left `layer`: what `restate` gives back to the variables no tensor is written to."""
+        """Every variable's value as from_spec left `layer`: what `restate` gives back to the variables no tensor is
+        written to."""
         return [read_variable(variable) for variable in layer.weights]
 
     def restate(self, layer: Any, spec: NormSpec, template: Sequence[np.ndarray]) -> None:
-        """Make `layer` what this adapter's from_spec builds for `spec`, without building: `layer` was built by from_spec for a
-        spec of the same configuration (everything but the name and the tensors' values), and `template` holds the values
-        its variables had then.
+        """Make `layer` what this adapter's from_spec builds for `spec`, without building: `layer` was built by
+        from_spec for a spec of the same configuration (everything but the name and the tensors' values), and `template`
+        holds the values its variables had then.
 
         from_spec(spec) would build the same class with the same configuration, name it after `spec` and write `spec`'s
         tensors in finish_emit; every other variable keeps what the configuration gave it, which `template` holds (a
-        training step since may have moved them). A layer left unbuilt for its first call (deferred.py) holds no variables
-        to write: it is refused before anything changes, and the caller builds that member with from_spec.
+        training step since may have moved them). A layer left unbuilt for its first call (deferred.py) holds no
+        variables to write: it is refused before anything changes, and the caller builds that member with from_spec.
         """
         if not hasattr(layer, STATE_SLOTS):
             raise ValueError(f"the Keras layer '{layer.name}' is built on its first call; it is rebuilt, not restated")
@@ -148,8 +149,9 @@ class KerasKindAdapter(KindAdapter):
             )
         held = {id(variable): tensor_name for tensor_name, variable in slots.items()}
         dtype = variable_dtype(spec)
-        # The spec's tensors where from_spec's write_state writes them, the template's values elsewhere, each verified to read
-        # back bit-identically: in one traced call when the layer is run traced (traced.py), else one variable at a time.
+        # The spec's tensors where from_spec's write_state writes them, the template's values elsewhere, each verified
+        # to read back bit-identically: in one traced call when the layer is run traced (traced.py),
+        # else one variable at a time.
         values = [
             spec.tensors[held[id(variable)]].astype(dtype) if id(variable) in held else value
             for variable, value in zip(layer.weights, template)

@@ -79,7 +79,8 @@ class KerasLayerAdapter(KerasKindAdapter):
 
 
 def emit_axes(spec: NormSpec, report: LayerReport) -> tuple[Any, tuple]:
-    """Keras `axis=` and build shape: the trailing axes, or axis 1 of a channels_first input (layout set on a trailing kind)."""
+    """Keras `axis=` and build shape: the trailing axes, or axis 1 of a channels_first input
+    (layout set on a trailing kind)."""
     if spec.layout == "channels_first":
         report.add(
             "layout", "channels_first", "axis=1", "exact", "statistics over the channel axis of a channels_first input"

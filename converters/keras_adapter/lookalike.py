@@ -1,4 +1,5 @@
-"""Keras layers that look like normalizations: what the probe is asked about, and what is reported when it proves nothing.
+"""Keras layers that look like normalizations: what the probe is asked about,
+and what is reported when it proves nothing.
 
 A layer looks like one when its class name contains "Norm" or it has a gamma or beta variable
 shaped like its last input axis, and it is neither a stock normalization class nor a composite

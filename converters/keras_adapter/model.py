@@ -27,7 +27,8 @@ from .runtime import import_keras
 
 def _load_keras(path: Path) -> Any:
     keras = import_keras()
-    # normbridge's own layers, registered on import, may be in a file it wrote: an unbiased BatchNorm, a tracked InstanceNorm.
+    # normbridge's own layers, registered on import, may be in a file it wrote: an unbiased BatchNorm,
+    # a tracked InstanceNorm.
     from . import tracked_instance_normalization, unbiased_batch_normalization  # noqa: F401
 
     try:
@@ -187,7 +188,8 @@ class KerasModelAdapter(ModelAdapter):
     # -- serving -------------------------------------------------------------------------------
 
     def serving_taps(self, model: Any, sink):
-        """A wrapper that serves the model, sampled calls through a sub-model returning the BatchNormalization inputs too."""
+        """A wrapper that serves the model, sampled calls through a sub-model returning the BatchNormalization inputs
+        too."""
         refs = [
             ref
             for ref in self.norm_layers(model)

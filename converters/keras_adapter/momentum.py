@@ -1,4 +1,5 @@
-"""Keras's momentum convention, and what Keras cannot hold of a running-statistics layer (PyTorch's convention, num_batches_tracked)."""
+"""Keras's momentum convention, and what Keras cannot hold of a running-statistics layer
+(PyTorch's convention, num_batches_tracked)."""
 
 from __future__ import annotations
 

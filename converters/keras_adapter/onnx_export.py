@@ -45,7 +45,8 @@ def _opset(opset: int) -> tuple[int, list[str]]:
 
 
 def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
-    """(onnx.ModelProto, the exporter as named in reports, notes) through normbridge's own tf2onnx call (tf2onnx_export.py)."""
+    """(onnx.ModelProto, the exporter as named in reports, notes) through normbridge's own tf2onnx call
+    (tf2onnx_export.py)."""
     import tf2onnx
 
     used, notes = _opset(opset)
@@ -59,7 +60,8 @@ def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
 
 
 def export_with_keras(model, sample, opset: int) -> tuple[Any, str, list[str]]:
-    """The same through keras.Model.export(format='onnx'), the path normbridge used before (kept for bench/models.py)."""
+    """The same through keras.Model.export(format='onnx'), the path normbridge used before
+    (kept for bench/models.py)."""
     import tf2onnx
 
     from ..onnx_adapter.files import load_onnx
@@ -122,7 +124,8 @@ def _onnx_kernel(layer) -> np.ndarray | None:
 
 
 def conv_batchnorms(keras_model, specs: list[NormSpec]) -> list:
-    """Each eval BatchNorm fed directly by a convolution, with the kernel in ONNX layout (graph.unfold.ConvBatchNorm)."""
+    """Each eval BatchNorm fed directly by a convolution, with the kernel in ONNX layout
+    (graph.unfold.ConvBatchNorm)."""
     from ..onnx_adapter.graph.unfold import ConvBatchNorm
 
     keras = import_keras()

@@ -1,4 +1,5 @@
-"""Keras side of porting (converters.models.porting): writing a converted layer's state into a layer that already sits in a model.
+"""Keras side of porting (converters.models.porting): writing a converted layer's state into a layer that already sits
+in a model.
 
 The layer is never replaced (its name, its place in the graph and its connections stay):
 its variables are assigned bit-exactly and `epsilon`/`momentum` are set. Keras reads both

@@ -129,8 +129,8 @@ def _input_shape(layer: Any) -> tuple[int, ...] | None:
 def _called_shape(variables: list, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """The recorded input shape with its trailing axes replaced by the variables' common shape, where they differ.
 
-    keras_hub builds Qwen3's per-head query and key norms (Qwen3LayerNorm(head_dim)) with the hidden states' shape
-    (B, T, hidden) and calls them on (B, T, heads, head_dim): their scale of head_dim can only meet an input whose trailing
+    keras_hub builds Qwen3's per-head query and key norms (Qwen3LayerNorm(head_dim)) with the hidden states' shape (B,
+    T, hidden) and calls them on (B, T, heads, head_dim): their scale of head_dim can only meet an input whose trailing
     axis is head_dim, so that is the input probed (and the proof still decides)."""
     shapes = {tuple(int(d) for d in v.shape) for v in variables}
     if len(shapes) != 1:
@@ -224,7 +224,8 @@ def _recover_eps(layer, shape, normalized, kind, factor, shift) -> float | None:
 
 
 def _exact_eps(layer: Any, estimate: float) -> float:
-    """The layer's own eps attribute when it agrees with the estimate, else the shortest decimal within the estimate's precision."""
+    """The layer's own eps attribute when it agrees with the estimate, else the shortest decimal within the estimate's
+    precision."""
     for attribute in EPS_ATTRIBUTES:
         value = getattr(layer, attribute, None)
         if (

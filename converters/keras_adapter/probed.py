@@ -23,7 +23,8 @@ def is_stock(layer: Any, class_names: tuple[str, ...]) -> bool:
 
 
 def probed_spec(layer: Any, kind: str, report: LayerReport) -> NormSpec:
-    """The spec of a custom layer the probe proved to compute `kind`; UnsupportedObjectError naming the reason otherwise."""
+    """The spec of a custom layer the probe proved to compute `kind`; UnsupportedObjectError naming the reason
+    otherwise."""
     result = probe_layer(layer)
     norm = result.norm
     if norm is None or norm.kind != kind:

@@ -1,4 +1,5 @@
-"""Rebuilding the custom Keras class a probed layer was read from (keras_hub's Gemma RMSNormalization, T5LayerNorm, ...).
+"""Rebuilding the custom Keras class a probed layer was read from (keras_hub's Gemma RMSNormalization, T5LayerNorm,
+...).
 
 A spec the behavioural probe read (probed.py) records the class's import path and its variables' names
 (`Source.module_class`, `Source.state_names`). Converting it back to Keras rebuilds that class when it can be
@@ -8,8 +9,8 @@ done without running anything a file chose, as Keras's own `safe_mode` loading r
   file may name), then in a module already imported in this process; a spec can come from a file, and a
   module it names is never imported for it;
 - it is a `keras.layers.Layer` and not a `Lambda` (whose configuration carries code);
-- it is constructed with what its signature takes of the spec: the eps (`epsilon`, `eps`, `variance_epsilon`),
-  the name, the dtype, and the feature count when it requires one argument (`keras_hub.layers.RMSNormalization(input_dim)`);
+- it is constructed with what its signature takes of the spec: the eps (`epsilon`, `eps`, `variance_epsilon`), the name,
+  the dtype, and the feature count when it requires one argument (`keras_hub.layers.RMSNormalization(input_dim)`);
   nothing from a stored configuration is deserialised;
 - built for the spec's input rank, given the spec's tensors bit for bit, the probe proves it again as the same spec
   (kind, eps, axes, scale offset).
@@ -96,7 +97,8 @@ def _path_of(cls: type) -> str:
 
 
 def _imported(module_name: str, qualname: str) -> Any:
-    """The attribute chain `qualname` of an imported module; None when the module is not imported or has no such name."""
+    """The attribute chain `qualname` of an imported module; None when the module is not imported or has no such
+    name."""
     found: Any = sys.modules.get(module_name)
     for part in qualname.split(".") if found is not None else ():
         if part == "<locals>":
@@ -106,7 +108,8 @@ def _imported(module_name: str, qualname: str) -> Any:
 
 
 def _construct(cls: type, spec: NormSpec) -> Any:
-    """cls(...) with the arguments its signature takes: the feature count when one argument is required, eps, name, dtype."""
+    """cls(...) with the arguments its signature takes: the feature count when one argument is required, eps,
+    name, dtype."""
     parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
     named = {
@@ -134,7 +137,8 @@ def _construct(cls: type, spec: NormSpec) -> Any:
 
 
 def _build(layer: Any, spec: NormSpec) -> None:
-    """Build for the spec's input rank (its trailing normalised sizes); a class that made its weights in __init__ only records it."""
+    """Build for the spec's input rank (its trailing normalised sizes); a class that made its weights in __init__ only
+    records it."""
     rank = spec.input_rank or len(spec.normalized_shape) + 2
     if not layer.built or not (layer.get_build_config() or {}).get("input_shape"):
         layer.build(trailing_shape(spec.normalized_shape, rank))

@@ -1,4 +1,5 @@
-"""Importing Keras (only when a conversion runs, on the TensorFlow backend unless the user chose another) and its provenance."""
+"""Importing Keras (only when a conversion runs, on the TensorFlow backend unless the user chose another) and its
+provenance."""
 
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ def trailing_axes(layer: Any, axis: Any, rank: int) -> tuple[int, ...]:
 
 
 def normalises_channel_axis(axis: Any, rank: int) -> bool:
-    """A LayerNormalization/RMSNormalization over axis 1 alone of a rank >= 3 input: ConvNeXt's channels_first layer norm."""
+    """A LayerNormalization/RMSNormalization over axis 1 alone of a rank >= 3 input:
+    ConvNeXt's channels_first layer norm."""
     axes = [axis] if isinstance(axis, numbers.Integral) else list(axis)
     return rank >= 3 and len(axes) == 1 and int(axes[0]) in (1, 1 - rank)
 

@@ -79,7 +79,8 @@ def _summary(values: np.ndarray) -> str:
 
 
 def standardization_hazards(model: Any) -> list[Hazard]:
-    """One entry per keras.layers.Normalization of `model`: its statistics, and a warning when they were never adapted."""
+    """One entry per keras.layers.Normalization of `model`: its statistics,
+    and a warning when they were never adapted."""
     layers = all_layers(model) if isinstance(model, import_keras().layers.Layer) else []
     found = []
     for layer in layers:

@@ -1,4 +1,5 @@
-"""A keras.Model's structure: its config and metadata JSON, rebuilt with safe_mode=True and filled from the tensors by path.
+"""A keras.Model's structure: its config and metadata JSON, rebuilt with safe_mode=True and filled from the tensors by
+path.
 
 The config is what `model.save` writes as config.json (`keras.saving.serialize_keras_object`), the metadata the
 Keras version (no date, so the same model always gives the same bytes and is stored once). Rebuilding deserialises

@@ -21,9 +21,9 @@ each fixed here, in memory (no temporary file):
   collection, which a process holding TensorFlow's objects runs rarely: ConvNeXtTiny's copies (~320 MB
   each) took a test process to 12.8 GB (issue 31). Here each optimizer first collects the copy the
   previous one left (`_collecting_optimizers`), so one copy is alive at a time; the graph is the same.
-- tf2onnx's transpose optimizer ends by turning each Transpose of size-1 axes into a Reshape to the shape it
-  recorded, records its own moves leave stale: at 1x1 spatial the file computed a wrong answer (Keras ConvNeXtTiny
-  at 32x32 served [N, 1, 768, 768] for [N, 1, 1, 768]; issue 34). Here those Transposes stay (keras_internals.transposes_kept, and
+- tf2onnx's transpose optimizer ends by turning each Transpose of size-1 axes into a Reshape to the shape it recorded,
+  records its own moves leave stale: at 1x1 spatial the file computed a wrong answer (Keras ConvNeXtTiny at 32x32 served
+  [N, 1, 768, 768] for [N, 1, 1, 768]; issue 34). Here those Transposes stay (keras_internals.transposes_kept, and
   transposes_kept_in_tf2onnx on the public path).
 """
 
@@ -62,7 +62,8 @@ _TRACE_LOCK = threading.Lock()
 
 
 def _collecting(factory):
-    """A tf2onnx optimizer factory that first frees the graph copies earlier optimizers discarded (cycles: only gc frees them)."""
+    """A tf2onnx optimizer factory that first frees the graph copies earlier optimizers discarded
+    (cycles: only gc frees them)."""
 
     def make():
         gc.collect()

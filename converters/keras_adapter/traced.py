@@ -1,15 +1,15 @@
 """A Keras layer's writes and calls traced once and run for every state it is given (check_many's Keras leg).
 
 Why: check_many (converters/gate/grouped_check.py) gives one Keras layer per configuration each member's state in turn
-(`KerasKindAdapter.restate`) and runs it. Eagerly, every call of a layer on a probe of a few thousand numbers spends
-1-3 ms in Python (Keras's `__call__`, one TensorFlow dispatch per op), and every variable write a few hundred
-microseconds; traced into tf.functions, as Keras's own predict and fit run layers, they cost a fraction, and the trace is
-paid once per configuration. Grappler is off for these calls and the kernels run in the calling thread one after
-another (thread-local call options, `keras_internals.plain_graphs`): the graph then runs the kernels the eager calls run, on the same
-inputs and states, so the written variables, outputs and moved statistics are the eager ones bit for bit
+(`KerasKindAdapter.restate`) and runs it. Eagerly, every call of a layer on a probe of a few thousand numbers spends 1-3
+ms in Python (Keras's `__call__`, one TensorFlow dispatch per op), and every variable write a few hundred microseconds;
+traced into tf.functions, as Keras's own predict and fit run layers, they cost a fraction, and the trace is paid once
+per configuration. Grappler is off for these calls and the kernels run in the calling thread one after another
+(thread-local call options, `keras_internals.plain_graphs`): the graph then runs the kernels the eager calls run, on the
+same inputs and states, so the written variables, outputs and moved statistics are the eager ones bit for bit
 (tests/converters/test_traced_calls.py). With grappler on, the LayerNormalization and RMSNormalization outputs of 8
-cases of the table differ from the eager ones in the last bits (it rewrites their arithmetic), and check_many would
-no longer give `check`'s results.
+cases of the table differ from the eager ones in the last bits (it rewrites their arithmetic), and check_many would no
+longer give `check`'s results.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def traced_calls(layer: Any) -> "TracedCalls":
 
 
 class TracedCalls:
-    """`write`, `run_eval` and `run_train_step` of one built Keras layer (and the last two in one call), each traced on first use.
+    """`write`, `run_eval` and `run_train_step` of one built Keras layer (and the last two in one call),
+    each traced on first use.
 
     Each does what its eager counterpart does (variables.write_variable over every weight, KerasFramework.run_eval and
     run_train_step in place), with the same checks before it runs and the same values after. (Reading the variables
@@ -82,8 +83,9 @@ class TracedCalls:
             return read, out, step
 
         self._tf = tf
-        # "both": the eval output, then the step; the function's reads and writes of a variable run in program order (TensorFlow's
-        # automatic control dependencies), so the eval output is computed from the statistics before the step moves them.
+        # "both": the eval output, then the step; the function's reads and writes of a variable run in program order
+        # (TensorFlow's automatic control dependencies), so the eval output is computed from the statistics before the
+        # step moves them.
         self._functions = {
             name: tf.function(function, autograph=False)
             for name, function in (
@@ -115,9 +117,10 @@ class TracedCalls:
             return called_flat(concrete, tensors, flat)
 
     def run_with_next_write(self, x: np.ndarray | None) -> None:
-        """Let the next `write` also run the eval and the training step on `x` from the state it writes, in the same call, and
-        put that state back (check_many knows its probe before the write, and the check asks for both after it: one dispatch
-        per member instead of two). run_eval_and_train_step(x) then hands them over, unless another call came between."""
+        """Let the next `write` also run the eval and the training step on `x` from the state it writes, in the same
+        call, and put that state back (check_many knows its probe before the write, and the check asks for both after
+        it: one dispatch per member instead of two). run_eval_and_train_step(x) then hands them over,
+        unless another call came between."""
         self._next_input = None if x is None else np.array(x, copy=True)
 
     def write(self, values: Sequence[np.ndarray]) -> None:
@@ -145,7 +148,8 @@ class TracedCalls:
             self._ran = (_key(x), (np.asarray(out.numpy()), _step(step)))
 
     def _runnable(self, x: np.ndarray) -> np.ndarray | None:
-        """`x` as the runs take it, or None where run_eval_and_train_step would refuse before running (it then refuses itself)."""
+        """`x` as the runs take it, or None where run_eval_and_train_step would refuse before running
+        (it then refuses itself)."""
         try:
             built_input_shape(self.layer)
             refuse_instance_training(self.layer)
@@ -168,9 +172,9 @@ class TracedCalls:
     def run_eval_and_train_step(
         self, x: np.ndarray
     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]:
-        """(run_eval(x), then run_train_step(x)) in one call, for a check that asks for both on one state: one dispatch instead
-        of two; none when the last write ran them on this input (run_with_next_write). Refuses what either refuses, before
-        anything runs."""
+        """(run_eval(x), then run_train_step(x)) in one call, for a check that asks for both on one state: one dispatch
+        instead of two; none when the last write ran them on this input (run_with_next_write). Refuses what either
+        refuses, before anything runs."""
         layer, ran, self._ran = self.layer, self._ran, None
         built_input_shape(layer)
         refuse_instance_training(layer)
@@ -183,7 +187,8 @@ class TracedCalls:
 
 @functools.lru_cache(maxsize=64)
 def _dtype_name(dtype: np.dtype) -> str:
-    """str(dtype), remembered (NumPy computes a dtype's name in Python on every call; every write names each value's)."""
+    """str(dtype), remembered (NumPy computes a dtype's name in Python on every call; every write names each
+    value's)."""
     return str(dtype)
 
 
@@ -202,8 +207,8 @@ def _step(values: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None
 
 
 def refuse_instance_training(layer: Any) -> None:
-    """NotExpressibleError for a plain BatchNormalization an older normbridge emitted for a tracked InstanceNorm: its training
-    step is not the source's (KerasFramework.run_train_step and TracedCalls.run_train_step both refuse it). The
+    """NotExpressibleError for a plain BatchNormalization an older normbridge emitted for a tracked InstanceNorm: its
+    training step is not the source's (KerasFramework.run_train_step and TracedCalls.run_train_step both refuse it). The
     TrackedInstanceNormalization emitted now takes the source's step."""
     from .tracked_instance_normalization import TrackedInstanceNormalization
 

@@ -1,4 +1,5 @@
-"""The `unrecognised_normalization` hazard for Keras models: layers that look like a normalization and that no recognizer proves.
+"""The `unrecognised_normalization` hazard for Keras models: layers that look like a normalization and that no
+recognizer proves.
 
 Such a layer is not listed, converted, exported as a normalization or checked on registration,
 so it must never pass silently. (The torch side reports the same hazard code.)

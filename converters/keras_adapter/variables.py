@@ -20,14 +20,15 @@ MIXED_POLICIES: dict[str, str] = {"bfloat16": "mixed_bfloat16", "float16": "mixe
 
 
 def layer_dtypes(layer: Any) -> tuple[str, str | None]:
-    """(spec dtype, compute_dtype) of the layer: its one float dtype and None, or, under a mixed policy, (its compute dtype, "float32").
+    """(spec dtype, compute_dtype) of the layer: its one float dtype and None, or, under a mixed policy,
+    (its compute dtype, "float32").
 
     Note [mixed policies]: `mixed_bfloat16` keeps float32 variables and casts inputs and outputs to bfloat16; Keras's
-    normalization layers compute their statistics in float32 (ops.layer_normalization, BatchNormalization.call). The spec
-    calls that a bfloat16 layer with compute_dtype float32. Its state is read as bfloat16 tensors when every variable holds
-    exact bfloat16 values, else as the float32 tensors with state_dtype float32 (`narrow_state`): the layers cast their
-    variables to the float32 compute dtype and apply them there (BatchNormalization.call, GroupNormalization,
-    ops.layer_normalization/rms_normalization), so both spellings compute what the layer does.
+    normalization layers compute their statistics in float32 (ops.layer_normalization, BatchNormalization.call). The
+    spec calls that a bfloat16 layer with compute_dtype float32. Its state is read as bfloat16 tensors when every
+    variable holds exact bfloat16 values, else as the float32 tensors with state_dtype float32 (`narrow_state`): the
+    layers cast their variables to the float32 compute dtype and apply them there (BatchNormalization.call,
+    GroupNormalization, ops.layer_normalization/rms_normalization), so both spellings compute what the layer does.
     """
     variable_dtype, compute_dtype = str(layer.variable_dtype), str(layer.compute_dtype)
     if variable_dtype != compute_dtype:
@@ -43,9 +44,9 @@ def layer_dtypes(layer: Any) -> tuple[str, str | None]:
 
 
 def narrow_state(layer: Any, tensors: dict[str, np.ndarray], dtype: str) -> tuple[dict[str, np.ndarray], str | None]:
-    """(tensors, state_dtype) of a mixed-policy layer's float32 variables: `dtype` tensors and None when every one is exactly a
-    `dtype` value (the narrow spec computes the same and converts further), else the float32 tensors as they are and "float32"
-    (a trained layer: Keras applies them in float32, see Note [mixed policies])."""
+    """(tensors, state_dtype) of a mixed-policy layer's float32 variables: `dtype` tensors and None when every one is
+    exactly a `dtype` value (the narrow spec computes the same and converts further), else the float32 tensors as they
+    are and "float32" (a trained layer: Keras applies them in float32, see Note [mixed policies])."""
     autocast = autocast_variables(layer)
     out = {}
     for name, array in tensors.items():
@@ -62,12 +63,13 @@ def narrow_state(layer: Any, tensors: dict[str, np.ndarray], dtype: str) -> tupl
 def autocast_variables(layer: Any) -> bool:
     """Whether the mixed layer's call reads its variables rounded to its compute dtype (Keras autocasting).
 
-    Note [autocast]: a Keras layer under a mixed policy calls itself in an AutocastScope, which casts every variable created
-    with autocast=True to the compute dtype when read, unless the layer sets `autocast = False`. RMSNormalization does
-    neither: its float32 `scale` is rounded to float16/bfloat16 before `ops.rms_normalization` widens it again, so the
-    spec holds those rounded values (what it computes with, and what tf2onnx exports). LayerNormalization and
-    GroupNormalization turn autocasting off, BatchNormalization creates its variables with autocast=False: their float32
-    values are applied in float32 (state_dtype float32 unless they are exact `dtype` values)."""
+    Note [autocast]: a Keras layer under a mixed policy calls itself in an AutocastScope, which casts every variable
+    created with autocast=True to the compute dtype when read, unless the layer sets `autocast = False`.
+    RMSNormalization does neither: its float32 `scale` is rounded to float16/bfloat16 before `ops.rms_normalization`
+    widens it again, so the spec holds those rounded values (what it computes with, and what tf2onnx exports).
+    LayerNormalization and GroupNormalization turn autocasting off, BatchNormalization creates its variables with
+    autocast=False: their float32 values are applied in float32 (state_dtype float32 unless they are exact `dtype`
+    values)."""
     if not getattr(layer, "autocast", True):
         return False
     from .keras_internals import autocasts
@@ -101,7 +103,8 @@ def layer_dtype(layer: Any) -> str:
 
 
 def check_spec_dtype(spec: NormSpec) -> str:
-    """The Keras dtype (or mixed policy, for float32 statistics of a bf16/fp16 layer) holding the spec's dtype bit-exactly."""
+    """The Keras dtype (or mixed policy, for float32 statistics of a bf16/fp16 layer) holding the spec's dtype
+    bit-exactly."""
     if spec.dtype not in DTYPES:
         raise SpecError(
             f"dtype {spec.dtype!r} is not supported, expected one of {', '.join(DTYPES)}; convert the spec's tensors to float32.",

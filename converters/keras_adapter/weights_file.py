@@ -47,8 +47,8 @@ class DeclaredWeights:
 
 
 def declared_weights(source: BinaryIO, size: int, where: str) -> DeclaredWeights:
-    """What the HDF5 file `source` (a seekable file of `size` bytes; `where` names it in messages) declares, refused as above
-    before any dataset is read.
+    """What the HDF5 file `source` (a seekable file of `size` bytes; `where` names it in messages) declares, refused as
+    above before any dataset is read.
 
     Raises:
         InputFileError: not an HDF5 file, a link or dataset that reads another file, or a dataset bomb (named).

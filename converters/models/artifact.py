@@ -18,8 +18,8 @@ from .loading import load_model
 
 
 def model_contents(model: Any) -> ModelContents:
-    """The contents of a torch nn.Module, ExportedProgram, keras.Model, onnx.ModelProto, or a model file (.pt2, .keras, .onnx),
-    with the model's structure (ModelAdapter.structure_of) so the registry can give it back runnable."""
+    """The contents of a torch nn.Module, ExportedProgram, keras.Model, onnx.ModelProto, or a model file (.pt2, .keras,
+    .onnx), with the model's structure (ModelAdapter.structure_of) so the registry can give it back runnable."""
     source = None
     if isinstance(model, (str, Path)):
         source = Path(model)

@@ -30,7 +30,8 @@ from ..adapters import REGISTRY
 
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 NPY_MAGIC = b"\x93NUMPY"
-#: ModelProto field number -> protobuf wire type (onnx/onnx.proto); unknown numbers are allowed (newer ONNX) if well formed.
+#: ModelProto field number -> protobuf wire type (onnx/onnx.proto); unknown numbers are allowed
+#: (newer ONNX) if well formed.
 ONNX_MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
 ONNX_GRAPH_FIELD = 7
 #: More top-level fields than this is not a model a tool wrote (opset imports and metadata entries are few).
@@ -106,7 +107,8 @@ def check_zip_header(path: Path, what: str, fix: str) -> None:
 
 
 def check_npy_header(path: Path) -> None:
-    """Refuse a .npy whose magic or header is wrong, whose dtype needs unpickling, or that is shorter than its header says."""
+    """Refuse a .npy whose magic or header is wrong, whose dtype needs unpickling,
+    or that is shorter than its header says."""
     size = path.stat().st_size
     with path.open("rb") as handle:
         if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:

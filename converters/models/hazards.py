@@ -1,9 +1,9 @@
 """The hazards `inspect` detects in a layer, one function each, listed explicitly in LAYER_HAZARDS.
 
-A hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a
-`Hazard` or None; hazards of a model as a whole come from its model adapter (`model_hazards`). Severities: outputs that depend on the batch are errors; state that looks
-untrained or can no longer be checked is a warning; settings that are unusual but may be
-intended are info.
+A hazard reads `LayerFacts` (what inspection found, whatever the framework) and returns a `Hazard` or None; hazards of a
+model as a whole come from its model adapter (`model_hazards`). Severities: outputs that depend on the batch are errors;
+state that looks untrained or can no longer be checked is a warning; settings that are unusual but may be intended are
+info.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def unreadable(facts: LayerFacts) -> Hazard | None:
 
 
 def train_mode(facts: LayerFacts) -> Hazard | None:
-    """A BatchNorm or InstanceNorm with running statistics in train mode: outputs depend on the batch and statistics move.
+    """A BatchNorm or InstanceNorm with running statistics in train mode: outputs depend on the batch and statistics
+    move.
 
     An untracked BatchNorm uses batch statistics in either mode: batch_stats_at_eval reports it.
     """
@@ -148,7 +149,8 @@ def unconverged_statistics(facts: LayerFacts) -> Hazard | None:
 
 
 def momentum_none(facts: LayerFacts) -> Hazard | None:
-    """PyTorch momentum=None: a cumulative average over every batch seen (not for frozen statistics, which no step moves)."""
+    """PyTorch momentum=None: a cumulative average over every batch seen (not for frozen statistics, which no step
+    moves)."""
     if not facts.tracked or facts.spec.momentum is not None or facts.spec.frozen:
         return None
     count = facts.spec.tensors.get("num_batches_tracked")
@@ -167,7 +169,8 @@ def momentum_none(facts: LayerFacts) -> Hazard | None:
 
 
 def default_eps(facts: LayerFacts) -> tuple[float | None, str]:
-    """The default eps of the framework the layer came from, and how to name it (None: PyTorch eps=None, schemas.floats.dtype_default_eps)."""
+    """The default eps of the framework the layer came from, and how to name it (None: PyTorch eps=None,
+    schemas.floats.dtype_default_eps)."""
     framework = EXPORTER_FRAMEWORKS.get(facts.origin, facts.framework)
     info = KIND_INFO[facts.kind]
     # how a hazard names the framework's default (KindInfo.default_eps holds the values): its FrameworkInfo's words
@@ -253,7 +256,8 @@ def _decomposition_fix(facts: LayerFacts) -> str:
 
 
 def decomposed(facts: LayerFacts) -> Hazard | None:
-    """A normalization decomposed into primitive ops: reported as the layer it is, with its eps and the exporter's style."""
+    """A normalization decomposed into primitive ops: reported as the layer it is,
+    with its eps and the exporter's style."""
     if facts.native or facts.folded:
         return None
     eps = facts.spec.eps if facts.spec is not None else facts.eps

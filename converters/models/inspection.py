@@ -29,7 +29,8 @@ def inspect_path(path: str | Path) -> ModelInspection:
 
 
 def inspect_model(obj: Any, *, source: str | None = None) -> ModelInspection:
-    """Inspect a torch.nn.Module, a torch.export ExportedProgram, a keras.Model, an onnx.ModelProto, a NormSpec or a path."""
+    """Inspect a torch.nn.Module, a torch.export ExportedProgram, a keras.Model, an onnx.ModelProto,
+    a NormSpec or a path."""
     if isinstance(obj, (str, Path)):
         return inspect_path(obj)
     if isinstance(obj, NormSpec):
@@ -86,7 +87,8 @@ def _layer(index: int, facts: LayerFacts) -> LayerInspection:
 
 def mode_of(facts: LayerFacts) -> str:
     """train/eval where the layer's output depends on a mode, n/a elsewhere (and for Keras, whose mode is per call)."""
-    # Kinds whose output depends on a train/eval flag are those with running statistics (InstanceNorm only when it tracks them).
+    # Kinds whose output depends on a train/eval flag are those with running statistics
+    # (InstanceNorm only when it tracks them).
     if facts.origin == "keras" or not KIND_INFO[facts.kind].running_stats:
         return "n/a"
     if facts.kind == "instance" and not facts.tracked:
@@ -95,7 +97,8 @@ def mode_of(facts: LayerFacts) -> str:
 
 
 def stats_summary(spec: NormSpec | None) -> StatsSummary | None:
-    """min/mean/max of running mean and variance, and whether they moved from mean 0 / var 1 (and, for BatchNorm, were counted)."""
+    """min/mean/max of running mean and variance, and whether they moved from mean 0 / var 1
+    (and, for BatchNorm, were counted)."""
     if spec is None or "running_mean" not in spec.tensors or "running_var" not in spec.tensors:
         return None
     mean = np.asarray(spec.tensors["running_mean"], dtype=np.float64)

@@ -1,11 +1,10 @@
 """Loading model files without executing code from them.
 
 Accepted: the model files of every registered framework (`REGISTRY.model_files()`, from each `FrameworkInfo`: `.pt2`, a
-torch.export ExportedProgram read by `torch_adapter.pt2.archive` with no full unpickler;
-`.keras`, loaded with safe_mode=True, so Lambda layers and other deserialised code are refused;
-`.onnx`), each loaded by its framework's model adapter once its first bytes say it is one
-(`file_headers`), and a spec folder. Pickle-based formats (`.pt`, `.pth`, `.pkl`, `.bin`, `.ckpt`) are refused: loading them
-can run arbitrary code.
+torch.export ExportedProgram read by `torch_adapter.pt2.archive` with no full unpickler; `.keras`, loaded with
+safe_mode=True, so Lambda layers and other deserialised code are refused; `.onnx`), each loaded by its framework's model
+adapter once its first bytes say it is one (`file_headers`), and a spec folder. Pickle-based formats (`.pt`, `.pth`,
+`.pkl`, `.bin`, `.ckpt`) are refused: loading them can run arbitrary code.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ def supported() -> str:
 def load_model(path: str | Path, *, checkpoint_folders: bool = False, runnable: bool = False) -> Any:
     """The model stored at `path`: ExportedProgram, keras.Model, onnx.ModelProto or NormSpec; with `checkpoint_folders`
     (what `inspect` and a registration read), a Hugging Face checkpoint folder too, as a torch.nn.Module whose weights
-    other than its normalizations' stay on the meta device; with `runnable` (what `export` reads), a checkpoint folder as
-    the program of its model with every weight loaded."""
+    other than its normalizations' stay on the meta device; with `runnable` (what `export` reads), a checkpoint folder
+    as the program of its model with every weight loaded."""
     path = Path(path)
     if not path.exists():
         raise InputFileError(f"'{path}' does not exist; pass a {supported()}.")

@@ -3,16 +3,15 @@
     report = port_state(torch_model, keras_model)       # writes into keras_model's own layers
     print(report.render_text())
 
-Every normalization layer of the source is paired with one of the target: by order, checked
-by kind and shape (num_features, num_groups, normalized_shape, spatial rank, dtype), or
-through an explicit name map `{source path: target path or name}`. Layers the map does not
-name are paired by order among the layers it does not name either, so a map only has to
-fix the pairs that order gets wrong; when those layers have the same names on both sides (each
-name once), they pair by name, since a torch module's definition order need not be the order its
-twin calls them in, and order is refused where it would pair a layer with another than its namesake. Each pair goes through the converters (source layer ->
-spec -> the target framework's layer), so eps, momentum and their conventions are translated
-and refused exactly as a conversion does and the report uses the same vocabulary; the
-converted state is then written into the target's existing layer, bit-exactly.
+Every normalization layer of the source is paired with one of the target: by order, checked by kind and shape
+(num_features, num_groups, normalized_shape, spatial rank, dtype), or through an explicit name map `{source path: target
+path or name}`. Layers the map does not name are paired by order among the layers it does not name either, so a map only
+has to fix the pairs that order gets wrong; when those layers have the same names on both sides (each name once), they
+pair by name, since a torch module's definition order need not be the order its twin calls them in, and order is refused
+where it would pair a layer with another than its namesake. Each pair goes through the converters (source layer -> spec
+-> the target framework's layer), so eps, momentum and their conventions are translated and refused exactly as a
+conversion does and the report uses the same vocabulary; the converted state is then written into the target's existing
+layer, bit-exactly.
 
 Everything is checked before anything is written, and a failure while writing puts every
 target layer back, so a refused port leaves the target as it was.
@@ -318,7 +317,8 @@ def port_state(
     name_map: dict[str, str] | None = None,
     options: ConversionOptions | None = None,
 ) -> ConversionReport:
-    """Copy every normalization layer's state (scale, bias, statistics, eps, momentum) from `source_model` into `target_model`.
+    """Copy every normalization layer's state (scale, bias, statistics, eps, momentum) from `source_model` into
+    `target_model`.
 
     Args:
         source_model: torch.nn.Module, torch.export.ExportedProgram, keras.Model or onnx.ModelProto.

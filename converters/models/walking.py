@@ -1,4 +1,5 @@
-"""Finding the normalization layers of a PyTorch module or a Keras model, in execution order (through its model adapter)."""
+"""Finding the normalization layers of a PyTorch module or a Keras model, in execution order
+(through its model adapter)."""
 
 from __future__ import annotations
 

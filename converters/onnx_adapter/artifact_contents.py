@@ -1,4 +1,5 @@
-"""The contents of an ONNX graph for an artifact: its initializers, and per normalization site the node inputs holding its state."""
+"""The contents of an ONNX graph for an artifact: its initializers, and per normalization site the node inputs holding
+its state."""
 
 from __future__ import annotations
 

@@ -76,7 +76,8 @@ def emit_batch_norm(spec: NormSpec, options: ConversionOptions, report: LayerRep
             for name in outputs[1:]:
                 g.output(name, [spec.num_features])
         else:
-            # Declared as graph outputs too: onnxruntime 1.32 normalises with wrong statistics when they are not (checked).
+            # Declared as graph outputs too: onnxruntime 1.32 normalises with wrong statistics when they are not
+            # (checked).
             outputs += [f"{spec.name}.running_mean_unused", f"{spec.name}.running_var_unused"]
             for name in outputs[1:]:
                 g.output(name, [spec.num_features])
@@ -140,9 +141,9 @@ class OnnxBatchNorm(KindAdapter):
 
     framework = "onnx"
     kind = "batch"
-    #: bfloat16 tensors; frozen statistics: an eval-mode node (training_mode=0), which never updates them.
-    #: synchronized: a graph runs on one device, where a synchronized step computes what an unsynchronized one does; kept in
-    #: the metadata for the way back.
+    #: bfloat16 tensors; frozen statistics: an eval-mode node (training_mode=0), which never updates them. synchronized:
+    #: a graph runs on one device, where a synchronized step computes what an unsynchronized one does;
+    #: kept in the metadata for the way back.
     holds = frozenset({"dtype", "frozen", "synchronized"})
 
     def to_spec(self, obj, report: LayerReport) -> NormSpec:

@@ -81,7 +81,8 @@ def trailing_norm(spec: NormSpec, options: ConversionOptions, report: LayerRepor
 
 
 def group_norm(spec: NormSpec, options: ConversionOptions, report: LayerReport) -> onnx.ModelProto:
-    """Reshape to (N, G, -1), InstanceNormalization, reshape to (N, C, -1), per-channel affine, reshape back to X's shape.
+    """Reshape to (N, G, -1), InstanceNormalization, reshape to (N, C, -1), per-channel affine,
+    reshape back to X's shape.
 
     torch's dynamo export applies the affine after reshaping back to X's shape, which needs X's
     rank for the (C, 1, ..., 1) constants; applying it on (N, C, -1) takes X of any rank >= 2.
@@ -113,7 +114,8 @@ def read(layer: OnnxLayer, report: LayerReport, adapter) -> NormSpec:
     if constant is not None:
         eps, eps_origin = metadata.eps(report, meta, float(constant), float32=constant.dtype != np.float64)
     else:
-        # GroupNorm's decomposition holds an InstanceNormalization, a channels-first LayerNorm a LayerNormalization (layer.py).
+        # GroupNorm's decomposition holds an InstanceNormalization, a channels-first LayerNorm a LayerNormalization
+        # (layer.py).
         ops = {KIND_INFO[kind].onnx_op: KIND_INFO[kind] for kind in ("instance", "layer")}
         node = next((n for n in layer.model.graph.node if n.op_type in ops), None)
         if node is None:

@@ -24,8 +24,8 @@ EMBED_HINT = "keep the data files inside the model's folder, or embed them with 
 
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    """Every tensor of the model (initializers, Constant values, subgraphs, the bodies of its functions) whose data lives in
-    an external file."""
+    """Every tensor of the model (initializers, Constant values, subgraphs, the bodies of its functions) whose data
+    lives in an external file."""
     return [tensor for tensor, _ in _external(model)]
 
 
@@ -72,7 +72,8 @@ def _attribute_tensors(attributes) -> Iterator[onnx.TensorProto]:
 
 
 def load_external_data(model: onnx.ModelProto, model_path: Path) -> None:
-    """Read every external tensor of `model` (loaded from `model_path`) into memory; InputFileError on any unsafe location.
+    """Read every external tensor of `model` (loaded from `model_path`) into memory;
+    InputFileError on any unsafe location.
 
     Every location is checked before any file is opened, so a model with one unsafe location reads nothing."""
     folder = Path(os.path.realpath(model_path.parent))
@@ -88,7 +89,8 @@ def load_external_data(model: onnx.ModelProto, model_path: Path) -> None:
 
 
 def _inside(folder: Path, location: str, tensor: str, model_path: Path) -> Path:
-    """The data file a location names, resolved; refused unless it is a file inside `folder` (`tensor`: how to name it)."""
+    """The data file a location names, resolved; refused unless it is a file inside `folder`
+    (`tensor`: how to name it)."""
 
     def refuse(why: str) -> InputFileError:
         return InputFileError(
@@ -134,9 +136,10 @@ def _read(path: Path, fields: dict[str, str], tensor: str, location: str, model_
 
 
 def onnx_upload_bytes(path: Path) -> bytes | None:
-    """The bytes to send a registry server for the .onnx file at `path`: None when the file is self-contained (it is sent as
-    it is), else the model with its external data read from its own folder (load_external_data: inside it only) and
-    embedded, since a server receives one file. InputFileError when the embedded model would pass protobuf's 2 GB limit."""
+    """The bytes to send a registry server for the .onnx file at `path`: None when the file is self-contained (it is
+    sent as it is), else the model with its external data read from its own folder (load_external_data: inside it only)
+    and embedded, since a server receives one file. InputFileError when the embedded model would pass protobuf's 2 GB
+    limit."""
     try:
         model = onnx.load_from_string(Path(path).read_bytes())
     except Exception:  # noqa: BLE001 - an unreadable file is refused by the server with its own message

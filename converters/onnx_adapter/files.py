@@ -1,4 +1,5 @@
-"""Reading and writing .onnx files without executing anything, and following external data only inside the model's folder."""
+"""Reading and writing .onnx files without executing anything, and following external data only inside the model's
+folder."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def load_onnx_bytes(data: bytes, path: Path) -> onnx.ModelProto:
-    """Load and check a self-contained ONNX model from `data` (`path` names it in messages): a tensor kept in an external
-    file is refused, since nothing says where that file would be."""
+    """Load and check a self-contained ONNX model from `data` (`path` names it in messages): a tensor kept in an
+    external file is refused, since nothing says where that file would be."""
     try:
         model = onnx.load_from_string(data)
     except (DecodeError, ValueError) as error:

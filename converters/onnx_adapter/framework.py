@@ -20,8 +20,8 @@ from .reading import OnnxLayer, models_unchanged, parse
 
 @dataclass(frozen=True)
 class Run:
-    """What running a layer's model means: the model to run (the layer's own, or its training copy), the outputs to fetch
-    (None: every graph output), and whether the result is a training step."""
+    """What running a layer's model means: the model to run (the layer's own, or its training copy), the outputs to
+    fetch (None: every graph output), and whether the result is a training step."""
 
     layer: OnnxLayer
     model: onnx.ModelProto
@@ -52,8 +52,9 @@ def session(model: onnx.ModelProto):
 
 
 def refuse_unrunnable(layer: OnnxLayer) -> None:
-    """Checked on onnxruntime 1.32: its CPU provider has no bfloat16 kernel for the normalization ops (nor their Mul), and its
-    Python binding has no NumPy type for bfloat16 outputs. The graph is valid ONNX (checked on write); check lists it as skipped."""
+    """Checked on onnxruntime 1.32: its CPU provider has no bfloat16 kernel for the normalization ops (nor their Mul),
+    and its Python binding has no NumPy type for bfloat16 outputs. The graph is valid ONNX (checked on write);
+    check lists it as skipped."""
     if layer.dtype == "bfloat16":
         import onnxruntime
 
@@ -100,7 +101,8 @@ class OnnxFramework(FrameworkAdapter):
         return Run(layer, layer.model, None, train=False)
 
     def train_run(self, obj: Any) -> Run:
-        """BatchNormalization: a training_mode=1 copy exposing the updated running statistics; other ops have no mode."""
+        """BatchNormalization: a training_mode=1 copy exposing the updated running statistics;
+        other ops have no mode."""
         layer = parse(obj)
         if (layer.raw_metadata or {}).get("frozen") is True:
             raise NotExpressibleError(

@@ -1,9 +1,9 @@
 """LayerNorm <-> LayerNormalization-17 (axis = first normalised axis), decomposed below opset 17.
 
 A layer norm over the channel axis (layout="channels_first": a Keras LayerNormalization(axis=1), ConvNeXt's LayerNorm2d)
-is the same op between two Transposes: channels moved last, normalised over the last axis, moved back. LayerNormalization
-itself cannot say it (axis=1 would normalise every later axis too). Read back as a decomposition normbridge emitted
-(decompositions.read: the metadata's spec, proved by rebuilding the same graph).
+is the same op between two Transposes: channels moved last, normalised over the last axis, moved back.
+LayerNormalization itself cannot say it (axis=1 would normalise every later axis too). Read back as a decomposition
+normbridge emitted (decompositions.read: the metadata's spec, proved by rebuilding the same graph).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class OnnxLayerNorm(decompositions.DecomposableAdapter):
 
     framework = "onnx"
     kind = "layer"
-    #: bfloat16 tensors, float32 statistics of a bf16/fp16 layer (stash_type=1), and channels_first (Transposes around it).
+    #: bfloat16 tensors, float32 statistics of a bf16/fp16 layer (stash_type=1), and channels_first
+    #: (Transposes around it).
     holds = frozenset({"dtype", "compute_dtype", "layout"})
     native_opset = INFO.onnx_opset
 
@@ -54,7 +55,8 @@ class OnnxLayerNorm(decompositions.DecomposableAdapter):
 
 
 def channels_last(g: LayerGraph):
-    """X with its channels (axis 1) moved last, and the function that moves a result's back; reported as the layout's fate."""
+    """X with its channels (axis 1) moved last, and the function that moves a result's back;
+    reported as the layout's fate."""
     rank = g.rank
     to_last = [0, *range(2, rank), 1]
     to_first = [0, rank - 1, *range(1, rank - 1)]

@@ -53,7 +53,8 @@ def input_dims(spec: NormSpec) -> list[int | str]:
     `record_rank` says which in the report.
     """
     if KIND_INFO[spec.kind].trailing and spec.layout == "channels_first":
-        # over the channel axis (a Keras LayerNormalization(axis=1), ConvNeXt's LayerNorm2d): (N, C, D1, ...), as the probe
+        # over the channel axis (a Keras LayerNormalization(axis=1), ConvNeXt's LayerNorm2d): (N, C, D1, ...),
+        # as the probe
         rank = spec.input_rank or 4
         return ["N", *spec.normalized_shape] + [f"D{i}" for i in range(1, rank - 1)]
     if KIND_INFO[spec.kind].trailing:
@@ -98,7 +99,8 @@ def op_version(op: str, opset: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def first_input_types(op: str, opset: int) -> tuple[int, tuple[str, ...] | None]:
-    """(the op's version at `opset`, the types its first input takes; None where no type constraint names that input)."""
+    """(the op's version at `opset`, the types its first input takes; None where no type constraint names that
+    input)."""
     schema = onnx.defs.get_schema(op, opset)
     first = schema.inputs[0].type_str if schema.inputs else ""
     allowed = next((tuple(c.allowed_type_strs) for c in schema.type_constraints if c.type_param_str == first), None)
@@ -233,9 +235,11 @@ class LayerGraph:
         return model
 
     def _check_dtype_allowed(self) -> None:
-        """NotExpressibleError naming the op when one of the graph's ops takes no input of the spec's dtype at this opset.
+        """NotExpressibleError naming the op when one of the graph's ops takes no input of the spec's dtype at this
+        opset.
 
-        BatchNormalization takes bfloat16 from version 14, InstanceNormalization from 22 (so GroupNorm's decomposition too).
+        BatchNormalization takes bfloat16 from version 14, InstanceNormalization from 22
+        (so GroupNorm's decomposition too).
         """
         wanted = f"tensor({ONNX_TYPE_NAMES[self.spec.dtype]})"
         for node in self.nodes:

@@ -54,7 +54,8 @@ def _stepped_state_shared(runs: Sequence[Run]) -> bool:
     Why: onnxruntime's common-subexpression pass then feeds both models' nodes one value (the float32 Cast it inserts
     before a float16 BatchNormalization, say), and a BatchNormalization in training mode writes its moved running
     statistics into the buffer it read them from: the second model stepped from the first one's moved statistics
-    (onnxruntime 1.32, two float16 BatchNorms of equal state, as every never-trained layer has). Such models run alone."""
+    (onnxruntime 1.32, two float16 BatchNorms of equal state, as every never-trained layer has).
+    Such models run alone."""
     stepped_by_run = [
         {
             name
@@ -121,8 +122,8 @@ def merged_model(runs: Sequence[Run]) -> tuple[onnx.ModelProto, list[list[str]]]
 
 
 def run_merged(runs: Sequence[Run], x: np.ndarray) -> list:
-    """Each run's result (as `execute` returns it) from one session over the merged graph; raises what building or running it
-    raises (the caller then runs each model on its own, where each raises its own error)."""
+    """Each run's result (as `execute` returns it) from one session over the merged graph; raises what building or
+    running it raises (the caller then runs each model on its own, where each raises its own error)."""
     for run in runs:
         refuse_unrunnable(run.layer)
     model, fetched = merged_model(runs)

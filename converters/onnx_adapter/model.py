@@ -1,4 +1,5 @@
-"""OnnxModelAdapter: ONNX graphs as whole models, read by the graph analysis (onnx_adapter/graph/) and run in onnxruntime."""
+"""OnnxModelAdapter: ONNX graphs as whole models, read by the graph analysis
+(onnx_adapter/graph/) and run in onnxruntime."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from .structure import onnx_file, onnx_structure
 
 
 class OnnxModelAdapter(ModelAdapter):
-    """Graphs have no layer objects: normalizations are sites (native nodes or decompositions), and graphs are what is served."""
+    """Graphs have no layer objects: normalizations are sites (native nodes or decompositions),
+    and graphs are what is served."""
 
     framework = "onnx"
     train_mode_wording = ("has training_mode=1", "export the model again from eval mode")
@@ -40,7 +42,8 @@ class OnnxModelAdapter(ModelAdapter):
         )
 
     def layer_specs(self, model: Any, sample: Any = None) -> list[NormSpec]:
-        """Each native normalization node, read as a one-node model (decompositions and folded BatchNorms are not layers here)."""
+        """Each native normalization node, read as a one-node model (decompositions and folded BatchNorms are not layers
+        here)."""
         from .node_reading import native_node_specs
 
         return native_node_specs(model)
@@ -126,5 +129,6 @@ class OnnxModelAdapter(ModelAdapter):
     # -- serving -------------------------------------------------------------------------------
 
     def serving_taps(self, model: Any, sink):
-        """An onnxruntime session (or a ModelProto) served through a MonitoredSession; the served graph's outputs are unchanged."""
+        """An onnxruntime session (or a ModelProto) served through a MonitoredSession;
+        the served graph's outputs are unchanged."""
         return serving_taps.session_taps(model, sink)

@@ -29,7 +29,8 @@ def node_layer(
     shape: tuple[int | None, ...] | None,
     elem_type: int | None,
 ) -> reading.OnnxLayer:
-    """An OnnxLayer for `node` of `model`; `constants` maps tensor names to values, `shape` is X's (None dims unknown)."""
+    """An OnnxLayer for `node` of `model`; `constants` maps tensor names to values, `shape` is X's
+    (None dims unknown)."""
     kind = recognizers.kind_of("onnx", node)
     if kind is None:
         raise UnsupportedObjectError(

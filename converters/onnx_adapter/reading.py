@@ -86,7 +86,8 @@ class OnnxLayer:
         return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1 else None
 
     def spatial_rank(self, report: LayerReport, meta: dict) -> int:
-        """1, 2 or 3 (BatchNorm/InstanceNorm 1d/2d/3d): from X's rank, else from the metadata; SpecError when neither tells."""
+        """1, 2 or 3 (BatchNorm/InstanceNorm 1d/2d/3d): from X's rank, else from the metadata;
+        SpecError when neither tells."""
         if self.rank is not None:
             return max(self.rank - 2, 1)
         spatial = meta.get("spatial_rank")
@@ -176,9 +177,9 @@ _PARSED: contextvars.ContextVar[dict[int, tuple[onnx.ModelProto, OnnxLayer]] | N
 def models_unchanged() -> Iterator[None]:
     """A block in which the caller changes none of the models it passes `parse`: each model object is parsed once there.
 
-    Why: check_many reads, then runs, every ONNX model it writes; each of those asks `parse` (the kind, the spec, the eval
-    run, the training run), and a parse reads every initializer. The layer found is the one a parse of the unchanged model
-    finds; its tensors are made read-only, so no reader can change what the next one reads."""
+    Why: check_many reads, then runs, every ONNX model it writes; each of those asks `parse` (the kind, the spec, the
+    eval run, the training run), and a parse reads every initializer. The layer found is the one a parse of the
+    unchanged model finds; its tensors are made read-only, so no reader can change what the next one reads."""
     token = _PARSED.set({})
     try:
         yield
@@ -297,7 +298,8 @@ def common_fields(layer: OnnxLayer, report: LayerReport, meta: dict) -> dict:
         "training": bool(meta.get("training", False)),  # ONNX has no mode outside BatchNormalization
         "compute_dtype": compute_dtype(layer, report, meta),
         "source": layer.source(),
-        # The layout chosen where the layer came from (a Keras axis=1 layer), kept for the way back: ONNX is channels-first.
+        # The layout chosen where the layer came from (a Keras axis=1 layer), kept for the way back:
+        # ONNX is channels-first.
         "chosen_layout": meta.get("chosen_layout")
         if meta.get("chosen_layout") in ("channels_first", "channels_last")
         else None,
@@ -305,9 +307,11 @@ def common_fields(layer: OnnxLayer, report: LayerReport, meta: dict) -> dict:
 
 
 def compute_dtype(layer: OnnxLayer, report: LayerReport, meta: dict) -> str | None:
-    """float32 statistics of a bf16/fp16 layer, as the metadata says, while the node computes them so (stash_type FLOAT, the default).
+    """float32 statistics of a bf16/fp16 layer, as the metadata says, while the node computes them so
+    (stash_type FLOAT, the default).
 
-    Ops without stash_type (BatchNormalization, InstanceNormalization) never hold one: their adapters refuse it on write.
+    Ops without stash_type (BatchNormalization, InstanceNormalization) never hold one:
+    their adapters refuse it on write.
     """
     wanted = meta.get("compute_dtype")
     if wanted is None:

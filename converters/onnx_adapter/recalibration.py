@@ -25,8 +25,8 @@ def _has_subgraph(node) -> bool:
 
 
 def _upstream(model, layer_of: dict[int, str]) -> dict[str, set[str]]:
-    """Each layer's upstream layers from the graph; a node with a subgraph (If, Loop, Scan) may read any name of the outer
-    scope, so it is taken to read everything before it."""
+    """Each layer's upstream layers from the graph; a node with a subgraph (If, Loop, Scan) may read any name of the
+    outer scope, so it is taken to read everything before it."""
     steps, seen = [], []
     for index, node in enumerate(model.graph.node):
         inputs = seen if _has_subgraph(node) else [name for name in node.input if name]
@@ -36,7 +36,8 @@ def _upstream(model, layer_of: dict[int, str]) -> dict[str, set[str]]:
 
 
 def _pruned(probe, wanted: list[str]):
-    """`probe` with only the outputs `wanted` and the nodes they need (unless a node has a subgraph, whose reads are not listed)."""
+    """`probe` with only the outputs `wanted` and the nodes they need (unless a node has a subgraph, whose reads are not
+    listed)."""
     outputs = [o for o in probe.graph.output if o.name in wanted]
     del probe.graph.output[:]
     probe.graph.output.extend(outputs)
@@ -86,7 +87,8 @@ def _measure(probe, batches: list[tuple[np.ndarray, ...]], outputs: list[str], r
 def recalibrate_onnx(
     model, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
 ) -> tuple[onnx.ModelProto, list[Movement], str]:
-    """A copy of `model` whose BatchNormalization statistics are the population statistics of their inputs (module docstring)."""
+    """A copy of `model` whose BatchNormalization statistics are the population statistics of their inputs
+    (module docstring)."""
     sites = onnx_batchnorms(model)
     layer_of = {site.index: site.name for site in sites}
     by_layer: dict[str, list[OnnxBatchNorm]] = {}

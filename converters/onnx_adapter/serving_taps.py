@@ -1,4 +1,5 @@
-"""Serving taps of ONNX models: an onnxruntime session whose sampled requests also return every BatchNormalization input.
+"""Serving taps of ONNX models: an onnxruntime session whose sampled requests also return every BatchNormalization
+input.
 
 The served graph is left alone: unsampled requests run the caller's own session; sampled ones run a second session
 on a copy of the graph that adds each BatchNormalization node's input as an extra output (statistics._with_outputs,
@@ -32,7 +33,8 @@ def _proto_of(session: Any) -> onnx.ModelProto:
 
 
 class MonitoredSession:
-    """An InferenceSession stand-in: `run` answers exactly as the session does; sampled requests report their BatchNorm inputs."""
+    """An InferenceSession stand-in: `run` answers exactly as the session does;
+    sampled requests report their BatchNorm inputs."""
 
     def __init__(self, session: Any, probe: Any, taps: list[str], sink: TapSink):
         self.session, self._probe, self._taps, self._sink = session, probe, taps, sink

@@ -38,7 +38,8 @@ class OnnxBatchNorm:
 
 
 def onnx_batchnorms(model) -> list[OnnxBatchNorm]:
-    """Every BatchNormalization node in graph order, named after its running-mean initializer when it ends in '.running_mean'."""
+    """Every BatchNormalization node in graph order, named after its running-mean initializer when it ends in
+    '.running_mean'."""
     found = []
     for index, node in enumerate(model.graph.node):
         if node.op_type != BATCH.onnx_op or node.domain not in DEFAULT_DOMAINS:
@@ -75,7 +76,8 @@ def onnx_constant(model, name: str) -> np.ndarray:
 
 
 def _with_outputs(model, names: list[str], train: bool):
-    """A copy of `model` that also returns the tensors `names`; with `train`, BatchNormalization uses batch statistics."""
+    """A copy of `model` that also returns the tensors `names`; with `train`,
+    BatchNormalization uses batch statistics."""
     probe = copy.deepcopy(model)
     known = {v.name: v for v in list(probe.graph.value_info) + list(probe.graph.input) + list(probe.graph.output)}
     if any(n not in known for n in names):
@@ -115,7 +117,8 @@ def accumulate_outputs(
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    # As written: with optimizations on, onnxruntime 1.32 miscomputes training_mode=1 BatchNormalization whose statistic outputs are unused.
+    # As written: with optimizations on, onnxruntime 1.32 miscomputes training_mode=1 BatchNormalization whose statistic
+    # outputs are unused.
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     input_names = [i.name for i in session.get_inputs()]
@@ -131,7 +134,8 @@ def accumulate_outputs(
 
 
 def onnx_batchnorm_moments(model, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
-    """BatchNormalization inputs of an ONNX model, as extra graph outputs of a copy run in onnxruntime (graph as written)."""
+    """BatchNormalization inputs of an ONNX model, as extra graph outputs of a copy run in onnxruntime
+    (graph as written)."""
     sites = onnx_batchnorms(model)
     if not sites:
         return []

@@ -120,8 +120,9 @@ def _without_raw_data(whole: bytes, names: set[str]) -> bytes:
 
 
 def _refillable(model: onnx.ModelProto, tensors: dict[str, np.ndarray]) -> list | None:
-    """The initializers the skeleton leaves empty, or None when filling it back (`_fill`) would not give `model`'s bytes:
-    a raw_data that is not its tensor's little-endian bytes, or an initializer without data that `_fill` would give some."""
+    """The initializers the skeleton leaves empty, or None when filling it back (`_fill`) would not give `model`'s
+    bytes: a raw_data that is not its tensor's little-endian bytes, or an initializer without data that `_fill` would
+    give some."""
     cleared = []
     for initializer in model.graph.initializer:
         if initializer.raw_data and initializer.name in tensors:

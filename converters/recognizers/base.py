@@ -41,4 +41,5 @@ class GraphRecognizer(Recognizer):
 
     @abc.abstractmethod
     def find(self, index: Any, claimed: set[int]) -> list:
-        """The matches (onnx_adapter.graph.match.Match) in `index` that use no node in `claimed`; adds their nodes to it."""
+        """The matches (onnx_adapter.graph.match.Match) in `index` that use no node in `claimed`;
+        adds their nodes to it."""

@@ -8,7 +8,8 @@ from .precision import affine_dtype, in_compute, round_to, rounds
 
 
 def affine(spec, normalized: np.ndarray, broadcast_shape: tuple[int, ...]) -> np.ndarray:
-    """Apply `scale_offset + scale` and bias (when the spec has them), reshaped to `broadcast_shape`, then cast to dtype.
+    """Apply `scale_offset + scale` and bias (when the spec has them), reshaped to `broadcast_shape`,
+    then cast to dtype.
 
     The offset is added in the affine dtype as GemmaRMSNorm does (`1.0 + weight.float()`).
     """

@@ -7,8 +7,9 @@ import numpy as np
 from ._affine import affine, channel_shape, normalize
 
 
-#: The last input's moments, by its dtype, shape and bytes: a check asks for the moments of one probe up to nine times per
-#: layer (each training step's forward and update, each target's), and check_many for every layer of a configuration.
+#: The last input's moments, by its dtype, shape and bytes: a check asks for the moments of one probe up to nine times
+#: per layer (each training step's forward and update, each target's), and check_many for every layer of a
+#: configuration.
 _LAST: dict[tuple, tuple] = {}
 
 

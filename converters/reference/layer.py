@@ -8,7 +8,8 @@ from ._affine import affine, channel_shape, normalize
 
 
 def normalised_axes(spec, x: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(axes reduced over, broadcast shape of scale and bias): the trailing axes, or axis 1 with a channels_first layout."""
+    """(axes reduced over, broadcast shape of scale and bias): the trailing axes,
+    or axis 1 with a channels_first layout."""
     if spec.layout == "channels_first":
         return (1,), channel_shape(x)
     return tuple(range(x.ndim - len(spec.normalized_shape), x.ndim)), tuple(spec.normalized_shape)

@@ -1,4 +1,5 @@
-"""The contents of a torch model for an artifact: an nn.Module by its state_dict, an ExportedProgram by its state and aten ops."""
+"""The contents of a torch model for an artifact: an nn.Module by its state_dict,
+an ExportedProgram by its state and aten ops."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def torch_array(tensor: Any, name: str) -> np.ndarray:
 
 
 def _tensors(state: dict[str, Any], sources: dict | None = None) -> list[ModelTensor]:
-    """Each tensor as NumPy (sharing its memory, which a .pt2's large payloads map from the file) with where its bytes are."""
+    """Each tensor as NumPy (sharing its memory, which a .pt2's large payloads map from the file) with where its bytes
+    are."""
     sources = sources or {}
     return [
         ModelTensor(name, torch_array(tensor, name), name.rpartition(".")[0] or None, sources.get(name))
@@ -38,7 +40,8 @@ def _tensors(state: dict[str, Any], sources: dict | None = None) -> list[ModelTe
 
 
 def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelContents:
-    """An nn.Module whose normalization layers the walk found as `refs`; each spec tensor is looked for under its layer."""
+    """An nn.Module whose normalization layers the walk found as `refs`; each spec tensor is looked for under its
+    layer."""
     refuse_unread_layers(module, refs)
     specs = [(ref, read_layer(lambda ref=ref: spec_of(ref), ref.path)) for ref in refs]
     tensors = _tensors(module.state_dict(keep_vars=False))
@@ -51,8 +54,8 @@ def module_contents(module: torch.nn.Module, refs: list[NormLayerRef]) -> ModelC
 
 
 def refuse_unread_layers(module: torch.nn.Module, refs: list[NormLayerRef]) -> None:
-    """A normalization module the walker passed over (SyncBatchNorm, a lazy or custom BatchNorm) refuses the model, naming
-    it and why: registered, it would pass the gate unchecked."""
+    """A normalization module the walker passed over (SyncBatchNorm, a lazy or custom BatchNorm) refuses the model,
+    naming it and why: registered, it would pass the gate unchecked."""
     read = {id(ref.obj) for ref in refs}
     for path, sub in module.named_modules():
         if isinstance(sub, _NORM_MODULES) and id(sub) not in read:
@@ -68,7 +71,8 @@ def refuse_unread_layers(module: torch.nn.Module, refs: list[NormLayerRef]) -> N
 
 
 def program_contents(program: Any) -> ModelContents:
-    """An ExportedProgram: its parameters, buffers and tensor constants; each layer's tensors are looked for under its name."""
+    """An ExportedProgram: its parameters, buffers and tensor constants; each layer's tensors are looked for under its
+    name."""
     specs = read_layer(lambda: exported_specs(program), None)  # refuses a layer it cannot read, naming it
     state = dict(program.state_dict)
     state.update({name: value for name, value in program.constants.items() if hasattr(value, "detach")})

@@ -25,10 +25,11 @@ STOCK_HOLDS = frozenset({"dtype", "compute_dtype"})
 
 
 def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A torch tensor sharing `array`'s bits; NumPy's bfloat16 (ml_dtypes) goes through a 16-bit view, which torch lacks."""
+    """A torch tensor sharing `array`'s bits; NumPy's bfloat16 (ml_dtypes) goes through a 16-bit view,
+    which torch lacks."""
     if type(array) is not np.ndarray or not (array.flags.c_contiguous and array.flags.writeable):
-        # np.require(array, requirements=('C', 'W')) without its Python overhead: ascontiguousarray would make a 0-d array 1-d;
-        # torch wants writable memory.
+        # np.require(array, requirements=('C', 'W')) without its Python overhead: ascontiguousarray would make a 0-d
+        # array 1-d; torch wants writable memory.
         array = np.require(array, requirements=("C", "W"))
     if array.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
@@ -43,7 +44,8 @@ def numpy_from_tensor(tensor: torch.Tensor) -> np.ndarray:
 
 
 def check_compute_dtype(spec: NormSpec) -> None:
-    """Stock modules compute a bf16/fp16 layer's statistics and affine in float32 on the CPU (opmath), and cast once at the end.
+    """Stock modules compute a bf16/fp16 layer's statistics and affine in float32 on the CPU (opmath),
+    and cast once at the end.
 
     So they hold compute_dtype="float32" with the cast after the affine; another compute dtype is refused.
     """
@@ -60,13 +62,15 @@ def check_compute_dtype(spec: NormSpec) -> None:
 
 
 def extended_fields(module: torch.nn.Module, dtype: str) -> dict:
-    """compute_dtype remembered from the spec a module was built for, trusted while the module still has a narrow dtype."""
+    """compute_dtype remembered from the spec a module was built for, trusted while the module still has a narrow
+    dtype."""
     remembered = markers.recall(module).get("compute_dtype")
     return {"compute_dtype": remembered} if remembered == "float32" and dtype in ("bfloat16", "float16") else {}
 
 
 def spec_dtype(module: torch.nn.Module, name: str, report: LayerReport | None = None) -> str:
-    """The spec dtype of a module's floating state (parameters, then buffers, then torch's default, said in `report`)."""
+    """The spec dtype of a module's floating state (parameters, then buffers, then torch's default, said in
+    `report`)."""
     tensors = [t for t in _own_tensors(module) if t.is_floating_point()]
     if not tensors and markers.recall(module).get("dtype") in SPEC_TO_TORCH:
         # A stateless module (no affine, no statistics) has no dtype of its own: use the one it was built for.
@@ -87,9 +91,9 @@ def spec_dtype(module: torch.nn.Module, name: str, report: LayerReport | None = 
 
 
 def _own_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
-    """`list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))`, read from the module's own tables where
-    its class keeps torch's listing (the generators cost more than the read they serve; a duplicate changes neither the first
-    floating tensor nor whether there is one)."""
+    """`list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))`, read from the module's own tables
+    where its class keeps torch's listing (the generators cost more than the read they serve; a duplicate changes
+    neither the first floating tensor nor whether there is one)."""
     if not _stock_listing(type(module)):
         return list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
     return own_tensors(module)
@@ -131,7 +135,8 @@ STATE_SLOTS = "_normbridge_state_slots"
 
 
 def write_tensor(module: torch.nn.Module, attribute: str, spec: NormSpec, name: str) -> None:
-    """Copy the spec's tensor `name` into `module.<attribute>` bit-exactly, noting the slot (the one way from_spec writes tensors)."""
+    """Copy the spec's tensor `name` into `module.<attribute>` bit-exactly, noting the slot
+    (the one way from_spec writes tensors)."""
     assign(getattr(module, attribute), spec.tensors[name])
     object.__setattr__(module, STATE_SLOTS, {**getattr(module, STATE_SLOTS, {}), name: attribute})
 
@@ -147,7 +152,8 @@ def source(module: torch.nn.Module) -> Source:
 
 @functools.lru_cache(maxsize=256)
 def _source(layer_type: str) -> Source:
-    """Source is frozen: one per class name serves every spec read from such a module (a read costs a validation less)."""
+    """Source is frozen: one per class name serves every spec read from such a module
+    (a read costs a validation less)."""
     return Source(framework="torch", framework_version=torch_version(), layer_type=layer_type)
 
 
@@ -205,7 +211,8 @@ def write_affine(module: torch.nn.Module, spec: NormSpec, report: LayerReport) -
 
 
 def affine_kwargs(spec: NormSpec, affine_name: str = "affine") -> dict:
-    """Constructor flags for (scale, bias): PyTorch has affine plus bias=..., so scale-less bias needs an identity weight."""
+    """Constructor flags for (scale, bias): PyTorch has affine plus bias=...,
+    so scale-less bias needs an identity weight."""
     if not spec.scale and not spec.bias:
         return {affine_name: False}
     return {affine_name: True, "bias": spec.bias}

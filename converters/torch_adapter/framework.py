@@ -80,7 +80,8 @@ class TorchFramework(FrameworkAdapter):
         return None if found is None else found.spec
 
     def restore(self, spec):
-        """The class a recognised spec was read from (LlamaRMSNorm), rebuilt and proved equal (restoring.py), else (None, why)."""
+        """The class a recognised spec was read from (LlamaRMSNorm), rebuilt and proved equal (restoring.py),
+        else (None, why)."""
         from .restoring import restore_class  # restoring imports the recognizer, as recognised_spec does
 
         return restore_class(spec)

@@ -17,9 +17,10 @@ from schemas import NormbridgeError, UnsupportedObjectError
 
 from .torch_internals import torch_version
 
-#: The lowest opset torch.onnx's dynamo exporter implements (torch/onnx/_internal/exporter/_constants.py, TORCHLIB_OPSET).
-#: Asked for less, it exports at this one and converts with onnxscript, logging a traceback and keeping this opset when that
-#: fails; so it is asked for at least this, and the serving export converts down to the cap (models/serving/opset.py).
+#: The lowest opset torch.onnx's dynamo exporter implements (torch/onnx/_internal/exporter/_constants.py,
+#: TORCHLIB_OPSET). Asked for less, it exports at this one and converts with onnxscript, logging a traceback and keeping
+#: this opset when that fails; so it is asked for at least this, and the serving export converts down to the cap
+#: (models/serving/opset.py).
 TORCH_ONNX_MIN_OPSET = 18
 
 
@@ -37,7 +38,8 @@ def _tensors(arrays) -> tuple[torch.Tensor, ...]:
 
 
 def export_onnx(model, sample, opset: int) -> tuple[Any, str, list[str]]:
-    """(onnx.ModelProto, the exporter as named in reports, notes) for an nn.Module (with a dynamic batch when it allows one) or an ExportedProgram."""
+    """(onnx.ModelProto, the exporter as named in reports, notes) for an nn.Module
+    (with a dynamic batch when it allows one) or an ExportedProgram."""
     notes = [
         "torch.onnx's graph optimizer is off (it folds BatchNorm into Conv, losing eps and statistics); constants folded instead"
     ]
@@ -78,7 +80,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def exporter_failure(error: BaseException) -> str:
-    """torch.onnx's error in one line: its step, the underlying exception (its 'Exception summary') and the user code it ran."""
+    """torch.onnx's error in one line: its step, the underlying exception (its 'Exception summary') and the user code it
+    ran."""
     text = _ANSI.sub("", str(error)).strip()
     step = re.search(r"step (\d)/3", text)
     where = f"step {step.group(1)} of 3, {_STEPS.get(step.group(1), '')}: " if step else ""

@@ -75,7 +75,8 @@ def _call_order(module: torch.nn.Module, layers: dict[str, torch.nn.Module], bat
 def recalibrate_module(
     module: torch.nn.Module, batches: list[tuple[np.ndarray, ...]], variance_estimator: str
 ) -> tuple[torch.nn.Module, list[Movement], str]:
-    """A deep copy in eval mode whose BatchNorm buffers hold the population statistics of their inputs (see the module docstring)."""
+    """A deep copy in eval mode whose BatchNorm buffers hold the population statistics of their inputs
+    (see the module docstring)."""
     new = copy.deepcopy(module)
     modes = {name: m.training for name, m in new.named_modules()}
     layers = dict(batchnorm_modules(new))

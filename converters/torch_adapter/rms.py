@@ -37,8 +37,8 @@ class TorchRmsAdapter(TorchRestating, KindAdapter):
         scale, _, tensors = read_affine(obj, name, report)
         dtype = spec_dtype(obj, name, report)
         if obj.eps is None:
-            # Note [RMSNorm eps=None]: PyTorch then uses the eps of the dtype it computes in (float32 for a 16-bit layer,
-            # schemas.floats.dtype_default_eps); store the number and where it came from.
+            # Note [RMSNorm eps=None]: PyTorch then uses the eps of the dtype it computes in (float32 for a 16-bit
+            # layer, schemas.floats.dtype_default_eps); store the number and where it came from.
             eps, origin = dtype_default_eps(dtype), "dtype_eps"
             report.add(
                 "eps",

@@ -94,8 +94,8 @@ def program_runner(program) -> ModelRunner:
 
 
 def program_call(program, tensors: list) -> tuple[tuple, dict]:
-    """(args, kwargs) for `program.module()`: the tensors in place of the tensor inputs, and the constants the program was
-    exported with (`use_cache=False`) where it recorded them, which its module insists on being passed again."""
+    """(args, kwargs) for `program.module()`: the tensors in place of the tensor inputs, and the constants the program
+    was exported with (`use_cache=False`) where it recorded them, which its module insists on being passed again."""
     given = iter(tensors)
     leaves = [next(given) if isinstance(name, str) else name for name in program.graph_signature.user_inputs]
     return torch_internals.tree_unflatten(leaves, program.call_spec.in_spec)

@@ -52,7 +52,8 @@ def read_norm_base(module: torch.nn.Module, kind: str, spatial_rank: int, report
         momentum, estimator = None, None
         tensors.pop("num_batches_tracked", None)
     if not tracked and momentum is not None:
-        # Without tracked statistics momentum is never used, but it is the module's setting: kept, so round trips give it back.
+        # Without tracked statistics momentum is never used, but it is the module's setting: kept,
+        # so round trips give it back.
         report.add("momentum", momentum, note="unused: statistics are not tracked; kept as given")
     dtype = spec_dtype(module, name, report)
     return NormSpec(
@@ -144,8 +145,8 @@ def build_norm_base(spec: NormSpec, classes: dict, options: ConversionOptions, r
 
 
 def remember_synchronized(module: torch.nn.Module, report: LayerReport) -> None:
-    """A synchronized BatchNorm (Keras synchronized=True) as a stock BatchNorm that remembers it: PyTorch syncs a module by
-    its class (SyncBatchNorm, which fixes no spatial rank), so the user converts it for a distributed run."""
+    """A synchronized BatchNorm (Keras synchronized=True) as a stock BatchNorm that remembers it: PyTorch syncs a module
+    by its class (SyncBatchNorm, which fixes no spatial rank), so the user converts it for a distributed run."""
     markers.remember(module, synchronized=True)
     report.add("synchronized", True, True, "stored", "kept on the in-memory module only (normbridge marker)")
     report.warn(

@@ -41,7 +41,8 @@ from . import torch_internals
 BATCH = KIND_INFO["batch"]
 _NARROW = (torch.float16, torch.bfloat16)
 
-#: sink id -> sink, for the taps inserted into program graphs (a graph can only name importable functions and constants).
+#: sink id -> sink, for the taps inserted into program graphs (a graph can only name importable functions and
+#: constants).
 _SINKS: dict[int, TapSink] = {}
 _ids = itertools.count(1)
 _lock = threading.Lock()
@@ -193,7 +194,8 @@ def _graph_buffers(module: torch.fx.GraphModule) -> list[tuple[torch.Tensor, tor
 
 
 def _graph_sites(module: torch.fx.GraphModule) -> list[tuple[Any, dict]]:
-    """(node, its arguments by name) of every batch-norm call in the graph that reads running statistics from buffers."""
+    """(node, its arguments by name) of every batch-norm call in the graph that reads running statistics from
+    buffers."""
     from torch.fx.operator_schemas import normalize_function
 
     found = []
@@ -211,12 +213,14 @@ def _graph_sites(module: torch.fx.GraphModule) -> list[tuple[Any, dict]]:
 
 
 def has_graph_batchnorms(module: Any) -> bool:
-    """Whether `module` is a GraphModule whose graph calls batch norm on running statistics (an ExportedProgram's module())."""
+    """Whether `module` is a GraphModule whose graph calls batch norm on running statistics
+    (an ExportedProgram's module())."""
     return isinstance(module, torch.fx.GraphModule) and bool(_graph_sites(module))
 
 
 def _tap_graph(module: torch.fx.GraphModule, sink_id: int, first: int) -> tuple[list[TappedLayer], list]:
-    """Insert a `tap` before every batch-norm call of `module`'s graph (layer indexes from `first`); (layers, inserted nodes)."""
+    """Insert a `tap` before every batch-norm call of `module`'s graph (layer indexes from `first`);
+    (layers, inserted nodes)."""
     layers, inserted = [], []
     graph = module.graph
     for node, kwargs in _graph_sites(module):
@@ -250,8 +254,8 @@ def _register(sink: TapSink) -> int:
 
 
 def module_taps(model: torch.nn.Module, refs: list, sink: TapSink, eps: list[float]) -> ServingTaps:
-    """Hooks on `model` itself for every BatchNorm in `refs` (NormLayerRef of kind batch with running statistics; `eps`, each
-    one's, as its spec reads it: a frozen BatchNorm may keep it in its forward, not in an attribute), and, for a
+    """Hooks on `model` itself for every BatchNorm in `refs` (NormLayerRef of kind batch with running statistics; `eps`,
+    each one's, as its spec reads it: a frozen BatchNorm may keep it in its forward, not in an attribute), and, for a
     GraphModule, `tap` calls inserted into its own graph before each batch-norm call (taken out again by `remove`)."""
     layers, handles = [], []
     for index, ref in enumerate(refs):

@@ -1,9 +1,10 @@
-"""Where a torch kind adapter's from_spec writes the spec's tensors, so a module can be given another spec's state (`restate`).
+"""Where a torch kind adapter's from_spec writes the spec's tensors, so a module can be given another spec's state
+(`restate`).
 
 Why: check_many (converters/gate/grouped_check.py) checks many layers of one configuration; building a module per layer
 (its parameters initialised, then overwritten) costs more than the check's own work. An adapter whose from_spec builds
-from the configuration alone and writes every spec tensor through common.write_tensor declares `restatable = True`; a module
-it built can then be made what from_spec builds for another spec of the same configuration: that spec's name and
+from the configuration alone and writes every spec tensor through common.write_tensor declares `restatable = True`; a
+module it built can then be made what from_spec builds for another spec of the same configuration: that spec's name and
 tensors, everything else as from_spec left it.
 """
 
@@ -18,16 +19,19 @@ from .common import STATE_SLOTS, copy_into
 
 
 class TorchRestating:
-    """`template_state` and `restate` for torch kind adapters whose from_spec writes the spec's tensors with `write_tensor` only."""
+    """`template_state` and `restate` for torch kind adapters whose from_spec writes the spec's tensors with
+    `write_tensor` only."""
 
     def template_state(self, module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], bool]:
-        """Every parameter and buffer as from_spec left them, and the mode: what `restate` gives back to all no tensor is written to."""
+        """Every parameter and buffer as from_spec left them, and the mode: what `restate` gives back to all no tensor
+        is written to."""
         return {
             name: tensor.detach().clone() for name, tensor in module.state_dict(keep_vars=True).items()
         }, module.training
 
     def restate(self, module: torch.nn.Module, spec: NormSpec, template: tuple[dict[str, torch.Tensor], bool]) -> None:
-        """Make `module`, which this adapter's from_spec built for a spec of the same configuration, what it builds for `spec`.
+        """Make `module`, which this adapter's from_spec built for a spec of the same configuration,
+        what it builds for `spec`.
 
         from_spec(spec) would build the same class with the same arguments, write `spec`'s tensors with write_tensor and
         remember its name (common.finish); every other tensor and the mode are as the configuration left them, which

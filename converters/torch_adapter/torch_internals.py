@@ -1,12 +1,13 @@
-"""Every use of torch's private modules and attributes, one function each, so a torch that renames one fails here, by name.
+"""Every use of torch's private modules and attributes, one function each, so a torch that renames one fails here,
+by name.
 
 normbridge reads `.pt2` files safely and faster than torch.export.load by handing torch's deserializer checked parts and
-replacing a few of its steps with quicker ones (pt2/program_schema.py, pt2/deserializer.py). Those parts are private
-to torch and change between releases. Each function below reaches one of them; its docstring says what it reaches and
-what replaces it when it fails: a speed path falls back, with one debug line, to the same step as torch ships it; a lookup
-with a public equivalent falls back to that; a part nothing replaces raises MissingDependencyError naming this torch's version, never
-a message that blames the file. tests/converters/test_torch_internals.py runs every access on the installed torch and
-holds each fallback's result equal to its fast path's.
+replacing a few of its steps with quicker ones (pt2/program_schema.py, pt2/deserializer.py). Those parts are private to
+torch and change between releases. Each function below reaches one of them; its docstring says what it reaches and what
+replaces it when it fails: a speed path falls back, with one debug line, to the same step as torch ships it; a lookup
+with a public equivalent falls back to that; a part nothing replaces raises MissingDependencyError naming this torch's
+version, never a message that blames the file. tests/converters/test_torch_internals.py runs every access on the
+installed torch and holds each fallback's result equal to its fast path's.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def schema_module() -> Any:
 
 
 def resolve_schema_class(cls: Any) -> Any:
-    """`torch._export.serde.serialize._resolve_schema_cls`: a forward reference as its schema class; on failure the caller
-    converts with `dict_to_program`."""
+    """`torch._export.serde.serialize._resolve_schema_cls`: a forward reference as its schema class; on failure the
+    caller converts with `dict_to_program`."""
     return _private(SERIALIZE, "_resolve_schema_cls")(cls)
 
 
@@ -119,8 +120,8 @@ def union_base() -> type:
 
 
 def union_tag(name: str, cls: type) -> Any:
-    """`torch._export.serde.union._UnionTag.create(name, cls)`, the `_type` a union built by `create` holds; on failure the
-    caller converts with `dict_to_program`."""
+    """`torch._export.serde.union._UnionTag.create(name, cls)`, the `_type` a union built by `create` holds; on failure
+    the caller converts with `dict_to_program`."""
     return _private(UNION, "_UnionTag").create(name, cls)
 
 
@@ -141,8 +142,8 @@ def reader_schema_version() -> tuple[int, int]:
 
 
 def exported_program_deserializer() -> type:
-    """`torch._export.serde.serialize.ExportedProgramDeserializer`: torch's own path for a whole program, which the patched
-    one falls back to; nothing replaces it, so a failure raises MissingDependencyError."""
+    """`torch._export.serde.serialize.ExportedProgramDeserializer`: torch's own path for a whole program, which the
+    patched one falls back to; nothing replaces it, so a failure raises MissingDependencyError."""
     return _private(SERIALIZE, "ExportedProgramDeserializer")
 
 
@@ -153,9 +154,9 @@ def graph_module_deserializer() -> type:
 
 
 def with_globals(function: Any, **names: Any) -> Any:
-    """A copy of torch's `function` run against a copy of its module's globals in which `names` are replaced; raises when
-    `function` is not plain Python or does not read one of `names` (a torch whose code changed): the caller then runs
-    torch's `function` itself."""
+    """A copy of torch's `function` run against a copy of its module's globals in which `names` are replaced; raises
+    when `function` is not plain Python or does not read one of `names` (a torch whose code changed): the caller then
+    runs torch's `function` itself."""
     import types
 
     if not isinstance(function, types.FunctionType):
@@ -173,22 +174,22 @@ def with_globals(function: Any, **names: Any) -> Any:
 
 
 def free_unbacked_symbols_with_path(value: Any, path: tuple, *args: Any, **kwargs: Any) -> dict:
-    """`torch.fx.experimental.symbolic_shapes._free_unbacked_symbols_with_path`: torch's walk for unbacked symbols, which
-    the shortcut answers without when nothing is pending and falls back to otherwise; nothing replaces it."""
+    """`torch.fx.experimental.symbolic_shapes._free_unbacked_symbols_with_path`: torch's walk for unbacked symbols,
+    which the shortcut answers without when nothing is pending and falls back to otherwise; nothing replaces it."""
     return _private("torch.fx.experimental.symbolic_shapes", "_free_unbacked_symbols_with_path")(
         value, path, *args, **kwargs
     )
 
 
 def fake_tensor(mode: Any, meta: Any, device: Any) -> Any:
-    """`torch._subclasses.fake_tensor.FakeTensor(mode, meta, device)`, as FakeTensorMode wraps a cached result; on failure
-    the tensor meta is read by torch's own `deserialize_tensor_meta`."""
+    """`torch._subclasses.fake_tensor.FakeTensor(mode, meta, device)`, as FakeTensorMode wraps a cached result; on
+    failure the tensor meta is read by torch's own `deserialize_tensor_meta`."""
     return _private("torch._subclasses.fake_tensor", "FakeTensor")(mode, meta, device)
 
 
 def is_fake_tensor(value: Any) -> bool:
-    """Whether `value` is exactly a `torch._subclasses.fake_tensor.FakeTensor` (no subclass); on failure the unbacked-symbol
-    shortcut runs torch's walk (`free_unbacked_symbols_with_path`)."""
+    """Whether `value` is exactly a `torch._subclasses.fake_tensor.FakeTensor` (no subclass); on failure the
+    unbacked-symbol shortcut runs torch's walk (`free_unbacked_symbols_with_path`)."""
     return type(value) is _private("torch._subclasses.fake_tensor", "FakeTensor")
 
 
@@ -206,8 +207,8 @@ def modes_active() -> bool:
 
 @functools.cache
 def serialized_dtypes() -> dict[int, Any]:
-    """`torch._export.serde.serialize._SERIALIZE_TO_TORCH_DTYPE` (serialized ScalarType number -> torch.dtype); on failure
-    the file format's own numbering (SCALAR_TYPES), the dtypes this torch has."""
+    """`torch._export.serde.serialize._SERIALIZE_TO_TORCH_DTYPE` (serialized ScalarType number -> torch.dtype); on
+    failure the file format's own numbering (SCALAR_TYPES), the dtypes this torch has."""
     import torch
 
     try:
@@ -238,9 +239,9 @@ def stored_code(module: Any) -> str:
 
 def defer_code(module: Any, logger: logging.Logger) -> None:
     """Have `module` write its code when first asked for it instead of now: its `forward`, `_code` (which `code`, `str`
-    and copying read) and pickling write it first, through `recompile`, whose own assignment of `_code` ends the deferral.
-    Reaches GraphModule's private `_code` on the module's own class (`graph_module_own_class`); on failure the module
-    writes its code now (`recompile`, the public path), which is what torch's deserializer does."""
+    and copying read) and pickling write it first, through `recompile`, whose own assignment of `_code` ends the
+    deferral. Reaches GraphModule's private `_code` on the module's own class (`graph_module_own_class`); on failure the
+    module writes its code now (`recompile`, the public path), which is what torch's deserializer does."""
     from torch.fx.graph_module import GraphModule
 
     try:
@@ -257,8 +258,8 @@ def defer_code(module: Any, logger: logging.Logger) -> None:
 
 
 class _DeferredForward:
-    """The `forward` of a GraphModule whose code is not written yet: looking it up (to call it, or to read its signature)
-    writes the code, whose `recompile` puts the real forward on the module's class in place of this."""
+    """The `forward` of a GraphModule whose code is not written yet: looking it up (to call it, or to read its
+    signature) writes the code, whose `recompile` puts the real forward on the module's class in place of this."""
 
     def __get__(self, module: Any, owner: type) -> Any:
         if module is None:
@@ -313,7 +314,8 @@ def registered_pytree_types() -> frozenset[str] | None:
 
 def tree_leaves(value: Any) -> list:
     """`torch.utils._pytree.tree_leaves(value)`; on failure the public `torch.fx.node.map_aggregate` collects the leaves
-    of a node's arguments (the containers FX arguments are made of; it also opens slices, whose parts are plain values)."""
+    of a node's arguments (the containers FX arguments are made of; it also opens slices, whose parts are plain
+    values)."""
     try:
         return _private("torch.utils._pytree", "tree_leaves")(value)
     except MissingDependencyError as error:
@@ -362,9 +364,9 @@ def higher_order_operator_class() -> type:
 
 
 def op_schema(target: Any) -> Any:
-    """`target._schema`, the FunctionSchema (name, arguments) of an ATen operator overload; None for a target that is not
-    one (a Python callable, a higher-order operator). No public path gives an operator's arguments: an overload without it
-    raises MissingDependencyError rather than leaving every operator unread."""
+    """`target._schema`, the FunctionSchema (name, arguments) of an ATen operator overload; None for a target that is
+    not one (a Python callable, a higher-order operator). No public path gives an operator's arguments: an overload
+    without it raises MissingDependencyError rather than leaving every operator unread."""
     schema = getattr(target, "_schema", None)
     if schema is None and isinstance(target, op_overload_class()):
         raise _unavailable(
@@ -397,7 +399,8 @@ def _fx_node_class() -> type:
 
 @functools.cache
 def norm_base_classes() -> tuple[type, ...]:
-    """`torch.nn.modules.batchnorm._NormBase` (the base of BatchNorm and InstanceNorm); on failure their public classes."""
+    """`torch.nn.modules.batchnorm._NormBase` (the base of BatchNorm and InstanceNorm);
+    on failure their public classes."""
     import torch
 
     found = getattr(torch.nn.modules.batchnorm, "_NormBase", None)
@@ -424,8 +427,8 @@ def norm_base_classes() -> tuple[type, ...]:
 
 @functools.cache
 def batch_norm_base_classes() -> tuple[type, ...]:
-    """`torch.nn.modules.batchnorm._BatchNorm` (BatchNorm1d/2d/3d, their lazy forms, SyncBatchNorm); on failure those public
-    classes."""
+    """`torch.nn.modules.batchnorm._BatchNorm` (BatchNorm1d/2d/3d, their lazy forms, SyncBatchNorm);
+    on failure those public classes."""
     import torch
 
     found = getattr(torch.nn.modules.batchnorm, "_BatchNorm", None)
@@ -468,20 +471,20 @@ def own_tensors(module: Any) -> list:
 
 
 def version_counter(tensor: Any) -> Any:
-    """`tensor._version`, bumped by every in-place change; on failure a new object each call, so a cache keyed on it never
-    answers for a tensor that may have changed."""
+    """`tensor._version`, bumped by every in-place change; on failure a new object each call, so a cache keyed on it
+    never answers for a tensor that may have changed."""
     try:
         return tensor._version
     except Exception:
         return object()
 
 
-# -- writing a .pt2 -----------------------------------------------------------------------------------------------------
+# -- writing a .pt2 ----------------------------------------------------------------------------------------------------
 
 
 def pt2_archive_writer(stream: Any) -> Any:
-    """`torch.export.pt2_archive._package.PT2ArchiveWriter(stream)`, torch.export.save's own archive writer; on failure the
-    same records through `torch._C.PyTorchFileWriter` (what that writer wraps), so the bytes are the same."""
+    """`torch.export.pt2_archive._package.PT2ArchiveWriter(stream)`, torch.export.save's own archive writer; on failure
+    the same records through `torch._C.PyTorchFileWriter` (what that writer wraps), so the bytes are the same."""
     try:
         writer = _private("torch.export.pt2_archive._package", "PT2ArchiveWriter", "to write a .pt2 file")
     except MissingDependencyError as error:

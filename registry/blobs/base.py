@@ -50,15 +50,16 @@ class BlobStore(abc.ABC):
     """Immutable, content-addressed bytes. `uri` names the store (what `open_blob_store` accepts)."""
 
     uri: str
-    #: How many blobs a registration stages, or a bundle download or a pull reads ahead, at once (a network store overlaps round
-    #: trips; a disk does not gain).
+    #: How many blobs a registration stages, or a bundle download or a pull reads ahead, at once (a network store
+    #: overlaps round trips; a disk does not gain).
     parallel_transfers: int = 1
-    #: Whether a registration stages its blobs in a thread beside the equivalence gate. A network store gains (its threads wait
-    #: on round trips); a local disk does not: each write hands the GIL back and forth with the gate's Python, which stalled the
-    #: gate more than the writes took alone (53 BatchNorms: 660 ms of gate beside the staging, 320 ms + 115 ms one after the other).
+    #: Whether a registration stages its blobs in a thread beside the equivalence gate. A network store gains (its
+    #: threads wait on round trips); a local disk does not: each write hands the GIL back and forth with the gate's
+    #: Python, which stalled the gate more than the writes took alone (53 BatchNorms: 660 ms of gate beside the staging,
+    #: 320 ms + 115 ms one after the other).
     stages_beside_gate: bool = False
-    #: Whether `stage_chunks` writes a blob as it hashes it, never holding it whole (a local folder: a file renamed once its
-    #: digest is known); a registration then stages a checkpoint's tensors while it is still reading the model
+    #: Whether `stage_chunks` writes a blob as it hashes it, never holding it whole (a local folder: a file renamed once
+    #: its digest is known); a registration then stages a checkpoint's tensors while it is still reading the model
     #: (registry/early_staging.py). S3 names an object before writing it.
     stages_unnamed: bool = False
 
@@ -97,7 +98,8 @@ class BlobStore(abc.ABC):
 
     def read_verified(self, digest: str, read: Callable[[int], bytes]) -> bytes:
         """Every byte `read(n)` gives until it gives none, hashed chunk by chunk as it arrives (no second pass over the
-        blob, and over a network the hashing overlaps the wait for the next chunk); IntegrityError unless it is `digest`."""
+        blob, and over a network the hashing overlaps the wait for the next chunk);
+        IntegrityError unless it is `digest`."""
         sha = hashlib.sha256()
         chunks = []
         while chunk := read(READ_CHUNK):
@@ -130,8 +132,8 @@ class BlobStore(abc.ABC):
 
     def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> "StagedBlob":
         """Stage the blob whose `size` bytes arrive as `chunks` and must hash to `digest`; IntegrityError (and nothing
-        staged) if they do not. A store that can write as it reads (local files, S3 multipart) never holds the blob whole;
-        this default joins the chunks."""
+        staged) if they do not. A store that can write as it reads (local files, S3 multipart) never holds the blob
+        whole; this default joins the chunks."""
         data = b"".join(chunks)
         actual = sha256_hex(data)
         if actual != digest or len(data) != size:
@@ -139,8 +141,8 @@ class BlobStore(abc.ABC):
         return self.stage(data, digest, sync)
 
     def stage_chunks(self, chunks: Iterable[bytes], sync: bool = True) -> "StagedBlob":
-        """Stage the blob whose bytes arrive as `chunks`, its digest computed on the way (`stage_stream` needs it first).
-        This default joins the chunks; a store with `stages_unnamed` writes them as they come."""
+        """Stage the blob whose bytes arrive as `chunks`, its digest computed on the way (`stage_stream` needs it
+        first). This default joins the chunks; a store with `stages_unnamed` writes them as they come."""
         return self.stage(b"".join(chunks), sync=sync)
 
     def publish(self, staged: "StagedBlob") -> str:
@@ -148,7 +150,8 @@ class BlobStore(abc.ABC):
         return staged.digest if staged.data is None else self.put(staged.data)
 
     def sync(self, staged: list["StagedBlob"]) -> None:
-        """Make staged blobs durable before they are published (a store writing files syncs them; others have nothing to do)."""
+        """Make staged blobs durable before they are published (a store writing files syncs them; others have nothing to
+        do)."""
 
     def publish_all(self, staged: list["StagedBlob"], progress: Callable[[int], None] | None = None) -> None:
         """`publish` each staged blob, in order; `progress(i)` as the i-th starts."""

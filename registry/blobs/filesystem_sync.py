@@ -1,12 +1,12 @@
 """Making many new files and renames durable with one `syncfs` of their filesystem instead of an fsync each (Linux).
 
 Why: a registration stages a file per tensor (221 for a 53-BatchNorm model) in up to 256 shard folders, and each must be
-durable before the version that names it is committed. An fsync per file and per folder cost 120-270 ms of waiting for the
-disk on the 2-core machine; one `syncfs` before the renames and one after them cost 12-17 ms. `syncfs` writes every dirty
-page and the metadata of the whole filesystem and waits for it (Linux reports a writeback error since 5.8), so what it
-covers is a superset of the fsyncs it replaces. It is used only where every folder involved is on the root's filesystem
-(a shard folder that is a mount point of another one is fsynced file by file) and for several files at once: one file's
-fsync is cheaper than flushing what other programs have written.
+durable before the version that names it is committed. An fsync per file and per folder cost 120-270 ms of waiting for
+the disk on the 2-core machine; one `syncfs` before the renames and one after them cost 12-17 ms. `syncfs` writes every
+dirty page and the metadata of the whole filesystem and waits for it (Linux reports a writeback error since 5.8), so
+what it covers is a superset of the fsyncs it replaces. It is used only where every folder involved is on the root's
+filesystem (a shard folder that is a mount point of another one is fsynced file by file) and for several files at once:
+one file's fsync is cheaper than flushing what other programs have written.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ MIN_PATHS = 8
 
 
 def linux_libc(name: str, *argtypes):
-    """The C library's function `name` with `argtypes` (an int result) on Linux, None elsewhere or where it is missing."""
+    """The C library's function `name` with `argtypes` (an int result) on Linux,
+    None elsewhere or where it is missing."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -41,11 +42,12 @@ _SYNCFS = linux_libc("syncfs", ctypes.c_int)
 
 
 def sync_filesystem(root: Path, folders: Iterable[Path]) -> bool:
-    """Flush the filesystem holding `root` when the new entries of `folders` (several) all live on it; False when it did not
-    (not Linux, no folders, a folder on another device): the caller then fsyncs each file and folder itself.
+    """Flush the filesystem holding `root` when the new entries of `folders` (several) all live on it; False when it did
+    not (not Linux, no folders, a folder on another device): the caller then fsyncs each file and folder itself.
 
     Raises:
-        RegistryError: the filesystem reported an error writing back (the data may not be durable), naming the store's folder.
+        RegistryError: the filesystem reported an error writing back (the data may not be durable),
+            naming the store's folder.
         StorageFullError: that error was a disk with no room left.
     """
     folders = set(folders)

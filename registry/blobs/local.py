@@ -33,7 +33,8 @@ PENDING_PREFIX = ".pending."
 class LocalBlobStore(BlobStore):
     """Blobs as read-only files 'ab/cdef...' under `root`, written by temp file + fsync + rename.
 
-    `modes`: what new folders and blobs get (registry/file_modes.py; default: $NORMBRIDGE_SHARED_GROUP's, private unless set).
+    `modes`: what new folders and blobs get (registry/file_modes.py; default: $NORMBRIDGE_SHARED_GROUP's, private unless
+    set).
     """
 
     stages_unnamed = True
@@ -69,13 +70,14 @@ class LocalBlobStore(BlobStore):
         return self.publish(self.stage(data))
 
     def stage(self, data: bytes, digest: str | None = None, sync: bool = True) -> StagedBlob:
-        """Write (and fsync, unless `sync` is False) a hidden temporary file next to the blob's final place (not yet a blob)."""
+        """Write (and fsync, unless `sync` is False) a hidden temporary file next to the blob's final place
+        (not yet a blob)."""
         digest = digest or sha256_hex(data)
         return self._staged(digest, lambda stream: stream.write(data), sync)
 
     def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> StagedBlob:
-        """Write the chunks into the hidden temporary file while hashing them, a chunk at a time; a blob already stored is not
-        read again. IntegrityError, and the temporary file removed, when they do not hash to `digest`."""
+        """Write the chunks into the hidden temporary file while hashing them, a chunk at a time; a blob already stored
+        is not read again. IntegrityError, and the temporary file removed, when they do not hash to `digest`."""
 
         def write(stream) -> None:
             hashed, length = hashlib.sha256(), 0
@@ -90,8 +92,8 @@ class LocalBlobStore(BlobStore):
 
     def stage_chunks(self, chunks: Iterable[bytes], sync: bool = True) -> StagedBlob:
         """Write the chunks into a hidden temporary file at the store's root while hashing them, a chunk at a time, then
-        move it to where `stage` puts the blob's (or remove it, when the store holds the blob already): one pass over the
-        bytes where `stage_stream` needs their digest first."""
+        move it to where `stage` puts the blob's (or remove it, when the store holds the blob already): one pass over
+        the bytes where `stage_stream` needs their digest first."""
         with self._full_is_an_error():
             handle, pending = _new_read_only_file(self.root, PENDING_PREFIX, self.modes)
             try:
@@ -140,8 +142,8 @@ class LocalBlobStore(BlobStore):
 
     def sync(self, staged: list[StagedBlob]) -> None:
         """Make every staged file not synced yet durable: several at once with one syncfs of the store's filesystem
-        (filesystem_sync), else an fsync each. Why in one call: written without a sync each and with their writeback started
-        as they were written, 221 small blobs took 12-17 ms with syncfs and 50-270 ms synced one by one."""
+        (filesystem_sync), else an fsync each. Why in one call: written without a sync each and with their writeback
+        started as they were written, 221 small blobs took 12-17 ms with syncfs and 50-270 ms synced one by one."""
         pending = [blob for blob in staged if blob.temporary is not None and not blob.synced]
         if len(pending) >= MIN_PATHS and sync_filesystem(self.root, {blob.temporary.parent for blob in pending}):
             for blob in pending:
@@ -161,9 +163,9 @@ class LocalBlobStore(BlobStore):
         return staged.digest
 
     def publish_all(self, staged: list[StagedBlob], progress: Callable[[int], None] | None = None) -> None:
-        """Sync what is not, rename every blob into place, then fsync each folder once (or sync the filesystem once for many
-        folders: filesystem_sync): the renames are durable when this returns (one journal commit for all, where a sync of
-        each folder after its rename cost one each)."""
+        """Sync what is not, rename every blob into place, then fsync each folder once (or sync the filesystem once for
+        many folders: filesystem_sync): the renames are durable when this returns (one journal commit for all, where a
+        sync of each folder after its rename cost one each)."""
         staged = list(staged)
         self.sync(staged)
         folders: dict[Path, None] = {}
@@ -264,11 +266,11 @@ class LocalBlobStore(BlobStore):
 
 
 def _new_read_only_file(folder: Path, prefix: str, modes: FileModes) -> tuple[int, str]:
-    """A new hidden '<prefix><random>.tmp' in `folder`, open for writing, created with the blob mode (read-only: 0400, or 0440
-    for a registry shared with its group, registry/file_modes.py).
+    """A new hidden '<prefix><random>.tmp' in `folder`, open for writing, created with the blob mode (read-only: 0400,
+    or 0440 for a registry shared with its group, registry/file_modes.py).
 
-    Created with that mode rather than chmod-ed after tempfile.mkstemp, so the bytes are never readable by anyone the blob
-    will not be. The mode applies to later opens only, so this descriptor still writes.
+    Created with that mode rather than chmod-ed after tempfile.mkstemp, so the bytes are never readable by anyone the
+    blob will not be. The mode applies to later opens only, so this descriptor still writes.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(100):
@@ -291,8 +293,8 @@ def _new_read_only_file(folder: Path, prefix: str, modes: FileModes) -> tuple[in
 
 
 def _start_writeback(handle: int) -> None:
-    """Ask the kernel to start writing the file's dirty pages now, without waiting (Linux sync_file_range; elsewhere a no-op):
-    the later fsync of many files then finds most of them written."""
+    """Ask the kernel to start writing the file's dirty pages now, without waiting (Linux sync_file_range; elsewhere a
+    no-op): the later fsync of many files then finds most of them written."""
     if _SYNC_FILE_RANGE is None:
         return
     _SYNC_FILE_RANGE(handle, ctypes.c_longlong(0), ctypes.c_longlong(0), _SYNC_FILE_RANGE_WRITE)

@@ -78,7 +78,8 @@ class S3BlobStore(BlobStore):
         self.multipart_threshold = multipart_threshold
         self.list_page_size = 1000  # keys per ListObjectsV2 page (S3's maximum)
         self.stages_beside_gate = True  # PUTs wait on the network: staged while the gate runs
-        self.parallel_transfers = 4  # concurrent PUTs or GETs per registration, bundle or pull (boto3 clients are thread-safe; its pool holds 10)
+        # concurrent PUTs or GETs per registration, bundle or pull (boto3 clients are thread-safe; its pool holds 10)
+        self.parallel_transfers = 4
         self.part_size = part_size
         self.endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or os.environ.get("AWS_ENDPOINT_URL") or None
         if client is None:
@@ -161,8 +162,9 @@ class S3BlobStore(BlobStore):
         return StagedBlob(digest=self._put(digest or sha256_hex(data), data))
 
     def stage_stream(self, chunks: Iterable[bytes], digest: str, size: int, sync: bool = True) -> StagedBlob:
-        """A blob above the multipart threshold is uploaded part by part as its chunks arrive, hashed on the way, and completed
-        only if it hashes to `digest` (else aborted: IntegrityError, no object); a smaller one is joined and PUT."""
+        """A blob above the multipart threshold is uploaded part by part as its chunks arrive, hashed on the way, and
+        completed only if it hashes to `digest` (else aborted: IntegrityError, no object);
+        a smaller one is joined and PUT."""
         if size <= self.multipart_threshold:
             return super().stage_stream(chunks, digest, size, sync)
         head = self._head(digest)
@@ -216,8 +218,8 @@ class S3BlobStore(BlobStore):
         return digest
 
     def _put_multipart(self, digest: str, chunks: Iterable, verify: Callable[[], None] = lambda: None) -> None:
-        """Parts (`chunks`, each but the last at least 5 MiB), then `verify()` and CompleteMultipartUpload (the object appears
-        only then); aborted on any failure."""
+        """Parts (`chunks`, each but the last at least 5 MiB), then `verify()` and CompleteMultipartUpload (the object
+        appears only then); aborted on any failure."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self.key_of(digest)

@@ -69,7 +69,8 @@ class DriftLayerRow(Base):
         String(24), nullable=False, server_default="ok"
     )  # ok, drift, unconverged_statistics (0007)
     initial_weight: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # The sampling error the rule allowed for (0010; NULL before, and where it could not be measured): schemas.monitoring.LayerShift.
+    # The sampling error the rule allowed for (0010; NULL before, and where it could not be measured):
+    # schemas.monitoring.LayerShift.
     batches: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     shift_bound: Mapped[float | None] = mapped_column(Float, nullable=True)
     log_ratio_bound: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -77,7 +78,8 @@ class DriftLayerRow(Base):
 
 
 class DriftArraysRow(Base):
-    """The per-channel means and variances a window carried (zlib-compressed JSON), dropped after the retention period."""
+    """The per-channel means and variances a window carried (zlib-compressed JSON),
+    dropped after the retention period."""
 
     __tablename__ = "drift_window_arrays"
 

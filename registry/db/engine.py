@@ -31,7 +31,8 @@ READ_ONLY = "normbridge_read_only"
 
 #: How long a SQLite writer waits for the lock before failing (seconds).
 SQLITE_BUSY_TIMEOUT = 60.0
-#: SQLite's result code for 'database or disk is full' (a write, or its journal, found no room), and PostgreSQL's SQLSTATE.
+#: SQLite's result code for 'database or disk is full' (a write, or its journal, found no room),
+#: and PostgreSQL's SQLSTATE.
 SQLITE_FULL = 13
 POSTGRES_DISK_FULL = "53100"
 
@@ -74,7 +75,8 @@ def head_revision() -> str:
 
 
 def at_head(engine: Engine) -> bool:
-    """Whether the database's schema is at the newest migration (False for an empty database or any doubt: Alembic decides)."""
+    """Whether the database's schema is at the newest migration (False for an empty database or any doubt: Alembic
+    decides)."""
     try:
         with engine.connect().execution_options(**{READ_ONLY: True}) as connection:
             versions = [row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))]
@@ -128,8 +130,8 @@ def _refuse_full_disk(engine: Engine, parsed: URL) -> None:
 
 
 def make_engine(url: str | URL) -> Engine:
-    """An engine for `url`; SQLite gets a busy timeout, WAL and BEGIN IMMEDIATE transactions, and a new database file the
-    registry's file mode (registry/file_modes.py)."""
+    """An engine for `url`; SQLite gets a busy timeout, WAL and BEGIN IMMEDIATE transactions, and a new database file
+    the registry's file mode (registry/file_modes.py)."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() != "sqlite":
         engine = create_engine(parsed, pool_pre_ping=True)

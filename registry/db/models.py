@@ -66,10 +66,12 @@ class VersionRow(Base):
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, nullable=False)
     user: Mapped[str] = mapped_column(String(255), nullable=False)
-    # The servable verdict and its hazards (registry/service/servable.py); NULL for versions registered before it existed.
+    # The servable verdict and its hazards (registry/service/servable.py); NULL for versions registered before it
+    # existed.
     servable: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     hazards: Mapped[list | None] = mapped_column(JSON, nullable=True)
-    # Whether a safe reader accepted the stored structure at registration (registry/service/structure_check.py); NULL before.
+    # Whether a safe reader accepted the stored structure at registration (registry/service/structure_check.py);
+    # NULL before.
     structure_checked: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
     model: Mapped[ModelRow] = relationship(lazy="joined")

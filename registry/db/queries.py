@@ -50,7 +50,8 @@ def storable_number(number: int) -> bool:
 
 
 def version_id(session: Session, model: str, number: int, lock: bool = False) -> int:
-    """The id of `model@number`'s row (`lock`: held FOR UPDATE until the session ends); NotFoundError when there is none."""
+    """The id of `model@number`'s row (`lock`: held FOR UPDATE until the session ends);
+    NotFoundError when there is none."""
     query = (
         select(VersionRow.id)
         .join(ModelRow, VersionRow.model_id == ModelRow.id)

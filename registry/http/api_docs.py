@@ -23,7 +23,8 @@ REDOC_URL = "/redoc"
 ASSETS_URL = "/static/api-docs"
 ASSETS_PACKAGE = "fastapi_offline"
 ASSET_FILES = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
-#: Everything from this server only; inline scripts and styles because both pages are built that way, blob: workers for ReDoc's search.
+#: Everything from this server only; inline scripts and styles because both pages are built that way, blob:
+#: workers for ReDoc's search.
 DOCS_POLICY = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
@@ -53,7 +54,8 @@ def _confined(page: HTMLResponse) -> HTMLResponse:
 
 
 def install(app: FastAPI) -> None:
-    """Mount the assets and add /docs, its OAuth2 redirect and /redoc (create the app with docs_url=None, redoc_url=None)."""
+    """Mount the assets and add /docs, its OAuth2 redirect and /redoc (create the app with docs_url=None,
+    redoc_url=None)."""
     app.mount(ASSETS_URL, StaticFiles(directory=assets_folder()), name="api-docs-assets")
 
     def asset(request: Request, name: str) -> str:

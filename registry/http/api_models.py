@@ -78,7 +78,8 @@ class Alias(_Record):
     user: str
 
 
-#: The audit entry as the API sends it: AuditRecord's own fields (one declaration of an audit entry, registry/entities.py).
+#: The audit entry as the API sends it: AuditRecord's own fields (one declaration of an audit entry,
+#: registry/entities.py).
 AuditEntry = create_model(
     "AuditEntry", __base__=_Record, **{name: (kind, ...) for name, kind in get_type_hints(AuditRecord).items()}
 )
@@ -137,8 +138,8 @@ class AuditOut(BaseModel):
 
 
 class DriftList(DriftHistory):
-    """A version's drift history (windows from serving collectors, newest first, and the state they move) and its recorded
-    offline checks, which never move the state (the newest is summarised in `offline`)."""
+    """A version's drift history (windows from serving collectors, newest first, and the state they move) and its
+    recorded offline checks, which never move the state (the newest is summarised in `offline`)."""
 
     reports: list[DriftRecord] = Field(
         description="Offline checks recorded with `normbridge drift --record`, newest first."

@@ -47,8 +47,9 @@ def create_app(
 ) -> FastAPI:
     """The HTTP API over `registry` (a registry.service.Registry); see the API contract in README.md.
 
-    `host` is the address the server binds and `allowed_hosts` the extra names it answers to (see request_guard):
-    an in-process client such as Starlette's TestClient, which sends Host 'testserver', passes allowed_hosts=["testserver"].
+    `host` is the address the server binds and `allowed_hosts` the extra names it answers to (see request_guard): an
+    in-process client such as Starlette's TestClient, which sends Host 'testserver',
+    passes allowed_hosts=["testserver"].
     """
     app = FastAPI(
         title="normbridge registry",
@@ -78,7 +79,8 @@ def create_app(
 
 
 def _declare_guard_in_openapi(app: FastAPI) -> None:
-    """/openapi.json lists the guard's refusals (403 on every operation, 415 on state-changing ones): it runs before any route."""
+    """/openapi.json lists the guard's refusals (403 on every operation, 415 on state-changing ones):
+    it runs before any route."""
     generate = app.openapi
 
     def openapi() -> dict:
@@ -90,7 +92,8 @@ def _declare_guard_in_openapi(app: FastAPI) -> None:
 
 
 def app_from_env() -> FastAPI:
-    """Factory for uvicorn workers: the app of NORMBRIDGE_DB / NORMBRIDGE_BLOBS and the serve options in the environment."""
+    """Factory for uvicorn workers: the app of NORMBRIDGE_DB / NORMBRIDGE_BLOBS and the serve options in the
+    environment."""
     insecure = os.environ.get(INSECURE_ENV) == "1"
     if insecure and not is_loopback(os.environ.get(HOST_ENV, "")):
         raise RuntimeError(

@@ -73,7 +73,8 @@ def principal_from_token(app_state, token: str) -> Principal:
 
 
 def principal_for(app_state, header: str | None) -> Principal:
-    """The caller an Authorization header proves (no header: the anonymous admin under --insecure-local); 401 otherwise."""
+    """The caller an Authorization header proves (no header: the anonymous admin under --insecure-local);
+    401 otherwise."""
     if header is None:
         if getattr(app_state, "insecure_local", False):
             return Principal(owner=LOCAL_USER, role="admin")
@@ -96,7 +97,8 @@ def current_principal(request: Request, _declared=Security(bearer_scheme)) -> Pr
 
 
 def require(role: str) -> Callable[..., Principal]:
-    """A FastAPI dependency: the caller, who must hold at least `role` (403 otherwise). Model scope is checked per route."""
+    """A FastAPI dependency: the caller, who must hold at least `role` (403 otherwise).
+    Model scope is checked per route."""
     if role not in _RANK:
         raise ValueError(f"role '{role}' is not one of {ROLES}")
 

@@ -1,11 +1,12 @@
-"""Every request body but an upload's is bounded before it is read: the API's JSON at MAX_JSON_BYTES, a page's form at MAX_FORM_BYTES.
+"""Every request body but an upload's is bounded before it is read: the API's JSON at MAX_JSON_BYTES,
+a page's form at MAX_FORM_BYTES.
 
 FastAPI reads the body of a route that has a body parameter before any of the route's dependencies (token, media type,
 size) runs, so the bound sits in front of the app, in the ASGI layer (request_guard.RequestGuard applies it, whatever
-the Content-Type, or none): a declared Content-Length over the bound is refused before a byte is read (`declared_excess`),
-and a body without one is cut as soon as the bytes received pass it (`bounded`: the 413 is raised from `receive`, while
-the app reads). Uploads (POST /api/v1/models/{name}/versions) are not bounded here: they stream to a file or to the
-bundle reader under their own limit, `normbridge serve --max-upload-mb` (uploads.py, body_pipe.py).
+the Content-Type, or none): a declared Content-Length over the bound is refused before a byte is read
+(`declared_excess`), and a body without one is cut as soon as the bytes received pass it (`bounded`: the 413 is raised
+from `receive`, while the app reads). Uploads (POST /api/v1/models/{name}/versions) are not bounded here: they stream to
+a file or to the bundle reader under their own limit, `normbridge serve --max-upload-mb` (uploads.py, body_pipe.py).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def _message(scope: Scope, limit: int, size: int | None) -> str:
 
 
 class BodyTooLarge(HTTPException):
-    """Raised from `receive` once a body passes its bound. An HTTPException, because FastAPI passes those on unchanged from
-    reading a body (it turns any other error there into a 400) and the app's handler answers it (errors.py: 413)."""
+    """Raised from `receive` once a body passes its bound. An HTTPException, because FastAPI passes those on unchanged
+    from reading a body (it turns any other error there into a 400) and the app's handler answers it
+    (errors.py: 413)."""
 
     def __init__(self, message: str):
         super().__init__(413, detail=message)

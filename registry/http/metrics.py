@@ -53,7 +53,8 @@ _REGISTER_ROUTE = ("POST", "/api/v1/models/{name}/versions")
 
 
 def registration_outcome(status: int) -> str:
-    """What a POST of a model ended as, from its status: created, existing (identical content), refused (gate), rejected, error."""
+    """What a POST of a model ended as, from its status: created, existing (identical content), refused
+    (gate), rejected, error."""
     if status == 201:
         return "created"
     if status == 200:
@@ -91,9 +92,10 @@ def recorded_checks(registry) -> dict[tuple[str, int], tuple[str, float]]:
 def history_windows(current: Callable[[Any], Iterable[Any]]) -> DriftSource:
     """A source over a drift history store's `current(registry)`: per version its state and newest window's layers.
 
-    Each item is read by attribute: model, number, state (ok|warning|alert) and last (None, or a window with received_at and
-    layers, each with name, max_shift, max_abs_log_ratio, over and status: the layer state is the status, so a layer whose stored
-    statistics never converged reads unconverged_statistics (1), not drift; `over` stands in for a store that keeps no status)."""
+    Each item is read by attribute: model, number, state (ok|warning|alert) and last (None, or a window with received_at
+    and layers, each with name, max_shift, max_abs_log_ratio, over and status: the layer state is the status, so a layer
+    whose stored statistics never converged reads unconverged_statistics (1), not drift; `over` stands in for a store
+    that keeps no status)."""
 
     def source(registry) -> tuple[dict, dict, dict]:
         layers, alerts, faults = {}, {}, {}
@@ -120,8 +122,9 @@ class DriftGauges:
     """The drift series: each serving source read at scrape time (later ones override earlier ones), then what `observe`
     was told; beside them, each version's newest offline verdict from `offline`, which never enters the serving series.
 
-    `observe(model, version, layer, shift, ratio, state)` is the push alternative for a store that has no `current` read:
-    it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a version's state.
+    `observe(model, version, layer, shift, ratio, state)` is the push alternative for a store that has no `current`
+    read: it keeps the newest value per label set (thread-safe); `set_alert_state(model, version, state)` sets a
+    version's state.
     """
 
     def __init__(
@@ -140,7 +143,8 @@ class DriftGauges:
         self._alerts: dict[tuple[str, int], str] = {}
 
     def observe(self, model: str, version: int, layer: str, shift: float, ratio: float, state: str) -> None:
-        """Record a layer's latest window: `shift` the max standardized mean shift, `ratio` the worst variance factor (>= 1)."""
+        """Record a layer's latest window: `shift` the max standardized mean shift,
+        `ratio` the worst variance factor (>= 1)."""
         if state not in LAYER_STATES:
             raise ValueError(
                 f"layer state '{state}' for {model}@{version} layer '{layer}' is not one of {sorted(LAYER_STATES)}"
@@ -158,7 +162,8 @@ class DriftGauges:
             self._alerts[(model, int(version))] = state
 
     def snapshot(self) -> tuple[dict, dict, dict]:
-        """(layers, alert states, offline verdicts) keyed like the labels: the serving sources in order, observations on top."""
+        """(layers, alert states, offline verdicts) keyed like the labels: the serving sources in order,
+        observations on top."""
         layers, alerts, offline, _ = self.snapshot_with_faults()
         return layers, alerts, offline
 
@@ -180,7 +185,8 @@ class DriftGauges:
         return layers, alerts, (self._offline(self._registry) if self._offline is not None else {}), faults
 
     def families(self, principal: Principal) -> list[GaugeMetricFamily]:
-        """The drift metric families the caller may see (a scoped token: its models only), at most max_series of them."""
+        """The drift metric families the caller may see (a scoped token: its models only),
+        at most max_series of them."""
         layers, alerts, offline, faults = self.snapshot_with_faults()
         layers = {key: seen for key, seen in layers.items() if principal.may_see(key[0])}
         alerts = {key: state for key, state in alerts.items() if principal.may_see(key[0])}
@@ -250,9 +256,9 @@ def capped(
 ) -> tuple[dict, dict, dict, int]:
     """(layers, alerts, offline verdicts) of the versions that fit in `limit` series, and how many series were left out.
 
-    A version is kept or left out whole (its layers' three series, its alert state and its offline verdict), so no version
-    is shown half. The ones kept first are those an operator must see: in alert, then with a drifting layer, then with an
-    offline check that found drift, then with the newest figures."""
+    A version is kept or left out whole (its layers' three series, its alert state and its offline verdict), so no
+    version is shown half. The ones kept first are those an operator must see: in alert, then with a drifting layer,
+    then with an offline check that found drift, then with the newest figures."""
     offline, faults = offline or {}, faults or {}
     keys: dict[tuple[str, int], list] = {}
     for key in layers:
@@ -317,7 +323,8 @@ class GateTimer:
 
 
 class ServiceMetrics:
-    """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram, drift gauges."""
+    """One app's metrics: its own CollectorRegistry, the request and registration counters, the gate histogram,
+    drift gauges."""
 
     def __init__(
         self, registry=None, drift_sources: Sequence[DriftSource] = (), max_drift_series: int = MAX_DRIFT_SERIES
@@ -412,10 +419,11 @@ def metrics(request: Request, principal: Reader) -> Response:
 
 
 def install(app, registry=None, drift_sources: Sequence[DriftSource] = ()) -> ServiceMetrics:
-    """Give `app` its own metrics (app.state.metrics), the counting middleware and GET /metrics; call after every other middleware.
+    """Give `app` its own metrics (app.state.metrics), the counting middleware and GET /metrics;
+    call after every other middleware.
 
-    `drift_sources` (serving windows) are read at each scrape, in order (a history store gives `history_windows(its current)`);
-    the offline verdicts are read from the registry's recorded checks."""
+    `drift_sources` (serving windows) are read at each scrape, in order (a history store gives `history_windows(its
+    current)`); the offline verdicts are read from the registry's recorded checks."""
     app.state.metrics = ServiceMetrics(registry, drift_sources)
     app.include_router(router)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -61,7 +61,8 @@ class Redactor:
         return dataclasses.replace(record, parent=parent, manifest=self.manifest(record.manifest))
 
     def lineage(self, view: LineageView) -> LineageView:
-        """The view with versions outside the caller's scope anonymised and their notes dropped (the tree's shape is kept)."""
+        """The view with versions outside the caller's scope anonymised and their notes dropped
+        (the tree's shape is kept)."""
         if not self.hides_anything:
             return view
         nodes = [

@@ -1,4 +1,5 @@
-"""Refuse what a web page could forge against the server (another Host, another Origin, a form body), and any body before it is held.
+"""Refuse what a web page could forge against the server (another Host, another Origin, a form body),
+and any body before it is held.
 
 One ASGI middleware in front of the API and the web pages alike, in every mode (tokens or
 --insecure-local), before any route or body is looked at, in this order:
@@ -23,7 +24,8 @@ One ASGI middleware in front of the API and the web pages alike, in every mode (
   Uploads stream under their own `--max-upload-mb`.
 
 Refusals are 403 untrusted_request, 401 unauthorized, 415 unsupported_media_type and 413 payload_too_large, with the
-header in the error's `setting` and the value received in its message. Every response gets X-Content-Type-Options: nosniff.
+header in the error's `setting` and the value received in its message. Every response gets X-Content-Type-Options:
+nosniff.
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def parse_authority(value: str) -> Authority | None:
 
 
 def parse_allowed_host(value: str) -> Authority:
-    """An --allowed-host value (a DNS name or address, optionally with a port); ValueError naming the option otherwise."""
+    """An --allowed-host value (a DNS name or address, optionally with a port);
+    ValueError naming the option otherwise."""
     authority = parse_authority(value)
     if authority is None or not value.strip():
         raise ValueError(
@@ -125,7 +128,8 @@ def parse_allowed_host(value: str) -> Authority:
 
 @dataclass(frozen=True)
 class HostPolicy:
-    """The Host values this server answers: `names` on any port, `authorities` on their port, every IP literal if `any_ip`."""
+    """The Host values this server answers: `names` on any port, `authorities` on their port,
+    every IP literal if `any_ip`."""
 
     names: frozenset[str]
     authorities: frozenset[Authority] = frozenset()
@@ -151,7 +155,8 @@ class HostPolicy:
 
 
 def same_origin_url(url: str, host: Authority, *, bare: bool = False) -> bool:
-    """Whether `url` (an Origin when `bare`: scheme://host[:port] and nothing else; else a Referer) names host:port of `host`.
+    """Whether `url` (an Origin when `bare`: scheme://host[:port] and nothing else; else a Referer) names host:port of
+    `host`.
 
     A Host without a port means the default port of the URL's scheme. The scheme itself is not compared: one port
     serves one protocol, and behind a TLS proxy the server sees http while the browser's origin is https.
@@ -204,7 +209,8 @@ def refusal(scope: Scope, headers: Headers, hosts: HostPolicy) -> ApiError | Non
 
 
 def _origin_refusal(method: str, headers: Headers, host: Authority) -> ApiError | None:
-    """A state-changing request sent by another site's page: Origin, else Referer, and Sec-Fetch-Site must say this server."""
+    """A state-changing request sent by another site's page: Origin, else Referer,
+    and Sec-Fetch-Site must say this server."""
     origin, referer, fetch_site = headers.get("origin"), headers.get("referer"), headers.get("sec-fetch-site")
     taken = "state-changing requests are taken only from this server's own pages or from clients that send no"
     if origin is not None and not same_origin_url(origin, host, bare=True):
@@ -233,7 +239,8 @@ def _api_write(scope: Scope) -> bool:
 
 
 def _media_refusal(scope: Scope, content_type: str | None) -> ApiError | None:
-    """A state-changing /api/ request with a body its endpoint never takes (a form's, text/plain, JSON to an upload, ...)."""
+    """A state-changing /api/ request with a body its endpoint never takes (a form's, text/plain, JSON to an upload,
+    ...)."""
     if not _api_write(scope) or content_type is None:
         return None
     upload = is_upload(scope)
@@ -247,8 +254,8 @@ def _media_refusal(scope: Scope, content_type: str | None) -> ApiError | None:
 
 
 async def _caller_refusal(scope: Scope, headers: Headers) -> ApiError | None:
-    """401 for a state-changing /api/ request whose caller the route would refuse, before its body is read; otherwise None,
-    with the caller left in the scope for the route (auth.current_principal)."""
+    """401 for a state-changing /api/ request whose caller the route would refuse, before its body is read; otherwise
+    None, with the caller left in the scope for the route (auth.current_principal)."""
     state = getattr(scope.get("app"), "state", None)
     if not _api_write(scope) or state is None or not hasattr(state, "tokens"):
         return None
@@ -260,8 +267,8 @@ async def _caller_refusal(scope: Scope, headers: Headers) -> ApiError | None:
 
 
 class RequestGuard:
-    """The ASGI middleware: refuse per the module doc (Host, Origin, caller, media type, declared size), else pass the request
-    on with its body bounded; add nosniff to every response.
+    """The ASGI middleware: refuse per the module doc (Host, Origin, caller, media type, declared size), else pass the
+    request on with its body bounded; add nosniff to every response.
 
     Only HTTP requests are checked (the server serves no websockets; lifespan events pass through).
     """
@@ -322,7 +329,8 @@ GUARD_RESPONSES = {
 
 
 def declare_refusals(schema: dict) -> dict:
-    """Add the guard's 403 to every operation of an OpenAPI document and its 401, 413 and 415 to every state-changing one (in place)."""
+    """Add the guard's 403 to every operation of an OpenAPI document and its 401,
+    413 and 415 to every state-changing one (in place)."""
     error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
     for operations in schema.get("paths", {}).values():
         for method, operation in operations.items():

@@ -1,9 +1,10 @@
 """The drift history over HTTP: a serving collector posts statistics windows, operators read the history and its state.
 
 POST .../drift/reports stores an offline check (`normbridge --server URL drift MODEL DATA --record NAME@N`), refused
-(409) when the report's statistics digest is not the version's. POST needs role write on the model (the collector's token can be scoped to the one model it serves); GET needs read.
-The offline checks recorded by `normbridge drift --record` come back in the same answer (`reports`, the newest summarised
-in `offline`); they never move `state`, which serving windows alone move.
+(409) when the report's statistics digest is not the version's. POST needs role write on the model (the collector's
+token can be scoped to the one model it serves); GET needs read. The offline checks recorded by `normbridge drift
+--record` come back in the same answer (`reports`, the newest summarised in `offline`); they never move `state`,
+which serving windows alone move.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from .context import error_responses, registry_for, version_ref
 from .request_guard import JSON, body_of
 
 router = APIRouter(prefix="/api/v1")
-# A body is at most 32 MiB (body_limits.MAX_JSON_BYTES: a hundred layers of 2048 channels is about 8 MB of JSON), refused
-# by the request guard before FastAPI reads it; the per-field bounds of schemas.monitoring bound what is validated.
+# A body is at most 32 MiB (body_limits.MAX_JSON_BYTES: a hundred layers of 2048 channels is about 8 MB of JSON),
+# refused by the request guard before FastAPI reads it; the per-field bounds of schemas.monitoring bound what is
+# validated.
 Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 

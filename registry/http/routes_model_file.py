@@ -1,4 +1,5 @@
-"""The runnable model of a version: GET /api/v1/models/{name}/versions/{ref}/model?format=... (role read, model scope enforced).
+"""The runnable model of a version: GET /api/v1/models/{name}/versions/{ref}/model?format=...
+(role read, model scope enforced).
 
 The server rebuilds the file (registry/service/model_files.py: blobs re-hashed as they are read, a structure a safe
 reader accepted at registration, or, for a version registered before that was recorded, the file read back through the

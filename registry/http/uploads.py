@@ -41,8 +41,9 @@ WORKSPACE_PREFIX = "normbridge-upload-"
 
 
 def without_workspace_paths(message: str) -> str:
-    """`message` with the server's upload folders taken out: the uploaded file is 'the uploaded .pt2 file', a file inside
-    the upload is named from the upload's root. The client never saw those paths, and the server's layout is its own."""
+    """`message` with the server's upload folders taken out: the uploaded file is 'the uploaded .pt2 file', a file
+    inside the upload is named from the upload's root. The client never saw those paths,
+    and the server's layout is its own."""
     root = re.escape(tempfile.gettempdir().rstrip("/")) + "/" + re.escape(WORKSPACE_PREFIX) + r"[^/\s']+"
     message = re.sub(rf"'?{root}/upload(\.[A-Za-z0-9]+)'?", r"the uploaded \1 file", message)
     return re.sub(rf"{root}/?", "", message)
@@ -54,7 +55,8 @@ def new_workspace() -> Path:
 
 
 def remove_orphaned_workspaces() -> int:
-    """Remove upload folders left by server processes that were killed mid-upload (their pid is gone); returns how many."""
+    """Remove upload folders left by server processes that were killed mid-upload (their pid is gone);
+    returns how many."""
     removed = 0
     for folder in Path(tempfile.gettempdir()).glob(f"{WORKSPACE_PREFIX}*-*"):
         pid = folder.name[len(WORKSPACE_PREFIX) :].split("-", 1)[0]

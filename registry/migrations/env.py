@@ -26,7 +26,8 @@ target_metadata = Base.metadata
 def _migrate(connection) -> None:
     # transactional_ddl: every migration in ONE transaction, on SQLite too (Alembic's SQLite default commits after each
     # migration, so a process that read the version between two of another's commits ran a migration again: "duplicate
-    # column"). SQLite's transaction BEGINs IMMEDIATE (registry/db/engine.py): concurrent first openings queue behind it.
+    # column"). SQLite's transaction BEGINs IMMEDIATE (registry/db/engine.py):
+    # concurrent first openings queue behind it.
     context.configure(
         connection=connection, target_metadata=target_metadata, render_as_batch=True, transactional_ddl=True
     )

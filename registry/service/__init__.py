@@ -73,7 +73,8 @@ class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
         self.gate = gate if gate is not None else ChildWorkerGate()
 
     def as_user(self, user: str) -> "Registry":
-        """The same registry (shared stores and connection pool) acting as `user`: the HTTP API calls this per request."""
+        """The same registry (shared stores and connection pool) acting as `user`:
+        the HTTP API calls this per request."""
         clone = object.__new__(Registry)
         clone.__dict__.update(self.__dict__)
         clone.user = user
@@ -215,11 +216,13 @@ class Registry(Registrations, Integrity, ModelFiles, ModelRegistry):
         return self.meta.audit(model=model, user=user)
 
     def verify_audit(self, pinned_head: str | None = None) -> list[str]:
-        """Problems of the audit hash chain and its end (empty when intact); `pinned_head`: an entry hash that must be in it."""
+        """Problems of the audit hash chain and its end (empty when intact); `pinned_head`:
+        an entry hash that must be in it."""
         return self.meta.verify_audit(pinned_head)
 
     def check_audit(self, pinned_head: str | None = None):
-        """The audit chain verified, with the head it ends at (registry.audit_chain.AuditCheck): what an operator pins."""
+        """The audit chain verified, with the head it ends at (registry.audit_chain.AuditCheck):
+        what an operator pins."""
         return self.meta.check_audit(pinned_head)
 
     def verified_audit(self, pinned_head: str | None = None) -> tuple[list, Any]:

@@ -15,7 +15,8 @@ from typing import Any
 
 
 class ModelRegistry(abc.ABC):
-    """The calls a local and a remote registry both answer, with the same records (registry.entities, service.results)."""
+    """The calls a local and a remote registry both answer, with the same records
+    (registry.entities, service.results)."""
 
     # -- writing -------------------------------------------------------------------------
 
@@ -30,8 +31,8 @@ class ModelRegistry(abc.ABC):
         progress=None,
         allow_unrecognised: bool = False,
     ):
-        """Register `model` (a model file, an artifact folder or, locally, a model object) as the next version of `name`,
-        only if the equivalence gate passes; a `Registration`."""
+        """Register `model` (a model file, an artifact folder or, locally, a model object) as the next version of
+        `name`, only if the equivalence gate passes; a `Registration`."""
 
     @abc.abstractmethod
     def set_alias(self, name: str, alias: str, ref: str, force: bool = False):

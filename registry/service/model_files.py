@@ -1,4 +1,5 @@
-"""Giving a version back: its runnable model file in the source format, or its state dict as safetensors, or the framework object.
+"""Giving a version back: its runnable model file in the source format, or its state dict as safetensors,
+or the framework object.
 
 The model file is rebuilt from the version's structure (registry/structure.py) with its tensors put back, by the
 framework's model adapter (`ModelAdapter.write_model_file`), straight into the stream it goes to: a pulled file's
@@ -11,8 +12,9 @@ a version registered before that record existed is read back through the framewo
 checker, Keras safe_mode, the project's .pt2 reader) before anyone gets it.
 
 The HTTP endpoint sends the file from an unnamed temporary file (`spooled_model_file`): its sha256 and length go in the
-answer's headers, so the file is whole before the first byte leaves, and a request holds one chunk of it in memory however
-slowly its client reads; the temporary file has no name, so nothing of it outlives the request or a killed server.
+answer's headers, so the file is whole before the first byte leaves, and a request holds one chunk of it in memory
+however slowly its client reads; the temporary file has no name, so nothing of it outlives the request or a killed
+server.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class ModelFile:
-    """A version as one file: its bytes, format, suffix and sha256 (what the HTTP endpoint sends in X-Normbridge-Digest)."""
+    """A version as one file: its bytes, format, suffix and sha256 (what the HTTP endpoint sends in
+    X-Normbridge-Digest)."""
 
     ref: str
     format: str
@@ -68,7 +71,8 @@ class ModelFile:
 
 @dataclass(frozen=True)
 class SpooledModelFile:
-    """A version as one file in an unnamed temporary file (its space is freed when `chunks` ends or `close` is called)."""
+    """A version as one file in an unnamed temporary file (its space is freed when `chunks` ends or `close` is
+    called)."""
 
     ref: str
     format: str
@@ -132,11 +136,12 @@ class ModelFiles:
     blob_reader: Callable[[Any], Callable[[str], bytes]]
 
     def model_file(self, ref: str, fmt: str | None = None, progress: Progress | None = None) -> ModelFile:
-        """The version `ref` as one file in `fmt` ('source' or None: the format it was registered in; 'safetensors': its state dict).
+        """The version `ref` as one file in `fmt` ('source' or None: the format it was registered in; 'safetensors': its
+        state dict).
 
         Raises:
-            RegistryError: the format is unknown, or not the version's (a torch nn.Module has no structure: pull its state dict;
-                converting to ONNX for serving is `export`).
+            RegistryError: the format is unknown, or not the version's (a torch nn.Module has no structure: pull its
+                state dict; converting to ONNX for serving is `export`).
             IntegrityError: a blob is tampered or missing, or the rebuilt file is not the one registered.
         """
         record, manifest, fmt = self._resolve_pull(ref, fmt)
@@ -175,7 +180,8 @@ class ModelFiles:
         return ModelFile(record.ref, fmt, data, written.hexdigest())
 
     def pull(self, ref: str, path: str | Path, fmt: str | None = None, progress: Progress | None = None) -> PullResult:
-        """Write the version to `path` atomically (see `model_file`); a directory gets '<name>-<N><suffix>' inside it."""
+        """Write the version to `path` atomically (see `model_file`); a directory gets '<name>-<N><suffix>' inside
+        it."""
         record, manifest, fmt = self._resolve_pull(ref, fmt)
         if fmt in FOLDER_FORMATS:
             target = folder_target(path, record.ref)
@@ -197,9 +203,11 @@ class ModelFiles:
 
     def load(self, ref: str) -> Any:
         """The version as its framework's object (onnx.ModelProto, keras.Model, torch.export.ExportedProgram, or for a
-        Hugging Face checkpoint folder the transformers model its config names, loaded by `from_pretrained`), read back safely.
+        Hugging Face checkpoint folder the transformers model its config names, loaded by `from_pretrained`),
+        read back safely.
 
-        A torch nn.Module was stored as its state dict: build the module and call load_state_dict(registry.state_dict(ref)).
+        A torch nn.Module was stored as its state dict: build the module and call
+        load_state_dict(registry.state_dict(ref)).
         """
         record, manifest, fmt = self._resolve_pull(ref, None)
         if fmt in FOLDER_FORMATS:
@@ -218,7 +226,8 @@ class ModelFiles:
             )
 
     def state_dict(self, ref: str) -> dict:
-        """The version's state dict as NumPy arrays by the model's own tensor names (what `--format safetensors` writes)."""
+        """The version's state dict as NumPy arrays by the model's own tensor names
+        (what `--format safetensors` writes)."""
         record = self.show(ref)
         manifest = self.manifest(record.ref)
         get = self.blob_reader(record)
@@ -234,12 +243,13 @@ class ModelFiles:
 
     @staticmethod
     def _needs_read_back(record, fmt: str) -> bool:
-        """A model file is read back unless a safe reader accepted its structure at registration (a state dict never is)."""
+        """A model file is read back unless a safe reader accepted its structure at registration
+        (a state dict never is)."""
         return fmt != "safetensors" and not record.structure_checked
 
     def _write_version(self, record, manifest, fmt: str, stream: HashingWriter, progress: Progress | None) -> None:
-        """Write the version in `fmt` to `stream`: the structure parts first, then each tensor as the writer reaches it, its
-        blob read ahead and re-hashed (blob_fetch.FetchedTensors); an ONNX file must hash to the recorded digest."""
+        """Write the version in `fmt` to `stream`: the structure parts first, then each tensor as the writer reaches it,
+        its blob read ahead and re-hashed (blob_fetch.FetchedTensors); an ONNX file must hash to the recorded digest."""
         report = progress or (lambda step, done, total: None)
         get = self.blob_reader(record)
         pool = ThreadPoolExecutor(max_workers=max(1, self.store.parallel_transfers))

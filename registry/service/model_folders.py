@@ -1,4 +1,5 @@
-"""Giving a version back as a folder of files (a Hugging Face checkpoint folder): whole and atomic, every blob re-hashed.
+"""Giving a version back as a folder of files (a Hugging Face checkpoint folder): whole and atomic,
+every blob re-hashed.
 
 The folder is written by the framework's model adapter (`ModelAdapter.write_model_folder`) into a hidden temporary
 sibling of the target, its tensors streamed from the store in the order the files hold them (blob_fetch.py, each blob

@@ -1,13 +1,12 @@
 """Registering a model: extract, lease, run the equivalence gate and stage the blobs, publish, then ONE commit.
 
-Registration order is what makes a crash harmless: every blob is staged (hidden files locally, after
-the gate, or beside it past STAGE_BESIDE_GATE_BYTES; a checkpoint folder's tensors on a local store while the folder
-is still being read, registry/early_staging.py; on S3 written at once, hashed first, while the gate runs), published
-if the gate passes (atomic, idempotent), then one transaction assigns the version number. A crash or a refusal before the
-commit leaves only unreferenced blobs (and staging files), which `gc` removes after a grace
-period; a crash after it leaves a whole version. Before it looks at the store, a registration
-leases the digests it relies on, so gc (in any process) keeps them until the commit
-(registry/blob_leases.py). Every refusal is audited as 'register_failed'.
+Registration order is what makes a crash harmless: every blob is staged (hidden files locally, after the gate, or beside
+it past STAGE_BESIDE_GATE_BYTES; a checkpoint folder's tensors on a local store while the folder is still being read,
+registry/early_staging.py; on S3 written at once, hashed first, while the gate runs), published if the gate passes
+(atomic, idempotent), then one transaction assigns the version number. A crash or a refusal before the commit leaves
+only unreferenced blobs (and staging files), which `gc` removes after a grace period; a crash after it leaves a whole
+version. Before it looks at the store, a registration leases the digests it relies on, so gc (in any process) keeps them
+until the commit (registry/blob_leases.py). Every refusal is audited as 'register_failed'.
 """
 
 from __future__ import annotations
@@ -148,15 +147,16 @@ class Registrations:
         reuse: Callable[[set[str]], set[str]] | None = None,
         allow_unrecognised: bool = False,
     ) -> Registration:
-        """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`: the HTTP upload path.
+        """Register an artifact bundle (a tar of an artifact folder) while it is read from `stream`:
+        the HTTP upload path.
 
-        Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as
-        the manifest and the normalizers' blobs are in (before the bulk weights have arrived when the bundle lists
-        them first, as `normbridge --server` sends it); the blobs are published and the version committed only once
-        the whole bundle has arrived and the gate has passed. Same guarantees and errors as `register`, plus
-        PayloadTooLargeError past `limit` bytes. `reuse(digests)` names the blobs the bundle may leave out because the
-        store holds them for this uploader (see bundle_stream.receive_bundle). An upload that never arrived whole (interrupted, or over the limit) is not audited: as for the
-        other upload formats, no registration was attempted.
+        Each blob is hashed and checked against the manifest as it arrives, then staged; the gate starts as soon as the
+        manifest and the normalizers' blobs are in (before the bulk weights have arrived when the bundle lists them
+        first, as `normbridge --server` sends it); the blobs are published and the version committed only once the whole
+        bundle has arrived and the gate has passed. Same guarantees and errors as `register`, plus PayloadTooLargeError
+        past `limit` bytes. `reuse(digests)` names the blobs the bundle may leave out because the store holds them for
+        this uploader (see bundle_stream.receive_bundle). An upload that never arrived whole (interrupted, or over the
+        limit) is not audited: as for the other upload formats, no registration was attempted.
         """
         report = progress or (lambda step, done, total: None)
         return self._audited(
@@ -185,7 +185,8 @@ class Registrations:
                     {"error": error.code, "message": str(error), "layer": error.layer, "model_input": model_input},
                 )
             except StorageFullError:
-                pass  # a database with no room cannot hold the refusal's entry either: the refusal itself is what to report
+                # a database with no room cannot hold the refusal's entry either: the refusal itself is what to report
+                pass
             raise
 
     def _register(
@@ -213,8 +214,8 @@ class Registrations:
         lease = self.leases.new()
         try:
             lease.take(digests)  # before staging looks at the store: gc keeps them from now on
-            # Blobs are staged (beside the gate where the store gains: stages_beside_gate) and a structure no reader has seen is
-            # checked; the blobs are published only if both pass.
+            # Blobs are staged (beside the gate where the store gains: stages_beside_gate) and a structure no reader has
+            # seen is checked; the blobs are published only if both pass.
             with ThreadPoolExecutor(max_workers=2) as pool:
                 beside = (
                     self.store.stages_beside_gate or _blob_bytes(artifact.blobs, digests) >= STAGE_BESIDE_GATE_BYTES
@@ -260,7 +261,8 @@ class Registrations:
         report("receiving the bundle", 0, 1)
         lease = self.leases.new()
         try:
-            # A bundle's manifest says itself what it leaves unchecked (the uploader's reader found it): admitted before the gate.
+            # A bundle's manifest says itself what it leaves unchecked (the uploader's reader found it):
+            # admitted before the gate.
             checked: list = []  # the specs the gate checked, for the servable verdict
 
             def gate(manifest, specs, held):
@@ -289,7 +291,8 @@ class Registrations:
 
     def _lineage(self, name: str, parent: str | None, operation: str | None, imported: bool):
         """(parent record or None, Lineage): the parent is `parent`, else the latest version of `name`, except for the
-        operation "registered" given without a parent: a model made from scratch (retrained), which descends from none."""
+        operation "registered" given without a parent: a model made from scratch (retrained),
+        which descends from none."""
         parent_record = None if operation == "registered" and parent is None else self._parent(name, parent)
         if operation is None:
             operation = "imported" if imported else ("registered" if parent_record is None else "fine-tuned")
@@ -300,9 +303,9 @@ class Registrations:
     def _commit(
         self, name, manifest, checks, staged, parent_record, note, report: Progress, lease, verdict
     ) -> Registration:
-        """After the gate passed (and a reader accepted the structure: every path checks it before it gets here): publish the
-        staged blobs, then ONE transaction assigns the version with its servable `verdict` and its structure recorded as
-        checked (crash-safe order) and ends the blob lease (registry.blob_leases.Lease.settle)."""
+        """After the gate passed (and a reader accepted the structure: every path checks it before it gets here):
+        publish the staged blobs, then ONE transaction assigns the version with its servable `verdict` and its structure
+        recorded as checked (crash-safe order) and ends the blob lease (registry.blob_leases.Lease.settle)."""
         manifest = manifest.model_copy(
             update={"equivalence": [c.model_dump(mode="json") for c in checks], "note": note}
         )
@@ -363,10 +366,12 @@ class Registrations:
         return checks
 
     def _stage(self, blobs, digests: list[str], early: EarlyStaging | None = None) -> list:
-        """Stage every blob (several at once where the store gains from it); the digest each store computes must be the artifact's.
+        """Stage every blob (several at once where the store gains from it); the digest each store computes must be the
+        artifact's.
 
         An extracted model's blobs (registry/streamed_blobs.BlobMap) are streamed into the store a chunk at a time from
-        where the model file holds them, and hashed again on the way; those `early` staged already are taken as they are."""
+        where the model file holds them, and hashed again on the way; those `early` staged already are taken as they
+        are."""
 
         def stage(digest: str):  # synced together below
             staged = early.take(digest) if early is not None else None

@@ -9,7 +9,8 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..entities import Registration  # noqa: F401  it lives with the records: a CLI reads one without importing this package
+# it lives with the records: a CLI reads one without importing this package
+from ..entities import Registration  # noqa: F401
 
 
 class VerifyProblem(BaseModel):

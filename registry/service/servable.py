@@ -33,18 +33,19 @@ from ..recognition_gate import WHOLE_MODEL
 
 #: Severities a version records (info-level ones, such as an unusual eps, stay in `inspect`).
 RECORDED = ("warning", "error")
-#: Warning-level hazards that block serving as errors do: statistics that never saw data, an eps that rounds to 0
-#: in the layer's compute dtype (eps_underflow is a warning only then; a subnormal eps is info), and layers the
-#: equivalence check could not cover. Other warnings (momentum=None, a folded BatchNorm, unconverged statistics, whose batch
-#: counter is history rather than a measurement) are recorded, not blocking.
+#: Warning-level hazards that block serving as errors do: statistics that never saw data, an eps that rounds to 0 in the
+#: layer's compute dtype (eps_underflow is a warning only then; a subnormal eps is info), and layers the equivalence
+#: check could not cover. Other warnings (momentum=None, a folded BatchNorm, unconverged statistics, whose batch counter
+#: is history rather than a measurement) are recorded, not blocking.
 BLOCKING_WARNINGS = frozenset(
     {"never_trained", "eps_underflow", "unrecognised_normalization", "no_normalization_found"}
 )
-#: Hazards a version's lineage answers, by its operation: a `recalibrated` version's statistics are the population statistics
-#: of its recalibration data (`normbridge recalibrate --register`), which keep none of the initial values whatever its
-#: batch counter says, so it is not called unconverged.
+#: Hazards a version's lineage answers, by its operation: a `recalibrated` version's statistics are the population
+#: statistics of its recalibration data (`normbridge recalibrate --register`), which keep none of the initial values
+#: whatever its batch counter says, so it is not called unconverged.
 ANSWERED_BY_LINEAGE = {"recalibrated": frozenset({"unconverged_statistics"})}
-#: Where a stored layer was read from, by the manifest's format (the hazards word their fix by it): each FrameworkInfo's.
+#: Where a stored layer was read from, by the manifest's format (the hazards word their fix by it):
+#: each FrameworkInfo's.
 ORIGINS = {fmt: origin for info in REGISTRY.infos() for fmt, origin in info.format_origins.items()}
 #: The origin of an imported artifact folder's layers, by framework.
 FRAMEWORK_ORIGINS = {info.name: info.object_origin for info in REGISTRY.infos()}
@@ -97,7 +98,8 @@ def stored_layer_facts(manifest: ArtifactManifest, path: str, spec: NormSpec) ->
 
 
 def stored_layer_hazards(manifest: ArtifactManifest, path: str, spec: NormSpec) -> list[Hazard]:
-    """Every hazard of a stored layer (all severities), less those the version's lineage answers (ANSWERED_BY_LINEAGE)."""
+    """Every hazard of a stored layer (all severities), less those the version's lineage answers
+    (ANSWERED_BY_LINEAGE)."""
     answered = ANSWERED_BY_LINEAGE.get(manifest.lineage.operation, frozenset())
     return [h for h in layer_hazards(stored_layer_facts(manifest, path, spec)) if h.code not in answered]
 

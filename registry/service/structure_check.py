@@ -45,8 +45,9 @@ class _Zeros(Mapping):
 
 
 def check_structure(manifest: ArtifactManifest, parts: dict[str, bytes]) -> None:
-    """Rebuild the model file of `manifest`'s structure (`parts`, its bytes) and read it back through the framework's safe
-    reader; InputFileError naming the reader's objection when it does not load. Nothing to do without a structure."""
+    """Rebuild the model file of `manifest`'s structure (`parts`, its bytes) and read it back through the framework's
+    safe reader; InputFileError naming the reader's objection when it does not load.
+    Nothing to do without a structure."""
     if manifest.structure is None:
         return
     fmt = manifest.structure.format
@@ -59,7 +60,8 @@ def check_structure(manifest: ArtifactManifest, parts: dict[str, bytes]) -> None
             return
         data = adapter.model_file(parts, _Zeros(manifest))
         adapter.load_bytes(data, f"structure{REGISTRY.structure_suffixes().get(fmt, '')}")
-    except Exception as error:  # noqa: BLE001 - hostile parts may fail anywhere in a framework; each is a refusal, never a 500
+    # hostile parts may fail anywhere in a framework; each is a refusal, never a 500
+    except Exception as error:  # noqa: BLE001
         why = str(error) if isinstance(error, NormbridgeError) else f"{type(error).__name__}: {str(error)[:300]}"
         raise InputFileError(
             f"the stored {fmt} structure of this model does not load back through normbridge's safe reader ({why}); "

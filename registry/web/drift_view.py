@@ -78,7 +78,8 @@ def fault_banner(history) -> list[FaultLine]:
 
 @dataclass(frozen=True)
 class DriftBadge:
-    """What a version's row shows: its serving state (None without serving windows) and its newest offline check's verdict."""
+    """What a version's row shows: its serving state (None without serving windows) and its newest offline check's
+    verdict."""
 
     serving: str | None
     offline: str | None
@@ -97,7 +98,8 @@ def _layer_order(newest_first: list[list[str]]) -> list[str]:
 
 
 def shift_timeline(records) -> str:
-    """Each layer's max standardized shift in every recorded check (records newest first, drawn oldest first) against the threshold."""
+    """Each layer's max standardized shift in every recorded check (records newest first, drawn oldest first) against
+    the threshold."""
     ordered = list(reversed(records))
     if not ordered:
         return ""

@@ -50,8 +50,8 @@ def split(ref: str) -> tuple[str, int]:
 
 
 def verdict(record) -> str:
-    """'passed' / 'failed' / 'none' from the equivalence results stored in the manifest; 'incomplete' when it was registered
-    with --allow-unrecognised (some normalization was not checked), however its checks went."""
+    """'passed' / 'failed' / 'none' from the equivalence results stored in the manifest; 'incomplete' when it was
+    registered with --allow-unrecognised (some normalization was not checked), however its checks went."""
     results = record.manifest.get("equivalence") or []
     if results and not all(r.get("passed") for r in results):
         return "failed"
@@ -61,14 +61,14 @@ def verdict(record) -> str:
 
 
 def row_verdict(record) -> str:
-    """The verdict a versions table shows: 'not servable' when a hazard blocks serving (the equivalence verdict would read as
-    green), else the equivalence verdict."""
+    """The verdict a versions table shows: 'not servable' when a hazard blocks serving (the equivalence verdict would
+    read as green), else the equivalence verdict."""
     return "not servable" if record.servable is False else verdict(record)
 
 
 def warning_codes(record) -> list[str]:
-    """The codes of a servable version's recorded hazards that do not block serving (unconverged_statistics, momentum_none, ...):
-    the versions table names them beside the verdict, so a green row still says what to look at."""
+    """The codes of a servable version's recorded hazards that do not block serving (unconverged_statistics,
+    momentum_none, ...): the versions table names them beside the verdict, so a green row still says what to look at."""
     if record.servable is False:
         return []
     return list(dict.fromkeys(h["code"] for h in record.hazards if not h.get("blocking")))
@@ -86,7 +86,8 @@ def serving_rows(record) -> list[HazardGroup]:
 def model_rows(registry, name: str, redactor: Redactor, limit: int | None = None) -> dict:
     """A model with its versions (newest first, at most `limit`), each with its alias badges and equivalence verdict.
 
-    A parent outside the viewer's scope is shown by its placeholder (as the API's Version.parent is), never named or linked.
+    A parent outside the viewer's scope is shown by its placeholder (as the API's Version.parent is),
+    never named or linked.
     """
     records = registry.versions(name)
     total = len(records)
@@ -134,7 +135,8 @@ def _momentum(spec: dict) -> str:
 
 
 def layer_rows(registry, record) -> list[dict]:
-    """Every normalization layer of a version: settings, mode, statistics summary and hazards (from the stored specs)."""
+    """Every normalization layer of a version: settings, mode, statistics summary and hazards
+    (from the stored specs)."""
     manifest = load_manifest(record.manifest)
     specs = registry.specs(record.ref)  # re-hashes every blob it reads: tampered bytes are never shown
     rows = []
@@ -261,7 +263,8 @@ def _statistics(registry, record, entry) -> tuple[np.ndarray, np.ndarray] | None
 
 
 def channel_movements(registry, a, b, layers: list[str]) -> list[ChannelMovement]:
-    """Per-channel movement of the running statistics of `layers` from version a to b (only blobs that differ are read)."""
+    """Per-channel movement of the running statistics of `layers` from version a to b
+    (only blobs that differ are read)."""
     entries_a = {e["path"]: e for e in a.manifest.get("normalizers", [])}
     entries_b = {e["path"]: e for e in b.manifest.get("normalizers", [])}
     moved = []

@@ -67,8 +67,8 @@ def csrf_matches(request: Request, form: dict[str, str]) -> bool:
 
 
 async def read_form(request: Request) -> dict[str, str]:
-    """An application/x-www-form-urlencoded body as {field: first value} (the forms here have no files); {} for a body over
-    MAX_FORM_BYTES, of which no more than that is read (the request guard refuses such a body with 413 first)."""
+    """An application/x-www-form-urlencoded body as {field: first value} (the forms here have no files); {} for a body
+    over MAX_FORM_BYTES, of which no more than that is read (the request guard refuses such a body with 413 first)."""
     body = bytearray()
     async for chunk in request.stream():
         body += chunk

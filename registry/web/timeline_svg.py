@@ -54,7 +54,8 @@ def _point(layer: str, i: int, px: float, py: float, value: float, status: str, 
 def timeline_svg(
     windows: Sequence[Window], layers: Sequence[str], threshold: float, title: str, width: int = 760
 ) -> str:
-    """Lines of each layer's value over `windows` (oldest first) with the threshold; alert windows shaded (class alert-window)."""
+    """Lines of each layer's value over `windows` (oldest first) with the threshold; alert windows shaded
+    (class alert-window)."""
     left, right, top, plot_h = 56, 190, 36, 220
     plot_w = width - left - right
     height = top + plot_h + 40
@@ -95,7 +96,8 @@ def timeline_svg(
         path = " ".join(f"{px:.2f},{py:.2f}" for _, px, py, _, _ in points)
         dots = "".join(_point(layer, i, px, py, v, status, threshold, colour) for i, px, py, v, status in points)
         legend_y = top + 12 + rank * 15
-        # the legend starts right of the plot, where the whole right margin holds a LEGEND_CHARS label (it was cut at the edge)
+        # the legend starts right of the plot, where the whole right margin holds a LEGEND_CHARS label
+        # (it was cut at the edge)
         legend = (
             f"<text class='legend' x='{left + plot_w + 12}' y='{legend_y}' fill='{colour}' font-size='11'>{esc(shown)}"
             f"<title>{esc(layer)}</title></text>"

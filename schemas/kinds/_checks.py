@@ -195,5 +195,6 @@ def check_common_tensors(spec) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _dtype_name(dtype: np.dtype) -> str:
-    """str(dtype), remembered (NumPy computes a dtype's name in Python on every call; every spec checks every tensor's)."""
+    """str(dtype), remembered (NumPy computes a dtype's name in Python on every call; every spec checks every
+    tensor's)."""
     return str(dtype)

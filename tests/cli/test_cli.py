@@ -205,7 +205,8 @@ def test_every_command_module_is_registered():
     )
 
 
-#: Runs `normbridge --help` as `python -m cli.main` does, delivering a real SIGINT to the process while cli.app is being imported.
+#: Runs `normbridge --help` as `python -m cli.main` does, delivering a real SIGINT to the process while cli.app is being
+#: imported.
 INTERRUPTED_WHILE_IMPORTING = """
 import importlib.abc, os, runpy, signal, sys
 

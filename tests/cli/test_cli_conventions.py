@@ -75,7 +75,8 @@ def written_modes(path: Path) -> dict[str, int]:
     return modes
 
 
-#: Writers also run as real processes (the umask inherited from the shell): a file and a folder. Every writer runs in-process.
+#: Writers also run as real processes (the umask inherited from the shell): a file and a folder.
+#: Every writer runs in-process.
 PROCESS_WRITES = ("onnx", "spec folder")
 
 
@@ -94,8 +95,9 @@ def test_outputs_get_the_umask_mode_like_any_file_the_user_writes(work, what, ho
 
 
 def test_the_registry_stays_private_whatever_the_umask(work):
-    """The database, the blob files (read-only) and their folders: private to their owner under 022 as under 077 (they hold every
-    registered model; NORMBRIDGE_SHARED_GROUP=1 shares them with a group: tests/registry/test_file_modes.py)."""
+    """The database, the blob files (read-only) and their folders: private to their owner under 022 as under 077 (they
+    hold every registered model; NORMBRIDGE_SHARED_GROUP=1 shares them with a group:
+    tests/registry/test_file_modes.py)."""
     for umask, db_mode, blob_mode, folder_mode in ((0o022, 0o600, 0o400, 0o700), (0o077, 0o600, 0o400, 0o700)):
         home = work / f"registry_{umask:03o}"
         env = {"NORMBRIDGE_DB": f"sqlite:///{home / 'registry.db'}", "NORMBRIDGE_BLOBS": str(home / "blobs")}
@@ -149,8 +151,9 @@ def test_flags_show_no_bool_placeholder_in_help(tmp_path):
 
 
 def test_shell_completion_as_typer_offers_it(tmp_path):
-    # Typer detects the shell from the process tree (shellingham): typed in bash, as a user does, whatever runs the tests.
-    # (a second command keeps bash from exec-ing normbridge in its place, which would hide bash from the detection)
+    # Typer detects the shell from the process tree (shellingham): typed in bash, as a user does, whatever runs the
+    # tests. (a second command keeps bash from exec-ing normbridge in its place, which would hide bash from the
+    # detection)
     command = " ".join(shlex.quote(part) for part in normbridge_command() + ["--show-completion"]) + "; exit $?"
     script = subprocess.run(
         ["bash", "-c", command],

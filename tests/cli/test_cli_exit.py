@@ -80,9 +80,9 @@ def test_the_console_script_runs_main():
 
 
 def test_a_reader_that_closed_the_output_ends_the_command_with_141_and_no_message(tmp_path):
-    """`normbridge schema | head -c 10`, `normbridge models | head -1`: the reader leaves, the command stops quietly with
-    128 + SIGPIPE as a Unix tool ends (was 1, this CLI's code for a crash). The pipe's read end is closed before it starts,
-    so every write fails, the plain print of `schema` and the Rich table of `models` alike."""
+    """`normbridge schema | head -c 10`, `normbridge models | head -1`: the reader leaves, the command stops quietly
+    with 128 + SIGPIPE as a Unix tool ends (was 1, this CLI's code for a crash). The pipe's read end is closed before it
+    starts, so every write fails, the plain print of `schema` and the Rich table of `models` alike."""
     from cli.errors import OUTPUT_CLOSED_EXIT
     from tests.cli_process import normbridge_command
 

@@ -1,11 +1,11 @@
 """A cold `normbridge` process imports only the frameworks its job needs (issue 15).
 
-Registering a .pt2 reads it with torch; with a private worker (what the test suite sets) the ONNX leg
-runs here and the Keras leg in the worker, with the shared worker (the CLI's default) both run there,
-so the command's own process imports torch alone, and the version still records every check; a second
-registration finds the shared worker warm and hands it the whole registration, importing no framework. Inspecting a .pt2 imports neither Keras nor ONNX,
-inspecting a .keras no torch, and Keras loads without the optional packages it would import for features normbridge
-never uses (scikit-learn, matplotlib, pandas: converters/lean_imports.py), in the CLI and in the shared worker.
+Registering a .pt2 reads it with torch; with a private worker (what the test suite sets) the ONNX leg runs here and the
+Keras leg in the worker, with the shared worker (the CLI's default) both run there, so the command's own process imports
+torch alone, and the version still records every check; a second registration finds the shared worker warm and hands it
+the whole registration, importing no framework. Inspecting a .pt2 imports neither Keras nor ONNX, inspecting a .keras no
+torch, and Keras loads without the optional packages it would import for features normbridge never uses (scikit-learn,
+matplotlib, pandas: converters/lean_imports.py), in the CLI and in the shared worker.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ FRAMEWORK_MARKERS = (
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A small ResNet as .pt2 and a Keras model with one layer of each kind as .keras (fresh statistics: a hazard to report)."""
+    """A small ResNet as .pt2 and a Keras model with one layer of each kind as .keras
+    (fresh statistics: a hazard to report)."""
     import keras
 
     folder = tmp_path_factory.mktemp("quiet")

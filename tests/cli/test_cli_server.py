@@ -44,7 +44,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A running server with cnn@1 and cnn@2 registered by alice (the first through a real `normbridge register` process)."""
+    """A running server with cnn@1 and cnn@2 registered by alice (the first through a real `normbridge register`
+    process)."""
     root = tmp_path_factory.mktemp("served")
     model = trained_cnn()
     files = {"v1": save_pt2(model, root / "v1.pt2")}
@@ -125,7 +126,8 @@ def test_register_read_diff_lineage_alias_audit_over_the_server(served):
         (2, "alice", None),
     ]
     table = cli(served, "versions", "cnn")
-    # The Rich table's width is fixed when cli.app's console is created (it may fold long cells): check what always fits.
+    # The Rich table's width is fixed when cli.app's console is created (it may fold long cells):
+    # check what always fits.
     assert table.exit_code == 0 and "cnn: 2 version(s)" in table.stdout and "alice" in table.stdout
 
     shown = cli(served, "show", "cnn@2")  # downloads the bundle: every blob re-hashed, digest checked

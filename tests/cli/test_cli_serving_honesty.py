@@ -59,7 +59,8 @@ def _save_program(model: nn.Module, path: Path, shape: tuple[int, ...]) -> None:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    """trained.pt2 (a small ResNet whose BatchNorms saw data), untrained.pt2 (never did), untracked.pt2 (batch statistics at eval), samples."""
+    """trained.pt2 (a small ResNet whose BatchNorms saw data), untrained.pt2 (never did), untracked.pt2
+    (batch statistics at eval), samples."""
     folder = tmp_path_factory.mktemp("serving_honesty")
     torch.manual_seed(0)
     batches = [
@@ -121,7 +122,8 @@ def test_export_above_the_newest_opset_onnx_knows_asks_the_exporter_for_that_one
     done = invoke_cli("export", "trained.pt2", "-o", "above.onnx", "--opset", str(newest + 2), "--json", cwd=work)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    # torch.onnx asked for an opset onnx does not know exports at 18 and logs a traceback; asked for the newest, it writes that one
+    # torch.onnx asked for an opset onnx does not know exports at 18 and logs a traceback; asked for the newest,
+    # it writes that one
     assert result["exporter"].endswith(f"at opset {newest}") and result["opset"] == newest
     assert (
         f"onnx {onnx.__version__} knows opsets up to {newest}; the exporter was asked for {newest}, within the --opset {newest + 2} cap"
@@ -211,8 +213,8 @@ def test_a_single_request_contract_says_its_batch_test_was_skipped(work, at_17):
 
 
 def test_a_program_traced_at_batch_one_on_token_ids_is_described_as_such(tmp_path):
-    """A static batch of 1 over int64 token ids: the header says token ids and the fixed batch, not 'a batch of 4 standard
-    normal requests', and the skipped test says how to export a dynamic batch (issue 35)."""
+    """A static batch of 1 over int64 token ids: the header says token ids and the fixed batch, not 'a batch of 4
+    standard normal requests', and the skipped test says how to export a dynamic batch (issue 35)."""
     import torch
 
     class Tokens(torch.nn.Module):

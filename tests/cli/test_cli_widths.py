@@ -1,11 +1,11 @@
 """Every table-printing command fits COLUMNS=80 and COLUMNS=60 without breaking a number or a name across lines.
 
-Stdout captured (not a terminal), as in `normbridge show x | less`: every command in-process (the
-console script's app through CliRunner, COLUMNS set as a shell sets it) and one as a real process with
-stdout piped. Each command is run once at 1000 columns, where nothing wraps, and then at 80 and 60: no line may be longer
-than COLUMNS, and every word of the wide output (a number, a layer path, a digest prefix, a
-header word) must appear whole on some line of the narrow one; only a word longer than the whole
-line may be folded. Known values (layer paths, eps, alias, token owner) are checked by name too.
+Stdout captured (not a terminal), as in `normbridge show x | less`: every command in-process (the console script's app
+through CliRunner, COLUMNS set as a shell sets it) and one as a real process with stdout piped. Each command is run once
+at 1000 columns, where nothing wraps, and then at 80 and 60: no line may be longer than COLUMNS, and every word of the
+wide output (a number, a layer path, a digest prefix, a header word) must appear whole on some line of the narrow one;
+only a word longer than the whole line may be folded. Known values (layer paths, eps, alias, token owner) are checked by
+name too.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def save_resnet(model: torch.nn.Module, path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """Models (two trained ResNet versions, a fresh Keras model, their ONNX export), inputs, a spec and a filled registry."""
+    """Models (two trained ResNet versions, a fresh Keras model, their ONNX export), inputs,
+    a spec and a filled registry."""
     import keras
 
     folder = tmp_path_factory.mktemp("widths")

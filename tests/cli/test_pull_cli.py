@@ -1,4 +1,5 @@
-"""`normbridge pull` and `normbridge export NAME@REF`: a version back from the registry alone, locally and with --server.
+"""`normbridge pull` and `normbridge export NAME@REF`: a version back from the registry alone,
+locally and with --server.
 
 Commands run in-process through Typer's CliRunner against a real SQLite registry (and, for --server, a real
 `normbridge serve`); the source file is deleted before anything is pulled or exported.
@@ -244,10 +245,10 @@ def test_a_folder_the_user_may_not_write_is_named_before_anything_is_written():
 def test_export_of_a_recalibrated_version_does_not_call_its_statistics_unconverged_as_its_verdict_does_not(
     cli_app, tmp_path
 ):
-    """A version registered as recalibrated (`recalibrate --register`, or `register --operation recalibrated`) has statistics
-    averaged over its recalibration batches: the registry's servable verdict leaves out unconverged_statistics for it, and
-    `export NAME@N` now says the same (it printed the warning). Both versions here hold three SGD steps' statistics, which
-    their batch counters call unconverged; only the lineage tells them apart."""
+    """A version registered as recalibrated (`recalibrate --register`, or `register --operation recalibrated`) has
+    statistics averaged over its recalibration batches: the registry's servable verdict leaves out
+    unconverged_statistics for it, and `export NAME@N` now says the same (it printed the warning). Both versions here
+    hold three SGD steps' statistics, which their batch counters call unconverged; only the lineage tells them apart."""
     from tests.registry.test_registry_service import trained_cnn as stepped_cnn
 
     db, blobs = f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path / "blobs")
@@ -284,7 +285,8 @@ def test_export_of_a_recalibrated_version_does_not_call_its_statistics_unconverg
 
 @pytest.mark.slow
 def test_a_pull_stopped_by_sigterm_leaves_the_old_file_and_no_temporary_one(tmp_path):
-    """Python's default SIGTERM ends the process where it stands: a zero-byte '.big.pt2.<hex>.tmp' was left each time."""
+    """Python's default SIGTERM ends the process where it stands: a zero-byte '.big.pt2.<hex>.tmp' was left each
+    time."""
     import signal
     import time
 

@@ -1,4 +1,5 @@
-"""Closing the loop: `normbridge recalibrate --register NAME@N` on recent traffic registers a 'recalibrated' child version.
+"""Closing the loop: `normbridge recalibrate --register NAME@N` on recent traffic registers a 'recalibrated' child
+version.
 
 A calibrated CNN is registered, then recalibrated on shifted traffic: the child has the parent in its
 lineage, its diff says the weights are identical and the running statistics changed in every

@@ -38,10 +38,12 @@ def command() -> list[str]:
 
 @pytest.fixture
 def cli(tmp_path):
-    """run(*args, process=False): a CompletedProcess on a registry in tmp_path selected by env NORMBRIDGE_DB / NORMBRIDGE_BLOBS.
+    """run(*args, process=False): a CompletedProcess on a registry in tmp_path selected by env NORMBRIDGE_DB /
+    NORMBRIDGE_BLOBS.
 
-    In this process (tests.cli_run.invoke_cli: the console script's app) unless `process`: then a real `normbridge` process,
-    for the rows whose exit status and start-up are the behaviour (a registration, a tampered blob, a Keras export).
+    In this process (tests.cli_run.invoke_cli: the console script's app) unless `process`: then a real `normbridge`
+    process, for the rows whose exit status and start-up are the behaviour
+    (a registration, a tampered blob, a Keras export).
     """
     registry_env = {
         "NORMBRIDGE_DB": f"sqlite:///{tmp_path / 'reg.db'}",
@@ -165,8 +167,8 @@ def test_export_of_a_version_writes_each_layer_for_every_framework(cli, tmp_path
 
 
 def test_register_says_which_framework_left_layers_unchecked_and_prints_no_markup(cli, tmp_path):
-    """A Keras mixed_float16 BatchNormalization with trained float32 state passes the gate on its Keras leg while torch and
-    ONNX cannot express its float32 state: "1/1 passed" alone read as checked everywhere (cli/check_summary.py)."""
+    """A Keras mixed_float16 BatchNormalization with trained float32 state passes the gate on its Keras leg while torch
+    and ONNX cannot express its float32 state: "1/1 passed" alone read as checked everywhere (cli/check_summary.py)."""
     import keras
     import numpy as np
 

@@ -2,9 +2,9 @@
 
 The folder's model is loaded by transformers, traced on inputs its config describes and exported as a `.pt2` is: the
 file keeps native normalization ops with the config's eps, and what onnxruntime computes from it is compared here with
-what the model `from_pretrained` loads computes in torch (both run here; nothing of normbridge's contract is the oracle).
-A folder lacking tensors of its architecture, and a model whose main input normbridge cannot make, are refused in one
-line. Nothing comes from a hub (HF_HUB_OFFLINE=1).
+what the model `from_pretrained` loads computes in torch (both run here; nothing of normbridge's contract is the
+oracle). A folder lacking tensors of its architecture, and a model whose main input normbridge cannot make, are refused
+in one line. Nothing comes from a hub (HF_HUB_OFFLINE=1).
 """
 
 from __future__ import annotations

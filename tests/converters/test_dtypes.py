@@ -113,7 +113,8 @@ def test_torch_bfloat16_modules_convert_bit_exactly_and_compute_in_float32():
     assert spec.dtype == "bfloat16" and spec.tensors["scale"].dtype == BF16
     assert tensors_identical(spec.tensors["scale"], numpy_from_tensor(module.weight.detach()))
     x = probe_input(spec)
-    # torch's CPU kernel computes statistics and affine in float32 and rounds once: the reference with compute_dtype float32, exactly.
+    # torch's CPU kernel computes statistics and affine in float32 and rounds once:
+    # the reference with compute_dtype float32, exactly.
     np.testing.assert_array_equal(
         REGISTRY.framework("torch").run_eval(module, x).astype(np.float64),
         reference.forward(spec.replace(compute_dtype="float32"), x),
@@ -138,7 +139,8 @@ def test_a_keras_mixed_policy_reads_as_its_compute_dtype_with_float32_statistics
 
 
 def _trained_mixed_layer(kind: str, policy: str):
-    """A built Keras normalization layer under `policy` whose float32 variables hold values no 16-bit float holds (trained)."""
+    """A built Keras normalization layer under `policy` whose float32 variables hold values no 16-bit float holds
+    (trained)."""
     import keras
 
     layer = {
@@ -159,9 +161,9 @@ def _trained_mixed_layer(kind: str, policy: str):
 def test_a_mixed_policy_layer_with_trained_float32_state_reads_as_float32_state_and_computes_what_keras_computes(
     kind, policy, dtype
 ):
-    """Keras's normalization layers cast a mixed layer's float32 variables to float32 and apply them there: a trained layer
-    (state no 16-bit float holds) reads with state_dtype float32, the variables bit-exactly (it used to be refused);
-    RMSNormalization autocasts its scale to the compute dtype first, so it reads as that rounded scale."""
+    """Keras's normalization layers cast a mixed layer's float32 variables to float32 and apply them there: a trained
+    layer (state no 16-bit float holds) reads with state_dtype float32, the variables bit-exactly (it used to be
+    refused); RMSNormalization autocasts its scale to the compute dtype first, so it reads as that rounded scale."""
     layer = _trained_mixed_layer(kind, policy)
     spec = converters.to_spec(layer)
     variables = {v.path.split("/")[-1]: np.asarray(v.numpy()) for v in layer.weights}
@@ -189,7 +191,8 @@ def test_a_mixed_policy_layer_with_trained_float32_state_reads_as_float32_state_
 
 
 def _compare_with_keras(layer, spec, dtype):
-    """The Keras layer's eval output against the NumPy reference of `spec`, to 2 ulps of `dtype`; the reference returned."""
+    """The Keras layer's eval output against the NumPy reference of `spec`, to 2 ulps of `dtype`;
+    the reference returned."""
     x = probe_input(spec)  # channels first; Keras's channel kinds read channels last
     channels_last = spec.layout == "channels_last"
     got = REGISTRY.framework("keras").run_eval(layer, np.moveaxis(x, 1, -1) if channels_last else x)

@@ -174,8 +174,8 @@ def test_round_trip_and_keras_file_keep_the_step(tmp_path):
 
 
 def test_a_biased_source_estimator_is_warned_about_or_matched():
-    """A spec whose source folds the biased variance (read from ONNX, or written by hand): PyTorch's unbiased step with the
-    usual warning, or with match_variance_estimator=True the biased one, as a BatchNorm's."""
+    """A spec whose source folds the biased variance (read from ONNX, or written by hand): PyTorch's unbiased step with
+    the usual warning, or with match_variance_estimator=True the biased one, as a BatchNorm's."""
     module, state, momentum, eps = random_instance_norm(2, seed=12)
     spec = converters.to_spec(module).replace(variance_estimator="biased")
     x = data(2, seed=12)

@@ -1,5 +1,5 @@
-"""Keras 3 adapter: every kind against the NumPy reference, round trips, Keras-built layers (its refusals and dtype edges:
-test_keras_adapter_refusals.py).
+"""Keras 3 adapter: every kind against the NumPy reference, round trips, Keras-built layers (its refusals and dtype
+edges: test_keras_adapter_refusals.py).
 
 Real Keras on the TensorFlow backend, no mocks. Channel-kind data is made channels-first
 (the reference's layout) and moved to channels-last for the Keras layers.

@@ -81,7 +81,8 @@ def test_untracked_batch_is_not_expressible():
 
 
 def test_tracked_instance_converts_to_tracked_instance_normalization_exact_in_eval():
-    """Eval and the round trip here; the training step against a NumPy oracle: tests/converters/test_instance_tracked_keras.py."""
+    """Eval and the round trip here; the training step against a NumPy oracle:
+    tests/converters/test_instance_tracked_keras.py."""
     from converters.keras_adapter.tracked_instance_normalization import TrackedInstanceNormalization
 
     rng = np.random.default_rng(4)

@@ -101,7 +101,8 @@ def test_the_genuine_model_passes_and_loads(genuine):
 
 
 def test_a_genuine_model_whose_entries_were_deflated_still_loads(genuine, tmp_path):
-    """A `.keras` re-zipped with compression (a hand-made archive: model.save stores entries plainly) is read as before."""
+    """A `.keras` re-zipped with compression (a hand-made archive: model.save stores entries plainly) is read as
+    before."""
     deflated = tmp_path / "deflated.keras"
     with zipfile.ZipFile(genuine) as source, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as target:
         for info in source.infolist():
@@ -111,7 +112,8 @@ def test_a_genuine_model_whose_entries_were_deflated_still_loads(genuine, tmp_pa
 
 
 def test_a_keras_applications_model_passes_and_loads(tmp_path):
-    """MobileNetV2 (262 variables, 14 MB of weights): the config builds exactly what the weights file declares, with no slack."""
+    """MobileNetV2 (262 variables, 14 MB of weights): the config builds exactly what the weights file declares,
+    with no slack."""
     from converters.keras_adapter.built_variables import built_variables
     from converters.keras_adapter.runtime import import_keras
     from converters.keras_adapter.weights_file import declared_weights
@@ -143,8 +145,8 @@ def test_load_model_refuses_before_allocating(name, genuine, tmp_path):
 
 
 def test_a_layer_reading_its_variables_while_built_is_refused_before_their_initializers_run(tmp_path):
-    """Normalization reshapes its mean in `build`, which makes Keras run the initializer of a variable it had only counted:
-    100M features would be 800 MB of mean and variance (+813 MiB before these reads were budgeted)."""
+    """Normalization reshapes its mean in `build`, which makes Keras run the initializer of a variable it had only
+    counted: 100M features would be 800 MB of mean and variance (+813 MiB before these reads were budgeted)."""
     genuine = genuine_normalization_keras(tmp_path / "normalization.keras")
     load_model(genuine)
     path = craft(genuine, tmp_path / "huge_normalization.keras", edit_config=huge_normalization(100_000_000))

@@ -147,7 +147,8 @@ def test_a_real_keras_family_exports_with_native_norms_and_passes_the_contract(n
 
 
 def test_a_folded_offset_left_behind_a_transpose_is_unfolded_into_a_native_batchnorm():
-    """tf2onnx's graph when its transpose optimizer fails (MobileNetV3 with trained statistics): Conv, Transpose, Add(offset)."""
+    """tf2onnx's graph when its transpose optimizer fails (MobileNetV3 with trained statistics): Conv,
+    Transpose, Add(offset)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -200,8 +201,9 @@ def _onnx_output(path, x):
 
 
 def test_two_norms_named_as_keras_names_them_are_each_checked_against_their_own_graph_site(tmp_path):
-    """'norm' and 'norm_1', the names Keras gives two unnamed layers of a class: tf2onnx scopes them 'norm_1' and 'norm_1_2', so
-    graph site 'norm_1' is layer 'norm''s. Each layer is checked against its own site; a wrong eps in the file still fails."""
+    """'norm' and 'norm_1', the names Keras gives two unnamed layers of a class: tf2onnx scopes them 'norm_1' and
+    'norm_1_2', so graph site 'norm_1' is layer 'norm''s. Each layer is checked against its own site;
+    a wrong eps in the file still fails."""
     from converters.models.serving.verification import verify_sites
     from converters.onnx_adapter.graph.sites import find_norm_sites
 
@@ -234,8 +236,9 @@ def test_two_norms_named_as_keras_names_them_are_each_checked_against_their_own_
 
 
 def test_group_normalization_with_one_group_is_verified_as_a_group_norm(tmp_path):
-    """GroupNormalization(groups=1) reshapes (N, H, W, C) to (N, H, W, 1, C): the inserted axis reads as a split of W into (W, 1)
-    too; the axes the statistics cover tell that it splits C, so the site is a group norm with one group and the source's eps."""
+    """GroupNormalization(groups=1) reshapes (N, H, W, C) to (N, H, W, 1, C): the inserted axis reads as a split of W
+    into (W, 1) too; the axes the statistics cover tell that it splits C, so the site is a group norm with one group and
+    the source's eps."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((16, 12))
     x = keras.layers.Reshape((4, 4, 12))(inputs)

@@ -241,8 +241,8 @@ def test_tf2onnx_s_own_optimizer_loop_keeps_the_transposes_at_1x1_too(monkeypatc
 
 
 def take_tf2onnx_public_path(monkeypatch) -> None:
-    """tf2onnx's private `_convert_common` refuses the optimizers argument, as a tf2onnx without it would: the export then
-    takes `tf2onnx.convert.from_function`'s public path (keras_internals.converted_with_optimizers)."""
+    """tf2onnx's private `_convert_common` refuses the optimizers argument, as a tf2onnx without it would: the export
+    then takes `tf2onnx.convert.from_function`'s public path (keras_internals.converted_with_optimizers)."""
     import tf2onnx.convert
 
     original = tf2onnx.convert._convert_common

@@ -105,7 +105,8 @@ MODELS = {
 
 
 def _shown(layers) -> list[str]:
-    """The layers as names, without the InputLayers a Sequential's public `layers` leaves out (they hold nothing normbridge reads)."""
+    """The layers as names, without the InputLayers a Sequential's public `layers` leaves out
+    (they hold nothing normbridge reads)."""
     return [layer.name for layer in layers if not isinstance(layer, keras.layers.InputLayer)]
 
 
@@ -246,7 +247,8 @@ def test_without_plain_graphs_keras_layers_run_eagerly(monkeypatch):
     assert framework.KerasFramework().kept_runs(layer) is None
 
 
-from tests.converters import test_keras_export_families as families  # noqa: E402  (tf2onnx's transpose optimizer at 1x1)
+# tf2onnx's transpose optimizer at 1x1
+from tests.converters import test_keras_export_families as families  # noqa: E402
 from tests.converters.test_keras_export_families import take_tf2onnx_public_path  # noqa: E402
 
 
@@ -259,9 +261,9 @@ def _exported(model):
 
 
 def test_tf2onnx_without_the_optimizers_argument_writes_the_same_graph(monkeypatch):
-    """The export's optimizer loop that frees each graph copy (tf2onnx_export) passes its optimizers to tf2onnx's private
-    `_convert_common`; a tf2onnx whose `_convert_common` takes no such argument gets `tf2onnx.convert.from_function`'s
-    own path, which writes the same graph."""
+    """The export's optimizer loop that frees each graph copy (tf2onnx_export) passes its optimizers to tf2onnx's
+    private `_convert_common`; a tf2onnx whose `_convert_common` takes no such argument gets
+    `tf2onnx.convert.from_function`'s own path, which writes the same graph."""
     model = functional()
     fast = _exported(model)
     take_tf2onnx_public_path(monkeypatch)

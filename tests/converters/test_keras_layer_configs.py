@@ -1,11 +1,13 @@
-"""Keras's own normalization layer test configurations, read, converted to every framework and back, at their input rank.
+"""Keras's own normalization layer test configurations, read, converted to every framework and back,
+at their input rank.
 
-The rows are the parameterised configurations of keras/src/layers/normalization/{batch,group,layer,rms}_normalization_test.py
-(Keras 3): constructor arguments and input shapes, BatchNormalization's `test_correctness` product (axis x input shape x
-moving statistics initialisers) included. Each layer, built for its shape with a random affine state, must equal the NumPy
-reference of the spec read from it; the spec converted to torch and ONNX must compute the same on that input; and converted
-back to Keras with no input rank recorded, the layer takes the configuration's rank on its first call (a BatchNorm over
-(N, C) or (N, C, L) and a GroupNorm are left unbuilt until then), with its state bit-exact.
+The rows are the parameterised configurations of
+keras/src/layers/normalization/{batch,group,layer,rms}_normalization_test.py (Keras 3): constructor arguments and input
+shapes, BatchNormalization's `test_correctness` product (axis x input shape x moving statistics initialisers) included.
+Each layer, built for its shape with a random affine state, must equal the NumPy reference of the spec read from it; the
+spec converted to torch and ONNX must compute the same on that input; and converted back to Keras with no input rank
+recorded, the layer takes the configuration's rank on its first call (a BatchNorm over (N, C) or (N, C, L) and a
+GroupNorm are left unbuilt until then), with its state bit-exact.
 """
 
 from __future__ import annotations

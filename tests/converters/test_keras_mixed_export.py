@@ -39,16 +39,18 @@ def _run_onnx(path, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_a_float32_norm_after_a_mixed_float16_dense_exports_a_graph_onnxruntime_loads(norm, tmp_path):
     """Dense(dtype='mixed_float16') then a float32 LayerNormalization/RMSNormalization: the site reads float16 and its
-    consumers read float32; the native op runs in float32 between Casts (it was a float16 op writing a float32 tensor)."""
+    consumers read float32; the native op runs in float32 between Casts (it was a float16 op writing a float32
+    tensor)."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((10,))
     x = keras.layers.Dense(16, dtype="mixed_float16")(inputs)
     x = {"layer": keras.layers.LayerNormalization, "rms": keras.layers.RMSNormalization}[norm](name="norm")(x)
     model = keras.Model(inputs, keras.layers.Dense(3)(x))
     _assign_trained(model)
-    # force: the contract holds a float32 output to float32 tolerances, which float16 matmuls in two runtimes need not meet
-    # (and tf2onnx drops the float16 rounding of RMSNormalization's output, its Cast to float16 and back); the rewritten
-    # site itself must be valid and verified, and the graph must compute what Keras computes to float16 precision.
+    # force: the contract holds a float32 output to float32 tolerances, which float16 matmuls in two runtimes need not
+    # meet (and tf2onnx drops the float16 rounding of RMSNormalization's output, its Cast to float16 and back); the
+    # rewritten site itself must be valid and verified, and the graph must compute what Keras computes to float16
+    # precision.
     result = export_for_serving(model, tmp_path / "model.onnx", force=True)
     assert result.errors == [] and all(v.passed for v in result.verification), result.failed_checks
     ops = [n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node]
@@ -61,9 +63,9 @@ def test_a_float32_norm_after_a_mixed_float16_dense_exports_a_graph_onnxruntime_
 @pytest.mark.parametrize("policy", ["mixed_float16", "float16"])
 def test_a_float16_model_with_trained_norms_exports_with_native_ops_and_matches_keras(policy, tmp_path):
     """LayerNormalization, RMSNormalization, BatchNormalization and GroupNormalization under mixed_float16 with trained
-    float32 state (read, no longer refused) or under float16: each rewritten into its native op in float32 between
-    Casts (GroupNormalization's Cast after its Reshape, BatchNormalization's float32 folded constants paired with its
-    float16 spec: they used to be missing and unreadable), verified, and the serving graph computes what Keras computes."""
+    float32 state (read, no longer refused) or under float16: each rewritten into its native op in float32 between Casts
+    (GroupNormalization's Cast after its Reshape, BatchNormalization's float32 folded constants paired with its float16
+    spec: they used to be missing and unreadable), verified, and the serving graph computes what Keras computes."""
     keras.utils.set_random_seed(0)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)

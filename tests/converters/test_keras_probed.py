@@ -220,8 +220,9 @@ def test_a_keras_hub_gemma_backbone_lists_every_rms_norm_with_its_offset():
         ("rms", 1e-6, 1.0)
     ] * 5
     assert not [h for h in found.hazards if h.code == "unrecognised_normalization"]
-    # each block's norms share their names: a layer whose name another normalization layer has is named by its path in the
-    # model (the bare name made 5 layers 3 paths: export-layers overwrote files, diff could not say which block changed)
+    # each block's norms share their names: a layer whose name another normalization layer has is named by its path in
+    # the model (the bare name made 5 layers 3 paths: export-layers overwrote files, diff could not say which block
+    # changed)
     paths = [layer.path for layer in found.layers]
     assert len(set(paths)) == 5 and paths[-1] == "final_normalization"
     assert {"decoder_block_0/pre_attention_norm", "decoder_block_1/pre_attention_norm"} <= set(paths), paths
@@ -358,8 +359,8 @@ def test_a_rebuilt_class_that_computes_another_spec_is_not_used():
 
 
 def test_keras_hub_qwen3s_per_head_norms_built_with_the_hidden_shape_are_read_as_rms_over_the_head():
-    """keras_hub's Qwen3Backbone builds its query and key norms (Qwen3LayerNorm(head_dim)) with the hidden states' shape and
-    calls them per head: their scale of head_dim meets inputs whose last axis is head_dim. They were refused as
+    """keras_hub's Qwen3Backbone builds its query and key norms (Qwen3LayerNorm(head_dim)) with the hidden states' shape
+    and calls them per head: their scale of head_dim meets inputs whose last axis is head_dim. They were refused as
     unrecognised (error-level: no Qwen3 could register); now each is an rms over head_dim, proved on such an input."""
     import keras_hub
 

@@ -92,8 +92,8 @@ def test_a_batchnorm2d_has_one_rank_and_is_built_for_it():
 
 
 def test_a_batchnorm1d_and_a_groupnorm_on_flat_features_port_bit_exactly():
-    """Neither records an input rank (BatchNorm1d takes (N, C) and (N, C, L)); the converted layer is built on first call,
-    so porting must read its state at the target layer's own rank, not find no variables and write identities."""
+    """Neither records an input rank (BatchNorm1d takes (N, C) and (N, C, L)); the converted layer is built on first
+    call, so porting must read its state at the target layer's own rank, not find no variables and write identities."""
     torch.manual_seed(3)
     source = torch.nn.Sequential(
         torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6, eps=1e-3), torch.nn.GroupNorm(3, 6, eps=1e-4)

@@ -1,14 +1,14 @@
-"""Hostile `.keras` files: a config.json that names module functions or code-loading layers is refused, and nothing runs.
+"""Hostile `.keras` files: a config.json that names module functions or code-loading layers is refused,
+and nothing runs.
 
-A genuine Keras 3 model (Dense, BatchNormalization, a Lambda over a Keras activation) is saved, then
-its config.json is rewritten inside the zip as an attacker would: an activation or a layer class
-naming `os.system` or `builtins.eval` through `module`/`registered_name`, a Lambda whose function is
-`torch.save` with `arguments={"f": marker}` (it writes the marker when the model runs), a Keras
-non-modeling API (`keras.utils.get_file`) and a `TFSMLayer` (it loads a SavedModel from a path).
-The control test shows the Lambda payload is live once the name resolves; the others assert that
-`load_model`, `normbridge inspect` and `normbridge export` (in-process for every file, as real processes
-for one) and a real `normbridge serve` refuse each file (bad_input_file, exit 6, HTTP 400), that the marker never appears and that
-nothing is registered.
+A genuine Keras 3 model (Dense, BatchNormalization, a Lambda over a Keras activation) is saved, then its config.json is
+rewritten inside the zip as an attacker would: an activation or a layer class naming `os.system` or `builtins.eval`
+through `module`/`registered_name`, a Lambda whose function is `torch.save` with `arguments={"f": marker}` (it writes
+the marker when the model runs), a Keras non-modeling API (`keras.utils.get_file`) and a `TFSMLayer` (it loads a
+SavedModel from a path). The control test shows the Lambda payload is live once the name resolves; the others assert
+that `load_model`, `normbridge inspect` and `normbridge export` (in-process for every file, as real processes for one)
+and a real `normbridge serve` refuse each file (bad_input_file, exit 6, HTTP 400),
+that the marker never appears and that nothing is registered.
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ def _assert_refused_and_nothing_ran(results: dict[str, tuple[str, str, int]], ma
     assert not marker.exists() and not (folder / "served.onnx").exists()
 
 
-#: Attacks also run through real processes: the Lambda whose payload is live once resolved. Every attack runs in-process below.
+#: Attacks also run through real processes: the Lambda whose payload is live once resolved.
+#: Every attack runs in-process below.
 PROCESS_ATTACKS = ("lambda_module_function",)
 
 

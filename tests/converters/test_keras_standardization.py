@@ -1,4 +1,5 @@
-"""keras.layers.Normalization, a frozen standardisation: listed with its statistics, refused as a layer, kept exactly by export.
+"""keras.layers.Normalization, a frozen standardisation: listed with its statistics, refused as a layer,
+kept exactly by export.
 
 Rows: adapted statistics and given ones (ConvNeXt's ImageNet mean and variance), each with a
 zero-variance channel so that Keras's epsilon floor on the standard deviation is exercised; the

@@ -90,8 +90,8 @@ def _randomised(module_cls, sample):
 
 
 def _input(module, sample) -> tuple[np.ndarray, str]:
-    """The sample's input as the spec reads it, and a note: an unbatched InstanceNorm input (C, L) gets a batch axis of 1,
-    which is what torch computes for it (its docs); the spec, like ONNX and Keras, always has a batch axis."""
+    """The sample's input as the spec reads it, and a note: an unbatched InstanceNorm input (C, L) gets a batch axis of
+    1, which is what torch computes for it (its docs); the spec, like ONNX and Keras, always has a batch axis."""
     x = sample.forward_input.args[0].detach().numpy().astype(np.float32)
     spatial = {"InstanceNorm1d": 1, "InstanceNorm2d": 2, "InstanceNorm3d": 3}.get(type(module).__name__)
     if spatial is not None and x.ndim == spatial + 1:
@@ -113,7 +113,8 @@ def _refused_setting(spec, target: str) -> str | None:
     if target == "keras" and spec.kind == "batch" and not spec.track_running_stats:
         return "track_running_stats"  # Keras BatchNormalization always uses its moving statistics at inference
     if target == "keras" and spec.kind == "instance" and spec.track_running_stats and spec.momentum is None:
-        return "momentum"  # a tracked InstanceNorm becomes a BatchNormalization (exact at eval), which has no cumulative average
+        # a tracked InstanceNorm becomes a BatchNormalization (exact at eval), which has no cumulative average
+        return "momentum"
     return None
 
 
@@ -146,9 +147,13 @@ def test_module_db_sample_converts_at_its_rank(module_cls, sample, target):
     np.testing.assert_allclose(y, expected, atol=atol, rtol=rtol, err_msg=f"{target} eval on {x.shape} {note}")
 
     if x.shape[0] == 0:
-        return  # an empty batch has no batch statistics: issue 13 item 10 (torch keeps its statistics, Keras and onnxruntime write NaN)
+        # an empty batch has no batch statistics: issue 13 item 10 (torch keeps its statistics, Keras and onnxruntime
+        # write NaN)
+        return
     if target == "keras" and spec.kind == "instance" and spec.track_running_stats:
-        return  # held as a BatchNormalization: exact at eval (above); its training step uses batch statistics, as the report warns
+        # held as a BatchNormalization: exact at eval (above); its training step uses batch statistics,
+        # as the report warns
+        return
     if target == "onnx" and spec.kind == "instance" and spec.track_running_stats:
         with pytest.raises(NotExpressibleError) as error:
             framework.run_train_step(obj, x)
@@ -173,7 +178,8 @@ def test_module_db_sample_converts_at_its_rank(module_cls, sample, target):
 
 
 def test_every_normalization_module_of_module_db_is_covered():
-    """A module torch adds to module_db that normbridge reads must come with samples here (LocalResponseNorm is no kind)."""
+    """A module torch adds to module_db that normbridge reads must come with samples here
+    (LocalResponseNorm is no kind)."""
     covered = {case.values[0].__name__ for case in CASES}
     listed = {info.module_cls.__name__ for info in _module_db() if "Norm" in info.module_cls.__name__}
     assert listed - covered <= {"LocalResponseNorm"}, listed - covered
@@ -182,8 +188,8 @@ def test_every_normalization_module_of_module_db_is_covered():
 
 @pytest.mark.parametrize("module_cls,sample", CASES)
 def test_module_db_sample_runs_in_keras_converted_without_a_rank(module_cls, sample):
-    """No `input_rank=`: the layer Keras gets takes the sample's rank on its first call (a BatchNorm1d's (N, C) as well as
-    (N, C, L), a GroupNorm's any rank), in eval and in one training step, with the state bit-exact once built."""
+    """No `input_rank=`: the layer Keras gets takes the sample's rank on its first call (a BatchNorm1d's (N, C) as well
+    as (N, C, L), a GroupNorm's any rank), in eval and in one training step, with the state bit-exact once built."""
     module = _randomised(module_cls, sample)
     x, _ = _input(module, sample)
     spec = to_spec(module)

@@ -60,7 +60,8 @@ ROWS = {case.id: case for case in ALL_CASES if not {"onnx"} & (case.refused_by |
 
 
 def native_opset(case: str) -> int:
-    """The first opset at which the case is written as its native op (a tracked InstanceNorm is a BatchNormalization)."""
+    """The first opset at which the case is written as its native op (a tracked InstanceNorm is a
+    BatchNormalization)."""
     return KIND_INFO["batch" if case == "instance_tracked" else ONNX_CASES[case][0]].onnx_opset
 
 
@@ -70,7 +71,8 @@ tensor = per_feature
 def make_spec(
     case: str, dtype: str = "float32", eps: float = 1e-3, eps_origin: str = "explicit", **changes
 ) -> NormSpec:
-    """The case's spec (tests/spec_factory.spec_with), with non-default eps and momentum 0.01 (batch_weight); `changes` win."""
+    """The case's spec (tests/spec_factory.spec_with), with non-default eps and momentum 0.01 (batch_weight);
+    `changes` win."""
     kind, fields = ONNX_CASES[case]
     fields = {**fields, "dtype": dtype, "eps": eps, "eps_origin": eps_origin, **changes}
     if "tensors" in changes:

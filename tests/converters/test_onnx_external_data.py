@@ -120,7 +120,8 @@ def test_offsets_past_the_end_are_refused(tmp_path):
 @pytest.mark.slow
 def test_a_registry_server_upload_embeds_the_external_data_from_the_models_own_folder(tmp_path):
     """The server receives one file: the client used to refuse such a model (so `--server mlflow import` of a default
-    mlflow.onnx.log_model model failed); it now sends the model with its data embedded, read from the model's folder only."""
+    mlflow.onnx.log_model model failed); it now sends the model with its data embedded,
+    read from the model's folder only."""
     from registry.client import RemoteRegistry
     from tests.http_server import create_token, running_server
 
@@ -156,7 +157,8 @@ IN_ACCESS, IN_OPEN = 0x1, 0x20
 
 
 class OpenWatch:
-    """Whether a file was opened or read since the watch began (inotify on the file itself, Linux): stat alone is no open."""
+    """Whether a file was opened or read since the watch began (inotify on the file itself, Linux):
+    stat alone is no open."""
 
     def __init__(self, path):
         import ctypes
@@ -184,9 +186,9 @@ def _external_constant(location: str, size: int) -> onnx.TensorProto:
 
 
 def _function_model(folder, location, where="constant", size=8):
-    """A LayerNormalization, then a call of the local function custom.AddK whose body adds a constant kept in an external
-    file at `location`: the value of a Constant in the body, of a Constant in an If branch inside it, or the default of the
-    function's attribute that its Constant takes (what a crafted file would hold)."""
+    """A LayerNormalization, then a call of the local function custom.AddK whose body adds a constant kept in an
+    external file at `location`: the value of a Constant in the body, of a Constant in an If branch inside it, or the
+    default of the function's attribute that its Constant takes (what a crafted file would hold)."""
     scale = np.linspace(0.5, 2.0, size).astype(np.float32)
     k = _external_constant(location, size)
     if where == "constant":
@@ -244,8 +246,9 @@ def _function_model(folder, location, where="constant", size=8):
 @pytest.mark.parametrize("where", ["constant", "if branch", "attribute default"])
 @pytest.mark.parametrize("kind", ["parent", "etc passwd", "absolute", "symlink", "working directory"])
 def test_a_function_body_tensor_outside_the_folder_is_refused_and_never_opened(tmp_path, monkeypatch, kind, where):
-    """Before, the walker saw only model.graph: onnx.checker refused some of these with its own words, and a location that is
-    missing beside the model but present in the working directory (the checker resolves it there) was loaded and registered."""
+    """Before, the walker saw only model.graph: onnx.checker refused some of these with its own words, and a location
+    that is missing beside the model but present in the working directory (the checker resolves it there) was loaded and
+    registered."""
     inside = tmp_path / "model"
     inside.mkdir()
     secret = tmp_path / "secret.bin"
@@ -283,7 +286,8 @@ def test_a_function_body_tensor_inside_the_folder_is_read_into_the_model(tmp_pat
 
 @pytest.mark.slow  # a registration
 def test_a_model_whose_function_reads_a_file_of_the_working_directory_is_not_registered(tmp_path, monkeypatch):
-    """The attack that got through: registered as m@1 before, its function pointing at a file outside the model's folder."""
+    """The attack that got through: registered as m@1 before, its function pointing at a file outside the model's
+    folder."""
     from registry.service import Registry
 
     (tmp_path / "model").mkdir()

@@ -282,8 +282,9 @@ def test_folded_batchnorms_pair_with_specs_given_in_another_order():
 
 
 def _bfloat16_export(module, shape) -> onnx.ModelProto:
-    """A bfloat16 module on a bfloat16 input as `normbridge export` writes it before its rewrite: torch.onnx.export(dynamo=True)
-    with its optimizer off, constants folded (onnxruntime cannot run it on CPU: the graph is only read)."""
+    """A bfloat16 module on a bfloat16 input as `normbridge export` writes it before its rewrite:
+    torch.onnx.export(dynamo=True) with its optimizer off, constants folded
+    (onnxruntime cannot run it on CPU: the graph is only read)."""
     import onnxscript.optimizer
     import torch
 
@@ -299,8 +300,9 @@ def _bfloat16_export(module, shape) -> onnx.ModelProto:
 
 
 def test_a_bfloat16_rms_norm_weighted_after_its_cast_back_is_one_native_site_with_its_weight():
-    """LlamaRMSNorm in bfloat16: statistics in float32, cast back, then `weight * x` with a bfloat16 weight: the weight (a
-    bfloat16 constant) is the site's scale, so export verifies it (it used to be left outside, the site reading scale 1)."""
+    """LlamaRMSNorm in bfloat16: statistics in float32, cast back, then `weight * x` with a bfloat16 weight: the weight
+    (a bfloat16 constant) is the site's scale, so export verifies it (it used to be left outside, the site reading scale
+    1)."""
     import torch
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

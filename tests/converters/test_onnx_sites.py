@@ -267,7 +267,8 @@ def keras_conv(folder):
 def test_torch_block_sites_in_graph_order(torch_block):
     module, model = torch_block
     sites = find_norm_sites(model)
-    # LayerNormalization is native from opset 17; RMSNorm decomposes below 23 (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul).
+    # LayerNormalization is native from opset 17; RMSNorm decomposes below 23
+    # (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul).
     assert summary(sites) == [("layer", True, 2e-5), ("rms", False, 1e-4), ("rms", False, 3e-3)]
     assert [s.origin for s in sites] == ["native", "torch.onnx", "torch.onnx"]
     assert [s.name for s in sites[1:]] == ["rms", "final"]  # torch.onnx's module scopes name the decompositions

@@ -1,4 +1,5 @@
-"""Normalizations as other writers spell them in ONNX, found by `inspect` with kind, axes and eps, proved in onnxruntime.
+"""Normalizations as other writers spell them in ONNX, found by `inspect` with kind, axes and eps,
+proved in onnxruntime.
 
 - ONNX's own function bodies: the `_expanded` node tests the onnx package generates for LayerNormalization,
   GroupNormalization and RMSNormalization (BatchNormalization and InstanceNormalization have no function body).
@@ -39,8 +40,8 @@ OLD_CASE_MODULES = {"batch_normalization": "batchnorm", "instance_normalization"
 
 
 def _node_cases():
-    """The onnx package's node test cases of the five ops (importing a case module generates them); only LayerNormalization,
-    GroupNormalization and RMSNormalization have function bodies, so `_expanded` cases."""
+    """The onnx package's node test cases of the five ops (importing a case module generates them); only
+    LayerNormalization, GroupNormalization and RMSNormalization have function bodies, so `_expanded` cases."""
     from onnx.backend.test.case import node
 
     for module in [m for m, _ in OPS.values()] + ["batch_normalization", "instance_normalization"]:
@@ -228,7 +229,8 @@ def test_a_rank_the_source_does_not_record_is_reported(target):
 
     obj, report = convert_with_report(torch.nn.BatchNorm1d(3).eval(), target)
     (rank,) = [t for t in report.layers[0].translations if t.setting == "input_rank"]
-    # ONNX fixes rank 3 (the IR wants a shaped input); Keras builds the layer on its first call (BatchNorm1d takes 2 and 3).
+    # ONNX fixes rank 3 (the IR wants a shaped input); Keras builds the layer on its first call
+    # (BatchNorm1d takes 2 and 3).
     expected = 3 if target == "onnx" else "rank of the first input"
     assert rank.fate == "translated" and rank.target_value == expected and "input_rank=" in rank.note
     obj, report = convert_with_report(torch.nn.BatchNorm1d(3).eval(), target, input_rank=2)
@@ -268,7 +270,8 @@ def _run(model, x):
 
 def _hand_rolled(torch, form: str):
     """A hand-rolled norm over the last axis as models write them: RMS with rsqrt, RMS with sqrt and a division (the
-    `Pow, ReduceMean, Add, Sqrt, Div, Mul, Mul` chain torch.onnx writes below opset 23), a LayerNorm with mean and var."""
+    `Pow, ReduceMean, Add, Sqrt, Div, Mul, Mul` chain torch.onnx writes below opset 23),
+    a LayerNorm with mean and var."""
 
     class Hand(torch.nn.Module):
         def __init__(self):
@@ -321,8 +324,8 @@ def test_torch_onnx_group_norm_without_optimisation_is_a_group_norm(opset):
     "form,kind", [("rms-rsqrt", "rms"), ("rms-sqrt-div", "rms"), ("layer-mean-var", "layer"), ("group", "group")]
 )
 def test_onnxsim_s_spellings_of_torch_onnx_graphs_are_recognised(form, kind):
-    """onnxsim (a test dependency: pyproject's `test` extra) simplifies what torch.onnx wrote; the simplified graph's norm is
-    found with its kind and eps and computes the reference of the spec read from it."""
+    """onnxsim (a test dependency: pyproject's `test` extra) simplifies what torch.onnx wrote; the simplified graph's
+    norm is found with its kind and eps and computes the reference of the spec read from it."""
     onnxsim = pytest.importorskip("onnxsim")
     torch = pytest.importorskip("torch")
     torch.manual_seed(1)

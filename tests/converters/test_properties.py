@@ -69,7 +69,8 @@ def specs(draw, kinds=tuple(KIND_INFO), tracked_only=False):
         extra["chosen_layout"] = "channels_first"
     if spec.kind == "batch" and spec.track_running_stats and not spec.frozen and draw(st.booleans()):
         extra["synchronized"] = True
-    # A layer norm over the channel axis (item 10): every framework holds it (torch ChannelsFirstLayerNorm, ONNX Transposes).
+    # A layer norm over the channel axis (item 10): every framework holds it
+    # (torch ChannelsFirstLayerNorm, ONNX Transposes).
     if spec.kind == "layer" and len(spec.normalized_shape) == 1 and draw(st.booleans()):
         extra.update(layout="channels_first", input_rank=draw(st.integers(3, 5)))
     return spec.replace(**extra) if extra else spec
@@ -103,8 +104,9 @@ def test_every_direction_keeps_the_function_and_the_spec(spec, source, target):
     target_spec = converters.to_spec(converted)
     assert spec_differences(spec, target_spec) == []
     back_spec = converters.to_spec(converters.convert(converted, source))
-    # A target that cannot hold the source's running-variance estimator says so (approximate, with a warning); the way back
-    # then builds the estimator the target has: a tracked InstanceNorm with the biased one comes back from PyTorch unbiased.
+    # A target that cannot hold the source's running-variance estimator says so (approximate, with a warning); the way
+    # back then builds the estimator the target has: a tracked InstanceNorm with the biased one comes back from PyTorch
+    # unbiased.
     lost = {t.setting for t in report.layers[0].translations if t.fate == "approximate"} & {"variance_estimator"}
     assert not lost or report.layers[0].warnings
     assert spec_differences(source_spec, back_spec, ignore=(*ROUND_TRIP_IGNORED, *lost)) == []
@@ -124,8 +126,8 @@ def test_one_training_step_moves_statistics_as_the_reference_says(spec, target, 
     try:
         y, mean, var = REGISTRY.framework_of(obj).run_train_step(obj, from_channels_first(x, obj_spec.layout))
     except NotExpressibleError:
-        # Only ONNX may refuse a training step here (issue 34 item 8: Keras refused a tracked InstanceNorm's step, which hid
-        # that the layer it emitted pooled the batch when called with training=True).
+        # Only ONNX may refuse a training step here (issue 34 item 8: Keras refused a tracked InstanceNorm's step, which
+        # hid that the layer it emitted pooled the batch when called with training=True).
         if target != "onnx":
             raise
         assume(False)

@@ -8,8 +8,8 @@ Each is a genuine torch.export.save archive of 14 KiB rewritten as an attacker w
   literal, a Float whose exponent (14 s) or precision (over 20 s) is huge, a Max of 200 symbols (39 s), a hint of
   4,000 digits);
 - a weight or constant that claims far more than its payload stores: the issue's empty payload of 2**27 elements, which
-  torch fills with zeros (+1.8 GiB on the server before the fix), a smaller one (32 MiB) under every claim limit, and a stride-0
-  view of 2**27 elements over 4 stored ones (the registration then holds all of them);
+  torch fills with zeros (+1.8 GiB on the server before the fix), a smaller one (32 MiB) under every claim limit, and a
+  stride-0 view of 2**27 elements over 4 stored ones (the registration then holds all of them);
 - metadata that raised something other than InputFileError (a 500 on the server, a traceback from the CLI): a weight on
   cuda (a CPU build), hpu, privateuseone or meta, `module_call_graph: 5`, a stride of 2**64 on a size-1 dimension.
 
@@ -202,8 +202,8 @@ def test_every_command_refuses_with_exit_6_and_no_traceback(name, genuine, tmp_p
 
 @pytest.mark.slow
 def test_inspect_processes_refuse_the_issues_attacks_with_exit_6(genuine, tmp_path):
-    """The deeper power tower (hours of CPU before the fix, so the process gets a deadline), the 2**27-element empty weight
-    (+1.8 GiB before) and the cuda weight (a traceback) through real `normbridge inspect` processes."""
+    """The deeper power tower (hours of CPU before the fix, so the process gets a deadline), the 2**27-element empty
+    weight (+1.8 GiB before) and the cuda weight (a traceback) through real `normbridge inspect` processes."""
     tower = hostile("power tower one level deeper", genuine, tmp_path)
     process = subprocess.Popen(
         [*normbridge_command(), "inspect", str(tower)],

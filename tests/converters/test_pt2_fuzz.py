@@ -2,11 +2,11 @@
 
 A fuzz of 6,000 mutations (issue 30, item 11) found exceptions of other types escaping the reader (a TypeError in
 pt2/treespecs.py, another in pt2/archive.py, a NotImplementedError from a meta-device weight), which the server answered
-with a 500 and the CLI with a traceback. Each case here is a genuine archive (tests.pt2_fuzzing.FuzzNet: a dynamic batch, so
-shape expressions, a mapped 1.2 MB payload, a stride-0 buffer, a constant) with one to three mutations from
-`random.Random(f"{seed}:{index}")`, read through `load_model` in a separate process that reports each case as it
-starts and ends, so a case that hangs fails the test (PER_CASE_SECONDS) instead of stalling it. Every outcome must be
-a successful read or an InputFileError (bad_input_file) whose message names the file.
+with a 500 and the CLI with a traceback. Each case here is a genuine archive (tests.pt2_fuzzing.FuzzNet: a dynamic
+batch, so shape expressions, a mapped 1.2 MB payload, a stride-0 buffer, a constant) with one to three mutations from
+`random.Random(f"{seed}:{index}")`, read through `load_model` in a separate process that reports each case as it starts
+and ends, so a case that hangs fails the test (PER_CASE_SECONDS) instead of stalling it. Every outcome must be a
+successful read or an InputFileError (bad_input_file) whose message names the file.
 
 NORMBRIDGE_PT2_FUZZ_CASES (default 400) and NORMBRIDGE_PT2_FUZZ_SEED (default 31) run more cases or others; a failure
 names the seed and the case, which `tests.pt2_fuzzing.mutated` rebuilds.
@@ -36,7 +36,8 @@ START_SECONDS = 180.0
 
 
 def _outcomes(genuine: Path, folder: Path) -> list[dict]:
-    """Each case's last line from the reading process; fails at the first case that does not end within PER_CASE_SECONDS."""
+    """Each case's last line from the reading process; fails at the first case that does not end within
+    PER_CASE_SECONDS."""
     with open(
         folder / "stderr.txt", "w+"
     ) as errors:  # a file, not a pipe: warnings must never fill a buffer and stall the reader

@@ -1,10 +1,12 @@
-"""A hand-written norm in a `.pt2` whose input its parent made with a view or a cast, and whose input cast the parent reuses.
+"""A hand-written norm in a `.pt2` whose input its parent made with a view or a cast,
+and whose input cast the parent reuses.
 
-The module's nodes (grouped by `nn_module_stack`) start at a value the parent computed. Qwen3's `q_norm(q_proj(x).view(B, L, H, D))`
-and Cohere's qk norm hand the norm a parent's view; Mamba's block hands its MambaRMSNorm `h.to(weight.dtype)` and, with
-`residual_in_fp32`, its `residual.to(float32)` is the norm's own no-op `h.to(float32)` (torch.export's alias). Both were refused
-("the squares under its square root are not of the input ...", "it takes 1 tensor inputs and gives 2 outputs") because the
-walk back through views and casts went past the module's input. A module that computes no normalization is still refused.
+The module's nodes (grouped by `nn_module_stack`) start at a value the parent computed. Qwen3's
+`q_norm(q_proj(x).view(B, L, H, D))` and Cohere's qk norm hand the norm a parent's view; Mamba's block hands its
+MambaRMSNorm `h.to(weight.dtype)` and, with `residual_in_fp32`, its `residual.to(float32)` is the norm's own no-op
+`h.to(float32)` (torch.export's alias). Both were refused ("the squares under its square root are not of the input ...",
+"it takes 1 tensor inputs and gives 2 outputs") because the walk back through views and casts went past the module's
+input. A module that computes no normalization is still refused.
 """
 
 from __future__ import annotations

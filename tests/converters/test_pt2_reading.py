@@ -252,7 +252,8 @@ def test_the_programs_graph_module_runs_as_torchs_when_called_before_its_code_wa
 
 @pytest.mark.parametrize("context", [torch.inference_mode, torch.no_grad])
 def test_read_under_inference_mode_or_no_grad_as_torch_reads(context, tmp_path):
-    """The fake tensors are made under the caller's grad mode as torch's dispatch makes them (inference tensors included)."""
+    """The fake tensors are made under the caller's grad mode as torch's dispatch makes them
+    (inference tensors included)."""
     path = tmp_path / "model.pt2"
     torch.export.save(PROGRAMS[1][1], path)
     with context():
@@ -261,7 +262,8 @@ def test_read_under_inference_mode_or_no_grad_as_torch_reads(context, tmp_path):
 
 
 def test_a_static_fake_tensor_is_the_one_fake_mode_dispatch_makes():
-    """static_fake against torch.empty_strided under the same FakeTensorMode, including requires_grad and odd strides."""
+    """static_fake against torch.empty_strided under the same FakeTensorMode,
+    including requires_grad and odd strides."""
     from torch._export.serde import schema
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv

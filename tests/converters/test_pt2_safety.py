@@ -143,7 +143,8 @@ MALFORMED = {
         lambda g, o: _rewrite_deflated(craft(g, o), root_of(g) + "data/sample_inputs/model.pt"),
         "(a zip bomb)",
     ),
-    # a bare pickle (not torch.save's zip) the static scanner cannot read: it said "holds a pickle that calls an unreadable pickle"
+    # a bare pickle (not torch.save's zip) the static scanner cannot read: it said "holds a pickle that calls an
+    # unreadable pickle"
     "raw_pickle_inputs": (
         lambda g, o: craft(g, o, replace={"data/sample_inputs/model.pt": pickle.dumps(({"x": 1},), protocol=2)}),
         "is not a pickle torch's static scanner can read",
@@ -228,7 +229,8 @@ def test_genuine_archives_with_every_kind_of_state_load_like_torch_export_load(m
 
 
 def commands_for(name: str) -> tuple[str, ...]:
-    """Every model-reading command for an entry attack; for program JSON, inspect (loads) and drift (also runs the program)."""
+    """Every model-reading command for an entry attack; for program JSON, inspect (loads) and drift
+    (also runs the program)."""
     return ("inspect", "drift") if HOSTILE[name].entry == PROGRAM else COMMANDS
 
 
@@ -284,7 +286,8 @@ def _assert_refused_and_nothing_ran(
         assert Registry(db=f"sqlite:///{folder / 'reg.db'}", blobs=str(folder / "blobs")).models() == []
 
 
-#: Attacks also run through real processes (every command at once): the full-unpickler fallback. The others run in-process below.
+#: Attacks also run through real processes (every command at once): the full-unpickler fallback.
+#: The others run in-process below.
 PROCESS_ATTACKS = ("legacy_state_dict",)
 
 

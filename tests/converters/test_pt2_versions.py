@@ -119,7 +119,8 @@ def test_a_writer_version_that_is_not_a_version_is_not_echoed(genuine, tmp_path)
 
 @pytest.mark.parametrize("name, program", PROGRAMS, ids=lambda value: value if isinstance(value, str) else "")
 def test_every_key_torch_writes_is_one_its_schema_defines(name, program):
-    """The walk that decides a newer minor version finds nothing unknown in what this torch writes (no false refusal)."""
+    """The walk that decides a newer minor version finds nothing unknown in what this torch writes
+    (no false refusal)."""
     import json
 
     from torch._export.serde.serialize import serialize

@@ -32,7 +32,8 @@ OPTIONS = target_options(ConversionOptions())
 
 
 def build(spec, framework: str):
-    """(the adapter, the spec write_spec hands its from_spec, the layer from_spec builds), or None if the target refuses it."""
+    """(the adapter, the spec write_spec hands its from_spec, the layer from_spec builds),
+    or None if the target refuses it."""
     adapter = REGISTRY.get(framework, spec.kind)
     try:
         layer = write_spec(spec, framework, OPTIONS)[0]

@@ -52,7 +52,8 @@ def test_state_is_bit_identical_after_round_trip():
         assert torch.equal(back.state_dict()[name], tensor), name
 
 
-# SyncBatchNorm is read as the BatchNorm it computes at eval (tests/converters/test_torch_recognition.py), with a hazard.
+# SyncBatchNorm is read as the BatchNorm it computes at eval (tests/converters/test_torch_recognition.py),
+# with a hazard.
 @pytest.mark.parametrize("module", [torch.nn.Linear(3, 3), torch.nn.LazyBatchNorm2d()])
 def test_unsupported_modules_are_refused_with_the_class_name(module):
     with pytest.raises(UnsupportedObjectError) as info:
@@ -96,7 +97,8 @@ TORCH_DEFAULT_EPS = {
 
 @pytest.mark.parametrize("dtype", sorted(TORCH_DEFAULT_EPS))
 def test_rms_eps_none_is_the_eps_torch_adds_in_every_dtype_and_every_framework_computes_with_it(dtype):
-    """Small activations (mean square 1e-4) make eps matter: float16's own eps (9.8e-4) would move the output by ~70%."""
+    """Small activations (mean square 1e-4) make eps matter: float16's own eps
+    (9.8e-4) would move the output by ~70%."""
     torch_dtype = getattr(torch, dtype)
     module = torch.nn.RMSNorm(8).to(torch_dtype).eval()
     with torch.no_grad():
@@ -132,8 +134,9 @@ def test_rms_eps_none_is_the_eps_torch_adds_in_every_dtype_and_every_framework_c
 
 
 def test_a_stateless_module_has_no_dtype_of_its_own_and_the_report_says_which_it_was_read_as():
-    """LayerNorm(elementwise_affine=False).double() holds no tensor: its spec takes torch's default dtype, and the report
-    says so (a converted ONNX graph takes float32 inputs, which a float64 caller would meet as a refusal of its input)."""
+    """LayerNorm(elementwise_affine=False).double() holds no tensor: its spec takes torch's default dtype, and the
+    report says so (a converted ONNX graph takes float32 inputs, which a float64 caller would meet as a refusal of its
+    input)."""
     stateless = torch.nn.LayerNorm(8, elementwise_affine=False).double()
     spec = converters.to_spec(stateless)
     assert spec.dtype == "float32"

@@ -1,11 +1,11 @@
-"""torch_internals: every private torch access works on the installed torch, and every speed path that uses one falls back
-to torch's own path for the same result.
+"""torch_internals: every private torch access works on the installed torch, and every speed path that uses one falls
+back to torch's own path for the same result.
 
 Two kinds of test. The table (`ACCESSES`) runs each access of converters/torch_adapter/torch_internals.py on this torch,
 with the public path that replaces it where it has one, compared with the private one. The fallbacks make one fast step
 fail for real (the internals function it reaches raises, as it would on a torch that renamed the name) while a genuine
-`.pt2` is read, and hold the program read equal to the fast path's, node for node (test_pt2_reading's `_same_program`), on
-the archives tests/pt2_crafting.py writes and a transformers Llama.
+`.pt2` is read, and hold the program read equal to the fast path's, node for node (test_pt2_reading's `_same_program`),
+on the archives tests/pt2_crafting.py writes and a transformers Llama.
 """
 
 from __future__ import annotations
@@ -259,7 +259,8 @@ def test_without_torchs_private_names_their_public_replacements_give_the_same(re
 
 
 def _callables(leaves: list) -> list:
-    """The leaves pt2/program_checks.check_graph looks at (map_aggregate also opens slices, whose parts are never callables)."""
+    """The leaves pt2/program_checks.check_graph looks at (map_aggregate also opens slices, whose parts are never
+    callables)."""
     return [leaf for leaf in leaves if callable(leaf) and not isinstance(leaf, torch.fx.Node)]
 
 
@@ -297,7 +298,8 @@ def test_the_archive_writers_fallback_writes_torchs_bytes(monkeypatch):
 
 
 def test_a_torch_without_the_deserializer_is_named_not_blamed_on_the_file(tmp_path, monkeypatch):
-    """Nothing replaces torch's own deserializer: its absence is a missing dependency naming this torch, never 'the archive is malformed'."""
+    """Nothing replaces torch's own deserializer: its absence is a missing dependency naming this torch,
+    never 'the archive is malformed'."""
     path = genuine_pt2(tmp_path / "model.pt2")
 
     def gone():
@@ -314,7 +316,8 @@ def test_a_torch_without_the_deserializer_is_named_not_blamed_on_the_file(tmp_pa
 
 # -- the speed paths fall back to torch's own, for the same program ----------------------------------------------------
 
-#: Each fast step of reading a .pt2, made to fail: the internals function it reaches (-> the step named in the debug line).
+#: Each fast step of reading a .pt2, made to fail: the internals function it reaches
+#: (-> the step named in the debug line).
 FAST_STEPS = {
     "schema conversion": ("schema_module", "the program's schema conversion"),
     "patched deserializer": ("graph_module_deserializer", "the program's deserialization"),

@@ -278,8 +278,8 @@ def test_a_recognised_spec_converts_to_the_stock_class_where_the_adapters_hold_i
 
 def test_a_convnext_style_class_of_transformers_is_rebuilt_with_its_data_format_even_when_not_imported(tmp_path):
     """ConvNextV2LayerNorm (channels_first) was not rebuilt: its module was not imported and only classes listed by name
-    were (the message said so of a transformers.models.* module), and an imported one got `cls(size, eps=)`, channels_last;
-    with no stock torch class for axis 1, every ConvNeXtV2 failed its registration check."""
+    were (the message said so of a transformers.models.* module), and an imported one got `cls(size, eps=)`,
+    channels_last; with no stock torch class for axis 1, every ConvNeXtV2 failed its registration check."""
     import subprocess
     import sys
 
@@ -426,8 +426,9 @@ def _saved(model: nn.Module, example: tuple, path) -> None:
     ids=["Llama-bf16", "DETR-bf16"],
 )
 def test_a_bfloat16_export_verifies_every_norm_and_says_the_contract_was_not_run(build, example, tmp_path):
-    """onnxruntime's CPU provider has no bfloat16 kernels: the contract cannot run. The export says so (what, why, how to
-    get it checked), still verifies every normalization site from the graph, writes nothing unless --force, and no traceback."""
+    """onnxruntime's CPU provider has no bfloat16 kernels: the contract cannot run. The export says so (what, why, how
+    to get it checked), still verifies every normalization site from the graph, writes nothing unless --force,
+    and no traceback."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = R.randomise(build()).to(torch.bfloat16)
@@ -459,8 +460,9 @@ def test_a_bfloat16_export_verifies_every_norm_and_says_the_contract_was_not_run
 
 @pytest.mark.slow
 def test_t5_s_exporter_failure_is_named_with_its_cause_and_nothing_is_written(tmp_path):
-    """torch.onnx 2.13 fails to decompose T5's attention reshape: the message says which step, the cause and the code line,
-    that nothing was written and no normalization checked in ONNX, and what checks them instead; no colour codes, no traceback."""
+    """torch.onnx 2.13 fails to decompose T5's attention reshape: the message says which step, the cause and the code
+    line, that nothing was written and no normalization checked in ONNX, and what checks them instead;
+    no colour codes, no traceback."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = R.randomise(R.t5())
@@ -509,7 +511,8 @@ def test_a_program_of_channel_norm_replicas_reads_each_like_its_module():
 def test_a_class_named_for_having_no_norm_is_not_a_candidate_in_wav2vec2s_feature_encoder():
     """transformers' wav2vec2 with feat_extract_norm="group" (wav2vec2-base's default): its first conv layer holds a
     GroupNorm, the later ones are Wav2Vec2NoLayerNormConvLayer (a Conv1d and a GELU). Only the GroupNorm is listed and
-    nothing is unrecognised (the class name's 'Norm' made those a candidate that failed its proof, refusing registration)."""
+    nothing is unrecognised (the class name's 'Norm' made those a candidate that failed its proof, refusing
+    registration)."""
     from transformers import Wav2Vec2Config
     from transformers.models.wav2vec2.modeling_wav2vec2 import Wav2Vec2FeatureEncoder
 
@@ -532,8 +535,9 @@ def test_a_class_named_for_having_no_norm_is_not_a_candidate_in_wav2vec2s_featur
 
 
 def test_weight_norm_and_spectral_norm_parametrizations_are_not_candidates():
-    """torch.nn.utils.parametrizations.weight_norm (wav2vec2's and HuBERT's pos_conv_embed) holds a `_WeightNorm` module: it
-    rescales a weight, not an activation, and was reported unrecognised, refusing every wav2vec2 registration."""
+    """torch.nn.utils.parametrizations.weight_norm (wav2vec2's and HuBERT's pos_conv_embed) holds a `_WeightNorm`
+    module: it rescales a weight, not an activation, and was reported unrecognised,
+    refusing every wav2vec2 registration."""
 
     class Block(nn.Module):
         def __init__(self):
@@ -574,9 +578,9 @@ def test_weight_norm_and_spectral_norm_parametrizations_are_not_candidates():
 
 
 def test_a_proved_norm_whose_forward_takes_a_gate_says_it_computes_more_and_the_program_says_unrecognised():
-    """transformers' MambaRMSNormGated(hidden, gate) normalizes hidden * silu(gate). Called alone it is an RMSNorm, which the
-    module's proof shows; the module cannot say whether the model passes the gate, so it warns; the .pt2 can, and the gated
-    call it holds is not a normalization any recognizer proves."""
+    """transformers' MambaRMSNormGated(hidden, gate) normalizes hidden * silu(gate). Called alone it is an RMSNorm,
+    which the module's proof shows; the module cannot say whether the model passes the gate, so it warns; the .pt2 can,
+    and the gated call it holds is not a normalization any recognizer proves."""
     from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
 
     class Block(nn.Module):
@@ -599,8 +603,9 @@ def test_a_proved_norm_whose_forward_takes_a_gate_says_it_computes_more_and_the_
 
 
 def test_olmos_layer_norm_without_weight_or_bias_is_sized_by_its_normalized_shape_and_read_as_a_layer_norm():
-    """transformers' OlmoLayerNorm is F.layer_norm with no weight or bias: with no tensor to size a probe it was refused as
-    unrecognised (no OLMo could register). Its own `normalized_shape` sizes the probe now; the proof decides as before."""
+    """transformers' OlmoLayerNorm is F.layer_norm with no weight or bias: with no tensor to size a probe it was refused
+    as unrecognised (no OLMo could register). Its own `normalized_shape` sizes the probe now;
+    the proof decides as before."""
     from transformers import OlmoConfig, OlmoModel
 
     config = OlmoConfig(
@@ -631,8 +636,8 @@ def test_olmos_layer_norm_without_weight_or_bias_is_sized_by_its_normalized_shap
 
 
 def test_a_declared_class_without_tensors_is_sized_by_its_normalized_shape_and_a_wrong_declaration_still_fails():
-    """A declaration of a class that keeps no tensor (OLMo's LayerNorm) was refused ("nothing to size the layer"): its own
-    `normalized_shape` sizes it, as it sizes the tracer's probe; the proof still decides."""
+    """A declaration of a class that keeps no tensor (OLMo's LayerNorm) was refused ("nothing to size the layer"): its
+    own `normalized_shape` sizes it, as it sizes the tracer's probe; the proof still decides."""
     from transformers.models.olmo.modeling_olmo import OlmoLayerNorm
 
     norm = OlmoLayerNorm(16)
@@ -653,9 +658,9 @@ def test_a_declared_class_without_tensors_is_sized_by_its_normalized_shape_and_a
 
 
 def test_mobileberts_no_norm_is_not_a_candidate_and_the_model_says_it_found_no_normalization():
-    """transformers' MobileBERT (normalization_type="no_norm", its default) puts NoNorm (x * weight + bias) where a LayerNorm
-    would be. Its 1-D weight made it a candidate that failed its proof, refusing every MobileBERT; its name says there is
-    no norm. The model then says, as any model without one does, that no normalization was found."""
+    """transformers' MobileBERT (normalization_type="no_norm", its default) puts NoNorm (x * weight + bias) where a
+    LayerNorm would be. Its 1-D weight made it a candidate that failed its proof, refusing every MobileBERT; its name
+    says there is no norm. The model then says, as any model without one does, that no normalization was found."""
     from transformers import MobileBertConfig, MobileBertModel
 
     config = MobileBertConfig(

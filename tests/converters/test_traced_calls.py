@@ -1,10 +1,10 @@
 """A Keras layer's traced writes and calls (converters/keras_adapter/traced.py) are its eager ones, bit for bit.
 
 check_many runs a layer serving many members of one configuration through tf.functions traced once (without grappler);
-`check` calls it eagerly. On every case of the table Keras builds a layer for, after the layer is given a second member's
-state: the written variables, the eval output, the training output and the moved statistics are the eager ones byte for
-byte, and so are they when the eval and the step run in one call, or in the write's. GroupObjects asks for these runs only
-for a layer serving enough members; below that it keeps the eager calls.
+`check` calls it eagerly. On every case of the table Keras builds a layer for, after the layer is given a second
+member's state: the written variables, the eval output, the training output and the moved statistics are the eager ones
+byte for byte, and so are they when the eval and the step run in one call, or in the write's. GroupObjects asks for
+these runs only for a layer serving enough members; below that it keeps the eager calls.
 """
 
 from __future__ import annotations

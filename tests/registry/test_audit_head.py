@@ -1,4 +1,5 @@
-"""Cutting the end of the audit log is detected (issue 11, item 8), on SQLite and PostgreSQL, in the library and the CLI.
+"""Cutting the end of the audit log is detected (issue 11, item 8), on SQLite and PostgreSQL,
+in the library and the CLI.
 
 Deleting the LAST entries of a hash chain breaks no hash, so with the append-only triggers dropped (someone with DDL
 rights) the cut chain used to verify. The head row (audit_head), moved in the same transaction as every append, no
@@ -128,7 +129,8 @@ def test_a_rewritten_head_is_caught_by_the_head_pinned_earlier(url):
 
 
 def cli(url: str, *args: str, process: bool = False) -> subprocess.CompletedProcess:
-    """`normbridge ARGS` on the registry at `url`: in this process (tests.cli_run.invoke_cli), or as a real process if `process`."""
+    """`normbridge ARGS` on the registry at `url`: in this process (tests.cli_run.invoke_cli),
+    or as a real process if `process`."""
     if not process:
         return invoke_cli(*args, cwd=ROOT, columns=250, env={"NORMBRIDGE_DB": url})
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "NORMBRIDGE_DB": url, "COLUMNS": "250"}

@@ -154,8 +154,8 @@ def test_a_blob_published_unsynced_is_synced_first_and_a_failed_rename_leaves_no
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="syncfs is Linux's")
 def test_many_staged_blobs_are_made_durable_by_one_syncfs_of_their_filesystem_not_an_fsync_each(tmp_path, monkeypatch):
-    """registry/blobs/filesystem_sync.py: 20 new files in up to 20 shard folders cost two syncfs calls, no fsync; fewer than
-    MIN_PATHS are fsynced one by one, and a folder on another filesystem is never covered by the root's syncfs."""
+    """registry/blobs/filesystem_sync.py: 20 new files in up to 20 shard folders cost two syncfs calls, no fsync; fewer
+    than MIN_PATHS are fsynced one by one, and a folder on another filesystem is never covered by the root's syncfs."""
     store = LocalBlobStore(tmp_path)
     fsynced = []
     real_fsync = os.fsync
@@ -203,7 +203,8 @@ def test_stage_chunks_that_fail_midway_leave_no_file(tmp_path):
 
 
 def test_gc_removes_a_crashed_writers_pending_file_after_the_grace_period(tmp_path):
-    """A process killed inside stage_chunks leaves '.pending.*.tmp' at the store's root; gc's sweep removes it once old."""
+    """A process killed inside stage_chunks leaves '.pending.*.tmp' at the store's root;
+    gc's sweep removes it once old."""
     store = LocalBlobStore(tmp_path)
     old, young = tmp_path / ".pending.aaaa.tmp", tmp_path / ".pending.bbbb.tmp"
     old.write_bytes(b"half")

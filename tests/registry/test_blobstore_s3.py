@@ -231,9 +231,9 @@ def test_head_of_reads_the_start_of_a_blob_and_its_whole_length_in_one_request(s
 
 def test_an_object_tampered_in_the_bucket_is_refused_by_every_reader_naming_its_tensor(s3_env, tmp_path):
     """Attack: overwrite a stored blob's bytes in the bucket (same length, same safetensors header, one bit of data
-    flipped, the sha256 metadata kept), then read it through every door: the library (verify, tensors, export, pull) and a
-    real `normbridge serve` on the same bucket (verify, blob GET, bundle GET, model GET, and the client's tensors, export
-    and pull)."""
+    flipped, the sha256 metadata kept), then read it through every door: the library (verify, tensors, export, pull) and
+    a real `normbridge serve` on the same bucket (verify, blob GET, bundle GET, model GET, and the client's tensors,
+    export and pull)."""
     import httpx
 
     from registry.client import RemoteRegistry

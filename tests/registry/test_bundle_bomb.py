@@ -1,4 +1,5 @@
-"""Decompression bombs sent to a real `normbridge serve --max-upload-mb 8`: refused, with the server's peak memory bounded.
+"""Decompression bombs sent to a real `normbridge serve --max-upload-mb 8`: refused,
+with the server's peak memory bounded.
 
 A bundle upload may be gzip, so a small body can hold gigabytes of tar. The bombs are built by
 streaming zeros through zlib (the test never holds them decompressed): a GNU long-name header, a
@@ -79,7 +80,8 @@ def members_bomb(mib: int) -> bytes:
 
 
 def zip_bomb(base: bytes, name: str, pieces: Iterator[bytes]) -> bytes:
-    """The zip archive `base` (b"" for none) with the entry `name` replaced by `pieces`, deflated as they come (what an attacker does with zipfile)."""
+    """The zip archive `base` (b"" for none) with the entry `name` replaced by `pieces`, deflated as they come
+    (what an attacker does with zipfile)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as target:
         if base:
@@ -115,7 +117,8 @@ def pt2_bomb(entry: str, mib: int) -> bytes:
 
 
 def keras_bomb(mib: int) -> bytes:
-    """A `.keras` archive whose config.json unpacks to `mib` MiB at about 60x: each 4 KiB holds 64 random bytes, under Keras's own 100x check."""
+    """A `.keras` archive whose config.json unpacks to `mib` MiB at about 60x: each 4 KiB holds 64 random bytes,
+    under Keras's own 100x check."""
     noise = random.Random(0)
     block = 4096
 
@@ -268,7 +271,8 @@ def test_a_keras_file_declaring_more_than_it_stores_is_refused_before_keras_allo
 def refused_with_bounded_memory(
     server, label: str, file_format: str, bomb, status: int, code: str, message: str
 ) -> None:
-    """Upload `bomb()` as `file_format`: refused with `status`/`code`/`message`, the server's peak memory raised by under PEAK_BOUND."""
+    """Upload `bomb()` as `file_format`: refused with `status`/`code`/`message`,
+    the server's peak memory raised by under PEAK_BOUND."""
     running, client = server
     body = bomb()
     assert len(body) <= 5 << 20, (

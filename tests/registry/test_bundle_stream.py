@@ -39,7 +39,8 @@ NO_LIMIT = 1 << 40
 
 
 class Trickle:
-    """A stream that returns at most `piece` bytes per read (as a socket does), optionally pausing once at `pause_at`."""
+    """A stream that returns at most `piece` bytes per read (as a socket does),
+    optionally pausing once at `pause_at`."""
 
     def __init__(
         self,
@@ -237,7 +238,8 @@ def test_over_the_limit_an_interrupted_upload_and_a_failing_gate_leave_nothing(l
     with pytest.raises(CheckFailedError, match="failed the round-trip equivalence check"):
         local.register_stream("cnn", io.BytesIO(failing_gate_bundle(artifact_folder.parent)), NO_LIMIT)
     assert state(local) == before
-    # an upload that never arrived whole (too large, interrupted) is not a registration attempt: only the gate's refusal is audited
+    # an upload that never arrived whole (too large, interrupted) is not a registration attempt:
+    # only the gate's refusal is audited
     assert [e.detail["error"] for e in local.audit(model="cnn")] == ["check_failed"]
 
 

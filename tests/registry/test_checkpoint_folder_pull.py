@@ -251,7 +251,8 @@ def test_a_layout_that_writes_a_tensor_the_version_lacks_or_with_another_shape_i
         _check({**parts, "layout.json": json.dumps(dropped).encode()}, tensors)
 
 
-# -- architectures `torch.export` cannot carry (MoE), and vision families: registered and given back from their folders --
+# -- architectures `torch.export` cannot carry (MoE), and vision families:
+#    registered and given back from their folders --
 
 
 def _mixtral():

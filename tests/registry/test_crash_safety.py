@@ -1,4 +1,5 @@
-"""Crash safety: kill a registering process at every fault point; nothing half-written is visible, nothing committed is lost.
+"""Crash safety: kill a registering process at every fault point; nothing half-written is visible,
+nothing committed is lost.
 
 The registering process is real (a subprocess) and dies by os._exit(137) at the named step
 (registry.faults), skipping every cleanup as a SIGKILL or power cut would.

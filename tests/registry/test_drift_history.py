@@ -36,7 +36,8 @@ def _bns(model):
 
 
 def window(model, shift_sd: float = 0.0, ratio: float = 1.0, count: int = 500, digest: str | None = None) -> dict:
-    """A window whose every channel sits `shift_sd` running standard deviations off and has `ratio` times the running variance."""
+    """A window whose every channel sits `shift_sd` running standard deviations off and has `ratio` times the running
+    variance."""
     now = datetime.now(UTC)
     layers = [
         {
@@ -193,7 +194,8 @@ def test_refusals_store_nothing(registry):
     body["layers"][0] = {**body["layers"][0], "mean": [0.0], "var": [1.0]}
     with pytest.raises(InputFileError, match="channels"):
         drift_history.record_window(registry, "cnn@1", body)
-    # a NaN or negative variance was a 500 (NOT NULL constraint on variance_ratio); a NaN mean or an Infinity moved the state
+    # a NaN or negative variance was a 500 (NOT NULL constraint on variance_ratio);
+    # a NaN mean or an Infinity moved the state
     for change, says in (
         ({"mean": [float("nan")] + window(model)["layers"][0]["mean"][1:]}, "finite"),
         ({"var": [float("inf")] + window(model)["layers"][0]["var"][1:]}, "finite"),
@@ -321,7 +323,8 @@ def test_a_window_stored_twice_counts_once_and_migration_0009_keeps_the_history(
         connection.commit()
     found = drift_history.history(registry, "cnn@1")
     assert found.windows_total == 1 and len(found.windows[0].layers) == 2
-    # a window stored before 0009 carries no digest: the same window once more is stored once more, and from then on counts once
+    # a window stored before 0009 carries no digest: the same window once more is stored once more,
+    # and from then on counts once
     assert (
         drift_history.store_window(registry, "cnn@1", body)[1]
         and not drift_history.store_window(registry, "cnn@1", body)[1]

@@ -1,4 +1,5 @@
-"""Drift checks recorded against registered versions: the library (SQLite and PostgreSQL) and `normbridge drift --record`.
+"""Drift checks recorded against registered versions: the library (SQLite and PostgreSQL) and `normbridge drift
+--record`.
 
 A real drift check of the registered CNN on inputs shifted away from what its BatchNorms saw is
 stored, read back newest first with every number intact, and audited in the same hash chain as

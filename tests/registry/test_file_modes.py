@@ -49,7 +49,8 @@ def reachable(monkeypatch) -> Path:
 
 
 def as_user(uid: int, action: Callable[[], None], groups: tuple[int, ...] = ()) -> int:
-    """Run `action()` in a forked child that became user `uid` (with `groups`); 0 if it returned, the errno it raised otherwise."""
+    """Run `action()` in a forked child that became user `uid` (with `groups`); 0 if it returned,
+    the errno it raised otherwise."""
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -116,7 +117,8 @@ def test_a_fresh_registry_is_private_to_its_owner_whatever_the_umask(reachable, 
 
 @needs_root
 def test_another_local_user_cannot_read_a_blob_or_the_database(reachable, monkeypatch):
-    """The attack as it was made: another user opens a registered blob and the database. Both were readable (0444, 0644)."""
+    """The attack as it was made: another user opens a registered blob and the database. Both were readable
+    (0444, 0644)."""
     home = reachable / "home"
     monkeypatch.setenv("NORMBRIDGE_HOME", str(home))
     previous = os.umask(0o022)  # the usual umask, under which the files were world-readable
@@ -135,8 +137,8 @@ def test_another_local_user_cannot_read_a_blob_or_the_database(reachable, monkey
 
 @needs_root
 def test_a_team_sharing_the_home_with_its_group_reads_and_writes_and_nobody_else_reads(reachable, monkeypatch):
-    """NORMBRIDGE_SHARED_GROUP=1 under a setgid team folder (2775, as a team sets it up): folders 2770, database 0660, blobs
-    0440, all of the team's group; a member registers blobs and writes the database, an outsider opens nothing."""
+    """NORMBRIDGE_SHARED_GROUP=1 under a setgid team folder (2775, as a team sets it up): folders 2770, database 0660,
+    blobs 0440, all of the team's group; a member registers blobs and writes the database, an outsider opens nothing."""
     home = reachable / "team"
     home.mkdir()
     os.chown(home, 0, TEAM_GID)

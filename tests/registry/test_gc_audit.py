@@ -1,4 +1,5 @@
-"""gc is audited by the registry itself: a local `Registry.gc`, a local `normbridge gc` and POST /gc each write one entry."""
+"""gc is audited by the registry itself: a local `Registry.gc`, a local `normbridge gc` and POST /gc each write one
+entry."""
 
 from __future__ import annotations
 

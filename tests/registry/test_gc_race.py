@@ -68,7 +68,8 @@ def digests_of(record) -> set[str]:
 
 
 def orphan(registry: Registry, name: str, model, age: float) -> set[str]:
-    """Register `model` as `name` and delete that version: its blobs stay, referenced by nothing; `age` seconds old (local)."""
+    """Register `model` as `name` and delete that version: its blobs stay, referenced by nothing;
+    `age` seconds old (local)."""
     record = registry.register(name, model).version
     registry.delete_version(record.ref)
     digests = digests_of(record)

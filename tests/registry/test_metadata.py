@@ -251,7 +251,8 @@ def test_lineage_without_manifests_keeps_the_graph(store):
 
 
 def test_readers_do_not_wait_for_a_writer_holding_the_lock(store):
-    """Reads BEGIN without the write lock (SQLite) / under MVCC (PostgreSQL): a long registration never stalls the API's reads."""
+    """Reads BEGIN without the write lock (SQLite) / under MVCC (PostgreSQL):
+    a long registration never stalls the API's reads."""
     add(store, "cnn", "c0")
     writer = store._sessions()
     writer.begin()

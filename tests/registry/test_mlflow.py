@@ -350,7 +350,8 @@ def test_a_pickled_pytorch_model_is_refused_unpickled_unless_trusted_then_regist
 
 @pytest.mark.slow
 def test_push_through_a_registry_server_logs_the_same_bundle(cli_app, mlflow_server, store, tmp_path, monkeypatch):  # noqa: F811
-    """`--server URL mlflow push` failed: 'RemoteRegistry' object has no attribute 'blob_reader' (exit 1), after creating a run."""
+    """`--server URL mlflow push` failed: 'RemoteRegistry' object has no attribute 'blob_reader' (exit 1),
+    after creating a run."""
     from mlflow.tracking import MlflowClient
 
     from registry.manifest_io import load_artifact_folder

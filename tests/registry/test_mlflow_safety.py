@@ -21,7 +21,9 @@ from tests.cli_process import normbridge_command
 from tests.cli_run import invoke_cli
 from tests.mlflow_server import mlflow_server  # noqa: F401  (module-scoped fixture)
 from tests.pt2_crafting import HOSTILE, genuine_pt2
-from tests.registry.test_mlflow import MarkingBatchNorm, mlflow_fluent, no_implicit_mlflow_store, store  # noqa: F401  (fixtures)
+
+# fixtures
+from tests.registry.test_mlflow import MarkingBatchNorm, mlflow_fluent, no_implicit_mlflow_store, store  # noqa: F401
 from tests.registry.http.test_http_api import onnx_bytes
 
 pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess (`make test-fast` skips them)

@@ -63,7 +63,8 @@ def resnet() -> torch.nn.Module:
 
 
 def pushed_resnet(registry, server, folder: Path) -> tuple[str, dict[str, np.ndarray]]:
-    """A transformers ResNet exported by keyword with an open batch, registered and pushed: (models:/ URI, its outputs on PIXELS)."""
+    """A transformers ResNet exported by keyword with an open batch, registered and pushed:
+    (models:/ URI, its outputs on PIXELS)."""
     model = resnet()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -101,7 +102,8 @@ def mlflow_env(server) -> dict[str, str]:
 
 
 def downloaded(server, uri: str, folder: Path) -> Path:
-    """The pushed folder of models:/NAME/N, resolved on the server's registry (MLflow resolves models:/ on its global one)."""
+    """The pushed folder of models:/NAME/N, resolved on the server's registry
+    (MLflow resolves models:/ on its global one)."""
     import mlflow.artifacts
     from mlflow.tracking import MlflowClient
 

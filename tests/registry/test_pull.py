@@ -154,8 +154,8 @@ def test_a_pt2_state_dict_leaves_out_what_the_module_does_not_hold(registry, tmp
 
 
 def test_the_safetensors_file_keeps_each_tensor_shape_and_is_the_same_bytes_every_pull(registry, tmp_path):
-    """num_batches_tracked is 0-d: written as shape [1], torch's load_state_dict still took it (it broadcasts), so only the
-    file's own shapes show it. safetensors writes its metadata from a hash map, in another order each run."""
+    """num_batches_tracked is 0-d: written as shape [1], torch's load_state_dict still took it (it broadcasts), so only
+    the file's own shapes show it. safetensors writes its metadata from a hash map, in another order each run."""
     model = trained_cnn(seed=6)
     registry.register("mod", model)
     first = registry.pull("mod", tmp_path / "a.safetensors", "safetensors")

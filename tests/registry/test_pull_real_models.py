@@ -35,7 +35,8 @@ def registry(tmp_path):
 
 
 def export_from_registry(registry, ref: str, tmp_path) -> tuple[dict, ort.InferenceSession]:
-    """`normbridge export NAME@REF --to onnx` on the registry alone (in this process): its JSON and a session on the file."""
+    """`normbridge export NAME@REF --to onnx` on the registry alone (in this process):
+    its JSON and a session on the file."""
     done = invoke_cli(
         "export",
         ref,

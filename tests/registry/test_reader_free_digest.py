@@ -62,7 +62,8 @@ def test_the_same_model_read_under_another_torch_release_is_unchanged(registry, 
 
 
 def test_a_registry_made_by_an_older_release_keeps_recognising_its_bytes(registry):
-    """A version stored by an older release (old digest formula, read under torch 2.12) is found again after the upgrade."""
+    """A version stored by an older release (old digest formula, read under torch 2.12) is found again after the
+    upgrade."""
     model = torch_cnn()
     registry.register("cnn", model)
     with registry.meta.engine.connect() as connection:  # the row as the older release stored it, at its schema

@@ -1,5 +1,5 @@
-"""The registration gate on real models: a row per family (transformers models built from tiny configs, random state), in
-float32 and bfloat16, each failing if the family were missed, counted differently by inspect and register, read with
+"""The registration gate on real models: a row per family (transformers models built from tiny configs, random state),
+in float32 and bfloat16, each failing if the family were missed, counted differently by inspect and register, read with
 another eps / scale offset / compute dtype / frozen flag, left unchecked ("0/0"), or refused.
 
 Expected values are the modules' own settings (their eps attributes, the class's formula), never normbridge's reading.
@@ -62,7 +62,8 @@ def model_of(row: Row) -> torch.nn.Module:
 
 
 def own_eps(module: torch.nn.Module) -> float:
-    """The eps the module computes with, from its own attributes (DETR's frozen BatchNorm writes 1e-5 in its forward)."""
+    """The eps the module computes with, from its own attributes (DETR's frozen BatchNorm writes 1e-5 in its
+    forward)."""
     for name in ("variance_epsilon", "eps"):
         if hasattr(module, name):
             return float(getattr(module, name))
@@ -76,7 +77,8 @@ def registry(tmp_path_factory):
 
 
 def assert_registered_and_checked(registry, name: str, model_or_path, inspected: list[str]) -> list[dict]:
-    """Registration passes with one check per inspected layer (the same layers, none unrecognised); the manifest's specs."""
+    """Registration passes with one check per inspected layer (the same layers, none unrecognised);
+    the manifest's specs."""
     result = registry.register(name, model_or_path)
     assert result.unrecognised == []
     assert len(result.checks) == len(inspected) > 0 and all(c.passed for c in result.checks)

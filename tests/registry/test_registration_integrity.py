@@ -94,7 +94,8 @@ def stored(registry: Registry) -> dict:
 
 
 def lying_folder(base: Path, target: Path, lie: str) -> Path:
-    """The artifact plus a non-normalizer tensor 'extra.weight' whose manifest entry and safetensors header agree on a lie."""
+    """The artifact plus a non-normalizer tensor 'extra.weight' whose manifest entry and safetensors header agree on a
+    lie."""
     code, dtype, shape = LIES[lie]
     folder = Path(shutil.copytree(base, target))
     header = json.dumps(

@@ -31,8 +31,8 @@ class RecordingGate(InProcessGate):
 
 
 def test_a_registry_checks_through_the_gate_it_was_given_once_the_model_is_read(tmp_path):
-    """The gate is asked once, with every normalizer's spec (so the model was read before it), and never to prepare for a
-    model before its reading: the registration's walk reads the model first."""
+    """The gate is asked once, with every normalizer's spec (so the model was read before it), and never to prepare for
+    a model before its reading: the registration's walk reads the model first."""
     gate = RecordingGate()
     registry = Registry(
         db=f"sqlite:///{tmp_path / 'registry.db'}", blobs=str(tmp_path / "blobs"), user="tester", gate=gate

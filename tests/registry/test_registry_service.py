@@ -100,7 +100,8 @@ def snapshot(registry) -> dict:
 
 
 def expire_leases(registry) -> int:
-    """Age every blob lease past LEASE_SECONDS, as a day passing does: what a crashed registration leased is then swept."""
+    """Age every blob lease past LEASE_SECONDS, as a day passing does: what a crashed registration leased is then
+    swept."""
     from datetime import timedelta
 
     from sqlalchemy import select

@@ -1,8 +1,8 @@
 """The servable verdict of a version and the guard on aliases such as production, through registry.service.Registry.
 
-Real models, real registrations (SQLite and PostgreSQL for the core): a .pt2 exported in train mode, BatchNorms that never
-saw data, a float16 BatchNorm whose eps rounds to 0, and a trained eval model. What each should be is read from the
-model itself (its modules' mode and statistics, NumPy's float16 rounding), never from the code under test. The same
+Real models, real registrations (SQLite and PostgreSQL for the core): a .pt2 exported in train mode, BatchNorms that
+never saw data, a float16 BatchNorm whose eps rounds to 0, and a trained eval model. What each should be is read from
+the model itself (its modules' mode and statistics, NumPy's float16 rounding), never from the code under test. The same
 surfaces over HTTP, the CLI and the web pages: tests/registry/http/test_servable_surfaces.py.
 """
 
@@ -176,7 +176,8 @@ def test_unconverged_statistics_are_recorded_as_a_warning_that_does_not_block(lo
     assert record.servable is True and local.show("cnn@1").hazards == record.hazards
     assert "not_servable" not in local.audit(model="cnn")[-1].detail
     assert local.set_alias("cnn", "production", "cnn@1").number == 1  # recorded and shown, never a reason to refuse
-    # statistics re-estimated as a cumulative average over 4 batches keep none of the initial values, whatever the counter says
+    # statistics re-estimated as a cumulative average over 4 batches keep none of the initial values,
+    # whatever the counter says
     recalibrated, _ = recalibrate(
         model, [np.random.default_rng(i).standard_normal((8, 3, 8, 8)).astype(np.float32) for i in range(4)]
     )

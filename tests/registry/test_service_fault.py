@@ -28,7 +28,8 @@ SENT_BEFORE_STALL = 8 * 1024 * 1024
 
 
 def snapshot(db: str, blobs: str) -> dict:
-    """Everything a client could see or gc could touch: versions, aliases, audit entries, blobs, hidden staging files."""
+    """Everything a client could see or gc could touch: versions, aliases, audit entries, blobs,
+    hidden staging files."""
     from registry.service import Registry
 
     registry = Registry(db=db, blobs=blobs, user="inspector")

@@ -1,11 +1,12 @@
-"""A registry on a full disk (issue 30, hole 12): a one-line `storage_full` error, exit 25 / HTTP 507, nothing half written.
+"""A registry on a full disk (issue 30, hole 12): a one-line `storage_full` error, exit 25 / HTTP 507,
+nothing half written.
 
-Each test mounts a real 2 MiB tmpfs as the registry's home (root only: skipped otherwise, saying why) and registers an ONNX
-model of 3 MiB into it: through the library, through real `normbridge register` processes (in process, and handed to the
-warm shared worker) and through a real `normbridge serve` (a raw upload and `--server register`'s streamed bundle). Each
-failure must name the full store and what to do, leave no version, no blob and no temporary file, and the registry must
-work again once there is room (the tmpfs remounted larger, or a filler removed). Before the fix the CLI printed a Python
-traceback and exited 1, and the server answered 500.
+Each test mounts a real 2 MiB tmpfs as the registry's home (root only: skipped otherwise, saying why) and registers an
+ONNX model of 3 MiB into it: through the library, through real `normbridge register` processes (in process, and handed
+to the warm shared worker) and through a real `normbridge serve` (a raw upload and `--server register`'s streamed
+bundle). Each failure must name the full store and what to do, leave no version, no blob and no temporary file, and the
+registry must work again once there is room (the tmpfs remounted larger, or a filler removed). Before the fix the CLI
+printed a Python traceback and exited 1, and the server answered 500.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def assert_one_line_storage_full(stderr: str, blobs: Path) -> None:
 
 
 def assert_refused_and_nothing_written(home: Path, before: set[str], name: str = "big", audited: bool = True) -> None:
-    """No version of `name`, no new blob nor temporary file, and (when `audited`) the refusal audited as storage_full."""
+    """No version of `name`, no new blob nor temporary file, and (when `audited`) the refusal audited as
+    storage_full."""
     registry = Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs"))
     try:
         assert name not in [model for model, _, _ in registry.models()]
@@ -136,7 +138,8 @@ def test_the_library_refuses_a_full_blob_store_then_registers_once_there_is_room
 
 
 def test_the_library_refuses_a_full_database_then_registers_once_a_filler_is_removed(tmp_path):
-    """The database on the full disk, the blobs elsewhere: SQLite's 'database or disk is full' is the same typed error."""
+    """The database on the full disk, the blobs elsewhere: SQLite's 'database or disk is full' is the same typed
+    error."""
     model = tmp_path / "small.onnx"
     model.write_bytes(bn_onnx_bytes(1, channels=4000))
     with small_disk(tmp_path / "home") as home:
@@ -175,7 +178,8 @@ def test_the_cli_in_process_and_through_the_shared_worker_says_one_line_and_exit
         assert_one_line_storage_full(done.stderr, home / "blobs")
         assert_refused_and_nothing_written(home, set())
 
-        # The shared worker: the first registration (it fits) starts it, the next is handed to it whole (registry/worker_jobs.py).
+        # The shared worker: the first registration (it fits) starts it, the next is handed to it whole
+        # (registry/worker_jobs.py).
         shared = {
             "NORMBRIDGE_HOME": str(home),
             "NORMBRIDGE_GATE_WORKER": "shared",
@@ -204,7 +208,8 @@ def test_the_cli_in_process_and_through_the_shared_worker_says_one_line_and_exit
 
 
 def test_the_server_answers_507_with_the_json_error_for_an_upload_and_a_streamed_bundle(tmp_path):
-    """The upload's own temporary file on a full TMPDIR first, then the blob store: 507 `storage_full` each time, never a 500."""
+    """The upload's own temporary file on a full TMPDIR first, then the blob store: 507 `storage_full` each time,
+    never a 500."""
     model = big_onnx(tmp_path / "big.onnx")
     with small_disk(tmp_path / "home") as home, small_disk(tmp_path / "uploads") as uploads:
         db, blobs = f"sqlite:///{home / 'registry.db'}", home / "blobs"

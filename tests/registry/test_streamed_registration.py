@@ -177,8 +177,9 @@ def test_registering_a_large_checkpoint_stays_within_a_memory_bound(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     baseline, peak = (int(v) for v in done.stdout.split()[-2:])
     megabytes = (peak - baseline) / 1024
-    # Holding the tensors (as registration did before streaming) costs over 3x the 67 MB checkpoint (about 200 MB); streamed,
-    # what grows is the normalizers' state, the gate's work and a few 8 MB chunks (about 20 MB measured for 201 MB).
+    # Holding the tensors (as registration did before streaming) costs over 3x the 67 MB checkpoint (about 200 MB);
+    # streamed, what grows is the normalizers' state, the gate's work and a few 8 MB chunks
+    # (about 20 MB measured for 201 MB).
     assert megabytes < 50, f"registering a 67 MB checkpoint peaked {megabytes:.0f} MB above the warm process"
 
 

@@ -1,4 +1,5 @@
-"""A structure is checked once, at registration, and `pull` then writes the file straight to disk without reading it back.
+"""A structure is checked once, at registration, and `pull` then writes the file straight to disk without reading it
+back.
 
 Real .pt2 and ONNX files, real torch.export.load, onnxruntime, a real local blob folder and a real S3 API (moto
 server). A structure no safe reader accepts (a .pt2 carrying AOTInductor code, an ONNX graph that is not protobuf)

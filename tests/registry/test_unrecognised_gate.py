@@ -20,7 +20,8 @@ from tests.real_norms import EpsOutsideNorm
 
 
 class Block(torch.nn.Module):
-    """A Linear, a stock LayerNorm (recognised and checked) and a near miss (looks like a norm, computes something else)."""
+    """A Linear, a stock LayerNorm (recognised and checked) and a near miss
+    (looks like a norm, computes something else)."""
 
     def __init__(self):
         super().__init__()

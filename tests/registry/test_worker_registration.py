@@ -146,7 +146,8 @@ def llama_pt2(folder: Path) -> Path:
 
 
 def mobilenet_keras(folder: Path) -> Path:
-    """keras.applications MobileNet (weights=None, 32x32, alpha 0.25) with Keras's initial statistics: never_trained hazards."""
+    """keras.applications MobileNet (weights=None, 32x32, alpha 0.25) with Keras's initial statistics:
+    never_trained hazards."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -260,7 +261,8 @@ def test_a_caller_that_hangs_up_stops_the_registration_and_the_worker_serves_on(
 
 
 def spread_child(worker_pid: int) -> int | None:
-    """The pid of the shared worker's second process (converters/gate/split_check.py: spread legs), None while it has none."""
+    """The pid of the shared worker's second process (converters/gate/split_check.py: spread legs),
+    None while it has none."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])

@@ -68,7 +68,8 @@ def test_each_extended_setting_is_named_by_extended_settings_and_survives_save_a
 
 
 def _unheld() -> list[tuple[str, str]]:
-    """(setting, framework) pairs whose adapter does not hold the setting (those that do are tested with their conversion)."""
+    """(setting, framework) pairs whose adapter does not hold the setting (those that do are tested with their
+    conversion)."""
     pairs = []
     for setting, build in sorted(EXTENDED.items()):
         spec = build()

@@ -1,4 +1,5 @@
-"""The stock keras.layers normalization layers: BatchNormalization, LayerNormalization, RMSNormalization, GroupNormalization.
+"""The stock keras.layers normalization layers: BatchNormalization, LayerNormalization,
+RMSNormalization, GroupNormalization.
 
 The class names are each kind's KindInfo.classes["keras"]. A class several kinds share is decided per
 layer (GroupNormalization: one group per channel on a spatial input is an InstanceNorm).

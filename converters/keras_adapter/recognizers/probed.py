@@ -1,4 +1,5 @@
-"""Custom Keras normalization layers (keras_hub's RMSNormalization, LlamaLayerNorm, T5LayerNorm, a user's own), by a behavioural probe.
+"""Custom Keras normalization layers (keras_hub's RMSNormalization, LlamaLayerNorm, T5LayerNorm, a user's own),
+by a behavioural probe.
 
 Only layers that look like a normalization (keras_adapter/lookalike.py) are probed; the probe
 (keras_adapter/probe.py) calls the layer, recovers kind, axes, eps and affine factor, and proves

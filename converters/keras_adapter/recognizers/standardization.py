@@ -1,4 +1,5 @@
-"""keras.layers.Normalization (a frozen standardisation): known, and refused as a layer with the reason (keras_adapter/standardization.py).
+"""keras.layers.Normalization (a frozen standardisation): known, and refused as a layer with the reason
+(keras_adapter/standardization.py).
 
 Raising here, rather than returning None, keeps later recognizers (the behavioural probe) from
 guessing at it; the Keras model adapter lists it with its statistics instead.

@@ -1,4 +1,5 @@
-"""The serving collector: `monitor(model, server=..., token=..., ref="NAME@N")` watches a served model's BatchNorm inputs.
+"""The serving collector: `monitor(model, server=..., token=..., ref="NAME@N")` watches a served model's BatchNorm
+inputs.
 
 A fraction `sample_rate` of requests is sampled; each BatchNorm input's per-channel statistics are merged into the
 open window (window.py) for a fraction `sample_rate` of requests too. Where the taps see one layer at a time (torch
@@ -25,9 +26,10 @@ changed since the previous window (since the collector started, for the first), 
 then carries the digest of the statistics held at its close, which the registry compares with the version's
 (statistics_mismatch). The first window that sees a fault carries it, and `stats().faults` says it.
 
-The model adapter instruments the model (ModelAdapter.serving_taps): a torch nn.Module keeps serving itself with
-hooks (the GraphModule of `ep.module()` with taps in its own graph); an ExportedProgram is served as `monitor.served` (its module with taps); an onnxruntime session and a Keras
-model are served through `monitor.served` too, a wrapper returning exactly the outputs the model returns.
+The model adapter instruments the model (ModelAdapter.serving_taps): a torch nn.Module keeps serving itself with hooks
+(the GraphModule of `ep.module()` with taps in its own graph); an ExportedProgram is served as `monitor.served` (its
+module with taps); an onnxruntime session and a Keras model are served through `monitor.served` too, a wrapper returning
+exactly the outputs the model returns.
 """
 
 from __future__ import annotations
@@ -235,7 +237,8 @@ class Monitor:
     # -- the worker thread: merges, the traffic sample, windows ----------------------------------
 
     def _close_locked(self) -> None:
-        """Swap in a fresh window and queue the old one to be shipped after its pending merges (caller holds the lock)."""
+        """Swap in a fresh window and queue the old one to be shipped after its pending merges
+        (caller holds the lock)."""
         closing, self._window = self._window, Window(len(self.layers))
         self._work.put((closing, _CLOSE))
 
@@ -332,14 +335,16 @@ class Monitor:
         return True
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Close the open window and wait until every pending window was sent or dropped; False if `timeout` passed first."""
+        """Close the open window and wait until every pending window was sent or dropped;
+        False if `timeout` passed first."""
         with self._lock:
             self._close_locked()
         settled = self.settle(timeout)
         return (self._sender.wait(timeout) if self._sender else True) and settled
 
     def save_sample(self, path: str | Path) -> int:
-        """Write the kept traffic sample as an .npz for `normbridge recalibrate` (sample.py); returns the rows written."""
+        """Write the kept traffic sample as an .npz for `normbridge recalibrate` (sample.py);
+        returns the rows written."""
         if self.sample is None:
             raise InputFileError(
                 "this collector keeps no traffic sample; start it with monitor(..., keep_sample=N) to keep the last N input rows."
@@ -427,8 +432,8 @@ def monitor(
             `monitor.save_sample("traffic.npz")` and then `normbridge recalibrate MODEL traffic.npz`. Inputs passed by
             keyword (`model(pixel_values=x)`) are kept under their names like positional ones; a model whose inputs
             cannot be kept as arrays is refused here, not on each request.
-        options: max_pending (queued windows, default 8), timeout (seconds per POST, 5), seed, replica,
-            max_backlog (sampled requests waiting for the worker thread, default 256; beyond it they are discarded and counted).
+        options: max_pending (queued windows, default 8), timeout (seconds per POST, 5), seed, replica, max_backlog
+            (sampled requests waiting for the worker thread, default 256; beyond it they are discarded and counted).
 
     Example:
         >>> watch = monitor(model, server="http://127.0.0.1:8000", token=TOKEN, ref="cnn@3")

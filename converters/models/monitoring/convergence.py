@@ -41,13 +41,15 @@ class Convergence:
 
 
 def initial_weight(batches_tracked: int | None, momentum: float | None) -> float | None:
-    """(1 - momentum) ** batches_tracked; 1.0 before any batch; None when unknown or for a cumulative average (momentum 0/None)."""
+    """(1 - momentum) ** batches_tracked; 1.0 before any batch; None when unknown or for a cumulative average
+    (momentum 0/None)."""
     if batches_tracked is None:
         return None
     if batches_tracked <= 0:
         return 1.0
     if momentum is None or momentum <= 0.0 or momentum >= 1.0:
-        return None  # torch's momentum=None (cumulative average) forgets the initial values at the first batch; unknown otherwise
+        # torch's momentum=None (cumulative average) forgets the initial values at the first batch; unknown otherwise
+        return None
     return float((1.0 - momentum) ** batches_tracked)
 
 
@@ -134,10 +136,10 @@ def _count(batches_tracked: int | None) -> str:
 def blamed_on_unconverged(layers) -> tuple[str | None, list[int]]:
     """The first unconverged layer (execution order) and the indices of the later drifting layers it explains.
 
-    In eval mode an unconverged BatchNorm normalizes with statistics its training batches never had, so every later layer
-    sees inputs unlike its training inputs although the served input did not move. A later layer whose own statistics are
-    known converged (its batch counter says so) drifted for itself and is not blamed. `layers` are anything with `name`,
-    `status` and `initial_weight` (the offline report's layers, the history's layer summaries)."""
+    In eval mode an unconverged BatchNorm normalizes with statistics its training batches never had, so every later
+    layer sees inputs unlike its training inputs although the served input did not move. A later layer whose own
+    statistics are known converged (its batch counter says so) drifted for itself and is not blamed. `layers` are
+    anything with `name`, `status` and `initial_weight` (the offline report's layers, the history's layer summaries)."""
     first = next((i for i, layer in enumerate(layers) if layer.status == "unconverged_statistics"), None)
     if first is None:
         return None, []

@@ -37,7 +37,8 @@ DEFAULT_BATCH_SIZE = 64
 
 
 def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]], train: bool = False) -> list[LayerMoments]:
-    """The input moments of every BatchNorm layer of a torch module or program, ONNX model or Keras model, in execution order."""
+    """The input moments of every BatchNorm layer of a torch module or program, ONNX model or Keras model,
+    in execution order."""
     return REGISTRY.model_adapter_of(model).batchnorm_moments(model, batches, train)
 
 
@@ -45,8 +46,9 @@ def batchnorm_moments(model: Any, batches: Iterable[Sequence[np.ndarray]], train
 
 
 def channel_shift(mean, var, running_mean, running_var, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per channel: the standardized mean shift |mean - running_mean| / sqrt(running_var + eps) and the log variance ratio
-    log((var + eps) / (running_var + eps)) (signed), in float64. The one definition `drift` and the registry's history share."""
+    """Per channel: the standardized mean shift |mean - running_mean| / sqrt(running_var + eps) and the log variance
+    ratio log((var + eps) / (running_var + eps)) (signed), in float64. The one definition `drift` and the registry's
+    history share."""
     mean, var, running_mean, running_var = (
         np.asarray(a, dtype=np.float64) for a in (mean, var, running_mean, running_var)
     )
@@ -55,7 +57,8 @@ def channel_shift(mean, var, running_mean, running_var, eps: float) -> tuple[np.
 
 
 def layer_drift(moments: LayerMoments, thresholds: DriftThresholds) -> DriftLayer:
-    """Standardized mean shift and log variance ratio of one layer, per channel, summarized, and why it alarms (convergence.py)."""
+    """Standardized mean shift and log variance ratio of one layer, per channel, summarized,
+    and why it alarms (convergence.py)."""
     mean, var = moments.pooled()
     shift, signed_log_ratio = channel_shift(mean, var, moments.running_mean, moments.running_var, moments.eps)
     log_ratio = np.abs(signed_log_ratio)

@@ -71,15 +71,16 @@ def _movement(name: str, old_mean, old_var, new_mean, new_var, eps: float) -> Re
 def recalibrate(
     model: Any, batches: Any, *, batch_size: int | None = None, variance_estimator: str = "unbiased"
 ) -> tuple[Any, RecalibrationReport]:
-    """Re-estimate every BatchNorm's running statistics on `batches`; returns (new model, report). The input model is not modified.
+    """Re-estimate every BatchNorm's running statistics on `batches`; returns (new model, report).
+    The input model is not modified.
 
     Args:
         model: torch.nn.Module, torch ExportedProgram, keras.Model or onnx.ModelProto.
         batches: a list of batches (arrays, or tuples of arrays for several inputs), or data to split
             into batches of `batch_size` (an array, a .npy/.npz path, a Sample).
         batch_size: inputs per forward pass (memory only; a model with a fixed batch size gets batches of that size).
-        variance_estimator: "unbiased" (PyTorch's running_var: the population variance times n / (n - 1)) or "biased" (the
-            population variance itself).
+        variance_estimator: "unbiased" (PyTorch's running_var: the population variance times n / (n - 1)) or "biased"
+            (the population variance itself).
     """
     if variance_estimator not in ("unbiased", "biased"):
         raise InputFileError(
@@ -111,8 +112,8 @@ def recalibrate(
 
 
 def _batch_size_notes(model: Any, batches: Any, asked: int) -> list[str]:
-    """Say so when the forward passes took another batch size than asked (a model exported with a fixed batch size takes no
-    other); the statistics do not depend on it."""
+    """Say so when the forward passes took another batch size than asked (a model exported with a fixed batch size takes
+    no other); the statistics do not depend on it."""
     if _given_as_batches(batches):
         return []
     fixed = fixed_batch_size(model)

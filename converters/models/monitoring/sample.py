@@ -4,10 +4,11 @@
 its buffers) and hands the copy to the collector's worker thread, which appends it here. The ring holds at most N
 rows along the batch axis (the oldest rows go first), so its memory is N rows of each input plus one request.
 
-`save(path)` writes an .npz that `normbridge recalibrate MODEL SAMPLE.npz` and `normbridge drift` read as they are:
-one array per model input, in the order the model takes its inputs, batch axis first, the newest row last, each
-array named after its input when the served object says (torch forward's argument names, whether passed by position
-or by keyword, onnxruntime input names, Keras input names), else `input_0`, `input_1`, ... The file is written atomically and read without unpickling.
+`save(path)` writes an .npz that `normbridge recalibrate MODEL SAMPLE.npz` and `normbridge drift` read as they are: one
+array per model input, in the order the model takes its inputs, batch axis first, the newest row last, each array named
+after its input when the served object says (torch forward's argument names, whether passed by position or by keyword,
+onnxruntime input names, Keras input names), else `input_0`, `input_1`, ...
+The file is written atomically and read without unpickling.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ with se_shift = se(mean) / sqrt(running_var + eps) and se_log_ratio = se(var) / 
 standard errors come from the window's batches: the collector merges one batch per observed request, and the spread of
 the batch means (and second moments) around the window's gives the cluster-robust ("sandwich") standard error of the
 pooled mean and variance (window.py). Values inside one input are correlated (neighbouring positions of a feature map,
-and a fixed pattern over positions), so the standard error computed from `count` as if they were independent is off by
-a factor of 0.45 to 2.2 on the layers of a small ResNet; the batches measure it instead. With B batches, the standard error is
-known to B - 1 degrees of freedom, so `m` is Student's t quantile at 1 - false_alarm / (2 * channels) with B - 1 degrees
-of freedom: a layer whose every channel sits exactly at a threshold alarms in at most `false_alarm` of windows (a
-Bonferroni bound over the layer's 2 * channels one-sided tests), and one further below alarms less. A window that
+and a fixed pattern over positions), so the standard error computed from `count` as if they were independent is off by a
+factor of 0.45 to 2.2 on the layers of a small ResNet; the batches measure it instead. With B batches, the standard
+error is known to B - 1 degrees of freedom, so `m` is Student's t quantile at 1 - false_alarm / (2 * channels) with B -
+1 degrees of freedom: a layer whose every channel sits exactly at a threshold alarms in at most `false_alarm` of windows
+(a Bonferroni bound over the layer's 2 * channels one-sided tests), and one further below alarms less. A window that
 carries no batches (a hand-written client) gets standard errors from `count` as for independent values (normal data:
 se(var) = var * sqrt(2 / count)) and the normal quantile; a layer observed in one batch only cannot alarm, since its
 sampling error cannot be measured.
@@ -29,7 +29,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-#: Above this many degrees of freedom Student's t is the normal distribution to 0.2% of the quantile (t - z ~ z^3 / 4df).
+#: Above this many degrees of freedom Student's t is the normal distribution to 0.2% of the quantile
+#: (t - z ~ z^3 / 4df).
 _NORMAL_DF = 100_000
 
 
@@ -74,7 +75,8 @@ def t_upper_tail(t: float, df: float) -> float:
 
 @lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
-    """The t with P(T > t) = p (0 < p < 0.5): Student's t upper quantile, by bisection on the tail (relative error 1e-12)."""
+    """The t with P(T > t) = p (0 < p < 0.5): Student's t upper quantile, by bisection on the tail
+    (relative error 1e-12)."""
     if df >= _NORMAL_DF:
         return NormalDist().inv_cdf(1.0 - p)
     low, high = 0.0, 1.0
@@ -87,9 +89,9 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def error_multiplier(channels: int, batches: int | None, false_alarm: float) -> float | None:
-    """How many standard errors a channel's statistic must clear its threshold by, for a layer of `channels` channels whose
-    standard errors were measured on `batches` batches (None: computed from the count, the normal quantile); None when one
-    batch cannot measure them."""
+    """How many standard errors a channel's statistic must clear its threshold by, for a layer of `channels` channels
+    whose standard errors were measured on `batches` batches (None: computed from the count, the normal quantile); None
+    when one batch cannot measure them."""
     p = false_alarm / (2.0 * channels)
     if batches is None:
         return NormalDist().inv_cdf(1.0 - p)
@@ -130,8 +132,8 @@ def judge_layer(
 ) -> Judged:
     """Whether a layer's window is over a threshold by more than its sampling error (see the module docstring).
 
-    `shift` and `log_ratio` are per channel (channel_shift), `var` the window's variance, `se_mean`/`se_var` the standard
-    errors the window carries (None: from `count`)."""
+    `shift` and `log_ratio` are per channel (channel_shift), `var` the window's variance, `se_mean`/`se_var` the
+    standard errors the window carries (None: from `count`)."""
     multiplier = error_multiplier(len(shift), batches, false_alarm)
     if multiplier is None:
         return Judged(None, None, None, False)

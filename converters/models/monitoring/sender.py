@@ -1,4 +1,5 @@
-"""Ships closed windows to the registry from a background thread, with a plain HTTP client (urllib), never blocking serving.
+"""Ships closed windows to the registry from a background thread, with a plain HTTP client (urllib),
+never blocking serving.
 
 Windows wait in a bounded queue; when it is full, or the registry cannot be reached, refuses the window or answers
 too slowly (`timeout`), the window is dropped and counted, never retried: a window describes minutes of traffic

@@ -68,14 +68,16 @@ class ChannelMoments:
         return self.m2 / self.count
 
     def standard_errors(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """(se of the mean, se of the variance) per channel, measured on the window's batches; None under two batches."""
+        """(se of the mean, se of the variance) per channel, measured on the window's batches;
+        None under two batches."""
         if self.batches < 2 or self._spread is None:
             return None
         return self._spread.errors(self.count, self.mean, self.var, self.batches)
 
 
 class _BatchSpread:
-    """The weighted (n_b^2) mean and co-moments of each batch's (d_b, a_b) about a fixed centre (see the module docstring)."""
+    """The weighted (n_b^2) mean and co-moments of each batch's (d_b, a_b) about a fixed centre
+    (see the module docstring)."""
 
     def __init__(self, centre: np.ndarray):
         self.centre = centre
@@ -145,7 +147,8 @@ class Window:
 
 
 def _layer(name: str, moments: ChannelMoments) -> dict:
-    """One layer of the payload: its moments, the batches they pooled and, from two batches on, their standard errors."""
+    """One layer of the payload: its moments, the batches they pooled and, from two batches on,
+    their standard errors."""
     layer = {
         "name": name,
         "count": moments.count,

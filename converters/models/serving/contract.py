@@ -219,7 +219,8 @@ def contract_test(
     optimized_runtime: bool = False,
     diagnose: bool = True,
 ) -> ContractResult:
-    """Replay one sample through the source (eval) and the serving ONNX model (onnxruntime); compare outputs and batch independence.
+    """Replay one sample through the source (eval) and the serving ONNX model (onnxruntime);
+    compare outputs and batch independence.
 
     Args:
         source: torch.nn.Module, torch ExportedProgram or keras.Model (or a .pt2/.keras path).

@@ -30,7 +30,8 @@ def _output_line(first: OutputCheck) -> str:
 
 
 def differing_settings(source: Any, serving: Any, sample: Sample) -> list[SiteVerification]:
-    """Every normalization setting of the serving graph that differs from its source layer (presence, eps, state, mode)."""
+    """Every normalization setting of the serving graph that differs from its source layer
+    (presence, eps, state, mode)."""
     from ...onnx_adapter.graph.sites import find_norm_sites
 
     return [v for v in verify_sites(source_specs(source, sample), find_norm_sites(serving)) if not v.passed]

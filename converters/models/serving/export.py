@@ -52,7 +52,8 @@ def export_for_serving(
     tolerances: Any = None,
     answered: dict[str, str] | None = None,
 ) -> ExportResult:
-    """Export a torch or Keras model to ONNX for serving; write it only if verification, the contract and the hazards pass (or `force`).
+    """Export a torch or Keras model to ONNX for serving; write it only if verification,
+    the contract and the hazards pass (or `force`).
 
     Args:
         model: torch.nn.Module (needs `sample`), torch ExportedProgram, keras.Model, or a .pt2/.keras path.
@@ -61,8 +62,9 @@ def export_for_serving(
         rewrite: replace decomposed or folded normalizations by native ops with the exact eps.
         force: write even when a check fails or the source has an error-level hazard; the result records it.
         sample: inputs for the export (torch module) and the contract; default a seeded random sample.
-        answered: hazard code -> why it does not apply, known beyond the model (a registry version's lineage: a recalibrated
-            version's statistics are a cumulative average, never unconverged); such hazards become notes saying so.
+        answered: hazard code -> why it does not apply, known beyond the model (a registry version's lineage: a
+            recalibrated version's statistics are a cumulative average, never unconverged);
+            such hazards become notes saying so.
 
     Raises:
         CheckFailedError: verification, the contract or an error-level hazard failed and `force` is off
@@ -165,8 +167,9 @@ def export_for_serving(
 
 
 def _contract(model: Any, final, sample, tolerances, errors: list[str]):
-    """The contract on the final graph, or None with the reason in `errors` when this runtime cannot run it (a bfloat16 graph on
-    onnxruntime's CPU provider): the verification above still stands, and the result says the outputs were not compared."""
+    """The contract on the final graph, or None with the reason in `errors` when this runtime cannot run it (a bfloat16
+    graph on onnxruntime's CPU provider): the verification above still stands,
+    and the result says the outputs were not compared."""
     from ...onnx_adapter.running import computes_in_bfloat16
 
     try:
@@ -194,7 +197,8 @@ def _contract(model: Any, final, sample, tolerances, errors: list[str]):
 def _rewrite(
     adapter, model: Any, exported, specs: list[NormSpec], opset: int, notes: list[str]
 ) -> tuple[Any, list[RewrittenSite], list[str]]:
-    """(final graph, rewritten sites, errors): unfold what the exporter folded, then native ops for decompositions (notes extended)."""
+    """(final graph, rewritten sites, errors): unfold what the exporter folded,
+    then native ops for decompositions (notes extended)."""
     from ...onnx_adapter.graph.rewrite import rewrite_decompositions
 
     try:

@@ -64,7 +64,8 @@ def _first_line(error: Exception) -> str:
 
 
 def exporter_opset(cap: int) -> tuple[int, list[str]]:
-    """(the opset to ask the exporter for, notes): `cap`, or the newest opset the installed onnx knows when `cap` is beyond it.
+    """(the opset to ask the exporter for, notes): `cap`, or the newest opset the installed onnx knows when `cap` is
+    beyond it.
 
     Asked for an opset newer than onnx knows, torch.onnx exports at its own 18, fails to convert up (logging a
     traceback) and keeps 18 without a word; asked for onnx's newest instead, it writes that.
@@ -94,7 +95,8 @@ def cap_opset(model: onnx.ModelProto, cap: int) -> tuple[onnx.ModelProto, list[s
     try:
         converted = version_converter.convert_version(candidate, cap)
         onnx.checker.check_model(converted)
-    except Exception as error:  # noqa: BLE001 - the converter raises RuntimeError, ValidationError or InferenceError for ops it cannot move
+    # the converter raises RuntimeError, ValidationError or InferenceError for ops it cannot move
+    except Exception as error:  # noqa: BLE001
         raise UnsupportedObjectError(
             f"the exporter wrote opset {current} and onnx's version converter cannot take the graph down to --opset {cap} "
             f"({type(error).__name__}: {_first_line(error)}); pass a higher --opset ({current}, the exporter's own, needs no conversion)."

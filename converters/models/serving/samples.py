@@ -167,7 +167,8 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
         raise InputFileError(
             f"sample file '{path}': every array needs the same leading batch axis; got shapes {[list(a.shape) for a in arrays]}."
         )
-    # a cast to the model's input dtype is said, never silent: int64 pixels read as float32 are another input than the file's
+    # a cast to the model's input dtype is said, never silent: int64 pixels read as float32 are another input than the
+    # file's
     shapes = ", ".join(
         f"{a.dtype}{list(a.shape)}" + ("" if was == a.dtype else f" (cast from the file's {was})")
         for a, was in zip(arrays, stored)
@@ -180,7 +181,8 @@ def load_sample(path: str | Path, specs: Sequence[InputSpec] | None = None) -> S
 def _match(
     path: Path, names: list[str], arrays: list[np.ndarray], specs: Sequence[InputSpec]
 ) -> tuple[list[str], list[np.ndarray], list]:
-    """(the inputs' names, the arrays cast to their dtypes, the dtypes the file stored them in), in the model's input order."""
+    """(the inputs' names, the arrays cast to their dtypes, the dtypes the file stored them in),
+    in the model's input order."""
     if len(arrays) != len(specs):
         raise InputFileError(
             f"sample file '{path}' holds {len(arrays)} arrays but the model takes {len(specs)} inputs ({', '.join(s.name for s in specs)})."

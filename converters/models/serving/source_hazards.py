@@ -19,7 +19,8 @@ REPEATED = ("warning", "error")
 
 
 def serving_hazards(model: Any) -> list[ServingHazard]:
-    """Every warning- and error-level hazard `inspect_model` finds in `model`, model-level first, then per layer in order."""
+    """Every warning- and error-level hazard `inspect_model` finds in `model`, model-level first,
+    then per layer in order."""
     inspection = inspect_model(model)
     return [
         ServingHazard(layer=where, code=h.code, severity=h.severity, message=h.message)

@@ -1,4 +1,5 @@
-"""Verification of an exported graph against its source: every normalization site's settings, paired with its source layer.
+"""Verification of an exported graph against its source: every normalization site's settings,
+paired with its source layer.
 
 Used by the serving export (every site checked before the file is written) and by the contract
 (to name the layer and the setting behind an output that differs). Sites are paired with source
@@ -28,7 +29,8 @@ STATE_SETTINGS = ("running_mean", "running_var", "scale", "bias")
 
 
 def source_specs(model: Any, sample: Sample | None = None) -> list[NormSpec]:
-    """The normalization specs of a torch module (execution order on `sample`), ExportedProgram (graph order) or Keras model (layer order)."""
+    """The normalization specs of a torch module (execution order on `sample`), ExportedProgram
+    (graph order) or Keras model (layer order)."""
     return REGISTRY.model_adapter_of(model).layer_specs(model, sample)
 
 
@@ -71,8 +73,8 @@ def served_kind(spec: NormSpec) -> str:
 def _pair(
     specs: list[NormSpec], sites: list, unused: frozenset[str] = frozenset()
 ) -> list[tuple[NormSpec | None, Any | None]]:
-    """Source specs and graph sites paired per served kind: by name where names tell, the rest in order when their counts agree
-    (without the `unused` layers, dead code the exporter drops, when only that makes them agree)."""
+    """Source specs and graph sites paired per served kind: by name where names tell, the rest in order when their
+    counts agree (without the `unused` layers, dead code the exporter drops, when only that makes them agree)."""
     pairs: list[tuple[NormSpec | None, Any | None]] = []
     for kind in dict.fromkeys([served_kind(s) for s in specs] + [site.kind for site in sites]):
         wanted = [s for s in specs if served_kind(s) == kind]
@@ -137,8 +139,8 @@ def _entry(
 
 
 def expected_tensor(spec: NormSpec, setting: str) -> np.ndarray | None:
-    """The tensor an exported graph holds for `setting`: for a scale offset (Gemma's `1.0 + weight.float()`), the factor,
-    computed in float32 as the source computes it."""
+    """The tensor an exported graph holds for `setting`: for a scale offset (Gemma's `1.0 + weight.float()`), the
+    factor, computed in float32 as the source computes it."""
     tensor = spec.tensors.get(setting)
     if setting != "scale" or tensor is None or not spec.scale_offset:
         return tensor
@@ -157,7 +159,8 @@ def verify_sites(
 ) -> list[SiteVerification]:
     """Every normalization site of the exported graph against its source layer: presence, eps, state tensors, mode.
 
-    A layer named in `unused` (its output reaches no model output) that is absent from the graph passes presence, noted as not checked."""
+    A layer named in `unused` (its output reaches no model output) that is absent from the graph passes presence,
+    noted as not checked."""
     entries: list[SiteVerification] = []
     for spec, site in _pair(specs, sites, unused):
         if site is None and spec.name in unused:
@@ -261,7 +264,8 @@ def verify_sites(
                 and got.size > expected.size
                 and got.size % expected.size == 0
             ):
-                # torch.onnx's eval InstanceNorm: a BatchNormalization over the (1, N*C, ...) view, its state repeated for each of N requests
+                # torch.onnx's eval InstanceNorm: a BatchNormalization over the (1, N*C, ...) view,
+                # its state repeated for each of N requests
                 expected = np.tile(expected, got.size // expected.size)
             same = got.shape == expected.shape and np.array_equal(got.astype(np.float32), expected.astype(np.float32))
             note = (

@@ -80,8 +80,8 @@ def _affine_steps(
 
 
 def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) -> Match | None:
-    """GroupNorm as Reshape(x, [0, G, -1]) -> InstanceNormalization(ones, zeros) -> Reshape(shape(x)) -> Mul -> Add (torch.onnx),
-    or -> Reshape(x, [0, C, -1]) -> Mul -> Add -> Reshape(shape(x)) (normbridge, any rank)."""
+    """GroupNorm as Reshape(x, [0, G, -1]) -> InstanceNormalization(ones, zeros) -> Reshape(shape(x)) -> Mul -> Add
+    (torch.onnx), or -> Reshape(x, [0, C, -1]) -> Mul -> Add -> Reshape(shape(x)) (normbridge, any rank)."""
     node = index.nodes[i]
     if node.op_type != INSTANCE.onnx_op or i in claimed or len(node.input) < 3:
         return None
@@ -170,7 +170,8 @@ def match_grouped_instance_norm(index: GraphIndex, i: int, claimed: set[int]) ->
 
 
 def folded_candidate(index: GraphIndex, i: int, claimed: set[int]) -> Match | None:
-    """A Mul by a per-channel constant followed by an Add of one (channel axis 1, or last): a folded BatchNorm's shape."""
+    """A Mul by a per-channel constant followed by an Add of one (channel axis 1, or last):
+    a folded BatchNorm's shape."""
     node = index.nodes[i]
     if node.op_type != "Mul" or i in claimed or not index.default_domain(i):
         return None

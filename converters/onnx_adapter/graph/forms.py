@@ -133,7 +133,8 @@ def interpret_region(index: GraphIndex, root: str) -> dict[str, tuple[Value, int
         node = index.nodes[i]
         if not index.default_domain(i) or len(node.output) != 1:
             continue
-        # Integer inputs computed from shapes (ONNX's RMSNormalization body computes its axes from X's rank) are not data.
+        # Integer inputs computed from shapes (ONNX's RMSNormalization body computes its axes from X's rank) are not
+        # data.
         data = [name for name in node.input if name and name not in index.constants and index.int_values(name) is None]
         if not data or any(name not in values for name in data):
             continue

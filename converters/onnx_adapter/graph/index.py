@@ -115,7 +115,8 @@ class GraphIndex:
     def _infer_types(self, model: onnx.ModelProto) -> None:
         try:
             inferred = onnx.shape_inference.infer_shapes(_without_weights(model), strict_mode=False, data_prop=True)
-        except Exception:  # noqa: BLE001 - onnx raises several types for graphs it cannot infer (custom domains): use declared types
+        # onnx raises several types for graphs it cannot infer (custom domains): use declared types
+        except Exception:  # noqa: BLE001
             inferred = model
         for value in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
@@ -406,7 +407,8 @@ def same_shape(index: GraphIndex, shape_tensor: str, reference: str) -> bool:
 
 
 def fresh_name(taken: set[str], base: str) -> str:
-    """`base`, or `base_N` for the smallest N not in `taken`; the name is added to `taken` (graph edits never collide)."""
+    """`base`, or `base_N` for the smallest N not in `taken`; the name is added to `taken`
+    (graph edits never collide)."""
     name, count = base, 0
     while name in taken:
         count += 1

@@ -208,7 +208,9 @@ def _input_cast(index: GraphIndex, match: Match, claimed: set[int]) -> None:
     if index.dtype(source) is None or not users <= set(match.nodes) or match.input in index.graph_outputs:
         return
     if _WIDTH.get(index.dtype(source), 0) > _WIDTH.get(index.dtype(match.input), 0):
-        return  # a Cast that narrows (a mixed-precision layer's output cast before the next layer) rounds: it stays in the graph
+        # a Cast that narrows (a mixed-precision layer's output cast before the next layer) rounds:
+        # it stays in the graph
+        return
     match.nodes = sorted(set(match.nodes) | {i})
     match.input, match.dtype = source, index.dtype(source)
 

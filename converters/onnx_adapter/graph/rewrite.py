@@ -136,8 +136,9 @@ def _folded_plans(index: GraphIndex, specs: list[NormSpec], claimed: set[int]) -
 
 
 def _folds_in(spec: NormSpec, dtype: str | None) -> bool:
-    """Whether a folded BatchNorm in `dtype` may be `spec`'s: its own dtype, or float32 for a float16/bfloat16 layer, which
-    Keras computes in float32 (BatchNormalization.call casts input and state up, a mixed policy or not; widening is exact)."""
+    """Whether a folded BatchNorm in `dtype` may be `spec`'s: its own dtype, or float32 for a float16/bfloat16 layer,
+    which Keras computes in float32 (BatchNormalization.call casts input and state up, a mixed policy or not; widening
+    is exact)."""
     return dtype == spec.dtype or (dtype == "float32" and spec.dtype in ("float16", "bfloat16"))
 
 
@@ -149,7 +150,8 @@ def _folded_name(index: GraphIndex, match: Match) -> str | None:
 
 
 def folded_constants(spec: NormSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(k, offset) in float64 of an eval BatchNorm folded into `x * k + offset`: k = gamma / sqrt(var + eps), offset = beta - mean * k."""
+    """(k, offset) in float64 of an eval BatchNorm folded into `x * k + offset`: k = gamma / sqrt(var + eps),
+    offset = beta - mean * k."""
     tensors = spec.tensors
     count = spec.num_features
     gamma = tensors["scale"].astype(np.float64) if spec.scale else np.ones(count)
@@ -181,7 +183,8 @@ def _convert(model: onnx.ModelProto, target: int) -> onnx.ModelProto | None:
     try:
         converted = version_converter.convert_version(model, target)
         onnx.checker.check_model(converted)
-    except Exception:  # noqa: BLE001 - the converter raises RuntimeError/ValidationError/InferenceError for ops it cannot move
+    # the converter raises RuntimeError/ValidationError/InferenceError for ops it cannot move
+    except Exception:  # noqa: BLE001
         return None
     # The converter drops node metadata (torch.onnx's module scopes name the sites): put it back by node name.
     metadata = {node.name: node.metadata_props for node in model.graph.node if node.name and len(node.metadata_props)}
@@ -245,7 +248,8 @@ class _Rewrite:
         ]
 
     def target(self, output: str, perm: list[int], base: str) -> tuple[str, list[onnx.NodeProto]]:
-        """The tensor the native op writes, and the Transpose back to `output`'s layout (or an inverse consumer removed)."""
+        """The tensor the native op writes, and the Transpose back to `output`'s layout
+        (or an inverse consumer removed)."""
         if perm == sorted(perm):
             return output, []
         users = self.index.consumer_nodes(output)
@@ -380,12 +384,12 @@ def _tensor_type(dtype: str) -> int:
 
 
 def _native_dtype(index: GraphIndex, match: Match) -> str:
-    """The dtype the native op runs in: the site's input dtype, unless the site widens its input (a Cast it includes) and
-    computes in the wider dtype up to its affine or its output.
+    """The dtype the native op runs in: the site's input dtype, unless the site widens its input (a Cast it includes)
+    and computes in the wider dtype up to its affine or its output.
 
     Keras's mixed-policy layers cast a float16 input to float32 and apply their float32 variables there, then cast back;
-    LlamaRMSNorm casts back first and applies its bfloat16 weight in bfloat16, which the narrow op with stash_type=1 computes.
-    A folded BatchNorm (no Cast in the site) runs in its constants' dtype, `match.dtype`."""
+    LlamaRMSNorm casts back first and applies its bfloat16 weight in bfloat16, which the narrow op with stash_type=1
+    computes. A folded BatchNorm (no Cast in the site) runs in its constants' dtype, `match.dtype`."""
     narrow = index.dtype(match.input)
     casts = [i for i in match.nodes if index.nodes[i].op_type == "Cast" and index.nodes[i].input[0] == match.input]
     wide = index.dtype(index.nodes[casts[0]].output[0]) if casts else None

@@ -28,7 +28,8 @@ FOLD_RTOL = 16 * 2.0**-24
 
 @dataclass(frozen=True)
 class ConvBatchNorm:
-    """A source BatchNorm fed directly by a convolution: its name, the kernel in ONNX Conv layout, the conv bias, its spec."""
+    """A source BatchNorm fed directly by a convolution: its name, the kernel in ONNX Conv layout, the conv bias,
+    its spec."""
 
     name: str
     kernel: np.ndarray
@@ -81,7 +82,8 @@ class _Unfolder:
         return [n for n in self.graph.node if name in n.input]
 
     def detached_offset(self, conv: onnx.NodeProto, expected: np.ndarray) -> np.ndarray | None:
-        """The folded offset of a bias-less Conv, taken out of the Add that applies it later; None when there is no such Add.
+        """The folded offset of a bias-less Conv, taken out of the Add that applies it later;
+        None when there is no such Add.
 
         tf2onnx leaves it after a Transpose to channels-last when its transpose optimizer fails
         (MobileNetV3: "max() arg is an empty sequence"), so the Add is not next to the Conv. The
@@ -112,7 +114,8 @@ class _Unfolder:
         return values
 
     def unfold(self, node: onnx.NodeProto) -> tuple[str, list[onnx.NodeProto]] | None:
-        """(BatchNorm name, the Mul and Add that follow `node` once its kernel is the source's); None when it is not a folded Conv."""
+        """(BatchNorm name, the Mul and Add that follow `node` once its kernel is the source's);
+        None when it is not a folded Conv."""
         if (
             node.op_type != "Conv"
             or len(node.input) < 2

@@ -66,7 +66,8 @@ def runtime_affine(index: GraphIndex, match: Match, claimed: set[int]) -> None:
 
 
 def unflatten(index: GraphIndex, match: Match, claimed: set[int]) -> None:
-    """A layer/rms match over axis 1 of Flatten(X, a) that is reshaped back to X's shape becomes a match over X's axes a.."""
+    """A layer/rms match over axis 1 of Flatten(X, a) that is reshaped back to X's shape becomes a match over X's axes
+    a.."""
     if match.kind not in ("layer", "rms") or match.rank != 2 or match.axes != (1,):
         return
     f = index.producer.get(match.input)
@@ -81,7 +82,8 @@ def unflatten(index: GraphIndex, match: Match, claimed: set[int]) -> None:
     a = a + rank if a < 0 else a
     normalized = dims[a:]
     if not normalized or not all(isinstance(d, int) for d in normalized):
-        return  # a = 0 normalises the whole tensor (ONNX's axis=0), which the spec holds as normalized_shape = X's shape
+        # a = 0 normalises the whole tensor (ONNX's axis=0), which the spec holds as normalized_shape = X's shape
+        return
     runtime_affine(index, match, claimed)
     r = index.single_consumer(match.output)
     if (
@@ -111,7 +113,8 @@ def _reshape_to(index: GraphIndex, tensor: str, claimed: set[int], target=None, 
 
 
 def _channel_affine(index: GraphIndex, tensor: str, channels: int, claimed: set[int], nodes: list[int]):
-    """(scale, bias, runtime operands, output) of the per-channel Mul and Add after `tensor` (rank 3, channel axis 1)."""
+    """(scale, bias, runtime operands, output) of the per-channel Mul and Add after `tensor`
+    (rank 3, channel axis 1)."""
     from .channels import _affine_step
 
     found: dict[str, object] = {}

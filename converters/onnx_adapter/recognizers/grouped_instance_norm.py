@@ -1,4 +1,5 @@
-"""torch.onnx's (and normbridge's) GroupNorm below opset 21: Reshape to (N, G, -1), InstanceNormalization with unit scale, Reshape back, per-channel Mul and Add."""
+"""torch.onnx's (and normbridge's) GroupNorm below opset 21: Reshape to (N, G, -1), InstanceNormalization with unit
+scale, Reshape back, per-channel Mul and Add."""
 
 from __future__ import annotations
 

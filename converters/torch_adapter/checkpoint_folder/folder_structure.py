@@ -96,8 +96,8 @@ def layout_order(parts: Mapping[str, bytes]) -> list[str]:
 
 
 def write_folder(parts: Mapping[str, bytes], tensors: Mapping[str, np.ndarray], target: Path) -> int:
-    """Write the folder of `parts` into the empty folder `target`, each tensor's bytes from `tensors` (by model name), every
-    file fsynced; the bytes written."""
+    """Write the folder of `parts` into the empty folder `target`, each tensor's bytes from `tensors` (by model name),
+    every file fsynced; the bytes written."""
     written = 0
     for name, data in parts.items():
         if name.startswith(FILES):
@@ -122,8 +122,8 @@ def _write_file(path: Path, *sources) -> int:
 
 
 def check_folder_parts(parts: Mapping[str, bytes], tensors: Mapping[str, tuple[str, list[int]]]) -> None:
-    """The parts of a folder structure from a bundle (hostile until checked) are ones `write_folder` turns into the folder
-    they claim: `tensors`, the manifest's (dtype, shape) by name. InputFileError naming what is not."""
+    """The parts of a folder structure from a bundle (hostile until checked) are ones `write_folder` turns into the
+    folder they claim: `tensors`, the manifest's (dtype, shape) by name. InputFileError naming what is not."""
     layout = _layout(parts)
     listed = {LAYOUT}
     for name in parts:

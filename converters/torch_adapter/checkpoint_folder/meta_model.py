@@ -90,7 +90,8 @@ def load_pretrained(path: str | Path, *, complete: bool = False) -> torch.nn.Mod
 
 @contextmanager
 def _quiet_loading(transformers: Any):
-    """transformers' loading bar and load report off while a folder loads (normbridge says what it found), then as they were."""
+    """transformers' loading bar and load report off while a folder loads (normbridge says what it found),
+    then as they were."""
     logging_ = transformers.utils.logging
     verbosity, bar = logging_.get_verbosity(), logging_.is_progress_bar_enabled()
     logging_.set_verbosity_error()
@@ -183,7 +184,8 @@ def _transformers() -> Any:
 
 
 def _config_and_class(config_path: Path, data: dict) -> tuple[Any, type | None]:
-    """transformers' configuration of `data` and the model class its `architectures` names (None: AutoModel's choice)."""
+    """transformers' configuration of `data` and the model class its `architectures` names
+    (None: AutoModel's choice)."""
     transformers = _transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 

@@ -3,9 +3,9 @@
 The weights are loaded by transformers' `from_pretrained` (after the folder's checks: meta_model.load_pretrained), and
 the model is traced with example inputs transformers' own config describes: token ids for a model whose main input is
 `input_ids`, pixels of the config's `num_channels` and `image_size` for one whose main input is `pixel_values`. The
-shapes are the example's (a batch of 2; 8 tokens, or the config's image size): with dynamic sizes (`Dim.AUTO`),
-Llama's mask and DETR's reshapes kept the example's sizes inside the graph, and the written file failed on any other
-batch. A folder lacking tensors its model has (transformers would initialize them at random) is refused. Another main input
+shapes are the example's (a batch of 2; 8 tokens, or the config's image size): with dynamic sizes (`Dim.AUTO`), Llama's
+mask and DETR's reshapes kept the example's sizes inside the graph, and the written file failed on any other batch. A
+folder lacking tensors its model has (transformers would initialize them at random) is refused. Another main input
 (audio, multimodal) is refused naming it, with what to pass instead.
 """
 
@@ -23,7 +23,8 @@ BATCH, TOKENS, PIXELS = 2, 8, 64
 
 
 def example_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The keyword inputs of one example call of a transformers model, from its config; refused for another main input."""
+    """The keyword inputs of one example call of a transformers model, from its config;
+    refused for another main input."""
     config, name = getattr(model, "config", None), getattr(model, "main_input_name", None)
     generator = torch.Generator().manual_seed(0)
     if name == "input_ids":
@@ -48,7 +49,8 @@ def folder_program(model: torch.nn.Module) -> Any:
         model.config.use_cache = False  # a cache object is not a tensor a serving graph returns
     try:
         return torch.export.export(model.eval(), (), inputs, strict=False)
-    except Exception as error:  # noqa: BLE001 - tracing fails in many ways on models nobody here wrote; each is one line
+    # tracing fails in many ways on models nobody here wrote; each is one line
+    except Exception as error:  # noqa: BLE001
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise UnsupportedObjectError(
             f"torch.export could not trace the {type(model).__name__} ({type(error).__name__}: {first[:300]}); export it "
@@ -57,7 +59,8 @@ def folder_program(model: torch.nn.Module) -> Any:
 
 
 def load_folder_program(path: str | Path) -> Any:
-    """The program of the checkpoint folder at `path` (its weights loaded by transformers); a refusal names the folder."""
+    """The program of the checkpoint folder at `path` (its weights loaded by transformers);
+    a refusal names the folder."""
     from .meta_model import load_pretrained
 
     model = load_pretrained(path, complete=True)
@@ -68,7 +71,8 @@ def load_folder_program(path: str | Path) -> Any:
 
 
 def is_transformers_model(model: Any) -> bool:
-    """Whether `model` is a transformers PreTrainedModel (checked without importing transformers when it is not loaded)."""
+    """Whether `model` is a transformers PreTrainedModel (checked without importing transformers when it is not
+    loaded)."""
     import sys
 
     transformers = sys.modules.get("transformers")

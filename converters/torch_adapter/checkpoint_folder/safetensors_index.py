@@ -84,8 +84,8 @@ def read_header(file: Path) -> dict[str, TensorEntry]:
 
 
 def parse_header(file: Path, raw: bytes, data_start: int, data_size: int | None) -> dict[str, TensorEntry]:
-    """The tensors a header's JSON `raw` lists, each placed at `data_start` plus its offsets; with `data_size` (the bytes
-    after the header), each range must end inside them."""
+    """The tensors a header's JSON `raw` lists, each placed at `data_start` plus its offsets; with `data_size` (the
+    bytes after the header), each range must end inside them."""
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:

@@ -7,15 +7,15 @@ libraries, and trusts every string of the JSON program (see `program_checks`). T
 archive with `zipfile` itself and takes only what an ExportedProgram needs:
 
 - `models/model.json`, checked by `program_checks.check_program` before torch sees it;
-- tensors of the weights and constants configs, built from their raw bytes (dtype, sizes, strides
-  and offset from the config, checked by tensors.py; a large stored payload mapped from the file, not read: payloads.py),
-  each payload holding every element its tensor claims (torch makes zeros of any claimed size for an empty one), and
-  what they all claim counted like unpacked bytes before any is made; a legacy `model.pt` state dict only through
+- tensors of the weights and constants configs, built from their raw bytes (dtype, sizes, strides and offset from the
+  config, checked by tensors.py; a large stored payload mapped from the file, not read: payloads.py), each payload
+  holding every element its tensor claims (torch makes zeros of any claimed size for an empty one), and what they all
+  claim counted like unpacked bytes before any is made; a legacy `model.pt` state dict only through
   `torch.load(weights_only=True)`;
 - never the sample inputs (their pickle is only scanned statically, by
-  `torch.serialization.get_unsafe_globals_in_checkpoint`, so a hostile one is refused), extra files
-  or other models. Entries that only a full unpickler or a native loader reads (`use_pickle`, custom and opaque objects, AOTInductor/ExecuTorch code) are
-  refused with `InputFileError` naming the entry.
+  `torch.serialization.get_unsafe_globals_in_checkpoint`, so a hostile one is refused), extra files or other models.
+  Entries that only a full unpickler or a native loader reads (`use_pickle`, custom and opaque objects,
+  AOTInductor/ExecuTorch code) are refused with `InputFileError` naming the entry.
 
 The parts are handed to torch's `ExportedProgramDeserializer`, so the result is the same
 `torch.export.ExportedProgram` that `torch.export.load` returns for a genuine file (without
@@ -51,14 +51,14 @@ from .versions import check_schema_version
 MAX_ENTRIES = 100_000
 MAX_TOTAL_BYTES = 32 * 1024**3  # what all entries may unpack to: a zip bomb is refused before reading
 MAX_JSON_BYTES = 512 * 1024**2
-#: A deflated entry may unpack to at most this many times its stored size (above MIN_BOMB_BYTES): torch.export.save stores
-#: entries plainly, so only a hand-made archive compresses, and 1 MiB of deflated zeros unpacks to 1 GiB, held whole by
-#: the reader of that entry. Keras refuses ratios over 100x in `.keras` files the same way.
+#: A deflated entry may unpack to at most this many times its stored size (above MIN_BOMB_BYTES): torch.export.save
+#: stores entries plainly, so only a hand-made archive compresses, and 1 MiB of deflated zeros unpacks to 1 GiB, held
+#: whole by the reader of that entry. Keras refuses ratios over 100x in `.keras` files the same way.
 MAX_DEFLATE_RATIO = 100
 MIN_BOMB_BYTES = 1024**2
-#: What the tensors claim (elements x itemsize, each view of a payload counted) may reach MAX_DEFLATE_RATIO times what the
-#: archive stores, or MIN_CLAIM_BYTES when that is more, and never more than MAX_TOTAL_BYTES: a genuine stride-0 buffer
-#: (`ones(4).expand(1000, 4)`) claims far more than its payload, but a 14 KiB file claiming gigabytes is a bomb.
+#: What the tensors claim (elements x itemsize, each view of a payload counted) may reach MAX_DEFLATE_RATIO times what
+#: the archive stores, or MIN_CLAIM_BYTES when that is more, and never more than MAX_TOTAL_BYTES: a genuine stride-0
+#: buffer (`ones(4).expand(1000, 4)`) claims far more than its payload, but a 14 KiB file claiming gigabytes is a bomb.
 MIN_CLAIM_BYTES = 64 * 1024**2
 PROGRAM = "models/model.json"
 SAMPLE_INPUTS = "data/sample_inputs/"
@@ -116,8 +116,8 @@ class _Archive:
 
 
 def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
-    """The torch.export.ExportedProgram stored in the `.pt2` at `path` (or in `data`, `path` then only naming it in messages),
-    read without unpickling anything unsafe.
+    """The torch.export.ExportedProgram stored in the `.pt2` at `path` (or in `data`, `path` then only naming it in
+    messages), read without unpickling anything unsafe.
 
     Raises:
         InputFileError: not a readable archive, or an entry that would need code to run (named in the message).
@@ -151,9 +151,9 @@ def load_exported_program(path: str | Path, data: bytes | None = None) -> Any:
 
 
 def claimed_tensor_bytes(path: Path) -> int:
-    """What the tensors of the `.pt2` at `path` claim (elements x itemsize), from its payload configs alone (no payload is
-    read), for a server to hold against its upload limit before the file is read; 0 when the archive cannot be read that
-    far (the reader refuses it, naming why)."""
+    """What the tensors of the `.pt2` at `path` claim (elements x itemsize), from its payload configs alone (no payload
+    is read), for a server to hold against its upload limit before the file is read; 0 when the archive cannot be read
+    that far (the reader refuses it, naming why)."""
     try:
         with zipfile.ZipFile(path) as zf:
             archive = _Archive(path, zf, _entries(path, zf))
@@ -169,7 +169,8 @@ def claimed_tensor_bytes(path: Path) -> int:
 
 @contextmanager
 def _reading(where: str) -> Iterator[None]:
-    """Any exception but normbridge's own, raised while the bytes of `where` are read, as an InputFileError naming it."""
+    """Any exception but normbridge's own, raised while the bytes of `where` are read,
+    as an InputFileError naming it."""
     try:
         yield
     except NormbridgeError:
@@ -286,15 +287,17 @@ def _program(archive: _Archive) -> dict:
 
 
 def _check_sample_inputs(archive: _Archive) -> None:
-    """Refuse sample inputs whose pickle names anything but tensors: scanned statically, never unpickled (nothing needs them).
-    An empty entry holds nothing to run."""
+    """Refuse sample inputs whose pickle names anything but tensors: scanned statically, never unpickled (nothing needs
+    them). An empty entry holds nothing to run."""
     import torch
 
     for entry in sorted(e for e in archive.entries if e.startswith(SAMPLE_INPUTS)):
         with _reading(archive.where(entry)):
             data = archive.read(entry)
         if not data:
-            continue  # torch.export.save writes an empty entry for a program without example inputs (one loaded by this reader, or what normbridge's pull writes): no pickle
+            # torch.export.save writes an empty entry for a program without example inputs (one loaded by this reader,
+            # or what normbridge's pull writes): no pickle
+            continue
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
         except Exception as error:  # not a torch.save zip, or opcodes the static scanner does not know
@@ -334,8 +337,9 @@ def _tensors(
     sources: dict[str, ZipEntryBytes],
     claims: ClaimedBytes,
 ) -> dict:
-    """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file; `sources` gets where
-    the bytes of each tensor of a mapped payload are (payloads.py), `claims` what each tensor claims, before it is made."""
+    """{fqn: tensor} of one payload config (weights or constants), or of the legacy torch.save file; `sources` gets
+    where the bytes of each tensor of a mapped payload are (payloads.py), `claims` what each tensor claims,
+    before it is made."""
     if legacy in archive.entries:  # torch prefers the legacy file when both exist
         with _reading(archive.where(legacy)):
             loaded = _weights_only(archive, legacy)
@@ -365,8 +369,8 @@ def _tensors(
 def _payloads(
     archive: _Archive, folder: str, config: str, file_name: re.Pattern
 ) -> Iterator[tuple[str, str, dict, dict]]:
-    """(fqn, payload file name, checked tensor meta, the config's record) of every tensor of one payload config; a pickled
-    payload, a name outside the payload folder or a meta torch.export.save does not write is refused."""
+    """(fqn, payload file name, checked tensor meta, the config's record) of every tensor of one payload config; a
+    pickled payload, a name outside the payload folder or a meta torch.export.save does not write is refused."""
     with _reading(archive.where(config)):
         try:
             document = json.loads(archive.read(config, limit=MAX_JSON_BYTES))
@@ -398,9 +402,9 @@ def _payloads(
 
 
 def _flat_tensor(archive: _Archive, entry: str, meta: dict, where: str) -> tuple[Any, bool]:
-    """(the entry's raw bytes as a flat tensor of the payload's dtype, whether they are mapped from the file rather than read).
-    torch makes zeros of the claimed sizes for an empty entry, so only a tensor without elements may have one. A large
-    stored payload is mapped (payloads.py)."""
+    """(the entry's raw bytes as a flat tensor of the payload's dtype, whether they are mapped from the file rather than
+    read). torch makes zeros of the claimed sizes for an empty entry, so only a tensor without elements may have one. A
+    large stored payload is mapped (payloads.py)."""
     import torch
 
     dtype = meta["dtype"]
@@ -452,10 +456,10 @@ def _weights_only(archive: _Archive, entry: str) -> dict:
 
 
 def _deserialize(document: dict, state_dict: dict, constants: dict) -> Any:
-    """torch's own deserializer on the checked parts (static fake tensors built directly: deserializer.py); no sample inputs
-    (they are a pickle and nothing here needs them). torch raises many types for a program it cannot rebuild: the caller
-    reads them as a malformed program (`_reading`). A torch lacking a part nothing replaces raises MissingDependencyError
-    (torch_internals), which `_reading` passes on as it is."""
+    """torch's own deserializer on the checked parts (static fake tensors built directly: deserializer.py); no sample
+    inputs (they are a pickle and nothing here needs them). torch raises many types for a program it cannot rebuild: the
+    caller reads them as a malformed program (`_reading`). A torch lacking a part nothing replaces raises
+    MissingDependencyError (torch_internals), which `_reading` passes on as it is."""
     from .program_schema import program_from_dict
     from .deserializer import deserialize
 

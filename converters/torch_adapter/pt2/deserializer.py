@@ -2,10 +2,10 @@
 
 Why: torch's `GraphModuleDeserializer.deserialize_tensor_meta` makes every node's meta["val"] with `torch.empty_strided`
 under FakeTensorMode, whose dispatch (cache key, ShapeEnv guard suppression, cache entry) cost a third of reading a
-decoder's `.pt2`. For a value whose sizes and strides are all plain ints on the CPU, with no mode active, this builds the
-FakeTensor exactly as the mode itself does on a cache hit (`FakeTensorMode._get_output_tensor_from_cache_entry`): a meta
-`empty_strided` wrapped as `FakeTensor(mode, meta, device)`. Symbolic sizes, other devices and anything unusual take
-torch's path. tests/converters/test_pt2_reading.py holds the result equal to torch's.
+decoder's `.pt2`. For a value whose sizes and strides are all plain ints on the CPU, with no mode active, this builds
+the FakeTensor exactly as the mode itself does on a cache hit (`FakeTensorMode._get_output_tensor_from_cache_entry`): a
+meta `empty_strided` wrapped as `FakeTensor(mode, meta, device)`. Symbolic sizes, other devices and anything unusual
+take torch's path. tests/converters/test_pt2_reading.py holds the result equal to torch's.
 
 The deserializer also wraps its graph in a GraphModule that `ExportedProgram.__init__` only takes attributes and meta
 from, then generates and compiles the code again for its own GraphModule, the one the program keeps. Neither is written
@@ -17,8 +17,8 @@ carries the deferral; nothing of torch changes for other modules.
 
 After building the graph, torch's `deserialize_graph` looks for unbacked symbols in every node's value, walking each
 fake tensor's sizes, strides and offset: 0.4 ms per RMSNorm of a decoder. With none pending (none allocated, as in every
-static program, or all bound already) that walk can find nothing, so a value made only of FakeTensors and plain scalars is given no
-bindings without it (`_unbacked_bindings`); anything else is walked by torch.
+static program, or all bound already) that walk can find nothing, so a value made only of FakeTensors and plain scalars
+is given no bindings without it (`_unbacked_bindings`); anything else is walked by torch.
 
 torch's `ExportedProgramDeserializer.deserialize` runs as it is: its code is bound to a copy of its module's globals in
 which `GraphModuleDeserializer` makes a torch instance carrying the three methods (`deserialize_graph` likewise bound to
@@ -27,8 +27,8 @@ callers or threads (the class is final: it cannot be subclassed). Should a later
 program is read again by torch's own path.
 
 Every private torch name this reaches is in torch_internals, and every step falls back to torch's own on any exception,
-with one debug line: the whole program to `ExportedProgramDeserializer().deserialize` as torch ships it, a tensor meta to
-torch's `deserialize_tensor_meta`, the unbacked-symbol shortcut to torch's walk, the deferred code to `recompile`.
+with one debug line: the whole program to `ExportedProgramDeserializer().deserialize` as torch ships it, a tensor meta
+to torch's `deserialize_tensor_meta`, the unbacked-symbol shortcut to torch's walk, the deferred code to `recompile`.
 tests/converters/test_torch_internals.py makes each fast step fail and holds the result equal to the fast path's.
 """
 
@@ -50,8 +50,9 @@ _GLOBAL = "GraphModuleDeserializer"
 
 
 def deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
-    """`ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)`, faster; torch's own when the
-    faster path fails or builds the program differently (for a malformed program torch's then raises its own error)."""
+    """`ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)`, faster; torch's own when
+    the faster path fails or builds the program differently (for a malformed program torch's then raises its own
+    error)."""
     try:
         program = quick_deserialize(serialized, state_dict, constants)
         if unwritten_code(program):
@@ -68,8 +69,8 @@ def torch_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any
 
 
 def quick_deserialize(serialized: Any, state_dict: dict, constants: dict) -> Any:
-    """torch's ExportedProgramDeserializer.deserialize with the faster GraphModuleDeserializer (raising where this torch's
-    deserializer is not the one it patches)."""
+    """torch's ExportedProgramDeserializer.deserialize with the faster GraphModuleDeserializer (raising where this
+    torch's deserializer is not the one it patches)."""
     deserializer = internals.exported_program_deserializer()
     bound = internals.with_globals(deserializer.deserialize, **{_GLOBAL: _graph_module_deserializer})
     program = bound(deserializer(), serialized, state_dict, constants, None)
@@ -148,8 +149,8 @@ _UNWRITTEN = "normbridge: code never written"
 
 
 class _Unwritten:
-    """The top graph's `python_code` while the program is built: a forward that refuses to run (never called: the program's
-    GraphModule writes its real code before anything runs it)."""
+    """The top graph's `python_code` while the program is built: a forward that refuses to run (never called: the
+    program's GraphModule writes its real code before anything runs it)."""
 
     def __call__(self, root_module: str, **options: Any) -> PythonCode:
         return PythonCode(
@@ -160,8 +161,8 @@ class _Unwritten:
 
 
 def static_fake(mode: Any, tensor_meta: Any) -> Any:
-    """The FakeTensor torch makes of `tensor_meta` in `mode`, or None when torch's own path must make it (a symbolic size
-    or stride, a device other than the CPU, a torch function or dispatch mode active)."""
+    """The FakeTensor torch makes of `tensor_meta` in `mode`, or None when torch's own path must make it (a symbolic
+    size or stride, a device other than the CPU, a torch function or dispatch mode active)."""
     sizes, strides = _ints(tensor_meta.sizes), _ints(tensor_meta.strides)
     if sizes is None or strides is None or tensor_meta.device.type != "cpu":
         return None

@@ -85,8 +85,8 @@ SYMPY_CALLS = frozenset(
     }
 )
 _POWERS = frozenset({"Pow", "PowByNatural", "FloatPow"})
-#: What srepr writes for exact numbers: Integer(5), Rational(1, 2), from integer literals only (a Rational of a Float is exact,
-#: its denominator a power of two as long as the float's exponent).
+#: What srepr writes for exact numbers: Integer(5), Rational(1, 2), from integer literals only (a Rational of a Float is
+#: exact, its denominator a power of two as long as the float's exponent).
 _NUMBERS = frozenset({"Integer", "Rational"})
 #: Assumption keywords of Symbol(...) and Float's precision.
 SYMPY_KEYWORDS = frozenset(

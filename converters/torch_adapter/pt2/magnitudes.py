@@ -4,13 +4,13 @@ sympy computes with exact integers and rationals, holding the GIL: `Pow(Pow(Pow(
 (every exponent small) is a number of 55 million bits that `sympify` spent 14 s on, a server's every request waiting;
 one level deeper, hours. A symbol does not stop it, since sympy distributes a power over a product's coefficient
 (`(10*s0)**64` is `10**64 * s0**64`), nor does spelling it `**`, `PowByNatural`, `LShift`, a chain of products or one
-long literal. `magnitude_problem` bounds, for every sub-expression of a parsed (never evaluated) expression, the bits
-of the numerators and denominators sympy could make of it, each symbol counted at SYMBOL_BITS (program_checks.py holds every
-integer of the program, hints and ranges included, to 2**64), without computing any of them. torch writes a constant
-as one number (sympy folds constant arithmetic), so a sub-expression of literals alone may reach MAX_LITERAL_BITS, what
-an int64 or uint64 shape needs; one with symbols may reach MAX_SYMBOLIC_BITS (`s0**64` is 4,096). Max and Min compare
-every pair of their arguments through sympy's assumptions (200 arguments took 39 s), so they take at most
-MAX_MINMAX_ARGUMENTS, nested calls of the same kind counted together (sympy flattens them).
+long literal. `magnitude_problem` bounds, for every sub-expression of a parsed (never evaluated) expression, the bits of
+the numerators and denominators sympy could make of it, each symbol counted at SYMBOL_BITS (program_checks.py holds
+every integer of the program, hints and ranges included, to 2**64), without computing any of them. torch writes a
+constant as one number (sympy folds constant arithmetic), so a sub-expression of literals alone may reach
+MAX_LITERAL_BITS, what an int64 or uint64 shape needs; one with symbols may reach MAX_SYMBOLIC_BITS (`s0**64` is 4,096).
+Max and Min compare every pair of their arguments through sympy's assumptions (200 arguments took 39 s), so they take at
+most MAX_MINMAX_ARGUMENTS, nested calls of the same kind counted together (sympy flattens them).
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ _TRUTHS = frozenset(
     }
 )
 _SYMBOLS = frozenset({"Symbol", "Dummy"})
-#: sympy's named constants (every other name is a symbol, or a guard's inputs): infinities and truth values hold no number.
+#: sympy's named constants (every other name is a symbol, or a guard's inputs):
+#: infinities and truth values hold no number.
 _CONSTANT_BITS = {"oo": 0, "zoo": 0, "nan": 0, "true": 0, "false": 0, "True": 0, "False": 0, "pi": 2, "E": 2}
 #: Float's precision in bits (`precision=`) or decimal digits (its second argument); torch writes 53 bits.
 MAX_FLOAT_PRECISION = 1024
@@ -240,8 +241,8 @@ def _flattened_arguments(node: ast.Call, name: str) -> int:
 
 
 def _float(node: ast.Call) -> _Size:
-    """A Float of a decimal text (its exponent read from the text, never computed: sympy spent 14 s parsing '1e-1000000')
-    or of a number, at a precision sympy can afford."""
+    """A Float of a decimal text (its exponent read from the text, never computed: sympy spent 14 s parsing
+    '1e-1000000') or of a number, at a precision sympy can afford."""
     for child in node.args[1:]:
         if _above(child, MAX_FLOAT_PRECISION):
             raise TooLarge(
@@ -268,7 +269,8 @@ def _float(node: ast.Call) -> _Size:
 
 
 def _above(node: ast.AST, limit: int) -> bool:
-    """Whether a literal integer argument (precision, digits) is larger than `limit`; other arguments are measured as usual."""
+    """Whether a literal integer argument (precision, digits) is larger than `limit`;
+    other arguments are measured as usual."""
     value = node.value if isinstance(node, ast.Constant) else None
     return type(value) is int and abs(value) > limit
 
@@ -289,8 +291,8 @@ def _power(base: _Size, exponent_node: ast.AST, exponent: _Size) -> _Size:
 
 
 def _signed_value(node: ast.AST) -> float | None:
-    """An exponent written as one number (2, -3, Integer(64), 0.5; Rational(p, q) counts as p, with the sign of p/q: sympy
-    computes base**p to take its q-th root), or None."""
+    """An exponent written as one number (2, -3, Integer(64), 0.5; Rational(p, q) counts as p, with the sign of p/q:
+    sympy computes base**p to take its q-th root), or None."""
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return float(node.value) if math.isfinite(node.value) else None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):

@@ -1,4 +1,5 @@
-"""Large `.pt2` payloads as tensors mapped from the archive file, and where each program tensor's bytes can be read again.
+"""Large `.pt2` payloads as tensors mapped from the archive file, and where each program tensor's bytes can be read
+again.
 
 torch.export.save stores payloads uncompressed, so a large one is mapped copy-on-write straight from the file:
 the tensor costs no memory until its pages are read, and only the few a registration reads (the normalizers'
@@ -45,7 +46,8 @@ def mappable(path: Path | None, info: zipfile.ZipInfo, element_size: int) -> boo
 
 
 def mapped_bytes(path: Path, info: zipfile.ZipInfo, element_size: int) -> np.ndarray | None:
-    """The payload's bytes as a copy-on-write uint8 map of the file, or None when its data is not aligned to its elements.
+    """The payload's bytes as a copy-on-write uint8 map of the file, or None when its data is not aligned to its
+    elements.
 
     Raises:
         InputFileError: the entry's local header is not where the zip's directory says, or its data runs past the file.
@@ -79,7 +81,8 @@ def mapped_bytes(path: Path, info: zipfile.ZipInfo, element_size: int) -> np.nda
 
 
 def contiguous_range(view: Any, meta: dict, element_size: int) -> tuple[int, int] | None:
-    """(first byte, byte length) of the payload that hold `view`'s elements in C order, or None when they are not one range."""
+    """(first byte, byte length) of the payload that hold `view`'s elements in C order,
+    or None when they are not one range."""
     if not view.is_contiguous():
         return None
     return meta["offset"] * element_size, view.numel() * element_size
@@ -92,7 +95,8 @@ def remember(program: Any, sources: dict[str, ZipEntryBytes]) -> None:
 
 
 def tensor_sources(program: Any) -> dict[str, ZipEntryBytes]:
-    """{fqn: where its bytes are in the archive} for the mapped tensors of a program archive.py loaded from a file; {} otherwise."""
+    """{fqn: where its bytes are in the archive} for the mapped tensors of a program archive.py loaded from a file;
+    {} otherwise."""
     try:
         return dict(_SOURCES.get(program, {}))
     except TypeError:  # not weak-referenceable: not a program this reader loaded

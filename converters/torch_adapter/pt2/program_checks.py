@@ -78,8 +78,8 @@ _TORCH_SYM_CALLABLES = ("sym_not", "sym_int", "sym_float", "sym_ite", "sym_max",
 
 _OPERATOR_TARGET = re.compile(r"torch\.ops\.(aten|prims)\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)")
 _HIGHER_ORDER_TARGET = re.compile(r"torch\.ops\.higher_order\.([A-Za-z_]\w*)")
-#: The largest integer (in size) a program may hold: sizes, strides, hints and range bounds are int64 (2**64 leaves room for
-#: an unsigned one); the bound the expression sizes of magnitudes.py count a symbol at.
+#: The largest integer (in size) a program may hold: sizes, strides, hints and range bounds are int64 (2**64 leaves room
+#: for an unsigned one); the bound the expression sizes of magnitudes.py count a symbol at.
 MAX_INTEGER = 2**SYMBOL_BITS
 _FQN = re.compile(r"[\w\-]+(\.[\w\-]+)*(@[0-9]+)?")
 
@@ -214,8 +214,8 @@ def _walk(value: Any, where: str, key: str) -> None:
 
 
 def _check_entry(where: str, key: str, value: Any) -> None:
-    """The rule for one key of the document (keys without a rule carry data torch never evaluates; a rule's key belongs in
-    _RULE_KEYS, which `_walk` asks before calling this)."""
+    """The rule for one key of the document (keys without a rule carry data torch never evaluates; a rule's key belongs
+    in _RULE_KEYS, which `_walk` asks before calling this)."""
     if key in _CUSTOM_OBJECT_KEYS:
         _refuse(where, key, value, "is a TorchScript custom object, which is loaded by a pickle")
     if key in _NAME_KEYS and value not in (None, "") and not is_identifier(value):  # '' names a positional argument

@@ -4,9 +4,9 @@ Why: torch's `_dict_to_dataclass` (torch/_export/serde/serialize.py) calls `typi
 builds (about 8,000 calls for a 53-BatchNorm ResNet, half a second of a cold `normbridge register`), and each union it
 builds through `_Union.create` lists the class's fields twice and checks their names again. This is the same conversion,
 branch for branch, as one converter function per schema type, made once: a union is filled in as `create` fills it
-(every field None but the tag's, then `_type`, one `_UnionTag` per class and tag), and a JSON scalar bound for a type that
-keeps it as it is (a str, an enum) is taken without a call. tests/converters/test_program_schema.py holds its result equal
-to torch's on exported programs.
+(every field None but the tag's, then `_type`, one `_UnionTag` per class and tag), and a JSON scalar bound for a type
+that keeps it as it is (a str, an enum) is taken without a call. tests/converters/test_program_schema.py holds its
+result equal to torch's on exported programs.
 
 Every torch name it reaches is in torch_internals; should any of it fail (a torch whose schema module changed), the
 document is converted by torch's own `_dict_to_dataclass` instead, with one debug line.

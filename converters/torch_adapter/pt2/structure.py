@@ -67,7 +67,8 @@ def _payload_sources(entries: dict[str, bytes]) -> dict[str, str]:
 
 
 def pt2_structure(program: Any, tensors: dict[str, np.ndarray], source: Path | None = None) -> StructureParts:
-    """The parts of `program` (read from `source`, the .pt2 it was loaded from, when given); `tensors` by fqn, as stored."""
+    """The parts of `program` (read from `source`, the .pt2 it was loaded from, when given); `tensors` by fqn,
+    as stored."""
     if source is not None:
         with zipfile.ZipFile(source) as zf:
             entries = _entries(zf)
@@ -114,7 +115,8 @@ def _holds(tensor: np.ndarray, data: bytes) -> bool:
 
 
 def _records(parts: dict[str, bytes], tensor_names) -> dict[str, bytes | str]:
-    """Every entry of the rebuilt archive, in the order it is written: a part's bytes, or the name of the tensor it holds."""
+    """Every entry of the rebuilt archive, in the order it is written: a part's bytes,
+    or the name of the tensor it holds."""
     records: dict[str, bytes | str] = dict(parts)
     for name, fqn in _payload_sources(parts).items():
         if name not in records:
@@ -137,8 +139,8 @@ def pt2_tensor_order(parts: dict[str, bytes], tensor_names) -> list[str]:
 
 
 def write_pt2(parts: dict[str, bytes], tensors: Mapping[str, np.ndarray], stream: BinaryIO) -> None:
-    """Write the .pt2 archive of the structure, its payloads taken from `tensors` (each looked up once, in archive order),
-    to `stream`, which torch's zip writer only ever appends to."""
+    """Write the .pt2 archive of the structure, its payloads taken from `tensors` (each looked up once, in archive
+    order), to `stream`, which torch's zip writer only ever appends to."""
     with pt2_archive_writer(stream) as writer:
         for name, source in _records(parts, tensors.keys()).items():
             if isinstance(source, bytes):

@@ -95,8 +95,8 @@ def claimed_bytes(meta: dict) -> int:
 
 
 class ClaimedBytes:
-    """A running total of what an archive's tensors claim, refused past `limit` bytes (`described` ends the sentence naming
-    it: "the N bytes {described}") before any is made."""
+    """A running total of what an archive's tensors claim, refused past `limit` bytes (`described` ends the sentence
+    naming it: "the N bytes {described}") before any is made."""
 
     def __init__(self, limit: int, described: str):
         self.limit, self.described, self.total = limit, described, 0
@@ -112,7 +112,8 @@ class ClaimedBytes:
 
 
 def view(flat: Any, meta: dict, where: str) -> Any:
-    """`flat` (a payload's elements) viewed with the meta's sizes, strides and offset; a view reaching past it is refused."""
+    """`flat` (a payload's elements) viewed with the meta's sizes, strides and offset;
+    a view reaching past it is refused."""
     import torch
 
     sizes, strides, offset = meta["sizes"], meta["strides"], meta["offset"]

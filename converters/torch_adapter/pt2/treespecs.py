@@ -25,7 +25,8 @@ DICT = "builtins.dict"
 
 
 def read_as_dicts(document: dict) -> list[str]:
-    """Rewrite, in place, every unregistered structure type of the document's call signatures as a dict; the types rewritten."""
+    """Rewrite, in place, every unregistered structure type of the document's call signatures as a dict;
+    the types rewritten."""
     known = registered_pytree_types()
     rewritten: list[str] = []
     if known is None:
@@ -48,7 +49,8 @@ def read_as_dicts(document: dict) -> list[str]:
 
 
 def _rewrite(node: Any, known: frozenset[str], rewritten: list[str]) -> bool:
-    """Replace unregistered field-list nodes below `node` (a [protocol, tree] pair or a tree node); whether anything changed."""
+    """Replace unregistered field-list nodes below `node` (a [protocol, tree] pair or a tree node);
+    whether anything changed."""
     if isinstance(node, list):
         return any([_rewrite(child, known, rewritten) for child in node])
     if not isinstance(node, dict):

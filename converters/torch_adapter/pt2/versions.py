@@ -1,4 +1,5 @@
-"""Whether this torch reads a `.pt2` program as the torch that wrote it meant it: read when so, else refused naming both.
+"""Whether this torch reads a `.pt2` program as the torch that wrote it meant it: read when so,
+else refused naming both.
 
 torch.export.save records the program's `schema_version` ({major, minor}) and the `torch_version` that wrote it in
 models/model.json. torch's deserializer refuses another major version, but reads any minor version of its own major one
@@ -89,7 +90,8 @@ def _refuse(document: dict, where: str, written: tuple[int, int], reader: tuple[
 
 
 def _unknown(cls: Any, data: Any, path: str, namespace: dict) -> str | None:
-    """As torch's `_dict_to_dataclass` walks `data` for `cls`, the first key it would drop or union tag it would not know."""
+    """As torch's `_dict_to_dataclass` walks `data` for `cls`, the first key it would drop or union tag it would not
+    know."""
     cls = torch_internals.resolve_schema_class(cls)
     while True:
         if typing.get_origin(cls) is typing.Annotated:

@@ -19,8 +19,8 @@ from ..common import numpy_from_tensor
 from ..torch_internals import op_name, op_schema, torch_version
 
 
-#: aten op (schema name) -> kind: a normalization call in a torch.export graph (recognizers/aten_ops.py), and the native op
-#: inside a hand-written module (norm_graph.py).
+#: aten op (schema name) -> kind: a normalization call in a torch.export graph (recognizers/aten_ops.py), and the native
+#: op inside a hand-written module (norm_graph.py).
 OP_KINDS: dict[str, str] = {op: kind for kind, info in KIND_INFO.items() for op in info.aten_ops}
 #: torch.nn class name -> kind, to recognise a module whose op was decomposed (and InstanceNorm run as a batch op).
 MODULE_KINDS: dict[str, str] = {

@@ -195,16 +195,17 @@ class _Unexportable(NotANormalization):
 
 
 def probe_shapes(module: torch.nn.Module) -> list[tuple[int, ...]]:
-    """Inputs to try: (N, L, C) for a trailing norm, (N, C, H, W) for a channel one; C from its 1-D state. A module with no
-    state (OLMo's OlmoLayerNorm: layer_norm without weight or bias) is sized by its `normalized_shape` attribute."""
+    """Inputs to try: (N, L, C) for a trailing norm, (N, C, H, W) for a channel one; C from its 1-D state. A module with
+    no state (OLMo's OlmoLayerNorm: layer_norm without weight or bias) is sized by its `normalized_shape` attribute."""
     vectors = [t for t in _state(module).values() if t.dim() == 1 and t.is_floating_point()]
     if not vectors:
         shape = own_normalized_shape(module)
         return [(4, 3, *shape)] if shape else []
     c = int(vectors[0].shape[0])
     trailing, channels = (4, 3, c), (4, c, 3, 5)
-    # Last: a sequence with its channels first, as SqueezeBERT's LayerNorm subclass takes (N, C, W) and permutes it; a module
-    # that fits only this shape fails on the others (its permutation has three axes), and so would be left unrecognised.
+    # Last: a sequence with its channels first, as SqueezeBERT's LayerNorm subclass takes (N, C, W) and permutes it; a
+    # module that fits only this shape fails on the others (its permutation has three axes),
+    # and so would be left unrecognised.
     sequence = (4, c, 5)
     channel_first = any(n in _state(module) for n in ("running_mean", "running_var")) or isinstance(
         module, torch_internals.norm_base_classes()
@@ -258,7 +259,8 @@ def _quiet_tracing():
 
 
 def _native_spec(program: Any, derivation, module: torch.nn.Module, shape) -> NormSpec:
-    """batch/group/instance ops: their arguments read as in a program (aten_calls.py), then the module's own name and mode."""
+    """batch/group/instance ops: their arguments read as in a program (aten_calls.py),
+    then the module's own name and mode."""
     layer = _Reader(program).read(derivation.native, derivation.kind, _name(module), type(module).__name__)
     if layer.spec is None:
         raise NotANormalization(f"its {derivation.native.target} could not be read: {layer.problem}")

@@ -123,7 +123,8 @@ def _groups(program: Any) -> dict[str, tuple[str, int, list]]:
 
 
 def _children(groups: dict) -> dict[str, list[str]]:
-    """path -> the paths of the groups below it (any depth), each found from its own ancestors rather than by comparing every pair."""
+    """path -> the paths of the groups below it (any depth), each found from its own ancestors rather than by comparing
+    every pair."""
     below: dict[str, list[str]] = {}
     for path in groups:
         parts = path.split(".")
@@ -133,8 +134,8 @@ def _children(groups: dict) -> dict[str, list[str]]:
 
 
 def _why(program: Any, path: str, type_name: str, groups: dict, children, keys: set[str]) -> str | None:
-    """Why the module at `path` looks like a normalization (None: it does not); `children` are the groups below it, `keys` the
-    program's state names."""
+    """Why the module at `path` looks like a normalization (None: it does not); `children` are the groups below it,
+    `keys` the program's state names."""
     if type_name in MODULE_KINDS or type_name == "SyncBatchNorm":
         return None  # the stock classes are read from their native op
     child_norm = any(groups[p][0] in MODULE_KINDS or names_a_norm(groups[p][0]) for p in children)
@@ -153,7 +154,8 @@ def _why(program: Any, path: str, type_name: str, groups: dict, children, keys: 
 def _read(
     program: Any, names: dict[str, str], path: str, type_name: str, position: int, nodes: list, why: str
 ) -> ProgramModule | None:
-    """The module's verdict; None for one that normalizes a parameter (data_flow.py), which is part of that parameter."""
+    """The module's verdict; None for one that normalizes a parameter (data_flow.py),
+    which is part of that parameter."""
     native = any(op_name(n) in OP_KINDS for n in nodes)
     opaque = [operator_of(n) for n in nodes if is_opaque(n)]
     if opaque:  # a library operator kept as a stand-in (pt2/opaque_operators.py): what it computes is unknown

@@ -50,8 +50,8 @@ def exported_norm_layers(program: Any) -> list[ExportedNormLayer]:
 
 
 def unused_layers(program: Any) -> frozenset[str]:
-    """The paths of the normalization calls none of whose nodes reaches the program's outputs (dead code: exporters drop it;
-    a train-mode BatchNorm's statistics updates are outputs, so it is never one)."""
+    """The paths of the normalization calls none of whose nodes reaches the program's outputs (dead code: exporters drop
+    it; a train-mode BatchNorm's statistics updates are outputs, so it is never one)."""
     graph = program.graph
     live, stack = set(), [node for node in graph.nodes if node.op == "output"]
     while stack:
@@ -73,7 +73,8 @@ def unused_layers(program: Any) -> frozenset[str]:
 
 
 def _with_computed(program: Any, found: list) -> list:
-    """Hand-written normalization modules proved from their ops (exported_computed.py) replace the native-op reading of them."""
+    """Hand-written normalization modules proved from their ops (exported_computed.py) replace the native-op reading of
+    them."""
     proved = {m.path: m for m in program_modules(program) if m.spec is not None}
     kept = [(p, layer) for p, layer in found if layer.path not in proved]
     for m in proved.values():

@@ -118,7 +118,8 @@ def _takes_more_than_its_input(path: str, module: torch.nn.Module, kind: str) ->
 
 
 def _empty(hazards: list[Hazard], found: int | None, parameters: int) -> list[Hazard]:
-    """no_normalization_found when inspection listed nothing, nothing unrecognised was named, and the model has parameters."""
+    """no_normalization_found when inspection listed nothing, nothing unrecognised was named,
+    and the model has parameters."""
     if found == 0 and parameters > 0 and not any(h.code == "unrecognised_normalization" for h in hazards):
         return [nothing_found(parameters)]
     return []

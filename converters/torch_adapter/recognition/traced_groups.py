@@ -42,7 +42,8 @@ def module_paths(node: Any) -> list[tuple[str, str]]:
 
 
 def class_path_of(nodes: list, path: str) -> str | None:
-    """The import path nn_module_stack records for the module at `path` ('transformers.models....LlamaRMSNorm'), or None."""
+    """The import path nn_module_stack records for the module at `path` ('transformers.models....LlamaRMSNorm'),
+    or None."""
     for node in nodes:
         stack = node.meta.get("nn_module_stack") if hasattr(node, "meta") else None
         for module_path, type_name in (stack or {}).values():
@@ -53,8 +54,8 @@ def class_path_of(nodes: list, path: str) -> str | None:
 
 
 def group_of(program: Any, nodes: list, prefix: str = "", names: dict[str, str] | None = None) -> NodeGroup:
-    """The NodeGroup of `nodes` (graph order); state names are relative to `prefix` (the module's path). `names`: the program's
-    state_names, when the caller has them."""
+    """The NodeGroup of `nodes` (graph order); state names are relative to `prefix` (the module's path). `names`: the
+    program's state_names, when the caller has them."""
     names = state_names(program) if names is None else names
     members = set(nodes)
     data, state = [], {}

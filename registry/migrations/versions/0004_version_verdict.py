@@ -1,8 +1,9 @@
-"""The servable verdict of each version: whether it may serve, and the hazards that say why (registry/service/servable.py).
+"""The servable verdict of each version: whether it may serve, and the hazards that say why
+(registry/service/servable.py).
 
-Two nullable columns on versions: `servable` (the verdict) and `hazards` (JSON, the warning- and error-level hazards found
-at registration). Versions registered before this revision keep NULL there: the registry assesses them when they are read
-(from their stored specs), so an old version in train mode is not taken for servable.
+Two nullable columns on versions: `servable` (the verdict) and `hazards` (JSON, the warning- and error-level hazards
+found at registration). Versions registered before this revision keep NULL there: the registry assesses them when they
+are read (from their stored specs), so an old version in train mode is not taken for servable.
 
 Revision ID: 0004
 Revises: 0003

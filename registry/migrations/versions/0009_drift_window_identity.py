@@ -49,6 +49,6 @@ def downgrade() -> None:
         for table, column in WIDENED:
             op.alter_column(table, column, type_=sa.Integer, existing_type=sa.BigInteger, existing_nullable=False)
     op.drop_index("ux_drift_windows_content", table_name="drift_windows")
-    # Not a batch rebuild: with foreign keys on, dropping the old drift_windows would cascade to every window's layers and
-    # arrays. SQLite (3.35+) drops a column in place, as PostgreSQL does.
+    # Not a batch rebuild: with foreign keys on, dropping the old drift_windows would cascade to every window's layers
+    # and arrays. SQLite (3.35+) drops a column in place, as PostgreSQL does.
     op.execute("ALTER TABLE drift_windows DROP COLUMN content_digest")

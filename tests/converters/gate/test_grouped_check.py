@@ -1,4 +1,5 @@
-"""converters.check_many gives, field for field, what `[check(s) for s in specs]` gives, while building each object once.
+"""converters.check_many gives, field for field, what `[check(s) for s in specs]` gives,
+while building each object once.
 
 Every case of the case table, with several members of one configuration holding different states and names, read
 from each framework (so the round trips back to the source run too); the deliberately broken adapters of
@@ -31,8 +32,8 @@ FRAMEWORKS = ("torch", "keras", "onnx")
 
 @pytest.fixture(autouse=True, params=["eager", "traced"])
 def keras_runs(request, monkeypatch):
-    """Every test with the Keras layers run eagerly (these groups are small) and traced from a group's first member; each
-    test's calls build their objects afresh (no objects kept from an earlier test, whose layers may run traced)."""
+    """Every test with the Keras layers run eagerly (these groups are small) and traced from a group's first member;
+    each test's calls build their objects afresh (no objects kept from an earlier test, whose layers may run traced)."""
     kept_objects.forget()
     if request.param == "traced":
         monkeypatch.setattr(group_objects, "KEEP_RUNS_FROM", 1)
@@ -40,7 +41,8 @@ def keras_runs(request, monkeypatch):
 
 
 def fields(result) -> str:
-    """Every field of a CheckResult, floats by their exact repr (NaN and infinities included), for comparing bit for bit."""
+    """Every field of a CheckResult, floats by their exact repr (NaN and infinities included),
+    for comparing bit for bit."""
     return json.dumps(result.model_dump(mode="python"), sort_keys=True, default=repr)
 
 
@@ -61,7 +63,8 @@ def member(spec: NormSpec, index: int, name: str | None = None) -> NormSpec:
 
 
 def read_from(spec: NormSpec, framework: str) -> NormSpec | None:
-    """The spec `framework`'s layer for `spec` reads back as (its source is then that framework), None if it cannot hold it."""
+    """The spec `framework`'s layer for `spec` reads back as (its source is then that framework),
+    None if it cannot hold it."""
     try:
         return converters.to_spec(converters.from_spec(spec, framework))
     except NotExpressibleError:
@@ -143,8 +146,9 @@ def test_a_member_whose_state_overflows_fails_alone():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_members_of_equal_state_step_from_their_own_statistics_in_onnx(dtype):
-    """Never-trained BatchNorms all hold the same state. In one merged onnxruntime session their float16 Casts became one
-    value and the second member's training step started from the first one's moved statistics (merged_runs._stepped_state_shared)."""
+    """Never-trained BatchNorms all hold the same state. In one merged onnxruntime session their float16 Casts became
+    one value and the second member's training step started from the first one's moved statistics
+    (merged_runs._stepped_state_shared)."""
     specs = [make_spec("batch", dtype=dtype, source="torch", name=f"bn{i}") for i in range(3)]
     assert len(groups(specs)) == 1 and all(
         np.array_equal(specs[0].tensors["running_mean"], s.tensors["running_mean"]) for s in specs
@@ -156,8 +160,9 @@ def test_members_of_equal_state_step_from_their_own_statistics_in_onnx(dtype):
 
 
 def raising_case() -> tuple[AdapterRegistry, list[NormSpec]]:
-    """A registry whose torch adapter crashes on layers named 'boom...' (tests/buggy_torch_raising.py), and three specs: a
-    fine one, then two that crash; the error every gate must raise is the first one's, "boom_first: the adapter broke"."""
+    """A registry whose torch adapter crashes on layers named 'boom...' (tests/buggy_torch_raising.py), and three specs:
+    a fine one, then two that crash; the error every gate must raise is the first one's, "boom_first:
+    the adapter broke"."""
     registry = AdapterRegistry(
         {"torch": "tests.buggy_torch_raising", "keras": "converters.keras_adapter", "onnx": "converters.onnx_adapter"}
     )
@@ -202,9 +207,9 @@ def test_a_checker_answering_one_spec_at_a_time_gives_checks_results():
 
 
 def test_a_later_call_checks_on_the_objects_an_earlier_one_built_and_gives_checks_results(monkeypatch):
-    """check_many keeps its objects for the process's later calls (converters/gate/kept_objects.py): a second model's members
-    of the configurations the first one checked are checked on the layers (and, traced, the runs) built then, and a member
-    the broken adapter converts wrongly still fails alone."""
+    """check_many keeps its objects for the process's later calls (converters/gate/kept_objects.py): a second model's
+    members of the configurations the first one checked are checked on the layers (and, traced, the runs) built then,
+    and a member the broken adapter converts wrongly still fails alone."""
     registry = values_registry()
     built = []
     for kind in ("batch", "rms"):

@@ -1,4 +1,5 @@
-"""Property-based: check_many over groups of one random configuration with different states equals check, member by member.
+"""Property-based: check_many over groups of one random configuration with different states equals check,
+member by member.
 
 Random kinds, shapes, dtypes, eps, momentum, flags and layouts, read from each framework (so the round trips run); in
 some examples one
@@ -24,12 +25,14 @@ from tests.spec_factory import make_spec
 
 
 def configurations():
-    """make_spec's arguments for one random configuration (the state comes from the seed, drawn per member); float16 too."""
+    """make_spec's arguments for one random configuration (the state comes from the seed, drawn per member);
+    float16 too."""
     return property_configurations(dtypes=("float32", "float32", "float64", "float16", "bfloat16"))
 
 
 def members(config: dict, seeds: list[int], source: str) -> list:
-    """One spec per seed, read from `source`'s layer for it (so it is one that framework holds), or as made for "spec"."""
+    """One spec per seed, read from `source`'s layer for it (so it is one that framework holds),
+    or as made for "spec"."""
     made = [make_spec(**config, seed=seed, name=f"m{i}/{config['kind']}") for i, seed in enumerate(seeds)]
     if source == "spec":
         return made

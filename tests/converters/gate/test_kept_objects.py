@@ -1,5 +1,5 @@
-"""converters/gate/kept_objects.py: an object set lent to a check_many call is kept for the next call only if the call ended without
-an error, and calls running at once never share one."""
+"""converters/gate/kept_objects.py: an object set lent to a check_many call is kept for the next call only if the call
+ended without an error, and calls running at once never share one."""
 
 from __future__ import annotations
 

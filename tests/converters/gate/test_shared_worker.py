@@ -1,4 +1,5 @@
-"""The shared check worker (converters/gate/shared_worker.py): warm across callers, as strict as an in-process check, closed to others.
+"""The shared check worker (converters/gate/shared_worker.py): warm across callers,
+as strict as an in-process check, closed to others.
 
 Its results are compared field for field with `converters.check` in this process on the whole case table
 and on the deliberately broken adapters; its socket is refused to other users both ways (a peer of
@@ -268,7 +269,8 @@ def test_the_socket_name_changes_with_what_the_results_depend_on(tmp_path, monke
 
 
 def test_settling_the_heap_collects_garbage_first_and_then_exempts_what_is_alive():
-    """What a worker does after its imports and after each job (converters.heap.settle_heap): garbage is freed, not frozen."""
+    """What a worker does after its imports and after each job (converters.heap.settle_heap): garbage is freed,
+    not frozen."""
     import gc
     import weakref
 
@@ -293,7 +295,8 @@ def test_settling_the_heap_collects_garbage_first_and_then_exempts_what_is_alive
 
 def test_a_started_worker_is_not_waited_for_and_the_gate_connects_to_that_one(folder):
     """shared_worker.start: no worker runs, so one is started and None comes back at once; asking again starts no other,
-    and `connect` waits for the one started (what SplitCheck does: start while the model is read, connect at the gate)."""
+    and `connect` waits for the one started (what SplitCheck does: start while the model is read, connect at the
+    gate)."""
     path, pids = folder
     assert shared_worker.start(path, REGISTRY.packages, ["onnx"], idle=60) is None
     started = shared_worker._STARTED[shared_worker.socket_path(path, REGISTRY.packages)]
@@ -327,9 +330,9 @@ def _maps(pid: int) -> str:
 
 
 def test_after_a_gate_the_shared_worker_imports_the_models_own_framework_for_the_next_registration(folder):
-    """The legs' round trips back to torch run in this process (converters/gate/round_trips.py): the worker has no torch while
-    it checks them; once it has answered, it imports torch and its .pt2 reader (a prepare request, answered at once), off
-    the gate's clock, so the next registration it runs whole finds them."""
+    """The legs' round trips back to torch run in this process (converters/gate/round_trips.py): the worker has no torch
+    while it checks them; once it has answered, it imports torch and its .pt2 reader (a prepare request, answered at
+    once), off the gate's clock, so the next registration it runs whole finds them."""
     path, pids = folder
     worker = shared_worker.connect(path, REGISTRY.packages, ["keras", "onnx"], idle=120)
     pids.append(worker.pid)
@@ -365,9 +368,9 @@ def _unused_id() -> int:
 
 
 def _swap_on_open(home: Path, marker: Path, member: int, ready: int) -> int:
-    """The other team member (a forked child that became `member`): plant `evil/converters/__init__.py`, watch the shared
-    home with inotify and, when the victim opens `workers/`, exchange it with `evil/` (renameat2 RENAME_EXCHANGE).
-    0 when it swapped them."""
+    """The other team member (a forked child that became `member`): plant `evil/converters/__init__.py`, watch the
+    shared home with inotify and, when the victim opens `workers/`, exchange it with `evil/` (renameat2
+    RENAME_EXCHANGE). 0 when it swapped them."""
     os.setgroups([])
     os.setgid(member)
     os.setuid(member)
@@ -450,10 +453,10 @@ def _gone_after_kill(pid: int) -> bool:
     reason="the race needs a second local user: only root can become one (setuid) without a passwd entry",
 )
 def test_another_member_of_a_shared_home_who_swaps_the_worker_folder_during_the_spawn_runs_no_code():
-    """Issue 30, hole 6: a team shares NORMBRIDGE_HOME (2775); another member exchanges `workers/` with a folder of their
-    own holding `converters/__init__.py` the moment the victim opens it (after the folder check, before the spawn). The
-    worker must start in the folder that was checked and never import from it: no marker, over several tries, and each
-    try's swap did happen."""
+    """Issue 30, hole 6: a team shares NORMBRIDGE_HOME (2775); another member exchanges `workers/` with a folder of
+    their own holding `converters/__init__.py` the moment the victim opens it (after the folder check, before the
+    spawn). The worker must start in the folder that was checked and never import from it: no marker, over several
+    tries, and each try's swap did happen."""
     member = _unused_id()
     outcomes = []
     for _ in range(4):
@@ -536,8 +539,8 @@ def test_a_caller_with_other_settings_reaches_a_worker_of_its_own_which_takes_on
 
 
 def test_importing_the_frameworks_does_not_change_the_environment_that_names_the_socket():
-    """A CLI process names the worker before it imports its model's framework (`start`) and after (`connect`): what Keras
-    and TensorFlow set in the environment on import (torch sets nothing) must not name another worker."""
+    """A CLI process names the worker before it imports its model's framework (`start`) and after (`connect`): what
+    Keras and TensorFlow set in the environment on import (torch sets nothing) must not name another worker."""
     script = (
         "from converters.gate import shared_worker as w\n"
         "before = w.worker_environment()\n"

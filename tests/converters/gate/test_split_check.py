@@ -86,9 +86,9 @@ def test_the_worker_never_loads_the_source_framework_its_round_trips_go_back_to(
 
 
 def real_model_specs() -> list:
-    """The normalizers of models nobody here wrote: a transformers Llama and Gemma (hand-rolled RMSNorms, Gemma's x * (1 + w))
-    and DETR (frozen BatchNorms, LayerNorms) from tiny configs with random state (tests/real_norms.py), and keras.applications
-    MobileNet (weights=None) with random statistics."""
+    """The normalizers of models nobody here wrote: a transformers Llama and Gemma (hand-rolled RMSNorms, Gemma's x *
+    (1 + w)) and DETR (frozen BatchNorms, LayerNorms) from tiny configs with random state (tests/real_norms.py), and
+    keras.applications MobileNet (weights=None) with random statistics."""
     import keras
     import numpy as np
 
@@ -139,7 +139,8 @@ def test_a_gate_with_every_leg_here_is_converters_check_many_itself(monkeypatch)
 
 
 def test_the_workers_legs_go_in_one_request_per_source_and_legs(monkeypatch):
-    """One request carries every spec of a source framework (WorkerConnection.submit_many, checked by check_many there)."""
+    """One request carries every spec of a source framework (WorkerConnection.submit_many, checked by check_many
+    there)."""
     from converters.gate.worker_client import WorkerConnection
 
     sent = []
@@ -170,18 +171,20 @@ def test_a_request_that_raises_is_asked_again_spec_by_spec_and_raises_the_first_
     assert str(split.value) == str(plain.value) == "boom_first: the adapter broke"
 
 
-# Spread legs (SplitCheck's `spread`, as the shared worker's registrations run: registry/worker_jobs.py): every framework
-# is imported here, and the named legs still run in a second warm process, the spread child, at the same time as the rest.
+# Spread legs (SplitCheck's `spread`, as the shared worker's registrations run: registry/worker_jobs.py): every
+# framework is imported here, and the named legs still run in a second warm process, the spread child,
+# at the same time as the rest.
 
 SPREAD = ("torch", "keras")
-#: Torch-source specs (the case table as read from torch and the torch specs above) and the one Keras spec, whose torch leg
-#: goes to the child the other way round.
+#: Torch-source specs (the case table as read from torch and the torch specs above) and the one Keras spec, whose torch
+#: leg goes to the child the other way round.
 SPREAD_SPECS = [as_torch(case.spec) for case in CASES] + SPECS
 
 
 @pytest.fixture
 def spread():
-    """Legs spread over a real child, warm before the gate starts (a gate that finds it importing runs every leg here)."""
+    """Legs spread over a real child, warm before the gate starts (a gate that finds it importing runs every leg
+    here)."""
     from converters.gate import split_check
     from converters.adapters import REGISTRY
 
@@ -231,7 +234,8 @@ def test_the_deliberately_broken_adapters_still_fail_with_legs_spread(spread):
 
 
 def test_a_spread_child_that_dies_before_answering_has_its_legs_run_here(spread, monkeypatch):
-    """Killed once the gate's legs were sent: the legs run in this process, none skipped; the next gate starts a new child."""
+    """Killed once the gate's legs were sent: the legs run in this process, none skipped;
+    the next gate starts a new child."""
     import os
     import signal
 

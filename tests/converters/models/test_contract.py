@@ -235,7 +235,8 @@ def test_sample_files_are_never_unpickled(tmp_path):
 
 
 def test_a_sample_cast_to_the_models_input_dtype_says_so(tmp_path):
-    """int64 pixels in a .npy for a float32 model are cast (the model takes nothing else), and the description says it."""
+    """int64 pixels in a .npy for a float32 model are cast (the model takes nothing else),
+    and the description says it."""
     np.save(tmp_path / "ints.npy", np.arange(24, dtype=np.int64).reshape(2, 3, 4))
     sample = load_sample(tmp_path / "ints.npy", [InputSpec("x", (None, 3, 4), "float32")])
     assert sample.arrays[0].dtype == np.float32 and np.array_equal(sample.arrays[0], np.arange(24).reshape(2, 3, 4))

@@ -118,7 +118,8 @@ def test_a_cnn_trained_for_ten_steps_does_not_say_drift_on_its_training_distribu
 
 
 def mobilenet_like() -> nn.Module:
-    """Untrained, 34 BatchNorms named as torchvision's MobileNetV3 names them (features.N.block.M.1), many differing only at the end."""
+    """Untrained, 34 BatchNorms named as torchvision's MobileNetV3 names them (features.N.block.M.1),
+    many differing only at the end."""
     torch.manual_seed(0)
     layers, channels = [nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Hardswish())], 8
     for _ in range(11):

@@ -138,7 +138,8 @@ def test_traffic_within_the_thresholds_alarms_in_at_most_the_stated_share_of_win
 
 
 def test_standard_errors_from_the_count_alone_would_not_hold_the_stated_share():
-    """Why the collector sends its batches: values of one input are correlated, so `count` overstates the information."""
+    """Why the collector sends its batches: values of one input are correlated,
+    so `count` overstates the information."""
     traffic = Traffic(np.random.default_rng(2), tau=1.5, pattern=0.2, noise=0.4)
     found = np.array(
         [

@@ -433,7 +433,8 @@ def test_cli_refuses_a_pickle_and_a_keras_file_with_a_lambda(tmp_path, keras_fil
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_16_bit_rmsnorm_with_eps_none_reads_from_a_program_as_the_float32_eps_torch_adds(dtype):
-    """torch computes a 16-bit RMSNorm in float32 and adds float32's eps (NumPy's number here), not the layer dtype's."""
+    """torch computes a 16-bit RMSNorm in float32 and adds float32's eps (NumPy's number here),
+    not the layer dtype's."""
     net = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8)).to(dtype).eval()
     program = torch.export.export(net, (torch.randn(2, 8, dtype=dtype),))
     layer = by_path(inspect_model(program))["1"]

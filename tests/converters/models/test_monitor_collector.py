@@ -1,4 +1,5 @@
-"""The serving collector without a registry: windows merge exactly, served outputs are unchanged, nothing fails a request.
+"""The serving collector without a registry: windows merge exactly, served outputs are unchanged,
+nothing fails a request.
 
 Expected values come from NumPy over the same layer inputs (read by independent hooks or by running the graph's parts),
 never from the collector itself.

@@ -1,4 +1,5 @@
-"""Issue 34, items 12 and 13: models called by keyword, and the module of an ExportedProgram, under the serving collector.
+"""Issue 34, items 12 and 13: models called by keyword, and the module of an ExportedProgram,
+under the serving collector.
 
 transformers models are called `model(pixel_values=x)`: their inputs are kept for the traffic sample under their names,
 as positional ones are, in the forward's order, and options (flags, None) are not inputs. What cannot be kept (a
@@ -194,7 +195,8 @@ def test_a_program_input_holding_several_tensors_is_refused_when_the_monitor_sta
 def test_the_module_of_a_transformers_resnet_program_is_tapped_in_place_and_its_windows_are_numpy_over_its_inputs(
     tmp_path,
 ):
-    """`torch.export.load("m.pt2").module()` was refused ("no BatchNorm with running statistics ... nothing to monitor")."""
+    """`torch.export.load("m.pt2").module()` was refused ("no BatchNorm with running statistics ... nothing to
+    monitor")."""
     model = _resnet()
     requests = _requests(4, seed=5)
     torch.export.save(

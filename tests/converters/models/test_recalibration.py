@@ -140,8 +140,8 @@ def test_pt2_recalibration_updates_only_the_state_dict(source, batches, by_torch
 
 
 def test_a_fixed_batch_program_is_split_at_its_size_and_the_report_says_so_when_another_was_asked(source, batches):
-    """A .pt2 exported with a static batch of 4 takes no other; split at 4 its statistics are still those of all the data
-    (the module recalibrated in one batch of 48), and the report notes that the 16 asked for was not used."""
+    """A .pt2 exported with a static batch of 4 takes no other; split at 4 its statistics are still those of all the
+    data (the module recalibrated in one batch of 48), and the report notes that the 16 asked for was not used."""
     program = torch.export.export(source, (torch.from_numpy(batches[0][:4]),))
     data = np.concatenate(batches)
     new_program, report = recalibrate(program, data, batch_size=16)
@@ -275,7 +275,8 @@ def test_keras_statistics_are_the_population_statistics_and_weights_stay(tmp_pat
 
 
 def test_keras_dropout_stays_off_during_recalibration():
-    """Recalibration reads the layers in eval mode (training=False): a Dropout between two BatchNorms changes nothing."""
+    """Recalibration reads the layers in eval mode (training=False): a Dropout between two BatchNorms changes
+    nothing."""
     with_dropout, plain = _keras_cnn(with_dropout=True), _keras_cnn()
     plain.set_weights(with_dropout.get_weights())
     batches = [np.random.default_rng(6).normal(0.5, 2.0, (6, 8, 8, 3)).astype(np.float32) for _ in range(2)]

@@ -260,9 +260,9 @@ def _transformers_resnet():
 def test_a_transformers_resnet_exported_at_batch_4_is_recalibrated_to_what_drift_then_reads_on_the_same_data(
     tmp_path, cli_app
 ):
-    """The issue's reproduction: `recalibrate v2.pt2 indist.npy -o v3.pt2 --batch-size 64` on a program that takes batches
-    of exactly 4, then `drift v3.pt2 indist.npy`: no layer moves (it read a shift of 0.685 in a deep layer), and the
-    statistics are those a dynamic-batch export of the same model gets."""
+    """The issue's reproduction: `recalibrate v2.pt2 indist.npy -o v3.pt2 --batch-size 64` on a program that takes
+    batches of exactly 4, then `drift v3.pt2 indist.npy`: no layer moves (it read a shift of 0.685 in a deep layer), and
+    the statistics are those a dynamic-batch export of the same model gets."""
     model = _transformers_resnet()
     x = torch.from_numpy(np.zeros((4, 3, 32, 32), np.float32))
     torch.export.save(torch.export.export(model, (x,)), tmp_path / "v2.pt2")

@@ -1,4 +1,5 @@
-"""Export for serving: native normalization ops with the source's exact eps and statistics, verified, contract-tested, refused on failure.
+"""Export for serving: native normalization ops with the source's exact eps and statistics, verified,
+contract-tested, refused on failure.
 
 The Keras claim (no other tool does it): a keras.applications MobileNetV2 (weights=None,
 statistics randomized so every layer differs) exported through Keras's own tf2onnx export
@@ -271,7 +272,8 @@ def test_cli_export_pt2(mixed, tmp_path, cli_app):
 
 
 def test_keras_conv_with_bias_and_fresh_batchnorm_is_unfolded_to_native(tmp_path):
-    """Fresh statistics and a zero conv bias fold to a zero offset, whose Add tf2onnx drops (keras.applications ResNet50)."""
+    """Fresh statistics and a zero conv bias fold to a zero offset, whose Add tf2onnx drops
+    (keras.applications ResNet50)."""
     import keras
 
     keras.utils.set_random_seed(1)
@@ -288,8 +290,9 @@ def test_keras_conv_with_bias_and_fresh_batchnorm_is_unfolded_to_native(tmp_path
 
 
 def test_an_exported_graph_onnxruntime_cannot_run_is_an_unsupported_object_naming_the_op_not_a_bad_input_file():
-    """What `export --opset 26` met on a transformers Llama: the exporter's graph held Attention at an opset onnxruntime has no
-    kernel for. That is not the user's file (exit 6), it is the export (exit 5), and the message says the opset to use."""
+    """What `export --opset 26` met on a transformers Llama: the exporter's graph held Attention at an opset onnxruntime
+    has no kernel for. That is not the user's file (exit 6), it is the export (exit 5),
+    and the message says the opset to use."""
     from converters.models.serving.export import _contract
     from schemas import UnsupportedObjectError
 
@@ -315,7 +318,8 @@ def test_an_exported_graph_onnxruntime_cannot_run_is_an_unsupported_object_namin
 
 
 class DeadNorm(nn.Module):
-    """LayerNorm `pooler` computed but its result unused (a pooler output the model does not return): dead code torch.onnx drops."""
+    """LayerNorm `pooler` computed but its result unused (a pooler output the model does not return):
+    dead code torch.onnx drops."""
 
     def __init__(self):
         super().__init__()
@@ -370,9 +374,9 @@ def test_a_dead_norm_is_reported_not_checked_and_the_layers_in_the_graph_are_che
 
 
 def test_an_eval_instance_norm_with_running_statistics_is_checked_as_the_batchnormalization_it_is_served_as(tmp_path):
-    """torch.onnx writes an eval InstanceNorm2d(track_running_stats=True) as a BatchNormalization over the (1, N*C, H, W) view,
-    its statistics and affine repeated N times: it pairs with that node (its neighbouring BatchNorms keep theirs), each repetition
-    is compared with the source, and one changed value still fails."""
+    """torch.onnx writes an eval InstanceNorm2d(track_running_stats=True) as a BatchNormalization over the (1, N*C, H,
+    W) view, its statistics and affine repeated N times: it pairs with that node (its neighbouring BatchNorms keep
+    theirs), each repetition is compared with the source, and one changed value still fails."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(3, 6, 3),

@@ -39,7 +39,8 @@ def browser():
 
 
 def offline_page(browser, server):
-    """A page that records every request and aborts those leaving the server's host; returns (context, page, requested URLs)."""
+    """A page that records every request and aborts those leaving the server's host; returns
+    (context, page, requested URLs)."""
     host = urlsplit(server.url).hostname
     requested: list[str] = []
     context = browser.new_context(viewport={"width": 1200, "height": 900})

@@ -72,7 +72,8 @@ def env(tmp_path_factory):
 
 
 def _drift(env, *args: str, process: bool = False):
-    """`normbridge --server URL --token T drift ARGS` as a process, or through the console script's app in this process."""
+    """`normbridge --server URL --token T drift ARGS` as a process, or through the console script's app in this
+    process."""
     argv = ["--server", env["server"].url, "--token", env["tokens"]["writer"], "drift", *args]
     if process:
         return run_cli(*argv, cwd=env["root"], env={"NORMBRIDGE_HOME": str(env["root"] / "home")})
@@ -160,7 +161,8 @@ def test_four_offline_drift_checks_are_shown_beside_a_serving_state_they_never_m
 
 
 def test_a_clean_offline_check_does_not_lower_a_serving_alert(env):
-    """The same question on the family's other side: an ONNX version alerting on its serving windows, then checked offline."""
+    """The same question on the family's other side: an ONNX version alerting on its serving windows,
+    then checked offline."""
     session = onnxruntime.InferenceSession(str(env["root"] / "onx.onnx"), providers=["CPUExecutionProvider"])
     watch = converters.monitor(
         session,

@@ -57,9 +57,10 @@ def mobilenet():
 
 @torch.no_grad()
 def calibrated(model, data: np.ndarray, off: list[str], shift_sd: float):
-    """Running statistics of `data` for every BatchNorm (one train-mode pass at momentum 1 over all of it: each layer records
-    the statistics of its input with the layers before it normalizing on theirs), then the layers `off` moved by `shift_sd`
-    running standard deviations, on no BatchNorm's input downstream of them. A long-trained model's batch counter."""
+    """Running statistics of `data` for every BatchNorm (one train-mode pass at momentum 1 over all of it: each layer
+    records the statistics of its input with the layers before it normalizing on theirs), then the layers `off` moved by
+    `shift_sd` running standard deviations, on no BatchNorm's input downstream of them.
+    A long-trained model's batch counter."""
     bns = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
     for bn in bns.values():
         bn.momentum = 1.0

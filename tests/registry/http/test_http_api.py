@@ -327,7 +327,8 @@ def test_an_over_limit_body_of_zeros_is_refused_as_too_large_not_as_unreadable(e
             413,
             "payload_too_large",
         )
-    # a whole, valid bundle followed by padding past the limit is refused too: it is registered only once all of it arrived
+    # a whole, valid bundle followed by padding past the limit is refused too:
+    # it is registered only once all of it arrived
     padded = bundle_of(small_model(seed=31), env["root"]) + zeros
     assert_error(
         writer.post("/api/v1/models/cnn/versions", params={"format": "bundle"}, content=padded),
@@ -466,7 +467,8 @@ def test_verify_gc_and_error_shapes(env, registered):
     assert_error(
         admin.post("/api/v1/gc", params={"grace": -1}), 422, "invalid_request"
     )  # a malformed request, not a refusal (409)
-    # a JSON body over 32 MiB is refused before it is parsed whole (a read token's 300 MB body held about 1 GB of the server)
+    # a JSON body over 32 MiB is refused before it is parsed whole (a read token's 300 MB body held about 1 GB of the
+    # server)
     from registry.http.request_guard import MAX_JSON_BYTES
 
     big = b'{"digests": [' + b" " * (MAX_JSON_BYTES + 1) + b"]}"
@@ -562,7 +564,8 @@ def test_recorded_drift_checks_come_back_newest_first(env, registered):
         1
     ]["id"]
     assert_error(reader.get("/api/v1/models/cnn/versions/99/drift"), 404, "not_found")
-    # a report relabelled 'no drift' over layers whose own numbers alarm, or naming a layer the version lacks, is refused
+    # a report relabelled 'no drift' over layers whose own numbers alarm, or naming a layer the version lacks,
+    # is refused
     writer, sent = env["clients"]["writer"], shifted.model_dump(mode="json")
     assert sent["verdict"] == "drift"
     relabelled = {

@@ -1,8 +1,8 @@
 """Who may do what over HTTP: tokens (hashed, revocable), roles, model scopes, and --insecure-local.
 
-Real `normbridge serve` processes and real `normbridge token create` and `revoke` processes (the other token rows run the
-console script's app in this process); the database is read back
-with SQLAlchemy to show that only the hash of a secret is stored.
+Real `normbridge serve` processes and real `normbridge token create` and `revoke` processes (the other token rows run
+the console script's app in this process); the database is read back with SQLAlchemy to show that only the hash of a
+secret is stored.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow  # every test here starts a server or a subprocess
 
 
 def token_command(db: str, *args: str, process: bool = True) -> subprocess.CompletedProcess:
-    """`normbridge token ARGS --db DB` as a real process, or in this process (tests.cli_run.invoke_cli) if not `process`."""
+    """`normbridge token ARGS --db DB` as a real process, or in this process
+    (tests.cli_run.invoke_cli) if not `process`."""
     if not process:
         return invoke_cli("token", *args, "--db", db, cwd=Path.cwd())
     return subprocess.run(
@@ -237,7 +238,8 @@ def test_insecure_local_accepts_anonymous_callers_on_loopback_only(env, tmp_path
 
 
 def test_a_scoped_token_never_sees_the_name_of_a_parent_outside_its_scope(env):
-    """A version converted from another model's version: its parent is redacted in every JSON the scoped token can read."""
+    """A version converted from another model's version: its parent is redacted in every JSON the scoped token can
+    read."""
     admin, root = env["admin"], env["root"]
     hidden = "hidden-parent-qz"
     first = admin.post(

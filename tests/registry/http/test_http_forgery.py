@@ -1,4 +1,5 @@
-"""Requests a web page could forge against a local server: cross-site POSTs, DNS rebinding, form bodies on JSON endpoints.
+"""Requests a web page could forge against a local server: cross-site POSTs, DNS rebinding,
+form bodies on JSON endpoints.
 
 A real `normbridge serve --insecure-local` on loopback (where every anonymous request is the admin
 'local') is attacked with httpx exactly as a browser would send the forged request: a text/plain

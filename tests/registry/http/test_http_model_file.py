@@ -1,4 +1,5 @@
-"""GET /api/v1/models/{name}/versions/{ref}/model over a real `normbridge serve`: streamed, digest in a header, scope honoured.
+"""GET /api/v1/models/{name}/versions/{ref}/model over a real `normbridge serve`: streamed, digest in a header,
+scope honoured.
 
 The versions are registered in-process on the server's own database and blob folder; requests go over TCP.
 """

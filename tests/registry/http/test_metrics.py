@@ -142,7 +142,8 @@ def test_registrations_are_counted_by_outcome_and_the_gate_is_timed(env):
 
 @pytest.fixture(scope="module")
 def shifted(env):
-    """served@1 with two drift reports recorded against it, a calm one then a shifted one; returns the shifted (newest) report."""
+    """served@1 with two drift reports recorded against it, a calm one then a shifted one; returns the shifted
+    (newest) report."""
     writer, registry = env["clients"]["writer"], env["registry"]
     assert writer.post(
         "/api/v1/models/other/versions", params={"format": "onnx"}, content=onnx_bytes()

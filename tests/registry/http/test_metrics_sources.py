@@ -109,8 +109,8 @@ def test_pushed_values_are_checked_and_win(tmp_path):
 
 
 def test_drift_series_stop_at_the_cap_keeping_whole_versions_in_alert_and_the_newest_first(tmp_path):
-    """Every version that posted a window used to add its series to every scrape, without end: 4,000 versions of 3 layers
-    made 52,000 drift series. The cap keeps MAX_DRIFT_SERIES, and says how many were left out."""
+    """Every version that posted a window used to add its series to every scrape, without end: 4,000 versions of 3
+    layers made 52,000 drift series. The cap keeps MAX_DRIFT_SERIES, and says how many were left out."""
     from registry.http.metrics import MAX_DRIFT_SERIES
 
     now = datetime.now(UTC).timestamp()

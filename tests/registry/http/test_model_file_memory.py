@@ -1,4 +1,5 @@
-"""GET .../model of a 16 MiB model against a real `normbridge serve`: clients that never read, and a pull, in bounded memory.
+"""GET .../model of a 16 MiB model against a real `normbridge serve`: clients that never read, and a pull,
+in bounded memory.
 
 Issue 30, hole 8: the server built the whole model file in memory for every request before sending the first byte, and
 kept it until the response ended, so twelve clients that asked for a 16 MiB model and never read the answer added 250

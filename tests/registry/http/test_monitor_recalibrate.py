@@ -1,4 +1,5 @@
-"""Closing the loop over HTTP: the collector keeps a sample of shifted traffic, `normbridge recalibrate` registers a child.
+"""Closing the loop over HTTP: the collector keeps a sample of shifted traffic,
+`normbridge recalibrate` registers a child.
 
 A torch CNN registered as cnn@1 is served with `monitor(..., keep_sample=N)` against a real `normbridge serve` until its
 history alerts; the kept sample is saved as .npz and given, as it is, to the real `normbridge --server URL --token T

@@ -4,9 +4,9 @@ Each framework's model is served in a bounded loop, first on inputs like those i
 stays ok), then on shifted inputs: the default rule (alert when 3 of the last 5 windows are over threshold) reaches
 alert on the third shifted window. The registry is stopped mid-run: serving answers as before and the windows sent
 meanwhile are counted as dropped. A version whose statistics never converged, served calm traffic that looks shifted
-against them, reads unconverged_statistics in the history and the metrics and never alerts. Tokens are honoured: a read token or a token scoped to another model cannot post,
-and a collector watching another model's statistics is stored with a statistics_mismatch serving fault (it was refused
-with 409 before issue 35, and nobody heard of it).
+against them, reads unconverged_statistics in the history and the metrics and never alerts. Tokens are honoured: a read
+token or a token scoped to another model cannot post, and a collector watching another model's statistics is stored with
+a statistics_mismatch serving fault (it was refused with 409 before issue 35, and nobody heard of it).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from testkit.processes import stop_process_group
 
 pytestmark = pytest.mark.slow
 
-WINDOW = 24  # requests per window: at sample_rate 0.5 about 12 sampled batches, enough for a layer to alarm beyond its sampling
+# requests per window: at sample_rate 0.5 about 12 sampled batches, enough for a layer to alarm beyond its sampling
+WINDOW = 24
 # error (a window of 8 had as few as one, which cannot alarm; docs/monitoring.md)
 CALM_WINDOWS, SHIFTED_WINDOWS = 4, 4
 

@@ -1,4 +1,5 @@
-"""One scenario through the local `Registry` and through `RemoteRegistry` against a real `normbridge serve`: same answers.
+"""One scenario through the local `Registry` and through `RemoteRegistry` against a real `normbridge serve`:
+same answers.
 
 Both implement `registry.service.interface.ModelRegistry`; the CLI takes either (`--server`). The scenario registers two
 versions of a CNN (.pt2 files), lists and shows them, diffs them, moves an alias and pulls a version back, and every

@@ -1,4 +1,5 @@
-"""The servable verdict where users read it, and the production guard where they move aliases: a real `normbridge serve`.
+"""The servable verdict where users read it, and the production guard where they move aliases:
+a real `normbridge serve`.
 
 One server (SQLite + blobs in a temp dir) started with `--guarded-alias production --guarded-alias canary`, holding a
 .pt2 exported in train mode (uploaded as an artifact bundle, the streamed registration), BatchNorms that never saw data

@@ -3,7 +3,8 @@ windows shaded, each layer's status, the recalibrated child linked, and the newe
 state (which offline checks never move) on the version and models pages.
 
 Uses the registry and server of test_web (cnn@3 is recalibrated from cnn@1 there) and records more checks of cnn@1:
-traffic like its training inputs twice (its 3 SGD steps left unconverged statistics: not drift), then shifted traffic; what the chart must show is computed from those reports here.
+traffic like its training inputs twice (its 3 SGD steps left unconverged statistics: not drift), then shifted traffic;
+what the chart must show is computed from those reports here.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def test_the_drift_page_plots_each_layer_over_time_against_the_threshold(site, b
     assert page.locator("#drift-recalibrated a").inner_text() == "cnn@3"
     shot(page, "drift-timeline")
 
-    # Offline checks never move the serving state (cnn@1 has no serving window): their newest verdict is shown beside it.
+    # Offline checks never move the serving state (cnn@1 has no serving window):
+    # their newest verdict is shown beside it.
     assert page.locator("#drift-history-state").get_attribute("data-windows") == "0"
     assert page.locator("#drift-offline").get_attribute("data-verdict") == newest.verdict
     page.goto(site.url + "/ui/models/cnn/versions/1")

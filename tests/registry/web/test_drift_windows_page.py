@@ -93,7 +93,8 @@ def test_the_drift_page_plots_the_serving_windows(live, browser):  # noqa: F811
 
 
 def test_a_production_version_in_drift_alert_shows_the_alert_not_a_green_headline(live, browser):  # noqa: F811
-    """Issue 35 §3: the version page's headline read "equivalence passed, servable" in green above a version in alert."""
+    """Issue 35 §3: the version page's headline read "equivalence passed, servable" in green above a version in
+    alert."""
     site, stored = live
     assert stored[-1]["state"] == "alert"
     site.registry.set_alias("live", "production", "1", force=True)  # bn2 never trained: only a forced alias holds it

@@ -1,14 +1,12 @@
 """The web pages end to end: a real `normbridge serve`, a real headless Chromium, a registry filled by the library.
 
-The registry holds a small CNN registered (cnn@1), fine-tuned on its running statistics only
-(cnn@2, parent cnn@1), recalibrated from cnn@1 (cnn@3) and fine-tuned again (cnn@4), a second
-model only a scoped token may see (other@2 converted from cnn@1), and a recorded drift check of
-cnn@1. Chromium logs in with a token, walks from the models
-page to a version, to its lineage graph and through the graph to the parent, opens a diff and
-reads the headline and the plot, the drift chart and the audit log; every page is screenshotted
-to test-artifacts/screenshots/ (the lineage and diff ones also to docs/screenshots/ for
-docs/web.md, when missing or with NORMBRIDGE_UPDATE_SCREENSHOTS=1). Plain HTTP requests check what a browser cannot show: refusals without a session, the
-cookie's flags, and the CSRF checks of the login form.
+The registry holds a small CNN registered (cnn@1), fine-tuned on its running statistics only (cnn@2, parent cnn@1),
+recalibrated from cnn@1 (cnn@3) and fine-tuned again (cnn@4), a second model only a scoped token may see (other@2
+converted from cnn@1), and a recorded drift check of cnn@1. Chromium logs in with a token, walks from the models page to
+a version, to its lineage graph and through the graph to the parent, opens a diff and reads the headline and the plot,
+the drift chart and the audit log; every page is screenshotted to test-artifacts/screenshots/ (the lineage and diff ones
+also to docs/screenshots/ for docs/web.md, when missing or with NORMBRIDGE_UPDATE_SCREENSHOTS=1). Plain HTTP requests
+check what a browser cannot show: refusals without a session, the cookie's flags, and the CSRF checks of the login form.
 """
 
 from __future__ import annotations
@@ -149,7 +147,8 @@ def shot(page, name: str) -> Path:
 
 
 def readme_copy(png: Path, name: str) -> None:
-    """The screenshots of docs/web.md: refreshed when missing or when NORMBRIDGE_UPDATE_SCREENSHOTS=1 (timestamps change every run)."""
+    """The screenshots of docs/web.md: refreshed when missing or when NORMBRIDGE_UPDATE_SCREENSHOTS=1
+    (timestamps change every run)."""
     target = DOCS_SCREENSHOTS / name
     if target.exists() and os.environ.get("NORMBRIDGE_UPDATE_SCREENSHOTS") != "1":
         return
