@@ -195,27 +195,26 @@ class LocalBlobStore(BlobStore):
             staged.temporary.unlink(missing_ok=True)
 
     def remove_stale_staging(self, older_than_seconds: float, keep: Callable[[str], bool] | None = None) -> int:
-        removed = 0
         now = time.time()
-        for entry in self.root.glob(f"{PENDING_PREFIX}*.tmp"):  # stage_chunks' files, before their digest was known
+
+        def removed_if_stale(entry: Path) -> int:
             try:
                 if now - entry.stat().st_mtime >= older_than_seconds:
                     entry.unlink()
-                    removed += 1
+                    return 1
             except FileNotFoundError:
-                continue
+                pass
+            return 0
+
+        # stage_chunks' files, before their digest was known
+        removed = sum(removed_if_stale(entry) for entry in self.root.glob(f"{PENDING_PREFIX}*.tmp"))
         for shard in self.root.iterdir():
             if not shard.is_dir():
                 continue
             for entry in shard.glob(".*.tmp"):
                 if keep is not None and keep(shard.name + entry.name[1:9]):  # '.{digest[2:10]}.*.tmp' (see stage)
                     continue
-                try:
-                    if now - entry.stat().st_mtime >= older_than_seconds:
-                        entry.unlink()
-                        removed += 1
-                except FileNotFoundError:
-                    continue
+                removed += removed_if_stale(entry)
         return removed
 
     def get(self, digest: str) -> bytes:
