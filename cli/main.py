@@ -52,9 +52,7 @@ def main() -> None:
     gc.freeze()
     finished: list = []
     atexit.register(_leave, finished)  # registered before anything the command imports: it runs last
-    signal.signal(signal.SIGTERM, _terminated)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupt)
+    _install_stop_handlers()
     try:
         app()
     except SystemExit as stop:
@@ -66,6 +64,44 @@ def main() -> None:
 
 
 _INTERRUPTED: list = []
+
+
+def _install_stop_handlers() -> None:
+    """Ctrl-C and SIGTERM unwind the command (`_interrupt`, `_terminated`), and a stop that Python swallowed is given
+    again (`_stops_not_swallowed`)."""
+    signal.signal(signal.SIGTERM, _terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+    sys.unraisablehook = _stops_not_swallowed(sys.unraisablehook)
+
+
+def _stops_not_swallowed(hook):
+    """`sys.unraisablehook` that delivers a stop again when it landed where Python cannot raise: a signal handler runs
+    in whatever Python code the main thread is in, and when that was a weakref callback or a `__del__` of a garbage
+    collection (SQLAlchemy's, seen), its KeyboardInterrupt was printed as "Exception ignored" and the registration
+    went on to commit. The signal is simulated again for the main thread (`_thread.interrupt_main`), from another
+    thread a moment later so that its handler runs in the main thread's code after this hook (called from the main
+    thread, it would run in the hook, and be swallowed again); one landing in another finalizer comes back here."""
+    import _thread
+    import time
+
+    def again(signum: int) -> None:
+        def later() -> None:
+            time.sleep(0.05)  # this hook and the finalizer that called it have returned by then
+            _thread.interrupt_main(signum)
+
+        _thread.start_new_thread(later, ())  # not threading.Thread: its start() waits, and the handler would run there
+
+    def unraisable(info) -> None:
+        stop = info.exc_value
+        if isinstance(stop, KeyboardInterrupt):
+            again(signal.SIGINT)
+        elif isinstance(stop, SystemExit) and stop.code == 128 + signal.SIGTERM:
+            again(signal.SIGTERM)
+        else:
+            hook(info)
+
+    return unraisable
 
 
 def _interrupt(signum: int, frame) -> None:

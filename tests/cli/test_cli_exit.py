@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from schemas.errors import EXIT_CODES, InputFileError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,3 +133,46 @@ def test_ctrl_c_during_a_command_says_what_stopped_and_leaves_no_version(tmp_pat
     assert "interrupted: `normbridge register` stopped before it finished" in err and "Traceback" not in err
     if (home / "registry.db").exists():
         assert Registry(db=f"sqlite:///{home / 'registry.db'}", blobs=str(home / "blobs")).models() == []
+
+
+SWALLOWED_STOP = """
+import signal, sys, time, weakref
+import cli.main
+
+cli.main._install_stop_handlers()
+
+
+class Thing:
+    pass
+
+
+def finalizer(ref):  # as SQLAlchemy's weakref callbacks run inside a garbage collection
+    signal.raise_signal(signal.SIGINT if sys.argv[1] == "int" else signal.SIGTERM)
+    for _ in range(1000):  # the handler runs here: its exception is printed as "Exception ignored" and dropped
+        pass
+
+
+thing = Thing()
+ref = weakref.ref(thing, finalizer)
+try:
+    del thing
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the stop given again lands here
+        time.sleep(0.01)
+    print("went on")
+except KeyboardInterrupt:
+    print("interrupted", len(cli.main._INTERRUPTED))
+except SystemExit as stop:
+    print("terminated", stop.code)
+"""
+
+
+@pytest.mark.parametrize("signal_name, said", [("int", "interrupted 2"), ("term", "terminated 143")])
+def test_a_stop_landing_in_a_finalizer_is_given_again_not_swallowed(signal_name, said):
+    """Ctrl-C or SIGTERM whose handler ran inside a weakref callback (where Python prints "Exception ignored" and goes
+    on) stops the command at its next instruction: a registration interrupted there had committed its version."""
+    done = subprocess.run(
+        [sys.executable, "-c", SWALLOWED_STOP, signal_name], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == said, done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr
